@@ -1,0 +1,1 @@
+"""Config, manifest, hashing, paths and environment: no heavy imports here."""

@@ -1,0 +1,216 @@
+"""Typed pipeline configuration: YAML -> pydantic models that fail at load.
+
+Every error names the key path (``training.lr: must be > 0, got -1``). The
+canonical JSON of a loaded config hashes to the config id.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from core.errors import ConfigError
+from core.hashing import sha256_json
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Expectations(_Strict):
+    """Data-quality bounds the validation suite is built from."""
+
+    value_min: float = 0
+    value_max: float = 16
+    train_rows: tuple[int, int] = (1000, 2000)
+    test_rows: tuple[int, int] = (200, 1000)
+    # Each class's share of a split must lie in this range.
+    class_fraction: tuple[float, float] = (0.07, 0.13)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Expectations":
+        for name in ("train_rows", "test_rows", "class_fraction"):
+            lo, hi = getattr(self, name)
+            if lo > hi:
+                raise ValueError(f"{name}: lower bound {lo} is above upper bound {hi}")
+        if self.value_min > self.value_max:
+            raise ValueError(f"value_min {self.value_min} is above value_max {self.value_max}")
+        return self
+
+
+class DatasetConfig(_Strict):
+    """Where the DVC-tracked data lives and what its columns are."""
+
+    dvc_file: str = "data.dvc"
+    path: str = "data/digits"
+    train_file: str = "train.csv"
+    test_file: str = "test.csv"
+    feature_prefix: str = "pixel_"
+    n_features: int = Field(64, gt=0)
+    label_column: str = "label"
+    n_classes: int = Field(10, ge=2)
+    # Share of the training split held out for per-epoch validation.
+    val_fraction: float = Field(0.1, gt=0, lt=1)
+    expectations: Expectations = Expectations()
+
+    @property
+    def feature_columns(self) -> list[str]:
+        return [f"{self.feature_prefix}{i}" for i in range(self.n_features)]
+
+    @property
+    def columns(self) -> list[str]:
+        return [*self.feature_columns, self.label_column]
+
+
+class ModelConfig(_Strict):
+    kind: Literal["cnn", "mlp"] = "cnn"
+    channels: tuple[int, int] = (16, 32)
+    hidden: int = Field(128, gt=0)
+    dropout: float = Field(0.1, ge=0, lt=1)
+
+
+class TrainingConfig(_Strict):
+    epochs: int = Field(12, gt=0)
+    # Per-worker batch; global batch = batch_size * world_size * grad_accum.
+    batch_size: int = Field(32, gt=0)
+    grad_accum: int = Field(1, gt=0)
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = Field(0.002, gt=0)
+    weight_decay: float = Field(0.0001, ge=0)
+    # The LR above is tuned for base_batch; it is scaled to the global batch.
+    lr_scaling: Literal["linear", "sqrt", "none"] = "sqrt"
+    base_batch: int = Field(32, gt=0)
+    warmup_epochs: float = Field(1.0, ge=0)
+    grad_clip: float | None = Field(1.0, gt=0)
+    # Worker processes per node when no GPU is present.
+    cpu_workers: int = Field(2, gt=0)
+    threads_per_worker: int = Field(1, gt=0)
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    max_restarts: int = Field(0, ge=0)
+    collective_timeout_s: float = Field(120, gt=0)
+    # Wall-clock budget of the whole torchrun job.
+    timeout_s: float = Field(900, gt=0)
+    checkpoint_every_epochs: int = Field(1, gt=0)
+    keep_checkpoints: int = Field(2, gt=0)
+    deterministic: bool = True
+    log_every_steps: int = Field(20, gt=0)
+
+
+class GatesConfig(_Strict):
+    """Absolute thresholds plus the allowed regression against the champion."""
+
+    min_accuracy: float = Field(0.95, ge=0, le=1)
+    min_macro_f1: float = Field(0.95, ge=0, le=1)
+    min_class_recall: float = Field(0.85, ge=0, le=1)
+    max_latency_p95_ms: float = Field(20.0, gt=0)
+    # Candidate may trail the champion by at most this much (accuracy, macro-F1).
+    max_regression: float = Field(0.005, ge=0, le=1)
+
+
+class RegistryConfig(_Strict):
+    model_name: str = Field("digits-classifier", min_length=1)
+    experiment: str = Field("trainflow-digits", min_length=1)
+    promotion: Literal["auto", "manual"] = "auto"
+
+
+class PipelineConfig(_Strict):
+    name: str = Field(min_length=1)
+    seed: int = 0
+    dataset: DatasetConfig = DatasetConfig()
+    model: ModelConfig = ModelConfig()
+    training: TrainingConfig = TrainingConfig()
+    gates: GatesConfig = GatesConfig()
+    registry: RegistryConfig = RegistryConfig()
+
+    def config_id(self) -> str:
+        """sha256 of the canonical JSON: equal configs hash equal, whatever the YAML looked like."""
+        return sha256_json(self.model_dump(mode="json"))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+_MESSAGES = {
+    "greater_than": "must be > {gt}",
+    "greater_than_equal": "must be >= {ge}",
+    "less_than": "must be < {lt}",
+    "less_than_equal": "must be <= {le}",
+    "extra_forbidden": "unknown key",
+    "missing": "required key is missing",
+    "literal_error": "must be one of {expected}",
+}
+
+
+def _num(v: Any) -> Any:
+    """0.0 -> 0 in messages: the user wrote ``> 0``."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "<root>"
+        template = _MESSAGES.get(e["type"])
+        ctx = {k: _num(v) for k, v in e.get("ctx", {}).items()}
+        msg = template.format(**ctx) if template else e["msg"].lower()
+        if e["type"] not in ("missing", "extra_forbidden"):
+            msg += f", got {e['input']!r}"
+        lines.append(f"{path}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``training.epochs=3`` -> (["training", "epochs"], 3); the value is parsed as YAML."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r}: expected KEY.PATH=VALUE")
+    return key.strip().split("."), yaml.safe_load(raw)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Set each dotted key in a copy of ``data``; unknown keys fail later, at validation."""
+    import copy
+
+    out = copy.deepcopy(data)
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"{'.'.join(path)}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def config_from_dict(data: Any, overrides: list[str] = ()) -> PipelineConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"<root>: expected a mapping, got {type(data).__name__}")
+    data = apply_overrides(data, list(overrides))
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> PipelineConfig:
+    """Read a YAML config, apply ``--set`` overrides, validate. Raises ConfigError."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    try:
+        return config_from_dict(data, overrides)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

@@ -1,0 +1,38 @@
+"""Process environment for offline, telemetry-free runs.
+
+Nothing here runs at import: entry points call ``offline_env`` / ``apply_offline_env``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Values each tool actually accepts (MLflow ignores "1"; see STACK-NOTES).
+TELEMETRY_OFF = {
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "GX_ANALYTICS_ENABLED": "false",
+    "DVC_NO_ANALYTICS": "1",
+    "HF_HUB_OFFLINE": "1",
+    # Git metadata lookups in MLflow must not hang or warn on a missing binary.
+    "GIT_PYTHON_REFRESH": "quiet",
+}
+
+
+def offline_env(home: Path) -> dict[str, str]:
+    """Variables a trainflow process (and its children) should run with."""
+    env = dict(TELEMETRY_OFF)
+    env.setdefault("PREFECT_HOME", str(home / "prefect"))
+    # A first ephemeral start with a new database takes 10-20 s on a busy 2-core box.
+    env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    env.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+    env.setdefault("PREFECT_UI_ENABLED", "false")
+    return env
+
+
+def apply_offline_env(home: Path) -> None:
+    """Set the offline variables in this process, keeping any the user already set."""
+    for key, value in offline_env(home).items():
+        os.environ.setdefault(key, value)

@@ -1,0 +1,156 @@
+"""The run manifest: everything needed to repeat a run, recorded before training.
+
+``{git_sha, git_dirty, config_sha256, data: {dvc_path, md5, rev}, image: {ref,
+digest}, packages_sha256, seed, world: {nnodes, nproc_per_node, backend}}``.
+It is logged to the MLflow run and set as tags on the registered model version.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from core.errors import DataUnavailableError
+from core.hashing import sha256_json
+
+LOCAL_IMAGE = "local"
+
+
+@dataclass(frozen=True)
+class DataRef:
+    dvc_path: str
+    md5: str
+    rev: str
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    ref: str = LOCAL_IMAGE
+    digest: str = LOCAL_IMAGE
+
+
+@dataclass(frozen=True)
+class World:
+    nnodes: int
+    nproc_per_node: int
+    backend: str
+
+    @property
+    def size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+
+@dataclass(frozen=True)
+class Manifest:
+    git_sha: str
+    git_dirty: bool
+    config_name: str
+    config_sha256: str
+    data: DataRef
+    image: ImageRef
+    packages_sha256: str
+    seed: int
+    world: World
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def tags(self) -> dict[str, str]:
+        """Flat string tags for an MLflow model version / run."""
+        return {
+            "git_sha": self.git_sha,
+            "git_dirty": str(self.git_dirty).lower(),
+            "config_name": self.config_name,
+            "config_sha256": self.config_sha256,
+            "data_dvc_path": self.data.dvc_path,
+            "data_md5": self.data.md5,
+            "data_rev": self.data.rev,
+            "image_ref": self.image.ref,
+            "image_digest": self.image.digest,
+            "packages_sha256": self.packages_sha256,
+            "seed": str(self.seed),
+            "world_size": str(self.world.size),
+            "nnodes": str(self.world.nnodes),
+            "nproc_per_node": str(self.world.nproc_per_node),
+            "backend": self.world.backend,
+        }
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def git_state(root: Path) -> tuple[str, bool]:
+    """(HEAD sha or "unknown", dirty flag). Untracked files do not count as dirty."""
+    sha = _git(root, "rev-parse", "HEAD") or "unknown"
+    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    return sha, bool(status)
+
+
+def read_dvc_file(root: Path, dvc_file: str) -> DataRef:
+    """The data version from a ``.dvc`` file: its first output's md5 and the git rev that last changed it."""
+    path = root / dvc_file
+    try:
+        meta = yaml.safe_load(path.read_text())
+        out = meta["outs"][0]
+        md5 = out["md5"]
+    except OSError:
+        raise DataUnavailableError(f"{dvc_file}: not found under {root}") from None
+    except (KeyError, IndexError, TypeError, yaml.YAMLError):
+        raise DataUnavailableError(f"{dvc_file}: not a DVC file with an output md5") from None
+    rev = _git(root, "log", "-n", "1", "--format=%H", "--", dvc_file) or "uncommitted"
+    return DataRef(dvc_path=out.get("path", ""), md5=md5, rev=rev)
+
+
+def packages_hash() -> str:
+    """sha256 over the sorted ``name==version`` of every installed distribution."""
+    from importlib.metadata import distributions
+
+    pins = sorted(
+        {f"{(d.metadata['Name'] or '').lower()}=={d.version}" for d in distributions()}
+    )
+    return sha256_json(pins)
+
+
+def image_from_env(ref: str | None = None, digest: str | None = None) -> ImageRef:
+    """The image this run executes in: explicit values, else TRAINFLOW_IMAGE[_DIGEST], else ``local``."""
+    ref = ref or os.environ.get("TRAINFLOW_IMAGE") or LOCAL_IMAGE
+    digest = digest or os.environ.get("TRAINFLOW_IMAGE_DIGEST")
+    if not digest:
+        # A ref pinned by digest carries it: repo/name@sha256:...
+        digest = ref.split("@", 1)[1] if "@" in ref else LOCAL_IMAGE
+    return ImageRef(ref=ref, digest=digest)
+
+
+def build_manifest(
+    root: Path,
+    config_name: str,
+    config_sha256: str,
+    dvc_file: str,
+    seed: int,
+    world: World,
+    image: ImageRef,
+) -> Manifest:
+    sha, dirty = git_state(root)
+    return Manifest(
+        git_sha=sha,
+        git_dirty=dirty,
+        config_name=config_name,
+        config_sha256=config_sha256,
+        data=read_dvc_file(root, dvc_file),
+        image=image,
+        packages_sha256=packages_hash(),
+        seed=seed,
+        world=world,
+    )

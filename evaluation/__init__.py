@@ -1,0 +1,1 @@
+"""Metrics on the held-out split, champion comparison, gate decisions and reports."""

@@ -1,0 +1,165 @@
+"""``trainflow``: the command line.
+
+    trainflow run   [--config PATH] [--set K=V ...] [--summary-json PATH]   # the whole pipeline (Prefect flow)
+    trainflow train --config PATH --out DIR [--set K=V ...]                 # training only, no Prefect
+
+Exit codes of ``run``: 0 registered, 2 data validation failed, 3 gate rejected
+the model, 1 any other error (one line of cause on stderr; set TRAINFLOW_DEBUG=1
+for the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from core.config import load_config
+from core.env import apply_offline_env
+from core.errors import TrainflowError
+from core.paths import project_root, trainflow_home
+
+EXIT_OK, EXIT_ERROR, EXIT_DATA, EXIT_GATE = 0, 1, 2, 3
+
+
+def _config_arg(ap: argparse.ArgumentParser, required: bool = False) -> None:
+    ap.add_argument("--config", default=None if required else "configs/digits.yaml", required=required,
+                    help="pipeline YAML (default: configs/digits.yaml)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                    help="override one config value, e.g. --set training.epochs=3 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="trainflow", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="validate, train, evaluate, gate and register (Prefect flow)")
+    _config_arg(run)
+    run.add_argument("--summary-json", type=Path, help="write the run summary here")
+    run.add_argument("--image", help="container image ref (default: TRAINFLOW_IMAGE or 'local')")
+    run.add_argument("--image-digest", help="container image digest (default: TRAINFLOW_IMAGE_DIGEST)")
+    run.add_argument("--promotion", choices=["auto", "manual"], help="override registry.promotion")
+    run.add_argument("--nproc", type=int, help="workers per node (default: GPUs, else training.cpu_workers)")
+
+    train = sub.add_parser("train", help="train one config with torchrun, without Prefect")
+    _config_arg(train, required=True)
+    train.add_argument("--out", required=True, type=Path, help="output folder (reused: resumes from its checkpoints)")
+    train.add_argument("--nproc", type=int, help="workers per node (default: GPUs, else training.cpu_workers)")
+    return ap
+
+
+def _fail(msg: str, code: int) -> int:
+    print(f"trainflow: error: {msg}", file=sys.stderr)
+    if os.environ.get("TRAINFLOW_DEBUG"):
+        traceback.print_exc()
+    return code
+
+
+def _resolve_config_path(raw: str) -> Path:
+    path = Path(raw)
+    return path if path.is_absolute() or path.exists() else project_root() / path
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    cfg_path = _resolve_config_path(args.config)
+    root = project_root(cfg_path)
+    apply_offline_env(trainflow_home(root))
+    overrides = [*args.overrides, *([f"registry.promotion={args.promotion}"] if args.promotion else [])]
+    try:  # fail on a bad config before paying for Prefect's start-up
+        load_config(cfg_path, overrides)
+    except TrainflowError as exc:
+        _write_summary(args.summary_json, {"status": "config_error", "exit_code": EXIT_ERROR, "error": str(exc)})
+        return _fail(str(exc), EXIT_ERROR)
+
+    from flows.params import PipelineParams
+    from flows.pipeline import pipeline
+
+    t_import = time.perf_counter() - t0
+    params = PipelineParams(config_path=str(cfg_path), overrides=args.overrides, image=args.image,
+                            image_digest=args.image_digest, promotion=args.promotion, nproc_per_node=args.nproc)
+    try:
+        summary = pipeline(params)
+        code = EXIT_OK
+    except Exception as exc:  # noqa: BLE001 - every failure becomes an exit code and one line
+        summary = getattr(exc, "summary", None) or {"status": "failed", "error": str(exc)}
+        code = exc.exit_code if isinstance(exc, TrainflowError) else EXIT_ERROR
+        summary["exit_code"] = code
+        _write_summary(args.summary_json, summary, t_import, t0)
+        _print_summary(summary)
+        return _fail(str(exc) if isinstance(exc, TrainflowError) else f"{type(exc).__name__}: {exc}", code)
+    summary["exit_code"] = code
+    _write_summary(args.summary_json, summary, t_import, t0)
+    _print_summary(summary)
+    return code
+
+
+def _write_summary(path: Path | None, summary: dict, t_import: float | None = None, t0: float | None = None) -> None:
+    if t_import is not None:
+        summary.setdefault("timings", {})["imports"] = round(t_import, 3)
+        summary["timings"]["total"] = round(time.perf_counter() - t0, 3)
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=2, default=str))
+
+
+def _print_summary(s: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"trainflow: {s.get('status')}", show_header=False)
+    m = s.get("manifest") or {}
+    if m:
+        table.add_row("data", f"{m['data']['dvc_path']} md5 {m['data']['md5']}")
+        table.add_row("config", f"{m['config_name']} {m['config_sha256'][:12]}")
+    if "validation" in s:
+        v = s["validation"]
+        table.add_row("validation", "passed" if v.get("success") else f"FAILED: {len(v.get('failures', []))} failure(s)")
+    if "training" in s:
+        t = s["training"]
+        table.add_row("training", f"{t['world_size']}x {t['backend']}, {t['samples_per_s']:,.0f} samples/s, "
+                                  f"{t['wall_s']:.1f}s wall")
+    if s.get("metrics"):
+        table.add_row("test", ", ".join(f"{k} {v:.4f}" for k, v in s["metrics"].items()))
+    if s.get("gates"):
+        failed = [g for g in s["gates"] if not g["passed"]]
+        table.add_row("gates", "passed" if not failed else "; ".join(
+            f"{g['name']} {g['value']:.4f} (needs {g['op']} {g['threshold']:.4f})" for g in failed))
+    if s.get("model_version"):
+        table.add_row("registered", f"{s['model_name']} v{s['model_version']} @{', @'.join(s['aliases'])}")
+    if s.get("timings"):
+        table.add_row("time (s)", ", ".join(f"{k} {v:.1f}" for k, v in s["timings"].items()))
+    if s.get("tracking_uri"):
+        table.add_row("mlflow", f"{s['tracking_uri']} run {s.get('mlflow_run_id')}")
+    Console(stderr=True).print(table)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    cfg_path = _resolve_config_path(args.config)
+    root = project_root(cfg_path)
+    apply_offline_env(trainflow_home(root))
+    try:
+        cfg = load_config(cfg_path, args.overrides)
+        from core.manifest import read_dvc_file
+        from training.launcher import make_spec, run_job
+
+        spec = make_spec(cfg, args.out.resolve(), root, read_dvc_file(root, cfg.dataset.dvc_file).md5, nproc=args.nproc)
+        result = run_job(spec)
+    except TrainflowError as exc:
+        return _fail(str(exc), exc.exit_code)
+    print(json.dumps({k: result[k] for k in ("status", "world_size", "restarts", "samples_per_s",
+                                             "weights_sha256", "final", "out_dir")}, indent=2))
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return {"run": cmd_run, "train": cmd_train}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""The pipeline's one typed parameter: what the Prefect UI shows as a form."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PipelineParams(BaseModel):
+    """Inputs of one pipeline run. Defaults run the bundled digits pipeline."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config_path: str = Field("configs/digits.yaml", description="YAML config, relative to the repository root")
+    overrides: list[str] = Field(default_factory=list, description="KEY.PATH=VALUE overrides, e.g. training.epochs=3")
+    image: str | None = Field(None, description="Container image ref this run executes in (default: TRAINFLOW_IMAGE or 'local')")
+    image_digest: str | None = Field(None, description="Image digest (default: TRAINFLOW_IMAGE_DIGEST, or taken from a ref@sha256:...)")
+    promotion: Literal["auto", "manual"] | None = Field(None, description="Override registry.promotion")
+    nproc_per_node: int | None = Field(None, gt=0, description="Workers per node (default: GPUs, else training.cpu_workers)")
+
+    def all_overrides(self) -> list[str]:
+        extra = [f"registry.promotion={self.promotion}"] if self.promotion else []
+        return [*self.overrides, *extra]

@@ -1,0 +1,284 @@
+"""The pipeline flow: resolve -> validate -> train -> evaluate -> gate -> register.
+
+Each task calls one function of a room below; everything logs into ONE MLflow
+run, and each stage leaves a Prefect markdown artifact. Input errors
+(``TrainflowError``) are never retried; transient ones (a locked database) are.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from core.config import PipelineConfig, load_config
+from core.errors import DataValidationError, GateRejectedError, TrainflowError
+from core.manifest import Manifest, World, build_manifest, image_from_env
+from core.paths import project_root, tracking_uri, trainflow_home
+from flows.params import PipelineParams
+
+
+def _transient(task_, task_run, state) -> bool:
+    """Retry only failures that are not the user's input: bad data, config or gates are final."""
+    return not isinstance(state.data, TrainflowError)
+
+
+TASK = dict(cache_policy=NO_CACHE, retry_condition_fn=_transient)
+
+
+@dataclass
+class RunContext:
+    """What every stage needs; built once by ``resolve``."""
+
+    cfg: PipelineConfig
+    root: Path
+    home: Path
+    tracking_uri: str
+    run_id: str
+    manifest: Manifest
+    out_dir: Path
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _md(key: str, markdown: str, description: str) -> None:
+    create_markdown_artifact(markdown=markdown, key=key, description=description)
+
+
+# -- tasks ------------------------------------------------------------------------------
+@task(name="resolve", timeout_seconds=120, retries=1, retry_delay_seconds=1, **TASK)
+def resolve(params: PipelineParams) -> RunContext:
+    """Load the config, record the manifest, open the pipeline's MLflow run."""
+    from registry import store
+    from training.launcher import default_nproc
+    from training.distributed import choose_backend
+
+    cfg_path = Path(params.config_path)
+    root = project_root(cfg_path if cfg_path.is_absolute() else Path.cwd() / cfg_path)
+    if not cfg_path.is_absolute() and not cfg_path.exists():
+        cfg_path = root / cfg_path
+    cfg = load_config(cfg_path, params.all_overrides())
+    home = trainflow_home(root)
+    nproc = params.nproc_per_node or default_nproc(cfg)
+    manifest = build_manifest(
+        root, cfg.name, cfg.config_id(), cfg.dataset.dvc_file, cfg.seed,
+        World(nnodes=1, nproc_per_node=nproc, backend=choose_backend(cfg.training.backend)),
+        image_from_env(params.image, params.image_digest),
+    )
+    uri = tracking_uri(home)
+    exp_id = store.configure(uri, cfg.registry.experiment, home / "mlartifacts")
+    run_id = store.start_run(exp_id, f"{cfg.name}-{manifest.data.md5[:8]}",
+                             {**manifest.tags(), "trainflow.stage": "resolve"})
+    store.log_json(run_id, manifest.to_dict(), "manifest.json")
+    store.log_json(run_id, cfg.model_dump(mode="json"), "config.json")
+    store.log_params(run_id, cfg.model_dump(mode="json"))
+    out = home / "runs" / run_id
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "manifest.json").write_text(json.dumps(manifest.to_dict(), indent=2))
+    get_run_logger().info("config %s (%s), data %s, mlflow run %s", cfg.name, cfg.config_id()[:12],
+                          manifest.data.md5, run_id)
+    return RunContext(cfg, root, home, uri, run_id, manifest, out)
+
+
+@task(name="validate", timeout_seconds=300, **TASK)
+def validate(ctx: RunContext) -> dict:
+    """Run the GX suite; raise DataValidationError (stops the flow) on any failed expectation."""
+    from registry import store
+    from validation.suite import load_splits, validate_dataset, summary_markdown
+
+    report_dir = ctx.out_dir / "validation"
+    report = validate_dataset(ctx.cfg.dataset, load_splits(ctx.cfg.dataset, ctx.root), report_dir)
+    store.log_file(ctx.run_id, report_dir, "validation")
+    store.log_metrics(ctx.run_id, {"validation/n_failed": report["n_failed"],
+                                   "validation/n_expectations": report["n_expectations"]})
+    _md("validation-report", summary_markdown(report), "Great Expectations result")
+    if not report["success"]:
+        names = sorted({f"{f['split']}:{f['expectation']}" + (f"({f['column']})" if f.get("column") else "")
+                        for f in report["failures"]})
+        raise DataValidationError(f"data validation failed {report['n_failed']} expectation(s): "
+                                  + ", ".join(names), report)
+    return report
+
+
+@task(name="train", retries=0, **TASK)
+def train(ctx: RunContext, nproc: int) -> dict:
+    """torchrun the worker; rank 0 logs into the pipeline's MLflow run."""
+    from registry import store
+    from training.launcher import make_spec, run_job
+    from training.sink import RUN_ID_ENV
+
+    env = {RUN_ID_ENV: ctx.run_id, "MLFLOW_TRACKING_URI": ctx.tracking_uri}
+    spec = make_spec(ctx.cfg, ctx.out_dir / "train", ctx.root, ctx.manifest.data.md5, env, nproc)
+    result = run_job(spec)
+    store.log_file(ctx.run_id, Path(spec.out_dir) / "result.json", "training")
+    store.log_metrics(ctx.run_id, {"train/samples_per_s_mean": result["samples_per_s"],
+                                   "train/wall_s": result["wall_s"], "train/restarts": result["restarts"]})
+    _md("training-result", _training_md(result), "torchrun training result")
+    return result
+
+
+@task(name="evaluate", timeout_seconds=300, retries=1, **TASK)
+def evaluate(ctx: RunContext, result: dict) -> dict:
+    """Score the candidate and the current champion on the same test split."""
+    import pandas as pd
+
+    from evaluation.evaluate import evaluate as run_eval
+    from registry import models, store
+
+    feature_cols = ctx.cfg.dataset.feature_columns
+    champ = models.champion_version(ctx.cfg.registry.model_name)
+    champ_predict = None
+    if champ is not None:
+        loaded = models.load_predictor(ctx.cfg.registry.model_name, "champion")
+        champ_predict = (lambda x: loaded(pd.DataFrame(x, columns=feature_cols))) if loaded else None
+    report = run_eval(Path(result["out_dir"]) / result["model_pt2"], ctx.cfg.dataset, ctx.root,
+                      ctx.out_dir / "evaluation", champ_predict)
+    report["champion_version"] = champ["version"] if champ else None
+    cand = report["candidate"]
+    store.log_metrics(ctx.run_id, {f"test/{k}": cand[k] for k in
+                                   ("accuracy", "macro_f1", "min_class_recall", "latency_p95_ms")})
+    if report["champion"]:
+        store.log_metrics(ctx.run_id, {f"champion/{k}": report["champion"][k] for k in ("accuracy", "macro_f1")})
+    store.log_file(ctx.run_id, ctx.out_dir / "evaluation", "evaluation")
+    return report
+
+
+@task(name="gate", timeout_seconds=60, **TASK)
+def gate(ctx: RunContext, report: dict) -> dict:
+    """Decide; raise GateRejectedError with every reason when any check fails."""
+    from evaluation.gates import decide
+    from evaluation.report import gate_markdown
+    from registry import store
+
+    decision = decide(report["candidate"], ctx.cfg.gates, report["champion"], report["champion_version"])
+    md = gate_markdown(decision, report["candidate"], report["champion"])
+    (ctx.out_dir / "evaluation" / "gate.md").write_text(md)
+    store.log_json(ctx.run_id, decision.to_dict(), "evaluation/gate.json")
+    store.log_file(ctx.run_id, ctx.out_dir / "evaluation" / "gate.md", "evaluation")
+    _md("gate-decision", md, "Evaluation gates")
+    if not decision.passed:
+        raise GateRejectedError("gate rejected the candidate: " + "; ".join(decision.reasons()), decision.to_dict())
+    return decision.to_dict()
+
+
+@task(name="register", timeout_seconds=300, retries=2, retry_delay_seconds=2, **TASK)
+def register(ctx: RunContext, result: dict, report: dict) -> dict:
+    """Log the pyfunc model, register a version tagged with the manifest, set aliases."""
+    import pandas as pd
+
+    from evaluation.evaluate import load_test_split
+    from registry import models
+
+    ds = ctx.cfg.dataset
+    x, _ = load_test_split(ds, ctx.root)
+    example = pd.DataFrame(x[:5], columns=ds.feature_columns)
+    tags = {**ctx.manifest.tags(), "test_accuracy": f"{report['candidate']['accuracy']:.6f}",
+            "weights_sha256": result["weights_sha256"], "mlflow_run_id": ctx.run_id}
+    reg = models.log_model_version(
+        ctx.run_id, Path(result["out_dir"]) / result["model_pt2"], ctx.cfg.registry.model_name,
+        ds.feature_columns, list(range(ds.n_classes)), example, tags,
+        description=f"{ctx.cfg.name}: test accuracy {report['candidate']['accuracy']:.4f}",
+    )
+    if ctx.cfg.registry.promotion == "auto":
+        models.promote(reg["name"], reg["version"], "champion")
+    reg["aliases"] = models.aliases_of(reg["name"], reg["version"])
+    _md("registration", f"# Registered {reg['name']} v{reg['version']}\n\naliases: {', '.join(reg['aliases'])}\n",
+        "MLflow model version")
+    return reg
+
+
+def _training_md(r: dict) -> str:
+    rows = "\n".join(f"| {h['epoch']} | {h['train_loss']:.4f} | {h['val_accuracy']:.4f} | {h['samples_per_s']:,.0f} |"
+                     for h in r["history"])
+    return (f"# Training: {r['status']}\n\nworld size {r['world_size']} ({r['backend']}), global batch "
+            f"{r['global_batch']}, effective lr {r['effective_lr']:.5f}, restarts {r['restarts']}, "
+            f"wall {r['wall_s']:.1f}s, weights sha256 `{r['weights_sha256'][:16]}`\n\n"
+            f"| epoch | train loss | val acc | samples/s |\n|---|---|---|---|\n{rows}\n")
+
+
+# -- the flow ---------------------------------------------------------------------------
+def _run_name() -> str:
+    """``<config name>-<data md5[:8]>``, read cheaply from the config and the DVC file."""
+    from prefect.runtime import flow_run
+
+    try:
+        import yaml
+
+        from core.manifest import read_dvc_file
+
+        p = flow_run.parameters.get("params") or {}
+        p = p if isinstance(p, PipelineParams) else PipelineParams.model_validate(p)
+        path = Path(p.config_path)
+        root = project_root(path if path.is_absolute() else Path.cwd() / path)
+        path = path if path.exists() else root / path
+        raw = yaml.safe_load(path.read_text()) or {}
+        md5 = read_dvc_file(root, (raw.get("dataset") or {}).get("dvc_file", "data.dvc")).md5
+        return f"{raw.get('name', 'trainflow')}-{md5[:8]}"
+    except Exception:  # a name must never fail the run; resolve reports the real error
+        return "trainflow"
+
+
+@flow(name="trainflow-pipeline", flow_run_name=_run_name, log_prints=True)
+def pipeline(params: PipelineParams = PipelineParams()) -> dict:
+    """Validate, train, evaluate, gate and register one config. Returns the run summary.
+
+    Raises DataValidationError / GateRejectedError / other TrainflowError, each
+    carrying ``.summary`` (what was known when it stopped).
+    """
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def timed(name, fn, *args):
+        s = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            timings[name] = round(time.perf_counter() - s, 3)
+
+    ctx = timed("resolve", resolve, params)
+    summary = {"status": "running", "tracking_uri": ctx.tracking_uri, "mlflow_run_id": ctx.run_id,
+               "model_name": ctx.cfg.registry.model_name, "model_version": None, "aliases": [],
+               "metrics": {}, "gates": [], "manifest": ctx.manifest.to_dict(), "timings": timings}
+    from registry import store
+
+    try:
+        report = timed("validate", validate, ctx)
+        summary["validation"] = {"success": True, "n_expectations": report["n_expectations"]}
+        t = ctx.cfg.training
+        result = timed("train", train.with_options(timeout_seconds=t.timeout_s + 60), ctx, ctx.manifest.world.nproc_per_node)
+        summary["training"] = {k: result[k] for k in ("world_size", "backend", "restarts", "samples_per_s",
+                                                       "global_batch", "effective_lr", "weights_sha256", "wall_s")}
+        ev = timed("evaluate", evaluate, ctx, result)
+        cand = ev["candidate"]
+        summary["metrics"] = {k: cand[k] for k in ("accuracy", "macro_f1", "min_class_recall", "latency_p95_ms")}
+        summary["champion"] = {"version": ev["champion_version"],
+                               **({k: ev["champion"][k] for k in ("accuracy", "macro_f1")} if ev["champion"] else {})}
+        try:
+            decision = timed("gate", gate, ctx, ev)
+        except GateRejectedError as exc:
+            summary["gates"] = exc.decision.get("checks", [])
+            raise
+        summary["gates"] = decision["checks"]
+        reg = timed("register", register, ctx, result, ev)
+        summary.update(status="registered", exit_code=0, model_version=reg["version"], aliases=reg["aliases"])
+        store.end_run(ctx.run_id, "FINISHED")
+        return summary
+    except BaseException as exc:
+        if isinstance(exc, DataValidationError):
+            summary["status"] = "validation_failed"
+            summary["validation"] = {"success": False, "failures": exc.report.get("failures", [])}
+        elif isinstance(exc, GateRejectedError):
+            summary["status"] = "rejected"
+        else:
+            summary["status"] = "failed"
+        summary["error"] = str(exc)
+        summary["exit_code"] = getattr(exc, "exit_code", 1)
+        store.end_run(ctx.run_id, "FAILED")
+        exc.summary = summary  # the CLI writes it; the exception still fails the flow run
+        raise
+    finally:
+        timings["flow"] = round(time.perf_counter() - t0, 3)

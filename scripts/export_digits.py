@@ -1,0 +1,98 @@
+"""Export scikit-learn's UCI handwritten digits as the bundled, DVC-tracked dataset.
+
+    python scripts/export_digits.py            # (re)write data/digits/{train,test}.csv
+    python scripts/export_digits.py --check    # export to a temp dir, prove the hash equals data.dvc
+
+The export is byte-stable: a fixed stratified split from a seed, integer pixels
+written by hand (no float formatting, no library-version metadata). ``--check``
+recomputes DVC's directory hash (md5 of the sorted ``[{md5, relpath}]`` JSON,
+suffixed ``.dir``) and compares it with ``outs[0].md5`` of ``data.dvc``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = 20261129
+TEST_FRACTION = 0.2
+N_PIXELS = 64
+
+
+def split_indices(labels: np.ndarray, seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified split: within each class, a seeded permutation sends round(n*f) rows to test."""
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for cls in np.unique(labels):
+        idx = np.flatnonzero(labels == cls)
+        idx = idx[rng.permutation(len(idx))]
+        n_test = int(round(len(idx) * test_fraction))
+        test.append(idx[:n_test])
+        train.append(idx[n_test:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def write_csv(path: Path, pixels: np.ndarray, labels: np.ndarray) -> None:
+    header = ",".join([*(f"pixel_{i}" for i in range(N_PIXELS)), "label"])
+    rows = [",".join(str(int(v)) for v in (*p, y)) for p, y in zip(pixels, labels)]
+    path.write_bytes(("\n".join([header, *rows]) + "\n").encode("ascii"))
+
+
+def export(dest: Path) -> dict[str, Path]:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    pixels = digits.data.astype(np.int64)
+    labels = digits.target.astype(np.int64)
+    train_idx, test_idx = split_indices(labels, SEED, TEST_FRACTION)
+    out = dest / "digits"
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"train": out / "train.csv", "test": out / "test.csv"}
+    write_csv(files["train"], pixels[train_idx], labels[train_idx])
+    write_csv(files["test"], pixels[test_idx], labels[test_idx])
+    return files
+
+
+def dvc_dir_md5(folder: Path) -> str:
+    """DVC 3's hash of a tracked directory, computed without DVC."""
+    entries = sorted(
+        (
+            {"md5": hashlib.md5(p.read_bytes()).hexdigest(), "relpath": p.relative_to(folder).as_posix()}
+            for p in folder.rglob("*")
+            if p.is_file()
+        ),
+        key=lambda e: e["relpath"],
+    )
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="export to a temp dir and compare with data.dvc")
+    ap.add_argument("--dest", type=Path, default=ROOT / "data")
+    args = ap.parse_args(argv)
+    if not args.check:
+        export(args.dest)
+        print(f"wrote {args.dest} ({dvc_dir_md5(args.dest)})")
+        return 0
+    recorded = yaml.safe_load((ROOT / "data.dvc").read_text())["outs"][0]["md5"]
+    with tempfile.TemporaryDirectory() as tmp:
+        export(Path(tmp))
+        fresh = dvc_dir_md5(Path(tmp))
+    if fresh != recorded:
+        print(f"MISMATCH: fresh export {fresh} != data.dvc {recorded}", file=sys.stderr)
+        return 1
+    print(f"OK: fresh export hashes to {fresh}, as recorded in data.dvc")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from core.config import PipelineConfig, config_from_dict, load_config, parse_override
+from core.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.name
+    assert len(cfg.config_id()) == 64
+
+
+def test_negative_lr_names_key_path_and_value():
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"name": "x", "training": {"lr": -1}})
+    assert "training.lr: must be > 0, got -1" in str(err.value)
+
+
+def test_unknown_nested_key_is_rejected_with_path():
+    with pytest.raises(ConfigError, match=r"model\.widht: unknown key"):
+        config_from_dict({"name": "x", "model": {"widht": 3}})
+
+
+def test_every_error_is_listed():
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"name": "x", "training": {"epochs": 0, "lr_scaling": "cubic"}})
+    msg = str(err.value)
+    assert "training.epochs: must be > 0, got 0" in msg
+    assert "training.lr_scaling: must be one of" in msg and "'cubic'" in msg
+
+
+def test_missing_name_is_reported():
+    with pytest.raises(ConfigError, match="name: required key is missing"):
+        config_from_dict({})
+
+
+def test_inverted_bounds_are_rejected():
+    with pytest.raises(ConfigError, match="dataset.expectations"):
+        config_from_dict({"name": "x", "dataset": {"expectations": {"train_rows": [10, 5]}}})
+
+
+def test_overrides_parse_yaml_values_and_apply():
+    cfg = config_from_dict({"name": "x"}, ["training.epochs=3", "training.grad_clip=null", "model.kind=mlp"])
+    assert cfg.training.epochs == 3 and cfg.training.grad_clip is None and cfg.model.kind == "mlp"
+    assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
+
+
+def test_override_of_unknown_key_names_it():
+    with pytest.raises(ConfigError, match="training.epoch: unknown key"):
+        config_from_dict({"name": "x"}, ["training.epoch=3"])
+
+
+def test_override_without_equals_is_an_error():
+    with pytest.raises(ConfigError, match="expected KEY.PATH=VALUE"):
+        config_from_dict({"name": "x"}, ["training.epochs"])
+
+
+def test_config_id_ignores_yaml_layout_but_not_values(tmp_path):
+    a = {"name": "x", "seed": 1, "training": {"epochs": 2, "lr": 0.01}}
+    b = {"training": {"lr": 0.01, "epochs": 2}, "seed": 1, "name": "x"}
+    assert config_from_dict(a).config_id() == config_from_dict(b).config_id()
+    assert config_from_dict(a).config_id() != config_from_dict(a, ["seed=2"]).config_id()
+    # A default spelled out equals the default left implicit.
+    assert config_from_dict({"name": "x"}).config_id() == config_from_dict({"name": "x", "seed": 0}).config_id()
+
+
+def test_yaml_round_trip_keeps_the_id():
+    cfg = load_config(ROOT / "configs" / "digits.yaml")
+    again = PipelineConfig.model_validate(yaml.safe_load(cfg.to_yaml()))
+    assert again.config_id() == cfg.config_id()
+
+
+def test_unreadable_and_invalid_yaml_are_clear(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(bad)

@@ -1,0 +1,57 @@
+import subprocess
+
+import pytest
+
+from core.errors import DataUnavailableError
+from core.hashing import sha256_json
+from core.manifest import ImageRef, World, build_manifest, image_from_env, packages_hash, read_dvc_file
+
+DVC = "outs:\n- md5: abc123.dir\n  size: 10\n  nfiles: 2\n  hash: md5\n  path: data\n"
+
+
+def test_dvc_file_gives_md5_path_and_rev(tmp_path):
+    (tmp_path / "data.dvc").write_text(DVC)
+    ref = read_dvc_file(tmp_path, "data.dvc")
+    assert (ref.md5, ref.dvc_path) == ("abc123.dir", "data")
+    assert ref.rev == "uncommitted"  # not a git repository
+
+
+def test_missing_or_malformed_dvc_file_is_a_clear_error(tmp_path):
+    with pytest.raises(DataUnavailableError, match="data.dvc: not found"):
+        read_dvc_file(tmp_path, "data.dvc")
+    (tmp_path / "data.dvc").write_text("outs: []\n")
+    with pytest.raises(DataUnavailableError, match="not a DVC file"):
+        read_dvc_file(tmp_path, "data.dvc")
+
+
+def test_image_ref_digest_sources(monkeypatch):
+    monkeypatch.delenv("TRAINFLOW_IMAGE", raising=False)
+    monkeypatch.delenv("TRAINFLOW_IMAGE_DIGEST", raising=False)
+    assert image_from_env() == ImageRef("local", "local")
+    assert image_from_env("ghcr.io/x/y@sha256:beef").digest == "sha256:beef"
+    monkeypatch.setenv("TRAINFLOW_IMAGE", "reg/img:1")
+    monkeypatch.setenv("TRAINFLOW_IMAGE_DIGEST", "sha256:cafe")
+    assert image_from_env() == ImageRef("reg/img:1", "sha256:cafe")
+    assert image_from_env("other:2", "sha256:0").ref == "other:2"
+
+
+def test_packages_hash_is_stable():
+    assert packages_hash() == packages_hash()
+
+
+def test_manifest_records_git_state_and_tags(tmp_path):
+    def git(*a):
+        subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "data.dvc").write_text(DVC)
+    git("add", "data.dvc")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "data")
+    m = build_manifest(tmp_path, "digits", sha256_json({"a": 1}), "data.dvc", 7, World(1, 2, "gloo"), ImageRef())
+    assert len(m.git_sha) == 40 and m.git_dirty is False
+    assert m.data.rev == m.git_sha
+    tags = m.tags()
+    assert tags["data_md5"] == "abc123.dir" and tags["world_size"] == "2" and tags["seed"] == "7"
+    assert all(isinstance(v, str) for v in tags.values())
+    (tmp_path / "data.dvc").write_text(DVC.replace("abc123", "def456"))
+    assert build_manifest(tmp_path, "d", "x", "data.dvc", 0, World(1, 1, "gloo"), ImageRef()).git_dirty is True

@@ -1,0 +1,4 @@
+"""Distributed training engine: runs under torchrun, without Prefect.
+
+    torchrun --nproc-per-node 2 -m training.worker --config configs/digits.yaml --out out/
+"""

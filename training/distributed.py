@@ -1,0 +1,98 @@
+"""The one owner of the process group: setup, teardown and the few collectives we use.
+
+No other module calls ``init_process_group``. Teardown runs in ``finally``, also
+when training raises.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    backend: str | None  # None: a single process without a process group
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+
+def choose_backend(requested: str = "auto") -> str:
+    """``nccl`` when CUDA is present, else ``gloo``; an explicit choice is kept."""
+    if requested != "auto":
+        return requested
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+@contextmanager
+def process_group(backend: str = "auto", timeout_s: float = 120.0) -> Iterator[DistContext]:
+    """Join the torchrun world (env:// rendezvous) or run as one process when not launched by torchrun.
+
+    ``timeout_s`` bounds every collective, so a stalled rank fails its peers
+    instead of blocking them for the default 30 minutes.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    launched = "TORCHELASTIC_RUN_ID" in os.environ or world > 1
+    chosen = choose_backend(backend)
+    if chosen == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if not launched:
+        yield DistContext(0, 0, 1, None, device)
+        return
+    dist.init_process_group(backend=chosen, timeout=timedelta(seconds=timeout_s))
+    try:
+        yield DistContext(rank, local_rank, world, chosen, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(ctx: DistContext, values: list[float]) -> list[float]:
+    """Element-wise sum of ``values`` over all ranks (identity without a process group)."""
+    if not ctx.distributed:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def all_gather_object(ctx: DistContext, obj):
+    if not ctx.distributed:
+        return [obj]
+    out = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(ctx: DistContext, obj):
+    """Rank 0's ``obj`` on every rank."""
+    if not ctx.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()

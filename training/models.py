@@ -1,0 +1,56 @@
+"""Models for the tabular-image task. Input: raw feature values; normalisation is inside."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from core.config import DatasetConfig, ModelConfig
+
+
+class _Scale(nn.Module):
+    """Maps raw values in [0, value_max] to [0, 1], so callers pass data as stored."""
+
+    def __init__(self, value_max: float):
+        super().__init__()
+        self.register_buffer("inv", torch.tensor(1.0 / value_max))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.inv
+
+
+def build_model(model: ModelConfig, data: DatasetConfig) -> nn.Module:
+    """A small CNN over the square image the features form, or an MLP (``model.kind``)."""
+    n_in, n_out = data.n_features, data.n_classes
+    scale = _Scale(data.expectations.value_max)
+    if model.kind == "mlp":
+        return nn.Sequential(
+            scale,
+            nn.Linear(n_in, model.hidden),
+            nn.ReLU(),
+            nn.Dropout(model.dropout),
+            nn.Linear(model.hidden, model.hidden),
+            nn.ReLU(),
+            nn.Linear(model.hidden, n_out),
+        )
+    side = math.isqrt(n_in)
+    if side * side != n_in:
+        raise ValueError(f"model.kind=cnn needs a square number of features, got {n_in}")
+    c1, c2 = model.channels
+    pooled = c2 * (side // 2) * (side // 2)
+    return nn.Sequential(
+        scale,
+        nn.Unflatten(1, (1, side, side)),
+        nn.Conv2d(1, c1, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(c1, c2, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Dropout(model.dropout),
+        nn.Linear(pooled, model.hidden),
+        nn.ReLU(),
+        nn.Linear(model.hidden, n_out),
+    )
