@@ -18,6 +18,7 @@ TELEMETRY_OFF = {
     "HF_HUB_OFFLINE": "1",
     # Git metadata lookups in MLflow must not hang or warn on a missing binary.
     "GIT_PYTHON_REFRESH": "quiet",
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
 }
 
 
@@ -33,6 +34,8 @@ def offline_env(home: Path) -> dict[str, str]:
 
 
 def apply_offline_env(home: Path) -> None:
-    """Set the offline variables in this process, keeping any the user already set."""
+    """Set the offline variables in this process, keeping any the user already set; create PREFECT_HOME."""
     for key, value in offline_env(home).items():
         os.environ.setdefault(key, value)
+    # Prefect's ephemeral server creates its sqlite file there, but not the folder.
+    Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)

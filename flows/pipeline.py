@@ -17,6 +17,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from core.config import PipelineConfig, load_config
+from core.env import apply_offline_env
 from core.errors import DataValidationError, GateRejectedError, TrainflowError
 from core.manifest import Manifest, World, build_manifest, image_from_env
 from core.paths import project_root, tracking_uri, trainflow_home
@@ -63,6 +64,7 @@ def resolve(params: PipelineParams) -> RunContext:
         cfg_path = root / cfg_path
     cfg = load_config(cfg_path, params.all_overrides())
     home = trainflow_home(root)
+    apply_offline_env(home)  # before mlflow is imported: telemetry is decided at import
     nproc = params.nproc_per_node or default_nproc(cfg)
     manifest = build_manifest(
         root, cfg.name, cfg.config_id(), cfg.dataset.dvc_file, cfg.seed,

@@ -1,0 +1,318 @@
+"""Log, register, promote and load the classifier through the MLflow model registry.
+
+The model is a pyfunc logged *from code* (``registry/pyfunc_model.py``) around
+the ``torch.export`` program, so loading it needs mlflow, torch, pandas and
+numpy but no project code and no pickle. Versions are addressed by alias only
+(``@challenger`` for the newest registered version, ``@champion`` for the one
+serving); registry stages are never used.
+
+MLflow, torch, pandas and numpy are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from registry.store import client, is_already_exists, is_not_found
+from registry.values import MAX_MODEL_TAG_VALUE_LENGTH, MAX_TAG_VALUE_LENGTH, clean_tags
+
+CHALLENGER = "challenger"
+CHAMPION = "champion"
+ARTIFACT_NAME = "model"
+PYFUNC_FILE = Path(__file__).with_name("pyfunc_model.py")
+# Rows of the input example stored with the model (enough to document the shape).
+MAX_EXAMPLE_ROWS = 5
+
+# Two process-wide globals make logging and loading unsafe in parallel threads:
+# MLflow's models-from-code loader hands the model back through
+# mlflow.models.model.__mlflow_model__ (set by set_model() while the code file
+# runs), and torch.export.load asserts on its own _CURRENT_DESERIALIZER
+# ("_CURRENT_DESERIALIZER is already set"). Every log, load and program check
+# here takes this lock.
+_MODEL_CODE_LOCK = threading.RLock()
+
+
+def pip_requirements() -> list[str]:
+    """Exact pins of what the pyfunc file imports, from this environment.
+
+    Giving them explicitly skips MLflow's requirement inference (seconds: it
+    loads the model in a subprocess). torch's local suffix (``+cpu``) is dropped
+    so a GPU host resolves its own build of the same version.
+    """
+    import mlflow
+    import numpy
+    import pandas
+    import torch
+
+    return [
+        f"mlflow=={mlflow.__version__}",
+        f"torch=={torch.__version__.split('+')[0]}",
+        f"pandas=={pandas.__version__}",
+        f"numpy=={numpy.__version__}",
+    ]
+
+
+def _check_features(feature_columns: Sequence[str]) -> list[str]:
+    features = [str(c) for c in feature_columns]
+    if not features:
+        raise ValueError("feature_columns is empty")
+    if len(set(features)) != len(features):
+        raise ValueError("feature_columns has duplicates")
+    return features
+
+
+def _check_labels(class_labels: Sequence[int]) -> list[int]:
+    import numbers
+
+    labels = list(class_labels)
+    if not labels:
+        raise ValueError("class_labels is empty")
+    for label in labels:
+        if isinstance(label, bool) or not isinstance(label, numbers.Integral):
+            raise ValueError(f"class_labels must be integers, got {label!r}")
+    labels = [int(x) for x in labels]
+    if len(set(labels)) != len(labels):
+        raise ValueError("class_labels has duplicates")
+    return labels
+
+
+def _example_frame(input_example, features: list[str]):
+    """The first rows of ``input_example``'s feature columns, as float64."""
+    import numpy as np
+    import pandas as pd
+
+    if not isinstance(input_example, pd.DataFrame):
+        raise TypeError(f"input_example must be a pandas DataFrame, got {type(input_example).__name__}")
+    missing = [c for c in features if c not in input_example.columns]
+    if missing:
+        raise ValueError(f"input_example lacks feature columns {missing[:5]}"
+                         + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    if input_example.empty:
+        raise ValueError("input_example has no rows")
+    try:
+        example = input_example[features].head(MAX_EXAMPLE_ROWS).astype("float64")
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"input_example feature columns are not numeric: {exc}") from None
+    if not np.isfinite(example.to_numpy()).all():
+        raise ValueError("input_example has NaN or infinite feature values")
+    return example.reset_index(drop=True)
+
+
+def _example_labels(model_pt2: Path, example, labels: list[int]):
+    """Run the program on the example: it must give ``[rows, len(class_labels)]`` logits."""
+    import numpy as np
+    import torch
+
+    try:
+        with _MODEL_CODE_LOCK:
+            program = torch.export.load(str(model_pt2)).module()
+    except Exception as exc:
+        raise ValueError(f"{model_pt2}: not a loadable torch.export program: {exc}") from exc
+    x = torch.tensor(example.to_numpy(dtype=np.float32))
+    with torch.inference_mode():
+        logits = program(x)
+    if logits.ndim != 2 or logits.shape[0] != len(example) or logits.shape[1] != len(labels):
+        raise ValueError(
+            f"{model_pt2}: maps [{len(example)}, {x.shape[1]}] inputs to {list(logits.shape)}, "
+            f"expected [{len(example)}, {len(labels)}] logits (one per class label)"
+        )
+    return np.asarray(labels, dtype=np.int64)[logits.argmax(dim=1).numpy()]
+
+
+def _signature(features: list[str]):
+    """Named feature columns of any numeric type in; int64 labels out.
+
+    The columns are typed ``Any`` rather than ``double``: MLflow's schema check
+    refuses int64 columns for a ``double`` column (only int32 and smaller are
+    "safe"), and pixel data read from CSV is int64. ``predict`` casts to float32
+    itself and rejects non-numeric or non-finite values.
+    """
+    import numpy as np
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types.schema import AnyType, ColSpec, Schema, TensorSpec
+
+    return ModelSignature(
+        inputs=Schema([ColSpec(AnyType(), name) for name in features]),
+        outputs=Schema([TensorSpec(np.dtype("int64"), (-1,))]),
+    )
+
+
+def _ensure_registered_model(c, model_name: str) -> None:
+    try:
+        c.create_registered_model(model_name)
+    except Exception as exc:
+        if not is_already_exists(exc):
+            raise
+
+
+def log_model_version(
+    run_id: str,
+    model_pt2: Path,
+    model_name: str,
+    feature_columns: list[str],
+    class_labels: list[int],
+    input_example,
+    manifest_tags: Mapping[str, Any],
+    description: str = "",
+) -> dict:
+    """Log the program as a pyfunc model of ``run_id``, register it, tag it, alias it ``@challenger``.
+
+    Returns ``{"name", "version", "model_uri", "run_id", "model_id"}`` where
+    ``model_uri`` is ``models:/<name>/<version>``.
+    """
+    import mlflow
+    from mlflow.models import Model
+
+    model_pt2 = Path(model_pt2)
+    if not model_pt2.is_file():
+        raise FileNotFoundError(f"model program not found: {model_pt2}")
+    features = _check_features(feature_columns)
+    labels = _check_labels(class_labels)
+    example = _example_frame(input_example, features)
+    _example_labels(model_pt2, example, labels)
+
+    c = client()
+    run = c.get_run(run_id)
+    with tempfile.TemporaryDirectory(prefix="trainflow-model-") as tmp:
+        meta = Path(tmp, "meta.json")
+        meta.write_text(json.dumps({
+            "format": "torch.export",
+            "input_dtype": "float32",
+            "feature_columns": features,
+            "class_labels": labels,
+        }))
+        with _MODEL_CODE_LOCK:
+            # mlflow.pyfunc.log_model takes no run_id (it needs the fluent active
+            # run, which is per-thread state we avoid); Model.log does. Create the
+            # LoggedModel ourselves too: left to Model.log it lands in the *default*
+            # experiment (id 0, artifacts under ./mlruns of the cwd at database
+            # creation), because the fluent experiment id wins over the run's.
+            logged = c.create_logged_model(
+                experiment_id=run.info.experiment_id,
+                name=ARTIFACT_NAME,
+                source_run_id=run_id,
+                tags=clean_tags(manifest_tags, MAX_TAG_VALUE_LENGTH),
+            )
+            Model.log(
+                artifact_path=None,
+                name=ARTIFACT_NAME,
+                flavor=mlflow.pyfunc,
+                run_id=run_id,
+                model_id=logged.model_id,
+                python_model=str(PYFUNC_FILE),
+                artifacts={"model": str(model_pt2), "meta": str(meta)},
+                pip_requirements=pip_requirements(),
+                signature=_signature(features),
+                input_example=example,
+            )
+
+    _ensure_registered_model(c, model_name)
+    version = c.create_model_version(
+        name=model_name,
+        source=f"models:/{logged.model_id}",
+        run_id=run_id,
+        tags=clean_tags(manifest_tags, MAX_MODEL_TAG_VALUE_LENGTH),
+        description=description or None,
+        model_id=logged.model_id,
+    )
+    c.set_registered_model_alias(model_name, CHALLENGER, str(version.version))
+    return {
+        "name": model_name,
+        "version": str(version.version),
+        "model_uri": f"models:/{model_name}/{version.version}",
+        "run_id": run_id,
+        "model_id": logged.model_id,
+    }
+
+
+def promote(model_name: str, version: str, alias: str = CHAMPION) -> None:
+    """Point ``@alias`` at ``version`` (moving it off whichever version had it)."""
+    client().set_registered_model_alias(model_name, alias, str(version))
+
+
+def aliases_of(model_name: str, version: str) -> list[str]:
+    return sorted(client().get_model_version(model_name, str(version)).aliases)
+
+
+def version_by_alias(model_name: str, alias: str):
+    """The ModelVersion behind ``name@alias``, or None when the model or the alias is missing.
+
+    Looked up through the registered model's alias map: ``get_model_version_by_alias``
+    reports a missing alias as INVALID_PARAMETER_VALUE on the sqlite store, which
+    cannot be told apart from a real error.
+    """
+    c = client()
+    try:
+        version = c.get_registered_model(model_name).aliases.get(alias)
+        if version is None:
+            return None
+        return c.get_model_version(model_name, str(version))
+    except Exception as exc:
+        if is_not_found(exc):
+            return None
+        raise
+
+
+def champion_version(model_name: str) -> dict | None:
+    """``{"version", "run_id", "tags"}`` of the version carrying ``@champion``, else None."""
+    mv = version_by_alias(model_name, CHAMPION)
+    if mv is None:
+        return None
+    return {"version": str(mv.version), "run_id": mv.run_id, "tags": dict(mv.tags)}
+
+
+class Predictor:
+    """A loaded registry model: ``predictor(features) -> int64 labels``.
+
+    ``features`` is a DataFrame holding the feature columns (int or float), or a
+    ``[rows, n_features]`` array in feature-column order.
+    """
+
+    def __init__(self, pyfunc_model, name: str, alias: str, version: str, run_id: str | None,
+                 model_uri: str):
+        self.pyfunc = pyfunc_model
+        self.name = name
+        self.alias = alias
+        self.version = version
+        self.run_id = run_id
+        self.model_uri = model_uri
+        schema = pyfunc_model.metadata.get_input_schema()
+        self.feature_columns = list(schema.input_names()) if schema is not None else []
+
+    def __call__(self, features):
+        import numpy as np
+        import pandas as pd
+
+        if not isinstance(features, pd.DataFrame):
+            values = np.asarray(features)
+            if values.ndim == 1:
+                values = values[None, :]
+            features = pd.DataFrame(values, columns=self.feature_columns)
+        return np.asarray(self.pyfunc.predict(features), dtype=np.int64)
+
+    def __repr__(self) -> str:
+        return f"Predictor({self.name}@{self.alias} = version {self.version})"
+
+
+def load_predictor(model_name: str, alias: str = CHAMPION) -> Callable | None:
+    """Load ``models:/<name>@<alias>`` as a :class:`Predictor`; None when there is no such alias.
+
+    The alias is resolved once and that version loaded, so ``.version`` names
+    exactly what predicts even if the alias moves meanwhile.
+    """
+    import mlflow
+
+    mv = version_by_alias(model_name, alias)
+    if mv is None:
+        return None
+    uri = f"models:/{model_name}/{mv.version}"
+    # The program is read into memory by load_context, so the downloaded copy
+    # can go (MLflow would otherwise leave one temp folder per load).
+    with _MODEL_CODE_LOCK, tempfile.TemporaryDirectory(prefix="trainflow-load-") as dst:
+        model = mlflow.pyfunc.load_model(uri, dst_path=dst)
+    return Predictor(model, model_name, alias, str(mv.version), mv.run_id, uri)

@@ -1,0 +1,55 @@
+"""MLflow pyfunc wrapper around a ``torch.export`` program (models-from-code file).
+
+MLflow copies this file into the logged model and runs it at load time, so it
+imports only mlflow, torch, pandas and numpy: no project code. The program
+(``model.pt2``) maps float32 ``[batch, n_features]`` raw pixel values to logits
+``[batch, n_classes]``; ``meta.json`` holds the feature column order and the
+class label of each logit.
+"""
+
+import json
+
+import mlflow
+import numpy as np
+import pandas as pd
+import torch
+
+
+class ExportedClassifier(mlflow.pyfunc.PythonModel):
+    """Predicts one class label per row of a DataFrame of the feature columns."""
+
+    def load_context(self, context):
+        with open(context.artifacts["meta"]) as fh:
+            meta = json.load(fh)
+        self.feature_columns = list(meta["feature_columns"])
+        self.class_labels = np.asarray(meta["class_labels"], dtype=np.int64)
+        self.program = torch.export.load(context.artifacts["model"]).module()
+
+    # The pd.DataFrame hint only tells MLflow not to infer a schema from type
+    # hints (the signature comes from log time); arrays are accepted too.
+    def predict(self, context, model_input: pd.DataFrame, params=None):
+        if isinstance(model_input, pd.DataFrame):
+            missing = [c for c in self.feature_columns if c not in model_input.columns]
+            if missing:
+                raise ValueError(f"missing feature columns: {missing[:5]}")
+            frame = model_input[self.feature_columns]
+            try:
+                values = frame.to_numpy(dtype=np.float32)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"feature columns must be numeric: {exc}") from None
+        else:
+            values = np.asarray(model_input, dtype=np.float32)
+        if values.ndim != 2 or values.shape[1] != len(self.feature_columns):
+            raise ValueError(
+                f"expected [rows, {len(self.feature_columns)}] features, got {list(values.shape)}"
+            )
+        if values.shape[0] == 0:
+            return np.empty(0, dtype=np.int64)
+        if not np.isfinite(values).all():
+            raise ValueError("features contain NaN or infinite values")
+        with torch.inference_mode():
+            # torch.tensor copies: pandas may hand back a read-only view.
+            logits = self.program(torch.tensor(values))
+        return self.class_labels[logits.argmax(dim=1).numpy()]
+
+mlflow.models.set_model(ExportedClassifier())

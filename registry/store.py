@@ -1,0 +1,188 @@
+"""MLflow tracking set-up and run logging, through ``MlflowClient`` only.
+
+Flow tasks run in threads, so nothing here uses MLflow's fluent active-run
+state: every call names its run id. ``configure`` sets the process-wide
+tracking and registry URI once; later calls use it.
+
+MLflow is imported inside the functions, never at module import.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from registry.values import (
+    MAX_METRICS_PER_BATCH,
+    MAX_PARAMS_TAGS_PER_BATCH,
+    check_run_status,
+    chunks,
+    clean_tags,
+    flatten_metrics,
+    flatten_params,
+)
+
+log = logging.getLogger(__name__)
+
+_CONFIGURE_LOCK = threading.Lock()
+
+
+def client():
+    """An ``MlflowClient`` on the URI ``configure`` set (cheap: the store is cached per URI)."""
+    from mlflow import MlflowClient
+
+    return MlflowClient()
+
+
+def _error_code(exc: Exception) -> str:
+    return str(getattr(exc, "error_code", ""))
+
+
+def is_not_found(exc: Exception) -> bool:
+    return _error_code(exc) in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND")
+
+
+def is_already_exists(exc: Exception) -> bool:
+    return _error_code(exc) in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS")
+
+
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (absolute with four slashes), else None."""
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        return None
+    rest = tracking_uri[len(prefix):].split("?", 1)[0]
+    if not rest or rest == ":memory:":
+        return None
+    return Path(rest)
+
+
+def experiment_artifact_location(artifact_root: Path, experiment: str) -> str:
+    """``file:///abs/artifact_root/<experiment>``; odd characters in the name become ``_``."""
+    folder = re.sub(r"[^\w.\-]", "_", experiment).strip(".") or "experiment"
+    return f"{Path(artifact_root).resolve().as_uri()}/{folder}"
+
+
+def configure(tracking_uri: str, experiment: str, artifact_root: Path) -> str:
+    """Point MLflow at ``tracking_uri``; get or create ``experiment``; return its id.
+
+    A new experiment gets ``artifact_location=<artifact_root as file URI>/<experiment>``
+    explicitly: otherwise a database-backed store would put artifacts under
+    ``./mlruns`` relative to whatever the working directory is. An existing
+    experiment keeps its location (a warning says so if it differs); a deleted
+    one is restored.
+    """
+    import mlflow
+
+    db = sqlite_path(tracking_uri)
+    if db is not None:
+        if not db.is_absolute():
+            log.warning("sqlite tracking URI %s is relative to the working directory; "
+                        "use sqlite:////abs/path.db (four slashes)", tracking_uri)
+        # sqlite creates the file but not its folder.
+        db.parent.mkdir(parents=True, exist_ok=True)
+    Path(artifact_root).mkdir(parents=True, exist_ok=True)
+    location = experiment_artifact_location(artifact_root, experiment)
+
+    with _CONFIGURE_LOCK:
+        mlflow.set_tracking_uri(tracking_uri)
+        # A sqlite/file tracking store is also the registry; say so rather than
+        # depending on MLFLOW_REGISTRY_URI or MLflow's default for the scheme.
+        mlflow.set_registry_uri(tracking_uri)
+        c = client()
+        exp = c.get_experiment_by_name(experiment)
+        if exp is None:
+            try:
+                return c.create_experiment(experiment, artifact_location=location)
+            except Exception as exc:  # another thread or process created it first
+                if not is_already_exists(exc):
+                    raise
+                exp = c.get_experiment_by_name(experiment)
+                if exp is None:
+                    raise
+        if exp.lifecycle_stage == "deleted":
+            c.restore_experiment(exp.experiment_id)
+            log.warning("experiment %r was deleted; restored it", experiment)
+        if exp.artifact_location.rstrip("/") != location.rstrip("/"):
+            log.warning("experiment %r keeps its artifact location %s (not %s)",
+                        experiment, exp.artifact_location, location)
+        return exp.experiment_id
+
+
+def start_run(experiment_id: str, run_name: str, tags: Mapping[str, Any]) -> str:
+    """Create a RUNNING run in ``experiment_id`` and return its id (no active-run state)."""
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
+
+    run_tags = clean_tags(tags or {})
+    run_tags.setdefault(MLFLOW_RUN_NAME, run_name)
+    run = client().create_run(str(experiment_id), run_name=run_name, tags=run_tags)
+    return run.info.run_id
+
+
+def end_run(run_id: str, status: str = "FINISHED") -> None:
+    """Terminate a run as ``FINISHED``, ``FAILED`` or ``KILLED``."""
+    client().set_terminated(run_id, check_run_status(status))
+
+
+def set_tags(run_id: str, tags: Mapping[str, Any]) -> None:
+    from mlflow.entities import RunTag
+
+    items = [RunTag(k, v) for k, v in clean_tags(tags).items()]
+    c = client()
+    for batch in chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
+        c.log_batch(run_id, tags=batch)
+
+
+def log_params(run_id: str, params: Mapping[str, Any]) -> dict[str, str]:
+    """Log ``params`` flattened to dotted keys, values as strings cut to MLflow's limit.
+
+    Returns what was logged. MLflow params are write-once: logging a key again
+    with a different value raises; the same value is accepted.
+    """
+    from mlflow.entities import Param
+
+    flat = flatten_params(params)
+    items = [Param(k, v) for k, v in flat.items()]
+    c = client()
+    for batch in chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
+        c.log_batch(run_id, params=batch)
+    return flat
+
+
+def log_metrics(run_id: str, metrics: Mapping[str, Any], step: int | None = None) -> dict[str, float]:
+    """Log numeric ``metrics`` (nested mappings flattened to dotted names) at ``step``.
+
+    Raises TypeError for a non-numeric value before anything is logged.
+    """
+    from mlflow.entities import Metric
+
+    flat = flatten_metrics(metrics)
+    now = int(time.time() * 1000)
+    items = [Metric(k, v, now, int(step or 0)) for k, v in flat.items()]
+    c = client()
+    for batch in chunks(items, MAX_METRICS_PER_BATCH):
+        c.log_batch(run_id, metrics=batch)
+    return flat
+
+
+def log_json(run_id: str, obj: Any, artifact_file: str) -> None:
+    """Write ``obj`` as JSON (or YAML for a .yaml/.yml name) to ``artifact_file`` in the run."""
+    client().log_dict(run_id, obj, artifact_file)
+
+
+def log_file(run_id: str, path: Path, artifact_path: str | None = None) -> None:
+    """Copy a file (or a whole folder's contents) into the run's artifacts."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"cannot log {path}: no such file or folder")
+    c = client()
+    if path.is_dir():
+        c.log_artifacts(run_id, str(path), artifact_path)
+    else:
+        c.log_artifact(run_id, str(path), artifact_path)
+

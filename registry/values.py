@@ -1,0 +1,132 @@
+"""Pure helpers that shape params, metrics and tags to fit MLflow's limits.
+
+No MLflow import here: the limits are copied from ``mlflow.utils.validation``
+(3.17) and an integration test checks that they still match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import numbers
+import re
+from collections.abc import Mapping
+from typing import Any
+
+MAX_KEY_LENGTH = 250  # MAX_ENTITY_KEY_LENGTH, MAX_MODEL_REGISTRY_TAG_KEY_LENGTH
+MAX_PARAM_VALUE_LENGTH = 6000  # MAX_PARAM_VAL_LENGTH
+MAX_TAG_VALUE_LENGTH = 8000  # MAX_TAG_VAL_LENGTH (run tags)
+MAX_MODEL_TAG_VALUE_LENGTH = 100_000  # MAX_MODEL_REGISTRY_TAG_VALUE_LENGTH
+MAX_PARAMS_TAGS_PER_BATCH = 100
+MAX_METRICS_PER_BATCH = 1000
+
+TRUNCATION_MARK = "...[truncated]"
+RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
+
+# MLflow (non-Windows) accepts alphanumerics, _, -, ., space, colon and slash in names.
+_BAD_KEY_CHARS = re.compile(r"[^\w.\- :/]")
+
+
+def truncate(value: str, limit: int) -> str:
+    """``value`` cut to ``limit`` characters, ending in a visible mark when cut."""
+    if len(value) <= limit:
+        return value
+    keep = max(limit - len(TRUNCATION_MARK), 0)
+    return (value[:keep] + TRUNCATION_MARK)[:limit]
+
+
+def clean_key(key: Any, limit: int = MAX_KEY_LENGTH) -> str:
+    """A key MLflow accepts: bad characters become ``_``; a key too long is cut and made unique.
+
+    A cut key ends in ``~<8 hex of sha256 of the full key>`` so two long keys
+    sharing a prefix stay distinct. Slashes are kept but not at either end and
+    never doubled, since MLflow rejects keys that are not normalised paths.
+    """
+    text = _BAD_KEY_CHARS.sub("_", str(key))
+    text = re.sub(r"/{2,}", "/", text).strip("/")
+    # "a/./b" or "a/../b" would not normalise to itself either.
+    text = "/".join("_" if part in (".", "..") else part for part in text.split("/"))
+    if not text:
+        text = "_"
+    if len(text) > limit:
+        digest = hashlib.sha256(str(key).encode()).hexdigest()[:8]
+        text = text[: limit - 9] + "~" + digest
+    return text
+
+
+def _param_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None or isinstance(value, (bool, int, float)):
+        return str(value)
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=str) if isinstance(value, (set, frozenset)) else list(value)
+        try:
+            return json.dumps(items, separators=(",", ":"), default=str)
+        except (TypeError, ValueError):
+            return str(items)
+    return str(value)
+
+
+def flatten(obj: Mapping[str, Any], sep: str = ".", prefix: str = "") -> dict[str, Any]:
+    """Nested mappings flattened to ``{"a.b.c": leaf}``; other values are leaves."""
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        name = f"{prefix}{sep}{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, sep, name))
+        else:
+            out[name] = value
+    return out
+
+
+def flatten_params(params: Mapping[str, Any]) -> dict[str, str]:
+    """Params as MLflow wants them: flat dotted keys, string values within the length limits.
+
+    Lists and tuples become compact JSON; an empty mapping becomes ``{}``.
+    """
+    out: dict[str, str] = {}
+    for key, value in flatten(params).items():
+        text = "{}" if isinstance(value, Mapping) else _param_text(value)
+        out[clean_key(key)] = truncate(text, MAX_PARAM_VALUE_LENGTH)
+    return out
+
+
+def clean_tags(tags: Mapping[str, Any], value_limit: int = MAX_TAG_VALUE_LENGTH) -> dict[str, str]:
+    """Flat string tags within the key and value limits (``None`` becomes ``""``)."""
+    return {
+        clean_key(k): truncate("" if v is None else _param_text(v), value_limit)
+        for k, v in tags.items()
+    }
+
+
+def metric_value(key: str, value: Any) -> float:
+    """A metric value as a float; bools count as 0/1. Raises TypeError on anything else."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    # numpy scalars are numbers.Real already; 0-d arrays and tensors expose item().
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", 1) == 0:
+        return metric_value(key, item())
+    raise TypeError(f"metric {key!r}: expected a number, got {type(value).__name__}")
+
+
+def flatten_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Flat dotted metric names to floats (NaN and inf pass through: MLflow stores them)."""
+    out = {}
+    for key, value in flatten(metrics).items():
+        out[clean_key(key)] = metric_value(key, value)
+    return out
+
+
+def chunks(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def check_run_status(status: str) -> str:
+    value = str(status).upper()
+    if value not in RUN_STATUSES:
+        raise ValueError(f"run status must be one of {', '.join(RUN_STATUSES)}, got {status!r}")
+    return value

@@ -1,0 +1,33 @@
+"""Shared fixtures. Telemetry is off for the whole test process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.env import TELEMETRY_OFF
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+
+def pytest_configure(config):
+    os.environ.update(TELEMETRY_OFF)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def bundled_data(repo_root) -> Path:
+    """The bundled digits split, pulled with real DVC when the workspace lacks it."""
+    folder = repo_root / "data" / "digits"
+    if not (folder / "train.csv").is_file():
+        subprocess.run([str(VENV_BIN / "dvc"), "pull", "-q"], cwd=repo_root, check=True)
+    return folder

@@ -1,0 +1,140 @@
+"""The whole flow end to end: real Prefect, MLflow (sqlite), DVC, GX and torchrun (2 CPU procs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from flows.cli import main
+from tests.conftest import VENV_BIN
+
+pytestmark = pytest.mark.integration
+
+FAST = ["--set", "training.epochs=6"]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("trainflow-home")
+
+
+@pytest.fixture
+def state(home, monkeypatch, clean_env):
+    """One MLflow registry shared by this module's runs (the champion carries over)."""
+    monkeypatch.setenv("TRAINFLOW_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return home
+
+
+def run_cli(args, tmp_path) -> tuple[int, dict]:
+    out = tmp_path / "summary.json"
+    code = main(["run", *args, "--summary-json", str(out)])
+    return code, json.loads(out.read_text())
+
+
+def client():
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient()
+
+
+@pytest.fixture(scope="module")
+def first_run(repo_root, bundled_data, home, tmp_path_factory):
+    """The first pipeline run of the module: registers v1 and makes it champion."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRAINFLOW_HOME", str(home))
+    mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mp.chdir(repo_root)
+    try:
+        code, summary = run_cli(FAST, tmp_path_factory.mktemp("first"))
+    finally:
+        mp.undo()
+    return code, summary
+
+
+def test_full_flow_registers_champion_with_manifest_tags(first_run, state, bundled_data):
+    code, s = first_run
+    assert code == 0, s.get("error")
+    assert s["status"] == "registered" and s["exit_code"] == 0
+    assert s["model_name"] == "digits-classifier" and s["model_version"] == "1"
+    assert set(s["aliases"]) == {"challenger", "champion"}
+    assert s["metrics"]["accuracy"] >= 0.95
+    assert s["training"]["world_size"] == 2 and s["training"]["backend"] == "gloo"
+    assert all(g["passed"] for g in s["gates"]) and len(s["gates"]) == 4  # no champion yet
+    assert s["tracking_uri"].startswith("sqlite:////")
+    mv = client().get_model_version_by_alias("digits-classifier", "champion")
+    dvc_md5 = __import__("yaml").safe_load((bundled_data.parents[1] / "data.dvc").read_text())["outs"][0]["md5"]
+    for key in ("git_sha", "config_sha256", "data_md5", "image_digest", "packages_sha256", "weights_sha256"):
+        assert mv.tags.get(key), key
+    assert mv.tags["data_md5"] == dvc_md5 == s["manifest"]["data"]["md5"]
+    assert mv.run_id == s["mlflow_run_id"]
+    run = client().get_run(s["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    # Rank 0 logged per-epoch metrics into the pipeline's single run.
+    assert len(client().get_metric_history(run.info.run_id, "train/val_accuracy")) == 6
+    assert "test/accuracy" in run.data.metrics
+    arts = {a.path for a in client().list_artifacts(run.info.run_id)}
+    assert {"manifest.json", "validation", "evaluation", "training"} <= arts
+
+
+def test_champion_loads_with_pyfunc_and_scores_the_test_split(first_run, state, bundled_data):
+    import mlflow.pyfunc
+
+    assert first_run[0] == 0
+    test = pd.read_csv(bundled_data / "test.csv")
+    model = mlflow.pyfunc.load_model("models:/digits-classifier@champion")
+    pred = np.asarray(model.predict(test.drop(columns=["label"])))
+    assert pred.shape == (len(test),)
+    accuracy = float((pred == test["label"].to_numpy()).mean())
+    assert accuracy == pytest.approx(first_run[1]["metrics"]["accuracy"], abs=1e-9)
+
+
+def test_worse_candidate_is_rejected_and_champion_stays(first_run, state, tmp_path, capsys):
+    assert first_run[0] == 0
+    before = client().get_model_version_by_alias("digits-classifier", "champion").version
+    n_versions = len(client().search_model_versions("name='digits-classifier'"))
+    code, s = run_cli(["--set", "training.epochs=1", "--set", "training.lr=0.00001"], tmp_path)
+    assert code == 3 and s["status"] == "rejected" and s["exit_code"] == 3
+    failed = {g["name"] for g in s["gates"] if not g["passed"]}
+    # Every reason is listed: the absolute thresholds and the champion comparison.
+    assert {"accuracy", "macro_f1", "accuracy_vs_champion", "macro_f1_vs_champion"} <= failed
+    assert s["champion"]["version"] == before
+    assert client().get_model_version_by_alias("digits-classifier", "champion").version == before
+    assert len(client().search_model_versions("name='digits-classifier'")) == n_versions
+    assert "gate rejected the candidate" in capsys.readouterr().err
+    assert client().get_run(s["mlflow_run_id"]).info.status == "FAILED"
+
+
+def test_corrupted_data_stops_at_validation_and_registers_nothing(make_project, state, tmp_path):
+    def corrupt(train, test):
+        train.loc[3, "pixel_10"] = None
+        train.loc[5, "pixel_20"] = 99
+        test.loc[0, "label"] = 12
+
+    proj = make_project(corrupt)
+    code, s = run_cli(["--config", str(proj / "configs" / "digits.yaml"),
+                       "--set", "registry.model_name=corrupt-digits"], tmp_path)
+    assert code == 2 and s["status"] == "validation_failed"
+    failures = s["validation"]["failures"]
+    named = {(f["split"], f["expectation"], f["column"]) for f in failures}
+    assert ("train", "expect_column_values_to_not_be_null", "pixel_10") in named
+    assert ("train", "expect_column_values_to_be_between", "pixel_20") in named
+    assert any(f["split"] == "test" and f["column"] == "label" for f in failures)
+    assert "training" not in s  # stopped before training
+    assert client().search_model_versions("name='corrupt-digits'") == []
+    assert not (state / "runs" / s["mlflow_run_id"] / "train").exists()
+
+
+def test_bad_config_exits_1_naming_the_key_path(repo_root, tmp_path):
+    out = tmp_path / "s.json"
+    proc = subprocess.run([str(VENV_BIN / "trainflow"), "run", "--set", "training.lr=-1",
+                           "--summary-json", str(out)], cwd=repo_root, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1
+    assert "training.lr: must be > 0, got -1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert json.loads(out.read_text())["status"] == "config_error"

@@ -1,0 +1,365 @@
+"""The registry package against a real sqlite MLflow store in a temporary folder."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+N_FEATURES = 64
+FEATURES = [f"pixel_{i}" for i in range(N_FEATURES)]
+LABELS = list(range(10))
+MANIFEST_TAGS = {"git_sha": "0123abcd", "git_dirty": "false", "data_md5": "feed.dir", "seed": "0"}
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """These tests use no Prefect: skip the shared temporary server (~17 s to start here).
+
+    Overrides the autouse fixture of tests/integration/conftest.py for this module only.
+    """
+    yield
+
+
+@pytest.fixture(scope="module")
+def mlflow_env(tmp_path_factory):
+    """Telemetry off and no outside MLflow settings; undo the global URIs afterwards.
+
+    ``mlflow.set_tracking_uri`` / ``set_registry_uri`` also export
+    MLFLOW_TRACKING_URI / MLFLOW_REGISTRY_URI, so the env is put back too.
+    """
+    root = tmp_path_factory.mktemp("mlflow")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DO_NOT_TRACK", "true")
+        mp.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+        mp.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        mp.setenv("GIT_PYTHON_REFRESH", "quiet")
+        for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "MLFLOW_EXPERIMENT_ID",
+                     "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
+            mp.delenv(name, raising=False)
+        # A stray relative ./mlruns would land here, where a test can look for it.
+        cwd = root / "cwd"
+        cwd.mkdir()
+        mp.chdir(cwd)
+        yield root
+        import mlflow
+
+        mlflow.set_tracking_uri(None)
+        mlflow.set_registry_uri(None)
+
+
+@pytest.fixture(scope="module")
+def store(mlflow_env):
+    from registry.store import configure
+
+    root = mlflow_env
+    uri = f"sqlite:///{root / 'db' / 'mlflow.db'}"  # root is absolute: four slashes
+    assert uri.startswith("sqlite:////")
+    experiment_id = configure(uri, "trainflow-test", root / "artifacts")
+    return {"root": root, "uri": uri, "experiment_id": experiment_id}
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    """A small exported classifier with a dynamic batch, and the eager module it came from."""
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(N_FEATURES, 32), nn.ReLU(), nn.Linear(32, 10)).eval()
+    ep = torch.export.export(
+        module, (torch.zeros(2, N_FEATURES),),
+        dynamic_shapes=({0: torch.export.Dim("batch", min=1)},),
+    )
+    path = tmp_path_factory.mktemp("program") / "model.pt2"
+    torch.export.save(ep, str(path))
+    return path, module
+
+
+@pytest.fixture(scope="module")
+def pixels():
+    """40 rows of int64 pixel values 0..16, as read from the CSV."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    return pd.DataFrame(rng.integers(0, 17, size=(40, N_FEATURES)), columns=FEATURES)
+
+
+def expected_labels(module, frame):
+    import torch
+
+    with torch.no_grad():
+        return module(torch.tensor(frame.to_numpy(), dtype=torch.float32)).argmax(1).numpy()
+
+
+def new_run(store, name="train"):
+    from registry.store import start_run
+
+    return start_run(store["experiment_id"], name, {"config_name": "test"})
+
+
+def log_version(store, program, pixels, model_name, run_id=None, description=""):
+    from registry.models import log_model_version
+
+    return log_model_version(
+        run_id or new_run(store), program[0], model_name, FEATURES, LABELS, pixels,
+        MANIFEST_TAGS, description,
+    )
+
+
+def test_configure_is_idempotent_and_places_artifacts_explicitly(store):
+    from mlflow import MlflowClient
+
+    from registry.store import configure
+
+    root = store["root"]
+    again = configure(store["uri"], "trainflow-test", root / "artifacts")
+    assert again == store["experiment_id"]
+    exp = MlflowClient().get_experiment(again)
+    assert exp.artifact_location == f"{(root / 'artifacts').resolve().as_uri()}/trainflow-test"
+    assert (root / "db" / "mlflow.db").is_file()
+
+
+def test_limits_match_mlflow():
+    from mlflow.utils import validation as v
+
+    from registry import values
+
+    assert values.MAX_KEY_LENGTH == v.MAX_ENTITY_KEY_LENGTH == v.MAX_MODEL_REGISTRY_TAG_KEY_LENGTH
+    assert values.MAX_PARAM_VALUE_LENGTH == v.MAX_PARAM_VAL_LENGTH
+    assert values.MAX_TAG_VALUE_LENGTH == v.MAX_TAG_VAL_LENGTH
+    assert values.MAX_MODEL_TAG_VALUE_LENGTH == v.MAX_MODEL_REGISTRY_TAG_VALUE_LENGTH
+    assert values.MAX_PARAMS_TAGS_PER_BATCH == v.MAX_PARAMS_TAGS_PER_BATCH
+    assert values.MAX_METRICS_PER_BATCH == v.MAX_METRICS_PER_BATCH
+
+
+def test_run_logging_round_trip(store, tmp_path):
+    from mlflow import MlflowClient
+
+    from registry.store import end_run, log_file, log_json, log_metrics, log_params
+
+    run_id = new_run(store, "logging")
+    params = {
+        "training": {"lr": 0.002, "channels": [16, 32]},
+        "long": "v" * 7000,
+        "many": {f"p{i}": i for i in range(150)},  # more than one batch of 100
+    }
+    logged = log_params(run_id, params)
+    log_params(run_id, params)  # same values again: accepted (a retried task)
+    log_metrics(run_id, {"val": {"accuracy": 0.5, "loss": 1.25}}, step=3)
+    log_json(run_id, {"a": [1, 2]}, "reports/gate.json")
+    (tmp_path / "note.txt").write_text("hello")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "x.txt").write_text("x")
+    log_file(run_id, tmp_path / "note.txt")
+    log_file(run_id, tmp_path / "dir", "folder")
+    end_run(run_id, "FINISHED")
+
+    c = MlflowClient()
+    run = c.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "logging"
+    assert run.data.tags["config_name"] == "test"
+    assert run.data.params["training.lr"] == "0.002"
+    assert run.data.params["training.channels"] == "[16,32]"
+    assert run.data.params["many.p149"] == "149"
+    assert len(run.data.params["long"]) == 6000 == len(logged["long"])
+    assert run.data.metrics == {"val.accuracy": 0.5, "val.loss": 1.25}
+    assert c.get_metric_history(run_id, "val.loss")[0].step == 3
+    paths = {a.path for a in c.list_artifacts(run_id)}
+    assert {"reports", "note.txt", "folder"} <= paths
+    local = c.download_artifacts(run_id, "reports/gate.json", str(tmp_path))
+    assert json.loads(Path(local).read_text()) == {"a": [1, 2]}
+
+    failed = new_run(store, "failing")
+    end_run(failed, "FAILED")
+    assert c.get_run(failed).info.status == "FAILED"
+    with pytest.raises(ValueError):
+        end_run(failed, "DONE")
+
+
+def test_empty_registry_has_no_champion_and_no_predictor(store):
+    from registry.models import champion_version, load_predictor
+
+    assert champion_version("never-registered") is None
+    assert load_predictor("never-registered") is None
+    assert load_predictor("never-registered", alias="challenger") is None
+
+
+def test_version_lifecycle(store, program, pixels):
+    import mlflow
+    import numpy as np
+    from mlflow import MlflowClient
+
+    from registry.models import (
+        aliases_of,
+        champion_version,
+        load_predictor,
+        log_model_version,
+        pip_requirements,
+        promote,
+    )
+
+    name = "digits-lifecycle"
+    c = MlflowClient()
+    run1 = new_run(store, "v1")
+
+    t0 = time.perf_counter()
+    v1 = log_model_version(run1, program[0], name, FEATURES, LABELS, pixels, MANIFEST_TAGS,
+                           "first candidate")
+    elapsed = time.perf_counter() - t0
+    print(f"log_model_version: {elapsed:.2f} s")
+    assert v1["name"] == name and v1["version"] == "1" and v1["run_id"] == run1
+    assert v1["model_uri"] == f"models:/{name}/1"
+
+    # Registered, tagged, described, aliased @challenger; no champion yet.
+    mv = c.get_model_version(name, "1")
+    assert mv.run_id == run1
+    assert mv.description == "first candidate"
+    assert {k: mv.tags[k] for k in MANIFEST_TAGS} == MANIFEST_TAGS
+    assert aliases_of(name, "1") == ["challenger"]
+    assert champion_version(name) is None
+    assert load_predictor(name) is None
+
+    # The logged model belongs to our experiment, is READY, has our pins (no
+    # requirement inference) and its files sit under the artifact root.
+    lm = c.get_logged_model(v1["model_id"])
+    assert lm.experiment_id == store["experiment_id"]
+    assert lm.source_run_id == run1
+    assert str(lm.status).endswith("READY")
+    assert lm.tags["git_sha"] == MANIFEST_TAGS["git_sha"]
+    model_dir = store["root"] / "artifacts" / "trainflow-test" / "models" / v1["model_id"] / "artifacts"
+    assert (model_dir / "MLmodel").is_file()
+    assert (model_dir / "artifacts" / "model.pt2").is_file()
+    assert (model_dir / "pyfunc_model.py").is_file()
+    assert (model_dir / "requirements.txt").read_text().split() == pip_requirements()
+    assert (model_dir / "input_example.json").is_file()
+    assert not (store["root"] / "cwd" / "mlruns").exists()
+
+    # Signature: the 64 named columns in, int64 labels out.
+    meta = mlflow.models.get_model_info(v1["model_uri"])
+    assert meta.signature.inputs.input_names() == FEATURES
+    (out_spec,) = meta.signature.outputs.inputs
+    assert (out_spec.type, tuple(out_spec.shape)) == (np.dtype("int64"), (-1,))
+
+    promote(name, v1["version"])
+    assert aliases_of(name, "1") == ["challenger", "champion"]
+    champ = champion_version(name)
+    assert champ["version"] == "1" and champ["run_id"] == run1
+    assert {k: champ["tags"][k] for k in MANIFEST_TAGS} == MANIFEST_TAGS
+
+    # Loading by alias predicts what the eager torch model predicts, for int
+    # and float frames and for plain arrays.
+    expected = expected_labels(program[1], pixels)
+    raw = mlflow.pyfunc.load_model(f"models:/{name}@champion")
+    for frame in (pixels, pixels.astype("float64"), pixels.astype("float32"), pixels.astype("int32")):
+        out = raw.predict(frame)
+        assert out.dtype == np.int64
+        np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(raw.predict(pixels.iloc[:1]), expected[:1])
+    shuffled = pixels[list(reversed(FEATURES))]  # column order does not matter
+    np.testing.assert_array_equal(raw.predict(shuffled), expected)
+
+    predict = load_predictor(name)
+    assert predict.version == "1" and predict.run_id == run1
+    np.testing.assert_array_equal(predict(pixels), expected)
+    np.testing.assert_array_equal(predict(pixels.to_numpy()), expected)
+    np.testing.assert_array_equal(predict(pixels.to_numpy()[0]), expected[:1])
+
+    # A second version without promotion takes @challenger only.
+    run2 = new_run(store, "v2")
+    v2 = log_model_version(run2, program[0], name, FEATURES, LABELS, pixels, MANIFEST_TAGS)
+    assert v2["version"] == "2"
+    assert aliases_of(name, "1") == ["champion"]
+    assert aliases_of(name, "2") == ["challenger"]
+    assert champion_version(name)["version"] == "1"
+    assert load_predictor(name).version == "1"
+    assert load_predictor(name, alias="challenger").version == "2"
+
+    promote(name, "2")
+    assert champion_version(name)["version"] == "2"
+    assert aliases_of(name, "1") == []
+
+
+def test_class_labels_map_logits_to_labels(store, program, pixels):
+    import numpy as np
+
+    from registry.models import load_predictor, log_model_version, promote
+
+    name = "digits-relabelled"
+    labels = [10 * i for i in LABELS]
+    info = log_model_version(new_run(store), program[0], name, FEATURES, labels, pixels, {})
+    promote(name, info["version"])
+    expected = np.asarray(labels)[expected_labels(program[1], pixels)]
+    np.testing.assert_array_equal(load_predictor(name)(pixels), expected)
+
+
+def test_pyfunc_rejects_bad_input(store, program, pixels):
+    import mlflow
+    import numpy as np
+
+    from registry.models import load_predictor, log_model_version, promote
+
+    name = "digits-bad-input"
+    info = log_model_version(new_run(store), program[0], name, FEATURES, LABELS, pixels, {})
+    promote(name, info["version"])
+    predict = load_predictor(name)
+    with pytest.raises(mlflow.exceptions.MlflowException, match="pixel_3"):
+        predict(pixels.drop(columns=["pixel_3"]))
+    with_nan = pixels.astype("float64")
+    with_nan.iloc[0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        predict(with_nan)
+
+
+def test_log_model_version_checks_inputs_before_logging(store, program, pixels, tmp_path):
+    from mlflow import MlflowClient
+
+    from registry.models import log_model_version
+
+    name = "digits-never"
+    run_id = new_run(store)
+    with pytest.raises(ValueError, match=r"expected \[5, 3\] logits"):
+        log_model_version(run_id, program[0], name, FEATURES, [0, 1, 2], pixels, {})
+    with pytest.raises(ValueError, match="lacks feature columns"):
+        log_model_version(run_id, program[0], name, FEATURES, LABELS, pixels[FEATURES[:10]], {})
+    with pytest.raises(FileNotFoundError):
+        log_model_version(run_id, tmp_path / "missing.pt2", name, FEATURES, LABELS, pixels, {})
+    (tmp_path / "junk.pt2").write_bytes(b"not a program")
+    with pytest.raises(ValueError, match="not a loadable torch.export program"):
+        log_model_version(run_id, tmp_path / "junk.pt2", name, FEATURES, LABELS, pixels, {})
+    assert MlflowClient().search_registered_models(filter_string=f"name = '{name}'") == []
+
+
+def test_tasks_in_threads_log_and_load_concurrently(store, program, pixels):
+    """Flow tasks run in threads: no shared active run, and the loaders' globals are guarded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from registry.models import champion_version, load_predictor, log_model_version, promote
+    from registry.store import end_run, log_metrics, start_run
+
+    name = "digits-threads"
+    expected = expected_labels(program[1], pixels)
+
+    def task(i: int) -> tuple[str, str]:
+        run_id = start_run(store["experiment_id"], f"thread-{i}", {"i": str(i)})
+        log_metrics(run_id, {"i": i})
+        info = log_model_version(run_id, program[0], name, FEATURES, LABELS, pixels, {"i": str(i)})
+        promote(name, info["version"])
+        np.testing.assert_array_equal(load_predictor(name)(pixels), expected)
+        end_run(run_id, "FINISHED")
+        return info["version"], run_id
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(task, range(3)))
+    assert sorted(v for v, _ in results) == ["1", "2", "3"]
+    assert len({r for _, r in results}) == 3
+    champ = champion_version(name)
+    assert (champ["version"], champ["run_id"]) in results
