@@ -1,7 +1,8 @@
 """The one owner of the process group: setup, teardown and the few collectives we use.
 
-No other module calls ``init_process_group``. Teardown runs in ``finally``, also
-when training raises.
+No other module calls ``init_process_group``. Teardown (barrier, then destroy)
+runs when training ends; when it raises, the process exits without a collective
+teardown and torchrun stops its peers (see ``process_group``).
 """
 
 from __future__ import annotations
@@ -61,10 +62,19 @@ def process_group(backend: str = "auto", timeout_s: float = 120.0) -> Iterator[D
         yield DistContext(0, 0, 1, None, device)
         return
     dist.init_process_group(backend=chosen, timeout=timedelta(seconds=timeout_s))
+    ok = False
     try:
         yield DistContext(rank, local_rank, world, chosen, device)
+        ok = True
     finally:
-        dist.destroy_process_group()
+        if ok:
+            # Every rank reaches teardown together: a rank destroying the group while a
+            # peer is still in flight was seen to hang that peer at exit.
+            dist.barrier()
+            dist.destroy_process_group()
+        # On an exception, no collective teardown: peers may be blocked in a collective
+        # this rank will never join, and a collective destroy would hang it too. The
+        # process exits, torchrun sees the failure and stops the other workers.
 
 
 def all_reduce_sum(ctx: DistContext, values: list[float]) -> list[float]:

@@ -118,6 +118,17 @@ class Trainer:
         self.step = 0
         self.start_epoch = 0
 
+    def release(self) -> None:
+        """Drop the DDP wrapper before the process group is destroyed.
+
+        Its reducer holds the group; left to interpreter shutdown, gloo's threads
+        were seen to deadlock the exiting process after training had finished.
+        """
+        import gc
+
+        self.model = self.raw_model
+        gc.collect()
+
     # -- checkpoint state ---------------------------------------------------------------
     def _state(self, epoch_done: int) -> dict:
         rng = all_gather_object(self.ctx, torch.get_rng_state())  # every rank's dropout stream

@@ -87,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     with process_group(t.backend, t.collective_timeout_s) as ctx:
         trainer = Trainer(cfg, ctx, load_splits(cfg.dataset, root, cfg.seed), args.out,
                           MetricsSink.for_rank(ctx.is_main), cfg.config_id(), data_md5)
-        fit = trainer.fit()
+        try:
+            fit = trainer.fit()
+        finally:
+            trainer.release()
     if ctx.is_main:
         write_outputs(trainer, fit, args.out)
     return 0

@@ -14,7 +14,8 @@ from tests.conftest import VENV_BIN
 
 pytestmark = pytest.mark.integration
 
-FAST = ["--set", "training.epochs=6"]
+# A hung job fails the test in minutes, not after the 15-minute default.
+FAST = ["--set", "training.epochs=6", "--set", "training.timeout_s=240"]
 
 
 @pytest.fixture(scope="module")
@@ -95,15 +96,16 @@ def test_champion_loads_with_pyfunc_and_scores_the_test_split(first_run, state, 
 
 def test_worse_candidate_is_rejected_and_champion_stays(first_run, state, tmp_path, capsys):
     assert first_run[0] == 0
-    before = client().get_model_version_by_alias("digits-classifier", "champion").version
+    before = str(client().get_model_version_by_alias("digits-classifier", "champion").version)
     n_versions = len(client().search_model_versions("name='digits-classifier'"))
-    code, s = run_cli(["--set", "training.epochs=1", "--set", "training.lr=0.00001"], tmp_path)
+    code, s = run_cli(["--set", "training.epochs=1", "--set", "training.lr=0.00001",
+                       "--set", "training.timeout_s=240"], tmp_path)
     assert code == 3 and s["status"] == "rejected" and s["exit_code"] == 3
     failed = {g["name"] for g in s["gates"] if not g["passed"]}
     # Every reason is listed: the absolute thresholds and the champion comparison.
     assert {"accuracy", "macro_f1", "accuracy_vs_champion", "macro_f1_vs_champion"} <= failed
     assert s["champion"]["version"] == before
-    assert client().get_model_version_by_alias("digits-classifier", "champion").version == before
+    assert str(client().get_model_version_by_alias("digits-classifier", "champion").version) == before
     assert len(client().search_model_versions("name='digits-classifier'")) == n_versions
     assert "gate rejected the candidate" in capsys.readouterr().err
     assert client().get_run(s["mlflow_run_id"]).info.status == "FAILED"

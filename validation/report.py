@@ -1,0 +1,400 @@
+"""Turn Great Expectations results into trainflow's report: pure functions, no GX import.
+
+Everything here works on the JSON form of GX results (``ExpectationValidationResult.to_json_dict()``),
+so it can be tested with hand-written dicts.
+
+A failure entry (one per failed expectation; a stacked-cells expectation gives one per column)::
+
+    {"split": "train" | "test" | "cross",
+     "check": "columns" | "row_count" | "dtype" | "nulls" | "range" | "label_set"
+              | "class_balance" | "leak" | "other",
+     "expectation": "expect_column_values_to_not_be_null",   # the GX expectation type
+     "column": "pixel_5" | None,       # None for table-level checks and the leak check
+     "unexpected_count": 1 | None,     # None where GX gives no count (table-level checks)
+     "examples": [...],                # up to 5 JSON values (dicts for derived frames)
+     "rows": [...],                    # up to 5 0-based row positions in the split
+     "detail": "1 null value (row 3)"}
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+MAX_EXAMPLES = 5
+
+SPLIT_ORDER = ("train", "test", "cross")
+
+
+def jsonable(value: Any) -> Any:
+    """A strict-JSON copy of ``value``: NaN/inf/NA become None, numpy scalars plain Python."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [jsonable(v) for v in value]
+    # numpy scalars and arrays, pandas NA / Timestamp, Path, ...
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return jsonable(item())
+        except (TypeError, ValueError):
+            pass
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return jsonable(tolist())
+    text = str(value)
+    return None if text in ("<NA>", "NaT", "nan") else text
+
+
+def _fmt_bound(x: Any) -> str:
+    if isinstance(x, float) and x.is_integer():
+        return str(int(x))
+    return str(x)
+
+
+def _fmt_values(values: Iterable[Any]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _exception_message(evr: dict) -> str | None:
+    """GX records a failed metric computation per metric; return the first message."""
+    info = evr.get("exception_info") or {}
+    if info.get("raised_exception"):
+        return str(info.get("exception_message") or "unknown error")
+    for sub in info.values():
+        if isinstance(sub, dict) and sub.get("raised_exception"):
+            msg = str(sub.get("exception_message") or "unknown error")
+            return msg.strip().splitlines()[-1] if msg.strip() else msg
+    return None
+
+
+def index_records(result: dict) -> list:
+    """GX's unexpected index list as one entry per unexpected row.
+
+    GX gives a list of row indices, a list of dicts (one per row), or, with
+    ``exclude_unexpected_values``, a list holding one dict of parallel lists.
+    """
+    raw = result.get("unexpected_index_list")
+    if raw is None:
+        raw = result.get("partial_unexpected_index_list")
+    raw = list(raw or [])
+    if len(raw) == 1 and isinstance(raw[0], dict) and all(isinstance(v, list) for v in raw[0].values()):
+        cols = raw[0]
+        n = min((len(v) for v in cols.values()), default=0)
+        return [{k: v[i] for k, v in cols.items()} for i in range(n)]
+    return raw
+
+
+def _plural(n: int | None, word: str, plural: str | None = None) -> str:
+    return f"{n} {word if n == 1 else (plural or word + 's')}"
+
+
+def _rows_text(rows: list, count: int | None) -> str:
+    if not rows:
+        return ""
+    more = " ..." if (count or 0) > len(rows) else ""
+    return f" (row{'s' if len(rows) > 1 or more else ''} {_fmt_values(rows)}{more})"
+
+
+def failure_from_result(evr: dict, split: str, kind: str = "split", *, label_column: str = "label") -> dict:
+    """One failure entry from a failed ExpectationValidationResult (JSON dict form).
+
+    ``split``: the report's split ("train", "test", "cross"). ``kind``: the frame the result
+    came from: "split" (the data itself), "schema" (column, dtype), "balance"
+    (label, count, fraction) or "cross" (row_hash, split, row).
+    """
+    config = evr.get("expectation_config") or {}
+    etype = config.get("type") or config.get("expectation_type") or "unknown"
+    kwargs = config.get("kwargs") or {}
+    result = evr.get("result") or {}
+    column = kwargs.get("column")
+    count = result.get("unexpected_count")
+    count = int(count) if count is not None else None
+    values = list(result.get("partial_unexpected_list") or [])[:MAX_EXAMPLES]
+    index_list = index_records(result)
+    rows = [i for i in index_list if isinstance(i, int) and not isinstance(i, bool)][:MAX_EXAMPLES]
+    failure: dict[str, Any] = {
+        "split": split,
+        "check": "other",
+        "expectation": etype,
+        "column": column,
+        "unexpected_count": count,
+        "examples": values,
+        "rows": rows,
+        "detail": f"{_plural(count, 'unexpected value')}" if count is not None else "failed",
+    }
+    records = [p for p in index_list if isinstance(p, dict)]
+
+    if kind == "schema":
+        failure["check"] = "dtype"
+        failure["rows"] = []
+        bad = [{"column": p.get("column"), "dtype": p.get("dtype")} for p in records]
+        if not bad:  # no index columns in the result: fall back to the dtype values
+            bad = [{"column": None, "dtype": v} for v in values]
+        failure["column"] = bad[0]["column"] if len(bad) == 1 else None
+        failure["examples"] = bad[:MAX_EXAMPLES]
+        shown = ", ".join(f"{b['column']} is {b['dtype']}" for b in bad[:MAX_EXAMPLES])
+        failure["detail"] = (
+            f"{_plural(count, 'column')} not of an integer dtype: {shown}"
+            + (" ..." if len(bad) > MAX_EXAMPLES else "")
+        )
+    elif kind == "balance":
+        failure["check"] = "class_balance"
+        failure["column"] = label_column
+        failure["rows"] = []
+        lo, hi = _fmt_bound(kwargs.get("min_value")), _fmt_bound(kwargs.get("max_value"))
+        shares = [
+            {"label": p.get("label"), "fraction": round(float(p["fraction"]), 4)}
+            for p in records
+            if isinstance(p.get("fraction"), (int, float))
+        ]
+        failure["examples"] = shares[:MAX_EXAMPLES] or values
+        shown = ", ".join(f"{e['label']} ({e['fraction']:.3f})" for e in shares[:MAX_EXAMPLES])
+        failure["detail"] = f"{_plural(count, 'class', 'classes')} with a share outside [{lo}, {hi}]" + (
+            f": {shown}" if shown else ""
+        )
+    elif kind == "cross":
+        failure["check"] = "leak"
+        failure["column"] = None
+        failure["rows"] = []
+        by_hash: dict[Any, dict[str, list]] = {}
+        for p in records:
+            by_hash.setdefault(p.get("row_hash"), {}).setdefault(str(p.get("split")), []).append(p.get("row"))
+        pairs = [
+            {"train_row": sides.get("train", [None])[0], "test_row": sides.get("test", [None])[0]}
+            for sides in by_hash.values()
+        ]
+        failure["examples"] = pairs[:MAX_EXAMPLES]
+        n_rows = len(by_hash) if by_hash else (count or 0) // 2
+        shown = ", ".join(f"train[{p['train_row']}] = test[{p['test_row']}]" for p in pairs[:MAX_EXAMPLES])
+        failure["detail"] = f"{_plural(n_rows, 'row')} of test also in train" + (
+            f": {shown}" + (" ..." if len(pairs) > MAX_EXAMPLES else "") if shown else ""
+        )
+    elif etype == "expect_table_columns_to_match_ordered_list":
+        failure["check"] = "columns"
+        failure["column"] = None
+        failure["rows"] = []
+        expected = list(kwargs.get("column_list") or [])
+        observed = list(result.get("observed_value") or [])
+        missing = [c for c in expected if c not in observed]
+        extra = [c for c in observed if c not in expected]
+        parts = [
+            f"{label} {_fmt_values(names[:MAX_EXAMPLES])}" + (" ..." if len(names) > MAX_EXAMPLES else "")
+            for label, names in (("missing", missing), ("unexpected", extra))
+            if names
+        ]
+        moved: list = []
+        if not missing and not extra:
+            moved = [o for o, e in zip(observed, expected) if o != e]
+            parts.append("out of order, first misplaced: " + _fmt_values(moved[:MAX_EXAMPLES]))
+        failure["examples"] = (missing + extra + moved)[:MAX_EXAMPLES]
+        failure["detail"] = f"{len(observed)} columns, expected {len(expected)}: " + "; ".join(parts)
+    elif etype == "expect_table_row_count_to_be_between":
+        failure["check"] = "row_count"
+        failure["rows"] = []
+        observed = result.get("observed_value")
+        failure["examples"] = [observed] if observed is not None else []
+        failure["detail"] = f"{observed} rows, expected {kwargs.get('min_value')}..{kwargs.get('max_value')}"
+    elif etype == "expect_column_values_to_not_be_null":
+        failure["check"] = "nulls"
+        failure["examples"] = [f"row {r}" for r in rows]
+        failure["detail"] = _plural(count, "null value") + _rows_text(rows, count)
+    elif etype == "expect_column_values_to_be_in_set":
+        failure["check"] = "label_set"
+        vset = list(kwargs.get("value_set") or [])
+        contiguous = (
+            bool(vset)
+            and all(isinstance(v, int) for v in vset)
+            and vset == list(range(vset[0], vset[0] + len(vset)))
+        )
+        span = f"{vset[0]}..{vset[-1]}" if contiguous else _fmt_values(vset)
+        failure["detail"] = f"{_plural(count, 'value')} not in {{{span}}}" + (
+            f", e.g. {_fmt_values(values)}" if values else ""
+        ) + _rows_text(rows, count)
+    elif etype == "expect_column_values_to_be_between":
+        failure["check"] = "range"
+        lo, hi = _fmt_bound(kwargs.get("min_value")), _fmt_bound(kwargs.get("max_value"))
+        failure["detail"] = f"{_plural(count, 'value')} outside [{lo}, {hi}]" + (
+            f", e.g. {_fmt_values(values)}" if values else ""
+        ) + _rows_text(rows, count)
+
+    error = _exception_message(evr)
+    if error is not None:
+        # GX could not evaluate the expectation (e.g. the column is missing, or holds strings).
+        failure["unexpected_count"] = None
+        failure["examples"] = []
+        failure["rows"] = []
+        failure["detail"] = f"could not be evaluated: {error}"
+
+    return jsonable(failure)
+
+
+def _tidy_number(v: Any) -> Any:
+    """99.0 -> 99 for examples (a stacked frame with nulls holds floats)."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def cells_failures(evr: dict, split: str) -> list[dict]:
+    """Per-column failures from a stacked-cells result (frame ``column, row, value``).
+
+    GX's COMPLETE result lists every unexpected cell as ``{"column", "row", "value"}``; they are
+    grouped by column so each column gets its own entry with its exact count. A result GX could
+    not evaluate, or one without the cell list, becomes a single entry with column None.
+    """
+    base = failure_from_result(evr, split, "split")
+    result = evr.get("result") or {}
+    cells = [p for p in index_records(result) if isinstance(p, dict)]
+    if base["detail"].startswith("could not be evaluated") or not cells:
+        # The stacked frame's own column ("value") means nothing to a reader: no column.
+        base.update(column=None, rows=[])
+        return [base]
+    by_column: dict[Any, list[dict]] = {}
+    for cell in cells:
+        cell = {k.removeprefix("cell_"): v for k, v in cell.items()}
+        by_column.setdefault(cell.get("column"), []).append(cell)
+    out = []
+    for column, group in by_column.items():
+        count = len(group)
+        rows = [c.get("row") for c in group[:MAX_EXAMPLES]]
+        values = [_tidy_number(c.get("value")) for c in group[:MAX_EXAMPLES]]
+        f = dict(base, column=column, unexpected_count=count, rows=rows)
+        if base["check"] == "nulls":
+            f["examples"] = [f"row {r}" for r in rows]
+            f["detail"] = _plural(count, "null value") + _rows_text(rows, count)
+        else:
+            kwargs = (evr.get("expectation_config") or {}).get("kwargs") or {}
+            lo, hi = _fmt_bound(kwargs.get("min_value")), _fmt_bound(kwargs.get("max_value"))
+            f["examples"] = values
+            f["detail"] = (
+                f"{_plural(count, 'value')} outside [{lo}, {hi}], e.g. {_fmt_values(values)}"
+                + _rows_text(rows, count)
+            )
+        out.append(jsonable(f))
+    return out
+
+
+def failures_from_results(
+    results: Iterable[tuple[str, str, dict]], *, label_column: str = "label"
+) -> list[dict]:
+    """Failure entries for every unsuccessful result among ``(split, kind, evr)`` triples.
+
+    One entry per failed expectation, except stacked-cells results: one entry per failing column.
+    """
+    out: list[dict] = []
+    for split, kind, evr in results:
+        if evr.get("success"):
+            continue
+        if kind == "cells":
+            out += cells_failures(evr, split)
+        else:
+            out.append(failure_from_result(evr, split, kind, label_column=label_column))
+    return out
+
+
+_CHECK_ORDER = (
+    "columns", "row_count", "dtype", "nulls", "range", "label_set", "other", "class_balance", "leak",
+)
+
+
+def sort_failures(failures: list[dict], columns: list[str]) -> list[dict]:
+    """Split order, then table checks, then per column in ``columns`` order, then balance, leak."""
+    col_rank = {c: i for i, c in enumerate(columns)}
+    per_column = {"nulls", "range", "label_set", "other"}
+
+    def key(f: dict) -> tuple:
+        check = f.get("check", "other")
+        rank = _CHECK_ORDER.index(check) if check in _CHECK_ORDER else len(_CHECK_ORDER)
+        group = 0 if rank < 3 else (1 if check in per_column else 2)
+        return (
+            SPLIT_ORDER.index(f["split"]) if f.get("split") in SPLIT_ORDER else len(SPLIT_ORDER),
+            group,
+            col_rank.get(f.get("column"), len(col_rank)) if group == 1 else 0,
+            rank,
+        )
+
+    return sorted(failures, key=key)
+
+
+def _cell(value: Any) -> str:
+    text = "" if value is None else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _example_text(example: Any, limit: int = 40) -> str:
+    if isinstance(example, dict):
+        text = "{" + ", ".join(f"{k}: {v}" for k, v in example.items()) + "}"
+    else:
+        text = "null" if example is None else str(example)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def summary_markdown(report: dict) -> str:
+    """A markdown summary of a report: a pass/fail headline and one table row per failure."""
+    failures = list(report.get("failures") or [])
+    n_exp = report.get("n_expectations", 0)
+    n_failed = report.get("n_failed", len(failures))
+    ok = bool(report.get("success"))
+    gx_counts = report.get("gx") or {}
+    extra = []
+    if gx_counts.get("expectations") is not None:
+        extra.append(
+            f"{gx_counts['expectations']} GX expectations, {gx_counts.get('failed', 0)} failed"
+        )
+    if isinstance(report.get("duration_s"), (int, float)):
+        extra.append(f"{report['duration_s']:.2f} s")
+    lines = [
+        f"# Data validation {'PASSED' if ok else 'FAILED'}",
+        "",
+        f"{max(n_exp - n_failed, 0)} of {n_exp} checks passed, {n_failed} failed"
+        + (f" ({'; '.join(extra)})" if extra else "")
+        + ".",
+    ]
+    rows = report.get("rows")
+    if isinstance(rows, dict) and rows:
+        lines += ["", "Rows: " + ", ".join(f"{k} {v}" for k, v in rows.items()) + "."]
+    if failures:
+        lines += [
+            "",
+            "## Failures",
+            "",
+            "| split | check | expectation | column | unexpected | examples | detail |",
+            "|---|---|---|---|---:|---|---|",
+        ]
+        for f in failures:
+            examples = "; ".join(_example_text(e) for e in (f.get("examples") or [])[:MAX_EXAMPLES])
+            count = f.get("unexpected_count")
+            lines.append(
+                "| "
+                + " | ".join(
+                    _cell(v)
+                    for v in (
+                        f.get("split"),
+                        f.get("check", ""),
+                        f"`{f.get('expectation')}`",
+                        f.get("column") if f.get("column") is not None else "—",
+                        count if count is not None else "—",
+                        examples,
+                        f.get("detail", ""),
+                    )
+                )
+                + " |"
+            )
+    skipped = report.get("skipped") or []
+    if skipped:
+        lines += ["", "## Checks not run", ""]
+        lines += [f"- {s.get('split')}: {s.get('check')}: {s.get('reason')}" for s in skipped]
+    files = report.get("files") or {}
+    if files:
+        lines += ["", "## Files", ""]
+        for key in ("result_json", "summary_md", "data_docs"):
+            if key in files:
+                lines.append(f"- {key}: {files[key] if files[key] is not None else 'not built'}")
+    return "\n".join(lines) + "\n"
