@@ -55,3 +55,15 @@ def test_manifest_records_git_state_and_tags(tmp_path):
     assert all(isinstance(v, str) for v in tags.values())
     (tmp_path / "data.dvc").write_text(DVC.replace("abc123", "def456"))
     assert build_manifest(tmp_path, "d", "x", "data.dvc", 0, World(1, 1, "gloo"), ImageRef()).git_dirty is True
+
+
+def test_tracking_uri_defaults_to_sqlite_in_home_and_env_wins(tmp_path, monkeypatch):
+    from core.paths import tracking_uri, trainflow_home
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "state"))
+    home = trainflow_home()
+    assert home == (tmp_path / "state").resolve()
+    assert tracking_uri(home) == f"sqlite:///{home}/mlflow.db" and tracking_uri(home).startswith("sqlite:////")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
+    assert tracking_uri(home) == "http://mlflow:5000"
