@@ -13,9 +13,9 @@ import pytest
 from tests.conftest import VENV_BIN
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def prefect_api():
-    """One temporary Prefect server (real engine, real database) shared by the session.
+    """One temporary Prefect server (real engine, real database) shared by the tests that run flows.
 
     A server per test would pay 7-17 s each; the start-up timeout is generous because
     a busy 2-core CI box can take over 20 s to start it the first time.

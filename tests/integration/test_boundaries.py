@@ -33,3 +33,8 @@ def test_importing_the_flow_touches_no_backend(tmp_path):
             "print(sorted(os.listdir('.')))") % str(tmp_path)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_validation_and_registry_defer_heavy_imports():
+    mods = loaded_after("import validation.suite, validation.report, registry.store, registry.models, registry.values")
+    assert not mods & {"great_expectations", "pandas", "mlflow", "torch", "numpy"}

@@ -12,7 +12,7 @@ import pytest
 from flows.cli import main
 from tests.conftest import VENV_BIN
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
 
 # A hung job fails the test in minutes, not after the 15-minute default.
 FAST = ["--set", "training.epochs=6", "--set", "training.timeout_s=240"]
@@ -44,7 +44,7 @@ def client():
 
 
 @pytest.fixture(scope="module")
-def first_run(repo_root, bundled_data, home, tmp_path_factory):
+def first_run(prefect_api, repo_root, bundled_data, home, tmp_path_factory):
     """The first pipeline run of the module: registers v1 and makes it champion."""
     mp = pytest.MonkeyPatch()
     mp.setenv("TRAINFLOW_HOME", str(home))

@@ -16,15 +16,6 @@ LABELS = list(range(10))
 MANIFEST_TAGS = {"git_sha": "0123abcd", "git_dirty": "false", "data_md5": "feed.dir", "seed": "0"}
 
 
-@pytest.fixture(scope="session")
-def prefect_api():
-    """These tests use no Prefect: skip the shared temporary server (~17 s to start here).
-
-    Overrides the autouse fixture of tests/integration/conftest.py for this module only.
-    """
-    yield
-
-
 @pytest.fixture(scope="module")
 def mlflow_env(tmp_path_factory):
     """Telemetry off and no outside MLflow settings; undo the global URIs afterwards.

@@ -15,12 +15,6 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def prefect_api():
-    """These tests use no Prefect: don't start the session's Prefect server for them."""
-    yield
-
-
-@pytest.fixture(scope="module")
 def cfg(repo_root):
     return load_config(repo_root / "configs" / "digits.yaml").dataset
 
