@@ -37,7 +37,7 @@ class Expectations(_Strict):
             if lo > hi:
                 raise ValueError(f"{name}: lower bound {lo} is above upper bound {hi}")
         if self.value_min > self.value_max:
-            raise ValueError(f"value_min {self.value_min} is above value_max {self.value_max}")
+            raise ValueError(f"value_min: {self.value_min} is above value_max {self.value_max}")
         return self
 
 
@@ -72,7 +72,19 @@ class ModelConfig(_Strict):
     dropout: float = Field(0.1, ge=0, lt=1)
 
 
+class EarlyStopping(_Strict):
+    """Stop when ``metric`` has not improved by ``min_delta`` for ``patience`` epochs (off when null)."""
+
+    metric: Literal["val_loss", "val_accuracy"] = "val_loss"
+    patience: int | None = Field(None, gt=0)
+    min_delta: float = Field(0.0, ge=0)
+
+
 class TrainingConfig(_Strict):
+    # single: one process; ddp: replicas; fsdp: parameters, grads and optimizer state sharded.
+    strategy: Literal["single", "ddp", "fsdp"] = "ddp"
+    # bf16 autocast applies on CUDA only; CPU runs stay fp32.
+    precision: Literal["fp32", "bf16"] = "fp32"
     epochs: int = Field(12, gt=0)
     # Per-worker batch; global batch = batch_size * world_size * grad_accum.
     batch_size: int = Field(32, gt=0)
@@ -89,14 +101,32 @@ class TrainingConfig(_Strict):
     cpu_workers: int = Field(2, gt=0)
     threads_per_worker: int = Field(1, gt=0)
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    max_restarts: int = Field(0, ge=0)
+    # torchrun restarts the worker group this often after a worker dies.
+    max_restarts: int = Field(3, ge=0)
     collective_timeout_s: float = Field(120, gt=0)
     # Wall-clock budget of the whole torchrun job.
     timeout_s: float = Field(900, gt=0)
+    # After SIGTERM, ranks checkpoint at the next step boundary; killed after this many seconds.
+    preempt_grace_s: float = Field(30, gt=0)
     checkpoint_every_epochs: int = Field(1, gt=0)
+    # Also checkpoint inside an epoch every N optimizer steps (null: epoch ends only).
+    checkpoint_every_steps: int | None = Field(None, gt=0)
     keep_checkpoints: int = Field(2, gt=0)
     deterministic: bool = True
+    early_stopping: EarlyStopping = EarlyStopping()
     log_every_steps: int = Field(20, gt=0)
+    # A rank whose median step time exceeds the ranks' median by this factor is a straggler.
+    straggler_ratio: float = Field(1.5, gt=1)
+    # Peak accelerator FLOP/s per device for the MFU estimate (CUDA only; null: no MFU).
+    peak_tflops: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _single_is_one_process(self) -> "TrainingConfig":
+        if self.strategy == "single" and self.cpu_workers != 1:
+            raise ValueError(
+                f"strategy: 'single' runs one process, but training.cpu_workers is {self.cpu_workers}"
+            )
+        return self
 
 
 class GatesConfig(_Strict):
@@ -154,6 +184,14 @@ def _format_errors(err: ValidationError) -> str:
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"]) or "<root>"
         template = _MESSAGES.get(e["type"])
+        if e["type"] == "value_error":
+            # A model validator's "field: message" names the field below this path.
+            msg = str(e["ctx"]["error"])
+            field_, sep, rest = msg.partition(": ")
+            if sep and field_.isidentifier():
+                path, msg = (f"{path}.{field_}" if path != "<root>" else field_), rest
+            lines.append(f"{path}: {msg}")
+            continue
         ctx = {k: _num(v) for k, v in e.get("ctx", {}).items()}
         msg = template.format(**ctx) if template else e["msg"].lower()
         if e["type"] not in ("missing", "extra_forbidden"):

@@ -44,3 +44,9 @@ class TrainingFailedError(TrainflowError):
 
 class DataUnavailableError(TrainflowError):
     """The DVC-tracked data is missing from the workspace."""
+
+
+class PreemptedError(TrainflowError):
+    """Training stopped on SIGTERM after saving a checkpoint; the next run resumes from it."""
+
+    exit_code = 4

@@ -4,8 +4,9 @@
     trainflow train --config PATH --out DIR [--set K=V ...]                 # training only, no Prefect
 
 Exit codes of ``run``: 0 registered, 2 data validation failed, 3 gate rejected
-the model, 1 any other error (one line of cause on stderr; set TRAINFLOW_DEBUG=1
-for the traceback).
+the model, 4 preempted (SIGTERM: a checkpoint was saved and the next run resumes),
+1 any other error (one line of cause on stderr; set TRAINFLOW_DEBUG=1 for the
+traceback). ``train`` exits 0, 4 or 1 the same way.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from core.env import apply_offline_env
 from core.errors import TrainflowError
 from core.paths import project_root, trainflow_home
 
-EXIT_OK, EXIT_ERROR, EXIT_DATA, EXIT_GATE = 0, 1, 2, 3
+EXIT_OK, EXIT_ERROR, EXIT_DATA, EXIT_GATE, EXIT_PREEMPTED = 0, 1, 2, 3, 4
 
 
 def _config_arg(ap: argparse.ArgumentParser, required: bool = False) -> None:
@@ -49,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arg(train, required=True)
     train.add_argument("--out", required=True, type=Path, help="output folder (reused: resumes from its checkpoints)")
     train.add_argument("--nproc", type=int, help="workers per node (default: GPUs, else training.cpu_workers)")
+    train.add_argument("--nnodes", type=int, default=1, help="number of nodes (one torchrun agent each)")
+    train.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1")
+    train.add_argument("--rdzv-endpoint", help="HOST:PORT all agents meet at (c10d rendezvous); needed when --nnodes > 1")
+    train.add_argument("--rdzv-id", default="trainflow", help="job id shared by all nodes of one job")
+    train.add_argument("--force-resume", action="store_true",
+                      help="resume from a checkpoint of another config or dataset")
     return ap
 
 
@@ -78,6 +85,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from flows.params import PipelineParams
     from flows.pipeline import pipeline
+    from training import preemption
+
+    preemption.install_handler()  # SIGTERM: the training stage checkpoints and the run exits 4
 
     t_import = time.perf_counter() - t0
     params = PipelineParams(config_path=str(cfg_path), overrides=args.overrides, image=args.image,
@@ -142,17 +152,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg_path = _resolve_config_path(args.config)
     root = project_root(cfg_path)
     apply_offline_env(trainflow_home(root))
+    if args.nnodes > 1 and args.nproc is None:
+        return _fail("--nnodes > 1 needs --nproc (workers per node) so every node agrees on the world size", EXIT_ERROR)
     try:
         cfg = load_config(cfg_path, args.overrides)
         from core.manifest import read_dvc_file
         from training.launcher import make_spec, run_job
 
-        spec = make_spec(cfg, args.out.resolve(), root, read_dvc_file(root, cfg.dataset.dvc_file).md5, nproc=args.nproc)
+        spec = make_spec(cfg, args.out.resolve(), root, read_dvc_file(root, cfg.dataset.dvc_file).md5,
+                         nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
+                         rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, force_resume=args.force_resume)
         result = run_job(spec)
     except TrainflowError as exc:
         return _fail(str(exc), exc.exit_code)
-    print(json.dumps({k: result[k] for k in ("status", "world_size", "restarts", "samples_per_s",
-                                             "weights_sha256", "final", "out_dir")}, indent=2))
+    print(json.dumps({k: result.get(k) for k in ("status", "world_size", "restarts", "samples_per_s",
+                                                 "weights_sha256", "final", "out_dir")}, indent=2))
     return EXIT_OK
 
 

@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from core.config import PipelineConfig, load_config
 from core.env import apply_offline_env
-from core.errors import DataValidationError, GateRejectedError, TrainflowError
+from core.errors import DataValidationError, GateRejectedError, PreemptedError, TrainflowError
 from core.manifest import Manifest, World, build_manifest, image_from_env
 from core.paths import project_root, tracking_uri, trainflow_home
 from flows.params import PipelineParams
@@ -106,6 +106,23 @@ def validate(ctx: RunContext) -> dict:
     return report
 
 
+def _train_dir(ctx: RunContext, nproc: int) -> Path:
+    """One folder per (config, data, world): a preempted run's checkpoints are found and resumed
+    by the next run with the same inputs; a finished job's folder is cleared for a fresh start."""
+    import shutil
+
+    from core.hashing import sha256_json
+
+    key = sha256_json([ctx.cfg.config_id(), ctx.manifest.data.md5, nproc])[:16]
+    folder = ctx.home / "train" / f"{ctx.cfg.name}-{key}"
+    result = folder / "result.json"
+    if result.is_file() and json.loads(result.read_text()).get("status") == "completed":
+        shutil.rmtree(folder)
+    elif (folder / "checkpoints").is_dir():
+        get_run_logger().warning("resuming an interrupted training job from %s", folder / "checkpoints")
+    return folder
+
+
 @task(name="train", retries=0, **TASK)
 def train(ctx: RunContext, nproc: int) -> dict:
     """torchrun the worker; rank 0 logs into the pipeline's MLflow run."""
@@ -114,7 +131,7 @@ def train(ctx: RunContext, nproc: int) -> dict:
     from training.sink import RUN_ID_ENV
 
     env = {RUN_ID_ENV: ctx.run_id, "MLFLOW_TRACKING_URI": ctx.tracking_uri}
-    spec = make_spec(ctx.cfg, ctx.out_dir / "train", ctx.root, ctx.manifest.data.md5, env, nproc)
+    spec = make_spec(ctx.cfg, _train_dir(ctx, nproc), ctx.root, ctx.manifest.data.md5, env, nproc)
     result = run_job(spec)
     store.log_file(ctx.run_id, Path(spec.out_dir) / "result.json", "training")
     store.log_metrics(ctx.run_id, {"train/samples_per_s_mean": result["samples_per_s"],
@@ -252,8 +269,9 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
         summary["validation"] = {"success": True, "n_expectations": report["n_expectations"]}
         t = ctx.cfg.training
         result = timed("train", train.with_options(timeout_seconds=t.timeout_s + 60), ctx, ctx.manifest.world.nproc_per_node)
-        summary["training"] = {k: result[k] for k in ("world_size", "backend", "restarts", "samples_per_s",
-                                                       "global_batch", "effective_lr", "weights_sha256", "wall_s")}
+        summary["training"] = {k: result[k] for k in ("world_size", "backend", "strategy", "restarts", "samples_per_s",
+                                                       "global_batch", "effective_lr", "weights_sha256", "wall_s",
+                                                       "resumed_from_step", "checkpoint_stall_frac")}
         ev = timed("evaluate", evaluate, ctx, result)
         cand = ev["candidate"]
         summary["metrics"] = {k: cand[k] for k in ("accuracy", "macro_f1", "min_class_recall", "latency_p95_ms")}
@@ -275,6 +293,8 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
             summary["validation"] = {"success": False, "failures": exc.report.get("failures", [])}
         elif isinstance(exc, GateRejectedError):
             summary["status"] = "rejected"
+        elif isinstance(exc, PreemptedError):
+            summary["status"] = "preempted"
         else:
             summary["status"] = "failed"
         summary["error"] = str(exc)

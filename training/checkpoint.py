@@ -1,9 +1,11 @@
-"""Checkpoints behind one small API: ``save(step, state)``, ``load_latest()``, ``prune(keep)``.
+"""Checkpoints behind one small API: ``save(step, ...)``, ``load_latest(...)``, ``prune(keep)``.
 
-Layout: ``<dir>/step_00000123/{state.pt,COMPLETE}``. A folder is written under a
-temp name and renamed, and is valid only with its completion marker, so a crash
-mid-write never leaves a checkpoint that resume would trust. Rank 0 writes;
-every rank reads.
+Layout: ``<dir>/step_00000123/{...,COMPLETE}``. A folder is written under a temp
+name and renamed, and is valid only with its completion marker, so a crash
+mid-write never leaves a checkpoint that resume would trust. What goes inside
+is the strategy's business: DDP writes one ``state.pt`` from rank 0, FSDP writes
+``torch.distributed.checkpoint`` shards from every rank. ``save`` and
+``load_latest`` are collective: every rank calls them.
 """
 
 from __future__ import annotations
@@ -13,12 +15,11 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
+from training.distributed import DistContext, any_rank, barrier, broadcast_object
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("trainflow.train")
 
 MARKER = "COMPLETE"
-STATE = "state.pt"
 
 
 class CheckpointMismatchError(RuntimeError):
@@ -26,54 +27,107 @@ class CheckpointMismatchError(RuntimeError):
 
 
 class CheckpointManager:
-    def __init__(self, directory: Path, is_writer: bool):
+    def __init__(self, directory: Path, ctx: DistContext, strategy, keep: int | None = None):
         self.dir = Path(directory)
-        self.is_writer = is_writer
+        self.ctx = ctx
+        self.strategy = strategy
+        self.keep = keep
+        self._pending = None  # the background write in flight (rank 0, replicated state)
+        self._pool = None
 
     def _folder(self, step: int) -> Path:
         return self.dir / f"step_{step:08d}"
 
-    def save(self, step: int, state: dict) -> Path | None:
-        """Write ``state`` atomically (writer rank only); returns the folder, None on other ranks."""
-        if not self.is_writer:
-            return None
+    def save(self, step: int, model, optimizer, extra: dict) -> Path:
+        """Checkpoint ``step`` (collective); returns its folder, complete once ``wait()`` returns.
+
+        Replicated state (single, DDP): rank 0 copies it and writes in a background
+        thread, so training stalls only for the copy. Sharded state (FSDP): every rank
+        writes its shards, then rank 0 marks the folder complete.
+        """
         final = self._folder(step)
-        tmp = self.dir / f".tmp_{final.name}_{os.getpid()}"
+        tmp = self.dir / f".tmp_{final.name}"
+        if self.strategy.async_save:
+            if self.ctx.is_main:
+                self.wait()  # one write in flight at a time; surfaces the previous one's error
+                state = self.strategy.snapshot(model, optimizer, extra)
+                if self._pool is None:
+                    from concurrent.futures import ThreadPoolExecutor
+
+                    self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+                self._pending = self._pool.submit(self._write, step, state, tmp, final)
+            return final
+        if self.ctx.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        barrier(self.ctx)
+        self.strategy.save_checkpoint(model, optimizer, extra, tmp)
+        barrier(self.ctx)  # every shard is on disk before the marker says so
+        if self.ctx.is_main:
+            self._complete(step, tmp, final)
+        barrier(self.ctx)
+        return final
+
+    def _write(self, step: int, state: dict, tmp: Path, final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        torch.save(state, tmp / STATE)
-        (tmp / MARKER).write_text(str(step))
-        with open(tmp / MARKER) as fh:  # flush the marker before the rename makes it visible
+        self.strategy.write_snapshot(state, tmp)
+        self._complete(step, tmp, final)
+
+    def _complete(self, step: int, tmp: Path, final: Path) -> None:
+        marker = tmp / MARKER
+        marker.write_text(str(step))
+        with open(marker) as fh:
             os.fsync(fh.fileno())
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        return final
+        if self.keep:
+            self.prune(self.keep)
+
+    def wait(self) -> None:
+        """Block until the background write (if any) is on disk; re-raise its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
 
     def valid_steps(self) -> list[int]:
+        """Steps with a completion marker, oldest first (this rank's view of the folder)."""
         if not self.dir.is_dir():
             return []
         steps = []
         for p in self.dir.glob("step_*"):
-            if (p / MARKER).is_file() and (p / STATE).is_file():
+            if (p / MARKER).is_file():
                 try:
                     steps.append(int(p.name.split("_", 1)[1]))
                 except ValueError:
                     continue
         return sorted(steps)
 
-    def load_latest(self) -> dict | None:
-        """The newest checkpoint that loads; corrupt ones are skipped with a warning."""
-        for step in reversed(self.valid_steps()):
-            path = self._folder(step) / STATE
+    def load_latest(self, model, optimizer) -> dict | None:
+        """Restore the newest checkpoint every rank can read; return its ``extra`` (None: none).
+
+        A truncated or corrupt checkpoint is skipped with a warning; ranks agree on
+        each attempt, so no rank resumes from a different step than its peers.
+        """
+        steps = broadcast_object(self.ctx, self.valid_steps())
+        for step in reversed(steps):
+            folder = self._folder(step)
+            extra, error = None, None
             try:
-                return torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as exc:  # a truncated or corrupt file: fall back to an older one
-                log.warning("skipping unreadable checkpoint %s: %s", path, exc)
+                extra = self.strategy.load_checkpoint(model, optimizer, folder)
+            except Exception as exc:  # noqa: BLE001 - any unreadable file means: try an older one
+                error = exc
+            if not any_rank(self.ctx, error is not None):
+                return extra
+            if error is not None:
+                log.warning("rank %d: skipping unreadable checkpoint %s: %s", self.ctx.rank, folder, error)
+            elif self.ctx.is_main:
+                log.warning("skipping checkpoint %s: another rank could not read it", folder)
         return None
 
     def prune(self, keep: int) -> None:
-        """Delete all but the newest ``keep`` valid checkpoints (writer rank only)."""
-        if not self.is_writer:
+        """Delete all but the newest ``keep`` valid checkpoints (rank 0; others return)."""
+        if not self.ctx.is_main:
             return
         for step in self.valid_steps()[:-keep]:
             shutil.rmtree(self._folder(step), ignore_errors=True)

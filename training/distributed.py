@@ -41,6 +41,24 @@ def choose_backend(requested: str = "auto") -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def _init(backend: str, rank: int, world: int, timeout: timedelta) -> None:
+    """init_process_group, on a store namespaced by torchrun's restart count when under an agent.
+
+    torchrun keeps one agent TCPStore across restarts; gloo's rendezvous keys from a dead
+    attempt stay in it, and the restarted group sometimes connected to them ("Gloo
+    connectFullMesh failed ... Connection refused", or a hang). A prefix per attempt gives
+    every restart a clean namespace.
+    """
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and addr and port:
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        base = dist.TCPStore(addr, int(port), world_size=world, is_master=False, timeout=timeout)
+        store = dist.PrefixStore(f"trainflow/attempt_{attempt}", base)
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    else:
+        dist.init_process_group(backend=backend, timeout=timeout)
+
+
 @contextmanager
 def process_group(backend: str = "auto", timeout_s: float = 120.0) -> Iterator[DistContext]:
     """Join the torchrun world (env:// rendezvous) or run as one process when not launched by torchrun.
@@ -61,7 +79,7 @@ def process_group(backend: str = "auto", timeout_s: float = 120.0) -> Iterator[D
     if not launched:
         yield DistContext(0, 0, 1, None, device)
         return
-    dist.init_process_group(backend=chosen, timeout=timedelta(seconds=timeout_s))
+    _init(chosen, rank, world, timedelta(seconds=timeout_s))
     ok = False
     try:
         yield DistContext(rank, local_rank, world, chosen, device)
@@ -94,6 +112,16 @@ def all_gather_object(ctx: DistContext, obj):
     return out
 
 
+def all_gather_tensor(ctx: DistContext, t: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's copy of a same-shape tensor, in rank order (one collective, no pickling)."""
+    if not ctx.distributed:
+        return [t.clone()]
+    src = t.to(ctx.device) if ctx.backend == "nccl" else t
+    out = [torch.empty_like(src) for _ in range(ctx.world_size)]
+    dist.all_gather(out, src)
+    return [o.cpu() for o in out]
+
+
 def broadcast_object(ctx: DistContext, obj):
     """Rank 0's ``obj`` on every rank."""
     if not ctx.distributed:
@@ -106,3 +134,8 @@ def broadcast_object(ctx: DistContext, obj):
 def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
         dist.barrier()
+
+
+def any_rank(ctx: DistContext, flag: bool) -> bool:
+    """True on every rank when ``flag`` is True on at least one: the agreement primitive."""
+    return all_reduce_sum(ctx, [1.0 if flag else 0.0])[0] > 0

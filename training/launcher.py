@@ -19,12 +19,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core.config import PipelineConfig
-from core.errors import TrainingFailedError
+from core.errors import ConfigError, PreemptedError, TrainingFailedError
+from training import preemption
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """Everything needed to run (and rerun) one training job; written to ``<out>/job.json``."""
+    """Everything needed to run (and rerun) one training job; written to ``<out>/job.json``.
+
+    Multi-node: every node runs the same spec with its own ``node_rank``; the agents
+    meet at ``rdzv_endpoint`` (c10d rendezvous) under ``rdzv_id``. ``out_dir`` must then
+    be storage all nodes share (rank 0 writes checkpoints and results there).
+    """
 
     config_path: str
     out_dir: str
@@ -32,19 +38,28 @@ class JobSpec:
     data_md5: str
     nproc_per_node: int
     nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_id: str = "trainflow"
     max_restarts: int = 0
     timeout_s: float = 900.0
+    preempt_grace_s: float = 30.0
     threads_per_worker: int = 1
+    force_resume: bool = False
     env: dict[str, str] = field(default_factory=dict)
 
     def command(self, log_dir: Path) -> list[str]:
         cmd = [sys.executable, "-m", "torch.distributed.run",
                f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}",
                f"--max-restarts={self.max_restarts}", f"--log-dir={log_dir}"]
-        if self.nnodes == 1:
+        if self.nnodes == 1 and not self.rdzv_endpoint:
             cmd.append("--standalone")  # local c10d rendezvous on a free port
-        return cmd + ["-m", "training.worker", "--config", self.config_path, "--out", self.out_dir,
-                      "--root", self.root, "--data-md5", self.data_md5]
+        else:
+            cmd += [f"--node-rank={self.node_rank}", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint={self.rdzv_endpoint}", f"--rdzv-id={self.rdzv_id}"]
+        cmd += ["-m", "training.worker", "--config", self.config_path, "--out", self.out_dir,
+                "--root", self.root, "--data-md5", self.data_md5]
+        return cmd + (["--force-resume"] if self.force_resume else [])
 
 
 def default_nproc(cfg: PipelineConfig) -> int:
@@ -57,16 +72,29 @@ def default_nproc(cfg: PipelineConfig) -> int:
 
 
 def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
-              env: dict[str, str] | None = None, nproc: int | None = None) -> JobSpec:
-    """Write the resolved config into ``out_dir`` and describe the job that trains it."""
+              env: dict[str, str] | None = None, nproc: int | None = None, nnodes: int = 1,
+              node_rank: int = 0, rdzv_endpoint: str | None = None, rdzv_id: str = "trainflow",
+              force_resume: bool = False) -> JobSpec:
+    """Write the resolved config into ``out_dir`` and describe the job that trains it.
+
+    Raises ConfigError when the parallel settings don't fit the world this job makes.
+    """
+    from training.strategies import check_world
+
+    nproc = nproc or default_nproc(cfg)
+    if nnodes > 1 and not rdzv_endpoint:
+        raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
+    check_world(cfg.training.strategy, nproc * nnodes)
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"
     config_path.write_text(cfg.to_yaml())
+    t = cfg.training
     return JobSpec(
         config_path=str(config_path), out_dir=str(out_dir), root=str(root), data_md5=data_md5,
-        nproc_per_node=nproc or default_nproc(cfg), max_restarts=cfg.training.max_restarts,
-        timeout_s=cfg.training.timeout_s, threads_per_worker=cfg.training.threads_per_worker,
-        env=dict(env or {}),
+        nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+        rdzv_id=rdzv_id, max_restarts=t.max_restarts, timeout_s=t.timeout_s,
+        preempt_grace_s=t.preempt_grace_s, threads_per_worker=t.threads_per_worker,
+        force_resume=force_resume, env=dict(env or {}),
     )
 
 
@@ -105,32 +133,100 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             continue
 
 
+def _workers(pid: int) -> list[int]:
+    """Child pids of the torchrun agent (its workers), from /proc."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _forward_preemption(proc: subprocess.Popen, done: set[int]) -> set[int]:
+    """Pass SIGTERM to workers not yet signalled (not the agent); returns those signalled.
+
+    Workers checkpoint and exit cleanly; signalling the agent would make it kill them
+    straight away. Workers still starting up are signalled once they exist.
+    """
+    sent = set()
+    for pid in _workers(proc.pid):
+        if pid in done:
+            continue
+        try:
+            os.kill(pid, signal.SIGTERM)
+            sent.add(pid)
+        except ProcessLookupError:
+            pass
+    return sent
+
+
+def _wait(proc: subprocess.Popen, spec: JobSpec) -> tuple[int, bool]:
+    """(exit code, preempted): wait for torchrun, forwarding one SIGTERM, within the time limits."""
+    deadline = time.monotonic() + spec.timeout_s
+    preempted_at, signalled = None, set()
+    while True:
+        try:
+            return proc.wait(timeout=0.2), preempted_at is not None
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if preemption.REQUESTED.is_set():
+            preempted_at = preempted_at or now
+            signalled |= _forward_preemption(proc, signalled)
+        if preempted_at is not None and now - preempted_at > spec.preempt_grace_s:
+            _kill_group(proc)
+            preemption.REQUESTED.clear()
+            raise PreemptedError(
+                f"preempted: workers did not checkpoint within training.preempt_grace_s="
+                f"{spec.preempt_grace_s:g}s and were killed; the next run resumes from the last checkpoint")
+        if now > deadline:
+            _kill_group(proc)
+            raise TrainingFailedError(f"training exceeded training.timeout_s={spec.timeout_s:g}s and was killed")
+
+
 def run_job(spec: JobSpec) -> dict:
-    """Run torchrun for ``spec``; return ``result.json`` (plus ``wall_s``). Raises TrainingFailedError."""
+    """Run torchrun for ``spec``; return ``result.json`` (plus ``wall_s``).
+
+    Raises TrainingFailedError (naming the failing rank) or PreemptedError (SIGTERM:
+    the workers saved a checkpoint; rerunning with the same ``out_dir`` resumes).
+    """
     out = Path(spec.out_dir)
     log_dir = out / "torchrun"
     (out / "job.json").write_text(json.dumps(asdict(spec), indent=2))
+    stale = out / "result.json"
+    if spec.node_rank == 0:
+        stale.unlink(missing_ok=True)  # a result from an earlier run must not pass for this one
     env = {**os.environ, **spec.env, "OMP_NUM_THREADS": str(spec.threads_per_worker)}
+    previous = signal.getsignal(signal.SIGTERM)
+    installed = preemption.install_handler()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(spec.command(log_dir), cwd=spec.root, env=env, start_new_session=True)
     try:
-        rc = proc.wait(timeout=spec.timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        raise TrainingFailedError(f"training exceeded training.timeout_s={spec.timeout_s:g}s and was killed") from None
-    except BaseException:  # Ctrl-C, task cancellation: leave no worker behind
-        _kill_group(proc)
-        raise
+        proc = subprocess.Popen(spec.command(log_dir), cwd=spec.root, env=env, start_new_session=True)
+        try:
+            rc, preempted = _wait(proc, spec)
+        except BaseException:  # timeout, Ctrl-C, task cancellation: leave no worker behind
+            _kill_group(proc)
+            raise
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, previous)
     wall = time.perf_counter() - t0
-    if rc != 0:
+    result_path = out / "result.json"
+    result = json.loads(result_path.read_text()) if result_path.is_file() else None
+    if rc != 0 and not (preempted and result and result.get("status") == "preempted"):
         rank, message, tb = _first_failure(log_dir, spec.nproc_per_node)
+        if rank is not None:
+            rank += spec.node_rank * spec.nproc_per_node  # torchrun's error files name local ranks
         where = f"rank {rank}" if rank is not None else "a worker"
         detail = f": {message}" if message else f" (torchrun exit code {rc}; see {log_dir})"
         raise TrainingFailedError(f"training failed on {where}{detail}", rank=rank, traceback=tb)
-    result_path = out / "result.json"
-    if not result_path.is_file():
-        raise TrainingFailedError(f"torchrun exited 0 but wrote no {result_path}")
-    result = json.loads(result_path.read_text())
+    if result is None:
+        if spec.node_rank != 0:  # rank 0's node writes the result
+            return {"status": "completed", "node_rank": spec.node_rank, "wall_s": wall, "out_dir": str(out)}
+        raise TrainingFailedError(f"torchrun exited {rc} but wrote no {result_path}")
+    if result.get("status") == "preempted":
+        preemption.REQUESTED.clear()  # handled: this request ends here
+        raise PreemptedError(f"preempted at step {result['steps']}: checkpoint saved in {out / 'checkpoints'}; "
+                             "rerun with the same output folder to resume")
     result["wall_s"] = wall
     result["out_dir"] = str(out)
     return result

@@ -4,7 +4,8 @@
 
 Parses, builds, trains, tears down. Rank 0 writes ``weights.pt``, ``model.pt2``
 and ``result.json`` into ``--out``; checkpoints go to ``--out/checkpoints`` and a
-rerun with the same ``--out`` resumes from the latest one.
+rerun with the same ``--out`` resumes from the latest one. On SIGTERM every rank
+checkpoints at the next step and the job ends with ``status: preempted``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -24,8 +26,9 @@ from core.paths import project_root
 from training.data import load_splits
 from training.distributed import process_group
 from training.export import export_model
+from training.models import build_model
 from training.sink import MetricsSink
-from training.trainer import Trainer, restart_count, weights_sha256
+from training.trainer import FitResult, Trainer, restart_count, state_dict_sha256
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -35,41 +38,47 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--root", type=Path, help="project root for dataset paths (default: the config's DVC repo)")
     ap.add_argument("--data-md5", help="data version recorded in checkpoints (default: read from the DVC file)")
+    ap.add_argument("--force-resume", action="store_true",
+                    help="resume from a checkpoint written for another config or dataset")
     return ap.parse_args(argv)
 
 
-def write_outputs(trainer: Trainer, fit, out: Path) -> dict:
-    """Rank 0: final weights, exported program and result.json."""
-    model = trainer.raw_model
-    torch.save(model.state_dict(), out / "weights.pt")
-    export_model(model, trainer.cfg.dataset.n_features, out / "model.pt2")
-    last = fit.history[-1] if fit.history else None
+def write_result(out: Path, result: dict) -> None:
+    tmp = out / "result.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(out / "result.json")
+
+
+def summarise(trainer: Trainer, fit: FitResult) -> dict:
+    """result.json's content (rank 0), without the weight files."""
     epochs = fit.history
-    result = {
-        "status": "completed",
+    last = epochs[-1] if epochs else None
+    wall = max(fit.train_wall_s, 1e-9)
+    return {
+        "status": fit.status,
         "world_size": trainer.ctx.world_size,
         "backend": trainer.ctx.backend or "none",
+        "strategy": trainer.cfg.training.strategy,
         "restarts": restart_count(),
         "epochs": trainer.cfg.training.epochs,
+        "epochs_run": trainer.epoch,
         "steps": trainer.step,
         "resumed_from_step": fit.resumed_from_step,
+        "stopped_early_at_epoch": fit.stopped_early_at_epoch,
         "global_batch": fit.global_batch,
         "effective_lr": fit.effective_lr,
         "samples_per_s": (sum(h.samples_per_s for h in epochs) / len(epochs)) if epochs else 0.0,
         "train_wall_s": fit.train_wall_s,
+        "checkpoint_stall_s": fit.checkpoint_stall_s,
+        "checkpoint_stall_frac": fit.checkpoint_stall_s / wall,
+        "perf": fit.last_metrics,
+        "ranks": fit.ranks,
         "final": {"train_loss": last.train_loss, "val_loss": last.val_loss, "val_accuracy": last.val_accuracy}
         if last else {},
-        "history": [h.__dict__ for h in fit.history],
-        "weights_sha256": weights_sha256(model),
-        "weights": "weights.pt",
-        "model_pt2": "model.pt2",
+        "history": [asdict(h) for h in epochs],
         "config_id": trainer.config_id,
         "data_md5": trainer.data_md5,
     }
-    tmp = out / "result.json.tmp"
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(out / "result.json")
-    return result
 
 
 @record
@@ -86,13 +95,24 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     with process_group(t.backend, t.collective_timeout_s) as ctx:
         trainer = Trainer(cfg, ctx, load_splits(cfg.dataset, root, cfg.seed), args.out,
-                          MetricsSink.for_rank(ctx.is_main), cfg.config_id(), data_md5)
+                          MetricsSink.for_rank(ctx.is_main), cfg.config_id(), data_md5, args.force_resume)
         try:
             fit = trainer.fit()
+            full = trainer.strategy.full_state_dict(trainer.model) if fit.status == "completed" else None
         finally:
             trainer.release()
-    if ctx.is_main:
-        write_outputs(trainer, fit, args.out)
+    if not ctx.is_main:
+        return 0
+    result = summarise(trainer, fit)
+    if full is not None:
+        # A plain, unwrapped copy: what gets exported, hashed and registered.
+        model = build_model(cfg.model, cfg.dataset)
+        model.load_state_dict(full)
+        torch.save(model.state_dict(), args.out / "weights.pt")
+        export_model(model, cfg.dataset.n_features, args.out / "model.pt2")
+        result.update(weights_sha256=state_dict_sha256(model.state_dict()), weights="weights.pt",
+                      model_pt2="model.pt2")
+    write_result(args.out, result)
     return 0
 
 

@@ -1,14 +1,15 @@
-"""A failing worker comes back as an error naming the rank and carrying its traceback."""
+"""A failing or hung worker fails the whole job in bounded time, naming the rank; nothing is left running."""
 
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
+import time
 
 import pytest
 
 from core.config import load_config
 from core.errors import TrainingFailedError
+from tests.engine_helpers import processes_mentioning, train
 from training.launcher import make_spec, run_job
 
 pytestmark = pytest.mark.fault
@@ -21,7 +22,8 @@ def test_rank_error_names_rank_and_traceback(repo_root, bundled_data, tmp_path):
     shutil.copy(bundled_data / "test.csv", root / "data" / "test.csv")
     lines = (bundled_data / "train.csv").read_text().splitlines()
     (root / "data" / "train.csv").write_text("\n".join(["bad," + lines[0], *lines[1:]]) + "\n")
-    cfg = load_config(repo_root / "configs" / "digits.yaml", ["dataset.path=data", "training.timeout_s=120"])
+    cfg = load_config(repo_root / "configs" / "digits.yaml",
+                      ["dataset.path=data", "training.timeout_s=120", "training.max_restarts=0"])
     spec = make_spec(cfg, tmp_path / "out", root, "md5-of-test", nproc=2)
     with pytest.raises(TrainingFailedError) as err:
         run_job(spec)
@@ -32,20 +34,29 @@ def test_rank_error_names_rank_and_traceback(repo_root, bundled_data, tmp_path):
     assert processes_mentioning(spec.out_dir) == []
 
 
+def test_rank_crash_fails_the_job_fast_naming_that_rank(bundled_data, tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(TrainingFailedError) as err:
+        train(tmp_path / "out", ["training.max_restarts=0"], env={"TRAINFLOW_FAULT": "raise@step=5,rank=1"})
+    assert time.monotonic() - t0 < 90
+    assert err.value.rank == 1 and "rank 1" in str(err.value)
+    assert "InjectedFault" in str(err.value) and "Traceback" in err.value.traceback
+    assert processes_mentioning(str(tmp_path / "out")) == []
+
+
+def test_hung_rank_fails_within_the_collective_timeout(bundled_data, tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(TrainingFailedError) as err:
+        train(tmp_path / "out", ["training.max_restarts=0", "training.collective_timeout_s=8"],
+              env={"TRAINFLOW_FAULT": "hang@step=5,rank=1"})
+    assert time.monotonic() - t0 < 90
+    assert err.value.rank == 0  # the peer that waited is the one that reports the timeout
+    assert processes_mentioning(str(tmp_path / "out")) == []
+
+
 def test_hung_job_is_killed_at_the_timeout(repo_root, bundled_data, tmp_path):
     cfg = load_config(repo_root / "configs" / "digits.yaml", ["training.timeout_s=3"])
     spec = make_spec(cfg, tmp_path / "out", repo_root, "md5", nproc=2)
     with pytest.raises(TrainingFailedError, match="exceeded training.timeout_s=3s"):
         run_job(spec)
-    assert processes_mentioning(spec.out_dir) == []  # the whole process group is gone
-
-
-def processes_mentioning(text: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
+    assert processes_mentioning(spec.out_dir) == []

@@ -140,3 +140,16 @@ def test_bad_config_exits_1_naming_the_key_path(repo_root, tmp_path):
     assert "training.lr: must be > 0, got -1" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert json.loads(out.read_text())["status"] == "config_error"
+
+
+def test_preempted_training_exits_4_and_the_next_run_resumes(first_run, state, tmp_path, monkeypatch):
+    # Both ranks get SIGTERM at step 30, as the launcher forwards a preemption notice.
+    args = [*FAST, "--set", "registry.model_name=preempt-digits"]
+    monkeypatch.setenv("TRAINFLOW_FAULT", "sigterm@step=30")
+    code, s = run_cli(args, tmp_path)
+    assert code == 4 and s["status"] == "preempted" and s["exit_code"] == 4
+    assert client().search_model_versions("name='preempt-digits'") == []
+    monkeypatch.delenv("TRAINFLOW_FAULT")
+    code, s = run_cli(args, tmp_path)
+    assert code == 0 and s["status"] == "registered"
+    assert s["training"]["resumed_from_step"] == 30

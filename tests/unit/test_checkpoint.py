@@ -1,36 +1,59 @@
 import torch
 
 from training.checkpoint import CheckpointManager
+from training.distributed import DistContext
+from training.strategies import build_strategy
+
+CTX = DistContext(0, 0, 1, None, torch.device("cpu"))
 
 
-def test_save_load_latest_and_prune(tmp_path):
-    ck = CheckpointManager(tmp_path, is_writer=True)
+def setup(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    return CheckpointManager(tmp_path, CTX, build_strategy("single", CTX)), model, opt
+
+
+def test_save_load_latest_restores_model_optimizer_and_extra(tmp_path):
+    ck, model, opt = setup(tmp_path)
+    model(torch.ones(3, 4)).sum().backward()
+    opt.step()
+    ck.save(7, model, opt, {"step": 7, "pos": 3})
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    _, fresh, fresh_opt = setup(tmp_path / "other")
+    extra = ck.load_latest(fresh, fresh_opt)
+    assert extra == {"step": 7, "pos": 3}
+    assert all(torch.equal(saved[k], v) for k, v in fresh.state_dict().items())
+    assert fresh_opt.state_dict()["state"][0]["step"] == 1
+
+
+def test_prune_keeps_the_newest(tmp_path):
+    ck, model, opt = setup(tmp_path)
     for step in (10, 20, 30):
-        ck.save(step, {"step": step, "w": torch.full((2,), float(step))})
-    assert ck.load_latest()["step"] == 30
+        ck.save(step, model, opt, {"step": step})
     ck.prune(keep=2)
     assert ck.valid_steps() == [20, 30]
+    assert ck.load_latest(model, opt)["step"] == 30
 
 
 def test_folder_without_marker_is_ignored(tmp_path):
-    ck = CheckpointManager(tmp_path, is_writer=True)
-    ck.save(1, {"step": 1})
-    half = tmp_path / "step_00000002"
-    half.mkdir()
-    torch.save({"step": 2}, half / "state.pt")  # no COMPLETE marker: a crash mid-write
-    assert ck.load_latest()["step"] == 1
+    ck, model, opt = setup(tmp_path)
+    ck.save(1, model, opt, {"step": 1})
+    ck.save(2, model, opt, {"step": 2})
+    (tmp_path / "step_00000002" / "COMPLETE").unlink()  # a crash between write and marker
+    assert ck.valid_steps() == [1]
+    assert ck.load_latest(model, opt)["step"] == 1
 
 
 def test_corrupt_checkpoint_falls_back_to_older(tmp_path, caplog):
-    ck = CheckpointManager(tmp_path, is_writer=True)
-    ck.save(1, {"step": 1})
-    ck.save(2, {"step": 2})
+    ck, model, opt = setup(tmp_path)
+    ck.save(1, model, opt, {"step": 1})
+    ck.save(2, model, opt, {"step": 2})
     (tmp_path / "step_00000002" / "state.pt").write_bytes(b"truncated")
-    assert ck.load_latest()["step"] == 1
+    assert ck.load_latest(model, opt)["step"] == 1
     assert "skipping unreadable checkpoint" in caplog.text
 
 
-def test_non_writer_rank_writes_nothing(tmp_path):
-    ck = CheckpointManager(tmp_path, is_writer=False)
-    assert ck.save(5, {"step": 5}) is None
-    assert ck.valid_steps() == []
+def test_no_checkpoint_means_fresh_start(tmp_path):
+    ck, model, opt = setup(tmp_path)
+    assert ck.load_latest(model, opt) is None

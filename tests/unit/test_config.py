@@ -86,3 +86,14 @@ def test_unreadable_and_invalid_yaml_are_clear(tmp_path):
     bad.write_text("- a list\n")
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_config(bad)
+
+
+def test_parallel_settings_are_checked_against_the_world_at_load():
+    with pytest.raises(ConfigError, match=r"training\.strategy: 'single' runs one process, but training.cpu_workers is 2"):
+        config_from_dict({"name": "x", "training": {"strategy": "single", "cpu_workers": 2}})
+    assert config_from_dict({"name": "x", "training": {"strategy": "single", "cpu_workers": 1}}).training.strategy == "single"
+
+
+def test_model_validator_errors_name_the_nested_field():
+    with pytest.raises(ConfigError, match=r"dataset\.expectations\.train_rows: lower bound 10 is above upper bound 5"):
+        config_from_dict({"name": "x", "dataset": {"expectations": {"train_rows": [10, 5]}}})

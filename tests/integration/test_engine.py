@@ -1,0 +1,96 @@
+"""The distributed engine on CPU/gloo: strategies, agreed stopping, uneven shards, multi-node, metrics."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from core.config import DatasetConfig
+from tests.conftest import VENV_BIN
+from tests.engine_helpers import free_port, train
+from training.data import load_splits
+
+pytestmark = pytest.mark.integration
+
+TWO = ["training.epochs=2"]
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory, bundled_data):
+    return train(tmp_path_factory.mktemp("ddp") / "out", [*TWO, "training.strategy=ddp"])
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory, bundled_data):
+    return train(tmp_path_factory.mktemp("fsdp") / "out", [*TWO, "training.strategy=fsdp"])
+
+
+def test_fsdp_and_ddp_loss_curves_agree(ddp_run, fsdp_run):
+    assert fsdp_run["strategy"] == "fsdp" and ddp_run["strategy"] == "ddp"
+    d = [h["train_loss"] for h in ddp_run["history"]]
+    f = [h["train_loss"] for h in fsdp_run["history"]]
+    np.testing.assert_allclose(f, d, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(fsdp_run["final"]["val_accuracy"], ddp_run["final"]["val_accuracy"], atol=0.01)
+
+
+def test_fsdp_shards_parameters_and_optimizer_state(ddp_run, fsdp_run):
+    def per_rank(run):
+        return [r["param_bytes"] + r["optim_bytes"] for r in run["ranks"]]
+
+    ddp, fsdp = per_rank(ddp_run), per_rank(fsdp_run)
+    assert len(ddp) == len(fsdp) == 2
+    for f, d in zip(fsdp, ddp):
+        assert 0.4 <= f / d <= 0.65, (f, d)  # about 1/world, with slack for uneven shards
+
+
+def test_ddp_run_reports_step_metrics(ddp_run):
+    perf = ddp_run["perf"]
+    for key in ("perf/samples_per_s", "perf/step_time_median_ms", "perf/step_time_max_ms",
+                "perf/data_wait_frac", "perf/allreduce_s"):
+        assert key in perf, key
+    assert 0 <= perf["perf/data_wait_frac"] <= 1
+    assert perf["perf/allreduce_s"] > 0
+    assert 0 <= ddp_run["checkpoint_stall_frac"] < 1
+    assert all(r["peak_mem_mb"] > 0 for r in ddp_run["ranks"])
+
+
+def test_early_stop_is_agreed_by_all_ranks(bundled_data, tmp_path):
+    # min_delta larger than any possible improvement: patience runs out after epoch 2.
+    r = train(tmp_path / "out", ["training.epochs=6", "training.early_stopping.patience=1",
+                                 "training.early_stopping.min_delta=100"])
+    assert r["status"] == "completed" and r["stopped_early_at_epoch"] == 2
+    assert [x["epochs_run"] for x in r["ranks"]] == [2, 2]
+    assert len({x["step"] for x in r["ranks"]}) == 1
+    assert len(r["history"]) == 2
+
+
+def test_uneven_shards_do_not_hang(bundled_data, repo_root, tmp_path):
+    n_train = len(load_splits(DatasetConfig(), repo_root, 0).train)
+    assert n_train % 3 != 0  # 3 ranks cannot split it evenly
+    r = train(tmp_path / "out", ["training.epochs=1"], nproc=3)
+    assert r["world_size"] == 3 and r["status"] == "completed"
+    assert len({x["step"] for x in r["ranks"]}) == 1
+
+
+def test_two_agents_form_one_world_over_c10d_rendezvous(bundled_data, repo_root, tmp_path):
+    port = free_port()
+    out = tmp_path / "out"
+    cmd = [str(VENV_BIN / "trainflow"), "train", "--config", "configs/digits.yaml", "--out", str(out),
+           "--set", "training.epochs=1", "--set", "training.timeout_s=180",
+           "--nnodes", "2", "--nproc", "1", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "test-job"]
+    agents = [subprocess.Popen([*cmd, "--node-rank", str(r)], cwd=repo_root, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [a.communicate(timeout=240) for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], [o[1][-2000:] for o in outs]
+    result = json.loads((out / "result.json").read_text())
+    assert result["world_size"] == 2 and result["status"] == "completed"
+    assert len(result["ranks"]) == 2
+
+
+def test_multi_node_without_endpoint_is_a_clear_error(repo_root):
+    p = subprocess.run([str(VENV_BIN / "trainflow"), "train", "--config", "configs/digits.yaml", "--out", "/tmp/x",
+                        "--nnodes", "2", "--nproc", "1"], cwd=repo_root, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "--rdzv-endpoint" in p.stderr

@@ -1,0 +1,273 @@
+"""training.metrics in one process: the aggregation rule on fixed inputs, the window
+bookkeeping on a fake clock, byte and FLOP counts on small models."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+
+import training.metrics as tm
+from training.distributed import DistContext
+from training.metrics import (
+    StepMetrics,
+    aggregate,
+    busy_seconds,
+    flops_per_sample,
+    gpu_utilization,
+    mfu,
+    peak_memory_bytes,
+    state_bytes,
+    tensor_bytes,
+)
+
+CPU = torch.device("cpu")
+SOLO = DistContext(0, 0, 1, None, CPU)
+
+
+def rank_stats(rank, median_s, *, window_s=10.0, steps=100, samples=3200, data_wait_s=1.0,
+               allreduce_s=2.0, ckpt_stall_s=0.0, peak=100 << 20):
+    return {"rank": rank, "window_s": window_s, "steps": steps, "samples": samples,
+            "step_time_median_s": median_s, "data_wait_s": data_wait_s, "allreduce_s": allreduce_s,
+            "ckpt_stall_s": ckpt_stall_s, "peak_mem_bytes": peak}
+
+
+# -- aggregate ---------------------------------------------------------------------------
+def test_aggregate_without_straggler():
+    per_rank = [
+        rank_stats(1, 0.110, window_s=10.0, data_wait_s=3.0, allreduce_s=1.0, ckpt_stall_s=0.5, peak=200 << 20),
+        rank_stats(0, 0.100, window_s=8.0, data_wait_s=1.0, allreduce_s=3.0, ckpt_stall_s=1.0, peak=100 << 20),
+    ]
+    s = aggregate(per_rank, straggler_ratio=1.5)
+    assert s["window_s"] == 10.0
+    assert s["samples_per_s"] == pytest.approx(6400 / 10.0)
+    assert s["step_time_min_ms"] == pytest.approx(100.0)
+    assert s["step_time_median_ms"] == pytest.approx(105.0)
+    assert s["step_time_max_ms"] == pytest.approx(110.0)
+    assert s["straggler"] is False and s["straggler_rank"] is None
+    assert s["data_wait_frac"] == pytest.approx(0.3)  # rank 1: 3 s of its 10 s
+    assert s["allreduce_s"] == pytest.approx(2.0)  # mean over ranks
+    assert s["allreduce_frac"] == pytest.approx(0.2)
+    assert s["ckpt_stall_s"] == 1.0 and s["ckpt_stall_frac"] == pytest.approx(0.1)
+    assert s["peak_mem_mb"] == [100.0, 200.0]  # rank order, whatever order they came in
+    assert s["steps"] == 100
+
+
+def test_aggregate_flags_the_slow_rank():
+    medians = [0.100, 0.102, 0.240, 0.098]  # median 0.101; rank 2 is 2.38x that
+    s = aggregate([rank_stats(r, m) for r, m in enumerate(medians)], straggler_ratio=1.5)
+    assert s["straggler"] is True and s["straggler_rank"] == 2
+    assert s["step_time_max_ms"] == pytest.approx(240.0)
+    assert s["step_time_median_ms"] == pytest.approx(101.0)
+    # A looser threshold lets the same inputs pass.
+    assert aggregate([rank_stats(r, m) for r, m in enumerate(medians)], straggler_ratio=2.5)["straggler"] is False
+
+
+def test_straggler_ratio_is_strict_and_two_ranks_use_their_mean():
+    # 2 ranks: median = mean, so max/median = 2*3/(1+3) = 1.5 exactly: not above 1.5.
+    assert aggregate([rank_stats(0, 0.1), rank_stats(1, 0.3)], 1.5)["straggler"] is False
+    s = aggregate([rank_stats(0, 0.1), rank_stats(1, 0.31)], 1.5)
+    assert s["straggler"] is True and s["straggler_rank"] == 1
+
+
+def test_aggregate_with_ranks_that_ran_no_step():
+    s = aggregate([rank_stats(0, None, steps=0, samples=0), rank_stats(1, None, steps=0, samples=0)], 1.5)
+    assert s["step_time_median_ms"] is None and s["straggler"] is False and s["samples_per_s"] == 0.0
+    s = aggregate([rank_stats(0, 0.2), rank_stats(1, None, steps=0)], 1.5)
+    assert s["step_time_min_ms"] == s["step_time_max_ms"] == pytest.approx(200.0)
+    s = aggregate([rank_stats(0, None, window_s=0.0, steps=0, samples=0, data_wait_s=0.0, allreduce_s=0.0)], 1.5)
+    assert s["samples_per_s"] == s["allreduce_frac"] == s["data_wait_frac"] == 0.0
+
+
+def test_busy_seconds_is_the_union_of_intervals():
+    assert busy_seconds([]) == 0.0
+    assert busy_seconds([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0), (3.5, 3.6)]) == pytest.approx(3.0)
+    assert busy_seconds([(5.0, 6.0), (1.0, 2.0)]) == pytest.approx(2.0)
+
+
+# -- StepMetrics on a fake clock -------------------------------------------------------------
+class FakeClock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+    def tick(self, dt):
+        self.t += dt
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = FakeClock()
+    monkeypatch.setattr(tm, "_now", c)
+    return c
+
+
+def test_window_bookkeeping_single_process(clock):
+    m = StepMetrics(SOLO)
+    for wait, compute in [(0.01, 0.09), (0.03, 0.07), (0.02, 0.18)]:
+        m.data_start()
+        clock.tick(wait)
+        m.data_end()
+        clock.tick(compute)
+        m.step_end(32)
+    m.add_checkpoint_stall(0.2)
+    clock.tick(0.5)
+    s = m.snapshot()
+    assert s["steps"] == 3 and s["window_s"] == pytest.approx(0.9)
+    assert s["samples_per_s"] == pytest.approx(96 / 0.9)
+    # steps took 0.1, 0.1, 0.2 s: one rank, so min = median = max = its median
+    assert s["step_time_min_ms"] == s["step_time_median_ms"] == s["step_time_max_ms"] == pytest.approx(100.0)
+    assert s["data_wait_frac"] == pytest.approx(0.06 / 0.9)
+    assert s["ckpt_stall_s"] == pytest.approx(0.2) and s["ckpt_stall_frac"] == pytest.approx(0.2 / 0.9)
+    assert s["allreduce_s"] == 0.0 and s["straggler"] is False
+    assert len(s["peak_mem_mb"]) == 1 and s["peak_mem_mb"][0] > 0
+
+    # The window was reset: the next one starts at the snapshot.
+    clock.tick(0.25)
+    m.step_end(8)
+    s = m.snapshot()
+    assert s["steps"] == 1 and s["window_s"] == pytest.approx(0.25)
+    assert s["step_time_median_ms"] == pytest.approx(250.0) and s["ckpt_stall_s"] == 0.0
+
+
+def test_data_end_without_start_is_ignored_and_a_wait_spanning_a_reset_is_clipped(clock):
+    m = StepMetrics(SOLO)
+    m.data_end()
+    m.data_start()
+    clock.tick(1.0)
+    m.reset()
+    clock.tick(0.5)
+    m.data_end()
+    clock.tick(0.5)
+    assert m._local_stats()["data_wait_s"] == pytest.approx(0.5)
+
+
+def test_straggler_warning_is_logged_on_rank_0(monkeypatch, caplog, clock):
+    import torch.distributed as dist
+
+    peers = [rank_stats(1, 0.100), rank_stats(2, 0.500)]
+
+    def fake_gather(out, obj):  # stands in for the collective: this rank plus two fixed peers
+        out[:] = [obj, *peers]
+
+    monkeypatch.setattr(dist, "all_gather_object", fake_gather)
+    m = StepMetrics(DistContext(0, 0, 3, "gloo", CPU), straggler_ratio=1.5)
+    for _ in range(3):
+        clock.tick(0.1)
+        m.step_end(4)
+    with caplog.at_level(logging.WARNING, logger="trainflow.train"):
+        s = m.snapshot()
+    assert s["straggler"] is True and s["straggler_rank"] == 2
+    assert any("straggler: rank 2" in r.getMessage() for r in caplog.records)
+    # Any other rank gets None (and logs nothing).
+    caplog.clear()
+    other = StepMetrics(DistContext(1, 1, 3, "gloo", CPU))
+    peers[:] = [rank_stats(0, 0.1), rank_stats(2, 0.5)]
+    assert other.snapshot() is None and not caplog.records
+
+
+def test_attach_comm_hook_is_a_no_op_without_a_process_group():
+    m = StepMetrics(SOLO)
+    m.attach_comm_hook(nn.Linear(2, 2))  # not DDP, not distributed: nothing to hook, no error
+
+
+def test_per_step_overhead_is_microseconds():
+    m = StepMetrics(SOLO)
+    n = 20000
+    best = float("inf")
+    for _ in range(3):  # best of 3: a busy shared machine only ever adds time
+        t0 = time.perf_counter()
+        for _ in range(n):
+            m.data_start()
+            m.data_end()
+            m.step_end(32)
+        best = min(best, (time.perf_counter() - t0) / n)
+        m.reset()
+    assert best < 20e-6, f"{best * 1e6:.2f} us per step"
+
+
+# -- bytes ---------------------------------------------------------------------------------
+def test_tensor_bytes_counts_numel_times_element_size():
+    ts = [torch.zeros(3, 4), torch.zeros(5, dtype=torch.float64), torch.zeros(7, dtype=torch.int8), None]
+    assert tensor_bytes(ts) == 3 * 4 * 4 + 5 * 8 + 7
+    assert tensor_bytes(torch.zeros(2, 2, dtype=torch.bfloat16)) == 8
+    assert tensor_bytes([]) == 0
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def test_state_bytes_with_adamw():
+    model = mlp()
+    n_params = 8 * 16 + 16 + 16 * 4 + 4
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    assert state_bytes(model, opt) == {"param_bytes": 4 * n_params, "grad_bytes": 0, "optim_bytes": 0}
+    model(torch.randn(5, 8)).sum().backward()
+    opt.step()
+    s = state_bytes(model, opt)
+    assert s["param_bytes"] == s["grad_bytes"] == 4 * n_params
+    # exp_avg + exp_avg_sq (fp32, one each per element) + a 0-dim fp32 `step` per parameter tensor
+    assert s["optim_bytes"] == 2 * s["param_bytes"] + 4 * len(list(model.parameters()))
+    opt.zero_grad(set_to_none=True)
+    assert state_bytes(model, opt)["grad_bytes"] == 0
+    assert state_bytes(model, None)["optim_bytes"] == 0
+
+
+# -- FLOPs, MFU ------------------------------------------------------------------------------
+def test_flops_per_sample_on_linear_follows_the_counter_convention():
+    # FlopCounterMode counts a multiply-add as 2: forward (B,in)x(in,out) = 2*B*in*out.
+    # Backward: the weight grad costs the same again; the input grad is only computed
+    # (another 2*in*out) when the input needs grad. Bias adds and the loss count 0.
+    i, o, b = 8, 4, 5
+    lin = nn.Linear(i, o)
+    assert flops_per_sample(lin, torch.randn(b, i), lambda out: out.sum()) == 2 * (2 * i * o)
+    assert flops_per_sample(lin, torch.randn(b, i, requires_grad=True), lambda out: out.sum()) == 3 * (2 * i * o)
+    # An MLP: the first layer has no input grad, later ones do.
+    assert flops_per_sample(mlp(), torch.randn(b, 8), lambda out: out.sum()) == 2 * (2 * 8 * 16) + 3 * (2 * 16 * 4)
+
+
+def test_flops_per_sample_leaves_grads_buffers_and_rng_as_they_were():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6), nn.Dropout(0.5), nn.Linear(6, 3))
+    model(torch.randn(4, 6)).sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    grad_values = [g.clone() for g in grads]
+    bn = model[1]
+    stats = (bn.running_mean.clone(), bn.running_var.clone(), bn.num_batches_tracked.clone())
+    model[3].weight.grad = None  # a None grad stays None
+    x, y = torch.randn(4, 6), torch.randint(0, 3, (4,))
+    rng = torch.get_rng_state()
+    f = flops_per_sample(model, x, lambda out: nn.functional.cross_entropy(out, y))
+    assert f == 2 * (2 * 6 * 6) + 3 * (2 * 6 * 3)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert model[3].weight.grad is None
+    for p, g, v in zip(list(model.parameters()), grads, grad_values):
+        if p is not model[3].weight:
+            assert p.grad is g and torch.equal(p.grad, v)
+    assert torch.equal(bn.running_mean, stats[0]) and torch.equal(bn.running_var, stats[1])
+    assert torch.equal(bn.num_batches_tracked, stats[2])
+
+
+def test_mfu_arithmetic():
+    assert mfu(1000.0, 2e9, 1e13) == pytest.approx(0.2)
+    assert mfu(1000.0, 2e9, None) is None
+    assert mfu(1000.0, 2e9, 0.0) is None
+
+
+# -- devices ---------------------------------------------------------------------------------
+def test_peak_memory_is_positive_on_cpu():
+    peak = peak_memory_bytes(CPU)
+    assert peak > 10 << 20  # a process with torch imported holds tens of MB
+    assert peak_memory_bytes("cpu") >= peak  # a peak never goes down
+
+
+def test_gpu_utilization_is_none_without_a_gpu_and_never_raises():
+    assert gpu_utilization(CPU) is None
+    assert gpu_utilization("not a device") is None

@@ -1,0 +1,359 @@
+"""Training-performance metrics: step timing, data wait, all-reduce time, memory, FLOPs.
+
+``StepMetrics`` is fed by the loop on every rank (a few ``perf_counter`` reads and
+list appends per step, no collectives) and aggregated to rank 0 once per logging
+window by ``snapshot()``, the only collective here. The aggregation itself is the
+pure function ``aggregate`` so the straggler rule can be tested with fixed inputs.
+
+The loop calls, per optimizer step (or micro-step)::
+
+    metrics.data_start(); x, y = next(it); metrics.data_end()
+    ... forward / backward / step ...
+    metrics.step_end(len(x))
+    if step % log_every == 0:
+        summary = metrics.snapshot()      # every rank calls it; a dict on rank 0, None elsewhere
+
+Imports only torch and the stdlib (nothing from ``training``), so the trainer can
+import it without cycles; ``ctx`` is duck-typed (``training.distributed.DistContext``:
+``distributed``, ``rank``, ``world_size``, ``device``).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:  # annotations only; no runtime import of the training package
+    from training.distributed import DistContext
+
+log = logging.getLogger("trainflow.train")
+
+_now = time.perf_counter
+_MB = float(1 << 20)
+
+
+# -- aggregation (pure) -------------------------------------------------------------------
+def aggregate(per_rank: list[dict], straggler_ratio: float = 1.5) -> dict:
+    """Combine each rank's window stats (``StepMetrics._local_stats``) into one summary.
+
+    Each entry holds: ``rank``, ``window_s``, ``steps``, ``samples``,
+    ``step_time_median_s`` (None when the rank ran no step), ``data_wait_s``,
+    ``allreduce_s``, ``ckpt_stall_s``, ``peak_mem_bytes``.
+
+    * ``window_s``: the longest window over ranks; ``samples_per_s`` is all ranks'
+      samples over it.
+    * ``step_time_{min,median,max}_ms``: over ranks, of each rank's median step time.
+    * ``straggler``: max / median of those per-rank medians > ``straggler_ratio``;
+      ``straggler_rank`` is then the slowest rank. With 2 ranks the median is their
+      mean, so a ratio of r flags only a rank more than r/(2-r) times slower (3x at 1.5).
+    * ``data_wait_frac``: the largest per-rank fraction of its window spent waiting for
+      a batch (the most input-bound rank, which the others wait for at the all-reduce).
+    * ``allreduce_s``: mean over ranks of the wall seconds during which at least one
+      gradient bucket was between submission and its reduced result being ready (the
+      union of those intervals, not their sum, as buckets overlap each other). It
+      also overlaps backward compute, so not all of it is exposed: a fast rank's
+      includes waiting for a slow peer to submit.
+    * ``ckpt_stall_s``: the longest stall over ranks (everyone waits for the slowest).
+    * ``peak_mem_mb``: per rank, in rank order.
+    """
+    ranks = sorted(per_rank, key=lambda r: r["rank"])
+    window = max((r["window_s"] for r in ranks), default=0.0)
+    samples = sum(r["samples"] for r in ranks)
+    medians = [(r["step_time_median_s"], r["rank"]) for r in ranks if r["step_time_median_s"] is not None]
+    out: dict[str, Any] = {"samples_per_s": samples / window if window > 0 else 0.0}
+    if medians:
+        values = [m for m, _ in medians]
+        lo, mid, hi = min(values), statistics.median(values), max(values)
+        straggler = mid > 0 and hi / mid > straggler_ratio
+        slowest = max(medians, key=lambda m: m[0])[1]
+        out.update(step_time_min_ms=lo * 1e3, step_time_median_ms=mid * 1e3, step_time_max_ms=hi * 1e3,
+                   straggler=bool(straggler), straggler_rank=slowest if straggler else None)
+    else:
+        out.update(step_time_min_ms=None, step_time_median_ms=None, step_time_max_ms=None,
+                   straggler=False, straggler_rank=None)
+    fracs = [min(1.0, r["data_wait_s"] / r["window_s"]) for r in ranks if r["window_s"] > 0]
+    allreduce = statistics.fmean([r["allreduce_s"] for r in ranks]) if ranks else 0.0
+    stall = max((r["ckpt_stall_s"] for r in ranks), default=0.0)
+    out.update(
+        data_wait_frac=max(fracs, default=0.0),
+        allreduce_s=allreduce,
+        allreduce_frac=allreduce / window if window > 0 else 0.0,
+        ckpt_stall_s=stall,
+        ckpt_stall_frac=stall / window if window > 0 else 0.0,
+        peak_mem_mb=[r["peak_mem_bytes"] / _MB for r in ranks],
+        steps=max((r["steps"] for r in ranks), default=0),
+        window_s=window,
+    )
+    return out
+
+
+def busy_seconds(spans: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals."""
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in sorted(spans):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+# -- per-rank window ----------------------------------------------------------------------
+class StepMetrics:
+    """Per-rank step timing over a logging window, aggregated to rank 0."""
+
+    def __init__(self, ctx: DistContext, straggler_ratio: float = 1.5):
+        self.ctx = ctx
+        self.straggler_ratio = straggler_ratio
+        self._cuda_timing = ctx.device.type == "cuda"
+        self._allreduce: list = []  # (start, end): perf_counter seconds, or CUDA events
+        self._t_data: float | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new window now (``snapshot`` does this; call it where the loop really starts)."""
+        now = _now()
+        self._window_t0 = now
+        self._last = now
+        self._step_times: list[float] = []
+        self._samples = 0
+        self._data_wait = 0.0
+        self._ckpt_stall = 0.0
+        self._allreduce = []
+        if self._t_data is not None:  # a batch wait spanning the reset counts from the reset
+            self._t_data = now
+
+    # per-step calls: a clock read and an append or two each
+    def data_start(self) -> None:
+        self._t_data = _now()
+
+    def data_end(self) -> None:
+        t = self._t_data
+        if t is not None:
+            self._data_wait += _now() - t
+            self._t_data = None
+
+    def step_end(self, n_samples: int) -> None:
+        now = _now()
+        self._step_times.append(now - self._last)
+        self._last = now
+        self._samples += n_samples
+
+    def add_checkpoint_stall(self, seconds: float) -> None:
+        self._ckpt_stall += seconds
+
+    # DDP all-reduce timing
+    def attach_comm_hook(self, ddp_model) -> None:
+        """Register a timing all-reduce comm hook on ``ddp_model`` (no-op when not distributed / not DDP).
+
+        Numerically the same as DDP without a hook: the reducer without a hook copies
+        each grad into the bucket multiplied by ``1 / world_size`` and then all-reduces
+        (SUM); this hook does exactly that to the bucket (``mul_(1 / world_size)``, not
+        ``div_``, which can differ in the last bit when the world size is not a power
+        of two). One caveat: with ``gradient_as_bucket_view=True`` the hook-less
+        reducer divides already-aliased grads with ``div_``, so bitwise equality then
+        holds only for power-of-two world sizes. Register before the first backward;
+        DDP accepts one hook per model.
+        """
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        if not self.ctx.distributed or not isinstance(ddp_model, DDP):
+            return
+        import torch.distributed as dist
+
+        group = ddp_model.process_group
+        inv_world = 1.0 / group.size()
+        metrics = self
+        cuda = self._cuda_timing
+
+        # No annotations: DDP checks them by identity, and postponed (string) annotations fail it.
+        def timed_allreduce_hook(state, bucket):
+            buf = bucket.buffer()
+            if cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+            else:
+                t0 = _now()
+            buf.mul_(inv_world)
+            fut = dist.all_reduce(buf, group=state, async_op=True).get_future()
+
+            def done(f):
+                if cuda:
+                    # Runs on a stream synchronized with the NCCL kernel; the NCCL future
+                    # itself completes at enqueue, so host time would read ~0 there.
+                    end = torch.cuda.Event(enable_timing=True)
+                    end.record()
+                    metrics._allreduce.append((start, end))
+                else:
+                    metrics._allreduce.append((t0, _now()))
+                return f.value()[0]
+
+            return fut.then(done)
+
+        ddp_model.register_comm_hook(state=group, hook=timed_allreduce_hook)
+
+    def _allreduce_seconds(self) -> float:
+        """Wall seconds with at least one bucket in flight (buckets overlap: their sum would not be)."""
+        spans = list(self._allreduce)
+        if self._cuda_timing and spans:
+            ref = spans[0][0]
+            for _, end in spans:
+                end.synchronize()
+            spans = [(ref.elapsed_time(s) / 1e3, ref.elapsed_time(e) / 1e3) for s, e in spans]
+        return busy_seconds(spans)
+
+    # window aggregation
+    def _local_stats(self) -> dict:
+        return {
+            "rank": self.ctx.rank,
+            "window_s": _now() - self._window_t0,
+            "steps": len(self._step_times),
+            "samples": self._samples,
+            "step_time_median_s": statistics.median(self._step_times) if self._step_times else None,
+            "data_wait_s": self._data_wait,
+            "allreduce_s": self._allreduce_seconds(),
+            "ckpt_stall_s": self._ckpt_stall,
+            "peak_mem_bytes": peak_memory_bytes(self.ctx.device),
+        }
+
+    def snapshot(self) -> dict | None:
+        """COLLECTIVE: every rank must call it at the same point. Rank 0 gets ``aggregate``'s dict."""
+        mine = self._local_stats()
+        if self.ctx.distributed:
+            import torch.distributed as dist
+
+            per_rank: list = [None] * self.ctx.world_size
+            dist.all_gather_object(per_rank, mine)
+        else:
+            per_rank = [mine]
+        self.reset()
+        if self.ctx.rank != 0:
+            return None
+        summary = aggregate(per_rank, self.straggler_ratio)
+        if summary["straggler"]:
+            log.warning(
+                "straggler: rank %s median step %.1f ms vs %.1f ms median over ranks (x%.2f > x%.2f)",
+                summary["straggler_rank"], summary["step_time_max_ms"], summary["step_time_median_ms"],
+                summary["step_time_max_ms"] / summary["step_time_median_ms"], self.straggler_ratio,
+            )
+        return summary
+
+
+# -- memory ------------------------------------------------------------------------------
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory of this process: CUDA ``max_memory_allocated`` or, on CPU, peak RSS.
+
+    Both are process-lifetime peaks (not reset per window): RSS cannot be reset.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # macOS: bytes; Linux: KiB
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    mod = sys.modules.get("torch.distributed.tensor")  # no DTensor can exist before it is imported
+    if mod is not None and isinstance(t, mod.DTensor):
+        return t.to_local()
+    return t
+
+
+def tensor_bytes(tensors: torch.Tensor | Iterable[Any]) -> int:
+    """Sum of ``numel * element_size``; a DTensor counts its local shard; non-tensors (None) are skipped."""
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    total = 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            t = _local(t)
+            total += t.numel() * t.element_size()
+    return total
+
+
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+    """Bytes held on this rank by parameters, their grads and the optimizer state tensors."""
+    params = list(model.parameters())
+    optim = 0
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            optim += tensor_bytes(state.values() if isinstance(state, dict) else [state])
+    return {
+        "param_bytes": tensor_bytes(params),
+        "grad_bytes": tensor_bytes(p.grad for p in params),
+        "optim_bytes": optim,
+    }
+
+
+# -- compute -----------------------------------------------------------------------------
+def flops_per_sample(model: torch.nn.Module, example_batch: torch.Tensor,
+                     loss_fn: Callable[[torch.Tensor], torch.Tensor]) -> float:
+    """FLOPs of one forward + backward per sample, counted by ``FlopCounterMode``.
+
+    ``loss_fn(output) -> scalar``. Counts what the counter counts (matmul, conv,
+    attention; a multiply-add is 2 FLOPs; elementwise ops are 0). Leaves the model as
+    it was: grads, buffers (BatchNorm stats) and the RNG state are restored. A DDP
+    wrapper is unwrapped (its backward would all-reduce on this rank alone); pass an
+    unsharded module, not an FSDP one.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if isinstance(model, DDP):
+        model = model.module
+    n = int(example_batch.shape[0])
+    if n == 0:
+        raise ValueError("example_batch is empty")
+    params = list(model.parameters())
+    saved_grads = [p.grad for p in params]
+    saved_buffers = [b.detach().clone() for b in model.buffers()]
+    dev = example_batch.device
+    devices = [torch.cuda.current_device() if dev.index is None else dev.index] if dev.type == "cuda" else []
+    try:
+        for p in params:
+            p.grad = None
+        with torch.random.fork_rng(devices=devices), FlopCounterMode(display=False) as counter:
+            loss_fn(model(example_batch)).backward()
+        total = counter.get_total_flops()
+    finally:
+        for p, g in zip(params, saved_grads):
+            p.grad = g
+        with torch.no_grad():
+            for b, saved in zip(model.buffers(), saved_buffers):
+                b.copy_(saved)
+    return total / n
+
+
+def mfu(samples_per_s: float, flops_per_sample: float, peak_flops: float | None) -> float | None:
+    """Model FLOPs utilization: achieved FLOP/s over ``peak_flops`` (same scope: all ranks' peak
+    when ``samples_per_s`` is global). None without a peak."""
+    if not peak_flops or peak_flops <= 0:
+        return None
+    return samples_per_s * flops_per_sample / peak_flops
+
+
+def gpu_utilization(device) -> float | None:
+    """Percent GPU busy over the last sample period (NVML), or None (CPU, no pynvml, any error)."""
+    try:
+        device = torch.device(device)
+        if device.type != "cuda" or not torch.cuda.is_available():
+            return None
+        import pynvml  # noqa: F401  (torch.cuda.utilization needs it)
+
+        return float(torch.cuda.utilization(device))
+    except Exception:
+        return None

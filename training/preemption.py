@@ -1,0 +1,35 @@
+"""SIGTERM as a request to stop cleanly, in the worker and in the launcher.
+
+Worker side: ``StopRequest`` turns SIGTERM into a flag; the trainer agrees on it
+across ranks at the next step boundary, checkpoints and exits with status
+``preempted``. Launcher side: ``REQUESTED`` is an event any thread can wait on;
+``install_handler`` (main thread only) sets it on SIGTERM, so a launcher running
+in a worker thread (a Prefect task) still sees the signal its process received.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+REQUESTED = threading.Event()
+
+
+def install_handler() -> bool:
+    """Make SIGTERM set ``REQUESTED`` in this process. False when not on the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    signal.signal(signal.SIGTERM, lambda *_: REQUESTED.set())
+    return True
+
+
+class StopRequest:
+    """Worker-side flag set by SIGTERM."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, *_):
+        self.requested = True

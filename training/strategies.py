@@ -1,0 +1,380 @@
+"""Data-parallel strategies behind one small API: single process, DDP, or FSDP2 (``fully_shard``).
+
+The trainer builds one ``Strategy`` from ``training.strategy`` and asks it to wrap
+the model, to run micro-steps without gradient sync, to clip gradients, to cast
+for mixed precision and to save/load checkpoints. The strategies differ only in
+how parameters live on each rank:
+
+- ``single``: one process, the model as is.
+- ``ddp``: every rank holds the full model, gradients are all-reduced
+  (``DistributedDataParallel``). Without a process group it behaves as ``single``.
+- ``fsdp``: parameters, gradients and optimizer state are sharded on dim 0 across
+  ranks (FSDP2, parameters become ``DTensor``s); checkpoints are sharded with
+  ``torch.distributed.checkpoint`` (each rank writes its own shard).
+
+Methods marked COLLECTIVE must be called by every rank, in the same order.
+
+Checkpoint layouts inside the caller's ``folder`` (which every rank can see):
+
+- single/ddp: ``state.pt`` = ``{"model", "optimizer", "extra"}`` (rank 0 writes);
+- fsdp: DCP files (``.metadata``, ``__<rank>_0.distcp``) holding
+  ``{"model", "optim"}`` plus ``extra.pt`` (rank 0 writes).
+
+Model keys are the plain module's (no ``module.`` prefix) in both layouts.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import ContextManager, Iterator
+
+import torch
+from torch import nn
+
+from core.errors import ConfigError
+from training.distributed import DistContext, all_gather_object
+
+STRATEGIES = ("single", "ddp", "fsdp")
+PRECISIONS = ("fp32", "bf16")
+STATE_FILE = "state.pt"
+EXTRA_FILE = "extra.pt"
+DCP_METADATA = ".metadata"
+
+
+class StrategyConfigError(ConfigError, ValueError):
+    """A strategy that cannot run with this world size or precision.
+
+    Both a ``ConfigError`` (the CLI maps it to a clean message and exit code) and a
+    ``ValueError`` (what ``build_strategy`` promises).
+    """
+
+
+def check_world(strategy: str, world_size: int) -> None:
+    """The up-front check of ``training.strategy`` against the world size (config/launch time)."""
+    if strategy not in STRATEGIES:
+        raise StrategyConfigError(
+            f"training.strategy: must be one of {', '.join(repr(s) for s in STRATEGIES)}, got {strategy!r}"
+        )
+    if world_size < 1:
+        raise StrategyConfigError(f"training.strategy: world size must be >= 1, got {world_size}")
+    if strategy == "single" and world_size > 1:
+        raise StrategyConfigError(
+            f"training.strategy: 'single' runs one process, but the world size is {world_size}; "
+            "use 'ddp' or 'fsdp', or launch one worker"
+        )
+
+
+def _check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise StrategyConfigError(
+            f"training.precision: must be one of {', '.join(repr(p) for p in PRECISIONS)}, got {precision!r}"
+        )
+
+
+def _is_dtensor(t) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if _is_dtensor(t) else t
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    t = _local(t)
+    return t.numel() * t.element_size()
+
+
+def _atomic_save(obj, path: Path) -> None:
+    """``torch.save`` under a temporary name, then rename: a crash never leaves a half file at ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def _dcp_errors(what: str) -> Iterator[None]:
+    """Turn DCP's ``CheckpointException`` into a ``RuntimeError``.
+
+    DCP gathers every rank's failure and raises on all of them, but its exception
+    derives from ``BaseException``: an ``except Exception`` fallback would miss it.
+    """
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as exc:
+        detail = "; ".join(f"rank {r}: {type(e[0]).__name__}: {e[0]}".rstrip(": ")
+                           for r, e in sorted(exc.failures.items()))
+        raise RuntimeError(f"{what} failed ({detail})") from None
+
+
+def _agree(ctx: DistContext, error: BaseException | None, what: str) -> None:
+    """COLLECTIVE: raise on every rank when any rank failed ``what`` (so no rank waits alone)."""
+    errors = all_gather_object(ctx, None if error is None else f"{type(error).__name__}: {error}")
+    failed = {rank: msg for rank, msg in enumerate(errors) if msg is not None}
+    if failed:
+        detail = "; ".join(f"rank {r}: {m}" for r, m in failed.items())
+        raise RuntimeError(f"{what} failed ({detail})") from error
+
+
+class Strategy:
+    """Base: a replicated model (every rank holds all of it). Subclasses override what differs."""
+
+    name: str = "base"
+    # Replicated state: rank 0 can snapshot it and write in the background (no collective).
+    async_save: bool = True
+
+    def __init__(self, ctx: DistContext, precision: str = "fp32"):
+        _check_precision(precision)
+        self.ctx = ctx
+        self.precision = precision
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(world_size={self.ctx.world_size}, precision={self.precision!r})"
+
+    @property
+    def _bf16_cuda(self) -> bool:
+        return self.precision == "bf16" and self.ctx.device.type == "cuda"
+
+    # -- model ----------------------------------------------------------------------------
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def unwrapped(self, wrapped: nn.Module) -> nn.Module:
+        return wrapped
+
+    def sync_context(self, wrapped: nn.Module, sync: bool) -> ContextManager:
+        return nullcontext()
+
+    def autocast(self) -> ContextManager:
+        """bf16 autocast on CUDA; nothing on CPU or in fp32."""
+        if self._bf16_cuda:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
+
+    def clip_grad_norm(self, wrapped: nn.Module, max_norm: float) -> float:
+        """Clip all gradients to ``max_norm`` (global L2 norm over all ranks' shards); returns that norm."""
+        total = torch.nn.utils.clip_grad_norm_(wrapped.parameters(), max_norm)
+        if _is_dtensor(total):
+            total = total.full_tensor()  # collective under fsdp: every rank calls clip_grad_norm
+        return float(total)
+
+    def state_bytes(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        """Bytes of parameters, gradients and optimizer state held by this rank (DTensor: local shard)."""
+        params = list(wrapped.parameters())
+        optim = 0
+        for st in optimizer.state.values():
+            for v in st.values():
+                if torch.is_tensor(v):
+                    optim += _nbytes(v)
+        return {
+            "param_bytes": sum(_nbytes(p) for p in params),
+            "grad_bytes": sum(_nbytes(p.grad) for p in params if p.grad is not None),
+            "optim_bytes": optim,
+        }
+
+    # -- state ----------------------------------------------------------------------------
+    def full_state_dict(self, wrapped: nn.Module) -> dict | None:
+        """COLLECTIVE. Rank 0: a full CPU copy of the model's state dict; other ranks: None."""
+        if not self.ctx.is_main:
+            return None
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.unwrapped(wrapped).state_dict().items()}
+
+    def save_checkpoint(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, extra: dict,
+                        folder: Path) -> None:
+        """COLLECTIVE. Rank 0 writes ``folder/state.pt``; every rank raises if that failed."""
+        folder = Path(folder)
+        error = None
+        if self.ctx.is_main:
+            try:
+                self.write_snapshot(self.snapshot(wrapped, optimizer, extra), folder)
+            except Exception as exc:  # reported on every rank by _agree
+                error = exc
+        _agree(self.ctx, error, f"saving checkpoint {folder}")
+
+    def snapshot(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, extra: dict) -> dict:
+        """Rank 0: a private CPU copy of the full state, safe to write while training goes on."""
+        import copy
+
+        return {
+            "model": {k: v.detach().to("cpu", copy=True) for k, v in self.unwrapped(wrapped).state_dict().items()},
+            "optimizer": copy.deepcopy(optimizer.state_dict()),
+            "extra": extra,
+        }
+
+    def write_snapshot(self, state: dict, folder: Path) -> None:
+        """Rank 0: write a ``snapshot`` into ``folder`` (the format ``load_checkpoint`` reads)."""
+        _atomic_save(state, Path(folder) / STATE_FILE)
+
+    def load_checkpoint(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict:
+        """Restore model and optimizer from ``folder/state.pt`` in place (every rank reads it); returns extra.
+
+        No collectives: each rank raises on a missing or corrupt file by itself.
+        """
+        path = Path(folder) / STATE_FILE
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict) or not {"model", "optimizer"} <= state.keys():
+            raise ValueError(f"{path}: not a checkpoint (expected keys model, optimizer, extra)")
+        self.unwrapped(wrapped).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        return state.get("extra", {})
+
+
+class SingleStrategy(Strategy):
+    name = "single"
+
+
+class DDPStrategy(Strategy):
+    """``DistributedDataParallel``; without a process group, the model as is (like ``single``)."""
+
+    name = "ddp"
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        if not self.ctx.distributed:
+            return model
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
+        return DDP(model, device_ids=device_ids)
+
+    def unwrapped(self, wrapped: nn.Module) -> nn.Module:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return wrapped.module if isinstance(wrapped, DDP) else wrapped
+
+    def sync_context(self, wrapped: nn.Module, sync: bool) -> ContextManager:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        if sync or not isinstance(wrapped, DDP):
+            return nullcontext()
+        return wrapped.no_sync()
+
+
+def _shard_targets(model: nn.Module) -> list[nn.Module]:
+    """Submodules that get their own FSDP unit: every Linear/Conv, else each direct child with parameters."""
+    from torch.nn.modules.conv import _ConvNd
+
+    layers = [m for m in model.modules() if m is not model and isinstance(m, (nn.Linear, _ConvNd))]
+    if layers:
+        return layers
+    return [c for c in model.children() if next(c.parameters(), None) is not None]
+
+
+class FSDPStrategy(Strategy):
+    """FSDP2: ``fully_shard`` per Linear/Conv layer, then the root; DCP for checkpoints."""
+
+    name = "fsdp"
+    async_save = False  # every rank writes its shards: a collective save
+
+    def __init__(self, ctx: DistContext, precision: str = "fp32"):
+        super().__init__(ctx, precision)
+        if not ctx.distributed:
+            raise StrategyConfigError(
+                "training.strategy: 'fsdp' needs a process group (launch with torchrun), "
+                "this process has none"
+            )
+
+    def _mp_policy(self):
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self._bf16_cuda:
+            return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy()
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
+        mp = self._mp_policy()
+        for module in _shard_targets(model):
+            fully_shard(module, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        return model
+
+    def autocast(self) -> ContextManager:
+        # bf16 on CUDA is FSDP's MixedPrecisionPolicy (module-level casts), not autocast.
+        return nullcontext()
+
+    @contextmanager
+    def _sync(self, wrapped: nn.Module, sync: bool) -> Iterator[None]:
+        wrapped.set_requires_gradient_sync(sync)
+        try:
+            yield
+        finally:
+            wrapped.set_requires_gradient_sync(True)
+
+    def sync_context(self, wrapped: nn.Module, sync: bool) -> ContextManager:
+        return self._sync(wrapped, sync)
+
+    def full_state_dict(self, wrapped: nn.Module) -> dict | None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return sd if self.ctx.is_main else None
+
+    def save_checkpoint(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, extra: dict,
+                        folder: Path) -> None:
+        """COLLECTIVE. Sharded DCP save of model + optimizer; rank 0 adds ``extra.pt``."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        folder = Path(folder)
+        error = None
+        if self.ctx.is_main:
+            try:
+                _atomic_save(extra, folder / EXTRA_FILE)
+            except Exception as exc:
+                error = exc
+        _agree(self.ctx, error, f"saving checkpoint {folder}")
+        # get_state_dict initialises an optimizer that never stepped with a zero-lr step
+        # (AdamW: step=1); undo that so saving never changes how training continues.
+        fresh = not optimizer.state
+        model_sd, optim_sd = get_state_dict(wrapped, optimizer)
+        try:
+            with _dcp_errors(f"saving checkpoint {folder}"):
+                dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
+        finally:
+            if fresh:
+                optimizer.state.clear()
+
+    def load_checkpoint(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict:
+        """COLLECTIVE. DCP load into this rank's shards; raises on every rank if any rank fails."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        folder = Path(folder)
+        extra, error = None, None
+        try:
+            if not (folder / DCP_METADATA).is_file():
+                raise FileNotFoundError(f"{folder / DCP_METADATA}: no DCP checkpoint metadata")
+            extra = torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            error = exc
+        _agree(self.ctx, error, f"loading checkpoint {folder}")
+        model_sd, optim_sd = get_state_dict(wrapped, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        with _dcp_errors(f"loading checkpoint {folder}"):  # DCP raises on every rank if any failed
+            dcp.load(state, checkpoint_id=folder)
+        set_state_dict(wrapped, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        return extra
+
+
+_CLASSES: dict[str, type[Strategy]] = {
+    "single": SingleStrategy,
+    "ddp": DDPStrategy,
+    "fsdp": FSDPStrategy,
+}
+
+
+def build_strategy(name: str, ctx: DistContext, precision: str = "fp32") -> Strategy:
+    """The strategy ``name`` for this process; raises ValueError (a ConfigError) naming the key."""
+    check_world(name, ctx.world_size)
+    return _CLASSES[name](ctx, precision)
