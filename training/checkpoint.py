@@ -10,6 +10,7 @@ is the strategy's business: DDP writes one ``state.pt`` from rank 0, FSDP writes
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -24,6 +25,22 @@ MARKER = "COMPLETE"
 
 class CheckpointMismatchError(RuntimeError):
     """The checkpoint was written for another config or dataset."""
+
+
+def _identity(extra: dict) -> dict:
+    """What the completion marker records, so a launcher can check a folder without torch.load."""
+    return {"config_id": extra.get("config_id"), "data_md5": extra.get("data_md5")}
+
+
+def latest_identity(directory: Path) -> dict | None:
+    """``{step, config_id, data_md5}`` of the newest complete checkpoint under ``directory``."""
+    markers = sorted(Path(directory).glob(f"step_*/{MARKER}"))
+    for marker in reversed(markers):
+        try:
+            return json.loads(marker.read_text())
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 class CheckpointManager:
@@ -55,7 +72,7 @@ class CheckpointManager:
                     from concurrent.futures import ThreadPoolExecutor
 
                     self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
-                self._pending = self._pool.submit(self._write, step, state, tmp, final)
+                self._pending = self._pool.submit(self._write, step, state, tmp, final, _identity(extra))
             return final
         if self.ctx.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -64,19 +81,19 @@ class CheckpointManager:
         self.strategy.save_checkpoint(model, optimizer, extra, tmp)
         barrier(self.ctx)  # every shard is on disk before the marker says so
         if self.ctx.is_main:
-            self._complete(step, tmp, final)
+            self._complete(step, tmp, final, _identity(extra))
         barrier(self.ctx)
         return final
 
-    def _write(self, step: int, state: dict, tmp: Path, final: Path) -> None:
+    def _write(self, step: int, state: dict, tmp: Path, final: Path, identity: dict) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         self.strategy.write_snapshot(state, tmp)
-        self._complete(step, tmp, final)
+        self._complete(step, tmp, final, identity)
 
-    def _complete(self, step: int, tmp: Path, final: Path) -> None:
+    def _complete(self, step: int, tmp: Path, final: Path, identity: dict) -> None:
         marker = tmp / MARKER
-        marker.write_text(str(step))
+        marker.write_text(json.dumps({"step": step, **identity}))
         with open(marker) as fh:
             os.fsync(fh.fileno())
         shutil.rmtree(final, ignore_errors=True)
@@ -109,6 +126,7 @@ class CheckpointManager:
         A truncated or corrupt checkpoint is skipped with a warning; ranks agree on
         each attempt, so no rank resumes from a different step than its peers.
         """
+        self.wait()  # a write still in flight is part of "latest"
         steps = broadcast_object(self.ctx, self.valid_steps())
         for step in reversed(steps):
             folder = self._folder(step)

@@ -85,6 +85,7 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
     if nnodes > 1 and not rdzv_endpoint:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
     check_world(cfg.training.strategy, nproc * nnodes)
+    _check_resumable(out_dir, cfg.config_id(), data_md5, force_resume)
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"
     config_path.write_text(cfg.to_yaml())
@@ -96,6 +97,24 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
         preempt_grace_s=t.preempt_grace_s, threads_per_worker=t.threads_per_worker,
         force_resume=force_resume, env=dict(env or {}),
     )
+
+
+def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool) -> None:
+    """Refuse before launching when ``out_dir`` holds checkpoints of another config or dataset.
+
+    The worker checks the same on load; checking here fails in milliseconds instead of
+    after torchrun's start-up and every restart attempt.
+    """
+    from training.checkpoint import latest_identity
+
+    found = latest_identity(out_dir / "checkpoints")
+    if force or not found:
+        return
+    for key, mine in (("config_id", config_id), ("data_md5", data_md5)):
+        if found.get(key) not in (None, mine):
+            raise ConfigError(
+                f"{out_dir}: its checkpoint (step {found.get('step')}) was written for {key}={found[key]}, "
+                f"this run has {mine}; use a fresh output folder, or --force-resume to continue from it anyway")
 
 
 def _first_failure(log_dir: Path, nproc: int) -> tuple[int | None, str, str]:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from core.errors import PreemptedError, TrainingFailedError
+from core.errors import ConfigError, PreemptedError
 from tests.conftest import VENV_BIN
 from tests.engine_helpers import train
 
@@ -53,7 +53,7 @@ def test_corrupt_latest_checkpoint_is_skipped_and_resume_still_matches(uninterru
 def test_checkpoint_of_another_config_is_refused_unless_forced(tmp_path):
     out = tmp_path / "out"
     train(out, ["training.epochs=1"])
-    with pytest.raises(TrainingFailedError, match="--force-resume"):
+    with pytest.raises(ConfigError, match="--force-resume"):  # refused before anything starts
         train(out, ["training.epochs=2", "training.lr=0.001"])
     forced = train(out, ["training.epochs=2", "training.lr=0.001"], force_resume=True)
     assert forced["status"] == "completed" and forced["resumed_from_step"] is not None

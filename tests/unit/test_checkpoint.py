@@ -31,6 +31,7 @@ def test_prune_keeps_the_newest(tmp_path):
     ck, model, opt = setup(tmp_path)
     for step in (10, 20, 30):
         ck.save(step, model, opt, {"step": step})
+    ck.wait()
     ck.prune(keep=2)
     assert ck.valid_steps() == [20, 30]
     assert ck.load_latest(model, opt)["step"] == 30
@@ -40,6 +41,7 @@ def test_folder_without_marker_is_ignored(tmp_path):
     ck, model, opt = setup(tmp_path)
     ck.save(1, model, opt, {"step": 1})
     ck.save(2, model, opt, {"step": 2})
+    ck.wait()
     (tmp_path / "step_00000002" / "COMPLETE").unlink()  # a crash between write and marker
     assert ck.valid_steps() == [1]
     assert ck.load_latest(model, opt)["step"] == 1
@@ -49,6 +51,7 @@ def test_corrupt_checkpoint_falls_back_to_older(tmp_path, caplog):
     ck, model, opt = setup(tmp_path)
     ck.save(1, model, opt, {"step": 1})
     ck.save(2, model, opt, {"step": 2})
+    ck.wait()
     (tmp_path / "step_00000002" / "state.pt").write_bytes(b"truncated")
     assert ck.load_latest(model, opt)["step"] == 1
     assert "skipping unreadable checkpoint" in caplog.text
@@ -57,3 +60,21 @@ def test_corrupt_checkpoint_falls_back_to_older(tmp_path, caplog):
 def test_no_checkpoint_means_fresh_start(tmp_path):
     ck, model, opt = setup(tmp_path)
     assert ck.load_latest(model, opt) is None
+
+
+def test_background_write_is_complete_after_wait_and_records_identity(tmp_path):
+    from training.checkpoint import latest_identity
+
+    ck, model, opt = setup(tmp_path)
+    ck.save(3, model, opt, {"step": 3, "config_id": "c1", "data_md5": "d1"})
+    ck.wait()
+    assert latest_identity(tmp_path) == {"step": 3, "config_id": "c1", "data_md5": "d1"}
+
+
+def test_keep_prunes_after_each_background_write(tmp_path):
+    ck, model, opt = setup(tmp_path)
+    ck.keep = 1
+    for step in (1, 2, 3):
+        ck.save(step, model, opt, {"step": step})
+    ck.wait()
+    assert ck.valid_steps() == [3]
