@@ -208,6 +208,9 @@ def run_job(spec: JobSpec) -> dict:
     Raises TrainingFailedError (naming the failing rank) or PreemptedError (SIGTERM:
     the workers saved a checkpoint; rerunning with the same ``out_dir`` resumes).
     """
+    if preemption.REQUESTED.is_set():  # SIGTERM arrived in an earlier stage: don't start at all
+        preemption.REQUESTED.clear()
+        raise PreemptedError("preempted before training started; nothing to resume yet")
     out = Path(spec.out_dir)
     log_dir = out / "torchrun"
     (out / "job.json").write_text(json.dumps(asdict(spec), indent=2))

@@ -72,10 +72,6 @@ def state_dict_sha256(state: dict) -> str:
     return h.hexdigest()
 
 
-def weights_sha256(model: torch.nn.Module) -> str:
-    return state_dict_sha256(model.state_dict())
-
-
 @dataclass
 class EpochStats:
     epoch: int

@@ -26,3 +26,17 @@ def test_fault_is_off_after_a_restart(monkeypatch):
     assert from_env() == Fault("kill", 3)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert from_env() is None
+
+
+def test_preemption_before_launch_starts_nothing(tmp_path):
+    from core.errors import PreemptedError
+    from training import preemption
+    from training.launcher import JobSpec, run_job
+
+    spec = JobSpec(config_path="c.yaml", out_dir=str(tmp_path / "never"), root=str(tmp_path),
+                   data_md5="x", nproc_per_node=1)
+    preemption.REQUESTED.set()
+    with pytest.raises(PreemptedError, match="before training started"):
+        run_job(spec)
+    assert not preemption.REQUESTED.is_set()
+    assert not (tmp_path / "never").exists()
