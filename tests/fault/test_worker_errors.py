@@ -38,7 +38,7 @@ def test_rank_crash_fails_the_job_fast_naming_that_rank(bundled_data, tmp_path):
     t0 = time.monotonic()
     with pytest.raises(TrainingFailedError) as err:
         train(tmp_path / "out", ["training.max_restarts=0"], env={"TRAINFLOW_FAULT": "raise@step=5,rank=1"})
-    assert time.monotonic() - t0 < 90
+    assert time.monotonic() - t0 < 150  # bounded: it fails, it does not hang
     assert err.value.rank == 1 and "rank 1" in str(err.value)
     assert "InjectedFault" in str(err.value) and "Traceback" in err.value.traceback
     assert processes_mentioning(str(tmp_path / "out")) == []
@@ -49,7 +49,7 @@ def test_hung_rank_fails_within_the_collective_timeout(bundled_data, tmp_path):
     with pytest.raises(TrainingFailedError) as err:
         train(tmp_path / "out", ["training.max_restarts=0", "training.collective_timeout_s=8"],
               env={"TRAINFLOW_FAULT": "hang@step=5,rank=1"})
-    assert time.monotonic() - t0 < 90
+    assert time.monotonic() - t0 < 150  # bounded: it fails, it does not hang
     assert err.value.rank == 0  # the peer that waited is the one that reports the timeout
     assert processes_mentioning(str(tmp_path / "out")) == []
 
