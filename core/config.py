@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from core.errors import ConfigError
 from core.hashing import sha256_json
@@ -80,9 +80,29 @@ class EarlyStopping(_Strict):
     min_delta: float = Field(0.0, ge=0)
 
 
+class LoaderConfig(_Strict):
+    """How batches reach the model. ``memory``: slices of the in-memory tensors (fastest for
+    data that fits); ``dataloader``: a torch DataLoader with workers, pinned memory, prefetch."""
+
+    kind: Literal["memory", "dataloader"] = "memory"
+    num_workers: int = Field(0, ge=0)
+    pin_memory: bool = False
+    # Batches each worker loads ahead (DataLoader; needs num_workers > 0).
+    prefetch_factor: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _prefetch_needs_workers(self) -> "LoaderConfig":
+        if self.prefetch_factor is not None and self.num_workers == 0:
+            raise ValueError("prefetch_factor: needs num_workers > 0")
+        if self.kind == "memory" and (self.num_workers or self.pin_memory):
+            raise ValueError("kind: 'memory' has no workers or pinned memory; use kind: dataloader")
+        return self
+
+
 class TrainingConfig(_Strict):
     # single: one process; ddp: replicas; fsdp: parameters, grads and optimizer state sharded.
-    strategy: Literal["single", "ddp", "fsdp"] = "ddp"
+    # auto: training.advisor.resolve_auto picks one from the model's memory and the world size.
+    strategy: Literal["single", "ddp", "fsdp", "auto"] = "ddp"
     # bf16 autocast applies on CUDA only; CPU runs stay fp32.
     precision: Literal["fp32", "bf16"] = "fp32"
     epochs: int = Field(12, gt=0)
@@ -97,8 +117,9 @@ class TrainingConfig(_Strict):
     base_batch: int = Field(32, gt=0)
     warmup_epochs: float = Field(1.0, ge=0)
     grad_clip: float | None = Field(1.0, gt=0)
-    # Worker processes per node when no GPU is present.
-    cpu_workers: int = Field(2, gt=0)
+    # Worker processes per node when no GPU is present. auto: the advisor picks processes and
+    # threads_per_worker (from a `trainflow scale` sweep when one exists, else a rule).
+    cpu_workers: int | Literal["auto"] = 2
     threads_per_worker: int = Field(1, gt=0)
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     # torchrun restarts the worker group this often after a worker dies.
@@ -112,6 +133,11 @@ class TrainingConfig(_Strict):
     # Also checkpoint inside an epoch every N optimizer steps (null: epoch ends only).
     checkpoint_every_steps: int | None = Field(None, gt=0)
     keep_checkpoints: int = Field(2, gt=0)
+    # Off: no checkpoints are written or resumed (benchmarks, throwaway runs).
+    checkpoints: bool = True
+    # Off: no step timing, comm hook or perf/* metrics.
+    metrics: bool = True
+    loader: LoaderConfig = LoaderConfig()
     deterministic: bool = True
     early_stopping: EarlyStopping = EarlyStopping()
     log_every_steps: int = Field(20, gt=0)
@@ -120,9 +146,22 @@ class TrainingConfig(_Strict):
     # Peak accelerator FLOP/s per device for the MFU estimate (CUDA only; null: no MFU).
     peak_tflops: float | None = Field(None, gt=0)
 
+    @field_validator("cpu_workers", mode="before")
+    @classmethod
+    def _workers_int_or_auto(cls, v: Any) -> Any:
+        if v == "auto":
+            return v
+        if isinstance(v, str) and v.strip().isdigit():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"must be a positive integer or 'auto', got {v!r}")
+        if v <= 0:
+            raise ValueError(f"must be > 0, got {v}")
+        return v
+
     @model_validator(mode="after")
     def _single_is_one_process(self) -> "TrainingConfig":
-        if self.strategy == "single" and self.cpu_workers != 1:
+        if self.strategy == "single" and isinstance(self.cpu_workers, int) and self.cpu_workers != 1:
             raise ValueError(
                 f"strategy: 'single' runs one process, but training.cpu_workers is {self.cpu_workers}"
             )

@@ -56,6 +56,16 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--rdzv-id", default="trainflow", help="job id shared by all nodes of one job")
     train.add_argument("--force-resume", action="store_true",
                       help="resume from a checkpoint of another config or dataset")
+
+    scale = sub.add_parser("scale", help="measure layouts (processes x threads, GPUs) x batch sizes; recommend one")
+    _config_arg(scale)
+    scale.add_argument("--batch-sizes", default=None, help="comma-separated per-worker batch sizes (default: the config's)")
+    scale.add_argument("--layouts", default=None,
+                       help="comma-separated PROCSxTHREADS or NGPU (default: 1xCORES,1x1,CORESx1 on CPU; 1..n GPUs)")
+    scale.add_argument("--epochs", type=int, default=3, help="epochs per job (default 3)")
+    scale.add_argument("--target-accuracy", type=float, default=0.95, help="val accuracy for time-to-target")
+    scale.add_argument("--out", type=Path, help="report folder (default: TRAINFLOW_HOME/scale/<key>)")
+    scale.add_argument("--no-prefect", action="store_true", help="run the sweep directly (no flow, no MLflow)")
     return ap
 
 
@@ -170,9 +180,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    cfg_path = _resolve_config_path(args.config)
+    apply_offline_env(trainflow_home(project_root(cfg_path)))
+    try:
+        load_config(cfg_path, args.overrides)
+        from flows import scale
+
+        batches = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
+        layouts = [scale.parse_layout(x) for x in args.layouts.split(",")] if args.layouts else None
+        kwargs = dict(layouts=layouts, batch_sizes=batches, epochs=args.epochs,
+                      target_accuracy=args.target_accuracy, out_dir=str(args.out) if args.out else None)
+        if args.no_prefect:
+            report = scale.run_sweep(str(cfg_path), args.overrides,
+                                     log=lambda m: print(m, file=sys.stderr), **kwargs)
+        else:
+            report = scale.scale_flow(str(cfg_path), args.overrides, **kwargs)
+    except ValueError as exc:
+        return _fail(f"scale: {exc}", EXIT_ERROR)
+    except TrainflowError as exc:
+        return _fail(str(exc), exc.exit_code)
+    print(Path(report["files"]["md"]).read_text())
+    print(json.dumps(report["files"], indent=2))
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return {"run": cmd_run, "train": cmd_train}[args.command](args)
+    return {"run": cmd_run, "train": cmd_train, "scale": cmd_scale}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -55,8 +55,9 @@ def _md(key: str, markdown: str, description: str) -> None:
 def resolve(params: PipelineParams) -> RunContext:
     """Load the config, record the manifest, open the pipeline's MLflow run."""
     from registry import store
-    from training.launcher import default_nproc
+    from training.advisor import resolve_for_launch
     from training.distributed import choose_backend
+    from training.launcher import default_nproc
 
     cfg_path = Path(params.config_path)
     root = project_root(cfg_path if cfg_path.is_absolute() else Path.cwd() / cfg_path)
@@ -65,6 +66,10 @@ def resolve(params: PipelineParams) -> RunContext:
     cfg = load_config(cfg_path, params.all_overrides())
     home = trainflow_home(root)
     apply_offline_env(home)  # before mlflow is imported: telemetry is decided at import
+    # strategy / cpu_workers "auto" become concrete here, so the manifest records the real world.
+    cfg, reasons = resolve_for_launch(cfg, home, nproc=params.nproc_per_node)
+    for reason in reasons:
+        get_run_logger().info("auto: %s", reason)
     nproc = params.nproc_per_node or default_nproc(cfg)
     manifest = build_manifest(
         root, cfg.name, cfg.config_id(), cfg.dataset.dvc_file, cfg.seed,

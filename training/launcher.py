@@ -79,8 +79,18 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
 
     Raises ConfigError when the parallel settings don't fit the world this job makes.
     """
+    from core.paths import trainflow_home
+    from training.advisor import resolve_for_launch
     from training.strategies import check_world
 
+    if not isinstance(nproc, int):
+        nproc = None  # e.g. "auto": default_nproc of a config whose cpu_workers is still auto
+    # training.strategy / cpu_workers "auto" -> concrete values (and the reasons, on stderr and in env).
+    cfg, reasons = resolve_for_launch(cfg, trainflow_home(root), nproc=nproc, nnodes=nnodes)
+    for reason in reasons:
+        print(f"trainflow: auto: {reason}", file=sys.stderr)
+    if reasons:
+        env = {**(env or {}), "TRAINFLOW_AUTO_REASONS": " | ".join(reasons)}
     nproc = nproc or default_nproc(cfg)
     if nnodes > 1 and not rdzv_endpoint:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")

@@ -72,6 +72,13 @@ def state_dict_sha256(state: dict) -> str:
     return h.hexdigest()
 
 
+class _NoMetrics:
+    """Stands in for StepMetrics when ``training.metrics`` is off: every call is a no-op."""
+
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
 @dataclass
 class EpochStats:
     epoch: int
@@ -126,8 +133,8 @@ class Trainer:
         warmup = int(t.warmup_epochs * self.steps_per_epoch)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(warmup, total))
         self.ckpt = CheckpointManager(self.out / "checkpoints", ctx, self.strategy, keep=t.keep_checkpoints)
-        self.metrics = StepMetrics(ctx, t.straggler_ratio)
-        if t.strategy == "ddp" and ctx.distributed:
+        self.metrics = StepMetrics(ctx, t.straggler_ratio) if t.metrics else _NoMetrics()
+        if t.metrics and t.strategy == "ddp" and ctx.distributed:
             self.metrics.attach_comm_hook(self.model)
         self.fault = faults.from_env()
         self.stop = StopRequest()
@@ -169,6 +176,8 @@ class Trainer:
 
     def save(self) -> float:
         """Checkpoint the current position (collective); returns the stall in seconds."""
+        if not self.cfg.training.checkpoints:
+            return 0.0
         t0 = time.perf_counter()
         self.ckpt.save(self.step, self.model, self.opt, self._extra())
         stall = time.perf_counter() - t0
@@ -178,6 +187,8 @@ class Trainer:
 
     def resume(self) -> int | None:
         """Restore the latest valid checkpoint, if any; returns its step."""
+        if not self.cfg.training.checkpoints:
+            return None
         extra = self.ckpt.load_latest(self.model, self.opt)
         if extra is None:
             return None
@@ -209,11 +220,27 @@ class Trainer:
         """
         self.sampler.set_epoch(epoch)
         b = self.cfg.training.batch_size
+        if self.cfg.training.loader.kind == "dataloader":
+            yield from self._dataloader(epoch, skip_batches)
+            return
         order = torch.tensor(list(self.sampler), dtype=torch.long)[skip_batches * b:]
         tensors = self.data.train.tensors
         for start in range(0, len(order), b):
             idx = order[start:start + b]
             yield tuple(t[idx] for t in tensors)
+
+    def _dataloader(self, epoch: int, skip_batches: int):
+        """The same batches through a torch DataLoader (workers, pinned memory, prefetch)."""
+        from torch.utils.data import DataLoader
+
+        lc, b = self.cfg.training.loader, self.cfg.training.batch_size
+        indices = list(self.sampler)[skip_batches * b:]
+        # Own generator: a loader must not draw its seed from the global RNG (dropout's),
+        # or a resumed run would diverge from an uninterrupted one.
+        gen = torch.Generator().manual_seed(self.cfg.seed + epoch)
+        extra = {"prefetch_factor": lc.prefetch_factor} if lc.prefetch_factor else {}
+        yield from DataLoader(self.data.train, batch_size=b, sampler=indices, generator=gen,
+                              num_workers=lc.num_workers, pin_memory=lc.pin_memory, **extra)
 
     def _evaluate(self) -> tuple[float, float]:
         """(val loss, val accuracy) over the whole val split, each rank scoring a strided slice.

@@ -94,3 +94,14 @@ def test_multi_node_without_endpoint_is_a_clear_error(repo_root):
     p = subprocess.run([str(VENV_BIN / "trainflow"), "train", "--config", "configs/digits.yaml", "--out", "/tmp/x",
                         "--nnodes", "2", "--nproc", "1"], cwd=repo_root, capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and "--rdzv-endpoint" in p.stderr
+
+
+def test_dataloader_path_and_switches_leave_the_weights_unchanged(ddp_run, tmp_path):
+    # Same batches through a DataLoader with a worker and prefetch, with no comm hook and no
+    # checkpoints: none of that may change a single bit of the result.
+    r = train(tmp_path / "out", [*TWO, "training.loader.kind=dataloader", "training.loader.num_workers=1",
+                                 "training.loader.prefetch_factor=2", "training.metrics=false",
+                                 "training.checkpoints=false"])
+    assert r["weights_sha256"] == ddp_run["weights_sha256"]
+    assert r["perf"] == {} and r["checkpoint_stall_s"] == 0
+    assert not (tmp_path / "out" / "checkpoints").exists()

@@ -153,3 +153,13 @@ def test_preempted_training_exits_4_and_the_next_run_resumes(first_run, state, t
     code, s = run_cli(args, tmp_path)
     assert code == 0 and s["status"] == "registered"
     assert s["training"]["resumed_from_step"] == 30
+
+
+def test_auto_strategy_and_workers_resolve_before_the_manifest(first_run, state, tmp_path):
+    code, s = run_cli([*FAST, "--set", "training.strategy=auto", "--set", "training.cpu_workers=auto",
+                       "--set", "registry.model_name=auto-digits"], tmp_path)
+    assert code == 0, s.get("error")
+    world = s["manifest"]["world"]
+    assert isinstance(world["nproc_per_node"], int)
+    assert s["training"]["world_size"] == world["nproc_per_node"] * world["nnodes"]
+    assert s["training"]["strategy"] in ("single", "ddp", "fsdp")

@@ -97,3 +97,10 @@ def test_parallel_settings_are_checked_against_the_world_at_load():
 def test_model_validator_errors_name_the_nested_field():
     with pytest.raises(ConfigError, match=r"dataset\.expectations\.train_rows: lower bound 10 is above upper bound 5"):
         config_from_dict({"name": "x", "dataset": {"expectations": {"train_rows": [10, 5]}}})
+
+
+def test_loader_settings_are_checked_at_load():
+    with pytest.raises(ConfigError, match=r"training\.loader\.prefetch_factor: needs num_workers > 0"):
+        config_from_dict({"name": "x", "training": {"loader": {"kind": "dataloader", "prefetch_factor": 2}}})
+    with pytest.raises(ConfigError, match=r"training\.loader\.kind: 'memory' has no workers"):
+        config_from_dict({"name": "x", "training": {"loader": {"num_workers": 2}}})
