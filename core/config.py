@@ -127,8 +127,10 @@ class TrainingConfig(_Strict):
     collective_timeout_s: float = Field(120, gt=0)
     # Wall-clock budget of the whole torchrun job.
     timeout_s: float = Field(900, gt=0)
-    # After SIGTERM, ranks checkpoint at the next step boundary; killed after this many seconds.
+    # After SIGTERM, ranks checkpoint at the next agreement check; killed after this many seconds.
     preempt_grace_s: float = Field(30, gt=0)
+    # Ranks agree on a pending SIGTERM every N steps (an all-reduce; every step cost ~2 %).
+    preempt_check_steps: int = Field(10, gt=0)
     checkpoint_every_epochs: int = Field(1, gt=0)
     # Also checkpoint inside an epoch every N optimizer steps (null: epoch ends only).
     checkpoint_every_steps: int | None = Field(None, gt=0)

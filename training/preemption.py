@@ -1,7 +1,7 @@
 """SIGTERM as a request to stop cleanly, in the worker and in the launcher.
 
 Worker side: ``StopRequest`` turns SIGTERM into a flag; the trainer agrees on it
-across ranks at the next step boundary, checkpoints and exits with status
+across ranks at the next agreement check (every ``preempt_check_steps``), checkpoints and exits with status
 ``preempted``. Launcher side: ``REQUESTED`` is an event any thread can wait on;
 ``install_handler`` (main thread only) sets it on SIGTERM, so a launcher running
 in a worker thread (a Prefect task) still sees the signal its process received.

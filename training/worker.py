@@ -5,7 +5,7 @@
 Parses, builds, trains, tears down. Rank 0 writes ``weights.pt``, ``model.pt2``
 and ``result.json`` into ``--out``; checkpoints go to ``--out/checkpoints`` and a
 rerun with the same ``--out`` resumes from the latest one. On SIGTERM every rank
-checkpoints at the next step and the job ends with ``status: preempted``.
+checkpoints at the next agreement check and the job ends with ``status: preempted``.
 """
 
 from __future__ import annotations

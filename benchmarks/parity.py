@@ -1,0 +1,471 @@
+"""Loop parity: trainflow's ``Trainer`` against a plain hand-written DDP loop.
+
+    python benchmarks/parity.py --repeats 3          # hand, lean, default, hand, lean, default, ...
+
+Every run is a real ``torchrun --standalone --nproc-per-node 2`` job (gloo, CPU,
+``threads_per_worker`` threads each; this same file in ``--worker`` mode), so
+both loops pay the same start-up, and that start-up is not timed: rank 0 times
+the training loop inside the workers and writes a JSON the parent reads. Runs
+alternate between modes (the machine is shared, so absolute timings drift; the
+ratios of medians of interleaved runs are what to read).
+
+Modes
+-----
+``hand``
+    The plain loop below (``_hand``).
+``lean``
+    ``Trainer`` driven as ``training/worker.py`` drives it, with
+    ``training.checkpoints=false training.metrics=false``.
+``default``
+    The same with checkpoints and metrics on at the config's intervals
+    (a checkpoint every epoch, a metrics window every ``log_every_steps``).
+    No MLflow run is attached (``TRAINFLOW_MLFLOW_RUN_ID`` is removed from the
+    workers' environment), so ``perf/*`` values are computed and gathered but not
+    sent anywhere.
+
+Diagnostic modes (not run by default; ``--modes hand,hand-agree,lean,lean-noagree``):
+
+``hand-agree``
+    ``hand`` plus one tiny all-reduce per optimizer step: what the Trainer does
+    to agree on preemption (``any_rank(ctx, stop.requested)``).
+``lean-noagree``
+    ``lean`` with that per-step agreement replaced by the local flag (patched
+    here, in the benchmark process, on ``training.trainer.any_rank``; nothing in
+    the Trainer changes). Not safe for preemption: a measurement only.
+``hand-nodet``
+    ``hand`` without ``torch.use_deterministic_algorithms(True)`` (the worker
+    turns it on when ``training.deterministic``, the default).
+
+What "plain" includes
+---------------------
+The hand-written loop is what one would write for the same job with nothing
+but torch, doing the same work the Trainer does, in the same numerical order:
+
+* the same process settings as ``training/worker.py``: ``torch.set_num_threads
+  (threads_per_worker)`` and, with ``training.deterministic`` (the default),
+  ``torch.use_deterministic_algorithms(True)`` (a property of the run, not of
+  the loop; ``hand-nodet`` shows what it costs);
+* ``dist.init_process_group("gloo")``, the config's model from
+  ``training.models.build_model`` built right after ``torch.manual_seed(seed)``
+  (so initial weights and the dropout stream start where the Trainer's do),
+  ``DistributedDataParallel`` with default arguments;
+* ``AdamW`` (or SGD, per config) at ``training.trainer.scaled_lr`` and the same
+  ``LambdaLR(lr_lambda(warmup, total))`` stepped once per optimizer step;
+* ``DistributedSampler(shuffle=True, seed=seed)`` with ``set_epoch`` every
+  epoch; its index order cut into batches straight from the in-memory tensors
+  (the batches a ``DataLoader(batch_size=B, sampler=...)`` would yield, without
+  the per-row fetch and collate: the Trainer's default ``loader.kind: memory``
+  does the same; with a DataLoader the loader would also draw its seed from the
+  global RNG, shifting every dropout mask after it, and the losses would no
+  longer match);
+* per step: ``zero_grad`` / ``F.cross_entropy(model(x), y)`` / ``backward`` /
+  ``clip_grad_norm_(params, grad_clip)`` / ``opt.step`` / ``sched.step`` and
+  ``loss.item()`` for the epoch's mean train loss;
+* per epoch: one all-reduce of (loss sum, samples) for the train loss over all
+  ranks, and a validation pass (every rank scores a strided slice of the val
+  split, one all-reduce), because the Trainer always runs one at the end of each
+  epoch and any training loop one would ship does too. It is timed separately
+  (``eval s/ep`` below), so the ratio without it can be read off.
+
+Not in it: checkpoints, step metrics, preemption agreement, fault hooks, the
+metrics sink, early stopping, gradient accumulation (``grad_accum`` must be 1).
+The Trainer's ``model(x).float()`` (a no-op in fp32) and ``loss / grad_accum``
+(division by 1) are left out: they change no bit.
+
+What is timed
+-------------
+Rank 0, from just before the first batch of the first epoch to the end of the
+last epoch (the Trainer: ``FitResult.train_wall_s``, which also includes the
+wait for the final background checkpoint write). Not timed: interpreter and
+torch start-up, imports, process-group set-up, data loading, model build, the
+weights hash after training, teardown. ``samples/s`` is all ranks' samples
+(DistributedSampler-padded) over that wall time; the goals are judged on it.
+
+Two views less sensitive to other load on a shared machine, printed alongside:
+``step ms``, each run's median interval from one step's start to the next
+within an epoch (everything done per step, nothing done per epoch; the Trainer's
+``_train_step`` is wrapped on the instance to take the same clock reading the
+hand loop takes), and ``cpu ms/step``, the process CPU time of all ranks over
+the loop (``time.process_time``, all threads: gloo's and the checkpoint
+writer's included) per optimizer step. The final weights' sha256 is compared
+too: equal hashes mean the loops did bit for bit the same arithmetic.
+
+Output: per run one line, then a table of medians (samples/s, ratio vs hand,
+extra seconds per epoch, |final train loss - hand's|) and whether the goals are
+met (lean >= 0.98 with losses equal to 5 decimals; default >= 0.95). A missed
+goal is reported, not an error. The last line is ``parity_ratio=<lean/hand>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = ROOT / "configs" / "digits.yaml"
+MODES = ("hand", "lean", "default")
+DIAGNOSTIC = ("hand-agree", "hand-nodet", "lean-noagree")
+LEAN = ["training.checkpoints=false", "training.metrics=false"]
+LOSS_DECIMALS = 5
+GOALS = {"lean": 0.98, "default": 0.95}
+
+
+# ---------------------------------------------------------------------------------------
+# worker side (one process of a torchrun job)
+# ---------------------------------------------------------------------------------------
+def _overrides(args) -> list[str]:
+    return [f"training.epochs={args.epochs}", f"training.batch_size={args.batch_size}"]
+
+
+def _step_ms(stamps: list[tuple[int, float]]) -> float:
+    """Median milliseconds from one step's start to the next's, within an epoch.
+
+    Each interval holds everything done per step (batch, forward/backward/step,
+    ``loss.item()``, whatever the loop adds); a median of ~20 x epochs of them
+    shrugs off bursts of other work on a shared machine, which whole-run times don't.
+    """
+    gaps = [(t1 - t0) * 1e3 for (e0, t0), (e1, t1) in zip(stamps, stamps[1:]) if e0 == e1]
+    return statistics.median(gaps) if gaps else float("nan")
+
+
+def _hand(args, cfg) -> dict:
+    """The plain loop (see the module docstring); returns rank 0's measurements."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DistributedSampler
+
+    from training.data import load_splits
+    from training.models import build_model
+    from training.trainer import lr_lambda, scaled_lr, state_dict_sha256
+
+    t = cfg.training
+    if t.grad_accum != 1:
+        raise SystemExit("parity: the hand-written loop has no gradient accumulation; use grad_accum: 1")
+    agree = args.worker == "hand-agree"
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = load_splits(cfg.dataset, ROOT, cfg.seed)
+
+    torch.manual_seed(cfg.seed)
+    model = DDP(build_model(cfg.model, cfg.dataset))
+    lr = scaled_lr(t.lr, t.batch_size * world, t.base_batch, t.lr_scaling)
+    if t.optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=t.weight_decay)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=t.weight_decay)
+    sampler = DistributedSampler(data.train, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed)
+    b = t.batch_size
+    steps_per_epoch = math.ceil(len(sampler) / b)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lr_lambda(int(t.warmup_epochs * steps_per_epoch), steps_per_epoch * t.epochs))
+    x_all, y_all = data.train.tensors
+    xv, yv = (v[rank::world] for v in data.val.tensors)
+
+    history, train_s, eval_s, samples, steps, step_t = [], [], [], 0, 0, []
+    # No barrier: like the Trainer, the clock starts after DDP's construction broadcast and some
+    # local set-up, and any skew left between the ranks is absorbed by the first step.
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    model.train()
+    for epoch in range(t.epochs):
+        t0 = time.perf_counter()
+        sampler.set_epoch(epoch)
+        order = torch.tensor(list(sampler), dtype=torch.long)
+        loss_sum, n = 0.0, 0
+        for start in range(0, len(order), b):
+            step_t.append((epoch, time.perf_counter()))
+            idx = order[start:start + b]
+            x, y = x_all[idx], y_all[idx]
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            if t.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+            opt.step()
+            sched.step()
+            steps += 1
+            loss_sum += loss.item() * len(y)
+            n += len(y)
+            if agree:
+                flag = torch.tensor([0.0], dtype=torch.float64)
+                dist.all_reduce(flag)
+                _ = flag.tolist()[0] > 0
+        train_s.append(time.perf_counter() - t0)
+        tot = torch.tensor([loss_sum, n], dtype=torch.float64)
+        dist.all_reduce(tot)
+        t1 = time.perf_counter()
+        model.eval()
+        with torch.no_grad():
+            logits = model(xv)
+            vsum = F.cross_entropy(logits, yv, reduction="sum").item()
+            correct = (logits.argmax(1) == yv).sum().item()
+        model.train()
+        vt = torch.tensor([vsum, correct, len(yv)], dtype=torch.float64)
+        dist.all_reduce(vt)
+        eval_s.append(time.perf_counter() - t1)
+        loss_sum, n = tot.tolist()
+        samples += int(n)
+        history.append({"train_loss": loss_sum / n, "val_loss": vt[0].item() / vt[2].item(),
+                        "val_accuracy": vt[1].item() / vt[2].item()})
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    cpu_all = torch.tensor([cpu], dtype=torch.float64)
+    dist.all_reduce(cpu_all)
+    sha = state_dict_sha256(model.module.state_dict())
+    del model, opt, sched
+    import gc
+
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"rank": rank, "world_size": world, "wall_s": wall, "samples": samples, "steps": steps,
+            "train_phase_s": train_s, "eval_s": eval_s, "checkpoint_stall_s": 0.0,
+            "history": history, "weights_sha256": sha, "effective_lr": lr, "step_ms": _step_ms(step_t),
+            "cpu_s": cpu_all.item()}
+
+
+def _trainer(args, cfg) -> dict:
+    """``Trainer`` as training/worker.py drives it (minus export); returns rank 0's measurements."""
+    import logging
+
+    import torch
+
+    from core.manifest import read_dvc_file
+    from training import trainer as trainer_mod
+    from training.data import load_splits
+    from training.distributed import all_reduce_sum, process_group
+    from training.sink import MetricsSink
+    from training.trainer import Trainer, state_dict_sha256
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    if args.worker == "lean-noagree":
+        # The per-step preemption agreement, made local. any_rank's other callers in the
+        # trainer module (early stopping) are off in this config; checkpoint.py keeps its own.
+        trainer_mod.any_rank = lambda ctx, flag: bool(flag)
+    t = cfg.training
+    data_md5 = read_dvc_file(ROOT, cfg.dataset.dvc_file).md5
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with process_group(t.backend, t.collective_timeout_s) as ctx:
+        trainer = Trainer(cfg, ctx, load_splits(cfg.dataset, ROOT, cfg.seed), out,
+                          MetricsSink.for_rank(ctx.is_main), cfg.config_id(), data_md5)
+        eval_s = []
+        evaluate = trainer._evaluate
+
+        def timed_evaluate():
+            t1 = time.perf_counter()
+            try:
+                return evaluate()
+            finally:
+                eval_s.append(time.perf_counter() - t1)
+
+        step_t = []
+        train_step = trainer._train_step
+
+        def timed_train_step(x, y, boundary):
+            step_t.append((trainer.epoch, time.perf_counter()))
+            return train_step(x, y, boundary)
+
+        # Instrumentation on this instance only (the hand loop takes the same two readings).
+        trainer._evaluate = timed_evaluate
+        trainer._train_step = timed_train_step
+        try:
+            cpu0 = time.process_time()
+            fit = trainer.fit()
+            cpu = time.process_time() - cpu0
+            cpu_all = all_reduce_sum(ctx, [cpu])[0]
+            full = trainer.strategy.full_state_dict(trainer.model) if fit.status == "completed" else None
+        finally:
+            trainer.release()
+    samples = len(trainer.sampler) * ctx.world_size * len(fit.history)  # padded, as the hand loop counts
+    return {"rank": ctx.rank, "world_size": ctx.world_size, "wall_s": fit.train_wall_s, "samples": samples,
+            "steps": trainer.step, "train_phase_s": [h.epoch_time_s for h in fit.history], "eval_s": eval_s,
+            "checkpoint_stall_s": fit.checkpoint_stall_s,
+            "history": [{"train_loss": h.train_loss, "val_loss": h.val_loss, "val_accuracy": h.val_accuracy}
+                        for h in fit.history],
+            "weights_sha256": state_dict_sha256(full) if full is not None else None,
+            "effective_lr": fit.effective_lr, "status": fit.status, "step_ms": _step_ms(step_t),
+            "cpu_s": cpu_all}
+
+
+def worker_main(args) -> int:
+    import torch
+
+    from core.config import load_config
+
+    overrides = _overrides(args) + (LEAN if args.worker in ("lean", "lean-noagree") else [])
+    cfg = load_config(args.config, overrides)
+    torch.set_num_threads(cfg.training.threads_per_worker)
+    if cfg.training.deterministic and args.worker != "hand-nodet":
+        torch.use_deterministic_algorithms(True)
+    res = _hand(args, cfg) if args.worker.startswith("hand") else _trainer(args, cfg)
+    if res["rank"] == 0:
+        res["mode"] = args.worker
+        res["epochs"] = cfg.training.epochs
+        res["samples_per_s"] = res["samples"] / res["wall_s"]
+        res["epoch_time_s"] = res["wall_s"] / cfg.training.epochs
+        tmp = Path(args.result).with_suffix(".tmp")
+        tmp.write_text(json.dumps(res))
+        tmp.replace(args.result)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# parent side
+# ---------------------------------------------------------------------------------------
+def run_one(mode: str, args, workdir: Path, i: int) -> dict:
+    result = workdir / f"{i:03d}_{mode}.json"
+    out = workdir / f"{i:03d}_{mode}_out"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+           str(Path(__file__).resolve()), "--worker", mode, "--result", str(result), "--out", str(out),
+           "--config", str(args.config), "--epochs", str(args.epochs), "--batch-size", str(args.batch_size)]
+    env = {k: v for k, v in os.environ.items() if k not in ("TRAINFLOW_MLFLOW_RUN_ID", "TRAINFLOW_FAULT")}
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.run_timeout)
+    if p.returncode != 0 or not result.is_file():
+        tail = (p.stdout + p.stderr)[-4000:]
+        raise RuntimeError(f"{mode} run failed (exit {p.returncode}):\n{tail}")
+    res = json.loads(result.read_text())
+    res["job_s"] = time.perf_counter() - t0
+    return res
+
+
+def _fmt_loss_diff(d: float | None) -> str:
+    return "-" if d is None else f"{d:.7f}"
+
+
+def report(runs: dict[str, list[dict]], modes: list[str]) -> float | None:
+    """Print the table of medians and the goals; returns lean/hand samples/s (None without both)."""
+    def med(m, key):
+        return statistics.median(key(r) for r in runs[m])
+
+    sps = {m: med(m, lambda r: r["samples_per_s"]) for m in modes}
+    ep = {m: med(m, lambda r: r["epoch_time_s"]) for m in modes}
+    step = {m: med(m, lambda r: r["step_ms"]) for m in modes}
+    ev = {m: med(m, lambda r: statistics.fmean(r["eval_s"])) for m in modes}
+    stall = {m: med(m, lambda r: r["checkpoint_stall_s"] / r["epochs"]) for m in modes}
+    cpu = {m: med(m, lambda r: 1e3 * r["cpu_s"] / r["steps"]) for m in modes}
+    hand = runs.get("hand")
+    base = hand[0]["history"] if hand else None
+    base_sha = hand[0]["weights_sha256"] if hand else None
+
+    def loss_diff(m):
+        """(max over runs of |final train loss - hand's|, the same over every epoch)."""
+        if not base:
+            return None, None
+        final = max(abs(r["history"][-1]["train_loss"] - base[-1]["train_loss"]) for r in runs[m])
+        every = max(abs(a["train_loss"] - b["train_loss"]) for r in runs[m] for a, b in zip(r["history"], base))
+        return final, every
+
+    def ratio(m, table, inverse=False):
+        if "hand" not in table:
+            return float("nan")
+        return table["hand"] / table[m] if inverse else table[m] / table["hand"]
+
+    print()
+    print(f"{'mode':<13}{'samples/s':>10}{'ratio':>8}{'extra s/ep':>12}{'|dloss| final':>15}{'all epochs':>12}"
+          "  weights")
+    for m in modes:
+        final, every = loss_diff(m)
+        extra = ep[m] - ep["hand"] if "hand" in ep else float("nan")
+        shas = {r["weights_sha256"] for r in runs[m]}
+        same = "-" if not base_sha else ("=hand" if shas == {base_sha} else "differ")
+        print(f"{m:<13}{sps[m]:>10.0f}{ratio(m, sps):>8.3f}{extra:>+12.4f}{_fmt_loss_diff(final):>15}"
+              f"{_fmt_loss_diff(every):>12}  {same}")
+    print("medians over runs of the whole loop's wall time (per-epoch eval and checkpoints included); |dloss|: "
+          "train loss vs hand's,\nfinal epoch and worst epoch; weights: final weights sha256 vs hand's")
+    print()
+    print(f"{'mode':<13}{'step ms':>9}{'step ratio':>12}{'cpu ms/step':>13}{'cpu ratio':>11}"
+          f"{'eval s/ep':>11}{'ckpt s/ep':>11}")
+    for m in modes:
+        print(f"{m:<13}{step[m]:>9.3f}{ratio(m, step, True):>12.3f}{cpu[m]:>13.3f}{ratio(m, cpu, True):>11.3f}"
+              f"{ev[m]:>11.4f}{stall[m]:>11.4f}")
+    print("step ms: each run's median step-to-step interval (median over runs; shrugs off bursts of other load);\n"
+          "cpu ms/step: CPU time of all ranks over the loop per optimizer step (less sensitive to other load than "
+          "wall time);\nratios: hand's / this mode's; eval s/ep: the validation pass; ckpt s/ep: checkpoint stall "
+          "(the copy;\nthe write runs in a background thread)")
+    print()
+    if "hand" not in sps:
+        return None
+    for m, goal in GOALS.items():
+        if m not in sps:
+            continue
+        r = ratio(m, sps)
+        final, every = loss_diff(m)
+        ok = r >= goal
+        line = (f"goal {m}: ratio {r:.3f} >= {goal:.2f}: {'met' if ok else 'not met'} "
+                f"(step ratio {ratio(m, step, True):.3f}, cpu ratio {ratio(m, cpu, True):.3f})")
+        if m == "lean":
+            equal = every is not None and every < 0.5 * 10 ** -LOSS_DECIMALS
+            line += f"; train losses equal to {LOSS_DECIMALS} decimals every epoch: {'yes' if equal else 'no'}"
+            ok = ok and equal
+        print(f"{line} -> {'MET' if ok else 'MISSED'}")
+    return sps["lean"] / sps["hand"] if "lean" in sps else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3, help="runs per mode, interleaved (default 3)")
+    ap.add_argument("--epochs", type=int, default=12, help="epochs per run (default 12)")
+    ap.add_argument("--batch-size", type=int, default=32, help="per-worker batch (default 32)")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help=f"comma-separated, run in this order each repeat (default {','.join(MODES)}; "
+                         f"diagnostic: {', '.join(DIAGNOSTIC)})")
+    ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    ap.add_argument("--nproc", type=int, default=2, help="processes (default 2)")
+    ap.add_argument("--run-timeout", type=float, default=300.0, help="seconds per torchrun job")
+    ap.add_argument("--json", type=Path, help="also write every run's measurements here")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker_main(args)
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES + DIAGNOSTIC]
+    if unknown or not modes:
+        ap.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES + DIAGNOSTIC)}")
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
+    print(f"parity: {args.nproc} procs x gloo/CPU, config {args.config.name}, epochs={args.epochs}, "
+          f"batch={args.batch_size}/worker, modes={','.join(modes)}, repeats={args.repeats}", flush=True)
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="trainflow-parity-") as tmp:
+        i = 0
+        for rep in range(args.repeats):
+            for m in modes:
+                try:
+                    r = run_one(m, args, Path(tmp), i)
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    print(f"parity: {exc}", file=sys.stderr)
+                    return 1
+                i += 1
+                runs[m].append(r)
+                print(f"  [{rep + 1}/{args.repeats}] {m:<13} loop {r['wall_s']:6.3f} s  "
+                      f"{r['samples_per_s']:7.0f} samples/s  final loss {r['history'][-1]['train_loss']:.7f}  "
+                      f"(job {r['job_s']:.1f} s)", flush=True)
+    print(f"total {time.perf_counter() - t_all:.1f} s for {i} jobs; "
+          f"{runs[modes[0]][0]['steps']} steps x {runs[modes[0]][0]['world_size']} ranks per run")
+    if args.json:
+        args.json.write_text(json.dumps(runs, indent=2))
+    ratio = report(runs, modes)
+    if ratio is not None:
+        print(f"parity_ratio={ratio:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
