@@ -79,15 +79,6 @@ def _is_dtensor(t) -> bool:
     return isinstance(t, DTensor)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if _is_dtensor(t) else t
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    t = _local(t)
-    return t.numel() * t.element_size()
-
-
 def _atomic_save(obj, path: Path) -> None:
     """``torch.save`` under a temporary name, then rename: a crash never leaves a half file at ``path``."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -168,17 +159,9 @@ class Strategy:
 
     def state_bytes(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
         """Bytes of parameters, gradients and optimizer state held by this rank (DTensor: local shard)."""
-        params = list(wrapped.parameters())
-        optim = 0
-        for st in optimizer.state.values():
-            for v in st.values():
-                if torch.is_tensor(v):
-                    optim += _nbytes(v)
-        return {
-            "param_bytes": sum(_nbytes(p) for p in params),
-            "grad_bytes": sum(_nbytes(p.grad) for p in params if p.grad is not None),
-            "optim_bytes": optim,
-        }
+        from training.metrics import state_bytes
+
+        return state_bytes(wrapped, optimizer)
 
     # -- state ----------------------------------------------------------------------------
     def full_state_dict(self, wrapped: nn.Module) -> dict | None:
