@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     t = cfg.training
     torch.set_num_threads(t.threads_per_worker)
     if t.deterministic:
+        # cuBLAS is only deterministic with a fixed workspace; it reads this when its first
+        # handle is created, which is after this point (no CUDA work has happened yet).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     data_md5 = args.data_md5 or read_dvc_file(root, cfg.dataset.dvc_file).md5
     args.out.mkdir(parents=True, exist_ok=True)

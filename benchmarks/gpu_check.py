@@ -1,0 +1,178 @@
+"""The GPU check: one short script for a machine with CUDA GPUs (never run by CI).
+
+    python benchmarks/gpu_check.py --out /tmp/gpu          # on the GPU host, from the repo root
+
+What it covers, each as a real ``torchrun`` job of ``training.worker`` (the same entry
+point ``trainflow train`` launches), on every visible GPU (``--nproc-per-node`` = GPU count,
+so NCCL is the backend the worker picks by itself):
+
+* the environment: GPU name and memory, driver, torch / CUDA / NCCL versions;
+* a bf16 matrix-product probe (8192^3), the ceiling the MFU figures are read against;
+* the digits config as shipped (DDP, fp32), then bf16 autocast, then FSDP2 with the bf16
+  mixed-precision policy: samples/s, MFU, GPU utilisation, peak memory, checkpoint stall;
+* the largest digits-shaped config (a wide MLP, big batch) in fp32 and bf16: what the
+  GPU does when the model is not tiny;
+* with ``--lm`` and the LM config present: the byte-level transformer in bf16.
+
+A run that fails under ``training.deterministic=true`` (an op with no deterministic CUDA
+kernel) is reported with its error and repeated with ``deterministic=false``.
+
+It prints one markdown table and writes ``gpu_check.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Dense per-GPU peaks used for MFU (H100/H200 SXM datasheet): bf16 tensor cores, fp32 (no TF32).
+PEAK_TFLOPS = {"bf16": 989.0, "fp32": 67.0}
+
+
+def sh(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout.strip()
+    except Exception as exc:  # a missing tool is a finding, not a crash
+        return f"unavailable: {exc}"
+
+
+def environment() -> dict:
+    import torch
+
+    env = {
+        "nvidia_smi": sh(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpus": torch.cuda.device_count(),
+    }
+    try:
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception as exc:
+        env["nccl"] = f"unavailable: {exc}"
+    return env
+
+
+def matmul_tflops(n: int = 8192, reps: int = 10) -> float:
+    import torch
+
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        a @ b
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * n**3 * reps / (start.elapsed_time(end) / 1e3) / 1e12
+
+
+def run_job(name: str, config: str, sets: list[str], out: Path, nproc: int, timeout: float) -> dict:
+    folder = out / name
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "training.worker", "--config", config, "--out", str(folder)]
+    for s in sets:
+        cmd += ["--set", s]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    row = {"name": name, "sets": sets, "rc": proc.returncode, "job_wall_s": round(wall, 1)}
+    result_file = folder / "result.json"
+    if proc.returncode != 0 or not result_file.exists():
+        row["error"] = (proc.stderr or proc.stdout)[-3000:]
+        return row
+    r = json.loads(result_file.read_text())
+    perf = r.get("perf") or {}
+    row.update(
+        status=r["status"], backend=r["backend"], strategy=r["strategy"], world=r["world_size"],
+        samples_per_s=r["samples_per_s"], train_wall_s=r["train_wall_s"],
+        checkpoint_stall_frac=r["checkpoint_stall_frac"], final=r["final"],
+        mfu=perf.get("perf/mfu"), gpu_util=perf.get("perf/gpu_util"),
+        peak_mem_mb=max((round(rk.get("peak_mem_mb") or 0, 1) for rk in r.get("ranks") or []), default=None),
+        perf=perf,
+    )
+    return row
+
+
+def run(name: str, config: str, sets: list[str], out: Path, nproc: int, timeout: float) -> list[dict]:
+    row = run_job(name, config, sets, out, nproc, timeout)
+    rows = [row]
+    if "error" in row:
+        print(f"[{name}] failed (rc {row['rc']}):\n{row['error'][-1500:]}", flush=True)
+        if not any(s.startswith("training.deterministic") for s in sets):
+            retry = run_job(name + "-nondet", config, [*sets, "training.deterministic=false"], out, nproc, timeout)
+            rows.append(retry)
+            if "error" in retry:
+                print(f"[{name}-nondet] failed too:\n{retry['error'][-1500:]}", flush=True)
+    else:
+        print(f"[{name}] {row['samples_per_s']:.0f} samples/s, mfu {row['mfu']}, util {row['gpu_util']}, "
+              f"peak {row['peak_mem_mb']} MB, final {row['final']}", flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| run | backend | strategy | samples/s | train s | MFU | GPU util % | peak MB | ckpt stall | val acc |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['name']} | failed rc {r['rc']} | | | | | | | | |")
+            continue
+        mfu = f"{r['mfu'] * 100:.3f} %" if r.get("mfu") is not None else "-"
+        acc = r["final"].get("val_accuracy")
+        lines.append(
+            f"| {r['name']} | {r['backend']} | {r['strategy']} | {r['samples_per_s']:.0f} | {r['train_wall_s']:.2f} "
+            f"| {mfu} | {r.get('gpu_util') if r.get('gpu_util') is not None else '-'} | {r['peak_mem_mb']} "
+            f"| {r['checkpoint_stall_frac'] * 100:.1f} % | {acc if acc is None else round(acc, 4)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--lm", default=None, help="an LM config to add (bf16), e.g. configs/stdlib-lm.yaml")
+    ap.add_argument("--lm-set", action="append", default=[], help="extra --set for the LM run")
+    ap.add_argument("--timeout", type=float, default=240)
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: this check is for a GPU host", file=sys.stderr)
+        return 2
+    env = environment()
+    print(json.dumps(env), flush=True)
+    env["bf16_matmul_tflops"] = round(matmul_tflops(), 1)
+    print(f"bf16 matmul 8192^3: {env['bf16_matmul_tflops']} TFLOP/s", flush=True)
+    nproc = env["gpus"]
+    digits = "configs/digits.yaml"
+    wide = ["model.kind=mlp", "model.hidden=4096", "training.batch_size=1024", "training.base_batch=1024",
+            "training.epochs=30", "training.log_every_steps=1"]
+    plan = [
+        ("digits-ddp-fp32", digits, [f"training.peak_tflops={PEAK_TFLOPS['fp32']}"]),
+        ("digits-ddp-bf16", digits, ["training.precision=bf16", f"training.peak_tflops={PEAK_TFLOPS['bf16']}"]),
+        ("digits-fsdp-bf16", digits, ["training.strategy=fsdp", "training.precision=bf16",
+                                      f"training.peak_tflops={PEAK_TFLOPS['bf16']}"]),
+        ("wide-mlp-fp32", digits, [*wide, f"training.peak_tflops={PEAK_TFLOPS['fp32']}"]),
+        ("wide-mlp-bf16", digits, [*wide, "training.precision=bf16", f"training.peak_tflops={PEAK_TFLOPS['bf16']}"]),
+    ]
+    if args.lm and (ROOT / args.lm).exists():
+        plan.append(("lm-bf16", args.lm, ["training.precision=bf16", f"training.peak_tflops={PEAK_TFLOPS['bf16']}",
+                                          *args.lm_set]))
+    rows: list[dict] = []
+    for name, config, sets in plan:
+        rows += run(name, config, sets, args.out, nproc, args.timeout)
+    (args.out / "gpu_check.json").write_text(json.dumps({"env": env, "runs": rows}, indent=2, default=str))
+    print(table(rows))
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
