@@ -1,0 +1,125 @@
+"""The Prefect API a ``trainflow run`` talks to, started before Prefect is imported.
+
+With ``PREFECT_API_URL`` set, that server is used as it is. Without it, Prefect 3's
+ephemeral mode would start a temporary API server (uvicorn in a subprocess) when the
+flow starts, i.e. after the CLI has paid for every import, and wait ~5-10 s for it.
+``TemporaryServer`` starts the same server, with the same command and environment
+Prefect's ``SubprocessASGIServer`` uses, *first*, so its boot runs on the other core
+while this process imports Prefect, torch and MLflow; ``wait()`` is called just before
+the flow starts. ``TRAINFLOW_PREFECT_API=ephemeral`` turns this off (Prefect's own mode).
+
+It is stopped at exit after Prefect's own exit handlers have flushed logs and events
+(registered before Prefect is imported; atexit runs last-in first-out), and it dies with
+this process (``PR_SET_PDEATHSIG``) if this process is killed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+OPT_OUT = "TRAINFLOW_PREFECT_API"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _prefect_app_dir() -> str:
+    """The folder that holds the ``prefect`` package, found without importing it."""
+    spec = importlib.util.find_spec("prefect")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("prefect is not installed")
+    return str(Path(spec.origin).parent.parent)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec (Linux only)
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class TemporaryServer:
+    """A private Prefect API server on 127.0.0.1 for this process's lifetime."""
+
+    def __init__(self, log_path: Path):
+        self.port = _free_port()
+        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
+
+    def _cmd(self) -> list[str]:
+        return [sys.executable, "-m", "uvicorn", "--app-dir", _prefect_app_dir(), "--factory",
+                "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                "--log-level", "error", "--lifespan", "on"]
+
+    def start(self) -> "TemporaryServer":
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+               "PREFECT__SERVER_FINAL": "1"}
+        env.pop("PREFECT_API_URL", None)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self._cmd(), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        self.started_at = time.perf_counter()
+        atexit.register(self.stop)
+        return self
+
+    def wait(self, timeout_s: float = 90.0) -> float:
+        """Block until ``/api/health`` answers; returns the seconds spent waiting here."""
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise RuntimeError(f"the temporary Prefect API server exited ({code}); see {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.api_url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return time.perf_counter() - t0
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the temporary Prefect API server did not answer within {timeout_s:.0f} s; "
+                                   f"see {self.log_path}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def start_api(prefect_home: Path) -> TemporaryServer | None:
+    """Start a temporary API server and point ``PREFECT_API_URL`` at it, unless one is set.
+
+    Call before anything imports Prefect (its settings are read from the environment).
+    Returns None when an existing server (``PREFECT_API_URL``) or Prefect's own ephemeral
+    mode (``TRAINFLOW_PREFECT_API=ephemeral``) is to be used.
+    """
+    if os.environ.get("PREFECT_API_URL") or os.environ.get(OPT_OUT, "").lower() == "ephemeral":
+        return None
+    if "prefect" in sys.modules:  # too late: Prefect has read its settings already
+        return None
+    server = TemporaryServer(prefect_home / "temporary-server.log").start()
+    os.environ["PREFECT_API_URL"] = server.api_url
+    return server

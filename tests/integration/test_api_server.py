@@ -1,0 +1,114 @@
+"""The temporary Prefect API server ``trainflow run`` starts before importing Prefect."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from flows.api_server import TemporaryServer, start_api
+from tests.conftest import VENV_BIN
+
+pytestmark = pytest.mark.integration
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _processes_with(needle: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if needle.encode() in fh.read():
+                        pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+def _server_env(tmp_path) -> dict:
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "TRAINFLOW_HOME": str(tmp_path / "home")}
+    env.pop("PREFECT_API_URL", None)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def test_start_api_leaves_a_named_server_alone(monkeypatch, tmp_path):
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:1/api")
+    assert start_api(tmp_path) is None
+    monkeypatch.delenv("PREFECT_API_URL")
+    monkeypatch.setenv("TRAINFLOW_PREFECT_API", "ephemeral")
+    assert start_api(tmp_path) is None
+    assert "PREFECT_API_URL" not in os.environ
+
+
+def test_server_answers_health_then_stops(monkeypatch, tmp_path):
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    server = TemporaryServer(tmp_path / "server.log").start()
+    try:
+        server.wait(timeout_s=180)
+        with urllib.request.urlopen(server.api_url + "/health", timeout=5) as r:
+            assert r.status == 200
+        pid = server.proc.pid
+    finally:
+        server.stop()
+    assert _wait_gone(pid, 10)
+
+
+@pytest.mark.fault
+def test_server_dies_with_a_killed_parent(tmp_path):
+    """kill -9 of the CLI must not leave its API server behind."""
+    code = ("import sys,time; from pathlib import Path; from flows.api_server import TemporaryServer;"
+            "s=TemporaryServer(Path(sys.argv[1])).start(); print(s.proc.pid, flush=True); time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "server.log")], env=_server_env(tmp_path),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(parent.stdout.readline())
+        assert _alive(server_pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        assert _wait_gone(server_pid, 15), "the API server outlived its killed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_cli_run_starts_its_own_server_and_stops_it(repo_root, bundled_data, tmp_path):
+    """`trainflow run` with no PREFECT_API_URL: the default path of `make run`."""
+    out = tmp_path / "summary.json"
+    proc = subprocess.run([str(VENV_BIN / "trainflow"), "run", "--set", "training.epochs=2",
+                           "--set", "training.timeout_s=240", "--set", "gates.min_accuracy=0.5",
+                           "--set", "gates.min_macro_f1=0.5", "--set", "gates.min_class_recall=0.1",
+                           "--summary-json", str(out)],
+                          cwd=repo_root, env=_server_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["status"] == "registered"
+    log = tmp_path / "prefect" / "temporary-server.log"
+    assert log.exists()  # the server was ours, not Prefect's own ephemeral one
+    # Stopped at exit: no uvicorn serving Prefect's app is left running from this PREFECT_HOME.
+    leftovers = [p for p in _processes_with("prefect.server.api.server:create_app")
+                 if str(tmp_path) in open(f"/proc/{p}/environ", "rb").read().decode(errors="replace")]
+    assert leftovers == []
