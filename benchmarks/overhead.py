@@ -18,29 +18,24 @@ non-zero (a failed run does: its timing would mean nothing).
 
 Prefect modes (``--prefect-mode``, several comma-separated ones are alternated):
 
-* ``ephemeral`` (the project default): Prefect 3 starts a temporary API server (uvicorn
-  subprocess) inside every ``trainflow run``.
+* ``default`` (what ``trainflow run`` does): with no ``PREFECT_API_URL``, the CLI starts
+  the temporary API server (the uvicorn command Prefect's ephemeral mode runs) *before*
+  importing Prefect, imports Prefect, torch, MLflow and the later stages' modules while it
+  boots, and stops it at exit (``flows/api_server.py``).
+* ``ephemeral``: Prefect 3's own ephemeral mode (``TRAINFLOW_PREFECT_API=ephemeral``): the
+  same server, started by Prefect when the flow starts, after every import.
 * ``server``: one ``prefect server start`` on 127.0.0.1 (a free port), started here
   before the runs and stopped at the end, its start-up reported but not charged to the
   runs; ``trainflow run`` gets ``PREFECT_API_URL``. When ``PREFECT_API_URL`` is already
   set, that server is reused (checked with ``/api/health``) and left running.
-* ``spawn``: the same temporary server Prefect's ephemeral mode starts (same uvicorn
-  command, same database under ``$TRAINFLOW_HOME/prefect``), but started by the caller
-  before the run and stopped after it, both charged to the run: what the CLI would pay
-  if it spawned the server itself instead of importing Prefect's server code in-process.
-* ``early``: a prototype of that CLI change, measured as one subprocess: a small wrapper
-  (``EARLY_WRAPPER`` below, nothing in flows/ changes) sets the offline env, spawns that
-  server at once, imports what ``cmd_run`` and the resolve stage import (prefect, torch,
-  mlflow) while the server starts, waits for ``/api/health``, runs
-  ``flows.cli.main(["run", ...])`` against it and stops the server at exit (after Prefect's
-  own exit handlers). Its ``imports`` timing is then ~0 and resolve is cheaper (that work
-  happened before the CLI's t0, overlapped with the server's start); compare walls.
+* ``spawn``: the temporary server started by the caller before the run and stopped after
+  it, both charged to the run.
 
 Usage::
 
     .venv/bin/python benchmarks/overhead.py                        # ephemeral, 2 repeats + 1 warm-up
     .venv/bin/python benchmarks/overhead.py --prefect-mode server
-    .venv/bin/python benchmarks/overhead.py --prefect-mode ephemeral,server,spawn,early --bare-torchrun --imports
+    .venv/bin/python benchmarks/overhead.py --prefect-mode default,ephemeral,server --bare-torchrun --imports
 """
 
 from __future__ import annotations
@@ -61,7 +56,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("ephemeral", "server", "spawn", "early")
+MODES = ("default", "ephemeral", "server", "spawn")
 STAGES = ("resolve", "validate", "train", "evaluate", "gate", "register")
 HEALTH_TIMEOUT_S = 180.0
 
@@ -295,51 +290,6 @@ def _prefect_parent() -> str:
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
-EARLY_WRAPPER = r"""
-import atexit, json, os, subprocess, sys, time, urllib.request
-spec = json.loads(sys.argv[1])
-from core.env import apply_offline_env
-from core.paths import project_root, trainflow_home
-root = project_root(os.path.abspath(spec["config"]))
-apply_offline_env(trainflow_home(root))          # what cmd_run does first
-os.environ["PREFECT_API_URL"] = spec["api_url"]  # before prefect is imported
-env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-env.pop("PREFECT_API_URL")
-srv = subprocess.Popen(spec["server_cmd"], env=env, stdin=subprocess.DEVNULL)
-
-
-def stop():  # what Prefect's SubprocessASGIServer.stop does; registered before prefect is imported,
-    srv.terminate()  # so it runs after Prefect's own exit handlers (log/event drains) like ephemeral's
-    try:
-        srv.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        srv.kill()
-        srv.wait()
-
-
-atexit.register(stop)
-import flows.cli, flows.params, flows.pipeline, training.preemption  # overlaps the server's start,
-import torch, mlflow, registry.store, training.distributed           # and so does what resolve imports
-t = time.perf_counter()
-deadline = time.monotonic() + spec["health_timeout_s"]
-while True:
-    if srv.poll() is not None:
-        sys.exit("early: the API server exited with %s" % srv.returncode)
-    try:
-        with urllib.request.urlopen(spec["api_url"] + "/health", timeout=2) as r:
-            if r.status == 200:
-                break
-    except OSError:
-        pass
-    if time.monotonic() > deadline:
-        sys.exit("early: the API server did not become healthy")
-    time.sleep(0.05)
-print("EARLY waited_for_server_s=%.3f" % (time.perf_counter() - t), file=sys.stderr, flush=True)
-rc = flows.cli.main(spec["argv"])
-sys.exit(rc)
-"""
-
-
 IMPORT_PROBE = r"""
 import json, sys, time
 groups = [
@@ -404,7 +354,9 @@ def run_pipeline(mode: str, args, ctx: dict, tag: str) -> dict:
     rec: dict = {"kind": "pipeline", "mode": mode, "tag": tag, "log": str(log)}
     spawned = None
     t0 = time.perf_counter()
-    if mode == "server":
+    if mode == "ephemeral":
+        env["TRAINFLOW_PREFECT_API"] = "ephemeral"
+    elif mode == "server":
         env["PREFECT_API_URL"] = ctx["server_url"]
     elif mode == "spawn":
         spawned = ApiServer("spawn", ctx["home"], ctx["env"], tmp / f"spawn-{n:02d}.log")
@@ -412,11 +364,6 @@ def run_pipeline(mode: str, args, ctx: dict, tag: str) -> dict:
         env["PREFECT_API_URL"] = spawned.api_url
     argv = ["run", "--config", args.config, "--summary-json", str(summary_path)]
     cmd = [*_trainflow(), *argv]
-    if mode == "early":
-        port = _free_port()
-        cmd = [_python(), "-c", EARLY_WRAPPER, json.dumps({
-            "config": str(ROOT / args.config), "api_url": f"http://127.0.0.1:{port}/api", "argv": argv,
-            "server_cmd": _server_cmd(port), "health_timeout_s": HEALTH_TIMEOUT_S})]
     try:
         rc, wall, left = _run(cmd, env, log, args.timeout)
     finally:
@@ -425,12 +372,6 @@ def run_pipeline(mode: str, args, ctx: dict, tag: str) -> dict:
     rec.update(rc=rc, proc_wall=wall, left_behind=left, wall=time.perf_counter() - t0)
     if spawned:
         rec.update(server_ready_s=spawned.ready_s, server_stop_s=spawned.stop_s)
-    if mode == "early":
-        try:
-            line = next(x for x in log.read_text(errors="replace").splitlines() if x.startswith("EARLY waited"))
-            rec["waited_for_server_s"] = float(line.rsplit("=", 1)[1])
-        except (OSError, StopIteration, ValueError):
-            pass
     try:
         s = json.loads(summary_path.read_text())
     except (OSError, ValueError):
@@ -500,8 +441,6 @@ def _derived(rec: dict) -> dict:
         if t.get("total") is not None:
             d["  in-process: total - imports - flow"] = t["total"] - t["imports"] - t["flow"]
             d["  outside: wall - total"] = rec["proc_wall"] - t["total"]
-    if rec.get("mode") == "early":
-        d["waited for server after imports"] = rec.get("waited_for_server_s")
     if rec.get("mode") == "spawn":
         d["spawned server ready"] = rec.get("server_ready_s")
         d["spawned server stop"] = rec.get("server_stop_s")
@@ -547,9 +486,9 @@ def report(records: list[dict], modes: list[str], args, ctx: dict) -> float | No
         for k in keys:
             P(f"  {LABELS.get(k, k):40s} {_fmt(_med(row.get(k) for row in rows))}  "
               + " ".join(_fmt(row.get(k)) for row in rows))
-        if mode == "early":
-            P("  (early: the CLI's imports and resolve's torch/mlflow imports ran before t0, overlapped with the"
-              " server's start; they land in 'outside: wall - total')")
+        if mode == "default":
+            P("  (default: 'imports' includes the later stages' imports and the wait for the server it started"
+              " first; Prefect's start-up is then mostly hidden in that)")
         wall_key = "wall" if mode == "spawn" else "proc_wall"
         pipe_med = _med(r[wall_key] for r in runs)
         overheads[mode] = pipe_med - train_med if pipe_med is not None and train_med is not None else None
@@ -617,8 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="timed repeats of each kind (alternated)")
     ap.add_argument("--warmup", type=int, default=1,
                     help="untimed pipeline runs per mode first, on the same TRAINFLOW_HOME (default 1)")
-    ap.add_argument("--prefect-mode", type=_parse_modes, default=["ephemeral"],
-                    help="ephemeral | server | spawn, or several comma-separated (alternated; the first one "
+    ap.add_argument("--prefect-mode", type=_parse_modes, default=["default"],
+                    help="default | ephemeral | server | spawn, or several comma-separated (alternated; the first one "
                          "gives overhead_s)")
     ap.add_argument("--bare-torchrun", action="store_true",
                     help="also time `python -m torch.distributed.run --standalone ... -m training.worker`")

@@ -78,6 +78,14 @@ class TemporaryServer:
         atexit.register(self.stop)
         return self
 
+    def ready(self) -> bool:
+        """Whether ``/api/health`` answers now (no waiting)."""
+        try:
+            with urllib.request.urlopen(self.api_url + "/health", timeout=0.5) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
     def wait(self, timeout_s: float = 90.0) -> float:
         """Block until ``/api/health`` answers; returns the seconds spent waiting here."""
         t0 = time.perf_counter()
