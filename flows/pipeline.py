@@ -67,7 +67,7 @@ def resolve(params: PipelineParams) -> RunContext:
     home = trainflow_home(root)
     apply_offline_env(home)  # before mlflow is imported: telemetry is decided at import
     # strategy / cpu_workers "auto" become concrete here, so the manifest records the real world.
-    cfg, reasons = resolve_for_launch(cfg, home, nproc=params.nproc_per_node)
+    cfg, reasons = resolve_for_launch(cfg, home, nproc=params.nproc_per_node, root=root)
     for reason in reasons:
         get_run_logger().info("auto: %s", reason)
     nproc = params.nproc_per_node or default_nproc(cfg)

@@ -337,7 +337,8 @@ def resolve_auto(cfg: PipelineConfig, nproc_available_gpus: int, device_bytes: i
             mine = [r for r in rows if r.get("batch_size") == t.batch_size]
             best = choose_layout(mine or rows)
             per_node, threads = int(best["nproc"]), int(best.get("threads") or 1)
-            why = f"from the scale sweep: {best['reason']}"
+            source = "probe" if any(r.get("source") == "probe" for r in rows) else "scale sweep"
+            why = f"from the {source}: {best['reason']}"
             if not mine:
                 why += f" (the sweep has no batch size {t.batch_size}; used all its rows)"
         else:
@@ -361,8 +362,14 @@ def resolve_auto(cfg: PipelineConfig, nproc_available_gpus: int, device_bytes: i
 
 
 def resolve_for_launch(cfg: PipelineConfig, home: Path, nproc: int | None = None,
-                       nnodes: int = 1) -> tuple[PipelineConfig, list[str]]:
-    """``resolve_auto`` with this host's facts: GPU count, device memory, the saved sweep."""
+                       nnodes: int = 1, root: Path | None = None,
+                       data_md5: str | None = None) -> tuple[PipelineConfig, list[str]]:
+    """``resolve_auto`` with this host's facts: GPU count, device memory, the saved sweep.
+
+    With ``root`` (the project, so jobs can be launched) and ``cpu_workers: auto`` on a CPU
+    host with nothing else to go on (no sweep, no ``nproc``, one node, strategy not single),
+    a short probe (``training.probe``) measures the layouts first and is saved as the sweep.
+    """
     t = cfg.training
     if t.strategy != "auto" and t.cpu_workers != "auto":
         return cfg, []
@@ -370,4 +377,20 @@ def resolve_for_launch(cfg: PipelineConfig, home: Path, nproc: int | None = None
 
     gpus = torch.cuda.device_count() if t.backend != "gloo" and torch.cuda.is_available() else 0
     sweep = load_sweep(home, cfg) if t.cpu_workers == "auto" else None
-    return resolve_auto(cfg, gpus, device_bytes(gpus > 0), sweep, nproc=nproc, nnodes=nnodes)
+    probed: list[str] = []
+    if (root is not None and sweep is None and t.cpu_workers == "auto" and not gpus and not nproc
+            and nnodes == 1 and t.strategy != "single"):
+        from training.probe import probe_layouts
+
+        if data_md5 is None:
+            from core.manifest import read_dvc_file
+
+            data_md5 = read_dvc_file(root, cfg.dataset.dvc_file).md5
+        rows = probe_layouts(cfg, root, data_md5, save_to=sweep_path(home, cfg))
+        sweep = rows if _valid(rows) else None
+        probed = [f"no sweep for this config: probed {len(rows)} layouts for one epoch each "
+                  f"(saved to {sweep_path(home, cfg)}; `trainflow scale` measures more)"]
+    cfg, reasons = resolve_auto(cfg, gpus, device_bytes(gpus > 0), sweep, nproc=nproc, nnodes=nnodes)
+    if probed:
+        reasons = [*probed, *reasons]
+    return cfg, reasons

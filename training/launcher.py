@@ -86,7 +86,8 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
     if not isinstance(nproc, int):
         nproc = None  # e.g. "auto": default_nproc of a config whose cpu_workers is still auto
     # training.strategy / cpu_workers "auto" -> concrete values (and the reasons, on stderr and in env).
-    cfg, reasons = resolve_for_launch(cfg, trainflow_home(root), nproc=nproc, nnodes=nnodes)
+    cfg, reasons = resolve_for_launch(cfg, trainflow_home(root), nproc=nproc, nnodes=nnodes, root=root,
+                                      data_md5=data_md5)
     for reason in reasons:
         print(f"trainflow: auto: {reason}", file=sys.stderr)
     if reasons:

@@ -47,3 +47,35 @@ def test_small_sweep_writes_json_markdown_and_png(tmp_path, monkeypatch, repo_ro
     assert advisor.load_sweep(tmp_path / "home", auto) == rows
     print(json.dumps([{k: r[k] for k in ("layout", "samples_per_s", "time_to_target_s", "final_val_accuracy")}
                       for r in rows]), report["recommendation"])
+
+
+def test_auto_without_a_sweep_probes_the_layouts_once(tmp_path, monkeypatch, repo_root, bundled_data):
+    """cpu_workers: auto with no sweep measures 1x2, 1x1 and 2x1 and picks the fastest it measured."""
+    from core.config import load_config
+    from training import advisor
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRAINFLOW_HOME", str(home))
+    monkeypatch.delenv("TRAINFLOW_MLFLOW_RUN_ID", raising=False)
+    auto = load_config(repo_root / "configs" / "digits.yaml",
+                       ["training.strategy=auto", "training.cpu_workers=auto", "training.backend=gloo"])
+    assert advisor.load_sweep(home, auto) is None
+
+    cfg, reasons = advisor.resolve_for_launch(auto, home, root=repo_root)
+
+    saved = json.loads(advisor.sweep_path(home, auto).read_text())
+    rows = saved["rows"]
+    assert saved["source"] == "probe"
+    assert sorted((r["nproc"], r["threads"]) for r in rows) == [(1, 1), (1, 2), (2, 1)]
+    assert all(r["status"] == "completed" and r["samples_per_s"] > 0 for r in rows)
+    best = advisor.choose_layout(rows)
+    assert (cfg.training.cpu_workers, cfg.training.threads_per_worker) == (best["nproc"], best["threads"])
+    assert cfg.training.strategy == ("single" if best["nproc"] == 1 else "ddp")
+    assert reasons[0].startswith("no sweep for this config: probed 3 layouts")
+    assert "from the probe" in reasons[1]
+
+    # The next resolution reuses the saved rows: no second probe.
+    mtime = advisor.sweep_path(home, auto).stat().st_mtime_ns
+    again, reasons2 = advisor.resolve_for_launch(auto, home, root=repo_root)
+    assert again == cfg and advisor.sweep_path(home, auto).stat().st_mtime_ns == mtime
+    assert not any("probed" in r for r in reasons2) and "from the probe" in reasons2[0]

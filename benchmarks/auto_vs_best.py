@@ -1,0 +1,119 @@
+"""Is ``cpu_workers: auto`` / ``strategy: auto`` as fast as the best fixed layout?
+
+    .venv/bin/python benchmarks/auto_vs_best.py                 # digits CNN + a wide MLP, ~6 min
+    .venv/bin/python benchmarks/auto_vs_best.py --shapes digits --repeats 3
+
+For each shape (a config plus overrides):
+
+1. the scaling sweep (``flows.scale.run_sweep``, the code behind ``trainflow scale``) measures
+   every fixed CPU layout (1 process x all cores, 1 x 1, N processes x 1 thread) in a
+   private ``TRAINFLOW_HOME``; its best layout is the reference;
+2. ``auto`` is resolved three ways: by the built-in rule (no sweep, no probe: small models
+   stay in one process), as the launcher resolves it with no sweep (a one-epoch probe of
+   each layout, ``training/probe.py``), and with the sweep just saved;
+3. each auto pick and the best fixed layout are then re-measured side by side, alternating
+   (``--repeats`` rounds), and the ratio of median samples/s is the figure:
+   ``auto / best``. The goal is >= 0.95.
+
+Every job is a real torchrun job through ``training.launcher`` (checkpoints off), so
+start-up is not in samples/s. The last line is ``auto_ratio=<worst ratio over shapes and
+picks>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SHAPES = {
+    "digits": ("configs/digits.yaml", []),
+    # The issue's "hidden 1024, batch 256" shape, where 2 DDP processes beat 1 x 2 threads there.
+    "wide-mlp": ("configs/digits.yaml", ["model.kind=mlp", "model.hidden=1024", "training.batch_size=256",
+                                         "training.base_batch=256"]),
+}
+
+
+def layout_of(cfg) -> dict:
+    t = cfg.training
+    n, th = int(t.cpu_workers), int(t.threads_per_worker)
+    return {"name": f"{n}x{th}", "nproc": n, "threads": th, "device": "cpu"}
+
+
+def median_rate(rows: list[dict], name: str) -> float | None:
+    vals = [r["samples_per_s"] for r in rows if r["layout"] == name and r.get("samples_per_s")]
+    return statistics.median(vals) if vals else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated of {', '.join(SHAPES)}")
+    ap.add_argument("--repeats", type=int, default=3, help="alternating rounds of best vs auto (default 3)")
+    ap.add_argument("--epochs", type=int, default=3)
+    args = ap.parse_args(argv)
+
+    home = Path(tempfile.mkdtemp(prefix="trainflow-auto-"))
+    os.environ["TRAINFLOW_HOME"] = str(home)  # the sweep saves its rows here; auto reads them
+    from core.config import load_config
+    from core.env import apply_offline_env
+    from flows.scale import default_layouts, run_sweep
+    from training.advisor import resolve_for_launch
+
+    apply_offline_env(home)
+    quiet = lambda _m: None  # noqa: E731
+    worst: float | None = None
+    print(f"machine: {os.cpu_count()} cores; TRAINFLOW_HOME={home}", flush=True)
+    for shape in args.shapes.split(","):
+        cfg_path, sets = SHAPES[shape]
+        cfg_path = str(ROOT / cfg_path)
+        auto_sets = [*sets, "training.strategy=auto", "training.cpu_workers=auto"]
+        rule_cfg, rule_why = resolve_for_launch(load_config(cfg_path, auto_sets), home)
+        rule = layout_of(rule_cfg)
+        probe_cfg, _ = resolve_for_launch(load_config(cfg_path, auto_sets), home, root=ROOT)
+        probe = layout_of(probe_cfg)
+
+        sweep = run_sweep(cfg_path, sets, layouts=default_layouts(), epochs=args.epochs,
+                          out_dir=home / f"sweep-{shape}", log=quiet)
+        best_row = sweep["best"]
+        best = {"name": best_row["layout"], "nproc": best_row["nproc"], "threads": best_row["threads"],
+                "device": "cpu"}
+        sweep_cfg, sweep_why = resolve_for_launch(load_config(cfg_path, auto_sets), home)
+        picked = layout_of(sweep_cfg)
+
+        print(f"\n== {shape} ==", flush=True)
+        for r in sweep["rows"]:
+            print(f"  sweep {r['layout']:>5s}: {r['samples_per_s']:9,.0f} samples/s", flush=True)
+        print(f"  best fixed: {best['name']}", flush=True)
+        print(f"  rule (no probe):  {rule['name']} ({rule_cfg.training.strategy}) -- {rule_why[-1] if rule_why else ''}",
+              flush=True)
+        print(f"  auto, probe:      {probe['name']} ({probe_cfg.training.strategy})", flush=True)
+        print(f"  auto, with sweep: {picked['name']} ({sweep_cfg.training.strategy})", flush=True)
+
+        contenders = {best["name"]: best, rule["name"]: rule, probe["name"]: probe, picked["name"]: picked}
+        rows: list[dict] = []
+        for i in range(args.repeats):
+            # Alternate, starting from a different layout each round (drift hits all alike).
+            order = list(contenders.values())
+            order = order[i % len(order):] + order[:i % len(order)]
+            rows += run_sweep(cfg_path, sets, layouts=order, epochs=args.epochs,
+                              out_dir=home / f"rerun-{shape}-{i}", log=quiet)["rows"]
+        base = median_rate(rows, best["name"])
+        for label, lay in (("rule (no probe)", rule), ("auto, probe", probe), ("auto, with sweep", picked)):
+            rate = median_rate(rows, lay["name"])
+            ratio = rate / base if rate and base else None
+            print(f"  {label:17s} {lay['name']:>5s}: {rate or 0:9,.0f} samples/s vs best {best['name']} "
+                  f"{base or 0:9,.0f} -> ratio {ratio if ratio is None else round(ratio, 3)}", flush=True)
+            if ratio is not None and lay is not rule:  # the rule is shown, not shipped for auto
+                worst = ratio if worst is None else min(worst, ratio)
+    print(f"auto_ratio={worst if worst is None else round(worst, 3)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
