@@ -188,7 +188,7 @@ def test_docker_gpu_job_requests_all_gpus_and_runs_the_image(deployments, monkey
     assert create["image"] == ENV["TRAINFLOW_IMAGE"] and "@sha256:" in create["image"]
     # CMD is replaced, the image's entrypoint (tini) stays.
     assert shlex.split(create["command"]) == ["prefect", "flow-run", "execute"]
-    env = dict(item.split("=", 1) for item in create["environment"])
+    env = create["environment"]
     for key in ("TRAINFLOW_IMAGE", "TRAINFLOW_IMAGE_DIGEST", "MLFLOW_TRACKING_URI"):
         assert env[key] == ENV[key]
     monkeypatch.setenv("TRAINFLOW_IMAGE", env["TRAINFLOW_IMAGE"])
