@@ -2,6 +2,7 @@
 
     trainflow run   [--config PATH] [--set K=V ...] [--summary-json PATH]   # the whole pipeline (Prefect flow)
     trainflow train --config PATH --out DIR [--set K=V ...]                 # training only, no Prefect
+    trainflow k8s-job --nnodes N --gpus-per-node G --image REF@DIGEST ...    # multi-node Kubernetes Job YAML
 
 Exit codes of ``run``: 0 registered, 2 data validation failed, 3 gate rejected
 the model, 4 preempted (SIGTERM: a checkpoint was saved and the next run resumes),
