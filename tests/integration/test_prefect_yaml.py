@@ -113,7 +113,7 @@ def test_ci_deployment_is_short_and_never_promotes(deployments):
     from flows.params import PipelineParams
 
     params = PipelineParams.model_validate(deployments[0]["ci"]["parameters"]["params"])
-    assert "training.epochs=2" in params.overrides
+    assert "training.epochs=6" in params.overrides
     assert "registry.promotion=manual" in params.all_overrides()
 
 
