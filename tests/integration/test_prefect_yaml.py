@@ -278,3 +278,48 @@ def test_yaml_has_no_duplicate_anchors_or_keys(repo_root):
 
     Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
     yaml.load((repo_root / "prefect.yaml").read_text(), Loader=Strict)
+
+
+def test_prefect_deploy_registers_them_on_a_real_server(prefect_api, repo_root, monkeypatch, k8s_template):
+    """`prefect deploy` (in-process CLI) against a real Prefect server with the three work pools:
+    the server checks each deployment's job variables against its pool's schema."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.testing.cli import invoke_and_assert
+    from prefect.workers.process import ProcessWorker
+    from prefect_docker.worker import DockerWorker
+
+    pools = {"process": ("process", ProcessWorker.get_default_base_job_template()),
+             "gpu-docker": ("docker", DockerWorker.get_default_base_job_template()),
+             "gpu-k8s": ("kubernetes", k8s_template)}
+    names = ["train", "ci", "train-gpu-docker", "train-gpu-k8s"]
+
+    async def create_pools():
+        async with get_client() as client:
+            for name, (kind, template) in pools.items():
+                try:
+                    await client.create_work_pool(WorkPoolCreate(name=name, type=kind, base_job_template=template))
+                except ObjectAlreadyExists:
+                    pass
+
+    async def read():
+        async with get_client() as client:
+            return {n: await client.read_deployment_by_name(f"trainflow-pipeline/{n}") for n in names}
+
+    asyncio.run(create_pools())
+    monkeypatch.chdir(repo_root)
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    args = ["--no-prompt", "deploy"] + [x for n in names for x in ("--name", n)]
+    invoke_and_assert(args, expected_code=0, echo=False)
+    deps = asyncio.run(read())
+    k8s, docker = deps["train-gpu-k8s"], deps["train-gpu-docker"]
+    assert k8s.work_pool_name == "gpu-k8s" and k8s.job_variables["gpu_limit"] == 8
+    assert k8s.job_variables["image"] == ENV["TRAINFLOW_IMAGE"]
+    assert docker.job_variables["container_create_kwargs"]["device_requests"][0]["capabilities"] == [["gpu"]]
+    assert docker.job_variables["env"]["TRAINFLOW_IMAGE_DIGEST"] == DIGEST
+    assert [next(iter(s)) for s in k8s.pull_steps][0] == "prefect.deployments.steps.git_clone"
+    assert deps["ci"].parameters["params"]["promotion"] == "manual"
+    assert deps["train"].enforce_parameter_schema
+    assert "PipelineParams" in deps["train"].parameter_openapi_schema["definitions"]
