@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field
 
 RDZV_PORT = 29400
+PREEMPTED_EXIT = 4  # flows/cli.py EXIT_PREEMPTED (not imported: this module stays light)
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
@@ -175,6 +176,13 @@ def render(job: MultiNodeJob) -> list[dict]:
             "completions": job.nnodes,
             "parallelism": job.nnodes,  # all agents at once: the rendezvous waits for nnodes
             "backoffLimit": job.backoff_limit,
+            # A node taken away (eviction, preemption) or a preempted agent (exit 4: it checkpointed)
+            # does not count as a failure: the pod is recreated and training resumes from /shared.
+            "podFailurePolicy": {"rules": [
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In",
+                                                     "values": [PREEMPTED_EXIT]}},
+            ]},
             "ttlSecondsAfterFinished": 7 * 24 * 3600,
             "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
         },

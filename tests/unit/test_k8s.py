@@ -146,3 +146,14 @@ def test_cli_bad_input_exits_1_with_one_line(capsys):
                  "--git-repo", "x", "--git-ref", "y", "--mlflow-uri", "http://m:5000"])
     assert code == 1
     assert capsys.readouterr().err.startswith("trainflow: error: k8s-job: image r/t:latest")
+
+
+def test_preemption_recreates_the_pod_instead_of_failing_the_job():
+    from flows.cli import EXIT_PREEMPTED
+
+    _, job = render(_job(2))
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} in rules
+    codes = next(r["onExitCodes"] for r in rules if "onExitCodes" in r)
+    assert codes["operator"] == "In" and codes["values"] == [EXIT_PREEMPTED]
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"  # required by podFailurePolicy
