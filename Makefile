@@ -16,7 +16,7 @@ export GX_ANALYTICS_ENABLED := false
 export DVC_NO_ANALYTICS := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test install data unit clean-state
+.PHONY: run test install data unit clean-state lock check-lock
 
 install: $(STAMP)
 
@@ -41,3 +41,12 @@ unit: $(STAMP)
 # Forget every run, model and Prefect record of the embedded defaults.
 clean-state:
 	rm -rf .trainflow
+
+# Hash-pinned lock files (requirements/lock.txt: CUDA torch, lock-cpu.txt: CPU torch) from
+# pyproject.toml; needs the package index. `check-lock` is offline and fails when they drift.
+lock: $(STAMP)
+	$(PY) -m pip install -q 'pip>=25.1,<27'
+	$(PY) scripts/lock.py
+
+check-lock: $(STAMP)
+	$(PY) scripts/check_lock.py
