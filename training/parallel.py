@@ -106,6 +106,14 @@ class _ModelParallel(DCPStrategy):
                 "Its shards only load into the same layout: resume with the same training.strategy, "
                 "training.parallel and world size, or use a fresh --out")
 
+    def _sd_options(self):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        # Optimizer param groups keyed per parameter name: pipeline stages hold different
+        # parameters, and the nested default format ("param_groups.0.params") would be one
+        # key that DCP keeps from one rank only.
+        return StateDictOptions(flatten_optimizer_state_dict=True)
+
     def clip_grad_norm(self, wrapped: nn.Module, max_norm: float) -> float:
         return grad_norm_clip_(wrapped.parameters(), max_norm, self.ctx.world_size, self._plain_replicas)
 

@@ -329,6 +329,10 @@ class DCPStrategy(Strategy):
     def check_layout(self, extra: dict, folder: Path) -> None:
         """Raise (a ``CheckpointMismatchError``) when ``folder`` was written for another layout; FSDP: never."""
 
+    def _sd_options(self):
+        """``StateDictOptions`` for get/set_state_dict (None: the defaults)."""
+        return None
+
     def save_checkpoint(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, extra: dict,
                         folder: Path) -> None:
         """COLLECTIVE. Sharded DCP save of model + optimizer; rank 0 adds ``extra.pt``."""
@@ -346,7 +350,7 @@ class DCPStrategy(Strategy):
         # get_state_dict initialises an optimizer that never stepped with a zero-lr step
         # (AdamW: step=1); undo that so saving never changes how training continues.
         fresh = not optimizer.state
-        model_sd, optim_sd = get_state_dict(wrapped, optimizer)
+        model_sd, optim_sd = get_state_dict(wrapped, optimizer, options=self._sd_options())
         try:
             with _dcp_errors(f"saving checkpoint {folder}"):
                 dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
@@ -369,11 +373,12 @@ class DCPStrategy(Strategy):
             error = exc
         _agree(self.ctx, error, f"loading checkpoint {folder}")
         self.check_layout(extra, folder)  # every rank read the same extra: all raise, or none
-        model_sd, optim_sd = get_state_dict(wrapped, optimizer)
+        model_sd, optim_sd = get_state_dict(wrapped, optimizer, options=self._sd_options())
         state = {"model": model_sd, "optim": optim_sd}
         with _dcp_errors(f"loading checkpoint {folder}"):  # DCP raises on every rank if any failed
             dcp.load(state, checkpoint_id=folder)
-        set_state_dict(wrapped, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(wrapped, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=self._sd_options())
         return extra
 
 
