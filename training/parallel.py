@@ -36,7 +36,7 @@ from torch import nn
 
 from training.checkpoint import CheckpointMismatchError
 from training.distributed import DistContext
-from training.strategies import DCPStrategy, StrategyConfigError
+from training.strategies import DCPStrategy, StrategyConfigError, describe_layout, layout_for
 
 
 def grad_norm_clip_(params, max_norm: float, world_size: int, plain_replicas: int) -> float:
@@ -90,19 +90,14 @@ class _ModelParallel(DCPStrategy):
         self.parallel = parallel
 
     def layout(self) -> dict:
-        return {"strategy": self.name, "world_size": self.ctx.world_size, "dp": self.dp, "tp": self.tp,
-                "pp": self.pp}
+        return layout_for(self.name, self.ctx.world_size, self.parallel)
 
     def check_layout(self, extra: dict, folder: Path) -> None:
         theirs, mine = (extra or {}).get("layout"), self.layout()
         if theirs != mine:
-            def fmt(d):
-                if not isinstance(d, dict):
-                    return "an unknown layout"
-                return (f"strategy {d.get('strategy')!r}, world size {d.get('world_size')}, "
-                        f"dp {d.get('dp', '?')} x tp {d.get('tp', '?')} x pp {d.get('pp', '?')}")
             raise CheckpointMismatchError(
-                f"checkpoint {folder} was written with {fmt(theirs)}; this run has {fmt(mine)}. "
+                f"checkpoint {folder} was written with {describe_layout(theirs)}; this run has "
+                f"{describe_layout(mine)}. "
                 "Its shards only load into the same layout: resume with the same training.strategy, "
                 "training.parallel and world size, or use a fresh --out")
 

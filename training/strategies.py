@@ -83,6 +83,23 @@ def check_world(strategy: str, world_size: int, parallel=None) -> None:
             raise StrategyConfigError(str(exc)) from None
 
 
+def layout_for(strategy: str, world_size: int, parallel=None) -> dict:
+    """How a run lays the model out over ranks (recorded in checkpoints; compared on resume)."""
+    if strategy not in MODEL_PARALLEL:
+        return {"strategy": strategy, "world_size": world_size}
+    tp, pp = (parallel.tp, parallel.pp) if parallel is not None else (1, 1)
+    return {"strategy": strategy, "world_size": world_size, "dp": world_size // (tp * pp), "tp": tp, "pp": pp}
+
+
+def describe_layout(layout) -> str:
+    if not isinstance(layout, dict):
+        return "an unknown layout"
+    text = f"strategy {layout.get('strategy')!r}, world size {layout.get('world_size')}"
+    if "tp" in layout:
+        text += f", dp {layout.get('dp')} x tp {layout.get('tp')} x pp {layout.get('pp')}"
+    return text
+
+
 def _check_precision(precision: str) -> None:
     if precision not in PRECISIONS:
         raise StrategyConfigError(
@@ -187,8 +204,8 @@ class Strategy:
         return True
 
     def layout(self) -> dict:
-        """How the model is laid out over ranks; stored in checkpoints."""
-        return {"strategy": self.name, "world_size": self.ctx.world_size}
+        """How the model is laid out over ranks; stored in checkpoints (``layout_for``)."""
+        return layout_for(self.name, self.ctx.world_size)
 
     def rank_info(self) -> dict:
         """This rank's coordinates in the layout (for result.json's per-rank records)."""

@@ -186,3 +186,33 @@ def test_one_device_is_single_or_says_how_many_devices_would_do():
     advice = advise_parallelism(PROF, 10_000, 1, headroom=1.0)
     assert advice["recommended"] is None
     assert "with 2 devices, fsdp would fit" in advice["explanation"]
+
+
+def _marker(folder, layout):
+    import json
+
+    step = folder / "checkpoints" / "step_00000004"
+    step.mkdir(parents=True)
+    (step / "COMPLETE").write_text(json.dumps({"step": 4, "config_id": "c", "data_md5": "d", "layout": layout}))
+
+
+def test_launcher_refuses_another_layout_before_starting_even_when_forced(tmp_path):
+    from training.launcher import _check_resumable
+    from training.strategies import layout_for
+
+    cfg = lm_cfg({"strategy": "tp", "cpu_workers": 2, "parallel": {"tp": 2}})
+    tp2 = layout_for("tp", 2, cfg.training.parallel)
+    _marker(tmp_path, tp2)
+    _check_resumable(tmp_path, "c", "d", False, tp2)  # same layout: fine
+    pp = lm_cfg({"strategy": "pp", "cpu_workers": 2, "parallel": {"pp": 2}}).training.parallel
+    for other in (layout_for("pp", 2, pp), layout_for("ddp", 2)):
+        with pytest.raises(ConfigError, match=r"written with strategy 'tp', world size 2, dp 1 x tp 2 x pp 1"):
+            _check_resumable(tmp_path, "c", "d", True, other)
+
+
+def test_data_parallel_checkpoints_still_resume_on_another_world_size(tmp_path):
+    from training.launcher import _check_resumable
+    from training.strategies import layout_for
+
+    _marker(tmp_path, layout_for("ddp", 2))
+    _check_resumable(tmp_path, "c", "d", False, layout_for("ddp", 4))  # DDP state is replicated: no refusal
