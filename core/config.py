@@ -78,17 +78,11 @@ class TextConfig(_Strict):
     expectations: TextExpectations = TextExpectations()
 
 
-def _is_default_kind(value: Any) -> bool:
-    return value == "tabular"
-
-
 class DatasetConfig(_Strict):
     """Where the DVC-tracked data lives and what its columns are."""
 
     # tabular: CSV splits of feature columns + label; text: a JSON Lines corpus (see ``text``).
-    # ``kind: tabular`` and ``text: null`` are left out of the dump, so configs written before
-    # they existed keep their config id.
-    kind: Literal["tabular", "text"] = Field("tabular", exclude_if=_is_default_kind)
+    kind: Literal["tabular", "text"] = "tabular"
     dvc_file: str = "data.dvc"
     path: str = "data/digits"
     train_file: str = "train.csv"
@@ -100,7 +94,7 @@ class DatasetConfig(_Strict):
     # Share of the training split held out for per-epoch validation.
     val_fraction: float = Field(0.1, gt=0, lt=1)
     expectations: Expectations = Expectations()
-    text: TextConfig | None = Field(None, exclude_if=lambda v: v is None)
+    text: TextConfig | None = None
 
     @model_validator(mode="after")
     def _text_block(self) -> "DatasetConfig":
@@ -120,10 +114,24 @@ class DatasetConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    kind: Literal["cnn", "mlp"] = "cnn"
+    # cnn / mlp: classifiers of the tabular features; lm: byte-level decoder-only transformer.
+    kind: Literal["cnn", "mlp", "lm"] = "cnn"
     channels: tuple[int, int] = (16, 32)
     hidden: int = Field(128, gt=0)
     dropout: float = Field(0.1, ge=0, lt=1)
+    # lm only (training.lm): tokens are bytes; seq_len is the context (and the longest input).
+    vocab_size: int = Field(256, ge=2)
+    seq_len: int = Field(64, gt=0)
+    d_model: int = Field(64, gt=0)
+    n_layers: int = Field(2, gt=0)
+    n_heads: int = Field(4, gt=0)
+    d_ff: int = Field(256, gt=0)
+
+    @model_validator(mode="after")
+    def _lm_shapes(self) -> "ModelConfig":
+        if self.kind == "lm" and self.d_model % self.n_heads:
+            raise ValueError(f"d_model: must be divisible by model.n_heads ({self.n_heads}), got {self.d_model}")
+        return self
 
 
 class EarlyStopping(_Strict):
@@ -153,10 +161,52 @@ class LoaderConfig(_Strict):
         return self
 
 
+class ParallelConfig(_Strict):
+    """Model-parallel degrees (strategies tp | pp | hybrid; model.kind lm only).
+
+    Data-parallel degree = world size / (tp x pp). ``microbatches``: pipeline micro-batches
+    per batch (the batch must split into them); ``schedule``: GPipe (all forwards, then all
+    backwards) or 1F1B (interleaved, fewer activations alive at once).
+    """
+
+    tp: int = Field(1, gt=0)
+    pp: int = Field(1, gt=0)
+    microbatches: int = Field(4, gt=0)
+    schedule: Literal["gpipe", "1f1b"] = "gpipe"
+
+
+MODEL_PARALLEL = ("tp", "pp", "hybrid")
+
+
+def check_parallel(strategy: str, parallel: ParallelConfig, world_size: int) -> None:
+    """Raise ValueError naming the keys when ``training.parallel`` does not fit ``strategy`` and the world.
+
+    tp: tensor parallel over all ranks (tp == world, pp 1); pp: pipeline stages over all ranks
+    (pp == world, tp 1); hybrid: dp x tp, a 2-D mesh (pp 1, tp > 1, dp = world / tp > 1).
+    """
+    if strategy not in MODEL_PARALLEL:
+        return
+    tp, pp = parallel.tp, parallel.pp
+    if world_size % (tp * pp):
+        raise ValueError(f"training.parallel: tp ({tp}) x pp ({pp}) must divide the world size {world_size}")
+    dp = world_size // (tp * pp)
+    if strategy == "tp" and not (pp == 1 and tp > 1 and dp == 1):
+        raise ValueError(f"training.parallel: strategy 'tp' needs tp == world size ({world_size}) and pp 1, "
+                         f"got tp {tp}, pp {pp}; for data x tensor parallel use strategy 'hybrid'")
+    if strategy == "pp" and not (tp == 1 and pp > 1 and dp == 1):
+        raise ValueError(f"training.parallel: strategy 'pp' needs pp == world size ({world_size}) and tp 1, "
+                         f"got tp {tp}, pp {pp}")
+    if strategy == "hybrid" and not (pp == 1 and tp > 1 and dp > 1):
+        raise ValueError(f"training.parallel: strategy 'hybrid' is data x tensor parallel: needs pp 1, tp > 1 "
+                         f"and world size / tp > 1, got tp {tp}, pp {pp}, world size {world_size}")
+
+
 class TrainingConfig(_Strict):
     # single: one process; ddp: replicas; fsdp: parameters, grads and optimizer state sharded.
-    # auto: training.advisor.resolve_auto picks one from the model's memory and the world size.
-    strategy: Literal["single", "ddp", "fsdp", "auto"] = "ddp"
+    # tp / pp / hybrid: model parallel (tensor, pipeline, data x tensor) for model.kind lm;
+    # degrees in `parallel`. auto: training.advisor.resolve_auto picks one of single/ddp/fsdp.
+    strategy: Literal["single", "ddp", "fsdp", "tp", "pp", "hybrid", "auto"] = "ddp"
+    parallel: ParallelConfig = ParallelConfig()
     # bf16 autocast applies on CUDA only; CPU runs stay fp32.
     precision: Literal["fp32", "bf16"] = "fp32"
     epochs: int = Field(12, gt=0)
@@ -221,6 +271,14 @@ class TrainingConfig(_Strict):
             raise ValueError(
                 f"strategy: 'single' runs one process, but training.cpu_workers is {self.cpu_workers}"
             )
+        if isinstance(self.cpu_workers, int):
+            try:
+                check_parallel(self.strategy, self.parallel, self.cpu_workers)
+            except ValueError as exc:
+                raise ValueError(f"{exc} (training.cpu_workers)") from None
+        if self.strategy == "pp" and self.batch_size % self.parallel.microbatches:
+            raise ValueError(f"parallel: microbatches ({self.parallel.microbatches}) must divide "
+                             f"training.batch_size ({self.batch_size})")
         return self
 
 
@@ -235,9 +293,9 @@ class GatesConfig(_Strict):
     max_regression: float = Field(0.005, ge=0, le=1)
     # Language models (dataset.kind: text) are gated on perplexity over the eval documents
     # instead: at most max_perplexity, and at most (1 + max_perplexity_regression) x the
-    # champion's. Left out of the dump while unset, so classifier config ids are unchanged.
-    max_perplexity: float | None = Field(None, gt=1, exclude_if=lambda v: v is None)
-    max_perplexity_regression: float | None = Field(None, ge=0, exclude_if=lambda v: v is None)
+    # champion's (null: no regression allowed).
+    max_perplexity: float | None = Field(None, gt=1)
+    max_perplexity_regression: float | None = Field(None, ge=0)
 
 
 class RegistryConfig(_Strict):
@@ -272,12 +330,54 @@ class PipelineConfig(_Strict):
             raise ValueError("gates.max_perplexity: required when dataset.kind is 'text'")
         return self
 
+    @model_validator(mode="after")
+    def _model_parallel_needs_lm(self) -> "PipelineConfig":
+        t, m = self.training, self.model
+        if t.strategy in MODEL_PARALLEL:
+            if m.kind != "lm":
+                raise ValueError(f"training.strategy: {t.strategy!r} (model parallel) needs model.kind: lm, "
+                                 f"got {m.kind!r}; use ddp or fsdp for it")
+            tp, pp = t.parallel.tp, t.parallel.pp
+            if m.n_heads % tp or m.d_ff % tp:
+                raise ValueError(f"training.parallel.tp: {tp} must divide model.n_heads ({m.n_heads}) "
+                                 f"and model.d_ff ({m.d_ff})")
+            if pp > m.n_layers:
+                raise ValueError(f"training.parallel.pp: {pp} stages for model.n_layers {m.n_layers}: "
+                                 "each stage needs at least one layer")
+        return self
+
     def config_id(self) -> str:
-        """sha256 of the canonical JSON: equal configs hash equal, whatever the YAML looked like."""
-        return sha256_json(self.model_dump(mode="json"))
+        """sha256 of the canonical JSON: equal configs hash equal, whatever the YAML looked like.
+
+        Keys added after configs were first hashed (``ID_LATER_KEYS``) are left out while they
+        hold their default, so a config that does not use them keeps the id it always had.
+        """
+        data = self.model_dump(mode="json")
+        for section, key in ID_LATER_KEYS:
+            field = type(getattr(self, section)).model_fields[key]
+            default = field.get_default(call_default_factory=True)
+            if data[section].get(key) == _jsonable_default(default):
+                del data[section][key]
+        return sha256_json(data)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+# (section, key) added to the schema after configs were first hashed: text datasets, language
+# models and model parallelism. Left out of the config id while at their default.
+ID_LATER_KEYS = (
+    ("dataset", "kind"), ("dataset", "text"),
+    ("model", "vocab_size"), ("model", "seq_len"), ("model", "d_model"), ("model", "n_layers"),
+    ("model", "n_heads"), ("model", "d_ff"),
+    ("training", "parallel"),
+    ("gates", "max_perplexity"), ("gates", "max_perplexity_regression"),
+)
+
+
+def _jsonable_default(value: Any) -> Any:
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else (
+        list(value) if isinstance(value, tuple) else value)
 
 
 _MESSAGES = {
@@ -305,7 +405,9 @@ def _format_errors(err: ValidationError) -> str:
             # A model validator's "field: message" names the field below this path.
             msg = str(e["ctx"]["error"])
             field_, sep, rest = msg.partition(": ")
-            if sep and all(part.isidentifier() for part in field_.split(".")):
+            if sep and field_.startswith(path.split(".")[0] + ".") and path != "<root>":
+                path, msg = field_, rest  # a full key path below the root, e.g. training.parallel
+            elif sep and all(p.isidentifier() for p in field_.split(".")):
                 path, msg = (f"{path}.{field_}" if path != "<root>" else field_), rest
             lines.append(f"{path}: {msg}")
             continue

@@ -61,7 +61,7 @@ def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
     import torch
     from torch import nn
 
-    from training.models import build_model
+    from training.models import build_model, example_input
 
     model = build_model(cfg.model, cfg.dataset)
     n_params = sum(p.numel() for p in model.parameters())
@@ -76,7 +76,7 @@ def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
     handles = [m.register_forward_hook(hook) for m in leaves]
     try:
         with torch.no_grad():
-            model.eval()(torch.zeros(1, cfg.dataset.n_features))
+            model.eval()(example_input(cfg.model, cfg.dataset, batch=1))
     finally:
         for h in handles:
             h.remove()

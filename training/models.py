@@ -1,4 +1,5 @@
-"""Models for the tabular-image task. Input: raw feature values; normalisation is inside."""
+"""Models: classifiers for the tabular-image task (raw feature values in; normalisation is
+inside) and the byte-level LM (``model.kind: lm``, see ``training.lm``)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,20 @@ class _Scale(nn.Module):
         return x * self.inv
 
 
+def example_input(model: ModelConfig, data: DatasetConfig, batch: int = 2) -> torch.Tensor:
+    """A zero input batch of the right dtype and shape: float ``[batch, n_features]`` for the
+    classifiers, int64 tokens ``[batch, seq_len]`` for the LM."""
+    if model.kind == "lm":
+        return torch.zeros(batch, model.seq_len, dtype=torch.long)
+    return torch.zeros(batch, data.n_features)
+
+
 def build_model(model: ModelConfig, data: DatasetConfig) -> nn.Module:
-    """A small CNN over the square image the features form, or an MLP (``model.kind``)."""
+    """A small CNN over the square image the features form, an MLP, or the byte LM (``model.kind``)."""
+    if model.kind == "lm":
+        from training.lm import build_lm
+
+        return build_lm(model)
     n_in, n_out = data.n_features, data.n_classes
     scale = _Scale(data.expectations.value_max)
     if model.kind == "mlp":

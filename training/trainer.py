@@ -63,6 +63,12 @@ def lr_lambda(warmup_steps: int, total_steps: int):
     return f
 
 
+def token_loss(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy over every target: ``[n, C]`` logits for a classifier, ``[n, T, C]`` for the LM
+    (each token is one prediction); computed in fp32."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction=reduction)
+
+
 def state_dict_sha256(state: dict) -> str:
     """sha256 over a state dict (sorted keys, raw tensor bytes): equal weights, equal hash."""
     h = hashlib.sha256()
@@ -252,11 +258,11 @@ class Trainer:
         y = y[self.ctx.rank::self.ctx.world_size].to(self.ctx.device)
         self.model.eval()
         with torch.no_grad(), self.strategy.autocast():
-            logits = self.model(x).float()
-            loss_sum = F.cross_entropy(logits, y, reduction="sum").item() if len(y) else 0.0
-            correct = (logits.argmax(1) == y).sum().item()
+            logits = self.model(x)
+            loss_sum = token_loss(logits, y, reduction="sum").item() if len(y) else 0.0
+            correct = (logits.argmax(-1) == y).sum().item()
         self.model.train()
-        loss_sum, correct, n = all_reduce_sum(self.ctx, [loss_sum, correct, len(y)])
+        loss_sum, correct, n = all_reduce_sum(self.ctx, [loss_sum, correct, y.numel()])
         return loss_sum / max(n, 1), correct / max(n, 1)
 
     def _early_stop(self, stats: EpochStats) -> bool:
@@ -289,7 +295,7 @@ class Trainer:
     def _train_step(self, x, y, boundary: bool) -> float:
         t = self.cfg.training
         with self.strategy.sync_context(self.model, boundary), self.strategy.autocast():
-            loss = F.cross_entropy(self.model(x).float(), y)
+            loss = token_loss(self.model(x), y)
             (loss / t.grad_accum).backward()
         if boundary:
             if t.grad_clip:
@@ -309,7 +315,7 @@ class Trainer:
         if self.ctx.device.type == "cuda" and t.peak_tflops:
             x0, y0 = self.data.train.tensors[0][: t.batch_size], self.data.train.tensors[1][: t.batch_size]
             self.flops = flops_per_sample(self.raw_model, x0.to(self.ctx.device),
-                                          lambda out: F.cross_entropy(out, y0.to(self.ctx.device)))
+                                          lambda out: token_loss(out, y0.to(self.ctx.device)))
         self.sink.params({
             "global_batch": self.global_batch, "effective_lr": self.lr, "world_size": self.ctx.world_size,
             "steps_per_epoch": self.steps_per_epoch, "backend": self.ctx.backend or "none",

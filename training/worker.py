@@ -26,7 +26,7 @@ from core.paths import project_root
 from training.data import load_splits
 from training.distributed import process_group
 from training.export import export_model
-from training.models import build_model
+from training.models import build_model, example_input
 from training.sink import MetricsSink
 from training.trainer import FitResult, Trainer, restart_count, state_dict_sha256
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         model = build_model(cfg.model, cfg.dataset)
         model.load_state_dict(full)
         torch.save(model.state_dict(), args.out / "weights.pt")
-        export_model(model, cfg.dataset.n_features, args.out / "model.pt2")
+        export_model(model, example_input(cfg.model, cfg.dataset), args.out / "model.pt2")
         result.update(weights_sha256=state_dict_sha256(model.state_dict()), weights="weights.pt",
                       model_pt2="model.pt2")
     write_result(args.out, result)

@@ -1,0 +1,170 @@
+"""A small byte-level decoder-only transformer (``model.kind: lm``).
+
+Input: int64 ``[batch, seq]`` byte tokens (0..vocab-1), ``seq <= seq_len``;
+output: float logits ``[batch, seq, vocab]`` predicting the next byte at every
+position. Pre-LN blocks, causal ``scaled_dot_product_attention``, a GELU MLP,
+a final LayerNorm and an untied LM head.
+
+The layout is chosen for model parallelism (``training.parallel``):
+
+- separate ``q``/``k``/``v``/``o`` and ``up``/``down`` Linears, so a tensor-parallel
+  plan shards ``q, k, v, up`` by output column and ``o, down`` by input row; the
+  attention reshape uses ``-1`` heads, so a rank holding ``n_heads / tp`` heads runs
+  the same code;
+- blocks live in a ``ModuleDict`` keyed ``"0".."n-1"``: a pipeline stage deletes the
+  blocks it does not own (and the embeddings / head it does not own, set to None),
+  and its state-dict keys stay those of the full model, so the stages' state dicts
+  merge back into one plain LM.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.head_dim = d_model // n_heads
+        self.dropout = dropout
+        self.q = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model)
+        self.o = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        # -1 heads: under tensor parallelism q/k/v return this rank's n_heads / tp heads.
+        q = self.q(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                           is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.up = nn.Linear(d_model, d_ff)
+        self.down = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_heads, dropout)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = MLP(d_model, d_ff)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln1(x)))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class ByteLM(nn.Module):
+    """Decoder-only LM. A pipeline stage is this module with parts set to None / deleted."""
+
+    def __init__(self, vocab_size: int = 256, seq_len: int = 64, d_model: int = 64, n_layers: int = 2,
+                 n_heads: int = 4, d_ff: int = 256, dropout: float = 0.0):
+        super().__init__()
+        self.seq_len = seq_len
+        self.tok_emb: nn.Embedding | None = nn.Embedding(vocab_size, d_model)
+        self.pos_emb: nn.Embedding | None = nn.Embedding(seq_len, d_model)
+        self.drop = nn.Dropout(dropout)
+        self.layers = nn.ModuleDict({str(i): Block(d_model, n_heads, d_ff, dropout) for i in range(n_layers)})
+        self.norm: nn.LayerNorm | None = nn.LayerNorm(d_model)
+        self.head: nn.Linear | None = nn.Linear(d_model, vocab_size, bias=False)
+        self.apply(_init_weights)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tok_emb is not None:  # first stage (or the whole model): tokens in
+            pos = torch.arange(x.shape[1], device=x.device)
+            h = self.drop(self.tok_emb(x) + self.pos_emb(pos))
+        else:  # a later pipeline stage: the previous stage's activations in
+            h = x
+        for block in self.layers.values():
+            h = block(h)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.head is not None:
+            h = self.head(h)
+        return h
+
+
+def _init_weights(m: nn.Module) -> None:
+    # GPT-2 style: N(0, 0.02) weights, zero biases; LayerNorm keeps ones/zeros.
+    if isinstance(m, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(m.weight, mean=0.0, std=0.02)
+    if isinstance(m, nn.Linear) and m.bias is not None:
+        nn.init.zeros_(m.bias)
+
+
+def build_lm(cfg) -> ByteLM:
+    """A ``ByteLM`` from ``core.config.ModelConfig`` (kind ``lm``)."""
+    return ByteLM(vocab_size=cfg.vocab_size, seq_len=cfg.seq_len, d_model=cfg.d_model, n_layers=cfg.n_layers,
+                  n_heads=cfg.n_heads, d_ff=cfg.d_ff, dropout=cfg.dropout)
+
+
+def stage_layers(n_layers: int, n_stages: int) -> list[list[int]]:
+    """Block indices per pipeline stage: contiguous, sizes differ by at most one (earlier stages larger)."""
+    if not 1 <= n_stages <= n_layers:
+        raise ValueError(f"cannot split {n_layers} layers into {n_stages} pipeline stages")
+    base, extra = divmod(n_layers, n_stages)
+    out, start = [], 0
+    for s in range(n_stages):
+        size = base + (1 if s < extra else 0)
+        out.append(list(range(start, start + size)))
+        start += size
+    return out
+
+
+def split_stage(model: ByteLM, stage: int, n_stages: int) -> ByteLM:
+    """Keep only what pipeline stage ``stage`` of ``n_stages`` runs (in place); returns ``model``.
+
+    Stage 0 keeps the embeddings, the last stage the final norm and head; every stage
+    keeps its contiguous blocks. Parameter names are unchanged (a ModuleDict keyed by
+    the block's index in the full model).
+    """
+    keep = set(stage_layers(len(model.layers), n_stages)[stage])
+    for name in list(model.layers.keys()):
+        if int(name) not in keep:
+            del model.layers[name]
+    if stage != 0:
+        model.tok_emb = None
+        model.pos_emb = None
+    if stage != n_stages - 1:
+        model.norm = None
+        model.head = None
+    return model
+
+
+def tp_plan() -> dict:
+    """``parallelize_module`` plan for one ``Block``: Megatron-style column/row pairs.
+
+    q/k/v and up are split by output features (each rank computes n_heads/tp heads,
+    d_ff/tp hidden units), o and down by input features and all-reduce their partial
+    sums; so each block costs two all-reduces forward and two backward. LayerNorms and
+    embeddings stay replicated. No SequenceParallel: it needs reduce-scatter.
+    """
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {
+        "attn.q": ColwiseParallel(),
+        "attn.k": ColwiseParallel(),
+        "attn.v": ColwiseParallel(),
+        "attn.o": RowwiseParallel(),
+        "mlp.up": ColwiseParallel(),
+        "mlp.down": RowwiseParallel(),
+    }
