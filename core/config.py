@@ -276,6 +276,9 @@ class TrainingConfig(_Strict):
                 check_parallel(self.strategy, self.parallel, self.cpu_workers)
             except ValueError as exc:
                 raise ValueError(f"{exc} (training.cpu_workers)") from None
+        if self.strategy == "pp" and self.parallel.schedule == "1f1b" and self.parallel.microbatches < self.parallel.pp:
+            raise ValueError(f"parallel: schedule 1f1b needs microbatches >= pp ({self.parallel.pp}), "
+                             f"got {self.parallel.microbatches}")
         if self.strategy == "pp" and self.batch_size % self.parallel.microbatches:
             raise ValueError(f"parallel: microbatches ({self.parallel.microbatches}) must divide "
                              f"training.batch_size ({self.batch_size})")

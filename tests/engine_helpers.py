@@ -36,3 +36,47 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+LM_PROBE = ROOT / "tests" / "integration" / "probes" / "lm_probe.py"
+# The byte LM under each model-parallel strategy with 2 processes (hybrid: dp2 x tp2 needs 4).
+LM_LAYOUTS = {
+    "tp": ["training.strategy=tp", "training.cpu_workers=2", "training.parallel.tp=2"],
+    "pp": ["training.strategy=pp", "training.cpu_workers=2", "training.parallel.pp=2"],
+    "hybrid": ["training.strategy=hybrid", "training.cpu_workers=4", "training.parallel.tp=2"],
+}
+
+
+def train_lm(out: Path, overrides=(), nproc: int = 1, env=None, force_resume: bool = False,
+             timeout: float = 300) -> tuple[int, dict | None, str]:
+    """Train the byte LM on token windows (tests/integration/probes/lm_probe.py) through the worker's
+    ``train_and_report``: plain python for one process, real torchrun (CPU/gloo) for more.
+
+    Returns (exit code, result.json or None, the job's stdout+stderr).
+    """
+    import json
+    import subprocess
+    import sys
+
+    args = [str(LM_PROBE), "--out", str(out)]
+    for item in overrides:
+        args += ["--set", item]
+    if force_resume:
+        args.append("--force-resume")
+    if nproc == 1:
+        cmd = [sys.executable, *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
+    # start_new_session: a timed-out job is killed as a group (torchrun and its workers).
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        log, _ = proc.communicate()
+        raise AssertionError(f"LM job timed out after {timeout} s:\n{log[-4000:]}") from None
+    result_path = Path(out) / "result.json"
+    result = json.loads(result_path.read_text()) if result_path.is_file() and proc.returncode == 0 else None
+    return proc.returncode, result, log

@@ -133,6 +133,8 @@ class CheckpointManager:
             extra, error = None, None
             try:
                 extra = self.strategy.load_checkpoint(model, optimizer, folder)
+            except CheckpointMismatchError:
+                raise  # readable but written for another layout: an older one would be too
             except Exception as exc:  # noqa: BLE001 - any unreadable file means: try an older one
                 error = exc
             if not any_rank(self.ctx, error is not None):

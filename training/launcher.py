@@ -94,7 +94,7 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
     nproc = nproc or default_nproc(cfg)
     if nnodes > 1 and not rdzv_endpoint:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
-    check_world(cfg.training.strategy, nproc * nnodes)
+    check_world(cfg.training.strategy, nproc * nnodes, cfg.training.parallel)
     _check_resumable(out_dir, cfg.config_id(), data_md5, force_resume)
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"

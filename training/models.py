@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from core.config import DatasetConfig, ModelConfig
@@ -20,6 +21,12 @@ class _Scale(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.inv
+
+
+def token_loss(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy over every target: ``[n, C]`` logits for a classifier, ``[n, T, C]`` for the LM
+    (each token is one prediction); computed in fp32."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction=reduction)
 
 
 def example_input(model: ModelConfig, data: DatasetConfig, batch: int = 2) -> torch.Tensor:

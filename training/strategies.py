@@ -11,6 +11,14 @@ how parameters live on each rank:
 - ``fsdp``: parameters, gradients and optimizer state are sharded on dim 0 across
   ranks (FSDP2, parameters become ``DTensor``s); checkpoints are sharded with
   ``torch.distributed.checkpoint`` (each rank writes its own shard).
+- ``tp`` / ``pp`` / ``hybrid``: model parallelism for the LM, in ``training.parallel``
+  (tensor parallel, pipeline stages, data x tensor parallel); DCP checkpoints.
+
+Besides wrapping, a strategy owns how one batch runs (``forward_backward``,
+``eval_sums``: a pipeline runs micro-batches through its stages) and which data
+each rank sees (``dp_rank``/``dp_size``: ranks of one tensor-parallel group or one
+pipeline see the same batches; ``reports``: whether this rank's loss and sample
+counts enter the all-reduced sums, so each batch counts once).
 
 Methods marked COLLECTIVE must be called by every rank, in the same order.
 
@@ -36,7 +44,8 @@ from torch import nn
 from core.errors import ConfigError
 from training.distributed import DistContext, all_gather_object
 
-STRATEGIES = ("single", "ddp", "fsdp")
+STRATEGIES = ("single", "ddp", "fsdp", "tp", "pp", "hybrid")
+MODEL_PARALLEL = ("tp", "pp", "hybrid")
 PRECISIONS = ("fp32", "bf16")
 STATE_FILE = "state.pt"
 EXTRA_FILE = "extra.pt"
@@ -51,8 +60,9 @@ class StrategyConfigError(ConfigError, ValueError):
     """
 
 
-def check_world(strategy: str, world_size: int) -> None:
-    """The up-front check of ``training.strategy`` against the world size (config/launch time)."""
+def check_world(strategy: str, world_size: int, parallel=None) -> None:
+    """The up-front check of ``training.strategy`` (and ``training.parallel``, a
+    ``core.config.ParallelConfig``, for tp/pp/hybrid) against the world size (config/launch time)."""
     if strategy not in STRATEGIES:
         raise StrategyConfigError(
             f"training.strategy: must be one of {', '.join(repr(s) for s in STRATEGIES)}, got {strategy!r}"
@@ -64,6 +74,13 @@ def check_world(strategy: str, world_size: int) -> None:
             f"training.strategy: 'single' runs one process, but the world size is {world_size}; "
             "use 'ddp' or 'fsdp', or launch one worker"
         )
+    if strategy in MODEL_PARALLEL:
+        from core.config import ParallelConfig, check_parallel
+
+        try:
+            check_parallel(strategy, parallel or ParallelConfig(), world_size)
+        except ValueError as exc:
+            raise StrategyConfigError(str(exc)) from None
 
 
 def _check_precision(precision: str) -> None:
@@ -141,6 +158,9 @@ class Strategy:
     def unwrapped(self, wrapped: nn.Module) -> nn.Module:
         return wrapped
 
+    def release(self) -> None:
+        """Drop what the strategy holds of the model (before the process group goes)."""
+
     def sync_context(self, wrapped: nn.Module, sync: bool) -> ContextManager:
         return nullcontext()
 
@@ -149,6 +169,49 @@ class Strategy:
         if self._bf16_cuda:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return nullcontext()
+
+    # -- data layout and one batch ------------------------------------------------------------
+    @property
+    def dp_rank(self) -> int:
+        """This rank's index among the data-parallel replicas (which batches it trains on)."""
+        return self.ctx.rank
+
+    @property
+    def dp_size(self) -> int:
+        """How many data-parallel replicas there are (each sees a different shard of the data)."""
+        return self.ctx.world_size
+
+    @property
+    def reports(self) -> bool:
+        """Whether this rank's loss, accuracy and sample counts enter the all-reduced sums (once per batch)."""
+        return True
+
+    def layout(self) -> dict:
+        """How the model is laid out over ranks; stored in checkpoints."""
+        return {"strategy": self.name, "world_size": self.ctx.world_size}
+
+    def rank_info(self) -> dict:
+        """This rank's coordinates in the layout (for result.json's per-rank records)."""
+        return {}
+
+    def forward_backward(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor, grad_accum: int) -> float:
+        """Forward, loss (mean over every target), backward of ``loss / grad_accum``; returns the loss."""
+        from training.models import token_loss
+
+        with self.autocast():
+            loss = token_loss(wrapped(x), y)
+            (loss / grad_accum).backward()
+        return loss.item()
+
+    def eval_sums(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
+        """(summed loss, correct predictions, targets) of this rank's eval slice; call under no_grad."""
+        from training.models import token_loss
+
+        with self.autocast():
+            logits = wrapped(x)
+            loss_sum = token_loss(logits, y, reduction="sum").item() if len(y) else 0.0
+            correct = (logits.argmax(-1) == y).sum().item()
+        return loss_sum, correct, y.numel()
 
     def clip_grad_norm(self, wrapped: nn.Module, max_norm: float) -> float:
         """Clip all gradients to ``max_norm`` (global L2 norm over all ranks' shards); returns that norm."""
@@ -250,58 +313,21 @@ def _shard_targets(model: nn.Module) -> list[nn.Module]:
     return [c for c in model.children() if next(c.parameters(), None) is not None]
 
 
-class FSDPStrategy(Strategy):
-    """FSDP2: ``fully_shard`` per Linear/Conv layer, then the root; DCP for checkpoints."""
+class DCPStrategy(Strategy):
+    """Base of the sharded strategies: ``torch.distributed.checkpoint`` save/load, every rank writes."""
 
-    name = "fsdp"
     async_save = False  # every rank writes its shards: a collective save
 
     def __init__(self, ctx: DistContext, precision: str = "fp32"):
         super().__init__(ctx, precision)
         if not ctx.distributed:
             raise StrategyConfigError(
-                "training.strategy: 'fsdp' needs a process group (launch with torchrun), "
+                f"training.strategy: {self.name!r} needs a process group (launch with torchrun), "
                 "this process has none"
             )
 
-    def _mp_policy(self):
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        if self._bf16_cuda:
-            return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        return MixedPrecisionPolicy()
-
-    def wrap(self, model: nn.Module) -> nn.Module:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
-        mp = self._mp_policy()
-        for module in _shard_targets(model):
-            fully_shard(module, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
-        return model
-
-    def autocast(self) -> ContextManager:
-        # bf16 on CUDA is FSDP's MixedPrecisionPolicy (module-level casts), not autocast.
-        return nullcontext()
-
-    @contextmanager
-    def _sync(self, wrapped: nn.Module, sync: bool) -> Iterator[None]:
-        wrapped.set_requires_gradient_sync(sync)
-        try:
-            yield
-        finally:
-            wrapped.set_requires_gradient_sync(True)
-
-    def sync_context(self, wrapped: nn.Module, sync: bool) -> ContextManager:
-        return self._sync(wrapped, sync)
-
-    def full_state_dict(self, wrapped: nn.Module) -> dict | None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        sd = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return sd if self.ctx.is_main else None
+    def check_layout(self, extra: dict, folder: Path) -> None:
+        """Raise (a ``CheckpointMismatchError``) when ``folder`` was written for another layout; FSDP: never."""
 
     def save_checkpoint(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, extra: dict,
                         folder: Path) -> None:
@@ -342,6 +368,7 @@ class FSDPStrategy(Strategy):
         except Exception as exc:
             error = exc
         _agree(self.ctx, error, f"loading checkpoint {folder}")
+        self.check_layout(extra, folder)  # every rank read the same extra: all raise, or none
         model_sd, optim_sd = get_state_dict(wrapped, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         with _dcp_errors(f"loading checkpoint {folder}"):  # DCP raises on every rank if any failed
@@ -350,6 +377,50 @@ class FSDPStrategy(Strategy):
         return extra
 
 
+class FSDPStrategy(DCPStrategy):
+    """FSDP2: ``fully_shard`` per Linear/Conv layer, then the root; DCP for checkpoints."""
+
+    name = "fsdp"
+
+    def _mp_policy(self):
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self._bf16_cuda:
+            return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy()
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
+        mp = self._mp_policy()
+        for module in _shard_targets(model):
+            fully_shard(module, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        return model
+
+    def autocast(self) -> ContextManager:
+        # bf16 on CUDA is FSDP's MixedPrecisionPolicy (module-level casts), not autocast.
+        return nullcontext()
+
+    @contextmanager
+    def _sync(self, wrapped: nn.Module, sync: bool) -> Iterator[None]:
+        wrapped.set_requires_gradient_sync(sync)
+        try:
+            yield
+        finally:
+            wrapped.set_requires_gradient_sync(True)
+
+    def sync_context(self, wrapped: nn.Module, sync: bool) -> ContextManager:
+        return self._sync(wrapped, sync)
+
+    def full_state_dict(self, wrapped: nn.Module) -> dict | None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return sd if self.ctx.is_main else None
+
 _CLASSES: dict[str, type[Strategy]] = {
     "single": SingleStrategy,
     "ddp": DDPStrategy,
@@ -357,7 +428,16 @@ _CLASSES: dict[str, type[Strategy]] = {
 }
 
 
-def build_strategy(name: str, ctx: DistContext, precision: str = "fp32") -> Strategy:
-    """The strategy ``name`` for this process; raises ValueError (a ConfigError) naming the key."""
-    check_world(name, ctx.world_size)
+def build_strategy(name: str, ctx: DistContext, precision: str = "fp32", parallel=None,
+                   model_cfg=None, batch_size: int = 0) -> Strategy:
+    """The strategy ``name`` for this process; raises ValueError (a ConfigError) naming the key.
+
+    tp / pp / hybrid need ``parallel`` (``core.config.ParallelConfig``) and ``model_cfg``
+    (``core.config.ModelConfig``, kind lm).
+    """
+    check_world(name, ctx.world_size, parallel)
+    if name in MODEL_PARALLEL:
+        from training.parallel import build_model_parallel
+
+        return build_model_parallel(name, ctx, precision, parallel, model_cfg, batch_size)
     return _CLASSES[name](ctx, precision)

@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
 from core.config import PipelineConfig
@@ -32,7 +31,7 @@ from training.checkpoint import CheckpointManager, CheckpointMismatchError
 from training.data import Splits
 from training.distributed import DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank
 from training.metrics import StepMetrics, flops_per_sample, gpu_utilization, mfu, peak_memory_bytes
-from training.models import build_model
+from training.models import build_model, token_loss
 from training.preemption import StopRequest
 from training.sink import MetricsSink
 from training.strategies import build_strategy
@@ -61,12 +60,6 @@ def lr_lambda(warmup_steps: int, total_steps: int):
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return f
-
-
-def token_loss(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy over every target: ``[n, C]`` logits for a classifier, ``[n, T, C]`` for the LM
-    (each token is one prediction); computed in fp32."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction=reduction)
 
 
 def state_dict_sha256(state: dict) -> str:
@@ -119,9 +112,10 @@ class Trainer:
         self.sink, self.config_id, self.data_md5 = sink, config_id, data_md5
         self.force_resume = force_resume
         t = cfg.training
-        self.global_batch = t.batch_size * ctx.world_size * t.grad_accum
+        self.strategy = build_strategy(t.strategy, ctx, t.precision, t.parallel, cfg.model, t.batch_size)
+        # Data-parallel replicas: ranks of one tensor-parallel group or pipeline share batches.
+        self.global_batch = t.batch_size * self.strategy.dp_size * t.grad_accum
         self.lr = scaled_lr(t.lr, self.global_batch, t.base_batch, t.lr_scaling)
-        self.strategy = build_strategy(t.strategy, ctx, t.precision)
 
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
         self.model = self.strategy.wrap(build_model(cfg.model, cfg.dataset).to(ctx.device))
@@ -131,7 +125,7 @@ class Trainer:
         else:
             self.opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=t.weight_decay)
         self.sampler = DistributedSampler(
-            data.train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=cfg.seed
+            data.train, num_replicas=self.strategy.dp_size, rank=self.strategy.dp_rank, shuffle=True, seed=cfg.seed
         )
         self.micro_per_epoch = math.ceil(len(self.sampler) / t.batch_size)
         self.steps_per_epoch = max(1, self.micro_per_epoch // t.grad_accum)
@@ -164,6 +158,7 @@ class Trainer:
         import gc
 
         self.model = None
+        self.strategy.release()
         gc.collect()
 
     # -- checkpoint state ---------------------------------------------------------------
@@ -176,6 +171,7 @@ class Trainer:
             "history": [asdict(h) for h in self.history],
             "rng": all_gather_tensor(self.ctx, torch.get_rng_state()),  # every rank's dropout stream
             "world_size": self.ctx.world_size,
+            "layout": self.strategy.layout(),
             "config_id": self.config_id,
             "data_md5": self.data_md5,
         }
@@ -249,20 +245,21 @@ class Trainer:
                               num_workers=lc.num_workers, pin_memory=lc.pin_memory, **extra)
 
     def _evaluate(self) -> tuple[float, float]:
-        """(val loss, val accuracy) over the whole val split, each rank scoring a strided slice.
+        """(val loss, val accuracy) over the whole val split (accuracy per target: per token for
+        the LM), each data-parallel replica scoring a strided slice.
 
-        Runs the wrapped model (FSDP needs its own forward to gather shards).
+        Runs the wrapped model (FSDP needs its own forward to gather shards; a pipeline its stages).
         """
         x, y = self.data.val.tensors
-        x = x[self.ctx.rank::self.ctx.world_size].to(self.ctx.device)
-        y = y[self.ctx.rank::self.ctx.world_size].to(self.ctx.device)
+        dp_rank, dp_size = self.strategy.dp_rank, self.strategy.dp_size
+        x = x[dp_rank::dp_size].to(self.ctx.device)
+        y = y[dp_rank::dp_size].to(self.ctx.device)
         self.model.eval()
-        with torch.no_grad(), self.strategy.autocast():
-            logits = self.model(x)
-            loss_sum = token_loss(logits, y, reduction="sum").item() if len(y) else 0.0
-            correct = (logits.argmax(-1) == y).sum().item()
+        with torch.no_grad():
+            loss_sum, correct, n = self.strategy.eval_sums(self.model, x, y)
         self.model.train()
-        loss_sum, correct, n = all_reduce_sum(self.ctx, [loss_sum, correct, y.numel()])
+        w = 1.0 if self.strategy.reports else 0.0  # each replica's slice counts once
+        loss_sum, correct, n = all_reduce_sum(self.ctx, [w * loss_sum, w * correct, w * n])
         return loss_sum / max(n, 1), correct / max(n, 1)
 
     def _early_stop(self, stats: EpochStats) -> bool:
@@ -294,9 +291,8 @@ class Trainer:
 
     def _train_step(self, x, y, boundary: bool) -> float:
         t = self.cfg.training
-        with self.strategy.sync_context(self.model, boundary), self.strategy.autocast():
-            loss = token_loss(self.model(x), y)
-            (loss / t.grad_accum).backward()
+        with self.strategy.sync_context(self.model, boundary):
+            loss = self.strategy.forward_backward(self.model, x, y, t.grad_accum)
         if boundary:
             if t.grad_clip:
                 self.strategy.clip_grad_norm(self.model, t.grad_clip)
@@ -304,7 +300,7 @@ class Trainer:
             self.sched.step()
             self.opt.zero_grad(set_to_none=True)
             self.step += 1
-        return loss.item()
+        return loss
 
     def fit(self) -> FitResult:
         t = self.cfg.training
@@ -337,11 +333,12 @@ class Trainer:
                 boundary = (self.pos + 1) % t.grad_accum == 0
                 loss = self._train_step(x, y, boundary)
                 self.pos += 1
-                self.epoch_loss += loss * len(y)
-                self.epoch_n += len(y)
+                n_counted = len(y) if self.strategy.reports else 0  # each batch counts once
+                self.epoch_loss += loss * n_counted
+                self.epoch_n += n_counted
                 if not boundary:
                     continue
-                self.metrics.step_end(len(y) * t.grad_accum)
+                self.metrics.step_end(n_counted * t.grad_accum)
                 if self.fault is not None and self.fault.due(self.step, self.ctx.rank):
                     self.fault.fire(self.ctx.rank)
                 if self.step % t.log_every_steps == 0:
@@ -383,7 +380,7 @@ class Trainer:
         mine = {"rank": self.ctx.rank, "epochs_run": self.epoch, "step": self.step,
                 "stopped_early_at_epoch": result.stopped_early_at_epoch, "status": result.status,
                 "peak_mem_mb": peak_memory_bytes(self.ctx.device) / 2**20,
-                **self.strategy.state_bytes(self.model, self.opt)}
+                **self.strategy.state_bytes(self.model, self.opt), **self.strategy.rank_info()}
         result.ranks = all_gather_object(self.ctx, mine)
         self.sink.finish()
         return result

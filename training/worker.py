@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from core.config import load_config
+from core.config import PipelineConfig, load_config
 from core.manifest import read_dvc_file
 from core.paths import project_root
-from training.data import load_splits
+from training.data import Splits, load_splits
 from training.distributed import process_group
 from training.export import export_model
 from training.models import build_model, example_input
@@ -59,6 +59,7 @@ def summarise(trainer: Trainer, fit: FitResult) -> dict:
         "world_size": trainer.ctx.world_size,
         "backend": trainer.ctx.backend or "none",
         "strategy": trainer.cfg.training.strategy,
+        "layout": trainer.strategy.layout(),
         "restarts": restart_count(),
         "epochs": trainer.cfg.training.epochs,
         "epochs_run": trainer.epoch,
@@ -81,6 +82,40 @@ def summarise(trainer: Trainer, fit: FitResult) -> dict:
     }
 
 
+def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: str,
+                     force_resume: bool = False) -> dict | None:
+    """Join the process group, train ``splits``, and on rank 0 write weights, ``model.pt2`` and
+    ``result.json`` into ``out``; returns the result (rank 0) or None (other ranks).
+
+    The part of ``main`` after the data is loaded: probes and tests that build their own
+    tensors (e.g. LM token windows) go through the same training and export as a run.
+    """
+    t = cfg.training
+    out.mkdir(parents=True, exist_ok=True)
+    with process_group(t.backend, t.collective_timeout_s) as ctx:
+        trainer = Trainer(cfg, ctx, splits, out, MetricsSink.for_rank(ctx.is_main), cfg.config_id(), data_md5,
+                          force_resume)
+        try:
+            fit = trainer.fit()
+            # COLLECTIVE: sharded (fsdp, tp, hybrid) and staged (pp) models are gathered to rank 0.
+            full = trainer.strategy.full_state_dict(trainer.model) if fit.status == "completed" else None
+        finally:
+            trainer.release()
+    if not ctx.is_main:
+        return None
+    result = summarise(trainer, fit)
+    if full is not None:
+        # A plain, unwrapped copy: what gets exported, hashed and registered.
+        model = build_model(cfg.model, cfg.dataset)
+        model.load_state_dict(full)
+        torch.save(model.state_dict(), out / "weights.pt")
+        export_model(model, example_input(cfg.model, cfg.dataset), out / "model.pt2")
+        result.update(weights_sha256=state_dict_sha256(model.state_dict()), weights="weights.pt",
+                      model_pt2="model.pt2")
+    write_result(out, result)
+    return result
+
+
 @record
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -92,27 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     if t.deterministic:
         torch.use_deterministic_algorithms(True)
     data_md5 = args.data_md5 or read_dvc_file(root, cfg.dataset.dvc_file).md5
-    args.out.mkdir(parents=True, exist_ok=True)
-    with process_group(t.backend, t.collective_timeout_s) as ctx:
-        trainer = Trainer(cfg, ctx, load_splits(cfg.dataset, root, cfg.seed), args.out,
-                          MetricsSink.for_rank(ctx.is_main), cfg.config_id(), data_md5, args.force_resume)
-        try:
-            fit = trainer.fit()
-            full = trainer.strategy.full_state_dict(trainer.model) if fit.status == "completed" else None
-        finally:
-            trainer.release()
-    if not ctx.is_main:
-        return 0
-    result = summarise(trainer, fit)
-    if full is not None:
-        # A plain, unwrapped copy: what gets exported, hashed and registered.
-        model = build_model(cfg.model, cfg.dataset)
-        model.load_state_dict(full)
-        torch.save(model.state_dict(), args.out / "weights.pt")
-        export_model(model, example_input(cfg.model, cfg.dataset), args.out / "model.pt2")
-        result.update(weights_sha256=state_dict_sha256(model.state_dict()), weights="weights.pt",
-                      model_pt2="model.pt2")
-    write_result(args.out, result)
+    train_and_report(cfg, load_splits(cfg.dataset, root, cfg.seed), args.out, data_md5, args.force_resume)
     return 0
 
 

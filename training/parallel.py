@@ -1,0 +1,323 @@
+"""Model parallelism for the byte LM: tensor (``tp``), pipeline (``pp``) and data x tensor (``hybrid``).
+
+Each is a ``training.strategies.Strategy`` (the trainer's loop is unchanged), with
+DCP checkpoints (``DCPStrategy``: every rank writes its own shards or stage, rank 0
+adds ``extra.pt``; resuming needs the same layout: ``check_layout``).
+
+- ``tp``: every block's q/k/v/up Linears are split by output column and o/down by
+  input row across all ranks (DTensor ``parallelize_module`` on a 1-D mesh,
+  ``training.lm.tp_plan``); embeddings, LayerNorms and the head are replicated.
+  Every rank sees the same batches; rank 0 of the group reports the loss.
+- ``hybrid``: a 2-D mesh ``(dp, tp)``, rank = dp_rank * tp + tp_rank; TP inside each
+  row as above, FSDP2 ``fully_shard`` across the ``dp`` dimension (parameters, grads
+  and optimizer state sharded over replicas; grads reduce-scattered).
+- ``pp``: rank r keeps pipeline stage r (``training.lm.split_stage``: contiguous
+  blocks, embeddings on the first stage, norm and head on the last) and runs
+  ``torch.distributed.pipelining`` GPipe or 1F1B over ``training.parallel.microbatches``
+  micro-batches. Only the last stage computes the loss; it reports the loss and the
+  eval sums, which the trainer all-reduces so every rank holds them.
+
+Loss equivalence with one device (dropout 0): TP computes the same sums in a different
+order (partial sums of o/down are all-reduced), so losses match to float rounding.
+A pipeline averages the micro-batches' mean losses, which equals the batch mean
+because the micro-batches are equal in size (a batch that does not split into
+``microbatches`` equal parts uses the largest divisor below it). Dropout masks differ
+from a one-device run (each rank draws for its own part of the model).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import ContextManager, Iterator
+
+import torch
+from torch import nn
+
+from training.checkpoint import CheckpointMismatchError
+from training.distributed import DistContext
+from training.strategies import DCPStrategy, StrategyConfigError
+
+
+def grad_norm_clip_(params, max_norm: float, world_size: int, plain_replicas: int) -> float:
+    """COLLECTIVE. Clip gradients to a global L2 norm of ``max_norm``; returns the norm before clipping.
+
+    Each gradient's local part enters a sum of squares once per distinct value: a DTensor's
+    local square sum is divided by how many ranks hold the same values (ranks outside its
+    mesh, times its Replicate dimensions); a plain tensor's by ``plain_replicas`` (tp: every
+    rank holds it, pp: only its stage). One all-reduce sums over all ranks. Clipping follows
+    ``torch.nn.utils.clip_grad_norm_``: grads x min(1, max_norm / (norm + 1e-6)).
+    """
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    grads, sq = [], torch.zeros((), dtype=torch.float64)
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        grads.append(g)
+        if isinstance(g, DTensor):
+            mesh = g.device_mesh
+            replicas = world_size // mesh.size()
+            for dim, placement in enumerate(g.placements):
+                if placement.is_replicate():
+                    replicas *= mesh.size(dim)
+            local = g.to_local()
+        else:
+            replicas, local = plain_replicas, g
+        sq += local.detach().double().pow(2).sum() / replicas
+    dist.all_reduce(sq)
+    total = float(sq.sqrt().float())
+    coef = min(1.0, max_norm / (total + 1e-6))
+    with torch.no_grad():
+        for g in grads:
+            (g.to_local() if isinstance(g, DTensor) else g).mul_(coef)
+    return total
+
+
+class _ModelParallel(DCPStrategy):
+    """What tp, pp and hybrid share: degrees, layout, layout check, global-norm clipping."""
+
+    def __init__(self, ctx: DistContext, precision: str, parallel, model_cfg):
+        super().__init__(ctx, precision)
+        if model_cfg is None or getattr(model_cfg, "kind", None) != "lm":
+            raise StrategyConfigError(
+                f"training.strategy: {self.name!r} (model parallel) needs model.kind: lm, "
+                f"got {getattr(model_cfg, 'kind', None)!r}")
+        self.tp, self.pp = parallel.tp, parallel.pp
+        self.dp = ctx.world_size // (self.tp * self.pp)
+        self.parallel = parallel
+
+    def layout(self) -> dict:
+        return {"strategy": self.name, "world_size": self.ctx.world_size, "dp": self.dp, "tp": self.tp,
+                "pp": self.pp}
+
+    def check_layout(self, extra: dict, folder: Path) -> None:
+        theirs, mine = (extra or {}).get("layout"), self.layout()
+        if theirs != mine:
+            def fmt(d):
+                if not isinstance(d, dict):
+                    return "an unknown layout"
+                return (f"strategy {d.get('strategy')!r}, world size {d.get('world_size')}, "
+                        f"dp {d.get('dp', '?')} x tp {d.get('tp', '?')} x pp {d.get('pp', '?')}")
+            raise CheckpointMismatchError(
+                f"checkpoint {folder} was written with {fmt(theirs)}; this run has {fmt(mine)}. "
+                "Its shards only load into the same layout: resume with the same training.strategy, "
+                "training.parallel and world size, or use a fresh --out")
+
+    def clip_grad_norm(self, wrapped: nn.Module, max_norm: float) -> float:
+        return grad_norm_clip_(wrapped.parameters(), max_norm, self.ctx.world_size, self._plain_replicas)
+
+    _plain_replicas = 1
+
+
+class TensorParallelStrategy(_ModelParallel):
+    """tp (dp 1) and hybrid (dp > 1: FSDP2 over the dp dimension of a 2-D mesh)."""
+
+    name = "tp"
+
+    @property
+    def dp_rank(self) -> int:
+        return self.ctx.rank // self.tp
+
+    @property
+    def dp_size(self) -> int:
+        return self.dp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.ctx.rank % self.tp
+
+    @property
+    def reports(self) -> bool:
+        return self.tp_rank == 0
+
+    @property
+    def _plain_replicas(self) -> int:  # replicated modules: every rank holds the same grads
+        return self.ctx.world_size
+
+    def rank_info(self) -> dict:
+        return {"dp_rank": self.dp_rank, "tp_rank": self.tp_rank, "pp_stage": 0}
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        from training.lm import tp_plan
+
+        dev = self.ctx.device.type
+        if self.dp == 1:
+            tp_mesh = init_device_mesh(dev, (self.tp,), mesh_dim_names=("tp",))
+            dp_mesh = None
+        else:
+            mesh = init_device_mesh(dev, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
+            tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
+        for block in model.layers.values():
+            parallelize_module(block, tp_mesh, tp_plan())
+        if dp_mesh is not None:
+            from torch.distributed.fsdp import fully_shard
+
+            for block in model.layers.values():
+                fully_shard(block, mesh=dp_mesh)
+            fully_shard(model, mesh=dp_mesh)
+        return model
+
+    @contextmanager
+    def _sync(self, wrapped: nn.Module, sync: bool) -> Iterator[None]:
+        wrapped.set_requires_gradient_sync(sync)
+        try:
+            yield
+        finally:
+            wrapped.set_requires_gradient_sync(True)
+
+    def sync_context(self, wrapped: nn.Module, sync: bool) -> ContextManager:
+        return self._sync(wrapped, sync) if self.dp > 1 else nullcontext()
+
+    def full_state_dict(self, wrapped: nn.Module) -> dict | None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return sd if self.ctx.is_main else None
+
+
+class HybridStrategy(TensorParallelStrategy):
+    name = "hybrid"
+
+
+def _largest_divisor(n: int, most: int) -> int:
+    return max(d for d in range(1, min(n, most) + 1) if n % d == 0)
+
+
+class PipelineStrategy(_ModelParallel):
+    """pp: rank r runs pipeline stage r; micro-batched GPipe or 1F1B schedules."""
+
+    name = "pp"
+
+    def __init__(self, ctx: DistContext, precision: str, parallel, model_cfg, batch_size: int = 0):
+        super().__init__(ctx, precision, parallel, model_cfg)
+        self.stage_index = ctx.rank
+        self.is_first = self.stage_index == 0
+        self.is_last = self.stage_index == self.pp - 1
+        self.eval_chunk = batch_size
+        self.module: nn.Module | None = None
+        self._schedules: dict = {}
+        self._div = 1
+        self._n_layers = 0
+
+    @property
+    def dp_rank(self) -> int:
+        return 0
+
+    @property
+    def dp_size(self) -> int:
+        return 1
+
+    @property
+    def reports(self) -> bool:
+        return self.is_last
+
+    def rank_info(self) -> dict:
+        from training.lm import stage_layers
+
+        return {"dp_rank": 0, "tp_rank": 0, "pp_stage": self.stage_index,
+                "stage_layers": stage_layers(self._n_layers, self.pp)[self.stage_index]}
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        from training.lm import split_stage
+
+        self._n_layers = len(model.layers)
+        self.module = split_stage(model, self.stage_index, self.pp)
+        return self.module
+
+    def _loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        from training.models import token_loss
+
+        # Mean over the micro-batch, divided so that the stage's summed grads are the batch mean's.
+        return token_loss(out, target) / self._div
+
+    def _schedule(self, size: int, train: bool):
+        """(schedule, micro-batches) for a batch of ``size`` rows; one stage + schedule per shape.
+
+        Stages infer the activation shapes from their first micro-batch, so a batch of
+        another size (an epoch's last, the eval chunks) gets its own stage object.
+        """
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        n = _largest_divisor(size, self.parallel.microbatches)
+        key = (size, n, train)
+        if key not in self._schedules:
+            stage = PipelineStage(self.module, self.stage_index, self.pp, self.ctx.device)
+            use_1f1b = train and self.parallel.schedule == "1f1b" and n >= self.pp
+            cls = Schedule1F1B if use_1f1b else ScheduleGPipe
+            self._schedules[key] = cls(stage, n, loss_fn=self._loss if train else None, scale_grads=False)
+        return self._schedules[key], n
+
+    def forward_backward(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor, grad_accum: int) -> float:
+        """COLLECTIVE (point-to-point along the pipeline). The batch loss on the last stage, 0 elsewhere."""
+        sched, n = self._schedule(len(x), train=True)
+        self._div = n * grad_accum
+        losses: list = []
+        with self.autocast():
+            if self.is_first:
+                sched.step(x, return_outputs=False)
+            elif self.is_last:
+                sched.step(target=y, losses=losses, return_outputs=False)
+            else:
+                sched.step(return_outputs=False)
+        if not self.is_last:
+            return 0.0
+        return float(torch.stack([loss.detach() for loss in losses]).sum()) * grad_accum
+
+    def eval_sums(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
+        """COLLECTIVE. Forward-only pipeline over chunks of the eval slice; sums on the last stage."""
+        from training.models import token_loss
+
+        loss_sum, correct, n_targets = 0.0, 0.0, 0
+        chunk = self.eval_chunk or len(x)
+        for start in range(0, len(x), chunk):
+            xb, yb = x[start:start + chunk], y[start:start + chunk]
+            sched, _ = self._schedule(len(xb), train=False)
+            with self.autocast():
+                if self.is_first:
+                    sched.eval(xb)
+                elif self.is_last:
+                    logits = sched.eval()
+                    loss_sum += token_loss(logits, yb, reduction="sum").item()
+                    correct += (logits.argmax(-1) == yb).sum().item()
+                    n_targets += yb.numel()
+                else:
+                    sched.eval()
+        return loss_sum, correct, n_targets
+
+    @property
+    def _plain_replicas(self) -> int:  # a stage's parameters live on its rank only
+        return 1
+
+    def full_state_dict(self, wrapped: nn.Module) -> dict | None:
+        """COLLECTIVE. Every stage's state dict gathered to rank 0 and merged (same keys as a plain LM)."""
+        import torch.distributed as dist
+
+        mine = {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+        gathered = [None] * self.ctx.world_size if self.ctx.is_main else None
+        dist.gather_object(mine, gathered, dst=0)
+        if not self.ctx.is_main:
+            return None
+        full: dict = {}
+        for part in gathered:
+            full.update(part)
+        return full
+
+    def release(self) -> None:
+        self._schedules.clear()
+        self.module = None
+
+
+def build_model_parallel(name: str, ctx: DistContext, precision: str, parallel, model_cfg,
+                         batch_size: int = 0):
+    """The tp / pp / hybrid strategy (``training.strategies.build_strategy`` calls this)."""
+    if name == "pp":
+        return PipelineStrategy(ctx, precision, parallel, model_cfg, batch_size)
+    if name == "hybrid":
+        return HybridStrategy(ctx, precision, parallel, model_cfg)
+    return TensorParallelStrategy(ctx, precision, parallel, model_cfg)
