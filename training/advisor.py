@@ -371,3 +371,199 @@ def resolve_for_launch(cfg: PipelineConfig, home: Path, nproc: int | None = None
     gpus = torch.cuda.device_count() if t.backend != "gloo" and torch.cuda.is_available() else 0
     sweep = load_sweep(home, cfg) if t.cpu_workers == "auto" else None
     return resolve_auto(cfg, gpus, device_bytes(gpus > 0), sweep, nproc=nproc, nnodes=nnodes)
+
+
+# -- model parallelism: which of DDP, FSDP, TP, PP fit, and which to use ---------------------
+#
+# The rule (docs/parallelism.md says it in words): per-rank bytes of each strategy against
+# ``headroom x device memory``; recommend the first that fits in the order
+# DDP -> FSDP -> TP -> PP. Bytes per parameter of training state: 4 (fp32 weights) + 4
+# (grads) + optimizer (AdamW: 8, two fp32 moments; SGD+momentum: 4). Activations: leaf
+# modules' outputs, as in ``estimate_memory``.
+#
+# - ddp: state x P + A (a full replica per rank);
+# - fsdp (W ranks): state x P / W + 4 x (largest unit's params, gathered while it runs) + A;
+# - tp (degree W): state x (P_shard / W + P_repl) + A_shard / W + A_repl, where the shardable
+#   part is the blocks' q/k/v/up (by column) and o/down weights (by row); needs n_heads and
+#   d_ff divisible by W;
+# - pp (W stages): the heaviest stage's state + its activations; GPipe keeps all m
+#   micro-batches' activations alive, 1F1B at most min(W, m) of them; needs n_layers >= W.
+
+PARALLEL_ORDER = ("ddp", "fsdp", "tp", "pp")
+
+
+def lm_profile(cfg: PipelineConfig) -> dict:
+    """The counts ``advise_parallelism`` needs, measured on ``cfg``'s model (built on CPU).
+
+    Any model gets ``n_params``, ``largest_unit_params`` and ``act_bytes`` (at
+    ``training.batch_size``); an LM (``model.kind: lm``) also gets the tensor-parallel split
+    and per-stage pieces: ``tp_shard_params``, ``tp_shard_act_bytes``, ``first_params`` /
+    ``first_act_bytes`` (embeddings), ``layer_params`` / ``layer_act_bytes`` (one block),
+    ``last_params`` / ``last_act_bytes`` (final norm + head), ``n_layers``, ``n_heads``,
+    ``d_ff``, ``microbatches``, ``schedule``.
+    """
+    import torch
+    from torch import nn
+
+    from training.models import build_model, example_input
+
+    model = build_model(cfg.model, cfg.dataset)
+    batch = cfg.training.batch_size
+    out_elems: dict[str, int] = {}
+
+    def hook_for(name):
+        def hook(_m, _inp, out):
+            if torch.is_tensor(out):
+                out_elems[name] = out[0].numel()
+        return hook
+
+    leaves = {n: m for n, m in model.named_modules() if n and not list(m.children())}
+    handles = [m.register_forward_hook(hook_for(n)) for n, m in leaves.items()]
+    try:
+        with torch.no_grad():
+            model.eval()(example_input(cfg.model, cfg.dataset, batch=1))
+    finally:
+        for h in handles:
+            h.remove()
+    act = lambda names: 4 * batch * sum(out_elems.get(n, 0) for n in names)  # noqa: E731
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    prof = {
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "largest_unit_params": max((sum(p.numel() for p in m.parameters()) for m in linears), default=0),
+        "act_bytes": act(leaves),
+        "optimizer": cfg.training.optimizer,
+        "kind": cfg.model.kind,
+    }
+    if cfg.model.kind != "lm":
+        return prof
+    col, row = ("attn.q", "attn.k", "attn.v", "mlp.up"), ("attn.o", "mlp.down")
+    shard_params = 0
+    for block in model.layers.values():
+        shard_params += sum(p.numel() for n in col for p in block.get_submodule(n).parameters())
+        shard_params += sum(block.get_submodule(n).weight.numel() for n in row)
+    block0 = [n for n in leaves if n.startswith("layers.0.")]
+    count = lambda mods: sum(p.numel() for m in mods for p in m.parameters())  # noqa: E731
+    prof.update(
+        tp_shard_params=shard_params,
+        tp_shard_act_bytes=act([n for n in leaves if n.startswith("layers.") and n.split(".", 2)[2] in col]),
+        first_params=count([model.tok_emb, model.pos_emb]),
+        first_act_bytes=act(["tok_emb", "pos_emb", "drop"]),
+        layer_params=count([model.layers["0"]]),
+        layer_act_bytes=act(block0),
+        last_params=count([model.norm, model.head]),
+        last_act_bytes=act(["norm", "head"]),
+        n_layers=cfg.model.n_layers, n_heads=cfg.model.n_heads, d_ff=cfg.model.d_ff,
+        microbatches=cfg.training.parallel.microbatches, schedule=cfg.training.parallel.schedule,
+    )
+    return prof
+
+
+def _state_per_param(optimizer: str) -> int:
+    return 4 + 4 + (8 if optimizer == "adamw" else 4)
+
+
+def parallel_per_rank(prof: dict, world_size: int) -> dict:
+    """{strategy: (bytes per rank or None, why it does not apply)} for ddp / fsdp / tp / pp at ``world_size``."""
+    k, w = _state_per_param(prof.get("optimizer", "adamw")), world_size
+    P, A = prof["n_params"], prof["act_bytes"]
+    out: dict[str, tuple[int | None, str]] = {
+        "ddp": (k * P + A, ""),
+        "fsdp": (math.ceil(k * P / w) + (4 * prof["largest_unit_params"] if w > 1 else 0) + A, ""),
+    }
+    if prof.get("kind") != "lm" or "tp_shard_params" not in prof:
+        out["tp"] = out["pp"] = (None, "needs model.kind: lm (a transformer laid out for it)")
+        return out
+    if prof["n_heads"] % w or prof["d_ff"] % w:
+        out["tp"] = (None, f"tp {w} does not divide n_heads ({prof['n_heads']}) and d_ff ({prof['d_ff']})")
+    else:
+        ps, As = prof["tp_shard_params"], prof["tp_shard_act_bytes"]
+        out["tp"] = (math.ceil(k * (ps / w + (P - ps))) + math.ceil(As / w) + (A - As), "")
+    if prof["n_layers"] < w:
+        out["pp"] = (None, f"{prof['n_layers']} layers cannot fill {w} pipeline stages")
+    else:
+        from training.lm import stage_layers
+
+        m = prof["microbatches"]
+        alive = 1.0 if prof["schedule"] == "gpipe" else min(w, m) / m  # share of the batch's activations
+        worst = 0
+        for s, layers in enumerate(stage_layers(prof["n_layers"], w)):
+            params = len(layers) * prof["layer_params"]
+            acts = len(layers) * prof["layer_act_bytes"]
+            if s == 0:
+                params, acts = params + prof["first_params"], acts + prof["first_act_bytes"]
+            if s == w - 1:
+                params, acts = params + prof["last_params"], acts + prof["last_act_bytes"]
+            worst = max(worst, k * params + math.ceil(acts * alive))
+        out["pp"] = (worst, "")
+    return out
+
+
+_WHY = {
+    "ddp": "a full replica fits on every device: data parallel is the simplest, and its one gradient "
+           "all-reduce per step overlaps the backward pass",
+    "fsdp": "a full replica does not fit, but sharding parameters, gradients and optimizer state over the "
+            "ranks does: still data parallel, works for any model, about 1.5x DDP's communication",
+    "tp": "sharding the state is not enough because every FSDP rank still holds the whole batch's "
+          "activations (and the largest layer, gathered); tensor parallel splits the blocks' weights and "
+          "their activations, at two all-reduces per block forward and backward: keep it inside a node "
+          "with fast links",
+    "pp": "tensor parallel does not fit or does not apply; pipeline stages hold a share of the layers "
+          "and only send activations between neighbours (cheap, fine across nodes), at the cost of the "
+          "pipeline bubble ((stages - 1) / (microbatches + stages - 1) of the time idle)",
+}
+
+
+def advise_parallelism(prof: dict, device_bytes: int, world_size: int, headroom: float = HEADROOM) -> dict:
+    """Which of DDP, FSDP, TP and PP fit ``world_size`` devices of ``device_bytes``, and which to use.
+
+    Returns ``{"world_size", "budget_bytes", "options": {name: {"per_rank_bytes", "fits",
+    "applicable", "why"}}, "recommended": name | "single" | None, "explanation": str}``.
+    One rank: ``single`` if the model fits, else None and the explanation names the
+    smallest world (2, 4 or 8 ranks) where a strategy would fit. Pure: fixed inputs, no torch.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    budget = int(headroom * device_bytes)
+    where = f"{headroom:.0%} of {human_bytes(device_bytes)} per device = {human_bytes(budget)}"
+    sizes = parallel_per_rank(prof, world_size)
+    options = {}
+    for name in PARALLEL_ORDER:
+        need, why_not = sizes[name]
+        applicable = need is not None and (world_size > 1 or name == "ddp")
+        if world_size == 1 and name != "ddp":
+            why_not = "one rank: nothing to shard or split"
+        options[name] = {"per_rank_bytes": need, "applicable": applicable,
+                         "fits": bool(applicable and need <= budget),
+                         "why": why_not or f"needs {human_bytes(need)} per rank"}
+    P = prof["n_params"]
+    head = (f"{P:,} parameters ({human_bytes(_state_per_param(prof.get('optimizer', 'adamw')) * P)} of weights, "
+            f"grads and optimizer state) and {human_bytes(prof['act_bytes'])} of activations per batch; budget {where}")
+    if world_size == 1:
+        if options["ddp"]["fits"]:
+            return {"world_size": 1, "budget_bytes": budget, "options": options, "recommended": "single",
+                    "explanation": f"single: the whole model fits one device. {head}."}
+        for w in (2, 4, 8):
+            bigger = advise_parallelism(prof, device_bytes, w, headroom)
+            if bigger["recommended"]:
+                hint = f"with {w} devices, {bigger['recommended']} would fit ({bigger['explanation']})"
+                break
+        else:
+            hint = "not even 8 devices would hold it: use a smaller model or batch"
+        return {"world_size": 1, "budget_bytes": budget, "options": options, "recommended": None,
+                "explanation": f"nothing fits one device ({human_bytes(options['ddp']['per_rank_bytes'])} "
+                               f"needed). {head}. {hint}."}
+    fitting = [n for n in PARALLEL_ORDER if options[n]["fits"]]
+    table = "; ".join(f"{n}: {o['why']}" + (" (fits)" if o["fits"] else "") for n, o in options.items())
+    if not fitting:
+        return {"world_size": world_size, "budget_bytes": budget, "options": options, "recommended": None,
+                "explanation": f"nothing fits {world_size} ranks. {head}. {table}. Use more devices, "
+                               "combine (hybrid: data x tensor parallel), or a smaller model or batch."}
+    best = fitting[0]
+    return {"world_size": world_size, "budget_bytes": budget, "options": options, "recommended": best,
+            "explanation": f"{best}: {_WHY[best]}. {head}. {table}."}
+
+
+def device_bytes_per_rank(use_cuda: bool, nproc_per_node: int) -> int:
+    """Memory one rank may use: a GPU's total memory, or on CPU the host RAM shared by its processes."""
+    total = device_bytes(use_cuda)
+    return total if use_cuda else total // max(1, nproc_per_node)

@@ -28,8 +28,12 @@ class CheckpointMismatchError(RuntimeError):
 
 
 def _identity(extra: dict) -> dict:
-    """What the completion marker records, so a launcher can check a folder without torch.load."""
-    return {"config_id": extra.get("config_id"), "data_md5": extra.get("data_md5")}
+    """What the completion marker records, so a launcher can check a folder without torch.load
+    (and, when the trainer recorded it, the model's layout over ranks)."""
+    ident = {"config_id": extra.get("config_id"), "data_md5": extra.get("data_md5")}
+    if extra.get("layout") is not None:
+        ident["layout"] = extra["layout"]
+    return ident
 
 
 def latest_identity(directory: Path) -> dict | None:

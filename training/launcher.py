@@ -81,7 +81,7 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
     """
     from core.paths import trainflow_home
     from training.advisor import resolve_for_launch
-    from training.strategies import check_world
+    from training.strategies import check_world, layout_for
 
     if not isinstance(nproc, int):
         nproc = None  # e.g. "auto": default_nproc of a config whose cpu_workers is still auto
@@ -95,7 +95,8 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
     if nnodes > 1 and not rdzv_endpoint:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
     check_world(cfg.training.strategy, nproc * nnodes, cfg.training.parallel)
-    _check_resumable(out_dir, cfg.config_id(), data_md5, force_resume)
+    _check_resumable(out_dir, cfg.config_id(), data_md5, force_resume,
+                     layout_for(cfg.training.strategy, nproc * nnodes, cfg.training.parallel))
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"
     config_path.write_text(cfg.to_yaml())
@@ -109,16 +110,27 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
     )
 
 
-def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool) -> None:
+def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, layout: dict | None = None) -> None:
     """Refuse before launching when ``out_dir`` holds checkpoints of another config or dataset.
 
     The worker checks the same on load; checking here fails in milliseconds instead of
     after torchrun's start-up and every restart attempt.
     """
     from training.checkpoint import latest_identity
+    from training.strategies import MODEL_PARALLEL, describe_layout
 
     found = latest_identity(out_dir / "checkpoints")
-    if force or not found:
+    if not found:
+        return
+    theirs = found.get("layout")
+    if layout and theirs and theirs != layout and set(MODEL_PARALLEL) & {layout["strategy"], theirs.get("strategy")}:
+        # Sharded (tp/hybrid) or staged (pp) checkpoints only load into the layout that wrote them:
+        # --force-resume cannot help, so this is checked first.
+        raise ConfigError(
+            f"{out_dir}: its checkpoint (step {found.get('step')}) was written with {describe_layout(theirs)}, "
+            f"this run has {describe_layout(layout)}; resume with the same training.strategy, "
+            "training.parallel and world size, or use a fresh output folder")
+    if force:
         return
     for key, mine in (("config_id", config_id), ("data_md5", data_md5)):
         if found.get(key) not in (None, mine):

@@ -36,7 +36,7 @@ from torch import nn
 
 from training.checkpoint import CheckpointMismatchError
 from training.distributed import DistContext
-from training.strategies import DCPStrategy, StrategyConfigError
+from training.strategies import DCPStrategy, StrategyConfigError, describe_layout, layout_for
 
 
 def grad_norm_clip_(params, max_norm: float, world_size: int, plain_replicas: int) -> float:
@@ -90,21 +90,24 @@ class _ModelParallel(DCPStrategy):
         self.parallel = parallel
 
     def layout(self) -> dict:
-        return {"strategy": self.name, "world_size": self.ctx.world_size, "dp": self.dp, "tp": self.tp,
-                "pp": self.pp}
+        return layout_for(self.name, self.ctx.world_size, self.parallel)
 
     def check_layout(self, extra: dict, folder: Path) -> None:
         theirs, mine = (extra or {}).get("layout"), self.layout()
         if theirs != mine:
-            def fmt(d):
-                if not isinstance(d, dict):
-                    return "an unknown layout"
-                return (f"strategy {d.get('strategy')!r}, world size {d.get('world_size')}, "
-                        f"dp {d.get('dp', '?')} x tp {d.get('tp', '?')} x pp {d.get('pp', '?')}")
             raise CheckpointMismatchError(
-                f"checkpoint {folder} was written with {fmt(theirs)}; this run has {fmt(mine)}. "
+                f"checkpoint {folder} was written with {describe_layout(theirs)}; this run has "
+                f"{describe_layout(mine)}. "
                 "Its shards only load into the same layout: resume with the same training.strategy, "
                 "training.parallel and world size, or use a fresh --out")
+
+    def _sd_options(self):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        # Optimizer param groups keyed per parameter name: pipeline stages hold different
+        # parameters, and the nested default format ("param_groups.0.params") would be one
+        # key that DCP keeps from one rank only.
+        return StateDictOptions(flatten_optimizer_state_dict=True)
 
     def clip_grad_norm(self, wrapped: nn.Module, max_norm: float) -> float:
         return grad_norm_clip_(wrapped.parameters(), max_norm, self.ctx.world_size, self._plain_replicas)

@@ -83,6 +83,23 @@ def check_world(strategy: str, world_size: int, parallel=None) -> None:
             raise StrategyConfigError(str(exc)) from None
 
 
+def layout_for(strategy: str, world_size: int, parallel=None) -> dict:
+    """How a run lays the model out over ranks (recorded in checkpoints; compared on resume)."""
+    if strategy not in MODEL_PARALLEL:
+        return {"strategy": strategy, "world_size": world_size}
+    tp, pp = (parallel.tp, parallel.pp) if parallel is not None else (1, 1)
+    return {"strategy": strategy, "world_size": world_size, "dp": world_size // (tp * pp), "tp": tp, "pp": pp}
+
+
+def describe_layout(layout) -> str:
+    if not isinstance(layout, dict):
+        return "an unknown layout"
+    text = f"strategy {layout.get('strategy')!r}, world size {layout.get('world_size')}"
+    if "tp" in layout:
+        text += f", dp {layout.get('dp')} x tp {layout.get('tp')} x pp {layout.get('pp')}"
+    return text
+
+
 def _check_precision(precision: str) -> None:
     if precision not in PRECISIONS:
         raise StrategyConfigError(
@@ -187,8 +204,8 @@ class Strategy:
         return True
 
     def layout(self) -> dict:
-        """How the model is laid out over ranks; stored in checkpoints."""
-        return {"strategy": self.name, "world_size": self.ctx.world_size}
+        """How the model is laid out over ranks; stored in checkpoints (``layout_for``)."""
+        return layout_for(self.name, self.ctx.world_size)
 
     def rank_info(self) -> dict:
         """This rank's coordinates in the layout (for result.json's per-rank records)."""
@@ -329,6 +346,10 @@ class DCPStrategy(Strategy):
     def check_layout(self, extra: dict, folder: Path) -> None:
         """Raise (a ``CheckpointMismatchError``) when ``folder`` was written for another layout; FSDP: never."""
 
+    def _sd_options(self):
+        """``StateDictOptions`` for get/set_state_dict (None: the defaults)."""
+        return None
+
     def save_checkpoint(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, extra: dict,
                         folder: Path) -> None:
         """COLLECTIVE. Sharded DCP save of model + optimizer; rank 0 adds ``extra.pt``."""
@@ -346,7 +367,7 @@ class DCPStrategy(Strategy):
         # get_state_dict initialises an optimizer that never stepped with a zero-lr step
         # (AdamW: step=1); undo that so saving never changes how training continues.
         fresh = not optimizer.state
-        model_sd, optim_sd = get_state_dict(wrapped, optimizer)
+        model_sd, optim_sd = get_state_dict(wrapped, optimizer, options=self._sd_options())
         try:
             with _dcp_errors(f"saving checkpoint {folder}"):
                 dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
@@ -369,11 +390,12 @@ class DCPStrategy(Strategy):
             error = exc
         _agree(self.ctx, error, f"loading checkpoint {folder}")
         self.check_layout(extra, folder)  # every rank read the same extra: all raise, or none
-        model_sd, optim_sd = get_state_dict(wrapped, optimizer)
+        model_sd, optim_sd = get_state_dict(wrapped, optimizer, options=self._sd_options())
         state = {"model": model_sd, "optim": optim_sd}
         with _dcp_errors(f"loading checkpoint {folder}"):  # DCP raises on every rank if any failed
             dcp.load(state, checkpoint_id=folder)
-        set_state_dict(wrapped, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(wrapped, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=self._sd_options())
         return extra
 
 

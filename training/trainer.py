@@ -308,7 +308,8 @@ class Trainer:
         result.resumed_from_step = self.resume()
         self.last_metrics: dict = {}
         self.flops = None
-        if self.ctx.device.type == "cuda" and t.peak_tflops:
+        # MFU needs one rank to run the whole model on a batch: not a pipeline stage.
+        if self.ctx.device.type == "cuda" and t.peak_tflops and t.strategy != "pp":
             x0, y0 = self.data.train.tensors[0][: t.batch_size], self.data.train.tensors[1][: t.batch_size]
             self.flops = flops_per_sample(self.raw_model, x0.to(self.ctx.device),
                                           lambda out: token_loss(out, y0.to(self.ctx.device)))

@@ -1,0 +1,218 @@
+"""Model parallelism without processes: the LM's layout, the config checks of degrees and kinds,
+and the advisor's DDP / FSDP / TP / PP rule on fixed numbers."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from core.config import config_from_dict
+from core.errors import ConfigError
+from training.advisor import advise_parallelism, lm_profile, parallel_per_rank
+from training.lm import split_stage, stage_layers
+from training.models import build_model, token_loss
+from training.strategies import StrategyConfigError, check_world
+
+LM = {"kind": "lm", "seq_len": 16, "d_model": 32, "n_layers": 4, "n_heads": 4, "d_ff": 64, "dropout": 0.0}
+
+
+def lm_cfg(training=None, model=None):
+    return config_from_dict({"name": "t", "model": {**LM, **(model or {})},
+                             "training": {"strategy": "single", "cpu_workers": 1, **(training or {})}})
+
+
+# -- the model ---------------------------------------------------------------------------------
+def test_lm_is_causal_and_predicts_every_position():
+    cfg = lm_cfg()
+    torch.manual_seed(0)
+    model = build_model(cfg.model, cfg.dataset).eval()
+    x = torch.randint(0, 256, (2, 16))
+    y = x.clone()
+    y[:, 10:] = (y[:, 10:] + 1) % 256  # change the future only
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    assert a.shape == (2, 16, 256)
+    assert torch.equal(a[:, :10], b[:, :10]) and not torch.equal(a[:, 10:], b[:, 10:])
+    assert token_loss(a, x).ndim == 0  # [n, T, C] logits and [n, T] targets: one mean
+
+
+def test_token_loss_is_plain_cross_entropy_for_classifiers():
+    logits, y = torch.randn(5, 10), torch.randint(0, 10, (5,))
+    assert torch.equal(token_loss(logits, y), torch.nn.functional.cross_entropy(logits, y))
+
+
+def test_stages_compose_to_the_full_model_and_keep_its_parameter_names():
+    cfg = lm_cfg()
+    torch.manual_seed(0)
+    full = build_model(cfg.model, cfg.dataset).eval()
+    x = torch.randint(0, 256, (3, 16))
+    stages = [split_stage(copy.deepcopy(full), s, 3) for s in range(3)]
+    h = x
+    with torch.no_grad():
+        for stage in stages:
+            h = stage(h)
+        assert torch.equal(h, full(x))
+    keys = [list(s.state_dict()) for s in stages]
+    assert sum(len(k) for k in keys) == len(full.state_dict())
+    merged = {k: v for s in stages for k, v in s.state_dict().items()}
+    fresh = build_model(cfg.model, cfg.dataset)
+    fresh.load_state_dict(merged)  # strict: the stages together are exactly one plain LM
+    assert keys[0][0] == "tok_emb.weight" and keys[-1][-1] == "head.weight"
+
+
+def test_stage_layers_are_contiguous_and_balanced():
+    assert stage_layers(4, 2) == [[0, 1], [2, 3]]
+    assert stage_layers(5, 3) == [[0, 1], [2, 3], [4]]
+    with pytest.raises(ValueError, match="cannot split 2 layers into 3"):
+        stage_layers(2, 3)
+
+
+# -- config ------------------------------------------------------------------------------------
+def test_degrees_that_do_not_divide_the_world_name_the_keys():
+    with pytest.raises(ConfigError, match=r"training\.parallel: tp \(2\) x pp \(1\) must divide the world size 3"):
+        lm_cfg({"strategy": "tp", "cpu_workers": 3, "parallel": {"tp": 2}})
+
+
+@pytest.mark.parametrize("training, match", [
+    ({"strategy": "tp", "cpu_workers": 4, "parallel": {"tp": 2}}, "strategy 'tp' needs tp == world size"),
+    ({"strategy": "pp", "cpu_workers": 2, "parallel": {"pp": 2, "tp": 2}}, r"must divide the world size 2"),
+    ({"strategy": "hybrid", "cpu_workers": 2, "parallel": {"tp": 2}}, "'hybrid' is data x tensor parallel"),
+    ({"strategy": "pp", "cpu_workers": 2, "batch_size": 30, "parallel": {"pp": 2}},
+     r"training\.parallel: microbatches \(4\) must divide training\.batch_size \(30\)"),
+    ({"strategy": "pp", "cpu_workers": 4, "parallel": {"pp": 4, "schedule": "1f1b", "microbatches": 2}},
+     "1f1b needs microbatches >= pp"),
+])
+def test_each_strategy_checks_its_degrees(training, match):
+    with pytest.raises(ConfigError, match=match):
+        lm_cfg(training)
+
+
+def test_model_parallel_needs_an_lm_and_fitting_shapes():
+    with pytest.raises(ConfigError, match=r"training\.strategy: 'tp' \(model parallel\) needs model\.kind: lm"):
+        config_from_dict({"name": "t", "training": {"strategy": "tp", "cpu_workers": 2, "parallel": {"tp": 2}}})
+    with pytest.raises(ConfigError, match=r"training\.parallel\.tp: 8 must divide model\.n_heads \(4\)"):
+        lm_cfg({"strategy": "tp", "cpu_workers": 8, "parallel": {"tp": 8}})
+    with pytest.raises(ConfigError, match=r"training\.parallel\.pp: 8 stages for model\.n_layers 4"):
+        lm_cfg({"strategy": "pp", "cpu_workers": 8, "batch_size": 32, "parallel": {"pp": 8}})
+    with pytest.raises(ConfigError, match=r"model\.d_model: must be divisible by model\.n_heads \(4\), got 30"):
+        lm_cfg(model={"d_model": 30})
+
+
+def test_valid_layouts_load():
+    assert lm_cfg({"strategy": "tp", "cpu_workers": 2, "parallel": {"tp": 2}}).training.parallel.tp == 2
+    assert lm_cfg({"strategy": "pp", "cpu_workers": 4, "parallel": {"pp": 4}}).training.parallel.pp == 4
+    cfg = lm_cfg({"strategy": "hybrid", "cpu_workers": 4, "parallel": {"tp": 2}})
+    assert cfg.training.strategy == "hybrid"
+
+
+def test_launch_time_check_uses_the_real_world_size():
+    cfg = lm_cfg({"strategy": "tp", "cpu_workers": 2, "parallel": {"tp": 2}})
+    check_world("tp", 2, cfg.training.parallel)
+    with pytest.raises(StrategyConfigError, match=r"tp \(2\) x pp \(1\) must divide the world size 3"):
+        check_world("tp", 3, cfg.training.parallel)  # e.g. --nproc 3 overriding cpu_workers
+
+
+# -- advisor -----------------------------------------------------------------------------------
+def test_lm_profile_counts_by_hand():
+    prof = lm_profile(lm_cfg({"batch_size": 2}))
+    d, f, n = 32, 64, 4
+    per_block_shard = 3 * (d * d + d) + (d * f + f) + d * d + f * d  # q,k,v (+bias), up (+bias), o, down weights
+    assert prof["tp_shard_params"] == n * per_block_shard
+    assert prof["first_params"] + n * prof["layer_params"] + prof["last_params"] == prof["n_params"]
+    model = build_model(lm_cfg().model, lm_cfg().dataset)
+    assert prof["n_params"] == sum(p.numel() for p in model.parameters())
+    # logits: 4 bytes x batch 2 x 16 positions x 256 classes, part of the last stage's activations
+    assert prof["last_act_bytes"] >= 4 * 2 * 16 * 256
+    assert prof["first_act_bytes"] + n * prof["layer_act_bytes"] + prof["last_act_bytes"] == prof["act_bytes"]
+
+
+# Round numbers, so each expected byte count can be checked by hand (AdamW: 16 bytes/param).
+PROF = {"kind": "lm", "optimizer": "adamw", "n_params": 1000, "largest_unit_params": 100, "act_bytes": 1000,
+        "tp_shard_params": 800, "tp_shard_act_bytes": 600, "first_params": 100, "first_act_bytes": 100,
+        "layer_params": 200, "layer_act_bytes": 200, "last_params": 100, "last_act_bytes": 100,
+        "n_layers": 4, "n_heads": 4, "d_ff": 16, "microbatches": 4, "schedule": "gpipe"}
+
+
+def test_per_rank_bytes_follow_the_documented_rule():
+    sizes = parallel_per_rank(PROF, 2)
+    assert sizes["ddp"][0] == 16 * 1000 + 1000
+    assert sizes["fsdp"][0] == 16 * 1000 // 2 + 4 * 100 + 1000
+    assert sizes["tp"][0] == 16 * (800 // 2 + 200) + 600 // 2 + 400
+    assert sizes["pp"][0] == 16 * (100 + 2 * 200) + (100 + 2 * 200)  # stage 0: embeddings + 2 blocks
+    one_f_one_b = parallel_per_rank({**PROF, "schedule": "1f1b"}, 2)["pp"][0]
+    assert one_f_one_b == 16 * 500 + 500 * 2 // 4  # 2 of 4 micro-batches alive
+
+
+@pytest.mark.parametrize("device, expected", [
+    (20_000, "ddp"),   # a replica (17000) fits
+    (10_000, "fsdp"),  # sharded state 9400 fits; tp needs 10300
+    (9_000, "pp"),     # only the pipeline (8500) fits
+])
+def test_advisor_picks_the_first_that_fits(device, expected):
+    advice = advise_parallelism(PROF, device, 2, headroom=1.0)
+    assert advice["recommended"] == expected
+    assert advice["explanation"].startswith(f"{expected}: ")
+    assert advice["options"][expected]["fits"]
+
+
+def test_activation_heavy_model_goes_tensor_parallel():
+    prof = {**PROF, "act_bytes": 3000, "tp_shard_act_bytes": 2600, "layer_act_bytes": 700}
+    sizes = parallel_per_rank(prof, 2)
+    assert sizes["fsdp"][0] == 11400 and sizes["tp"][0] == 11300  # activations dominate
+    advice = advise_parallelism(prof, 11_350, 2, headroom=1.0)
+    assert advice["recommended"] == "tp" and "activations" in advice["explanation"]
+
+
+def test_tp_that_cannot_split_the_heads_falls_to_pp():
+    advice = advise_parallelism({**PROF, "n_heads": 3}, 10_000, 2, headroom=1.0)
+    assert not advice["options"]["tp"]["applicable"] and "n_heads (3)" in advice["options"]["tp"]["why"]
+    # fsdp 9400 still fits first; with less memory only pp remains
+    assert advice["recommended"] == "fsdp"
+    assert advise_parallelism({**PROF, "n_heads": 3}, 9_000, 2, headroom=1.0)["recommended"] == "pp"
+
+
+def test_non_lm_models_only_get_data_parallel():
+    prof = {k: PROF[k] for k in ("n_params", "largest_unit_params", "act_bytes", "optimizer")} | {"kind": "cnn"}
+    advice = advise_parallelism(prof, 9_000, 2, headroom=1.0)
+    assert advice["recommended"] is None
+    assert "needs model.kind: lm" in advice["options"]["tp"]["why"]
+    assert "nothing fits 2 ranks" in advice["explanation"]
+
+
+def test_one_device_is_single_or_says_how_many_devices_would_do():
+    assert advise_parallelism(PROF, 20_000, 1, headroom=1.0)["recommended"] == "single"
+    advice = advise_parallelism(PROF, 10_000, 1, headroom=1.0)
+    assert advice["recommended"] is None
+    assert "with 2 devices, fsdp would fit" in advice["explanation"]
+
+
+def _marker(folder, layout):
+    import json
+
+    step = folder / "checkpoints" / "step_00000004"
+    step.mkdir(parents=True)
+    (step / "COMPLETE").write_text(json.dumps({"step": 4, "config_id": "c", "data_md5": "d", "layout": layout}))
+
+
+def test_launcher_refuses_another_layout_before_starting_even_when_forced(tmp_path):
+    from training.launcher import _check_resumable
+    from training.strategies import layout_for
+
+    cfg = lm_cfg({"strategy": "tp", "cpu_workers": 2, "parallel": {"tp": 2}})
+    tp2 = layout_for("tp", 2, cfg.training.parallel)
+    _marker(tmp_path, tp2)
+    _check_resumable(tmp_path, "c", "d", False, tp2)  # same layout: fine
+    pp = lm_cfg({"strategy": "pp", "cpu_workers": 2, "parallel": {"pp": 2}}).training.parallel
+    for other in (layout_for("pp", 2, pp), layout_for("ddp", 2)):
+        with pytest.raises(ConfigError, match=r"written with strategy 'tp', world size 2, dp 1 x tp 2 x pp 1"):
+            _check_resumable(tmp_path, "c", "d", True, other)
+
+
+def test_data_parallel_checkpoints_still_resume_on_another_world_size(tmp_path):
+    from training.launcher import _check_resumable
+    from training.strategies import layout_for
+
+    _marker(tmp_path, layout_for("ddp", 2))
+    _check_resumable(tmp_path, "c", "d", False, layout_for("ddp", 4))  # DDP state is replicated: no refusal
