@@ -41,9 +41,48 @@ class Expectations(_Strict):
         return self
 
 
+class TextExpectations(_Strict):
+    """Data-quality bounds of a text corpus (``dataset.kind: text``)."""
+
+    # Each document's UTF-8 size in bytes must lie in this range.
+    doc_bytes: tuple[int, int] = (1, 1_000_000)
+    train_docs: tuple[int, int] = (1, 1_000_000)
+    eval_docs: tuple[int, int] = (1, 1_000_000)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "TextExpectations":
+        for name in ("doc_bytes", "train_docs", "eval_docs"):
+            lo, hi = getattr(self, name)
+            if lo < 0:
+                raise ValueError(f"{name}: lower bound must be >= 0, got {lo}")
+            if lo > hi:
+                raise ValueError(f"{name}: lower bound {lo} is above upper bound {hi}")
+        return self
+
+
+class TextConfig(_Strict):
+    """A corpus of documents as JSON Lines (``{"path": ..., "text": ...}`` per line), split by file.
+
+    Training windows come from ``train_file`` minus a seeded ``holdout_fraction`` of its
+    documents, which feed the per-epoch validation; the evaluation gate scores ``eval_file``,
+    documents that neither training nor early stopping ever saw.
+    """
+
+    train_file: str = "train.jsonl"
+    eval_file: str = "val.jsonl"
+    # Tokens per window (byte-level: one token per UTF-8 byte); must equal model.seq_len.
+    seq_len: int = Field(128, gt=1)
+    # Step between training windows' starts (null: seq_len, i.e. no overlap).
+    stride: int | None = Field(None, gt=0)
+    holdout_fraction: float = Field(0.1, gt=0, lt=1)
+    expectations: TextExpectations = TextExpectations()
+
+
 class DatasetConfig(_Strict):
     """Where the DVC-tracked data lives and what its columns are."""
 
+    # tabular: CSV splits of feature columns + label; text: a JSON Lines corpus (see ``text``).
+    kind: Literal["tabular", "text"] = "tabular"
     dvc_file: str = "data.dvc"
     path: str = "data/digits"
     train_file: str = "train.csv"
@@ -55,6 +94,15 @@ class DatasetConfig(_Strict):
     # Share of the training split held out for per-epoch validation.
     val_fraction: float = Field(0.1, gt=0, lt=1)
     expectations: Expectations = Expectations()
+    text: TextConfig | None = None
+
+    @model_validator(mode="after")
+    def _text_block(self) -> "DatasetConfig":
+        if self.kind == "text" and self.text is None:
+            raise ValueError("text: required when kind is 'text'")
+        if self.kind != "text" and self.text is not None:
+            raise ValueError(f"text: only for kind 'text', but kind is {self.kind!r}")
+        return self
 
     @property
     def feature_columns(self) -> list[str]:
@@ -246,6 +294,11 @@ class GatesConfig(_Strict):
     max_latency_p95_ms: float = Field(20.0, gt=0)
     # Candidate may trail the champion by at most this much (accuracy, macro-F1).
     max_regression: float = Field(0.005, ge=0, le=1)
+    # Language models (dataset.kind: text) are gated on perplexity over the eval documents
+    # instead: at most max_perplexity, and at most (1 + max_perplexity_regression) x the
+    # champion's (null: no regression allowed).
+    max_perplexity: float | None = Field(None, gt=1)
+    max_perplexity_regression: float | None = Field(None, ge=0)
 
 
 class RegistryConfig(_Strict):
@@ -264,6 +317,23 @@ class PipelineConfig(_Strict):
     registry: RegistryConfig = RegistryConfig()
 
     @model_validator(mode="after")
+    def _text_needs_lm(self) -> "PipelineConfig":
+        if self.dataset.kind != "text":
+            return self
+        if self.model.kind != "lm":
+            raise ValueError(f"model.kind: dataset.kind 'text' needs 'lm', got {self.model.kind!r}")
+        seq_len = getattr(self.model, "seq_len", None)
+        if seq_len is not None and seq_len != self.dataset.text.seq_len:
+            raise ValueError(f"dataset.text.seq_len: {self.dataset.text.seq_len} differs from "
+                             f"model.seq_len {seq_len}; windows must fit the model")
+        vocab = getattr(self.model, "vocab_size", 256)
+        if vocab != 256:
+            raise ValueError(f"model.vocab_size: must be 256 for byte-level text, got {vocab}")
+        if self.gates.max_perplexity is None:
+            raise ValueError("gates.max_perplexity: required when dataset.kind is 'text'")
+        return self
+
+    @model_validator(mode="after")
     def _model_parallel_needs_lm(self) -> "PipelineConfig":
         t, m = self.training, self.model
         if t.strategy in MODEL_PARALLEL:
@@ -280,11 +350,37 @@ class PipelineConfig(_Strict):
         return self
 
     def config_id(self) -> str:
-        """sha256 of the canonical JSON: equal configs hash equal, whatever the YAML looked like."""
-        return sha256_json(self.model_dump(mode="json"))
+        """sha256 of the canonical JSON: equal configs hash equal, whatever the YAML looked like.
+
+        Keys added after configs were first hashed (``ID_LATER_KEYS``) are left out while they
+        hold their default, so a config that does not use them keeps the id it always had.
+        """
+        data = self.model_dump(mode="json")
+        for section, key in ID_LATER_KEYS:
+            field = type(getattr(self, section)).model_fields[key]
+            default = field.get_default(call_default_factory=True)
+            if data[section].get(key) == _jsonable_default(default):
+                del data[section][key]
+        return sha256_json(data)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+# (section, key) added to the schema after configs were first hashed: text datasets, language
+# models and model parallelism. Left out of the config id while at their default.
+ID_LATER_KEYS = (
+    ("dataset", "kind"), ("dataset", "text"),
+    ("model", "vocab_size"), ("model", "seq_len"), ("model", "d_model"), ("model", "n_layers"),
+    ("model", "n_heads"), ("model", "d_ff"),
+    ("training", "parallel"),
+    ("gates", "max_perplexity"), ("gates", "max_perplexity_regression"),
+)
+
+
+def _jsonable_default(value: Any) -> Any:
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else (
+        list(value) if isinstance(value, tuple) else value)
 
 
 _MESSAGES = {

@@ -52,7 +52,12 @@ def _check(name: str, value: float, threshold: float, op: str) -> Check:
 
 def decide(candidate: dict, gates: GatesConfig, champion: dict | None = None,
            champion_version: str | None = None) -> GateDecision:
-    """Apply every gate to ``candidate`` metrics (and the champion's, when there is one)."""
+    """Apply every gate to ``candidate`` metrics (and the champion's, when there is one).
+
+    Language-model metrics (``candidate["kind"] == "lm"``) go to :func:`decide_lm`.
+    """
+    if candidate.get("kind") == "lm":
+        return decide_lm(candidate, gates, champion, champion_version)
     checks = [
         _check("accuracy", candidate["accuracy"], gates.min_accuracy, ">="),
         _check("macro_f1", candidate["macro_f1"], gates.min_macro_f1, ">="),
@@ -62,4 +67,20 @@ def decide(candidate: dict, gates: GatesConfig, champion: dict | None = None,
     if champion is not None:
         for key in ("accuracy", "macro_f1"):
             checks.append(_check(f"{key}_vs_champion", candidate[key], champion[key] - gates.max_regression, ">="))
+    return GateDecision(all(c.passed for c in checks), tuple(checks), champion_version)
+
+
+def decide_lm(candidate: dict, gates: GatesConfig, champion: dict | None = None,
+              champion_version: str | None = None) -> GateDecision:
+    """Perplexity at most ``max_perplexity``, latency bound, and no worse than the champion's
+    perplexity by more than the factor ``1 + max_perplexity_regression`` (0 when unset)."""
+    if gates.max_perplexity is None:
+        raise ValueError("gates.max_perplexity: required to gate a language model")
+    checks = [
+        _check("perplexity", candidate["perplexity"], gates.max_perplexity, "<="),
+        _check("latency_p95_ms", candidate["latency_p95_ms"], gates.max_latency_p95_ms, "<="),
+    ]
+    if champion is not None:
+        allowed = champion["perplexity"] * (1 + (gates.max_perplexity_regression or 0.0))
+        checks.append(_check("perplexity_vs_champion", candidate["perplexity"], allowed, "<="))
     return GateDecision(all(c.passed for c in checks), tuple(checks), champion_version)

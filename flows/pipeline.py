@@ -30,6 +30,10 @@ def _transient(task_, task_run, state) -> bool:
 
 
 TASK = dict(cache_policy=NO_CACHE, retry_condition_fn=_transient)
+# Candidate / champion metrics in the summary and MLflow, per dataset kind.
+METRIC_KEYS = {"tabular": ("accuracy", "macro_f1", "min_class_recall", "latency_p95_ms"),
+               "text": ("loss", "perplexity", "bits_per_byte", "latency_p95_ms")}
+CHAMPION_KEYS = {"tabular": ("accuracy", "macro_f1"), "text": ("perplexity", "bits_per_byte")}
 
 
 @dataclass
@@ -148,6 +152,8 @@ def train(ctx: RunContext, nproc: int) -> dict:
 @task(name="evaluate", timeout_seconds=300, retries=1, **TASK)
 def evaluate(ctx: RunContext, result: dict) -> dict:
     """Score the candidate and the current champion on the same test split."""
+    if ctx.cfg.dataset.kind == "text":
+        return _evaluate_lm(ctx, result)
     import pandas as pd
 
     from evaluation.evaluate import evaluate as run_eval
@@ -167,6 +173,24 @@ def evaluate(ctx: RunContext, result: dict) -> dict:
                                    ("accuracy", "macro_f1", "min_class_recall", "latency_p95_ms")})
     if report["champion"]:
         store.log_metrics(ctx.run_id, {f"champion/{k}": report["champion"][k] for k in ("accuracy", "macro_f1")})
+    store.log_file(ctx.run_id, ctx.out_dir / "evaluation", "evaluation")
+    return report
+
+
+def _evaluate_lm(ctx: RunContext, result: dict) -> dict:
+    """The language model's loss / perplexity on the eval documents, and the champion's."""
+    from evaluation.lm import evaluate_lm
+    from registry import models, store
+
+    name = ctx.cfg.registry.model_name
+    champ = models.champion_version(name)
+    scorer = models.load_predictor(name, "champion") if champ is not None else None
+    report = evaluate_lm(Path(result["out_dir"]) / result["model_pt2"], ctx.cfg.dataset, ctx.root,
+                         ctx.out_dir / "evaluation", scorer)
+    report["champion_version"] = champ["version"] if champ else None
+    store.log_metrics(ctx.run_id, {f"test/{k}": report["candidate"][k] for k in METRIC_KEYS["text"]})
+    if report["champion"]:
+        store.log_metrics(ctx.run_id, {f"champion/{k}": report["champion"][k] for k in CHAMPION_KEYS["text"]})
     store.log_file(ctx.run_id, ctx.out_dir / "evaluation", "evaluation")
     return report
 
@@ -192,6 +216,19 @@ def gate(ctx: RunContext, report: dict) -> dict:
 @task(name="register", timeout_seconds=300, retries=2, retry_delay_seconds=2, **TASK)
 def register(ctx: RunContext, result: dict, report: dict) -> dict:
     """Log the pyfunc model, register a version tagged with the manifest, set aliases."""
+    from registry import models
+
+    log_version = _log_lm if ctx.cfg.dataset.kind == "text" else _log_classifier
+    reg = log_version(ctx, result, report)
+    if ctx.cfg.registry.promotion == "auto":
+        models.promote(reg["name"], reg["version"], "champion")
+    reg["aliases"] = models.aliases_of(reg["name"], reg["version"])
+    _md("registration", f"# Registered {reg['name']} v{reg['version']}\n\naliases: {', '.join(reg['aliases'])}\n",
+        "MLflow model version")
+    return reg
+
+
+def _log_classifier(ctx: RunContext, result: dict, report: dict) -> dict:
     import pandas as pd
 
     from evaluation.evaluate import load_test_split
@@ -202,17 +239,32 @@ def register(ctx: RunContext, result: dict, report: dict) -> dict:
     example = pd.DataFrame(x[:5], columns=ds.feature_columns)
     tags = {**ctx.manifest.tags(), "test_accuracy": f"{report['candidate']['accuracy']:.6f}",
             "weights_sha256": result["weights_sha256"], "mlflow_run_id": ctx.run_id}
-    reg = models.log_model_version(
+    return models.log_model_version(
         ctx.run_id, Path(result["out_dir"]) / result["model_pt2"], ctx.cfg.registry.model_name,
         ds.feature_columns, list(range(ds.n_classes)), example, tags,
         description=f"{ctx.cfg.name}: test accuracy {report['candidate']['accuracy']:.4f}",
     )
-    if ctx.cfg.registry.promotion == "auto":
-        models.promote(reg["name"], reg["version"], "champion")
-    reg["aliases"] = models.aliases_of(reg["name"], reg["version"])
-    _md("registration", f"# Registered {reg['name']} v{reg['version']}\n\naliases: {', '.join(reg['aliases'])}\n",
-        "MLflow model version")
-    return reg
+
+
+def _log_lm(ctx: RunContext, result: dict, report: dict) -> dict:
+    """The text-scoring pyfunc; its input example is the start of a few eval documents."""
+    import pandas as pd
+
+    from evaluation.lm import load_eval_documents
+    from registry import models
+
+    docs = load_eval_documents(ctx.cfg.dataset, ctx.root)[:3]
+    example = pd.DataFrame({"text": [d[:512].decode("utf-8", "ignore") for _, d in docs]})
+    cand = report["candidate"]
+    tags = {**ctx.manifest.tags(), "test_perplexity": f"{cand['perplexity']:.6f}",
+            "test_bits_per_byte": f"{cand['bits_per_byte']:.6f}",
+            "weights_sha256": result["weights_sha256"], "mlflow_run_id": ctx.run_id}
+    return models.log_lm_version(
+        ctx.run_id, Path(result["out_dir"]) / result["model_pt2"], ctx.cfg.registry.model_name,
+        ctx.cfg.dataset.text.seq_len, example, tags,
+        description=f"{ctx.cfg.name}: eval perplexity {cand['perplexity']:.4f} "
+                    f"({cand['bits_per_byte']:.4f} bits/byte)",
+    )
 
 
 def _training_md(r: dict) -> str:
@@ -278,10 +330,10 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
                                                        "global_batch", "effective_lr", "weights_sha256", "wall_s",
                                                        "resumed_from_step", "checkpoint_stall_frac")}
         ev = timed("evaluate", evaluate, ctx, result)
-        cand = ev["candidate"]
-        summary["metrics"] = {k: cand[k] for k in ("accuracy", "macro_f1", "min_class_recall", "latency_p95_ms")}
+        cand, kind = ev["candidate"], ctx.cfg.dataset.kind
+        summary["metrics"] = {k: cand[k] for k in METRIC_KEYS[kind]}
         summary["champion"] = {"version": ev["champion_version"],
-                               **({k: ev["champion"][k] for k in ("accuracy", "macro_f1")} if ev["champion"] else {})}
+                               **({k: ev["champion"][k] for k in CHAMPION_KEYS[kind]} if ev["champion"] else {})}
         try:
             decision = timed("gate", gate, ctx, ev)
         except GateRejectedError as exc:

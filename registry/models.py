@@ -25,6 +25,9 @@ CHALLENGER = "challenger"
 CHAMPION = "champion"
 ARTIFACT_NAME = "model"
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_model.py")
+PYFUNC_LM_FILE = Path(__file__).with_name("pyfunc_lm.py")
+# Model metadata key telling a loader what the pyfunc takes ("lm": a text column).
+KIND_KEY = "trainflow_kind"
 # Rows of the input example stored with the model (enough to document the shape).
 MAX_EXAMPLE_ROWS = 5
 
@@ -299,8 +302,135 @@ class Predictor:
         return f"Predictor({self.name}@{self.alias} = version {self.version})"
 
 
+def _lm_signature():
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types.schema import ColSpec, Schema
+
+    return ModelSignature(
+        inputs=Schema([ColSpec("string", "text")]),
+        outputs=Schema([ColSpec("double", "loss"), ColSpec("double", "perplexity"), ColSpec("long", "n_tokens")]),
+    )
+
+
+def log_lm_version(
+    run_id: str,
+    model_pt2: Path,
+    model_name: str,
+    seq_len: int,
+    input_example,
+    manifest_tags: Mapping[str, Any],
+    description: str = "",
+) -> dict:
+    """Log a byte-level LM program as a text-scoring pyfunc (``registry/pyfunc_lm.py``), register
+    it, tag it, alias it ``@challenger``. ``input_example``: a DataFrame with a ``text`` column.
+
+    Returns the same dict as :func:`log_model_version`.
+    """
+    import mlflow
+    import pandas as pd
+    import torch
+    from mlflow.models import Model
+
+    model_pt2 = Path(model_pt2)
+    if not model_pt2.is_file():
+        raise FileNotFoundError(f"model program not found: {model_pt2}")
+    if not isinstance(input_example, pd.DataFrame) or "text" not in input_example.columns or input_example.empty:
+        raise ValueError("input_example must be a non-empty DataFrame with a 'text' column")
+    example = input_example[["text"]].head(MAX_EXAMPLE_ROWS).reset_index(drop=True)
+    try:
+        with _MODEL_CODE_LOCK:
+            program = torch.export.load(str(model_pt2)).module()
+    except Exception as exc:
+        raise ValueError(f"{model_pt2}: not a loadable torch.export program: {exc}") from exc
+    with torch.inference_mode():
+        logits = program(torch.zeros((1, seq_len), dtype=torch.int64))
+    if tuple(logits.shape) != (1, seq_len, 256):
+        raise ValueError(f"{model_pt2}: maps [1, {seq_len}] tokens to {list(logits.shape)}, "
+                         f"expected [1, {seq_len}, 256] byte logits")
+
+    c = client()
+    run = c.get_run(run_id)
+    with tempfile.TemporaryDirectory(prefix="trainflow-model-") as tmp:
+        meta = Path(tmp, "meta.json")
+        meta.write_text(json.dumps({"format": "torch.export", "input_dtype": "int64", "seq_len": int(seq_len),
+                                    "vocab": "utf-8 bytes"}))
+        with _MODEL_CODE_LOCK:
+            logged = c.create_logged_model(
+                experiment_id=run.info.experiment_id,
+                name=ARTIFACT_NAME,
+                source_run_id=run_id,
+                tags=clean_tags(manifest_tags, MAX_TAG_VALUE_LENGTH),
+            )
+            Model.log(
+                artifact_path=None,
+                name=ARTIFACT_NAME,
+                flavor=mlflow.pyfunc,
+                run_id=run_id,
+                model_id=logged.model_id,
+                python_model=str(PYFUNC_LM_FILE),
+                artifacts={"model": str(model_pt2), "meta": str(meta)},
+                pip_requirements=pip_requirements(),
+                signature=_lm_signature(),
+                input_example=example,
+                metadata={KIND_KEY: "lm"},
+            )
+
+    _ensure_registered_model(c, model_name)
+    version = c.create_model_version(
+        name=model_name,
+        source=f"models:/{logged.model_id}",
+        run_id=run_id,
+        tags=clean_tags(manifest_tags, MAX_MODEL_TAG_VALUE_LENGTH),
+        description=description or None,
+        model_id=logged.model_id,
+    )
+    c.set_registered_model_alias(model_name, CHALLENGER, str(version.version))
+    return {
+        "name": model_name,
+        "version": str(version.version),
+        "model_uri": f"models:/{model_name}/{version.version}",
+        "run_id": run_id,
+        "model_id": logged.model_id,
+    }
+
+
+class TextScorer:
+    """A loaded registry language model: ``scorer(texts) -> (loss [n], n_tokens [n])``.
+
+    ``texts`` is a list of strings or a DataFrame with a ``text`` column; ``.frame(texts)`` gives
+    the pyfunc's whole output (``loss, perplexity, n_tokens`` per document).
+    """
+
+    def __init__(self, pyfunc_model, name: str, alias: str, version: str, run_id: str | None,
+                 model_uri: str):
+        self.pyfunc = pyfunc_model
+        self.name = name
+        self.alias = alias
+        self.version = version
+        self.run_id = run_id
+        self.model_uri = model_uri
+
+    def frame(self, texts):
+        import pandas as pd
+
+        if not isinstance(texts, pd.DataFrame):
+            texts = pd.DataFrame({"text": list(texts)})
+        return self.pyfunc.predict(texts)
+
+    def __call__(self, texts):
+        import numpy as np
+
+        out = self.frame(texts)
+        return np.asarray(out["loss"], dtype=np.float64), np.asarray(out["n_tokens"], dtype=np.int64)
+
+    def __repr__(self) -> str:
+        return f"TextScorer({self.name}@{self.alias} = version {self.version})"
+
+
 def load_predictor(model_name: str, alias: str = CHAMPION) -> Callable | None:
     """Load ``models:/<name>@<alias>`` as a :class:`Predictor`; None when there is no such alias.
+
+    A language model (logged by :func:`log_lm_version`) loads as a :class:`TextScorer`.
 
     The alias is resolved once and that version loaded, so ``.version`` names
     exactly what predicts even if the alias moves meanwhile.
@@ -315,4 +445,6 @@ def load_predictor(model_name: str, alias: str = CHAMPION) -> Callable | None:
     # can go (MLflow would otherwise leave one temp folder per load).
     with _MODEL_CODE_LOCK, tempfile.TemporaryDirectory(prefix="trainflow-load-") as dst:
         model = mlflow.pyfunc.load_model(uri, dst_path=dst)
+    if (model.metadata.metadata or {}).get(KIND_KEY) == "lm":
+        return TextScorer(model, model_name, alias, str(mv.version), mv.run_id, uri)
     return Predictor(model, model_name, alias, str(mv.version), mv.run_id, uri)

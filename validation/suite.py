@@ -99,7 +99,15 @@ def _split_path(cfg: DatasetConfig, root: Path, split: str) -> Path:
 
 
 def load_splits(cfg: DatasetConfig, root: Path) -> dict[str, pd.DataFrame]:
-    """Read ``{"train": df, "test": df}`` from ``root/cfg.path``. Raises DataUnavailableError."""
+    """Read ``{"train": df, "test": df}`` from ``root/cfg.path``. Raises DataUnavailableError.
+
+    A text corpus (``cfg.kind == "text"``) gives ``{"train", "eval"}`` document frames instead
+    (``validation.text_suite``).
+    """
+    if cfg.kind == "text":
+        from validation import text_suite
+
+        return text_suite.load_splits(cfg, root)
     import pandas as pd
 
     splits: dict[str, pd.DataFrame] = {}
@@ -355,6 +363,10 @@ def validate_dataset(
          "skipped": [{"split", "check", "reason"}],              # checks that could not run
          "gx": {"version", "expectations", "failed"}}            # GX's own counts
     """
+    if cfg.kind == "text":
+        from validation import text_suite
+
+        return text_suite.validate_dataset(cfg, splits, report_dir)
     started = time.perf_counter()
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig

@@ -1,0 +1,140 @@
+"""Evaluating a byte-level language model on the eval documents: loss, perplexity, bits per byte.
+
+Every target byte of a document is scored exactly once, in windows of ``seq_len`` tokens:
+non-overlapping windows from the start, the last one shifted back to end at the document's
+end (its already-scored targets masked out), and a document shorter than one window padded
+on the right (padding is never a target; a causal model cannot see it). A document of n bytes
+has n - 1 targets. The registered pyfunc (``registry/pyfunc_lm.py``) scores with the same
+rule, so the candidate's figures and the champion's (scored through the registry) compare.
+
+Metrics are token-weighted over all documents: ``loss`` is the mean cross-entropy per target
+byte in nats, ``perplexity = exp(loss)``, ``bits_per_byte = loss / ln 2``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from core.config import DatasetConfig
+
+# Texts -> per-document (loss, n_tokens) arrays, e.g. a registry TextScorer.
+DocScorer = Callable[[list[str]], tuple[np.ndarray, np.ndarray]]
+BATCH_WINDOWS = 64
+
+
+def windows(doc: bytes, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, y, mask) int64/int64/bool ``[w, seq_len]`` covering every target of ``doc`` once."""
+    arr = np.frombuffer(doc, dtype=np.uint8).astype(np.int64)
+    n_targets = len(arr) - 1
+    if n_targets <= 0:
+        z = np.zeros((0, seq_len), dtype=np.int64)
+        return z, z.copy(), np.zeros((0, seq_len), dtype=bool)
+    if n_targets <= seq_len:
+        x = np.zeros((1, seq_len), dtype=np.int64)
+        y = np.zeros((1, seq_len), dtype=np.int64)
+        x[0, :n_targets], y[0, :n_targets] = arr[:-1], arr[1:]
+        mask = np.zeros((1, seq_len), dtype=bool)
+        mask[0, :n_targets] = True
+        return x, y, mask
+    starts = list(range(0, n_targets - seq_len + 1, seq_len))
+    covered = starts[-1] + seq_len
+    if covered < n_targets:
+        starts.append(n_targets - seq_len)
+    xs = np.stack([arr[s : s + seq_len] for s in starts])
+    ys = np.stack([arr[s + 1 : s + seq_len + 1] for s in starts])
+    mask = np.ones_like(xs, dtype=bool)
+    if covered < n_targets:
+        mask[-1, : seq_len - (n_targets - covered)] = False  # scored by the previous window
+    return xs, ys, mask
+
+
+def score_documents(module, docs: Sequence[bytes], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-document (summed cross-entropy in nats, number of targets) under ``module``.
+
+    ``module`` maps int64 ``[batch, seq_len]`` tokens to logits ``[batch, seq_len, vocab]``.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    parts = [windows(d, seq_len) for d in docs]
+    owner = np.concatenate([np.full(len(p[0]), i, dtype=np.int64) for i, p in enumerate(parts)] or [np.zeros(0, np.int64)])
+    x = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, seq_len), np.int64)
+    y = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, seq_len), np.int64)
+    mask = np.concatenate([p[2] for p in parts]) if parts else np.zeros((0, seq_len), bool)
+    per_window = np.zeros(len(x), dtype=np.float64)
+    with torch.inference_mode():
+        for s in range(0, len(x), BATCH_WINDOWS):
+            logits = module(torch.from_numpy(x[s : s + BATCH_WINDOWS])).float()
+            nll = F.cross_entropy(logits.transpose(1, 2), torch.from_numpy(y[s : s + BATCH_WINDOWS]),
+                                  reduction="none").double().numpy()
+            per_window[s : s + BATCH_WINDOWS] = (nll * mask[s : s + BATCH_WINDOWS]).sum(1)
+    loss_sum = np.bincount(owner, weights=per_window, minlength=len(docs))
+    n_tokens = np.bincount(owner, weights=mask.sum(1), minlength=len(docs)).astype(np.int64)
+    return loss_sum, n_tokens
+
+
+def summarise(loss_sum: np.ndarray, n_tokens: np.ndarray) -> dict:
+    """Token-weighted loss, perplexity and bits per byte over documents."""
+    n = int(np.sum(n_tokens))
+    loss = float(np.sum(loss_sum) / n) if n else float("nan")
+    return {"kind": "lm", "loss": loss, "perplexity": math.exp(loss) if n else float("nan"),
+            "bits_per_byte": loss / math.log(2) if n else float("nan"), "n_tokens": n,
+            "n_docs": int(len(n_tokens))}
+
+
+def latency_p95_ms(module, seq_len: int, n: int = 100, warmup: int = 10, seed: int = 0) -> float:
+    """p95 wall time of scoring one window ``[1, seq_len]``, in milliseconds."""
+    import torch
+
+    x = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, (1, seq_len), dtype=np.int64))
+    times = []
+    with torch.inference_mode():
+        for i in range(n + warmup):
+            t0 = time.perf_counter()
+            module(x)
+            if i >= warmup:
+                times.append((time.perf_counter() - t0) * 1000)
+    return float(np.percentile(times, 95))
+
+
+def load_eval_documents(cfg: DatasetConfig, root: Path) -> list[tuple[str, bytes]]:
+    """``[(path, UTF-8 bytes)]`` of the gate's documents (``dataset.text.eval_file``)."""
+    from training.data import read_documents
+
+    return read_documents(Path(root) / cfg.path / cfg.text.eval_file)
+
+
+def evaluate_lm(model_pt2: Path, cfg: DatasetConfig, root: Path, out_dir: Path,
+                champion: DocScorer | None = None, threads: int = 1) -> dict:
+    """Loss / perplexity / bits per byte of the exported candidate (and ``champion``) on the eval docs.
+
+    Writes ``metrics.json`` (with per-document figures) into ``out_dir``.
+    """
+    import torch
+
+    from training.export import load_exported
+
+    torch.set_num_threads(threads)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    seq_len = cfg.text.seq_len
+    docs = load_eval_documents(cfg, root)
+    module = load_exported(model_pt2)
+    loss_sum, n_tok = score_documents(module, [d for _, d in docs], seq_len)
+    cand = summarise(loss_sum, n_tok)
+    cand["latency_p95_ms"] = latency_p95_ms(module, seq_len)
+    per_doc = [{"path": p, "n_tokens": int(k), "loss": float(s / k) if k else None}
+               for (p, _), s, k in zip(docs, loss_sum, n_tok)]
+    champ = None
+    if champion is not None:
+        c_loss, c_tok = champion([d.decode("utf-8") for _, d in docs])
+        champ_tokens = np.asarray(c_tok, dtype=np.int64)
+        champ = summarise(np.nan_to_num(np.asarray(c_loss, dtype=np.float64)) * champ_tokens, champ_tokens)
+    report = {"candidate": cand, "champion": champ, "per_document": per_doc, "files": {}}
+    (out_dir / "metrics.json").write_text(json.dumps(report, indent=2))
+    return report

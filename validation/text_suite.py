@@ -1,0 +1,267 @@
+"""Great Expectations suite for a text corpus (``dataset.kind: text``), same report shape as tabular.
+
+The corpus is JSON Lines, one ``{"path", "text"}`` document per line. GX runs on derived frames
+with one row per document, so a suite costs a handful of expectations whatever the corpus size:
+
+* ``<split>`` (``train``: ``text.train_file``, ``eval``: ``text.eval_file``), columns
+  ``doc, line, path, parsed, utf8, nonblank, n_bytes, sha256``: the document count lies in
+  ``expectations.{train,eval}_docs``; every line parses as a ``{"path": str, "text": str}`` object
+  (``format``); every document is valid UTF-8 (``utf8``: the raw line decodes strictly and the
+  text holds no lone surrogate); no document is empty or whitespace only (``empty``); every
+  document's UTF-8 size lies in ``expectations.doc_bytes`` (``length``); no path repeats within
+  the split (``duplicate``).
+* ``cross_path`` / ``cross_content``: each split's distinct paths / content hashes,
+  concatenated; a value seen twice is a document in both splits (``leak``).
+
+Failures carry the document's 0-based position in its split (``rows``) and examples
+``{line, path, <value>}``; ``line`` is the 1-based line in the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from core.config import DatasetConfig
+from core.errors import DataUnavailableError
+from validation.report import MAX_EXAMPLES, _fmt_bound, jsonable, summary_markdown
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "eval")
+RESULT_JSON = "gx_result.json"
+SUMMARY_MD = "summary.md"
+DATA_DOCS_DIR = "data_docs"
+COLUMNS = ["doc", "line", "path", "parsed", "utf8", "nonblank", "n_bytes", "sha256"]
+_CHECK_ORDER = ("row_count", "format", "utf8", "empty", "length", "duplicate", "leak", "other")
+
+
+def _split_file(cfg: DatasetConfig, split: str) -> str:
+    return cfg.text.train_file if split == "train" else cfg.text.eval_file
+
+
+def document_frame(lines: list[bytes]) -> pd.DataFrame:
+    """One row per non-blank JSON line: what the expectations look at (see ``COLUMNS``)."""
+    import pandas as pd
+
+    rows = []
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            decoded, utf8 = raw.decode("utf-8"), True
+        except UnicodeDecodeError:
+            decoded, utf8 = raw.decode("utf-8", "surrogateescape"), False
+        path, text = None, None
+        try:
+            obj = json.loads(decoded)
+            if isinstance(obj, dict) and isinstance(obj.get("path"), str) and isinstance(obj.get("text"), str):
+                path, text = obj["path"], obj["text"]
+        except ValueError:
+            pass
+        if text is None:
+            # Only the format check fails: size and content are unknown (nulls, skipped by GX).
+            rows.append(dict(line=number, path=path, parsed=False, utf8=utf8, nonblank=True,
+                             n_bytes=None, sha256=None))
+            continue
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates: raw bytes that were not UTF-8, or \ud800 escapes
+            data, utf8 = text.encode("utf-8", "surrogateescape" if not utf8 else "surrogatepass"), False
+        rows.append(dict(line=number, path=path, parsed=True, utf8=utf8, nonblank=bool(text.strip()),
+                         n_bytes=len(data), sha256=hashlib.sha256(data).hexdigest()))
+    df = pd.DataFrame(rows, columns=COLUMNS[1:])
+    df.insert(0, "doc", range(len(df)))
+    return df.astype({"doc": "int64", "line": "int64", "n_bytes": "Int64", "parsed": "bool",
+                      "utf8": "bool", "nonblank": "bool"})
+
+
+def load_splits(cfg: DatasetConfig, root: Path) -> dict[str, pd.DataFrame]:
+    """``{"train": frame, "eval": frame}`` of the corpus files. Raises DataUnavailableError."""
+    frames = {}
+    for split in SPLITS:
+        path = Path(root) / cfg.path / _split_file(cfg, split)
+        if not path.is_file():
+            raise DataUnavailableError(
+                f"{split} split not found: {path} does not exist. The DVC-tracked data "
+                f"({cfg.dvc_file}) is missing from the workspace; run `dvc pull` in {Path(root)}."
+            )
+        try:
+            frames[split] = document_frame(path.read_bytes().splitlines())
+        except OSError as exc:
+            raise DataUnavailableError(f"{split} split {path} cannot be read: {exc.strerror}") from None
+    return frames
+
+
+def _cross_frame(frames: dict[str, pd.DataFrame], column: str) -> pd.DataFrame:
+    """Each split's distinct values of ``column`` (first document kept), concatenated."""
+    import pandas as pd
+
+    parts = []
+    for split in SPLITS:
+        df = frames[split]
+        df = df[df[column].notna()].drop_duplicates(column, keep="first")
+        parts.append(pd.DataFrame({column: df[column].astype(object).to_numpy(), "split": split,
+                                   "doc": df["doc"].to_numpy(dtype="int64"),
+                                   "path": df["path"].astype(object).to_numpy()}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def _complete(*index_columns: str) -> dict:
+    return {"result_format": "COMPLETE", "unexpected_index_column_names": list(index_columns),
+            "exclude_unexpected_values": True, "return_unexpected_index_query": False}
+
+
+def _plan(cfg: DatasetConfig, frames: dict[str, pd.DataFrame]) -> list[dict]:
+    import great_expectations.expectations as gxe
+
+    exp = cfg.text.expectations
+    lo, hi = exp.doc_bytes
+    plan = []
+    for split in SPLITS:
+        rlo, rhi = exp.train_docs if split == "train" else exp.eval_docs
+        plan.append(dict(name=split, split=split, frame=frames[split], checks=[
+            ("row_count", gxe.ExpectTableRowCountToBeBetween(min_value=rlo, max_value=rhi)),
+            ("format", gxe.ExpectColumnValuesToBeInSet(column="parsed", value_set=[True])),
+            ("utf8", gxe.ExpectColumnValuesToBeInSet(column="utf8", value_set=[True])),
+            ("empty", gxe.ExpectColumnValuesToBeInSet(column="nonblank", value_set=[True])),
+            ("length", gxe.ExpectColumnValuesToBeBetween(column="n_bytes", min_value=lo, max_value=hi)),
+            ("duplicate", gxe.ExpectColumnValuesToBeUnique(column="path")),
+        ], result_format=_complete("doc", "line", "path", "n_bytes")))
+    for column in ("path", "sha256"):
+        plan.append(dict(name=f"cross_{column}", split="cross", frame=_cross_frame(frames, column), checks=[
+            ("leak", gxe.ExpectColumnValuesToBeUnique(column=column)),
+        ], result_format=_complete(*dict.fromkeys((column, "split", "doc", "path")))))
+    return plan
+
+
+def _records(result: dict) -> list[dict]:
+    from validation.report import index_records
+
+    return [r for r in index_records(result) if isinstance(r, dict)]
+
+
+def failure(split: str, check: str, evr: dict) -> dict:
+    """One report entry (see ``validation.report``) from a failed expectation result."""
+    config = evr.get("expectation_config") or {}
+    kwargs = config.get("kwargs") or {}
+    result = evr.get("result") or {}
+    column = kwargs.get("column")
+    count = result.get("unexpected_count")
+    records = _records(result)
+    out = {"split": split, "check": check, "expectation": config.get("type", "unknown"),
+           "column": column, "unexpected_count": int(count) if count is not None else None,
+           "examples": [], "rows": [], "detail": "failed"}
+    info = evr.get("exception_info") or {}
+    errors = [v.get("exception_message") for v in info.values() if isinstance(v, dict) and v.get("raised_exception")]
+    if info.get("raised_exception") or errors:
+        out.update(unexpected_count=None, detail=f"could not be evaluated: {info.get('exception_message') or errors[0]}")
+        return jsonable(out)
+    if check == "row_count":
+        observed = result.get("observed_value")
+        out.update(column=None, examples=[observed],
+                   detail=f"{observed} documents, expected {kwargs.get('min_value')}..{kwargs.get('max_value')}")
+        return jsonable(out)
+    shown = records[:MAX_EXAMPLES]
+    more = " ..." if len(records) > MAX_EXAMPLES else ""
+    if check == "leak":
+        by_value: dict = {}
+        for r in records:
+            by_value.setdefault(r.get(column), {}).setdefault(r.get("split"), r)
+        pairs = [{"train_path": v.get("train", {}).get("path"), "eval_path": v.get("eval", {}).get("path"),
+                  "train_doc": v.get("train", {}).get("doc"), "eval_doc": v.get("eval", {}).get("doc")}
+                 for v in by_value.values()]
+        what = "path" if column == "path" else "content"
+        out.update(unexpected_count=len(pairs), examples=pairs[:MAX_EXAMPLES],
+                   detail=f"{len(pairs)} document(s) with the same {what} in train and eval: "
+                   + ", ".join(f"train {p['train_path']} = eval {p['eval_path']}" for p in pairs[:MAX_EXAMPLES])
+                   + (" ..." if len(pairs) > MAX_EXAMPLES else ""))
+        return jsonable(out)
+    out["rows"] = [r.get("doc") for r in shown]
+    out["examples"] = [{"line": r.get("line"), "path": r.get("path")} for r in shown]
+    where = ", ".join(f"{r.get('path') or '?'} (line {r.get('line')})" for r in shown) + more
+    what = {
+        "format": "line(s) not a JSON object with string 'path' and 'text'",
+        "utf8": "document(s) not valid UTF-8",
+        "empty": "empty or whitespace-only document(s)",
+        "duplicate": "document(s) repeating a path",
+    }.get(check)
+    if check == "length":
+        for e, r in zip(out["examples"], shown):
+            e["n_bytes"] = r.get("n_bytes")
+        where = ", ".join(f"{r.get('path') or '?'} ({r.get('n_bytes')} B, line {r.get('line')})" for r in shown) + more
+        lo, hi = _fmt_bound(kwargs.get("min_value")), _fmt_bound(kwargs.get("max_value"))
+        what = f"document(s) with a UTF-8 size outside [{lo}, {hi}] bytes"
+    out["detail"] = f"{count} {what}: {where}"
+    return jsonable(out)
+
+
+def _sort(failures: list[dict]) -> list[dict]:
+    order = ("train", "eval", "cross")
+    return sorted(failures, key=lambda f: (order.index(f["split"]) if f["split"] in order else 9,
+                                           _CHECK_ORDER.index(f["check"]) if f["check"] in _CHECK_ORDER else 9))
+
+
+def validate_dataset(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_dir: Path) -> dict:
+    """Run the text suite on ``splits`` (from :func:`load_splits`); same report as the tabular suite."""
+    started = time.perf_counter()
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    from validation.suite import _build_data_docs, _errored_result
+
+    missing = [s for s in SPLITS if s not in splits]
+    if missing:
+        raise ValueError(f"validate_dataset needs splits {list(SPLITS)}; missing {missing}")
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    plan = _plan(cfg, splits)
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
+    datasource = context.data_sources.add_pandas(name="trainflow")
+    run_id = gx.RunIdentifier(run_name="trainflow-validate")
+    raw, failures, n_checks, gx_failed = {}, [], 0, 0
+    for item in plan:
+        name = item["name"]
+        expectations = [e for _, e in item["checks"]]
+        batch = datasource.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe(name=f"{name}_whole")
+        suite = context.suites.add(gx.ExpectationSuite(name=f"trainflow_{name}", expectations=expectations))
+        definition = context.validation_definitions.add(
+            gx.ValidationDefinition(name=f"trainflow_{name}", data=batch, suite=suite))
+        try:
+            raw[name] = definition.run(batch_parameters={"dataframe": item["frame"]},
+                                       result_format=item["result_format"], run_id=run_id).to_json_dict()
+        except Exception as exc:  # noqa: BLE001 - report, never crash on data GX chokes on
+            log.warning("GX could not validate %s: %s: %s", name, type(exc).__name__, exc)
+            raw[name] = _errored_result(expectations, exc)
+        # GX returns results in its own order: match them to checks by expectation type + column.
+        checks = {(e.expectation_type, getattr(e, "column", None)): c for c, e in item["checks"]}
+        for evr in raw[name].get("results", []):
+            n_checks += 1
+            if evr.get("success"):
+                continue
+            gx_failed += 1
+            cfg_ = evr.get("expectation_config") or {}
+            key = (cfg_.get("type"), (cfg_.get("kwargs") or {}).get("column"))
+            failures.append(failure(item["split"], checks.get(key, "other"), evr))
+    failures = _sort(failures)
+    (report_dir / RESULT_JSON).write_text(json.dumps(jsonable({
+        "great_expectations_version": gx.__version__, "run_id": run_id.to_json_dict(),
+        "success": all(r.get("success") for r in raw.values()), "validations": raw}), indent=1, allow_nan=False))
+    files = {"result_json": str(report_dir / RESULT_JSON), "summary_md": str(report_dir / SUMMARY_MD),
+             "data_docs": _build_data_docs(context, report_dir)}
+    report = jsonable({
+        "success": not failures, "n_expectations": n_checks, "n_failed": len(failures), "failures": failures,
+        "duration_s": round(time.perf_counter() - started, 3), "files": files,
+        "rows": {s: int(len(splits[s])) for s in SPLITS}, "skipped": [],
+        "gx": {"version": gx.__version__, "expectations": n_checks, "failed": gx_failed},
+    })
+    (report_dir / SUMMARY_MD).write_text(summary_markdown(report))
+    return report
