@@ -12,7 +12,8 @@ so NCCL is the backend the worker picks by itself):
   mixed-precision policy: samples/s, MFU, GPU utilisation, peak memory, checkpoint stall;
 * the largest digits-shaped config (a wide MLP, big batch) in fp32 and bf16: what the
   GPU does when the model is not tiny;
-* with ``--lm`` and the LM config present: the byte-level transformer in bf16.
+* with ``--lm`` and the LM config present: the byte-level transformer (``--lm-set`` makes it
+  bigger) in fp32, bf16, and FSDP2 bf16.
 
 A run that fails under ``training.deterministic=true`` (an op with no deterministic CUDA
 kernel) is reported with its error and repeated with ``deterministic=false``.
@@ -137,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--lm", default=None, help="an LM config to add (bf16), e.g. configs/stdlib-lm.yaml")
-    ap.add_argument("--lm-set", action="append", default=[], help="extra --set for the LM run")
+    ap.add_argument("--lm-set", action="append", default=[], help="extra --set for the LM runs (e.g. a bigger model)")
+    ap.add_argument("--only", default=None, help="comma-separated run-name prefixes to keep (e.g. lm,wide)")
     ap.add_argument("--timeout", type=float, default=240)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -162,9 +164,18 @@ def main(argv: list[str] | None = None) -> int:
         ("wide-mlp-fp32", digits, [*wide, f"training.peak_tflops={PEAK_TFLOPS['fp32']}"]),
         ("wide-mlp-bf16", digits, [*wide, "training.precision=bf16", f"training.peak_tflops={PEAK_TFLOPS['bf16']}"]),
     ]
+    plan.append(("wide-mlp-bf16-nockpt", digits, [*wide, "training.precision=bf16", "training.checkpoints=false",
+                                                  f"training.peak_tflops={PEAK_TFLOPS['bf16']}"]))
     if args.lm and (ROOT / args.lm).exists():
-        plan.append(("lm-bf16", args.lm, ["training.precision=bf16", f"training.peak_tflops={PEAK_TFLOPS['bf16']}",
-                                          *args.lm_set]))
+        lm = ["training.strategy=ddp", "training.checkpoint_every_epochs=1000", *args.lm_set]
+        plan += [
+            ("lm-ddp-fp32", args.lm, [*lm, f"training.peak_tflops={PEAK_TFLOPS['fp32']}"]),
+            ("lm-ddp-bf16", args.lm, [*lm, "training.precision=bf16", f"training.peak_tflops={PEAK_TFLOPS['bf16']}"]),
+            ("lm-fsdp-bf16", args.lm, [*lm, "training.strategy=fsdp", "training.precision=bf16",
+                                       f"training.peak_tflops={PEAK_TFLOPS['bf16']}"]),
+        ]
+    if args.only:
+        plan = [p for p in plan if any(p[0].startswith(o) for o in args.only.split(","))]
     rows: list[dict] = []
     for name, config, sets in plan:
         rows += run(name, config, sets, args.out, nproc, args.timeout)
