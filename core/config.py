@@ -187,6 +187,29 @@ class RegistryConfig(_Strict):
     promotion: Literal["auto", "manual"] = "auto"
 
 
+class RetrainConfig(_Strict):
+    """When the ``retrain`` flow trains a new candidate instead of keeping the champion.
+
+    A feature drifts when its PSI (binned on the champion's training-data quantiles) is above
+    ``psi_threshold`` or its two-sample KS test's p-value is below ``ks_pvalue``; the dataset
+    drifts when more than ``max_drifted_fraction`` of the features drift. ``policy: any_change``
+    trains on every new data version (the drift report is still written); ``drift`` trains on a
+    new data version only when it drifted. A changed config or code, or ``force``, always trains.
+    """
+
+    policy: Literal["any_change", "drift"] = "any_change"
+    psi_threshold: float = Field(0.2, gt=0)
+    ks_pvalue: float = Field(0.01, gt=0, lt=1)
+    max_drifted_fraction: float = Field(0.1, ge=0, lt=1)
+    # Quantile bins per feature for PSI (fewer when the reference has fewer distinct values).
+    psi_bins: int = Field(10, ge=2)
+
+
+# Sections that say when to train, not what to train: left out of the config id, so tuning them
+# neither makes the champion look stale nor orphans a resumable training folder.
+NOT_IN_CONFIG_ID = frozenset({"retrain"})
+
+
 class PipelineConfig(_Strict):
     name: str = Field(min_length=1)
     seed: int = 0
@@ -195,13 +218,22 @@ class PipelineConfig(_Strict):
     training: TrainingConfig = TrainingConfig()
     gates: GatesConfig = GatesConfig()
     registry: RegistryConfig = RegistryConfig()
+    retrain: RetrainConfig = RetrainConfig()
 
     def config_id(self) -> str:
-        """sha256 of the canonical JSON: equal configs hash equal, whatever the YAML looked like."""
-        return sha256_json(self.model_dump(mode="json"))
+        """sha256 of the canonical JSON: equal configs hash equal, whatever the YAML looked like.
+
+        The ``retrain`` section (when to train, not what) is left out; see ``config_id_of``.
+        """
+        return config_id_of(self.model_dump(mode="json"))
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def config_id_of(dumped: dict) -> str:
+    """The config id of a config dumped to JSON (e.g. a run's ``config.json``), of any age."""
+    return sha256_json({k: v for k, v in dumped.items() if k not in NOT_IN_CONFIG_ID})
 
 
 _MESSAGES = {
