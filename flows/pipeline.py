@@ -51,10 +51,10 @@ def _md(key: str, markdown: str, description: str) -> None:
 
 
 # -- tasks ------------------------------------------------------------------------------
-@task(name="resolve", timeout_seconds=120, retries=1, retry_delay_seconds=1, **TASK)
-def resolve(params: PipelineParams) -> RunContext:
-    """Load the config, record the manifest, open the pipeline's MLflow run."""
-    from registry import store
+def load_inputs(params: PipelineParams) -> tuple[PipelineConfig, Path, Path, Manifest]:
+    """``(config, project root, TRAINFLOW_HOME, manifest)`` of a run with ``params``, as ``resolve``
+    records them: "auto" strategy / workers made concrete, so the manifest names the real world.
+    Also used by the retrain flow to compare the next run with the champion's."""
     from training.advisor import resolve_for_launch
     from training.distributed import choose_backend
     from training.launcher import default_nproc
@@ -66,7 +66,6 @@ def resolve(params: PipelineParams) -> RunContext:
     cfg = load_config(cfg_path, params.all_overrides())
     home = trainflow_home(root)
     apply_offline_env(home)  # before mlflow is imported: telemetry is decided at import
-    # strategy / cpu_workers "auto" become concrete here, so the manifest records the real world.
     cfg, reasons = resolve_for_launch(cfg, home, nproc=params.nproc_per_node)
     for reason in reasons:
         get_run_logger().info("auto: %s", reason)
@@ -76,6 +75,15 @@ def resolve(params: PipelineParams) -> RunContext:
         World(nnodes=1, nproc_per_node=nproc, backend=choose_backend(cfg.training.backend)),
         image_from_env(params.image, params.image_digest),
     )
+    return cfg, root, home, manifest
+
+
+@task(name="resolve", timeout_seconds=120, retries=1, retry_delay_seconds=1, **TASK)
+def resolve(params: PipelineParams) -> RunContext:
+    """Load the config, record the manifest, open the pipeline's MLflow run."""
+    from registry import store
+
+    cfg, root, home, manifest = load_inputs(params)
     uri = tracking_uri(home)
     exp_id = store.configure(uri, cfg.registry.experiment, home / "mlartifacts")
     run_id = store.start_run(exp_id, f"{cfg.name}-{manifest.data.md5[:8]}",
