@@ -194,11 +194,22 @@ def _claim_train_dir(ctx: RunContext, nproc: int) -> tuple[Path, int]:
     if result.is_file() and json.loads(result.read_text()).get("status") == "completed":
         shutil.rmtree(folder)
     elif (folder / "checkpoints").is_dir():
-        get_run_logger().warning("resuming an interrupted training job from %s", folder / "checkpoints")
+        _logger().warning("resuming an interrupted training job from %s", folder / "checkpoints")
     if folder != base:
-        get_run_logger().info("training folder %s is in use by another run; this run trains in %s",
-                              base.name, folder.name)
+        _logger().info("training folder %s is in use by another run; this run trains in %s", base.name, folder.name)
     return folder, fd
+
+
+def _logger():
+    """The Prefect run logger inside a flow or task, else this module's (a caller outside Prefect)."""
+    import logging
+
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
 
 
 def _resumable(folder: Path) -> bool:
