@@ -55,8 +55,9 @@ def reproduce(tmp_path, *args) -> tuple[int, dict]:
     return code, json.loads(out.read_text())
 
 
-def test_reproducing_the_champion_gives_bitwise_equal_weights(env, tmp_path, capsys):
+def test_reproducing_the_champion_gives_bitwise_equal_weights(env, tmp_path, capsys, monkeypatch):
     proj, home, trained_summary = env
+    monkeypatch.setenv("TRAINFLOW_IMAGE", "ghcr.io/acme/trainflow:2")  # not the image it was trained in
     code, s = reproduce(tmp_path, f"{MODEL}@champion")
     assert code == 0, s.get("error")
     assert s["reproduced"] is True and s["status"] == "reproduced"
@@ -65,6 +66,7 @@ def test_reproducing_the_champion_gives_bitwise_equal_weights(env, tmp_path, cap
     assert s["source_run_id"] == trained_summary["mlflow_run_id"]
     assert s["config_restored"] is True
     assert s["world_size"] == s["recorded_world_size"] == trained_summary["training"]["world_size"]
+    assert any(w.startswith("image differs: trained in local") for w in s["warnings"])  # a warning, no refusal
     # It trained with the code of the recorded commit, not the installed one.
     assert not any("holds no trainflow code" in w for w in s["warnings"])
     assert "REPRODUCED" in capsys.readouterr().err
@@ -76,6 +78,22 @@ def test_reproducing_the_champion_gives_bitwise_equal_weights(env, tmp_path, cap
     assert run.data.tags["trainflow.stage"] == "reproduce" and run.data.tags["reproduced"] == "true"
     assert run.data.tags["trainflow.reproduces"] == trained_summary["mlflow_run_id"]
     assert [str(v.version) for v in c.search_model_versions(f"name='{MODEL}'")] == [trained_summary["model_version"]]
+
+
+def test_other_weights_exit_5_with_reproduced_false(env, tmp_path):
+    """The recorded hash is made wrong on purpose: the rerun must say it did not reproduce."""
+    from mlflow import MlflowClient
+
+    _, _, trained_summary = env
+    c, version = MlflowClient(), trained_summary["model_version"]
+    c.set_model_version_tag(MODEL, version, "weights_sha256", "0" * 64)
+    try:
+        code, s = reproduce(tmp_path, f"{MODEL}/{version}")
+    finally:
+        c.set_model_version_tag(MODEL, version, "weights_sha256", trained_summary["training"]["weights_sha256"])
+    assert code == 5 and s["reproduced"] is False and s["status"] == "not_reproduced"
+    assert s["weights_sha256"] == trained_summary["training"]["weights_sha256"] != s["expected_weights_sha256"]
+    assert c.get_run(s["reproduce_run_id"]).data.tags["reproduced"] == "false"
 
 
 def test_the_same_run_is_found_by_version_and_by_run_id(env, tmp_path):
