@@ -50,7 +50,7 @@ def test_two_runs_at_once_get_their_own_versions_and_training_folders(make_proje
     assert a["mlflow_run_id"] != b["mlflow_run_id"]
     from mlflow import MlflowClient
 
-    c = MlflowClient(tracking_uri=a["tracking_uri"])
+    c = MlflowClient(tracking_uri=a["tracking_uri"], registry_uri=a["tracking_uri"])
     champ = str(c.get_model_version_by_alias("race-digits", "champion").version)
     assert champ in {"1", "2"}
     # Whichever promoted second saw the other as champion, and a tie goes to the newer one.
