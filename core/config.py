@@ -307,6 +307,29 @@ class RegistryConfig(_Strict):
     promotion: Literal["auto", "manual"] = "auto"
 
 
+class RetrainConfig(_Strict):
+    """When the ``retrain`` flow trains a new candidate instead of keeping the champion.
+
+    A feature drifts when its PSI (binned on the champion's training-data quantiles) is above
+    ``psi_threshold`` or its two-sample KS test's p-value is below ``ks_pvalue``; the dataset
+    drifts when more than ``max_drifted_fraction`` of the features drift. ``policy: any_change``
+    trains on every new data version (the drift report is still written); ``drift`` trains on a
+    new data version only when it drifted. A changed config or code, or ``force``, always trains.
+    """
+
+    policy: Literal["any_change", "drift"] = "any_change"
+    psi_threshold: float = Field(0.2, gt=0)
+    ks_pvalue: float = Field(0.01, gt=0, lt=1)
+    max_drifted_fraction: float = Field(0.1, ge=0, lt=1)
+    # Quantile bins per feature for PSI (fewer when the reference has fewer distinct values).
+    psi_bins: int = Field(10, ge=2)
+
+
+# Sections that say when to train, not what to train: left out of the config id, so tuning them
+# neither makes the champion look stale nor orphans a resumable training folder.
+NOT_IN_CONFIG_ID = frozenset({"retrain"})
+
+
 class PipelineConfig(_Strict):
     name: str = Field(min_length=1)
     seed: int = 0
@@ -315,6 +338,7 @@ class PipelineConfig(_Strict):
     training: TrainingConfig = TrainingConfig()
     gates: GatesConfig = GatesConfig()
     registry: RegistryConfig = RegistryConfig()
+    retrain: RetrainConfig = RetrainConfig()
 
     @model_validator(mode="after")
     def _text_needs_lm(self) -> "PipelineConfig":
@@ -353,15 +377,10 @@ class PipelineConfig(_Strict):
         """sha256 of the canonical JSON: equal configs hash equal, whatever the YAML looked like.
 
         Keys added after configs were first hashed (``ID_LATER_KEYS``) are left out while they
-        hold their default, so a config that does not use them keeps the id it always had.
+        hold their default, so a config that does not use them keeps the id it always had; the
+        ``retrain`` section (when to train, not what) is always left out. See ``config_id_of``.
         """
-        data = self.model_dump(mode="json")
-        for section, key in ID_LATER_KEYS:
-            field = type(getattr(self, section)).model_fields[key]
-            default = field.get_default(call_default_factory=True)
-            if data[section].get(key) == _jsonable_default(default):
-                del data[section][key]
-        return sha256_json(data)
+        return config_id_of(self.model_dump(mode="json"))
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
@@ -381,6 +400,21 @@ ID_LATER_KEYS = (
 def _jsonable_default(value: Any) -> Any:
     return value.model_dump(mode="json") if isinstance(value, BaseModel) else (
         list(value) if isinstance(value, tuple) else value)
+
+
+def _later_default(section: str, key: str) -> Any:
+    cls = PipelineConfig.model_fields[section].annotation
+    return _jsonable_default(cls.model_fields[key].get_default(call_default_factory=True))
+
+
+def config_id_of(dumped: dict) -> str:
+    """The config id of a config dumped to JSON (e.g. a run's ``config.json``), of any age."""
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in dumped.items() if k not in NOT_IN_CONFIG_ID}
+    for section, key in ID_LATER_KEYS:
+        part = data.get(section)
+        if isinstance(part, dict) and key in part and part[key] == _later_default(section, key):
+            del part[key]
+    return sha256_json(data)
 
 
 _MESSAGES = {

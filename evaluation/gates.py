@@ -84,3 +84,29 @@ def decide_lm(candidate: dict, gates: GatesConfig, champion: dict | None = None,
         allowed = champion["perplexity"] * (1 + (gates.max_perplexity_regression or 0.0))
         checks.append(_check("perplexity_vs_champion", candidate["perplexity"], allowed, "<="))
     return GateDecision(all(c.passed for c in checks), tuple(checks), champion_version)
+
+
+def beats(candidate: dict, champion: dict | None) -> tuple[bool, str]:
+    """Promotion rule: does ``candidate`` deserve ``@champion`` over ``champion``?
+
+    Both sets of metrics must come from the same test split. Higher accuracy wins; equal
+    accuracy goes to the higher (or equal) macro-F1, so a retrained model that is exactly as
+    good replaces the older one. Stricter than the gate, which lets a candidate trail the
+    champion by ``max_regression`` and still be registered (as ``@challenger``).
+    """
+    if champion is None:
+        return True, "there is no champion"
+    ca, cf, pa, pf = candidate["accuracy"], candidate["macro_f1"], champion["accuracy"], champion["macro_f1"]
+    ok = ca > pa or (ca == pa and cf >= pf)
+    word = "beats" if ok else "does not beat"
+    return ok, f"accuracy {ca:.4f} / macro-F1 {cf:.4f} {word} the champion's {pa:.4f} / {pf:.4f}"
+
+
+def beats_lm(candidate: dict, champion: dict | None) -> tuple[bool, str]:
+    """Promotion rule for a language model: lower (or equal) eval perplexity wins, so an equally
+    good retrained model replaces the older one. Both from the same eval documents."""
+    if champion is None:
+        return True, "there is no champion"
+    c, p = candidate["perplexity"], champion["perplexity"]
+    ok = c <= p
+    return ok, f"perplexity {c:.4f} {'beats' if ok else 'does not beat'} the champion's {p:.4f}"

@@ -3,11 +3,16 @@
     trainflow run   [--config PATH] [--set K=V ...] [--summary-json PATH]   # the whole pipeline (Prefect flow)
     trainflow train --config PATH --out DIR [--set K=V ...]                 # training only, no Prefect
     trainflow k8s-job --nnodes N --gpus-per-node G --image REF@DIGEST ...    # multi-node Kubernetes Job YAML
+    trainflow retrain [--config PATH] [--set K=V ...] [--force]             # the pipeline, only if the champion is stale
+    trainflow reproduce NAME@ALIAS|NAME/VERSION|RUN_ID [--summary-json PATH] # retrain from the manifest, compare weights
 
 Exit codes of ``run``: 0 registered, 2 data validation failed, 3 gate rejected
 the model, 4 preempted (SIGTERM: a checkpoint was saved and the next run resumes),
 1 any other error (one line of cause on stderr; set TRAINFLOW_DEBUG=1 for the
-traceback). ``train`` exits 0, 4 or 1 the same way.
+traceback). ``train`` exits 0, 4 or 1 the same way. ``retrain`` exits 0 when the
+champion is up to date (nothing ran) and otherwise as ``run``. ``reproduce`` exits
+0 when the weights hash matched, 5 when the rerun gave other weights, 6 when it
+refused (the git commit or the data version is unavailable), 1 on other errors.
 """
 
 from __future__ import annotations
@@ -58,6 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--rdzv-id", default="trainflow", help="job id shared by all nodes of one job")
     train.add_argument("--force-resume", action="store_true",
                       help="resume from a checkpoint of another config or dataset")
+
+    retrain = sub.add_parser("retrain", help="run the pipeline only if data, config or code moved past the champion")
+    _config_arg(retrain)
+    retrain.add_argument("--force", action="store_true", help="train even when the champion is up to date")
+    retrain.add_argument("--summary-json", type=Path, help="write the run summary here")
+    retrain.add_argument("--image", help="container image ref (default: TRAINFLOW_IMAGE or 'local')")
+    retrain.add_argument("--image-digest", help="container image digest (default: TRAINFLOW_IMAGE_DIGEST)")
+    retrain.add_argument("--promotion", choices=["auto", "manual"], help="override registry.promotion")
+    retrain.add_argument("--nproc", type=int, help="workers per node (default: GPUs, else training.cpu_workers)")
+
+    repro = sub.add_parser("reproduce", help="retrain a registered model from its manifest and compare weights")
+    repro.add_argument("ref", help="NAME@ALIAS, NAME/VERSION or an MLflow run id")
+    repro.add_argument("--summary-json", type=Path, help="write the comparison here (has reproduced: true/false)")
+    repro.add_argument("--root", type=Path, help="the git + DVC repository that trained it (default: the one around the cwd)")
+    repro.add_argument("--keep", action="store_true", help="keep the restored checkout (default: only its training output)")
 
     scale = sub.add_parser("scale", help="measure layouts (processes x threads, GPUs) x batch sizes; recommend one")
     _config_arg(scale)
@@ -249,6 +269,64 @@ def cmd_train(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_retrain(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    cfg_path = _resolve_config_path(args.config)
+    apply_offline_env(trainflow_home(project_root(cfg_path)))
+    overrides = [*args.overrides, *([f"registry.promotion={args.promotion}"] if args.promotion else [])]
+    try:
+        load_config(cfg_path, overrides)
+    except TrainflowError as exc:
+        _write_summary(args.summary_json, {"status": "config_error", "exit_code": EXIT_ERROR, "error": str(exc)})
+        return _fail(str(exc), EXIT_ERROR)
+
+    from flows.params import RetrainParams
+    from flows.retrain import retrain
+    from training import preemption
+
+    preemption.install_handler()
+    t_import = time.perf_counter() - t0
+    params = RetrainParams(config_path=str(cfg_path), overrides=args.overrides, image=args.image,
+                           image_digest=args.image_digest, promotion=args.promotion, nproc_per_node=args.nproc,
+                           force=args.force)
+    try:
+        summary = retrain(params)
+        code = EXIT_OK
+    except Exception as exc:  # noqa: BLE001 - every failure becomes an exit code and one line
+        summary = getattr(exc, "summary", None) or {"status": "failed", "error": str(exc)}
+        code = exc.exit_code if isinstance(exc, TrainflowError) else EXIT_ERROR
+        summary["exit_code"] = code
+        _write_summary(args.summary_json, summary, t_import, t0)
+        if "manifest" in summary:
+            _print_summary(summary)
+        return _fail(str(exc) if isinstance(exc, TrainflowError) else f"{type(exc).__name__}: {exc}", code)
+    summary["exit_code"] = code
+    _write_summary(args.summary_json, summary, t_import, t0)
+    d = summary.get("retrain") or {}
+    if d.get("train"):
+        print("trainflow: retrain: trained because " + "; ".join(d["reasons"]), file=sys.stderr)
+        _print_summary(summary)
+    else:
+        print(f"trainflow: retrain: {summary['status']}: {d.get('skip_reason')}", file=sys.stderr)
+    return code
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    root = (args.root or project_root()).resolve()
+    apply_offline_env(trainflow_home(root))
+    from flows.reproduce import EXIT_NOT_REPRODUCED, print_comparison, reproduce
+
+    try:
+        summary = reproduce(args.ref, root, keep=args.keep, log=lambda m: print(f"trainflow: {m}", file=sys.stderr))
+    except TrainflowError as exc:
+        _write_summary(args.summary_json, {"reproduced": False, "status": "refused", "ref": args.ref,
+                                           "exit_code": exc.exit_code, "error": str(exc)})
+        return _fail(str(exc), exc.exit_code)
+    _write_summary(args.summary_json, summary)
+    print_comparison(summary)
+    return EXIT_OK if summary["reproduced"] else EXIT_NOT_REPRODUCED
+
+
 def cmd_scale(args: argparse.Namespace) -> int:
     cfg_path = _resolve_config_path(args.config)
     apply_offline_env(trainflow_home(project_root(cfg_path)))
@@ -276,7 +354,8 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code = {"run": cmd_run, "train": cmd_train, "scale": cmd_scale, "k8s-job": cmd_k8s_job}[args.command](args)
+    code = {"run": cmd_run, "train": cmd_train, "scale": cmd_scale, "k8s-job": cmd_k8s_job, "retrain": cmd_retrain,
+            "reproduce": cmd_reproduce}[args.command](args)
     # Everything alive now lives until exit: moving it out of the collector's reach saves the
     # 3-4 s that interpreter shutdown spent traversing Prefect's, MLflow's and torch's objects.
     gc.freeze()

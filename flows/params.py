@@ -22,3 +22,12 @@ class PipelineParams(BaseModel):
     def all_overrides(self) -> list[str]:
         extra = [f"registry.promotion={self.promotion}"] if self.promotion else []
         return [*self.overrides, *extra]
+
+
+class RetrainParams(PipelineParams):
+    """Inputs of the ``retrain`` flow: a pipeline run, made only when the champion is stale."""
+
+    force: bool = Field(False, description="Train even when data, config and code equal the champion's")
+
+    def pipeline_params(self) -> PipelineParams:
+        return PipelineParams.model_validate(self.model_dump(exclude={"force"}))

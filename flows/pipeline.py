@@ -55,10 +55,10 @@ def _md(key: str, markdown: str, description: str) -> None:
 
 
 # -- tasks ------------------------------------------------------------------------------
-@task(name="resolve", timeout_seconds=120, retries=1, retry_delay_seconds=1, **TASK)
-def resolve(params: PipelineParams) -> RunContext:
-    """Load the config, record the manifest, open the pipeline's MLflow run."""
-    from registry import store
+def load_inputs(params: PipelineParams) -> tuple[PipelineConfig, Path, Path, Manifest]:
+    """``(config, project root, TRAINFLOW_HOME, manifest)`` of a run with ``params``, as ``resolve``
+    records them: "auto" strategy / workers made concrete, so the manifest names the real world.
+    Also used by the retrain flow to compare the next run with the champion's."""
     from training.advisor import resolve_for_launch
     from training.distributed import choose_backend
     from training.launcher import default_nproc
@@ -80,6 +80,15 @@ def resolve(params: PipelineParams) -> RunContext:
         World(nnodes=1, nproc_per_node=nproc, backend=choose_backend(cfg.training.backend)),
         image_from_env(params.image, params.image_digest),
     )
+    return cfg, root, home, manifest
+
+
+@task(name="resolve", timeout_seconds=120, retries=1, retry_delay_seconds=1, **TASK)
+def resolve(params: PipelineParams) -> RunContext:
+    """Load the config, record the manifest, open the pipeline's MLflow run."""
+    from registry import store
+
+    cfg, root, home, manifest = load_inputs(params)
     uri = tracking_uri(home)
     exp_id = store.configure(uri, cfg.registry.experiment, home / "mlartifacts")
     run_id = store.start_run(exp_id, f"{cfg.name}-{manifest.data.md5[:8]}",
@@ -95,17 +104,49 @@ def resolve(params: PipelineParams) -> RunContext:
     return RunContext(cfg, root, home, uri, run_id, manifest, out)
 
 
-@task(name="validate", timeout_seconds=300, **TASK)
-def validate(ctx: RunContext) -> dict:
-    """Run the GX suite; raise DataValidationError (stops the flow) on any failed expectation."""
-    from registry import store
-    from validation.suite import load_splits, validate_dataset, summary_markdown
+def _validation_cache_key(task_ctx, inputs: dict) -> str:
+    return f"validate-{inputs['data_key']}-{inputs['suite_key']}"
 
+
+@task(name="run-expectations", timeout_seconds=300, cache_key_fn=_validation_cache_key, persist_result=True,
+      retry_condition_fn=_transient)
+def run_expectations(dataset, root: str, data_key: str, suite_key: str, report_dir: str) -> dict:
+    """Run the GX suite on the workspace data. Cached on (data bytes hash, suite hash): the same
+    data checked by the same suite is never validated twice, whichever run asks."""
+    from validation.suite import load_splits, validate_dataset
+
+    return validate_dataset(dataset, load_splits(dataset, Path(root)), Path(report_dir))
+
+
+@task(name="validate", timeout_seconds=360, **TASK)
+def validate(ctx: RunContext) -> dict:
+    """Run the GX suite (or reuse its cached result); raise DataValidationError (stops the flow)
+    on any failed expectation."""
+    import shutil
+
+    from registry import store
+    from validation.suite import data_hash, suite_hash, summary_markdown
+
+    data_key, suite_key = data_hash(ctx.cfg.dataset, ctx.root), suite_hash(ctx.cfg.dataset)
+    # Content-addressed, like the cache key, so a cached report's files still describe this data.
+    cache_dir = ctx.home / "validation" / f"{data_key[:16]}-{suite_key[:16]}"
+    state = run_expectations.with_options(result_storage=ctx.home / "prefect-results")(
+        ctx.cfg.dataset, str(ctx.root), data_key, suite_key, str(cache_dir), return_state=True)
+    report = dict(state.result())
+    report["cached"] = state.name == "Cached"
+    if report["cached"]:
+        get_run_logger().info("validation: cached result for data %s and suite %s (GX not run again)",
+                              data_key[:12], suite_key[:12])
     report_dir = ctx.out_dir / "validation"
-    report = validate_dataset(ctx.cfg.dataset, load_splits(ctx.cfg.dataset, ctx.root), report_dir)
+    if cache_dir.is_dir():
+        shutil.copytree(cache_dir, report_dir, dirs_exist_ok=True)
+    else:  # the cached files were deleted: the report itself is enough
+        report_dir.mkdir(parents=True, exist_ok=True)
+        (report_dir / "summary.md").write_text(summary_markdown(report))
     store.log_file(ctx.run_id, report_dir, "validation")
     store.log_metrics(ctx.run_id, {"validation/n_failed": report["n_failed"],
-                                   "validation/n_expectations": report["n_expectations"]})
+                                   "validation/n_expectations": report["n_expectations"],
+                                   "validation/cached": report["cached"]})
     _md("validation-report", summary_markdown(report), "Great Expectations result")
     if not report["success"]:
         names = sorted({f"{f['split']}:{f['expectation']}" + (f"({f['column']})" if f.get("column") else "")
@@ -115,21 +156,77 @@ def validate(ctx: RunContext) -> dict:
     return report
 
 
-def _train_dir(ctx: RunContext, nproc: int) -> Path:
-    """One folder per (config, data, world): a preempted run's checkpoints are found and resumed
-    by the next run with the same inputs; a finished job's folder is cleared for a fresh start."""
+def _claim_train_dir(ctx: RunContext, nproc: int) -> tuple[Path, int]:
+    """A training folder this run holds exclusively: ``(folder, lock fd)``; ``release`` the fd after.
+
+    One folder per (config, data, world), so a preempted run's checkpoints are found and resumed
+    by the next run with the same inputs; a finished job's folder is cleared for a fresh start.
+    A concurrent run with the same inputs finds that folder locked and takes the next free slot
+    (``<key>.1``, ``<key>.2``, ...), preferring a free slot that holds an interrupted job to resume.
+    The lock is a ``flock`` on ``<slot>.lock``: it dies with its process, so a killed run never
+    leaves a folder claimed.
+    """
+    import itertools
     import shutil
 
     from core.hashing import sha256_json
+    from core.locks import release, try_lock
 
     key = sha256_json([ctx.cfg.config_id(), ctx.manifest.data.md5, nproc])[:16]
-    folder = ctx.home / "train" / f"{ctx.cfg.name}-{key}"
+    base = ctx.home / "train" / f"{ctx.cfg.name}-{key}"
+    slots = (base if i == 0 else base.with_name(f"{base.name}.{i}") for i in itertools.count())
+    claimed: list[tuple[Path, int]] = []
+    try:
+        for folder in slots:
+            if claimed and not folder.exists():
+                break  # past the last slot ever used, holding a free one already
+            fd = try_lock(folder.with_name(folder.name + ".lock"))
+            if fd is None:
+                continue
+            claimed.append((folder, fd))
+            if _resumable(folder) or not folder.exists():
+                break  # a free slot to resume, or the first never-used one: look no further
+        # Keep the slot with an interrupted job if there is one, else the first free slot.
+        folder, fd = next((c for c in claimed if _resumable(c[0])), claimed[0])
+        for other, other_fd in claimed:
+            if other_fd != fd:
+                release(other_fd)
+    except BaseException:
+        for _, other_fd in claimed:
+            release(other_fd)
+        raise
     result = folder / "result.json"
     if result.is_file() and json.loads(result.read_text()).get("status") == "completed":
         shutil.rmtree(folder)
     elif (folder / "checkpoints").is_dir():
-        get_run_logger().warning("resuming an interrupted training job from %s", folder / "checkpoints")
-    return folder
+        _logger().warning("resuming an interrupted training job from %s", folder / "checkpoints")
+    if folder != base:
+        _logger().info("training folder %s is in use by another run; this run trains in %s", base.name, folder.name)
+    return folder, fd
+
+
+def _logger():
+    """The Prefect run logger inside a flow or task, else this module's (a caller outside Prefect)."""
+    import logging
+
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
+
+
+def _resumable(folder: Path) -> bool:
+    """The folder holds checkpoints of a job that did not complete."""
+    result = folder / "result.json"
+    if result.is_file():
+        try:
+            if json.loads(result.read_text()).get("status") == "completed":
+                return False
+        except ValueError:
+            pass
+    return any((folder / "checkpoints").glob("step_*"))
 
 
 @task(name="train", retries=0, **TASK)
@@ -139,9 +236,15 @@ def train(ctx: RunContext, nproc: int) -> dict:
     from training.launcher import make_spec, run_job
     from training.sink import RUN_ID_ENV
 
+    from core.locks import release
+
     env = {RUN_ID_ENV: ctx.run_id, "MLFLOW_TRACKING_URI": ctx.tracking_uri}
-    spec = make_spec(ctx.cfg, _train_dir(ctx, nproc), ctx.root, ctx.manifest.data.md5, env, nproc)
-    result = run_job(spec)
+    folder, lock = _claim_train_dir(ctx, nproc)
+    try:
+        spec = make_spec(ctx.cfg, folder, ctx.root, ctx.manifest.data.md5, env, nproc)
+        result = run_job(spec)
+    finally:
+        release(lock)
     store.log_file(ctx.run_id, Path(spec.out_dir) / "result.json", "training")
     store.log_metrics(ctx.run_id, {"train/samples_per_s_mean": result["samples_per_s"],
                                    "train/wall_s": result["wall_s"], "train/restarts": result["restarts"]})
@@ -220,11 +323,16 @@ def register(ctx: RunContext, result: dict, report: dict) -> dict:
 
     log_version = _log_lm if ctx.cfg.dataset.kind == "text" else _log_classifier
     reg = log_version(ctx, result, report)
+    promo = None
     if ctx.cfg.registry.promotion == "auto":
-        models.promote(reg["name"], reg["version"], "champion")
+        promo = models.promote_if(reg["name"], reg["version"], lambda current: _deserves(ctx, report, current),
+                                  promotion_lock(ctx.tracking_uri, ctx.home, reg["name"]))
+        get_run_logger().info("promotion of v%s: %s (%s)", reg["version"],
+                              "promoted" if promo["promoted"] else "not promoted", promo["reason"])
+    reg["promotion"] = promo
     reg["aliases"] = models.aliases_of(reg["name"], reg["version"])
-    _md("registration", f"# Registered {reg['name']} v{reg['version']}\n\naliases: {', '.join(reg['aliases'])}\n",
-        "MLflow model version")
+    _md("registration", f"# Registered {reg['name']} v{reg['version']}\n\naliases: {', '.join(reg['aliases'])}\n"
+        + (f"\npromotion: {promo['reason']}\n" if promo else ""), "MLflow model version")
     return reg
 
 
@@ -265,6 +373,63 @@ def _log_lm(ctx: RunContext, result: dict, report: dict) -> dict:
         description=f"{ctx.cfg.name}: eval perplexity {cand['perplexity']:.4f} "
                     f"({cand['bits_per_byte']:.4f} bits/byte)",
     )
+
+
+def promotion_lock(tracking_uri: str, home: Path, model_name: str) -> Path:
+    """The file every promoter of ``model_name`` locks: beside the sqlite database for the embedded
+    store (so every process using that database shares it), else under TRAINFLOW_HOME/locks."""
+    import re
+
+    from registry.store import sqlite_path
+
+    safe = re.sub(r"[^\w.\-]", "_", model_name)
+    db = sqlite_path(tracking_uri)
+    folder = db.parent if db is not None else home / "locks"
+    return folder / f"{db.name if db is not None else 'registry'}.promote-{safe}.lock"
+
+
+def _deserves(ctx: RunContext, report: dict, current: dict | None) -> tuple[bool, str]:
+    """Does the candidate beat ``current`` (the champion now, under the promotion lock)?
+
+    When the champion is still the one evaluated beside the candidate, those scores decide;
+    when another run promoted meanwhile, the new champion is scored on this run's test split.
+    """
+    from evaluation.evaluate import load_test_split
+    from evaluation.gates import beats
+    from evaluation.metrics import classification_metrics
+    from registry import models
+
+    if ctx.cfg.dataset.kind == "text":
+        return _deserves_lm(ctx, report, current)
+    if current is None:
+        return beats(report["candidate"], None)
+    if current["version"] == report.get("champion_version") and report.get("champion"):
+        return beats(report["candidate"], report["champion"])
+    predictor = models.load_predictor(ctx.cfg.registry.model_name, "champion")
+    x, y = load_test_split(ctx.cfg.dataset, ctx.root)
+    champ = classification_metrics(y, predictor(x), ctx.cfg.dataset.n_classes)
+    ok, reason = beats(report["candidate"], champ)
+    return ok, f"champion moved to v{current['version']} since evaluation; {reason}"
+
+
+def _deserves_lm(ctx: RunContext, report: dict, current: dict | None) -> tuple[bool, str]:
+    """``_deserves`` for a language model: eval perplexity, the moved champion re-scored on this
+    run's eval documents."""
+    from evaluation.gates import beats_lm
+    from evaluation.lm import load_eval_documents, summarise
+    from registry import models
+
+    if current is None:
+        return beats_lm(report["candidate"], None)
+    if current["version"] == report.get("champion_version") and report.get("champion"):
+        return beats_lm(report["candidate"], report["champion"])
+    import numpy as np
+
+    scorer = models.load_predictor(ctx.cfg.registry.model_name, "champion")
+    loss, n_tok = scorer([d.decode("utf-8") for _, d in load_eval_documents(ctx.cfg.dataset, ctx.root)])
+    champ = summarise(np.nan_to_num(loss) * n_tok, n_tok)
+    ok, reason = beats_lm(report["candidate"], champ)
+    return ok, f"champion moved to v{current['version']} since evaluation; {reason}"
 
 
 def _training_md(r: dict) -> str:
@@ -323,7 +488,8 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
 
     try:
         report = timed("validate", validate, ctx)
-        summary["validation"] = {"success": True, "n_expectations": report["n_expectations"]}
+        summary["validation"] = {"success": True, "n_expectations": report["n_expectations"],
+                                 "cached": report["cached"]}
         t = ctx.cfg.training
         result = timed("train", train.with_options(timeout_seconds=t.timeout_s + 60), ctx, ctx.manifest.world.nproc_per_node)
         summary["training"] = {k: result[k] for k in ("world_size", "backend", "strategy", "restarts", "samples_per_s",
@@ -341,7 +507,8 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
             raise
         summary["gates"] = decision["checks"]
         reg = timed("register", register, ctx, result, ev)
-        summary.update(status="registered", exit_code=0, model_version=reg["version"], aliases=reg["aliases"])
+        summary.update(status="registered", exit_code=0, model_version=reg["version"], aliases=reg["aliases"],
+                       promotion=reg["promotion"], train_dir=result["out_dir"])
         store.end_run(ctx.run_id, "FINISHED")
         return summary
     except BaseException as exc:

@@ -238,6 +238,39 @@ def promote(model_name: str, version: str, alias: str = CHAMPION) -> None:
     client().set_registered_model_alias(model_name, alias, str(version))
 
 
+def promote_if(model_name: str, version: str, still_deserves: Callable[[dict | None], tuple[bool, str]],
+               lock_path: Path, alias: str = CHAMPION, timeout_s: float = 300.0) -> dict:
+    """Move ``@alias`` to ``version`` only if it beats the holder *at promotion time*.
+
+    MLflow has no compare-and-set on aliases, so read-decide-set runs under an exclusive file
+    lock (``lock_path``: beside the sqlite database for the embedded store, else a file every
+    promoter on the host or shared filesystem sees). ``still_deserves(current)`` gets the
+    current holder as ``champion_version`` returns it (None when there is none) and answers
+    ``(promote?, reason)``. After setting, the alias is read back; a writer that bypasses the
+    lock (another tool, another host without the shared lock file) can still interleave: that
+    shows up as ``confirmed: false``.
+
+    Returns ``{"promoted", "reason", "previous", "champion", "confirmed"}``.
+    """
+    from core.locks import exclusive
+
+    with exclusive(lock_path, timeout_s=timeout_s):
+        current = version_by_alias(model_name, alias)
+        info = None if current is None else {"version": str(current.version), "run_id": current.run_id,
+                                             "tags": dict(current.tags)}
+        if info is not None and info["version"] == str(version):
+            return {"promoted": False, "reason": f"version {version} already holds @{alias}",
+                    "previous": info["version"], "champion": info["version"], "confirmed": True}
+        ok, reason = still_deserves(info)
+        if ok:
+            client().set_registered_model_alias(model_name, alias, str(version))
+        after = version_by_alias(model_name, alias)
+    now = str(after.version) if after is not None else None
+    expected = str(version) if ok else (info["version"] if info else None)
+    return {"promoted": ok, "reason": reason, "previous": info["version"] if info else None,
+            "champion": now, "confirmed": now == expected}
+
+
 def aliases_of(model_name: str, version: str) -> list[str]:
     return sorted(client().get_model_version(model_name, str(version)).aliases)
 

@@ -14,9 +14,11 @@ import re
 import threading
 import time
 from collections.abc import Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from core.locks import exclusive
 from registry.values import (
     MAX_METRICS_PER_BATCH,
     MAX_PARAMS_TAGS_PER_BATCH,
@@ -89,7 +91,10 @@ def configure(tracking_uri: str, experiment: str, artifact_root: Path) -> str:
     Path(artifact_root).mkdir(parents=True, exist_ok=True)
     location = experiment_artifact_location(artifact_root, experiment)
 
-    with _CONFIGURE_LOCK:
+    # Two processes opening a new sqlite database at once both run MLflow's schema creation and
+    # one fails ("table ... already exists"): the first open is serialised by a lock beside it.
+    init_lock = exclusive(db.parent / f"{db.name}.init.lock") if db is not None else nullcontext()
+    with _CONFIGURE_LOCK, init_lock:
         mlflow.set_tracking_uri(tracking_uri)
         # A sqlite/file tracking store is also the registry; say so rather than
         # depending on MLFLOW_REGISTRY_URI or MLflow's default for the scheme.

@@ -49,7 +49,7 @@ from validation.report import (
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["load_splits", "validate_dataset", "summary_markdown", "DATA_DOCS_SITE"]
+__all__ = ["load_splits", "validate_dataset", "summary_markdown", "suite_hash", "data_hash", "DATA_DOCS_SITE"]
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,47 @@ def load_splits(cfg: DatasetConfig, root: Path) -> dict[str, pd.DataFrame]:
         except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, OSError) as exc:
             raise DataUnavailableError(f"{split} split {path} cannot be read as CSV: {exc}") from None
     return splits
+
+
+def suite_hash(cfg: DatasetConfig) -> str:
+    """Identity of the expectation suite ``validate_dataset`` builds for ``cfg``.
+
+    The suite is a function of the dataset config, this module's and ``validation.report``'s
+    code and the GX version, so the hash covers exactly those (without importing GX): any
+    change to a bound, a column or the suite code gives a new hash.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    from core.hashing import file_sha256, sha256_json
+
+    here = Path(__file__).resolve().parent
+    try:
+        gx_version = version("great_expectations")
+    except PackageNotFoundError:
+        gx_version = "missing"
+    return sha256_json({
+        "dataset": cfg.model_dump(mode="json", exclude={"dvc_file"}),
+        "code": [file_sha256(here / name) for name in ("suite.py", "report.py")],
+        "gx": gx_version,
+    })
+
+
+def data_hash(cfg: DatasetConfig, root: Path) -> str:
+    """sha256 over the bytes of the split files the suite reads (what is in the workspace,
+    not what ``data.dvc`` claims: an edit nobody ``dvc add``-ed is never taken for validated).
+    Raises DataUnavailableError when a split file is missing."""
+    from core.hashing import file_sha256, sha256_json
+
+    digests = []
+    for split in SPLITS:
+        path = _split_path(cfg, root, split)
+        if not path.is_file():
+            raise DataUnavailableError(
+                f"{split} split not found: {path} does not exist. The DVC-tracked data "
+                f"({cfg.dvc_file}) is missing from the workspace; run `dvc pull` in {Path(root)}."
+            )
+        digests.append([split, file_sha256(path)])
+    return sha256_json(digests)
 
 
 # --------------------------------------------------------------------------- derived frames

@@ -39,6 +39,60 @@ def run(cmd: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True, **kw)
 
 
+DVC_BIN = str(VENV_BIN / "dvc")
+GIT_ID = ["-c", "user.email=t@t", "-c", "user.name=t"]
+# The packages a project needs to train with its own code (see ``build_project(with_code=True)``).
+CODE_DIRS = ("core", "flows", "training", "validation", "evaluation", "registry")
+
+
+def build_project(proj: Path, repo_root: Path, bundled_data: Path, mutate=None, with_code: bool = False) -> Path:
+    """A real git + DVC project at ``proj`` holding a (possibly mutated) copy of the bundled data.
+
+    ``mutate(train_df, test_df)`` edits pandas frames in place before ``dvc add``. With
+    ``with_code`` the project also commits a copy of this checkout's packages, so a commit of
+    it names the code that trains (what ``reproduce`` restores).
+    """
+    import pandas as pd
+
+    (proj / "configs").mkdir(parents=True)
+    shutil.copy(repo_root / "configs" / "digits.yaml", proj / "configs" / "digits.yaml")
+    if with_code:
+        for name in CODE_DIRS:
+            shutil.copytree(repo_root / name, proj / name, ignore=shutil.ignore_patterns("__pycache__"))
+    data = proj / "data" / "digits"
+    data.mkdir(parents=True)
+    train = pd.read_csv(bundled_data / "train.csv")
+    test = pd.read_csv(bundled_data / "test.csv")
+    if mutate:
+        mutate(train, test)
+    train.to_csv(data / "train.csv", index=False)
+    test.to_csv(data / "test.csv", index=False)
+    run(["git", "init", "-q"], proj)
+    run([DVC_BIN, "init", "-q"], proj)
+    run([DVC_BIN, "config", "core.analytics", "false"], proj)
+    run([DVC_BIN, "add", "-q", "data"], proj)
+    run(["git", "add", "-A"], proj)
+    run(["git", *GIT_ID, "commit", "-qm", "data"], proj)
+    return proj
+
+
+def commit_data(proj: Path, mutate, message: str = "new data") -> str:
+    """Rewrite the project's data with ``mutate(train_df, test_df)``, ``dvc add`` and commit it.
+    Returns the new data md5."""
+    import pandas as pd
+    import yaml
+
+    data = proj / "data" / "digits"
+    train, test = pd.read_csv(data / "train.csv"), pd.read_csv(data / "test.csv")
+    mutate(train, test)
+    train.to_csv(data / "train.csv", index=False)
+    test.to_csv(data / "test.csv", index=False)
+    run([DVC_BIN, "add", "-q", "data"], proj)
+    run(["git", "add", "-A"], proj)
+    run(["git", *GIT_ID, "commit", "-qm", message], proj)
+    return yaml.safe_load((proj / "data.dvc").read_text())["outs"][0]["md5"]
+
+
 @pytest.fixture
 def make_project(tmp_path, repo_root, bundled_data) -> Callable[..., Path]:
     """A real git + DVC project holding a (possibly mutated) copy of the bundled data.
@@ -46,27 +100,7 @@ def make_project(tmp_path, repo_root, bundled_data) -> Callable[..., Path]:
     ``mutate(train_df, test_df)`` edits pandas frames in place before ``dvc add``.
     """
 
-    def build(mutate=None, name: str = "proj") -> Path:
-        import pandas as pd
-
-        proj = tmp_path / name
-        (proj / "configs").mkdir(parents=True)
-        shutil.copy(repo_root / "configs" / "digits.yaml", proj / "configs" / "digits.yaml")
-        data = proj / "data" / "digits"
-        data.mkdir(parents=True)
-        train = pd.read_csv(bundled_data / "train.csv")
-        test = pd.read_csv(bundled_data / "test.csv")
-        if mutate:
-            mutate(train, test)
-        train.to_csv(data / "train.csv", index=False)
-        test.to_csv(data / "test.csv", index=False)
-        run(["git", "init", "-q"], proj)
-        dvc = str(VENV_BIN / "dvc")
-        run([dvc, "init", "-q"], proj)
-        run([dvc, "config", "core.analytics", "false"], proj)
-        run([dvc, "add", "-q", "data"], proj)
-        run(["git", "add", "-A"], proj)
-        run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "data"], proj)
-        return proj
+    def build(mutate=None, name: str = "proj", with_code: bool = False) -> Path:
+        return build_project(tmp_path / name, repo_root, bundled_data, mutate, with_code)
 
     return build

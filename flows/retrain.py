@@ -1,0 +1,216 @@
+"""The retrain flow: train a new candidate only when the champion is stale.
+
+    decide ──► (up-to-date: log the reason, exit 0)
+           └─► pipeline (validate ► train ► evaluate ► gate ► register, race-safe promotion)
+
+``decide`` compares what the next run would record with the ``@champion``'s version tags:
+
+* data md5 (DVC), config id and code (the files changed since the champion's git sha, leaving
+  out data, configs, docs and tests) all equal: **up-to-date**, nothing runs;
+* the data changed: the new training split is checked for drift against the champion's
+  training data (read from the DVC cache or remote by its md5): per-feature PSI and KS with
+  the thresholds of the config's ``retrain`` section, reported as a markdown table (a Prefect
+  artifact, and files in the pipeline's MLflow run). ``retrain.policy: any_change`` trains on
+  any new data version; ``drift`` trains only on drifted data (otherwise: **no-drift**, exit 0);
+* the config or the code changed, there is no champion, or ``force``: trains.
+
+Deployment entrypoint: ``flows/retrain.py:retrain`` (one parameter, ``RetrainParams``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+
+from core.errors import DataUnavailableError
+from flows.params import RetrainParams
+from flows.pipeline import TASK, load_inputs, pipeline
+
+
+def _champion_dataset(run_id: str | None, fallback):
+    """The dataset section the champion was trained with (its run's config.json), else ``fallback``."""
+    from core.config import DatasetConfig
+
+    if not run_id:
+        return fallback
+    try:
+        import mlflow
+
+        dumped = mlflow.artifacts.load_dict(f"runs:/{run_id}/config.json")
+        return DatasetConfig.model_validate(dumped["dataset"])
+    except Exception:  # noqa: BLE001 - an old or odd run: the current layout is the best guess
+        return fallback
+
+
+def _drift_check(cfg, root: Path, champ: dict) -> dict:
+    """Drift of the workspace's training split against the champion's (by its data md5)."""
+    import pandas as pd
+
+    from core.versions import read_tracked_file
+    from validation.drift import drift_report
+    from validation.suite import load_splits
+
+    tags = champ["tags"]
+    ds = _champion_dataset(champ.get("run_id"), cfg.dataset)
+    out_root = Path(ds.dvc_file).parent / tags.get("data_dvc_path", "")
+    train_path = Path(ds.path) / ds.train_file
+    try:
+        relpath = train_path.relative_to(out_root).as_posix()
+    except ValueError:
+        raise DataUnavailableError(f"the champion's training split {train_path} is not inside its DVC "
+                                   f"output {out_root}") from None
+    raw = read_tracked_file(root, tags["data_md5"], relpath, rev=tags.get("data_rev"),
+                            dvc_file=ds.dvc_file, path_in_repo=train_path.as_posix())
+    reference = pd.read_csv(io.BytesIO(raw))
+    current = load_splits(cfg.dataset, root)["train"]
+    return drift_report(reference, current, cfg.dataset.feature_columns, cfg.retrain)
+
+
+@task(name="decide", timeout_seconds=300, **TASK)
+def decide(params: RetrainParams) -> dict:
+    """Should this run train? Returns the decision with every reason (see the module docstring)."""
+    from core.paths import tracking_uri
+    from core.versions import code_changes
+    from registry import models, store
+    from validation.drift import drift_markdown
+
+    log = get_run_logger()
+    cfg, root, home, manifest = load_inputs(params.pipeline_params())
+    store.configure(tracking_uri(home), cfg.registry.experiment, home / "mlartifacts")
+    champ = models.champion_version(cfg.registry.model_name)
+    current = {"data_md5": manifest.data.md5, "config_sha256": manifest.config_sha256,
+               "git_sha": manifest.git_sha, "git_dirty": manifest.git_dirty}
+    reasons: list[str] = []
+    skip_reason = None
+    drift, drift_error, changes = None, None, []
+    if params.force:
+        reasons.append("forced")
+    if champ is None:
+        reasons.append(f"{cfg.registry.model_name} has no @champion yet")
+        champion = None
+    else:
+        tags = champ["tags"]
+        champion = {"version": champ["version"], "data_md5": tags.get("data_md5"),
+                    "config_sha256": tags.get("config_sha256"), "git_sha": tags.get("git_sha")}
+        if champion["config_sha256"] != current["config_sha256"]:
+            reasons.append(f"config changed: {str(champion['config_sha256'])[:12]} -> {current['config_sha256'][:12]}")
+        changes = code_changes(root, champion["git_sha"])
+        if changes is None:
+            reasons.append(f"code unknown: the champion's commit {str(champion['git_sha'])[:12]} is not in {root}")
+        elif changes:
+            more = f" and {len(changes) - 5} more" if len(changes) > 5 else ""
+            reasons.append(f"code changed since {champion['git_sha'][:12]}: {', '.join(changes[:5])}{more}")
+        if champion["data_md5"] != current["data_md5"]:
+            change = f"{champion['data_md5']} -> {current['data_md5']}"
+            try:
+                drift = _drift_check(cfg, root, champ)
+            except (DataUnavailableError, ValueError) as exc:
+                drift_error = str(exc)
+                log.warning("drift check could not run: %s", exc)
+            if drift is not None:
+                create_markdown_artifact(markdown=drift_markdown(drift), key="drift-report",
+                                         description=f"Drift of data {current['data_md5']} vs the champion's")
+            verdict = ("drifted: " + f"{drift['n_drifted']} of {drift['n_features']} features" if drift and drift["drifted"]
+                       else "no drift" if drift else "drift unknown")
+            if cfg.retrain.policy == "any_change":
+                reasons.append(f"data changed: {change} ({verdict})")
+            elif drift is None:
+                reasons.append(f"data changed: {change}, and the drift check could not run ({drift_error})")
+            elif drift["drifted"]:
+                reasons.append(f"data drifted: {change}, {drift['n_drifted']} of {drift['n_features']} features")
+            else:
+                skip_reason = (f"data changed ({change}) but did not drift ({drift['n_drifted']} of "
+                               f"{drift['n_features']} features; retrain.policy: drift)")
+    train = bool(reasons)
+    status = "train" if train else ("no-drift" if skip_reason else "up-to-date")
+    if not train and skip_reason is None:
+        skip_reason = (f"data {current['data_md5']}, config {current['config_sha256'][:12]} and code equal "
+                       f"the champion's (v{champion['version']})")
+    decision = {"train": train, "status": status, "reasons": reasons, "skip_reason": skip_reason,
+                "forced": params.force, "policy": cfg.retrain.policy, "model_name": cfg.registry.model_name,
+                "champion": champion, "current": current, "code_changes": changes, "drift": drift,
+                "drift_error": drift_error, "home": str(home), "tracking_uri": tracking_uri(home)}
+    create_markdown_artifact(markdown=decision_markdown(decision), key="retrain-decision",
+                             description="Why the retrain flow trains or not")
+    return decision
+
+
+def decision_markdown(d: dict) -> str:
+    head = "train" if d["train"] else d["status"]
+    lines = [f"# Retrain: {head}", ""]
+    lines += [f"- {r}" for r in d["reasons"]] or [f"- {d['skip_reason']}"]
+    if d["champion"]:
+        c = d["champion"]
+        lines += ["", "| | champion v" + c["version"] + " | now |", "|---|---|---|",
+                  f"| data md5 | {c['data_md5']} | {d['current']['data_md5']} |",
+                  f"| config id | {str(c['config_sha256'])[:12]} | {d['current']['config_sha256'][:12]} |",
+                  f"| git sha | {str(c['git_sha'])[:12]} | {d['current']['git_sha'][:12]}"
+                  + (" (dirty)" if d["current"]["git_dirty"] else "") + " |"]
+    if d["drift"]:
+        lines += ["", f"Drift: {d['drift']['n_drifted']} of {d['drift']['n_features']} features "
+                      f"({'drifted' if d['drift']['drifted'] else 'no drift'}); table in the drift-report artifact."]
+    return "\n".join(lines) + "\n"
+
+
+def _log_decision(run_id: str | None, d: dict) -> None:
+    """Attach the decision (and the drift report) to the pipeline's MLflow run."""
+    if not run_id:
+        return
+    from registry import store
+    from validation.drift import drift_markdown
+
+    store.log_json(run_id, {k: v for k, v in d.items() if k != "drift"}, "retrain/decision.json")
+    if d["drift"]:
+        store.log_json(run_id, d["drift"], "retrain/drift.json")
+        store.client().log_text(run_id, drift_markdown(d["drift"]), "retrain/drift.md")
+        store.log_metrics(run_id, {"drift/n_drifted": d["drift"]["n_drifted"],
+                                   "drift/drifted_fraction": d["drift"]["drifted_fraction"]})
+    store.set_tags(run_id, {"retrain.reasons": "; ".join(d["reasons"])})
+
+
+def _run_name() -> str:
+    from prefect.runtime import flow_run
+
+    try:
+        p = flow_run.parameters.get("params") or {}
+        path = p.config_path if isinstance(p, RetrainParams) else p.get("config_path", "configs/digits.yaml")
+        return f"retrain-{Path(path).stem}"
+    except Exception:  # a name must never fail the run
+        return "retrain"
+
+
+@flow(name="retrain", flow_run_name=_run_name, log_prints=True)
+def retrain(params: RetrainParams = RetrainParams()) -> dict:
+    """Run the pipeline when data, config or code moved past the champion (or ``force``).
+
+    Returns ``{"status": "up-to-date" | "no-drift", "exit_code": 0, "retrain": decision, ...}``
+    when it skips, else the pipeline's summary plus ``retrain``. A failing pipeline raises as
+    ``pipeline`` does, its ``.summary`` carrying the decision too.
+    """
+    t0 = time.perf_counter()
+    d = decide(params)
+    log = get_run_logger()
+    if not d["train"]:
+        log.info("retrain: %s: %s", d["status"], d["skip_reason"])
+        return {"status": d["status"], "exit_code": 0, "model_name": d["model_name"], "model_version": None,
+                "aliases": [], "tracking_uri": d["tracking_uri"],
+                "champion": {"version": d["champion"]["version"]} if d["champion"] else None,
+                "retrain": d, "timings": {"flow": round(time.perf_counter() - t0, 3)}}
+    log.info("retrain: training because %s", "; ".join(d["reasons"]))
+    try:
+        summary = pipeline(params.pipeline_params())
+    except BaseException as exc:
+        partial = getattr(exc, "summary", None)
+        if partial is not None:
+            partial["retrain"] = d
+            _log_decision(partial.get("mlflow_run_id"), d)
+        raise
+    summary["retrain"] = d
+    _log_decision(summary.get("mlflow_run_id"), d)
+    (Path(d["home"]) / "runs" / summary["mlflow_run_id"] / "retrain.json").write_text(json.dumps(d, indent=2, default=str))
+    return summary
