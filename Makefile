@@ -16,7 +16,7 @@ export GX_ANALYTICS_ENABLED := false
 export DVC_NO_ANALYTICS := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test install data unit clean-state
+.PHONY: run test install data unit clean-state team-up team-down
 
 install: $(STAMP)
 
@@ -41,3 +41,14 @@ unit: $(STAMP)
 # Forget every run, model and Prefect record of the embedded defaults.
 clean-state:
 	rm -rf .trainflow
+
+# Team mode: PostgreSQL + `mlflow server` (served artifacts) + `prefect server`, all on
+# 127.0.0.1, state in $(TEAM_DIR). `eval "$$(make -s team-up)"` also sets the two URLs.
+TEAM_DIR ?= .trainflow/team
+TEAM_ARGS ?=
+
+team-up: $(STAMP)
+	@$(PY) scripts/team.py up --dir $(TEAM_DIR) $(TEAM_ARGS)
+
+team-down:
+	@$(PY) scripts/team.py down --dir $(TEAM_DIR)

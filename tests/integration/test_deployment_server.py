@@ -1,0 +1,98 @@
+"""prefect.yaml against a real `prefect server start`: deploy, run through the API, a process worker runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import VENV_BIN
+from tests.integration.live import Proc, clean_env, copy_repo, team_script, wait_flow_run, wait_http
+
+pytestmark = pytest.mark.integration
+
+# Small and deterministic (seed 0): three epochs clear these gates with room to spare.
+OVERRIDES = ["training.epochs=3", "training.timeout_s=240", "gates.min_accuracy=0.8", "gates.min_macro_f1=0.8",
+             "gates.min_class_recall=0.5"]
+
+
+@pytest.fixture
+def prefect_server(tmp_path):
+    """A real Prefect server on 127.0.0.1 (its own sqlite database under a temp PREFECT_HOME)."""
+    port = team_script().free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = clean_env(PREFECT_HOME=tmp_path / "prefect-home", PREFECT_UI_ENABLED="false",
+                    PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    server = Proc([str(VENV_BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                  env, tmp_path, tmp_path / "prefect-server.log")
+    try:
+        wait_http(f"{api}/health", server, timeout=180)
+        yield api
+    finally:
+        server.stop()
+
+
+def prefect_cli(args: list[str], env: dict, cwd) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(VENV_BIN / "prefect"), "--no-prompt", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, f"prefect {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(prefect_server, tmp_path):
+    from mlflow import MlflowClient
+
+    api = prefect_server
+    repo = copy_repo(tmp_path / "repo")
+    assert not (repo / "data" / "digits").exists()  # the deployment's pull step must fetch it
+    home = tmp_path / "home"
+    env = clean_env(PREFECT_API_URL=api, PREFECT_HOME=tmp_path / "client-home", TRAINFLOW_REPO_DIR=repo,
+                    TRAINFLOW_HOME=home, PREFECT_WORKER_QUERY_SECONDS=1, PREFECT_WORKER_PREFETCH_SECONDS=5)
+    spec = yaml.safe_load((repo / "prefect.yaml").read_text())
+    pool = next(d for d in spec["deployments"] if d["name"] == "train")["work_pool"]["name"]
+
+    prefect_cli(["work-pool", "create", pool, "--type", "process"], env, repo)
+    prefect_cli(["deploy", "--name", "train"], env, repo)
+
+    deployment = httpx.get(f"{api}/deployments/name/trainflow-pipeline/train", timeout=10).json()
+    assert deployment["work_pool_name"] == pool
+    assert deployment["enforce_parameter_schema"] is True
+    assert "PipelineParams" in json.dumps(deployment["parameter_openapi_schema"])
+    # The form rejects what the schema forbids, before any worker sees it.
+    bad = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run",
+                     json={"parameters": {"params": {"nproc_per_node": 0}}}, timeout=10)
+    assert bad.status_code == 409, bad.text
+
+    # What the UI's "Run" button sends: a flow run created from the deployment with the form's values.
+    created = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run",
+                         json={"parameters": {"params": {"overrides": OVERRIDES}}}, timeout=10)
+    assert created.status_code == 201, created.text
+    run_id = created.json()["id"]
+
+    worker = Proc([str(VENV_BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process", "--limit", "1"],
+                  env, tmp_path, tmp_path / "worker.log")
+    try:
+        run = wait_flow_run(api, run_id, timeout=420, worker=worker)
+    finally:
+        worker.stop()  # before the server (a worker outliving its server lingers ~30 s)
+    assert run["state"]["type"] == "COMPLETED", f"{run['state']}\n{worker.tail(80)}"
+    assert run["work_pool_name"] == pool
+    assert run["parameters"]["params"]["overrides"] == OVERRIDES
+
+    # The worker ran the flow inside the deployed checkout (pull step: set_working_directory, dvc pull).
+    assert (repo / "data" / "digits" / "train.csv").is_file()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+
+    uri = f"sqlite:///{home / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    versions = client.search_model_versions("name='digits-classifier'")
+    assert [v.version for v in versions] == ["1"]
+    version = versions[0]
+    assert version.tags["git_sha"] == head and version.tags["git_dirty"] == "false"
+    assert {"champion", "challenger"} <= set(client.get_registered_model("digits-classifier").aliases)
+    mlflow_run = client.get_run(version.run_id)
+    assert mlflow_run.info.status == "FINISHED"
+    assert mlflow_run.data.params["training.epochs"] == "3"
