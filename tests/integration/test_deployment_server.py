@@ -89,7 +89,7 @@ def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(prefe
     uri = f"sqlite:///{home / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     versions = client.search_model_versions("name='digits-classifier'")
-    assert [v.version for v in versions] == ["1"]
+    assert [str(v.version) for v in versions] == ["1"]
     version = versions[0]
     assert version.tags["git_sha"] == head and version.tags["git_dirty"] == "false"
     assert {"champion", "challenger"} <= set(client.get_registered_model("digits-classifier").aliases)
