@@ -222,7 +222,7 @@ def up(team_dir: Path, pg_dir: Path, pg_port: int, mlflow_port: int, prefect_por
         artifacts.mkdir(exist_ok=True)
         mlflow_log = team_dir / "mlflow.log"
         state["pids"]["mlflow"] = _spawn(
-            [str(BIN / "mlflow"), "server", "--backend-store-uri", f"postgresql://{db}/mlflow",
+            [str(BIN / "mlflow"), "server", "--backend-store-uri", f"postgresql+psycopg2://{db}/mlflow",
              "--serve-artifacts", "--artifacts-destination", str(artifacts.resolve()),
              "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1"],
             server_env(), mlflow_log, team_dir)
