@@ -16,7 +16,7 @@ export GX_ANALYTICS_ENABLED := false
 export DVC_NO_ANALYTICS := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test install data unit clean-state team-up team-down
+.PHONY: run test install data unit clean-state lock check-lock team-up team-down
 
 install: $(STAMP)
 
@@ -41,6 +41,15 @@ unit: $(STAMP)
 # Forget every run, model and Prefect record of the embedded defaults.
 clean-state:
 	rm -rf .trainflow
+
+# Hash-pinned lock files (requirements/lock.txt: CUDA torch, lock-cpu.txt: CPU torch) from
+# pyproject.toml; needs the package index. `check-lock` is offline and fails when they drift.
+lock: $(STAMP)
+	$(PY) -m pip install -q 'pip>=25.1,<27'
+	$(PY) scripts/lock.py
+
+check-lock: $(STAMP)
+	$(PY) scripts/check_lock.py
 
 # Team mode: PostgreSQL + `mlflow server` (served artifacts) + `prefect server`, all on
 # 127.0.0.1, state in $(TEAM_DIR). `eval "$$(make -s team-up)"` also sets the two URLs.

@@ -2,6 +2,7 @@
 
     trainflow run   [--config PATH] [--set K=V ...] [--summary-json PATH]   # the whole pipeline (Prefect flow)
     trainflow train --config PATH --out DIR [--set K=V ...]                 # training only, no Prefect
+    trainflow k8s-job --nnodes N --gpus-per-node G --image REF@DIGEST ...    # multi-node Kubernetes Job YAML
 
 Exit codes of ``run``: 0 registered, 2 data validation failed, 3 gate rejected
 the model, 4 preempted (SIGTERM: a checkpoint was saved and the next run resumes),
@@ -66,7 +67,39 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--target-accuracy", type=float, default=0.95, help="val accuracy for time-to-target")
     scale.add_argument("--out", type=Path, help="report folder (default: TRAINFLOW_HOME/scale/<key>)")
     scale.add_argument("--no-prefect", action="store_true", help="run the sweep directly (no flow, no MLflow)")
+    _k8s_parser(sub)
     return ap
+
+
+def _k8s_parser(sub) -> None:
+    k8s = sub.add_parser("k8s-job", help="print a multi-node Kubernetes training job (indexed Job + headless Service)")
+    k8s.add_argument("--name", default="trainflow-train", help="Job and Service name (a DNS label)")
+    k8s.add_argument("--namespace", default="default")
+    k8s.add_argument("--nnodes", type=int, required=True, help="pods, one torchrun agent each")
+    k8s.add_argument("--gpus-per-node", type=int, required=True, help="nvidia.com/gpu per pod = workers per node")
+    k8s.add_argument("--image", required=True, help="REPO@sha256:... (or REPO:TAG with --image-digest)")
+    k8s.add_argument("--image-digest", help="sha256:... of --image")
+    k8s.add_argument("--git-repo", required=True, help="repository every pod clones")
+    k8s.add_argument("--git-ref", required=True, help="commit every pod checks out")
+    k8s.add_argument("--mlflow-uri", required=True, help="MLflow tracking server, http(s)://")
+    k8s.add_argument("--mlflow-run-id", help="MLflow run rank 0 logs into")
+    k8s.add_argument("--shared-pvc", default="trainflow-shared", help="ReadWriteMany claim for checkpoints and results")
+    _config_arg(k8s)
+
+
+def cmd_k8s_job(args: argparse.Namespace) -> int:
+    from flows.k8s import MultiNodeJob, render, to_yaml
+
+    try:
+        manifests = render(MultiNodeJob(
+            name=args.name, namespace=args.namespace, nnodes=args.nnodes, gpus_per_node=args.gpus_per_node,
+            image=args.image, image_digest=args.image_digest, git_repo=args.git_repo, git_ref=args.git_ref,
+            mlflow_uri=args.mlflow_uri, mlflow_run_id=args.mlflow_run_id, shared_pvc=args.shared_pvc,
+            config=args.config, overrides=args.overrides))
+    except ValueError as exc:
+        return _fail(f"k8s-job: {exc}", EXIT_ERROR)
+    print(to_yaml(manifests), end="")
+    return EXIT_OK
 
 
 def _fail(msg: str, code: int) -> int:
@@ -207,7 +240,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return {"run": cmd_run, "train": cmd_train, "scale": cmd_scale}[args.command](args)
+    return {"run": cmd_run, "train": cmd_train, "scale": cmd_scale, "k8s-job": cmd_k8s_job}[args.command](args)
 
 
 if __name__ == "__main__":

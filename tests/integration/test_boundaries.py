@@ -17,7 +17,7 @@ def loaded_after(imports: str) -> set[str]:
 
 
 def test_core_imports_no_torch_mlflow_or_prefect():
-    mods = loaded_after("import core.config, core.manifest, core.paths, core.env, core.hashing, core.errors")
+    mods = loaded_after("import core.config, core.manifest, core.paths, core.env, core.hashing, core.errors, core.lock")
     assert not mods & {"torch", "mlflow", "prefect", "great_expectations"}
 
 
@@ -29,7 +29,7 @@ def test_training_runs_without_prefect_and_mlflow():
 
 def test_importing_the_flow_touches_no_backend(tmp_path):
     # Importing the flow module must not create MLflow or Prefect state anywhere.
-    code = ("import os; os.chdir(%r); import flows.pipeline, flows.cli; "
+    code = ("import os; os.chdir(%r); import flows.pipeline, flows.cli, flows.k8s; "
             "print(sorted(os.listdir('.')))") % str(tmp_path)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

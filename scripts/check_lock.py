@@ -1,0 +1,28 @@
+"""Fail (exit 1) when requirements/lock*.txt no longer match pyproject.toml: ``make check-lock``.
+
+Offline: compares the dependency hash in each lock's header with pyproject.toml's
+and checks every top-level dependency is pinned inside its range, with hashes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from core.lock import LOCK_FILES, check_lock  # noqa: E402
+
+
+def main() -> int:
+    problems = [p for rel in LOCK_FILES.values() for p in check_lock(ROOT / "pyproject.toml", ROOT / rel)]
+    for p in dict.fromkeys(problems):
+        print(f"check_lock: {p}", file=sys.stderr)
+    if not problems:
+        print("check_lock: " + ", ".join(LOCK_FILES.values()) + " match pyproject.toml")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""docker/Dockerfile: CUDA base with a CPU variant, installs only the hash-locked set, telemetry off,
+and runs the CLI. (No Docker engine here: the image is parsed and checked, never built.)"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+
+import pytest
+from dockerfile_parse import DockerfileParser
+
+from core.env import TELEMETRY_OFF
+from core.lock import LOCK_FILES
+
+
+@pytest.fixture(scope="module")
+def dockerfile(repo_root):
+    parser = DockerfileParser(str(repo_root / "docker" / "Dockerfile"))
+    return parser, [(s["instruction"], s["value"]) for s in parser.structure if s["instruction"] != "COMMENT"]
+
+
+def _args(instructions) -> dict[str, str]:
+    return dict(v.split("=", 1) for i, v in instructions if i == "ARG" and "=" in v)
+
+
+def _stages(instructions) -> dict[str, str]:
+    out = {}
+    for i, v in instructions:
+        if i == "FROM":
+            image, _, name = v.partition(" AS ")
+            out[name.strip()] = image.strip()
+    return out
+
+
+def test_default_base_is_cuda_runtime_and_cpu_is_a_build_arg(dockerfile):
+    _, ins = dockerfile
+    args, stages = _args(ins), _stages(ins)
+    assert args["VARIANT"] == "cuda"
+    assert re.fullmatch(r"nvidia/cuda:\d+\.\d+\.\d+-(cudnn-)?runtime-ubuntu\d+\.\d+", args["CUDA_BASE"])
+    assert stages["base-cuda"] == "${CUDA_BASE}" and stages["base-cpu"] == "${CPU_BASE}"
+    # The final stage is chosen by VARIANT: both values name a stage.
+    assert stages["runtime"] == "base-${VARIANT}"
+    assert {"base-cuda", "base-cpu"} <= set(stages)
+
+
+def test_each_variant_installs_its_lock_with_require_hashes(dockerfile, repo_root):
+    _, ins = dockerfile
+    envs = [v for i, v in ins if i == "ENV"]
+    for variant, lock in LOCK_FILES.items():
+        assert any(f"TRAINFLOW_LOCK={lock}" in e for e in envs), variant
+        assert (repo_root / lock).is_file()
+    cpu_env = next(e for e in envs if "lock-cpu.txt" in e)
+    assert "download.pytorch.org/whl/cpu" in cpu_env  # torch's +cpu build lives on PyTorch's index
+    installs = [v for i, v in ins if i == "RUN" and "pip install" in v]
+    locked = [v for v in installs if "-r ${TRAINFLOW_LOCK}" in v]
+    assert len(locked) == 1 and "--require-hashes" in locked[0] and "--no-deps" in locked[0]
+    # Nothing else resolves dependencies from an index: the project itself goes in with --no-deps.
+    others = [v for v in installs if v not in locked]
+    assert others and all("--no-deps" in v for v in others)
+    # The lock is copied before the code, so a code change reuses the installed layer.
+    copies = [v for i, v in ins if i == "COPY"]
+    assert copies.index("requirements/ requirements/") < copies.index(". .")
+
+
+def test_telemetry_is_off_in_the_image(dockerfile):
+    parser, _ = dockerfile
+    for key, value in TELEMETRY_OFF.items():
+        assert parser.envs.get(key) == value, key
+
+
+def test_command_runs_the_cli_and_workers_can_replace_it(dockerfile, repo_root):
+    from flows.cli import build_parser
+
+    _, ins = dockerfile
+    entry = json.loads(next(v for i, v in ins if i == "ENTRYPOINT"))
+    cmd = json.loads(next(v for i, v in ins if i == "CMD"))
+    # A bare init as entrypoint: Prefect's docker/kubernetes workers set the command
+    # (`prefect flow-run execute`), which must not be swallowed as arguments of trainflow.
+    assert entry == ["/usr/bin/tini", "--"]
+    scripts = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]["scripts"]
+    assert cmd[0] in scripts and scripts[cmd[0]] == "flows.cli:main"
+    build_parser().parse_args(cmd[1:])  # a real subcommand with valid arguments
+
+
+def test_dockerignore_keeps_local_state_out_of_the_context(repo_root):
+    ignored = set((repo_root / ".dockerignore").read_text().split())
+    assert {".venv", ".trainflow", ".git", "data"} <= ignored
+    assert "dvc-store" not in ignored and "requirements" not in ignored

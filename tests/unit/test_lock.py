@@ -1,0 +1,87 @@
+"""The committed lock files match pyproject.toml, and the check catches every kind of drift."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from core.lock import HEADER_KEY, LOCK_FILES, check_lock, inputs_sha256, parse_lock
+
+
+@pytest.fixture
+def project(tmp_path, repo_root):
+    """A copy of pyproject.toml and both locks, to edit."""
+    shutil.copy(repo_root / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "requirements").mkdir()
+    for rel in LOCK_FILES.values():
+        shutil.copy(repo_root / rel, tmp_path / rel)
+    return tmp_path
+
+
+def _edit(path, old, new):
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.parametrize("variant", sorted(LOCK_FILES))
+def test_committed_lock_matches_pyproject(repo_root, variant):
+    assert check_lock(repo_root / "pyproject.toml", repo_root / LOCK_FILES[variant]) == []
+
+
+def test_every_pin_is_hashed_and_torch_differs_only_in_build(repo_root):
+    cuda = parse_lock(repo_root / LOCK_FILES["cuda"])
+    cpu = parse_lock(repo_root / LOCK_FILES["cpu"])
+    for lock in (cuda, cpu):
+        assert lock.pins and all(lock.hashes[name] for name in lock.pins)
+        assert lock.header[HEADER_KEY] == inputs_sha256(repo_root / "pyproject.toml")
+    assert cpu.pins["torch"] == cuda.pins["torch"] + "+cpu"
+    assert not [n for n in cpu.pins if n.startswith(("nvidia-", "cuda-", "triton"))]
+    assert [n for n in cuda.pins if n.startswith("nvidia-")], "the CUDA lock carries torch's nvidia-* wheels"
+    # Everything else is the same resolution in both.
+    same = {n: v for n, v in cpu.pins.items() if n != "torch"}
+    assert {n: cuda.pins[n] for n in same} == same
+    assert "psycopg2-binary" in cuda.pins
+
+
+def test_changed_bound_fails_with_hash_mismatch(project):
+    _edit(project / "pyproject.toml", '"rich>=15,<16"', '"rich>=15,<17"')
+    problems = check_lock(project / "pyproject.toml", project / LOCK_FILES["cuda"])
+    assert any(HEADER_KEY in p and "changed since the lock" in p for p in problems)
+    assert any("make lock" in p for p in problems)
+
+
+def test_new_dependency_is_reported_unpinned(project):
+    _edit(project / "pyproject.toml", '"PyYAML>=6,<7",', '"PyYAML>=6,<7",\n    "docopt>=0.6,<1",')
+    problems = check_lock(project / "pyproject.toml", project / LOCK_FILES["cpu"])
+    assert any("docopt" in p and "not pinned" in p for p in problems)
+
+
+def test_pin_outside_range_is_reported(project):
+    _edit(project / "pyproject.toml", '"torch==2.13.0"', '"torch==2.14.1"')
+    problems = check_lock(project / "pyproject.toml", project / LOCK_FILES["cuda"])
+    assert any("torch==2.13.0 is outside 'torch==2.14.1'" in p for p in problems)
+
+
+def test_pin_without_hash_is_reported(project):
+    lock = project / LOCK_FILES["cpu"]
+    lines = lock.read_text().splitlines()
+    i = next(i for i, line in enumerate(lines) if line.startswith("rich=="))
+    lines[i] = lines[i].rstrip(" \\")
+    del lines[i + 1]  # its single --hash line
+    lock.write_text("\n".join(lines) + "\n")
+    problems = check_lock(project / "pyproject.toml", lock)
+    assert any(p.endswith("has no --hash") and "rich==" in p for p in problems)
+
+
+def test_reformatting_a_requirement_keeps_the_lock_in_sync(project):
+    # The recorded hash is over normalised requirements, not the file's bytes.
+    _edit(project / "pyproject.toml", '"pandas>=3.1,<3.2"', '"pandas <3.2, >=3.1"')
+    assert check_lock(project / "pyproject.toml", project / LOCK_FILES["cuda"]) == []
+
+
+def test_missing_lock_names_the_fix(project):
+    (project / LOCK_FILES["cuda"]).unlink()
+    assert check_lock(project / "pyproject.toml", project / LOCK_FILES["cuda"]) == [
+        f"{project / LOCK_FILES['cuda']}: missing; run `make lock`"]
