@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
+from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
@@ -19,13 +21,15 @@ OVERRIDES = ["training.epochs=3", "training.timeout_s=240", "gates.min_accuracy=
              "gates.min_class_recall=0.5"]
 
 
-@pytest.fixture
-def prefect_server(tmp_path):
-    """A real Prefect server on 127.0.0.1 (its own sqlite database under a temp PREFECT_HOME)."""
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """A real Prefect server on 127.0.0.1 (its own sqlite database under a temp PREFECT_HOME), shared by
+    this module's tests. Its scheduler looks for due schedules every 2 s instead of every 60 s."""
+    tmp_path = tmp_path_factory.mktemp("prefect-server")
     port = team_script().free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = clean_env(PREFECT_HOME=tmp_path / "prefect-home", PREFECT_UI_ENABLED="false",
-                    PREFECT_SERVER_ANALYTICS_ENABLED="false")
+                    PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS=2)
     server = Proc([str(VENV_BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                   env, tmp_path, tmp_path / "prefect-server.log")
     try:
@@ -54,7 +58,7 @@ def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(prefe
     spec = yaml.safe_load((repo / "prefect.yaml").read_text())
     pool = next(d for d in spec["deployments"] if d["name"] == "train")["work_pool"]["name"]
 
-    prefect_cli(["work-pool", "create", pool, "--type", "process"], env, repo)
+    prefect_cli(["work-pool", "create", pool, "--type", "process", "--overwrite"], env, repo)
     prefect_cli(["deploy", "--name", "train"], env, repo)
 
     deployment = httpx.get(f"{api}/deployments/name/trainflow-pipeline/train", timeout=10).json()
@@ -96,3 +100,49 @@ def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(prefe
     mlflow_run = client.get_run(version.run_id)
     assert mlflow_run.info.status == "FINISHED"
     assert mlflow_run.data.params["training.epochs"] == "3"
+
+
+def test_retrain_nightly_is_deployed_with_its_schedule_and_the_server_plans_runs_from_it(prefect_server, tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from cronsim import CronSim
+
+    api = prefect_server
+    repo = copy_repo(tmp_path / "repo")
+    env = clean_env(PREFECT_API_URL=api, PREFECT_HOME=tmp_path / "client-home", TRAINFLOW_REPO_DIR=repo)
+    spec = yaml.safe_load((repo / "prefect.yaml").read_text())
+    nightly = next(d for d in spec["deployments"] if d["name"] == "retrain-nightly")
+    (declared,) = nightly["schedules"]
+    pool = nightly["work_pool"]["name"]
+    before = datetime.now(timezone.utc)
+
+    prefect_cli(["work-pool", "create", pool, "--type", "process", "--overwrite"], env, repo)
+    prefect_cli(["deploy", "--name", "retrain-nightly"], env, repo)
+
+    found = httpx.post(f"{api}/deployments/filter",
+                       json={"deployments": {"name": {"any_": ["retrain-nightly"]}}}, timeout=10).json()
+    assert len(found) == 1
+    deployment = found[0]
+    assert deployment["entrypoint"] == nightly["entrypoint"] and deployment["work_pool_name"] == pool
+    assert not deployment["paused"]
+    (schedule,) = deployment["schedules"]
+    assert schedule["active"] is True
+    assert schedule["schedule"]["cron"] == declared["cron"]
+    assert schedule["schedule"]["timezone"] == declared.get("timezone", "UTC")
+
+    # The server's scheduler turns the cron into upcoming runs of this deployment, on its pool.
+    deadline = time.monotonic() + 60
+    planned = []
+    while time.monotonic() < deadline and not planned:
+        planned = httpx.post(f"{api}/flow_runs/filter", timeout=10, json={
+            "deployments": {"id": {"any_": [deployment["id"]]}},
+            "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}}).json()
+        time.sleep(1)
+    assert planned, "the scheduler planned no run of retrain-nightly within 60 s"
+    tz = ZoneInfo(declared.get("timezone", "UTC"))
+    for run in planned:
+        start = datetime.fromisoformat(run["expected_start_time"]).astimezone(tz)
+        assert start > before
+        # each planned start is a firing time of the declared cron expression
+        assert next(CronSim(declared["cron"], start - timedelta(seconds=1))) == start
+        assert run["work_pool_name"] == pool
