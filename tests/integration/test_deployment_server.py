@@ -11,7 +11,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import VENV_BIN
+from tests.conftest import ROOT, VENV_BIN
 from tests.integration.live import Proc, clean_env, copy_repo, team_script, wait_flow_run, wait_http
 
 pytestmark = pytest.mark.integration
@@ -102,16 +102,18 @@ def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(prefe
     assert mlflow_run.data.params["training.epochs"] == "3"
 
 
-def test_retrain_nightly_is_deployed_with_its_schedule_and_the_server_plans_runs_from_it(prefect_server, tmp_path):
+def test_retrain_nightly_is_deployed_with_its_schedule_and_the_server_plans_runs_from_it(request, tmp_path):
     from datetime import datetime, timedelta, timezone
 
     from cronsim import CronSim
 
-    api = prefect_server
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    nightly = next((d for d in spec["deployments"] if d["name"] == "retrain-nightly"), None)
+    if nightly is None or not (ROOT / nightly["entrypoint"].split(":")[0]).is_file():
+        pytest.skip("prefect.yaml's retrain-nightly deployment or its flow file is not on this branch yet")
+    api = request.getfixturevalue("prefect_server")  # started only when there is something to deploy
     repo = copy_repo(tmp_path / "repo")
     env = clean_env(PREFECT_API_URL=api, PREFECT_HOME=tmp_path / "client-home", TRAINFLOW_REPO_DIR=repo)
-    spec = yaml.safe_load((repo / "prefect.yaml").read_text())
-    nightly = next(d for d in spec["deployments"] if d["name"] == "retrain-nightly")
     (declared,) = nightly["schedules"]
     pool = nightly["work_pool"]["name"]
     before = datetime.now(timezone.utc)
