@@ -40,6 +40,7 @@ unit: $(STAMP)
 
 # Forget every run, model and Prefect record of the embedded defaults.
 clean-state:
+	@if [ -f $(TEAM_DIR)/team.json ]; then echo "team mode is up: make team-down first" >&2; exit 1; fi
 	rm -rf .trainflow
 
 # Hash-pinned lock files (requirements/lock.txt: CUDA torch, lock-cpu.txt: CPU torch) from
