@@ -65,6 +65,8 @@ def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(prefe
     assert deployment["work_pool_name"] == pool
     assert deployment["enforce_parameter_schema"] is True
     assert "PipelineParams" in json.dumps(deployment["parameter_openapi_schema"])
+    # `prefect deploy` fills TRAINFLOW_REPO_DIR into the pull step: the worker needs no such variable.
+    assert deployment["pull_steps"][0]["prefect.deployments.steps.set_working_directory"]["directory"] == str(repo)
     # The form rejects what the schema forbids, before any worker sees it.
     bad = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run",
                      json={"parameters": {"params": {"nproc_per_node": 0}}}, timeout=10)
@@ -77,7 +79,7 @@ def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(prefe
     run_id = created.json()["id"]
 
     worker = Proc([str(VENV_BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process", "--limit", "1"],
-                  env, tmp_path, tmp_path / "worker.log")
+                  {k: v for k, v in env.items() if k != "TRAINFLOW_REPO_DIR"}, tmp_path, tmp_path / "worker.log")
     try:
         run = wait_flow_run(api, run_id, timeout=420, worker=worker)
     finally:
