@@ -16,7 +16,7 @@ export GX_ANALYTICS_ENABLED := false
 export DVC_NO_ANALYTICS := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test install data unit clean-state lock check-lock
+.PHONY: run test install data unit clean-state lock check-lock team-up team-down
 
 install: $(STAMP)
 
@@ -40,6 +40,7 @@ unit: $(STAMP)
 
 # Forget every run, model and Prefect record of the embedded defaults.
 clean-state:
+	@if [ -f $(TEAM_DIR)/team.json ]; then echo "team mode is up: make team-down first" >&2; exit 1; fi
 	rm -rf .trainflow
 
 # Hash-pinned lock files (requirements/lock.txt: CUDA torch, lock-cpu.txt: CPU torch) from
@@ -50,3 +51,14 @@ lock: $(STAMP)
 
 check-lock: $(STAMP)
 	$(PY) scripts/check_lock.py
+
+# Team mode: PostgreSQL + `mlflow server` (served artifacts) + `prefect server`, all on
+# 127.0.0.1, state in $(TEAM_DIR). `eval "$$(make -s team-up)"` also sets the two URLs.
+TEAM_DIR ?= .trainflow/team
+TEAM_ARGS ?=
+
+team-up: $(STAMP)
+	@$(PY) scripts/team.py up --dir $(TEAM_DIR) $(TEAM_ARGS)
+
+team-down:
+	@$(PY) scripts/team.py down --dir $(TEAM_DIR)

@@ -70,14 +70,22 @@ def experiment_artifact_location(artifact_root: Path, experiment: str) -> str:
     return f"{Path(artifact_root).resolve().as_uri()}/{folder}"
 
 
+def is_server(tracking_uri: str) -> bool:
+    """True for a tracking server (``http(s)://``): it owns where artifacts go."""
+    return tracking_uri.split(":", 1)[0].lower() in ("http", "https")
+
+
 def configure(tracking_uri: str, experiment: str, artifact_root: Path) -> str:
     """Point MLflow at ``tracking_uri``; get or create ``experiment``; return its id.
 
-    A new experiment gets ``artifact_location=<artifact_root as file URI>/<experiment>``
-    explicitly: otherwise a database-backed store would put artifacts under
-    ``./mlruns`` relative to whatever the working directory is. An existing
-    experiment keeps its location (a warning says so if it differs); a deleted
-    one is restored.
+    Against a database URI, a new experiment gets
+    ``artifact_location=<artifact_root as file URI>/<experiment>`` explicitly:
+    otherwise a database-backed store would put artifacts under ``./mlruns``
+    relative to whatever the working directory is. Against a tracking server
+    (``http(s)://``) the server's default root is used (``mlflow-artifacts:/``
+    with ``--serve-artifacts``), so every host uploads through the server and
+    ``artifact_root`` is not touched. An existing experiment keeps its location
+    (a warning says so if it differs); a deleted one is restored.
     """
     import mlflow
 
@@ -88,8 +96,10 @@ def configure(tracking_uri: str, experiment: str, artifact_root: Path) -> str:
                         "use sqlite:////abs/path.db (four slashes)", tracking_uri)
         # sqlite creates the file but not its folder.
         db.parent.mkdir(parents=True, exist_ok=True)
-    Path(artifact_root).mkdir(parents=True, exist_ok=True)
-    location = experiment_artifact_location(artifact_root, experiment)
+    location = None
+    if not is_server(tracking_uri):
+        Path(artifact_root).mkdir(parents=True, exist_ok=True)
+        location = experiment_artifact_location(artifact_root, experiment)
 
     # Two processes opening a new sqlite database at once both run MLflow's schema creation and
     # one fails ("table ... already exists"): the first open is serialised by a lock beside it.
@@ -113,7 +123,7 @@ def configure(tracking_uri: str, experiment: str, artifact_root: Path) -> str:
         if exp.lifecycle_stage == "deleted":
             c.restore_experiment(exp.experiment_id)
             log.warning("experiment %r was deleted; restored it", experiment)
-        if exp.artifact_location.rstrip("/") != location.rstrip("/"):
+        if location and exp.artifact_location.rstrip("/") != location.rstrip("/"):
             log.warning("experiment %r keeps its artifact location %s (not %s)",
                         experiment, exp.artifact_location, location)
         return exp.experiment_id

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.store import experiment_artifact_location, sqlite_path
+from registry.store import experiment_artifact_location, is_server, sqlite_path
 from registry.values import (
     MAX_KEY_LENGTH,
     MAX_MODEL_TAG_VALUE_LENGTH,
@@ -147,3 +147,10 @@ def test_experiment_artifact_location_is_a_file_uri_under_the_root(tmp_path):
     assert experiment_artifact_location(tmp_path, "a b/c").endswith("/a_b_c")
 
 
+
+
+def test_only_http_tracking_uris_count_as_servers_that_own_artifact_roots():
+    assert is_server("http://127.0.0.1:5000") and is_server("HTTPS://mlflow.internal")
+    assert not is_server("sqlite:////tmp/mlflow.db")
+    assert not is_server("postgresql+psycopg2://u@h/db")
+    assert not is_server("file:///tmp/mlruns")

@@ -1,0 +1,106 @@
+"""Helpers for tests that start real servers: process groups that are always stopped, HTTP polling,
+a working copy of the repository, and scripts/team.py loaded as a module."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import ROOT, VENV_BIN
+
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def team_script():
+    """``scripts/team.py`` (the code behind ``make team-up``) as a module."""
+    spec = importlib.util.spec_from_file_location("trainflow_team_script", ROOT / "scripts" / "team.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def clean_env(**extra) -> dict[str, str]:
+    """This process's environment without any Prefect/MLflow setting (a test harness may have set some),
+    with the venv first on PATH (the deployment's pull step runs ``dvc``) plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "TRAINFLOW_"))}
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+class Proc:
+    """A background command in its own process group, logging to a file; ``stop()`` kills the group."""
+
+    def __init__(self, cmd: list[str], env: dict, cwd: Path, log: Path):
+        self.log = log
+        self.cmd = cmd
+        with open(log, "ab") as out:
+            self.popen = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self, grace: float = 20) -> None:
+        """SIGTERM the group, wait up to ``grace`` s for the leader, then SIGKILL whatever is left."""
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.popen.wait(wait)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def wait_http(url: str, proc: Proc, timeout: float) -> None:
+    """Until ``url`` answers 200; fails early (with the log) if ``proc`` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise AssertionError(f"{proc.cmd[:3]} exited ({proc.popen.returncode}):\n{proc.tail()}")
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer within {timeout:.0f} s:\n{proc.tail()}")
+
+
+def wait_flow_run(api: str, flow_run_id: str, timeout: float, worker: Proc | None = None) -> dict:
+    """Poll the REST API until the flow run reaches a terminal state; return it."""
+    deadline = time.monotonic() + timeout
+    run = {}
+    while time.monotonic() < deadline:
+        run = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()
+        if (run.get("state") or {}).get("type") in TERMINAL:
+            return run
+        time.sleep(1)
+    extra = f"\nworker log:\n{worker.tail()}" if worker else ""
+    raise AssertionError(f"flow run {flow_run_id} still {run.get('state', {}).get('type')} after {timeout:.0f} s{extra}")
+
+
+def copy_repo(dest: Path) -> Path:
+    """A committed copy of this working tree (tracked and untracked, non-ignored files), with its
+    in-repo DVC remote but without the pulled data: what a fresh clone of this branch holds."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split("\0")
+    for rel in filter(None, files):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
+    subprocess.run([*git, "commit", "-qm", "copy"], cwd=dest, check=True)
+    return dest
