@@ -94,8 +94,19 @@ def _complete(*index_columns: str) -> dict:
 
 
 def _split_path(cfg: DatasetConfig, root: Path, split: str) -> Path:
-    name = cfg.train_file if split == "train" else cfg.test_file
+    if cfg.kind == "text":
+        name = cfg.text.train_file if split == "train" else cfg.text.eval_file
+    else:
+        name = cfg.train_file if split == "train" else cfg.test_file
     return Path(root) / cfg.path / name
+
+
+def _splits_of(cfg: DatasetConfig) -> tuple[str, ...]:
+    if cfg.kind == "text":
+        from validation import text_suite
+
+        return text_suite.SPLITS
+    return SPLITS
 
 
 def load_splits(cfg: DatasetConfig, root: Path) -> dict[str, pd.DataFrame]:
@@ -143,7 +154,7 @@ def suite_hash(cfg: DatasetConfig) -> str:
         gx_version = "missing"
     return sha256_json({
         "dataset": cfg.model_dump(mode="json", exclude={"dvc_file"}),
-        "code": [file_sha256(here / name) for name in ("suite.py", "report.py")],
+        "code": [file_sha256(here / name) for name in ("suite.py", "report.py", "text_suite.py")],
         "gx": gx_version,
     })
 
@@ -155,7 +166,7 @@ def data_hash(cfg: DatasetConfig, root: Path) -> str:
     from core.hashing import file_sha256, sha256_json
 
     digests = []
-    for split in SPLITS:
+    for split in _splits_of(cfg):
         path = _split_path(cfg, root, split)
         if not path.is_file():
             raise DataUnavailableError(

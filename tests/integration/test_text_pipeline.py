@@ -146,7 +146,7 @@ def test_whole_flow_trains_gates_and_registers_the_lm(first_run, cfg, lm_state, 
     assert code == 0, s.get("error")
     assert s["status"] == "registered" and s["model_name"] == "stdlib-lm" and s["model_version"] == "1"
     assert set(s["aliases"]) == {"challenger", "champion"}
-    assert s["validation"] == {"success": True, "n_expectations": 14}
+    assert s["validation"] == {"success": True, "n_expectations": 14, "cached": False}
     assert s["training"]["strategy"] == cfg.training.strategy and s["training"]["world_size"] == 2
     m = s["metrics"]
     assert m["perplexity"] <= cfg.gates.max_perplexity
