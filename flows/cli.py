@@ -135,17 +135,19 @@ def _resolve_config_path(raw: str) -> Path:
     return path if path.is_absolute() or path.exists() else project_root() / path
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | None]:
+    """Shared by ``run`` and ``retrain``: check the config, start the API server, import, run the
+    flow. Returns ``(exit code, summary, error line or None)``; the summary file is written."""
     t0 = time.perf_counter()
     cfg_path = _resolve_config_path(args.config)
-    root = project_root(cfg_path)
-    apply_offline_env(trainflow_home(root))
+    apply_offline_env(trainflow_home(project_root(cfg_path)))
     overrides = [*args.overrides, *([f"registry.promotion={args.promotion}"] if args.promotion else [])]
     try:  # fail on a bad config before paying for Prefect's start-up
         load_config(cfg_path, overrides)
     except TrainflowError as exc:
-        _write_summary(args.summary_json, {"status": "config_error", "exit_code": EXIT_ERROR, "error": str(exc)})
-        return _fail(str(exc), EXIT_ERROR)
+        summary = {"status": "config_error", "exit_code": EXIT_ERROR, "error": str(exc)}
+        _write_summary(args.summary_json, summary)
+        return EXIT_ERROR, summary, str(exc)
 
     from flows.api_server import start_api
 
@@ -153,10 +155,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     # MLflow import here (None: PREFECT_API_URL names a running server, or opted out).
     server = start_api(Path(os.environ["PREFECT_HOME"]))
 
-    from flows.params import PipelineParams
-    from flows.pipeline import pipeline
+    from flows.params import PipelineParams, RetrainParams
     from training import preemption
 
+    if which == "retrain":
+        from flows.retrain import retrain as flow_fn
+    else:
+        from flows.pipeline import pipeline as flow_fn
     preemption.install_handler()  # SIGTERM: the training stage checkpoints and the run exits 4
     import mlflow  # noqa: F401  (resolve's imports, also overlapping the server's boot)
     import torch  # noqa: F401
@@ -166,27 +171,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     t_import = time.perf_counter() - t0
     if server is not None:
         try:
-            t_wait = server.wait()
+            t_import += server.wait()
         except RuntimeError as exc:
-            _write_summary(args.summary_json, {"status": "failed", "exit_code": EXIT_ERROR, "error": str(exc)})
-            return _fail(str(exc), EXIT_ERROR)
-        t_import += t_wait
-    params = PipelineParams(config_path=str(cfg_path), overrides=args.overrides, image=args.image,
-                            image_digest=args.image_digest, promotion=args.promotion, nproc_per_node=args.nproc)
+            summary = {"status": "failed", "exit_code": EXIT_ERROR, "error": str(exc)}
+            _write_summary(args.summary_json, summary)
+            return EXIT_ERROR, summary, str(exc)
+    common = dict(config_path=str(cfg_path), overrides=args.overrides, image=args.image,
+                  image_digest=args.image_digest, promotion=args.promotion, nproc_per_node=args.nproc)
+    params = RetrainParams(**common, force=args.force) if which == "retrain" else PipelineParams(**common)
+    error = None
     try:
-        summary = pipeline(params)
+        summary = flow_fn(params)
         code = EXIT_OK
     except Exception as exc:  # noqa: BLE001 - every failure becomes an exit code and one line
         summary = getattr(exc, "summary", None) or {"status": "failed", "error": str(exc)}
         code = exc.exit_code if isinstance(exc, TrainflowError) else EXIT_ERROR
-        summary["exit_code"] = code
-        _write_summary(args.summary_json, summary, t_import, t0)
-        _print_summary(summary)
-        return _fail(str(exc) if isinstance(exc, TrainflowError) else f"{type(exc).__name__}: {exc}", code)
+        error = str(exc) if isinstance(exc, TrainflowError) else f"{type(exc).__name__}: {exc}"
     summary["exit_code"] = code
     _write_summary(args.summary_json, summary, t_import, t0)
-    _print_summary(summary)
-    return code
+    return code, summary, error
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    code, summary, error = _run_flow(args, "run")
+    if summary.get("status") != "config_error":
+        _print_summary(summary)
+    return _fail(error, code) if error else code
 
 
 # What the later stages import (seconds each on a 2-core box): GX 2-3, torch.export's loader
@@ -270,38 +280,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_retrain(args: argparse.Namespace) -> int:
-    t0 = time.perf_counter()
-    cfg_path = _resolve_config_path(args.config)
-    apply_offline_env(trainflow_home(project_root(cfg_path)))
-    overrides = [*args.overrides, *([f"registry.promotion={args.promotion}"] if args.promotion else [])]
-    try:
-        load_config(cfg_path, overrides)
-    except TrainflowError as exc:
-        _write_summary(args.summary_json, {"status": "config_error", "exit_code": EXIT_ERROR, "error": str(exc)})
-        return _fail(str(exc), EXIT_ERROR)
-
-    from flows.params import RetrainParams
-    from flows.retrain import retrain
-    from training import preemption
-
-    preemption.install_handler()
-    t_import = time.perf_counter() - t0
-    params = RetrainParams(config_path=str(cfg_path), overrides=args.overrides, image=args.image,
-                           image_digest=args.image_digest, promotion=args.promotion, nproc_per_node=args.nproc,
-                           force=args.force)
-    try:
-        summary = retrain(params)
-        code = EXIT_OK
-    except Exception as exc:  # noqa: BLE001 - every failure becomes an exit code and one line
-        summary = getattr(exc, "summary", None) or {"status": "failed", "error": str(exc)}
-        code = exc.exit_code if isinstance(exc, TrainflowError) else EXIT_ERROR
-        summary["exit_code"] = code
-        _write_summary(args.summary_json, summary, t_import, t0)
+    code, summary, error = _run_flow(args, "retrain")
+    if error:
         if "manifest" in summary:
             _print_summary(summary)
-        return _fail(str(exc) if isinstance(exc, TrainflowError) else f"{type(exc).__name__}: {exc}", code)
-    summary["exit_code"] = code
-    _write_summary(args.summary_json, summary, t_import, t0)
+        return _fail(error, code)
     d = summary.get("retrain") or {}
     if d.get("train"):
         print("trainflow: retrain: trained because " + "; ".join(d["reasons"]), file=sys.stderr)
