@@ -14,8 +14,8 @@ Running ``up`` again while the servers live only prints the exports.
 
 PostgreSQL refuses to run as root; as root, its commands run as the ``postgres``
 user (or ``TRAINFLOW_PG_USER``), which must be able to reach ``DIR/postgres``
-(``--pg-dir`` moves it). Standard library only: ``make team-up`` runs it with the
-project's venv, whose ``mlflow`` and ``prefect`` it starts.
+(``--pg-dir`` moves it). ``make team-up`` runs it with the project's venv, whose
+``mlflow`` and ``prefect`` it starts (and whose ``core.env`` has the telemetry switches).
 """
 
 from __future__ import annotations
@@ -34,15 +34,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from core.env import TELEMETRY_OFF  # the project's venv has trainflow installed
+
 DB_USER = "trainflow"
 DATABASES = ("mlflow", "prefect")
-TELEMETRY_OFF = {
-    "DO_NOT_TRACK": "true",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "GX_ANALYTICS_ENABLED": "false",
-    "DVC_NO_ANALYTICS": "1",
-}
 BIN = Path(sys.executable).parent
 
 
