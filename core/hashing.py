@@ -31,3 +31,16 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
         while block := fh.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def dvc_dir_md5(folder: Path) -> str:
+    """DVC 3's hash of a tracked directory (the ``md5`` in its .dvc file), computed without DVC."""
+    entries = sorted(
+        (
+            {"md5": hashlib.md5(p.read_bytes()).hexdigest(), "relpath": p.relative_to(folder).as_posix()}
+            for p in Path(folder).rglob("*")
+            if p.is_file()
+        ),
+        key=lambda e: e["relpath"],
+    )
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"

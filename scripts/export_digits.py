@@ -12,14 +12,14 @@ suffixed ``.dir``) and compares it with ``outs[0].md5`` of ``data.dvc``.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import yaml
+
+from core.hashing import dvc_dir_md5
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 20261129
@@ -59,19 +59,6 @@ def export(dest: Path) -> dict[str, Path]:
     write_csv(files["train"], pixels[train_idx], labels[train_idx])
     write_csv(files["test"], pixels[test_idx], labels[test_idx])
     return files
-
-
-def dvc_dir_md5(folder: Path) -> str:
-    """DVC 3's hash of a tracked directory, computed without DVC."""
-    entries = sorted(
-        (
-            {"md5": hashlib.md5(p.read_bytes()).hexdigest(), "relpath": p.relative_to(folder).as_posix()}
-            for p in folder.rglob("*")
-            if p.is_file()
-        ),
-        key=lambda e: e["relpath"],
-    )
-    return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import yaml
 
+from core.hashing import dvc_dir_md5
+
 ROOT = Path(__file__).resolve().parents[1]
 DVC_FILE = "data-stdlib.dvc"
 FOLDER = "data-stdlib"
@@ -87,19 +89,6 @@ def export(dest: Path, stdlib: Path | None = None) -> dict[str, Path]:
     files["manifest"] = out / "manifest.json"
     files["manifest"].write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return files
-
-
-def dvc_dir_md5(folder: Path) -> str:
-    """DVC 3's hash of a tracked directory, computed without DVC."""
-    entries = sorted(
-        (
-            {"md5": hashlib.md5(p.read_bytes()).hexdigest(), "relpath": p.relative_to(folder).as_posix()}
-            for p in folder.rglob("*")
-            if p.is_file()
-        ),
-        key=lambda e: e["relpath"],
-    )
-    return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"
 
 
 def recorded_python(root: Path) -> str | None:
