@@ -153,42 +153,19 @@ def _ensure_registered_model(c, model_name: str) -> None:
             raise
 
 
-def log_model_version(
-    run_id: str,
-    model_pt2: Path,
-    model_name: str,
-    feature_columns: list[str],
-    class_labels: list[int],
-    input_example,
-    manifest_tags: Mapping[str, Any],
-    description: str = "",
-) -> dict:
-    """Log the program as a pyfunc model of ``run_id``, register it, tag it, alias it ``@challenger``.
-
-    Returns ``{"name", "version", "model_uri", "run_id", "model_id"}`` where
-    ``model_uri`` is ``models:/<name>/<version>``.
-    """
+def _log_and_register(run_id: str, model_name: str, model_pt2: Path, meta: dict, python_model: Path,
+                      signature, example, manifest_tags: Mapping[str, Any], description: str,
+                      metadata: dict | None = None) -> dict:
+    """Log ``python_model`` (models-from-code over ``model_pt2`` + ``meta``) to ``run_id``, register
+    it as a new version of ``model_name`` tagged with the manifest, and alias it ``@challenger``."""
     import mlflow
     from mlflow.models import Model
-
-    model_pt2 = Path(model_pt2)
-    if not model_pt2.is_file():
-        raise FileNotFoundError(f"model program not found: {model_pt2}")
-    features = _check_features(feature_columns)
-    labels = _check_labels(class_labels)
-    example = _example_frame(input_example, features)
-    _example_labels(model_pt2, example, labels)
 
     c = client()
     run = c.get_run(run_id)
     with tempfile.TemporaryDirectory(prefix="trainflow-model-") as tmp:
-        meta = Path(tmp, "meta.json")
-        meta.write_text(json.dumps({
-            "format": "torch.export",
-            "input_dtype": "float32",
-            "feature_columns": features,
-            "class_labels": labels,
-        }))
+        meta_file = Path(tmp, "meta.json")
+        meta_file.write_text(json.dumps(meta))
         with _MODEL_CODE_LOCK:
             # mlflow.pyfunc.log_model takes no run_id (it needs the fluent active
             # run, which is per-thread state we avoid); Model.log does. Create the
@@ -207,11 +184,12 @@ def log_model_version(
                 flavor=mlflow.pyfunc,
                 run_id=run_id,
                 model_id=logged.model_id,
-                python_model=str(PYFUNC_FILE),
-                artifacts={"model": str(model_pt2), "meta": str(meta)},
+                python_model=str(python_model),
+                artifacts={"model": str(model_pt2), "meta": str(meta_file)},
                 pip_requirements=pip_requirements(),
-                signature=_signature(features),
+                signature=signature,
                 input_example=example,
+                metadata=metadata,
             )
 
     _ensure_registered_model(c, model_name)
@@ -231,6 +209,34 @@ def log_model_version(
         "run_id": run_id,
         "model_id": logged.model_id,
     }
+
+
+def log_model_version(
+    run_id: str,
+    model_pt2: Path,
+    model_name: str,
+    feature_columns: list[str],
+    class_labels: list[int],
+    input_example,
+    manifest_tags: Mapping[str, Any],
+    description: str = "",
+) -> dict:
+    """Log the program as a pyfunc model of ``run_id``, register it, tag it, alias it ``@challenger``.
+
+    Returns ``{"name", "version", "model_uri", "run_id", "model_id"}`` where
+    ``model_uri`` is ``models:/<name>/<version>``.
+    """
+    model_pt2 = Path(model_pt2)
+    if not model_pt2.is_file():
+        raise FileNotFoundError(f"model program not found: {model_pt2}")
+    features = _check_features(feature_columns)
+    labels = _check_labels(class_labels)
+    example = _example_frame(input_example, features)
+    _example_labels(model_pt2, example, labels)
+
+    meta = {"format": "torch.export", "input_dtype": "float32", "feature_columns": features, "class_labels": labels}
+    return _log_and_register(run_id, model_name, model_pt2, meta, PYFUNC_FILE, _signature(features), example,
+                             manifest_tags, description)
 
 
 def promote(model_name: str, version: str, alias: str = CHAMPION) -> None:
@@ -359,10 +365,8 @@ def log_lm_version(
 
     Returns the same dict as :func:`log_model_version`.
     """
-    import mlflow
     import pandas as pd
     import torch
-    from mlflow.models import Model
 
     model_pt2 = Path(model_pt2)
     if not model_pt2.is_file():
@@ -381,50 +385,9 @@ def log_lm_version(
         raise ValueError(f"{model_pt2}: maps [1, {seq_len}] tokens to {list(logits.shape)}, "
                          f"expected [1, {seq_len}, 256] byte logits")
 
-    c = client()
-    run = c.get_run(run_id)
-    with tempfile.TemporaryDirectory(prefix="trainflow-model-") as tmp:
-        meta = Path(tmp, "meta.json")
-        meta.write_text(json.dumps({"format": "torch.export", "input_dtype": "int64", "seq_len": int(seq_len),
-                                    "vocab": "utf-8 bytes"}))
-        with _MODEL_CODE_LOCK:
-            logged = c.create_logged_model(
-                experiment_id=run.info.experiment_id,
-                name=ARTIFACT_NAME,
-                source_run_id=run_id,
-                tags=clean_tags(manifest_tags, MAX_TAG_VALUE_LENGTH),
-            )
-            Model.log(
-                artifact_path=None,
-                name=ARTIFACT_NAME,
-                flavor=mlflow.pyfunc,
-                run_id=run_id,
-                model_id=logged.model_id,
-                python_model=str(PYFUNC_LM_FILE),
-                artifacts={"model": str(model_pt2), "meta": str(meta)},
-                pip_requirements=pip_requirements(),
-                signature=_lm_signature(),
-                input_example=example,
-                metadata={KIND_KEY: "lm"},
-            )
-
-    _ensure_registered_model(c, model_name)
-    version = c.create_model_version(
-        name=model_name,
-        source=f"models:/{logged.model_id}",
-        run_id=run_id,
-        tags=clean_tags(manifest_tags, MAX_MODEL_TAG_VALUE_LENGTH),
-        description=description or None,
-        model_id=logged.model_id,
-    )
-    c.set_registered_model_alias(model_name, CHALLENGER, str(version.version))
-    return {
-        "name": model_name,
-        "version": str(version.version),
-        "model_uri": f"models:/{model_name}/{version.version}",
-        "run_id": run_id,
-        "model_id": logged.model_id,
-    }
+    meta = {"format": "torch.export", "input_dtype": "int64", "seq_len": int(seq_len), "vocab": "utf-8 bytes"}
+    return _log_and_register(run_id, model_name, model_pt2, meta, PYFUNC_LM_FILE, _lm_signature(), example,
+                             manifest_tags, description, metadata={KIND_KEY: "lm"})
 
 
 class TextScorer:

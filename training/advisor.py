@@ -56,31 +56,41 @@ def human_bytes(n: float) -> str:
 
 
 # -- memory ---------------------------------------------------------------------------------
-def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
-    """(parameters, largest leaf module's parameters, activation elements per sample)."""
+def _leaf_outputs(model, cfg: PipelineConfig) -> dict[str, int]:
+    """Output elements per sample of each leaf module (by name) in one forward of one sample:
+    what autograd keeps for backward, the activation estimate's unit."""
     import torch
-    from torch import nn
 
-    from training.models import build_model, example_input
+    from training.models import example_input
 
-    model = build_model(cfg.model, cfg.dataset)
-    n_params = sum(p.numel() for p in model.parameters())
-    leaves = [m for m in model.modules() if not list(m.children())]
-    largest = max((sum(p.numel() for p in m.parameters()) for m in leaves), default=0)
-    acts = [0]
+    out_elems: dict[str, int] = {}
 
-    def hook(_m: nn.Module, _inp: Any, out: Any) -> None:
-        if torch.is_tensor(out):
-            acts[0] += out[0].numel()  # per sample
+    def hook_for(name):
+        def hook(_m, _inp, out):
+            if torch.is_tensor(out):
+                out_elems[name] = out_elems.get(name, 0) + out[0].numel()
+        return hook
 
-    handles = [m.register_forward_hook(hook) for m in leaves]
+    leaves = {n: m for n, m in model.named_modules() if n and not list(m.children())}
+    handles = [m.register_forward_hook(hook_for(n)) for n, m in leaves.items()]
     try:
         with torch.no_grad():
             model.eval()(example_input(cfg.model, cfg.dataset, batch=1))
     finally:
         for h in handles:
             h.remove()
-    return n_params, largest, acts[0]
+    return out_elems
+
+
+def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
+    """(parameters, largest leaf module's parameters, activation elements per sample)."""
+    from training.models import build_model
+
+    model = build_model(cfg.model, cfg.dataset)
+    n_params = sum(p.numel() for p in model.parameters())
+    leaves = [m for m in model.modules() if not list(m.children())]
+    largest = max((sum(p.numel() for p in m.parameters()) for m in leaves), default=0)
+    return n_params, largest, sum(_leaf_outputs(model, cfg).values())
 
 
 def estimate_memory(cfg: PipelineConfig, world_size: int) -> dict:
@@ -237,8 +247,8 @@ def recommendation(measurements: list[dict]) -> str:
         other = contenders[0]
         text = f"{name} reached the target accuracy and {describe(other, with_batch)} did not: use it."
     if int(best["nproc"]) < most:
-        text += (f" Fewer workers win here: adding processes costs more in communication and "
-                 f"per-process overhead than it gains for this model.")
+        text += (" Fewer workers win here: adding processes costs more in communication and "
+                 "per-process overhead than it gains for this model.")
     elif _cores(best) < _cores(other):
         text += (" Fewer threads win here: intra-op threads wait on each other more than they help "
                  "for this model (worse on a busy, shared machine).")
@@ -425,29 +435,14 @@ def lm_profile(cfg: PipelineConfig) -> dict:
     ``last_params`` / ``last_act_bytes`` (final norm + head), ``n_layers``, ``n_heads``,
     ``d_ff``, ``microbatches``, ``schedule``.
     """
-    import torch
     from torch import nn
 
-    from training.models import build_model, example_input
+    from training.models import build_model
 
     model = build_model(cfg.model, cfg.dataset)
     batch = cfg.training.batch_size
-    out_elems: dict[str, int] = {}
-
-    def hook_for(name):
-        def hook(_m, _inp, out):
-            if torch.is_tensor(out):
-                out_elems[name] = out[0].numel()
-        return hook
-
+    out_elems = _leaf_outputs(model, cfg)
     leaves = {n: m for n, m in model.named_modules() if n and not list(m.children())}
-    handles = [m.register_forward_hook(hook_for(n)) for n, m in leaves.items()]
-    try:
-        with torch.no_grad():
-            model.eval()(example_input(cfg.model, cfg.dataset, batch=1))
-    finally:
-        for h in handles:
-            h.remove()
     act = lambda names: 4 * batch * sum(out_elems.get(n, 0) for n in names)  # noqa: E731
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     prof = {

@@ -27,16 +27,16 @@ from a one-device run (each rank draws for its own part of the model).
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
-from typing import ContextManager, Iterator
+from typing import ContextManager
 
 import torch
 from torch import nn
 
 from training.checkpoint import CheckpointMismatchError
 from training.distributed import DistContext
-from training.strategies import DCPStrategy, StrategyConfigError, describe_layout, layout_for
+from training.strategies import DCPStrategy, StrategyConfigError, fsdp_gradient_sync, describe_layout, layout_for
 
 
 def grad_norm_clip_(params, max_norm: float, world_size: int, plain_replicas: int) -> float:
@@ -166,16 +166,8 @@ class TensorParallelStrategy(_ModelParallel):
             fully_shard(model, mesh=dp_mesh)
         return model
 
-    @contextmanager
-    def _sync(self, wrapped: nn.Module, sync: bool) -> Iterator[None]:
-        wrapped.set_requires_gradient_sync(sync)
-        try:
-            yield
-        finally:
-            wrapped.set_requires_gradient_sync(True)
-
     def sync_context(self, wrapped: nn.Module, sync: bool) -> ContextManager:
-        return self._sync(wrapped, sync) if self.dp > 1 else nullcontext()
+        return fsdp_gradient_sync(wrapped, sync) if self.dp > 1 else nullcontext()
 
     def full_state_dict(self, wrapped: nn.Module) -> dict | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -330,6 +330,16 @@ def _shard_targets(model: nn.Module) -> list[nn.Module]:
     return [c for c in model.children() if next(c.parameters(), None) is not None]
 
 
+@contextmanager
+def fsdp_gradient_sync(wrapped: nn.Module, sync: bool) -> Iterator[None]:
+    """FSDP2's no_sync: reduce-scatter gradients only when ``sync`` (grad accumulation's last step)."""
+    wrapped.set_requires_gradient_sync(sync)
+    try:
+        yield
+    finally:
+        wrapped.set_requires_gradient_sync(True)
+
+
 class DCPStrategy(Strategy):
     """Base of the sharded strategies: ``torch.distributed.checkpoint`` save/load, every rank writes."""
 
@@ -426,16 +436,8 @@ class FSDPStrategy(DCPStrategy):
         # bf16 on CUDA is FSDP's MixedPrecisionPolicy (module-level casts), not autocast.
         return nullcontext()
 
-    @contextmanager
-    def _sync(self, wrapped: nn.Module, sync: bool) -> Iterator[None]:
-        wrapped.set_requires_gradient_sync(sync)
-        try:
-            yield
-        finally:
-            wrapped.set_requires_gradient_sync(True)
-
     def sync_context(self, wrapped: nn.Module, sync: bool) -> ContextManager:
-        return self._sync(wrapped, sync)
+        return fsdp_gradient_sync(wrapped, sync)
 
     def full_state_dict(self, wrapped: nn.Module) -> dict | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
