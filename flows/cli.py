@@ -155,14 +155,17 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
     # MLflow import here (None: PREFECT_API_URL names a running server, or opted out).
     server = start_api(Path(os.environ["PREFECT_HOME"]))
 
+    from flows import prelaunch
     from flows.params import PipelineParams, RetrainParams
     from training import preemption
 
+    preemption.install_handler()  # SIGTERM: the training stage checkpoints and the run exits 4
+    if which == "run":  # the torchrun job starts up (held) while the server boots and the flow resolves
+        prelaunch.start(cfg_path, overrides, args.nproc)
     if which == "retrain":
         from flows.retrain import retrain as flow_fn
     else:
         from flows.pipeline import pipeline as flow_fn
-    preemption.install_handler()  # SIGTERM: the training stage checkpoints and the run exits 4
     import mlflow  # noqa: F401  (resolve's imports, also overlapping the server's boot)
     import torch  # noqa: F401
 
@@ -173,6 +176,7 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         try:
             t_import += server.wait()
         except RuntimeError as exc:
+            prelaunch.abort_held("the Prefect API server did not start")
             summary = {"status": "failed", "exit_code": EXIT_ERROR, "error": str(exc)}
             _write_summary(args.summary_json, summary)
             return EXIT_ERROR, summary, str(exc)
@@ -187,6 +191,8 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         summary = getattr(exc, "summary", None) or {"status": "failed", "error": str(exc)}
         code = exc.exit_code if isinstance(exc, TrainflowError) else EXIT_ERROR
         error = str(exc) if isinstance(exc, TrainflowError) else f"{type(exc).__name__}: {exc}"
+    finally:  # the flow never reached `train` (bad data, an error): its workers exit untrained
+        prelaunch.abort_held("the flow ended before training")
     summary["exit_code"] = code
     _write_summary(args.summary_json, summary, t_import, t0)
     return code, summary, error

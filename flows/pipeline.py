@@ -157,52 +157,10 @@ def validate(ctx: RunContext) -> dict:
 
 
 def _claim_train_dir(ctx: RunContext, nproc: int) -> tuple[Path, int]:
-    """A training folder this run holds exclusively: ``(folder, lock fd)``; ``release`` the fd after.
+    """This run's training folder, held exclusively: ``(folder, lock fd)`` (``training.slots``)."""
+    from training.slots import claim_train_dir
 
-    One folder per (config, data, world), so a preempted run's checkpoints are found and resumed
-    by the next run with the same inputs; a finished job's folder is cleared for a fresh start.
-    A concurrent run with the same inputs finds that folder locked and takes the next free slot
-    (``<key>.1``, ``<key>.2``, ...), preferring a free slot that holds an interrupted job to resume.
-    The lock is a ``flock`` on ``<slot>.lock``: it dies with its process, so a killed run never
-    leaves a folder claimed.
-    """
-    import itertools
-    import shutil
-
-    from core.hashing import sha256_json
-    from core.locks import release, try_lock
-
-    key = sha256_json([ctx.cfg.config_id(), ctx.manifest.data.md5, nproc])[:16]
-    base = ctx.home / "train" / f"{ctx.cfg.name}-{key}"
-    slots = (base if i == 0 else base.with_name(f"{base.name}.{i}") for i in itertools.count())
-    claimed: list[tuple[Path, int]] = []
-    try:
-        for folder in slots:
-            if claimed and not folder.exists():
-                break  # past the last slot ever used, holding a free one already
-            fd = try_lock(folder.with_name(folder.name + ".lock"))
-            if fd is None:
-                continue
-            claimed.append((folder, fd))
-            if _resumable(folder) or not folder.exists():
-                break  # a free slot to resume, or the first never-used one: look no further
-        # Keep the slot with an interrupted job if there is one, else the first free slot.
-        folder, fd = next((c for c in claimed if _resumable(c[0])), claimed[0])
-        for other, other_fd in claimed:
-            if other_fd != fd:
-                release(other_fd)
-    except BaseException:
-        for _, other_fd in claimed:
-            release(other_fd)
-        raise
-    result = folder / "result.json"
-    if result.is_file() and json.loads(result.read_text()).get("status") == "completed":
-        shutil.rmtree(folder)
-    elif (folder / "checkpoints").is_dir():
-        _logger().warning("resuming an interrupted training job from %s", folder / "checkpoints")
-    if folder != base:
-        _logger().info("training folder %s is in use by another run; this run trains in %s", base.name, folder.name)
-    return folder, fd
+    return claim_train_dir(ctx.home, ctx.cfg.name, ctx.cfg.config_id(), ctx.manifest.data.md5, nproc, _logger())
 
 
 def _logger():
@@ -217,34 +175,35 @@ def _logger():
         return logging.getLogger(__name__)
 
 
-def _resumable(folder: Path) -> bool:
-    """The folder holds checkpoints of a job that did not complete."""
-    result = folder / "result.json"
-    if result.is_file():
-        try:
-            if json.loads(result.read_text()).get("status") == "completed":
-                return False
-        except ValueError:
-            pass
-    return any((folder / "checkpoints").glob("step_*"))
-
-
 @task(name="train", retries=0, **TASK)
 def train(ctx: RunContext, nproc: int) -> dict:
     """torchrun the worker; rank 0 logs into the pipeline's MLflow run."""
+    from flows import prelaunch
     from registry import store
-    from training.launcher import make_spec, run_job
+    from training.launcher import make_spec, start_job
     from training.sink import RUN_ID_ENV
 
-    from core.locks import release
-
     env = {RUN_ID_ENV: ctx.run_id, "MLFLOW_TRACKING_URI": ctx.tracking_uri}
-    folder, lock = _claim_train_dir(ctx, nproc)
+    held = prelaunch.take(prelaunch.job_key(ctx.cfg, ctx.manifest.data.md5, nproc, ctx.root))
+    if held is None:
+        folder, lock = _claim_train_dir(ctx, nproc)
+        held = prelaunch.Held((), None, folder, lock)
     try:
-        spec = make_spec(ctx.cfg, folder, ctx.root, ctx.manifest.data.md5, env, nproc)
-        result = run_job(spec)
+        if held.job is not None:  # `trainflow run` started this very job while the earlier stages ran
+            get_run_logger().info("training: the job started early (held in %s) goes now", held.folder.name)
+            job = held.job
+            try:
+                job.go(env)
+            except BaseException:
+                job.abort("could not signal go")
+                raise
+        else:
+            job = start_job(make_spec(ctx.cfg, held.folder, ctx.root, ctx.manifest.data.md5, env, nproc))
+        spec = job.spec
+        result = job.finish()
+        result["started_early"] = held.job is not None
     finally:
-        release(lock)
+        held.release()
     store.log_file(ctx.run_id, Path(spec.out_dir) / "result.json", "training")
     store.log_metrics(ctx.run_id, {"train/samples_per_s_mean": result["samples_per_s"],
                                    "train/wall_s": result["wall_s"], "train/restarts": result["restarts"]})
@@ -494,7 +453,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
         result = timed("train", train.with_options(timeout_seconds=t.timeout_s + 60), ctx, ctx.manifest.world.nproc_per_node)
         summary["training"] = {k: result[k] for k in ("world_size", "backend", "strategy", "restarts", "samples_per_s",
                                                        "global_batch", "effective_lr", "weights_sha256", "wall_s",
-                                                       "resumed_from_step", "checkpoint_stall_frac")}
+                                                       "resumed_from_step", "checkpoint_stall_frac", "started_early")}
         ev = timed("evaluate", evaluate, ctx, result)
         cand, kind = ev["candidate"], ctx.cfg.dataset.kind
         summary["metrics"] = {k: cand[k] for k in METRIC_KEYS[kind]}

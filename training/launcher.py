@@ -225,53 +225,167 @@ def _wait(proc: subprocess.Popen, spec: JobSpec) -> tuple[int, bool]:
             raise TrainingFailedError(f"training exceeded training.timeout_s={spec.timeout_s:g}s and was killed")
 
 
+# A held job (``start_job(spec, hold=True)``): its workers start up (imports, data, process
+# group) and then wait for this file before the first step. ``{"go": true, "env": {...}}``
+# starts training with ``env`` added to each worker's environment; ``{"go": false}`` (or the
+# launching process dying, or the wait outliving ``GO_TIMEOUT_S``) makes them exit untrained.
+GO_FILE_ENV = "TRAINFLOW_GO_FILE"
+GO_PARENT_ENV = "TRAINFLOW_GO_PARENT"
+GO_TIMEOUT_S = 900.0
+
+
+class Job:
+    """A started torchrun job: ``finish()`` waits for it and returns ``result.json``."""
+
+    def __init__(self, spec: JobSpec, proc: subprocess.Popen, go_file: Path | None):
+        self.spec = spec
+        self.proc = proc
+        self.go_file = go_file
+        self.started_at = time.perf_counter()
+
+    @property
+    def held(self) -> bool:
+        return self.go_file is not None and not self.go_file.exists()
+
+    def _signal(self, payload: dict) -> None:
+        tmp = self.go_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(payload))
+        tmp.replace(self.go_file)  # atomic: a worker never reads half a decision
+
+    def go(self, env: dict[str, str] | None = None) -> None:
+        """Let a held job train; ``env`` is added to its workers' environment first."""
+        if self.go_file is None:
+            raise RuntimeError("this job was not started held")
+        self._signal({"go": True, "env": dict(env or {})})
+        self.started_at = time.perf_counter()
+
+    def abort(self, reason: str, grace_s: float = 10.0) -> None:
+        """Stop a job that must not train (a held one exits before its first step)."""
+        if self.go_file is not None and not self.go_file.exists():
+            self._signal({"go": False, "reason": reason})
+            try:
+                self.proc.wait(timeout=grace_s)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+        if self.proc.poll() is None:
+            _kill_group(self.proc)
+
+    def finish(self) -> dict:
+        """Wait for the job; return ``result.json`` (plus ``wall_s``: since start, or since ``go``).
+
+        Raises TrainingFailedError (naming the failing rank) or PreemptedError (SIGTERM:
+        the workers saved a checkpoint; rerunning with the same ``out_dir`` resumes).
+        """
+        spec, out = self.spec, Path(self.spec.out_dir)
+        if preemption.REQUESTED.is_set() and self.held:  # SIGTERM before training started
+            self.abort("preempted before training started")
+            preemption.REQUESTED.clear()
+            raise PreemptedError("preempted before training started; nothing to resume yet")
+        previous = signal.getsignal(signal.SIGTERM)
+        installed = preemption.install_handler()
+        try:
+            try:
+                rc, preempted = _wait(self.proc, spec)
+            except BaseException:  # timeout, Ctrl-C, task cancellation: leave no worker behind
+                _kill_group(self.proc)
+                raise
+        finally:
+            if installed:
+                signal.signal(signal.SIGTERM, previous)
+        wall = time.perf_counter() - self.started_at
+        log_dir = out / "torchrun"
+        result_path = out / "result.json"
+        result = json.loads(result_path.read_text()) if result_path.is_file() else None
+        if rc != 0 and not (preempted and result and result.get("status") == "preempted"):
+            rank, message, tb = _first_failure(log_dir, spec.nproc_per_node)
+            if rank is not None:
+                rank += spec.node_rank * spec.nproc_per_node  # torchrun's error files name local ranks
+            where = f"rank {rank}" if rank is not None else "a worker"
+            detail = f": {message}" if message else f" (torchrun exit code {rc}; see {log_dir})"
+            raise TrainingFailedError(f"training failed on {where}{detail}", rank=rank, traceback=tb)
+        if result is None:
+            if spec.node_rank != 0:  # rank 0's node writes the result
+                return {"status": "completed", "node_rank": spec.node_rank, "wall_s": wall, "out_dir": str(out)}
+            raise TrainingFailedError(f"torchrun exited {rc} but wrote no {result_path}")
+        if result.get("status") == "preempted":
+            preemption.REQUESTED.clear()  # handled: this request ends here
+            raise PreemptedError(f"preempted at step {result['steps']}: checkpoint saved in {out / 'checkpoints'}; "
+                                 "rerun with the same output folder to resume")
+        result["wall_s"] = wall
+        result["out_dir"] = str(out)
+        return result
+
+
+def start_job(spec: JobSpec, hold: bool = False) -> Job:
+    """Start torchrun for ``spec`` and return at once.
+
+    ``hold``: the workers start up and wait for ``Job.go()`` before training (or exit on
+    ``Job.abort()``), so a caller can overlap their start-up with its own work.
+    """
+    if preemption.REQUESTED.is_set():  # SIGTERM arrived in an earlier stage: don't start at all
+        preemption.REQUESTED.clear()
+        raise PreemptedError("preempted before training started; nothing to resume yet")
+    out = Path(spec.out_dir)
+    (out / "job.json").write_text(json.dumps(asdict(spec), indent=2))
+    if spec.node_rank == 0:
+        (out / "result.json").unlink(missing_ok=True)  # a result from an earlier run must not pass for this one
+    env = {**os.environ, **spec.env, "OMP_NUM_THREADS": str(spec.threads_per_worker)}
+    go_file = out / "go.json" if hold else None
+    if go_file is not None:
+        go_file.unlink(missing_ok=True)
+        env.update({GO_FILE_ENV: str(go_file), GO_PARENT_ENV: str(os.getpid())})
+    else:
+        for key in (GO_FILE_ENV, GO_PARENT_ENV):
+            env.pop(key, None)
+    proc = subprocess.Popen(spec.command(out / "torchrun"), cwd=spec.root, env=env, start_new_session=True)
+    return Job(spec, proc, go_file)
+
+
 def run_job(spec: JobSpec) -> dict:
     """Run torchrun for ``spec``; return ``result.json`` (plus ``wall_s``).
 
     Raises TrainingFailedError (naming the failing rank) or PreemptedError (SIGTERM:
     the workers saved a checkpoint; rerunning with the same ``out_dir`` resumes).
     """
-    if preemption.REQUESTED.is_set():  # SIGTERM arrived in an earlier stage: don't start at all
-        preemption.REQUESTED.clear()
-        raise PreemptedError("preempted before training started; nothing to resume yet")
-    out = Path(spec.out_dir)
-    log_dir = out / "torchrun"
-    (out / "job.json").write_text(json.dumps(asdict(spec), indent=2))
-    stale = out / "result.json"
-    if spec.node_rank == 0:
-        stale.unlink(missing_ok=True)  # a result from an earlier run must not pass for this one
-    env = {**os.environ, **spec.env, "OMP_NUM_THREADS": str(spec.threads_per_worker)}
-    previous = signal.getsignal(signal.SIGTERM)
-    installed = preemption.install_handler()
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.Popen(spec.command(log_dir), cwd=spec.root, env=env, start_new_session=True)
+    return start_job(spec).finish()
+
+
+def wait_for_go(poll_s: float = 0.02) -> tuple[bool, str]:
+    """Worker side of a held job: ``(True, "")`` to train, ``(False, why)`` to exit untrained.
+
+    Returns at once when the job was not started held. Every rank reads the file itself
+    (a held job is single-node: its folder is local), so no collective is needed.
+    """
+    path = os.environ.get(GO_FILE_ENV)
+    if not path:
+        return True, ""
+    go_file, parent = Path(path), int(os.environ.get(GO_PARENT_ENV) or 0)
+    deadline = time.monotonic() + GO_TIMEOUT_S
+    while True:
         try:
-            rc, preempted = _wait(proc, spec)
-        except BaseException:  # timeout, Ctrl-C, task cancellation: leave no worker behind
-            _kill_group(proc)
-            raise
-    finally:
-        if installed:
-            signal.signal(signal.SIGTERM, previous)
-    wall = time.perf_counter() - t0
-    result_path = out / "result.json"
-    result = json.loads(result_path.read_text()) if result_path.is_file() else None
-    if rc != 0 and not (preempted and result and result.get("status") == "preempted"):
-        rank, message, tb = _first_failure(log_dir, spec.nproc_per_node)
-        if rank is not None:
-            rank += spec.node_rank * spec.nproc_per_node  # torchrun's error files name local ranks
-        where = f"rank {rank}" if rank is not None else "a worker"
-        detail = f": {message}" if message else f" (torchrun exit code {rc}; see {log_dir})"
-        raise TrainingFailedError(f"training failed on {where}{detail}", rank=rank, traceback=tb)
-    if result is None:
-        if spec.node_rank != 0:  # rank 0's node writes the result
-            return {"status": "completed", "node_rank": spec.node_rank, "wall_s": wall, "out_dir": str(out)}
-        raise TrainingFailedError(f"torchrun exited {rc} but wrote no {result_path}")
-    if result.get("status") == "preempted":
-        preemption.REQUESTED.clear()  # handled: this request ends here
-        raise PreemptedError(f"preempted at step {result['steps']}: checkpoint saved in {out / 'checkpoints'}; "
-                             "rerun with the same output folder to resume")
-    result["wall_s"] = wall
-    result["out_dir"] = str(out)
-    return result
+            payload = json.loads(go_file.read_text())
+        except FileNotFoundError:
+            payload = None
+        except ValueError:  # cannot happen with the atomic rename, but never train on a torn read
+            payload = None
+        if payload is not None:
+            if payload.get("go"):
+                os.environ.update({k: str(v) for k, v in (payload.get("env") or {}).items()})
+                return True, ""
+            return False, str(payload.get("reason") or "aborted by the launcher")
+        if parent and not _pid_alive(parent):
+            return False, f"the launching process {parent} exited before training started"
+        if time.monotonic() > deadline:
+            return False, f"no go signal within {GO_TIMEOUT_S:g} s"
+        time.sleep(poll_s)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

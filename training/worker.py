@@ -27,6 +27,7 @@ from core.paths import project_root
 from training.data import Splits, load_splits
 from training.distributed import process_group
 from training.export import export_model
+from training.launcher import wait_for_go
 from training.models import build_model, example_input
 from training.sink import MetricsSink
 from training.trainer import FitResult, Trainer, restart_count, state_dict_sha256
@@ -131,7 +132,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     data_md5 = args.data_md5 or read_dvc_file(root, cfg.dataset.dvc_file).md5
-    train_and_report(cfg, load_splits(cfg.dataset, root, cfg.seed), args.out, data_md5, args.force_resume)
+    splits = load_splits(cfg.dataset, root, cfg.seed)
+    # A held job (the pipeline launched it while its earlier stages ran): nothing is trained,
+    # and nothing written, before the launcher says go.
+    go, why = wait_for_go()
+    if not go:
+        logging.getLogger("trainflow.train").info("not training: %s", why)
+        return 0
+    train_and_report(cfg, splits, args.out, data_md5, args.force_resume)
     return 0
 
 

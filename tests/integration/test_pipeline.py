@@ -11,6 +11,7 @@ import pytest
 
 from flows.cli import main
 from tests.conftest import VENV_BIN
+from tests.engine_helpers import processes_mentioning
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
 
@@ -65,6 +66,7 @@ def test_full_flow_registers_champion_with_manifest_tags(first_run, state, bundl
     assert set(s["aliases"]) == {"challenger", "champion"}
     assert s["metrics"]["accuracy"] >= 0.95
     assert s["training"]["world_size"] == 2 and s["training"]["backend"] == "gloo"
+    assert s["training"]["started_early"] is True  # the CLI's held job was the one the flow wanted
     assert all(g["passed"] for g in s["gates"]) and len(s["gates"]) == 4  # no champion yet
     assert s["tracking_uri"].startswith("sqlite:////")
     mv = client().get_model_version_by_alias("digits-classifier", "champion")
@@ -129,6 +131,12 @@ def test_corrupted_data_stops_at_validation_and_registers_nothing(make_project, 
     assert "training" not in s  # stopped before training
     assert client().search_model_versions("name='corrupt-digits'") == []
     assert not (state / "runs" / s["mlflow_run_id"] / "train").exists()
+    # `trainflow run` started the job early, held: validation failed, so it was aborted untrained.
+    aborted = [f for f in (state / "train").glob("*/go.json") if not json.loads(f.read_text())["go"]]
+    assert aborted, "the early-started training job was not aborted"
+    for go in aborted:
+        assert not (go.parent / "checkpoints").exists() and not (go.parent / "result.json").exists()
+    assert processes_mentioning(str(state / "train")) == []
 
 
 def test_bad_config_exits_1_naming_the_key_path(repo_root, tmp_path):

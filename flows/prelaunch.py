@@ -1,0 +1,126 @@
+"""``trainflow run`` starts its torchrun job early, held, while the flow's earlier stages run.
+
+A torchrun job spends seconds before its first step: the agent and every worker import
+torch, load the data and join the process group. ``trainflow run`` knows the job it will
+launch as soon as it has read the config (the training folder is chosen from the config,
+the DVC data version and the world size alone), so it starts it *held* right after the
+config is checked (``training.launcher.start_job(hold=True)``): the workers start up
+while Prefect's API server boots, the flow resolves and the data is validated, then wait.
+
+The ``train`` task takes the held job when it is the job it would launch itself (the same
+resolved config, data version, world size and project), gives it the run's MLflow
+environment and lets it go. Otherwise (other inputs, or the flow never reaches ``train``:
+bad data, a bad config, an error, SIGTERM) it is aborted and its workers exit before their
+first step, so **nothing is trained before validation passes**, and nothing is written but
+the job's ``config.yaml`` / ``job.json``. The held job dies with the CLI (the workers check
+that it is alive while they wait).
+
+Only ``trainflow run`` holds a job (not ``retrain``, whose first question is whether to
+train at all, and not deployments, whose flow runs in a Prefect worker). It is skipped
+when the world is not known without measuring (``cpu_workers: auto`` with no saved sweep:
+the flow's resolve probes) and with ``TRAINFLOW_PRELAUNCH=0``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.config import PipelineConfig
+
+OPT_OUT = "TRAINFLOW_PRELAUNCH"
+log = logging.getLogger("trainflow.prelaunch")
+
+
+@dataclass
+class Held:
+    """A held job and the training folder (with its lock) it was started in."""
+
+    key: tuple
+    job: object  # training.launcher.Job
+    folder: Path
+    lock_fd: int | None
+
+    def release(self) -> None:
+        from core.locks import release
+
+        fd, self.lock_fd = self.lock_fd, None
+        if fd is not None:
+            release(fd)
+
+    def abort(self, reason: str) -> None:
+        try:
+            self.job.abort(reason)
+        finally:
+            self.release()
+
+
+_HELD: Held | None = None
+
+
+def job_key(cfg: PipelineConfig, data_md5: str, nproc: int, root: Path) -> tuple:
+    """What makes two launches the same job: the resolved config, data version, world, project."""
+    return (cfg.to_yaml(), data_md5, int(nproc), str(Path(root).resolve()))
+
+
+def start(cfg_path: Path, overrides: list[str], nproc: int | None) -> Held | None:
+    """Start the job ``trainflow run`` would launch for these inputs, held; None when skipped.
+
+    Never raises for a reason the flow reports better itself (a bad config, missing data):
+    those skip the early start and the flow fails as it always did.
+    """
+    global _HELD
+    if os.environ.get(OPT_OUT, "").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    abort_held("superseded by a new run")
+    from core.config import load_config
+    from core.manifest import read_dvc_file
+    from core.paths import project_root, trainflow_home
+    from training.advisor import load_sweep, resolve_for_launch
+    from training.launcher import default_nproc, make_spec, start_job
+    from training.slots import claim_train_dir
+
+    try:
+        root = project_root(cfg_path)
+        home = trainflow_home(root)
+        cfg = load_config(cfg_path, overrides)
+        if cfg.training.cpu_workers == "auto" and not nproc and load_sweep(home, cfg) is None:
+            return None  # the flow probes the layouts first: the world is not known yet
+        cfg, _ = resolve_for_launch(cfg, home, nproc=nproc)  # no root: never probes here
+        n = nproc or default_nproc(cfg)
+        md5 = read_dvc_file(root, cfg.dataset.dvc_file).md5
+    except Exception as exc:  # noqa: BLE001 - the flow's resolve names it properly
+        log.debug("no early launch: %s", exc)
+        return None
+    folder, fd = claim_train_dir(home, cfg.name, cfg.config_id(), md5, n, log)
+    try:
+        job = start_job(make_spec(cfg, folder, root, md5, {}, n), hold=True)
+    except BaseException:
+        from core.locks import release
+
+        release(fd)
+        return None
+    _HELD = Held(job_key(cfg, md5, n, root), job, folder, fd)
+    return _HELD
+
+
+def take(key: tuple) -> Held | None:
+    """The held job if it is the job with ``key``; a held job for other inputs is aborted."""
+    global _HELD
+    held, _HELD = _HELD, None
+    if held is None:
+        return None
+    if held.key != key or held.job.proc.poll() is not None:
+        held.abort("the flow resolved other inputs than the early launch")
+        return None
+    return held
+
+
+def abort_held(reason: str) -> None:
+    """Abort the held job, if any (the flow ended without training, or the CLI exits)."""
+    global _HELD
+    held, _HELD = _HELD, None
+    if held is not None:
+        held.abort(reason)

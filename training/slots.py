@@ -1,0 +1,78 @@
+"""Training folders a run holds exclusively: one per (config, data, world), under ``<home>/train``.
+
+A preempted run's checkpoints are found and resumed by the next run with the same inputs;
+a finished job's folder is cleared for a fresh start. A concurrent run with the same inputs
+finds that folder locked and takes the next free slot (``<key>.1``, ``<key>.2``, ...),
+preferring a free slot that holds an interrupted job to resume. The lock is a ``flock`` on
+``<slot>.lock``: it dies with its process, so a killed run never leaves a folder claimed.
+
+Used by the pipeline's ``train`` task and by the CLI's early launch (``flows/prelaunch.py``),
+so both agree on the folder; no Prefect here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from core.hashing import sha256_json
+from core.locks import release, try_lock
+
+log = logging.getLogger("trainflow.train")
+
+
+def slot_base(home: Path, cfg_name: str, config_id: str, data_md5: str, nproc: int) -> Path:
+    """The first slot of the inputs ``(config, data, workers per node)``."""
+    key = sha256_json([config_id, data_md5, nproc])[:16]
+    return home / "train" / f"{cfg_name}-{key}"
+
+
+def resumable(folder: Path) -> bool:
+    """The folder holds checkpoints of a job that did not complete."""
+    result = folder / "result.json"
+    if result.is_file():
+        try:
+            if json.loads(result.read_text()).get("status") == "completed":
+                return False
+        except ValueError:
+            pass
+    return any((folder / "checkpoints").glob("step_*"))
+
+
+def claim_train_dir(home: Path, cfg_name: str, config_id: str, data_md5: str, nproc: int,
+                    logger: logging.Logger | logging.LoggerAdapter | None = None) -> tuple[Path, int]:
+    """A training folder this process holds exclusively: ``(folder, lock fd)``; ``release`` the fd after."""
+    logger = logger or log
+    base = slot_base(home, cfg_name, config_id, data_md5, nproc)
+    slots = (base if i == 0 else base.with_name(f"{base.name}.{i}") for i in itertools.count())
+    claimed: list[tuple[Path, int]] = []
+    try:
+        for folder in slots:
+            if claimed and not folder.exists():
+                break  # past the last slot ever used, holding a free one already
+            fd = try_lock(folder.with_name(folder.name + ".lock"))
+            if fd is None:
+                continue
+            claimed.append((folder, fd))
+            if resumable(folder) or not folder.exists():
+                break  # a free slot to resume, or the first never-used one: look no further
+        # Keep the slot with an interrupted job if there is one, else the first free slot.
+        folder, fd = next((c for c in claimed if resumable(c[0])), claimed[0])
+        for other, other_fd in claimed:
+            if other_fd != fd:
+                release(other_fd)
+    except BaseException:
+        for _, other_fd in claimed:
+            release(other_fd)
+        raise
+    result = folder / "result.json"
+    if result.is_file() and json.loads(result.read_text()).get("status") == "completed":
+        shutil.rmtree(folder)
+    elif (folder / "checkpoints").is_dir():
+        logger.warning("resuming an interrupted training job from %s", folder / "checkpoints")
+    if folder != base:
+        logger.info("training folder %s is in use by another run; this run trains in %s", base.name, folder.name)
+    return folder, fd
