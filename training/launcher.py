@@ -62,11 +62,23 @@ class JobSpec:
         return cmd + (["--force-resume"] if self.force_resume else [])
 
 
+# Device nodes a CUDA (or ROCm, or WSL's CUDA) GPU shows up as. With none of them, torch would
+# find no GPU either, and deciding so costs no `import torch` (1.5-2 s here).
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
+
+
+def maybe_gpu() -> bool:
+    """False only when this host surely has no GPU torch could use (no device node for one)."""
+    return any(os.path.exists(p) for p in GPU_DEVICE_NODES)
+
+
 def default_nproc(cfg: PipelineConfig) -> int:
     """One worker per GPU when CUDA is present, else ``training.cpu_workers``."""
+    if cfg.training.backend == "gloo" or not maybe_gpu():
+        return cfg.training.cpu_workers
     import torch
 
-    if cfg.training.backend != "gloo" and torch.cuda.is_available():
+    if torch.cuda.is_available():
         return torch.cuda.device_count()
     return cfg.training.cpu_workers
 

@@ -105,3 +105,13 @@ def test_no_early_launch_when_opted_out_or_the_world_needs_a_probe(tmp_path, mon
     # cpu_workers: auto with no saved sweep: resolve probes the layouts first, so no guess is launched
     assert prelaunch.start(ROOT / "configs" / "digits.yaml", [*FAST, "training.cpu_workers=auto"], None) is None
     assert not (tmp_path / "home" / "train").exists()
+
+
+@pytest.mark.skipif(__import__("training.launcher").launcher.maybe_gpu(), reason="a GPU host: torch counts the GPUs")
+def test_the_world_of_a_cpu_host_is_known_without_importing_torch():
+    # The early launch waits on this decision; torch's import (1.5-2 s) is the workers' to pay.
+    code = ("import sys; from core.config import load_config; from training.launcher import default_nproc;"
+            "print(default_nproc(load_config('configs/digits.yaml', [])), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "False"]
