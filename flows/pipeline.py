@@ -78,7 +78,7 @@ def load_inputs(params: PipelineParams) -> tuple[PipelineConfig, Path, Path, Man
     manifest = build_manifest(
         root, cfg.name, cfg.config_id(), cfg.dataset.dvc_file, cfg.seed,
         World(nnodes=1, nproc_per_node=nproc, backend=choose_backend(cfg.training.backend)),
-        image_from_env(params.image, params.image_digest),
+        image_from_env(params.image, params.image_digest), cache_dir=home / "cache",
     )
     return cfg, root, home, manifest
 

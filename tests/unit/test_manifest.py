@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from core.errors import DataUnavailableError
@@ -35,6 +37,28 @@ def test_image_ref_digest_sources(monkeypatch):
 
 def test_packages_hash_is_stable():
     assert packages_hash() == packages_hash()
+
+
+def test_packages_hash_cache_is_reused_and_invalidated_by_an_install(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.setattr(sys, "path", [*sys.path, str(site)])
+    fresh = packages_hash()
+    assert packages_hash(tmp_path / "cache") == fresh
+    cached = tmp_path / "cache" / "packages_sha256.json"
+    record = json.loads(cached.read_text())
+    cached.write_text(json.dumps({**record, "sha256": "from-the-cache"}))
+    assert packages_hash(tmp_path / "cache") == "from-the-cache"  # same folders, same mtimes: reused
+    # "Installing" a distribution into a folder on the path changes its mtime, so the key.
+    dist = site / "newpkg-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: newpkg\nVersion: 1.0\n")
+    os.utime(site, ns=(0, os.stat(site).st_mtime_ns + 10**9))
+    after = packages_hash(tmp_path / "cache")
+    assert after != "from-the-cache" and after == packages_hash() != fresh
 
 
 def test_tracking_uri_defaults_to_sqlite_in_home_and_env_wins(tmp_path, monkeypatch):
