@@ -156,6 +156,16 @@ def validate(ctx: RunContext) -> dict:
     return report
 
 
+# Training folders claimed by a running flow (by MLflow run id), released when it ends.
+_CLAIMED: dict = {}
+
+
+def _release_train_dir(run_id: str) -> None:
+    held = _CLAIMED.pop(run_id, None)
+    if held is not None:
+        held.release()
+
+
 def _claim_train_dir(ctx: RunContext, nproc: int) -> tuple[Path, int]:
     """This run's training folder, held exclusively: ``(folder, lock fd)`` (``training.slots``)."""
     from training.slots import claim_train_dir
@@ -200,10 +210,15 @@ def train(ctx: RunContext, nproc: int) -> dict:
         else:
             job = start_job(make_spec(ctx.cfg, held.folder, ctx.root, ctx.manifest.data.md5, env, nproc))
         spec = job.spec
-        result = job.finish()
+        # Back as soon as rank 0's result is final: torchrun's exit overlaps the evaluation.
+        result = job.finish(at_result=True)
         result["started_early"] = held.job is not None
-    finally:
+    except BaseException:
         held.release()
+        raise
+    # Evaluate and register read the folder's model.pt2: it stays claimed until the flow ends,
+    # or a concurrent run with the same inputs could clear it meanwhile.
+    _CLAIMED[ctx.run_id] = held
     store.log_file(ctx.run_id, Path(spec.out_dir) / "result.json", "training")
     store.log_metrics(ctx.run_id, {"train/samples_per_s_mean": result["samples_per_s"],
                                    "train/wall_s": result["wall_s"], "train/restarts": result["restarts"]})
@@ -486,4 +501,5 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
         exc.summary = summary  # the CLI writes it; the exception still fails the flow run
         raise
     finally:
+        _release_train_dir(ctx.run_id)
         timings["flow"] = round(time.perf_counter() - t0, 3)

@@ -9,11 +9,14 @@ files (the worker's main is wrapped in ``@record``).
 
 from __future__ import annotations
 
+import atexit
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +24,8 @@ from pathlib import Path
 from core.config import PipelineConfig
 from core.errors import ConfigError, PreemptedError, TrainingFailedError
 from training import preemption
+
+log = logging.getLogger("trainflow.launcher")
 
 
 @dataclass(frozen=True)
@@ -213,8 +218,20 @@ def _forward_preemption(proc: subprocess.Popen, done: set[int]) -> set[int]:
     return sent
 
 
-def _wait(proc: subprocess.Popen, spec: JobSpec) -> tuple[int, bool]:
-    """(exit code, preempted): wait for torchrun, forwarding one SIGTERM, within the time limits."""
+def _completed(out: Path) -> bool:
+    """Rank 0 wrote a completed ``result.json`` (atomically: written aside, then renamed)."""
+    try:
+        return json.loads((out / "result.json").read_text()).get("status") == "completed"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tuple[int | None, bool]:
+    """(exit code, preempted): wait for torchrun, forwarding one SIGTERM, within the time limits.
+
+    ``at_result``: return ``(None, False)`` as soon as rank 0's completed result is written,
+    while the processes are still exiting.
+    """
     deadline = time.monotonic() + spec.timeout_s
     preempted_at, signalled = None, set()
     while True:
@@ -222,6 +239,8 @@ def _wait(proc: subprocess.Popen, spec: JobSpec) -> tuple[int, bool]:
             return proc.wait(timeout=0.2), preempted_at is not None
         except subprocess.TimeoutExpired:
             pass
+        if at_result and preempted_at is None and _completed(Path(spec.out_dir)):
+            return None, False
         now = time.monotonic()
         if preemption.REQUESTED.is_set():
             preempted_at = preempted_at or now
@@ -283,8 +302,13 @@ class Job:
         if self.proc.poll() is None:
             _kill_group(self.proc)
 
-    def finish(self) -> dict:
+    def finish(self, at_result: bool = False) -> dict:
         """Wait for the job; return ``result.json`` (plus ``wall_s``: since start, or since ``go``).
+
+        ``at_result``: return once rank 0 has written its completed result (the weights, the
+        exported program and the result are final then), while torchrun and its workers are
+        still shutting down (1-3 s here); they are reaped in the background, and before this
+        process exits (``reap_exiting``), so the caller's next step overlaps their exit.
 
         Raises TrainingFailedError (naming the failing rank) or PreemptedError (SIGTERM:
         the workers saved a checkpoint; rerunning with the same ``out_dir`` resumes).
@@ -298,7 +322,7 @@ class Job:
         installed = preemption.install_handler()
         try:
             try:
-                rc, preempted = _wait(self.proc, spec)
+                rc, preempted = _wait(self.proc, spec, at_result and spec.node_rank == 0)
             except BaseException:  # timeout, Ctrl-C, task cancellation: leave no worker behind
                 _kill_group(self.proc)
                 raise
@@ -306,6 +330,9 @@ class Job:
             if installed:
                 signal.signal(signal.SIGTERM, previous)
         wall = time.perf_counter() - self.started_at
+        if rc is None:  # completed; the processes are still exiting
+            _reap_later(self.proc)
+            rc = 0
         log_dir = out / "torchrun"
         result_path = out / "result.json"
         result = json.loads(result_path.read_text()) if result_path.is_file() else None
@@ -327,6 +354,36 @@ class Job:
         result["wall_s"] = wall
         result["out_dir"] = str(out)
         return result
+
+
+_EXITING: list[threading.Thread] = []
+REAP_GRACE_S = 60.0
+
+
+def _reap_later(proc: subprocess.Popen) -> None:
+    """Wait for a job that already wrote its completed result, in a thread; kill it if it hangs."""
+    def reap() -> None:
+        try:
+            rc = proc.wait(timeout=REAP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            log.warning("torchrun (pid %s) still running %.0f s after its completed result; killed",
+                        proc.pid, REAP_GRACE_S)
+            _kill_group(proc)
+            return
+        if rc:
+            log.warning("torchrun (pid %s) exited %s after writing a completed result", proc.pid, rc)
+
+    thread = threading.Thread(target=reap, name=f"reap-torchrun-{proc.pid}", daemon=True)
+    thread.start()
+    if not _EXITING:
+        atexit.register(reap_exiting)
+    _EXITING.append(thread)
+
+
+def reap_exiting() -> None:
+    """Block until every job returned early by ``finish(at_result=True)`` has exited (bounded)."""
+    while _EXITING:
+        _EXITING.pop().join(REAP_GRACE_S + 15)
 
 
 def start_job(spec: JobSpec, hold: bool = False) -> Job:

@@ -115,3 +115,16 @@ def test_the_world_of_a_cpu_host_is_known_without_importing_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2", "False"]
+
+
+def test_finish_at_result_returns_the_final_result_and_the_job_is_reaped(tmp_path):
+    from training.launcher import reap_exiting
+
+    job = start_job(_spec(tmp_path / "early"))
+    result = job.finish(at_result=True)
+    assert result["status"] == "completed" and (tmp_path / "early" / "model.pt2").is_file()
+    assert result == {**json.loads((tmp_path / "early" / "result.json").read_text()),
+                      "wall_s": result["wall_s"], "out_dir": str(tmp_path / "early")}
+    reap_exiting()  # what the process does at exit: nothing of the job outlives it
+    assert job.proc.returncode == 0
+    assert processes_mentioning(str(tmp_path / "early")) == []
