@@ -231,18 +231,22 @@ def _resumable(folder: Path) -> bool:
 
 @task(name="train", retries=0, **TASK)
 def train(ctx: RunContext, nproc: int) -> dict:
-    """torchrun the worker; rank 0 logs into the pipeline's MLflow run."""
+    """torchrun the worker; its metrics file is relayed into the pipeline's MLflow run meanwhile."""
     from registry import store
+    from registry.relay import relay_metrics
     from training.launcher import make_spec, run_job
     from training.sink import RUN_ID_ENV
 
     from core.locks import release
+    from core.metrics_file import METRICS_FILE
 
-    env = {RUN_ID_ENV: ctx.run_id, "MLFLOW_TRACKING_URI": ctx.tracking_uri}
+    # No run id for the worker: rank 0 only writes metrics.jsonl, this process logs it to MLflow.
+    env = {RUN_ID_ENV: ""}
     folder, lock = _claim_train_dir(ctx, nproc)
     try:
         spec = make_spec(ctx.cfg, folder, ctx.root, ctx.manifest.data.md5, env, nproc)
-        result = run_job(spec)
+        with relay_metrics(ctx.run_id, Path(spec.out_dir) / METRICS_FILE):
+            result = run_job(spec)
     finally:
         release(lock)
     store.log_file(ctx.run_id, Path(spec.out_dir) / "result.json", "training")
