@@ -508,7 +508,7 @@ def report(records: list[dict], modes: list[str], args, ctx: dict) -> float | No
         inside = _med(r.get("torchrun_wall") for r in timed if r["kind"] == "pipeline" and r["mode"] == mode)
         if inside is not None and train_med is not None:
             P(f"  torchrun job inside pipeline [{mode}]  {_fmt(inside)}  "
-              f"(vs trainflow train: {inside - train_med:+.2f}; rank 0 also logs to MLflow there)")
+              f"(vs trainflow train: {inside - train_med:+.2f}; its metrics file is relayed to MLflow there)")
 
     P("")
     P("== overhead = pipeline wall - training wall (medians) ==")
