@@ -187,31 +187,35 @@ def _logger():
 
 @task(name="train", retries=0, **TASK)
 def train(ctx: RunContext, nproc: int) -> dict:
-    """torchrun the worker; rank 0 logs into the pipeline's MLflow run."""
+    """torchrun the worker; its metrics file is relayed into the pipeline's MLflow run meanwhile."""
     from flows import prelaunch
     from registry import store
+    from registry.relay import relay_metrics
     from training.launcher import make_spec, start_job
-    from training.sink import RUN_ID_ENV
 
-    env = {RUN_ID_ENV: ctx.run_id, "MLFLOW_TRACKING_URI": ctx.tracking_uri}
+    from core.metrics_file import METRICS_FILE
+
     held = prelaunch.take(prelaunch.job_key(ctx.cfg, ctx.manifest.data.md5, nproc, ctx.root))
     if held is None:
         folder, lock = _claim_train_dir(ctx, nproc)
         held = prelaunch.Held((), None, folder, lock)
     try:
-        if held.job is not None:  # `trainflow run` started this very job while the earlier stages ran
-            get_run_logger().info("training: the job started early (held in %s) goes now", held.folder.name)
-            job = held.job
-            try:
-                job.go(env)
-            except BaseException:
-                job.abort("could not signal go")
-                raise
-        else:
-            job = start_job(make_spec(ctx.cfg, held.folder, ctx.root, ctx.manifest.data.md5, env, nproc))
-        spec = job.spec
-        # Back as soon as rank 0's result is final: torchrun's exit overlaps the evaluation.
-        result = job.finish(at_result=True)
+        # Entered before the job trains, so the relay starts at this run's first record.
+        with relay_metrics(ctx.run_id, held.folder / METRICS_FILE):
+            if held.job is not None:  # `trainflow run` started this very job while the earlier stages ran
+                get_run_logger().info("training: the job started early (held in %s) goes now", held.folder.name)
+                job = held.job
+                try:
+                    job.go()
+                except BaseException:
+                    job.abort("could not signal go")
+                    raise
+            else:
+                job = start_job(make_spec(ctx.cfg, held.folder, ctx.root, ctx.manifest.data.md5,
+                                          prelaunch.JOB_ENV, nproc))
+            spec = job.spec
+            # Back as soon as rank 0's result is final: torchrun's exit overlaps the evaluation.
+            result = job.finish(at_result=True)
         result["started_early"] = held.job is not None
     except BaseException:
         held.release()

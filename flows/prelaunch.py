@@ -29,8 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.config import PipelineConfig
+from training.sink import RUN_ID_ENV
 
 OPT_OUT = "TRAINFLOW_PRELAUNCH"
+# The environment every pipeline job gets: no MLflow run id, so rank 0 only writes its
+# metrics file and the pipeline relays it (registry/relay.py); empty rather than absent, so a
+# run id inherited from the caller's environment cannot switch direct logging back on.
+JOB_ENV = {RUN_ID_ENV: ""}
 log = logging.getLogger("trainflow.prelaunch")
 
 
@@ -96,7 +101,7 @@ def start(cfg_path: Path, overrides: list[str], nproc: int | None) -> Held | Non
         return None
     folder, fd = claim_train_dir(home, cfg.name, cfg.config_id(), md5, n, log)
     try:
-        job = start_job(make_spec(cfg, folder, root, md5, {}, n), hold=True)
+        job = start_job(make_spec(cfg, folder, root, md5, JOB_ENV, n), hold=True)
     except BaseException:
         from core.locks import release
 

@@ -1,8 +1,11 @@
-"""Where rank 0's metrics go: the pipeline's MLflow run (optional), a progress bar or log lines.
+"""Where rank 0's metrics go: ``<out_dir>/metrics.jsonl``, an MLflow run (optional), a progress bar or log lines.
 
 Other ranks get a sink that drops everything, so the loop never checks the rank.
-The MLflow run is named by ``TRAINFLOW_MLFLOW_RUN_ID`` (set by the launcher);
-without it, training runs with MLflow entirely unused.
+Rank 0 always appends its params and metrics to the metrics file (``core.metrics_file``;
+cheap, no MLflow import). The pipeline relays that file into its MLflow run from its own
+process (``registry.relay``), so training never waits on the tracking store. Only when
+``TRAINFLOW_MLFLOW_RUN_ID`` names a run (a pod or command with no relaying parent) does
+rank 0 also log into that run itself, synchronously; without it MLflow stays unused.
 """
 
 from __future__ import annotations
@@ -10,7 +13,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from dataclasses import asdict
+from pathlib import Path
+
+from core.metrics_file import METRICS_FILE, MetricsWriter, metrics_record, params_record
 
 log = logging.getLogger("trainflow.train")
 
@@ -18,17 +25,20 @@ RUN_ID_ENV = "TRAINFLOW_MLFLOW_RUN_ID"
 
 
 class MetricsSink:
-    def __init__(self, enabled: bool, run_id: str | None = None, progress: bool | None = None):
+    def __init__(self, enabled: bool, run_id: str | None = None, progress: bool | None = None,
+                 out_dir: Path | None = None):
         self.enabled = enabled
         self.run_id = run_id if enabled else None
+        self._file = MetricsWriter(Path(out_dir) / METRICS_FILE) if enabled and out_dir is not None else None
         self._client = None
         self._bar = None
         self._task = None
         self.progress = enabled and (sys.stderr.isatty() if progress is None else progress)
 
     @classmethod
-    def for_rank(cls, is_main: bool) -> "MetricsSink":
-        return cls(enabled=is_main, run_id=os.environ.get(RUN_ID_ENV) or None)
+    def for_rank(cls, is_main: bool, out_dir: Path | None = None) -> "MetricsSink":
+        """Rank 0's sink (``is_main``) writes ``out_dir/metrics.jsonl``; other ranks' drop everything."""
+        return cls(enabled=is_main, run_id=os.environ.get(RUN_ID_ENV) or None, out_dir=out_dir)
 
     @property
     def client(self):
@@ -39,20 +49,25 @@ class MetricsSink:
         return self._client
 
     def params(self, params: dict) -> None:
+        named = {f"train.{k}": v for k, v in params.items()}
+        if self._file is not None:
+            self._file.write(params_record(named, int(time.time() * 1000)))
         if self.client:
             from mlflow.entities import Param
 
-            self.client.log_batch(self.run_id, params=[Param(f"train.{k}", str(v)) for k, v in params.items()])
+            self.client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in named.items()])
         if self.enabled:
             log.info("training: %s", ", ".join(f"{k}={v}" for k, v in params.items()))
 
     def metrics(self, values: dict, step: int) -> None:
+        if not self.enabled:
+            return
+        now = int(time.time() * 1000)
+        if self._file is not None:
+            self._file.write(metrics_record(values, step, now))
         if self.client:
-            import time
-
             from mlflow.entities import Metric
 
-            now = int(time.time() * 1000)
             self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in values.items()])
 
     def start(self, total_epochs: int, done: int) -> None:
@@ -79,6 +94,8 @@ class MetricsSink:
             log.info(line)
 
     def finish(self) -> None:
+        if self._file is not None:
+            self._file.close()
         if self._bar is not None:
             self._bar.stop()
             self._bar = None

@@ -95,7 +95,7 @@ def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: s
     t = cfg.training
     out.mkdir(parents=True, exist_ok=True)
     with process_group(t.backend, t.collective_timeout_s) as ctx:
-        trainer = Trainer(cfg, ctx, splits, out, MetricsSink.for_rank(ctx.is_main), cfg.config_id(), data_md5,
+        trainer = Trainer(cfg, ctx, splits, out, MetricsSink.for_rank(ctx.is_main, out), cfg.config_id(), data_md5,
                           force_resume)
         try:
             fit = trainer.fit()

@@ -17,7 +17,8 @@ def loaded_after(imports: str) -> set[str]:
 
 
 def test_core_imports_no_torch_mlflow_or_prefect():
-    mods = loaded_after("import core.config, core.manifest, core.paths, core.env, core.hashing, core.errors, core.lock")
+    mods = loaded_after("import core.config, core.manifest, core.paths, core.env, core.hashing, core.errors, "
+                        "core.lock, core.metrics_file")
     assert not mods & {"torch", "mlflow", "prefect", "great_expectations"}
 
 
@@ -36,5 +37,6 @@ def test_importing_the_flow_touches_no_backend(tmp_path):
 
 
 def test_validation_and_registry_defer_heavy_imports():
-    mods = loaded_after("import validation.suite, validation.report, registry.store, registry.models, registry.values")
+    mods = loaded_after("import validation.suite, validation.report, registry.store, registry.models, "
+                        "registry.values, registry.relay")
     assert not mods & {"great_expectations", "pandas", "mlflow", "torch", "numpy"}
