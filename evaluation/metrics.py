@@ -12,17 +12,29 @@ Predictor = Callable[[np.ndarray], np.ndarray]  # features [n, f] -> labels [n]
 
 
 def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> dict:
-    """accuracy, macro-F1, per-class recall and the confusion matrix (rows: true, cols: predicted)."""
-    from sklearn.metrics import confusion_matrix, f1_score, recall_score
+    """accuracy, macro-F1, per-class recall and the confusion matrix (rows: true, cols: predicted).
 
-    labels = list(range(n_classes))
-    recall = recall_score(y_true, y_pred, labels=labels, average=None, zero_division=0)
+    Computed from the confusion matrix with numpy, as scikit-learn's ``recall_score`` /
+    ``f1_score(average="macro", zero_division=0)`` define them (a class with no true or
+    predicted samples scores 0), without importing scikit-learn (about a second).
+    A label outside ``0..n_classes-1`` is ignored, as with scikit-learn's ``labels=``.
+    """
+    y_true = np.asarray(y_true).astype(np.int64, copy=False).ravel()
+    y_pred = np.asarray(y_pred).astype(np.int64, copy=False).ravel()
+    inside = (y_true >= 0) & (y_true < n_classes) & (y_pred >= 0) & (y_pred < n_classes)
+    cm = np.bincount(y_true[inside] * n_classes + y_pred[inside], minlength=n_classes * n_classes)
+    cm = cm.reshape(n_classes, n_classes)
+    tp = np.diag(cm).astype(np.float64)
+    support, predicted = cm.sum(1).astype(np.float64), cm.sum(0).astype(np.float64)
+    recall = np.divide(tp, support, out=np.zeros(n_classes), where=support > 0)
+    denom = 2 * tp + (predicted - tp) + (support - tp)
+    f1 = np.divide(2 * tp, denom, out=np.zeros(n_classes), where=denom > 0)
     return {
         "accuracy": float(np.mean(y_true == y_pred)),
-        "macro_f1": float(f1_score(y_true, y_pred, labels=labels, average="macro", zero_division=0)),
-        "class_recall": {str(c): float(r) for c, r in zip(labels, recall)},
+        "macro_f1": float(np.mean(f1)),
+        "class_recall": {str(c): float(r) for c, r in enumerate(recall)},
         "min_class_recall": float(recall.min()),
-        "confusion_matrix": confusion_matrix(y_true, y_pred, labels=labels).tolist(),
+        "confusion_matrix": cm.tolist(),
         "n": int(len(y_true)),
     }
 
