@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from core.config import DatasetConfig
+from evaluation.recorded import scoring_key
 
 # Texts -> per-document (loss, n_tokens) arrays, e.g. a registry TextScorer.
 DocScorer = Callable[[list[str]], tuple[np.ndarray, np.ndarray]]
@@ -111,10 +112,13 @@ def load_eval_documents(cfg: DatasetConfig, root: Path) -> list[tuple[str, bytes
 
 
 def evaluate_lm(model_pt2: Path, cfg: DatasetConfig, root: Path, out_dir: Path,
-                champion: DocScorer | None = None, threads: int = 1) -> dict:
-    """Loss / perplexity / bits per byte of the exported candidate (and ``champion``) on the eval docs.
+                champion: DocScorer | None = None, threads: int = 1, champion_metrics: dict | None = None) -> dict:
+    """Loss / perplexity / bits per byte of the exported candidate (and the champion) on the eval docs.
 
-    Writes ``metrics.json`` (with per-document figures) into ``out_dir``.
+    The champion's figures are ``champion_metrics`` when given (its recorded scores, see
+    ``evaluation.recorded``), else ``champion``'s scored here; ``report["champion_scores"]`` says
+    which ("recorded", "rescored" or None) and ``report["scoring_key"]`` what the candidate's
+    figures hold for. Writes ``metrics.json`` (with per-document figures) into ``out_dir``.
     """
     import torch
 
@@ -123,6 +127,7 @@ def evaluate_lm(model_pt2: Path, cfg: DatasetConfig, root: Path, out_dir: Path,
     torch.set_num_threads(threads)
     out_dir.mkdir(parents=True, exist_ok=True)
     seq_len = cfg.text.seq_len
+    key = scoring_key(cfg, root)
     docs = load_eval_documents(cfg, root)
     module = load_exported(model_pt2)
     loss_sum, n_tok = score_documents(module, [d for _, d in docs], seq_len)
@@ -130,11 +135,15 @@ def evaluate_lm(model_pt2: Path, cfg: DatasetConfig, root: Path, out_dir: Path,
     cand["latency_p95_ms"] = latency_p95_ms(module, seq_len)
     per_doc = [{"path": p, "n_tokens": int(k), "loss": float(s / k) if k else None}
                for (p, _), s, k in zip(docs, loss_sum, n_tok)]
-    champ = None
-    if champion is not None:
+    champ, how = None, None
+    if champion_metrics is not None:
+        champ, how = champion_metrics, "recorded"
+    elif champion is not None:
+        how = "rescored"
         c_loss, c_tok = champion([d.decode("utf-8") for _, d in docs])
         champ_tokens = np.asarray(c_tok, dtype=np.int64)
         champ = summarise(np.nan_to_num(np.asarray(c_loss, dtype=np.float64)) * champ_tokens, champ_tokens)
-    report = {"candidate": cand, "champion": champ, "per_document": per_doc, "files": {}}
+    report = {"candidate": cand, "champion": champ, "champion_scores": how, "scoring_key": key,
+              "per_document": per_doc, "files": {}}
     (out_dir / "metrics.json").write_text(json.dumps(report, indent=2))
     return report

@@ -232,7 +232,12 @@ def train(ctx: RunContext, nproc: int) -> dict:
 
 @task(name="evaluate", timeout_seconds=300, retries=1, **TASK)
 def evaluate(ctx: RunContext, result: dict) -> dict:
-    """Score the candidate and the current champion on the same test split."""
+    """Score the candidate and the current champion on the same test split.
+
+    The champion's scores are the ones recorded on its version at registration when they were
+    measured on the same split bytes by the same metric code (``evaluation.recorded``); else it
+    is loaded through the registry and rescored. ``report["champion_scores"]`` says which.
+    """
     if ctx.cfg.dataset.kind == "text":
         return _evaluate_lm(ctx, result)
     import pandas as pd
@@ -241,21 +246,45 @@ def evaluate(ctx: RunContext, result: dict) -> dict:
     from registry import models, store
 
     feature_cols = ctx.cfg.dataset.feature_columns
-    champ = models.champion_version(ctx.cfg.registry.model_name)
+    champ, recorded = _champion_and_record(ctx)
     champ_predict = None
-    if champ is not None:
+    if champ is not None and recorded is None:
         loaded = models.load_predictor(ctx.cfg.registry.model_name, "champion")
         champ_predict = (lambda x: loaded(pd.DataFrame(x, columns=feature_cols))) if loaded else None
     report = run_eval(Path(result["out_dir"]) / result["model_pt2"], ctx.cfg.dataset, ctx.root,
-                      ctx.out_dir / "evaluation", champ_predict)
+                      ctx.out_dir / "evaluation", champ_predict, recorded)
     report["champion_version"] = champ["version"] if champ else None
     cand = report["candidate"]
     store.log_metrics(ctx.run_id, {f"test/{k}": cand[k] for k in
                                    ("accuracy", "macro_f1", "min_class_recall", "latency_p95_ms")})
     if report["champion"]:
         store.log_metrics(ctx.run_id, {f"champion/{k}": report["champion"][k] for k in ("accuracy", "macro_f1")})
+    _log_champion_scores(ctx, report)
     store.log_file(ctx.run_id, ctx.out_dir / "evaluation", "evaluation")
     return report
+
+
+def _champion_and_record(ctx: RunContext) -> tuple[dict | None, dict | None]:
+    """The champion (``champion_version``'s dict or None) and its recorded scores when they hold for
+    this run's evaluation split and metric code (else None: rescore it)."""
+    from evaluation.recorded import recorded_metrics, scoring_key
+    from registry import models
+
+    champ = models.champion_version(ctx.cfg.registry.model_name)
+    if champ is None:
+        return None, None
+    return champ, recorded_metrics(champ["tags"], scoring_key(ctx.cfg.dataset, ctx.root), ctx.cfg.dataset.kind)
+
+
+def _log_champion_scores(ctx: RunContext, report: dict) -> None:
+    from registry import store
+
+    if report["champion_version"] is None:
+        return
+    store.set_tags(ctx.run_id, {"trainflow.champion_scores": report["champion_scores"]})
+    _logger().info("champion v%s: %s", report["champion_version"],
+                   "its recorded scores (same test split bytes and metric code)"
+                   if report["champion_scores"] == "recorded" else "loaded and rescored on this test split")
 
 
 def _evaluate_lm(ctx: RunContext, result: dict) -> dict:
@@ -264,14 +293,15 @@ def _evaluate_lm(ctx: RunContext, result: dict) -> dict:
     from registry import models, store
 
     name = ctx.cfg.registry.model_name
-    champ = models.champion_version(name)
-    scorer = models.load_predictor(name, "champion") if champ is not None else None
+    champ, recorded = _champion_and_record(ctx)
+    scorer = models.load_predictor(name, "champion") if champ is not None and recorded is None else None
     report = evaluate_lm(Path(result["out_dir"]) / result["model_pt2"], ctx.cfg.dataset, ctx.root,
-                         ctx.out_dir / "evaluation", scorer)
+                         ctx.out_dir / "evaluation", scorer, champion_metrics=recorded)
     report["champion_version"] = champ["version"] if champ else None
     store.log_metrics(ctx.run_id, {f"test/{k}": report["candidate"][k] for k in METRIC_KEYS["text"]})
     if report["champion"]:
         store.log_metrics(ctx.run_id, {f"champion/{k}": report["champion"][k] for k in CHAMPION_KEYS["text"]})
+    _log_champion_scores(ctx, report)
     store.log_file(ctx.run_id, ctx.out_dir / "evaluation", "evaluation")
     return report
 
@@ -324,7 +354,7 @@ def _log_classifier(ctx: RunContext, result: dict, report: dict) -> dict:
     x, _ = load_test_split(ds, ctx.root)
     example = pd.DataFrame(x[:5], columns=ds.feature_columns)
     tags = {**ctx.manifest.tags(), "test_accuracy": f"{report['candidate']['accuracy']:.6f}",
-            "weights_sha256": result["weights_sha256"], "mlflow_run_id": ctx.run_id}
+            "weights_sha256": result["weights_sha256"], "mlflow_run_id": ctx.run_id, **_record_tags(ctx, report)}
     return models.log_model_version(
         ctx.run_id, Path(result["out_dir"]) / result["model_pt2"], ctx.cfg.registry.model_name,
         ds.feature_columns, list(range(ds.n_classes)), example, tags,
@@ -344,13 +374,23 @@ def _log_lm(ctx: RunContext, result: dict, report: dict) -> dict:
     cand = report["candidate"]
     tags = {**ctx.manifest.tags(), "test_perplexity": f"{cand['perplexity']:.6f}",
             "test_bits_per_byte": f"{cand['bits_per_byte']:.6f}",
-            "weights_sha256": result["weights_sha256"], "mlflow_run_id": ctx.run_id}
+            "weights_sha256": result["weights_sha256"], "mlflow_run_id": ctx.run_id, **_record_tags(ctx, report)}
     return models.log_lm_version(
         ctx.run_id, Path(result["out_dir"]) / result["model_pt2"], ctx.cfg.registry.model_name,
         ctx.cfg.dataset.text.seq_len, example, tags,
         description=f"{ctx.cfg.name}: eval perplexity {cand['perplexity']:.4f} "
                     f"({cand['bits_per_byte']:.4f} bits/byte)",
     )
+
+
+def _record_tags(ctx: RunContext, report: dict) -> dict:
+    """Tags recording the candidate's scores on its version, for later runs to reuse
+    (``evaluation.recorded``); none when the report has no scoring key."""
+    from evaluation.recorded import record_tags
+
+    if not report.get("scoring_key"):
+        return {}
+    return record_tags(report["scoring_key"], report["candidate"], ctx.cfg.dataset.kind)
 
 
 def promotion_lock(tracking_uri: str, home: Path, model_name: str) -> Path:
@@ -370,11 +410,13 @@ def _deserves(ctx: RunContext, report: dict, current: dict | None) -> tuple[bool
     """Does the candidate beat ``current`` (the champion now, under the promotion lock)?
 
     When the champion is still the one evaluated beside the candidate, those scores decide;
-    when another run promoted meanwhile, the new champion is scored on this run's test split.
+    when another run promoted meanwhile, the new champion's recorded scores decide if they hold
+    for this run's test split and metric code, else it is scored on this run's test split.
     """
     from evaluation.evaluate import load_test_split
     from evaluation.gates import beats
     from evaluation.metrics import classification_metrics
+    from evaluation.recorded import recorded_metrics
     from registry import models
 
     if ctx.cfg.dataset.kind == "text":
@@ -383,31 +425,40 @@ def _deserves(ctx: RunContext, report: dict, current: dict | None) -> tuple[bool
         return beats(report["candidate"], None)
     if current["version"] == report.get("champion_version") and report.get("champion"):
         return beats(report["candidate"], report["champion"])
-    predictor = models.load_predictor(ctx.cfg.registry.model_name, "champion")
-    x, y = load_test_split(ctx.cfg.dataset, ctx.root)
-    champ = classification_metrics(y, predictor(x), ctx.cfg.dataset.n_classes)
+    champ = recorded_metrics(current.get("tags"), report["scoring_key"], "tabular") if report.get("scoring_key") else None
+    how = "its recorded scores"
+    if champ is None:
+        predictor = models.load_predictor(ctx.cfg.registry.model_name, "champion")
+        x, y = load_test_split(ctx.cfg.dataset, ctx.root)
+        champ = classification_metrics(y, predictor(x), ctx.cfg.dataset.n_classes)
+        how = "rescored"
     ok, reason = beats(report["candidate"], champ)
-    return ok, f"champion moved to v{current['version']} since evaluation; {reason}"
+    return ok, f"champion moved to v{current['version']} since evaluation ({how}); {reason}"
 
 
 def _deserves_lm(ctx: RunContext, report: dict, current: dict | None) -> tuple[bool, str]:
-    """``_deserves`` for a language model: eval perplexity, the moved champion re-scored on this
-    run's eval documents."""
+    """``_deserves`` for a language model: eval perplexity; a moved champion's recorded figures
+    when they hold for this run's eval documents and metric code, else it is re-scored on them."""
     from evaluation.gates import beats_lm
     from evaluation.lm import load_eval_documents, summarise
+    from evaluation.recorded import recorded_metrics
     from registry import models
 
     if current is None:
         return beats_lm(report["candidate"], None)
     if current["version"] == report.get("champion_version") and report.get("champion"):
         return beats_lm(report["candidate"], report["champion"])
-    import numpy as np
+    champ = recorded_metrics(current.get("tags"), report["scoring_key"], "text") if report.get("scoring_key") else None
+    how = "its recorded scores"
+    if champ is None:
+        import numpy as np
 
-    scorer = models.load_predictor(ctx.cfg.registry.model_name, "champion")
-    loss, n_tok = scorer([d.decode("utf-8") for _, d in load_eval_documents(ctx.cfg.dataset, ctx.root)])
-    champ = summarise(np.nan_to_num(loss) * n_tok, n_tok)
+        scorer = models.load_predictor(ctx.cfg.registry.model_name, "champion")
+        loss, n_tok = scorer([d.decode("utf-8") for _, d in load_eval_documents(ctx.cfg.dataset, ctx.root)])
+        champ = summarise(np.nan_to_num(loss) * n_tok, n_tok)
+        how = "rescored"
     ok, reason = beats_lm(report["candidate"], champ)
-    return ok, f"champion moved to v{current['version']} since evaluation; {reason}"
+    return ok, f"champion moved to v{current['version']} since evaluation ({how}); {reason}"
 
 
 def _training_md(r: dict) -> str:
@@ -476,7 +527,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
         ev = timed("evaluate", evaluate, ctx, result)
         cand, kind = ev["candidate"], ctx.cfg.dataset.kind
         summary["metrics"] = {k: cand[k] for k in METRIC_KEYS[kind]}
-        summary["champion"] = {"version": ev["champion_version"],
+        summary["champion"] = {"version": ev["champion_version"], "scores": ev.get("champion_scores"),
                                **({k: ev["champion"][k] for k in CHAMPION_KEYS[kind]} if ev["champion"] else {})}
         try:
             decision = timed("gate", gate, ctx, ev)

@@ -423,6 +423,50 @@ class TextScorer:
         return f"TextScorer({self.name}@{self.alias} = version {self.version})"
 
 
+def requirement_mismatches(requirements: Sequence[str]) -> list[str]:
+    """``"name (current: X, required: spec)"`` for each ``name<spec>`` pin this environment does not
+    satisfy; lines that are not plain requirements (options, paths, URLs) are skipped. A local
+    version suffix (``+cpu``) is ignored, as ``pip_requirements`` drops it when logging."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.version import Version
+
+    out = []
+    for line in requirements:
+        line = line.split("#", 1)[0].strip()
+        if not line or line.startswith("-"):
+            continue
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if req.marker and not req.marker.evaluate():
+            continue
+        try:
+            installed = version(req.name)
+        except PackageNotFoundError:
+            out.append(f"{req.name} (current: uninstalled, required: {line})")
+            continue
+        if req.specifier and not req.specifier.contains(Version(installed).public, prereleases=True):
+            out.append(f"{req.name} (current: {installed}, required: {line})")
+    return out
+
+
+def warn_requirement_mismatches(requirements_file: Path, model_uri: str) -> list[str]:
+    """Log a warning naming the pins of a downloaded model this environment does not satisfy."""
+    import logging
+
+    if not requirements_file.is_file():
+        return []
+    mismatches = requirement_mismatches(requirements_file.read_text().splitlines())
+    if mismatches:
+        logging.getLogger(__name__).warning(
+            "%s was logged with other package versions than this environment has:\n - %s",
+            model_uri, "\n - ".join(mismatches))
+    return mismatches
+
+
 def load_predictor(model_name: str, alias: str = CHAMPION) -> Callable | None:
     """Load ``models:/<name>@<alias>`` as a :class:`Predictor`; None when there is no such alias.
 
@@ -438,9 +482,13 @@ def load_predictor(model_name: str, alias: str = CHAMPION) -> Callable | None:
         return None
     uri = f"models:/{model_name}/{mv.version}"
     # The program is read into memory by load_context, so the downloaded copy
-    # can go (MLflow would otherwise leave one temp folder per load).
+    # can go (MLflow would otherwise leave one temp folder per load). MLflow's own
+    # requirements check maps every installed distribution to its modules first
+    # (1-3 s per process here); the same check on the model's pins is done here
+    # directly, and still warns on a mismatch.
     with _MODEL_CODE_LOCK, tempfile.TemporaryDirectory(prefix="trainflow-load-") as dst:
-        model = mlflow.pyfunc.load_model(uri, dst_path=dst)
+        model = mlflow.pyfunc.load_model(uri, dst_path=dst, suppress_warnings=True)
+        warn_requirement_mismatches(Path(dst) / "requirements.txt", uri)
     if (model.metadata.metadata or {}).get(KIND_KEY) == "lm":
         return TextScorer(model, model_name, alias, str(mv.version), mv.run_id, uri)
     return Predictor(model, model_name, alias, str(mv.version), mv.run_id, uri)

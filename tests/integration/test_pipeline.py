@@ -110,6 +110,7 @@ def test_worse_candidate_is_rejected_and_champion_stays(first_run, state, tmp_pa
     # Every reason is listed: the absolute thresholds and the champion comparison.
     assert {"accuracy", "macro_f1", "accuracy_vs_champion", "macro_f1_vs_champion"} <= failed
     assert s["champion"]["version"] == before
+    assert s["champion"]["scores"] == "recorded"  # v1 recorded its scores on this very test split
     assert str(client().get_model_version_by_alias("digits-classifier", "champion").version) == before
     assert len(client().search_model_versions("name='digits-classifier'")) == n_versions
     assert "gate rejected the candidate" in capsys.readouterr().err

@@ -181,6 +181,16 @@ def test_registered_pyfunc_scores_text_like_the_evaluation(first_run, lm_state, 
     np.testing.assert_array_equal(out["n_tokens"][: len(docs)], [d["n_tokens"] for d in per_doc])
     np.testing.assert_allclose(out["perplexity"], np.exp(out["loss"]))
     assert np.isnan(out["loss"].iloc[-2]) and out["n_tokens"].iloc[-2] == 0  # empty text: nothing to score
+    # Rescoring the champion through the registry gives its recorded figures (what a later run reuses).
+    from evaluation.lm import summarise
+    from evaluation.recorded import recorded_metrics, scoring_key
+    from registry.models import champion_version, load_predictor
+
+    tags = champion_version("stdlib-lm")["tags"]
+    rec = recorded_metrics(tags, scoring_key(load_config(repo_root / LM_CONFIG).dataset, repo_root), "text")
+    loss, n_tok = load_predictor("stdlib-lm")([d["text"] for d in docs])
+    again = summarise(np.nan_to_num(loss) * n_tok, n_tok)
+    assert rec["n_tokens"] == again["n_tokens"] and rec["perplexity"] == pytest.approx(again["perplexity"], rel=1e-5)
     # Python source scores far better than shuffled bytes of the same text.
     text = docs[0]["text"]
     noise = "".join(np.random.default_rng(0).permutation(list(text)))
@@ -195,8 +205,9 @@ def test_a_worse_lm_is_rejected_against_the_champion_with_every_reason(first_run
     code, s2 = _run([*FAST, "--set", "training.epochs=1", "--set", "training.lr=0.0005"], tmp_path, home, repo_root)
     assert s2["status"] == "rejected" and code != 0
     assert s2["champion"]["version"] == "1"
-    # The champion, scored through the registry's pyfunc, gets the figure it was registered with.
-    assert s2["champion"]["perplexity"] == pytest.approx(s["metrics"]["perplexity"], rel=1e-5)
+    # Same eval documents, same metric code: the champion's recorded figures, not a reload.
+    assert s2["champion"]["scores"] == "recorded"
+    assert s2["champion"]["perplexity"] == s["metrics"]["perplexity"]
     failed = {g["name"] for g in s2["gates"] if not g["passed"]}
     assert failed == {"perplexity", "perplexity_vs_champion"}
     vs = next(g for g in s2["gates"] if g["name"] == "perplexity_vs_champion")
