@@ -167,7 +167,6 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
     else:
         from flows.pipeline import pipeline as flow_fn
     import mlflow  # noqa: F401  (resolve's imports, also overlapping the server's boot)
-    import torch  # noqa: F401
 
     if server is not None:
         _import_while_booting(server)
@@ -206,12 +205,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 # What the later stages import (seconds each on a 2-core box): MLflow's sqlite store 1-2,
-# torch.export's loader 1.5-2, sklearn/mlflow.pyfunc ~1. Paid anyway during the run; paid
-# while the API server boots, they cost no wall time. Not GX (2-3 s): validation is cached
-# on the data and suite, so a warm run never needs it, and a cold one imports it in the task.
+# mlflow.pyfunc ~1. Paid anyway during the run; paid while the API server boots, they cost
+# no wall time. Not GX (2-3 s): validation is cached on the data and suite, so a warm run
+# never needs it, and a cold one imports it in the task. Not torch (2-4 s with torch.export's
+# loader): a classifier's program is scored by the training worker that made it, so this
+# process needs torch only for a language model or when the worker's scores are missing.
 LATER_STAGE_IMPORTS = ("mlflow.store.tracking.sqlalchemy_store", "evaluation.evaluate", "evaluation.gates",
-                       "registry.models", "torch.export.pt2_archive._package", "sklearn.metrics",
-                       "mlflow.pyfunc")
+                       "registry.models", "mlflow.pyfunc")
 
 
 def _import_while_booting(server) -> None:

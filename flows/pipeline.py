@@ -60,7 +60,7 @@ def load_inputs(params: PipelineParams) -> tuple[PipelineConfig, Path, Path, Man
     records them: "auto" strategy / workers made concrete, so the manifest names the real world.
     Also used by the retrain flow to compare the next run with the champion's."""
     from training.advisor import resolve_for_launch
-    from training.distributed import choose_backend
+    from training.layouts import choose_backend
     from training.launcher import default_nproc
 
     cfg_path = Path(params.config_path)
@@ -243,7 +243,9 @@ def evaluate(ctx: RunContext, result: dict) -> dict:
     import pandas as pd
 
     from evaluation.evaluate import evaluate as run_eval
+    from evaluation.evaluate import worker_scores
     from registry import models, store
+    from training.launcher import SCORES_FILE
 
     feature_cols = ctx.cfg.dataset.feature_columns
     champ, recorded = _champion_and_record(ctx)
@@ -251,9 +253,12 @@ def evaluate(ctx: RunContext, result: dict) -> dict:
     if champ is not None and recorded is None:
         loaded = models.load_predictor(ctx.cfg.registry.model_name, "champion")
         champ_predict = (lambda x: loaded(pd.DataFrame(x, columns=feature_cols))) if loaded else None
-    report = run_eval(Path(result["out_dir"]) / result["model_pt2"], ctx.cfg.dataset, ctx.root,
-                      ctx.out_dir / "evaluation", champ_predict, recorded)
+    pt2 = Path(result["out_dir"]) / result["model_pt2"]
+    scored = worker_scores(Path(result["out_dir"]) / SCORES_FILE, pt2, ctx.cfg.dataset, ctx.root)
+    report = run_eval(pt2, ctx.cfg.dataset, ctx.root, ctx.out_dir / "evaluation", champ_predict, recorded, scored)
     report["champion_version"] = champ["version"] if champ else None
+    # Logits per row the worker saw running this program file: registration's output check.
+    report["program_outputs"] = scored["logits_shape"][1] if report["candidate_scored_in"] == "worker" else None
     cand = report["candidate"]
     store.log_metrics(ctx.run_id, {f"test/{k}": cand[k] for k in
                                    ("accuracy", "macro_f1", "min_class_recall", "latency_p95_ms")})
@@ -359,6 +364,7 @@ def _log_classifier(ctx: RunContext, result: dict, report: dict) -> dict:
         ctx.run_id, Path(result["out_dir"]) / result["model_pt2"], ctx.cfg.registry.model_name,
         ds.feature_columns, list(range(ds.n_classes)), example, tags,
         description=f"{ctx.cfg.name}: test accuracy {report['candidate']['accuracy']:.4f}",
+        program_outputs=report.get("program_outputs"),
     )
 
 

@@ -29,13 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.config import PipelineConfig
+from training.launcher import SCORE_ENV
 from training.sink import RUN_ID_ENV
 
 OPT_OUT = "TRAINFLOW_PRELAUNCH"
 # The environment every pipeline job gets: no MLflow run id, so rank 0 only writes its
 # metrics file and the pipeline relays it (registry/relay.py); empty rather than absent, so a
 # run id inherited from the caller's environment cannot switch direct logging back on.
-JOB_ENV = {RUN_ID_ENV: ""}
+# And rank 0 scores the exported program on the test split where it was made (torch is
+# loaded there already), so the pipeline process never imports torch for a classifier.
+JOB_ENV = {RUN_ID_ENV: "", SCORE_ENV: "1"}
 log = logging.getLogger("trainflow.prelaunch")
 
 

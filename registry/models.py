@@ -47,16 +47,15 @@ def pip_requirements() -> list[str]:
     loads the model in a subprocess). torch's local suffix (``+cpu``) is dropped
     so a GPU host resolves its own build of the same version.
     """
-    import mlflow
-    import numpy
-    import pandas
-    import torch
+    from importlib.metadata import version
 
+    # From the installed distributions' metadata: the same versions the modules report, without
+    # importing torch (1.5-2 s) into a process that may never need it.
     return [
-        f"mlflow=={mlflow.__version__}",
-        f"torch=={torch.__version__.split('+')[0]}",
-        f"pandas=={pandas.__version__}",
-        f"numpy=={numpy.__version__}",
+        f"mlflow=={version('mlflow')}",
+        f"torch=={version('torch').split('+')[0]}",
+        f"pandas=={version('pandas')}",
+        f"numpy=={version('numpy')}",
     ]
 
 
@@ -153,12 +152,31 @@ def _ensure_registered_model(c, model_name: str) -> None:
             raise
 
 
+class _Pyfunc:
+    """``mlflow.pyfunc`` as ``Model.log``'s flavor, taking the serving-check switch.
+
+    ``Model.log`` reads ``validate_serving_input`` from its keyword arguments (the transformers
+    flavor passes it), then hands every keyword to the flavor's ``save_model``, which for pyfunc
+    refuses unknown ones; this flavor drops the switch before calling ``mlflow.pyfunc.save_model``.
+    """
+
+    __name__ = "mlflow.pyfunc"
+
+    @staticmethod
+    def save_model(*args, validate_serving_input: bool = True, **kwargs):
+        import mlflow.pyfunc
+
+        return mlflow.pyfunc.save_model(*args, **kwargs)
+
+
 def _log_and_register(run_id: str, model_name: str, model_pt2: Path, meta: dict, python_model: Path,
                       signature, example, manifest_tags: Mapping[str, Any], description: str,
-                      metadata: dict | None = None) -> dict:
+                      metadata: dict | None = None, validate_serving: bool = True) -> dict:
     """Log ``python_model`` (models-from-code over ``model_pt2`` + ``meta``) to ``run_id``, register
-    it as a new version of ``model_name`` tagged with the manifest, and alias it ``@challenger``."""
-    import mlflow
+    it as a new version of ``model_name`` tagged with the manifest, and alias it ``@challenger``.
+
+    ``validate_serving``: MLflow loads the logged model and predicts its input example (the
+    serving check). False skips that when the caller has run the same program file already."""
     from mlflow.models import Model
 
     c = client()
@@ -181,7 +199,7 @@ def _log_and_register(run_id: str, model_name: str, model_pt2: Path, meta: dict,
             Model.log(
                 artifact_path=None,
                 name=ARTIFACT_NAME,
-                flavor=mlflow.pyfunc,
+                flavor=_Pyfunc,
                 run_id=run_id,
                 model_id=logged.model_id,
                 python_model=str(python_model),
@@ -190,6 +208,7 @@ def _log_and_register(run_id: str, model_name: str, model_pt2: Path, meta: dict,
                 signature=signature,
                 input_example=example,
                 metadata=metadata,
+                validate_serving_input=validate_serving,
             )
 
     _ensure_registered_model(c, model_name)
@@ -220,8 +239,15 @@ def log_model_version(
     input_example,
     manifest_tags: Mapping[str, Any],
     description: str = "",
+    program_outputs: int | None = None,
 ) -> dict:
     """Log the program as a pyfunc model of ``run_id``, register it, tag it, alias it ``@challenger``.
+
+    The program is run on the example first: it must give one logit per class label. A caller
+    that has just run this very file on whole splits (the training worker's scoring) passes the
+    logits per row it saw as ``program_outputs``; when that equals the label count the check
+    holds already, and the program is not loaded here, neither by this check nor by MLflow's
+    serving check of the logged model (no torch import in this process).
 
     Returns ``{"name", "version", "model_uri", "run_id", "model_id"}`` where
     ``model_uri`` is ``models:/<name>/<version>``.
@@ -232,11 +258,14 @@ def log_model_version(
     features = _check_features(feature_columns)
     labels = _check_labels(class_labels)
     example = _example_frame(input_example, features)
-    _example_labels(model_pt2, example, labels)
+    checked = program_outputs == len(labels)
+    if not checked:
+        _example_labels(model_pt2, example, labels)
 
     meta = {"format": "torch.export", "input_dtype": "float32", "feature_columns": features, "class_labels": labels}
     return _log_and_register(run_id, model_name, model_pt2, meta, PYFUNC_FILE, _signature(features), example,
-                             manifest_tags, description)
+                             manifest_tags, description,
+                             validate_serving=not checked)
 
 
 def promote(model_name: str, version: str, alias: str = CHAMPION) -> None:

@@ -1,7 +1,9 @@
 """MLflow pyfunc wrapper around a ``torch.export`` program (models-from-code file).
 
 MLflow copies this file into the logged model and runs it at load time, so it
-imports only mlflow, torch, pandas and numpy: no project code. The program
+imports only mlflow, torch, pandas and numpy: no project code. MLflow also runs it
+when the model is *logged*; torch is imported in ``load_context`` so that logging
+costs no torch import (the pipeline process has no other use for torch). The program
 (``model.pt2``) maps float32 ``[batch, n_features]`` raw pixel values to logits
 ``[batch, n_classes]``; ``meta.json`` holds the feature column order and the
 class label of each logit.
@@ -12,13 +14,15 @@ import json
 import mlflow
 import numpy as np
 import pandas as pd
-import torch
 
 
 class ExportedClassifier(mlflow.pyfunc.PythonModel):
     """Predicts one class label per row of a DataFrame of the feature columns."""
 
     def load_context(self, context):
+        import torch
+
+        self._torch = torch
         with open(context.artifacts["meta"]) as fh:
             meta = json.load(fh)
         self.feature_columns = list(meta["feature_columns"])
@@ -47,6 +51,7 @@ class ExportedClassifier(mlflow.pyfunc.PythonModel):
             return np.empty(0, dtype=np.int64)
         if not np.isfinite(values).all():
             raise ValueError("features contain NaN or infinite values")
+        torch = self._torch
         with torch.inference_mode():
             # torch.tensor copies: pandas may hand back a read-only view.
             logits = self.program(torch.tensor(values))

@@ -16,7 +16,18 @@ import os
 import shutil
 from pathlib import Path
 
-from training.distributed import DistContext, any_rank, barrier, broadcast_object
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch (through training.distributed) only where ranks act together
+    from training.distributed import DistContext
+
+
+def _dist():
+    """``training.distributed``, imported on first use: ``latest_identity`` is read by the
+    launcher in processes that never import torch."""
+    from training import distributed
+
+    return distributed
 
 log = logging.getLogger("trainflow.train")
 
@@ -81,12 +92,12 @@ class CheckpointManager:
         if self.ctx.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-        barrier(self.ctx)
+        _dist().barrier(self.ctx)
         self.strategy.save_checkpoint(model, optimizer, extra, tmp)
-        barrier(self.ctx)  # every shard is on disk before the marker says so
+        _dist().barrier(self.ctx)  # every shard is on disk before the marker says so
         if self.ctx.is_main:
             self._complete(step, tmp, final, _identity(extra))
-        barrier(self.ctx)
+        _dist().barrier(self.ctx)
         return final
 
     def _write(self, step: int, state: dict, tmp: Path, final: Path, identity: dict) -> None:
@@ -131,7 +142,7 @@ class CheckpointManager:
         each attempt, so no rank resumes from a different step than its peers.
         """
         self.wait()  # a write still in flight is part of "latest"
-        steps = broadcast_object(self.ctx, self.valid_steps())
+        steps = _dist().broadcast_object(self.ctx, self.valid_steps())
         for step in reversed(steps):
             folder = self._folder(step)
             extra, error = None, None
@@ -141,7 +152,7 @@ class CheckpointManager:
                 raise  # readable but written for another layout: an older one would be too
             except Exception as exc:  # noqa: BLE001 - any unreadable file means: try an older one
                 error = exc
-            if not any_rank(self.ctx, error is not None):
+            if not _dist().any_rank(self.ctx, error is not None):
                 return extra
             if error is not None:
                 log.warning("rank %d: skipping unreadable checkpoint %s: %s", self.ctx.rank, folder, error)

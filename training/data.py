@@ -15,12 +15,22 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch.utils.data import TensorDataset
 
 from core.config import DatasetConfig
 from core.errors import DataUnavailableError
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: readers like read_csv stay torch-free
+    from torch.utils.data import TensorDataset
+
+
+def _tensors(a: np.ndarray, b: np.ndarray) -> "TensorDataset":
+    import torch
+    from torch.utils.data import TensorDataset
+
+    return TensorDataset(torch.from_numpy(np.ascontiguousarray(a)), torch.from_numpy(np.ascontiguousarray(b)))
 
 
 @dataclass
@@ -68,7 +78,7 @@ def load_splits(cfg: DatasetConfig, root: Path, seed: int) -> Splits:
     keep, hold = stratified_holdout(y, cfg.val_fraction, seed)
 
     def ds(a, b):
-        return TensorDataset(torch.from_numpy(np.ascontiguousarray(a)), torch.from_numpy(np.ascontiguousarray(b)))
+        return _tensors(a, b)
 
     return Splits(train=ds(x[keep], y[keep]), val=ds(x[hold], y[hold]), test=ds(xt, yt))
 
@@ -145,7 +155,7 @@ def load_text_splits(cfg: DatasetConfig, root: Path, seed: int) -> Splits:
 
     def ds(docs: list[bytes], step: int) -> TensorDataset:
         x, y = cut_windows(docs, t.seq_len, step)
-        return TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+        return _tensors(x, y)
 
     # Validation and test windows never overlap: each target byte is scored once (bar the tail).
     return Splits(train=ds([train_docs[i] for i in keep], stride),

@@ -16,6 +16,8 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from training.layouts import choose_backend  # noqa: F401  (re-exported; torch-free)
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -34,11 +36,6 @@ class DistContext:
         return self.backend is not None
 
 
-def choose_backend(requested: str = "auto") -> str:
-    """``nccl`` when CUDA is present, else ``gloo``; an explicit choice is kept."""
-    if requested != "auto":
-        return requested
-    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def _init(backend: str, rank: int, world: int, timeout: timedelta) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from core.config import PipelineConfig
 from core.errors import ConfigError, PreemptedError, TrainingFailedError
 from training import preemption
+from training.layouts import maybe_gpu
 
 log = logging.getLogger("trainflow.launcher")
 
@@ -67,16 +68,6 @@ class JobSpec:
         return cmd + (["--force-resume"] if self.force_resume else [])
 
 
-# Device nodes a CUDA (or ROCm, or WSL's CUDA) GPU shows up as. With none of them, torch would
-# find no GPU either, and deciding so costs no `import torch` (1.5-2 s here).
-GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
-
-
-def maybe_gpu() -> bool:
-    """False only when this host surely has no GPU torch could use (no device node for one)."""
-    return any(os.path.exists(p) for p in GPU_DEVICE_NODES)
-
-
 def default_nproc(cfg: PipelineConfig) -> int:
     """One worker per GPU when CUDA is present, else ``training.cpu_workers``."""
     if cfg.training.backend == "gloo" or not maybe_gpu():
@@ -98,7 +89,7 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
     """
     from core.paths import trainflow_home
     from training.advisor import resolve_for_launch
-    from training.strategies import check_world, layout_for
+    from training.layouts import check_world, layout_for
 
     if not isinstance(nproc, int):
         nproc = None  # e.g. "auto": default_nproc of a config whose cpu_workers is still auto
@@ -135,7 +126,7 @@ def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, 
     after torchrun's start-up and every restart attempt.
     """
     from training.checkpoint import latest_identity
-    from training.strategies import MODEL_PARALLEL, describe_layout
+    from training.layouts import MODEL_PARALLEL, describe_layout
 
     found = latest_identity(out_dir / "checkpoints")
     if not found:
@@ -260,6 +251,11 @@ def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tup
 # group) and then wait for this file before the first step. ``{"go": true, "env": {...}}``
 # starts training with ``env`` added to each worker's environment; ``{"go": false}`` (or the
 # launching process dying, or the wait outliving ``GO_TIMEOUT_S``) makes them exit untrained.
+# "1": rank 0 also scores the exported program on the test split, into SCORES_FILE
+# (training/worker.py ``write_test_scores``); the pipeline's jobs set it.
+SCORE_ENV = "TRAINFLOW_SCORE_TEST"
+SCORES_FILE = "test_scores.json"
+
 GO_FILE_ENV = "TRAINFLOW_GO_FILE"
 GO_PARENT_ENV = "TRAINFLOW_GO_PARENT"
 GO_TIMEOUT_S = 900.0

@@ -27,7 +27,7 @@ from core.paths import project_root
 from training.data import Splits, load_splits
 from training.distributed import process_group
 from training.export import export_model
-from training.launcher import wait_for_go
+from training.launcher import SCORE_ENV, wait_for_go
 from training.models import build_model, example_input
 from training.sink import MetricsSink
 from training.trainer import FitResult, Trainer, restart_count, state_dict_sha256
@@ -85,12 +85,14 @@ def summarise(trainer: Trainer, fit: FitResult) -> dict:
 
 
 def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: str,
-                     force_resume: bool = False) -> dict | None:
+                     force_resume: bool = False, score_test: Path | None = None) -> dict | None:
     """Join the process group, train ``splits``, and on rank 0 write weights, ``model.pt2`` and
     ``result.json`` into ``out``; returns the result (rank 0) or None (other ranks).
 
     The part of ``main`` after the data is loaded: probes and tests that build their own
     tensors (e.g. LM token windows) go through the same training and export as a run.
+    ``score_test`` (the project root): rank 0 also scores the exported program on the test
+    split into ``test_scores.json`` (``write_test_scores``), before ``result.json``.
     """
     t = cfg.training
     out.mkdir(parents=True, exist_ok=True)
@@ -114,8 +116,29 @@ def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: s
         export_model(model, example_input(cfg.model, cfg.dataset), out / "model.pt2")
         result.update(weights_sha256=state_dict_sha256(model.state_dict()), weights="weights.pt",
                       model_pt2="model.pt2")
+        if score_test is not None:  # before result.json: the pipeline reads both once that exists
+            write_test_scores(cfg, score_test, out)
     write_result(out, result)
     return result
+
+
+def write_test_scores(cfg: PipelineConfig, root: Path, out: Path) -> None:
+    """Score ``out/model.pt2`` on the test split into ``out/test_scores.json`` (classifiers only),
+    with the hashes of the program and the split it scored, so the reader can check both."""
+    if cfg.dataset.kind != "tabular":
+        return
+    from core.hashing import file_sha256
+    from training.data import read_csv
+    from training.export import score_exported
+    from training.launcher import SCORES_FILE
+
+    path = root / cfg.dataset.path / cfg.dataset.test_file
+    x, _ = read_csv(path, cfg.dataset.columns, cfg.dataset.label_column)
+    scores = score_exported(out / "model.pt2", x)
+    scores.update(model_sha256=file_sha256(out / "model.pt2"), split_sha256=file_sha256(path))
+    tmp = out / (SCORES_FILE + ".tmp")
+    tmp.write_text(json.dumps(scores))
+    tmp.replace(out / SCORES_FILE)
 
 
 @record
@@ -139,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     if not go:
         logging.getLogger("trainflow.train").info("not training: %s", why)
         return 0
-    train_and_report(cfg, splits, args.out, data_md5, args.force_resume)
+    # The pipeline asks rank 0 to score the exported program on the test split too.
+    score_test = root if os.environ.get(SCORE_ENV) == "1" else None
+    train_and_report(cfg, splits, args.out, data_md5, args.force_resume, score_test)
     return 0
 
 

@@ -107,7 +107,7 @@ def test_no_early_launch_when_opted_out_or_the_world_needs_a_probe(tmp_path, mon
     assert not (tmp_path / "home" / "train").exists()
 
 
-@pytest.mark.skipif(__import__("training.launcher").launcher.maybe_gpu(), reason="a GPU host: torch counts the GPUs")
+@pytest.mark.skipif(__import__("training.layouts").layouts.maybe_gpu(), reason="a GPU host: torch counts the GPUs")
 def test_the_world_of_a_cpu_host_is_known_without_importing_torch():
     # The early launch waits on this decision; torch's import (1.5-2 s) is the workers' to pay.
     code = ("import sys; from core.config import load_config; from training.launcher import default_nproc;"

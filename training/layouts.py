@@ -1,0 +1,87 @@
+"""What a launch needs to know about the world, without torch: the strategy names and their
+world-size checks, the layout recorded in checkpoints, and whether a GPU could be there.
+
+The pipeline process (flows/) resolves and launches jobs with these but never trains, so it
+need not pay for ``import torch`` (1.5-2 s here); ``training.strategies`` re-exports them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from core.errors import ConfigError
+
+# Device nodes a CUDA (or ROCm, or WSL's CUDA) GPU shows up as. With none of them, torch would
+# find no GPU either, and deciding so costs no `import torch`.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
+
+
+def maybe_gpu() -> bool:
+    """False only when this host surely has no GPU torch could use (no device node for one)."""
+    return any(os.path.exists(p) for p in GPU_DEVICE_NODES)
+
+
+def choose_backend(requested: str = "auto") -> str:
+    """``nccl`` when CUDA is present, else ``gloo``; an explicit choice is kept."""
+    if requested != "auto":
+        return requested
+    if not maybe_gpu():
+        return "gloo"
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+STRATEGIES = ("single", "ddp", "fsdp", "tp", "pp", "hybrid")
+MODEL_PARALLEL = ("tp", "pp", "hybrid")
+PRECISIONS = ("fp32", "bf16")
+
+
+class StrategyConfigError(ConfigError, ValueError):
+    """A strategy that cannot run with this world size or precision.
+
+    Both a ``ConfigError`` (the CLI maps it to a clean message and exit code) and a
+    ``ValueError`` (what ``build_strategy`` promises).
+    """
+
+
+def check_world(strategy: str, world_size: int, parallel=None) -> None:
+    """The up-front check of ``training.strategy`` (and ``training.parallel``, a
+    ``core.config.ParallelConfig``, for tp/pp/hybrid) against the world size (config/launch time)."""
+    if strategy not in STRATEGIES:
+        raise StrategyConfigError(
+            f"training.strategy: must be one of {', '.join(repr(s) for s in STRATEGIES)}, got {strategy!r}"
+        )
+    if world_size < 1:
+        raise StrategyConfigError(f"training.strategy: world size must be >= 1, got {world_size}")
+    if strategy == "single" and world_size > 1:
+        raise StrategyConfigError(
+            f"training.strategy: 'single' runs one process, but the world size is {world_size}; "
+            "use 'ddp' or 'fsdp', or launch one worker"
+        )
+    if strategy in MODEL_PARALLEL:
+        from core.config import ParallelConfig, check_parallel
+
+        try:
+            check_parallel(strategy, parallel or ParallelConfig(), world_size)
+        except ValueError as exc:
+            raise StrategyConfigError(str(exc)) from None
+
+
+def layout_for(strategy: str, world_size: int, parallel=None) -> dict:
+    """How a run lays the model out over ranks (recorded in checkpoints; compared on resume)."""
+    if strategy not in MODEL_PARALLEL:
+        return {"strategy": strategy, "world_size": world_size}
+    tp, pp = (parallel.tp, parallel.pp) if parallel is not None else (1, 1)
+    return {"strategy": strategy, "world_size": world_size, "dp": world_size // (tp * pp), "tp": tp, "pp": pp}
+
+
+def describe_layout(layout) -> str:
+    if not isinstance(layout, dict):
+        return "an unknown layout"
+    text = f"strategy {layout.get('strategy')!r}, world size {layout.get('world_size')}"
+    if "tp" in layout:
+        text += f", dp {layout.get('dp')} x tp {layout.get('tp')} x pp {layout.get('pp')}"
+    return text
+
+
