@@ -533,6 +533,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
         ev = timed("evaluate", evaluate, ctx, result)
         cand, kind = ev["candidate"], ctx.cfg.dataset.kind
         summary["metrics"] = {k: cand[k] for k in METRIC_KEYS[kind]}
+        summary["candidate_scored_in"] = ev.get("candidate_scored_in")  # "worker" | "pipeline" (LM: None)
         summary["champion"] = {"version": ev["champion_version"], "scores": ev.get("champion_scores"),
                                **({k: ev["champion"][k] for k in CHAMPION_KEYS[kind]} if ev["champion"] else {})}
         try:

@@ -128,3 +128,40 @@ def test_finish_at_result_returns_the_final_result_and_the_job_is_reaped(tmp_pat
     reap_exiting()  # what the process does at exit: nothing of the job outlives it
     assert job.proc.returncode == 0
     assert processes_mentioning(str(tmp_path / "early")) == []
+
+
+def test_the_workers_scores_are_the_pipelines_own_and_are_refused_for_another_program(tmp_path):
+    from evaluation.evaluate import evaluate, worker_scores
+    from training.launcher import SCORE_ENV, SCORES_FILE
+
+    out = tmp_path / "scored"
+    result = run_job(_spec(out, env={SCORE_ENV: "1"}))
+    cfg = load_config(ROOT / "configs" / "digits.yaml", FAST).dataset
+    pt2 = out / result["model_pt2"]
+    scored = worker_scores(out / SCORES_FILE, pt2, cfg, ROOT)
+    assert scored is not None and scored["logits_shape"] == [len(scored["pred"]), cfg.n_classes]
+    by_worker = evaluate(pt2, cfg, ROOT, tmp_path / "ev-worker", scored=scored)
+    here = evaluate(pt2, cfg, ROOT, tmp_path / "ev-here")  # loads the program in this process
+    assert (by_worker["candidate_scored_in"], here["candidate_scored_in"]) == ("worker", "pipeline")
+    for key in ("accuracy", "macro_f1", "min_class_recall", "confusion_matrix", "class_recall"):
+        assert by_worker["candidate"][key] == here["candidate"][key], key
+    assert by_worker["candidate"]["latency_p95_ms"] > 0
+    # Scores of another program (the file changed since) are not used.
+    other = tmp_path / "other.pt2"
+    other.write_bytes(pt2.read_bytes() + b"\0")
+    assert worker_scores(out / SCORES_FILE, other, cfg, ROOT) is None
+    assert worker_scores(tmp_path / "missing.json", pt2, cfg, ROOT) is None
+
+
+def test_a_classifier_pipeline_run_never_imports_torch_in_the_cli_process(tmp_path):
+    # The point of the scoring above: torch (with torch.export's loader, 2-4 s) is the workers' only.
+    code = ("import sys; from flows.cli import main; code = main(['run', *sys.argv[1:]]);"
+            "print('TORCH_IMPORTED', 'torch' in sys.modules); sys.exit(code)")
+    env = {**__import__("os").environ, "TRAINFLOW_HOME": str(tmp_path / "home")}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    # Registered too (6 epochs pass the gates): MLflow's own serving check would import torch there.
+    args = [f"--set={o}" for o in [*BASE, "training.epochs=6", "registry.model_name=torchless-digits"]]
+    out = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "TORCH_IMPORTED False" in out.stdout
