@@ -35,6 +35,7 @@ import urllib.request
 from pathlib import Path
 
 from core.env import TELEMETRY_OFF  # the project's venv has trainflow installed
+from core.procs import pid_alive
 
 DB_USER = "trainflow"
 DATABASES = ("mlflow", "prefect")
@@ -133,19 +134,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # an unreaped zombie is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def _spawn(cmd: list[str], env: dict, log: Path, cwd: Path) -> int:
     """Start ``cmd`` in its own session (so ``down`` can stop its whole process group)."""
     with open(log, "ab") as out:
@@ -157,7 +145,7 @@ def _spawn(cmd: list[str], env: dict, log: Path, cwd: Path) -> int:
 def wait_http(url: str, pid: int, log: Path, timeout: float, name: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not pid_alive(pid):
             raise TeamError(f"{name} exited during start-up; last lines of {log}:\n{_tail(log)}")
         try:
             with urllib.request.urlopen(url, timeout=5) as resp:
@@ -185,7 +173,7 @@ def stop_group(pid: int, grace: float = 20) -> None:
             return
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
-            if not _alive(pid):
+            if not pid_alive(pid):
                 return
             time.sleep(0.2)
 
@@ -203,7 +191,7 @@ def up(team_dir: Path, pg_dir: Path, pg_port: int, mlflow_port: int, prefect_por
     state_file = team_dir / "team.json"
     if state_file.is_file():
         state = json.loads(state_file.read_text())
-        if all(_alive(p) for p in state["pids"].values()):
+        if all(pid_alive(p) for p in state["pids"].values()):
             return state
         down(team_dir)  # half-dead: start clean
     pg_port, mlflow_port, prefect_port = (p or free_port() for p in (pg_port, mlflow_port, prefect_port))

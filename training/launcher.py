@@ -23,6 +23,7 @@ from pathlib import Path
 
 from core.config import PipelineConfig
 from core.errors import ConfigError, PreemptedError, TrainingFailedError
+from core.procs import pid_alive
 from training import preemption
 from training.layouts import maybe_gpu
 
@@ -439,18 +440,8 @@ def wait_for_go(poll_s: float = 0.02) -> tuple[bool, str]:
                 os.environ.update({k: str(v) for k, v in (payload.get("env") or {}).items()})
                 return True, ""
             return False, str(payload.get("reason") or "aborted by the launcher")
-        if parent and not _pid_alive(parent):
+        if parent and not pid_alive(parent):
             return False, f"the launching process {parent} exited before training started"
         if time.monotonic() > deadline:
             return False, f"no go signal within {GO_TIMEOUT_S:g} s"
         time.sleep(poll_s)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -104,3 +104,30 @@ def make_project(tmp_path, repo_root, bundled_data) -> Callable[..., Path]:
         return build_project(tmp_path / name, repo_root, bundled_data, mutate, with_code)
 
     return build
+
+
+@pytest.fixture(scope="module")
+def mlflow_env(tmp_path_factory):
+    """Telemetry off and no outside MLflow settings; undo the global URIs afterwards.
+
+    ``mlflow.set_tracking_uri`` / ``set_registry_uri`` also export
+    MLFLOW_TRACKING_URI / MLFLOW_REGISTRY_URI, so the env is put back too.
+    """
+    root = tmp_path_factory.mktemp("mlflow")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DO_NOT_TRACK", "true")
+        mp.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+        mp.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        mp.setenv("GIT_PYTHON_REFRESH", "quiet")
+        for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "MLFLOW_EXPERIMENT_ID",
+                     "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
+            mp.delenv(name, raising=False)
+        # A stray relative ./mlruns would land here, where a test can look for it.
+        cwd = root / "cwd"
+        cwd.mkdir()
+        mp.chdir(cwd)
+        yield root
+        import mlflow
+
+        mlflow.set_tracking_uri(None)
+        mlflow.set_registry_uri(None)

@@ -17,27 +17,12 @@ N_FEATURES = 64
 
 
 @pytest.fixture(scope="module")
-def mlflow_store(tmp_path_factory):
-    """A real sqlite MLflow store; telemetry off, no outside MLflow settings, undone afterwards."""
-    root = tmp_path_factory.mktemp("recorded")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DO_NOT_TRACK", "true")
-        mp.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-        mp.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-        mp.setenv("GIT_PYTHON_REFRESH", "quiet")
-        for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "MLFLOW_EXPERIMENT_ID",
-                     "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
-            mp.delenv(name, raising=False)
-        (root / "cwd").mkdir()
-        mp.chdir(root / "cwd")
-        from registry.store import configure
+def mlflow_store(mlflow_env):
+    """A real sqlite MLflow store in ``mlflow_env``'s folder (telemetry off, undone afterwards)."""
+    from registry.store import configure
 
-        uri = f"sqlite:///{root / 'mlflow.db'}"
-        yield {"root": root, "uri": uri, "experiment_id": configure(uri, "recorded-test", root / "artifacts")}
-        import mlflow
-
-        mlflow.set_tracking_uri(None)
-        mlflow.set_registry_uri(None)
+    uri = f"sqlite:///{mlflow_env / 'mlflow.db'}"
+    return {"root": mlflow_env, "uri": uri, "experiment_id": configure(uri, "recorded-test", mlflow_env / "artifacts")}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,21 @@
+import os
+import time
+from pathlib import Path
+
+from core.procs import pid_alive
+
+
+def test_a_running_process_is_alive_and_an_exited_one_is_not():
+    assert pid_alive(os.getpid())
+    child = os.fork()
+    if child == 0:  # the child exits at once and stays a zombie until reaped below
+        os._exit(0)
+    try:
+        stat = Path(f"/proc/{child}/stat")
+        deadline = time.monotonic() + 10
+        while stat.read_text().split(")")[-1].split()[0] != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not pid_alive(child)  # exited, not yet reaped: not alive
+    finally:
+        os.waitpid(child, 0)
+    assert not pid_alive(child)  # reaped: gone
