@@ -102,14 +102,21 @@ def start(cfg_path: Path, overrides: list[str], nproc: int | None) -> Held | Non
     except Exception as exc:  # noqa: BLE001 - the flow's resolve names it properly
         log.debug("no early launch: %s", exc)
         return None
-    folder, fd = claim_train_dir(home, cfg.name, cfg.config_id(), md5, n, log)
-    try:
-        job = start_job(make_spec(cfg, folder, root, md5, JOB_ENV, n), hold=True)
-    except BaseException:
-        from core.locks import release
+    from core.locks import release
 
-        release(fd)
+    fd = None
+    try:
+        folder, fd = claim_train_dir(home, cfg.name, cfg.config_id(), md5, n, log)
+        job = start_job(make_spec(cfg, folder, root, md5, JOB_ENV, n), hold=True)
+    except Exception as exc:  # noqa: BLE001 - e.g. a world the strategy can't use: resolve/train say so
+        if fd is not None:
+            release(fd)
+        log.debug("no early launch: %s", exc)
         return None
+    except BaseException:
+        if fd is not None:
+            release(fd)
+        raise
     _HELD = Held(job_key(cfg, md5, n, root), job, folder, fd)
     return _HELD
 
