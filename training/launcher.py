@@ -161,13 +161,16 @@ def _first_failure(log_dir: Path, nproc: int) -> tuple[int | None, str, str]:
             info = msg.get("extraInfo", {})
             stamp = int(info.get("timestamp", 0))
             attempt = int(path.parent.parent.name.split("_")[1])
-            found.append((attempt, stamp, int(path.parent.name), msg.get("message", ""), info.get("py_callstack", "")))
+            # The stamp has whole seconds; the file's mtime orders errors within one: a crashing
+            # rank writes its file before it exits, and only its exit makes its peers fail.
+            found.append((attempt, stamp, path.stat().st_mtime_ns, int(path.parent.name), msg.get("message", ""),
+                          info.get("py_callstack", "")))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
             continue
     if not found:
         return None, "", ""
     last_attempt = max(f[0] for f in found)
-    _, _, local_rank, message, tb = min(f for f in found if f[0] == last_attempt)
+    _, _, _, local_rank, message, tb = min(f for f in found if f[0] == last_attempt)
     return local_rank, message, tb
 
 

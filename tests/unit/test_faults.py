@@ -40,3 +40,24 @@ def test_preemption_before_launch_starts_nothing(tmp_path):
         run_job(spec)
     assert not preemption.REQUESTED.is_set()
     assert not (tmp_path / "never").exists()
+
+
+def test_the_first_failure_is_the_rank_that_failed_first_within_one_second(tmp_path):
+    # torchrun stamps error files in whole seconds; a crashed rank and the peer that lost its
+    # connection to it often share one. The file written first names the rank that crashed.
+    import json
+    import os
+
+    from training.launcher import _first_failure
+
+    def error(rank: int, message: str, mtime_ns: int) -> None:
+        path = tmp_path / "run_x" / "attempt_0" / str(rank) / "error.json"
+        path.parent.mkdir(parents=True)
+        info = {"timestamp": "1796005474", "py_callstack": f"Traceback of rank {rank}"}
+        path.write_text(json.dumps({"message": {"message": message, "extraInfo": info}}))
+        os.utime(path, ns=(mtime_ns, mtime_ns))
+
+    error(1, "InjectedFault: injected fault on rank 1 at step 5", 1_796_005_474_100_000_000)
+    error(0, "RuntimeError: Connection closed by peer", 1_796_005_474_300_000_000)
+    assert _first_failure(tmp_path, 2) == (1, "InjectedFault: injected fault on rank 1 at step 5",
+                                           "Traceback of rank 1")
