@@ -8,8 +8,8 @@ config is checked (``training.launcher.start_job(hold=True)``): the workers star
 while Prefect's API server boots, the flow resolves and the data is validated, then wait.
 
 The ``train`` task takes the held job when it is the job it would launch itself (the same
-resolved config, data version, world size and project), gives it the run's MLflow
-environment and lets it go. Otherwise (other inputs, or the flow never reaches ``train``:
+resolved config, data version, world size and project) and lets it go (its metrics file is
+relayed to the run's MLflow run meanwhile, ``registry/relay.py``). Otherwise (other inputs, or the flow never reaches ``train``:
 bad data, a bad config, an error, SIGTERM) it is aborted and its workers exit before their
 first step, so **nothing is trained before validation passes**, and nothing is written but
 the job's ``config.yaml`` / ``job.json``. The held job dies with the CLI (the workers check
