@@ -251,8 +251,8 @@ def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tup
             raise TrainingFailedError(f"training exceeded training.timeout_s={spec.timeout_s:g}s and was killed")
 
 
-# A held job (``start_job(spec, hold=True)``): its workers start up (imports, data, process
-# group) and then wait for this file before the first step. ``{"go": true, "env": {...}}``
+# A held job (``start_job(spec, hold=True)``): its workers start up (imports, data) and
+# then wait for this file before joining the process group. ``{"go": true, "env": {...}}``
 # starts training with ``env`` added to each worker's environment; ``{"go": false}`` (or the
 # launching process dying, or the wait outliving ``GO_TIMEOUT_S``) makes them exit untrained.
 # "1": rank 0 also scores the exported program on the test split, into SCORES_FILE
