@@ -417,54 +417,43 @@ def _deserves(ctx: RunContext, report: dict, current: dict | None) -> tuple[bool
 
     When the champion is still the one evaluated beside the candidate, those scores decide;
     when another run promoted meanwhile, the new champion's recorded scores decide if they hold
-    for this run's test split and metric code, else it is scored on this run's test split.
+    for this run's evaluation split and metric code, else it is scored on that split.
+    Classifiers compare accuracy then macro-F1, language models eval perplexity.
     """
-    from evaluation.evaluate import load_test_split
-    from evaluation.gates import beats
-    from evaluation.metrics import classification_metrics
+    from evaluation.gates import beats, beats_lm
     from evaluation.recorded import recorded_metrics
-    from registry import models
 
-    if ctx.cfg.dataset.kind == "text":
-        return _deserves_lm(ctx, report, current)
+    kind = ctx.cfg.dataset.kind
+    compare = beats_lm if kind == "text" else beats
     if current is None:
-        return beats(report["candidate"], None)
+        return compare(report["candidate"], None)
     if current["version"] == report.get("champion_version") and report.get("champion"):
-        return beats(report["candidate"], report["champion"])
-    champ = recorded_metrics(current.get("tags"), report["scoring_key"], "tabular") if report.get("scoring_key") else None
+        return compare(report["candidate"], report["champion"])
+    champ = recorded_metrics(current.get("tags"), report["scoring_key"], kind) if report.get("scoring_key") else None
     how = "its recorded scores"
     if champ is None:
-        predictor = models.load_predictor(ctx.cfg.registry.model_name, "champion")
-        x, y = load_test_split(ctx.cfg.dataset, ctx.root)
-        champ = classification_metrics(y, predictor(x), ctx.cfg.dataset.n_classes)
-        how = "rescored"
-    ok, reason = beats(report["candidate"], champ)
+        champ, how = _score_champion(ctx), "rescored"
+    ok, reason = compare(report["candidate"], champ)
     return ok, f"champion moved to v{current['version']} since evaluation ({how}); {reason}"
 
 
-def _deserves_lm(ctx: RunContext, report: dict, current: dict | None) -> tuple[bool, str]:
-    """``_deserves`` for a language model: eval perplexity; a moved champion's recorded figures
-    when they hold for this run's eval documents and metric code, else it is re-scored on them."""
-    from evaluation.gates import beats_lm
-    from evaluation.lm import load_eval_documents, summarise
-    from evaluation.recorded import recorded_metrics
+def _score_champion(ctx: RunContext) -> dict:
+    """The current champion's scores on this run's evaluation split, loaded through the registry."""
     from registry import models
 
-    if current is None:
-        return beats_lm(report["candidate"], None)
-    if current["version"] == report.get("champion_version") and report.get("champion"):
-        return beats_lm(report["candidate"], report["champion"])
-    champ = recorded_metrics(current.get("tags"), report["scoring_key"], "text") if report.get("scoring_key") else None
-    how = "its recorded scores"
-    if champ is None:
+    predictor = models.load_predictor(ctx.cfg.registry.model_name, "champion")
+    if ctx.cfg.dataset.kind == "text":
         import numpy as np
 
-        scorer = models.load_predictor(ctx.cfg.registry.model_name, "champion")
-        loss, n_tok = scorer([d.decode("utf-8") for _, d in load_eval_documents(ctx.cfg.dataset, ctx.root)])
-        champ = summarise(np.nan_to_num(loss) * n_tok, n_tok)
-        how = "rescored"
-    ok, reason = beats_lm(report["candidate"], champ)
-    return ok, f"champion moved to v{current['version']} since evaluation ({how}); {reason}"
+        from evaluation.lm import load_eval_documents, summarise
+
+        loss, n_tok = predictor([d.decode("utf-8") for _, d in load_eval_documents(ctx.cfg.dataset, ctx.root)])
+        return summarise(np.nan_to_num(loss) * n_tok, n_tok)
+    from evaluation.evaluate import load_test_split
+    from evaluation.metrics import classification_metrics
+
+    x, y = load_test_split(ctx.cfg.dataset, ctx.root)
+    return classification_metrics(y, predictor(x), ctx.cfg.dataset.n_classes)
 
 
 def _training_md(r: dict) -> str:
