@@ -337,12 +337,8 @@ def champion_version(model_name: str) -> dict | None:
     return {"version": str(mv.version), "run_id": mv.run_id, "tags": dict(mv.tags)}
 
 
-class Predictor:
-    """A loaded registry model: ``predictor(features) -> int64 labels``.
-
-    ``features`` is a DataFrame holding the feature columns (int or float), or a
-    ``[rows, n_features]`` array in feature-column order.
-    """
+class _Loaded:
+    """A pyfunc loaded from the registry, with where it came from."""
 
     def __init__(self, pyfunc_model, name: str, alias: str, version: str, run_id: str | None,
                  model_uri: str):
@@ -352,7 +348,18 @@ class Predictor:
         self.version = version
         self.run_id = run_id
         self.model_uri = model_uri
-        schema = pyfunc_model.metadata.get_input_schema()
+
+
+class Predictor(_Loaded):
+    """A loaded registry model: ``predictor(features) -> int64 labels``.
+
+    ``features`` is a DataFrame holding the feature columns (int or float), or a
+    ``[rows, n_features]`` array in feature-column order.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        schema = self.pyfunc.metadata.get_input_schema()
         self.feature_columns = list(schema.input_names()) if schema is not None else []
 
     def __call__(self, features):
@@ -419,21 +426,12 @@ def log_lm_version(
                              manifest_tags, description, metadata={KIND_KEY: "lm"})
 
 
-class TextScorer:
+class TextScorer(_Loaded):
     """A loaded registry language model: ``scorer(texts) -> (loss [n], n_tokens [n])``.
 
     ``texts`` is a list of strings or a DataFrame with a ``text`` column; ``.frame(texts)`` gives
     the pyfunc's whole output (``loss, perplexity, n_tokens`` per document).
     """
-
-    def __init__(self, pyfunc_model, name: str, alias: str, version: str, run_id: str | None,
-                 model_uri: str):
-        self.pyfunc = pyfunc_model
-        self.name = name
-        self.alias = alias
-        self.version = version
-        self.run_id = run_id
-        self.model_uri = model_uri
 
     def frame(self, texts):
         import pandas as pd
