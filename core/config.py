@@ -20,27 +20,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Expectations(_Strict):
-    """Data-quality bounds the validation suite is built from."""
-
-    value_min: float = 0
-    value_max: float = 16
-    train_rows: tuple[int, int] = (1000, 2000)
-    test_rows: tuple[int, int] = (200, 1000)
-    # Each class's share of a split must lie in this range.
-    class_fraction: tuple[float, float] = (0.07, 0.13)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> "Expectations":
-        for name in ("train_rows", "test_rows", "class_fraction"):
-            lo, hi = getattr(self, name)
-            if lo > hi:
-                raise ValueError(f"{name}: lower bound {lo} is above upper bound {hi}")
-        if self.value_min > self.value_max:
-            raise ValueError(f"value_min: {self.value_min} is above value_max {self.value_max}")
-        return self
-
-
 class TextExpectations(_Strict):
     """Data-quality bounds of a text corpus (``dataset.kind: text``)."""
 
@@ -79,43 +58,64 @@ class TextConfig(_Strict):
 
 
 class DatasetConfig(_Strict):
-    """Where the DVC-tracked data lives and what its columns are."""
+    """Where the DVC-tracked data lives and which of its columns the task reads.
 
-    # tabular: CSV splits of feature columns + label; text: a JSON Lines corpus (see ``text``).
-    kind: Literal["tabular", "text"] = "tabular"
-    dvc_file: str = "data.dvc"
+    Tables (CSV or Parquet, by file suffix) come pre-split (``train_file`` + ``test_file``) or as
+    one ``file`` that is split into train and test with ``test_fraction`` and the config's seed.
+    ``features``: the feature columns by name; null means every column but ``label`` and
+    ``exclude``. A text corpus (the ``lm`` task) is described by ``text`` instead.
+    """
+
+    dvc_file: str = "data/digits.dvc"
     path: str = "data/digits"
-    train_file: str = "train.csv"
-    test_file: str = "test.csv"
-    feature_prefix: str = "pixel_"
-    n_features: int = Field(64, gt=0)
-    label_column: str = "label"
-    n_classes: int = Field(10, ge=2)
+    train_file: str | None = "train.csv"
+    test_file: str | None = "test.csv"
+    file: str | None = None
+    # Share of ``file``'s rows that become the test split (stratified by class for classification).
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    label: str = Field("label", min_length=1)
+    features: list[str] | None = None
+    exclude: list[str] = []
     # Share of the training split held out for per-epoch validation.
     val_fraction: float = Field(0.1, gt=0, lt=1)
-    expectations: Expectations = Expectations()
+    # The reviewed per-column expectations (``trainflow init`` writes them), relative to the root.
+    expectations_file: str | None = None
     text: TextConfig | None = None
 
     @model_validator(mode="after")
-    def _text_block(self) -> "DatasetConfig":
-        if self.kind == "text" and self.text is None:
-            raise ValueError("text: required when kind is 'text'")
-        if self.kind != "text" and self.text is not None:
-            raise ValueError(f"text: only for kind 'text', but kind is {self.kind!r}")
+    def _one_source(self) -> "DatasetConfig":
+        if self.file is not None and ({"train_file", "test_file"} & self.model_fields_set):
+            raise ValueError("file: give either file (split with test_fraction) or train_file and test_file")
+        if self.file is None and (self.train_file is None or self.test_file is None):
+            raise ValueError("train_file: train_file and test_file are both needed when file is not set")
+        if self.features is not None:
+            if not self.features:
+                raise ValueError("features: must name at least one column (or be null: every column but the label)")
+            dup = sorted({c for c in self.features if self.features.count(c) > 1})
+            if dup:
+                raise ValueError(f"features: duplicate column(s) {dup}")
+            if self.label in self.features:
+                raise ValueError(f"features: contains the label column {self.label!r}")
+            if self.exclude:
+                raise ValueError("exclude: only with features: null (every column but the label and these)")
         return self
 
     @property
-    def feature_columns(self) -> list[str]:
-        return [f"{self.feature_prefix}{i}" for i in range(self.n_features)]
-
-    @property
-    def columns(self) -> list[str]:
-        return [*self.feature_columns, self.label_column]
+    def split_files(self) -> dict[str, str]:
+        """``{"train": name, "test": name}``, or ``{"all": name}`` for one file split by seed."""
+        if self.file is not None:
+            return {"all": self.file}
+        return {"train": self.train_file, "test": self.test_file}
 
 
 class ModelConfig(_Strict):
-    # cnn / mlp: classifiers of the tabular features; lm: byte-level decoder-only transformer.
+    """The network. ``kind`` picks a built-in (cnn / mlp over table features, lm: a byte-level
+    decoder-only transformer); ``factory: "module.path:function"`` names the user's own instead,
+    importable from the repository, called as ``function(n_inputs, n_outputs, **kwargs)``."""
+
     kind: Literal["cnn", "mlp", "lm"] = "cnn"
+    factory: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    kwargs: dict[str, Any] = {}
     channels: tuple[int, int] = (16, 32)
     hidden: int = Field(128, gt=0)
     dropout: float = Field(0.1, ge=0, lt=1)
@@ -286,19 +286,29 @@ class TrainingConfig(_Strict):
 
 
 class GatesConfig(_Strict):
-    """Absolute thresholds plus the allowed regression against the champion."""
+    """Absolute thresholds, the trivial baseline and the allowed regression against the champion.
 
-    min_accuracy: float = Field(0.95, ge=0, le=1)
-    min_macro_f1: float = Field(0.95, ge=0, le=1)
-    min_class_recall: float = Field(0.85, ge=0, le=1)
-    max_latency_p95_ms: float = Field(20.0, gt=0)
-    # Candidate may trail the champion by at most this much (accuracy, macro-F1).
-    max_regression: float = Field(0.005, ge=0, le=1)
-    # Language models (dataset.kind: text) are gated on perplexity over the eval documents
-    # instead: at most max_perplexity, and at most (1 + max_perplexity_regression) x the
-    # champion's (null: no regression allowed).
-    max_perplexity: float | None = Field(None, gt=1)
-    max_perplexity_regression: float | None = Field(None, ge=0)
+    ``thresholds``: metric name -> bound; the task says each metric's direction, so a metric where
+    higher is better must be >= its bound and one where lower is better <= it. ``baseline_margin``:
+    the candidate must beat the task's trivial baseline (majority class, mean predictor) on the
+    task's primary metric by at least this much (null: no baseline gate). ``max_regression``: the
+    candidate may trail the champion by at most this much in each metric the task compares it on
+    (absolute, or a relative factor where the task says so, e.g. perplexity).
+    """
+
+    thresholds: dict[str, float] = {}
+    baseline_margin: float | None = Field(None, ge=0)
+    max_regression: float = Field(0.005, ge=0)
+
+    @field_validator("thresholds")
+    @classmethod
+    def _finite(cls, v: dict[str, float]) -> dict[str, float]:
+        import math
+
+        for k, x in v.items():
+            if not math.isfinite(x):
+                raise ValueError(f"{k}: must be a finite number, got {x!r}")
+        return v
 
 
 class RegistryConfig(_Strict):
@@ -332,6 +342,9 @@ NOT_IN_CONFIG_ID = frozenset({"retrain"})
 
 class PipelineConfig(_Strict):
     name: str = Field(min_length=1)
+    # The kind of problem: a built-in task (classification, regression, lm) or one a package
+    # registers under the ``trainflow.tasks`` entry-point group. The task checks the rest.
+    task: str = Field("classification", pattern=r"^[a-z][a-z0-9_\-]*$")
     seed: int = 0
     dataset: DatasetConfig = DatasetConfig()
     model: ModelConfig = ModelConfig()
@@ -339,23 +352,6 @@ class PipelineConfig(_Strict):
     gates: GatesConfig = GatesConfig()
     registry: RegistryConfig = RegistryConfig()
     retrain: RetrainConfig = RetrainConfig()
-
-    @model_validator(mode="after")
-    def _text_needs_lm(self) -> "PipelineConfig":
-        if self.dataset.kind != "text":
-            return self
-        if self.model.kind != "lm":
-            raise ValueError(f"model.kind: dataset.kind 'text' needs 'lm', got {self.model.kind!r}")
-        seq_len = getattr(self.model, "seq_len", None)
-        if seq_len is not None and seq_len != self.dataset.text.seq_len:
-            raise ValueError(f"dataset.text.seq_len: {self.dataset.text.seq_len} differs from "
-                             f"model.seq_len {seq_len}; windows must fit the model")
-        vocab = getattr(self.model, "vocab_size", 256)
-        if vocab != 256:
-            raise ValueError(f"model.vocab_size: must be 256 for byte-level text, got {vocab}")
-        if self.gates.max_perplexity is None:
-            raise ValueError("gates.max_perplexity: required when dataset.kind is 'text'")
-        return self
 
     @model_validator(mode="after")
     def _model_parallel_needs_lm(self) -> "PipelineConfig":
@@ -386,14 +382,14 @@ class PipelineConfig(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-# (section, key) added to the schema after configs were first hashed: text datasets, language
-# models and model parallelism. Left out of the config id while at their default.
+# (section, key) added to the schema after configs were first hashed. Left out of the config id
+# while at their default. (The task API changed the dataset and gates sections, so every config
+# got a new id then; keys added since go here.)
 ID_LATER_KEYS = (
-    ("dataset", "kind"), ("dataset", "text"),
+    ("dataset", "text"),
     ("model", "vocab_size"), ("model", "seq_len"), ("model", "d_model"), ("model", "n_layers"),
-    ("model", "n_heads"), ("model", "d_ff"),
+    ("model", "n_heads"), ("model", "d_ff"), ("model", "factory"), ("model", "kwargs"),
     ("training", "parallel"),
-    ("gates", "max_perplexity"), ("gates", "max_perplexity_regression"),
 )
 
 
