@@ -154,10 +154,10 @@ def _hand(args, cfg) -> dict:
     agree = args.worker == "hand-agree"
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    data = load_splits(cfg.dataset, ROOT, cfg.seed)
+    data = load_splits(cfg, ROOT, cfg.seed)
 
     torch.manual_seed(cfg.seed)
-    model = DDP(build_model(cfg.model, cfg.dataset))
+    model = DDP(build_model(cfg, data.info))
     lr = scaled_lr(t.lr, t.batch_size * world, t.base_batch, t.lr_scaling)
     if t.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=t.weight_decay)
@@ -255,7 +255,7 @@ def _trainer(args, cfg) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with process_group(t.backend, t.collective_timeout_s) as ctx:
-        trainer = Trainer(cfg, ctx, load_splits(cfg.dataset, ROOT, cfg.seed), out,
+        trainer = Trainer(cfg, ctx, load_splits(cfg, ROOT, cfg.seed), out,
                           MetricsSink.for_rank(ctx.is_main), cfg.config_id(), data_md5)
         eval_s = []
         evaluate = trainer._evaluate

@@ -1,4 +1,9 @@
-"""Score the candidate (and the current champion) on the same held-out split."""
+"""Score the candidate, the champion and the trivial baseline on the same held-out split.
+
+Which evaluator runs is the task's (``task.evaluator``): ``predictions`` (here: one prediction
+per row of a table, through the task's hooks) or ``documents`` (``evaluation.lm``: a language
+model's per-byte loss). No MLflow here: the champion arrives as a loaded predictor.
+"""
 
 from __future__ import annotations
 
@@ -7,75 +12,94 @@ from pathlib import Path
 
 import numpy as np
 
-from core.config import DatasetConfig
-from evaluation.metrics import Predictor, classification_metrics, confusion_png, latency_p95_ms, torch_predictor
-from evaluation.recorded import scoring_key
+from tasks.base import SCORES_FILE
+from tasks.metrics import confusion_png, latency_p95_ms, torch_predictor
 
 
-def load_test_split(cfg: DatasetConfig, root: Path) -> tuple[np.ndarray, np.ndarray]:
-    from training.data import read_csv
-
-    return read_csv(root / cfg.path / cfg.test_file, cfg.columns, cfg.label_column)
-
-
-def worker_scores(path: Path, model_pt2: Path, cfg: DatasetConfig, root: Path) -> dict | None:
-    """The training worker's scores of ``model_pt2`` on the test split (``training/worker.py``
-    ``write_test_scores``), when they are provably of this program and this split: the file's
-    hashes equal both files' now, and it has one prediction per test row from a program with
-    one logit per class. Else None: the caller scores the program itself."""
-    import json as _json
-
+def worker_scores(task, cfg, root: Path, train_dir: Path) -> dict | None:
+    """The training worker's scores of ``train_dir/model.pt2`` (``task.write_test_scores``), when
+    they are provably of this program and this split: the recorded hashes equal both now.
+    Else None: the caller scores the program itself."""
     from core.hashing import file_sha256
 
     try:
-        scores = _json.loads(Path(path).read_text())
-        ok = (scores["model_sha256"] == file_sha256(model_pt2)
-              and scores["split_sha256"] == file_sha256(root / cfg.path / cfg.test_file)
-              and list(scores["logits_shape"])[1:] == [cfg.n_classes]
-              and len(scores["pred"]) == scores["logits_shape"][0] and scores["latency_ms"])
+        scores = json.loads((Path(train_dir) / SCORES_FILE).read_text())
+        ok = (scores["model_sha256"] == file_sha256(Path(train_dir) / "model.pt2")
+              and scores["split_sha256"] == task.scoring_key(cfg, root)["split_sha256"]
+              and len(scores["pred"]) == scores["outputs_shape"][0] and scores["latency_ms"])
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None
     return scores if ok else None
 
 
-def evaluate(model_pt2: Path, cfg: DatasetConfig, root: Path, out_dir: Path,
-             champion: Predictor | None = None, champion_metrics: dict | None = None,
-             scored: dict | None = None) -> dict:
-    """Metrics of the exported candidate and of the champion on the test split.
+def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,
+                         champion_metrics: dict | None = None) -> dict:
+    """The ``predictions`` evaluator: metrics of the exported candidate, the champion and the
+    task's trivial baseline on the test split.
 
     The champion's are ``champion_metrics`` when given (its recorded scores, see
-    ``evaluation.recorded``), else ``champion``'s predictions scored here, else None.
-    ``report["champion_scores"]`` says which: "recorded", "rescored" or None.
-    ``report["scoring_key"]`` is what the candidate's scores hold for (to record them).
-    ``scored``: the candidate's predictions and one-row latencies, made by the training worker
-    (``worker_scores``); without them the program is loaded and scored here, the same way.
-    ``report["candidate_scored_in"]`` says where: "worker" or "pipeline".
-    Writes ``confusion_matrix.png`` and ``metrics.json`` into ``out_dir``.
+    ``evaluation.recorded``), else ``champion``'s predictions (a registry predictor taking the
+    raw columns) scored here, else None; ``report["champion_scores"]`` says which. The candidate's
+    predictions come from the training worker when they provably match (``worker_scores``), else
+    the program is loaded here; ``report["candidate_scored_in"]`` says where.
+    Writes ``metrics.json`` (and ``confusion_matrix.png`` for a classifier) into ``out_dir``.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    key = scoring_key(cfg, root)
-    x, y = load_test_split(cfg, root)
+    key = task.scoring_key(cfg, root)
+    frame, x, y, info = task.eval_data(cfg, root)
+    scored = worker_scores(task, cfg, root, train_dir)
     if scored is not None and len(scored["pred"]) == len(y):
-        cand = classification_metrics(y, np.asarray(scored["pred"], dtype=np.int64), cfg.n_classes)
+        cand = task.score(y, np.asarray(scored["pred"]), info)
         cand["latency_p95_ms"] = float(np.percentile(scored["latency_ms"], 95))
         where = "worker"
     else:
+        import torch
+
         from training.export import load_exported
 
-        predict = torch_predictor(load_exported(model_pt2))
-        cand = classification_metrics(y, predict(x), cfg.n_classes)
-        cand["latency_p95_ms"] = latency_p95_ms(predict, x)
+        module = load_exported(Path(train_dir) / "model.pt2")
+        with torch.no_grad():
+            outputs = module(torch.as_tensor(x)).numpy()
+        task.check_program_output(outputs, info)
+        cand = task.score(y, task.decode(outputs), info)
+        cand["latency_p95_ms"] = latency_p95_ms(torch_predictor(module), x)
         where = "pipeline"
     champ, how = None, None
     if champion_metrics is not None:
         champ, how = champion_metrics, "recorded"
     elif champion is not None:
-        champ = classification_metrics(y, np.asarray(champion(x)).astype(np.int64), cfg.n_classes)
-        how = "rescored"
-    png = confusion_png(cand["confusion_matrix"], out_dir / "confusion_matrix.png",
-                        f"candidate: accuracy {cand['accuracy']:.4f}")
-    report = {"candidate": cand, "champion": champ, "champion_scores": how, "scoring_key": key,
-              "candidate_scored_in": where,
-              "files": {"confusion_matrix": str(png)}}
-    (out_dir / "metrics.json").write_text(json.dumps(report, indent=2))
+        champ, how = task.score(y, task.encode(champion(frame[info["features"]]), info), info), "rescored"
+    what, base_pred = task.baseline(cfg, root, info)
+    baseline = {"predictor": what, **task.score(y, base_pred, info)}
+    files = {}
+    if "confusion_matrix" in cand:
+        primary = task.primary or task.champion_metrics[0]
+        files["confusion_matrix"] = str(confusion_png(cand["confusion_matrix"], out_dir / "confusion_matrix.png",
+                                                      f"candidate: {primary} {cand[primary]:.4f}"))
+    report = {"candidate": cand, "champion": champ, "champion_scores": how, "baseline": baseline,
+              "scoring_key": key, "candidate_scored_in": where, "outputs": info.get("classes"), "files": files}
+    (out_dir / "metrics.json").write_text(json.dumps(report, indent=2, default=str))
     return report
+
+
+def score_predictions(task, cfg, root: Path, predictor) -> dict:
+    """A loaded registry model's metrics on this run's test split (the champion, rescored)."""
+    frame, _, y, info = task.eval_data(cfg, root)
+    return task.score(y, task.encode(predictor(frame[info["features"]]), info), info)
+
+
+def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,
+             champion_metrics: dict | None = None) -> dict:
+    """The task's evaluator on the candidate in ``train_dir`` (see the module docstring)."""
+    from evaluation import lm
+
+    runners = {"predictions": evaluate_predictions, "documents": lm.evaluate_documents}
+    return runners[task.evaluator](task, cfg, root, train_dir, out_dir, champion, champion_metrics)
+
+
+def score_champion(task, cfg, root: Path, predictor) -> dict:
+    """The current champion (a loaded registry model) scored on this run's evaluation split."""
+    from evaluation import lm
+
+    runners = {"predictions": score_predictions, "documents": lm.score_documents_champion}
+    return runners[task.evaluator](task, cfg, root, predictor)

@@ -50,63 +50,50 @@ def _check(name: str, value: float, threshold: float, op: str) -> Check:
     return Check(name, float(value), float(threshold), op, bool(ok))
 
 
-def decide(candidate: dict, gates: GatesConfig, champion: dict | None = None,
-           champion_version: str | None = None) -> GateDecision:
-    """Apply every gate to ``candidate`` metrics (and the champion's, when there is one).
+def decide(task, candidate: dict, gates: GatesConfig, champion: dict | None = None,
+           champion_version: str | None = None, baseline: dict | None = None) -> GateDecision:
+    """Apply every gate to ``candidate`` metrics, each in the direction the task gives it.
 
-    Language-model metrics (``candidate["kind"] == "lm"``) go to :func:`decide_lm`.
+    * ``gates.thresholds``: ``metric >= bound`` where higher is better, ``<=`` where lower is;
+    * ``gates.baseline_margin``: the task's primary metric beats the trivial ``baseline`` by the margin;
+    * with a champion: each of ``task.champion_metrics`` trails the champion's by at most
+      ``gates.max_regression`` (a factor of the champion's value for a ``relative`` metric).
     """
-    if candidate.get("kind") == "lm":
-        return decide_lm(candidate, gates, champion, champion_version)
-    checks = [
-        _check("accuracy", candidate["accuracy"], gates.min_accuracy, ">="),
-        _check("macro_f1", candidate["macro_f1"], gates.min_macro_f1, ">="),
-        _check("min_class_recall", candidate["min_class_recall"], gates.min_class_recall, ">="),
-        _check("latency_p95_ms", candidate["latency_p95_ms"], gates.max_latency_p95_ms, "<="),
-    ]
+    checks = []
+    for name, bound in gates.thresholds.items():
+        m = task.metric(name)
+        checks.append(_check(name, candidate[name], bound, m.op))
+    if gates.baseline_margin is not None and baseline is not None and task.primary is not None:
+        m = task.metric(task.primary)
+        sign = 1 if m.higher_is_better else -1
+        checks.append(_check(f"{m.name}_vs_baseline", candidate[m.name],
+                             baseline[m.name] + sign * gates.baseline_margin, m.op))
     if champion is not None:
-        for key in ("accuracy", "macro_f1"):
-            checks.append(_check(f"{key}_vs_champion", candidate[key], champion[key] - gates.max_regression, ">="))
+        for name in task.champion_metrics:
+            m = task.metric(name)
+            delta = gates.max_regression * abs(champion[name]) if m.relative else gates.max_regression
+            bound = champion[name] - delta if m.higher_is_better else champion[name] + delta
+            checks.append(_check(f"{name}_vs_champion", candidate[name], bound, m.op))
     return GateDecision(all(c.passed for c in checks), tuple(checks), champion_version)
 
 
-def decide_lm(candidate: dict, gates: GatesConfig, champion: dict | None = None,
-              champion_version: str | None = None) -> GateDecision:
-    """Perplexity at most ``max_perplexity``, latency bound, and no worse than the champion's
-    perplexity by more than the factor ``1 + max_perplexity_regression`` (0 when unset)."""
-    if gates.max_perplexity is None:
-        raise ValueError("gates.max_perplexity: required to gate a language model")
-    checks = [
-        _check("perplexity", candidate["perplexity"], gates.max_perplexity, "<="),
-        _check("latency_p95_ms", candidate["latency_p95_ms"], gates.max_latency_p95_ms, "<="),
-    ]
-    if champion is not None:
-        allowed = champion["perplexity"] * (1 + (gates.max_perplexity_regression or 0.0))
-        checks.append(_check("perplexity_vs_champion", candidate["perplexity"], allowed, "<="))
-    return GateDecision(all(c.passed for c in checks), tuple(checks), champion_version)
-
-
-def beats(candidate: dict, champion: dict | None) -> tuple[bool, str]:
+def beats(task, candidate: dict, champion: dict | None) -> tuple[bool, str]:
     """Promotion rule: does ``candidate`` deserve ``@champion`` over ``champion``?
 
-    Both sets of metrics must come from the same test split. Higher accuracy wins; equal
-    accuracy goes to the higher (or equal) macro-F1, so a retrained model that is exactly as
-    good replaces the older one. Stricter than the gate, which lets a candidate trail the
-    champion by ``max_regression`` and still be registered (as ``@challenger``).
+    Both sets of metrics must come from the same evaluation split. ``task.champion_metrics`` are
+    compared in order, each in its direction: the first that differs decides; when all are
+    equal the candidate wins, so a retrained model that is exactly as good replaces the older
+    one. Stricter than the gate, which lets a candidate trail the champion by ``max_regression``
+    and still be registered (as ``@challenger``).
     """
     if champion is None:
         return True, "there is no champion"
-    ca, cf, pa, pf = candidate["accuracy"], candidate["macro_f1"], champion["accuracy"], champion["macro_f1"]
-    ok = ca > pa or (ca == pa and cf >= pf)
-    word = "beats" if ok else "does not beat"
-    return ok, f"accuracy {ca:.4f} / macro-F1 {cf:.4f} {word} the champion's {pa:.4f} / {pf:.4f}"
-
-
-def beats_lm(candidate: dict, champion: dict | None) -> tuple[bool, str]:
-    """Promotion rule for a language model: lower (or equal) eval perplexity wins, so an equally
-    good retrained model replaces the older one. Both from the same eval documents."""
-    if champion is None:
-        return True, "there is no champion"
-    c, p = candidate["perplexity"], champion["perplexity"]
-    ok = c <= p
-    return ok, f"perplexity {c:.4f} {'beats' if ok else 'does not beat'} the champion's {p:.4f}"
+    ok = True
+    for name in task.champion_metrics:
+        c, p = candidate[name], champion[name]
+        if c != p:
+            ok = (c > p) == task.metric(name).higher_is_better
+            break
+    shown = lambda d: " / ".join(f"{d[n]:.4f}" for n in task.champion_metrics)  # noqa: E731
+    return ok, (f"{' / '.join(task.champion_metrics)} {shown(candidate)} {'beats' if ok else 'does not beat'} "
+                f"the champion's {shown(champion)}")

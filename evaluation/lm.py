@@ -4,7 +4,7 @@ Every target byte of a document is scored exactly once, in windows of ``seq_len`
 non-overlapping windows from the start, the last one shifted back to end at the document's
 end (its already-scored targets masked out), and a document shorter than one window padded
 on the right (padding is never a target; a causal model cannot see it). A document of n bytes
-has n - 1 targets. The registered pyfunc (``registry/pyfunc_lm.py``) scores with the same
+has n - 1 targets. The registered pyfunc (``tasks/pyfunc_lm.py``) scores with the same
 rule, so the candidate's figures and the champion's (scored through the registry) compare.
 
 Metrics are token-weighted over all documents: ``loss`` is the mean cross-entropy per target
@@ -22,7 +22,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from core.config import DatasetConfig
-from evaluation.recorded import scoring_key
 
 # Texts -> per-document (loss, n_tokens) arrays, e.g. a registry TextScorer.
 DocScorer = Callable[[list[str]], tuple[np.ndarray, np.ndarray]]
@@ -106,13 +105,29 @@ def latency_p95_ms(module, seq_len: int, n: int = 100, warmup: int = 10, seed: i
 
 def load_eval_documents(cfg: DatasetConfig, root: Path) -> list[tuple[str, bytes]]:
     """``[(path, UTF-8 bytes)]`` of the gate's documents (``dataset.text.eval_file``)."""
-    from training.data import read_documents
+    from tasks.text import read_documents
 
     return read_documents(Path(root) / cfg.path / cfg.text.eval_file)
 
 
+def evaluate_documents(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion: DocScorer | None = None,
+                       champion_metrics: dict | None = None) -> dict:
+    """The ``documents`` evaluator (the lm task): ``evaluate_lm`` on ``train_dir/model.pt2``."""
+    report = evaluate_lm(Path(train_dir) / "model.pt2", cfg.dataset, root, out_dir, champion,
+                         champion_metrics=champion_metrics, key=task.scoring_key(cfg, root))
+    report["candidate_scored_in"] = "pipeline"
+    return report
+
+
+def score_documents_champion(task, cfg, root: Path, scorer: DocScorer) -> dict:
+    """A registered language model's figures on this run's eval documents."""
+    loss, n_tok = scorer([d.decode("utf-8") for _, d in load_eval_documents(cfg.dataset, root)])
+    return summarise(np.nan_to_num(loss) * n_tok, n_tok)
+
+
 def evaluate_lm(model_pt2: Path, cfg: DatasetConfig, root: Path, out_dir: Path,
-                champion: DocScorer | None = None, threads: int = 1, champion_metrics: dict | None = None) -> dict:
+                champion: DocScorer | None = None, threads: int = 1, champion_metrics: dict | None = None,
+                key: dict | None = None) -> dict:
     """Loss / perplexity / bits per byte of the exported candidate (and the champion) on the eval docs.
 
     The champion's figures are ``champion_metrics`` when given (its recorded scores, see
@@ -127,7 +142,6 @@ def evaluate_lm(model_pt2: Path, cfg: DatasetConfig, root: Path, out_dir: Path,
     torch.set_num_threads(threads)
     out_dir.mkdir(parents=True, exist_ok=True)
     seq_len = cfg.text.seq_len
-    key = scoring_key(cfg, root)
     docs = load_eval_documents(cfg, root)
     module = load_exported(model_pt2)
     loss_sum, n_tok = score_documents(module, [d for _, d in docs], seq_len)
@@ -144,6 +158,6 @@ def evaluate_lm(model_pt2: Path, cfg: DatasetConfig, root: Path, out_dir: Path,
         champ_tokens = np.asarray(c_tok, dtype=np.int64)
         champ = summarise(np.nan_to_num(np.asarray(c_loss, dtype=np.float64)) * champ_tokens, champ_tokens)
     report = {"candidate": cand, "champion": champ, "champion_scores": how, "scoring_key": key,
-              "per_document": per_doc, "files": {}}
+              "baseline": None, "per_document": per_doc, "files": {}}
     (out_dir / "metrics.json").write_text(json.dumps(report, indent=2))
     return report

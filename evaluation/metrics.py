@@ -1,109 +1,11 @@
-"""Scoring a predictor on the held-out split, and single-sample latency."""
+"""Metric code lives with the tasks (``tasks.metrics``); re-exported for callers of the old path."""
 
-from __future__ import annotations
-
-import time
-from pathlib import Path
-from typing import Callable
-
-import numpy as np
-
-Predictor = Callable[[np.ndarray], np.ndarray]  # features [n, f] -> labels [n]
-
-
-def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> dict:
-    """accuracy, macro-F1, per-class recall and the confusion matrix (rows: true, cols: predicted).
-
-    Computed from the confusion matrix with numpy, as scikit-learn's ``recall_score`` /
-    ``f1_score(average="macro", zero_division=0)`` define them (a class with no true or
-    predicted samples scores 0), without importing scikit-learn (about a second).
-    A label outside ``0..n_classes-1`` is ignored, as with scikit-learn's ``labels=``.
-    """
-    y_true = np.asarray(y_true).astype(np.int64, copy=False).ravel()
-    y_pred = np.asarray(y_pred).astype(np.int64, copy=False).ravel()
-    inside = (y_true >= 0) & (y_true < n_classes) & (y_pred >= 0) & (y_pred < n_classes)
-    cm = np.bincount(y_true[inside] * n_classes + y_pred[inside], minlength=n_classes * n_classes)
-    cm = cm.reshape(n_classes, n_classes)
-    tp = np.diag(cm).astype(np.float64)
-    support, predicted = cm.sum(1).astype(np.float64), cm.sum(0).astype(np.float64)
-    recall = np.divide(tp, support, out=np.zeros(n_classes), where=support > 0)
-    denom = 2 * tp + (predicted - tp) + (support - tp)
-    f1 = np.divide(2 * tp, denom, out=np.zeros(n_classes), where=denom > 0)
-    return {
-        "accuracy": float(np.mean(y_true == y_pred)),
-        "macro_f1": float(np.mean(f1)),
-        "class_recall": {str(c): float(r) for c, r in enumerate(recall)},
-        "min_class_recall": float(recall.min()),
-        "confusion_matrix": cm.tolist(),
-        "n": int(len(y_true)),
-    }
-
-
-def latency_p95_ms(predict: Predictor, x: np.ndarray, n: int = 200, warmup: int = 20) -> float:
-    """p95 wall time of one-row predictions, in milliseconds, cycling through ``x``'s rows."""
-    rows = [x[i % len(x)][None, :] for i in range(n + warmup)]
-    times = []
-    for i, row in enumerate(rows):
-        t0 = time.perf_counter()
-        predict(row)
-        if i >= warmup:
-            times.append((time.perf_counter() - t0) * 1000)
-    return float(np.percentile(times, 95))
-
-
-def torch_predictor(module, threads: int = 1) -> Predictor:
-    """Wrap a torch module (e.g. a loaded ``model.pt2``) as features -> labels on CPU."""
-    import torch
-
-    torch.set_num_threads(threads)
-
-    def predict(x: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return module(torch.as_tensor(x, dtype=torch.float32)).argmax(1).numpy()
-
-    return predict
-
-
-# Cell colours run from light to dark blue with the count (matplotlib's "Blues" end points).
-_LIGHT, _DARK = (247, 251, 255), (8, 48, 107)
-
-
-def confusion_layout(n: int) -> tuple[int, int, int]:
-    """``(cell, left, top)`` pixel sizes of an ``n`` x ``n`` matrix's picture."""
-    cell = max(14, min(36, 480 // max(n, 1)))
-    return cell, 56, 44
-
-
-def confusion_png(matrix: list[list[int]], path: Path, title: str) -> Path:
-    """Render the confusion matrix as a PNG: one shaded cell per (true, predicted) pair with its
-    count, rows true and columns predicted, class indices on both axes.
-
-    Drawn with Pillow (milliseconds) rather than matplotlib (about a second to import and draw).
-    """
-    from PIL import Image, ImageDraw, ImageFont
-
-    m = np.asarray(matrix, dtype=np.int64)
-    n = m.shape[0]
-    cell, left, top = confusion_layout(n)
-    width, height = left + n * cell + 12, top + n * cell + 34
-    img = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(img)
-    font = ImageFont.load_default(size=max(8, min(12, cell // 3)))
-    big = ImageFont.load_default(size=13)
-    peak = max(int(m.max()), 1)
-    light, dark = np.asarray(_LIGHT, float), np.asarray(_DARK, float)
-    for (i, j), v in np.ndenumerate(m):
-        x0, y0 = left + j * cell, top + i * cell
-        colour = tuple(int(round(c)) for c in light + (dark - light) * (v / peak))
-        draw.rectangle([x0, y0, x0 + cell - 1, y0 + cell - 1], fill=colour)
-        if cell >= 18:
-            draw.text((x0 + cell / 2, y0 + cell / 2), str(v), anchor="mm", font=font,
-                      fill="white" if v > peak / 2 else "black")
-    for k in range(n):
-        draw.text((left + k * cell + cell / 2, top + n * cell + 3), str(k), anchor="ma", font=font, fill="black")
-        draw.text((left - 4, top + k * cell + cell / 2), str(k), anchor="rm", font=font, fill="black")
-    draw.text((left + n * cell / 2, height - 3), "predicted", anchor="md", font=font, fill="black")
-    draw.text((4, top - 4), "true", anchor="ld", font=font, fill="black")
-    draw.text((width / 2, 4), title, anchor="ma", font=big, fill="black")
-    img.save(path, format="PNG")
-    return path
+from tasks.metrics import (  # noqa: F401
+    Predictor,
+    classification_metrics,
+    confusion_layout,
+    confusion_png,
+    latency_p95_ms,
+    regression_metrics,
+    torch_predictor,
+)

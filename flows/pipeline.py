@@ -30,10 +30,6 @@ def _transient(task_, task_run, state) -> bool:
 
 
 TASK = dict(cache_policy=NO_CACHE, retry_condition_fn=_transient)
-# Candidate / champion metrics in the summary and MLflow, per dataset kind.
-METRIC_KEYS = {"tabular": ("accuracy", "macro_f1", "min_class_recall", "latency_p95_ms"),
-               "text": ("loss", "perplexity", "bits_per_byte", "latency_p95_ms")}
-CHAMPION_KEYS = {"tabular": ("accuracy", "macro_f1"), "text": ("perplexity", "bits_per_byte")}
 
 
 @dataclass
@@ -41,6 +37,7 @@ class RunContext:
     """What every stage needs; built once by ``resolve``."""
 
     cfg: PipelineConfig
+    task: object  # tasks.base.Task: everything that differs between kinds of problem
     root: Path
     home: Path
     tracking_uri: str
@@ -68,6 +65,9 @@ def load_inputs(params: PipelineParams) -> tuple[PipelineConfig, Path, Path, Man
     if not cfg_path.is_absolute() and not cfg_path.exists():
         cfg_path = root / cfg_path
     cfg = load_config(cfg_path, params.all_overrides())
+    from tasks import task_for
+
+    task_for(cfg)  # the config fits its task, or a ConfigError names the key
     home = trainflow_home(root)
     apply_offline_env(home)  # before mlflow is imported: telemetry is decided at import
     # strategy / cpu_workers "auto" become concrete here, so the manifest records the real world.
@@ -101,7 +101,9 @@ def resolve(params: PipelineParams) -> RunContext:
     (out / "manifest.json").write_text(json.dumps(manifest.to_dict(), indent=2))
     get_run_logger().info("config %s (%s), data %s, mlflow run %s", cfg.name, cfg.config_id()[:12],
                           manifest.data.md5, run_id)
-    return RunContext(cfg, root, home, uri, run_id, manifest, out)
+    from tasks import get_task
+
+    return RunContext(cfg, get_task(cfg.task), root, home, uri, run_id, manifest, out)
 
 
 def _validation_cache_key(task_ctx, inputs: dict) -> str:
@@ -110,28 +112,31 @@ def _validation_cache_key(task_ctx, inputs: dict) -> str:
 
 @task(name="run-expectations", timeout_seconds=300, cache_key_fn=_validation_cache_key, persist_result=True,
       retry_condition_fn=_transient)
-def run_expectations(dataset, root: str, data_key: str, suite_key: str, report_dir: str) -> dict:
-    """Run the GX suite on the workspace data. Cached on (data bytes hash, suite hash): the same
+def run_expectations(plan, data_key: str, suite_key: str, report_dir: str) -> dict:
+    """Run the task's validation plan with GX. Cached on (data bytes hash, suite hash): the same
     data checked by the same suite is never validated twice, whichever run asks."""
-    from validation.suite import load_splits, validate_dataset
+    from validation.plans import run_plan
 
-    return validate_dataset(dataset, load_splits(dataset, Path(root)), Path(report_dir))
+    return run_plan(plan, Path(report_dir))
 
 
 @task(name="validate", timeout_seconds=360, **TASK)
 def validate(ctx: RunContext) -> dict:
-    """Run the GX suite (or reuse its cached result); raise DataValidationError (stops the flow)
-    on any failed expectation."""
+    """Run the task's validation plan (or reuse its cached result); raise DataValidationError
+    (stops the flow) on any failed expectation."""
     import shutil
 
     from registry import store
-    from validation.suite import data_hash, suite_hash, summary_markdown
+    from validation.plans import data_key as plan_data_key
+    from validation.plans import suite_key as plan_suite_key
+    from validation.report import summary_markdown
 
-    data_key, suite_key = data_hash(ctx.cfg.dataset, ctx.root), suite_hash(ctx.cfg.dataset)
+    plan = ctx.task.validation_plan(ctx.cfg, ctx.root)
+    data_key, suite_key = plan_data_key(plan), plan_suite_key(plan)
     # Content-addressed, like the cache key, so a cached report's files still describe this data.
     cache_dir = ctx.home / "validation" / f"{data_key[:16]}-{suite_key[:16]}"
     state = run_expectations.with_options(result_storage=ctx.home / "prefect-results")(
-        ctx.cfg.dataset, str(ctx.root), data_key, suite_key, str(cache_dir), return_state=True)
+        plan, data_key, suite_key, str(cache_dir), return_state=True)
     report = dict(state.result())
     report["cached"] = state.name == "Cached"
     if report["cached"]:
@@ -232,38 +237,28 @@ def train(ctx: RunContext, nproc: int) -> dict:
 
 @task(name="evaluate", timeout_seconds=300, retries=1, **TASK)
 def evaluate(ctx: RunContext, result: dict) -> dict:
-    """Score the candidate and the current champion on the same test split.
+    """Score the candidate, the current champion and the task's trivial baseline on the same split.
 
     The champion's scores are the ones recorded on its version at registration when they were
     measured on the same split bytes by the same metric code (``evaluation.recorded``); else it
     is loaded through the registry and rescored. ``report["champion_scores"]`` says which.
     """
-    if ctx.cfg.dataset.kind == "text":
-        return _evaluate_lm(ctx, result)
-    import pandas as pd
-
     from evaluation.evaluate import evaluate as run_eval
-    from evaluation.evaluate import worker_scores
     from registry import models, store
-    from training.launcher import SCORES_FILE
 
-    feature_cols = ctx.cfg.dataset.feature_columns
     champ, recorded = _champion_and_record(ctx)
-    champ_predict = None
+    loaded = None
     if champ is not None and recorded is None:
         loaded = models.load_predictor(ctx.cfg.registry.model_name, "champion")
-        champ_predict = (lambda x: loaded(pd.DataFrame(x, columns=feature_cols))) if loaded else None
-    pt2 = Path(result["out_dir"]) / result["model_pt2"]
-    scored = worker_scores(Path(result["out_dir"]) / SCORES_FILE, pt2, ctx.cfg.dataset, ctx.root)
-    report = run_eval(pt2, ctx.cfg.dataset, ctx.root, ctx.out_dir / "evaluation", champ_predict, recorded, scored)
+    report = run_eval(ctx.task, ctx.cfg, ctx.root, Path(result["out_dir"]), ctx.out_dir / "evaluation",
+                      loaded, recorded)
     report["champion_version"] = champ["version"] if champ else None
-    # Logits per row the worker saw running this program file: registration's output check.
-    report["program_outputs"] = scored["logits_shape"][1] if report["candidate_scored_in"] == "worker" else None
     cand = report["candidate"]
-    store.log_metrics(ctx.run_id, {f"test/{k}": cand[k] for k in
-                                   ("accuracy", "macro_f1", "min_class_recall", "latency_p95_ms")})
+    store.log_metrics(ctx.run_id, {f"test/{m.name}": cand[m.name] for m in ctx.task.metrics})
     if report["champion"]:
-        store.log_metrics(ctx.run_id, {f"champion/{k}": report["champion"][k] for k in ("accuracy", "macro_f1")})
+        store.log_metrics(ctx.run_id, {f"champion/{k}": report["champion"][k] for k in ctx.task.champion_metrics})
+    if report.get("baseline") and ctx.task.primary:
+        store.log_metrics(ctx.run_id, {f"baseline/{ctx.task.primary}": report["baseline"][ctx.task.primary]})
     _log_champion_scores(ctx, report)
     store.log_file(ctx.run_id, ctx.out_dir / "evaluation", "evaluation")
     return report
@@ -272,13 +267,13 @@ def evaluate(ctx: RunContext, result: dict) -> dict:
 def _champion_and_record(ctx: RunContext) -> tuple[dict | None, dict | None]:
     """The champion (``champion_version``'s dict or None) and its recorded scores when they hold for
     this run's evaluation split and metric code (else None: rescore it)."""
-    from evaluation.recorded import recorded_metrics, scoring_key
+    from evaluation.recorded import recorded_metrics
     from registry import models
 
     champ = models.champion_version(ctx.cfg.registry.model_name)
     if champ is None:
         return None, None
-    return champ, recorded_metrics(champ["tags"], scoring_key(ctx.cfg.dataset, ctx.root), ctx.cfg.dataset.kind)
+    return champ, recorded_metrics(champ["tags"], ctx.task.scoring_key(ctx.cfg, ctx.root), ctx.task.recorded_keys())
 
 
 def _log_champion_scores(ctx: RunContext, report: dict) -> None:
@@ -292,25 +287,6 @@ def _log_champion_scores(ctx: RunContext, report: dict) -> None:
                    if report["champion_scores"] == "recorded" else "loaded and rescored on this test split")
 
 
-def _evaluate_lm(ctx: RunContext, result: dict) -> dict:
-    """The language model's loss / perplexity on the eval documents, and the champion's."""
-    from evaluation.lm import evaluate_lm
-    from registry import models, store
-
-    name = ctx.cfg.registry.model_name
-    champ, recorded = _champion_and_record(ctx)
-    scorer = models.load_predictor(name, "champion") if champ is not None and recorded is None else None
-    report = evaluate_lm(Path(result["out_dir"]) / result["model_pt2"], ctx.cfg.dataset, ctx.root,
-                         ctx.out_dir / "evaluation", scorer, champion_metrics=recorded)
-    report["champion_version"] = champ["version"] if champ else None
-    store.log_metrics(ctx.run_id, {f"test/{k}": report["candidate"][k] for k in METRIC_KEYS["text"]})
-    if report["champion"]:
-        store.log_metrics(ctx.run_id, {f"champion/{k}": report["champion"][k] for k in CHAMPION_KEYS["text"]})
-    _log_champion_scores(ctx, report)
-    store.log_file(ctx.run_id, ctx.out_dir / "evaluation", "evaluation")
-    return report
-
-
 @task(name="gate", timeout_seconds=60, **TASK)
 def gate(ctx: RunContext, report: dict) -> dict:
     """Decide; raise GateRejectedError with every reason when any check fails."""
@@ -318,7 +294,8 @@ def gate(ctx: RunContext, report: dict) -> dict:
     from evaluation.report import gate_markdown
     from registry import store
 
-    decision = decide(report["candidate"], ctx.cfg.gates, report["champion"], report["champion_version"])
+    decision = decide(ctx.task, report["candidate"], ctx.cfg.gates, report["champion"], report["champion_version"],
+                      report.get("baseline"))
     md = gate_markdown(decision, report["candidate"], report["champion"])
     (ctx.out_dir / "evaluation" / "gate.md").write_text(md)
     store.log_json(ctx.run_id, decision.to_dict(), "evaluation/gate.json")
@@ -331,11 +308,21 @@ def gate(ctx: RunContext, report: dict) -> dict:
 
 @task(name="register", timeout_seconds=300, retries=2, retry_delay_seconds=2, **TASK)
 def register(ctx: RunContext, result: dict, report: dict) -> dict:
-    """Log the pyfunc model, register a version tagged with the manifest, set aliases."""
+    """Log the task's pyfunc model, register a version tagged with the manifest, set aliases."""
+    from evaluation.recorded import record_tags
     from registry import models
 
-    log_version = _log_lm if ctx.cfg.dataset.kind == "text" else _log_classifier
-    reg = log_version(ctx, result, report)
+    pt2 = Path(result["out_dir"]) / result["model_pt2"]
+    spec = ctx.task.model_spec(ctx.cfg, ctx.root, Path(result["out_dir"]), report)
+    if not spec.checked:
+        ctx.task.check_program(pt2, spec)
+    cand = report["candidate"]
+    tags = {**ctx.manifest.tags(), "weights_sha256": result["weights_sha256"], "mlflow_run_id": ctx.run_id,
+            "trainflow.task": ctx.task.name,
+            **{f"test_{k}": f"{cand[k]:.6f}" for k in ctx.task.champion_metrics},
+            **(record_tags(report["scoring_key"], cand, ctx.task.recorded_keys()) if report.get("scoring_key") else {})}
+    reg = models.log_version(ctx.run_id, pt2, ctx.cfg.registry.model_name, spec, tags,
+                             description=ctx.task.describe(ctx.cfg, cand))
     promo = None
     if ctx.cfg.registry.promotion == "auto":
         promo = models.promote_if(reg["name"], reg["version"], lambda current: _deserves(ctx, report, current),
@@ -347,56 +334,6 @@ def register(ctx: RunContext, result: dict, report: dict) -> dict:
     _md("registration", f"# Registered {reg['name']} v{reg['version']}\n\naliases: {', '.join(reg['aliases'])}\n"
         + (f"\npromotion: {promo['reason']}\n" if promo else ""), "MLflow model version")
     return reg
-
-
-def _log_classifier(ctx: RunContext, result: dict, report: dict) -> dict:
-    import pandas as pd
-
-    from evaluation.evaluate import load_test_split
-    from registry import models
-
-    ds = ctx.cfg.dataset
-    x, _ = load_test_split(ds, ctx.root)
-    example = pd.DataFrame(x[:5], columns=ds.feature_columns)
-    tags = {**ctx.manifest.tags(), "test_accuracy": f"{report['candidate']['accuracy']:.6f}",
-            "weights_sha256": result["weights_sha256"], "mlflow_run_id": ctx.run_id, **_record_tags(ctx, report)}
-    return models.log_model_version(
-        ctx.run_id, Path(result["out_dir"]) / result["model_pt2"], ctx.cfg.registry.model_name,
-        ds.feature_columns, list(range(ds.n_classes)), example, tags,
-        description=f"{ctx.cfg.name}: test accuracy {report['candidate']['accuracy']:.4f}",
-        program_outputs=report.get("program_outputs"),
-    )
-
-
-def _log_lm(ctx: RunContext, result: dict, report: dict) -> dict:
-    """The text-scoring pyfunc; its input example is the start of a few eval documents."""
-    import pandas as pd
-
-    from evaluation.lm import load_eval_documents
-    from registry import models
-
-    docs = load_eval_documents(ctx.cfg.dataset, ctx.root)[:3]
-    example = pd.DataFrame({"text": [d[:512].decode("utf-8", "ignore") for _, d in docs]})
-    cand = report["candidate"]
-    tags = {**ctx.manifest.tags(), "test_perplexity": f"{cand['perplexity']:.6f}",
-            "test_bits_per_byte": f"{cand['bits_per_byte']:.6f}",
-            "weights_sha256": result["weights_sha256"], "mlflow_run_id": ctx.run_id, **_record_tags(ctx, report)}
-    return models.log_lm_version(
-        ctx.run_id, Path(result["out_dir"]) / result["model_pt2"], ctx.cfg.registry.model_name,
-        ctx.cfg.dataset.text.seq_len, example, tags,
-        description=f"{ctx.cfg.name}: eval perplexity {cand['perplexity']:.4f} "
-                    f"({cand['bits_per_byte']:.4f} bits/byte)",
-    )
-
-
-def _record_tags(ctx: RunContext, report: dict) -> dict:
-    """Tags recording the candidate's scores on its version, for later runs to reuse
-    (``evaluation.recorded``); none when the report has no scoring key."""
-    from evaluation.recorded import record_tags
-
-    if not report.get("scoring_key"):
-        return {}
-    return record_tags(report["scoring_key"], report["candidate"], ctx.cfg.dataset.kind)
 
 
 def promotion_lock(tracking_uri: str, home: Path, model_name: str) -> Path:
@@ -418,51 +355,41 @@ def _deserves(ctx: RunContext, report: dict, current: dict | None) -> tuple[bool
     When the champion is still the one evaluated beside the candidate, those scores decide;
     when another run promoted meanwhile, the new champion's recorded scores decide if they hold
     for this run's evaluation split and metric code, else it is scored on that split.
-    Classifiers compare accuracy then macro-F1, language models eval perplexity.
+    The task's champion metrics are compared in order, each in its direction.
     """
-    from evaluation.gates import beats, beats_lm
+    from evaluation.gates import beats
     from evaluation.recorded import recorded_metrics
 
-    kind = ctx.cfg.dataset.kind
-    compare = beats_lm if kind == "text" else beats
+    task = ctx.task
     if current is None:
-        return compare(report["candidate"], None)
+        return beats(task, report["candidate"], None)
     if current["version"] == report.get("champion_version") and report.get("champion"):
-        return compare(report["candidate"], report["champion"])
-    champ = recorded_metrics(current.get("tags"), report["scoring_key"], kind) if report.get("scoring_key") else None
+        return beats(task, report["candidate"], report["champion"])
+    champ = (recorded_metrics(current.get("tags"), report["scoring_key"], task.recorded_keys())
+             if report.get("scoring_key") else None)
     how = "its recorded scores"
     if champ is None:
         champ, how = _score_champion(ctx), "rescored"
-    ok, reason = compare(report["candidate"], champ)
+    ok, reason = beats(task, report["candidate"], champ)
     return ok, f"champion moved to v{current['version']} since evaluation ({how}); {reason}"
 
 
 def _score_champion(ctx: RunContext) -> dict:
     """The current champion's scores on this run's evaluation split, loaded through the registry."""
+    from evaluation.evaluate import score_champion
     from registry import models
 
-    predictor = models.load_predictor(ctx.cfg.registry.model_name, "champion")
-    if ctx.cfg.dataset.kind == "text":
-        import numpy as np
-
-        from evaluation.lm import load_eval_documents, summarise
-
-        loss, n_tok = predictor([d.decode("utf-8") for _, d in load_eval_documents(ctx.cfg.dataset, ctx.root)])
-        return summarise(np.nan_to_num(loss) * n_tok, n_tok)
-    from evaluation.evaluate import load_test_split
-    from evaluation.metrics import classification_metrics
-
-    x, y = load_test_split(ctx.cfg.dataset, ctx.root)
-    return classification_metrics(y, predictor(x), ctx.cfg.dataset.n_classes)
+    return score_champion(ctx.task, ctx.cfg, ctx.root, models.load_predictor(ctx.cfg.registry.model_name, "champion"))
 
 
 def _training_md(r: dict) -> str:
-    rows = "\n".join(f"| {h['epoch']} | {h['train_loss']:.4f} | {h['val_accuracy']:.4f} | {h['samples_per_s']:,.0f} |"
+    rows = "\n".join(f"| {h['epoch']} | {h['train_loss']:.4f} | {h['val_loss']:.4f} | "
+                     + ("-" if h["val_accuracy"] is None else f"{h['val_accuracy']:.4f}") + f" | {h['samples_per_s']:,.0f} |"
                      for h in r["history"])
     return (f"# Training: {r['status']}\n\nworld size {r['world_size']} ({r['backend']}), global batch "
             f"{r['global_batch']}, effective lr {r['effective_lr']:.5f}, restarts {r['restarts']}, "
             f"wall {r['wall_s']:.1f}s, weights sha256 `{r['weights_sha256'][:16]}`\n\n"
-            f"| epoch | train loss | val acc | samples/s |\n|---|---|---|---|\n{rows}\n")
+            f"| epoch | train loss | val loss | val acc | samples/s |\n|---|---|---|---|---|\n{rows}\n")
 
 
 # -- the flow ---------------------------------------------------------------------------
@@ -520,11 +447,14 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
                                                        "global_batch", "effective_lr", "weights_sha256", "wall_s",
                                                        "resumed_from_step", "checkpoint_stall_frac", "started_early")}
         ev = timed("evaluate", evaluate, ctx, result)
-        cand, kind = ev["candidate"], ctx.cfg.dataset.kind
-        summary["metrics"] = {k: cand[k] for k in METRIC_KEYS[kind]}
-        summary["candidate_scored_in"] = ev.get("candidate_scored_in")  # "worker" | "pipeline" (LM: None)
+        cand = ev["candidate"]
+        summary["metrics"] = {m.name: cand[m.name] for m in ctx.task.metrics}
+        summary["candidate_scored_in"] = ev.get("candidate_scored_in")  # "worker" | "pipeline"
         summary["champion"] = {"version": ev["champion_version"], "scores": ev.get("champion_scores"),
-                               **({k: ev["champion"][k] for k in CHAMPION_KEYS[kind]} if ev["champion"] else {})}
+                               **({k: ev["champion"][k] for k in ctx.task.champion_metrics} if ev["champion"] else {})}
+        if ev.get("baseline") and ctx.task.primary:
+            summary["baseline"] = {"predictor": ev["baseline"]["predictor"],
+                                   ctx.task.primary: ev["baseline"][ctx.task.primary]}
         try:
             decision = timed("gate", gate, ctx, ev)
         except GateRejectedError as exc:

@@ -53,12 +53,13 @@ def _drift_check(cfg, root: Path, champ: dict) -> dict:
 
     from core.versions import read_tracked_file
     from validation.drift import drift_report
-    from validation.suite import load_splits
+    from tasks.table import FORMATS, feature_columns, read_table
 
     tags = champ["tags"]
     ds = _champion_dataset(champ.get("run_id"), cfg.dataset)
     out_root = Path(ds.dvc_file).parent / tags.get("data_dvc_path", "")
-    train_path = Path(ds.path) / ds.train_file
+    # The training file (or the one file both splits come from), then and now.
+    train_path = Path(ds.path) / (ds.split_files.get("train") or ds.split_files["all"])
     try:
         relpath = train_path.relative_to(out_root).as_posix()
     except ValueError:
@@ -66,9 +67,12 @@ def _drift_check(cfg, root: Path, champ: dict) -> dict:
                                    f"output {out_root}") from None
     raw = read_tracked_file(root, tags["data_md5"], relpath, rev=tags.get("data_rev"),
                             dvc_file=ds.dvc_file, path_in_repo=train_path.as_posix())
-    reference = pd.read_csv(io.BytesIO(raw))
-    current = load_splits(cfg.dataset, root)["train"]
-    return drift_report(reference, current, cfg.dataset.feature_columns, cfg.retrain)
+    parquet = FORMATS.get(train_path.suffix.lower()) == "parquet"
+    reference = pd.read_parquet(io.BytesIO(raw)) if parquet else pd.read_csv(io.BytesIO(raw))
+    current = read_table(Path(root) / cfg.dataset.path / (cfg.dataset.split_files.get("train")
+                                                          or cfg.dataset.split_files["all"]))
+    return drift_report(reference, current, feature_columns(cfg.dataset, [str(c) for c in current.columns]),
+                        cfg.retrain)
 
 
 @task(name="decide", timeout_seconds=300, **TASK)

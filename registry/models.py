@@ -1,7 +1,7 @@
-"""Log, register, promote and load the classifier through the MLflow model registry.
+"""Log, register, promote and load models through the MLflow model registry.
 
-The model is a pyfunc logged *from code* (``registry/pyfunc_model.py``) around
-the ``torch.export`` program, so loading it needs mlflow, torch, pandas and
+The model is a pyfunc logged *from code* (the task's file, e.g. ``tasks/pyfunc_table.py``)
+around the ``torch.export`` program, so loading it needs mlflow, torch, pandas and
 numpy but no project code and no pickle. Versions are addressed by alias only
 (``@challenger`` for the newest registered version, ``@champion`` for the one
 serving); registry stages are never used.
@@ -24,9 +24,7 @@ from registry.values import MAX_MODEL_TAG_VALUE_LENGTH, MAX_TAG_VALUE_LENGTH, cl
 CHALLENGER = "challenger"
 CHAMPION = "champion"
 ARTIFACT_NAME = "model"
-PYFUNC_FILE = Path(__file__).with_name("pyfunc_model.py")
-PYFUNC_LM_FILE = Path(__file__).with_name("pyfunc_lm.py")
-# Model metadata key telling a loader what the pyfunc takes ("lm": a text column).
+# Model metadata key telling a loader what the pyfunc takes ("lm": a text column; see tasks/lm.py).
 KIND_KEY = "trainflow_kind"
 # Rows of the input example stored with the model (enough to document the shape).
 MAX_EXAMPLE_ROWS = 5
@@ -59,91 +57,6 @@ def pip_requirements() -> list[str]:
     ]
 
 
-def _check_features(feature_columns: Sequence[str]) -> list[str]:
-    features = [str(c) for c in feature_columns]
-    if not features:
-        raise ValueError("feature_columns is empty")
-    if len(set(features)) != len(features):
-        raise ValueError("feature_columns has duplicates")
-    return features
-
-
-def _check_labels(class_labels: Sequence[int]) -> list[int]:
-    import numbers
-
-    labels = list(class_labels)
-    if not labels:
-        raise ValueError("class_labels is empty")
-    for label in labels:
-        if isinstance(label, bool) or not isinstance(label, numbers.Integral):
-            raise ValueError(f"class_labels must be integers, got {label!r}")
-    labels = [int(x) for x in labels]
-    if len(set(labels)) != len(labels):
-        raise ValueError("class_labels has duplicates")
-    return labels
-
-
-def _example_frame(input_example, features: list[str]):
-    """The first rows of ``input_example``'s feature columns, as float64."""
-    import numpy as np
-    import pandas as pd
-
-    if not isinstance(input_example, pd.DataFrame):
-        raise TypeError(f"input_example must be a pandas DataFrame, got {type(input_example).__name__}")
-    missing = [c for c in features if c not in input_example.columns]
-    if missing:
-        raise ValueError(f"input_example lacks feature columns {missing[:5]}"
-                         + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
-    if input_example.empty:
-        raise ValueError("input_example has no rows")
-    try:
-        example = input_example[features].head(MAX_EXAMPLE_ROWS).astype("float64")
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"input_example feature columns are not numeric: {exc}") from None
-    if not np.isfinite(example.to_numpy()).all():
-        raise ValueError("input_example has NaN or infinite feature values")
-    return example.reset_index(drop=True)
-
-
-def _example_labels(model_pt2: Path, example, labels: list[int]):
-    """Run the program on the example: it must give ``[rows, len(class_labels)]`` logits."""
-    import numpy as np
-    import torch
-
-    try:
-        with _MODEL_CODE_LOCK:
-            program = torch.export.load(str(model_pt2)).module()
-    except Exception as exc:
-        raise ValueError(f"{model_pt2}: not a loadable torch.export program: {exc}") from exc
-    x = torch.tensor(example.to_numpy(dtype=np.float32))
-    with torch.inference_mode():
-        logits = program(x)
-    if logits.ndim != 2 or logits.shape[0] != len(example) or logits.shape[1] != len(labels):
-        raise ValueError(
-            f"{model_pt2}: maps [{len(example)}, {x.shape[1]}] inputs to {list(logits.shape)}, "
-            f"expected [{len(example)}, {len(labels)}] logits (one per class label)"
-        )
-    return np.asarray(labels, dtype=np.int64)[logits.argmax(dim=1).numpy()]
-
-
-def _signature(features: list[str]):
-    """Named feature columns of any numeric type in; int64 labels out.
-
-    The columns are typed ``Any`` rather than ``double``: MLflow's schema check
-    refuses int64 columns for a ``double`` column (only int32 and smaller are
-    "safe"), and pixel data read from CSV is int64. ``predict`` casts to float32
-    itself and rejects non-numeric or non-finite values.
-    """
-    import numpy as np
-    from mlflow.models.signature import ModelSignature
-    from mlflow.types.schema import AnyType, ColSpec, Schema, TensorSpec
-
-    return ModelSignature(
-        inputs=Schema([ColSpec(AnyType(), name) for name in features]),
-        outputs=Schema([TensorSpec(np.dtype("int64"), (-1,))]),
-    )
-
-
 def _ensure_registered_model(c, model_name: str) -> None:
     try:
         c.create_registered_model(model_name)
@@ -167,6 +80,31 @@ class _Pyfunc:
         import mlflow.pyfunc
 
         return mlflow.pyfunc.save_model(*args, **kwargs)
+
+
+def signature(spec):
+    """The MLflow signature of a task's ``ModelSpec``: typed input columns, typed outputs."""
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types.schema import ColSpec, Schema
+
+    return ModelSignature(inputs=Schema([ColSpec(t, name) for name, t in spec.inputs]),
+                          outputs=Schema([ColSpec(t, name) for name, t in spec.outputs]))
+
+
+def log_version(run_id: str, model_pt2: Path, model_name: str, spec, manifest_tags: Mapping[str, Any],
+                description: str = "") -> dict:
+    """Log the task's pyfunc (``spec``: a ``tasks.base.ModelSpec``) over ``model_pt2`` to ``run_id``,
+    register it as a new version of ``model_name`` tagged with the manifest, alias it ``@challenger``.
+
+    Returns ``{"name", "version", "model_uri", "run_id", "model_id"}``.
+    """
+    model_pt2 = Path(model_pt2)
+    if not model_pt2.is_file():
+        raise FileNotFoundError(f"model program not found: {model_pt2}")
+    example = spec.example.head(MAX_EXAMPLE_ROWS).reset_index(drop=True)
+    return _log_and_register(run_id, model_name, model_pt2, spec.meta, spec.python_model, signature(spec), example,
+                             manifest_tags, description, metadata=spec.metadata or None,
+                             validate_serving=not spec.checked)
 
 
 def _log_and_register(run_id: str, model_name: str, model_pt2: Path, meta: dict, python_model: Path,
@@ -228,44 +166,6 @@ def _log_and_register(run_id: str, model_name: str, model_pt2: Path, meta: dict,
         "run_id": run_id,
         "model_id": logged.model_id,
     }
-
-
-def log_model_version(
-    run_id: str,
-    model_pt2: Path,
-    model_name: str,
-    feature_columns: list[str],
-    class_labels: list[int],
-    input_example,
-    manifest_tags: Mapping[str, Any],
-    description: str = "",
-    program_outputs: int | None = None,
-) -> dict:
-    """Log the program as a pyfunc model of ``run_id``, register it, tag it, alias it ``@challenger``.
-
-    The program is run on the example first: it must give one logit per class label. A caller
-    that has just run this very file on whole splits (the training worker's scoring) passes the
-    logits per row it saw as ``program_outputs``; when that equals the label count the check
-    holds already, and the program is not loaded here, neither by this check nor by MLflow's
-    serving check of the logged model (no torch import in this process).
-
-    Returns ``{"name", "version", "model_uri", "run_id", "model_id"}`` where
-    ``model_uri`` is ``models:/<name>/<version>``.
-    """
-    model_pt2 = Path(model_pt2)
-    if not model_pt2.is_file():
-        raise FileNotFoundError(f"model program not found: {model_pt2}")
-    features = _check_features(feature_columns)
-    labels = _check_labels(class_labels)
-    example = _example_frame(input_example, features)
-    checked = program_outputs == len(labels)
-    if not checked:
-        _example_labels(model_pt2, example, labels)
-
-    meta = {"format": "torch.export", "input_dtype": "float32", "feature_columns": features, "class_labels": labels}
-    return _log_and_register(run_id, model_name, model_pt2, meta, PYFUNC_FILE, _signature(features), example,
-                             manifest_tags, description,
-                             validate_serving=not checked)
 
 
 def promote(model_name: str, version: str, alias: str = CHAMPION) -> None:
@@ -351,9 +251,10 @@ class _Loaded:
 
 
 class Predictor(_Loaded):
-    """A loaded registry model: ``predictor(features) -> int64 labels``.
+    """A loaded registry model of a table: ``predictor(features) -> predictions`` (the original
+    class labels, or regression values).
 
-    ``features`` is a DataFrame holding the feature columns (int or float), or a
+    ``features`` is a DataFrame holding the feature columns (by name, in their own types), or a
     ``[rows, n_features]`` array in feature-column order.
     """
 
@@ -371,59 +272,10 @@ class Predictor(_Loaded):
             if values.ndim == 1:
                 values = values[None, :]
             features = pd.DataFrame(values, columns=self.feature_columns)
-        return np.asarray(self.pyfunc.predict(features), dtype=np.int64)
+        return np.asarray(self.pyfunc.predict(features))
 
     def __repr__(self) -> str:
         return f"Predictor({self.name}@{self.alias} = version {self.version})"
-
-
-def _lm_signature():
-    from mlflow.models.signature import ModelSignature
-    from mlflow.types.schema import ColSpec, Schema
-
-    return ModelSignature(
-        inputs=Schema([ColSpec("string", "text")]),
-        outputs=Schema([ColSpec("double", "loss"), ColSpec("double", "perplexity"), ColSpec("long", "n_tokens")]),
-    )
-
-
-def log_lm_version(
-    run_id: str,
-    model_pt2: Path,
-    model_name: str,
-    seq_len: int,
-    input_example,
-    manifest_tags: Mapping[str, Any],
-    description: str = "",
-) -> dict:
-    """Log a byte-level LM program as a text-scoring pyfunc (``registry/pyfunc_lm.py``), register
-    it, tag it, alias it ``@challenger``. ``input_example``: a DataFrame with a ``text`` column.
-
-    Returns the same dict as :func:`log_model_version`.
-    """
-    import pandas as pd
-    import torch
-
-    model_pt2 = Path(model_pt2)
-    if not model_pt2.is_file():
-        raise FileNotFoundError(f"model program not found: {model_pt2}")
-    if not isinstance(input_example, pd.DataFrame) or "text" not in input_example.columns or input_example.empty:
-        raise ValueError("input_example must be a non-empty DataFrame with a 'text' column")
-    example = input_example[["text"]].head(MAX_EXAMPLE_ROWS).reset_index(drop=True)
-    try:
-        with _MODEL_CODE_LOCK:
-            program = torch.export.load(str(model_pt2)).module()
-    except Exception as exc:
-        raise ValueError(f"{model_pt2}: not a loadable torch.export program: {exc}") from exc
-    with torch.inference_mode():
-        logits = program(torch.zeros((1, seq_len), dtype=torch.int64))
-    if tuple(logits.shape) != (1, seq_len, 256):
-        raise ValueError(f"{model_pt2}: maps [1, {seq_len}] tokens to {list(logits.shape)}, "
-                         f"expected [1, {seq_len}, 256] byte logits")
-
-    meta = {"format": "torch.export", "input_dtype": "int64", "seq_len": int(seq_len), "vocab": "utf-8 bytes"}
-    return _log_and_register(run_id, model_name, model_pt2, meta, PYFUNC_LM_FILE, _lm_signature(), example,
-                             manifest_tags, description, metadata={KIND_KEY: "lm"})
 
 
 class TextScorer(_Loaded):

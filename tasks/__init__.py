@@ -1,0 +1,62 @@
+"""Tasks: the one place that knows a kind of problem (see ``tasks.base``).
+
+Built in: ``classification`` and ``regression`` of a table's named columns, and ``lm`` (a
+byte-level language model of a text corpus). A package adds its own under the entry-point
+group ``trainflow.tasks`` (``name = "module:TaskClass"``). A task is chosen once, by the
+config's ``task`` key; configs are committed files, never deployment parameters.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from core.errors import ConfigError
+
+ENTRY_POINT_GROUP = "trainflow.tasks"
+BUILTIN = {
+    "classification": "tasks.tabular:Classification",
+    "regression": "tasks.tabular:Regression",
+    "lm": "tasks.lm:LanguageModel",
+}
+
+
+def _load(ref: str):
+    module, _, attr = ref.partition(":")
+    return getattr(import_module(module), attr)
+
+
+def _plugins() -> dict:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def get_task(name: str):
+    """The task called ``name``: a built-in, else one registered under ``trainflow.tasks``.
+    Raises ConfigError (``task: ...``) naming what is available."""
+    from tasks.base import Task
+
+    if name in BUILTIN:
+        obj = _load(BUILTIN[name])
+    else:
+        plugins = _plugins()
+        if name not in plugins:
+            known = sorted(BUILTIN) + sorted(plugins)
+            raise ConfigError(f"task: unknown task {name!r}; available: {', '.join(known)} "
+                              f"(a package adds one under the {ENTRY_POINT_GROUP!r} entry-point group)")
+        try:
+            obj = plugins[name].load()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin is a config problem to report
+            raise ConfigError(f"task: {name!r} could not be loaded from {plugins[name].value}: "
+                              f"{type(exc).__name__}: {exc}") from None
+    task = obj() if isinstance(obj, type) else obj
+    if not isinstance(task, Task):
+        raise ConfigError(f"task: {name!r} is not a tasks.base.Task (got {type(task).__name__})")
+    return task
+
+
+def task_for(cfg):
+    """The config's task, after checking that the config fits it (ConfigError naming the key)."""
+    task = get_task(cfg.task)
+    task.check_config(cfg)
+    return task

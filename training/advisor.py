@@ -75,18 +75,27 @@ def _leaf_outputs(model, cfg: PipelineConfig) -> dict[str, int]:
     handles = [m.register_forward_hook(hook_for(n)) for n, m in leaves.items()]
     try:
         with torch.no_grad():
-            model.eval()(example_input(cfg.model, cfg.dataset, batch=1))
+            model.eval()(example_input(cfg, _info(cfg), batch=1))
     finally:
         for h in handles:
             h.remove()
     return out_elems
 
 
+def _info(cfg: PipelineConfig) -> dict:
+    """The data facts a model is built from, for sizing it (the task's; tables read their train split)."""
+    from core.paths import project_root
+
+    from tasks import get_task
+
+    return get_task(cfg.task).info(cfg, project_root())
+
+
 def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
     """(parameters, largest leaf module's parameters, activation elements per sample)."""
     from training.models import build_model
 
-    model = build_model(cfg.model, cfg.dataset)
+    model = build_model(cfg, _info(cfg))
     n_params = sum(p.numel() for p in model.parameters())
     leaves = [m for m in model.modules() if not list(m.children())]
     largest = max((sum(p.numel() for p in m.parameters()) for m in leaves), default=0)
@@ -439,7 +448,7 @@ def lm_profile(cfg: PipelineConfig) -> dict:
 
     from training.models import build_model
 
-    model = build_model(cfg.model, cfg.dataset)
+    model = build_model(cfg, _info(cfg))
     batch = cfg.training.batch_size
     out_elems = _leaf_outputs(model, cfg)
     leaves = {n: m for n, m in model.named_modules() if n and not list(m.children())}

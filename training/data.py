@@ -1,7 +1,7 @@
 """Loading the dataset splits into tensors, and the deterministic train/val split.
 
-Tabular (``dataset.kind: tabular``): CSV features float32 ``[n, f]`` and int64 labels ``[n]``.
-Text (``dataset.kind: text``): byte tokens. Each document's UTF-8 bytes are cut into windows;
+What the tensors hold is the task's (``tasks``): a table's features float32 ``[n, f]`` and
+class indices or standardised targets; for the ``lm`` task byte tokens. Each document's UTF-8 bytes are cut into windows;
 ``x`` is int64 ``[n, seq_len]`` (bytes 0..255) and ``y`` the same window shifted by one byte
 (next-token targets). ``train`` holds windows of the train file's documents minus a seeded
 ``holdout_fraction`` of them, which form ``val`` (per-epoch validation); ``test`` holds the
@@ -12,21 +12,22 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.config import DatasetConfig
+from core.config import DatasetConfig, PipelineConfig
 from core.errors import DataUnavailableError
+from tasks.text import read_documents  # noqa: F401  (the corpus reader, torch-free)
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: readers like read_csv stay torch-free
     from torch.utils.data import TensorDataset
 
 
-def _tensors(a: np.ndarray, b: np.ndarray) -> "TensorDataset":
+def tensors(a: np.ndarray, b: np.ndarray) -> "TensorDataset":
     import torch
     from torch.utils.data import TensorDataset
 
@@ -38,21 +39,8 @@ class Splits:
     train: TensorDataset
     val: TensorDataset
     test: TensorDataset
-
-
-def read_csv(path: Path, columns: list[str], label: str) -> tuple[np.ndarray, np.ndarray]:
-    """(features float32 [n, f], labels int64 [n]); the header must equal ``columns``."""
-    try:
-        with open(path) as fh:
-            header = fh.readline().strip().split(",")
-    except OSError as exc:
-        raise DataUnavailableError(f"cannot read {path}: {exc.strerror}; run `dvc pull`") from None
-    if header != columns:
-        raise DataUnavailableError(f"{path}: columns differ from the config's dataset columns")
-    arr = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.float32, ndmin=2)
-    li = columns.index(label)
-    feats = np.delete(arr, li, axis=1)
-    return feats, arr[:, li].astype(np.int64)
+    # JSON-able facts of the data the model is built from (the task's: features, classes, scaling).
+    info: dict = field(default_factory=dict)
 
 
 def stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -68,45 +56,14 @@ def stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[
     return np.sort(np.concatenate(keep)), np.sort(np.concatenate(hold))
 
 
-def load_splits(cfg: DatasetConfig, root: Path, seed: int) -> Splits:
-    """The train / val / test TensorDatasets of either kind. Raises DataUnavailableError."""
-    if cfg.kind == "text":
-        return load_text_splits(cfg, root, seed)
-    base = root / cfg.path
-    x, y = read_csv(base / cfg.train_file, cfg.columns, cfg.label_column)
-    xt, yt = read_csv(base / cfg.test_file, cfg.columns, cfg.label_column)
-    keep, hold = stratified_holdout(y, cfg.val_fraction, seed)
+def load_splits(cfg: PipelineConfig, root: Path, seed: int) -> Splits:
+    """The train / val / test tensors of ``cfg``'s task. Raises DataUnavailableError."""
+    from tasks import get_task
 
-    def ds(a, b):
-        return _tensors(a, b)
-
-    return Splits(train=ds(x[keep], y[keep]), val=ds(x[hold], y[hold]), test=ds(xt, yt))
+    return get_task(cfg.task).load_data(cfg, root, seed)
 
 
 # -- text ---------------------------------------------------------------------------------
-def read_documents(path: Path) -> list[tuple[str, bytes]]:
-    """``[(doc path, UTF-8 bytes)]`` from a JSON Lines corpus file, in file order.
-
-    Raises DataUnavailableError when the file is missing or a line is not a
-    ``{"path", "text"}`` object (the validation suite reports content problems in detail).
-    """
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise DataUnavailableError(f"cannot read {path}: {exc.strerror}; run `dvc pull`") from None
-    docs = []
-    for i, line in enumerate(raw.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            docs.append((str(obj["path"]), obj["text"].encode("utf-8")))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise DataUnavailableError(f"{path}:{i}: not a JSON object with string 'path' and 'text' "
-                                       f"({type(exc).__name__}: {exc})") from None
-    return docs
-
-
 def window_starts(n_tokens: int, seq_len: int, stride: int) -> list[int]:
     """Starts of full windows over a document of ``n_tokens`` bytes (a window needs seq_len + 1).
 
@@ -155,7 +112,7 @@ def load_text_splits(cfg: DatasetConfig, root: Path, seed: int) -> Splits:
 
     def ds(docs: list[bytes], step: int) -> TensorDataset:
         x, y = cut_windows(docs, t.seq_len, step)
-        return _tensors(x, y)
+        return tensors(x, y)
 
     # Validation and test windows never overlap: each target byte is scored once (bar the tail).
     return Splits(train=ds([train_docs[i] for i in keep], stride),

@@ -258,7 +258,7 @@ def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tup
 # "1": rank 0 also scores the exported program on the test split, into SCORES_FILE
 # (training/worker.py ``write_test_scores``); the pipeline's jobs set it.
 SCORE_ENV = "TRAINFLOW_SCORE_TEST"
-SCORES_FILE = "test_scores.json"
+from tasks.base import SCORES_FILE  # noqa: E402,F401  (the file the task writes)
 
 GO_FILE_ENV = "TRAINFLOW_GO_FILE"
 GO_PARENT_ENV = "TRAINFLOW_GO_PARENT"

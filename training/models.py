@@ -1,5 +1,6 @@
-"""Models: classifiers for the tabular-image task (raw feature values in; normalisation is
-inside) and the byte-level LM (``model.kind: lm``, see ``training.lm``)."""
+"""Model building blocks: the networks of the table tasks (built-in or ``model.factory``), the
+standardisation and de-scaling layers baked into them, and the token loss. Which model a run
+gets is the task's (``tasks``); the byte-level LM is in ``training.lm``."""
 
 from __future__ import annotations
 
@@ -9,18 +10,32 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.config import DatasetConfig, ModelConfig
+from core.config import ModelConfig, PipelineConfig
 
 
-class _Scale(nn.Module):
-    """Maps raw values in [0, value_max] to [0, 1], so callers pass data as stored."""
+class Standardize(nn.Module):
+    """``(x - mean) / std`` per feature, with the train split's statistics as buffers: the model
+    (and its exported program) takes raw feature values."""
 
-    def __init__(self, value_max: float):
+    def __init__(self, mean, std):
         super().__init__()
-        self.register_buffer("inv", torch.tensor(1.0 / value_max))
+        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32))
+        self.register_buffer("inv_std", 1.0 / torch.as_tensor(std, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.inv
+        return (x - self.mean) * self.inv_std
+
+
+class Affine(nn.Module):
+    """``x * scale + shift``: a regression's standardised output back in the target's units."""
+
+    def __init__(self, scale: float, shift: float):
+        super().__init__()
+        self.register_buffer("scale", torch.tensor(float(scale)))
+        self.register_buffer("shift", torch.tensor(float(shift)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + self.shift
 
 
 def token_loss(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -29,25 +44,45 @@ def token_loss(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction=reduction)
 
 
-def example_input(model: ModelConfig, data: DatasetConfig, batch: int = 2) -> torch.Tensor:
-    """A zero input batch of the right dtype and shape: float ``[batch, n_features]`` for the
-    classifiers, int64 tokens ``[batch, seq_len]`` for the LM."""
-    if model.kind == "lm":
-        return torch.zeros(batch, model.seq_len, dtype=torch.long)
-    return torch.zeros(batch, data.n_features)
+def example_input(cfg: PipelineConfig, info: dict, batch: int = 2) -> torch.Tensor:
+    """A batch of the task's input (float ``[batch, n_features]`` for a table, int64 tokens for the LM)."""
+    from tasks import get_task
+
+    return get_task(cfg.task).example_input(cfg, info, batch)
 
 
-def build_model(model: ModelConfig, data: DatasetConfig) -> nn.Module:
-    """A small CNN over the square image the features form, an MLP, or the byte LM (``model.kind``)."""
-    if model.kind == "lm":
-        from training.lm import build_lm
+def build_model(cfg: PipelineConfig, info: dict) -> nn.Module:
+    """The task's model for data described by ``info`` (``Splits.info``)."""
+    from tasks import get_task
 
-        return build_lm(model)
-    n_in, n_out = data.n_features, data.n_classes
-    scale = _Scale(data.expectations.value_max)
+    return get_task(cfg.task).build_model(cfg, info)
+
+
+def load_factory(ref: str):
+    """``"module.path:function"`` -> the function (imported from the repository or a package)."""
+    import importlib
+
+    module, _, name = ref.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"model.factory: cannot import {ref!r}: {exc}") from None
+    if not callable(fn):
+        raise ValueError(f"model.factory: {ref!r} is not callable")
+    return fn
+
+
+def build_core(model: ModelConfig, n_in: int, n_out: int) -> nn.Module:
+    """The network between the standardised features and the ``n_out`` outputs: the user's
+    ``model.factory(n_in, n_out, **model.kwargs)``, a small CNN over the square image the
+    features form, or an MLP (``model.kind``)."""
+    if model.factory is not None:
+        net = load_factory(model.factory)(n_in, n_out, **model.kwargs)
+        if not isinstance(net, nn.Module):
+            raise ValueError(f"model.factory: {model.factory} returned {type(net).__name__}, not an nn.Module")
+        return net
     if model.kind == "mlp":
         return nn.Sequential(
-            scale,
             nn.Linear(n_in, model.hidden),
             nn.ReLU(),
             nn.Dropout(model.dropout),
@@ -57,11 +92,10 @@ def build_model(model: ModelConfig, data: DatasetConfig) -> nn.Module:
         )
     side = math.isqrt(n_in)
     if side * side != n_in:
-        raise ValueError(f"model.kind=cnn needs a square number of features, got {n_in}")
+        raise ValueError(f"model.kind: cnn needs a square number of features, got {n_in}; use mlp")
     c1, c2 = model.channels
     pooled = c2 * (side // 2) * (side // 2)
     return nn.Sequential(
-        scale,
         nn.Unflatten(1, (1, side, side)),
         nn.Conv2d(1, c1, 3, padding=1),
         nn.ReLU(),

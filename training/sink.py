@@ -85,9 +85,10 @@ class MetricsSink:
             return
         d = asdict(stats)
         epoch = d.pop("epoch")
-        self.metrics({f"train/{k}": v for k, v in d.items()}, step=epoch)
+        self.metrics({f"train/{k}": v for k, v in d.items() if v is not None}, step=epoch)
+        acc = "" if stats.val_accuracy is None else f"val_acc {stats.val_accuracy:.4f} "
         line = (f"epoch {epoch}: loss {stats.train_loss:.4f} val_loss {stats.val_loss:.4f} "
-                f"val_acc {stats.val_accuracy:.4f} {stats.samples_per_s:,.0f} samples/s")
+                f"{acc}{stats.samples_per_s:,.0f} samples/s")
         if self._bar is not None:
             self._bar.update(self._task, completed=epoch, description=line)
         else:

@@ -113,6 +113,8 @@ class Strategy:
     name: str = "base"
     # Replicated state: rank 0 can snapshot it and write in the background (no collective).
     async_save: bool = True
+    # The task (``tasks.base.Task``) whose loss and accuracy count; the Trainer sets it.
+    task = None
 
     def __init__(self, ctx: DistContext, precision: str = "fp32"):
         _check_precision(precision)
@@ -171,21 +173,17 @@ class Strategy:
 
     def forward_backward(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor, grad_accum: int) -> float:
         """Forward, loss (mean over every target), backward of ``loss / grad_accum``; returns the loss."""
-        from training.models import token_loss
-
         with self.autocast():
-            loss = token_loss(wrapped(x), y)
+            loss = self.task.loss(wrapped(x), y)
             (loss / grad_accum).backward()
         return loss.item()
 
     def eval_sums(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
         """(summed loss, correct predictions, targets) of this rank's eval slice; call under no_grad."""
-        from training.models import token_loss
-
         with self.autocast():
             logits = wrapped(x)
-            loss_sum = token_loss(logits, y, reduction="sum").item() if len(y) else 0.0
-            correct = (logits.argmax(-1) == y).sum().item()
+            loss_sum = self.task.loss(logits, y, reduction="sum").item() if len(y) else 0.0
+            correct = self.task.val_correct(logits, y)
         return loss_sum, correct, y.numel()
 
     def clip_grad_norm(self, wrapped: nn.Module, max_norm: float) -> float:

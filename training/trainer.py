@@ -31,7 +31,7 @@ from training.checkpoint import CheckpointManager, CheckpointMismatchError
 from training.data import Splits
 from training.distributed import DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank
 from training.metrics import StepMetrics, flops_per_sample, gpu_utilization, mfu, peak_memory_bytes
-from training.models import build_model, token_loss
+from training.models import build_model
 from training.preemption import StopRequest
 from training.sink import MetricsSink
 from training.strategies import build_strategy
@@ -83,7 +83,7 @@ class EpochStats:
     epoch: int
     train_loss: float
     val_loss: float
-    val_accuracy: float
+    val_accuracy: float | None  # None for a task without accuracy (regression)
     samples_per_s: float
     epoch_time_s: float
     lr: float
@@ -112,13 +112,17 @@ class Trainer:
         self.sink, self.config_id, self.data_md5 = sink, config_id, data_md5
         self.force_resume = force_resume
         t = cfg.training
+        from tasks import get_task
+
+        self.task = get_task(cfg.task)
         self.strategy = build_strategy(t.strategy, ctx, t.precision, t.parallel, cfg.model, t.batch_size)
+        self.strategy.task = self.task
         # Data-parallel replicas: ranks of one tensor-parallel group or pipeline share batches.
         self.global_batch = t.batch_size * self.strategy.dp_size * t.grad_accum
         self.lr = scaled_lr(t.lr, self.global_batch, t.base_batch, t.lr_scaling)
 
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
-        self.model = self.strategy.wrap(build_model(cfg.model, cfg.dataset).to(ctx.device))
+        self.model = self.strategy.wrap(build_model(cfg, data.info).to(ctx.device))
         params = self.model.parameters()
         if t.optimizer == "sgd":
             self.opt = torch.optim.SGD(params, lr=self.lr, momentum=0.9, weight_decay=t.weight_decay)
@@ -260,7 +264,7 @@ class Trainer:
         self.model.train()
         w = 1.0 if self.strategy.reports else 0.0  # each replica's slice counts once
         loss_sum, correct, n = all_reduce_sum(self.ctx, [w * loss_sum, w * correct, w * n])
-        return loss_sum / max(n, 1), correct / max(n, 1)
+        return loss_sum / max(n, 1), (correct / max(n, 1) if self.task.has_accuracy else None)
 
     def _early_stop(self, stats: EpochStats) -> bool:
         """Update patience from this epoch's (already all-reduced) metric; agree to stop."""
@@ -312,7 +316,7 @@ class Trainer:
         if self.ctx.device.type == "cuda" and t.peak_tflops and t.strategy != "pp":
             x0, y0 = self.data.train.tensors[0][: t.batch_size], self.data.train.tensors[1][: t.batch_size]
             self.flops = flops_per_sample(self.raw_model, x0.to(self.ctx.device),
-                                          lambda out: token_loss(out, y0.to(self.ctx.device)))
+                                          lambda out: self.task.loss(out, y0.to(self.ctx.device)))
         self.sink.params({
             "global_batch": self.global_batch, "effective_lr": self.lr, "world_size": self.ctx.world_size,
             "steps_per_epoch": self.steps_per_epoch, "backend": self.ctx.backend or "none",

@@ -110,35 +110,17 @@ def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: s
     result = summarise(trainer, fit)
     if full is not None:
         # A plain, unwrapped copy: what gets exported, hashed and registered.
-        model = build_model(cfg.model, cfg.dataset)
+        model = build_model(cfg, splits.info)
         model.load_state_dict(full)
         torch.save(model.state_dict(), out / "weights.pt")
-        export_model(model, example_input(cfg.model, cfg.dataset), out / "model.pt2")
+        export_model(trainer.task.export_module(model, splits.info), example_input(cfg, splits.info),
+                     out / "model.pt2")
         result.update(weights_sha256=state_dict_sha256(model.state_dict()), weights="weights.pt",
                       model_pt2="model.pt2")
         if score_test is not None:  # before result.json: the pipeline reads both once that exists
-            write_test_scores(cfg, score_test, out)
+            trainer.task.write_test_scores(cfg, score_test, out)
     write_result(out, result)
     return result
-
-
-def write_test_scores(cfg: PipelineConfig, root: Path, out: Path) -> None:
-    """Score ``out/model.pt2`` on the test split into ``out/test_scores.json`` (classifiers only),
-    with the hashes of the program and the split it scored, so the reader can check both."""
-    if cfg.dataset.kind != "tabular":
-        return
-    from core.hashing import file_sha256
-    from training.data import read_csv
-    from training.export import score_exported
-    from training.launcher import SCORES_FILE
-
-    path = root / cfg.dataset.path / cfg.dataset.test_file
-    x, _ = read_csv(path, cfg.dataset.columns, cfg.dataset.label_column)
-    scores = score_exported(out / "model.pt2", x)
-    scores.update(model_sha256=file_sha256(out / "model.pt2"), split_sha256=file_sha256(path))
-    tmp = out / (SCORES_FILE + ".tmp")
-    tmp.write_text(json.dumps(scores))
-    tmp.replace(out / SCORES_FILE)
 
 
 @record
@@ -155,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     data_md5 = args.data_md5 or read_dvc_file(root, cfg.dataset.dvc_file).md5
-    splits = load_splits(cfg.dataset, root, cfg.seed)
+    from tasks import task_for
+
+    task_for(cfg)  # a config that does not fit its task fails here, before any training
+    splits = load_splits(cfg, root, cfg.seed)
     # A held job (the pipeline launched it while its earlier stages ran): nothing is trained,
     # and nothing written, before the launcher says go.
     go, why = wait_for_go()

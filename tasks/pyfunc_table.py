@@ -4,9 +4,10 @@ MLflow copies this file into the logged model and runs it at load time, so it
 imports only mlflow, torch, pandas and numpy: no project code. MLflow also runs it
 when the model is *logged*; torch is imported in ``load_context`` so that logging
 costs no torch import (the pipeline process has no other use for torch). The program
-(``model.pt2``) maps float32 ``[batch, n_features]`` raw pixel values to logits
-``[batch, n_classes]``; ``meta.json`` holds the feature column order and the
-class label of each logit.
+(``model.pt2``) maps float32 ``[batch, n_features]`` raw feature values (standardisation is
+inside it) to ``[batch, n_outputs]``; ``meta.json`` holds the feature column order and what
+the outputs mean: ``output: label`` (one logit per class; ``class_labels`` in order, ints or
+strings) or ``output: value`` (a regression's prediction, in the target's units).
 """
 
 import json
@@ -16,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 
-class ExportedClassifier(mlflow.pyfunc.PythonModel):
-    """Predicts one class label per row of a DataFrame of the feature columns."""
+class ExportedTable(mlflow.pyfunc.PythonModel):
+    """Predicts one class label, or one value, per row of a DataFrame of the feature columns."""
 
     def load_context(self, context):
         import torch
@@ -26,7 +27,9 @@ class ExportedClassifier(mlflow.pyfunc.PythonModel):
         with open(context.artifacts["meta"]) as fh:
             meta = json.load(fh)
         self.feature_columns = list(meta["feature_columns"])
-        self.class_labels = np.asarray(meta["class_labels"], dtype=np.int64)
+        labels = meta.get("class_labels")
+        self.class_labels = None if labels is None else np.asarray(labels, dtype=object if any(
+            isinstance(c, str) for c in labels) else np.int64)
         self.program = torch.export.load(context.artifacts["model"]).module()
 
     # The pd.DataFrame hint only tells MLflow not to infer a schema from type
@@ -48,13 +51,16 @@ class ExportedClassifier(mlflow.pyfunc.PythonModel):
                 f"expected [rows, {len(self.feature_columns)}] features, got {list(values.shape)}"
             )
         if values.shape[0] == 0:
-            return np.empty(0, dtype=np.int64)
+            return np.empty(0, dtype=np.float64 if self.class_labels is None else self.class_labels.dtype)
         if not np.isfinite(values).all():
             raise ValueError("features contain NaN or infinite values")
         torch = self._torch
         with torch.inference_mode():
             # torch.tensor copies: pandas may hand back a read-only view.
             logits = self.program(torch.tensor(values))
+        if self.class_labels is None:  # a regression: the one output, in the target's units
+            return logits[:, 0].double().numpy()
         return self.class_labels[logits.argmax(dim=1).numpy()]
 
-mlflow.models.set_model(ExportedClassifier())
+
+mlflow.models.set_model(ExportedTable())

@@ -1,0 +1,172 @@
+"""The task API: the one place that knows a kind of problem.
+
+A task answers everything that differs between kinds of problem, and the rooms ask it:
+
+| the task answers | asked by |
+|---|---|
+| ``check_config``: the keys that must hold for this kind (raises ConfigError naming them) | ``flows`` at load |
+| ``validation_plan``: what to validate, torch-free | ``validation`` |
+| ``load_data`` / ``build_model`` / ``example_input`` / ``loss`` / ``val_correct`` / ``export_module`` | ``training`` |
+| ``metrics`` (each with a direction), ``evaluator`` and its hooks, ``scoring_key`` | ``evaluation`` |
+| ``model_spec``: the pyfunc file, its metadata, signature and input example | ``registry`` |
+| ``init_defaults``: the gates and model ``trainflow init`` writes | ``flows.init`` |
+
+Gating and promotion are generic (``evaluation.gates``): a threshold on a metric is ``>=`` where
+higher is better and ``<=`` where lower is; "beats the champion" compares ``champion_metrics``
+in order, each in its direction. torch is imported only inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from core.config import PipelineConfig
+
+# Rank 0's scores of the exported program on the evaluation split (``Task.write_test_scores``).
+SCORES_FILE = "test_scores.json"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One figure the evaluation reports. ``relative``: the champion regression allowance
+    (``gates.max_regression``) is a factor of the champion's value rather than an amount."""
+
+    name: str
+    higher_is_better: bool
+    relative: bool = False
+
+    @property
+    def op(self) -> str:
+        return ">=" if self.higher_is_better else "<="
+
+
+@dataclass
+class ModelSpec:
+    """What the registry logs: a models-from-code pyfunc file over the exported program.
+
+    ``inputs``: ``[(column, mlflow type)]`` (double | long | string | boolean); ``outputs`` the
+    same (a None name for one unnamed output); ``meta``: written beside the program as
+    ``meta.json``; ``example``: a pandas DataFrame; ``metadata``: MLflow model metadata.
+    ``checked``: the program was already run on whole splits by the worker (no reload needed).
+    """
+
+    python_model: Path
+    meta: dict
+    inputs: list[tuple[str, str]]
+    outputs: list[tuple[str | None, str]]
+    example: Any
+    metadata: dict = field(default_factory=dict)
+    checked: bool = False
+
+
+class Task:
+    """Base of every task. Subclasses set the class attributes and implement the methods."""
+
+    name: ClassVar[str] = ""
+    metrics: ClassVar[tuple[Metric, ...]] = ()
+    # Compared with the champion, in this order: the first that differs decides.
+    champion_metrics: ClassVar[tuple[str, ...]] = ()
+    # The metric a trivial baseline must be beaten on (``gates.baseline_margin``), or None.
+    primary: ClassVar[str | None] = None
+    # Which evaluator in ``evaluation`` scores it: "predictions" (one prediction per row, the
+    # table hooks ``eval_data`` / ``decode`` / ``encode`` / ``score`` / ``baseline``) or "documents".
+    evaluator: ClassVar[str] = "predictions"
+    # Whether per-epoch validation reports an accuracy (``val_correct``).
+    has_accuracy: ClassVar[bool] = True
+
+    # -- config --------------------------------------------------------------------------
+    def metric(self, name: str) -> Metric:
+        for m in self.metrics:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    def check_config(self, cfg: "PipelineConfig") -> None:
+        """Raise ConfigError naming the key when ``cfg`` does not fit this task. The base checks
+        the gates against the task's metrics and early stopping against ``has_accuracy``."""
+        names = [m.name for m in self.metrics]
+        for key in cfg.gates.thresholds:
+            if key not in names:
+                raise ConfigError(f"gates.thresholds.{key}: task {self.name!r} has no metric {key!r}; "
+                                  f"its metrics: {', '.join(names)}")
+        if cfg.gates.baseline_margin is not None and self.primary is None:
+            raise ConfigError(f"gates.baseline_margin: task {self.name!r} has no trivial baseline")
+        if cfg.training.early_stopping.metric == "val_accuracy" and not self.has_accuracy:
+            raise ConfigError(f"training.early_stopping.metric: task {self.name!r} reports no val_accuracy; "
+                              "use val_loss")
+
+    def init_defaults(self) -> dict:
+        """Config sections ``trainflow init`` writes for this task (model, gates)."""
+        return {}
+
+    # -- validation (torch-free) -------------------------------------------------------------
+    def validation_plan(self, cfg: "PipelineConfig", root: Path):
+        """``validation.plans.Plan``: the files to hash and how to validate them."""
+        raise NotImplementedError
+
+    # -- training (torch inside) -------------------------------------------------------------
+    def info(self, cfg: "PipelineConfig", root: Path) -> dict:
+        """JSON-able facts of the data a model is built from (``Splits.info``), torch-free."""
+        return {}
+
+    def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
+        """``training.data.Splits`` (train / val / test tensors and a JSON-able ``info``)."""
+        raise NotImplementedError
+
+    def build_model(self, cfg: "PipelineConfig", info: dict):
+        raise NotImplementedError
+
+    def example_input(self, cfg: "PipelineConfig", info: dict, batch: int = 2):
+        raise NotImplementedError
+
+    def loss(self, out, y, reduction: str = "mean"):
+        raise NotImplementedError
+
+    def val_correct(self, out, y) -> float:
+        """Correct predictions in a batch (``has_accuracy``); 0 for tasks without accuracy."""
+        return 0.0
+
+    def export_module(self, model, info: dict):
+        """The module exported as ``model.pt2`` (e.g. the trained model plus output de-scaling)."""
+        return model
+
+    def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
+        """Rank 0, after export: score ``out/model.pt2`` on the test split into ``test_scores.json``
+        so the pipeline process need not import torch. Optional."""
+
+    # -- evaluation ----------------------------------------------------------------------------
+    def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
+        """``{"key", "split_sha256", "metrics_version"}``: what a score measured now holds for."""
+        raise NotImplementedError
+
+    def recorded_keys(self) -> tuple[str, ...]:
+        """What a recorded score dict must hold to stand in for a rescored champion."""
+        return tuple(m.name for m in self.metrics if m.name != "latency_p95_ms")
+
+    # -- registry ------------------------------------------------------------------------------
+    def model_spec(self, cfg: "PipelineConfig", root: Path, train_dir: Path, report: dict) -> ModelSpec:
+        raise NotImplementedError
+
+    def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
+        """Before registration, when the worker did not already score the program: run it on the
+        spec's example and raise ValueError when its output does not fit the task."""
+
+    def describe(self, cfg: "PipelineConfig", candidate: dict) -> str:
+        """One line for the model version's description."""
+        shown = ", ".join(f"{k} {candidate[k]:.4f}" for k in self.champion_metrics if k in candidate)
+        return f"{cfg.name}: {shown}"
+
+
+@dataclass
+class ValidationPlan:
+    """What validation runs for a config: ``runner`` names the GX runner in ``validation`` (table |
+    text), ``files`` are hashed for the cache key, ``params`` go to the runner."""
+
+    runner: str
+    files: list[Path]
+    params: dict

@@ -1,0 +1,108 @@
+"""The byte-level language model task: a JSON Lines text corpus -> a decoder-only transformer
+(``training.lm``) -> a text-scoring pyfunc (``tasks/pyfunc_lm.py``), gated on eval perplexity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from core.errors import ConfigError
+from tasks.base import Metric, ModelSpec, Task, ValidationPlan
+
+if TYPE_CHECKING:
+    from core.config import PipelineConfig
+
+# Bump when evaluation/lm.py's metrics change: recorded champion scores then stop matching.
+LM_METRICS_VERSION = 1
+PYFUNC_FILE = Path(__file__).with_name("pyfunc_lm.py")
+
+
+class LanguageModel(Task):
+    name = "lm"
+    evaluator: ClassVar[str] = "documents"
+    metrics = (Metric("loss", False), Metric("perplexity", False, relative=True), Metric("bits_per_byte", False),
+               Metric("latency_p95_ms", False))
+    champion_metrics = ("perplexity",)
+    primary = None
+
+    def recorded_keys(self) -> tuple[str, ...]:
+        return ("loss", "perplexity", "bits_per_byte", "n_tokens", "n_docs")
+
+    def check_config(self, cfg: "PipelineConfig") -> None:
+        super().check_config(cfg)
+        text = cfg.dataset.text
+        if text is None:
+            raise ConfigError("dataset.text: required for the lm task (the corpus files and windows)")
+        if cfg.model.kind != "lm":
+            raise ConfigError(f"model.kind: the lm task needs 'lm', got {cfg.model.kind!r}")
+        if cfg.model.seq_len != text.seq_len:
+            raise ConfigError(f"dataset.text.seq_len: {text.seq_len} differs from model.seq_len {cfg.model.seq_len}; "
+                              "windows must fit the model")
+        if cfg.model.vocab_size != 256:
+            raise ConfigError(f"model.vocab_size: must be 256 for byte-level text, got {cfg.model.vocab_size}")
+        if "perplexity" not in cfg.gates.thresholds:
+            raise ConfigError("gates.thresholds.perplexity: required for the lm task")
+
+    def _files(self, cfg, root) -> dict[str, Path]:
+        base = Path(root) / cfg.dataset.path
+        return {"train": base / cfg.dataset.text.train_file, "eval": base / cfg.dataset.text.eval_file}
+
+    def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
+        return ValidationPlan("text", list(self._files(cfg, root).values()), {"dataset": cfg.dataset, "root": Path(root)})
+
+    def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
+        from training.data import load_text_splits
+
+        return load_text_splits(cfg.dataset, root, seed)
+
+    def build_model(self, cfg: "PipelineConfig", info: dict):
+        from training.lm import build_lm
+
+        return build_lm(cfg.model)
+
+    def example_input(self, cfg: "PipelineConfig", info: dict, batch: int = 2):
+        import torch
+
+        return torch.zeros(batch, cfg.model.seq_len, dtype=torch.long)
+
+    def loss(self, out, y, reduction: str = "mean"):
+        from training.models import token_loss
+
+        return token_loss(out, y, reduction)
+
+    def val_correct(self, out, y) -> float:
+        return (out.argmax(-1) == y).sum().item()
+
+    def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
+        from core.hashing import file_sha256, sha256_json
+
+        split = file_sha256(self._files(cfg, root)["eval"])
+        parts = {"kind": "text", "split_sha256": split, "metrics_version": LM_METRICS_VERSION}
+        return {"key": sha256_json(parts), "split_sha256": split, "metrics_version": LM_METRICS_VERSION}
+
+    def model_spec(self, cfg: "PipelineConfig", root: Path, train_dir: Path, report: dict) -> ModelSpec:
+        import pandas as pd
+
+        from tasks.text import read_documents
+
+        docs = read_documents(self._files(cfg, root)["eval"])[:3]
+        example = pd.DataFrame({"text": [d[:512].decode("utf-8", "ignore") for _, d in docs]})
+        seq = cfg.dataset.text.seq_len
+        meta = {"format": "torch.export", "input_dtype": "int64", "seq_len": int(seq), "vocab": "utf-8 bytes"}
+        return ModelSpec(PYFUNC_FILE, meta, [("text", "string")],
+                         [("loss", "double"), ("perplexity", "double"), ("n_tokens", "long")], example,
+                         metadata={"trainflow_kind": "lm"})
+
+    def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
+        import torch
+
+        seq = spec.meta["seq_len"]
+        try:
+            program = torch.export.load(str(model_pt2)).module()
+        except Exception as exc:
+            raise ValueError(f"{model_pt2}: not a loadable torch.export program: {exc}") from exc
+        with torch.inference_mode():
+            logits = program(torch.zeros((1, seq), dtype=torch.int64))
+        if tuple(logits.shape) != (1, seq, 256):
+            raise ValueError(f"{model_pt2}: maps [1, {seq}] tokens to {list(logits.shape)}, "
+                             f"expected [1, {seq}, 256] byte logits")

@@ -1,0 +1,393 @@
+"""Tabular tasks: classification and regression of a table's named columns.
+
+The data is a CSV or Parquet table (``tasks.table``); the features are float or integer
+columns by name, the label a class (integer or string) or a float target. Standardisation
+statistics are fitted on the train split and baked into the model as its first layer, so the
+exported program (and the registered pyfunc) takes the raw columns by name, as the user's
+DataFrame holds them. The class set comes from the reviewed expectations file (its label's
+``values``), in the order of the model's outputs; ``predict`` returns the original labels.
+A regression model is trained on standardised targets and exported with the de-scaling inside.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from core.errors import ConfigError, DataUnavailableError
+from core.expectations import load_expectations
+from tasks.base import SCORES_FILE, Metric, ModelSpec, Task, ValidationPlan
+from tasks.table import feature_columns, load_frames, split_paths
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from core.config import PipelineConfig
+
+# Bump when a metric's definition or computation changes: recorded champion scores then stop matching.
+METRICS_VERSION = 2
+PYFUNC_FILE = Path(__file__).with_name("pyfunc_table.py")
+INFO_FILE = "data_info.json"
+
+
+def _mlflow_type(dtype) -> str:
+    import pandas as pd
+
+    if pd.api.types.is_bool_dtype(dtype):
+        return "boolean"
+    if pd.api.types.is_integer_dtype(dtype):
+        return "long"
+    if pd.api.types.is_numeric_dtype(dtype):
+        return "double"
+    return "string"
+
+
+def _label_key(value) -> str:
+    """Labels compare as text: 3 in a CSV and 3 in the YAML class set are the same class."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
+
+
+class _Table(Task):
+    """What classification and regression share: reading, features, scaling, the pyfunc."""
+
+    classification: ClassVar[bool] = True
+    evaluator: ClassVar[str] = "predictions"
+
+    # -- config -----------------------------------------------------------------------------
+    def check_config(self, cfg: "PipelineConfig") -> None:
+        super().check_config(cfg)
+        if cfg.dataset.text is not None:
+            raise ConfigError(f"dataset.text: only for the lm task, but task is {self.name!r}")
+        if cfg.model.kind == "lm" and cfg.model.factory is None:
+            raise ConfigError(f"model.kind: 'lm' is the lm task's model; task {self.name!r} takes cnn, mlp "
+                              "or model.factory")
+        if cfg.dataset.expectations_file is None:
+            raise ConfigError("dataset.expectations_file: required for a table (`trainflow init` writes one; "
+                              "review and commit it)")
+        if cfg.training.strategy in ("tp", "pp", "hybrid"):
+            raise ConfigError(f"training.strategy: {cfg.training.strategy!r} (model parallel) is for the lm task; "
+                              "use ddp or fsdp")
+        if cfg.model.factory is not None:
+            _check_factory(cfg.model.factory)
+
+    def expectations(self, cfg: "PipelineConfig", root: Path):
+        return load_expectations(Path(root) / cfg.dataset.expectations_file)
+
+    def _features(self, cfg: "PipelineConfig", columns: list[str]) -> list[str]:
+        return feature_columns(cfg.dataset, columns)
+
+    # -- validation ---------------------------------------------------------------------------
+    def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
+        exp = self.expectations(cfg, root)
+        files = [*split_paths(cfg.dataset, root).values(), Path(root) / cfg.dataset.expectations_file]
+        return ValidationPlan("table", files, {
+            "dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed, "stratify": self.classification, "expectations": exp,
+            "features": self._features(cfg, exp.names), "label": cfg.dataset.label,
+            "classification": self.classification})
+
+    # -- data ---------------------------------------------------------------------------------
+    def frames(self, cfg: "PipelineConfig", root: Path) -> dict[str, "pd.DataFrame"]:
+        return load_frames(cfg.dataset, root, cfg.seed, stratify=self.classification)
+
+    def info(self, cfg: "PipelineConfig", root: Path, frames: dict | None = None) -> dict:
+        """What the model and the registry need to know of the data, fitted on the train split
+        (JSON-able): features and their MLflow types, the class set or the target's scale, and
+        per-feature mean and std (a constant column gets std 1)."""
+        frames = frames if frames is not None else self.frames(cfg, root)
+        train = frames["train"]
+        features = self._features(cfg, [str(c) for c in train.columns])
+        missing = [c for c in [*features, cfg.dataset.label] if c not in train.columns]
+        if missing:
+            raise DataUnavailableError(f"train split lacks column(s) {missing}; found {list(train.columns)}")
+        x = _numeric(train, features)
+        std = x.std(axis=0)
+        info = {"features": features,
+                "dtypes": {c: _mlflow_type(train[c].dtype) for c in features},
+                "mean": x.mean(axis=0).tolist(), "std": np.where(std > 0, std, 1.0).tolist()}
+        info.update(self._target_info(cfg, root, train[cfg.dataset.label]))
+        return info
+
+    def arrays(self, frame: "pd.DataFrame", info: dict, label: str) -> tuple[np.ndarray, np.ndarray]:
+        """(features float32 [n, f], targets) of a frame: class indices int64 or float32 values."""
+        return _numeric(frame, info["features"]).astype(np.float32), self.targets(frame[label], info)
+
+    def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
+        from training.data import Splits, stratified_holdout, tensors
+
+        frames = self.frames(cfg, root)
+        info = self.info(cfg, root, frames)
+        x, y = self.arrays(frames["train"], info, cfg.dataset.label)
+        xt, yt = self.arrays(frames["test"], info, cfg.dataset.label)
+        groups = y if self.classification else np.zeros(len(y), dtype=np.int64)
+        keep, hold = stratified_holdout(groups, cfg.dataset.val_fraction, seed)
+        y, yt = self.train_targets(y, info), self.train_targets(yt, info)
+        return Splits(train=tensors(x[keep], y[keep]), val=tensors(x[hold], y[hold]), test=tensors(xt, yt), info=info)
+
+    def train_targets(self, y: np.ndarray, info: dict) -> np.ndarray:
+        return y
+
+    # -- model --------------------------------------------------------------------------------
+    def build_model(self, cfg: "PipelineConfig", info: dict):
+        from torch import nn
+
+        from training.models import Standardize, build_core
+
+        n_in = len(info["features"])
+        return nn.Sequential(Standardize(info["mean"], info["std"]), build_core(cfg.model, n_in, self.n_outputs(info)))
+
+    def example_input(self, cfg: "PipelineConfig", info: dict, batch: int = 2):
+        import torch
+
+        return torch.tensor([info["mean"]] * batch, dtype=torch.float32)
+
+    # -- evaluation hooks (the "predictions" evaluator) ----------------------------------------
+    def eval_data(self, cfg: "PipelineConfig", root: Path) -> tuple["pd.DataFrame", np.ndarray, np.ndarray, dict]:
+        """(test frame, features float32, targets, info) of the evaluation split."""
+        frames = self.frames(cfg, root)
+        info = self.info(cfg, root, frames)
+        x, y = self.arrays(frames["test"], info, cfg.dataset.label)
+        return frames["test"], x, y, info
+
+    def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
+        """Rank 0: ``out/model.pt2``'s predictions on the test split and its one-row latency, with
+        the hashes of the program and the split, into ``test_scores.json`` (read back by the
+        evaluation only when both still match)."""
+        import time
+
+        import torch
+
+        from core.hashing import file_sha256
+
+        _, x, _, _ = self.eval_data(cfg, root)
+        program = torch.export.load(str(Path(out) / "model.pt2")).module()
+        xt = torch.as_tensor(x)
+        times = []
+        with torch.no_grad():
+            outputs = program(xt).numpy()
+            for i in range(220):  # 20 warm-up calls, then 200 timed one-row calls
+                t0 = time.perf_counter()
+                program(xt[i % len(xt)][None, :]).numpy()
+                if i >= 20:
+                    times.append((time.perf_counter() - t0) * 1000)
+        scores = {"pred": self.decode(outputs).tolist(), "outputs_shape": list(outputs.shape), "latency_ms": times,
+                  "threads": torch.get_num_threads(), "model_sha256": file_sha256(Path(out) / "model.pt2"),
+                  "split_sha256": self.scoring_key(cfg, root)["split_sha256"]}
+        tmp = Path(out) / (SCORES_FILE + ".tmp")
+        tmp.write_text(json.dumps(scores))
+        tmp.replace(Path(out) / SCORES_FILE)
+
+    def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
+        from core.hashing import file_sha256, sha256_json
+
+        files = {k: file_sha256(p) for k, p in sorted(split_paths(cfg.dataset, root).items())}
+        # The test split's identity: its file, or the one file with the seed and fraction that split it.
+        split = sha256_json({"files": files, **({"seed": cfg.seed, "test_fraction": cfg.dataset.test_fraction}
+                                                 if "all" in files else {})})
+        parts = {"task": self.name, "split_sha256": split, "metrics_version": METRICS_VERSION,
+                 "label": cfg.dataset.label, **self._key_parts(cfg, root)}
+        return {"key": sha256_json(parts), "split_sha256": split, "metrics_version": METRICS_VERSION}
+
+    def _key_parts(self, cfg, root) -> dict:
+        return {}
+
+    def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
+        frame, _, y, info = self.eval_data(cfg, root)
+        return self.score(y, self.encode(predictor(frame[info["features"]]), info), info)
+
+    # -- registry -------------------------------------------------------------------------------
+    def model_spec(self, cfg: "PipelineConfig", root: Path, train_dir: Path, report: dict) -> ModelSpec:
+        frame, _, _, info = self.eval_data(cfg, root)
+        example = frame[info["features"]].head(5).reset_index(drop=True)
+        meta = {"format": "torch.export", "input_dtype": "float32", "feature_columns": info["features"],
+                **self._meta(info)}
+        return ModelSpec(PYFUNC_FILE, meta, [(c, info["dtypes"][c]) for c in info["features"]],
+                         [(None, self._output_type(info))], example,
+                         checked=report.get("candidate_scored_in") == "worker")
+
+    def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
+        import torch
+
+        try:
+            program = torch.export.load(str(model_pt2)).module()
+        except Exception as exc:
+            raise ValueError(f"{model_pt2}: not a loadable torch.export program: {exc}") from exc
+        x = torch.tensor(spec.example[spec.meta["feature_columns"]].to_numpy(dtype=np.float32))
+        with torch.inference_mode():
+            out = program(x).numpy()
+        n = len(spec.meta.get("class_labels") or [None])
+        if out.ndim != 2 or out.shape != (len(x), n):
+            raise ValueError(f"{model_pt2}: maps [{len(x)}, {x.shape[1]}] inputs to {list(out.shape)}, "
+                             f"expected [{len(x)}, {n}]")
+
+    def check_program_output(self, out: np.ndarray, info: dict) -> None:
+        """Raise ValueError when a program's output on a batch does not fit this task."""
+        want = self.n_outputs(info)
+        if out.ndim != 2 or out.shape[1] != want:
+            raise ValueError(f"the program gives outputs of shape {list(out.shape)}, expected [rows, {want}]")
+
+
+class Classification(_Table):
+    name = "classification"
+    metrics = (Metric("accuracy", True), Metric("macro_f1", True), Metric("min_class_recall", True),
+               Metric("latency_p95_ms", False))
+    champion_metrics = ("accuracy", "macro_f1")
+    primary = "accuracy"
+
+    def recorded_keys(self) -> tuple[str, ...]:
+        return ("accuracy", "macro_f1", "min_class_recall", "class_recall", "confusion_matrix", "n")
+
+    def init_defaults(self) -> dict:
+        return {"model": {"kind": "mlp", "hidden": 64, "dropout": 0.1},
+                "gates": {"baseline_margin": 0.05, "thresholds": {"latency_p95_ms": 50}}}
+
+    def _target_info(self, cfg, root, labels) -> dict:
+        classes = self.expectations(cfg, root).classes
+        if classes is None:  # no reviewed class set: the train split's, sorted
+            classes = sorted({v for v in labels.dropna().tolist()}, key=_label_key)
+        if len(classes) < 2:
+            raise ConfigError(f"{cfg.dataset.expectations_file}: the label {cfg.dataset.label!r} needs at least "
+                              f"two classes, got {classes}")
+        return {"classes": [c.item() if hasattr(c, "item") else c for c in classes]}
+
+    def n_outputs(self, info: dict) -> int:
+        return len(info["classes"])
+
+    def targets(self, labels, info: dict) -> np.ndarray:
+        index = {_label_key(c): i for i, c in enumerate(info["classes"])}
+        keys = [_label_key(v) for v in labels.tolist()]
+        bad = sorted({k for k in keys if k not in index})
+        if bad:
+            raise DataUnavailableError(f"label values {bad[:5]} are outside the recorded class set "
+                                       f"{info['classes']}")
+        return np.asarray([index[k] for k in keys], dtype=np.int64)
+
+    def encode(self, labels, info: dict) -> np.ndarray:
+        """A registered model's predicted labels -> class indices (-1: not a known class)."""
+        index = {_label_key(c): i for i, c in enumerate(info["classes"])}
+        return np.asarray([index.get(_label_key(v), -1) for v in np.asarray(labels).tolist()], dtype=np.int64)
+
+    def loss(self, out, y, reduction: str = "mean"):
+        from training.models import token_loss
+
+        return token_loss(out, y, reduction)
+
+    def val_correct(self, out, y) -> float:
+        return (out.argmax(-1) == y).sum().item()
+
+    def decode(self, outputs: np.ndarray) -> np.ndarray:
+        return np.asarray(outputs).argmax(1)
+
+    def score(self, y: np.ndarray, pred: np.ndarray, info: dict) -> dict:
+        from tasks.metrics import classification_metrics
+
+        return classification_metrics(y, pred, len(info["classes"]))
+
+    def baseline(self, cfg, root, info: dict) -> tuple[str, np.ndarray]:
+        train = self.frames(cfg, root)["train"]
+        y = self.targets(train[cfg.dataset.label], info)
+        majority = int(np.bincount(y, minlength=len(info["classes"])).argmax())
+        return f"majority class {info['classes'][majority]!r}", np.full_like(y, majority)
+
+    def _key_parts(self, cfg, root) -> dict:
+        return {"classes": [_label_key(c) for c in self.info(cfg, root)["classes"]]}
+
+    def _meta(self, info: dict) -> dict:
+        return {"output": "label", "class_labels": info["classes"]}
+
+    def _output_type(self, info: dict) -> str:
+        return "string" if any(isinstance(c, str) for c in info["classes"]) else "long"
+
+
+class Regression(_Table):
+    name = "regression"
+    classification = False
+    has_accuracy = False
+    metrics = (Metric("r2", True), Metric("rmse", False), Metric("mae", False), Metric("latency_p95_ms", False))
+    champion_metrics = ("r2", "rmse")
+    primary = "r2"
+
+    def init_defaults(self) -> dict:
+        return {"model": {"kind": "mlp", "hidden": 64, "dropout": 0.0},
+                "gates": {"baseline_margin": 0.1, "thresholds": {"latency_p95_ms": 50}}}
+
+    def _target_info(self, cfg, root, labels) -> dict:
+        y = labels.to_numpy(dtype=np.float64, na_value=np.nan)
+        y = y[np.isfinite(y)]
+        std = float(y.std()) if len(y) else 1.0
+        return {"y_mean": float(y.mean()) if len(y) else 0.0, "y_std": std if std > 0 else 1.0}
+
+    def n_outputs(self, info: dict) -> int:
+        return 1
+
+    def targets(self, labels, info: dict) -> np.ndarray:
+        try:
+            return labels.to_numpy(dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise DataUnavailableError(f"regression target is not numeric: {exc}") from None
+
+    def train_targets(self, y: np.ndarray, info: dict) -> np.ndarray:
+        # Trained on the standardised target (a scale-free loss and lr); export undoes it.
+        return ((y - info["y_mean"]) / info["y_std"]).astype(np.float32)
+
+    def export_module(self, model, info: dict):
+        from torch import nn
+
+        from training.models import Affine
+
+        return nn.Sequential(model, Affine(info["y_std"], info["y_mean"]))
+
+    def loss(self, out, y, reduction: str = "mean"):
+        import torch.nn.functional as F
+
+        return F.mse_loss(out.reshape(-1).float(), y.reshape(-1).float(), reduction=reduction)
+
+    def encode(self, values, info: dict) -> np.ndarray:
+        return np.asarray(values, dtype=np.float64).ravel()
+
+    def decode(self, outputs: np.ndarray) -> np.ndarray:
+        return np.asarray(outputs, dtype=np.float64)[:, 0]
+
+    def score(self, y: np.ndarray, pred: np.ndarray, info: dict) -> dict:
+        from tasks.metrics import regression_metrics
+
+        return regression_metrics(y, pred)
+
+    def baseline(self, cfg, root, info: dict) -> tuple[str, np.ndarray]:
+        n = len(self.frames(cfg, root)["test"])
+        return f"the train mean {info['y_mean']:.4g}", np.full(n, info["y_mean"])
+
+    def _meta(self, info: dict) -> dict:
+        return {"output": "value"}
+
+    def _output_type(self, info: dict) -> str:
+        return "double"
+
+
+def _numeric(frame: "pd.DataFrame", columns: list[str]) -> np.ndarray:
+    try:
+        return frame[columns].to_numpy(dtype=np.float64, na_value=np.nan)
+    except (TypeError, ValueError) as exc:
+        raise DataUnavailableError(f"feature columns must be numeric: {exc}") from None
+
+
+def _check_factory(ref: str) -> None:
+    """``model.factory``'s module must be importable (found, not imported: that may import torch)."""
+    import importlib.util
+
+    module = ref.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise ConfigError(f"model.factory: module {module!r} not found (it must be importable from the "
+                          "repository root or an installed package)")
+
+
+def write_info(out: Path, info: dict) -> None:
+    (Path(out) / INFO_FILE).write_text(json.dumps(info))
