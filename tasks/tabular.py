@@ -76,6 +76,9 @@ class _Table(Task):
             _check_factory(cfg.model.factory)
 
     def expectations(self, cfg: "PipelineConfig", root: Path):
+        """The reviewed expectations file, or None when the config names none (a sizing probe)."""
+        if cfg.dataset.expectations_file is None:
+            return None
         return load_expectations(Path(root) / cfg.dataset.expectations_file)
 
     def _features(self, cfg: "PipelineConfig", columns: list[str]) -> list[str]:
@@ -246,7 +249,8 @@ class Classification(_Table):
                 "gates": {"baseline_margin": 0.05, "thresholds": {"latency_p95_ms": 50}}}
 
     def _target_info(self, cfg, root, labels) -> dict:
-        classes = self.expectations(cfg, root).classes
+        exp = self.expectations(cfg, root)
+        classes = exp.classes if exp is not None else None
         if classes is None:  # no reviewed class set: the train split's, sorted
             classes = sorted({v for v in labels.dropna().tolist()}, key=_label_key)
         if len(classes) < 2:

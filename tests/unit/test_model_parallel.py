@@ -19,7 +19,7 @@ LM = {"kind": "lm", "seq_len": 16, "d_model": 32, "n_layers": 4, "n_heads": 4, "
 
 
 def lm_cfg(training=None, model=None):
-    return config_from_dict({"name": "t", "model": {**LM, **(model or {})},
+    return config_from_dict({"name": "t", "task": "lm", "model": {**LM, **(model or {})},
                              "training": {"strategy": "single", "cpu_workers": 1, **(training or {})}})
 
 
@@ -27,7 +27,7 @@ def lm_cfg(training=None, model=None):
 def test_lm_is_causal_and_predicts_every_position():
     cfg = lm_cfg()
     torch.manual_seed(0)
-    model = build_model(cfg.model, cfg.dataset).eval()
+    model = build_model(cfg, {}).eval()
     x = torch.randint(0, 256, (2, 16))
     y = x.clone()
     y[:, 10:] = (y[:, 10:] + 1) % 256  # change the future only
@@ -46,7 +46,7 @@ def test_token_loss_is_plain_cross_entropy_for_classifiers():
 def test_stages_compose_to_the_full_model_and_keep_its_parameter_names():
     cfg = lm_cfg()
     torch.manual_seed(0)
-    full = build_model(cfg.model, cfg.dataset).eval()
+    full = build_model(cfg, {}).eval()
     x = torch.randint(0, 256, (3, 16))
     stages = [split_stage(copy.deepcopy(full), s, 3) for s in range(3)]
     h = x
@@ -57,7 +57,7 @@ def test_stages_compose_to_the_full_model_and_keep_its_parameter_names():
     keys = [list(s.state_dict()) for s in stages]
     assert sum(len(k) for k in keys) == len(full.state_dict())
     merged = {k: v for s in stages for k, v in s.state_dict().items()}
-    fresh = build_model(cfg.model, cfg.dataset)
+    fresh = build_model(cfg, {})
     fresh.load_state_dict(merged)  # strict: the stages together are exactly one plain LM
     assert keys[0][0] == "tok_emb.weight" and keys[-1][-1] == "head.weight"
 
@@ -121,7 +121,7 @@ def test_lm_profile_counts_by_hand():
     per_block_shard = 3 * (d * d + d) + (d * f + f) + d * d + f * d  # q,k,v (+bias), up (+bias), o, down weights
     assert prof["tp_shard_params"] == n * per_block_shard
     assert prof["first_params"] + n * prof["layer_params"] + prof["last_params"] == prof["n_params"]
-    model = build_model(lm_cfg().model, lm_cfg().dataset)
+    model = build_model(lm_cfg(), {})
     assert prof["n_params"] == sum(p.numel() for p in model.parameters())
     # logits: 4 bytes x batch 2 x 16 positions x 256 classes, part of the last stage's activations
     assert prof["last_act_bytes"] >= 4 * 2 * 16 * 256

@@ -9,13 +9,24 @@ import numpy as np
 import pytest
 
 import evaluation.recorded as recorded
-from core.config import DatasetConfig
-from evaluation.metrics import classification_metrics, confusion_layout, confusion_png
+import tasks.tabular as tabular
+from core.config import PipelineConfig
+from tasks import get_task
+from tasks.metrics import classification_metrics, confusion_layout, confusion_png
 
-DS = DatasetConfig(path="data/digits", n_features=3, feature_prefix="f", n_classes=3)
-LM_METRICS = {"kind": "lm", "loss": 1.2345678901234567, "perplexity": math.exp(1.2345678901234567),
+CLS = get_task("classification")
+LM = get_task("lm")
+CFG = PipelineConfig(name="t", dataset={"path": "data/digits", "expectations_file": "exp.yaml"})
+LM_METRICS = {"loss": 1.2345678901234567, "perplexity": math.exp(1.2345678901234567),
               "bits_per_byte": 1.2345678901234567 / math.log(2), "n_tokens": 1000, "n_docs": 4,
               "latency_p95_ms": 3.0}
+EXPECTATIONS = """label: label
+columns:
+  - {name: f0, type: integer}
+  - {name: f1, type: integer}
+  - {name: f2, type: integer}
+  - {name: label, type: integer, values: [0, 1, 2]}
+"""
 
 
 @pytest.fixture
@@ -23,6 +34,8 @@ def split(tmp_path):
     folder = tmp_path / "data" / "digits"
     folder.mkdir(parents=True)
     (folder / "test.csv").write_text("f0,f1,f2,label\n1,2,3,0\n4,5,6,1\n7,8,9,2\n")
+    (folder / "train.csv").write_text("f0,f1,f2,label\n1,2,3,0\n4,5,6,1\n7,8,9,2\n")
+    (tmp_path / "exp.yaml").write_text(EXPECTATIONS)
     return tmp_path
 
 
@@ -32,42 +45,57 @@ def metrics():
 
 
 def test_recorded_scores_round_trip_exactly_under_the_same_key(split):
-    key = recorded.scoring_key(DS, split)
-    tags = recorded.record_tags(key, metrics(), "tabular")
-    assert tags["eval_split_sha256"] == key["split_sha256"] and tags["eval_metrics_version"] == "1"
-    got = recorded.recorded_metrics(tags, recorded.scoring_key(DS, split), "tabular")
+    key = CLS.scoring_key(CFG, split)
+    tags = recorded.record_tags(key, metrics(), CLS.recorded_keys())
+    assert tags["eval_split_sha256"] == key["split_sha256"]
+    assert tags["eval_metrics_version"] == str(tabular.METRICS_VERSION)
+    got = recorded.recorded_metrics(tags, CLS.scoring_key(CFG, split), CLS.recorded_keys())
     assert got == {k: v for k, v in metrics().items() if k != "latency_p95_ms"}
-    lm = recorded.recorded_metrics(recorded.record_tags(key, LM_METRICS, "text"), key, "text")
+    lm_keys = LM.recorded_keys()
+    lm = recorded.recorded_metrics(recorded.record_tags(key, LM_METRICS, lm_keys), key, lm_keys)
     assert lm["loss"] == LM_METRICS["loss"] and lm["perplexity"] == LM_METRICS["perplexity"]
 
 
 def test_the_key_changes_with_the_split_bytes_the_metric_version_and_the_labels(split, monkeypatch):
-    key = recorded.scoring_key(DS, split)["key"]
-    assert recorded.scoring_key(DS, split)["key"] == key
-    assert recorded.scoring_key(DS.model_copy(update={"n_classes": 4}), split)["key"] != key
-    assert recorded.scoring_key(DS.model_copy(update={"label_column": "y"}), split)["key"] != key
-    monkeypatch.setattr(recorded, "METRICS_VERSION", recorded.METRICS_VERSION + 1)
-    assert recorded.scoring_key(DS, split)["key"] != key
+    key = CLS.scoring_key(CFG, split)["key"]
+    assert CLS.scoring_key(CFG, split)["key"] == key
+    (split / "exp.yaml").write_text(EXPECTATIONS.replace("[0, 1, 2]", "[0, 1, 2, 3]"))  # another class set
+    assert CLS.scoring_key(CFG, split)["key"] != key
+    (split / "exp.yaml").write_text(EXPECTATIONS)
+    other_label = CFG.model_copy(update={"dataset": CFG.dataset.model_copy(update={"label": "f2"})})
+    assert CLS.scoring_key(other_label, split)["key"] != key
+    monkeypatch.setattr(tabular, "METRICS_VERSION", tabular.METRICS_VERSION + 1)
+    assert CLS.scoring_key(CFG, split)["key"] != key
     monkeypatch.undo()
     test = split / "data" / "digits" / "test.csv"
     test.write_text(test.read_text().replace("7,8,9,2", "7,8,9,1"))  # one label differs
-    assert recorded.scoring_key(DS, split)["key"] != key
+    assert CLS.scoring_key(CFG, split)["key"] != key
+
+
+def test_one_file_split_by_seed_keys_on_the_seed_and_fraction(split):
+    (split / "data" / "digits" / "all.csv").write_text("f0,f1,f2,label\n" + "1,2,3,0\n4,5,6,1\n7,8,9,2\n" * 4)
+    ds = {"path": "data/digits", "file": "all.csv", "expectations_file": "exp.yaml"}
+    one = PipelineConfig(name="t", dataset=ds)
+    key = CLS.scoring_key(one, split)["key"]
+    assert CLS.scoring_key(one.model_copy(update={"seed": 1}), split)["key"] != key
+    assert CLS.scoring_key(PipelineConfig(name="t", dataset={**ds, "test_fraction": 0.5}), split)["key"] != key
 
 
 def test_missing_other_or_broken_records_mean_rescore(split):
-    key = recorded.scoring_key(DS, split)
-    tags = recorded.record_tags(key, metrics(), "tabular")
+    keys = CLS.recorded_keys()
+    key = CLS.scoring_key(CFG, split)
+    tags = recorded.record_tags(key, metrics(), keys)
     other = {**key, "key": "0" * 64}
-    assert recorded.recorded_metrics(tags, other, "tabular") is None
-    assert recorded.recorded_metrics({}, key, "tabular") is None
-    assert recorded.recorded_metrics(None, key, "tabular") is None
-    assert recorded.recorded_metrics({**tags, "eval_metrics": tags["eval_metrics"][:40]}, key, "tabular") is None
+    assert recorded.recorded_metrics(tags, other, keys) is None
+    assert recorded.recorded_metrics({}, key, keys) is None
+    assert recorded.recorded_metrics(None, key, keys) is None
+    assert recorded.recorded_metrics({**tags, "eval_metrics": tags["eval_metrics"][:40]}, key, keys) is None
     partial = json.loads(tags["eval_metrics"])
     del partial["macro_f1"]
-    assert recorded.recorded_metrics({**tags, "eval_metrics": json.dumps(partial)}, key, "tabular") is None
-    assert recorded.recorded_metrics(tags, key, "text") is None  # a classifier's record is no LM's
+    assert recorded.recorded_metrics({**tags, "eval_metrics": json.dumps(partial)}, key, keys) is None
+    assert recorded.recorded_metrics(tags, key, LM.recorded_keys()) is None  # a classifier's record is no LM's
     with pytest.raises(ValueError, match="lack"):
-        recorded.record_tags(key, {"accuracy": 1.0}, "tabular")
+        recorded.record_tags(key, {"accuracy": 1.0}, keys)
 
 
 def test_confusion_png_is_a_png_whose_cells_shade_with_the_counts(tmp_path):

@@ -56,11 +56,14 @@ def test_drift_report_names_missing_feature_columns():
 
 
 def test_promotion_rule_needs_at_least_the_champions_accuracy():
-    assert beats({"accuracy": 0.9, "macro_f1": 0.8}, None)[0]
-    assert beats({"accuracy": 0.96, "macro_f1": 0.90}, {"accuracy": 0.95, "macro_f1": 0.99})[0]
-    assert not beats({"accuracy": 0.94, "macro_f1": 0.99}, {"accuracy": 0.95, "macro_f1": 0.90})[0]
-    assert beats({"accuracy": 0.95, "macro_f1": 0.90}, {"accuracy": 0.95, "macro_f1": 0.90})[0]  # a tie: newer wins
-    ok, reason = beats({"accuracy": 0.95, "macro_f1": 0.89}, {"accuracy": 0.95, "macro_f1": 0.90})
+    from tasks import get_task
+
+    cls = get_task("classification")
+    assert beats(cls, {"accuracy": 0.9, "macro_f1": 0.8}, None)[0]
+    assert beats(cls, {"accuracy": 0.96, "macro_f1": 0.90}, {"accuracy": 0.95, "macro_f1": 0.99})[0]
+    assert not beats(cls, {"accuracy": 0.94, "macro_f1": 0.99}, {"accuracy": 0.95, "macro_f1": 0.90})[0]
+    assert beats(cls, {"accuracy": 0.95, "macro_f1": 0.90}, {"accuracy": 0.95, "macro_f1": 0.90})[0]  # a tie: newer wins
+    ok, reason = beats(cls, {"accuracy": 0.95, "macro_f1": 0.89}, {"accuracy": 0.95, "macro_f1": 0.90})
     assert not ok and "does not beat" in reason
 
 

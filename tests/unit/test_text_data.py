@@ -11,15 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from core.config import DatasetConfig, GatesConfig, load_config
+from core.config import DatasetConfig, load_config
 from core.errors import ConfigError, DataUnavailableError
-from evaluation.gates import decide
 from evaluation.lm import score_documents, summarise, windows
-from training.data import cut_windows, holdout_documents, load_splits, read_documents, window_starts
+from tasks import task_for
+from training.data import cut_windows, holdout_documents, load_text_splits, read_documents, window_starts
 
 ROOT = Path(__file__).resolve().parents[2]
-# The digits config's id before text datasets, language models and model parallelism existed.
-DIGITS_CONFIG_ID = "00c431bd611583d3fc3336e0fdf07ad8dab08d92232d2b51d566f762a97424eb"
 
 
 def _script(name: str):
@@ -109,19 +107,19 @@ def _corpus(tmp_path: Path, train: list[str], val: list[str]) -> DatasetConfig:
     base.mkdir()
     for name, docs in (("train.jsonl", train), ("val.jsonl", val)):
         (base / name).write_text("".join(json.dumps({"path": f"d{i}.py", "text": t}) + "\n" for i, t in enumerate(docs)))
-    return DatasetConfig(kind="text", path="corpus", text={"seq_len": 8, "holdout_fraction": 0.25})
+    return DatasetConfig(path="corpus", text={"seq_len": 8, "holdout_fraction": 0.25})
 
 
 def test_text_splits_hold_out_whole_train_documents_and_test_on_the_eval_file(tmp_path):
     train = [chr(ord("a") + i) * 40 for i in range(8)]  # each document one distinct letter
     cfg = _corpus(tmp_path, train, ["é" * 20])
-    s = load_splits(cfg, tmp_path, seed=0)
+    s = load_text_splits(cfg, tmp_path, seed=0)
     letters = {k: set(np.unique(getattr(s, k).tensors[0].numpy()).tolist()) for k in ("train", "val", "test")}
     assert len(letters["val"]) == 2 and len(letters["train"]) == 6  # ceil(8 * 0.25) documents held out
     assert not letters["val"] & letters["train"]
     assert letters["test"] == set("é".encode())  # UTF-8 bytes, not code points
     assert s.train.tensors[0].dtype == torch.int64 and s.train.tensors[0].shape[1] == 8
-    again = load_splits(cfg, tmp_path, seed=0)
+    again = load_text_splits(cfg, tmp_path, seed=0)
     assert torch.equal(again.val.tensors[0], s.val.tensors[0])
 
 
@@ -140,50 +138,34 @@ def test_missing_corpus_and_malformed_lines_are_data_errors(tmp_path):
 
 
 # -- config -------------------------------------------------------------------------------
-def test_digits_config_id_is_unchanged_by_the_text_and_lm_fields():
+def test_digits_config_id_is_unchanged_by_keys_added_later():
     cfg = load_config(ROOT / "configs" / "digits.yaml")
-    assert cfg.dataset.kind == "tabular" and cfg.config_id() == DIGITS_CONFIG_ID
+    same = load_config(ROOT / "configs" / "digits.yaml", ["model.factory=null", "model.kwargs={}"])
+    assert same.config_id() == cfg.config_id()
     # ... but setting one of the new keys is a different config.
-    assert load_config(ROOT / "configs" / "digits.yaml", ["gates.max_perplexity=9"]).config_id() != DIGITS_CONFIG_ID
+    assert load_config(ROOT / "configs" / "digits.yaml", ["model.kwargs={a: 1}"]).config_id() != cfg.config_id()
 
 
 def test_text_config_errors_name_the_key_path():
     lm = ROOT / "configs" / "stdlib-lm.yaml"
+
+    def check(overrides):
+        task_for(load_config(lm, overrides))
+
     with pytest.raises(ConfigError, match=r"dataset\.text\.seq_len: 32 differs from model\.seq_len 64"):
-        load_config(lm, ["dataset.text.seq_len=32"])
-    with pytest.raises(ConfigError, match=r"model\.kind: dataset\.kind 'text' needs 'lm'"):
-        load_config(lm, ["model.kind=cnn"])
-    with pytest.raises(ConfigError, match=r"gates\.max_perplexity: required"):
-        load_config(lm, ["gates.max_perplexity=null"])
+        check(["dataset.text.seq_len=32"])
+    with pytest.raises(ConfigError, match=r"model\.kind: the lm task needs 'lm'"):
+        check(["model.kind=cnn", "training.strategy=ddp"])
+    with pytest.raises(ConfigError, match=r"gates\.thresholds\.perplexity: required"):
+        check(["gates.thresholds={latency_p95_ms: 5}"])
     with pytest.raises(ConfigError, match=r"dataset\.text\.expectations\.doc_bytes: lower bound 9 is above"):
         load_config(lm, ["dataset.text.expectations.doc_bytes=[9, 2]"])
-    with pytest.raises(ConfigError, match=r"dataset\.text: required when kind is 'text'"):
-        load_config(ROOT / "configs" / "digits.yaml", ["dataset.kind=text"])
-
-
-# -- gates --------------------------------------------------------------------------------
-LM_GATES = GatesConfig(max_perplexity=10.0, max_perplexity_regression=0.05, max_latency_p95_ms=20)
-
-
-def _lm(ppl: float, latency: float = 1.0) -> dict:
-    return {"kind": "lm", "perplexity": ppl, "loss": math.log(ppl), "bits_per_byte": math.log2(ppl),
-            "latency_p95_ms": latency}
-
-
-def test_lm_gate_lists_every_failed_check():
-    d = decide(_lm(12.0, latency=30.0), LM_GATES, _lm(8.0), "3")
-    assert not d.passed
-    assert [c.name for c in d.failures] == ["perplexity", "latency_p95_ms", "perplexity_vs_champion"]
-    vs = d.failures[-1]
-    assert vs.threshold == pytest.approx(8.0 * 1.05) and vs.value == 12.0 and vs.op == "<="
-    assert "perplexity = 12.0000, needs <= 10.0000" in d.reasons()
-
-
-def test_lm_gate_passes_within_the_allowed_regression_and_without_a_champion():
-    assert decide(_lm(8.3), LM_GATES, _lm(8.0), "1").passed  # 3.75 % worse: allowed
-    assert not decide(_lm(8.5), LM_GATES, _lm(8.0), "1").passed  # 6.25 % worse
-    d = decide(_lm(9.9), LM_GATES)
-    assert d.passed and [c.name for c in d.checks] == ["perplexity", "latency_p95_ms"]
+    with pytest.raises(ConfigError, match=r"dataset\.text: required for the lm task"):
+        task_for(load_config(ROOT / "configs" / "digits.yaml",
+                             ["task=lm", "model.kind=lm", "gates.thresholds={perplexity: 5}", "gates.baseline_margin=null"]))
+    with pytest.raises(ConfigError, match=r"dataset\.text: only for the lm task"):
+        task_for(load_config(lm, ["task=classification", "model.kind=mlp", "training.strategy=ddp",
+                                  "dataset.expectations_file=x.yaml", "gates.thresholds={}"]))
 
 
 # -- scoring windows ----------------------------------------------------------------------
