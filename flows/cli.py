@@ -28,7 +28,7 @@ from pathlib import Path
 
 from core.config import load_config
 from core.env import apply_offline_env
-from core.errors import TrainflowError
+from core.errors import ConfigError, TrainflowError
 from core.paths import project_root, trainflow_home
 
 EXIT_OK, EXIT_ERROR, EXIT_DATA, EXIT_GATE, EXIT_PREEMPTED = 0, 1, 2, 3, 4
@@ -143,7 +143,12 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
     apply_offline_env(trainflow_home(project_root(cfg_path)))
     overrides = [*args.overrides, *([f"registry.promotion={args.promotion}"] if args.promotion else [])]
     try:  # fail on a bad config before paying for Prefect's start-up
-        load_config(cfg_path, overrides)
+        from flows.params import code_override
+        from tasks import task_for
+
+        if code_override(overrides):
+            raise ConfigError(code_override(overrides))
+        task_for(load_config(cfg_path, overrides))
     except TrainflowError as exc:
         summary = {"status": "config_error", "exit_code": EXIT_ERROR, "error": str(exc)}
         _write_summary(args.summary_json, summary)

@@ -4,7 +4,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Keys that name code to run: they come only from a committed config file, never from a run's
+# parameters (a deployment's form is input from another person).
+CODE_KEYS = ("task", "model.factory", "model.kwargs")
+
+
+def code_override(items: list[str]) -> str | None:
+    """The error line for the first override that names code to run (``CODE_KEYS``), else None."""
+    for item in items:
+        key = item.partition("=")[0].strip()
+        if any(key == k or key.startswith(k + ".") for k in CODE_KEYS):
+            return (f"{key}: names code to run, so it comes only from the committed config file, "
+                    "not from an override")
+    return None
 
 
 class PipelineParams(BaseModel):
@@ -18,6 +32,14 @@ class PipelineParams(BaseModel):
     image_digest: str | None = Field(None, description="Image digest (default: TRAINFLOW_IMAGE_DIGEST, or taken from a ref@sha256:...)")
     promotion: Literal["auto", "manual"] | None = Field(None, description="Override registry.promotion")
     nproc_per_node: int | None = Field(None, gt=0, description="Workers per node (default: GPUs, else training.cpu_workers)")
+
+    @field_validator("overrides")
+    @classmethod
+    def _no_code(cls, items: list[str]) -> list[str]:
+        problem = code_override(items)
+        if problem:
+            raise ValueError(problem)
+        return items
 
     def all_overrides(self) -> list[str]:
         extra = [f"registry.promotion={self.promotion}"] if self.promotion else []

@@ -99,8 +99,7 @@ def test_cli_run_starts_its_own_server_and_stops_it(repo_root, bundled_data, tmp
     """`trainflow run` with no PREFECT_API_URL: the default path of `make run`."""
     out = tmp_path / "summary.json"
     proc = subprocess.run([str(VENV_BIN / "trainflow"), "run", "--set", "training.epochs=2",
-                           "--set", "training.timeout_s=240", "--set", "gates.min_accuracy=0.5",
-                           "--set", "gates.min_macro_f1=0.5", "--set", "gates.min_class_recall=0.1",
+                           "--set", "training.timeout_s=240", "--set", "gates.thresholds={accuracy: 0.5, macro_f1: 0.5, min_class_recall: 0.1, latency_p95_ms: 5000}",
                            "--summary-json", str(out)],
                           cwd=repo_root, env=_server_env(tmp_path), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -17,8 +17,7 @@ from tests.integration.live import Proc, clean_env, copy_repo, team_script, wait
 pytestmark = pytest.mark.integration
 
 # Small and deterministic (seed 0): three epochs clear these gates with room to spare.
-OVERRIDES = ["training.epochs=3", "training.timeout_s=240", "gates.min_accuracy=0.8", "gates.min_macro_f1=0.8",
-             "gates.min_class_recall=0.5"]
+OVERRIDES = ["training.epochs=3", "training.timeout_s=240", "gates.thresholds={accuracy: 0.8, macro_f1: 0.8, min_class_recall: 0.5, latency_p95_ms: 5000}"]
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
 
 MODEL = "repro-digits"
 FAST = ["--set", "training.epochs=2", "--set", "training.timeout_s=240", "--set", f"registry.model_name={MODEL}",
-        "--set", "gates.min_accuracy=0.5", "--set", "gates.min_macro_f1=0.5", "--set", "gates.min_class_recall=0.1",
-        "--set", "gates.max_latency_p95_ms=5000"]  # a loaded CI box: latency is not what these test
+        "--set", "gates.thresholds={accuracy: 0.5, macro_f1: 0.5, min_class_recall: 0.1, latency_p95_ms: 5000}"]  # a loaded CI box: latency is not what these test
 
 
 @pytest.fixture(scope="module")

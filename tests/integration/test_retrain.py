@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
 MODEL = "retrain-digits"
 FAST = ["--set", "training.epochs=2", "--set", "training.timeout_s=240", "--set", f"registry.model_name={MODEL}",
         # Two epochs make a model near the gates; these runs are about when to train, not how well.
-        "--set", "gates.min_accuracy=0.5", "--set", "gates.min_macro_f1=0.5", "--set", "gates.min_class_recall=0.1",
-        "--set", "gates.max_regression=1", "--set", "gates.max_latency_p95_ms=5000"]
+        "--set", "gates.thresholds={accuracy: 0.5, macro_f1: 0.5, min_class_recall: 0.1, latency_p95_ms: 5000}",
+        "--set", "gates.max_regression=1"]
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,7 @@ from tests.integration.live import clean_env, team_script
 
 pytestmark = pytest.mark.integration
 
-OVERRIDES = ["training.epochs=3", "training.timeout_s=240", "gates.min_accuracy=0.8", "gates.min_macro_f1=0.8",
-             "gates.min_class_recall=0.5"]
+OVERRIDES = ["training.epochs=3", "training.timeout_s=240", "gates.thresholds={accuracy: 0.8, macro_f1: 0.8, min_class_recall: 0.5, latency_p95_ms: 5000}"]
 
 # MLFLOW_TRACKING_URI alone points MLflow (tracking and registry) at the server.
 LOAD_CHAMPION = """
