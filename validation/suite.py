@@ -165,10 +165,10 @@ def _schema_frame(exp: TableExpectations, features: list[str], df: pd.DataFrame)
 
 
 def _stacked_columns(exp: TableExpectations, schema: pd.DataFrame) -> list:
-    """The expected integer/float columns the data holds as numbers: they are checked stacked."""
+    """The expected integer/float columns the data holds as numbers (or only nulls): they are
+    checked stacked."""
     found = dict(zip(schema["column"], schema["found"]))
-    return [c for c in exp.columns
-            if c.type in ("integer", "float") and found.get(c.name) in ("integer", "float")]
+    return [c for c in exp.columns if c.type in ("integer", "float") and found.get(c.name) in NUMERIC]
 
 
 def _cells_frame(df: pd.DataFrame, columns: list, label: str) -> pd.DataFrame:
@@ -203,12 +203,15 @@ def _cells_frame(df: pd.DataFrame, columns: list, label: str) -> pd.DataFrame:
 
 def _balance_frame(classes: list, label: str, df: pd.DataFrame) -> pd.DataFrame:
     """One row per class: its count and share of all rows in the split (matched by text form,
-    so class 3 in the file matches a label read as 3 or as Int64 3)."""
+    so class 3 in the file matches a label read as 3, 3.0 or Int64 3)."""
     import pandas as pd
 
+    def key(v: object) -> str:
+        return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
     labels = df.iloc[:, _first_positions(df)[label]].dropna()
-    counts = labels.map(str).value_counts()
-    count = [int(counts.get(str(k), 0)) for k in classes]
+    counts = labels.map(key).value_counts()
+    count = [int(counts.get(key(k), 0)) for k in classes]
     n = len(df)
     return pd.DataFrame({
         "label": pd.Series(classes, dtype="object"),
