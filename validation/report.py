@@ -226,7 +226,8 @@ def failure_from_result(evr: dict, split: str, kind: str = "split", *, label_col
             and vset == list(range(vset[0], vset[0] + len(vset)))
         )
         span = f"{vset[0]}..{vset[-1]}" if contiguous else _fmt_values(vset)
-        failure["detail"] = f"{_plural(count, 'value')} not in {'the class set ' if column == label_column else ''}{{{span}}}" + (
+        where = "the class set " if column == label_column else ""
+        failure["detail"] = f"{_plural(count, 'value')} not in {where}{{{span}}}" + (
             f", e.g. {_fmt_values(values)}" if values else ""
         ) + _rows_text(rows, count)
     elif etype == "expect_column_values_to_be_between":

@@ -156,7 +156,9 @@ def test_each_column_is_held_to_its_own_bounds(exp, data, validate):
     data["train"].loc[[10, 11], "pixel_5"] = 9
     data["train"].loc[10, "pixel_6"] = 9
     f = only_failure(validate(data, tight))
-    assert (f["split"], f["check"], f["column"], f["unexpected_count"], f["rows"]) == ("train", "range", "pixel_5", 2, [10, 11])
+    assert (f["split"], f["check"], f["column"], f["unexpected_count"], f["rows"]) == (
+        "train", "range", "pixel_5", 2, [10, 11],
+    )
     assert f["detail"] == "2 values above max 8, e.g. 9, 9 (rows 10, 11)"
 
 
@@ -362,12 +364,13 @@ def test_a_regression_table_has_no_class_checks(wine, tmp_path):
     exp, features, frames = wine
     y = {k: v.assign(target=v["magnesium"] * 0.5).drop(columns=["magnesium"]) for k, v in frames.items()}
     cols = [c for c in exp.columns if c.name not in ("magnesium", "target")]
-    reg = TableExpectations(label="target", columns=[*cols, ColumnExpectation(name="target", type="float", min=0, max=100)],
-                            rows=exp.rows)
+    target = ColumnExpectation(name="target", type="float", min=0, max=100)
+    reg = TableExpectations(label="target", columns=[*cols, target], rows=exp.rows)
     feats = [c.name for c in cols]
     report = validate_table(reg, feats, "target", y, tmp_path, classification=False)
     assert report["success"] is True, report["failures"]
-    assert not any("balance" in name for name in json.loads(Path(report["files"]["result_json"]).read_text())["validations"])
+    validations = json.loads(Path(report["files"]["result_json"]).read_text())["validations"]
+    assert not any("balance" in name for name in validations)
 
 
 # --------------------------------------------------------------------------- the text corpus suite
