@@ -5,9 +5,9 @@ label columns the config reads and whether the task classifies. Nothing heavy at
 caller sets ``GX_ANALYTICS_ENABLED=false`` (``core.env``).
 
 GX spends ~10-20 ms of Python per expectation whatever the data size, so one expectation per
-column and split (~400 on digits) would take 5-8 s. Per-column checks therefore run on derived
-frames, one GX data asset, suite and validation definition each (21 expectations on digits,
-~1 s including Data Docs):
+column and split (~270 for the old digits suite) took 4-5 s. Per-column checks therefore run on
+derived frames, one GX data asset, suite and validation definition each (21 expectations for
+655 checks on digits, 0.6-0.9 s warm on a 2-core box including Data Docs):
 
 * ``<split>``: the split itself. Columns exactly ``exp.names`` in order, the label column
   exists, the row count in ``exp.rows[split]``, not-null for the columns not stacked below,
