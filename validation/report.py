@@ -6,8 +6,8 @@ so it can be tested with hand-written dicts.
 A failure entry (one per failed expectation; a stacked-cells expectation gives one per column)::
 
     {"split": "train" | "test" | "cross",
-     "check": "columns" | "row_count" | "dtype" | "nulls" | "range" | "label_set"
-              | "class_balance" | "leak" | "other",
+     "check": "columns" | "label_column" | "row_count" | "dtype" | "numeric" | "nulls" | "range"
+              | "label_set" | "value_set" | "class_balance" | "leak" | "other",
      "expectation": "expect_column_values_to_not_be_null",   # the GX expectation type
      "column": "pixel_5" | None,       # None for table-level checks and the leak check
      "unexpected_count": 1 | None,     # None where GX gives no count (table-level checks)
@@ -106,8 +106,8 @@ def failure_from_result(evr: dict, split: str, kind: str = "split", *, label_col
     """One failure entry from a failed ExpectationValidationResult (JSON dict form).
 
     ``split``: the report's split ("train", "test", "cross"). ``kind``: the frame the result
-    came from: "split" (the data itself), "schema" (column, dtype), "balance"
-    (label, count, fraction) or "cross" (row_hash, split, row).
+    came from: "split" (the data itself), "schema" (column, dtype, expected, found, feature),
+    "balance" (label, count, fraction) or "cross" (row_hash, split, row).
     """
     config = evr.get("expectation_config") or {}
     etype = config.get("type") or config.get("expectation_type") or "unknown"
@@ -132,18 +132,25 @@ def failure_from_result(evr: dict, split: str, kind: str = "split", *, label_col
     records = [p for p in index_list if isinstance(p, dict)]
 
     if kind == "schema":
-        failure["check"] = "dtype"
+        # The pair (expected, found) check is "dtype"; the feature check is "numeric".
+        numeric = column == "feature"
+        failure["check"] = "numeric" if numeric else "dtype"
         failure["rows"] = []
-        bad = [{"column": p.get("column"), "dtype": p.get("dtype")} for p in records]
-        if not bad:  # no index columns in the result: fall back to the dtype values
-            bad = [{"column": None, "dtype": v} for v in values]
+        bad = [{"column": p.get("column"), "dtype": p.get("dtype"), "expected": p.get("expected"),
+                "found": p.get("found")} for p in records]
+        if not bad:  # no index columns in the result: fall back to the values
+            bad = [{"column": None, "dtype": v, "expected": None, "found": None} for v in values]
         failure["column"] = bad[0]["column"] if len(bad) == 1 else None
-        failure["examples"] = bad[:MAX_EXAMPLES]
-        shown = ", ".join(f"{b['column']} is {b['dtype']}" for b in bad[:MAX_EXAMPLES])
-        failure["detail"] = (
-            f"{_plural(count, 'column')} not of an integer dtype: {shown}"
-            + (" ..." if len(bad) > MAX_EXAMPLES else "")
-        )
+        more = " ..." if len(bad) > MAX_EXAMPLES else ""
+        if numeric:
+            failure["examples"] = [{"column": b["column"], "dtype": b["dtype"]} for b in bad[:MAX_EXAMPLES]]
+            shown = ", ".join(f"{b['column']} is {b['dtype']}" for b in bad[:MAX_EXAMPLES])
+            failure["detail"] = f"{_plural(count, 'feature column')} not numeric: {shown}{more}"
+        else:
+            failure["examples"] = bad[:MAX_EXAMPLES]
+            shown = ", ".join(f"{b['column']} holds {b['found']} ({b['dtype']}), expected {b['expected']}"
+                              for b in bad[:MAX_EXAMPLES])
+            failure["detail"] = f"{_plural(count, 'column')} of the wrong type: {shown}{more}"
     elif kind == "balance":
         failure["check"] = "class_balance"
         failure["column"] = label_column
@@ -195,6 +202,11 @@ def failure_from_result(evr: dict, split: str, kind: str = "split", *, label_col
             parts.append("out of order, first misplaced: " + _fmt_values(moved[:MAX_EXAMPLES]))
         failure["examples"] = (missing + extra + moved)[:MAX_EXAMPLES]
         failure["detail"] = f"{len(observed)} columns, expected {len(expected)}: " + "; ".join(parts)
+    elif etype == "expect_column_to_exist":
+        failure["check"] = "label_column" if column == label_column else "columns"
+        failure["rows"] = []
+        failure["examples"] = [column]
+        failure["detail"] = f"no {'label ' if column == label_column else ''}column {column!r}"
     elif etype == "expect_table_row_count_to_be_between":
         failure["check"] = "row_count"
         failure["rows"] = []
@@ -206,7 +218,7 @@ def failure_from_result(evr: dict, split: str, kind: str = "split", *, label_col
         failure["examples"] = [f"row {r}" for r in rows]
         failure["detail"] = _plural(count, "null value") + _rows_text(rows, count)
     elif etype == "expect_column_values_to_be_in_set":
-        failure["check"] = "label_set"
+        failure["check"] = "label_set" if column == label_column else "value_set"
         vset = list(kwargs.get("value_set") or [])
         contiguous = (
             bool(vset)
@@ -214,7 +226,8 @@ def failure_from_result(evr: dict, split: str, kind: str = "split", *, label_col
             and vset == list(range(vset[0], vset[0] + len(vset)))
         )
         span = f"{vset[0]}..{vset[-1]}" if contiguous else _fmt_values(vset)
-        failure["detail"] = f"{_plural(count, 'value')} not in {{{span}}}" + (
+        where = "the class set " if column == label_column else ""
+        failure["detail"] = f"{_plural(count, 'value')} not in {where}{{{span}}}" + (
             f", e.g. {_fmt_values(values)}" if values else ""
         ) + _rows_text(rows, count)
     elif etype == "expect_column_values_to_be_between":
@@ -245,11 +258,20 @@ def _tidy_number(v: Any) -> Any:
 def cells_failures(evr: dict, split: str) -> list[dict]:
     """Per-column failures from a stacked-cells result (frame ``column, row, value``).
 
-    GX's COMPLETE result lists every unexpected cell as ``{"column", "row", "value"}``; they are
-    grouped by column so each column gets its own entry with its exact count. A result GX could
-    not evaluate, or one without the cell list, becomes a single entry with column None.
+    GX's COMPLETE result lists every unexpected cell as ``{"column", "row", "value", "min", "max"}``
+    (index names prefixed ``cell_``); they are grouped by column so each column gets its own
+    entry with its exact count and its own bound. The range checks are GX pair expectations:
+    ``value >= min`` (column_A "value") and ``max >= value``. A result GX could not evaluate, or
+    one without the cell list, becomes a single entry with column None.
     """
+    config = evr.get("expectation_config") or {}
+    kwargs = config.get("kwargs") or {}
+    side = None
+    if (config.get("type") or "") == "expect_column_pair_values_a_to_be_greater_than_b":
+        side = "min" if kwargs.get("column_A") == "value" else "max"
     base = failure_from_result(evr, split, "split")
+    if side is not None:
+        base["check"] = "range"
     result = evr.get("result") or {}
     cells = [p for p in index_records(result) if isinstance(p, dict)]
     if base["detail"].startswith("could not be evaluated") or not cells:
@@ -269,6 +291,13 @@ def cells_failures(evr: dict, split: str) -> list[dict]:
         if base["check"] == "nulls":
             f["examples"] = [f"row {r}" for r in rows]
             f["detail"] = _plural(count, "null value") + _rows_text(rows, count)
+        elif side is not None:
+            bound = group[0].get(side)
+            f["examples"] = values
+            f["detail"] = (
+                f"{_plural(count, 'value')} {'below min' if side == 'min' else 'above max'} "
+                f"{_fmt_bound(_tidy_number(bound))}, e.g. {_fmt_values(values)}" + _rows_text(rows, count)
+            )
         else:
             kwargs = (evr.get("expectation_config") or {}).get("kwargs") or {}
             lo, hi = _fmt_bound(kwargs.get("min_value")), _fmt_bound(kwargs.get("max_value"))
@@ -300,19 +329,21 @@ def failures_from_results(
 
 
 _CHECK_ORDER = (
-    "columns", "row_count", "dtype", "nulls", "range", "label_set", "other", "class_balance", "leak",
+    "columns", "label_column", "row_count", "dtype", "numeric",
+    "nulls", "range", "label_set", "value_set", "other", "class_balance", "leak",
 )
+_TABLE_CHECKS = {"columns", "label_column", "row_count", "dtype", "numeric"}
+_COLUMN_CHECKS = {"nulls", "range", "label_set", "value_set", "other"}
 
 
 def sort_failures(failures: list[dict], columns: list[str]) -> list[dict]:
     """Split order, then table checks, then per column in ``columns`` order, then balance, leak."""
     col_rank = {c: i for i, c in enumerate(columns)}
-    per_column = {"nulls", "range", "label_set", "other"}
 
     def key(f: dict) -> tuple:
         check = f.get("check", "other")
         rank = _CHECK_ORDER.index(check) if check in _CHECK_ORDER else len(_CHECK_ORDER)
-        group = 0 if rank < 3 else (1 if check in per_column else 2)
+        group = 0 if check in _TABLE_CHECKS else (1 if check in _COLUMN_CHECKS else 2)
         return (
             SPLIT_ORDER.index(f["split"]) if f.get("split") in SPLIT_ORDER else len(SPLIT_ORDER),
             group,

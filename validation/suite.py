@@ -1,148 +1,73 @@
-"""Load the dataset splits and validate them with Great Expectations 1.x suites built from config.
+"""Validate a table's train and test splits against its reviewed expectations file with GX 1.x.
 
-Nothing heavy at import: pandas and great_expectations are imported inside the functions.
-The caller sets ``GX_ANALYTICS_ENABLED=false`` (see ``core.env``); this module never touches
-``os.environ``.
+The suite is a function of the ``TableExpectations`` (``core.expectations``), the feature and
+label columns the config reads and whether the task classifies. Nothing heavy at import; the
+caller sets ``GX_ANALYTICS_ENABLED=false`` (``core.env``).
 
 GX spends ~10-20 ms of Python per expectation whatever the data size, so one expectation per
-column and split (~270) took 4-5 s here. The per-column checks therefore run on derived frames,
-one GX data asset, suite and validation definition each: 17 expectations in all, 0.6-1 s on
-the digits data including Data Docs:
+column and split (~270 for the old digits suite) took 4-5 s. Per-column checks therefore run on
+derived frames, one GX data asset, suite and validation definition each (21 expectations for
+655 checks on digits, 0.6-0.9 s warm on a 2-core box including Data Docs):
 
-* ``<split>``: the split itself. Columns exactly ``cfg.columns`` in order, the row count, and the
-  label column not null and in ``range(n_classes)``.
-* ``<split>_schema``: one row per configured column present (``column, dtype``); ``dtype`` must be
-  an integer dtype (unexpected rows name the columns).
-* ``<split>_cells``: the numeric feature columns stacked long (``column, row, value``); ``value``
-  must not be null and must lie in ``[value_min, value_max]``. The unexpected ``(column, row)``
-  pairs are split back into one failure per column, with that column's exact count.
-* ``<split>_balance``: one row per class ``0..n_classes-1`` with its share of the split
-  (``label, count, fraction``); ``fraction`` must lie in ``expectations.class_fraction``. A class
-  absent from the split has fraction 0, so a dropped class fails.
+* ``<split>``: the split itself. Columns exactly ``exp.names`` in order, the label column
+  exists, the row count in ``exp.rows[split]``, not-null for the columns not stacked below,
+  and every column with ``values`` (the classification label: the class set) in its set.
+* ``<split>_schema``: one row per expected column present (``column, dtype, expected, found``
+  with ``found`` the type the data holds: integer | float | string | boolean | null | other);
+  the (expected, found) pair must be compatible (a float column may hold integers), and a
+  feature column must be found integer or float (``feature``: null for other columns).
+* ``<split>_cells``: the numeric columns stacked long (``column, row, value, min, max``) with
+  each cell's own column bounds beside it: ``value`` not null, ``value >= min``, ``max >= value``
+  (a null bound is no bound). The unexpected ``(column, row)`` pairs are split back into one
+  failure per column with its exact count. A column that allows nulls has its nulls left out.
+* ``<split>_balance`` (classification): one row per class of ``exp.classes`` with its share of
+  the split (``label, count, fraction``); ``fraction`` in ``exp.class_share``; a dropped class
+  has share 0 and fails.
 * ``cross``: the de-duplicated row hashes of train and of test, concatenated
-  (``row_hash, split, row``); ``row_hash`` must be unique, so a row present in both splits fails.
+  (``row_hash, split, row``); ``row_hash`` unique, so a row present in both splits fails.
 
 Before validation a float column whose non-null values are all whole numbers is cast to pandas'
 nullable ``Int64``: a null turns an int CSV column into float64, and that null is then reported
-once, as a null, not a second time as a wrong dtype. Non-integral floats and strings still fail the
-dtype check; a non-numeric feature column is left out of the cells frame (listed in ``skipped``).
-Rows are 0-based positions in the split (CSV line = row + 2).
+once, as a null, not a second time as a wrong type. Rows are 0-based positions in the split
+(CSV line = row + 2).
 """
 
 from __future__ import annotations
 
-import json
-import logging
+import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from core.config import DatasetConfig
 from core.errors import DataUnavailableError
-from validation.report import (
-    failures_from_results,
-    jsonable,
-    sort_failures,
-    summary_markdown,
-)
+from validation.gx_run import SUMMARY, Item, complete, run_items, write_report
+from validation.report import failures_from_results, sort_failures, summary_markdown
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["load_splits", "validate_dataset", "summary_markdown", "suite_hash", "data_hash", "DATA_DOCS_SITE"]
+    from core.expectations import TableExpectations
 
-log = logging.getLogger(__name__)
+__all__ = ["validate_table", "table_suite_hash", "table_data_hash", "summary_markdown"]
 
 SPLITS = ("train", "test")
-# The ephemeral context already has a site called "local_site" (STACK-NOTES, GX gotcha 5).
-DATA_DOCS_SITE = "trainflow_data_docs"
-RESULT_JSON = "gx_result.json"
-SUMMARY_MD = "summary.md"
-DATA_DOCS_DIR = "data_docs"
-
-# numpy and pandas-nullable integer dtypes, as ``str(series.dtype)`` names them.
-INTEGER_DTYPES = [
-    *(f"{p}int{b}" for p in ("", "u") for b in (8, 16, 32, 64)),
-    *(f"{p}Int{b}" for p in ("", "U") for b in (8, 16, 32, 64)),
-]
 
 # Index level names of the cells frame (distinct from its column names).
-CELL_INDEX = ("cell_column", "cell_row", "cell_value")
-
-_SUMMARY = {
-    "result_format": "SUMMARY",
-    "partial_unexpected_count": 5,
-    "return_unexpected_index_query": False,
-}
-
-
-def _complete(*index_columns: str) -> dict:
-    """Every unexpected row of a derived frame, as ``index_columns`` (the domain column included).
-
-    COMPLETE, so the cells frame yields every (column, row) pair and exact per-column counts.
-    ``exclude_unexpected_values`` makes GX return one dict of lists instead of a dict per row,
-    and no separate value list; with the cells frame's named index (``CELL_INDEX``) GX reads
-    the pairs from the index instead of one ``.at`` lookup per cell. With all ~92k cells of
-    train failing, the run took ~8 s instead of ~13 s.
-    """
-    return {
-        "result_format": "COMPLETE",
-        "unexpected_index_column_names": list(index_columns),
-        "exclude_unexpected_values": True,
-        "return_unexpected_index_query": False,
-    }
+CELL_INDEX = ("cell_column", "cell_row", "cell_value", "cell_min", "cell_max")
+# (expected type, type found in the data) pairs that pass; "null": an all-null column (its
+# nulls are the nulls check's business).
+TYPE_PAIRS = [
+    *(("integer", "integer"), ("float", "float"), ("float", "integer"),
+      ("string", "string"), ("boolean", "boolean")),
+    *((t, "null") for t in ("integer", "float", "string", "boolean")),
+]
+NUMERIC = ("integer", "float", "null")
 
 
-def _split_path(cfg: DatasetConfig, root: Path, split: str) -> Path:
-    if cfg.kind == "text":
-        name = cfg.text.train_file if split == "train" else cfg.text.eval_file
-    else:
-        name = cfg.train_file if split == "train" else cfg.test_file
-    return Path(root) / cfg.path / name
-
-
-def _splits_of(cfg: DatasetConfig) -> tuple[str, ...]:
-    if cfg.kind == "text":
-        from validation import text_suite
-
-        return text_suite.SPLITS
-    return SPLITS
-
-
-def load_splits(cfg: DatasetConfig, root: Path) -> dict[str, pd.DataFrame]:
-    """Read ``{"train": df, "test": df}`` from ``root/cfg.path``. Raises DataUnavailableError.
-
-    A text corpus (``cfg.kind == "text"``) gives ``{"train", "eval"}`` document frames instead
-    (``validation.text_suite``).
-    """
-    if cfg.kind == "text":
-        from validation import text_suite
-
-        return text_suite.load_splits(cfg, root)
-    import pandas as pd
-
-    splits: dict[str, pd.DataFrame] = {}
-    for split in SPLITS:
-        path = _split_path(cfg, root, split)
-        if not path.is_file():
-            raise DataUnavailableError(
-                f"{split} split not found: {path} does not exist. The DVC-tracked data "
-                f"({cfg.dvc_file}) is missing from the workspace; run `dvc pull` in {Path(root)}."
-            )
-        try:
-            splits[split] = pd.read_csv(path)
-        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, OSError) as exc:
-            raise DataUnavailableError(f"{split} split {path} cannot be read as CSV: {exc}") from None
-    return splits
-
-
-def suite_hash(cfg: DatasetConfig) -> str:
-    """Identity of the expectation suite ``validate_dataset`` builds for ``cfg``.
-
-    The suite is a function of the dataset config, this module's and ``validation.report``'s
-    code and the GX version, so the hash covers exactly those (without importing GX): any
-    change to a bound, a column or the suite code gives a new hash.
-    """
+def table_suite_hash(exp: TableExpectations, features: list[str], label: str, classification: bool) -> str:
+    """Identity of the suite :func:`validate_table` builds: the expectations, the columns it reads,
+    this module's, the runner's and ``validation.report``'s code and the GX version (GX is not
+    imported). Any change to a bound, a column or the suite code gives a new hash."""
     from importlib.metadata import PackageNotFoundError, version
 
     from core.hashing import file_sha256, sha256_json
@@ -153,27 +78,27 @@ def suite_hash(cfg: DatasetConfig) -> str:
     except PackageNotFoundError:
         gx_version = "missing"
     return sha256_json({
-        "dataset": cfg.model_dump(mode="json", exclude={"dvc_file"}),
-        "code": [file_sha256(here / name) for name in ("suite.py", "report.py", "text_suite.py")],
+        "expectations": exp.model_dump(mode="json"),
+        "features": list(features),
+        "label": label,
+        "classification": bool(classification),
+        "code": [file_sha256(here / name) for name in ("suite.py", "gx_run.py", "report.py")],
         "gx": gx_version,
     })
 
 
-def data_hash(cfg: DatasetConfig, root: Path) -> str:
-    """sha256 over the bytes of the split files the suite reads (what is in the workspace,
-    not what ``data.dvc`` claims: an edit nobody ``dvc add``-ed is never taken for validated).
-    Raises DataUnavailableError when a split file is missing."""
+def table_data_hash(paths: list[Path]) -> str:
+    """sha256 over the bytes of the files validation reads (what is in the workspace, not what the
+    ``.dvc`` file claims: an edit nobody ``dvc add``-ed is never taken for validated).
+    Raises DataUnavailableError naming a missing file."""
     from core.hashing import file_sha256, sha256_json
 
     digests = []
-    for split in _splits_of(cfg):
-        path = _split_path(cfg, root, split)
+    for path in map(Path, paths):
         if not path.is_file():
-            raise DataUnavailableError(
-                f"{split} split not found: {path} does not exist. The DVC-tracked data "
-                f"({cfg.dvc_file}) is missing from the workspace; run `dvc pull` in {Path(root)}."
-            )
-        digests.append([split, file_sha256(path)])
+            raise DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the "
+                                       "workspace; run `dvc pull` (or check dataset.path)")
+        digests.append([path.name, file_sha256(path)])
     return sha256_json(digests)
 
 
@@ -198,75 +123,101 @@ def _coerce_integral(df: pd.DataFrame) -> pd.DataFrame:
         s = out.iloc[:, i]
         if pd.api.types.is_float_dtype(s.dtype):
             v = s.dropna().to_numpy(dtype="float64")
-            if np.isfinite(v).all() and (v == np.round(v)).all() and (np.abs(v) < 2**53).all():
+            if len(v) and np.isfinite(v).all() and (v == np.round(v)).all() and (np.abs(v) < 2**53).all():
                 out.isetitem(i, s.astype("Int64"))
     return out
 
 
-def _numeric_features(cfg: DatasetConfig, df: pd.DataFrame) -> tuple[list[str], list[str]]:
-    """(numeric feature columns present, non-numeric feature columns present)."""
+def _found_type(s: pd.Series, all_null: bool) -> str:
+    """The expectations-file type a column holds: integer | float | string | boolean | null | other."""
+    import pandas as pd
+
+    dtype = s.dtype
+    if all_null:
+        return "null"
+    if pd.api.types.is_bool_dtype(dtype):
+        return "boolean"
+    if pd.api.types.is_integer_dtype(dtype):
+        return "integer"
+    if pd.api.types.is_float_dtype(dtype):
+        return "float"
+    if pd.api.types.is_string_dtype(dtype) and s.dropna().map(type).eq(str).all():
+        return "string"
+    return "other"
+
+
+def _schema_frame(exp: TableExpectations, features: list[str], df: pd.DataFrame) -> pd.DataFrame:
+    """One row per expected column present: name, dtype, expected and found type, found if a feature."""
     import pandas as pd
 
     pos = _first_positions(df)
-    numeric, other = [], []
-    for c in cfg.feature_columns:
-        if c in pos:
-            dtype = df.dtypes.iloc[pos[c]]
-            ok = pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)
-            (numeric if ok else other).append(c)
-    return numeric, other
+    present = [c for c in exp.columns if c.name in pos]
+    all_null = df.isna().all(axis=0).to_numpy() if len(df) else [True] * df.shape[1]
+    found = [_found_type(df.iloc[:, pos[c.name]], bool(all_null[pos[c.name]])) for c in present]
+    feats = set(features)
+    return pd.DataFrame({
+        "column": pd.Series([c.name for c in present], dtype="object"),
+        "dtype": pd.Series([str(df.dtypes.iloc[pos[c.name]]) for c in present], dtype="object"),
+        "expected": pd.Series([c.type for c in present], dtype="object"),
+        "found": pd.Series(found, dtype="object"),
+        "feature": pd.Series([f if c.name in feats else None for c, f in zip(present, found)], dtype="object"),
+    })
 
 
-def _schema_frame(cfg: DatasetConfig, df: pd.DataFrame) -> pd.DataFrame:
-    """One row per configured column present in the split: its name and dtype."""
-    import pandas as pd
-
-    pos = _first_positions(df)
-    present = [c for c in cfg.columns if c in pos]
-    return pd.DataFrame(
-        {
-            "column": pd.Series(present, dtype="object"),
-            "dtype": pd.Series([str(df.dtypes.iloc[pos[c]]) for c in present], dtype="object"),
-        }
-    )
+def _stacked_columns(exp: TableExpectations, schema: pd.DataFrame) -> list:
+    """The expected integer/float columns the data holds as numbers (or only nulls): they are
+    checked stacked."""
+    found = dict(zip(schema["column"], schema["found"]))
+    return [c for c in exp.columns if c.type in ("integer", "float") and found.get(c.name) in NUMERIC]
 
 
-def _cells_frame(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    """``columns`` stacked long: (column, row, value), column by column."""
+def _cells_frame(df: pd.DataFrame, columns: list, label: str) -> pd.DataFrame:
+    """``columns`` stacked long: (column, row, value, min, max), column by column; NaN bound = none.
+
+    A column that allows nulls (never the label) has its null cells left out.
+    """
     import numpy as np
     import pandas as pd
 
     pos = _first_positions(df)
     n = len(df)
-    block = df.iloc[:, [pos[c] for c in columns]].to_numpy(dtype="float64", na_value=np.nan)
+    block = df.iloc[:, [pos[c.name] for c in columns]].to_numpy(dtype="float64", na_value=np.nan)
     values = block.T.reshape(-1)  # column-major: all rows of the first column, then the next
-    # int64 keeps examples as 99 rather than 99.0; GX compares int64/float64 vectorised.
-    if not np.isnan(values).any() and (values == np.round(values)).all():
-        values = values.astype("int64")
-    column = np.repeat(np.array(columns, dtype=object), n)
+    column = np.repeat(np.array([c.name for c in columns], dtype=object), n)
     row = np.tile(np.arange(n, dtype="int64"), len(columns))
+    nan = float("nan")
+    lo = np.repeat(np.array([nan if c.min is None else c.min for c in columns], dtype="float64"), n)
+    hi = np.repeat(np.array([nan if c.max is None else c.max for c in columns], dtype="float64"), n)
+    nullable = np.repeat(np.array([c.nulls and c.name != label for c in columns], dtype=bool), n)
+    keep = ~(nullable & np.isnan(values))
+    if not keep.all():
+        values, column, row, lo, hi = values[keep], column[keep], row[keep], lo[keep], hi[keep]
+    # int64 keeps examples as 99 rather than 99.0; GX compares int64/float64 vectorised.
+    if not np.isnan(values).any() and (values == np.round(values)).all() and (np.abs(values) < 2**53).all():
+        values = values.astype("int64")
     # The identifying columns are a named index too: GX then reads an unexpected cell's
-    # (column, row, value) from the index tuple instead of one ``.at`` lookup per cell.
-    index = pd.MultiIndex.from_arrays([column, row, values], names=list(CELL_INDEX))
-    return pd.DataFrame({"column": column, "row": row, "value": values}, index=index)
+    # (column, row, value, bounds) from the index tuple instead of one ``.at`` lookup per cell.
+    index = pd.MultiIndex.from_arrays([column, row, values, lo, hi], names=list(CELL_INDEX))
+    return pd.DataFrame({"column": column, "row": row, "value": values, "min": lo, "max": hi}, index=index)
 
 
-def _balance_frame(cfg: DatasetConfig, df: pd.DataFrame) -> pd.DataFrame:
-    """One row per class 0..n_classes-1: its count and share of all rows in the split."""
+def _balance_frame(classes: list, label: str, df: pd.DataFrame) -> pd.DataFrame:
+    """One row per class: its count and share of all rows in the split (matched by text form,
+    so class 3 in the file matches a label read as 3, 3.0 or Int64 3)."""
     import pandas as pd
 
-    labels = pd.to_numeric(df.iloc[:, _first_positions(df)[cfg.label_column]], errors="coerce")
-    counts = labels.value_counts(dropna=True)
-    classes = list(range(cfg.n_classes))
-    count = [int(counts.get(k, 0)) for k in classes]
+    def key(v: object) -> str:
+        return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+    labels = df.iloc[:, _first_positions(df)[label]].dropna()
+    counts = labels.map(key).value_counts()
+    count = [int(counts.get(key(k), 0)) for k in classes]
     n = len(df)
-    return pd.DataFrame(
-        {
-            "label": pd.Series(classes, dtype="int64"),
-            "count": pd.Series(count, dtype="int64"),
-            "fraction": pd.Series([c / n if n else 0.0 for c in count], dtype="float64"),
-        }
-    )
+    return pd.DataFrame({
+        "label": pd.Series(classes, dtype="object"),
+        "count": pd.Series(count, dtype="int64"),
+        "fraction": pd.Series([c / n if n else 0.0 for c in count], dtype="float64"),
+    })
 
 
 def _row_hashes(df: pd.DataFrame, columns: list[str]) -> pd.Series:
@@ -281,275 +232,193 @@ def _row_hashes(df: pd.DataFrame, columns: list[str]) -> pd.Series:
     return hashes.map(lambda h: f"{h:016x}")
 
 
-def _cross_frame(cfg: DatasetConfig, frames: dict[str, pd.DataFrame]) -> pd.DataFrame | None:
+def _cross_frame(names: list[str], frames: dict[str, pd.DataFrame]) -> pd.DataFrame | None:
     """De-duplicated row hashes of each split, concatenated: a hash seen twice is a leak."""
     import pandas as pd
 
-    columns = [c for c in cfg.columns if all(c in frames[s].columns for s in SPLITS)]
+    columns = [c for c in names if all(c in frames[s].columns for s in SPLITS)]
     if not columns:
         return None
     parts = []
     for split in SPLITS:
         h = _row_hashes(frames[split], columns)
         first = ~h.duplicated(keep="first")
-        parts.append(
-            pd.DataFrame(
-                {
-                    "row_hash": h[first].to_numpy(dtype=object),
-                    "split": split,
-                    "row": h.index[first].to_numpy(dtype="int64"),
-                }
-            )
-        )
+        parts.append(pd.DataFrame({
+            "row_hash": h[first].to_numpy(dtype=object),
+            "split": split,
+            "row": h.index[first].to_numpy(dtype="int64"),
+        }))
     return pd.concat(parts, ignore_index=True)
 
 
-# --------------------------------------------------------------------------- suites
+# --------------------------------------------------------------------------- the plan
 
 
-def _split_expectations(cfg: DatasetConfig, split: str, with_label: bool) -> list:
+def _names_text(names: list[str]) -> str:
+    """``pixel_0 … pixel_63`` for a run of numbered names, else the names, comma-separated."""
+    parts: list[str] = []
+    run: list[tuple[str, int, str]] = []
+
+    def flush() -> None:
+        if len(run) > 2:
+            parts.append(f"{run[0][2]} … {run[-1][2]}")
+        else:
+            parts.extend(r[2] for r in run)
+        run.clear()
+
+    for name in names:
+        m = re.fullmatch(r"(.*?)(\d+)", name)
+        if m and run and run[-1][0] == m.group(1) and run[-1][1] + 1 == int(m.group(2)):
+            run.append((m.group(1), int(m.group(2)), name))
+            continue
+        flush()
+        if m:
+            run.append((m.group(1), int(m.group(2)), name))
+        else:
+            parts.append(name)
+    flush()
+    return ", ".join(parts)
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _bound_text(columns: list, key: str) -> str:
+    """``min 0: pixel_0 … pixel_63; min 10.2: alcohol`` — columns grouped by their bound."""
+    groups: dict[float, list[str]] = {}
+    for c in columns:
+        if getattr(c, key) is not None:
+            groups.setdefault(getattr(c, key), []).append(c.name)
+    return "; ".join(f"{key} {_fmt(b)}: {_names_text(n)}" for b, n in groups.items())
+
+
+def _cells_expectations(columns: list, label: str) -> tuple[list, list[int]]:
     import great_expectations.expectations as gxe
 
-    lo, hi = cfg.expectations.train_rows if split == "train" else cfg.expectations.test_rows
-    out = [
-        gxe.ExpectTableColumnsToMatchOrderedList(column_list=list(cfg.columns)),
-        gxe.ExpectTableRowCountToBeBetween(min_value=lo, max_value=hi),
-    ]
-    if with_label:
-        out += [
-            gxe.ExpectColumnValuesToNotBeNull(column=cfg.label_column),
-            gxe.ExpectColumnValuesToBeInSet(
-                column=cfg.label_column, value_set=list(range(cfg.n_classes))
-            ),
-        ]
-    return out
+    not_null = [c.name for c in columns if not c.nulls or c.name == label]
+    with_min = [c for c in columns if c.min is not None]
+    with_max = [c for c in columns if c.max is not None]
+    out, covers = [], []
+    # ``description`` is what Data Docs show: the user's column names, not the stacked "value".
+    if not_null:
+        out.append(gxe.ExpectColumnValuesToNotBeNull(
+            column="value", description=f"not null: {_names_text(not_null)}"))
+        covers.append(len(not_null))
+    if with_min:
+        out.append(gxe.ExpectColumnPairValuesAToBeGreaterThanB(
+            column_A="value", column_B="min", or_equal=True, ignore_row_if="either_value_is_missing",
+            description=f"each value at least its column's {_bound_text(with_min, 'min')}"))
+        covers.append(len(with_min))
+    if with_max:
+        out.append(gxe.ExpectColumnPairValuesAToBeGreaterThanB(
+            column_A="max", column_B="value", or_equal=True, ignore_row_if="either_value_is_missing",
+            description=f"each value at most its column's {_bound_text(with_max, 'max')}"))
+        covers.append(len(with_max))
+    return out, covers
 
 
-def _schema_expectations() -> list:
+def _plan(exp: TableExpectations, features: list[str], label: str, classification: bool,
+          frames: dict[str, pd.DataFrame], skipped: list[dict]) -> list[Item]:
     import great_expectations.expectations as gxe
 
-    return [gxe.ExpectColumnValuesToBeInSet(column="dtype", value_set=INTEGER_DTYPES)]
-
-
-def _cells_expectations(cfg: DatasetConfig) -> list:
-    import great_expectations.expectations as gxe
-
-    exp = cfg.expectations
-    return [
-        gxe.ExpectColumnValuesToNotBeNull(column="value"),
-        gxe.ExpectColumnValuesToBeBetween(
-            column="value", min_value=exp.value_min, max_value=exp.value_max
-        ),
-    ]
-
-
-def _balance_expectations(cfg: DatasetConfig) -> list:
-    import great_expectations.expectations as gxe
-
-    lo, hi = cfg.expectations.class_fraction
-    return [gxe.ExpectColumnValuesToBeBetween(column="fraction", min_value=lo, max_value=hi)]
-
-
-def _cross_expectations() -> list:
-    import great_expectations.expectations as gxe
-
-    return [gxe.ExpectColumnValuesToBeUnique(column="row_hash")]
-
-
-def _plan(cfg: DatasetConfig, frames: dict[str, pd.DataFrame], skipped: list[dict]) -> list[dict]:
-    """The frames to validate: name, report split, kind, frame, expectations, result format."""
-
-    def item(name, split, kind, frame, expectations, result_format, covers=1) -> dict:
-        return dict(name=name, split=split, kind=kind, frame=frame, expectations=expectations,
-                    result_format=result_format, covers=covers)
-
-    plan: list[dict] = []
+    classes = exp.classes if classification else None
+    items: list[Item] = []
     for s in SPLITS:
         df = frames[s]
-        has_label = cfg.label_column in df.columns
-        plan.append(item(s, s, "split", df, _split_expectations(cfg, s, has_label), _SUMMARY))
-        plan.append(item(f"{s}_schema", s, "schema", _schema_frame(cfg, df),
-                         _schema_expectations(), _complete("column", "dtype")))
-        numeric, other = _numeric_features(cfg, df)
-        if other:
-            skipped.append({"split": s, "check": "nulls, range",
-                            "reason": f"not numeric: {', '.join(other)}"})
-        if numeric:
-            # Each of its two expectations stands for one check per column it covers.
-            plan.append(item(f"{s}_cells", s, "cells", _cells_frame(df, numeric),
-                             _cells_expectations(cfg), _complete(*CELL_INDEX), covers=len(numeric)))
-        if has_label:
-            plan.append(item(f"{s}_balance", s, "balance", _balance_frame(cfg, df),
-                             _balance_expectations(cfg), _complete("label", "fraction")))
-        else:
+        pos = _first_positions(df)
+        schema = _schema_frame(exp, features, df)
+        stacked = _stacked_columns(exp, schema)
+        stacked_names = {c.name for c in stacked}
+
+        split = [gxe.ExpectTableColumnsToMatchOrderedList(column_list=exp.names),
+                 gxe.ExpectColumnToExist(column=label)]
+        if s in exp.rows:
+            lo, hi = exp.rows[s]
+            split.append(gxe.ExpectTableRowCountToBeBetween(min_value=lo, max_value=hi))
+        for c in exp.columns:
+            if c.name not in pos:
+                continue
+            if c.name not in stacked_names and (not c.nulls or c.name == label):
+                split.append(gxe.ExpectColumnValuesToNotBeNull(column=c.name))
+            if c.values is not None:
+                split.append(gxe.ExpectColumnValuesToBeInSet(column=c.name, value_set=list(c.values)))
+        items.append(Item(s, s, "split", df, split, SUMMARY))
+
+        present_features = [f for f in features if f in pos]
+        schema_exp = [gxe.ExpectColumnPairValuesToBeInSet(
+            column_A="expected", column_B="found", value_pairs_set=TYPE_PAIRS,
+            description="each column holds its expected type (integer | float | string | boolean)")]
+        covers = [len(schema)]
+        if present_features:
+            schema_exp.append(gxe.ExpectColumnValuesToBeInSet(
+                column="feature", value_set=list(NUMERIC),
+                description=f"numeric features: {_names_text(present_features)}"))
+            covers.append(len(present_features))
+        items.append(Item(f"{s}_schema", s, "schema", schema, schema_exp,
+                          complete("column", "dtype", "expected", "found"), covers))
+
+        numeric_expected = [c.name for c in exp.columns if c.type in ("integer", "float") and c.name in pos]
+        not_numeric = [n for n in numeric_expected if n not in stacked_names]
+        if not_numeric:
+            skipped.append({"split": s, "check": "range", "reason": f"not numeric: {', '.join(not_numeric)}"})
+        if stacked:
+            cells_exp, covers = _cells_expectations(stacked, label)
+            if cells_exp:
+                items.append(Item(f"{s}_cells", s, "cells", _cells_frame(df, stacked, label), cells_exp,
+                                  complete(*CELL_INDEX), covers))
+
+        if not classification:
+            continue
+        if label not in pos:
             skipped.append({"split": s, "check": "nulls, label_set, class_balance",
-                            "reason": f"no {cfg.label_column!r} column"})
-    cross = _cross_frame(cfg, frames)
+                            "reason": f"no {label!r} column"})
+        elif classes is None:
+            skipped.append({"split": s, "check": "label_set, class_balance",
+                            "reason": f"the expectations file lists no values (class set) for {label!r}"})
+        elif exp.class_share is not None:
+            lo, hi = exp.class_share
+            items.append(Item(f"{s}_balance", s, "balance", _balance_frame(classes, label, df),
+                              [gxe.ExpectColumnValuesToBeBetween(column="fraction", min_value=lo, max_value=hi)],
+                              complete("label", "fraction")))
+    cross = _cross_frame(exp.names, frames)
     if cross is not None:
         # Every duplicated hash is listed, so each leaked row is paired train <-> test.
-        plan.append(item("cross", "cross", "cross", cross,
-                         _cross_expectations(), _complete("row_hash", "split", "row")))
+        items.append(Item("cross", "cross", "cross", cross, [gxe.ExpectColumnValuesToBeUnique(column="row_hash")],
+                          complete("row_hash", "split", "row")))
     else:
-        skipped.append({"split": "cross", "check": "leak",
-                        "reason": "train and test share no configured column"})
-    return plan
+        skipped.append({"split": "cross", "check": "leak", "reason": "train and test share no expected column"})
+    return items
 
 
 # --------------------------------------------------------------------------- validation
 
 
-def validate_dataset(
-    cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_dir: Path
-) -> dict:
-    """Run the expectation suites on ``splits`` and write the report files into ``report_dir``.
+def validate_table(exp: TableExpectations, features: list[str], label: str, splits: dict[str, pd.DataFrame],
+                   report_dir: Path, classification: bool) -> dict:
+    """Validate ``splits`` (``{"train", "test"}`` frames as read, e.g. ``tasks.table.load_frames``)
+    against ``exp``; write ``gx_result.json``, ``summary.md`` and Data Docs into ``report_dir``.
 
-    Never raises on bad data: every problem is a failure in the returned report (see
-    ``validation.report`` for the failure shape). Returns a JSON-serialisable dict::
-
-        {"success": bool,
-         "n_expectations": int,  # checks: a stacked-cells expectation counts once per column
-         "n_failed": int,        # == len(failures)
-         "failures": [...], "duration_s": float,
-         "files": {"result_json", "summary_md", "data_docs"},   # data_docs None if not built
-         "rows": {"train": n, "test": n},
-         "skipped": [{"split", "check", "reason"}],              # checks that could not run
-         "gx": {"version", "expectations", "failed"}}            # GX's own counts
+    Never raises on bad data: every problem is a failure in the returned report (shape in
+    ``validation.gx_run.write_report``, failures in ``validation.report``). Raises ValueError
+    when the caller's columns contradict ``exp`` (a feature or the label not in the file).
     """
-    if cfg.kind == "text":
-        from validation import text_suite
-
-        return text_suite.validate_dataset(cfg, splits, report_dir)
     started = time.perf_counter()
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-
     missing = [s for s in SPLITS if s not in splits]
     if missing:
-        raise ValueError(f"validate_dataset needs splits {list(SPLITS)}; missing {missing}")
-    report_dir = Path(report_dir)
-    report_dir.mkdir(parents=True, exist_ok=True)
+        raise ValueError(f"validate_table needs splits {list(SPLITS)}; missing {missing}")
+    unknown = [c for c in [*features, label] if c not in exp.names]
+    if unknown:
+        raise ValueError(f"column(s) {unknown} are not in the expectations file (columns: {exp.names})")
+    if exp.label is not None and exp.label != label:
+        raise ValueError(f"label: the config reads {label!r}, the expectations file says {exp.label!r}")
 
     frames = {s: _coerce_integral(splits[s]) for s in SPLITS}
     skipped: list[dict] = []
-    plan = _plan(cfg, frames, skipped)
+    items = _plan(exp, list(features), label, classification, frames, skipped)
+    run = run_items(items, started)
+    triples = [(item.split, item.kind, evr) for item, evr in run.results(items)]
+    failures = sort_failures(failures_from_results(triples, label_column=label), exp.names)
+    return write_report(run, items, report_dir, failures=failures,
+                        rows={s: int(len(splits[s])) for s in SPLITS}, skipped=skipped)
 
-    context = gx.get_context(mode="ephemeral")
-    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
-    datasource = context.data_sources.add_pandas(name="trainflow")
-    run_id = gx.RunIdentifier(run_name="trainflow-validate")
-
-    raw: dict[str, dict] = {}
-    triples: list[tuple[str, str, dict]] = []
-    n_checks = 0
-    gx_failed = 0
-    for item in plan:
-        name = item["name"]
-        batch = datasource.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe(
-            name=f"{name}_whole"
-        )
-        suite = context.suites.add(
-            gx.ExpectationSuite(name=f"trainflow_{name}", expectations=item["expectations"])
-        )
-        definition = context.validation_definitions.add(
-            gx.ValidationDefinition(name=f"trainflow_{name}", data=batch, suite=suite)
-        )
-        try:
-            result = definition.run(
-                batch_parameters={"dataframe": item["frame"]},
-                result_format=item["result_format"],
-                run_id=run_id,
-            )
-            raw[name] = result.to_json_dict()
-        except Exception as exc:  # noqa: BLE001 - report, never crash on data GX chokes on
-            log.warning("GX could not validate %s: %s: %s", name, type(exc).__name__, exc)
-            raw[name] = _errored_result(item["expectations"], exc)
-        for evr in raw[name].get("results", []):
-            triples.append((item["split"], item["kind"], evr))
-            n_checks += item["covers"]
-            gx_failed += 0 if evr.get("success") else 1
-
-    failures = sort_failures(
-        failures_from_results(triples, label_column=cfg.label_column), list(cfg.columns)
-    )
-    (report_dir / RESULT_JSON).write_text(
-        json.dumps(
-            jsonable(
-                {
-                    "great_expectations_version": gx.__version__,
-                    "run_id": run_id.to_json_dict(),
-                    "success": all(r.get("success") for r in raw.values()),
-                    "validations": raw,
-                }
-            ),
-            indent=1,
-            allow_nan=False,
-        )
-    )
-    files = {
-        "result_json": str(report_dir / RESULT_JSON),
-        "summary_md": str(report_dir / SUMMARY_MD),
-        "data_docs": _build_data_docs(context, report_dir),
-    }
-    report = jsonable(
-        {
-            "success": not failures and not skipped,
-            "n_expectations": n_checks,
-            "n_failed": len(failures),
-            "failures": failures,
-            "duration_s": round(time.perf_counter() - started, 3),
-            "files": files,
-            "rows": {s: int(len(splits[s])) for s in SPLITS},
-            "skipped": skipped,
-            "gx": {"version": gx.__version__, "expectations": len(triples), "failed": gx_failed},
-        }
-    )
-    (report_dir / SUMMARY_MD).write_text(summary_markdown(report))
-    return report
-
-
-def _errored_result(expectations: list, exc: Exception) -> dict:
-    """A suite result in GX's JSON shape where every expectation failed with ``exc``."""
-    message = f"{type(exc).__name__}: {exc}"
-    return {
-        "success": False,
-        "error": message,
-        "results": [
-            {
-                "success": False,
-                "expectation_config": e.configuration.to_json_dict(),
-                "result": {},
-                "exception_info": {"raised_exception": True, "exception_message": message},
-            }
-            for e in expectations
-        ],
-    }
-
-
-def _build_data_docs(context: Any, report_dir: Path) -> str | None:
-    """Data Docs HTML under report_dir/data_docs; a warning and None if building fails."""
-    base = (report_dir / DATA_DOCS_DIR).resolve()
-    try:
-        context.add_data_docs_site(
-            site_name=DATA_DOCS_SITE,
-            site_config={
-                "class_name": "SiteBuilder",
-                "show_how_to_buttons": False,
-                "store_backend": {
-                    "class_name": "TupleFilesystemStoreBackend",
-                    "base_directory": str(base),
-                },
-                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
-                # Validation pages only: they show each expectation with its result; suite
-                # pages would repeat the expectations and double the build time.
-                "site_section_builders": {"expectations": "0", "profiling": "0"},
-            },
-        )
-        context.build_data_docs(site_names=[DATA_DOCS_SITE])
-    except Exception as exc:  # noqa: BLE001 - docs are a convenience; the JSON is the record
-        log.warning("Data Docs were not built (%s: %s); see %s", type(exc).__name__, exc, RESULT_JSON)
-        return None
-    index = base / "index.html"
-    if not index.is_file():
-        log.warning("Data Docs build wrote no %s", index)
-        return None
-    return str(index)

@@ -1,4 +1,4 @@
-"""Great Expectations suite for a text corpus (``dataset.kind: text``), same report shape as tabular.
+"""Great Expectations suite for a text corpus (the ``lm`` task's ``dataset.text``), same report shape as tables.
 
 The corpus is JSON Lines, one ``{"path", "text"}`` document per line. GX runs on derived frames
 with one row per document, so a suite costs a handful of expectations whatever the corpus size:
@@ -21,24 +21,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.config import DatasetConfig
 from core.errors import DataUnavailableError
-from validation.report import MAX_EXAMPLES, _fmt_bound, jsonable, summary_markdown
+from validation.gx_run import Item, complete, run_items, write_report
+from validation.report import MAX_EXAMPLES, _fmt_bound, jsonable
 
 if TYPE_CHECKING:
     import pandas as pd
 
-log = logging.getLogger(__name__)
-
 SPLITS = ("train", "eval")
-RESULT_JSON = "gx_result.json"
-SUMMARY_MD = "summary.md"
-DATA_DOCS_DIR = "data_docs"
 COLUMNS = ["doc", "line", "path", "parsed", "utf8", "nonblank", "n_bytes", "sha256"]
 _CHECK_ORDER = ("row_count", "format", "utf8", "empty", "length", "duplicate", "leak", "other")
 
@@ -114,11 +109,6 @@ def _cross_frame(frames: dict[str, pd.DataFrame], column: str) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def _complete(*index_columns: str) -> dict:
-    return {"result_format": "COMPLETE", "unexpected_index_column_names": list(index_columns),
-            "exclude_unexpected_values": True, "return_unexpected_index_query": False}
-
-
 def _plan(cfg: DatasetConfig, frames: dict[str, pd.DataFrame]) -> list[dict]:
     import great_expectations.expectations as gxe
 
@@ -134,11 +124,11 @@ def _plan(cfg: DatasetConfig, frames: dict[str, pd.DataFrame]) -> list[dict]:
             ("empty", gxe.ExpectColumnValuesToBeInSet(column="nonblank", value_set=[True])),
             ("length", gxe.ExpectColumnValuesToBeBetween(column="n_bytes", min_value=lo, max_value=hi)),
             ("duplicate", gxe.ExpectColumnValuesToBeUnique(column="path")),
-        ], result_format=_complete("doc", "line", "path", "n_bytes")))
+        ], result_format=complete("doc", "line", "path", "n_bytes")))
     for column in ("path", "sha256"):
         plan.append(dict(name=f"cross_{column}", split="cross", frame=_cross_frame(frames, column), checks=[
             ("leak", gxe.ExpectColumnValuesToBeUnique(column=column)),
-        ], result_format=_complete(*dict.fromkeys((column, "split", "doc", "path")))))
+        ], result_format=complete(*dict.fromkeys((column, "split", "doc", "path")))))
     return plan
 
 
@@ -209,59 +199,46 @@ def _sort(failures: list[dict]) -> list[dict]:
                                            _CHECK_ORDER.index(f["check"]) if f["check"] in _CHECK_ORDER else 9))
 
 
-def validate_dataset(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_dir: Path) -> dict:
-    """Run the text suite on ``splits`` (from :func:`load_splits`); same report as the tabular suite."""
+def validate_text(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_dir: Path) -> dict:
+    """Run the text suite on ``splits`` (from :func:`load_splits`) and write the report files into
+    ``report_dir``; the same report shape as the tabular suite (``validation.gx_run.write_report``).
+    Never raises on bad data."""
     started = time.perf_counter()
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-
-    from validation.suite import _build_data_docs, _errored_result
-
     missing = [s for s in SPLITS if s not in splits]
     if missing:
-        raise ValueError(f"validate_dataset needs splits {list(SPLITS)}; missing {missing}")
-    report_dir = Path(report_dir)
-    report_dir.mkdir(parents=True, exist_ok=True)
+        raise ValueError(f"validate_text needs splits {list(SPLITS)}; missing {missing}")
     plan = _plan(cfg, splits)
-    context = gx.get_context(mode="ephemeral")
-    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
-    datasource = context.data_sources.add_pandas(name="trainflow")
-    run_id = gx.RunIdentifier(run_name="trainflow-validate")
-    raw, failures, n_checks, gx_failed = {}, [], 0, 0
-    for item in plan:
-        name = item["name"]
-        expectations = [e for _, e in item["checks"]]
-        batch = datasource.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe(name=f"{name}_whole")
-        suite = context.suites.add(gx.ExpectationSuite(name=f"trainflow_{name}", expectations=expectations))
-        definition = context.validation_definitions.add(
-            gx.ValidationDefinition(name=f"trainflow_{name}", data=batch, suite=suite))
-        try:
-            raw[name] = definition.run(batch_parameters={"dataframe": item["frame"]},
-                                       result_format=item["result_format"], run_id=run_id).to_json_dict()
-        except Exception as exc:  # noqa: BLE001 - report, never crash on data GX chokes on
-            log.warning("GX could not validate %s: %s: %s", name, type(exc).__name__, exc)
-            raw[name] = _errored_result(expectations, exc)
+    items = [Item(p["name"], p["split"], "text", p["frame"], [e for _, e in p["checks"]], p["result_format"])
+             for p in plan]
+    run = run_items(items, started)
+    failures = []
+    for p, item in zip(plan, items):
         # GX returns results in its own order: match them to checks by expectation type + column.
-        checks = {(e.expectation_type, getattr(e, "column", None)): c for c, e in item["checks"]}
-        for evr in raw[name].get("results", []):
-            n_checks += 1
+        checks = {(e.expectation_type, getattr(e, "column", None)): c for c, e in p["checks"]}
+        for evr in run.raw[item.name].get("results", []):
             if evr.get("success"):
                 continue
-            gx_failed += 1
             cfg_ = evr.get("expectation_config") or {}
             key = (cfg_.get("type"), (cfg_.get("kwargs") or {}).get("column"))
-            failures.append(failure(item["split"], checks.get(key, "other"), evr))
-    failures = _sort(failures)
-    (report_dir / RESULT_JSON).write_text(json.dumps(jsonable({
-        "great_expectations_version": gx.__version__, "run_id": run_id.to_json_dict(),
-        "success": all(r.get("success") for r in raw.values()), "validations": raw}), indent=1, allow_nan=False))
-    files = {"result_json": str(report_dir / RESULT_JSON), "summary_md": str(report_dir / SUMMARY_MD),
-             "data_docs": _build_data_docs(context, report_dir)}
-    report = jsonable({
-        "success": not failures, "n_expectations": n_checks, "n_failed": len(failures), "failures": failures,
-        "duration_s": round(time.perf_counter() - started, 3), "files": files,
-        "rows": {s: int(len(splits[s])) for s in SPLITS}, "skipped": [],
-        "gx": {"version": gx.__version__, "expectations": n_checks, "failed": gx_failed},
+            failures.append(failure(item.split, checks.get(key, "other"), evr))
+    return write_report(run, items, report_dir, failures=_sort(failures),
+                        rows={s: int(len(splits[s])) for s in SPLITS}, skipped=[])
+
+
+def text_suite_hash(cfg: DatasetConfig) -> str:
+    """Identity of the suite :func:`validate_text` builds: the corpus bounds, this module's, the
+    runner's and ``validation.report``'s code and the GX version (GX is not imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from core.hashing import file_sha256, sha256_json
+
+    here = Path(__file__).resolve().parent
+    try:
+        gx_version = version("great_expectations")
+    except PackageNotFoundError:
+        gx_version = "missing"
+    return sha256_json({
+        "text": cfg.text.model_dump(mode="json") if cfg.text is not None else None,
+        "code": [file_sha256(here / name) for name in ("text_suite.py", "gx_run.py", "report.py")],
+        "gx": gx_version,
     })
-    (report_dir / SUMMARY_MD).write_text(summary_markdown(report))
-    return report

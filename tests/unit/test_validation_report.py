@@ -1,16 +1,15 @@
-"""validation.report (pure: hand-written GX result dicts, no GX run) and validation.load_splits."""
+"""validation.report (pure: hand-written GX result dicts, no GX run) and the suite's hashes."""
 
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
-from core.config import DatasetConfig
 from core.errors import DataUnavailableError
-from validation import load_splits, summary_markdown
+from core.expectations import ColumnExpectation, TableExpectations
+from validation import summary_markdown, table_data_hash, table_suite_hash
 from validation.report import (
     cells_failures,
     failure_from_result,
@@ -20,7 +19,6 @@ from validation.report import (
     sort_failures,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def evr(etype: str, kwargs: dict, result: dict, success: bool = False, exception: dict | None = None) -> dict:
@@ -150,7 +148,22 @@ def test_label_set_failure_shows_values_and_the_class_range():
         "test",
     )
     assert (f["check"], f["column"], f["unexpected_count"], f["examples"]) == ("label_set", "label", 7, [12, 12, 11, 15, 12])
-    assert f["detail"] == "7 values not in {0..9}, e.g. 12, 12, 11, 15, 12 (rows 9, 10, 11, 12, 13 ...)"
+    assert f["detail"] == "7 values not in the class set {0..9}, e.g. 12, 12, 11, 15, 12 (rows 9, 10, 11, 12, 13 ...)"
+
+    other = failure_from_result(
+        evr("expect_column_values_to_be_in_set", {"column": "colour", "value_set": ["red", "white"]},
+            {"unexpected_count": 1, "partial_unexpected_list": ["rose"], "partial_unexpected_index_list": [4]}),
+        "train",
+    )
+    assert (other["check"], other["column"]) == ("value_set", "colour")
+    assert other["detail"] == "1 value not in {red, white}, e.g. rose (row 4)"
+
+
+def test_a_missing_label_column_names_it():
+    f = failure_from_result(
+        evr("expect_column_to_exist", {"column": "target"}, {}), "test", label_column="target")
+    assert (f["check"], f["column"], f["examples"], f["detail"]) == (
+        "label_column", "target", ["target"], "no label column 'target'")
 
 
 def test_row_count_and_column_list_failures_are_table_level():
@@ -176,20 +189,38 @@ def test_row_count_and_column_list_failures_are_table_level():
     assert "out of order" in order["detail"] and order["examples"] == ["c", "b"]
 
 
-def test_schema_failure_names_each_bad_column_and_dtype():
+def test_schema_failure_names_each_bad_column_with_expected_and_found_type():
     f = failure_from_result(
         evr(
-            "expect_column_values_to_be_in_set",
-            {"column": "dtype", "value_set": ["int64", "Int64"]},
+            "expect_column_pair_values_to_be_in_set",
+            {"column_A": "expected", "column_B": "found", "value_pairs_set": [["integer", "integer"]]},
             {"unexpected_count": 1,
-             "unexpected_index_list": [{"column": ["pixel_7"], "dtype": ["str"]}]},  # dict of lists
+             "unexpected_index_list": [{"column": ["pixel_7"], "dtype": ["str"], "expected": ["integer"],
+                                        "found": ["string"]}]},  # dict of lists
         ),
         "train",
         "schema",
     )
     assert (f["check"], f["column"], f["unexpected_count"]) == ("dtype", "pixel_7", 1)
-    assert f["examples"] == [{"column": "pixel_7", "dtype": "str"}]
-    assert f["detail"] == "1 column not of an integer dtype: pixel_7 is str"
+    assert f["examples"] == [{"column": "pixel_7", "dtype": "str", "expected": "integer", "found": "string"}]
+    assert f["detail"] == "1 column of the wrong type: pixel_7 holds string (str), expected integer"
+
+
+def test_a_non_numeric_feature_is_named_with_its_dtype():
+    f = failure_from_result(
+        evr(
+            "expect_column_values_to_be_in_set",
+            {"column": "feature", "value_set": ["integer", "float", "null"]},
+            {"unexpected_count": 2,
+             "unexpected_index_list": [{"column": ["hue", "colour"], "dtype": ["str", "bool"],
+                                        "expected": ["float", "string"], "found": ["string", "boolean"]}]},
+        ),
+        "test",
+        "schema",
+    )
+    assert (f["check"], f["column"], f["unexpected_count"]) == ("numeric", None, 2)
+    assert f["examples"] == [{"column": "hue", "dtype": "str"}, {"column": "colour", "dtype": "bool"}]
+    assert f["detail"] == "2 feature columns not numeric: hue is str, colour is bool"
 
 
 def test_balance_failure_names_the_labels_out_of_range():
@@ -270,6 +301,29 @@ def test_cells_failures_split_one_gx_result_into_exact_per_column_counts():
     assert nulls == [dict(NULL_FAILURE, unexpected_count=1, examples=["row 3"], rows=[3], detail="1 null value (row 3)")]
 
 
+def test_cells_range_failures_name_each_column_s_own_bound():
+    def pair(column_a, column_b, cells):
+        return evr(
+            "expect_column_pair_values_a_to_be_greater_than_b",
+            {"column_A": column_a, "column_B": column_b, "or_equal": True},
+            {"unexpected_count": len(cells["cell_row"]), "unexpected_index_list": [cells]},
+        )
+
+    low = cells_failures(pair("value", "min", {
+        "cell_column": ["alcohol", "proline"], "cell_row": [1, 2], "cell_value": [3.5, 100.0],
+        "cell_min": [10.2, 278.0], "cell_max": [15.6, None]}), "train")
+    assert [(f["check"], f["column"], f["examples"], f["detail"]) for f in low] == [
+        ("range", "alcohol", [3.5], "1 value below min 10.2, e.g. 3.5 (row 1)"),
+        ("range", "proline", [100], "1 value below min 278, e.g. 100 (row 2)"),
+    ]
+    high = cells_failures(pair("max", "value", {
+        "cell_column": ["pixel_3", "pixel_3"], "cell_row": [0, 9], "cell_value": [17, 20],
+        "cell_min": [0.0, 0.0], "cell_max": [16.0, 16.0]}), "test")
+    assert [(f["column"], f["unexpected_count"], f["detail"]) for f in high] == [
+        ("pixel_3", 2, "2 values above max 16, e.g. 17, 20 (rows 0, 9)"),
+    ]
+
+
 def test_failures_from_results_skips_successes_and_flattens_cells():
     ok = evr("expect_column_values_to_not_be_null", {"column": "label"}, {"unexpected_count": 0}, success=True)
     bad_cells = evr(
@@ -295,13 +349,19 @@ def test_sort_failures_orders_split_then_table_then_columns_then_balance_and_lea
         f("train", "range", "pixel_2"),
         f("train", "dtype", "pixel_3"),
         f("train", "columns"),
+        f("train", "numeric", "pixel_4"),
+        f("train", "value_set", "pixel_2"),
+        f("train", "label_column", "label"),
     ]
     columns = [f"pixel_{i}" for i in range(64)] + ["label"]
     got = [(x["split"], x["check"], x["column"]) for x in sort_failures(shuffled, columns)]
     assert got == [
         ("train", "columns", None),
+        ("train", "label_column", "label"),
         ("train", "dtype", "pixel_3"),
+        ("train", "numeric", "pixel_4"),
         ("train", "range", "pixel_2"),
+        ("train", "value_set", "pixel_2"),
         ("train", "nulls", "pixel_10"),
         ("train", "range", "pixel_10"),
         ("train", "label_set", "label"),
@@ -330,31 +390,40 @@ def test_jsonable_gives_strict_json():
     json.dumps(out, allow_nan=False)
 
 
-# ----------------------------------------------------------------------------- import cost, loading
+# ----------------------------------------------------------------------------- the suite's hashes
 
 
-def test_load_splits_reads_both_splits():
-    cfg = DatasetConfig()
-    splits = load_splits(cfg, ROOT)
-    assert set(splits) == {"train", "test"}
-    assert list(splits["train"].columns) == cfg.columns
-    assert len(splits["train"]) > len(splits["test"]) > 0
+def _digits_like(**overrides) -> TableExpectations:
+    cols = [ColumnExpectation(name=f"pixel_{i}", type="integer", min=0, max=16) for i in range(3)]
+    cols.append(ColumnExpectation(name="label", type="integer", values=[0, 1]))
+    return TableExpectations(label="label", columns=cols, rows={"train": (10, 20)}, class_share=(0.4, 0.6)).model_copy(
+        update=overrides)
 
 
-def test_load_splits_names_the_missing_file(tmp_path):
-    (tmp_path / "data" / "digits").mkdir(parents=True)
-    (tmp_path / "data" / "digits" / "train.csv").write_text("pixel_0,label\n1,2\n")
+def test_suite_hash_changes_with_any_bound_column_or_role():
+    exp = _digits_like()
+    features = ["pixel_0", "pixel_1", "pixel_2"]
+    base = table_suite_hash(exp, features, "label", True)
+    assert base == table_suite_hash(_digits_like(), list(features), "label", True)
+    bumped = [c.model_copy(update={"max": 15.0}) if c.name == "pixel_1" else c for c in exp.columns]
+    others = {
+        table_suite_hash(exp.model_copy(update={"columns": bumped}), features, "label", True),
+        table_suite_hash(exp.model_copy(update={"rows": {"train": (10, 21)}}), features, "label", True),
+        table_suite_hash(exp.model_copy(update={"class_share": (0.3, 0.6)}), features, "label", True),
+        table_suite_hash(exp, features[:2], "label", True),
+        table_suite_hash(exp, features, "label", False),
+    }
+    assert base not in others and len(others) == 5
+
+
+def test_data_hash_follows_the_bytes_and_names_a_missing_file(tmp_path):
+    a, b = tmp_path / "train.csv", tmp_path / "test.csv"
+    a.write_text("x,label\n1,0\n")
+    b.write_text("x,label\n2,1\n")
+    first = table_data_hash([a, b])
+    assert first == table_data_hash([a, b]) and len(first) == 64
+    b.write_text("x,label\n3,1\n")
+    assert table_data_hash([a, b]) != first
     with pytest.raises(DataUnavailableError) as err:
-        load_splits(DatasetConfig(), tmp_path)
-    message = str(err.value)
-    assert str(tmp_path / "data" / "digits" / "test.csv") in message
-    assert "test split" in message and "dvc pull" in message
-
-
-def test_load_splits_reports_an_unreadable_file(tmp_path):
-    folder = tmp_path / "data" / "digits"
-    folder.mkdir(parents=True)
-    (folder / "train.csv").write_text("")
-    (folder / "test.csv").write_text("pixel_0,label\n1,2\n")
-    with pytest.raises(DataUnavailableError, match="train split .* cannot be read as CSV"):
-        load_splits(DatasetConfig(), tmp_path)
+        table_data_hash([a, tmp_path / "gone.csv"])
+    assert str(tmp_path / "gone.csv") in str(err.value) and "dvc pull" in str(err.value)
