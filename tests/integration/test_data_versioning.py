@@ -36,3 +36,7 @@ def test_fresh_clone_pulls_the_data_offline(repo_root, tmp_path):
     status = subprocess.run([str(VENV_BIN / "dvc"), "status", "data/digits.dvc"], cwd=clone,
                             capture_output=True, text=True, check=True)
     assert "up to date" in status.stdout.lower()
+    # The pulled data is git-ignored (data/.gitignore), so the clone stays clean.
+    porcelain = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True,
+                               check=True)
+    assert porcelain.stdout == ""
