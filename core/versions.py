@@ -163,7 +163,7 @@ def code_changes(root: Path, since: str | None) -> list[str] | None:
     """Code files changed from commit ``since`` to the workspace (committed or not), leaving out
     ``NOT_CODE``. None when ``since`` is unknown or not a commit of ``root``.
 
-    A git sha alone would call every data commit (``data.dvc``) a code change.
+    A git sha alone would call every data commit (``data/*.dvc``) a code change.
     """
     import fnmatch
 

@@ -142,7 +142,7 @@ def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], Non
     try:
         checkout_commit(root, manifest["git_sha"], src)
         log(f"code: {manifest['git_sha'][:12]} checked out in {src}")
-        dvc_file = config.get("dataset", {}).get("dvc_file", "data.dvc")
+        dvc_file = config.get("dataset", {}).get("dvc_file", "data/digits.dvc")
         warnings += restore_data(src, dvc_file, manifest["data"]["md5"], cache_dir(root))
         log(f"data: {manifest['data']['md5']} restored from the DVC cache/remote")
     except (SourceUnavailableError, DataUnavailableError) as exc:

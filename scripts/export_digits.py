@@ -1,12 +1,13 @@
 """Export scikit-learn's UCI handwritten digits as the bundled, DVC-tracked dataset.
 
     python scripts/export_digits.py            # (re)write data/digits/{train,test}.csv
-    python scripts/export_digits.py --check    # export to a temp dir, prove the hash equals data.dvc
+    python scripts/export_digits.py --check    # export to a temp dir, prove the hash equals data/digits.dvc
 
 The export is byte-stable: a fixed stratified split from a seed, integer pixels
 written by hand (no float formatting, no library-version metadata). ``--check``
 recomputes DVC's directory hash (md5 of the sorted ``[{md5, relpath}]`` JSON,
-suffixed ``.dir``) and compares it with ``outs[0].md5`` of ``data.dvc``.
+suffixed ``.dir``) of the ``digits`` folder and compares it with ``outs[0].md5`` of
+``data/digits.dvc``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SEED = 20261129
 TEST_FRACTION = 0.2
 N_PIXELS = 64
+DVC_FILE = "data/digits.dvc"
 
 
 def split_indices(labels: np.ndarray, seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
@@ -63,21 +65,21 @@ def export(dest: Path) -> dict[str, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="export to a temp dir and compare with data.dvc")
+    ap.add_argument("--check", action="store_true", help=f"export to a temp dir and compare with {DVC_FILE}")
     ap.add_argument("--dest", type=Path, default=ROOT / "data")
     args = ap.parse_args(argv)
     if not args.check:
         export(args.dest)
-        print(f"wrote {args.dest} ({dvc_dir_md5(args.dest)})")
+        print(f"wrote {args.dest / 'digits'} ({dvc_dir_md5(args.dest / 'digits')})")
         return 0
-    recorded = yaml.safe_load((ROOT / "data.dvc").read_text())["outs"][0]["md5"]
+    recorded = yaml.safe_load((ROOT / DVC_FILE).read_text())["outs"][0]["md5"]
     with tempfile.TemporaryDirectory() as tmp:
         export(Path(tmp))
-        fresh = dvc_dir_md5(Path(tmp))
+        fresh = dvc_dir_md5(Path(tmp) / "digits")
     if fresh != recorded:
-        print(f"MISMATCH: fresh export {fresh} != data.dvc {recorded}", file=sys.stderr)
+        print(f"MISMATCH: fresh export {fresh} != {DVC_FILE} {recorded}", file=sys.stderr)
         return 1
-    print(f"OK: fresh export hashes to {fresh}, as recorded in data.dvc")
+    print(f"OK: fresh export hashes to {fresh}, as recorded in {DVC_FILE}")
     return 0
 
 

@@ -70,7 +70,9 @@ def build_project(proj: Path, repo_root: Path, bundled_data: Path, mutate=None, 
     run(["git", "init", "-q"], proj)
     run([DVC_BIN, "init", "-q"], proj)
     run([DVC_BIN, "config", "core.analytics", "false"], proj)
-    run([DVC_BIN, "add", "-q", "data"], proj)
+    # One .dvc per dataset folder (data/digits.dvc: configs/digits.yaml's dataset.dvc_file), so
+    # another dataset under data/ can be added beside it. DVC git-ignores the folder in data/.gitignore.
+    run([DVC_BIN, "add", "-q", "data/digits"], proj)
     run(["git", "add", "-A"], proj)
     run(["git", *GIT_ID, "commit", "-qm", "data"], proj)
     return proj
@@ -87,10 +89,10 @@ def commit_data(proj: Path, mutate, message: str = "new data") -> str:
     mutate(train, test)
     train.to_csv(data / "train.csv", index=False)
     test.to_csv(data / "test.csv", index=False)
-    run([DVC_BIN, "add", "-q", "data"], proj)
+    run([DVC_BIN, "add", "-q", "data/digits"], proj)
     run(["git", "add", "-A"], proj)
     run(["git", *GIT_ID, "commit", "-qm", message], proj)
-    return yaml.safe_load((proj / "data.dvc").read_text())["outs"][0]["md5"]
+    return yaml.safe_load((proj / "data" / "digits.dvc").read_text())["outs"][0]["md5"]
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The bundled dataset: a fresh clone pulls it offline from the in-repo DVC remote,
-and a fresh export hashes to the version recorded in data.dvc."""
+and a fresh export hashes to the version recorded in data/digits.dvc."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_export_script_reproduces_the_dvc_hash(repo_root):
     out = subprocess.run([sys.executable, "scripts/export_digits.py", "--check"], cwd=repo_root,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    md5 = yaml.safe_load((repo_root / "data.dvc").read_text())["outs"][0]["md5"]
+    md5 = yaml.safe_load((repo_root / "data" / "digits.dvc").read_text())["outs"][0]["md5"]
     assert md5 in out.stdout
 
 
@@ -28,10 +28,15 @@ def test_fresh_clone_pulls_the_data_offline(repo_root, tmp_path):
         pytest.skip("not a git checkout with commits")
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(repo_root), str(clone)], check=True)
-    assert not (clone / "data").exists()  # data is not in git, only its hash and the DVC remote
+    assert not (clone / "data" / "digits").exists()  # data is not in git, only its hash and the DVC remote
+    assert (clone / "data" / "digits.dvc").is_file()
     subprocess.run([str(VENV_BIN / "dvc"), "pull", "-q"], cwd=clone, check=True, timeout=120)
     for name in ("train.csv", "test.csv"):
         assert (clone / "data" / "digits" / name).read_bytes() == (repo_root / "data" / "digits" / name).read_bytes()
-    status = subprocess.run([str(VENV_BIN / "dvc"), "status", "data.dvc"], cwd=clone,
+    status = subprocess.run([str(VENV_BIN / "dvc"), "status", "data/digits.dvc"], cwd=clone,
                             capture_output=True, text=True, check=True)
     assert "up to date" in status.stdout.lower()
+    # The pulled data is git-ignored (data/.gitignore), so the clone stays clean.
+    porcelain = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True,
+                               check=True)
+    assert porcelain.stdout == ""

@@ -71,7 +71,7 @@ def test_full_flow_registers_champion_with_manifest_tags(first_run, state, bundl
     assert all(g["passed"] for g in s["gates"]) and len(s["gates"]) == 4  # no champion yet
     assert s["tracking_uri"].startswith("sqlite:////")
     mv = client().get_model_version_by_alias("digits-classifier", "champion")
-    dvc_md5 = __import__("yaml").safe_load((bundled_data.parents[1] / "data.dvc").read_text())["outs"][0]["md5"]
+    dvc_md5 = __import__("yaml").safe_load((bundled_data.parent / "digits.dvc").read_text())["outs"][0]["md5"]
     for key in ("git_sha", "config_sha256", "data_md5", "image_digest", "packages_sha256", "weights_sha256"):
         assert mv.tags.get(key), key
     assert mv.tags["data_md5"] == dvc_md5 == s["manifest"]["data"]["md5"]

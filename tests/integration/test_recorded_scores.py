@@ -63,7 +63,7 @@ def make_ctx(store, project: Path, model_name: str, tmp_path: Path):
     from registry.store import start_run
 
     cfg = load_config(project / "configs" / "digits.yaml", [f"registry.model_name={model_name}"])
-    manifest = Manifest("0" * 40, False, cfg.name, cfg.config_id(), DataRef("data.dvc", "feed.dir", "HEAD"),
+    manifest = Manifest("0" * 40, False, cfg.name, cfg.config_id(), DataRef("data/digits.dvc", "feed.dir", "HEAD"),
                         ImageRef(), "0" * 64, 0, World(1, 2, "gloo"))
     run_id = start_run(store["experiment_id"], "recorded", {"config_name": cfg.name})
     out = tmp_path / run_id

@@ -124,7 +124,7 @@ def test_new_data_version_trains_and_reports_no_drift(project, tmp_path):
     d = s["retrain"]
     assert d["train"] and s["status"] == "registered"
     assert any(r.startswith(f"data changed: {old['data_md5']} -> {md5}") for r in d["reasons"])
-    # Only data.dvc changed in git: that is not a code change.
+    # Only data/digits.dvc changed in git: that is not a code change.
     assert d["code_changes"] == [] and not any(r.startswith("code") for r in d["reasons"])
     drift = d["drift"]
     assert drift is not None and drift["drifted"] is False and drift["n_features"] == 64

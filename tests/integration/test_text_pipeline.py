@@ -61,7 +61,7 @@ def test_fresh_clone_pulls_the_text_corpus_from_the_in_repo_remote(repo_root, st
     subprocess.run([str(VENV_BIN / "dvc"), "pull", "-q", "data-stdlib.dvc"], cwd=clone, check=True, timeout=120)
     for name in ("train.jsonl", "val.jsonl", "manifest.json"):
         assert (clone / "data-stdlib" / name).read_bytes() == (stdlib_data / name).read_bytes()
-    assert not (clone / "data").exists()  # only the named dataset was pulled
+    assert not (clone / "data" / "digits").exists()  # only the named dataset was pulled
 
 
 # -- GX text suite --------------------------------------------------------------------------

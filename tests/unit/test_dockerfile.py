@@ -85,5 +85,5 @@ def test_command_runs_the_cli_and_workers_can_replace_it(dockerfile, repo_root):
 
 def test_dockerignore_keeps_local_state_out_of_the_context(repo_root):
     ignored = set((repo_root / ".dockerignore").read_text().split())
-    assert {".venv", ".trainflow", ".git", "data"} <= ignored
+    assert {".venv", ".trainflow", ".git", "data/*", "!data/*.dvc"} <= ignored
     assert "dvc-store" not in ignored and "requirements" not in ignored
