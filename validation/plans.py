@@ -9,38 +9,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.errors import DataUnavailableError
-
 
 def data_key(plan) -> str:
-    """sha256 over the bytes of the files the plan reads (what is in the workspace, not what the
-    DVC file claims: an edit nobody ``dvc add``-ed is never taken for validated)."""
-    from core.hashing import file_sha256, sha256_json
+    """sha256 over the bytes of the files the plan reads (DataUnavailableError names a missing one)."""
+    from validation.suite import table_data_hash
 
-    digests = []
-    for path in plan.files:
-        if not Path(path).is_file():
-            raise DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the workspace; "
-                                       "run `dvc pull` (or check the config's dataset paths)")
-        digests.append([Path(path).name, file_sha256(path)])
-    return sha256_json(digests)
+    return table_data_hash(plan.files)
 
 
 def suite_key(plan) -> str:
-    """Identity of the suite the plan runs: its parameters, the validation code and the GX version."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from core.hashing import file_sha256, sha256_json
-
-    here = Path(__file__).resolve().parent
-    try:
-        gx_version = version("great_expectations")
-    except PackageNotFoundError:
-        gx_version = "missing"
-    params = {k: (v.model_dump(mode="json") if hasattr(v, "model_dump") else v)
-              for k, v in plan.params.items() if k != "root"}
-    return sha256_json({"runner": plan.runner, "params": params, "gx": gx_version,
-                        "code": [file_sha256(p) for p in sorted(here.glob("*.py"))]})
+    """Identity of the suite the plan runs (its runner's hash), and of how its splits are cut."""
+    return SUITE_KEYS[plan.runner](plan)
 
 
 def run_plan(plan, report_dir: Path) -> dict:
@@ -57,11 +36,29 @@ def _table(plan, report_dir: Path) -> dict:
     return validate_table(p["expectations"], p["features"], p["label"], frames, report_dir, p["classification"])
 
 
+def _table_key(plan) -> str:
+    from core.hashing import sha256_json
+    from validation.suite import table_suite_hash
+
+    p, ds = plan.params, plan.params["dataset"]
+    # One file is split by seed into train and test: another seed or fraction is other data.
+    split = {"file": ds.file, "seed": p["seed"], "test_fraction": ds.test_fraction, "stratify": p["stratify"]}
+    return sha256_json([table_suite_hash(p["expectations"], p["features"], p["label"], p["classification"]),
+                        split if ds.file is not None else None])
+
+
 def _text(plan, report_dir: Path) -> dict:
     from validation import text_suite
 
-    p = plan.params
-    return text_suite.validate_text(p["dataset"], text_suite.load_splits(p["dataset"], p["root"]), report_dir)
+    ds = plan.params["dataset"]
+    return text_suite.validate_text(ds, text_suite.load_splits(ds, plan.params["root"]), report_dir)
+
+
+def _text_key(plan) -> str:
+    from validation.text_suite import text_suite_hash
+
+    return text_suite_hash(plan.params["dataset"])
 
 
 RUNNERS = {"table": _table, "text": _text}
+SUITE_KEYS = {"table": _table_key, "text": _text_key}
