@@ -69,7 +69,7 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
         champ, how = champion_metrics, "recorded"
     elif champion is not None:
         champ, how = task.score(y, task.encode(champion(frame[info["features"]]), info), info), "rescored"
-    what, base_pred = task.baseline(cfg, root, info)
+    what, base_pred = task.baseline(cfg, root, info, len(y))
     baseline = {"predictor": what, **task.score(y, base_pred, info)}
     files = {}
     if "confusion_matrix" in cand:

@@ -291,11 +291,12 @@ class Classification(_Table):
 
         return classification_metrics(y, pred, len(info["classes"]))
 
-    def baseline(self, cfg, root, info: dict) -> tuple[str, np.ndarray]:
+    def baseline(self, cfg, root, info: dict, n: int) -> tuple[str, np.ndarray]:
+        """The trivial predictor: the train split's majority class, for ``n`` rows."""
         train = self.frames(cfg, root)["train"]
         y = self.targets(train[cfg.dataset.label], info)
         majority = int(np.bincount(y, minlength=len(info["classes"])).argmax())
-        return f"majority class {info['classes'][majority]!r}", np.full_like(y, majority)
+        return f"majority class {info['classes'][majority]!r}", np.full(n, majority, dtype=np.int64)
 
     def _key_parts(self, cfg, root) -> dict:
         return {"classes": [_label_key(c) for c in self.info(cfg, root)["classes"]]}
@@ -361,8 +362,8 @@ class Regression(_Table):
 
         return regression_metrics(y, pred)
 
-    def baseline(self, cfg, root, info: dict) -> tuple[str, np.ndarray]:
-        n = len(self.frames(cfg, root)["test"])
+    def baseline(self, cfg, root, info: dict, n: int) -> tuple[str, np.ndarray]:
+        """The trivial predictor: the train split's mean, for ``n`` rows."""
         return f"the train mean {info['y_mean']:.4g}", np.full(n, info["y_mean"])
 
     def _meta(self, info: dict) -> dict:
