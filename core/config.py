@@ -68,8 +68,9 @@ class DatasetConfig(_Strict):
 
     dvc_file: str = "data/digits.dvc"
     path: str = "data/digits"
-    train_file: str | None = "train.csv"
-    test_file: str | None = "test.csv"
+    # Pre-split files (null: train.csv / test.csv), or one ``file`` split by seed.
+    train_file: str | None = None
+    test_file: str | None = None
     file: str | None = None
     # Share of ``file``'s rows that become the test split (stratified by class for classification).
     test_fraction: float = Field(0.2, gt=0, lt=1)
@@ -84,10 +85,8 @@ class DatasetConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> "DatasetConfig":
-        if self.file is not None and ({"train_file", "test_file"} & self.model_fields_set):
+        if self.file is not None and (self.train_file is not None or self.test_file is not None):
             raise ValueError("file: give either file (split with test_fraction) or train_file and test_file")
-        if self.file is None and (self.train_file is None or self.test_file is None):
-            raise ValueError("train_file: train_file and test_file are both needed when file is not set")
         if self.features is not None:
             if not self.features:
                 raise ValueError("features: must name at least one column (or be null: every column but the label)")
@@ -105,7 +104,7 @@ class DatasetConfig(_Strict):
         """``{"train": name, "test": name}``, or ``{"all": name}`` for one file split by seed."""
         if self.file is not None:
             return {"all": self.file}
-        return {"train": self.train_file, "test": self.test_file}
+        return {"train": self.train_file or "train.csv", "test": self.test_file or "test.csv"}
 
 
 class ModelConfig(_Strict):

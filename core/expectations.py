@@ -96,10 +96,22 @@ class TableExpectations(_Strict):
     def to_yaml(self, header: str = "") -> str:
         import yaml
 
+        def tidy(v):  # 16.0 -> 16: the reviewer reads the bound as written
+            return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**53 else v
+
         data = self.model_dump(mode="json", exclude_none=True)
-        data["rows"] = {k: list(v) for k, v in data.get("rows", {}).items()}
-        # One flow-style line per column: a reviewer reads the table, not a tree.
+        for col in data["columns"]:
+            for key in ("min", "max"):
+                if key in col:
+                    col[key] = tidy(col[key])
+        rows = data.pop("rows", {})
+        share = data.pop("class_share", None)
+        # One flow-style line per column and range: a reviewer reads a table, not a tree.
         body = yaml.safe_dump({k: v for k, v in data.items() if k != "columns"}, sort_keys=False)
+        if rows:
+            body += "rows:\n" + "".join(f"  {k}: [{lo}, {hi}]\n" for k, (lo, hi) in rows.items())
+        if share is not None:
+            body += f"class_share: [{share[0]}, {share[1]}]\n"
         cols = "".join(f"  - {yaml.safe_dump(c, default_flow_style=True, sort_keys=False, width=10**6).strip()}\n"
                        for c in data["columns"])
         return header + body + "columns:\n" + cols

@@ -5,34 +5,27 @@ from __future__ import annotations
 from evaluation.gates import GateDecision
 
 
-def gate_markdown(decision: GateDecision, candidate: dict, champion: dict | None) -> str:
+def gate_markdown(task, decision: GateDecision, candidate: dict, champion: dict | None,
+                  baseline: dict | None = None) -> str:
+    """The gate's decision: every check with its value and bound, the figures it compared, and a
+    classifier's per-class recall."""
     head = "PASSED" if decision.passed else f"REJECTED ({len(decision.failures)} reason(s))"
     lines = [f"# Gate: {head}", ""]
-    if candidate.get("kind") == "lm":
-        return _lm_markdown(decision, candidate, champion, lines)
+
+    def figures(d: dict, names) -> str:
+        return ", ".join(f"{n} {d[n]:.4f}" for n in names if isinstance(d.get(n), (int, float)))
+
+    lines += [f"Candidate ({task.name}): {figures(candidate, [m.name for m in task.metrics])}", ""]
     if champion is None:
-        lines += ["No champion yet: absolute thresholds only.", ""]
+        lines += ["No champion yet: no regression check.", ""]
     else:
-        lines += [f"Champion v{decision.champion_version}: accuracy {champion['accuracy']:.4f}, "
-                  f"macro-F1 {champion['macro_f1']:.4f}", ""]
+        lines += [f"Champion v{decision.champion_version}: {figures(champion, task.champion_metrics)}", ""]
+    if baseline:
+        lines += [f"Trivial baseline ({baseline.get('predictor')}): {figures(baseline, [task.primary])}", ""]
     lines += ["| check | value | threshold | result |", "|---|---|---|---|"]
     for c in decision.checks:
         lines.append(f"| {c.name} | {c.value:.4f} | {c.op} {c.threshold:.4f} | {'pass' if c.passed else '**FAIL**'} |")
-    lines += ["", "## Per-class recall (candidate)", "", "| class | recall |", "|---|---|"]
-    lines += [f"| {k} | {v:.4f} |" for k, v in candidate["class_recall"].items()]
-    return "\n".join(lines) + "\n"
-
-
-def _lm_markdown(decision: GateDecision, candidate: dict, champion: dict | None, lines: list[str]) -> str:
-    if champion is None:
-        lines += ["No champion yet: absolute thresholds only.", ""]
-    else:
-        lines += [f"Champion v{decision.champion_version}: perplexity {champion['perplexity']:.4f}, "
-                  f"bits/byte {champion['bits_per_byte']:.4f}", ""]
-    lines += [f"Candidate on {candidate['n_docs']} eval documents ({candidate['n_tokens']} target bytes): "
-              f"loss {candidate['loss']:.4f} nats, perplexity {candidate['perplexity']:.4f}, "
-              f"bits/byte {candidate['bits_per_byte']:.4f}", ""]
-    lines += ["| check | value | threshold | result |", "|---|---|---|---|"]
-    for c in decision.checks:
-        lines.append(f"| {c.name} | {c.value:.4f} | {c.op} {c.threshold:.4f} | {'pass' if c.passed else '**FAIL**'} |")
+    if candidate.get("class_recall"):
+        lines += ["", "## Per-class recall (candidate)", "", "| class | recall |", "|---|---|"]
+        lines += [f"| {k} | {v:.4f} |" for k, v in candidate["class_recall"].items()]
     return "\n".join(lines) + "\n"

@@ -296,7 +296,7 @@ def gate(ctx: RunContext, report: dict) -> dict:
 
     decision = decide(ctx.task, report["candidate"], ctx.cfg.gates, report["champion"], report["champion_version"],
                       report.get("baseline"))
-    md = gate_markdown(decision, report["candidate"], report["champion"])
+    md = gate_markdown(ctx.task, decision, report["candidate"], report["champion"], report.get("baseline"))
     (ctx.out_dir / "evaluation" / "gate.md").write_text(md)
     store.log_json(ctx.run_id, decision.to_dict(), "evaluation/gate.json")
     store.log_file(ctx.run_id, ctx.out_dir / "evaluation" / "gate.md", "evaluation")

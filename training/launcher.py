@@ -213,6 +213,32 @@ def _forward_preemption(proc: subprocess.Popen, done: set[int]) -> set[int]:
     return sent
 
 
+# A worker that hit a deterministic input error (a TrainflowError: bad config, bad data) writes
+# this before it exits: torchrun would restart the group into the same error, so the launcher
+# stops the job at once and reports that rank's error instead.
+FATAL_FILE = "fatal.json"
+
+
+def write_fatal(out: Path, rank: int, exc: BaseException) -> None:
+    """Record ``exc`` (a TrainflowError on ``rank``) for the launcher; first writer wins."""
+    import traceback
+
+    path = Path(out) / FATAL_FILE
+    if path.exists():
+        return
+    tmp = path.with_name(f"{FATAL_FILE}.{rank}.tmp")
+    tmp.write_text(json.dumps({"rank": rank, "error": f"{type(exc).__name__}: {exc}",
+                               "traceback": "".join(traceback.format_exception(exc))}))
+    tmp.replace(path)
+
+
+def _fatal(out: Path) -> dict | None:
+    try:
+        return json.loads((out / FATAL_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _completed(out: Path) -> bool:
     """Rank 0 wrote a completed ``result.json`` (atomically: written aside, then renamed)."""
     try:
@@ -236,6 +262,12 @@ def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tup
             pass
         if at_result and preempted_at is None and _completed(Path(spec.out_dir)):
             return None, False
+        fatal = _fatal(Path(spec.out_dir))
+        if fatal is not None:  # deterministic: a restart would fail the same way
+            _kill_group(proc, grace_s=5.0)
+            raise TrainingFailedError(f"training failed on rank {fatal['rank']}: {fatal['error']} "
+                                      "(an input error: not retried)", rank=fatal["rank"],
+                                      traceback=fatal.get("traceback", ""))
         now = time.monotonic()
         if preemption.REQUESTED.is_set():
             preempted_at = preempted_at or now
@@ -399,6 +431,7 @@ def start_job(spec: JobSpec, hold: bool = False) -> Job:
     (out / "job.json").write_text(json.dumps(asdict(spec), indent=2))
     if spec.node_rank == 0:
         (out / "result.json").unlink(missing_ok=True)  # a result from an earlier run must not pass for this one
+    (out / FATAL_FILE).unlink(missing_ok=True)
     env = {**os.environ, **spec.env, "OMP_NUM_THREADS": str(spec.threads_per_worker)}
     go_file = out / "go.json" if hold else None
     if go_file is not None:

@@ -22,6 +22,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from core.config import PipelineConfig, load_config
+from core.errors import TrainflowError
 from core.manifest import read_dvc_file
 from core.paths import project_root
 from training.data import Splits, load_splits
@@ -126,6 +127,17 @@ def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: s
 @record
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        return _main(args)
+    except TrainflowError as exc:  # bad config or data: the launcher stops the job, no restart
+        from training.launcher import write_fatal
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_fatal(args.out, int(os.environ.get("RANK", "0")), exc)
+        raise
+
+
+def _main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     cfg = load_config(args.config, args.overrides)
     root = (args.root or project_root(args.config)).resolve()
