@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import tempfile
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from registry.store import client, is_already_exists, is_not_found
+from tasks.base import PROGRAM_LOCK
 from registry.values import MAX_MODEL_TAG_VALUE_LENGTH, MAX_TAG_VALUE_LENGTH, clean_tags
 
 CHALLENGER = "challenger"
@@ -29,13 +29,10 @@ KIND_KEY = "trainflow_kind"
 # Rows of the input example stored with the model (enough to document the shape).
 MAX_EXAMPLE_ROWS = 5
 
-# Two process-wide globals make logging and loading unsafe in parallel threads:
-# MLflow's models-from-code loader hands the model back through
-# mlflow.models.model.__mlflow_model__ (set by set_model() while the code file
-# runs), and torch.export.load asserts on its own _CURRENT_DESERIALIZER
-# ("_CURRENT_DESERIALIZER is already set"). Every log, load and program check
-# here takes this lock.
-_MODEL_CODE_LOCK = threading.RLock()
+# Logging and loading models are unsafe in parallel threads (two process-wide globals: MLflow's
+# models-from-code hand-back and torch.export's deserializer): every log and load here takes
+# the lock the tasks' program loads take too.
+_MODEL_CODE_LOCK = PROGRAM_LOCK
 
 
 def pip_requirements() -> list[str]:

@@ -18,6 +18,7 @@ in order, each in its direction. torch is imported only inside the functions tha
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -26,6 +27,23 @@ from core.errors import ConfigError
 
 if TYPE_CHECKING:
     from core.config import PipelineConfig
+
+# torch.export.load asserts on a process-wide global ("_CURRENT_DESERIALIZER is already set") and
+# MLflow's models-from-code loader hands models back through another: every load of a program or
+# a logged model in this process (the registry's too) takes this lock.
+PROGRAM_LOCK = threading.RLock()
+
+
+def load_program(path: Path):
+    """The callable module of a saved ``torch.export`` program; ValueError when it is not one."""
+    import torch
+
+    try:
+        with PROGRAM_LOCK:
+            return torch.export.load(str(path)).module()
+    except Exception as exc:
+        raise ValueError(f"{path}: not a loadable torch.export program: {exc}") from exc
+
 
 # Rank 0's scores of the exported program on the evaluation split (``Task.write_test_scores``).
 SCORES_FILE = "test_scores.json"

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from core.errors import ConfigError
-from tasks.base import Metric, ModelSpec, Task, ValidationPlan
+from tasks.base import Metric, ModelSpec, Task, ValidationPlan, load_program
 
 if TYPE_CHECKING:
     from core.config import PipelineConfig
@@ -97,10 +97,7 @@ class LanguageModel(Task):
         import torch
 
         seq = spec.meta["seq_len"]
-        try:
-            program = torch.export.load(str(model_pt2)).module()
-        except Exception as exc:
-            raise ValueError(f"{model_pt2}: not a loadable torch.export program: {exc}") from exc
+        program = load_program(model_pt2)
         with torch.inference_mode():
             logits = program(torch.zeros((1, seq), dtype=torch.int64))
         if tuple(logits.shape) != (1, seq, 256):

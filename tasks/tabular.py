@@ -19,7 +19,7 @@ import numpy as np
 
 from core.errors import ConfigError, DataUnavailableError
 from core.expectations import load_expectations
-from tasks.base import SCORES_FILE, Metric, ModelSpec, Task, ValidationPlan
+from tasks.base import SCORES_FILE, Metric, ModelSpec, Task, ValidationPlan, load_program
 from tasks.table import feature_columns, load_frames, split_paths
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ class _Table(Task):
         from core.hashing import file_sha256
 
         _, x, _, _ = self.eval_data(cfg, root)
-        program = torch.export.load(str(Path(out) / "model.pt2")).module()
+        program = load_program(Path(out) / "model.pt2")
         xt = torch.as_tensor(x)
         times = []
         with torch.no_grad():
@@ -215,11 +215,11 @@ class _Table(Task):
     def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
         import torch
 
-        try:
-            program = torch.export.load(str(model_pt2)).module()
-        except Exception as exc:
-            raise ValueError(f"{model_pt2}: not a loadable torch.export program: {exc}") from exc
-        x = torch.tensor(spec.example[spec.meta["feature_columns"]].to_numpy(dtype=np.float32))
+        program = load_program(model_pt2)
+        missing = [c for c in spec.meta["feature_columns"] if c not in spec.example.columns]
+        if missing:
+            raise ValueError(f"the input example lacks feature columns {missing[:5]}")
+        x = torch.tensor(spec.example[spec.meta["feature_columns"]].head(5).to_numpy(dtype=np.float32))
         with torch.inference_mode():
             out = program(x).numpy()
         n = len(spec.meta.get("class_labels") or [None])

@@ -67,9 +67,24 @@ def new_run(store, name="train"):
     return start_run(store["experiment_id"], name, {"config_name": "test"})
 
 
-def log_version(store, program, pixels, model_name, run_id=None, description=""):
-    from registry.models import log_model_version
+def log_model_version(run_id, pt2, name, features, labels, example, tags, description=""):
+    """Register a classifier program as the pipeline does: the classification task's spec
+    (typed columns, class labels), its program check, then ``registry.models.log_version``."""
+    from registry.models import log_version as log
+    from tasks import get_task
+    from tasks.base import ModelSpec
+    from tasks.tabular import PYFUNC_FILE
 
+    task = get_task("classification")
+    meta = {"format": "torch.export", "input_dtype": "float32", "feature_columns": list(features),
+            "output": "label", "class_labels": list(labels)}
+    spec = ModelSpec(PYFUNC_FILE, meta, [(c, "long") for c in features], [(None, "long")], example)
+    if Path(pt2).is_file():
+        task.check_program(pt2, spec)
+    return log(run_id, pt2, name, spec, tags, description)
+
+
+def log_version(store, program, pixels, model_name, run_id=None, description=""):
     return log_model_version(
         run_id or new_run(store), program[0], model_name, FEATURES, LABELS, pixels,
         MANIFEST_TAGS, description,
@@ -160,14 +175,7 @@ def test_version_lifecycle(store, program, pixels):
     import numpy as np
     from mlflow import MlflowClient
 
-    from registry.models import (
-        aliases_of,
-        champion_version,
-        load_predictor,
-        log_model_version,
-        pip_requirements,
-        promote,
-    )
+    from registry.models import aliases_of, champion_version, load_predictor, pip_requirements, promote
 
     name = "digits-lifecycle"
     c = MlflowClient()
@@ -200,16 +208,17 @@ def test_version_lifecycle(store, program, pixels):
     model_dir = store["root"] / "artifacts" / "trainflow-test" / "models" / v1["model_id"] / "artifacts"
     assert (model_dir / "MLmodel").is_file()
     assert (model_dir / "artifacts" / "model.pt2").is_file()
-    assert (model_dir / "pyfunc_model.py").is_file()
+    assert (model_dir / "pyfunc_table.py").is_file()
     assert (model_dir / "requirements.txt").read_text().split() == pip_requirements()
     assert (model_dir / "input_example.json").is_file()
     assert not (store["root"] / "cwd" / "mlruns").exists()
 
-    # Signature: the 64 named columns in, int64 labels out.
+    # Signature: the 64 named columns in, as the data types them (long), long labels out.
     meta = mlflow.models.get_model_info(v1["model_uri"])
     assert meta.signature.inputs.input_names() == FEATURES
+    assert {c.type.name for c in meta.signature.inputs.inputs} == {"long"}
     (out_spec,) = meta.signature.outputs.inputs
-    assert (out_spec.type, tuple(out_spec.shape)) == (np.dtype("int64"), (-1,))
+    assert out_spec.type.name == "long"
 
     promote(name, v1["version"])
     assert aliases_of(name, "1") == ["challenger", "champion"]
@@ -217,14 +226,16 @@ def test_version_lifecycle(store, program, pixels):
     assert champ["version"] == "1" and champ["run_id"] == run1
     assert {k: champ["tags"][k] for k in MANIFEST_TAGS} == MANIFEST_TAGS
 
-    # Loading by alias predicts what the eager torch model predicts, for int
-    # and float frames and for plain arrays.
+    # Loading by alias predicts what the eager torch model predicts, for integer frames and
+    # plain arrays; a float frame for integer columns is refused by the typed signature.
     expected = expected_labels(program[1], pixels)
     raw = mlflow.pyfunc.load_model(f"models:/{name}@champion")
-    for frame in (pixels, pixels.astype("float64"), pixels.astype("float32"), pixels.astype("int32")):
+    for frame in (pixels, pixels.astype("int32")):
         out = raw.predict(frame)
         assert out.dtype == np.int64
         np.testing.assert_array_equal(out, expected)
+    with pytest.raises(mlflow.exceptions.MlflowException, match="pixel_0"):
+        raw.predict(pixels.astype("float64") + 0.5)
     np.testing.assert_array_equal(raw.predict(pixels.iloc[:1]), expected[:1])
     shuffled = pixels[list(reversed(FEATURES))]  # column order does not matter
     np.testing.assert_array_equal(raw.predict(shuffled), expected)
@@ -253,7 +264,7 @@ def test_version_lifecycle(store, program, pixels):
 def test_class_labels_map_logits_to_labels(store, program, pixels):
     import numpy as np
 
-    from registry.models import load_predictor, log_model_version, promote
+    from registry.models import load_predictor, promote
 
     name = "digits-relabelled"
     labels = [10 * i for i in LABELS]
@@ -267,7 +278,7 @@ def test_pyfunc_rejects_bad_input(store, program, pixels):
     import mlflow
     import numpy as np
 
-    from registry.models import load_predictor, log_model_version, promote
+    from registry.models import load_predictor, promote
 
     name = "digits-bad-input"
     info = log_model_version(new_run(store), program[0], name, FEATURES, LABELS, pixels, {})
@@ -275,20 +286,16 @@ def test_pyfunc_rejects_bad_input(store, program, pixels):
     predict = load_predictor(name)
     with pytest.raises(mlflow.exceptions.MlflowException, match="pixel_3"):
         predict(pixels.drop(columns=["pixel_3"]))
-    with_nan = pixels.astype("float64")
-    with_nan.iloc[0, 0] = np.nan
     with pytest.raises(ValueError, match="NaN"):
-        predict(with_nan)
+        predict.pyfunc.unwrap_python_model().predict(None, pixels.astype("float64").where(pixels > 0))
 
 
 def test_log_model_version_checks_inputs_before_logging(store, program, pixels, tmp_path):
     from mlflow import MlflowClient
 
-    from registry.models import log_model_version
-
     name = "digits-never"
     run_id = new_run(store)
-    with pytest.raises(ValueError, match=r"expected \[5, 3\] logits"):
+    with pytest.raises(ValueError, match=r"expected \[5, 3\]"):
         log_model_version(run_id, program[0], name, FEATURES, [0, 1, 2], pixels, {})
     with pytest.raises(ValueError, match="lacks feature columns"):
         log_model_version(run_id, program[0], name, FEATURES, LABELS, pixels[FEATURES[:10]], {})
@@ -306,7 +313,7 @@ def test_tasks_in_threads_log_and_load_concurrently(store, program, pixels):
 
     import numpy as np
 
-    from registry.models import champion_version, load_predictor, log_model_version, promote
+    from registry.models import champion_version, load_predictor, promote
     from registry.store import end_run, log_metrics, start_run
 
     name = "digits-threads"
