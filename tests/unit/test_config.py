@@ -9,11 +9,19 @@ from core.errors import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+# configs/ also holds the reviewed expectations files (NAME.expectations.yaml) the configs name.
+CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if not p.name.endswith(".expectations.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_config_loads(path):
     cfg = load_config(path)
     assert cfg.name
     assert len(cfg.config_id()) == 64
+    if cfg.dataset.expectations_file:
+        from core.expectations import load_expectations
+
+        load_expectations(ROOT / cfg.dataset.expectations_file)
 
 
 def test_negative_lr_names_key_path_and_value():
