@@ -87,6 +87,8 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
             PipelineConfig.model_fields["dataset"].default.test_fraction
     elif test_fraction is not None:
         raise InitError("--test-fraction: the data is already split into train and test files")
+    if test_fraction is not None and not 0 < test_fraction < 1:
+        raise InitError(f"--test-fraction: must be between 0 and 1, got {test_fraction}")
     dataset.update(label=label, expectations_file=exp_rel)
     raw = {
         "name": name,
@@ -103,6 +105,13 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
         raise InitError(f"the config init would write is invalid: {exc}") from None
 
     frames = load_frames(cfg.dataset, root, cfg.seed, stratify=task == "classification")
+    if "train_file" in layout:
+        cols = {s: [str(c) for c in df.columns] for s, df in frames.items()}
+        if cols["train"] != cols["test"]:
+            only = {s: [c for c in cols[s] if c not in cols[o]] for s, o in (("train", "test"), ("test", "train"))}
+            raise InitError(f"{layout['train_file']} and {layout['test_file']} have different columns "
+                            f"(only in train: {only['train']}, only in test: {only['test']}"
+                            f"{'' if any(only.values()) else ', or another order'}); give both the same columns")
     nulls = sum(int(df[label].isna().sum()) for df in frames.values())
     if nulls:
         raise InitError(f"label {label!r} has {nulls} missing value(s); drop those rows (a model cannot learn "

@@ -114,7 +114,8 @@ def test_single_parquet_file_is_split_by_seed_and_infers_regression(project):
     assert (project / "data" / "houses.parquet.dvc").is_file()
     cfg = load_config(project / "configs" / "houses.yaml")
     ds = cfg.dataset
-    assert (ds.dvc_file, ds.path, ds.file, ds.test_fraction) == ("data/houses.parquet.dvc", "data", "houses.parquet", 0.2)
+    assert (ds.dvc_file, ds.path, ds.file, ds.test_fraction) == \
+        ("data/houses.parquet.dvc", "data", "houses.parquet", 0.2)
     assert cfg.task == "regression" and cfg.gates.baseline_margin == 0.1
     exp = load_expectations(project / "configs" / "houses.expectations.yaml")
     assert exp.class_share is None and exp.classes is None
@@ -177,6 +178,13 @@ def test_bad_input_is_named(project):
     (project / "data" / "odd" / "train.csv").write_text("a,b\n1,2\n")
     with pytest.raises(InitError, match="has train.csv but no test table"):
         init_project(project, "data/odd", "b")
+    shop_frame(10, 4).drop(columns="segment").to_csv(project / "data" / "odd" / "test.csv", index=False)
+    (project / "data" / "odd" / "train.csv").unlink()
+    shop_frame(10, 5).to_csv(project / "data" / "odd" / "train.csv", index=False)
+    with pytest.raises(InitError, match=r"different columns \(only in train: \['segment'\], only in test: \[\]"):
+        init_project(project, "data/odd", "segment")
+    with pytest.raises(InitError, match="--test-fraction: the data is already split"):
+        init_project(project, "data/shop", "segment", test_fraction=0.3)
     with pytest.raises(InitError, match="no such file or folder"):
         init_project(project, "data/missing", "b")
     assert not (project / "configs").exists()
