@@ -5,6 +5,7 @@
     trainflow k8s-job --nnodes N --gpus-per-node G --image REF@DIGEST ...    # multi-node Kubernetes Job YAML
     trainflow retrain [--config PATH] [--set K=V ...] [--force]             # the pipeline, only if the champion is stale
     trainflow reproduce NAME@ALIAS|NAME/VERSION|RUN_ID [--summary-json PATH] # retrain from the manifest, compare weights
+    trainflow init --data PATH --label COLUMN [--task T] [--name NAME]      # track a table, write its config + expectations
 
 Exit codes of ``run``: 0 registered, 2 data validation failed, 3 gate rejected
 the model, 4 preempted (SIGTERM: a checkpoint was saved and the next run resumes),
@@ -89,6 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--out", type=Path, help="report folder (default: TRAINFLOW_HOME/scale/<key>)")
     scale.add_argument("--no-prefect", action="store_true", help="run the sweep directly (no flow, no MLflow)")
     _k8s_parser(sub)
+
+    init = sub.add_parser("init", help="track your table with DVC, profile it, write configs/NAME.yaml + its expectations")
+    init.add_argument("--data", required=True, help="a folder with train + test tables (.csv/.parquet) or one table, "
+                      "or one table file, inside the repository")
+    init.add_argument("--label", required=True, help="the column to predict")
+    init.add_argument("--task", choices=["classification", "regression"],
+                      help="default: classification for a text label or an integer one with few values, else regression")
+    init.add_argument("--name", help="pipeline name [a-z][a-z0-9_-]* (default: the folder or file name)")
+    init.add_argument("--test-fraction", type=float, help="test share when one table is split (default: the config's)")
+    init.add_argument("--force", action="store_true", help="overwrite configs/NAME.yaml and its expectations")
     return ap
 
 
@@ -347,10 +358,22 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    from flows.init import format_report, init_project
+
+    try:
+        result = init_project(project_root(), Path(args.data).resolve(), args.label, args.task, args.name,
+                              args.force, args.test_fraction)
+    except TrainflowError as exc:
+        return _fail(f"init: {exc}", EXIT_ERROR)
+    print(format_report(result))
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     code = {"run": cmd_run, "train": cmd_train, "scale": cmd_scale, "k8s-job": cmd_k8s_job, "retrain": cmd_retrain,
-            "reproduce": cmd_reproduce}[args.command](args)
+            "reproduce": cmd_reproduce, "init": cmd_init}[args.command](args)
     # Everything alive now lives until exit: moving it out of the collector's reach saves the
     # 3-4 s that interpreter shutdown spent traversing Prefect's, MLflow's and torch's objects.
     gc.freeze()

@@ -3,12 +3,14 @@ and a fresh export hashes to the version recorded in data/digits.dvc."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 import yaml
 
+from core.hashing import dvc_dir_md5
 from tests.conftest import VENV_BIN
 
 pytestmark = pytest.mark.integration
@@ -22,6 +24,13 @@ def test_export_script_reproduces_the_dvc_hash(repo_root):
     assert md5 in out.stdout
 
 
+def test_wine_export_reproduces_the_dvc_hash(repo_root):
+    out = subprocess.run([sys.executable, "scripts/export_wine.py", "--check"], cwd=repo_root,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(repo_root)})
+    assert out.returncode == 0, out.stderr
+    assert yaml.safe_load((repo_root / "data" / "wine.dvc").read_text())["outs"][0]["md5"] in out.stdout
+
+
 def test_fresh_clone_pulls_the_data_offline(repo_root, tmp_path):
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root, capture_output=True, text=True)
     if head.returncode != 0:
@@ -33,6 +42,8 @@ def test_fresh_clone_pulls_the_data_offline(repo_root, tmp_path):
     subprocess.run([str(VENV_BIN / "dvc"), "pull", "-q"], cwd=clone, check=True, timeout=120)
     for name in ("train.csv", "test.csv"):
         assert (clone / "data" / "digits" / name).read_bytes() == (repo_root / "data" / "digits" / name).read_bytes()
+    wine_md5 = yaml.safe_load((clone / "data" / "wine.dvc").read_text())["outs"][0]["md5"]
+    assert dvc_dir_md5(clone / "data" / "wine") == wine_md5  # the shipped wine example too
     status = subprocess.run([str(VENV_BIN / "dvc"), "status", "data/digits.dvc"], cwd=clone,
                             capture_output=True, text=True, check=True)
     assert "up to date" in status.stdout.lower()

@@ -1,0 +1,324 @@
+"""``trainflow init``: turn a table the user brings into a runnable, reviewed pipeline.
+
+    trainflow init --data data/mine --label price [--task regression] [--name mine] [--force]
+
+It tracks the data with DVC (``<data>.dvc`` beside it, in the local cache only: the user's data
+never goes to the bundled remote), profiles it into ``configs/NAME.expectations.yaml`` (for the
+user to review and commit) and writes a short ``configs/NAME.yaml``; every key it leaves out
+keeps its default. It refuses, before changing anything, data outside the repository, data
+inside a folder another .dvc file tracks, an unknown label and existing files (without --force).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from core.errors import TrainflowError
+
+TASKS = ("classification", "regression")
+NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
+# An integer label with at most this many distinct values is taken for classes, not a quantity.
+MAX_INFERRED_CLASSES = 20
+TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+# What init writes for each task; the rest of the config keeps core/config.py's defaults.
+BASELINE_MARGIN = {"classification": 0.05, "regression": 0.1}  # on accuracy / on r2
+EPOCHS = 30
+LATENCY_P95_MS = 50
+PROFILE_MARGIN = 0.1
+
+
+class InitError(TrainflowError):
+    """The data, the label or the project cannot be set up as asked; the message says why."""
+
+
+def init_project(root: Path, data: str | Path, label: str, task: str | None = None, name: str | None = None,
+                 force: bool = False, test_fraction: float | None = None) -> dict[str, Any]:
+    """Track ``data`` with DVC, profile it into an expectations file and write a pipeline config.
+
+    ``root``: the git + DVC repository; ``data`` (relative to ``root`` unless absolute): a folder
+    holding train + test tables (``train.csv|parquet``, ``test.csv|parquet``) or one table, or
+    one table file. ``task``/``name`` default to what the data suggests (see the result's
+    ``task_reason``). ``test_fraction``: the test share when one table is split (default: the
+    config's). Side effects: ``dvc add`` (local cache, no push) and the two files under
+    ``configs/``. Returns what was done; raises InitError (bad input) before any side effect.
+    """
+    import yaml
+
+    from core.config import PipelineConfig, config_from_dict
+    from core.expectations import TableExpectations
+    from tasks.table import load_frames, read_table
+    from validation.profile import column_type, profile_table
+
+    root = Path(root).resolve()
+    if not (root / ".dvc").is_dir():
+        raise InitError(f"{root} is not a DVC repository (no .dvc/ folder); run `git init && dvc init` there first")
+    target = _inside(root, data)
+    rel = target.relative_to(root).as_posix()
+    layout, table_paths = _layout(target, rel)
+    name = _name(name, target)
+    config_rel, exp_rel = f"configs/{name}.yaml", f"configs/{name}.expectations.yaml"
+    existing = [p for p in (config_rel, exp_rel) if (root / p).exists()]
+    if existing and not force:
+        raise InitError(f"{' and '.join(existing)} already exist{'s' if len(existing) == 1 else ''}; "
+                        "pass --force to overwrite, or --name to write another pipeline")
+    _check_not_inside_tracked(root, target)
+
+    first = read_table(table_paths[0])
+    columns = [str(c) for c in first.columns]
+    if label not in columns:
+        close = difflib.get_close_matches(label, columns, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise InitError(f"--label {label!r} is not a column of {_rel(root, table_paths[0])}{hint}; "
+                        f"its columns are {columns}")
+    if len(first) == 0:
+        raise InitError(f"{_rel(root, table_paths[0])} has no rows")
+    task, task_reason, inferred = _task(task, first[label], label, column_type(first[label]))
+
+    dataset: dict[str, Any] = {"dvc_file": f"{rel}.dvc", "path": rel if target.is_dir() else _parent(rel)}
+    dataset.update(layout)
+    if "file" in layout:
+        dataset["test_fraction"] = test_fraction if test_fraction is not None else \
+            PipelineConfig.model_fields["dataset"].default.test_fraction
+    elif test_fraction is not None:
+        raise InitError("--test-fraction: the data is already split into train and test files")
+    if test_fraction is not None and not 0 < test_fraction < 1:
+        raise InitError(f"--test-fraction: must be between 0 and 1, got {test_fraction}")
+    dataset.update(label=label, expectations_file=exp_rel)
+    raw = {
+        "name": name,
+        "task": task,
+        "dataset": dataset,
+        "model": {"kind": "mlp", "hidden": 64},
+        "training": {"epochs": EPOCHS, "strategy": "ddp"},
+        "gates": {"baseline_margin": BASELINE_MARGIN[task], "thresholds": {"latency_p95_ms": LATENCY_P95_MS}},
+        "registry": {"model_name": name, "experiment": f"trainflow-{name}"},
+    }
+    try:
+        cfg = config_from_dict(raw)
+    except TrainflowError as exc:
+        raise InitError(f"the config init would write is invalid: {exc}") from None
+
+    frames = load_frames(cfg.dataset, root, cfg.seed, stratify=task == "classification")
+    if "train_file" in layout:
+        cols = {s: [str(c) for c in df.columns] for s, df in frames.items()}
+        if cols["train"] != cols["test"]:
+            only = {s: [c for c in cols[s] if c not in cols[o]] for s, o in (("train", "test"), ("test", "train"))}
+            raise InitError(f"{layout['train_file']} and {layout['test_file']} have different columns "
+                            f"(only in train: {only['train']}, only in test: {only['test']}"
+                            f"{'' if any(only.values()) else ', or another order'}); give both the same columns")
+    nulls = sum(int(df[label].isna().sum()) for df in frames.values())
+    if nulls:
+        raise InitError(f"label {label!r} has {nulls} missing value(s); drop those rows (a model cannot learn "
+                        "from them), then run init again")
+    expectations: TableExpectations = profile_table(frames, label, task == "classification", PROFILE_MARGIN)
+    if task == "classification" and len(expectations.classes or []) < 2:
+        raise InitError(f"label {label!r} has a single class {expectations.classes}: nothing to classify")
+
+    md5 = _dvc_add(root, rel)
+    (root / "configs").mkdir(exist_ok=True)
+    (root / exp_rel).write_text(expectations.to_yaml(_expectations_header(rel, md5)))
+    (root / config_rel).write_text(_config_header(rel, md5, config_rel, task, task_reason, inferred) +
+                                   yaml.safe_dump(raw, sort_keys=False, default_flow_style=False))
+    gitignore = _rel(root, target.parent / ".gitignore")
+    return {
+        "name": name, "task": task, "task_inferred": inferred, "task_reason": task_reason,
+        "data": rel, "layout": layout, "rows": {s: len(df) for s, df in frames.items()},
+        "columns": len(expectations.columns), "classes": expectations.classes,
+        "dvc_file": f"{rel}.dvc", "md5": md5, "config": config_rel, "expectations": exp_rel,
+        "git_add": [f"{rel}.dvc", *([gitignore] if (root / gitignore).is_file() else []), config_rel, exp_rel],
+        "next": f"trainflow run --config {config_rel}",
+    }
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """What ``trainflow init`` prints: what it did, what to review, what to run next."""
+    split = (f"one table {r['layout']['file']}, split into train/test by seed" if "file" in r["layout"]
+             else f"{r['layout']['train_file']} + {r['layout']['test_file']}")
+    rows = ", ".join(f"{k} {v}" for k, v in r["rows"].items())
+    how = "inferred: " if r["task_inferred"] else ""
+    lines = [
+        f"data:         {r['data']} ({split}; {rows} rows, {r['columns']} columns)",
+        f"task:         {r['task']} ({how}{r['task_reason']})" + (
+            f"; pass --task {'regression' if r['task'] == 'classification' else 'classification'} to change it"
+            if r["task_inferred"] else ""),
+        *([f"classes:      {r['classes']}"] if r["classes"] else []),
+        f"name:         {r['name']}",
+        f"dvc add:      {r['dvc_file']} (md5 {r['md5']}), in the local DVC cache",
+        f"expectations: {r['expectations']}  <- review it: validation checks every data version against it",
+        f"config:       {r['config']}",
+        "",
+        "Your data is in this repository's local DVC cache only, and runs work from it. To share it",
+        "(and to let a fresh clone `dvc pull` it), add your own DVC remote and push:",
+        "    dvc remote add -d myremote /path/or/s3://bucket/path",
+        "    dvc push",
+        "(Until then, don't `dvc push`: the default remote is the bundled dvc-store/ in this git",
+        "repository, and your data would be committed with it.)",
+        "",
+        "Commit:",
+        f"    git add {' '.join(r['git_add'])}",
+        f"    git commit -m 'trainflow init: {r['name']}'",
+        "Next:",
+        f"    {r['next']}",
+    ]
+    return "\n".join(lines)
+
+
+def slugify(text: str) -> str:
+    """A pipeline name from a file or folder name: lower case, [a-z0-9_-], starting with a letter."""
+    slug = re.sub(r"[^a-z0-9_-]+", "-", text.lower()).strip("-_")
+    slug = re.sub(r"-{2,}", "-", slug)
+    return slug if slug[:1].isalpha() else f"data-{slug}".rstrip("-")
+
+
+def _inside(root: Path, data: str | Path) -> Path:
+    path = Path(data)
+    path = (path if path.is_absolute() else root / path).resolve()
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        raise InitError(f"--data {data} is outside the repository {root}: DVC tracks data inside it. "
+                        f"Copy or move it under {root / 'data'} first, then run init on that copy") from None
+    if not rel.parts:
+        raise InitError("--data is the repository root; give the folder or file that holds the table")
+    if rel.parts[0] in (".git", ".dvc"):
+        raise InitError(f"--data {rel.as_posix()} is inside {rel.parts[0]}/, which belongs to git/DVC")
+    if not path.exists():
+        raise InitError(f"--data {data}: no such file or folder")
+    return path
+
+
+def _layout(target: Path, rel: str) -> tuple[dict[str, str], list[Path]]:
+    """The dataset keys for the files at ``target``, and the table files (the first holds the label)."""
+    if target.is_file():
+        if target.suffix.lower() not in TABLE_SUFFIXES:
+            raise InitError(f"--data {rel}: not a table; use a .csv or .parquet file (or a folder of them)")
+        return {"file": target.name}, [target]
+    tables = sorted(p for p in target.iterdir() if p.is_file() and p.suffix.lower() in TABLE_SUFFIXES)
+    by_stem: dict[str, list[Path]] = {}
+    for p in tables:
+        by_stem.setdefault(p.stem.lower(), []).append(p)
+    for stem in ("train", "test"):
+        if len(by_stem.get(stem, [])) > 1:
+            raise InitError(f"--data {rel}: more than one {stem} table ({[p.name for p in by_stem[stem]]}); keep one")
+    train, test = by_stem.get("train", [None])[0], by_stem.get("test", [None])[0]
+    if train and test:
+        return {"train_file": train.name, "test_file": test.name}, [train, test]
+    if train or test:
+        raise InitError(f"--data {rel}: has {(train or test).name} but no {'test' if train else 'train'} table; "
+                        "give both train.csv|parquet and test.csv|parquet, or one table to split")
+    if len(tables) == 1:
+        return {"file": tables[0].name}, tables
+    found = [p.name for p in tables] or "no .csv or .parquet file"
+    raise InitError(f"--data {rel}: expected train.csv|parquet + test.csv|parquet, or exactly one table; "
+                    f"found {found}")
+
+
+def _name(name: str | None, target: Path) -> str:
+    if name is None:
+        return slugify(target.name if target.is_dir() else target.stem)
+    if not NAME_RE.match(name):
+        raise InitError(f"--name {name!r}: use lower-case letters, digits, '-' and '_', starting with a letter "
+                        f"(e.g. {slugify(name)!r})")
+    return name
+
+
+def _task(task: str | None, labels, label: str, kind: str) -> tuple[str, str, bool]:
+    """(task, why, inferred) for a label column of type ``kind`` (core.expectations types)."""
+    n = int(labels.nunique(dropna=True))
+    if kind in ("string", "boolean"):
+        why = f"label {label!r} is a {kind} column with {n} distinct values"
+        if task == "regression":
+            raise InitError(f"--task regression: {why}; regression needs a numeric label")
+        return "classification", why, task is None
+    if kind == "float":
+        why = f"label {label!r} holds fractional numbers"
+        if task == "classification":
+            raise InitError(f"--task classification: {why}, not classes; use --task regression "
+                            "(or round them to the classes they stand for)")
+        return "regression", why, task is None
+    few = n <= MAX_INFERRED_CLASSES
+    why = f"label {label!r} is an integer column with {n} distinct values" + (
+        "" if few else f" (more than {MAX_INFERRED_CLASSES}: a quantity, not classes)")
+    if task is not None:
+        if task not in TASKS:
+            raise InitError(f"--task {task!r}: init writes one of {list(TASKS)}")
+        return task, why, False
+    return ("classification" if few else "regression"), why, True
+
+
+def _check_not_inside_tracked(root: Path, target: Path) -> None:
+    """Refuse data inside a folder that a .dvc file beside that folder already tracks as a whole."""
+    import yaml
+
+    for folder in target.parents:
+        if folder == root or root not in folder.parents:
+            return
+        dvc_file = folder.parent / f"{folder.name}.dvc"
+        if not dvc_file.is_file():
+            continue
+        try:
+            outs = yaml.safe_load(dvc_file.read_text()).get("outs") or []
+        except (OSError, AttributeError, yaml.YAMLError):
+            continue
+        if any((dvc_file.parent / str(o.get("path", ""))).resolve() == folder for o in outs):
+            f, d = _rel(root, folder), _rel(root, dvc_file)
+            raise InitError(
+                f"{_rel(root, target)} is inside {f}/, which {d} already tracks as a whole; DVC cannot track "
+                f"a part of a tracked folder on its own. Track each dataset folder with its own .dvc file "
+                f"instead (`dvc remove {d}`, then `dvc add` each folder in {f}/), or put the data elsewhere")
+
+
+def _dvc_add(root: Path, rel: str) -> str:
+    """``dvc add`` into the local cache (no push); the new output md5."""
+    import yaml
+
+    from core.env import TELEMETRY_OFF
+
+    env = {**TELEMETRY_OFF, **os.environ}
+    done = subprocess.run([sys.executable, "-m", "dvc", "add", rel], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        out = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        detail = " ".join(line.strip() for line in out if line.strip())[-800:]
+        if "already tracked by scm" in detail.lower():
+            raise InitError(f"{rel} is committed to git; DVC tracks it instead: `git rm -r --cached {rel}`, "
+                            f"commit, then run init again")
+        if "overlap" in detail.lower():
+            raise InitError(f"{rel} overlaps data another .dvc file tracks (DVC: {detail}); track each dataset "
+                            "folder with its own .dvc file")
+        raise InitError(f"dvc add {rel} failed: {detail or f'exit {done.returncode}'}")
+    return yaml.safe_load((root / f"{rel}.dvc").read_text())["outs"][0]["md5"]
+
+
+def _expectations_header(rel: str, md5: str) -> str:
+    pct = f"{PROFILE_MARGIN:.0%}"
+    return (f"# Expectations of {rel} (DVC md5 {md5}), written by `trainflow init` from a profile of the data.\n"
+            f"# Review every line, then commit this file: validation checks every later version of the data\n"
+            f"# against it. Profiled: each column's type, nulls (true only if seen), numeric min/max widened by\n"
+            f"# {pct} of the range (a column never below 0 stays >= 0), the values of few-valued text columns and\n"
+            f"# of a classification label (in the model's output order), rows per split from half to double the\n"
+            f"# profiled count, and class_share: the smallest and largest share of a class in a split, +-{pct}.\n")
+
+
+def _config_header(rel: str, md5: str, config_rel: str, task: str, why: str, inferred: bool) -> str:
+    return (f"# Written by `trainflow init` for {rel} (DVC md5 {md5}).\n"
+            f"# task: {task} ({'inferred: ' if inferred else ''}{why}).\n"
+            f"# Every key not here keeps its default (core/config.py). Run: trainflow run --config {config_rel}\n")
+
+
+def _rel(root: Path, path: Path) -> str:
+    try:
+        return Path(path).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _parent(rel: str) -> str:
+    parent = Path(rel).parent.as_posix()
+    return parent if parent != "." else "."
