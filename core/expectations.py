@@ -34,8 +34,8 @@ class _Strict(BaseModel):
 class ColumnExpectation(_Strict):
     name: str = Field(min_length=1)
     type: Literal["integer", "float", "string", "boolean"]
-    min: float | None = None
-    max: float | None = None
+    min: int | float | None = None
+    max: int | float | None = None
     values: list[Any] | None = None
     nulls: bool = False
 

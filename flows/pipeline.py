@@ -408,7 +408,7 @@ def _run_name() -> str:
         root = project_root(path if path.is_absolute() else Path.cwd() / path)
         path = path if path.exists() else root / path
         raw = yaml.safe_load(path.read_text()) or {}
-        md5 = read_dvc_file(root, (raw.get("dataset") or {}).get("dvc_file", "data.dvc")).md5
+        md5 = read_dvc_file(root, (raw.get("dataset") or {}).get("dvc_file", "data/digits.dvc")).md5
         return f"{raw.get('name', 'trainflow')}-{md5[:8]}"
     except Exception:  # a name must never fail the run; resolve reports the real error
         return "trainflow"
