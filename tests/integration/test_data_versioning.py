@@ -51,3 +51,12 @@ def test_fresh_clone_pulls_the_data_offline(repo_root, tmp_path):
     porcelain = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True,
                                check=True)
     assert porcelain.stdout == ""
+    # A user's own dataset never lands in the bundled remote: the shipped examples name it in
+    # their .dvc files, and there is no default remote, so a plain `dvc push` of theirs refuses.
+    (clone / "data" / "mine").mkdir()
+    (clone / "data" / "mine" / "t.csv").write_text("a,b\n1,2\n")
+    subprocess.run([str(VENV_BIN / "dvc"), "add", "-q", "data/mine"], cwd=clone, check=True, timeout=120)
+    before = sorted(p.name for p in (clone / "dvc-store").rglob("*"))
+    push = subprocess.run([str(VENV_BIN / "dvc"), "push"], cwd=clone, capture_output=True, text=True, timeout=120)
+    assert push.returncode != 0 and "no default remote" in (push.stdout + push.stderr).lower()
+    assert sorted(p.name for p in (clone / "dvc-store").rglob("*")) == before
