@@ -58,5 +58,5 @@ def test_fresh_clone_pulls_the_data_offline(repo_root, tmp_path):
     subprocess.run([str(VENV_BIN / "dvc"), "add", "-q", "data/mine"], cwd=clone, check=True, timeout=120)
     before = sorted(p.name for p in (clone / "dvc-store").rglob("*"))
     push = subprocess.run([str(VENV_BIN / "dvc"), "push"], cwd=clone, capture_output=True, text=True, timeout=120)
-    assert push.returncode != 0 and "no default remote" in (push.stdout + push.stderr).lower()
+    assert push.returncode != 0 and "no remote specified" in (push.stdout + push.stderr).lower()
     assert sorted(p.name for p in (clone / "dvc-store").rglob("*")) == before
