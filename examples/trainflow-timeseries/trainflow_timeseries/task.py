@@ -1,0 +1,138 @@
+"""``sequence-forecast``: predict the next value of a series from a window of its last values.
+
+A row of the table is one window: feature columns in time order, oldest first (``t0`` ..
+``t{L-1}`` as ``trainflow_timeseries.data`` writes them), and the label, the value that came
+next. What trainflow's tabular regression already does is reused (reading the CSV with named
+columns, the table validation with a reviewed expectations file, the pyfunc that takes a
+DataFrame of those columns and returns one ``value`` per row); what is this task's own:
+
+* the data is split by time: pre-split ``train_file``/``test_file`` only (a seeded shuffle of
+  overlapping windows leaks), and the per-epoch validation rows are the *last* rows of the
+  train file (its most recent windows), not a random sample;
+* the network: ``model.factory`` (default: ``trainflow_timeseries.model:conv_forecaster``)
+  wrapped in per-window normalisation, trained on raw targets and exported as it is;
+* the metrics: ``smape`` (lower is better, primary; the champion's allowance is relative)
+  and ``directional_accuracy`` (higher is better), then rmse, mae and latency;
+* the trivial baseline is persistence (the next value is the last one), not the train mean.
+
+The evaluation targets are ``[n, 2]``: the next value and the last observed one, because
+``directional_accuracy`` needs both and ``score`` sees only the targets and the predictions.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from core.errors import ConfigError, DataUnavailableError
+from tasks.base import Metric
+from tasks.tabular import Regression
+
+if TYPE_CHECKING:
+    from core.config import PipelineConfig
+
+DEFAULT_FACTORY = "trainflow_timeseries.model:conv_forecaster"
+DEFAULT_KWARGS = {"channels": 16, "kernel": 5, "hidden": 32}
+# Bump when a metric's definition changes: recorded champion scores then stop matching.
+METRICS_VERSION = 1
+# ModelConfig keys of trainflow's built-in networks, which this task does not build.
+_BUILTIN_MODEL_KEYS = ("kind", "channels", "hidden", "dropout")
+
+
+class SequenceForecast(Regression):
+    """One-step forecasting of a window of a time series (see the module docstring)."""
+
+    name = "sequence-forecast"
+    metrics = (Metric("smape", False, relative=True), Metric("directional_accuracy", True),
+               Metric("rmse", False), Metric("mae", False), Metric("latency_p95_ms", False))
+    champion_metrics = ("smape", "directional_accuracy")
+    primary = "smape"
+
+    # -- config --------------------------------------------------------------------------------
+    def check_config(self, cfg: "PipelineConfig") -> None:
+        super().check_config(cfg)
+        if cfg.dataset.file is not None:
+            raise ConfigError("dataset.file: a time series is split by time, not by a seeded shuffle of its "
+                              "windows; give train_file and test_file (trainflow_timeseries.data writes both)")
+        if cfg.dataset.features is not None and len(cfg.dataset.features) < 2:
+            raise ConfigError("dataset.features: a window needs at least 2 past values, oldest first")
+        if cfg.model.factory is None:
+            set_builtin = [k for k in _BUILTIN_MODEL_KEYS if k in cfg.model.model_fields_set]
+            if set_builtin:
+                raise ConfigError(f"model.{set_builtin[0]}: task {self.name!r} does not build trainflow's cnn/mlp; "
+                                  f"its network is model.factory (default {DEFAULT_FACTORY}) with model.kwargs")
+            unknown = sorted(set(cfg.model.kwargs) - set(DEFAULT_KWARGS))
+            if unknown:
+                raise ConfigError(f"model.kwargs.{unknown[0]}: not an argument of {DEFAULT_FACTORY}; "
+                                  f"it takes {', '.join(DEFAULT_KWARGS)}")
+
+    def init_defaults(self) -> dict:
+        return {"model": {"kwargs": dict(DEFAULT_KWARGS)},
+                "gates": {"baseline_margin": 0.2,
+                          "thresholds": {"smape": 3.0, "directional_accuracy": 0.6, "latency_p95_ms": 50}}}
+
+    # -- data ----------------------------------------------------------------------------------
+    def info(self, cfg: "PipelineConfig", root: Path, frames: dict | None = None) -> dict:
+        info = super().info(cfg, root, frames)
+        if len(info["features"]) < 2:
+            raise DataUnavailableError(f"a window needs at least 2 past values, got columns {info['features']}")
+        return info
+
+    def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
+        """Train / val / test tensors; val is the train file's last ``val_fraction`` of rows (its
+        most recent windows, the file being in time order), so early stopping looks ahead in time."""
+        from training.data import Splits, tensors
+
+        frames = self.frames(cfg, root)
+        info = self.info(cfg, root, frames)
+        x, y = self.arrays(frames["train"], info, cfg.dataset.label)
+        xt, yt = self.arrays(frames["test"], info, cfg.dataset.label)
+        n_val = min(max(1, math.ceil(len(x) * cfg.dataset.val_fraction)), len(x) - 1)
+        return Splits(train=tensors(x[:-n_val], y[:-n_val]), val=tensors(x[-n_val:], y[-n_val:]),
+                      test=tensors(xt, yt), info=info)
+
+    def train_targets(self, y: np.ndarray, info: dict) -> np.ndarray:
+        return y  # raw values: WindowNorm scales each window and its target together
+
+    # -- model ---------------------------------------------------------------------------------
+    def build_model(self, cfg: "PipelineConfig", info: dict):
+        from torch import nn
+
+        from trainflow_timeseries.model import WindowNorm
+        from training.models import load_factory
+
+        ref = cfg.model.factory or DEFAULT_FACTORY
+        kwargs = cfg.model.kwargs if cfg.model.factory else {**DEFAULT_KWARGS, **cfg.model.kwargs}
+        net = load_factory(ref)(len(info["features"]), 1, **kwargs)
+        if not isinstance(net, nn.Module):
+            raise ValueError(f"model.factory: {ref} returned {type(net).__name__}, not an nn.Module")
+        return WindowNorm(net)
+
+    def export_module(self, model, info: dict):
+        return model  # already in the series' units
+
+    # -- evaluation hooks ----------------------------------------------------------------------
+    def eval_data(self, cfg: "PipelineConfig", root: Path):
+        """(test frame, windows float32, targets ``[n, 2]`` = (next value, last observed), info)."""
+        frame, x, _, info = super().eval_data(cfg, root)
+        # Both as the file holds them (float64, not the model's float32): a row whose next value
+        # equals its last one is "no change", exactly as the persistence baseline predicts it.
+        y = frame[[cfg.dataset.label, info["features"][-1]]].to_numpy(dtype=np.float64)
+        return frame, x, y, info
+
+    def score(self, y: np.ndarray, pred: np.ndarray, info: dict) -> dict:
+        from trainflow_timeseries.metrics import forecast_metrics
+
+        y = np.asarray(y, dtype=np.float64)
+        return forecast_metrics(y[:, 0], pred, y[:, 1])
+
+    def baseline(self, cfg, root, info: dict) -> tuple[str, np.ndarray]:
+        test = self.frames(cfg, root)["test"]
+        last = info["features"][-1]
+        return f"persistence (the next value is {last})", test[last].to_numpy(dtype=np.float64)
+
+    def _key_parts(self, cfg, root) -> dict:
+        return {"forecast_metrics_version": METRICS_VERSION}
