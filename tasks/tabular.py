@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
     from core.config import PipelineConfig
 
-# Bump when a metric's definition or computation changes: recorded champion scores then stop matching.
+# Bump when a metric's definition or computation changes: recorded champion scores then stop matching
+# (a task's ``metrics_version``; a subclass with metrics of its own sets its own).
 METRICS_VERSION = 2
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_table.py")
 INFO_FILE = "data_info.json"
@@ -57,6 +58,7 @@ class _Table(Task):
 
     classification: ClassVar[bool] = True
     evaluator: ClassVar[str] = "predictions"
+    metrics_version: ClassVar[int] = METRICS_VERSION
 
     # -- config -----------------------------------------------------------------------------
     def check_config(self, cfg: "PipelineConfig") -> None:
@@ -120,16 +122,24 @@ class _Table(Task):
         return _numeric(frame, info["features"]).astype(np.float32), self.targets(frame[label], info)
 
     def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
-        from training.data import Splits, stratified_holdout, tensors
+        from training.data import Splits, tensors
 
         frames = self.frames(cfg, root)
         info = self.info(cfg, root, frames)
         x, y = self.arrays(frames["train"], info, cfg.dataset.label)
         xt, yt = self.arrays(frames["test"], info, cfg.dataset.label)
-        groups = y if self.classification else np.zeros(len(y), dtype=np.int64)
-        keep, hold = stratified_holdout(groups, cfg.dataset.val_fraction, seed)
+        keep, hold = self.holdout(y, cfg, seed)
         y, yt = self.train_targets(y, info), self.train_targets(yt, info)
         return Splits(train=tensors(x[keep], y[keep]), val=tensors(x[hold], y[hold]), test=tensors(xt, yt), info=info)
+
+    def holdout(self, y: np.ndarray, cfg: "PipelineConfig", seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Train-split row indices ``(keep, held out for per-epoch validation)``: a seeded
+        ``val_fraction``, stratified by class for a classifier. A task with ordered rows (a time
+        series) overrides it."""
+        from training.data import stratified_holdout
+
+        groups = y if self.classification else np.zeros(len(y), dtype=np.int64)
+        return stratified_holdout(groups, cfg.dataset.val_fraction, seed)
 
     def train_targets(self, y: np.ndarray, info: dict) -> np.ndarray:
         return y
@@ -150,7 +160,11 @@ class _Table(Task):
 
     # -- evaluation hooks (the "predictions" evaluator) ----------------------------------------
     def eval_data(self, cfg: "PipelineConfig", root: Path) -> tuple["pd.DataFrame", np.ndarray, np.ndarray, dict]:
-        """(test frame, features float32, targets, info) of the evaluation split."""
+        """(test frame, features float32, targets, info) of the evaluation split.
+
+        The targets are opaque to the evaluator: it only hands them to ``score`` (with the
+        candidate's, the champion's or the baseline's predictions), so a task may pack in what
+        its metrics need besides the truth (a forecaster: each row's last observed value)."""
         frames = self.frames(cfg, root)
         info = self.info(cfg, root, frames)
         x, y = self.arrays(frames["test"], info, cfg.dataset.label)
@@ -191,9 +205,9 @@ class _Table(Task):
         # The test split's identity: its file, or the one file with the seed and fraction that split it.
         split = sha256_json({"files": files, **({"seed": cfg.seed, "test_fraction": cfg.dataset.test_fraction}
                                                  if "all" in files else {})})
-        parts = {"task": self.name, "split_sha256": split, "metrics_version": METRICS_VERSION,
+        parts = {"task": self.name, "split_sha256": split, "metrics_version": self.metrics_version,
                  "label": cfg.dataset.label, **self._key_parts(cfg, root)}
-        return {"key": sha256_json(parts), "split_sha256": split, "metrics_version": METRICS_VERSION}
+        return {"key": sha256_json(parts), "split_sha256": split, "metrics_version": self.metrics_version}
 
     def _key_parts(self, cfg, root) -> dict:
         return {}

@@ -42,7 +42,7 @@ def run(cmd: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
 DVC_BIN = str(VENV_BIN / "dvc")
 GIT_ID = ["-c", "user.email=t@t", "-c", "user.name=t"]
 # The packages a project needs to train with its own code (see ``build_project(with_code=True)``).
-CODE_DIRS = ("core", "flows", "training", "validation", "evaluation", "registry")
+CODE_DIRS = ("core", "flows", "tasks", "training", "validation", "evaluation", "registry")
 
 
 def build_project(proj: Path, repo_root: Path, bundled_data: Path, mutate=None, with_code: bool = False) -> Path:

@@ -64,7 +64,7 @@ def test_the_key_changes_with_the_split_bytes_the_metric_version_and_the_labels(
     (split / "exp.yaml").write_text(EXPECTATIONS)
     other_label = CFG.model_copy(update={"dataset": CFG.dataset.model_copy(update={"label": "f2"})})
     assert CLS.scoring_key(other_label, split)["key"] != key
-    monkeypatch.setattr(tabular, "METRICS_VERSION", tabular.METRICS_VERSION + 1)
+    monkeypatch.setattr(type(CLS), "metrics_version", tabular.METRICS_VERSION + 1)
     assert CLS.scoring_key(CFG, split)["key"] != key
     monkeypatch.undo()
     test = split / "data" / "digits" / "test.csv"

@@ -45,6 +45,8 @@ _BUILTIN_MODEL_KEYS = ("kind", "channels", "hidden", "dropout")
 class SequenceForecast(Regression):
     """One-step forecasting of a window of a time series (see the module docstring)."""
 
+    metrics_version = METRICS_VERSION  # smape / directional accuracy: this package's own code
+
     name = "sequence-forecast"
     metrics = (Metric("smape", False, relative=True), Metric("directional_accuracy", True),
                Metric("rmse", False), Metric("mae", False), Metric("latency_p95_ms", False))
@@ -81,18 +83,13 @@ class SequenceForecast(Regression):
             raise DataUnavailableError(f"a window needs at least 2 past values, got columns {info['features']}")
         return info
 
-    def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
-        """Train / val / test tensors; val is the train file's last ``val_fraction`` of rows (its
-        most recent windows, the file being in time order), so early stopping looks ahead in time."""
-        from training.data import Splits, tensors
-
-        frames = self.frames(cfg, root)
-        info = self.info(cfg, root, frames)
-        x, y = self.arrays(frames["train"], info, cfg.dataset.label)
-        xt, yt = self.arrays(frames["test"], info, cfg.dataset.label)
-        n_val = min(max(1, math.ceil(len(x) * cfg.dataset.val_fraction)), len(x) - 1)
-        return Splits(train=tensors(x[:-n_val], y[:-n_val]), val=tensors(x[-n_val:], y[-n_val:]),
-                      test=tensors(xt, yt), info=info)
+    def holdout(self, y: np.ndarray, cfg: "PipelineConfig", seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """The train file's last ``val_fraction`` of rows (its most recent windows, the file being
+        in time order), so early stopping looks ahead in time, as the test split does."""
+        n = len(y)
+        n_val = min(max(1, math.ceil(n * cfg.dataset.val_fraction)), n - 1)
+        idx = np.arange(n)
+        return idx[:-n_val], idx[-n_val:]
 
     def train_targets(self, y: np.ndarray, info: dict) -> np.ndarray:
         return y  # raw values: WindowNorm scales each window and its target together
@@ -129,10 +126,9 @@ class SequenceForecast(Regression):
         y = np.asarray(y, dtype=np.float64)
         return forecast_metrics(y[:, 0], pred, y[:, 1])
 
-    def baseline(self, cfg, root, info: dict) -> tuple[str, np.ndarray]:
+    def baseline(self, cfg, root, info: dict, n: int) -> tuple[str, np.ndarray]:
+        """Persistence: each window's last value is its forecast (``n`` test rows)."""
         test = self.frames(cfg, root)["test"]
         last = info["features"][-1]
         return f"persistence (the next value is {last})", test[last].to_numpy(dtype=np.float64)
 
-    def _key_parts(self, cfg, root) -> dict:
-        return {"forecast_metrics_version": METRICS_VERSION}
