@@ -1,6 +1,7 @@
 """Export scikit-learn's wine recognition data as the bundled wine example: one CSV to bring.
 
     python scripts/export_wine.py            # (re)write data/wine/wine.csv
+    python scripts/export_wine.py --out data/mywine/wine.csv   # the same table anywhere else
     python scripts/export_wine.py --check    # export to a temp dir, prove the hash equals data/wine.dvc
 
 178 wines, 13 named chemical measurements (``alcohol`` ... ``proline``, scikit-learn's column
@@ -24,17 +25,16 @@ ROOT = Path(__file__).resolve().parents[1]
 DVC_FILE = "data/wine.dvc"
 
 
-def export(dest: Path) -> Path:
-    """Write ``dest/wine/wine.csv``; returns its path."""
+def export(dest: Path, path: Path | None = None) -> Path:
+    """Write ``dest/wine/wine.csv`` (or ``path``); returns its path."""
     from sklearn.datasets import load_wine
 
     wine = load_wine()
     names = [str(n) for n in wine.target_names]
     header = ",".join([*wine.feature_names, "target"])
     rows = [",".join([*(repr(float(v)) for v in x), names[int(y)]]) for x, y in zip(wine.data, wine.target)]
-    out = dest / "wine"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "wine.csv"
+    path = path or dest / "wine" / "wine.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(("\n".join([header, *rows]) + "\n").encode("ascii"))
     return path
 
@@ -45,9 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help=f"export to a temp dir and compare with {DVC_FILE}")
     ap.add_argument("--dest", type=Path, default=ROOT / "data")
+    ap.add_argument("--out", type=Path, help="write the table to this file instead of DEST/wine/wine.csv")
     args = ap.parse_args(argv)
     if not args.check:
-        path = export(args.dest)
+        path = export(args.dest, args.out)
         print(f"wrote {path} (md5 {hashlib.md5(path.read_bytes()).hexdigest()}; folder {dvc_dir_md5(path.parent)})")
         return 0
     recorded = yaml.safe_load((ROOT / DVC_FILE).read_text())["outs"][0]["md5"]

@@ -62,7 +62,10 @@ class SequenceForecast(Regression):
         if cfg.dataset.features is not None and len(cfg.dataset.features) < 2:
             raise ConfigError("dataset.features: a window needs at least 2 past values, oldest first")
         if cfg.model.factory is None:
-            set_builtin = [k for k in _BUILTIN_MODEL_KEYS if k in cfg.model.model_fields_set]
+            # Compared with the defaults, not by which keys were written: the training job reads
+            # back a config dumped whole, every key present.
+            defaults = type(cfg.model)()
+            set_builtin = [k for k in _BUILTIN_MODEL_KEYS if getattr(cfg.model, k) != getattr(defaults, k)]
             if set_builtin:
                 raise ConfigError(f"model.{set_builtin[0]}: task {self.name!r} does not build trainflow's cnn/mlp; "
                                   f"its network is model.factory (default {DEFAULT_FACTORY}) with model.kwargs")

@@ -1,0 +1,238 @@
+"""Bring your own data and model, end to end through the real flow (Prefect, DVC, GX, torchrun
+with 2 CPU processes, MLflow on sqlite), each in a fresh git + DVC project:
+
+* the README's "Bring your own data and model" commands, run literally: wine, one CSV with
+  named float columns and string labels, from ``trainflow init`` to a registered champion that
+  ``mlflow.pyfunc`` scores on a DataFrame with the original column names;
+* a regression table generated here: its registered model predicts held-out rows;
+* a user's table that breaks its reviewed expectations stops at validation, before torchrun;
+* the example package's own task (entry point ``trainflow.tasks``) through the whole flow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.conftest import ROOT, VENV_BIN
+from tests.integration.conftest import DVC_BIN, GIT_ID, run
+
+pytestmark = pytest.mark.integration
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+# A hung job fails the test in minutes.
+BOUNDS = ["--set", "training.timeout_s=240", "--set", "training.collective_timeout_s=60"]
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRAINFLOW_HOME", "MLFLOW_TRACKING_URI",
+                                                             "MLFLOW_REGISTRY_URI", "PREFECT_API_URL")}
+    return {**env, **GIT_ENV, "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"}
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    """A fresh git + DVC repository, as a user's clone of their own project would be."""
+    proj = tmp_path / "proj"
+    (proj / "data").mkdir(parents=True)
+    run(["git", "init", "-q"], proj)
+    run([DVC_BIN, "init", "-q"], proj)
+    run([DVC_BIN, "config", "core.analytics", "false"], proj)
+    (proj / ".gitignore").write_text(".trainflow/\n.venv\n")
+    run(["git", "add", "-A"], proj)
+    run(["git", *GIT_ID, "commit", "-qm", "init"], proj)
+    return proj
+
+
+def trainflow(proj: Path, *args: str, timeout: float = 400) -> tuple[int, dict, str]:
+    """``trainflow ARGS --summary-json`` in ``proj``: (exit code, summary, stderr)."""
+    summary = proj / ".summary.json"
+    summary.unlink(missing_ok=True)
+    done = subprocess.run([str(VENV_BIN / "trainflow"), *args, "--summary-json", str(summary)], cwd=proj,
+                          env=_env(), capture_output=True, text=True, timeout=timeout)
+    return done.returncode, (json.loads(summary.read_text()) if summary.is_file() else {}), done.stderr
+
+
+SCORE = """
+import json, sys
+import mlflow, numpy as np, pandas as pd
+from core.config import load_config
+from core.paths import default_tracking_uri
+from pathlib import Path
+from tasks.table import load_frames
+proj, config, model = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+uri = default_tracking_uri(proj / ".trainflow")
+mlflow.set_tracking_uri(uri); mlflow.set_registry_uri(uri)
+cfg = load_config(proj / config)
+test = load_frames(cfg.dataset, proj, cfg.seed, cfg.task == "classification")["test"]
+loaded = mlflow.pyfunc.load_model(f"models:/{model}@champion")
+pred = loaded.predict(test.drop(columns=[cfg.dataset.label]))
+print(json.dumps({"pred": np.asarray(pred).tolist(), "truth": test[cfg.dataset.label].tolist(),
+                  "inputs": [[c.name, c.type.name] for c in loaded.metadata.get_input_schema().inputs],
+                  "output": loaded.metadata.get_output_schema().inputs[0].type.name}))
+"""
+
+
+def pyfunc_scores(proj: Path, config: str, model: str) -> dict:
+    """The champion, loaded through ``mlflow.pyfunc`` in a fresh process, predicting the config's
+    test split from a DataFrame of the original columns."""
+    done = subprocess.run([sys.executable, "-c", SCORE, str(proj), config, model], cwd=proj, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- byo:start", 1)[1].split("<!-- byo:end -->", 1)[0]
+    code = block.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in code.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_readme_commands_take_a_csv_from_init_to_a_champion_scored_through_pyfunc(project):
+    (project / ".venv").symlink_to(VENV_BIN.parent)
+    (project / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "export_wine.py", project / "scripts" / "export_wine.py")
+    commands = readme_commands()
+    assert any(c.startswith("trainflow init") for c in commands) and commands[-1].startswith("trainflow run")
+    script = "set -euo pipefail\n" + "\n".join(commands)
+    done = subprocess.run(["bash", "-c", script], cwd=project, env=_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-5000:])
+    assert "trainflow: registered" in done.stderr
+    scores = pyfunc_scores(project, "configs/mywine.yaml", "mywine")
+    # 13 named float columns in, as the CSV types them; the original string labels out.
+    assert scores["inputs"][0] == ["alcohol", "double"] and len(scores["inputs"]) == 13
+    assert scores["output"] == "string" and set(scores["pred"]) <= {"class_0", "class_1", "class_2"}
+    accuracy = float(np.mean(np.asarray(scores["pred"]) == np.asarray(scores["truth"])))
+    assert accuracy >= 0.95, accuracy
+
+
+def houses(n: int, seed: int) -> pd.DataFrame:
+    """A regression table: floats of very different scales, an integer column, a float target."""
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame({"size_m2": rng.uniform(20, 250, n), "rooms": rng.integers(1, 8, n),
+                       "age_years": rng.uniform(0, 100, n), "dist_km": rng.exponential(5, n)})
+    df["price"] = (3000 * df.size_m2 + 20000 * df.rooms - 800 * df.age_years - 15000 * np.log1p(df.dist_km)
+                   + rng.normal(0, 20000, n))
+    return df
+
+
+def trained(proj: Path) -> list[str]:
+    """Training folders holding a result (an early-started job that was aborted writes none)."""
+    return sorted(str(p.parent) for p in (proj / ".trainflow").glob("train/*/result.json"))
+
+
+def commit_all(proj: Path, message: str) -> None:
+    run(["git", "add", "-A"], proj)
+    run(["git", *GIT_ID, "commit", "-qm", message], proj)
+
+
+def test_a_regression_table_registers_a_model_that_predicts_held_out_rows(project):
+    from flows.init import init_project
+
+    (project / "data" / "houses").mkdir()
+    houses(1000, 0).to_csv(project / "data" / "houses" / "houses.csv", index=False)
+    report = init_project(project, "data/houses", "price")
+    assert report["task"] == "regression" and report["task_inferred"]
+    commit_all(project, "houses")
+    code, s, err = trainflow(project, "run", "--config", "configs/houses.yaml", *BOUNDS)
+    assert code == 0, (s.get("error"), err[-3000:])
+    assert s["status"] == "registered" and s["model_name"] == "houses"
+    assert set(s["metrics"]) == {"r2", "rmse", "mae", "latency_p95_ms"}
+    assert s["baseline"]["r2"] < 0.05  # the train mean explains (about) nothing of the test split
+    gates = {g["name"]: g for g in s["gates"]}
+    assert gates["r2_vs_baseline"]["passed"] and gates["r2_vs_baseline"]["op"] == ">="
+    assert gates["latency_p95_ms"]["op"] == "<="
+    # Held-out rows the pipeline never saw, through mlflow.pyfunc with the original columns.
+    fresh = houses(300, 1)
+    fresh.to_csv(project / "data" / "houses" / "fresh.csv", index=False)
+    script = (SCORE.split("cfg = load_config")[0]
+              + "frame = pd.read_csv(proj / 'data' / 'houses' / 'fresh.csv')\n"
+              + "loaded = mlflow.pyfunc.load_model(f'models:/{model}@champion')\n"
+              + "pred = loaded.predict(frame.drop(columns=['price']))\n"
+              + "y = frame['price'].to_numpy()\n"
+              + "print(json.dumps({'r2': float(1 - ((pred - y) ** 2).sum() / ((y - y.mean()) ** 2).sum()),"
+              + " 'types': [c.type.name for c in loaded.metadata.get_input_schema().inputs]}))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(project), "configs/houses.yaml", "houses"],
+                          cwd=project, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["types"] == ["double", "long", "double", "double"]
+    assert got["r2"] >= 0.8, got
+
+    # The same table with a renamed column and text in a feature breaks its reviewed expectations:
+    # the run stops at validation, naming each failure, and nothing trains.
+    bad = houses(1000, 0).rename(columns={"dist_km": "distance"})
+    bad["rooms"] = bad["rooms"].astype(str) + " rooms"
+    bad.to_csv(project / "data" / "houses" / "houses.csv", index=False)
+    (project / "data" / "houses" / "fresh.csv").unlink()
+    run([DVC_BIN, "add", "-q", "data/houses"], project)
+    commit_all(project, "broken houses")
+    trained_before = trained(project)
+    code, s, err = trainflow(project, "run", "--config", "configs/houses.yaml", *BOUNDS)
+    assert code == 2 and s["status"] == "validation_failed", err[-2000:]
+    failures = s["validation"]["failures"]
+    text = json.dumps(failures)
+    assert "distance" in text and "dist_km" in text  # expected vs found columns
+    assert any(f.get("column") == "rooms" for f in failures)  # the non-numeric feature, by name
+    assert "training" not in s
+    assert trained(project) == trained_before
+
+
+def test_a_classification_label_outside_the_class_set_stops_at_validation(project):
+    from flows.init import init_project
+
+    wine = pd.read_csv(ROOT / "data" / "wine" / "wine.csv")
+    (project / "data" / "wine").mkdir()
+    wine.to_csv(project / "data" / "wine" / "wine.csv", index=False)
+    init_project(project, "data/wine", "target", test_fraction=0.25)
+    wine.loc[wine.index[:3], "target"] = "class_9"  # a class the reviewed file never listed
+    wine.to_csv(project / "data" / "wine" / "wine.csv", index=False)
+    run([DVC_BIN, "add", "-q", "data/wine"], project)
+    commit_all(project, "wine with an unknown class")
+    code, s, err = trainflow(project, "run", "--config", "configs/wine.yaml", *BOUNDS)
+    assert code == 2 and s["status"] == "validation_failed", err[-2000:]
+    labels = [f for f in s["validation"]["failures"] if f.get("column") == "target"]
+    assert labels and "class_9" in json.dumps(labels)
+    assert trained(project) == []
+
+
+def test_the_example_package_task_runs_through_the_whole_flow(project):
+    from tests.integration.test_example_task import CONFIG, EXAMPLE, TASK, _activate_editable_finder, _installed_here
+
+    if not _installed_here():
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+                        "-e", str(EXAMPLE)], check=True, capture_output=True, text=True, timeout=300)
+        _activate_editable_finder()
+    from core.config import load_config
+    from trainflow_timeseries.data import generate
+
+    cfg = load_config(CONFIG)
+    generate(project / cfg.dataset.path)
+    run([DVC_BIN, "add", "-q", cfg.dataset.path], project)
+    rel = CONFIG.relative_to(ROOT)
+    (project / rel.parent).mkdir(parents=True)
+    shutil.copy(CONFIG, project / rel)
+    shutil.copy(ROOT / cfg.dataset.expectations_file, project / cfg.dataset.expectations_file)
+    commit_all(project, "timeseries")
+    code, s, err = trainflow(project, "run", "--config", str(rel), "--set", "training.epochs=8", *BOUNDS)
+    assert code == 0, (s.get("error"), err[-3000:])
+    assert s["status"] == "registered" and s["model_name"] == cfg.registry.model_name
+    assert s["manifest"]["config_name"] == "timeseries"
+    # The package's own metrics, in their directions, decided the gates.
+    gates = {g["name"]: g for g in s["gates"]}
+    assert gates["smape"]["op"] == "<=" and gates["directional_accuracy"]["op"] == ">="
+    assert gates["smape_vs_baseline"]["passed"]
+    assert s["metrics"]["smape"] < s["baseline"]["smape"]
+    from tasks import get_task
+
+    assert get_task(TASK).name == TASK
