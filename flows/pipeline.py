@@ -309,6 +309,25 @@ def gate(ctx: RunContext, report: dict) -> dict:
 @task(name="register", timeout_seconds=300, retries=2, retry_delay_seconds=2, **TASK)
 def register(ctx: RunContext, result: dict, report: dict) -> dict:
     """Log the task's pyfunc model, register a version tagged with the manifest, set aliases."""
+    from registry import models
+
+    reg = log_version(ctx, result, report)
+    promo = None
+    if ctx.cfg.registry.promotion == "auto":
+        promo = models.promote_if(reg["name"], reg["version"], lambda current: _deserves(ctx, report, current),
+                                  promotion_lock(ctx.tracking_uri, ctx.home, reg["name"]))
+        get_run_logger().info("promotion of v%s: %s (%s)", reg["version"],
+                              "promoted" if promo["promoted"] else "not promoted", promo["reason"])
+    reg["promotion"] = promo
+    reg["aliases"] = models.aliases_of(reg["name"], reg["version"])
+    _md("registration", f"# Registered {reg['name']} v{reg['version']}\n\naliases: {', '.join(reg['aliases'])}\n"
+        + (f"\npromotion: {promo['reason']}\n" if promo else ""), "MLflow model version")
+    return reg
+
+
+def log_version(ctx: RunContext, result: dict, report: dict) -> dict:
+    """The task's model spec over the trained program, checked (unless the worker already ran it on
+    the whole test split), logged and registered with the manifest and its recorded scores as tags."""
     from evaluation.recorded import record_tags
     from registry import models
 
@@ -321,19 +340,8 @@ def register(ctx: RunContext, result: dict, report: dict) -> dict:
             "trainflow.task": ctx.task.name,
             **{f"test_{k}": f"{cand[k]:.6f}" for k in ctx.task.champion_metrics},
             **(record_tags(report["scoring_key"], cand, ctx.task.recorded_keys()) if report.get("scoring_key") else {})}
-    reg = models.log_version(ctx.run_id, pt2, ctx.cfg.registry.model_name, spec, tags,
-                             description=ctx.task.describe(ctx.cfg, cand))
-    promo = None
-    if ctx.cfg.registry.promotion == "auto":
-        promo = models.promote_if(reg["name"], reg["version"], lambda current: _deserves(ctx, report, current),
-                                  promotion_lock(ctx.tracking_uri, ctx.home, reg["name"]))
-        get_run_logger().info("promotion of v%s: %s (%s)", reg["version"],
-                              "promoted" if promo["promoted"] else "not promoted", promo["reason"])
-    reg["promotion"] = promo
-    reg["aliases"] = models.aliases_of(reg["name"], reg["version"])
-    _md("registration", f"# Registered {reg['name']} v{reg['version']}\n\naliases: {', '.join(reg['aliases'])}\n"
-        + (f"\npromotion: {promo['reason']}\n" if promo else ""), "MLflow model version")
-    return reg
+    return models.log_version(ctx.run_id, pt2, ctx.cfg.registry.model_name, spec, tags,
+                              description=ctx.task.describe(ctx.cfg, cand))
 
 
 def promotion_lock(tracking_uri: str, home: Path, model_name: str) -> Path:

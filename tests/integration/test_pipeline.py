@@ -68,7 +68,7 @@ def test_full_flow_registers_champion_with_manifest_tags(first_run, state, bundl
     assert s["training"]["world_size"] == 2 and s["training"]["backend"] == "gloo"
     assert s["training"]["started_early"] is True  # the CLI's held job was the one the flow wanted
     assert s["candidate_scored_in"] == "worker"  # rank 0 scored the program it exported
-    assert all(g["passed"] for g in s["gates"]) and len(s["gates"]) == 4  # no champion yet
+    assert all(g["passed"] for g in s["gates"]) and len(s["gates"]) == 5  # 4 thresholds + baseline; no champion yet
     assert s["tracking_uri"].startswith("sqlite:////")
     mv = client().get_model_version_by_alias("digits-classifier", "champion")
     dvc_md5 = __import__("yaml").safe_load((bundled_data.parent / "digits.dvc").read_text())["outs"][0]["md5"]

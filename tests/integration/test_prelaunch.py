@@ -131,26 +131,32 @@ def test_finish_at_result_returns_the_final_result_and_the_job_is_reaped(tmp_pat
 
 
 def test_the_workers_scores_are_the_pipelines_own_and_are_refused_for_another_program(tmp_path):
-    from evaluation.evaluate import evaluate, worker_scores
+    import shutil
+
+    from evaluation.evaluate import evaluate_predictions, worker_scores
+    from tasks import get_task
     from training.launcher import SCORE_ENV, SCORES_FILE
 
     out = tmp_path / "scored"
-    result = run_job(_spec(out, env={SCORE_ENV: "1"}))
-    cfg = load_config(ROOT / "configs" / "digits.yaml", FAST).dataset
-    pt2 = out / result["model_pt2"]
-    scored = worker_scores(out / SCORES_FILE, pt2, cfg, ROOT)
-    assert scored is not None and scored["logits_shape"] == [len(scored["pred"]), cfg.n_classes]
-    by_worker = evaluate(pt2, cfg, ROOT, tmp_path / "ev-worker", scored=scored)
-    here = evaluate(pt2, cfg, ROOT, tmp_path / "ev-here")  # loads the program in this process
+    run_job(_spec(out, env={SCORE_ENV: "1"}))
+    cfg = load_config(ROOT / "configs" / "digits.yaml", FAST)
+    task = get_task(cfg.task)
+    scored = worker_scores(task, cfg, ROOT, out)
+    assert scored is not None and scored["outputs_shape"] == [len(scored["pred"]), 10]
+    by_worker = evaluate_predictions(task, cfg, ROOT, out, tmp_path / "ev-worker")
+    unscored = tmp_path / "unscored"  # the same program without the worker's scores: loaded here
+    shutil.copytree(out, unscored, ignore=shutil.ignore_patterns(SCORES_FILE, "checkpoints", "torchrun"))
+    here = evaluate_predictions(task, cfg, ROOT, unscored, tmp_path / "ev-here")
     assert (by_worker["candidate_scored_in"], here["candidate_scored_in"]) == ("worker", "pipeline")
     for key in ("accuracy", "macro_f1", "min_class_recall", "confusion_matrix", "class_recall"):
         assert by_worker["candidate"][key] == here["candidate"][key], key
     assert by_worker["candidate"]["latency_p95_ms"] > 0
+    assert by_worker["baseline"] == here["baseline"] and by_worker["baseline"]["accuracy"] < 0.2
     # Scores of another program (the file changed since) are not used.
-    other = tmp_path / "other.pt2"
-    other.write_bytes(pt2.read_bytes() + b"\0")
-    assert worker_scores(out / SCORES_FILE, other, cfg, ROOT) is None
-    assert worker_scores(tmp_path / "missing.json", pt2, cfg, ROOT) is None
+    (unscored / SCORES_FILE).write_bytes((out / SCORES_FILE).read_bytes())
+    (unscored / "model.pt2").write_bytes((out / "model.pt2").read_bytes() + b"\0")
+    assert worker_scores(task, cfg, ROOT, unscored) is None
+    assert worker_scores(task, cfg, ROOT, tmp_path / "missing") is None
 
 
 def test_a_classifier_pipeline_run_never_imports_torch_in_the_cli_process(tmp_path):

@@ -31,16 +31,17 @@ def programs(bundled_data, tmp_path_factory):
     bundled training split so the confusion matrices and metrics mean something."""
     import torch
 
-    from training.data import read_csv
+    import pandas as pd
+
     from training.export import export_model
 
-    cols = [f"pixel_{i}" for i in range(N_FEATURES)] + ["label"]
     class Scale(torch.nn.Module):
         def forward(self, x):
             return x / 16
 
-    x, y = read_csv(bundled_data / "train.csv", cols, "label")
-    xt, yt = torch.from_numpy(x) / 16, torch.from_numpy(y)
+    train = pd.read_csv(bundled_data / "train.csv")
+    xt = torch.tensor(train.drop(columns=["label"]).to_numpy(dtype=np.float32)) / 16
+    yt = torch.tensor(train["label"].to_numpy())
     out = {}
     folder = tmp_path_factory.mktemp("programs")
     for name, steps in (("weak", 3), ("strong", 150)):
@@ -52,7 +53,8 @@ def programs(bundled_data, tmp_path_factory):
             torch.nn.functional.cross_entropy(lin(xt), yt).backward()
             opt.step()
         module = torch.nn.Sequential(Scale(), lin)
-        out[name] = export_model(module, N_FEATURES, folder / f"{name}.pt2")
+        (folder / name).mkdir()  # a training folder of its own: <folder>/model.pt2, as the worker writes
+        out[name] = export_model(module, N_FEATURES, folder / name / "model.pt2")
     return out
 
 
@@ -61,6 +63,7 @@ def make_ctx(store, project: Path, model_name: str, tmp_path: Path):
     from core.manifest import DataRef, ImageRef, Manifest, World
     from flows.pipeline import RunContext
     from registry.store import start_run
+    from tasks import get_task
 
     cfg = load_config(project / "configs" / "digits.yaml", [f"registry.model_name={model_name}"])
     manifest = Manifest("0" * 40, False, cfg.name, cfg.config_id(), DataRef("data/digits.dvc", "feed.dir", "HEAD"),
@@ -68,7 +71,7 @@ def make_ctx(store, project: Path, model_name: str, tmp_path: Path):
     run_id = start_run(store["experiment_id"], "recorded", {"config_name": cfg.name})
     out = tmp_path / run_id
     out.mkdir(parents=True)
-    return RunContext(cfg, project, store["root"], store["uri"], run_id, manifest, out)
+    return RunContext(cfg, get_task(cfg.task), project, store["root"], store["uri"], run_id, manifest, out)
 
 
 @pytest.fixture
@@ -76,6 +79,7 @@ def project(repo_root, bundled_data, tmp_path):
     """A folder laid out like the repository: the digits config and a copy of the digits splits."""
     (tmp_path / "proj" / "configs").mkdir(parents=True)
     shutil.copy(repo_root / "configs" / "digits.yaml", tmp_path / "proj" / "configs")
+    shutil.copy(repo_root / "configs" / "digits.expectations.yaml", tmp_path / "proj" / "configs")
     shutil.copytree(bundled_data, tmp_path / "proj" / "data" / "digits",
                     ignore=shutil.ignore_patterns("*.dvc", ".gitignore"))
     return tmp_path / "proj"
@@ -84,13 +88,13 @@ def project(repo_root, bundled_data, tmp_path):
 def evaluate_and_register(store, project, name, program: Path, tmp_path, promote=True):
     """What the pipeline does for one candidate: evaluate, log + register (recording its scores),
     promote. Returns (report, registration)."""
-    from flows.pipeline import _log_classifier, evaluate
+    from flows.pipeline import evaluate, log_version
     from registry import models
 
     ctx = make_ctx(store, project, name, tmp_path)
     result = {"out_dir": str(program.parent), "model_pt2": program.name, "weights_sha256": "0" * 64}
     report = evaluate.fn(ctx, result)
-    reg = _log_classifier(ctx, result, report)
+    reg = log_version(ctx, result, report)
     if promote:
         models.promote(name, reg["version"])
     return ctx, report, reg
@@ -99,13 +103,12 @@ def evaluate_and_register(store, project, name, program: Path, tmp_path, promote
 def champion_rescored(name, project):
     """The champion loaded through the registry and scored here, as the pipeline did before."""
     from core.config import load_config
-    from evaluation.evaluate import load_test_split
-    from evaluation.metrics import classification_metrics
+    from evaluation.evaluate import score_champion
     from registry import models
+    from tasks import get_task
 
     cfg = load_config(project / "configs" / "digits.yaml")
-    x, y = load_test_split(cfg.dataset, project)
-    return classification_metrics(y, models.load_predictor(name, "champion")(x), cfg.dataset.n_classes)
+    return score_champion(get_task(cfg.task), cfg, project, models.load_predictor(name, "champion"))
 
 
 def test_recorded_champion_scores_equal_rescoring_and_are_used(mlflow_store, project, programs, tmp_path):
@@ -135,14 +138,15 @@ def test_a_changed_test_split_or_metric_code_rescoring_the_champion(mlflow_store
                                                                    monkeypatch):
     import pandas as pd
 
-    import evaluation.recorded as recorded
     from flows.pipeline import evaluate
+    from tasks import get_task
 
     name = "rec-changed"
     evaluate_and_register(mlflow_store, project, name, programs["weak"], tmp_path)
     result = {"out_dir": str(programs["strong"].parent), "model_pt2": programs["strong"].name}
 
-    monkeypatch.setattr(recorded, "METRICS_VERSION", recorded.METRICS_VERSION + 1)
+    task = type(get_task("classification"))
+    monkeypatch.setattr(task, "metrics_version", task.metrics_version + 1)
     bumped = evaluate.fn(make_ctx(mlflow_store, project, name, tmp_path), result)
     assert bumped["champion_scores"] == "rescored"
     monkeypatch.undo()
@@ -168,9 +172,15 @@ def test_a_champion_without_recorded_scores_is_rescored(mlflow_store, project, p
     from registry.store import start_run
 
     name = "rec-old"
+    from tasks.base import ModelSpec
+    from tasks.tabular import PYFUNC_FILE
+
     x = pd.read_csv(project / "data" / "digits" / "test.csv").drop(columns=["label"]).head(5)
-    reg = models.log_model_version(start_run(mlflow_store["experiment_id"], "old", {}), programs["weak"], name,
-                                   list(x.columns), list(range(10)), x, {"data_md5": "feed.dir"})
+    meta = {"format": "torch.export", "input_dtype": "float32", "feature_columns": list(x.columns),
+            "output": "label", "class_labels": list(range(10))}
+    spec = ModelSpec(PYFUNC_FILE, meta, [(c, "long") for c in x.columns], [(None, "long")], x)
+    reg = models.log_version(start_run(mlflow_store["experiment_id"], "old", {}), programs["weak"], name, spec,
+                             {"data_md5": "feed.dir"})
     models.promote(name, reg["version"])
     report = evaluate.fn(make_ctx(mlflow_store, project, name, tmp_path),
                          {"out_dir": str(programs["strong"].parent), "model_pt2": programs["strong"].name})
@@ -198,7 +208,7 @@ def test_deserves_uses_a_moved_champions_recorded_scores_or_rescores_it(mlflow_s
 
     ok, reason = _deserves(ctx, report, current)
     assert "its recorded scores" in reason and not ok
-    assert (ok, reason.split("; ", 1)[1]) == beats(report["candidate"], champion_rescored(name, project))
+    assert (ok, reason.split("; ", 1)[1]) == beats(ctx.task, report["candidate"], champion_rescored(name, project))
 
     client().delete_model_version_tag(name, reg2["version"], "eval_key")
     stale = models.champion_version(name)
