@@ -15,22 +15,29 @@ from training.launcher import make_spec, run_job
 pytestmark = pytest.mark.fault
 
 
-def test_rank_error_names_rank_and_traceback(repo_root, bundled_data, tmp_path):
-    # A dataset whose train file has the wrong header: every rank raises while loading.
+def test_an_input_error_in_a_worker_names_the_rank_and_traceback_and_is_not_retried(repo_root, bundled_data,
+                                                                                    tmp_path):
+    # A train file whose label column is renamed: every rank raises a DataUnavailableError while
+    # loading. Deterministic: torchrun's restarts (3 allowed) would fail the same way, so none is made.
     root = tmp_path / "proj"
     (root / "data").mkdir(parents=True)
+    (root / "configs").mkdir()
+    shutil.copy(repo_root / "configs" / "digits.expectations.yaml", root / "configs")
     shutil.copy(bundled_data / "test.csv", root / "data" / "test.csv")
     lines = (bundled_data / "train.csv").read_text().splitlines()
-    (root / "data" / "train.csv").write_text("\n".join(["bad," + lines[0], *lines[1:]]) + "\n")
+    (root / "data" / "train.csv").write_text("\n".join([lines[0].replace(",label", ",digit"), *lines[1:]]) + "\n")
     cfg = load_config(repo_root / "configs" / "digits.yaml",
-                      ["dataset.path=data", "training.timeout_s=120", "training.max_restarts=0"])
+                      ["dataset.path=data", "training.timeout_s=120", "training.max_restarts=3"])
     spec = make_spec(cfg, tmp_path / "out", root, "md5-of-test", nproc=2)
+    t0 = time.monotonic()
     with pytest.raises(TrainingFailedError) as err:
         run_job(spec)
     assert err.value.rank in (0, 1)
     assert f"rank {err.value.rank}" in str(err.value)
-    assert "columns differ from the config" in str(err.value)
-    assert "Traceback" in err.value.traceback and "read_csv" in err.value.traceback
+    assert "train split lacks column(s) ['label']" in str(err.value) and "not retried" in str(err.value)
+    assert "Traceback" in err.value.traceback and "load_data" in err.value.traceback
+    assert not list((tmp_path / "out" / "torchrun").glob("*/attempt_1"))  # no restart was attempted
+    assert time.monotonic() - t0 < 60
     assert processes_mentioning(spec.out_dir) == []
 
 

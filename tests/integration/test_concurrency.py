@@ -87,7 +87,9 @@ def test_racing_promotions_never_let_a_worse_candidate_replace_a_better_champion
     the last writer wins, whichever it is; with it, v3 must find v2 and stay out."""
     from evaluation.gates import beats
     from registry.models import promote_if
+    from tasks import get_task
 
+    task = get_task("classification")
     c, scores, lock = registry
     start = threading.Barrier(2)
     results = {}
@@ -96,7 +98,7 @@ def test_racing_promotions_never_let_a_worse_candidate_replace_a_better_champion
         def deserves(current):
             if version == slow:
                 time.sleep(0.5)
-            return beats(scores[version], scores[current["version"]] if current else None)
+            return beats(task, scores[version], scores[current["version"]] if current else None)
 
         start.wait()
         results[version] = promote_if("race", version, deserves, lock)

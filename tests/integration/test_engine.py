@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from core.config import DatasetConfig
+from core.config import load_config
 from tests.conftest import VENV_BIN
 from tests.engine_helpers import free_port, train
 from training.data import load_splits
@@ -68,7 +68,7 @@ def test_early_stop_is_agreed_by_all_ranks(bundled_data, tmp_path):
 
 
 def test_uneven_shards_do_not_hang(bundled_data, repo_root, tmp_path):
-    n_train = len(load_splits(DatasetConfig(), repo_root, 0).train)
+    n_train = len(load_splits(load_config(repo_root / "configs" / "digits.yaml"), repo_root, 0).train)
     assert n_train % 3 != 0  # 3 ranks cannot split it evenly
     r = train(tmp_path / "out", ["training.epochs=1"], nproc=3)
     assert r["world_size"] == 3 and r["status"] == "completed"

@@ -114,7 +114,7 @@ def test_gathered_weights_load_into_a_plain_lm_and_the_export_matches(runs, name
 
     result, out = runs(name)
     cfg = config_from_dict(BASE)
-    model = build_model(cfg.model, cfg.dataset)
+    model = build_model(cfg, {})
     model.load_state_dict(torch.load(out / "weights.pt", weights_only=True))  # strict: every key, no extra
     assert state_dict_sha256(model.state_dict()) == result["weights_sha256"]
     x = lm_splits(cfg.model.seq_len, 64, 16, 8).test.tensors[0][:3]

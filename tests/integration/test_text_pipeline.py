@@ -14,8 +14,8 @@ import yaml
 from core.config import load_config
 from flows.cli import main
 from tests.conftest import VENV_BIN
-from validation import load_splits, validate_dataset
-from validation.text_suite import document_frame
+from validation.text_suite import document_frame, load_splits
+from validation.text_suite import validate_text as validate_dataset
 
 pytestmark = pytest.mark.integration
 
@@ -149,7 +149,7 @@ def test_whole_flow_trains_gates_and_registers_the_lm(first_run, cfg, lm_state, 
     assert s["validation"] == {"success": True, "n_expectations": 14, "cached": False}
     assert s["training"]["strategy"] == cfg.training.strategy and s["training"]["world_size"] == 2
     m = s["metrics"]
-    assert m["perplexity"] <= cfg.gates.max_perplexity
+    assert m["perplexity"] <= cfg.gates.thresholds["perplexity"]
     assert m["bits_per_byte"] == pytest.approx(m["loss"] / 0.6931471805599453)
     assert [g["name"] for g in s["gates"]] == ["perplexity", "latency_p95_ms"] and all(g["passed"] for g in s["gates"])
     from mlflow.tracking import MlflowClient

@@ -28,6 +28,7 @@ from training.worker import train_and_report
 
 BASE = {
     "name": "lm-probe",
+    "task": "lm",
     "seed": 0,
     "model": {"kind": "lm", "seq_len": 32, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64,
               "dropout": 0.0},
