@@ -26,10 +26,9 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 # An integer label with at most this many distinct values is taken for classes, not a quantity.
 MAX_INFERRED_CLASSES = 20
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
-# What init writes for each task; the rest of the config keeps core/config.py's defaults.
-BASELINE_MARGIN = {"classification": 0.05, "regression": 0.1}  # on accuracy / on r2
+# What init writes besides the task's own defaults (model, gates: ``Task.init_defaults``); the
+# rest of the config keeps core/config.py's defaults.
 EPOCHS = 30
-LATENCY_P95_MS = 50
 PROFILE_MARGIN = 0.1
 
 
@@ -52,7 +51,7 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
 
     from core.config import PipelineConfig, config_from_dict
     from core.expectations import TableExpectations
-    from tasks.table import load_frames, read_table
+    from tasks.table import read_table
     from validation.profile import column_type, profile_table
 
     root = Path(root).resolve()
@@ -79,6 +78,10 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
     if len(first) == 0:
         raise InitError(f"{_rel(root, table_paths[0])} has no rows")
     task, task_reason, inferred = _task(task, first[label], label, column_type(first[label]))
+    from tasks import get_task
+
+    chosen = get_task(task)
+    defaults = chosen.init_defaults()
 
     dataset: dict[str, Any] = {"dvc_file": f"{rel}.dvc", "path": rel if target.is_dir() else _parent(rel)}
     dataset.update(layout)
@@ -94,9 +97,9 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
         "name": name,
         "task": task,
         "dataset": dataset,
-        "model": {"kind": "mlp", "hidden": 64},
+        "model": defaults["model"],
         "training": {"epochs": EPOCHS, "strategy": "ddp"},
-        "gates": {"baseline_margin": BASELINE_MARGIN[task], "thresholds": {"latency_p95_ms": LATENCY_P95_MS}},
+        "gates": defaults["gates"],
         "registry": {"model_name": name, "experiment": f"trainflow-{name}"},
     }
     try:
@@ -104,7 +107,7 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
     except TrainflowError as exc:
         raise InitError(f"the config init would write is invalid: {exc}") from None
 
-    frames = load_frames(cfg.dataset, root, cfg.seed, stratify=task == "classification")
+    frames = chosen.frames(cfg, root)
     if "train_file" in layout:
         cols = {s: [str(c) for c in df.columns] for s, df in frames.items()}
         if cols["train"] != cols["test"]:
@@ -116,8 +119,8 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
     if nulls:
         raise InitError(f"label {label!r} has {nulls} missing value(s); drop those rows (a model cannot learn "
                         "from them), then run init again")
-    expectations: TableExpectations = profile_table(frames, label, task == "classification", PROFILE_MARGIN)
-    if task == "classification" and len(expectations.classes or []) < 2:
+    expectations: TableExpectations = profile_table(frames, label, chosen.classification, PROFILE_MARGIN)
+    if chosen.classification and len(expectations.classes or []) < 2:
         raise InitError(f"label {label!r} has a single class {expectations.classes}: nothing to classify")
 
     md5 = _dvc_add(root, rel)
@@ -228,15 +231,16 @@ def _name(name: str | None, target: Path) -> str:
     return name
 
 
-def _task(task: str | None, labels, label: str, kind: str) -> tuple[str, str, bool]:
-    """(task, why, inferred) for a label column of type ``kind`` (core.expectations types)."""
+def _task(task: str | None, labels, label: str, ctype: str) -> tuple[str, str, bool]:
+    """(task, why, inferred) for a label column of type ``ctype`` (core.expectations types): which of
+    the two table tasks init writes a config for."""
     n = int(labels.nunique(dropna=True))
-    if kind in ("string", "boolean"):
-        why = f"label {label!r} is a {kind} column with {n} distinct values"
+    if ctype in ("string", "boolean"):
+        why = f"label {label!r} is a {ctype} column with {n} distinct values"
         if task == "regression":
             raise InitError(f"--task regression: {why}; regression needs a numeric label")
         return "classification", why, task is None
-    if kind == "float":
+    if ctype == "float":
         why = f"label {label!r} holds fractional numbers"
         if task == "classification":
             raise InitError(f"--task classification: {why}, not classes; use --task regression "

@@ -52,8 +52,9 @@ class ExportedTable(mlflow.pyfunc.PythonModel):
             )
         if values.shape[0] == 0:
             return np.empty(0, dtype=np.float64 if self.class_labels is None else self.class_labels.dtype)
-        if not np.isfinite(values).all():
-            raise ValueError("features contain NaN or infinite values")
+        if np.isinf(values).any():
+            # NaN is a missing value: the program imputes it with the train mean (its first layer).
+            raise ValueError("features contain infinite values")
         torch = self._torch
         with torch.inference_mode():
             # torch.tensor copies: pandas may hand back a read-only view.

@@ -12,6 +12,7 @@ A regression model is trained on standardised targets and exported with the de-s
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -71,9 +72,6 @@ class _Table(Task):
         if cfg.dataset.expectations_file is None:
             raise ConfigError("dataset.expectations_file: required for a table (`trainflow init` writes one; "
                               "review and commit it)")
-        if cfg.training.strategy in ("tp", "pp", "hybrid"):
-            raise ConfigError(f"training.strategy: {cfg.training.strategy!r} (model parallel) is for the lm task; "
-                              "use ddp or fsdp")
         if cfg.model.factory is not None:
             _check_factory(cfg.model.factory)
 
@@ -110,10 +108,12 @@ class _Table(Task):
         if missing:
             raise DataUnavailableError(f"train split lacks column(s) {missing}; found {list(train.columns)}")
         x = _numeric(train, features)
-        std = x.std(axis=0)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # an all-null column: mean 0, std 1
+            mean, std = np.nanmean(x, axis=0), np.nanstd(x, axis=0)
         info = {"features": features,
                 "dtypes": {c: _mlflow_type(train[c].dtype) for c in features},
-                "mean": x.mean(axis=0).tolist(), "std": np.where(std > 0, std, 1.0).tolist()}
+                "mean": np.nan_to_num(mean).tolist(), "std": np.where(std > 0, std, 1.0).tolist()}
         info.update(self._target_info(cfg, root, train[cfg.dataset.label]))
         return info
 
@@ -126,6 +126,8 @@ class _Table(Task):
 
         frames = self.frames(cfg, root)
         info = self.info(cfg, root, frames)
+        # A missing feature value (where the expectations allow nulls) is imputed with the train
+        # mean by the model's first layer (``Standardize``), in training and in the exported program.
         x, y = self.arrays(frames["train"], info, cfg.dataset.label)
         xt, yt = self.arrays(frames["test"], info, cfg.dataset.label)
         keep, hold = self.holdout(y, cfg, seed)
@@ -154,6 +156,7 @@ class _Table(Task):
         return nn.Sequential(Standardize(info["mean"], info["std"]), build_core(cfg.model, n_in, self.n_outputs(info)))
 
     def example_input(self, cfg: "PipelineConfig", info: dict, batch: int = 2):
+        """A batch of train means (what ``Standardize`` maps to zeros)."""
         import torch
 
         return torch.tensor([info["mean"]] * batch, dtype=torch.float32)

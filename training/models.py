@@ -15,7 +15,8 @@ from core.config import ModelConfig, PipelineConfig
 
 class Standardize(nn.Module):
     """``(x - mean) / std`` per feature, with the train split's statistics as buffers: the model
-    (and its exported program) takes raw feature values."""
+    (and its exported program) takes raw feature values. A missing value (NaN) becomes 0, the
+    train mean: imputation that travels with the model."""
 
     def __init__(self, mean, std):
         super().__init__()
@@ -23,7 +24,8 @@ class Standardize(nn.Module):
         self.register_buffer("inv_std", 1.0 / torch.as_tensor(std, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean) * self.inv_std
+        z = (x - self.mean) * self.inv_std
+        return torch.where(torch.isnan(z), torch.zeros_like(z), z)
 
 
 class Affine(nn.Module):

@@ -71,15 +71,15 @@ def column_type(values: "pd.Series") -> str:
 
 
 def _column(name: str, values: "pd.Series", margin: float, categorical: bool) -> ColumnExpectation:
-    kind = column_type(values)
+    ctype = column_type(values)
     s = values.dropna()
-    spec: dict[str, Any] = {"name": name, "type": kind, "nulls": bool(values.isna().any())}
-    if kind in ("integer", "float") and len(s) and not categorical:
+    spec: dict[str, Any] = {"name": name, "type": ctype, "nulls": bool(values.isna().any())}
+    if ctype in ("integer", "float") and len(s) and not categorical:
         lo, hi = float(s.min()), float(s.max())
         if math.isfinite(lo) and math.isfinite(hi):  # an infinity seen: no bound would hold it
-            spec["min"], spec["max"] = _bounds(lo, hi, margin, integer=kind == "integer")
-    if len(s) and (categorical or (kind == "string" and s.nunique() <= MAX_CATEGORIES)):
-        spec["values"] = _sorted_values(s, kind)
+            spec["min"], spec["max"] = _bounds(lo, hi, margin, integer=ctype == "integer")
+    if len(s) and (categorical or (ctype == "string" and s.nunique() <= MAX_CATEGORIES)):
+        spec["values"] = _sorted_values(s, ctype)
     return ColumnExpectation(**spec)
 
 
@@ -103,9 +103,9 @@ def _bounds(lo: float, hi: float, margin: float, integer: bool) -> tuple[float, 
     return a, b
 
 
-def _sorted_values(s: "pd.Series", kind: str) -> list[Any]:
+def _sorted_values(s: "pd.Series", ctype: str) -> list[Any]:
     """The distinct values, sorted, as plain YAML scalars (integer labels as ints)."""
-    cast = {"integer": lambda v: int(v), "float": float, "boolean": bool}.get(kind, str)
+    cast = {"integer": lambda v: int(v), "float": float, "boolean": bool}.get(ctype, str)
     return sorted({cast(v) for v in s.tolist()})
 
 

@@ -102,10 +102,10 @@ def _rows_text(rows: list, count: int | None) -> str:
     return f" (row{'s' if len(rows) > 1 or more else ''} {_fmt_values(rows)}{more})"
 
 
-def failure_from_result(evr: dict, split: str, kind: str = "split", *, label_column: str = "label") -> dict:
+def failure_from_result(evr: dict, split: str, frame: str = "split", *, label_column: str = "label") -> dict:
     """One failure entry from a failed ExpectationValidationResult (JSON dict form).
 
-    ``split``: the report's split ("train", "test", "cross"). ``kind``: the frame the result
+    ``split``: the report's split ("train", "test", "cross"). ``frame``: the frame the result
     came from: "split" (the data itself), "schema" (column, dtype, expected, found, feature),
     "balance" (label, count, fraction) or "cross" (row_hash, split, row).
     """
@@ -131,7 +131,7 @@ def failure_from_result(evr: dict, split: str, kind: str = "split", *, label_col
     }
     records = [p for p in index_list if isinstance(p, dict)]
 
-    if kind == "schema":
+    if frame == "schema":
         # The pair (expected, found) check is "dtype"; the feature check is "numeric".
         numeric = column == "feature"
         failure["check"] = "numeric" if numeric else "dtype"
@@ -151,7 +151,7 @@ def failure_from_result(evr: dict, split: str, kind: str = "split", *, label_col
             shown = ", ".join(f"{b['column']} holds {b['found']} ({b['dtype']}), expected {b['expected']}"
                               for b in bad[:MAX_EXAMPLES])
             failure["detail"] = f"{_plural(count, 'column')} of the wrong type: {shown}{more}"
-    elif kind == "balance":
+    elif frame == "balance":
         failure["check"] = "class_balance"
         failure["column"] = label_column
         failure["rows"] = []
@@ -166,7 +166,7 @@ def failure_from_result(evr: dict, split: str, kind: str = "split", *, label_col
         failure["detail"] = f"{_plural(count, 'class', 'classes')} with a share outside [{lo}, {hi}]" + (
             f": {shown}" if shown else ""
         )
-    elif kind == "cross":
+    elif frame == "cross":
         failure["check"] = "leak"
         failure["column"] = None
         failure["rows"] = []
@@ -313,18 +313,18 @@ def cells_failures(evr: dict, split: str) -> list[dict]:
 def failures_from_results(
     results: Iterable[tuple[str, str, dict]], *, label_column: str = "label"
 ) -> list[dict]:
-    """Failure entries for every unsuccessful result among ``(split, kind, evr)`` triples.
+    """Failure entries for every unsuccessful result among ``(split, frame, evr)`` triples.
 
     One entry per failed expectation, except stacked-cells results: one entry per failing column.
     """
     out: list[dict] = []
-    for split, kind, evr in results:
+    for split, frame, evr in results:
         if evr.get("success"):
             continue
-        if kind == "cells":
+        if frame == "cells":
             out += cells_failures(evr, split)
         else:
-            out.append(failure_from_result(evr, split, kind, label_column=label_column))
+            out.append(failure_from_result(evr, split, frame, label_column=label_column))
     return out
 
 

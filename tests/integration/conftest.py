@@ -55,7 +55,8 @@ def build_project(proj: Path, repo_root: Path, bundled_data: Path, mutate=None, 
     import pandas as pd
 
     (proj / "configs").mkdir(parents=True)
-    shutil.copy(repo_root / "configs" / "digits.yaml", proj / "configs" / "digits.yaml")
+    for name in ("digits.yaml", "digits.expectations.yaml"):
+        shutil.copy(repo_root / "configs" / name, proj / "configs" / name)
     if with_code:
         for name in CODE_DIRS:
             shutil.copytree(repo_root / name, proj / name, ignore=shutil.ignore_patterns("__pycache__"))

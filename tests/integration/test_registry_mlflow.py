@@ -286,8 +286,8 @@ def test_pyfunc_rejects_bad_input(store, program, pixels):
     predict = load_predictor(name)
     with pytest.raises(mlflow.exceptions.MlflowException, match="pixel_3"):
         predict(pixels.drop(columns=["pixel_3"]))
-    with pytest.raises(ValueError, match="NaN"):
-        predict.pyfunc.unwrap_python_model().predict(None, pixels.astype("float64").where(pixels > 0))
+    with pytest.raises(ValueError, match="infinite"):
+        predict.pyfunc.unwrap_python_model().predict(None, pixels.astype("float64").where(pixels > 0, np.inf))
 
 
 def test_log_model_version_checks_inputs_before_logging(store, program, pixels, tmp_path):

@@ -171,20 +171,26 @@ def test_validation_task_is_cached_on_data_and_suite(project, tmp_path):
     from prefect import flow
 
     from core.config import load_config
+    from core.expectations import load_expectations
     from flows.pipeline import run_expectations
-    from validation.suite import data_hash, suite_hash
+    from tasks import get_task
+    from validation.plans import data_key, suite_key
 
     cfg = load_config(project / "configs" / "digits.yaml")
     results = tmp_path / "results"
 
     @flow
-    def twice(expectations_value_max: float):
-        ds = cfg.dataset.model_copy(update={"expectations": cfg.dataset.expectations.model_copy(
-            update={"value_max": expectations_value_max})})
+    def twice(pixel_max: int):
+        plan = get_task(cfg.task).validation_plan(cfg, project)
+        exp = plan.params["expectations"]
+        tightened = exp.model_copy(update={"columns": [
+            c.model_copy(update={"max": pixel_max}) if c.name.startswith("pixel_") else c for c in exp.columns]})
+        plan.params["expectations"] = tightened
         call = run_expectations.with_options(result_storage=results)
-        args = (ds, str(project), data_hash(ds, project), suite_hash(ds), str(tmp_path / "reports"))
+        args = (plan, data_key(plan), suite_key(plan), str(tmp_path / "reports"))
         return [call(*args, return_state=True) for _ in range(2)]
 
+    assert load_expectations(project / cfg.dataset.expectations_file).column("pixel_5").max == 16
     first, second = twice(16)
     assert first.name == "Completed" and second.name == "Cached"
     assert second.result()["duration_s"] == first.result()["duration_s"]

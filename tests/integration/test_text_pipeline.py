@@ -183,11 +183,13 @@ def test_registered_pyfunc_scores_text_like_the_evaluation(first_run, lm_state, 
     assert np.isnan(out["loss"].iloc[-2]) and out["n_tokens"].iloc[-2] == 0  # empty text: nothing to score
     # Rescoring the champion through the registry gives its recorded figures (what a later run reuses).
     from evaluation.lm import summarise
-    from evaluation.recorded import recorded_metrics, scoring_key
+    from evaluation.recorded import recorded_metrics
     from registry.models import champion_version, load_predictor
+    from tasks import get_task
 
     tags = champion_version("stdlib-lm")["tags"]
-    rec = recorded_metrics(tags, scoring_key(load_config(repo_root / LM_CONFIG).dataset, repo_root), "text")
+    lm = get_task("lm")
+    rec = recorded_metrics(tags, lm.scoring_key(load_config(repo_root / LM_CONFIG), repo_root), lm.recorded_keys())
     loss, n_tok = load_predictor("stdlib-lm")([d["text"] for d in docs])
     again = summarise(np.nan_to_num(loss) * n_tok, n_tok)
     assert rec["n_tokens"] == again["n_tokens"] and rec["perplexity"] == pytest.approx(again["perplexity"], rel=1e-5)

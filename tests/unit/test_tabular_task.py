@@ -1,0 +1,120 @@
+"""The table tasks without a pipeline: features by name, labels as people have them, scaling fitted
+on train and baked into the model, missing values imputed, baselines, and what a config must hold."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from core.config import PipelineConfig
+from core.errors import ConfigError, DataUnavailableError
+from tasks import get_task, task_for
+
+CLS = get_task("classification")
+REG = get_task("regression")
+EXPECTATIONS = """label: kind
+columns:
+  - {name: a, type: float}
+  - {name: b, type: integer, nulls: true}
+  - {name: note, type: string}
+  - {name: kind, type: string, values: [red, green, blue]}
+"""
+
+
+@pytest.fixture
+def root(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 60
+    df = pd.DataFrame({"a": rng.normal(100, 20, n), "b": rng.integers(0, 5, n).astype("float64"),
+                       "note": ["x"] * n, "kind": rng.choice(["red", "green", "blue"], n)})
+    df.loc[3, "b"] = np.nan
+    (tmp_path / "data").mkdir()
+    df.to_csv(tmp_path / "data" / "t.csv", index=False)
+    (tmp_path / "exp.yaml").write_text(EXPECTATIONS)
+    return tmp_path
+
+
+def cfg(**dataset) -> PipelineConfig:
+    ds = {"path": "data", "file": "t.csv", "label": "kind", "exclude": ["note"], "expectations_file": "exp.yaml",
+          **dataset}
+    return PipelineConfig(name="t", dataset=ds, model={"kind": "mlp", "hidden": 8})
+
+
+def test_features_are_every_column_but_the_label_and_the_excluded_ones(root):
+    info = CLS.info(cfg(), root)
+    assert info["features"] == ["a", "b"]
+    assert info["dtypes"] == {"a": "double", "b": "double"}
+    assert CLS.info(cfg(features=["b"], exclude=[]), root)["features"] == ["b"]
+
+
+def test_string_labels_map_to_the_reviewed_class_order_and_back(root):
+    info = CLS.info(cfg(), root)
+    assert info["classes"] == ["red", "green", "blue"]  # the expectations file's order, not sorted
+    y = CLS.targets(pd.Series(["blue", "red"]), info)
+    assert y.tolist() == [2, 0]
+    assert CLS.encode(np.array(["green", "purple"]), info).tolist() == [1, -1]
+    with pytest.raises(DataUnavailableError, match=r"outside the recorded class set"):
+        CLS.targets(pd.Series(["purple"]), info)
+
+
+def test_scaling_is_fitted_on_train_ignoring_nulls_and_a_null_is_imputed_with_the_mean(root):
+    c = cfg()
+    splits = CLS.load_data(c, root, seed=0)
+    info = splits.info
+    train = CLS.frames(c, root)["train"]
+    assert info["mean"][0] == pytest.approx(train["a"].mean())
+    assert np.isfinite(info["mean"]).all() and np.isfinite(info["std"]).all()
+    model = CLS.build_model(c, info).eval()
+    x = torch.tensor([[info["mean"][0], np.nan]], dtype=torch.float32)
+    z = model[0](x)  # the Standardize layer
+    assert torch.equal(z, torch.zeros_like(z))  # the mean maps to 0, a missing value too
+    assert torch.isfinite(model(x)).all()
+    assert len(splits.train) + len(splits.val) == len(train)
+
+
+def test_regression_trains_on_standardised_targets_and_exports_in_their_units(tmp_path):
+    rng = np.random.default_rng(1)
+    df = pd.DataFrame({"x": rng.uniform(0, 1, 40)})
+    df["y"] = 1000 + 500 * df["x"]
+    (tmp_path / "d").mkdir()
+    df.to_csv(tmp_path / "d" / "r.csv", index=False)
+    (tmp_path / "e.yaml").write_text("label: y\ncolumns:\n  - {name: x, type: float}\n  - {name: y, type: float}\n")
+    c = PipelineConfig(name="r", task="regression", dataset={"path": "d", "file": "r.csv", "label": "y",
+                                                             "expectations_file": "e.yaml"}, model={"kind": "mlp"})
+    splits = REG.load_data(c, tmp_path, seed=0)
+    y = splits.train.tensors[1]
+    assert abs(float(y.mean())) < 0.5 and 0.5 < float(y.std()) < 1.5  # standardised
+    exported = REG.export_module(REG.build_model(c, splits.info), splits.info)
+    with torch.no_grad():
+        out = exported(torch.tensor([[0.5]]))
+    assert out.shape == (1, 1)
+    affine = exported[1]
+    assert float(affine.shift) == pytest.approx(splits.info["y_mean"]) and float(affine.scale) > 100
+    name, pred = REG.baseline(c, tmp_path, splits.info, 7)
+    assert "mean" in name and pred.shape == (7,) and np.all(pred == splits.info["y_mean"])
+
+
+def test_a_table_config_needs_its_expectations_and_an_importable_factory():
+    with pytest.raises(ConfigError, match=r"dataset\.expectations_file: required"):
+        task_for(PipelineConfig(name="t", model={"kind": "mlp"}))
+    with pytest.raises(ConfigError, match=r"model\.factory: module 'no_such_module_here' not found"):
+        task_for(PipelineConfig(name="t", dataset={"expectations_file": "e.yaml"},
+                                model={"factory": "no_such_module_here:make"}))
+    with pytest.raises(ConfigError, match=r"training\.early_stopping\.metric: task 'regression' reports no"):
+        task_for(PipelineConfig(name="t", task="regression", dataset={"expectations_file": "e.yaml"},
+                                training={"early_stopping": {"metric": "val_accuracy"}}))
+
+
+def test_a_model_factory_builds_the_core_network_behind_the_scaling(root, tmp_path, monkeypatch):
+    (tmp_path / "mynets.py").write_text(
+        "import torch.nn as nn\n"
+        "def make(n_in, n_out, width=4):\n"
+        "    return nn.Sequential(nn.Linear(n_in, width), nn.Tanh(), nn.Linear(width, n_out))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    c = cfg().model_copy(update={"model": cfg().model.model_copy(update={"factory": "mynets:make",
+                                                                        "kwargs": {"width": 5}})})
+    task_for(c)
+    model = CLS.build_model(c, CLS.info(c, root))
+    assert model[1][0].out_features == 5 and model[1][-1].out_features == 3
