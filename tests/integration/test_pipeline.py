@@ -131,7 +131,7 @@ def test_corrupted_data_stops_at_validation_and_registers_nothing(make_project, 
     failures = s["validation"]["failures"]
     named = {(f["split"], f["expectation"], f["column"]) for f in failures}
     assert ("train", "expect_column_values_to_not_be_null", "pixel_10") in named
-    assert ("train", "expect_column_values_to_be_between", "pixel_20") in named
+    assert ("train", "expect_column_pair_values_a_to_be_greater_than_b", "pixel_20") in named  # above its max
     assert any(f["split"] == "test" and f["column"] == "label" for f in failures)
     assert "training" not in s  # stopped before training
     assert client().search_model_versions("name='corrupt-digits'") == []
