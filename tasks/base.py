@@ -92,7 +92,8 @@ class Task:
     # The metric a trivial baseline must be beaten on (``gates.baseline_margin``), or None.
     primary: ClassVar[str | None] = None
     # Which evaluator in ``evaluation`` scores it: "predictions" (one prediction per row, the
-    # table hooks ``eval_data`` / ``decode`` / ``encode`` / ``score`` / ``baseline``) or "documents".
+    # table hooks ``eval_data`` / ``decode`` / ``encode`` / ``score`` / ``baseline`` /
+    # ``check_program_output``) or "documents".
     evaluator: ClassVar[str] = "predictions"
     # Whether per-epoch validation reports an accuracy (``val_correct``).
     has_accuracy: ClassVar[bool] = True
@@ -124,7 +125,7 @@ class Task:
 
     # -- validation (torch-free) -------------------------------------------------------------
     def validation_plan(self, cfg: "PipelineConfig", root: Path):
-        """``validation.plans.Plan``: the files to hash and how to validate them."""
+        """A ``ValidationPlan``: the files to hash and the runner (in ``validation.plans``) that checks them."""
         raise NotImplementedError
 
     # -- training (torch inside) -------------------------------------------------------------
