@@ -8,6 +8,7 @@ config's ``task`` key; configs are committed files, never deployment parameters.
 
 from __future__ import annotations
 
+import functools
 from importlib import import_module
 
 from core.errors import ConfigError
@@ -33,7 +34,13 @@ def _plugins() -> dict:
 
 def get_task(name: str):
     """The task called ``name``: a built-in, else one registered under ``trainflow.tasks``.
-    Raises ConfigError (``task: ...``) naming what is available."""
+    Raises ConfigError (``task: ...``) naming what is available. One instance per name in a
+    process, so what it has read (frames, the expectations file) serves every stage."""
+    return _instance(name)
+
+
+@functools.cache
+def _instance(name: str):
     from tasks.base import Task
 
     if name in BUILTIN:

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 # (a task's ``metrics_version``; a subclass with metrics of its own sets its own).
 METRICS_VERSION = 2
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_table.py")
-INFO_FILE = "data_info.json"
 
 
 def _mlflow_type(dtype) -> str:
@@ -75,11 +74,21 @@ class _Table(Task):
         if cfg.model.factory is not None:
             _check_factory(cfg.model.factory)
 
+    def _cached(self, key, make):
+        """One remembered value per kind of key (the last one): the flow's stages and the worker
+        ask for the same frames, class set and scaling several times (~0.1 s each for a CSV);
+        the key holds the files' identity, so an edited file is read again."""
+        cache = self.__dict__.setdefault("_cache", {})
+        if cache.get(key[0], (None,))[0] != key:
+            cache[key[0]] = (key, make())
+        return cache[key[0]][1]
+
     def expectations(self, cfg: "PipelineConfig", root: Path):
         """The reviewed expectations file, or None when the config names none (a sizing probe)."""
         if cfg.dataset.expectations_file is None:
             return None
-        return load_expectations(Path(root) / cfg.dataset.expectations_file)
+        path = Path(root) / cfg.dataset.expectations_file
+        return self._cached(("expectations", _file_id(path)), lambda: load_expectations(path))
 
     def _features(self, cfg: "PipelineConfig", columns: list[str]) -> list[str]:
         return feature_columns(cfg.dataset, columns)
@@ -95,13 +104,23 @@ class _Table(Task):
 
     # -- data ---------------------------------------------------------------------------------
     def frames(self, cfg: "PipelineConfig", root: Path) -> dict[str, "pd.DataFrame"]:
-        return load_frames(cfg.dataset, root, cfg.seed, stratify=self.classification)
+        """``{"train", "test"}`` frames as the files hold them (shared: callers must not modify them)."""
+        return self._cached(self._frames_key(cfg, root),
+                            lambda: load_frames(cfg.dataset, root, cfg.seed, stratify=self.classification))
+
+    def _frames_key(self, cfg: "PipelineConfig", root: Path) -> tuple:
+        paths = split_paths(cfg.dataset, root)
+        return ("frames", tuple(_file_id(p) for p in paths.values()), cfg.dataset.model_dump_json(), cfg.seed,
+                self.classification)
 
     def info(self, cfg: "PipelineConfig", root: Path, frames: dict | None = None) -> dict:
         """What the model and the registry need to know of the data, fitted on the train split
         (JSON-able): features and their MLflow types, the class set or the target's scale, and
         per-feature mean and std (a constant column gets std 1)."""
-        frames = frames if frames is not None else self.frames(cfg, root)
+        if frames is None:
+            exp = Path(root) / cfg.dataset.expectations_file if cfg.dataset.expectations_file else None
+            key = ("info", self._frames_key(cfg, root), _file_id(exp) if exp else None)
+            return self._cached(key, lambda: self.info(cfg, root, self.frames(cfg, root)))
         train = frames["train"]
         features = self._features(cfg, [str(c) for c in train.columns])
         missing = [c for c in [*features, cfg.dataset.label] if c not in train.columns]
@@ -121,18 +140,61 @@ class _Table(Task):
         """(features float32 [n, f], targets) of a frame: class indices int64 or float32 values."""
         return _numeric(frame, info["features"]).astype(np.float32), self.targets(frame[label], info)
 
-    def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
-        from training.data import Splits, tensors
+    def prepared(self, cfg: "PipelineConfig", root: Path) -> dict:
+        """``{"x", "y", "xt", "yt", "info"}``: both splits as arrays (targets encoded, not yet
+        standardised) and ``info``, cached in ``TRAINFLOW_HOME/cache/tables`` as ``.npz`` + JSON
+        (numpy only, never pickle). Saves each training worker reading the table with pandas (its
+        import alone is ~0.45 s of CPU per rank, paid while the pipeline's server boots) on every
+        run of the same data; the key holds the files' bytes, the config's dataset, seed and code."""
+        import hashlib
+        import inspect
+        import os
 
+        from core.hashing import file_sha256, sha256_json
+        from core.paths import trainflow_home
+
+        files = [*split_paths(cfg.dataset, root).values()]
+        if cfg.dataset.expectations_file:
+            files.append(Path(root) / cfg.dataset.expectations_file)
+        code = {Path(__file__), Path(inspect.getfile(type(self))), Path(__file__).with_name("table.py")}
+        key = sha256_json({"task": self.name, "seed": cfg.seed, "dataset": cfg.dataset.model_dump(mode="json"),
+                           "files": [file_sha256(f) if f.is_file() else str(f) for f in files],
+                           "code": sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in code)})
+        folder = trainflow_home(Path(root)) / "cache" / "tables"
+        npz, meta = folder / f"{key[:32]}.npz", folder / f"{key[:32]}.json"
+        try:
+            with np.load(npz, allow_pickle=False) as arrays:
+                out = {k: arrays[k] for k in ("x", "y", "xt", "yt")}
+            return {**out, "info": json.loads(meta.read_text())}
+        except (OSError, ValueError, KeyError):
+            pass
         frames = self.frames(cfg, root)
         info = self.info(cfg, root, frames)
         # A missing feature value (where the expectations allow nulls) is imputed with the train
         # mean by the model's first layer (``Standardize``), in training and in the exported program.
         x, y = self.arrays(frames["train"], info, cfg.dataset.label)
         xt, yt = self.arrays(frames["test"], info, cfg.dataset.label)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            tag = f".{os.getpid()}.tmp"
+            with open(str(npz) + tag, "wb") as fh:
+                np.savez(fh, x=x, y=y, xt=xt, yt=yt)
+            Path(str(meta) + tag).write_text(json.dumps(info))
+            os.replace(str(meta) + tag, meta)  # the JSON first: an .npz is only read beside its info
+            os.replace(str(npz) + tag, npz)
+        except OSError:  # a read-only home: no cache, same arrays
+            pass
+        return {"x": x, "y": y, "xt": xt, "yt": yt, "info": info}
+
+    def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
+        from training.data import Splits, tensors
+
+        p = self.prepared(cfg, root)
+        x, y, info = p["x"], p["y"], p["info"]
         keep, hold = self.holdout(y, cfg, seed)
-        y, yt = self.train_targets(y, info), self.train_targets(yt, info)
-        return Splits(train=tensors(x[keep], y[keep]), val=tensors(x[hold], y[hold]), test=tensors(xt, yt), info=info)
+        y, yt = self.train_targets(y, info), self.train_targets(p["yt"], info)
+        return Splits(train=tensors(x[keep], y[keep]), val=tensors(x[hold], y[hold]), test=tensors(p["xt"], yt),
+                      info=info)
 
     def holdout(self, y: np.ndarray, cfg: "PipelineConfig", seed: int) -> tuple[np.ndarray, np.ndarray]:
         """Train-split row indices ``(keep, held out for per-epoch validation)``: a seeded
@@ -183,7 +245,7 @@ class _Table(Task):
 
         from core.hashing import file_sha256
 
-        _, x, _, _ = self.eval_data(cfg, root)
+        x = self.prepared(cfg, root)["xt"]
         program = load_program(Path(out) / "model.pt2")
         xt = torch.as_tensor(x)
         times = []
@@ -316,7 +378,7 @@ class Classification(_Table):
         return f"majority class {info['classes'][majority]!r}", np.full(n, majority, dtype=np.int64)
 
     def _key_parts(self, cfg, root) -> dict:
-        return {"classes": [_label_key(c) for c in self.info(cfg, root)["classes"]]}
+        return {"classes": [_label_key(c) for c in self.prepared(cfg, root)["info"]["classes"]]}
 
     def _meta(self, info: dict) -> dict:
         return {"output": "label", "class_labels": info["classes"]}
@@ -411,5 +473,10 @@ def _check_factory(ref: str) -> None:
                           "repository root or an installed package)")
 
 
-def write_info(out: Path, info: dict) -> None:
-    (Path(out) / INFO_FILE).write_text(json.dumps(info))
+def _file_id(path: Path) -> tuple:
+    """A file's identity for the caches: its path, size and modification time (None if missing)."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return (str(path), None)
+    return (str(path), st.st_size, st.st_mtime_ns)

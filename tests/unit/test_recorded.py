@@ -62,7 +62,10 @@ def test_the_key_changes_with_the_split_bytes_the_metric_version_and_the_labels(
     (split / "exp.yaml").write_text(EXPECTATIONS.replace("[0, 1, 2]", "[0, 1, 2, 3]"))  # another class set
     assert CLS.scoring_key(CFG, split)["key"] != key
     (split / "exp.yaml").write_text(EXPECTATIONS)
-    other_label = CFG.model_copy(update={"dataset": CFG.dataset.model_copy(update={"label": "f2"})})
+    (split / "exp2.yaml").write_text(EXPECTATIONS.replace("label: label", "label: f2").replace(
+        "{name: f2, type: integer}", "{name: f2, type: integer, values: [3, 6, 9]}"))
+    other_label = CFG.model_copy(update={"dataset": CFG.dataset.model_copy(
+        update={"label": "f2", "expectations_file": "exp2.yaml"})})
     assert CLS.scoring_key(other_label, split)["key"] != key
     monkeypatch.setattr(type(CLS), "metrics_version", tabular.METRICS_VERSION + 1)
     assert CLS.scoring_key(CFG, split)["key"] != key
