@@ -155,11 +155,10 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
     overrides = [*args.overrides, *([f"registry.promotion={args.promotion}"] if args.promotion else [])]
     try:  # fail on a bad config before paying for Prefect's start-up
         from flows.params import code_override
-        from tasks import task_for
 
         if code_override(overrides):
             raise ConfigError(code_override(overrides))
-        task_for(load_config(cfg_path, overrides))
+        cfg = load_config(cfg_path, overrides)
     except TrainflowError as exc:
         summary = {"status": "config_error", "exit_code": EXIT_ERROR, "error": str(exc)}
         _write_summary(args.summary_json, summary)
@@ -170,6 +169,16 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
     # The temporary Prefect API server boots on the other core while Prefect, torch and
     # MLflow import here (None: PREFECT_API_URL names a running server, or opted out).
     server = start_api(Path(os.environ["PREFECT_HOME"]))
+    try:  # the config against its task, while the server boots (imports the task's module)
+        from tasks import task_for
+
+        task_for(cfg)
+    except TrainflowError as exc:
+        if server is not None:
+            server.stop()
+        summary = {"status": "config_error", "exit_code": EXIT_ERROR, "error": str(exc)}
+        _write_summary(args.summary_json, summary)
+        return EXIT_ERROR, summary, str(exc)
 
     from flows import prelaunch
     from flows.params import PipelineParams, RetrainParams

@@ -4,7 +4,7 @@ with 2 CPU processes, MLflow on sqlite), each in a fresh git + DVC project:
 * the README's "Bring your own data and model" commands, run literally: wine, one CSV with
   named float columns and string labels, from ``trainflow init`` to a registered champion that
   ``mlflow.pyfunc`` scores on a DataFrame with the original column names;
-* a regression table generated here: its registered model predicts held-out rows;
+* a regression table generated here, one Parquet file: its registered model predicts held-out rows;
 * a user's table that breaks its reviewed expectations stops at validation, before torchrun;
 * the example package's own task (entry point ``trainflow.tasks``) through the whole flow.
 """
@@ -139,8 +139,8 @@ def commit_all(proj: Path, message: str) -> None:
 def test_a_regression_table_registers_a_model_that_predicts_held_out_rows(project):
     from flows.init import init_project
 
-    (project / "data" / "houses").mkdir()
-    houses(1000, 0).to_csv(project / "data" / "houses" / "houses.csv", index=False)
+    (project / "data" / "houses").mkdir()  # one Parquet file, split by seed
+    houses(1000, 0).to_parquet(project / "data" / "houses" / "houses.parquet", index=False)
     report = init_project(project, "data/houses", "price")
     assert report["task"] == "regression" and report["task_inferred"]
     commit_all(project, "houses")
@@ -154,9 +154,9 @@ def test_a_regression_table_registers_a_model_that_predicts_held_out_rows(projec
     assert gates["latency_p95_ms"]["op"] == "<="
     # Held-out rows the pipeline never saw, through mlflow.pyfunc with the original columns.
     fresh = houses(300, 1)
-    fresh.to_csv(project / "data" / "houses" / "fresh.csv", index=False)
+    fresh.to_csv(project / "fresh.csv", index=False)
     script = (SCORE.split("cfg = load_config")[0]
-              + "frame = pd.read_csv(proj / 'data' / 'houses' / 'fresh.csv')\n"
+              + "frame = pd.read_csv(proj / 'fresh.csv')\n"
               + "loaded = mlflow.pyfunc.load_model(f'models:/{model}@champion')\n"
               + "pred = loaded.predict(frame.drop(columns=['price']))\n"
               + "y = frame['price'].to_numpy()\n"
@@ -173,8 +173,7 @@ def test_a_regression_table_registers_a_model_that_predicts_held_out_rows(projec
     # the run stops at validation, naming each failure, and nothing trains.
     bad = houses(1000, 0).rename(columns={"dist_km": "distance"})
     bad["rooms"] = bad["rooms"].astype(str) + " rooms"
-    bad.to_csv(project / "data" / "houses" / "houses.csv", index=False)
-    (project / "data" / "houses" / "fresh.csv").unlink()
+    bad.to_parquet(project / "data" / "houses" / "houses.parquet", index=False)
     run([DVC_BIN, "add", "-q", "data/houses"], project)
     commit_all(project, "broken houses")
     trained_before = trained(project)
