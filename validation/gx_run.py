@@ -26,6 +26,21 @@ SUMMARY_MD = "summary.md"
 DATA_DOCS_DIR = "data_docs"
 
 
+def suite_identity(code_files: list[str], **parts) -> str:
+    """sha256 of a suite's ``parts``, the named files of this folder (the suite's code, this runner's
+    and ``validation.report``) and the installed GX version, without importing GX."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from core.hashing import file_sha256, sha256_json
+
+    here = Path(__file__).resolve().parent
+    try:
+        gx_version = version("great_expectations")
+    except PackageNotFoundError:
+        gx_version = "missing"
+    return sha256_json({**parts, "code": [file_sha256(here / name) for name in code_files], "gx": gx_version})
+
+
 def complete(*index_columns: str) -> dict:
     """Every unexpected row of a derived frame, as ``index_columns`` (the domain column included).
 

@@ -68,23 +68,10 @@ def table_suite_hash(exp: TableExpectations, features: list[str], label: str, cl
     """Identity of the suite :func:`validate_table` builds: the expectations, the columns it reads,
     this module's, the runner's and ``validation.report``'s code and the GX version (GX is not
     imported). Any change to a bound, a column or the suite code gives a new hash."""
-    from importlib.metadata import PackageNotFoundError, version
+    from validation.gx_run import suite_identity
 
-    from core.hashing import file_sha256, sha256_json
-
-    here = Path(__file__).resolve().parent
-    try:
-        gx_version = version("great_expectations")
-    except PackageNotFoundError:
-        gx_version = "missing"
-    return sha256_json({
-        "expectations": exp.model_dump(mode="json"),
-        "features": list(features),
-        "label": label,
-        "classification": bool(classification),
-        "code": [file_sha256(here / name) for name in ("suite.py", "gx_run.py", "report.py")],
-        "gx": gx_version,
-    })
+    return suite_identity(["suite.py", "gx_run.py", "report.py"], expectations=exp.model_dump(mode="json"),
+                          features=list(features), label=label, classification=bool(classification))
 
 
 def table_data_hash(paths: list[Path]) -> str:

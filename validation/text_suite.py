@@ -228,17 +228,7 @@ def validate_text(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_di
 def text_suite_hash(cfg: DatasetConfig) -> str:
     """Identity of the suite :func:`validate_text` builds: the corpus bounds, this module's, the
     runner's and ``validation.report``'s code and the GX version (GX is not imported)."""
-    from importlib.metadata import PackageNotFoundError, version
+    from validation.gx_run import suite_identity
 
-    from core.hashing import file_sha256, sha256_json
-
-    here = Path(__file__).resolve().parent
-    try:
-        gx_version = version("great_expectations")
-    except PackageNotFoundError:
-        gx_version = "missing"
-    return sha256_json({
-        "text": cfg.text.model_dump(mode="json") if cfg.text is not None else None,
-        "code": [file_sha256(here / name) for name in ("text_suite.py", "gx_run.py", "report.py")],
-        "gx": gx_version,
-    })
+    return suite_identity(["text_suite.py", "gx_run.py", "report.py"],
+                          text=cfg.text.model_dump(mode="json") if cfg.text is not None else None)
