@@ -3,6 +3,8 @@ on train and baked into the model, missing values imputed, baselines, and what a
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -118,3 +120,26 @@ def test_a_model_factory_builds_the_core_network_behind_the_scaling(root, tmp_pa
     task_for(c)
     model = CLS.build_model(c, CLS.info(c, root))
     assert model[1][0].out_features == 5 and model[1][-1].out_features == 3
+
+
+def test_prepared_arrays_are_cached_by_content_and_read_back_without_the_table(root, monkeypatch):
+    monkeypatch.setenv("TRAINFLOW_HOME", str(root / "home"))
+    c = cfg()
+    task = type(CLS)()  # a fresh instance: nothing remembered in memory
+    first = task.prepared(c, root)
+    cached = list((root / "home" / "cache" / "tables").glob("*.npz"))
+    assert len(cached) == 1 and cached[0].with_suffix(".json").is_file()
+
+    again = type(CLS)()
+    monkeypatch.setattr(again, "frames", lambda *a: (_ for _ in ()).throw(AssertionError("table read again")))
+    second = again.prepared(c, root)
+    for k in ("x", "y", "xt", "yt"):
+        np.testing.assert_array_equal(first[k], second[k])
+    assert second["info"] == json.loads(json.dumps(first["info"]))
+    # Other bytes in the table: another key, read afresh.
+    df = pd.read_csv(root / "data" / "t.csv")
+    df.loc[0, "a"] = 1e6
+    df.to_csv(root / "data" / "t.csv", index=False)
+    third = type(CLS)().prepared(c, root)
+    assert len(list((root / "home" / "cache" / "tables").glob("*.npz"))) == 2
+    assert max(np.nanmax(third["x"]), np.nanmax(third["xt"])) == pytest.approx(1e6)
