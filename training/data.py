@@ -10,7 +10,6 @@ eval file's documents (the evaluation gate's split).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.config import DatasetConfig, PipelineConfig
-from core.errors import DataUnavailableError
 from tasks.text import read_documents  # noqa: F401  (the corpus reader, torch-free)
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: readers like read_csv stay torch-free

@@ -1,6 +1,6 @@
 import numpy as np
 
-from evaluation.metrics import classification_metrics, latency_p95_ms
+from tasks.metrics import classification_metrics, latency_p95_ms
 
 
 def test_classification_metrics_on_known_predictions():
