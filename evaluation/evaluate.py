@@ -46,7 +46,7 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     key = task.scoring_key(cfg, root)
-    frame, x, y, info = task.eval_data(cfg, root)
+    _, x, y, info = task.eval_data(cfg, root)
     scored = worker_scores(task, cfg, root, train_dir)
     if scored is not None and len(scored["pred"]) == len(y):
         cand = task.score(y, np.asarray(scored["pred"]), info)
@@ -68,7 +68,7 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
     if champion_metrics is not None:
         champ, how = champion_metrics, "recorded"
     elif champion is not None:
-        champ, how = task.score(y, task.encode(champion(frame[info["features"]]), info), info), "rescored"
+        champ, how = score_predictions(task, cfg, root, champion), "rescored"
     what, base_pred = task.baseline(cfg, root, info, len(y))
     baseline = {"predictor": what, **task.score(y, base_pred, info)}
     files = {}
@@ -77,7 +77,7 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
         files["confusion_matrix"] = str(confusion_png(cand["confusion_matrix"], out_dir / "confusion_matrix.png",
                                                       f"candidate: {primary} {cand[primary]:.4f}"))
     report = {"candidate": cand, "champion": champ, "champion_scores": how, "baseline": baseline,
-              "scoring_key": key, "candidate_scored_in": where, "outputs": info.get("classes"), "files": files}
+              "scoring_key": key, "candidate_scored_in": where, "files": files}
     (out_dir / "metrics.json").write_text(json.dumps(report, indent=2, default=str))
     return report
 

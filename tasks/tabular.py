@@ -75,9 +75,9 @@ class _Table(Task):
             _check_factory(cfg.model.factory)
 
     def _cached(self, key, make):
-        """One remembered value per kind of key (the last one): the flow's stages and the worker
-        ask for the same frames, class set and scaling several times (~0.1 s each for a CSV);
-        the key holds the files' identity, so an edited file is read again."""
+        """One remembered value per kind of key (the last one): the flow's stages ask for the same
+        frames and expectations file several times (~0.1 s each for a CSV); the key holds the
+        files' identity, so an edited file is read again."""
         cache = self.__dict__.setdefault("_cache", {})
         if cache.get(key[0], (None,))[0] != key:
             cache[key[0]] = (key, make())
@@ -118,9 +118,7 @@ class _Table(Task):
         (JSON-able): features and their MLflow types, the class set or the target's scale, and
         per-feature mean and std (a constant column gets std 1)."""
         if frames is None:
-            exp = Path(root) / cfg.dataset.expectations_file if cfg.dataset.expectations_file else None
-            key = ("info", self._frames_key(cfg, root), _file_id(exp) if exp else None)
-            return self._cached(key, lambda: self.info(cfg, root, self.frames(cfg, root)))
+            return self.prepared(cfg, root)["info"]
         train = frames["train"]
         features = self._features(cfg, [str(c) for c in train.columns])
         missing = [c for c in [*features, cfg.dataset.label] if c not in train.columns]
@@ -230,10 +228,8 @@ class _Table(Task):
         The targets are opaque to the evaluator: it only hands them to ``score`` (with the
         candidate's, the champion's or the baseline's predictions), so a task may pack in what
         its metrics need besides the truth (a forecaster: each row's last observed value)."""
-        frames = self.frames(cfg, root)
-        info = self.info(cfg, root, frames)
-        x, y = self.arrays(frames["test"], info, cfg.dataset.label)
-        return frames["test"], x, y, info
+        p = self.prepared(cfg, root)
+        return self.frames(cfg, root)["test"], p["xt"], p["yt"], p["info"]
 
     def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
         """Rank 0: ``out/model.pt2``'s predictions on the test split and its one-row latency, with
