@@ -26,7 +26,10 @@ import pytest
 from tests.conftest import ROOT, VENV_BIN
 from tests.integration.conftest import DVC_BIN, GIT_ID, run
 
-pytestmark = pytest.mark.integration
+# One Prefect server for the module's runs (the session's): each run in a fresh project would
+# otherwise boot its own temporary server on a new database (migrations and all). The default
+# path, a temporary server per run, is tested in test_api_server.py.
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 # A hung job fails the test in minutes.
@@ -34,9 +37,12 @@ BOUNDS = ["--set", "training.timeout_s=240", "--set", "training.collective_timeo
 
 
 def _env() -> dict:
+    from prefect.settings import PREFECT_API_URL
+
     env = {k: v for k, v in os.environ.items() if k not in ("TRAINFLOW_HOME", "MLFLOW_TRACKING_URI",
                                                              "MLFLOW_REGISTRY_URI", "PREFECT_API_URL")}
-    return {**env, **GIT_ENV, "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"}
+    return {**env, **GIT_ENV, "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+            "PREFECT_API_URL": PREFECT_API_URL.value()}
 
 
 @pytest.fixture
