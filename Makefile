@@ -56,8 +56,9 @@ lock: $(STAMP)
 check-lock: $(STAMP)
 	$(PY) scripts/check_lock.py
 
-# Team mode: PostgreSQL + `mlflow server` (served artifacts) + `prefect server`, all on
-# 127.0.0.1, state in $(TEAM_DIR). `eval "$$(make -s team-up)"` also sets the two URLs.
+# Team mode: PostgreSQL + `mlflow server` (served artifacts, basic auth) + `prefect server` (auth
+# string), all on 127.0.0.1 and behind passwords, state and 0600 secrets in $(TEAM_DIR).
+# `eval "$$(make -s team-up)"` sets the two URLs and sources $(TEAM_DIR)/env.sh for the credentials.
 TEAM_DIR ?= .trainflow/team
 TEAM_ARGS ?=
 
