@@ -155,16 +155,16 @@ def _group_alive(pgid: int) -> bool:
 
 # -- PostgreSQL -----------------------------------------------------------------------
 def pg_bindir() -> Path:
-    """The folder holding initdb, pg_ctl and createdb (Debian puts them in /usr/lib/postgresql/N/bin)."""
+    """The folder holding initdb, pg_ctl, createdb and psql (Debian puts them in /usr/lib/postgresql/N/bin)."""
     found = shutil.which("initdb")
     candidates = [Path(os.path.realpath(found)).parent] if found else []
     candidates += [Path(p) for p in sorted(glob.glob("/usr/lib/postgresql/*/bin"),
                                            key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else 0,
                                            reverse=True)]
     for folder in candidates:
-        if all((folder / tool).is_file() for tool in ("initdb", "pg_ctl", "createdb")):
+        if all((folder / tool).is_file() for tool in ("initdb", "pg_ctl", "createdb", "psql")):
             return folder
-    raise TeamError("PostgreSQL server binaries (initdb, pg_ctl, createdb) not found on PATH or in "
+    raise TeamError("PostgreSQL server binaries (initdb, pg_ctl, createdb, psql) not found on PATH or in "
                     "/usr/lib/postgresql/*/bin; install them, e.g. `apt-get install postgresql`")
 
 
