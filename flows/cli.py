@@ -117,6 +117,8 @@ def _k8s_parser(sub) -> None:
     k8s.add_argument("--git-ref", required=True, help="commit every pod checks out")
     k8s.add_argument("--mlflow-uri", required=True, help="MLflow tracking server, http(s)://")
     k8s.add_argument("--mlflow-run-id", help="MLflow run rank 0 logs into")
+    k8s.add_argument("--mlflow-secret", help="Kubernetes Secret holding MLFLOW_TRACKING_USERNAME/PASSWORD "
+                                             "(a server with basic auth, e.g. team mode)")
     k8s.add_argument("--shared-pvc", default="trainflow-shared", help="ReadWriteMany claim for checkpoints and results")
     k8s.add_argument("--rdzv-id", help="c10d rendezvous id every pod shares (default: drawn at random)")
     _config_arg(k8s)
@@ -129,7 +131,8 @@ def cmd_k8s_job(args: argparse.Namespace) -> int:
         manifests = render(MultiNodeJob(
             name=args.name, namespace=args.namespace, nnodes=args.nnodes, gpus_per_node=args.gpus_per_node,
             image=args.image, image_digest=args.image_digest, git_repo=args.git_repo, git_ref=args.git_ref,
-            mlflow_uri=args.mlflow_uri, mlflow_run_id=args.mlflow_run_id, shared_pvc=args.shared_pvc,
+            mlflow_uri=args.mlflow_uri, mlflow_run_id=args.mlflow_run_id, mlflow_secret=args.mlflow_secret,
+            shared_pvc=args.shared_pvc,
             config=args.config, overrides=args.overrides,
             **({"rdzv_id": args.rdzv_id} if args.rdzv_id is not None else {})))
     except ValueError as exc:

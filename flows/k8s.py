@@ -70,6 +70,7 @@ class MultiNodeJob:
     service_account: str | None = None
     backoff_limit: int = 0                # torchrun restarts workers inside a pod (training.max_restarts)
     rdzv_id: str = field(default_factory=new_rdzv_id)  # drawn once per job: every pod gets the same
+    mlflow_secret: str | None = None      # a Secret with MLFLOW_TRACKING_USERNAME/PASSWORD (an auth'd server)
 
 
 def _image_by_digest(image: str, digest: str | None) -> tuple[str, str, str]:
@@ -180,6 +181,8 @@ def render(job: MultiNodeJob) -> list[dict]:
             # (preemption: checkpoint, exit 4).
             "args": ["sh", "-c", NODE_SCRIPT, "trainflow-node", *train_args(job)],
             "env": env,
+            # Credentials from a Secret, never rendered into the manifest.
+            **({"envFrom": [{"secretRef": {"name": job.mlflow_secret}}]} if job.mlflow_secret else {}),
             "ports": [{"name": "c10d", "containerPort": RDZV_PORT, "protocol": "TCP"}],
             "resources": {"limits": resources, "requests": dict(resources)},
             "volumeMounts": [{"name": "shared", "mountPath": "/shared"},

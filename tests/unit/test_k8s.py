@@ -129,6 +129,16 @@ def test_bad_input_names_the_field(change, message):
         render(_job(**{"nnodes": 2, **change}))
 
 
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_mlflow_credentials_come_from_a_secret_not_the_manifest(version):
+    manifests = render(_job(2, mlflow_secret="mlflow-team-credentials"))
+    job, _, c = _pod(manifests)
+    kubernetes_validate.validate(job, version, strict=True)
+    assert c["envFrom"] == [{"secretRef": {"name": "mlflow-team-credentials"}}]
+    assert not [e for e in c["env"] if e["name"].startswith("MLFLOW_TRACKING_") and e["name"] != "MLFLOW_TRACKING_URI"]
+    assert "envFrom" not in _pod(render(_job(2)))[2]
+
+
 def test_tagged_image_with_separate_digest_is_pinned():
     _, _, c = _pod(render(_job(2, image="registry.example:5000/ml/trainflow:1.4", image_digest=DIGEST)))
     assert c["image"] == f"registry.example:5000/ml/trainflow@{DIGEST}"
