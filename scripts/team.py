@@ -407,7 +407,10 @@ def up(team_dir: Path, pg_dir: Path, pg_port: int, mlflow_port: int, prefect_por
                                 "default_permission = READ\n"
                                 f"database_uri = postgresql+psycopg2://{db}/mlflow_auth\n"
                                 f"admin_username = {team_secrets['mlflow_username']}\n"
-                                "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+                                "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                                # One worker: a password change through the API reaches its cache at once,
+                                # and a run's many requests skip the PBKDF2 check after the first.
+                                "auth_cache_ttl_seconds = 300\n")
         mlflow_log = team_dir / "mlflow.log"
         state["pids"]["mlflow"], state["identity"]["mlflow"] = _spawn(
             [str(BIN / "mlflow"), "server", "--app-name", "basic-auth",
