@@ -20,9 +20,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The dev and team extras (test tools, MLflow's auth app) come from the hash-pinned dev lock.
+$(STAMP): pyproject.toml requirements/lock-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q --require-hashes --no-deps -r requirements/lock-dev.txt
+	$(PY) -m pip check
 	@touch $(STAMP)
 
 # The bundled dataset comes from the DVC remote inside the repository (offline).
@@ -43,8 +46,9 @@ clean-state:
 	@if [ -f $(TEAM_DIR)/team.json ]; then echo "team mode is up: make team-down first" >&2; exit 1; fi
 	rm -rf .trainflow
 
-# Hash-pinned lock files (requirements/lock.txt: CUDA torch, lock-cpu.txt: CPU torch) from
-# pyproject.toml; needs the package index. `check-lock` is offline and fails when they drift.
+# Hash-pinned lock files (requirements/lock.txt: CUDA torch, lock-cpu.txt: CPU torch, lock-dev.txt:
+# the dev/team extras on top) from pyproject.toml; needs the package index. `check-lock` is offline
+# and fails when they drift.
 lock: $(STAMP)
 	$(PY) -m pip install -q 'pip>=25.1,<27'
 	$(PY) scripts/lock.py
@@ -52,8 +56,9 @@ lock: $(STAMP)
 check-lock: $(STAMP)
 	$(PY) scripts/check_lock.py
 
-# Team mode: PostgreSQL + `mlflow server` (served artifacts) + `prefect server`, all on
-# 127.0.0.1, state in $(TEAM_DIR). `eval "$$(make -s team-up)"` also sets the two URLs.
+# Team mode: PostgreSQL + `mlflow server` (served artifacts, basic auth) + `prefect server` (auth
+# string), all on 127.0.0.1 and behind passwords, state and 0600 secrets in $(TEAM_DIR).
+# `eval "$$(make -s team-up)"` sets the two URLs and sources $(TEAM_DIR)/env.sh for the credentials.
 TEAM_DIR ?= .trainflow/team
 TEAM_ARGS ?=
 

@@ -8,6 +8,10 @@ Each starts with a header naming the sha256 of the dependency lists it was
 resolved from; :func:`check_lock` compares that with the current
 ``pyproject.toml`` and also checks every top-level requirement is pinned inside
 its range, so an edit to the dependencies without ``make lock`` is caught.
+
+``requirements/lock-dev.txt`` holds what the ``dev`` and ``team`` extras add on top of
+either of those (test tools, MLflow's auth app), resolved against their pins, with
+hashes too; :func:`check_dev_lock` checks it the same way.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from pathlib import Path
 
 HEADER_KEY = "pyproject-sha256"
 LOCK_FILES = {"cuda": "requirements/lock.txt", "cpu": "requirements/lock-cpu.txt"}
+DEV_LOCK = "requirements/lock-dev.txt"
+DEV_EXTRAS = ("dev", "team")  # what `make install` and CI add to the runtime lock
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)")
 _HASH = re.compile(r"--hash=(sha256:[0-9a-f]{64})")
@@ -30,20 +36,31 @@ def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def locked_inputs(pyproject: dict) -> dict:
-    """What a lock is resolved from: requires-python and the runtime dependencies, normalised."""
+def locked_inputs(pyproject: dict, extras: tuple[str, ...] = ()) -> dict:
+    """What a lock is resolved from: requires-python and the runtime dependencies (plus the
+    requirements of ``extras``, for the dev lock), normalised."""
     from packaging.requirements import Requirement
 
     project = pyproject["project"]
     deps = sorted(str(Requirement(d)) for d in project.get("dependencies", []))
-    return {"requires-python": project.get("requires-python", ""), "dependencies": deps}
+    inputs = {"requires-python": project.get("requires-python", ""), "dependencies": deps}
+    if extras:
+        optional = project.get("optional-dependencies", {})
+        inputs["extras"] = {e: sorted(str(Requirement(d)) for d in optional.get(e, [])) for e in extras}
+    return inputs
 
 
-def inputs_sha256(pyproject_path: Path) -> str:
+def inputs_sha256(pyproject_path: Path, extras: tuple[str, ...] = ()) -> str:
     """sha256 of :func:`locked_inputs` as canonical JSON: the value recorded in a lock's header."""
     data = tomllib.loads(Path(pyproject_path).read_text())
-    blob = json.dumps(locked_inputs(data), sort_keys=True, separators=(",", ":"))
+    blob = json.dumps(locked_inputs(data, extras), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def extra_requirements(pyproject_path: Path, extras: tuple[str, ...] = DEV_EXTRAS) -> list[str]:
+    """The requirement strings of ``extras`` in ``pyproject_path``, in file order."""
+    optional = tomllib.loads(Path(pyproject_path).read_text())["project"].get("optional-dependencies", {})
+    return [d for e in extras for d in optional.get(e, [])]
 
 
 @dataclass
@@ -86,34 +103,66 @@ def check_lock(pyproject_path: Path, lock_path: Path) -> list[str]:
     dependency is pinned to a version inside its specifier, every pin carries at
     least one sha256 hash, and no package is pinned twice.
     """
-    from packaging.requirements import Requirement
-
     lock_path, pyproject_path = Path(lock_path), Path(pyproject_path)
     if not lock_path.is_file():
         return [f"{lock_path}: missing; run `make lock`"]
     lock = parse_lock(lock_path)
-    problems: list[str] = []
-    want = inputs_sha256(pyproject_path)
-    got = lock.header.get(HEADER_KEY)
-    if got != want:
-        problems.append(f"{lock_path}: {HEADER_KEY} is {got or 'absent'}, {pyproject_path.name}'s "
-                        f"dependencies hash to {want}: the dependencies changed since the lock was made")
     deps = tomllib.loads(pyproject_path.read_text())["project"].get("dependencies", [])
-    for dep in deps:
+    problems = _header_problems(lock, pyproject_path, ())
+    problems += _pin_problems(lock_path, deps, lock.pins) + _hash_problems(lock)
+    if problems:
+        problems.append("regenerate with `make lock` (scripts/lock.py) and commit requirements/")
+    return problems
+
+
+def check_dev_lock(pyproject_path: Path, dev_lock_path: Path, base_lock_path: Path) -> list[str]:
+    """Every way the dev lock disagrees with ``pyproject_path``'s dev extras; empty when in sync.
+
+    The dev lock only adds to ``base_lock_path``: each extra's requirement is pinned inside its
+    range in one of the two, every added pin is hashed, and none repins a package of the base
+    (installing both with ``--no-deps`` must not fight over a version).
+    """
+    dev_lock_path, pyproject_path = Path(dev_lock_path), Path(pyproject_path)
+    if not dev_lock_path.is_file():
+        return [f"{dev_lock_path}: missing; run `make lock`"]
+    dev, base = parse_lock(dev_lock_path), parse_lock(base_lock_path)
+    problems = _header_problems(dev, pyproject_path, DEV_EXTRAS)
+    problems += _pin_problems(dev_lock_path, extra_requirements(pyproject_path), {**base.pins, **dev.pins})
+    problems += _hash_problems(dev)
+    for name in sorted(set(dev.pins) & set(base.pins)):
+        problems.append(f"{dev_lock_path}: {name}=={dev.pins[name]} repins {base_lock_path.name}'s "
+                        f"{name}=={base.pins[name]}")
+    if problems:
+        problems.append("regenerate with `make lock` (scripts/lock.py) and commit requirements/")
+    return problems
+
+
+def _header_problems(lock: LockFile, pyproject_path: Path, extras: tuple[str, ...]) -> list[str]:
+    want = inputs_sha256(pyproject_path, extras)
+    got = lock.header.get(HEADER_KEY)
+    if got == want:
+        return []
+    what = "dependencies" + (f" and extras {', '.join(extras)}" if extras else "")
+    return [f"{lock.path}: {HEADER_KEY} is {got or 'absent'}, {pyproject_path.name}'s {what} hash to "
+            f"{want}: the dependencies changed since the lock was made"]
+
+
+def _pin_problems(lock_path: Path, requirements: list[str], pins: dict[str, str]) -> list[str]:
+    from packaging.requirements import Requirement
+
+    problems = []
+    for dep in requirements:
         req = Requirement(dep)
         if req.marker is not None and not req.marker.evaluate():
             continue
-        name = _canonical(req.name)
-        pinned = lock.pins.get(name)
+        pinned = pins.get(_canonical(req.name))
         if pinned is None:
             problems.append(f"{lock_path}: {req.name} (required as '{dep}') is not pinned")
         elif not req.specifier.contains(pinned, prereleases=True):
             problems.append(f"{lock_path}: {req.name}=={pinned} is outside '{dep}'")
-    for name, hashes in lock.hashes.items():
-        if not hashes:
-            problems.append(f"{lock_path}: {name}=={lock.pins[name]} has no --hash")
-    for name in lock.duplicates:
-        problems.append(f"{lock_path}: {name} is pinned more than once")
-    if problems:
-        problems.append("regenerate with `make lock` (scripts/lock.py) and commit requirements/")
     return problems
+
+
+def _hash_problems(lock: LockFile) -> list[str]:
+    problems = [f"{lock.path}: {name}=={lock.pins[name]} has no --hash" for name, h in lock.hashes.items() if not h]
+    return problems + [f"{lock.path}: {name} is pinned more than once" for name in lock.duplicates]

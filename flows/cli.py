@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--nnodes", type=int, default=1, help="number of nodes (one torchrun agent each)")
     train.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1")
     train.add_argument("--rdzv-endpoint", help="HOST:PORT all agents meet at (c10d rendezvous); needed when --nnodes > 1")
-    train.add_argument("--rdzv-id", default="trainflow", help="job id shared by all nodes of one job")
+    train.add_argument("--rdzv-id", help="a random id shared by all nodes of one job; needed when --nnodes > 1 "
+                                         "(one node: drawn at random)")
     train.add_argument("--force-resume", action="store_true",
                       help="resume from a checkpoint of another config or dataset")
 
@@ -104,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _k8s_parser(sub) -> None:
-    k8s = sub.add_parser("k8s-job", help="print a multi-node Kubernetes training job (indexed Job + headless Service)")
+    k8s = sub.add_parser("k8s-job", help="print a multi-node Kubernetes training job "
+                                         "(NetworkPolicy + headless Service + indexed Job)")
     k8s.add_argument("--name", default="trainflow-train", help="Job and Service name (a DNS label)")
     k8s.add_argument("--namespace", default="default")
     k8s.add_argument("--nnodes", type=int, required=True, help="pods, one torchrun agent each")
@@ -115,7 +117,10 @@ def _k8s_parser(sub) -> None:
     k8s.add_argument("--git-ref", required=True, help="commit every pod checks out")
     k8s.add_argument("--mlflow-uri", required=True, help="MLflow tracking server, http(s)://")
     k8s.add_argument("--mlflow-run-id", help="MLflow run rank 0 logs into")
+    k8s.add_argument("--mlflow-secret", help="Kubernetes Secret holding MLFLOW_TRACKING_USERNAME/PASSWORD "
+                                             "(a server with basic auth, e.g. team mode)")
     k8s.add_argument("--shared-pvc", default="trainflow-shared", help="ReadWriteMany claim for checkpoints and results")
+    k8s.add_argument("--rdzv-id", help="c10d rendezvous id every pod shares (default: drawn at random)")
     _config_arg(k8s)
 
 
@@ -126,8 +131,10 @@ def cmd_k8s_job(args: argparse.Namespace) -> int:
         manifests = render(MultiNodeJob(
             name=args.name, namespace=args.namespace, nnodes=args.nnodes, gpus_per_node=args.gpus_per_node,
             image=args.image, image_digest=args.image_digest, git_repo=args.git_repo, git_ref=args.git_ref,
-            mlflow_uri=args.mlflow_uri, mlflow_run_id=args.mlflow_run_id, shared_pvc=args.shared_pvc,
-            config=args.config, overrides=args.overrides))
+            mlflow_uri=args.mlflow_uri, mlflow_run_id=args.mlflow_run_id, mlflow_secret=args.mlflow_secret,
+            shared_pvc=args.shared_pvc,
+            config=args.config, overrides=args.overrides,
+            **({"rdzv_id": args.rdzv_id} if args.rdzv_id is not None else {})))
     except ValueError as exc:
         return _fail(f"k8s-job: {exc}", EXIT_ERROR)
     print(to_yaml(manifests), end="")

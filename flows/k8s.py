@@ -1,9 +1,11 @@
 """Multi-node training on Kubernetes: an indexed Job of N pods plus a headless Service.
 
 Each pod is one torchrun agent (``trainflow train --nnodes N --node-rank
-$JOB_COMPLETION_INDEX --rdzv-endpoint <job>-0.<job>.<ns>.svc:29400``): the
-launcher turns that into ``torchrun --rdzv-backend=c10d`` with the same flags, so
-the pods meet at pod 0, which hosts the c10d store. Every pod checks out the
+$JOB_COMPLETION_INDEX --rdzv-endpoint <job>-0.<job>.<ns>.svc:29400 --rdzv-id <random>``):
+the launcher turns that into ``torchrun --rdzv-backend=c10d`` with the same flags, so
+the pods meet at pod 0, which hosts the c10d store. The store's agents unpickle what
+they read under the rendezvous id, so the id is random per job (drawn once, rendered into
+every pod's arguments) and a NetworkPolicy admits only the job's own pods to them. Every pod checks out the
 same git commit, pulls the data version with DVC, and trains into a shared
 volume (rank 0 writes checkpoints and results there). The image is referenced
 by digest and its ref/digest are passed in TRAINFLOW_IMAGE /
@@ -21,12 +23,19 @@ output against the Kubernetes JSON schemas (kubernetes-validate, strict).
 from __future__ import annotations
 
 import re
+import secrets
 from dataclasses import dataclass, field
 
 RDZV_PORT = 29400
 PREEMPTED_EXIT = 4  # flows/cli.py EXIT_PREEMPTED (not imported: this module stays light)
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_RDZV_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def new_rdzv_id() -> str:
+    """A rendezvous id nobody can guess (128 random bits)."""
+    return secrets.token_hex(16)
 
 # One shell line per pod: fetch the code and data version, then become the torchrun agent.
 # "$@" are trainflow train's arguments; the node rank comes from the Job's completion index.
@@ -60,6 +69,8 @@ class MultiNodeJob:
     shm_size: str = "16Gi"                # NCCL and DataLoader workers use /dev/shm
     service_account: str | None = None
     backoff_limit: int = 0                # torchrun restarts workers inside a pod (training.max_restarts)
+    rdzv_id: str = field(default_factory=new_rdzv_id)  # drawn once per job: every pod gets the same
+    mlflow_secret: str | None = None      # a Secret with MLFLOW_TRACKING_USERNAME/PASSWORD (an auth'd server)
 
 
 def _image_by_digest(image: str, digest: str | None) -> tuple[str, str, str]:
@@ -93,6 +104,8 @@ def _check(job: MultiNodeJob) -> None:
                          "(http[s]://...); nodes cannot share a sqlite file")
     if not job.git_repo or not job.git_ref:
         raise ValueError("git_repo and git_ref are required: every node checks out the same commit")
+    if not _RDZV_ID.match(job.rdzv_id):
+        raise ValueError(f"rdzv_id {job.rdzv_id!r}: 1-128 letters, digits, '.', '_' or '-'")
 
 
 def rdzv_endpoint(job: MultiNodeJob) -> str:
@@ -104,14 +117,14 @@ def train_args(job: MultiNodeJob) -> list[str]:
     """``trainflow train`` arguments shared by every node (the node rank is added per pod)."""
     args = ["--config", job.config, "--out", job.out_dir or f"/shared/{job.name}",
             "--nnodes", str(job.nnodes), "--nproc", str(job.gpus_per_node),
-            "--rdzv-endpoint", rdzv_endpoint(job), "--rdzv-id", job.name]
+            "--rdzv-endpoint", rdzv_endpoint(job), "--rdzv-id", job.rdzv_id]
     for item in job.overrides:
         args += ["--set", item]
     return args
 
 
 def render(job: MultiNodeJob) -> list[dict]:
-    """[headless Service, indexed Job] for ``job``; raises ValueError naming the bad field."""
+    """[NetworkPolicy, headless Service, indexed Job] for ``job``; raises ValueError naming the bad field."""
     from core.env import TELEMETRY_OFF
 
     _check(job)
@@ -121,6 +134,20 @@ def render(job: MultiNodeJob) -> list[dict]:
     def meta() -> dict:  # fresh copies: no shared objects, so the YAML has no anchors
         return {"name": job.name, "namespace": job.namespace, "labels": dict(labels)}
 
+    def own_pods() -> dict:
+        return {"matchLabels": {"trainflow/job": job.name}}
+
+    # Only the job's own pods may connect to its pods: the c10d store (whose values agents
+    # unpickle) and the collectives, which use ephemeral ports between ranks, so peers get every
+    # port and nobody else any. Applied first, before a pod exists.
+    policy = {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta(),
+        "spec": {
+            "podSelector": own_pods(),
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": own_pods()}]}],
+        },
+    }
     service = {
         "apiVersion": "v1", "kind": "Service", "metadata": meta(),
         "spec": {
@@ -154,6 +181,8 @@ def render(job: MultiNodeJob) -> list[dict]:
             # (preemption: checkpoint, exit 4).
             "args": ["sh", "-c", NODE_SCRIPT, "trainflow-node", *train_args(job)],
             "env": env,
+            # Credentials from a Secret, never rendered into the manifest.
+            **({"envFrom": [{"secretRef": {"name": job.mlflow_secret}}]} if job.mlflow_secret else {}),
             "ports": [{"name": "c10d", "containerPort": RDZV_PORT, "protocol": "TCP"}],
             "resources": {"limits": resources, "requests": dict(resources)},
             "volumeMounts": [{"name": "shared", "mountPath": "/shared"},
@@ -187,7 +216,7 @@ def render(job: MultiNodeJob) -> list[dict]:
             "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
         },
     }
-    return [service, job_manifest]
+    return [policy, service, job_manifest]
 
 
 def to_yaml(manifests: list[dict]) -> str:

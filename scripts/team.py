@@ -1,36 +1,53 @@
-"""Team mode on one machine: PostgreSQL, an MLflow tracking server and a Prefect server.
+"""Team mode on one machine: PostgreSQL, an MLflow tracking server and a Prefect server, each behind a password.
 
     python scripts/team.py up   [--dir .trainflow/team] [--pg-port 55432] [--mlflow-port 5000] [--prefect-port 4200]
-    python scripts/team.py env  [--dir ...]     # the `export` lines (also in DIR/env.sh)
+    python scripts/team.py env  [--dir ...]     # the lines to eval (URLs, and `. DIR/env.sh` for the credentials)
     python scripts/team.py down [--dir ...]     # stop all three (data stays in DIR)
 
-``up`` initialises a PostgreSQL cluster in ``DIR/postgres`` (trust auth, listening
-on 127.0.0.1 and a unix socket inside DIR only) with one database each for MLflow
-and Prefect, starts ``mlflow server`` on it with served artifacts in
-``DIR/mlartifacts`` (runs and workers upload through HTTP: nothing is shared but
-the URL) and ``prefect server start`` on it, waits until all answer, and writes
-``DIR/env.sh`` and ``DIR/team.json`` (pids, ports, URLs). Port 0 picks a free one.
-Running ``up`` again while the servers live only prints the exports.
+``up`` draws the team's secrets once into ``DIR/secrets.json`` (mode 0600): the PostgreSQL
+password, MLflow's admin password and Flask key, and Prefect's auth string. It initialises a
+PostgreSQL cluster in ``DIR/postgres`` with scram-sha-256 password authentication for every
+connection (listening on 127.0.0.1 and a unix socket inside DIR only) and one database each
+for MLflow, MLflow's users and Prefect; starts ``mlflow server --app-name basic-auth`` on it
+with served artifacts in ``DIR/mlartifacts`` (runs and workers upload through HTTP: nothing
+is shared but the URL) and ``prefect server start`` with ``PREFECT_SERVER_API_AUTH_STRING``;
+waits until all answer and accept the credentials, and writes ``DIR/team.json`` (pids with
+each process's start time and command line, ports, URLs) and ``DIR/env.sh`` (0600: the URLs
+and the client credentials). Secrets reach the servers through their environment, never
+their command line (which every local user can read) or a log. Port 0 picks a free one.
+Running ``up`` again while the servers live only prints the exports. A cluster made by an
+older team.py with trust authentication is switched to passwords in place.
+
+``down`` signals a recorded pid only while it is still the process ``up`` started (same
+start time since the same boot, same command line); a pid now used by anything else is left
+alone and named.
 
 PostgreSQL refuses to run as root; as root, its commands run as the ``postgres``
 user (or ``TRAINFLOW_PG_USER``), which must be able to reach ``DIR/postgres``
 (``--pg-dir`` moves it). ``make team-up`` runs it with the project's venv, whose
-``mlflow`` and ``prefect`` it starts (and whose ``core.env`` has the telemetry switches).
+``mlflow`` and ``prefect`` it starts (and whose ``core.env`` has the telemetry switches);
+MLflow's auth app needs the ``team`` extra (Flask-WTF), which ``make install`` installs.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import glob
+import importlib.util
 import json
 import os
 import pwd
+import re
+import secrets
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -38,7 +55,10 @@ from core.env import TELEMETRY_OFF  # the project's venv has trainflow installed
 from core.procs import pid_alive
 
 DB_USER = "trainflow"
-DATABASES = ("mlflow", "prefect")
+DATABASES = ("mlflow", "mlflow_auth", "prefect")
+MLFLOW_USER = "trainflow"  # MLflow's admin account, which the team's clients use
+SECRETS_FILE = "secrets.json"
+CLIENT_ENV_FILE = "env.sh"
 BIN = Path(sys.executable).parent
 
 
@@ -46,18 +66,105 @@ class TeamError(RuntimeError):
     pass
 
 
+# -- secrets ---------------------------------------------------------------------------
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600 from the first byte)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an older file keeps its mode through O_CREAT
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def load_secrets(team_dir: Path, create: bool = False) -> dict:
+    """The team's secrets from ``DIR/secrets.json``; drawn and written (0600) when ``create`` and absent."""
+    path = team_dir / SECRETS_FILE
+    if path.is_file():
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise TeamError(f"{path} is readable by others (mode {mode:o}); `chmod 600 {path}`")
+        return json.loads(path.read_text())
+    if not create:
+        raise TeamError(f"team mode is not set up ({path} missing); run `make team-up`")
+    drawn = {
+        "postgres_password": secrets.token_urlsafe(32),
+        "mlflow_username": MLFLOW_USER,
+        "mlflow_password": secrets.token_urlsafe(32),
+        "mlflow_flask_secret_key": secrets.token_hex(32),
+        "prefect_auth_string": f"trainflow:{secrets.token_urlsafe(32)}",
+    }
+    write_private(path, json.dumps(drawn, indent=2))
+    return drawn
+
+
+def client_env(state: dict, team_secrets: dict) -> dict[str, str]:
+    """What a client (trainflow run, a worker, the mlflow/prefect CLIs) needs to use the servers."""
+    return {"MLFLOW_TRACKING_URI": state["mlflow_url"],
+            "MLFLOW_TRACKING_USERNAME": team_secrets["mlflow_username"],
+            "MLFLOW_TRACKING_PASSWORD": team_secrets["mlflow_password"],
+            "PREFECT_API_URL": state["prefect_api_url"],
+            "PREFECT_API_AUTH_STRING": team_secrets["prefect_auth_string"]}
+
+
+# -- processes --------------------------------------------------------------------------
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def proc_identity(pid: int) -> dict | None:
+    """What tells process ``pid`` from a later one given the same number: its start time (clock
+    ticks since boot), the boot, and its command line. None when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":
+        return None
+    return {"start": int(fields[19]), "boot": _boot_id(),
+            "cmdline": [a.decode(errors="replace") for a in cmdline.split(b"\0") if a]}
+
+
+def same_process(pid: int, recorded: dict | None) -> bool:
+    """Whether ``pid`` is still the process ``recorded`` describes. A record without a start
+    time (team.json of an older team.py) proves nothing: False."""
+    if not recorded or "start" not in recorded:
+        return False
+    now = proc_identity(pid)
+    if now is None or now["start"] != recorded["start"] or now["boot"] != recorded.get("boot"):
+        return False
+    return "cmdline" not in recorded or now["cmdline"] == recorded["cmdline"]
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any live (not zombie) process is in process group ``pgid``."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
 # -- PostgreSQL -----------------------------------------------------------------------
 def pg_bindir() -> Path:
-    """The folder holding initdb, pg_ctl and createdb (Debian puts them in /usr/lib/postgresql/N/bin)."""
+    """The folder holding initdb, pg_ctl, createdb and psql (Debian puts them in /usr/lib/postgresql/N/bin)."""
     found = shutil.which("initdb")
     candidates = [Path(os.path.realpath(found)).parent] if found else []
     candidates += [Path(p) for p in sorted(glob.glob("/usr/lib/postgresql/*/bin"),
                                            key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else 0,
                                            reverse=True)]
     for folder in candidates:
-        if all((folder / tool).is_file() for tool in ("initdb", "pg_ctl", "createdb")):
+        if all((folder / tool).is_file() for tool in ("initdb", "pg_ctl", "createdb", "psql")):
             return folder
-    raise TeamError("PostgreSQL server binaries (initdb, pg_ctl, createdb) not found on PATH or in "
+    raise TeamError("PostgreSQL server binaries (initdb, pg_ctl, createdb, psql) not found on PATH or in "
                     "/usr/lib/postgresql/*/bin; install them, e.g. `apt-get install postgresql`")
 
 
@@ -73,21 +180,25 @@ def pg_runas() -> pwd.struct_passwd | None:
                         "run as another user or set TRAINFLOW_PG_USER") from None
 
 
-def _pg(bindir: Path, args: list[str], runas, cwd: Path, check: bool = True, timeout: float = 120):
+def _pg(bindir: Path, args: list[str], runas, cwd: Path, check: bool = True, timeout: float = 120,
+        password: str | None = None, stdin: str | None = None):
     kw = {}
     if runas is not None:
         kw = dict(user=runas.pw_uid, group=runas.pw_gid, extra_groups=[])
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     env["LC_ALL"] = env["LANG"] = "C"
+    if password is not None:
+        env["PGPASSWORD"] = password  # the environment: a command line is readable by every local user
     proc = subprocess.run([str(bindir / args[0]), *args[1:]], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout, **kw)
+                          text=True, timeout=timeout, input=stdin, **kw)
     if check and proc.returncode != 0:
         raise TeamError(f"{args[0]} failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()[-2000:]}")
     return proc
 
 
-def pg_up(pg_dir: Path, port: int) -> dict:
-    """Initialise (first time) and start a cluster on 127.0.0.1:port; create the databases."""
+def pg_up(pg_dir: Path, port: int, password: str) -> dict:
+    """Initialise (first time) and start a cluster on 127.0.0.1:port, every connection by
+    scram-sha-256 password; create the databases."""
     bindir = pg_bindir()
     runas = pg_runas()
     data, sock = pg_dir / "data", pg_dir / "run"
@@ -103,20 +214,64 @@ def pg_up(pg_dir: Path, port: int) -> dict:
             raise TeamError(f"user {runas.pw_name!r} cannot reach {pg_dir} (a parent folder is closed to it); "
                             "pass --pg-dir somewhere it can, e.g. under /tmp or /var/lib/postgresql")
     if not (data / "PG_VERSION").is_file():
-        _pg(bindir, ["initdb", "-D", str(data), "-U", DB_USER, "-A", "trust", "-E", "UTF8", "--no-locale"],
-            runas, pg_dir)
+        pwfile = pg_dir / "initdb-password"
+        write_private(pwfile, password + "\n")
+        if runas is not None:
+            os.chown(pwfile, runas.pw_uid, runas.pw_gid)
+        try:
+            _pg(bindir, ["initdb", "-D", str(data), "-U", DB_USER, "--auth=scram-sha-256", f"--pwfile={pwfile}",
+                         "-E", "UTF8", "--no-locale"], runas, pg_dir)
+        finally:
+            pwfile.unlink(missing_ok=True)
     status = _pg(bindir, ["pg_ctl", "-D", str(data), "status"], runas, pg_dir, check=False)
     if status.returncode != 0:
         opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1"
         _pg(bindir, ["pg_ctl", "-D", str(data), "-l", str(pg_dir / "postgres.log"), "-o", opts,
                      "-w", "-t", "120", "start"], runas, pg_dir, timeout=180)
+    _require_passwords(bindir, data, port, password, runas)
     for db in DATABASES:
         made = _pg(bindir, ["createdb", "-h", "127.0.0.1", "-p", str(port), "-U", DB_USER, db], runas, pg_dir,
-                   check=False)
+                   check=False, password=password)
         if made.returncode != 0 and "already exists" not in made.stderr:
-            raise TeamError(f"createdb {db} failed: {made.stderr.strip()}")
+            hint = (f" (the cluster in {pg_dir} has another password than {SECRETS_FILE}: restore that file "
+                    f"or move {pg_dir} away)" if "password authentication failed" in made.stderr else "")
+            raise TeamError(f"createdb {db} failed: {made.stderr.strip()}{hint}")
     return {"bindir": str(bindir), "data": str(data), "port": port,
             "runas": runas.pw_name if runas else None}
+
+
+_TRUST = re.compile(r"(?<=\s)trust(?=\s|$)")
+
+
+def hba_without_trust(text: str) -> str | None:
+    """``pg_hba.conf`` text with every ``trust`` rule asking for a scram-sha-256 password instead;
+    None when no rule trusts."""
+    out, changed = [], False
+    for line in text.splitlines():
+        rule, hash_, comment = line.partition("#")
+        words = rule.split()
+        if words and words[0] in ("local", "host", "hostssl", "hostnossl", "hostgssenc", "hostnogssenc") \
+                and "trust" in words[3:]:
+            rule, changed = _TRUST.sub("scram-sha-256", rule), True
+        out.append(rule + hash_ + comment + "\n")
+    return "".join(out) if changed else None
+
+
+def _require_passwords(bindir: Path, data: Path, port: int, password: str, runas) -> None:
+    """Switch a cluster an older team.py made with trust authentication to scram-sha-256: give
+    the role its password (while trust still lets us in), then require it everywhere and reload."""
+    hba = data / "pg_hba.conf"
+    rewritten = hba_without_trust(hba.read_text())
+    if rewritten is None:
+        return
+    # Over stdin, not -c: the password must not appear on a command line.
+    _pg(bindir, ["psql", "-h", "127.0.0.1", "-p", str(port), "-U", DB_USER, "-d", "postgres", "-v", "ON_ERROR_STOP=1",
+                 "-q", "-f", "-"], runas, data.parent,
+        stdin="SET password_encryption = 'scram-sha-256';\n"
+              f"ALTER ROLE {DB_USER} PASSWORD '{password}';\n")  # token_urlsafe: no quote to escape
+    with open(hba, "w") as out:  # in place: the file keeps its owner (postgres)
+        out.write(rewritten)
+    _pg(bindir, ["pg_ctl", "-D", str(data), "reload"], runas, data.parent)
 
 
 def pg_down(pg: dict) -> None:
@@ -134,12 +289,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(cmd: list[str], env: dict, log: Path, cwd: Path) -> int:
-    """Start ``cmd`` in its own session (so ``down`` can stop its whole process group)."""
+def _spawn(cmd: list[str], env: dict, log: Path, cwd: Path) -> tuple[int, dict | None]:
+    """Start ``cmd`` in its own session (so ``down`` can stop its whole process group); return its
+    pid and start time (its command line is read once it answers: before exec it is ours)."""
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    return proc.pid
+    identity = proc_identity(proc.pid)
+    if identity is not None:
+        del identity["cmdline"]
+    return proc.pid, identity
 
 
 def wait_http(url: str, pid: int, log: Path, timeout: float, name: str) -> None:
@@ -164,25 +323,59 @@ def _tail(log: Path, n: int = 30) -> str:
         return "(no log)"
 
 
-def stop_group(pid: int, grace: float = 20) -> None:
-    """SIGTERM the process group led by ``pid``, SIGKILL it after ``grace`` seconds."""
+def _check_auth(url: str, headers: dict[str, str], name: str, log: Path) -> None:
+    """The server refuses a request without credentials and accepts ours: auth is on and ours work."""
+    codes = []
+    for h in ({}, headers):
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=h), timeout=30) as resp:
+                codes.append(resp.status)
+        except urllib.error.HTTPError as exc:
+            codes.append(exc.code)
+    if codes != [401, 200]:
+        raise TeamError(f"{name} answered {url} with {codes[0]} without credentials and {codes[1]} with "
+                        f"the team's (want 401 and 200); last lines of {log}:\n{_tail(log)}")
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def stop_group(pid: int, identity: dict | None, grace: float = 20) -> bool:
+    """SIGTERM the process group led by ``pid``, SIGKILL what is left of it after ``grace`` seconds,
+    but only while ``pid`` is still the process ``identity`` recorded. False (nothing signalled)
+    when it is not: the number now belongs to another process, or nothing proves it is ours."""
+    if not same_process(pid, identity):
+        return False
+    # The group id is the leader's pid, which no new process can take while any member lives:
+    # once the leader is verified, the group stays ours until it is empty.
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pid, sig)
         except (ProcessLookupError, PermissionError):
-            return
+            return True
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
-            if not pid_alive(pid):
-                return
+            if not _group_alive(pid):
+                return True
             time.sleep(0.2)
+    return True
 
 
 def server_env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "PG"))}
     env.update(TELEMETRY_OFF)
     env.update(extra or {})
     return env
+
+
+def _write_state(state_file: Path, state: dict) -> None:
+    state_file.write_text(json.dumps(state, indent=2))
+
+
+def _all_ours(state: dict) -> bool:
+    pids = state.get("pids") or {}
+    return bool(pids) and all(same_process(pid, state.get("identity", {}).get(name)) for name, pid in pids.items())
 
 
 def up(team_dir: Path, pg_dir: Path, pg_port: int, mlflow_port: int, prefect_port: int,
@@ -191,52 +384,98 @@ def up(team_dir: Path, pg_dir: Path, pg_port: int, mlflow_port: int, prefect_por
     state_file = team_dir / "team.json"
     if state_file.is_file():
         state = json.loads(state_file.read_text())
-        if all(pid_alive(p) for p in state["pids"].values()):
+        if _all_ours(state):
             return state
-        down(team_dir)  # half-dead: start clean
+        down(team_dir)  # half-dead or stale: start clean
+    if importlib.util.find_spec("flask_wtf") is None:
+        raise TeamError("mlflow's basic-auth app needs Flask-WTF, which is not installed: "
+                        "`pip install -e '.[team]'` (`make install` installs it from requirements/lock-dev.txt)")
+    team_secrets = load_secrets(team_dir, create=True)
     pg_port, mlflow_port, prefect_port = (p or free_port() for p in (pg_port, mlflow_port, prefect_port))
-    state = {"dir": str(team_dir), "pids": {}, "pg": None,
+    state = {"dir": str(team_dir), "pids": {}, "identity": {}, "pg": None,
              "mlflow_url": f"http://127.0.0.1:{mlflow_port}", "prefect_api_url": f"http://127.0.0.1:{prefect_port}/api"}
     try:
-        state["pg"] = pg_up(pg_dir, pg_port)
-        state_file.write_text(json.dumps(state, indent=2))
+        state["pg"] = pg_up(pg_dir, pg_port, team_secrets["postgres_password"])
+        _write_state(state_file, state)
+        # No password in these URLs: the servers' libpq/asyncpg take it from PGPASSWORD.
         db = f"{DB_USER}@127.0.0.1:{pg_port}"
+        pg_password = {"PGPASSWORD": team_secrets["postgres_password"]}
         artifacts = team_dir / "mlartifacts"
         artifacts.mkdir(exist_ok=True)
+        auth_ini = team_dir / "mlflow-auth.ini"
+        write_private(auth_ini, "[mlflow]\n"
+                                "default_permission = READ\n"
+                                f"database_uri = postgresql+psycopg2://{db}/mlflow_auth\n"
+                                f"admin_username = {team_secrets['mlflow_username']}\n"
+                                "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                                # One worker: a password change through the API reaches its cache at once,
+                                # and a run's many requests skip the PBKDF2 check after the first.
+                                "auth_cache_ttl_seconds = 300\n")
         mlflow_log = team_dir / "mlflow.log"
-        state["pids"]["mlflow"] = _spawn(
-            [str(BIN / "mlflow"), "server", "--backend-store-uri", f"postgresql+psycopg2://{db}/mlflow",
+        state["pids"]["mlflow"], state["identity"]["mlflow"] = _spawn(
+            [str(BIN / "mlflow"), "server", "--app-name", "basic-auth",
+             "--backend-store-uri", f"postgresql+psycopg2://{db}/mlflow",
              "--serve-artifacts", "--artifacts-destination", str(artifacts.resolve()),
              "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1"],
-            server_env(), mlflow_log, team_dir)
-        state_file.write_text(json.dumps(state, indent=2))
+            server_env({**pg_password, "MLFLOW_AUTH_CONFIG_PATH": str(auth_ini.resolve()),
+                        "MLFLOW_AUTH_ADMIN_PASSWORD": team_secrets["mlflow_password"],
+                        "MLFLOW_FLASK_SERVER_SECRET_KEY": team_secrets["mlflow_flask_secret_key"]}),
+            mlflow_log, team_dir)
+        _write_state(state_file, state)
         prefect_log = team_dir / "prefect.log"
-        state["pids"]["prefect"] = _spawn(
+        state["pids"]["prefect"], state["identity"]["prefect"] = _spawn(
             [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-            server_env({"PREFECT_HOME": str((team_dir / "prefect").resolve()),
+            server_env({**pg_password,
+                        "PREFECT_HOME": str((team_dir / "prefect").resolve()),
                         "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://{db}/prefect",
                         "PREFECT_UI_API_URL": state["prefect_api_url"],
-                        "PREFECT_SERVER_API_PORT": str(prefect_port)}),
+                        "PREFECT_SERVER_API_PORT": str(prefect_port),
+                        "PREFECT_SERVER_API_AUTH_STRING": team_secrets["prefect_auth_string"],
+                        # the server's own client calls (UI settings, services) go through the same check
+                        "PREFECT_API_AUTH_STRING": team_secrets["prefect_auth_string"]}),
             prefect_log, team_dir)
-        state_file.write_text(json.dumps(state, indent=2))
+        _write_state(state_file, state)
         # Both servers migrate their database on first start; on a busy box that takes a while.
         wait_http(f"{state['mlflow_url']}/health", state["pids"]["mlflow"], mlflow_log, timeout, "mlflow server")
         wait_http(f"{state['prefect_api_url']}/health", state["pids"]["prefect"], prefect_log, timeout,
                   "prefect server")
+        _check_auth(f"{state['mlflow_url']}/api/2.0/mlflow/experiments/search?max_results=1",
+                    _basic(team_secrets["mlflow_username"], team_secrets["mlflow_password"]), "mlflow server",
+                    mlflow_log)
+        user, _, password = team_secrets["prefect_auth_string"].partition(":")
+        _check_auth(f"{state['prefect_api_url']}/admin/version", _basic(user, password), "prefect server", prefect_log)
+        for name, pid in state["pids"].items():  # exec'd long ago: the servers' own command lines now
+            now = proc_identity(pid)
+            if now is None or state["identity"].get(name) is None or now["start"] != state["identity"][name]["start"]:
+                raise TeamError(f"{name} server (pid {pid}) is gone after answering")
+            state["identity"][name] = now
+        _write_state(state_file, state)
     except BaseException:
         down(team_dir)
         raise
-    (team_dir / "env.sh").write_text(exports(state))
+    write_private(team_dir / CLIENT_ENV_FILE, client_exports(state, team_secrets))
     return state
 
 
+def client_exports(state: dict, team_secrets: dict) -> str:
+    """``DIR/env.sh``: every variable a client needs, credentials included (the file is 0600)."""
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in client_env(state, team_secrets).items()]
+    return "# trainflow team mode: the servers and this team's credentials. Keep it private (0600).\n" + \
+        "\n".join(lines) + "\n"
+
+
 def exports(state: dict) -> str:
-    return (f"export MLFLOW_TRACKING_URI={state['mlflow_url']}\n"
-            f"export PREFECT_API_URL={state['prefect_api_url']}\n")
+    """What ``up`` and ``env`` print for ``eval``: the URLs, and the credentials by sourcing the 0600
+    file rather than printing them (stdout may be a terminal, a log or a screen share)."""
+    env_file = Path(state["dir"]) / CLIENT_ENV_FILE
+    return (f"export MLFLOW_TRACKING_URI={shlex.quote(state['mlflow_url'])}\n"
+            f"export PREFECT_API_URL={shlex.quote(state['prefect_api_url'])}\n"
+            f". {shlex.quote(str(env_file))}\n")
 
 
 def down(team_dir: Path) -> bool:
-    """Stop whatever ``team.json`` names (servers first, then PostgreSQL). False when nothing was recorded."""
+    """Stop whatever ``team.json`` names that is still what ``up`` started (servers first, then
+    PostgreSQL). False when nothing was recorded."""
     state_file = team_dir / "team.json"
     if not state_file.is_file():
         return False
@@ -244,8 +483,9 @@ def down(team_dir: Path) -> bool:
     # The Prefect server first: its services would otherwise log connection errors on the way down.
     for name in ("prefect", "mlflow"):
         pid = state["pids"].get(name)
-        if pid:
-            stop_group(pid)
+        if pid and not stop_group(pid, state.get("identity", {}).get(name)) and pid_alive(pid):
+            print(f"team: {name}: pid {pid} is not the {name} server team-up started (another process has "
+                  f"that number now, or {state_file} predates start-time records); not signalled", file=sys.stderr)
     if state.get("pg"):
         pg_down(state["pg"])
     state_file.unlink()
@@ -267,7 +507,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "up":
             state = up(team_dir, (a.pg_dir or team_dir / "postgres").resolve(), a.pg_port, a.mlflow_port,
                        a.prefect_port, a.timeout)
-            print(f"team mode is up (logs and data in {team_dir}); in your shell:", file=sys.stderr)
+            print(f"team mode is up (logs and data in {team_dir}, secrets in {team_dir / SECRETS_FILE}); "
+                  "in your shell:", file=sys.stderr)
             print(exports(state), end="")
         elif a.command == "env":
             state_file = team_dir / "team.json"

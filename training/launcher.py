@@ -36,7 +36,8 @@ class JobSpec:
 
     Multi-node: every node runs the same spec with its own ``node_rank``; the agents
     meet at ``rdzv_endpoint`` (c10d rendezvous) under ``rdzv_id``. ``out_dir`` must then
-    be storage all nodes share (rank 0 writes checkpoints and results there).
+    be storage all nodes share (rank 0 writes checkpoints and results there). The agents
+    unpickle what the store holds under ``rdzv_id``: it must not be guessable.
     """
 
     config_path: str
@@ -47,7 +48,7 @@ class JobSpec:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
-    rdzv_id: str = "trainflow"
+    rdzv_id: str | None = None  # make_spec draws one when a single node meets at an endpoint
     max_restarts: int = 0
     timeout_s: float = 900.0
     preempt_grace_s: float = 30.0
@@ -82,11 +83,12 @@ def default_nproc(cfg: PipelineConfig) -> int:
 
 def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
               env: dict[str, str] | None = None, nproc: int | None = None, nnodes: int = 1,
-              node_rank: int = 0, rdzv_endpoint: str | None = None, rdzv_id: str = "trainflow",
+              node_rank: int = 0, rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
               force_resume: bool = False) -> JobSpec:
     """Write the resolved config into ``out_dir`` and describe the job that trains it.
 
-    Raises ConfigError when the parallel settings don't fit the world this job makes.
+    Raises ConfigError when the parallel settings don't fit the world this job makes, or when
+    several nodes come without the ``rdzv_id`` they share (one node with an endpoint draws one).
     """
     from core.paths import trainflow_home
     from training.advisor import resolve_for_launch
@@ -104,6 +106,13 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
     nproc = nproc or default_nproc(cfg)
     if nnodes > 1 and not rdzv_endpoint:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
+    if nnodes > 1 and not rdzv_id:
+        raise ConfigError("--nnodes > 1 needs --rdzv-id: a random id every node of the job shares, e.g. from "
+                          "`python -c 'import secrets; print(secrets.token_hex(16))'` (trainflow k8s-job draws one)")
+    if rdzv_endpoint and not rdzv_id:
+        import secrets
+
+        rdzv_id = secrets.token_hex(16)
     check_world(cfg.training.strategy, nproc * nnodes, cfg.training.parallel)
     _check_resumable(out_dir, cfg.config_id(), data_md5, force_resume,
                      layout_for(cfg.training.strategy, nproc * nnodes, cfg.training.parallel))

@@ -1,12 +1,16 @@
-"""Team mode: the pipeline against an `mlflow server` and a `prefect server`, both on PostgreSQL.
+"""Team mode: the pipeline against an `mlflow server` and a `prefect server`, both on PostgreSQL,
+all three behind the team's passwords.
 
 The servers come from the same command a user runs (`make team-up` = scripts/team.py up),
 each on a free port of 127.0.0.1, PostgreSQL in a temp folder; `team.py down` stops them all.
+One team-up serves the whole module (it takes 30-60 s).
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 OVERRIDES = ["training.epochs=3", "training.timeout_s=240", "gates.thresholds={accuracy: 0.8, macro_f1: 0.8, min_class_recall: 0.5, latency_p95_ms: 5000}"]
 
-# MLFLOW_TRACKING_URI alone points MLflow (tracking and registry) at the server.
+# MLFLOW_TRACKING_URI and the two credential variables point MLflow (tracking and registry) at the server.
 LOAD_CHAMPION = """
 import json, sys
 import pandas as pd
@@ -35,8 +39,8 @@ print(json.dumps({"version": predictor.version, "accuracy": accuracy}))
 """
 
 
-@pytest.fixture
-def team(tmp_path):
+@pytest.fixture(scope="module")
+def team(tmp_path_factory):
     team_mod = team_script()
     try:
         team_mod.pg_bindir()
@@ -47,7 +51,7 @@ def team(tmp_path):
     # sits under a folder only root may enter, so the cluster gets its own temp folder.
     pg_parent = Path(tempfile.mkdtemp(prefix="trainflow-pg-"))
     pg_parent.chmod(0o711)
-    team_dir = tmp_path / "team"
+    team_dir = tmp_path_factory.mktemp("team") / "team"
     cmd = [sys.executable, str(ROOT / "scripts" / "team.py")]
     where = ["--dir", str(team_dir)]
     try:
@@ -55,22 +59,81 @@ def team(tmp_path):
                              "--mlflow-port", "0", "--prefect-port", "0"],
                             env=clean_env(), capture_output=True, text=True, timeout=400)
         assert up.returncode == 0, f"team.py up failed:\n{up.stderr[-4000:]}"
-        env = dict(line.removeprefix("export ").split("=", 1) for line in up.stdout.splitlines())
-        yield {"env": env, "dir": team_dir, "state": json.loads((team_dir / "team.json").read_text())}
+        # What `eval "$(make -s team-up)"` leaves in a user's shell.
+        shell = subprocess.run(["bash", "-c", 'eval "$1" && env -0', "_", up.stdout], capture_output=True,
+                               text=True, env={"PATH": os.environ["PATH"]}, check=True)
+        env = dict(item.split("=", 1) for item in shell.stdout.split("\0") if "=" in item)
+        team_env = {k: v for k, v in env.items() if k.startswith(("MLFLOW_", "PREFECT_"))}
+        secrets_file = team_dir / "secrets.json"
+        secrets = json.loads(secrets_file.read_text()) if secrets_file.is_file() else {}
+        yield {"env": team_env, "dir": team_dir, "pg_dir": pg_parent / "pg", "secrets": secrets, "up": up,
+               "state": json.loads((team_dir / "team.json").read_text())}
     finally:
         down = subprocess.run([*cmd, "down", *where], env=clean_env(), capture_output=True, text=True, timeout=180)
         leftover = team_dir / "team.json"
         if leftover.is_file():  # down failed: stop what it recorded anyway, then fail loudly
             state = json.loads(leftover.read_text())
-            for pid in state["pids"].values():
-                team_mod.stop_group(pid, grace=5)
+            for name, pid in state["pids"].items():
+                team_mod.stop_group(pid, state.get("identity", {}).get(name), grace=5)
             if state.get("pg"):
                 team_mod.pg_down(state["pg"])
             pytest.fail(f"team.py down left servers behind:\n{down.stderr}")
         shutil.rmtree(pg_parent, ignore_errors=True)
 
 
-def test_pipeline_runs_against_mlflow_and_prefect_servers_on_postgres(team, make_project, tmp_path):
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def _secret_values(team) -> list[str]:
+    s = team["secrets"]
+    return [s["postgres_password"], s["mlflow_password"], s["mlflow_flask_secret_key"],
+            s["prefect_auth_string"].partition(":")[2]]
+
+
+def test_wrong_password_is_refused_by_each_server(team):
+    import psycopg2
+
+    secrets, env = team["secrets"], team["env"]
+    pg_port = team["state"]["pg"]["port"]
+    # PostgreSQL: no trust rule left, over TCP or the unix socket; a wrong password and none are refused.
+    for kw in ({"password": "wrong"}, {}):
+        with pytest.raises(psycopg2.OperationalError, match="password authentication failed|no password supplied"):
+            psycopg2.connect(host="127.0.0.1", port=pg_port, user="trainflow", dbname="mlflow", connect_timeout=10, **kw)
+    socket_dir = str(team["pg_dir"] / "run")
+    with pytest.raises(psycopg2.OperationalError, match="password authentication failed"):
+        psycopg2.connect(host=socket_dir, port=pg_port, user="trainflow", dbname="mlflow", password="wrong")
+    psycopg2.connect(host="127.0.0.1", port=pg_port, user="trainflow", dbname="mlflow",
+                     password=secrets["postgres_password"]).close()
+
+    # MLflow's basic-auth app: 401 without the admin password, 200 with it.
+    search = f"{env['MLFLOW_TRACKING_URI']}/api/2.0/mlflow/experiments/search?max_results=1"
+    for headers in ({}, _basic("trainflow", "wrong"), _basic("admin", "password1234")):
+        assert httpx.get(search, headers=headers, timeout=30).status_code == 401, headers
+    ok = _basic(env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"])
+    assert httpx.get(search, headers=ok, timeout=30).status_code == 200
+
+    # Prefect: the API answers 401 to a wrong auth string; health stays open for probes.
+    flows = f"{env['PREFECT_API_URL']}/flows/filter"
+    for headers in ({}, _basic("trainflow", "wrong")):
+        assert httpx.post(flows, json={}, headers=headers, timeout=30).status_code == 401, headers
+    user, _, password = env["PREFECT_API_AUTH_STRING"].partition(":")
+    assert httpx.post(flows, json={}, headers=_basic(user, password), timeout=30).status_code == 200
+    assert httpx.get(f"{env['PREFECT_API_URL']}/health", timeout=30).status_code == 200
+
+
+def test_secrets_stay_in_owner_only_files_and_off_command_lines(team):
+    for name in ("secrets.json", "env.sh"):
+        assert (team["dir"] / name).stat().st_mode & 0o777 == 0o600, name
+    values = _secret_values(team)
+    assert not [v for v in values if v in team["up"].stdout + team["up"].stderr]
+    # Every local user can read a process's command line: the servers got their secrets by environment.
+    for name, pid in team["state"]["pids"].items():
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        assert cmdline and not [v for v in values if v in cmdline], name
+
+
+def test_pipeline_runs_against_mlflow_and_prefect_servers_on_postgres(team, make_project, tmp_path, monkeypatch):
     import psycopg2
     from mlflow import MlflowClient
 
@@ -83,8 +146,7 @@ def test_pipeline_runs_against_mlflow_and_prefect_servers_on_postgres(team, make
     for o in OVERRIDES:
         args += ["--set", o]
     proc = subprocess.run(args, cwd=proj, capture_output=True, text=True, timeout=400,
-                          env=clean_env(MLFLOW_TRACKING_URI=mlflow_url, PREFECT_API_URL=prefect_api,
-                                        TRAINFLOW_HOME=home))
+                          env=clean_env(**team["env"], TRAINFLOW_HOME=home))
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(summary_file.read_text())
     assert summary["status"] == "registered" and summary["tracking_uri"] == mlflow_url
@@ -92,6 +154,8 @@ def test_pipeline_runs_against_mlflow_and_prefect_servers_on_postgres(team, make
 
     # Everything went through the servers: no local MLflow database or artifact folder was made.
     assert not (home / "mlflow.db").exists() and not (home / "mlartifacts").exists()
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", team["env"]["MLFLOW_TRACKING_USERNAME"])
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", team["env"]["MLFLOW_TRACKING_PASSWORD"])
     client = MlflowClient(tracking_uri=mlflow_url, registry_uri=mlflow_url)
     run = client.get_run(summary["mlflow_run_id"])
     assert run.info.status == "FINISHED"
@@ -104,7 +168,8 @@ def test_pipeline_runs_against_mlflow_and_prefect_servers_on_postgres(team, make
 
     # A consumer in another process, given only the URL, loads the champion through the server.
     check = subprocess.run([sys.executable, "-c", LOAD_CHAMPION, str(proj / "data" / "digits" / "test.csv")],
-                           capture_output=True, text=True, timeout=180, env=clean_env(MLFLOW_TRACKING_URI=mlflow_url))
+                           capture_output=True, text=True, timeout=180,
+                           env=clean_env(**{k: v for k, v in team["env"].items() if k.startswith("MLFLOW_")}))
     assert check.returncode == 0, check.stderr[-3000:]
     loaded = json.loads(check.stdout.splitlines()[-1])
     assert loaded["version"] == "1"
@@ -114,16 +179,35 @@ def test_pipeline_runs_against_mlflow_and_prefect_servers_on_postgres(team, make
 
     # Both servers keep their records in PostgreSQL.
     pg_port = team["state"]["pg"]["port"]
-    with psycopg2.connect(host="127.0.0.1", port=pg_port, user="trainflow", dbname="mlflow") as conn:
+    pg = dict(host="127.0.0.1", port=pg_port, user="trainflow", password=team["secrets"]["postgres_password"])
+    with psycopg2.connect(**pg, dbname="mlflow") as conn:
         with conn.cursor() as cur:
             cur.execute("SELECT version FROM model_versions WHERE name = %s", ("digits-classifier",))
             assert [str(v) for (v,) in cur.fetchall()] == ["1"]
     conn.close()
-    with psycopg2.connect(host="127.0.0.1", port=pg_port, user="trainflow", dbname="prefect") as conn:
+    with psycopg2.connect(**pg, dbname="prefect") as conn:
         with conn.cursor() as cur:
             cur.execute("SELECT state_type FROM flow_run")
             assert [str(state) for (state,) in cur.fetchall()] == ["COMPLETED"]
     conn.close()
     # ... and answer through their APIs as well.
-    flow_runs = httpx.post(f"{prefect_api}/flow_runs/filter", json={}, timeout=10).json()
+    user, _, password = team["env"]["PREFECT_API_AUTH_STRING"].partition(":")
+    prefect_auth = _basic(user, password)
+    flow_runs = httpx.post(f"{prefect_api}/flow_runs/filter", json={}, headers=prefect_auth, timeout=10).json()
     assert [r["state"]["type"] for r in flow_runs] == ["COMPLETED"]
+
+    # No secret was written into a log, an artifact, a Prefect record or an MLflow param or tag.
+    values = _secret_values(team)
+    assert not [v for v in values if v in proc.stdout + proc.stderr]
+    leaks = []
+    for root in (proj, home, team["dir"], team["pg_dir"] / "postgres.log"):
+        for path in [root, *root.rglob("*")]:
+            if path.is_file() and path.name not in ("secrets.json", "env.sh"):
+                data = path.read_bytes()
+                leaks += [str(path) for v in values if v.encode() in data]
+    assert not leaks
+    recorded = json.dumps([run.data.params, run.data.tags,
+                           httpx.post(f"{prefect_api}/logs/filter", json={}, headers=prefect_auth, timeout=30).json(),
+                           httpx.post(f"{prefect_api}/artifacts/filter", json={}, headers=prefect_auth,
+                                      timeout=30).json()])
+    assert '"message"' in recorded and not [v for v in values if v in recorded]

@@ -8,6 +8,7 @@ import copy
 import importlib.resources
 import importlib.util
 import json
+import re
 
 import jsonschema
 import pytest
@@ -77,6 +78,28 @@ def test_jobs_check_lock_run_tests_and_pipeline(workflow):
     assert all(job.get("timeout-minutes") for job in jobs.values())
     deploy = _runs(jobs["deployment"])
     assert "prefect deployment run trainflow-pipeline/ci --watch" in deploy
+
+
+def test_every_action_is_pinned_by_commit_sha_with_its_version(repo_root, workflow):
+    # The comment holds the tag the SHA was taken from; PyYAML drops comments, so read the lines.
+    lines = [line.strip() for line in (repo_root / ".github" / "workflows" / "ci.yml").read_text().splitlines()]
+    uses = [line.removeprefix("- ") for line in lines if line.removeprefix("- ").startswith("uses:")]
+    assert len(uses) == sum(1 for job in workflow["jobs"].values() for step in job["steps"] if "uses" in step)
+    for line in uses:
+        assert re.fullmatch(r"uses: [\w.-]+/[\w.-]+@[0-9a-f]{40}\s+# v\d+(\.\d+)*", line), line
+
+
+def test_test_tools_install_from_the_hashed_dev_lock(workflow):
+    from core.lock import DEV_LOCK
+
+    runs = _runs(workflow["jobs"]["test"])
+    assert f"--require-hashes --no-deps -r {DEV_LOCK}" in runs
+    # Nothing in the test or pipeline jobs resolves from an index without hashes.
+    for name in ("test", "pipeline"):
+        for line in _runs(workflow["jobs"][name]).splitlines():
+            if "pip install" in line:
+                assert "--require-hashes" in line or "--no-deps" in line, line
+                assert "[dev]" not in line, line
 
 
 def test_workflow_turns_telemetry_off(workflow):

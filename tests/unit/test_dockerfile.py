@@ -37,7 +37,8 @@ def test_default_base_is_cuda_runtime_and_cpu_is_a_build_arg(dockerfile):
     _, ins = dockerfile
     args, stages = _args(ins), _stages(ins)
     assert args["VARIANT"] == "cuda"
-    assert re.fullmatch(r"nvidia/cuda:\d+\.\d+\.\d+-(cudnn-)?runtime-ubuntu\d+\.\d+", args["CUDA_BASE"])
+    assert re.fullmatch(r"nvidia/cuda:\d+\.\d+\.\d+-(cudnn-)?runtime-ubuntu\d+\.\d+@sha256:[0-9a-f]{64}",
+                        args["CUDA_BASE"])
     assert stages["base-cuda"] == "${CUDA_BASE}" and stages["base-cpu"] == "${CPU_BASE}"
     # The final stage is chosen by VARIANT: both values name a stage.
     assert stages["runtime"] == "base-${VARIANT}"
@@ -86,4 +87,42 @@ def test_command_runs_the_cli_and_workers_can_replace_it(dockerfile, repo_root):
 def test_dockerignore_keeps_local_state_out_of_the_context(repo_root):
     ignored = set((repo_root / ".dockerignore").read_text().split())
     assert {".venv", ".trainflow", ".git", "data/*", "!data/*.dvc"} <= ignored
+    # DVC's local config holds remote credentials; its cache and temp files are local state.
+    assert {".dvc/config.local", ".dvc/cache", ".dvc/tmp"} <= ignored
     assert "dvc-store" not in ignored and "requirements" not in ignored
+
+
+def test_every_base_image_is_pinned_by_digest_with_its_tag(dockerfile):
+    _, ins = dockerfile
+    args = _args(ins)
+    bases = {name: args[name] for name in ("CUDA_BASE", "CPU_BASE", "PYTHON_IMAGE")}
+    for name, ref in bases.items():
+        # REPO:TAG@sha256:<64 hex>: the digest decides what is pulled, the tag says what it was.
+        assert re.fullmatch(r"[a-z0-9./-]+:[\w.-]+@sha256:[0-9a-f]{64}", ref), (name, ref)
+    # Every FROM names a pinned base through one of those args, or an earlier stage.
+    stages: list[str] = []
+    for i, v in ins:
+        if i != "FROM":
+            continue
+        image, _, stage = v.partition(" AS ")
+        image = image.strip()
+        assert image in {"${CUDA_BASE}", "${CPU_BASE}", "${PYTHON_IMAGE}"} or \
+            image.replace("${VARIANT}", "cuda") in stages, image
+        stages.append(stage.strip())
+
+
+def test_image_runs_as_a_numeric_non_root_user(dockerfile):
+    _, ins = dockerfile
+    runtime = ins[max(n for n, (i, v) in enumerate(ins) if i == "FROM"):]
+    users = [v for i, v in runtime if i == "USER"]
+    assert users, "the runtime stage sets no USER: the container would run as root"
+    user = users[-1].split(":")
+    assert user[0].isdigit() and int(user[0]) != 0 and (len(user) == 1 or int(user[1]) != 0)
+    # The switch comes after the last RUN (installs need root) and before the command.
+    last = {i: n for n, (i, _) in enumerate(runtime)}
+    assert last["RUN"] < last["USER"] < last["CMD"]
+    made = next(v for i, v in runtime if i == "RUN" and "useradd" in v)
+    assert f"--uid {user[0]}" in made
+    # It may write its run state and DVC's pulls; everything else stays root's.
+    chowned = next(v for i, v in runtime if i == "RUN" and "chown" in v)
+    assert "/var/lib/trainflow" in chowned and ".dvc/cache" in chowned and " . " not in chowned + " "

@@ -1,5 +1,6 @@
 """The multi-node Kubernetes job: rendered for N nodes, valid against the Kubernetes schema
-(strict: unknown fields fail), and each pod's arguments make the right torchrun agent.
+(strict: unknown fields fail), each pod's arguments make the right torchrun agent, under a
+random rendezvous id, and a NetworkPolicy keeps every other pod away from the job's pods.
 No cluster exists here; the validator is shown to reject broken manifests."""
 
 from __future__ import annotations
@@ -36,15 +37,15 @@ def _pod(manifests):
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_rendered_job_and_service_validate_strictly(nnodes, version):
     manifests = render(_job(nnodes))
-    assert [m["kind"] for m in manifests] == ["Service", "Job"]
+    assert [m["kind"] for m in manifests] == ["NetworkPolicy", "Service", "Job"]
     for m in manifests:
         kubernetes_validate.validate(m, version, strict=True)
 
 
 @pytest.mark.parametrize("nnodes", [2, 4])
 def test_n_indexed_pods_with_gpus_meet_at_pod_zero(nnodes):
-    service, _ = render(_job(nnodes))
-    job, pod, c = _pod([service, _])
+    _, service, job_manifest = render(_job(nnodes))
+    job, pod, c = _pod([job_manifest])
     spec = job["spec"]
     assert spec["completionMode"] == "Indexed"
     assert spec["completions"] == spec["parallelism"] == nnodes
@@ -99,7 +100,7 @@ def test_each_pod_becomes_a_c10d_torchrun_agent(nnodes, tmp_path, repo_root, mon
 
 @pytest.mark.parametrize("breakage", ["misspelled_field", "wrong_type", "bad_gpu_quantity", "missing_containers"])
 def test_validator_rejects_broken_manifests(breakage):
-    _, job = render(_job(2))
+    job = render(_job(2))[-1]
     bad = copy.deepcopy(job)
     if breakage == "misspelled_field":
         bad["spec"]["completionsMode"] = bad["spec"].pop("completionMode")
@@ -121,10 +122,21 @@ def test_validator_rejects_broken_manifests(breakage):
     (dict(name="Digits_DDP"), "DNS label"),
     (dict(nnodes=0), "nnodes must be >= 1"),
     (dict(git_ref=""), "same commit"),
+    (dict(rdzv_id="a b"), "rdzv_id 'a b'"),
 ])
 def test_bad_input_names_the_field(change, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         render(_job(**{"nnodes": 2, **change}))
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_mlflow_credentials_come_from_a_secret_not_the_manifest(version):
+    manifests = render(_job(2, mlflow_secret="mlflow-team-credentials"))
+    job, _, c = _pod(manifests)
+    kubernetes_validate.validate(job, version, strict=True)
+    assert c["envFrom"] == [{"secretRef": {"name": "mlflow-team-credentials"}}]
+    assert not [e for e in c["env"] if e["name"].startswith("MLFLOW_TRACKING_") and e["name"] != "MLFLOW_TRACKING_URI"]
+    assert "envFrom" not in _pod(render(_job(2)))[2]
 
 
 def test_tagged_image_with_separate_digest_is_pinned():
@@ -136,9 +148,67 @@ def test_cli_prints_the_same_manifests(capsys):
     job = _job(4)
     code = main(["k8s-job", "--name", job.name, "--namespace", job.namespace, "--nnodes", "4",
                  "--gpus-per-node", "8", "--image", job.image, "--git-repo", job.git_repo,
-                 "--git-ref", job.git_ref, "--mlflow-uri", job.mlflow_uri, "--set", "training.epochs=3"])
+                 "--git-ref", job.git_ref, "--mlflow-uri", job.mlflow_uri, "--set", "training.epochs=3",
+                 "--rdzv-id", job.rdzv_id])
     assert code == 0
     assert list(yaml.safe_load_all(capsys.readouterr().out)) == render(job)
+
+
+def _rdzv_id(manifests) -> str:
+    args = _pod(manifests)[2]["args"]
+    return args[args.index("--rdzv-id") + 1]
+
+
+def test_rendezvous_id_is_random_per_job_and_shared_by_its_pods(capsys):
+    # Not the job's name nor a constant: anyone who can reach the port and guess the id can feed
+    # the agents a pickle.
+    ids = {_rdzv_id(render(_job(2))) for _ in range(3)}
+    assert len(ids) == 3
+    for rid in ids:
+        assert re.fullmatch(r"[0-9a-f]{32}", rid) and rid != "digits-ddp"
+    # One job: all pods run the same arguments, so they share the one id drawn for it.
+    job = _job(4)
+    assert _rdzv_id(render(job)) == _rdzv_id(render(job)) == job.rdzv_id
+    # The CLI draws a fresh one each time it is asked for a job.
+    argv = ["k8s-job", "--nnodes", "2", "--gpus-per-node", "1", "--image", f"r/t@{DIGEST}",
+            "--git-repo", "x", "--git-ref", "y", "--mlflow-uri", "http://m:5000"]
+    printed = []
+    for _ in range(2):
+        assert main(argv) == 0
+        printed.append(_rdzv_id(list(yaml.safe_load_all(capsys.readouterr().out))))
+    assert printed[0] != printed[1]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_network_policy_admits_only_the_jobs_own_pods(version):
+    policy, service, job = render(_job(2))
+    kubernetes_validate.validate(policy, version, strict=True)
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    spec = policy["spec"]
+    assert policy["metadata"]["namespace"] == job["metadata"]["namespace"]
+    # It selects the job's pods (the rendezvous port behind the Service is theirs) ...
+    assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert spec["podSelector"]["matchLabels"] == service["spec"]["selector"]
+    assert spec["policyTypes"] == ["Ingress"]
+    # ... and its one rule admits nothing but those same pods: no namespaceSelector, ipBlock or
+    # empty peer (which would admit everyone).
+    [rule] = spec["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": spec["podSelector"]["matchLabels"]}}]
+    assert spec["podSelector"]["matchLabels"]
+
+
+def test_single_node_endpoint_draws_a_rendezvous_id_and_several_nodes_need_one(tmp_path, repo_root, monkeypatch):
+    from core.config import load_config
+    from core.errors import ConfigError
+    from training.launcher import make_spec
+
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+    cfg = load_config(repo_root / "configs" / "digits.yaml", [])
+    ids = {make_spec(cfg, tmp_path / f"o{i}", repo_root, "md5", nproc=1, rdzv_endpoint="127.0.0.1:29400").rdzv_id
+           for i in range(2)}
+    assert len(ids) == 2 and all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+    with pytest.raises(ConfigError, match="--nnodes > 1 needs --rdzv-id"):
+        make_spec(cfg, tmp_path / "o3", repo_root, "md5", nproc=1, nnodes=2, rdzv_endpoint="127.0.0.1:29400")
 
 
 def test_cli_bad_input_exits_1_with_one_line(capsys):
@@ -151,7 +221,7 @@ def test_cli_bad_input_exits_1_with_one_line(capsys):
 def test_preemption_recreates_the_pod_instead_of_failing_the_job():
     from flows.cli import EXIT_PREEMPTED
 
-    _, job = render(_job(2))
+    job = render(_job(2))[-1]
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} in rules
     codes = next(r["onExitCodes"] for r in rules if "onExitCodes" in r)

@@ -6,7 +6,9 @@ import shutil
 
 import pytest
 
-from core.lock import HEADER_KEY, LOCK_FILES, check_lock, inputs_sha256, parse_lock
+from core.lock import (
+    DEV_EXTRAS, DEV_LOCK, HEADER_KEY, LOCK_FILES, check_dev_lock, check_lock, inputs_sha256, parse_lock,
+)
 
 
 @pytest.fixture
@@ -14,7 +16,7 @@ def project(tmp_path, repo_root):
     """A copy of pyproject.toml and both locks, to edit."""
     shutil.copy(repo_root / "pyproject.toml", tmp_path / "pyproject.toml")
     (tmp_path / "requirements").mkdir()
-    for rel in LOCK_FILES.values():
+    for rel in [*LOCK_FILES.values(), DEV_LOCK]:
         shutil.copy(repo_root / rel, tmp_path / rel)
     return tmp_path
 
@@ -85,3 +87,35 @@ def test_missing_lock_names_the_fix(project):
     (project / LOCK_FILES["cuda"]).unlink()
     assert check_lock(project / "pyproject.toml", project / LOCK_FILES["cuda"]) == [
         f"{project / LOCK_FILES['cuda']}: missing; run `make lock`"]
+
+
+@pytest.mark.parametrize("variant", sorted(LOCK_FILES))
+def test_dev_lock_adds_hashed_test_tools_on_top_of_each_runtime_lock(repo_root, variant):
+    base_path = repo_root / LOCK_FILES[variant]
+    assert check_dev_lock(repo_root / "pyproject.toml", repo_root / DEV_LOCK, base_path) == []
+    dev, base = parse_lock(repo_root / DEV_LOCK), parse_lock(base_path)
+    assert dev.header[HEADER_KEY] == inputs_sha256(repo_root / "pyproject.toml", DEV_EXTRAS)
+    assert all(dev.hashes[name] for name in dev.pins)
+    # The extras' own packages and what only they pull in (MLflow's auth app: Flask-WTF, WTForms).
+    assert {"pytest", "kubernetes-validate", "check-jsonschema", "flask-wtf", "wtforms", "iniconfig"} <= set(dev.pins)
+    assert not set(dev.pins) & set(base.pins), "the dev lock repins a runtime package"
+
+
+def test_changed_dev_extra_fails_the_dev_lock_only(project):
+    _edit(project / "pyproject.toml", '"pytest>=9.2,<9.3"', '"pytest>=9.2,<9.4"')
+    base = project / LOCK_FILES["cpu"]
+    assert check_lock(project / "pyproject.toml", base) == []  # runtime locks hash runtime inputs only
+    problems = check_dev_lock(project / "pyproject.toml", project / DEV_LOCK, base)
+    assert any(HEADER_KEY in p and "extras dev, team" in p for p in problems)
+
+
+def test_dev_lock_problems_are_named(project):
+    _edit(project / "pyproject.toml", '"pytest>=9.2,<9.3"', '"pytest>=9.3,<9.4"')
+    _edit(project / "pyproject.toml", '"dockerfile-parse>=2.0,<2.1",', '"dockerfile-parse>=2.0,<2.1",\n    "hypothesis>=6",')
+    dev = project / DEV_LOCK
+    dev.write_text(dev.read_text() + f"rich==15.0.0 \\\n    --hash=sha256:{'0' * 64}\n")
+    problems = check_dev_lock(project / "pyproject.toml", dev, project / LOCK_FILES["cpu"])
+    assert any("pytest==9.2.0 is outside 'pytest>=9.3,<9.4'" in p for p in problems)
+    assert any("hypothesis" in p and "not pinned" in p for p in problems)
+    assert any("rich==15.0.0 repins" in p for p in problems)
+    assert problems[-1].startswith("regenerate with `make lock`")
