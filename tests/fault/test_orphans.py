@@ -60,18 +60,19 @@ def _cli(home: Path, tmp: Path, marker: str, **extra) -> tuple[list[str], dict]:
     return cmd, env
 
 
-def _second_claim(repo_root: Path, home: Path) -> Path:
-    """The folder a second run with the same inputs would train in now (claimed and released)."""
+def _second_claim(repo_root: Path, home: Path) -> tuple[Path, Path]:
+    """(the inputs' own folder, the folder a second run with the same inputs would train in now)."""
     from core.config import load_config
     from core.locks import release
     from core.manifest import read_dvc_file
     from training.advisor import resolve_for_launch
-    from training.slots import claim_train_dir
+    from training.slots import claim_train_dir, slot_base
 
     cfg, _ = resolve_for_launch(load_config(repo_root / "configs" / "digits.yaml", SETS), home, nproc=2)
-    folder, fd = claim_train_dir(home, cfg.name, cfg.config_id(), read_dvc_file(repo_root, cfg.dataset.dvc_file).md5, 2)
+    inputs = (home, cfg.name, cfg.config_id(), read_dvc_file(repo_root, cfg.dataset.dvc_file).md5, 2)
+    folder, fd = claim_train_dir(*inputs)
     release(fd)
-    return folder
+    return slot_base(*inputs), folder
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +92,8 @@ def killed_run(repo_root, bundled_data, tmp_path_factory):
         proc.wait()
         killed_at = time.monotonic()
         folder = done[0].parents[2]
-        claimed = _second_claim(repo_root, home)
+        base, claimed = _second_claim(repo_root, home)
+        assert base == folder, f"the killed run trained in {folder.name}, not in its inputs' folder {base.name}"
         alive_at_claim = _run_processes(marker)
         while (left := _run_processes(marker)) and time.monotonic() - killed_at < 60:
             time.sleep(0.2)
