@@ -237,7 +237,8 @@ class TrainingConfig(_Strict):
     checkpoint_every_epochs: int = Field(1, gt=0)
     # Also checkpoint inside an epoch every N optimizer steps (null: epoch ends only).
     checkpoint_every_steps: int | None = Field(None, gt=0)
-    keep_checkpoints: int = Field(2, gt=0)
+    # >= 2: the newest checkpoint can be unreadable after a crash, and resume then needs the one before.
+    keep_checkpoints: int = Field(2, ge=2)
     # Off: no checkpoints are written or resumed (benchmarks, throwaway runs).
     checkpoints: bool = True
     # Off: no step timing, comm hook or perf/* metrics.

@@ -3,7 +3,9 @@
 A lock lives as long as its open file: a run that dies (SIGKILL, OOM, preemption) releases
 it with the process, so no stale lock is ever left to clean up. Two threads of one process
 that each open the lock file exclude each other too (``flock`` locks belong to the open file
-description). POSIX only; NFS honours ``flock`` only on Linux >= 2.6.12 with lock support.
+description). A child process given the descriptor (``pass_fds``) shares the lock: it is held
+until the last of them closes it. POSIX only; NFS honours ``flock`` only on Linux >= 2.6.12
+with lock support.
 """
 
 from __future__ import annotations
@@ -43,11 +45,12 @@ def try_lock(path: Path) -> int | None:
 
 
 def release(fd: int | None) -> None:
+    """Close this holder's descriptor; the lock is free once no process shares it any more.
+
+    Not ``LOCK_UN``: that would also unlock it for a child that inherited it (a training job).
+    """
     if fd is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+        os.close(fd)
 
 
 @contextmanager

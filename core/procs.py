@@ -1,9 +1,13 @@
-"""Processes, by pid (stdlib only)."""
+"""Processes, by pid, and tying a child's life to its parent's (stdlib only)."""
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def pid_alive(pid: int) -> bool:
@@ -18,3 +22,42 @@ def pid_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except OSError:
         return True  # no /proc here: existing is all we can tell
+
+
+def _prctl():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def die_with_parent(sig: int, parent: int | None = None) -> bool:
+    """Have the kernel send ``sig`` to this process when its parent exits (Linux ``PR_SET_PDEATHSIG``).
+
+    "Its parent" is the *thread* that started this process: the signal comes when that thread
+    ends. ``parent``: the pid that started this process. Returns False when it is no longer this
+    process's parent, i.e. it exited before the request was made and the signal will never come:
+    the caller should exit. True otherwise, and on platforms without the request (non-Linux).
+    """
+    if sys.platform != "linux":
+        return True
+    if _prctl()(PR_SET_PDEATHSIG, int(sig)) != 0:
+        return True  # not granted (a sandbox): nothing more to do here
+    return parent is None or os.getppid() == parent
+
+
+def parent_death_signal(sig: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child gets ``sig`` when the calling thread ends.
+
+    libc's ``prctl`` is looked up here, in the parent, so the child only calls it between fork and
+    exec; a child whose parent is gone already exits at once. None off Linux.
+    """
+    if sys.platform != "linux":
+        return None
+    prctl, parent = _prctl(), os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig))
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec

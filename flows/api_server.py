@@ -10,13 +10,14 @@ the flow starts. ``TRAINFLOW_PREFECT_API=ephemeral`` turns this off (Prefect's o
 
 It is stopped at exit after Prefect's own exit handlers have flushed logs and events
 (registered before Prefect is imported; atexit runs last-in first-out), and it dies with
-this process (``PR_SET_PDEATHSIG``) if this process is killed.
+this process (``PR_SET_PDEATHSIG``) if this process is killed. It runs in a session of its
+own, so a closed terminal's SIGHUP or a Ctrl-C reaches only this process, which stops the
+job and then the server, in that order.
 """
 
 from __future__ import annotations
 
 import atexit
-import ctypes
 import importlib.util
 import os
 import signal
@@ -26,6 +27,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from core.procs import parent_death_signal
 
 OPT_OUT = "TRAINFLOW_PREFECT_API"
 
@@ -60,13 +63,6 @@ def _prefect_app_dir() -> str:
     return str(Path(spec.origin).parent.parent)
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec (Linux only)
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 class TemporaryServer:
     """A private Prefect API server on 127.0.0.1 for this process's lifetime."""
 
@@ -88,7 +84,7 @@ class TemporaryServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self._cmd(), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                         start_new_session=True, preexec_fn=parent_death_signal(signal.SIGTERM))
         self.started_at = time.perf_counter()
         atexit.register(self.stop)
         return self

@@ -8,7 +8,7 @@
     trainflow init --data PATH --label COLUMN [--task T] [--name NAME]      # track a table, write its config + expectations
 
 Exit codes of ``run``: 0 registered, 2 data validation failed, 3 gate rejected
-the model, 4 preempted (SIGTERM: a checkpoint was saved and the next run resumes),
+the model, 4 preempted (SIGTERM or SIGHUP: a checkpoint was saved and the next run resumes),
 1 any other error (one line of cause on stderr; set TRAINFLOW_DEBUG=1 for the
 traceback). ``train`` exits 0, 4 or 1 the same way. ``retrain`` exits 0 when the
 champion is up to date (nothing ran) and otherwise as ``run``. ``reproduce`` exits
@@ -191,7 +191,7 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
     from flows.params import PipelineParams, RetrainParams
     from training import preemption
 
-    preemption.install_handler()  # SIGTERM: the training stage checkpoints and the run exits 4
+    preemption.install_handler()  # SIGTERM, SIGHUP: the training stage checkpoints and the run exits 4
     if which == "run":  # the torchrun job starts up (held) while the server boots and the flow resolves
         prelaunch.start(cfg_path, overrides, args.nproc)
     if which == "retrain":

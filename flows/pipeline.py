@@ -217,7 +217,7 @@ def train(ctx: RunContext, nproc: int) -> dict:
                     raise
             else:
                 job = start_job(make_spec(ctx.cfg, held.folder, ctx.root, ctx.manifest.data.md5,
-                                          prelaunch.JOB_ENV, nproc))
+                                          prelaunch.JOB_ENV, nproc), lock_fd=held.lock_fd)
             spec = job.spec
             # Back as soon as rank 0's result is final: torchrun's exit overlaps the evaluation.
             result = job.finish(at_result=True)

@@ -12,8 +12,8 @@ resolved config, data version, world size and project) and lets it go (its metri
 relayed to the run's MLflow run meanwhile, ``registry/relay.py``). Otherwise (other inputs, or the flow never reaches ``train``:
 bad data, a bad config, an error, SIGTERM) it is aborted and its workers exit before their
 first step, so **nothing is trained before validation passes**, and nothing is written but
-the job's ``config.yaml`` / ``job.json``. The held job dies with the CLI (the workers check
-that it is alive while they wait).
+the job's ``config.yaml`` / ``job.json``. The held job dies with the CLI (``training.agent``;
+the workers also check that it is alive while they wait).
 
 Only ``trainflow run`` holds a job (not ``retrain``, whose first question is whether to
 train at all, and not deployments, whose flow runs in a Prefect worker). It is skipped
@@ -107,7 +107,7 @@ def start(cfg_path: Path, overrides: list[str], nproc: int | None) -> Held | Non
     fd = None
     try:
         folder, fd = claim_train_dir(home, cfg.name, cfg.config_id(), md5, n, log)
-        job = start_job(make_spec(cfg, folder, root, md5, JOB_ENV, n), hold=True)
+        job = start_job(make_spec(cfg, folder, root, md5, JOB_ENV, n), hold=True, lock_fd=fd)
     except Exception as exc:  # noqa: BLE001 - e.g. a world the strategy can't use: resolve/train say so
         if fd is not None:
             release(fd)

@@ -2,7 +2,9 @@
 
 Layout: ``<dir>/step_00000123/{...,COMPLETE}``. A folder is written under a temp
 name and renamed, and is valid only with its completion marker, so a crash
-mid-write never leaves a checkpoint that resume would trust. What goes inside
+mid-write never leaves a checkpoint that resume would trust. Its files and folder
+are fsynced before the marker is written, and the marker and the rename after, so
+a marker that survives a power loss never vouches for data that did not. What goes inside
 is the strategy's business: DDP writes one ``state.pt`` from rank 0, FSDP writes
 ``torch.distributed.checkpoint`` shards from every rank. ``save`` and
 ``load_latest`` are collective: every rank calls them.
@@ -32,6 +34,23 @@ def _dist():
 log = logging.getLogger("trainflow.train")
 
 MARKER = "COMPLETE"
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's or a folder's entries to disk (a folder: its names, e.g. after a create or rename)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(folder: Path) -> None:
+    """fsync every file under ``folder``, then each folder, deepest first."""
+    for parent, dirs, files in os.walk(folder, topdown=False):
+        for name in files:
+            _fsync(Path(parent) / name)
+        _fsync(Path(parent))
 
 
 class CheckpointMismatchError(RuntimeError):
@@ -107,12 +126,14 @@ class CheckpointManager:
         self._complete(step, tmp, final, identity)
 
     def _complete(self, step: int, tmp: Path, final: Path, identity: dict) -> None:
+        _fsync_tree(tmp)  # every rank's files are on disk before the marker says so
         marker = tmp / MARKER
         marker.write_text(json.dumps({"step": step, **identity}))
-        with open(marker) as fh:
-            os.fsync(fh.fileno())
+        _fsync(marker)
+        _fsync(tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
+        _fsync(self.dir)  # the rename itself
         if self.keep:
             self.prune(self.keep)
 

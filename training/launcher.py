@@ -4,7 +4,9 @@ A subprocess (not ``elastic_launch`` in-process) keeps a crashed or hung job
 killable as one process group, and keeps torch's global state out of the
 caller (a Prefect worker, a test). Failures come back as ``TrainingFailedError``
 naming the first failing rank with its traceback, read from torchrun's error
-files (the worker's main is wrapped in ``@record``).
+files (the worker's main is wrapped in ``@record``). The job dies with this
+process, however it ends (``training.agent``), and holds its training folder's
+lock until its last process has exited.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -25,6 +28,7 @@ from core.config import PipelineConfig
 from core.errors import ConfigError, PreemptedError, TrainingFailedError
 from core.procs import pid_alive
 from training import preemption
+from training.agent import LAUNCHER_PID_ENV
 from training.layouts import maybe_gpu
 
 log = logging.getLogger("trainflow.launcher")
@@ -57,9 +61,12 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
 
     def command(self, log_dir: Path) -> list[str]:
-        cmd = [sys.executable, "-m", "torch.distributed.run",
+        # training.agent is torchrun bound to this process (it dies with it, and its workers with it);
+        # on SIGTERM it gives the workers preempt_grace_s to checkpoint before it kills them.
+        cmd = [sys.executable, "-m", "training.agent",
                f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}",
-               f"--max-restarts={self.max_restarts}", f"--log-dir={log_dir}"]
+               f"--max-restarts={self.max_restarts}", f"--log-dir={log_dir}",
+               f"--shutdown-timeout={max(1, math.ceil(self.preempt_grace_s))}"]
         if self.nnodes == 1 and not self.rdzv_endpoint:
             cmd.append("--standalone")  # local c10d rendezvous on a free port
         else:
@@ -359,7 +366,7 @@ class Job:
             self.abort("preempted before training started")
             preemption.REQUESTED.clear()
             raise PreemptedError("preempted before training started; nothing to resume yet")
-        previous = signal.getsignal(signal.SIGTERM)
+        previous = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
         installed = preemption.install_handler()
         try:
             try:
@@ -369,7 +376,8 @@ class Job:
                 raise
         finally:
             if installed:
-                signal.signal(signal.SIGTERM, previous)
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
         wall = time.perf_counter() - self.started_at
         if rc is None:  # completed; the processes are still exiting
             _reap_later(self.proc)
@@ -427,11 +435,17 @@ def reap_exiting() -> None:
         _EXITING.pop().join(REAP_GRACE_S + 15)
 
 
-def start_job(spec: JobSpec, hold: bool = False) -> Job:
+def start_job(spec: JobSpec, hold: bool = False, lock_fd: int | None = None) -> Job:
     """Start torchrun for ``spec`` and return at once.
 
     ``hold``: the workers start up and wait for ``Job.go()`` before training (or exit on
     ``Job.abort()``), so a caller can overlap their start-up with its own work.
+    ``lock_fd``: the open ``flock`` on the training folder (``training.slots``); torchrun
+    inherits it, so the folder stays locked until the job has exited, even when the caller
+    dies or closes its own copy first (``core.locks.release`` only closes).
+
+    The job dies with the *thread* that calls this (``training.agent``): call it from a thread
+    that outlives the job, as ``finish`` does by waiting in it.
     """
     if preemption.REQUESTED.is_set():  # SIGTERM arrived in an earlier stage: don't start at all
         preemption.REQUESTED.clear()
@@ -441,7 +455,8 @@ def start_job(spec: JobSpec, hold: bool = False) -> Job:
     if spec.node_rank == 0:
         (out / "result.json").unlink(missing_ok=True)  # a result from an earlier run must not pass for this one
     (out / FATAL_FILE).unlink(missing_ok=True)
-    env = {**os.environ, **spec.env, "OMP_NUM_THREADS": str(spec.threads_per_worker)}
+    env = {**os.environ, **spec.env, "OMP_NUM_THREADS": str(spec.threads_per_worker),
+           LAUNCHER_PID_ENV: str(os.getpid())}
     go_file = out / "go.json" if hold else None
     if go_file is not None:
         go_file.unlink(missing_ok=True)
@@ -449,7 +464,8 @@ def start_job(spec: JobSpec, hold: bool = False) -> Job:
     else:
         for key in (GO_FILE_ENV, GO_PARENT_ENV):
             env.pop(key, None)
-    proc = subprocess.Popen(spec.command(out / "torchrun"), cwd=spec.root, env=env, start_new_session=True)
+    proc = subprocess.Popen(spec.command(out / "torchrun"), cwd=spec.root, env=env, start_new_session=True,
+                            pass_fds=() if lock_fd is None else (lock_fd,))
     return Job(spec, proc, go_file)
 
 

@@ -5,6 +5,8 @@ across ranks at the next agreement check (every ``preempt_check_steps``), checkp
 ``preempted``. Launcher side: ``REQUESTED`` is an event any thread can wait on;
 ``install_handler`` (main thread only) sets it on SIGTERM, so a launcher running
 in a worker thread (a Prefect task) still sees the signal its process received.
+The launcher treats SIGHUP (its terminal closed) the same way: the job checkpoints
+and the command exits as preempted, rather than dying and leaving the job behind.
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ import signal
 import threading
 
 REQUESTED = threading.Event()
+# What the launcher takes as a request to preempt its job.
+SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def install_handler() -> bool:
-    """Make SIGTERM set ``REQUESTED`` in this process. False when not on the main thread."""
+    """Make SIGTERM and SIGHUP set ``REQUESTED`` in this process. False when not on the main thread."""
     if threading.current_thread() is not threading.main_thread():
         return False
-    signal.signal(signal.SIGTERM, lambda *_: REQUESTED.set())
+    for sig in SIGNALS:
+        signal.signal(sig, lambda *_: REQUESTED.set())
     return True
 
 

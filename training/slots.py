@@ -4,7 +4,9 @@ A preempted run's checkpoints are found and resumed by the next run with the sam
 a finished job's folder is cleared for a fresh start. A concurrent run with the same inputs
 finds that folder locked and takes the next free slot (``<key>.1``, ``<key>.2``, ...),
 preferring a free slot that holds an interrupted job to resume. The lock is a ``flock`` on
-``<slot>.lock``: it dies with its process, so a killed run never leaves a folder claimed.
+``<slot>.lock``, held by the claiming process and inherited by the torchrun job it starts
+(``start_job(lock_fd=...)``): it is free once both have exited, so a killed run never leaves a
+folder claimed, and a job still stopping never shares its folder with the next run's job.
 
 Used by the pipeline's ``train`` task and by the CLI's early launch (``flows/prelaunch.py``),
 so both agree on the folder; no Prefect here.

@@ -25,6 +25,7 @@ from core.config import PipelineConfig, load_config
 from core.errors import TrainflowError
 from core.manifest import read_dvc_file
 from core.paths import project_root
+from training.agent import bind_worker
 from training.data import Splits, load_splits
 from training.distributed import process_group
 from training.export import export_model
@@ -126,6 +127,7 @@ def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: s
 
 @record
 def main(argv: list[str] | None = None) -> int:
+    bind_worker()  # under torchrun: die with the agent, never train on as an orphan
     args = parse_args(argv)
     try:
         return _main(args)

@@ -78,3 +78,27 @@ def test_keep_prunes_after_each_background_write(tmp_path):
         ck.save(step, model, opt, {"step": step})
     ck.wait()
     assert ck.valid_steps() == [3]
+
+
+def test_state_and_its_folder_are_on_disk_before_the_marker_and_the_marker_after(tmp_path, monkeypatch):
+    # A marker that survives a power loss must never vouch for a state file that did not.
+    import os
+    from pathlib import Path
+
+    root = tmp_path.resolve()
+    tmp, final = root / ".tmp_step_00000001", root / "step_00000001"
+    real_fsync, synced = os.fsync, []
+
+    def fsync(fd):
+        marked = (tmp / "COMPLETE").exists() or final.exists()
+        synced.append((Path(os.readlink(f"/proc/self/fd/{fd}")), marked))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    ck, model, opt = setup(root)
+    ck.save(1, model, opt, {"step": 1})
+    ck.wait()
+    before = {path for path, marked in synced if not marked}
+    after = {path for path, marked in synced if marked}
+    assert {tmp / "state.pt", tmp} <= before
+    assert {tmp / "COMPLETE", tmp, root} <= after  # the marker, its folder, then the rename

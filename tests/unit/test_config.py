@@ -31,6 +31,13 @@ def test_negative_lr_names_key_path_and_value():
     assert "training.lr: must be > 0, got -1" in str(err.value)
 
 
+def test_keeping_one_checkpoint_is_refused_naming_the_key():
+    # One kept checkpoint is the only one: unreadable after a crash, resume would start over.
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"name": "x", "training": {"keep_checkpoints": 1}})
+    assert str(err.value) == "training.keep_checkpoints: must be >= 2, got 1"
+
+
 def test_unknown_nested_key_is_rejected_with_path():
     with pytest.raises(ConfigError, match=r"model\.widht: unknown key"):
         config_from_dict({"name": "x", "model": {"widht": 3}})

@@ -1,0 +1,133 @@
+"""SIGKILL of ``trainflow run`` mid-training: no process of the run outlives it for long, its
+training folder is never handed to a second job while the first is alive, and the next run
+completes in that folder.
+
+The killed run's workers hang at a step (``TRAINFLOW_FAULT=hang``), so they ignore the SIGTERM
+that asks them to checkpoint: the worst case, which only the grace period ends. The run's
+processes are found by an environment marker every descendant inherits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import VENV_BIN
+
+pytestmark = pytest.mark.fault
+
+MARK = "TRAINFLOW_TEST_RUN_MARK"
+GRACE_S = 5
+SETS = ["training.epochs=2", "training.checkpoint_every_steps=4", f"training.preempt_grace_s={GRACE_S}",
+        "training.timeout_s=240", "training.collective_timeout_s=60",
+        "gates.thresholds={accuracy: 0.5, macro_f1: 0.5, min_class_recall: 0.1, latency_p95_ms: 5000}"]
+HANG = "hang@step=10"  # after the checkpoints of steps 4 and 8
+
+
+def _run_processes(marker: str) -> dict[int, str]:
+    """pid -> command line of every live process whose environment carries ``marker``."""
+    needle = f"{MARK}={marker}".encode()
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if needle not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                continue
+            if Path(f"/proc/{entry}/stat").read_text().split(")")[-1].split()[0] == "Z":
+                continue  # exited, waiting to be reaped
+            found[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+        except OSError:
+            continue
+    return found
+
+
+def _cli(home: Path, tmp: Path, marker: str, **extra) -> tuple[list[str], dict]:
+    env = {**os.environ, "TRAINFLOW_HOME": str(home), "PREFECT_HOME": str(tmp / "prefect"), MARK: marker, **extra}
+    for name in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "TRAINFLOW_FAULT"):
+        if name not in extra:
+            env.pop(name, None)
+    cmd = [str(VENV_BIN / "trainflow"), "run", "--summary-json", str(tmp / f"summary-{marker}.json")]
+    for item in SETS:
+        cmd += ["--set", item]
+    return cmd, env
+
+
+def _second_claim(repo_root: Path, home: Path) -> tuple[Path, Path]:
+    """(the inputs' own folder, the folder a second run with the same inputs would train in now)."""
+    from core.config import load_config
+    from core.locks import release
+    from core.manifest import read_dvc_file
+    from training.advisor import resolve_for_launch
+    from training.slots import claim_train_dir, slot_base
+
+    cfg, _ = resolve_for_launch(load_config(repo_root / "configs" / "digits.yaml", SETS), home, nproc=2)
+    inputs = (home, cfg.name, cfg.config_id(), read_dvc_file(repo_root, cfg.dataset.dvc_file).md5, 2)
+    folder, fd = claim_train_dir(*inputs)
+    release(fd)
+    return slot_base(*inputs), folder
+
+
+@pytest.fixture(scope="module")
+def killed_run(repo_root, bundled_data, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("orphans")
+    home, marker = tmp / "home", uuid.uuid4().hex
+    cmd, env = _cli(home, tmp, marker, TRAINFLOW_FAULT=HANG)
+    with open(tmp / "killed.log", "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=repo_root, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 240
+        while not (done := sorted(home.glob("train/*/checkpoints/step_*/COMPLETE"))):  # training is under way
+            assert proc.poll() is None, (tmp / "killed.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint within 240 s"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        killed_at = time.monotonic()
+        folder = done[0].parents[2]
+        base, claimed = _second_claim(repo_root, home)
+        assert base == folder, f"the killed run trained in {folder.name}, not in its inputs' folder {base.name}"
+        alive_at_claim = _run_processes(marker)
+        while (left := _run_processes(marker)) and time.monotonic() - killed_at < 60:
+            time.sleep(0.2)
+        yield {"tmp": tmp, "home": home, "folder": folder, "claimed": claimed, "alive_at_claim": alive_at_claim,
+               "left_after_60s": left, "gone_after_s": time.monotonic() - killed_at}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _run_processes(marker):  # only ever needed where the run left orphans behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_second_claim_never_gets_the_folder_a_live_job_holds(killed_run):
+    assert killed_run["alive_at_claim"], "the killed run's job had stopped before the claim: nothing tested"
+    assert killed_run["claimed"] != killed_run["folder"], (
+        f"{killed_run['folder'].name} was handed to a second run while {len(killed_run['alive_at_claim'])} "
+        f"process(es) of the killed run still used it: {sorted(killed_run['alive_at_claim'].values())}")
+
+
+def test_sigkill_of_run_leaves_no_process_alive_and_the_next_run_completes(killed_run, repo_root):
+    left = killed_run["left_after_60s"]
+    assert left == {}, f"{len(left)} process(es) of the killed run alive 60 s later: {sorted(left.values())}"
+    # Gone within the grace period (torchrun waits preempt_grace_s for its workers), plus stopping time.
+    assert killed_run["gone_after_s"] < GRACE_S + 20
+
+    tmp, marker = killed_run["tmp"], uuid.uuid4().hex
+    cmd, env = _cli(killed_run["home"], tmp, marker)
+    done = subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=480)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp / f"summary-{marker}.json").read_text())["status"] == "registered"
+    # Freed once the job was gone: the next run took the same folder and resumed its checkpoint.
+    result = json.loads((killed_run["folder"] / "result.json").read_text())
+    assert result["status"] == "completed" and result["resumed_from_step"] is not None
+    assert _run_processes(marker) == {}

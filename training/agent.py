@@ -1,0 +1,60 @@
+"""The torchrun agent of a launched job: ``torch.distributed.run``, bound to the process that launched it.
+
+    python -m training.agent <torchrun arguments>      (what ``training.launcher`` runs)
+
+torchrun runs in a session of its own (the launcher kills it as a group) and starts each
+worker in a session of its own, so none of them would notice the launcher, or the agent,
+dying: they would train on as orphans in a folder the next run takes. So, before torchrun
+starts:
+
+- the agent asks for SIGTERM when its launcher dies (``PR_SET_PDEATHSIG``); torchrun's own
+  SIGTERM handling passes it to the workers, which checkpoint as on a preemption, and kills
+  those still running after ``--shutdown-timeout`` (``training.preempt_grace_s``);
+- it exports its pid, and each worker asks for SIGKILL when the agent dies (``bind_worker``,
+  first thing in ``training.worker``): with the agent gone nothing would stop them.
+
+Both check that their parent is still the process they expect after the request, so a parent
+that died a moment before is not missed. The training folder's lock (``training.slots``) is
+inherited by this process and lives until it exits, after its workers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+LAUNCHER_PID_ENV = "TRAINFLOW_LAUNCHER_PID"
+AGENT_PID_ENV = "TRAINFLOW_AGENT_PID"
+
+
+def bind_worker() -> None:
+    """Worker side: SIGKILL this worker when its torchrun agent exits; exit now if it has already.
+
+    Does nothing outside torchrun (a plain ``python -m training.worker`` keeps its usual life).
+    """
+    agent = os.environ.get(AGENT_PID_ENV)
+    if not agent and "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    from core.procs import die_with_parent
+
+    if not die_with_parent(signal.SIGKILL, int(agent) if agent else None):
+        print(f"training.worker: its torchrun agent {agent} exited before it started; exiting", file=sys.stderr)
+        os._exit(1)
+
+
+def main() -> None:
+    from core.procs import die_with_parent
+
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    if not die_with_parent(signal.SIGTERM, int(launcher) if launcher else None):
+        print(f"training.agent: the launching process {launcher} exited before torchrun started", file=sys.stderr)
+        sys.exit(1)
+    os.environ[AGENT_PID_ENV] = str(os.getpid())
+    from torch.distributed.run import main as torchrun
+
+    torchrun()  # reads sys.argv[1:]
+
+
+if __name__ == "__main__":
+    main()
