@@ -344,17 +344,17 @@ def log_version(ctx: RunContext, result: dict, report: dict) -> dict:
                               description=ctx.task.describe(ctx.cfg, cand))
 
 
-def promotion_lock(tracking_uri: str, home: Path, model_name: str) -> Path:
-    """The file every promoter of ``model_name`` locks: beside the sqlite database for the embedded
-    store (so every process using that database shares it), else under TRAINFLOW_HOME/locks."""
-    import re
+def promotion_lock(tracking_uri: str, home: Path, model_name: str):
+    """The lock every promoter of ``model_name`` enters, whatever its host or TRAINFLOW_HOME: a lease
+    held in the registry at ``tracking_uri`` itself (``registry.lease``), so two users of one MLflow
+    server (or database) never promote at once. ``home`` is only named to whoever waits.
 
-    from registry.store import sqlite_path
+    A shared Prefect server could serve this as a global concurrency limit
+    (``prefect.concurrency.sync.concurrency(f"promote-{model_name}")``): any context manager fits here.
+    """
+    from registry.lease import hold
 
-    safe = re.sub(r"[^\w.\-]", "_", model_name)
-    db = sqlite_path(tracking_uri)
-    folder = db.parent if db is not None else home / "locks"
-    return folder / f"{db.name if db is not None else 'registry'}.promote-{safe}.lock"
+    return hold(model_name, tracking_uri=tracking_uri, note=f"TRAINFLOW_HOME {home}")
 
 
 def _deserves(ctx: RunContext, report: dict, current: dict | None) -> tuple[bool, str]:

@@ -12,8 +12,10 @@ MLflow, torch, pandas and numpy are imported inside the functions.
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -171,22 +173,19 @@ def promote(model_name: str, version: str, alias: str = CHAMPION) -> None:
 
 
 def promote_if(model_name: str, version: str, still_deserves: Callable[[dict | None], tuple[bool, str]],
-               lock_path: Path, alias: str = CHAMPION, timeout_s: float = 300.0) -> dict:
+               lock: AbstractContextManager, alias: str = CHAMPION) -> dict:
     """Move ``@alias`` to ``version`` only if it beats the holder *at promotion time*.
 
-    MLflow has no compare-and-set on aliases, so read-decide-set runs under an exclusive file
-    lock (``lock_path``: beside the sqlite database for the embedded store, else a file every
-    promoter on the host or shared filesystem sees). ``still_deserves(current)`` gets the
-    current holder as ``champion_version`` returns it (None when there is none) and answers
+    MLflow has no compare-and-set on aliases, so read-decide-set runs inside ``lock``: a context
+    manager every promoter of this model enters, on any host (``flows.pipeline.promotion_lock``:
+    the registry's own lease, ``registry.lease``). ``still_deserves(current)`` gets the current
+    holder as ``champion_version`` returns it (None when there is none) and answers
     ``(promote?, reason)``. After setting, the alias is read back; a writer that bypasses the
-    lock (another tool, another host without the shared lock file) can still interleave: that
-    shows up as ``confirmed: false``.
+    lock (another tool) can still interleave: that shows up as ``confirmed: false``.
 
     Returns ``{"promoted", "reason", "previous", "champion", "confirmed"}``.
     """
-    from core.locks import exclusive
-
-    with exclusive(lock_path, timeout_s=timeout_s):
+    with lock:
         current = version_by_alias(model_name, alias)
         info = None if current is None else {"version": str(current.version), "run_id": current.run_id,
                                              "tags": dict(current.tags)}

@@ -77,7 +77,9 @@ def registry(tmp_path, monkeypatch):
     c.set_registered_model_alias("race", "champion", "1")
     scores = {"1": {"accuracy": 0.90, "macro_f1": 0.90}, "2": {"accuracy": 0.97, "macro_f1": 0.97},
               "3": {"accuracy": 0.93, "macro_f1": 0.93}}
-    return c, scores, tmp_path / "mlflow.db.promote-race.lock"
+    from flows.pipeline import promotion_lock
+
+    return c, scores, lambda: promotion_lock(uri, tmp_path, "race")
 
 
 @pytest.mark.parametrize("slow", ["2", "3"])
@@ -90,7 +92,7 @@ def test_racing_promotions_never_let_a_worse_candidate_replace_a_better_champion
     from tasks import get_task
 
     task = get_task("classification")
-    c, scores, lock = registry
+    c, scores, lock = registry  # lock(): the lock the pipeline takes, a fresh context per promoter
     start = threading.Barrier(2)
     results = {}
 
@@ -101,7 +103,7 @@ def test_racing_promotions_never_let_a_worse_candidate_replace_a_better_champion
             return beats(task, scores[version], scores[current["version"]] if current else None)
 
         start.wait()
-        results[version] = promote_if("race", version, deserves, lock)
+        results[version] = promote_if("race", version, deserves, lock())
 
     threads = [threading.Thread(target=candidate, args=(v,)) for v in ("2", "3")]
     for t in threads:
