@@ -50,3 +50,8 @@ class PreemptedError(TrainflowError):
     """Training stopped on SIGTERM after saving a checkpoint; the next run resumes from it."""
 
     exit_code = 4
+
+
+class IntegrityError(TrainflowError):
+    """A file about to be loaded is not the one recorded at registration (its sha256 differs, or
+    none was recorded): it is refused before anything in it runs."""

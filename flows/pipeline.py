@@ -308,10 +308,15 @@ def gate(ctx: RunContext, report: dict) -> dict:
 
 @task(name="register", timeout_seconds=300, retries=2, retry_delay_seconds=2, **TASK)
 def register(ctx: RunContext, result: dict, report: dict) -> dict:
-    """Log the task's pyfunc model, register a version tagged with the manifest, set aliases."""
+    """Log the task's pyfunc model, register a version tagged with the manifest, set aliases.
+
+    Retried on transient errors, and idempotent: a retry reuses the version this MLflow run
+    registered already (``registry.models.log_version``), so a run never leaves two."""
     from registry import models
 
     reg = log_version(ctx, result, report)
+    if reg.get("reused"):
+        get_run_logger().info("v%s was registered by an earlier attempt of this run: reused", reg["version"])
     promo = None
     if ctx.cfg.registry.promotion == "auto":
         promo = models.promote_if(reg["name"], reg["version"], lambda current: _deserves(ctx, report, current),

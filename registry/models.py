@@ -30,6 +30,12 @@ ARTIFACT_NAME = "model"
 KIND_KEY = "trainflow_kind"
 # Rows of the input example stored with the model (enough to document the shape).
 MAX_EXAMPLE_ROWS = 5
+# Version tags ``trainflow.sha256/<path in the logged model>``: the sha256 of each file a load runs or
+# reads (MLmodel, the models-from-code file, the program, its meta.json), recorded at registration
+# and checked by ``verify_files`` before a load. The tracking database holds them, so a writer of the
+# artifact store alone cannot make a replaced file pass.
+HASH_TAG = "trainflow.sha256/"
+PROGRAM_FILE = "artifacts/model.pt2"
 
 # Logging and loading models are unsafe in parallel threads (two process-wide globals: MLflow's
 # models-from-code hand-back and torch.export's deserializer): every log and load here takes
@@ -93,9 +99,13 @@ def signature(spec):
 def log_version(run_id: str, model_pt2: Path, model_name: str, spec, manifest_tags: Mapping[str, Any],
                 description: str = "") -> dict:
     """Log the task's pyfunc (``spec``: a ``tasks.base.ModelSpec``) over ``model_pt2`` to ``run_id``,
-    register it as a new version of ``model_name`` tagged with the manifest, alias it ``@challenger``.
+    register it as a version of ``model_name`` tagged with the manifest and the sha256 of the files a
+    load runs (``HASH_TAG``), alias it ``@challenger``.
 
-    Returns ``{"name", "version", "model_uri", "run_id", "model_id"}``.
+    Idempotent per (run, program): when ``run_id`` already registered this very program (a retry
+    after a failure that came after the version was created), that version is reused, not a new one.
+
+    Returns ``{"name", "version", "model_uri", "run_id", "model_id", "reused"}``.
     """
     model_pt2 = Path(model_pt2)
     if not model_pt2.is_file():
@@ -106,21 +116,58 @@ def log_version(run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
                              validate_serving=not spec.checked)
 
 
+def _registration(model_name: str, version, run_id: str, model_id: str | None, reused: bool) -> dict:
+    return {"name": model_name, "version": str(version), "model_uri": f"models:/{model_name}/{version}",
+            "run_id": run_id, "model_id": model_id, "reused": reused}
+
+
+def registered_for_run(model_name: str, run_id: str, program_sha256: str):
+    """The version of ``model_name`` that ``run_id`` registered for the program with this sha256
+    (the lowest, should there be several), else None."""
+    try:
+        found = client().search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
+    except Exception as exc:
+        if is_not_found(exc):
+            return None
+        raise
+    same = [mv for mv in found if mv.tags.get(HASH_TAG + PROGRAM_FILE) == program_sha256]
+    return min(same, key=lambda mv: int(mv.version), default=None)
+
+
 def _log_and_register(run_id: str, model_name: str, model_pt2: Path, meta: dict, python_model: Path,
                       signature, example, manifest_tags: Mapping[str, Any], description: str,
                       metadata: dict | None = None, validate_serving: bool = True) -> dict:
     """Log ``python_model`` (models-from-code over ``model_pt2`` + ``meta``) to ``run_id``, register
-    it as a new version of ``model_name`` tagged with the manifest, and alias it ``@challenger``.
+    it as a version of ``model_name`` tagged with the manifest and the files' sha256, and alias it
+    ``@challenger``; or reuse the version this run registered already for the same program.
 
     ``validate_serving``: MLflow loads the logged model and predicts its input example (the
     serving check). False skips that when the caller has run the same program file already."""
+    import logging
+
     from mlflow.models import Model
 
+    from core.hashing import file_sha256
+
     c = client()
+    hashes = {PROGRAM_FILE: file_sha256(model_pt2), Path(python_model).name: file_sha256(python_model)}
+    done = registered_for_run(model_name, run_id, hashes[PROGRAM_FILE])
+    if done is not None:
+        logging.getLogger(__name__).info("%s v%s was registered by run %s already (a retried registration): "
+                                         "reused", model_name, done.version, run_id)
+        c.set_registered_model_alias(model_name, CHALLENGER, str(done.version))
+        source = str(done.source or "")
+        return _registration(model_name, done.version, run_id,
+                             source.split("/", 1)[1] if source.startswith("models:/") else None, True)
     run = c.get_run(run_id)
     with tempfile.TemporaryDirectory(prefix="trainflow-model-") as tmp:
         meta_file = Path(tmp, "meta.json")
         meta_file.write_text(json.dumps(meta))
+        hashes["artifacts/meta.json"] = file_sha256(meta_file)
+        program = model_pt2
+        if model_pt2.name != Path(PROGRAM_FILE).name:  # the pyfunc keeps an artifact under its file name
+            program = Path(tmp, Path(PROGRAM_FILE).name)
+            shutil.copyfile(model_pt2, program)
         with _MODEL_CODE_LOCK:
             # mlflow.pyfunc.log_model takes no run_id (it needs the fluent active
             # run, which is per-thread state we avoid); Model.log does. Create the
@@ -140,31 +187,59 @@ def _log_and_register(run_id: str, model_name: str, model_pt2: Path, meta: dict,
                 run_id=run_id,
                 model_id=logged.model_id,
                 python_model=str(python_model),
-                artifacts={"model": str(model_pt2), "meta": str(meta_file)},
+                artifacts={"model": str(program), "meta": str(meta_file)},
                 pip_requirements=pip_requirements(),
                 signature=signature,
                 input_example=example,
                 metadata=metadata,
                 validate_serving_input=validate_serving,
             )
+        # MLmodel (which names the code file, the loader and the artifacts) is written by MLflow
+        # as it logs: hashed as stored.
+        hashes["MLmodel"] = _stored_sha256(f"{logged.artifact_location.rstrip('/')}/MLmodel", Path(tmp, "stored"))
 
     _ensure_registered_model(c, model_name)
     version = c.create_model_version(
         name=model_name,
         source=f"models:/{logged.model_id}",
         run_id=run_id,
-        tags=clean_tags(manifest_tags, MAX_MODEL_TAG_VALUE_LENGTH),
+        tags=clean_tags({**manifest_tags, **{HASH_TAG + k: v for k, v in hashes.items()}},
+                        MAX_MODEL_TAG_VALUE_LENGTH),
         description=description or None,
         model_id=logged.model_id,
     )
     c.set_registered_model_alias(model_name, CHALLENGER, str(version.version))
-    return {
-        "name": model_name,
-        "version": str(version.version),
-        "model_uri": f"models:/{model_name}/{version.version}",
-        "run_id": run_id,
-        "model_id": logged.model_id,
-    }
+    return _registration(model_name, version.version, run_id, logged.model_id, False)
+
+
+def _stored_sha256(artifact_uri: str, dst: Path) -> str:
+    import mlflow
+
+    from core.hashing import file_sha256
+
+    dst.mkdir(parents=True, exist_ok=True)
+    return file_sha256(mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=str(dst)))
+
+
+def verify_files(folder: Path, model_name: str, mv) -> None:
+    """Refuse (IntegrityError) a downloaded version ``mv`` of ``model_name`` in ``folder`` unless each
+    file whose sha256 was recorded on it at registration still has it. ``MLmodel`` must be among
+    them: it names the code file, the loader and the artifacts a load runs and reads."""
+    from core.errors import IntegrityError
+    from core.hashing import file_sha256
+
+    recorded = {k[len(HASH_TAG):]: v for k, v in (mv.tags or {}).items() if k.startswith(HASH_TAG)}
+    what = f"{model_name} v{mv.version}"
+    if "MLmodel" not in recorded:
+        raise IntegrityError(f"{what}: no sha256 of its files was recorded at registration (registered by "
+                             f"another tool or an older trainflow), so what the artifact store holds cannot be "
+                             f"checked; refusing to load it. Register the model again with trainflow.")
+    for rel, want in sorted(recorded.items(), key=lambda kv: kv[0] != "MLmodel"):
+        path = Path(folder) / rel
+        got = file_sha256(path) if path.is_file() else "(missing)"
+        if got != want:
+            raise IntegrityError(f"{what}: {rel} in the artifact store has sha256 {got}, but {want} was recorded "
+                                 f"at registration; refusing to load it (it was changed after registration)")
 
 
 def promote(model_name: str, version: str, alias: str = CHAMPION) -> None:
@@ -345,10 +420,12 @@ def warn_requirement_mismatches(requirements_file: Path, model_uri: str) -> list
 def load_predictor(model_name: str, alias: str = CHAMPION) -> Callable | None:
     """Load ``models:/<name>@<alias>`` as a :class:`Predictor`; None when there is no such alias.
 
-    A language model (logged by :func:`log_lm_version`) loads as a :class:`TextScorer`.
+    A language model (its metadata says ``trainflow_kind: lm``) loads as a :class:`TextScorer`.
 
-    The alias is resolved once and that version loaded, so ``.version`` names
-    exactly what predicts even if the alias moves meanwhile.
+    The alias is resolved once and that version loaded, so ``.version`` names exactly what
+    predicts even if the alias moves meanwhile. Its files are downloaded, checked against the
+    sha256 recorded at registration (``verify_files``: IntegrityError, before anything in them
+    runs or is unpickled) and loaded from that checked copy.
     """
     import mlflow
 
@@ -362,8 +439,10 @@ def load_predictor(model_name: str, alias: str = CHAMPION) -> Callable | None:
     # (1-3 s per process here); the same check on the model's pins is done here
     # directly, and still warns on a mismatch.
     with _MODEL_CODE_LOCK, tempfile.TemporaryDirectory(prefix="trainflow-load-") as dst:
-        model = mlflow.pyfunc.load_model(uri, dst_path=dst, suppress_warnings=True)
-        warn_requirement_mismatches(Path(dst) / "requirements.txt", uri)
+        local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=dst)
+        verify_files(Path(local), model_name, mv)
+        model = mlflow.pyfunc.load_model(local, suppress_warnings=True)
+        warn_requirement_mismatches(Path(local) / "requirements.txt", uri)
     if (model.metadata.metadata or {}).get(KIND_KEY) == "lm":
         return TextScorer(model, model_name, alias, str(mv.version), mv.run_id, uri)
     return Predictor(model, model_name, alias, str(mv.version), mv.run_id, uri)
