@@ -194,7 +194,6 @@ def _logger():
 def train(ctx: RunContext, nproc: int) -> dict:
     """torchrun the worker; its metrics file is relayed into the pipeline's MLflow run meanwhile."""
     from flows import prelaunch
-    from registry import store
     from registry.relay import relay_metrics
     from training.launcher import make_spec, start_job
 
@@ -218,7 +217,6 @@ def train(ctx: RunContext, nproc: int) -> dict:
             else:
                 job = start_job(make_spec(ctx.cfg, held.folder, ctx.root, ctx.manifest.data.md5,
                                           prelaunch.JOB_ENV, nproc), lock_fd=held.lock_fd)
-            spec = job.spec
             # Back as soon as rank 0's result is final: torchrun's exit overlaps the evaluation.
             result = job.finish(at_result=True)
         result["started_early"] = held.job is not None
@@ -228,11 +226,20 @@ def train(ctx: RunContext, nproc: int) -> dict:
     # Evaluate and register read the folder's model.pt2: it stays claimed until the flow ends,
     # or a concurrent run with the same inputs could clear it meanwhile.
     _CLAIMED[ctx.run_id] = held
-    store.log_file(ctx.run_id, Path(spec.out_dir) / "result.json", "training")
+    return result
+
+
+@task(name="log-training", timeout_seconds=120, retries=2, retry_delay_seconds=2, **TASK)
+def log_training(ctx: RunContext, result: dict) -> None:
+    """Log the finished job's result into the pipeline's MLflow run. A task of its own, retried: a
+    transient MLflow error here must not fail ``train`` (which never retries) and so throw away the
+    trained folder, which the flow keeps claimed meanwhile."""
+    from registry import store
+
+    store.log_file(ctx.run_id, Path(result["out_dir"]) / "result.json", "training")
     store.log_metrics(ctx.run_id, {"train/samples_per_s_mean": result["samples_per_s"],
                                    "train/wall_s": result["wall_s"], "train/restarts": result["restarts"]})
     _md("training-result", _training_md(result), "torchrun training result")
-    return result
 
 
 @task(name="evaluate", timeout_seconds=300, retries=1, **TASK)
@@ -456,6 +463,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
                                  "cached": report["cached"]}
         t = ctx.cfg.training
         result = timed("train", train.with_options(timeout_seconds=t.timeout_s + 60), ctx, ctx.manifest.world.nproc_per_node)
+        timed("log-training", log_training, ctx, result)
         summary["training"] = {k: result[k] for k in ("world_size", "backend", "strategy", "restarts", "samples_per_s",
                                                        "global_batch", "effective_lr", "weights_sha256", "wall_s",
                                                        "resumed_from_step", "checkpoint_stall_frac", "started_early")}

@@ -45,12 +45,30 @@ def client():
 
 
 @pytest.fixture(scope="module")
-def first_run(prefect_api, repo_root, bundled_data, home, tmp_path_factory):
-    """The first pipeline run of the module: registers v1 and makes it champion."""
+def training_log_faults() -> list[str]:
+    """What ``first_run``'s injected MLflow failure hit (filled by it)."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def first_run(prefect_api, repo_root, bundled_data, home, tmp_path_factory, training_log_faults):
+    """The first pipeline run of the module: registers v1 and makes it champion. MLflow fails once
+    right after training (logging the job's result), as a dropped connection would."""
+    from registry import store
+
+    log_file = store.log_file
+
+    def fails_once_after_training(run_id, path, artifact_path=None):
+        if artifact_path == "training" and not training_log_faults:
+            training_log_faults.append(str(path))
+            raise ConnectionError("injected: the tracking server dropped the connection after training")
+        return log_file(run_id, path, artifact_path)
+
     mp = pytest.MonkeyPatch()
     mp.setenv("TRAINFLOW_HOME", str(home))
     mp.delenv("MLFLOW_TRACKING_URI", raising=False)
     mp.chdir(repo_root)
+    mp.setattr(store, "log_file", fails_once_after_training)
     try:
         code, summary = run_cli(FAST, tmp_path_factory.mktemp("first"))
     finally:
@@ -86,6 +104,21 @@ def test_full_flow_registers_champion_with_manifest_tags(first_run, state, bundl
     assert "test/accuracy" in run.data.metrics
     arts = {a.path for a in client().list_artifacts(run.info.run_id)}
     assert {"manifest.json", "validation", "evaluation", "training"} <= arts
+
+
+def test_a_transient_mlflow_error_after_training_is_retried_and_keeps_the_trained_model(first_run, state,
+                                                                                      training_log_faults):
+    code, s = first_run
+    assert [f.rsplit("/", 1)[-1] for f in training_log_faults] == ["result.json"]  # the fault fired once
+    assert code == 0 and s["status"] == "registered", s.get("error")
+    # The model registered is the one trained: its folder was kept (claimed) for the retry, and
+    # only the logging was repeated (the job's result logged once, not a second training).
+    train_dir = s["train_dir"]
+    assert json.loads(open(f"{train_dir}/result.json").read())["weights_sha256"] == s["training"]["weights_sha256"]
+    assert client().get_model_version("digits-classifier", s["model_version"]).tags["weights_sha256"] == \
+        s["training"]["weights_sha256"]
+    assert [a.path for a in client().list_artifacts(s["mlflow_run_id"], "training")] == ["training/result.json"]
+    assert len(client().get_metric_history(s["mlflow_run_id"], "train/wall_s")) == 1
 
 
 def test_champion_loads_with_pyfunc_and_scores_the_test_split(first_run, state, bundled_data):
