@@ -106,18 +106,25 @@ def resolve(params: PipelineParams) -> RunContext:
     return RunContext(cfg, get_task(cfg.task), root, home, uri, run_id, manifest, out)
 
 
-def _validation_cache_key(task_ctx, inputs: dict) -> str:
-    return f"validate-{inputs['data_key']}-{inputs['suite_key']}"
-
-
-@task(name="run-expectations", timeout_seconds=300, cache_key_fn=_validation_cache_key, persist_result=True,
-      retry_condition_fn=_transient)
-def run_expectations(plan, data_key: str, suite_key: str, report_dir: str) -> dict:
-    """Run the task's validation plan with GX. Cached on (data bytes hash, suite hash): the same
-    data checked by the same suite is never validated twice, whichever run asks."""
+@task(name="run-expectations", timeout_seconds=300, **TASK)
+def run_expectations(plan, data_key: str, suite_key: str, report_dir: str, cache_file: str) -> dict:
+    """Run the task's validation plan with GX, unless ``cache_file`` holds the result of the same
+    data bytes (``data_key``) checked by the same suite (``suite_key``): then that, never validated
+    twice, whichever run asks. The cache is JSON (``validation.cache``): a file written there
+    cannot run code, and one that is not a result for these keys is ignored (validated again).
+    ``report["cached"]`` says which."""
+    from validation import cache
     from validation.plans import run_plan
 
-    return run_plan(plan, Path(report_dir))
+    report = cache.read(Path(cache_file), data_key, suite_key)
+    if report is not None:
+        return {**report, "cached": True}
+    report = run_plan(plan, Path(report_dir))
+    try:
+        cache.write(Path(cache_file), data_key, suite_key, report)
+    except (OSError, TypeError, ValueError) as exc:  # a result not kept is validated again next time
+        _logger().warning("validation result not cached in %s: %s", cache_file, exc)
+    return {**report, "cached": False}
 
 
 @task(name="validate", timeout_seconds=360, **TASK)
@@ -127,18 +134,17 @@ def validate(ctx: RunContext) -> dict:
     import shutil
 
     from registry import store
+    from validation.cache import cache_file
     from validation.plans import data_key as plan_data_key
     from validation.plans import suite_key as plan_suite_key
     from validation.report import summary_markdown
 
     plan = ctx.task.validation_plan(ctx.cfg, ctx.root)
     data_key, suite_key = plan_data_key(plan), plan_suite_key(plan)
-    # Content-addressed, like the cache key, so a cached report's files still describe this data.
-    cache_dir = ctx.home / "validation" / f"{data_key[:16]}-{suite_key[:16]}"
-    state = run_expectations.with_options(result_storage=ctx.home / "prefect-results")(
-        plan, data_key, suite_key, str(cache_dir), return_state=True)
-    report = dict(state.result())
-    report["cached"] = state.name == "Cached"
+    # Content-addressed, like the cached result beside it, so its files still describe this data.
+    record = cache_file(ctx.home / "validation", data_key, suite_key)
+    cache_dir = record.with_suffix("")
+    report = run_expectations(plan, data_key, suite_key, str(cache_dir), str(record))
     if report["cached"]:
         get_run_logger().info("validation: cached result for data %s and suite %s (GX not run again)",
                               data_key[:12], suite_key[:12])

@@ -174,6 +174,7 @@ def test_validation_task_is_cached_on_data_and_suite(project, tmp_path):
     from core.expectations import load_expectations
     from flows.pipeline import run_expectations
     from tasks import get_task
+    from validation.cache import cache_file
     from validation.plans import data_key, suite_key
 
     cfg = load_config(project / "configs" / "digits.yaml")
@@ -186,14 +187,14 @@ def test_validation_task_is_cached_on_data_and_suite(project, tmp_path):
         tightened = exp.model_copy(update={"columns": [
             c.model_copy(update={"max": pixel_max}) if c.name.startswith("pixel_") else c for c in exp.columns]})
         plan.params["expectations"] = tightened
-        call = run_expectations.with_options(result_storage=results)
-        args = (plan, data_key(plan), suite_key(plan), str(tmp_path / "reports"))
-        return [call(*args, return_state=True) for _ in range(2)]
+        args = (plan, data_key(plan), suite_key(plan), str(tmp_path / "reports"),
+                str(cache_file(results, data_key(plan), suite_key(plan))))
+        return [run_expectations(*args) for _ in range(2)]
 
     assert load_expectations(project / cfg.dataset.expectations_file).column("pixel_5").max == 16
     first, second = twice(16)
-    assert first.name == "Completed" and second.name == "Cached"
-    assert second.result()["duration_s"] == first.result()["duration_s"]
+    assert first["cached"] is False and second["cached"] is True
+    assert second["duration_s"] == first["duration_s"]
     # Another suite (a different bound) is another key: validated afresh.
     other, _ = twice(15)
-    assert other.name == "Completed" and other.result()["success"] is False
+    assert other["cached"] is False and other["success"] is False
