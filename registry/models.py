@@ -221,19 +221,23 @@ def _stored_sha256(artifact_uri: str, dst: Path) -> str:
     return file_sha256(mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=str(dst)))
 
 
-def verify_files(folder: Path, model_name: str, mv) -> None:
+def verify_files(folder: Path, model_name: str, mv, alias: str | None = None) -> None:
     """Refuse (IntegrityError) a downloaded version ``mv`` of ``model_name`` in ``folder`` unless each
     file whose sha256 was recorded on it at registration still has it. ``MLmodel`` must be among
-    them: it names the code file, the loader and the artifacts a load runs and reads."""
+    them: it names the code file, the loader and the artifacts a load runs and reads. ``alias``:
+    the alias it was reached by, named in the error."""
     from core.errors import IntegrityError
     from core.hashing import file_sha256
 
     recorded = {k[len(HASH_TAG):]: v for k, v in (mv.tags or {}).items() if k.startswith(HASH_TAG)}
-    what = f"{model_name} v{mv.version}"
+    what = f"{model_name} v{mv.version}" + (f" (@{alias})" if alias else "")
     if "MLmodel" not in recorded:
-        raise IntegrityError(f"{what}: no sha256 of its files was recorded at registration (registered by "
-                             f"another tool or an older trainflow), so what the artifact store holds cannot be "
-                             f"checked; refusing to load it. Register the model again with trainflow.")
+        raise IntegrityError(
+            f"{what}: no sha256 of its files was recorded at registration (registered by another tool or by "
+            f"trainflow before it recorded them), so what the artifact store holds cannot be checked; refusing "
+            f"to load it. Register the model again with trainflow"
+            + (f", or take the alias off it: MlflowClient().delete_registered_model_alias({model_name!r}, "
+               f"{alias!r})" if alias else ""))
     for rel, want in sorted(recorded.items(), key=lambda kv: kv[0] != "MLmodel"):
         path = Path(folder) / rel
         got = file_sha256(path) if path.is_file() else "(missing)"
@@ -440,7 +444,7 @@ def load_predictor(model_name: str, alias: str = CHAMPION) -> Callable | None:
     # directly, and still warns on a mismatch.
     with _MODEL_CODE_LOCK, tempfile.TemporaryDirectory(prefix="trainflow-load-") as dst:
         local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=dst)
-        verify_files(Path(local), model_name, mv)
+        verify_files(Path(local), model_name, mv, alias)
         model = mlflow.pyfunc.load_model(local, suppress_warnings=True)
         warn_requirement_mismatches(Path(local) / "requirements.txt", uri)
     if (model.metadata.metadata or {}).get(KIND_KEY) == "lm":

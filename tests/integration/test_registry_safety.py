@@ -160,6 +160,14 @@ def test_a_replaced_champion_program_is_refused_before_it_is_loaded(store, proje
     assert "artifacts/model.pt2" in message and f"v{reg['version']}" in message
     assert file_sha256(program) in message and file_sha256(stored) in message
 
+    # A version without the recorded hashes (registered by another tool) cannot be checked: refused too.
+    for key in [k for k in MlflowClient().get_model_version(reg["name"], reg["version"]).tags if k.startswith(
+            models.HASH_TAG)]:
+        MlflowClient().delete_model_version_tag(reg["name"], reg["version"], key)
+    with pytest.raises(TrainflowError, match=r"no sha256 of its files was recorded.*delete_registered_model_alias"):
+        models.load_predictor(reg["name"], "champion")
+    assert not marker.exists()
+
 
 def test_a_failure_right_after_version_creation_leaves_one_version_for_the_run(prefect_api, store, project, program,
                                                                             tmp_path, monkeypatch):
