@@ -134,7 +134,9 @@ def _ensure_lock_model(c, name: str, model_name: str) -> None:
 
 def _take(c, name: str, tags: dict, lease_s: float) -> list[int]:
     """A new ticket (its number in a one-item list the heartbeat reads)."""
-    mv = c.create_model_version(name, TICKET_SOURCE, tags={**tags, "expires": f"{time.time() + lease_s:.3f}"})
+    # A ticket is READY when created: no waiting (nor MLflow's "Waiting up to 300 seconds" line).
+    mv = c.create_model_version(name, TICKET_SOURCE, tags={**tags, "expires": f"{time.time() + lease_s:.3f}"},
+                                await_creation_for=0)
     return [int(mv.version)]
 
 
