@@ -6,6 +6,7 @@ canonical JSON of a loaded config hashes to the config id.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,7 +18,20 @@ from core.hashing import sha256_json
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf / NaN anywhere: `.inf` for a timeout means no deadline, NaN passes no comparison.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# A name that becomes one path component and an MLflow name: never "..", "/" or empty.
+SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def check_slug(value: str) -> str:
+    """``value`` if it is a slug (``SLUG``), else ValueError (pydantic names the key)."""
+    if not SLUG.match(value):
+        raise ValueError(f"must be a slug (a letter or digit, then letters, digits, '.', '_' or '-', "
+                         f"at most 100), got {value!r}")
+    return value
 
 
 class TextExpectations(_Strict):
@@ -312,9 +326,15 @@ class GatesConfig(_Strict):
 
 
 class RegistryConfig(_Strict):
+    # A slug: it names the registered model, its promotion lock file and (with `name`) folders.
     model_name: str = Field("digits-classifier", min_length=1)
     experiment: str = Field("trainflow-digits", min_length=1)
     promotion: Literal["auto", "manual"] = "auto"
+
+    @field_validator("model_name")
+    @classmethod
+    def _slug(cls, v: str) -> str:
+        return check_slug(v)
 
 
 class RetrainConfig(_Strict):
@@ -341,6 +361,7 @@ NOT_IN_CONFIG_ID = frozenset({"retrain"})
 
 
 class PipelineConfig(_Strict):
+    # A slug: it names this pipeline's training folders under TRAINFLOW_HOME (training/slots.py).
     name: str = Field(min_length=1)
     # The kind of problem: a built-in task (classification, regression, lm) or one a package
     # registers under the ``trainflow.tasks`` entry-point group. The task checks the rest.
@@ -352,6 +373,11 @@ class PipelineConfig(_Strict):
     gates: GatesConfig = GatesConfig()
     registry: RegistryConfig = RegistryConfig()
     retrain: RetrainConfig = RetrainConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, v: str) -> str:
+        return check_slug(v)
 
     @model_validator(mode="after")
     def _model_parallel_needs_lm(self) -> "PipelineConfig":
@@ -421,6 +447,7 @@ _MESSAGES = {
     "extra_forbidden": "unknown key",
     "missing": "required key is missing",
     "literal_error": "must be one of {expected}",
+    "finite_number": "must be a finite number",
 }
 
 
@@ -452,12 +479,61 @@ def _format_errors(err: ValidationError) -> str:
     return "; ".join(lines)
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line of a YAML error: where and what (PyYAML's own text spans several lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem
+
+
+def _check_unique_keys(node: yaml.Node, path: list[str], seen: set[int]) -> None:
+    """ConfigError naming the key path of the first mapping key written twice (YAML keeps the last)."""
+    if id(node) in seen:  # an alias of a node checked already (or a recursive one)
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        lines: dict[tuple[str, str], int] = {}
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                line = key.start_mark.line + 1
+                if (key.tag, key.value) in lines:
+                    raise ConfigError(f"{'.'.join([*path, name])}: duplicate key (lines "
+                                      f"{lines[key.tag, key.value]} and {line}); give each key once")
+                lines[key.tag, key.value] = line
+            _check_unique_keys(value, [*path, name], seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_unique_keys(item, [*path, str(i)], seen)
+
+
+def load_yaml(text: str, key: str = "") -> Any:
+    """Safe-load YAML, refusing duplicate mapping keys. Raises ConfigError in one line, naming the
+    key path (below ``key``, the override's key when ``text`` is its value) or the line."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_unique_keys(node, [key] if key else [], set())
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        what = f"cannot parse {text!r} as a YAML value" if key else "not valid YAML"
+        raise ConfigError(f"{key + ': ' if key else ''}{what} ({_yaml_problem(exc)})") from None
+    finally:
+        loader.dispose()
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """``training.epochs=3`` -> (["training", "epochs"], 3); the value is parsed as YAML."""
+    """``training.epochs=3`` -> (["training", "epochs"], 3); the value is parsed as YAML.
+
+    Raises ConfigError naming the key for a value that is not YAML (``training.lr=[``).
+    """
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {item!r}: expected KEY.PATH=VALUE")
-    return key.strip().split("."), yaml.safe_load(raw)
+    key = key.strip()
+    return key.split("."), load_yaml(raw, key)
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -497,10 +573,6 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> PipelineConfig:
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    try:
-        return config_from_dict(data, overrides)
+        return config_from_dict(load_yaml(text), overrides)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None

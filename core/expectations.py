@@ -119,18 +119,18 @@ class TableExpectations(_Strict):
 
 def load_expectations(path: str | Path) -> TableExpectations:
     """Read and check an expectations file. Raises ConfigError naming the file and the key path."""
-    import yaml
-
-    from core.config import _format_errors
+    from core.config import _format_errors, load_yaml
 
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read expectations file {path}: {exc.strerror or exc}; "
                           "`trainflow init` writes one") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    try:
+        raw = load_yaml(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     try:
         return TableExpectations.model_validate(raw)
     except ValidationError as err:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from core.errors import ConfigError
+
 
 def project_root(start: str | Path | None = None) -> Path:
     """The DVC repository holding ``start`` (a config file or folder), else the cwd.
@@ -27,6 +29,22 @@ def trainflow_home(root: Path | None = None) -> Path:
     """
     env = os.environ.get("TRAINFLOW_HOME")
     return Path(env).resolve() if env else (root or project_root()) / ".trainflow"
+
+
+def under_home(home: Path, *parts: str | Path) -> Path:
+    """``home / parts``, refused unless it stays inside ``home`` (TRAINFLOW_HOME).
+
+    Every folder the pipeline writes is built here from names that come from a config or a
+    record (a pipeline name, a run id), so a ``..`` or an absolute part (``name: /tmp/x``) is a
+    ConfigError naming the path, never a write or an ``rmtree`` elsewhere. The check is on the
+    normalised path, not on symlinks: a folder the user links elsewhere on purpose stays usable.
+    """
+    base = Path(os.path.abspath(home))
+    path = Path(os.path.normpath(base.joinpath(*parts)))
+    if path != base and base not in path.parents:
+        shown = "/".join(str(p) for p in parts)
+        raise ConfigError(f"{shown}: resolves to {path}, outside TRAINFLOW_HOME ({base})")
+    return path
 
 
 def default_tracking_uri(home: Path) -> str:

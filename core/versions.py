@@ -13,6 +13,7 @@ DVC is imported inside the functions; git and dvc commands run as subprocesses.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,25 @@ from core.errors import DataUnavailableError, TrainflowError
 
 class SourceUnavailableError(TrainflowError):
     """The git commit a model was trained from is not in this repository."""
+
+
+# Values read back from a model version's tags or a run's manifest: anyone who can write to the
+# tracking server wrote them, so they are checked before git, DVC or a path join sees them.
+_GIT_SHA = re.compile(r"^[0-9a-f]{7,64}$")
+_DVC_MD5 = re.compile(r"^[0-9a-f]{32}(\.dir)?$")
+
+
+def is_git_sha(value: object) -> bool:
+    """A hex commit id (7 to 64 lowercase hex digits): never an option, a range or a path."""
+    return isinstance(value, str) and bool(_GIT_SHA.match(value))
+
+
+def check_md5(md5: object, key: str = "data_md5") -> str:
+    """``md5`` if it is a DVC md5 (32 hex digits, ``.dir`` for a folder), else DataUnavailableError
+    naming ``key`` (the cache path is built from it)."""
+    if not isinstance(md5, str) or not _DVC_MD5.match(md5):
+        raise DataUnavailableError(f"{key}: must be a DVC md5 (32 hex digits, optionally .dir), got {md5!r}")
+    return md5
 
 
 def _run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -61,6 +81,7 @@ def read_tracked_file(root: Path, md5: str, relpath: str = "", rev: str | None =
     Raises DataUnavailableError when neither has it.
     """
     root = Path(root)
+    check_md5(md5)
     where = [f"the DVC cache of {root}"]
     obj = _cached_object(root, md5)
     if obj is not None and md5.endswith(".dir"):
@@ -68,12 +89,14 @@ def read_tracked_file(root: Path, md5: str, relpath: str = "", rev: str | None =
         if relpath not in entries:
             raise DataUnavailableError(f"data version {md5} has no file {relpath!r} "
                                        f"(it holds {', '.join(sorted(entries)[:5])})")
-        file_obj = _cached_object(root, entries[relpath])
+        file_obj = _cached_object(root, check_md5(entries[relpath], f"{md5}/{relpath}"))
         if file_obj is not None:
             return file_obj.read_bytes()
     elif obj is not None:
         return obj.read_bytes()
-    if rev and dvc_file and path_in_repo:
+    if rev and dvc_file and path_in_repo and not is_git_sha(rev):
+        where.append(f"the DVC remote (not tried: data_rev must be a hex git commit sha, got {rev!r})")
+    elif rev and dvc_file and path_in_repo:
         shown = _run(["git", "show", f"{rev}:{dvc_file}"], root)
         recorded = None
         if shown.returncode == 0:
@@ -104,7 +127,9 @@ def checkout_commit(root: Path, sha: str, dest: Path) -> Path:
     root, dest = Path(root), Path(dest)
     if _run(["git", "rev-parse", "--git-dir"], root, timeout=30).returncode != 0:
         raise SourceUnavailableError(f"{root} is not a git repository: cannot restore the code at {sha}")
-    if not sha or sha == "unknown" or not commit_exists(root, sha):
+    if sha != "unknown" and not is_git_sha(sha):
+        raise SourceUnavailableError(f"git_sha: must be a hex git commit sha, got {sha!r}")
+    if not is_git_sha(sha) or not commit_exists(root, sha):
         raise SourceUnavailableError(
             f"git commit {sha} is not in {root}: the code that trained this model is unavailable "
             "(fetch the branch that holds it, or run reproduce in the repository that trained it)")
@@ -125,6 +150,7 @@ def restore_data(checkout: Path, dvc_file: str, md5: str, cache: Path) -> list[s
     uncommitted ``dvc add``), the file is pointed at ``md5`` first, and a warning says so.
     """
     checkout = Path(checkout)
+    check_md5(md5)
     warnings: list[str] = []
     path = checkout / dvc_file
     try:
@@ -168,7 +194,7 @@ def code_changes(root: Path, since: str | None) -> list[str] | None:
     import fnmatch
 
     root = Path(root)
-    if not since or since == "unknown" or not commit_exists(root, since):
+    if not is_git_sha(since) or not commit_exists(root, since):
         return None
     changed: set[str] = set()
     for cmd in (["git", "diff", "--name-only", since, "HEAD"], ["git", "diff", "--name-only", "HEAD"]):

@@ -36,7 +36,7 @@ import yaml
 from core.config import config_id_of
 from core.errors import DataUnavailableError, TrainflowError
 from core.manifest import image_from_env, packages_hash
-from core.paths import tracking_uri, trainflow_home
+from core.paths import tracking_uri, trainflow_home, under_home
 from core.versions import SourceUnavailableError, cache_dir, checkout_commit, restore_data
 
 EXIT_NOT_REPRODUCED = 5
@@ -137,7 +137,7 @@ def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], Non
         log(f"warning: {w}")
 
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    work = home / "reproduce" / f"{source_run[:12]}-{stamp}-{os.getpid()}"
+    work = under_home(home, "reproduce", f"{source_run[:12]}-{stamp}-{os.getpid()}")
     src, out = work / "src", work / "out"
     try:
         checkout_commit(root, manifest["git_sha"], src)
@@ -150,7 +150,7 @@ def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], Non
         raise ReproduceRefusedError(f"cannot reproduce {ref}: {exc}") from None
 
     experiment = config.get("registry", {}).get("experiment", "trainflow")
-    exp_id = store.configure(uri, experiment, home / "mlartifacts")
+    exp_id = store.configure(uri, experiment, under_home(home, "mlartifacts"))
     model_label = f"{mv.name}/{mv.version}" if mv is not None else source_run
     run_id = store.start_run(exp_id, f"reproduce-{model_label.replace('/', '-v')}", {
         "trainflow.stage": "reproduce", "trainflow.reproduces": source_run, "trainflow.reproduces_model": model_label,

@@ -22,14 +22,16 @@ from pathlib import Path
 
 from core.hashing import sha256_json
 from core.locks import release, try_lock
+from core.paths import under_home
 
 log = logging.getLogger("trainflow.train")
 
 
 def slot_base(home: Path, cfg_name: str, config_id: str, data_md5: str, nproc: int) -> Path:
-    """The first slot of the inputs ``(config, data, workers per node)``."""
+    """The first slot of the inputs ``(config, data, workers per node)``; ConfigError when
+    ``cfg_name`` would put it outside ``home`` (a slot is written and cleared with rmtree)."""
     key = sha256_json([config_id, data_md5, nproc])[:16]
-    return home / "train" / f"{cfg_name}-{key}"
+    return under_home(home, "train", f"{cfg_name}-{key}")
 
 
 def resumable(folder: Path) -> bool:
