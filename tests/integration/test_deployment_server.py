@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
+import uuid
 from zoneinfo import ZoneInfo
 
 import httpx
@@ -12,7 +15,8 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, VENV_BIN
-from tests.integration.live import Proc, clean_env, copy_repo, team_script, wait_flow_run, wait_http
+from tests.integration.live import (TERMINAL, Proc, clean_env, copy_repo, marked_processes, team_script, wait_flow_run,
+                                    wait_http)
 
 pytestmark = pytest.mark.integration
 
@@ -20,6 +24,8 @@ pytestmark = pytest.mark.integration
 # the deployed checkout) holds gates that three epochs clear with room to spare (seed 0).
 SMOKE = "digits-smoke.yaml"
 PARAMS = {"config": SMOKE, "epochs": 3}
+MARK = "TRAINFLOW_TEST_RUN_MARK"
+GRACE_S = 60  # Prefect's own grace (30 s) before it kills the flow-run process, plus the config's preempt_grace_s
 SECRET = ["label,SECRET_COLUMN_4711,pixel_0", "3,SECRET_VALUE_0815,1.5"]
 
 
@@ -168,6 +174,45 @@ def test_a_run_pointing_the_dataset_outside_the_repository_is_refused_and_leaks_
         seen += [p.read_bytes().decode(errors="replace") for p in folder.rglob("*") if p.is_file()]
     for needle in (*SECRET, "SECRET_COLUMN_4711", "SECRET_VALUE_0815"):  # its lines and distinctive words
         assert not any(needle in text for text in seen), needle
+
+
+def test_cancelling_a_deployment_run_mid_training_leaves_no_process_of_it(deployed, tmp_path):
+    """A Prefect cancellation (the UI's "Cancel") of a run that is training: the worker SIGTERMs the flow-run
+    process's group, the launcher asks the workers to checkpoint and stop, and torchrun and its workers are gone
+    within the grace period (measured here: ~9 s). Were Prefect to escalate to SIGKILL, PR_SET_PDEATHSIG takes
+    the agent and its workers down instead (tests/fault/test_orphans.py)."""
+    api, repo, deployment, pool, env = deployed
+    marker = uuid.uuid4().hex
+    created = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run",
+                         json={"parameters": {"params": {"config": SMOKE, "epochs": 500}}}, timeout=10)
+    assert created.status_code == 201, created.text
+    run_id = created.json()["id"]
+    worker = start_worker(pool, {**env, MARK: marker}, tmp_path / "home", tmp_path)
+
+    def of_run() -> dict[int, str]:  # every process of the run: all that carry the marker but the worker
+        return {pid: cmd for pid, cmd in marked_processes(MARK, marker).items()
+                if pid != worker.popen.pid and "worker start" not in cmd}
+
+    try:
+        deadline = time.monotonic() + 240
+        while not any("training.worker" in cmd for cmd in of_run().values()):
+            state = httpx.get(f"{api}/flow_runs/{run_id}", timeout=10).json()["state"]["type"]
+            assert state not in TERMINAL and time.monotonic() < deadline, f"{state} before training\n{worker.tail()}"
+            time.sleep(1)
+        training = of_run()
+        cancel = httpx.post(f"{api}/flow_runs/{run_id}/set_state",
+                            json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}, timeout=10)
+        assert cancel.status_code in (200, 201) and cancel.json()["status"] == "ACCEPT", cancel.text
+        cancelled_at = time.monotonic()
+        run = wait_flow_run(api, run_id, timeout=90, worker=worker)
+        while (left := of_run()) and time.monotonic() - cancelled_at < GRACE_S:
+            time.sleep(0.5)
+    finally:
+        worker.stop()
+        for pid in of_run():  # only ever needed where the cancelled run left processes behind
+            os.kill(pid, signal.SIGKILL)
+    assert run["state"]["type"] == "CANCELLED", f"{run['state']}\n{worker.tail(80)}"
+    assert left == {}, f"alive {GRACE_S} s after the cancel: {left}\n(training was {training})"
 
 
 def test_retrain_nightly_is_deployed_with_its_schedule_and_the_server_plans_runs_from_it(request, tmp_path):
