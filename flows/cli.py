@@ -22,6 +22,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -166,6 +167,8 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         if code_override(overrides):
             raise ConfigError(code_override(overrides))
         cfg = load_config(cfg_path, overrides)
+        if args.nproc is not None and args.nproc < 1:
+            raise ConfigError(f"--nproc: must be >= 1, got {args.nproc}")
     except TrainflowError as exc:
         summary = {"status": "config_error", "exit_code": EXIT_ERROR, "error": str(exc)}
         _write_summary(args.summary_json, summary)
@@ -188,7 +191,7 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         return EXIT_ERROR, summary, str(exc)
 
     from flows import prelaunch
-    from flows.params import PipelineParams, RetrainParams
+    from flows.params import CONFIG_NAME, DEFAULT_CONFIG, PipelineParams, RetrainParams, ShellInputs, from_shell
     from training import preemption
 
     preemption.install_handler()  # SIGTERM, SIGHUP: the training stage checkpoints and the run exits 4
@@ -211,12 +214,15 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
             summary = {"status": "failed", "exit_code": EXIT_ERROR, "error": str(exc)}
             _write_summary(args.summary_json, summary)
             return EXIT_ERROR, summary, str(exc)
-    common = dict(config_path=str(cfg_path), overrides=args.overrides, image=args.image,
-                  image_digest=args.image_digest, promotion=args.promotion, nproc_per_node=args.nproc)
-    params = RetrainParams(**common, force=args.force) if which == "retrain" else PipelineParams(**common)
+    # The shell's inputs reach the flow through from_shell, never as flow parameters (those are
+    # what a deployment's form may set); the parameters only name the config for the Prefect UI.
+    shell = ShellInputs(cfg_path, tuple(overrides), args.nproc, args.image, args.image_digest)
+    name = cfg_path.name if re.match(CONFIG_NAME, cfg_path.name) else DEFAULT_CONFIG
+    params = RetrainParams(config=name, force=args.force) if which == "retrain" else PipelineParams(config=name)
     error = None
     try:
-        summary = flow_fn(params)
+        with from_shell(shell):
+            summary = flow_fn(params)
         code = EXIT_OK
     except Exception as exc:  # noqa: BLE001 - every failure becomes an exit code and one line
         summary = getattr(exc, "summary", None) or {"status": "failed", "error": str(exc)}

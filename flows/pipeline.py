@@ -20,8 +20,8 @@ from core.config import PipelineConfig, load_config
 from core.env import apply_offline_env
 from core.errors import DataValidationError, GateRejectedError, PreemptedError, TrainflowError
 from core.manifest import Manifest, World, build_manifest, image_from_env
-from core.paths import project_root, tracking_uri, trainflow_home
-from flows.params import PipelineParams
+from core.paths import project_root, tracking_uri, trainflow_home, under_home
+from flows.params import PipelineParams, RunInputs, run_inputs
 
 
 def _transient(task_, task_run, state) -> bool:
@@ -52,51 +52,51 @@ def _md(key: str, markdown: str, description: str) -> None:
 
 
 # -- tasks ------------------------------------------------------------------------------
-def load_inputs(params: PipelineParams) -> tuple[PipelineConfig, Path, Path, Manifest]:
-    """``(config, project root, TRAINFLOW_HOME, manifest)`` of a run with ``params``, as ``resolve``
+def load_inputs(inputs: RunInputs) -> tuple[PipelineConfig, Path, Path, Manifest]:
+    """``(config, project root, TRAINFLOW_HOME, manifest)`` of a run with ``inputs``, as ``resolve``
     records them: "auto" strategy / workers made concrete, so the manifest names the real world.
     Also used by the retrain flow to compare the next run with the champion's."""
     from training.advisor import resolve_for_launch
     from training.layouts import choose_backend
     from training.launcher import default_nproc
 
-    cfg_path = Path(params.config_path)
+    cfg_path = inputs.config_path
     root = project_root(cfg_path if cfg_path.is_absolute() else Path.cwd() / cfg_path)
     if not cfg_path.is_absolute() and not cfg_path.exists():
         cfg_path = root / cfg_path
-    cfg = load_config(cfg_path, params.all_overrides())
+    cfg = load_config(cfg_path, list(inputs.overrides))
     from tasks import task_for
 
     task_for(cfg)  # the config fits its task, or a ConfigError names the key
     home = trainflow_home(root)
     apply_offline_env(home)  # before mlflow is imported: telemetry is decided at import
     # strategy / cpu_workers "auto" become concrete here, so the manifest records the real world.
-    cfg, reasons = resolve_for_launch(cfg, home, nproc=params.nproc_per_node, root=root)
+    cfg, reasons = resolve_for_launch(cfg, home, nproc=inputs.nproc_per_node, root=root)
     for reason in reasons:
         get_run_logger().info("auto: %s", reason)
-    nproc = params.nproc_per_node or default_nproc(cfg)
+    nproc = inputs.nproc_per_node or default_nproc(cfg)
     manifest = build_manifest(
         root, cfg.name, cfg.config_id(), cfg.dataset.dvc_file, cfg.seed,
         World(nnodes=1, nproc_per_node=nproc, backend=choose_backend(cfg.training.backend)),
-        image_from_env(params.image, params.image_digest), cache_dir=home / "cache",
+        image_from_env(inputs.image, inputs.image_digest), cache_dir=under_home(home, "cache"),
     )
     return cfg, root, home, manifest
 
 
 @task(name="resolve", timeout_seconds=120, retries=1, retry_delay_seconds=1, **TASK)
-def resolve(params: PipelineParams) -> RunContext:
+def resolve(inputs: RunInputs) -> RunContext:
     """Load the config, record the manifest, open the pipeline's MLflow run."""
     from registry import store
 
-    cfg, root, home, manifest = load_inputs(params)
+    cfg, root, home, manifest = load_inputs(inputs)
     uri = tracking_uri(home)
-    exp_id = store.configure(uri, cfg.registry.experiment, home / "mlartifacts")
+    exp_id = store.configure(uri, cfg.registry.experiment, under_home(home, "mlartifacts"))
     run_id = store.start_run(exp_id, f"{cfg.name}-{manifest.data.md5[:8]}",
                              {**manifest.tags(), "trainflow.stage": "resolve"})
     store.log_json(run_id, manifest.to_dict(), "manifest.json")
     store.log_json(run_id, cfg.model_dump(mode="json"), "config.json")
     store.log_params(run_id, cfg.model_dump(mode="json"))
-    out = home / "runs" / run_id
+    out = under_home(home, "runs", run_id)
     out.mkdir(parents=True, exist_ok=True)
     (out / "manifest.json").write_text(json.dumps(manifest.to_dict(), indent=2))
     get_run_logger().info("config %s (%s), data %s, mlflow run %s", cfg.name, cfg.config_id()[:12],
@@ -142,7 +142,7 @@ def validate(ctx: RunContext) -> dict:
     plan = ctx.task.validation_plan(ctx.cfg, ctx.root)
     data_key, suite_key = plan_data_key(plan), plan_suite_key(plan)
     # Content-addressed, like the cached result beside it, so its files still describe this data.
-    record = cache_file(ctx.home / "validation", data_key, suite_key)
+    record = cache_file(under_home(ctx.home, "validation"), data_key, suite_key)
     cache_dir = record.with_suffix("")
     report = run_expectations(plan, data_key, suite_key, str(cache_dir), str(record))
     if report["cached"]:
@@ -429,8 +429,9 @@ def _run_name() -> str:
         from core.manifest import read_dvc_file
 
         p = flow_run.parameters.get("params") or {}
+        # Validated first: parameters the flow refuses never make it read a file.
         p = p if isinstance(p, PipelineParams) else PipelineParams.model_validate(p)
-        path = Path(p.config_path)
+        path = run_inputs(p).config_path
         root = project_root(path if path.is_absolute() else Path.cwd() / path)
         path = path if path.exists() else root / path
         raw = yaml.safe_load(path.read_text()) or {}
@@ -444,6 +445,8 @@ def _run_name() -> str:
 def pipeline(params: PipelineParams = PipelineParams()) -> dict:
     """Validate, train, evaluate, gate and register one config. Returns the run summary.
 
+    ``params`` choose a config in ``configs/`` and a few training knobs (``flows/params.py``);
+    the CLI gives its own config path and ``--set`` through ``flows.params.from_shell`` instead.
     Raises DataValidationError / GateRejectedError / other TrainflowError, each
     carrying ``.summary`` (what was known when it stopped).
     """
@@ -457,7 +460,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
         finally:
             timings[name] = round(time.perf_counter() - s, 3)
 
-    ctx = timed("resolve", resolve, params)
+    ctx = timed("resolve", resolve, run_inputs(params))
     summary = {"status": "running", "tracking_uri": ctx.tracking_uri, "mlflow_run_id": ctx.run_id,
                "model_name": ctx.cfg.registry.model_name, "model_version": None, "aliases": [],
                "metrics": {}, "gates": [], "manifest": ctx.manifest.to_dict(), "timings": timings}

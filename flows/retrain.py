@@ -28,7 +28,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from core.errors import DataUnavailableError
-from flows.params import RetrainParams
+from flows.params import RetrainParams, RunInputs, run_inputs
 from flows.pipeline import TASK, load_inputs, pipeline
 
 
@@ -76,23 +76,23 @@ def _drift_check(cfg, root: Path, champ: dict) -> dict:
 
 
 @task(name="decide", timeout_seconds=300, **TASK)
-def decide(params: RetrainParams) -> dict:
+def decide(inputs: RunInputs, force: bool) -> dict:
     """Should this run train? Returns the decision with every reason (see the module docstring)."""
-    from core.paths import tracking_uri
+    from core.paths import tracking_uri, under_home
     from core.versions import code_changes
     from registry import models, store
     from validation.drift import drift_markdown
 
     log = get_run_logger()
-    cfg, root, home, manifest = load_inputs(params.pipeline_params())
-    store.configure(tracking_uri(home), cfg.registry.experiment, home / "mlartifacts")
+    cfg, root, home, manifest = load_inputs(inputs)
+    store.configure(tracking_uri(home), cfg.registry.experiment, under_home(home, "mlartifacts"))
     champ = models.champion_version(cfg.registry.model_name)
     current = {"data_md5": manifest.data.md5, "config_sha256": manifest.config_sha256,
                "git_sha": manifest.git_sha, "git_dirty": manifest.git_dirty}
     reasons: list[str] = []
     skip_reason = None
     drift, drift_error, changes = None, None, []
-    if params.force:
+    if force:
         reasons.append("forced")
     if champ is None:
         reasons.append(f"{cfg.registry.model_name} has no @champion yet")
@@ -136,7 +136,7 @@ def decide(params: RetrainParams) -> dict:
         skip_reason = (f"data {current['data_md5']}, config {current['config_sha256'][:12]} and code equal "
                        f"the champion's (v{champion['version']})")
     decision = {"train": train, "status": status, "reasons": reasons, "skip_reason": skip_reason,
-                "forced": params.force, "policy": cfg.retrain.policy, "model_name": cfg.registry.model_name,
+                "forced": force, "policy": cfg.retrain.policy, "model_name": cfg.registry.model_name,
                 "champion": champion, "current": current, "code_changes": changes, "drift": drift,
                 "drift_error": drift_error, "home": str(home), "tracking_uri": tracking_uri(home)}
     create_markdown_artifact(markdown=decision_markdown(decision), key="retrain-decision",
@@ -182,8 +182,8 @@ def _run_name() -> str:
 
     try:
         p = flow_run.parameters.get("params") or {}
-        path = p.config_path if isinstance(p, RetrainParams) else p.get("config_path", "configs/digits.yaml")
-        return f"retrain-{Path(path).stem}"
+        p = p if isinstance(p, RetrainParams) else RetrainParams.model_validate(p)
+        return f"retrain-{run_inputs(p).config_path.stem}"
     except Exception:  # a name must never fail the run
         return "retrain"
 
@@ -197,7 +197,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict:
     ``pipeline`` does, its ``.summary`` carrying the decision too.
     """
     t0 = time.perf_counter()
-    d = decide(params)
+    d = decide(run_inputs(params), params.force)
     log = get_run_logger()
     if not d["train"]:
         log.info("retrain: %s: %s", d["status"], d["skip_reason"])
@@ -216,5 +216,8 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict:
         raise
     summary["retrain"] = d
     _log_decision(summary.get("mlflow_run_id"), d)
-    (Path(d["home"]) / "runs" / summary["mlflow_run_id"] / "retrain.json").write_text(json.dumps(d, indent=2, default=str))
+    from core.paths import under_home
+
+    out = under_home(Path(d["home"]), "runs", summary["mlflow_run_id"], "retrain.json")
+    out.write_text(json.dumps(d, indent=2, default=str))
     return summary

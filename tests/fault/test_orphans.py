@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import VENV_BIN
+from tests.integration.live import marked_processes
 
 pytestmark = pytest.mark.fault
 
@@ -32,21 +33,7 @@ HANG = "hang@step=10"  # after the checkpoints of steps 4 and 8
 
 
 def _run_processes(marker: str) -> dict[int, str]:
-    """pid -> command line of every live process whose environment carries ``marker``."""
-    needle = f"{MARK}={marker}".encode()
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if needle not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                continue
-            if Path(f"/proc/{entry}/stat").read_text().split(")")[-1].split()[0] == "Z":
-                continue  # exited, waiting to be reaped
-            found[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
-        except OSError:
-            continue
-    return found
+    return marked_processes(MARK, marker)
 
 
 def _cli(home: Path, tmp: Path, marker: str, **extra) -> tuple[list[str], dict]:

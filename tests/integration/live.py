@@ -89,6 +89,25 @@ def wait_flow_run(api: str, flow_run_id: str, timeout: float, worker: Proc | Non
     raise AssertionError(f"flow run {flow_run_id} still {run.get('state', {}).get('type')} after {timeout:.0f} s{extra}")
 
 
+def marked_processes(name: str, value: str) -> dict[int, str]:
+    """pid -> command line of every live process whose environment has ``name=value`` (a marker
+    every descendant of the process that was given it inherits)."""
+    needle = f"{name}={value}".encode()
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if needle not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                continue
+            if Path(f"/proc/{entry}/stat").read_text().split(")")[-1].split()[0] == "Z":
+                continue  # exited, waiting to be reaped
+            found[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+        except OSError:
+            continue
+    return found
+
+
 def copy_repo(dest: Path) -> Path:
     """A committed copy of this working tree (tracked and untracked, non-ignored files), with its
     in-repo DVC remote but without the pulled data: what a fresh clone of this branch holds."""

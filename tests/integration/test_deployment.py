@@ -20,7 +20,9 @@ def test_train_deployment_entrypoint_loads_with_typed_form(repo_root, monkeypatc
     assert flow.name == "trainflow-pipeline"
     schema = parameter_schema(flow).model_dump()
     props = schema["definitions"]["PipelineParams"]["properties"]
-    assert {"config_path", "overrides", "image", "image_digest", "promotion", "nproc_per_node"} <= set(props)
-    assert props["config_path"]["default"] == "configs/digits.yaml"
+    # A narrow form: a config by name and typed knobs, each described; no paths, overrides or image.
+    assert set(props) == {"config", "epochs", "lr", "batch_size", "seed", "strategy", "nproc_per_node", "promotion"}
+    assert props["config"]["default"] == "digits.yaml"
+    assert all(p.get("description") for p in props.values())
     steps = [next(iter(s)) for s in spec["pull"]]
     assert steps[-1] == "prefect.deployments.steps.run_shell_script"

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
+import uuid
 from zoneinfo import ZoneInfo
 
 import httpx
@@ -12,12 +15,18 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, VENV_BIN
-from tests.integration.live import Proc, clean_env, copy_repo, team_script, wait_flow_run, wait_http
+from tests.integration.live import (TERMINAL, Proc, clean_env, copy_repo, marked_processes, team_script, wait_flow_run,
+                                    wait_http)
 
 pytestmark = pytest.mark.integration
 
-# Small and deterministic (seed 0): three epochs clear these gates with room to spare.
-OVERRIDES = ["training.epochs=3", "training.timeout_s=240", "gates.thresholds={accuracy: 0.8, macro_f1: 0.8, min_class_recall: 0.5, latency_p95_ms: 5000}"]
+# A run may only choose a committed config and set training knobs: the smoke config (committed in
+# the deployed checkout) holds gates that three epochs clear with room to spare (seed 0).
+SMOKE = "digits-smoke.yaml"
+PARAMS = {"config": SMOKE, "epochs": 3}
+MARK = "TRAINFLOW_TEST_RUN_MARK"
+GRACE_S = 60  # Prefect's own grace (30 s) before it kills the flow-run process, plus the config's preempt_grace_s
+SECRET = ["label,SECRET_COLUMN_4711,pixel_0", "3,SECRET_VALUE_0815,1.5"]
 
 
 @pytest.fixture(scope="module")
@@ -45,22 +54,42 @@ def prefect_cli(args: list[str], env: dict, cwd) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(prefect_server, tmp_path):
-    from mlflow import MlflowClient
-
+@pytest.fixture(scope="module")
+def deployed(prefect_server, tmp_path_factory):
+    """``prefect deploy --name train`` from a fresh copy of this checkout (plus the committed smoke
+    config): ``(api, repo, deployment, pool, env)``. The data is not pulled yet."""
     api = prefect_server
+    tmp_path = tmp_path_factory.mktemp("deployed")
     repo = copy_repo(tmp_path / "repo")
     assert not (repo / "data" / "digits").exists()  # the deployment's pull step must fetch it
-    home = tmp_path / "home"
+    smoke = yaml.safe_load((repo / "configs" / "digits.yaml").read_text())
+    smoke["training"]["timeout_s"] = 240
+    smoke["gates"]["thresholds"] = {"accuracy": 0.8, "macro_f1": 0.8, "min_class_recall": 0.5, "latency_p95_ms": 5000}
+    (repo / "configs" / SMOKE).write_text(yaml.safe_dump(smoke, sort_keys=False))
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "smoke config"], cwd=repo,
+                   check=True)
     env = clean_env(PREFECT_API_URL=api, PREFECT_HOME=tmp_path / "client-home", TRAINFLOW_REPO_DIR=repo,
-                    TRAINFLOW_HOME=home, PREFECT_WORKER_QUERY_SECONDS=1, PREFECT_WORKER_PREFETCH_SECONDS=5)
+                    PREFECT_WORKER_QUERY_SECONDS=1, PREFECT_WORKER_PREFETCH_SECONDS=5)
     spec = yaml.safe_load((repo / "prefect.yaml").read_text())
     pool = next(d for d in spec["deployments"] if d["name"] == "train")["work_pool"]["name"]
-
     prefect_cli(["work-pool", "create", pool, "--type", "process", "--overwrite"], env, repo)
     prefect_cli(["deploy", "--name", "train"], env, repo)
-
     deployment = httpx.get(f"{api}/deployments/name/trainflow-pipeline/train", timeout=10).json()
+    return api, repo, deployment, pool, env
+
+
+def start_worker(pool: str, env: dict, home, tmp_path) -> Proc:
+    worker_env = {k: v for k, v in env.items() if k != "TRAINFLOW_REPO_DIR"}
+    return Proc([str(VENV_BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process", "--limit", "1"],
+                {**worker_env, "TRAINFLOW_HOME": str(home)}, tmp_path, tmp_path / "worker.log")
+
+
+def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(deployed, tmp_path):
+    from mlflow import MlflowClient
+
+    api, repo, deployment, pool, env = deployed
+    home = tmp_path / "home"
     assert deployment["work_pool_name"] == pool
     assert deployment["enforce_parameter_schema"] is True
     assert "PipelineParams" in json.dumps(deployment["parameter_openapi_schema"])
@@ -73,19 +102,18 @@ def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(prefe
 
     # What the UI's "Run" button sends: a flow run created from the deployment with the form's values.
     created = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run",
-                         json={"parameters": {"params": {"overrides": OVERRIDES}}}, timeout=10)
+                         json={"parameters": {"params": PARAMS}}, timeout=10)
     assert created.status_code == 201, created.text
     run_id = created.json()["id"]
 
-    worker = Proc([str(VENV_BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process", "--limit", "1"],
-                  {k: v for k, v in env.items() if k != "TRAINFLOW_REPO_DIR"}, tmp_path, tmp_path / "worker.log")
+    worker = start_worker(pool, env, home, tmp_path)
     try:
         run = wait_flow_run(api, run_id, timeout=420, worker=worker)
     finally:
         worker.stop()  # before the server (a worker outliving its server lingers ~30 s)
     assert run["state"]["type"] == "COMPLETED", f"{run['state']}\n{worker.tail(80)}"
     assert run["work_pool_name"] == pool
-    assert run["parameters"]["params"]["overrides"] == OVERRIDES
+    assert run["parameters"]["params"] == PARAMS
 
     # The worker ran the flow inside the deployed checkout (pull step: set_working_directory, dvc pull).
     assert (repo / "data" / "digits" / "train.csv").is_file()
@@ -101,6 +129,90 @@ def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(prefe
     mlflow_run = client.get_run(version.run_id)
     assert mlflow_run.info.status == "FINISHED"
     assert mlflow_run.data.params["training.epochs"] == "3"
+
+
+def test_a_run_pointing_the_dataset_outside_the_repository_is_refused_and_leaks_nothing(deployed, tmp_path):
+    """The reproduced leak: overrides pointing dataset.path and its files at a CSV outside the repository put
+    its header into artifacts, logs and .trainflow/. Now the server refuses such a run, and a flow run created
+    with the schema check switched off (any API caller may ask for that) fails in the worker before any file
+    is read."""
+    api, repo, deployment, pool, env = deployed
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.csv").write_text("\n".join(SECRET) + "\n")
+    leak = {"overrides": [f"dataset.path={outside}", "dataset.train_file=secret.csv", "dataset.test_file=secret.csv",
+                          "dataset.expectations_file=null"]}
+    url = f"{api}/deployments/{deployment['id']}/create_flow_run"
+    for params, key in ((leak, "overrides"), ({"config": f"../../{outside.name}/secret.yaml"}, "config"),
+                        ({"config": str(outside / "x.yaml")}, "config")):
+        refused = httpx.post(url, json={"parameters": {"params": params}}, timeout=10)
+        assert refused.status_code == 409 and key in refused.text, refused.text
+
+    created = httpx.post(url, json={"parameters": {"params": leak}, "enforce_parameter_schema": False}, timeout=10)
+    assert created.status_code == 201, created.text
+    run_id = created.json()["id"]
+    home = tmp_path / "home"
+    worker = start_worker(pool, env, home, tmp_path)
+    try:
+        run = wait_flow_run(api, run_id, timeout=300, worker=worker)
+        logs, deadline = [], time.monotonic() + 30
+        while time.monotonic() < deadline and not any("not a run parameter" in e["message"] for e in logs):
+            time.sleep(1)  # the flow run's last log lines reach the server after its final state
+            logs = httpx.post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}},
+                              timeout=10).json()
+    finally:
+        worker.stop()
+    assert run["state"]["type"] == "FAILED", f"{run['state']}\n{worker.tail(80)}"
+    assert any("overrides: not a run parameter" in e["message"] for e in logs), [e["message"] for e in logs]
+    artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run_id]}}},
+                           timeout=10).json()
+    assert not [a for a in artifacts if a.get("key")]  # no stage's report (Prefect may keep the error itself)
+    task_runs = httpx.post(f"{api}/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}}, timeout=10).json()
+    assert task_runs == []  # not even resolve ran
+    seen = [json.dumps(run), json.dumps(logs), json.dumps(artifacts), (tmp_path / "worker.log").read_text(errors="replace")]
+    for folder in (home, repo / ".trainflow"):
+        seen += [p.read_bytes().decode(errors="replace") for p in folder.rglob("*") if p.is_file()]
+    for needle in (*SECRET, "SECRET_COLUMN_4711", "SECRET_VALUE_0815"):  # its lines and distinctive words
+        assert not any(needle in text for text in seen), needle
+
+
+def test_cancelling_a_deployment_run_mid_training_leaves_no_process_of_it(deployed, tmp_path):
+    """A Prefect cancellation (the UI's "Cancel") of a run that is training: the worker SIGTERMs the flow-run
+    process's group, the launcher asks the workers to checkpoint and stop, and torchrun and its workers are gone
+    within the grace period (measured here: ~9 s). Were Prefect to escalate to SIGKILL, PR_SET_PDEATHSIG takes
+    the agent and its workers down instead (tests/fault/test_orphans.py)."""
+    api, repo, deployment, pool, env = deployed
+    marker = uuid.uuid4().hex
+    created = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run",
+                         json={"parameters": {"params": {"config": SMOKE, "epochs": 500}}}, timeout=10)
+    assert created.status_code == 201, created.text
+    run_id = created.json()["id"]
+    worker = start_worker(pool, {**env, MARK: marker}, tmp_path / "home", tmp_path)
+
+    def of_run() -> dict[int, str]:  # every process of the run: all that carry the marker but the worker
+        return {pid: cmd for pid, cmd in marked_processes(MARK, marker).items()
+                if pid != worker.popen.pid and "worker start" not in cmd}
+
+    try:
+        deadline = time.monotonic() + 240
+        while not any("training.worker" in cmd for cmd in of_run().values()):
+            state = httpx.get(f"{api}/flow_runs/{run_id}", timeout=10).json()["state"]["type"]
+            assert state not in TERMINAL and time.monotonic() < deadline, f"{state} before training\n{worker.tail()}"
+            time.sleep(1)
+        training = of_run()
+        cancel = httpx.post(f"{api}/flow_runs/{run_id}/set_state",
+                            json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}, timeout=10)
+        assert cancel.status_code in (200, 201) and cancel.json()["status"] == "ACCEPT", cancel.text
+        cancelled_at = time.monotonic()
+        run = wait_flow_run(api, run_id, timeout=90, worker=worker)
+        while (left := of_run()) and time.monotonic() - cancelled_at < GRACE_S:
+            time.sleep(0.5)
+    finally:
+        worker.stop()
+        for pid in of_run():  # only ever needed where the cancelled run left processes behind
+            os.kill(pid, signal.SIGKILL)
+    assert run["state"]["type"] == "CANCELLED", f"{run['state']}\n{worker.tail(80)}"
+    assert left == {}, f"alive {GRACE_S} s after the cancel: {left}\n(training was {training})"
 
 
 def test_retrain_nightly_is_deployed_with_its_schedule_and_the_server_plans_runs_from_it(request, tmp_path):
