@@ -20,12 +20,20 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 install: $(STAMP)
 
+# A first install takes minutes (torch alone is ~200 MB), so each phase says what it does. On a
+# terminal pip also shows its own progress (each package, download bars); elsewhere (CI logs) it
+# is quiet and only the phase lines appear.
+PIP_QUIET = $$(test -t 1 || echo -q)
+
 # The dev and team extras (test tools, MLflow's auth app) come from the hash-pinned dev lock.
 $(STAMP): pyproject.toml requirements/lock-dev.txt
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e .
-	$(PY) -m pip install -q --require-hashes --no-deps -r requirements/lock-dev.txt
-	$(PY) -m pip check
+	@test -x $(PY) || { echo "trainflow: [1/4] creating $(VENV)/ (first run only)"; $(PYTHON) -m venv $(VENV); }
+	@echo "trainflow: [2/4] installing trainflow and its dependencies into $(VENV)/ (torch, Prefect, MLflow, DVC, GX: a few minutes the first time)"
+	@$(PY) -m pip install $(PIP_QUIET) -e .
+	@echo "trainflow: [3/4] installing the dev and test tools (hash-pinned requirements/lock-dev.txt)"
+	@$(PY) -m pip install $(PIP_QUIET) --require-hashes --no-deps -r requirements/lock-dev.txt
+	@echo "trainflow: [4/4] checking that the installed packages fit together (pip check)"
+	@$(PY) -m pip check
 	@touch $(STAMP)
 
 # The bundled dataset comes from the DVC remote inside the repository (offline).

@@ -456,7 +456,10 @@ def _num(v: Any) -> Any:
     return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
-def _format_errors(err: ValidationError) -> str:
+def _format_errors(err: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """One line for all of ``err``'s errors, each ``key.path: message``; an unknown key of
+    ``model`` (default: PipelineConfig) gets a did-you-mean from its section's keys."""
+    model = model or PipelineConfig
     lines = []
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"]) or "<root>"
@@ -473,10 +476,36 @@ def _format_errors(err: ValidationError) -> str:
             continue
         ctx = {k: _num(v) for k, v in e.get("ctx", {}).items()}
         msg = template.format(**ctx) if template else e["msg"].lower()
-        if e["type"] not in ("missing", "extra_forbidden"):
+        if e["type"] == "extra_forbidden":
+            msg += _did_you_mean(model, [str(p) for p in e["loc"]])
+        elif e["type"] != "missing":
             msg += f", got {e['input']!r}"
         lines.append(f"{path}: {msg}")
     return "; ".join(lines)
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (``X``, ``X | None``, ``list[X]``, ...)."""
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def _did_you_mean(model: type[BaseModel], loc: list[str]) -> str:
+    """`` (did you mean training.epochs?)`` for the unknown key at ``loc``, or "" when no key of
+    its section is close. Walks the schema along ``loc``; a part that is no field (a list index)
+    stays in the same section."""
+    import difflib
+
+    section: list[type[BaseModel]] = [model]
+    for part in loc[:-1]:
+        below = [m for s in section if part in s.model_fields for m in _models_in(s.model_fields[part].annotation)]
+        section = below or section
+    keys = sorted({k for s in section for k in s.model_fields})
+    close = difflib.get_close_matches(loc[-1], keys, n=1)
+    return f" (did you mean {'.'.join([*loc[:-1], close[0]])}?)" if close else ""
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

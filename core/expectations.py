@@ -134,4 +134,4 @@ def load_expectations(path: str | Path) -> TableExpectations:
     try:
         return TableExpectations.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(f"{path}: {_format_errors(err)}") from None
+        raise ConfigError(f"{path}: {_format_errors(err, TableExpectations)}") from None

@@ -7,13 +7,9 @@
     trainflow reproduce NAME@ALIAS|NAME/VERSION|RUN_ID [--summary-json PATH] # retrain from the manifest, compare weights
     trainflow init --data PATH --label COLUMN [--task T] [--name NAME]      # track a table, write its config + expectations
 
-Exit codes of ``run``: 0 registered, 2 data validation failed, 3 gate rejected
-the model, 4 preempted (SIGTERM or SIGHUP: a checkpoint was saved and the next run resumes),
-1 any other error (one line of cause on stderr; set TRAINFLOW_DEBUG=1 for the
-traceback). ``train`` exits 0, 4 or 1 the same way. ``retrain`` exits 0 when the
-champion is up to date (nothing ran) and otherwise as ``run``. ``reproduce`` exits
-0 when the weights hash matched, 5 when the rerun gave other weights, 6 when it
-refused (the git commit or the data version is unavailable), 1 on other errors.
+Exit codes: ``EXIT_CODES`` below, which ``trainflow --help`` prints. ``train`` exits 0, 4 or 1
+as ``run`` does; ``retrain`` exits 0 when the champion is up to date (nothing ran) and
+otherwise as ``run``; 5 and 6 are ``reproduce``'s.
 """
 
 from __future__ import annotations
@@ -35,6 +31,34 @@ from core.paths import project_root, trainflow_home
 
 EXIT_OK, EXIT_ERROR, EXIT_DATA, EXIT_GATE, EXIT_PREEMPTED = 0, 1, 2, 3, 4
 
+# What each exit code means, as `trainflow --help` prints it (5 and 6: flows.reproduce's).
+EXIT_CODES = (
+    (EXIT_OK, "done: registered (run), champion up to date (retrain), weights matched (reproduce)"),
+    (EXIT_ERROR, "any other error, one line of cause on stderr (TRAINFLOW_DEBUG=1 adds the traceback)"),
+    (EXIT_DATA, "data validation failed: nothing was trained (also: a bad command line)"),
+    (EXIT_GATE, "the gate rejected the candidate: nothing was registered"),
+    (EXIT_PREEMPTED, "preempted (SIGTERM or SIGHUP): a checkpoint was saved, the next run resumes"),
+    (5, "reproduce: the rerun gave other weights"),
+    (6, "reproduce: refused, the git commit or the data version is unavailable"),
+)
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed package's version, read only when asked (no import cost)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            text = version("trainflow")
+        except PackageNotFoundError:
+            text = "unknown (not installed: pip install -e .)"
+        print(f"trainflow {text}")
+        parser.exit()
+
 
 def _config_arg(ap: argparse.ArgumentParser, required: bool = False) -> None:
     ap.add_argument("--config", default=None if required else "configs/digits.yaml", required=required,
@@ -44,8 +68,13 @@ def _config_arg(ap: argparse.ArgumentParser, required: bool = False) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="trainflow", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap = argparse.ArgumentParser(
+        prog="trainflow", formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=16),
+        description="One Prefect flow from DVC-tracked data to an evaluated, registered MLflow model, "
+                    "trained with torchrun.\n`trainflow COMMAND --help` shows a command's options.",
+        epilog="exit codes:\n" + "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES))
+    ap.add_argument("--version", action=_Version, help="print the installed version and exit")
+    sub = ap.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
     run = sub.add_parser("run", help="validate, train, evaluate, gate and register (Prefect flow)")
     _config_arg(run)
@@ -128,6 +157,10 @@ def _k8s_parser(sub) -> None:
 def cmd_k8s_job(args: argparse.Namespace) -> int:
     from flows.k8s import MultiNodeJob, render, to_yaml
 
+    try:  # every pod trains this config: a bad one fails here, before any YAML is printed
+        load_config(_resolve_config_path(args.config), args.overrides)
+    except TrainflowError as exc:
+        return _fail(str(exc), EXIT_ERROR)
     try:
         manifests = render(MultiNodeJob(
             name=args.name, namespace=args.namespace, nnodes=args.nnodes, gpus_per_node=args.gpus_per_node,
@@ -297,6 +330,8 @@ def _print_summary(s: dict) -> None:
         table.add_row("registered", f"{s['model_name']} v{s['model_version']} @{', @'.join(s['aliases'])}")
     if s.get("timings"):
         table.add_row("time (s)", ", ".join(f"{k} {v:.1f}" for k, v in s["timings"].items()))
+    if (s.get("plots") or {}).get("training_curves"):
+        table.add_row("curves", s["plots"]["training_curves"])
     if s.get("tracking_uri"):
         table.add_row("mlflow", f"{s['tracking_uri']} run {s.get('mlflow_run_id')}")
     Console(stderr=True).print(table)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_image_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from core.config import PipelineConfig, load_config
@@ -236,16 +236,40 @@ def train(ctx: RunContext, nproc: int) -> dict:
 
 
 @task(name="log-training", timeout_seconds=120, retries=2, retry_delay_seconds=2, **TASK)
-def log_training(ctx: RunContext, result: dict) -> None:
-    """Log the finished job's result into the pipeline's MLflow run. A task of its own, retried: a
+def log_training(ctx: RunContext, result: dict) -> str | None:
+    """Log the finished job's result and its curves PNG into the pipeline's MLflow run; returns
+    the PNG's path (None when there was no history to draw). A task of its own, retried: a
     transient MLflow error here must not fail ``train`` (which never retries) and so throw away the
     trained folder, which the flow keeps claimed meanwhile."""
     from registry import store
 
     store.log_file(ctx.run_id, Path(result["out_dir"]) / "result.json", "training")
+    png = _training_curves(ctx, result)
     store.log_metrics(ctx.run_id, {"train/samples_per_s_mean": result["samples_per_s"],
                                    "train/wall_s": result["wall_s"], "train/restarts": result["restarts"]})
     _md("training-result", _training_md(result), "torchrun training result")
+    return png
+
+
+def _training_curves(ctx: RunContext, result: dict) -> str | None:
+    """Draw the per-epoch curves into the run folder, log them (MLflow artifact ``plots/``) and
+    publish them as the Prefect image artifact ``training-curves`` (a data URL: the UI shows it
+    offline, with no server to link to). A history that cannot be drawn is a warning, not a failure."""
+    import base64
+
+    from evaluation.curves import curves_png
+    from registry import store
+
+    try:
+        png = curves_png(result.get("history") or [], ctx.out_dir / "plots" / "training_curves.png",
+                         f"{ctx.cfg.name}: training curves, {result['world_size']} worker(s)")
+    except (ValueError, OSError, KeyError, TypeError) as exc:
+        _logger().warning("training curves not drawn: %s", exc)
+        return None
+    store.log_file(ctx.run_id, png, "plots")
+    create_image_artifact(image_url="data:image/png;base64," + base64.b64encode(png.read_bytes()).decode(),
+                          key="training-curves", description=f"Loss and validation accuracy per epoch ({png})")
+    return str(png)
 
 
 @task(name="evaluate", timeout_seconds=300, retries=1, **TASK)
@@ -472,7 +496,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
                                  "cached": report["cached"]}
         t = ctx.cfg.training
         result = timed("train", train.with_options(timeout_seconds=t.timeout_s + 60), ctx, ctx.manifest.world.nproc_per_node)
-        timed("log-training", log_training, ctx, result)
+        summary["plots"] = {"training_curves": timed("log-training", log_training, ctx, result)}
         summary["training"] = {k: result[k] for k in ("world_size", "backend", "strategy", "restarts", "samples_per_s",
                                                        "global_batch", "effective_lr", "weights_sha256", "wall_s",
                                                        "resumed_from_step", "checkpoint_stall_frac", "started_early")}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 
@@ -76,7 +77,7 @@ def first_run(prefect_api, repo_root, bundled_data, home, tmp_path_factory, trai
     return code, summary
 
 
-def test_full_flow_registers_champion_with_manifest_tags(first_run, state, bundled_data):
+def test_full_flow_registers_champion_with_manifest_tags(first_run, state, bundled_data, tmp_path):
     code, s = first_run
     assert code == 0, s.get("error")
     assert s["status"] == "registered" and s["exit_code"] == 0
@@ -104,6 +105,23 @@ def test_full_flow_registers_champion_with_manifest_tags(first_run, state, bundl
     assert "test/accuracy" in run.data.metrics
     arts = {a.path for a in client().list_artifacts(run.info.run_id)}
     assert {"manifest.json", "validation", "evaluation", "training"} <= arts
+    # The per-epoch curves: a PNG in the run folder (the summary names it), the same bytes as an
+    # MLflow artifact of the run and as the Prefect image artifact "training-curves" (a data URL).
+    png = s["plots"]["training_curves"]
+    assert png.endswith("/plots/training_curves.png") and s["mlflow_run_id"] in png
+    body = open(png, "rb").read()
+    assert body.startswith(b"\x89PNG\r\n\x1a\n")
+    assert [a.path for a in client().list_artifacts(run.info.run_id, "plots")] == ["plots/training_curves.png"]
+    assert open(client().download_artifacts(run.info.run_id, "plots/training_curves.png", str(tmp_path)),
+                "rb").read() == body
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as prefect:
+        published = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["training-curves"])))
+    mine = [a for a in published if png in (a.description or "")]
+    assert len(mine) == 1 and mine[0].type == "image"
+    assert base64.b64decode(mine[0].data.removeprefix("data:image/png;base64,")) == body
 
 
 def test_a_transient_mlflow_error_after_training_is_retried_and_keeps_the_trained_model(first_run, state,
