@@ -13,6 +13,11 @@ starts:
 - it exports its pid, and each worker asks for SIGKILL when the agent dies (``bind_worker``,
   first thing in ``training.worker``): with the agent gone nothing would stop them.
 
+When a worker fails (or the job restarts), torch stops the other workers with a fixed 30 s
+grace before SIGKILL, whatever ``--shutdown-timeout`` says; a peer hung in a collective kept a
+failed job, or a restart, waiting that long. The agent bounds those stops by
+``--shutdown-timeout`` too (``_stop_within_shutdown_timeout``).
+
 Both check that their parent is still the process they expect after the request, so a parent
 that died a moment before is not missed. The training folder's lock (``training.slots``) is
 inherited by this process and lives until it exits, after its workers.
@@ -43,6 +48,26 @@ def bind_worker() -> None:
         os._exit(1)
 
 
+def _stop_within_shutdown_timeout(argv: list[str]) -> None:
+    """Bound every stop of the workers by ``--shutdown-timeout``: torch's process context stops
+    the surviving workers after a failure with a fixed 30 s grace (``close()`` with its default),
+    and so does the agent before a restart, whatever ``--shutdown-timeout`` says."""
+    grace = next((float(a.split("=", 1)[1]) for a in argv if a.startswith("--shutdown-timeout=")), None)
+    if grace is None:
+        return
+    from torch.distributed.elastic.multiprocessing import api
+
+    close = getattr(api.PContext, "close", None)
+    if close is None or getattr(close, "_trainflow_bounded", False):
+        return  # another torch, or done already
+
+    def bounded_close(self, death_sig=None, timeout: float = 30):
+        return close(self, death_sig, min(timeout, grace))
+
+    bounded_close._trainflow_bounded = True
+    api.PContext.close = bounded_close
+
+
 def main() -> None:
     from core.procs import die_with_parent
 
@@ -53,6 +78,7 @@ def main() -> None:
     os.environ[AGENT_PID_ENV] = str(os.getpid())
     from torch.distributed.run import main as torchrun
 
+    _stop_within_shutdown_timeout(sys.argv[1:])
     torchrun()  # reads sys.argv[1:]
 
 

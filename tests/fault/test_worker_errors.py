@@ -54,7 +54,7 @@ def test_rank_crash_fails_the_job_fast_naming_that_rank(bundled_data, tmp_path):
 def test_hung_rank_fails_within_the_collective_timeout(bundled_data, tmp_path):
     t0 = time.monotonic()
     with pytest.raises(TrainingFailedError) as err:
-        train(tmp_path / "out", ["training.max_restarts=0", "training.collective_timeout_s=8"],
+        train(tmp_path / "out", ["training.max_restarts=0", "training.collective_timeout_s=8", "training.preempt_grace_s=2"],
               env={"TRAINFLOW_FAULT": "hang@step=5,rank=1"})
     assert time.monotonic() - t0 < 150  # bounded: it fails, it does not hang
     assert err.value.rank == 0  # the peer that waited is the one that reports the timeout
