@@ -68,16 +68,19 @@ def prefect_limit(model_name: str, timeout_s: float = PREFECT_WAIT_S) -> Iterato
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.concurrency.sync import concurrency
-    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     from core.locks import LockTimeoutError
 
     name = limit_name(model_name)
     with get_client(sync_client=True) as client:
-        try:
-            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
-        except ObjectAlreadyExists:
-            pass
+        try:  # read first: a create that collides makes the server log a traceback
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            try:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+            except ObjectAlreadyExists:  # another promoter created it meanwhile
+                pass
     with ExitStack() as stack:
         try:
             # strict: a limit deleted since the line above fails here rather than being skipped.
