@@ -4,9 +4,8 @@ Two layers, taken in this order by every promoter (so no two can deadlock):
 
 1. **A Prefect global concurrency limit** ``promote-<model>`` (limit 1), only when the run talks to
    a persistent Prefect server: ``PREFECT_API_URL`` set by the user, or by the worker that runs a
-   deployment. The Prefect UI (Concurrency) then shows who holds the promotion and who waits, and
-   an operator can pause promotions there. The limit is created on first use; an operator's own
-   settings of it (limit, active) are kept.
+   deployment. The Prefect UI (Concurrency) then shows who holds the promotion and who waits.
+   The limit is created on first use; an operator's own settings of it are kept.
 2. **The registry lease** (``registry.lease``), always, underneath. MLflow has no compare-and-set
    on aliases, and two hosts that share the MLflow server need not share a Prefect server (or any):
    the lease, kept in that registry itself, is what protects the aliases. In ephemeral mode (the
