@@ -326,7 +326,7 @@ def test_prefect_deploy_registers_them_on_a_real_server(prefect_api, repo_root, 
     The server checks each deployment's job variables against its pool's schema."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
     from prefect.testing.cli import invoke_and_assert
     from prefect.workers.process import ProcessWorker
     from prefect_docker.worker import DockerWorker
@@ -348,10 +348,25 @@ def test_prefect_deploy_registers_them_on_a_real_server(prefect_api, repo_root, 
         async with get_client() as client:
             return {n: await client.read_deployment_by_name(f"trainflow-pipeline/{n}") for n in names}
 
+    async def absent(name):
+        async with get_client() as client:
+            try:
+                await client.read_deployment_by_name(f"trainflow-pipeline/{name}")
+            except ObjectNotFound:
+                return True
+        return False
+
     asyncio.run(create_pools())
     monkeypatch.chdir(repo_root)
     for key, value in ENV.items():
         monkeypatch.setenv(key, value)
+    # An unset variable: the deployment's build step stops the deploy, naming both, before anything is stored.
+    monkeypatch.delenv("TRAINFLOW_REPO_DIR")
+    failed = invoke_and_assert(["--no-prompt", "deploy", "--name", "ci"], expected_code=1, echo=False)
+    out = failed.stdout + failed.stderr
+    assert "error: prefect deploy ci: TRAINFLOW_REPO_DIR is not set" in out and "Traceback" not in out
+    assert asyncio.run(absent("ci"))
+    monkeypatch.setenv("TRAINFLOW_REPO_DIR", ENV["TRAINFLOW_REPO_DIR"])
     invoke_and_assert(["--no-prompt", "deploy", "--name", "train", "--name", "ci"], expected_code=0, echo=False)
     invoke_and_assert(["--no-prompt", "deploy", "--prefect-file", "deploy/gpu.prefect.yaml", "--all"],
                       expected_code=0, echo=False)
