@@ -31,6 +31,9 @@ from pathlib import Path
 from core.procs import parent_death_signal
 
 OPT_OUT = "TRAINFLOW_PREFECT_API"
+# Set by ``start_api`` to the temporary server's URL, so the run can tell it from a persistent
+# server (flows.promotion takes a Prefect concurrency limit only on the latter).
+TEMPORARY_API = "TRAINFLOW_TEMPORARY_PREFECT_API"
 
 # The environment of the temporary server: Prefect's ephemeral-mode switches, plus two
 # start-up costs a server that lives for one run does not need (measured ~1.5 s of its
@@ -140,5 +143,5 @@ def start_api(prefect_home: Path) -> TemporaryServer | None:
     if "prefect" in sys.modules:  # too late: Prefect has read its settings already
         return None
     server = TemporaryServer(prefect_home / "temporary-server.log").start()
-    os.environ["PREFECT_API_URL"] = server.api_url
+    os.environ["PREFECT_API_URL"] = os.environ[TEMPORARY_API] = server.api_url
     return server

@@ -22,6 +22,7 @@ from core.errors import DataValidationError, GateRejectedError, PreemptedError, 
 from core.manifest import Manifest, World, build_manifest, image_from_env
 from core.paths import project_root, tracking_uri, trainflow_home, under_home
 from flows.params import PipelineParams, RunInputs, run_inputs
+from flows.promotion import promotion_lock
 
 
 def _transient(task_, task_run, state) -> bool:
@@ -384,19 +385,6 @@ def log_version(ctx: RunContext, result: dict, report: dict) -> dict:
             **(record_tags(report["scoring_key"], cand, ctx.task.recorded_keys()) if report.get("scoring_key") else {})}
     return models.log_version(ctx.run_id, pt2, ctx.cfg.registry.model_name, spec, tags,
                               description=ctx.task.describe(ctx.cfg, cand))
-
-
-def promotion_lock(tracking_uri: str, home: Path, model_name: str):
-    """The lock every promoter of ``model_name`` enters, whatever its host or TRAINFLOW_HOME: a lease
-    held in the registry at ``tracking_uri`` itself (``registry.lease``), so two users of one MLflow
-    server (or database) never promote at once. ``home`` is only named to whoever waits.
-
-    A shared Prefect server could serve this as a global concurrency limit
-    (``prefect.concurrency.sync.concurrency(f"promote-{model_name}")``): any context manager fits here.
-    """
-    from registry.lease import hold
-
-    return hold(model_name, tracking_uri=tracking_uri, note=f"TRAINFLOW_HOME {home}")
 
 
 def _deserves(ctx: RunContext, report: dict, current: dict | None) -> tuple[bool, str]:

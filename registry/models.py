@@ -256,7 +256,7 @@ def promote_if(model_name: str, version: str, still_deserves: Callable[[dict | N
     """Move ``@alias`` to ``version`` only if it beats the holder *at promotion time*.
 
     MLflow has no compare-and-set on aliases, so read-decide-set runs inside ``lock``: a context
-    manager every promoter of this model enters, on any host (``flows.pipeline.promotion_lock``:
+    manager every promoter of this model enters, on any host (``flows.promotion.promotion_lock``:
     the registry's own lease, ``registry.lease``). ``still_deserves(current)`` gets the current
     holder as ``champion_version`` returns it (None when there is none) and answers
     ``(promote?, reason)``. After setting, the alias is read back; a writer that bypasses the

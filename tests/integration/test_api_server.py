@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -107,6 +108,11 @@ def test_cli_run_starts_its_own_server_and_stops_it(repo_root, bundled_data, tmp
     assert summary["status"] == "registered"
     log = tmp_path / "prefect" / "temporary-server.log"
     assert log.exists()  # the server was ours, not Prefect's own ephemeral one
+    # It promoted under the registry lease alone: no Prefect concurrency limit on a server that
+    # lives for one run (flows/promotion.py). Its database stays in PREFECT_HOME.
+    with sqlite3.connect(tmp_path / "prefect" / "prefect.db") as db:
+        assert db.execute("select name from concurrency_limit_v2").fetchall() == []
+    assert summary["promotion"]["promoted"] is True
     # Stopped at exit: no uvicorn serving Prefect's app is left running from this PREFECT_HOME.
     leftovers = [p for p in _processes_with("prefect.server.api.server:create_app")
                  if str(tmp_path) in open(f"/proc/{p}/environ", "rb").read().decode(errors="replace")]

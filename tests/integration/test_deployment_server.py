@@ -126,6 +126,10 @@ def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(deplo
     version = versions[0]
     assert version.tags["git_sha"] == head and version.tags["git_dirty"] == "false"
     assert {"champion", "challenger"} <= set(client.get_registered_model("digits-classifier").aliases)
+    # It promoted under the server's global concurrency limit (flows/promotion.py), free again now.
+    limit = httpx.get(f"{api}/v2/concurrency_limits/promote-digits-classifier", timeout=10)
+    assert limit.status_code == 200, limit.text
+    assert limit.json()["limit"] == 1 and limit.json()["active_slots"] == 0
     mlflow_run = client.get_run(version.run_id)
     assert mlflow_run.info.status == "FINISHED"
     assert mlflow_run.data.params["training.epochs"] == "3"
@@ -261,3 +265,20 @@ def test_retrain_nightly_is_deployed_with_its_schedule_and_the_server_plans_runs
         # each planned start is a firing time of the declared cron expression
         assert next(CronSim(declared["cron"], start - timedelta(seconds=1))) == start
         assert run["work_pool_name"] == pool
+
+
+def test_deploy_all_needs_only_the_process_pool(deployed):
+    """`prefect deploy --all` on a server that has only the `process` pool (this module's) creates every
+    deployment of prefect.yaml (the GPU ones live in deploy/gpu.prefect.yaml). An unset variable stopping
+    it: tests/integration/test_prefect_yaml.py."""
+    api, repo, _, pool, env = deployed
+    pools = httpx.post(f"{api}/work_pools/filter", json={}, timeout=10).json()
+    assert [p["name"] for p in pools] == [pool]
+
+    prefect_cli(["deploy", "--all"], env, repo)
+    names = [d["name"] for d in yaml.safe_load((repo / "prefect.yaml").read_text())["deployments"]]
+    found = httpx.post(f"{api}/deployments/filter", json={"deployments": {"name": {"any_": names}}}, timeout=10).json()
+    assert sorted(d["name"] for d in found) == sorted(names)
+    for dep in found:
+        assert dep["work_pool_name"] == pool
+        assert dep["pull_steps"][0]["prefect.deployments.steps.set_working_directory"]["directory"] == str(repo)

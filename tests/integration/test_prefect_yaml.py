@@ -1,4 +1,5 @@
-"""prefect.yaml, loaded the way `prefect deploy` loads it: deployment names and entrypoints,
+"""prefect.yaml and deploy/gpu.prefect.yaml, loaded the way `prefect deploy` loads them: deployment names
+and entrypoints, the variables each requires at deploy time, the GPU deployments' concurrency limit,
 parameters valid against each flow's schema, the nightly cron, real pull-step functions, and
 GPU work-pool job variables rendered by the docker/kubernetes workers' own code into a
 container with GPUs running the image by digest. No server, Docker engine or cluster is used:
@@ -46,22 +47,34 @@ class DockerEngineVersion:
         return {"Version": "28.2.2", "ApiVersion": "1.50"}
 
 
+# The process pool's deployments (`prefect deploy --all` needs only that pool) and the GPU ones.
+FILES = {"prefect.yaml": {"train", "retrain-nightly", "ci"},
+         "deploy/gpu.prefect.yaml": {"train-gpu-docker", "train-gpu-k8s"}}
+
+
 def load(repo_root, env):
-    """(deployments by name, top-level actions) as `prefect deploy` sees them in environment ``env``."""
+    """(deployments by name, top-level actions by file) as `prefect deploy --prefect-file F` sees them in
+    environment ``env``; each deployment's ``pull`` is the one it gets (its own, else its file's) and
+    ``file`` names its prefect file."""
     from prefect.cli.deploy._config import _load_deploy_configs_and_actions, _merge_with_default_deploy_config
     from prefect.utilities.templating import apply_values
     from rich.console import Console
 
-    out = io.StringIO()
-    configs, actions = _load_deploy_configs_and_actions(repo_root / "prefect.yaml", console=Console(file=out))
-    assert out.getvalue() == "", f"prefect's loader complained: {out.getvalue()}"
-    with pytest.MonkeyPatch.context() as mp:  # `{{ $VAR }}` is read from os.environ itself
-        for key in ENV:
-            mp.delenv(key, raising=False)
-        for key, value in env.items():
-            mp.setenv(key, value)
-        configs = [apply_values(_merge_with_default_deploy_config(c), {}, remove_notset=False) for c in configs]
-    return {c["name"]: c for c in configs}, actions
+    deps, actions = {}, {}
+    for rel in FILES:
+        out = io.StringIO()
+        configs, actions[rel] = _load_deploy_configs_and_actions(repo_root / rel, console=Console(file=out))
+        assert out.getvalue() == "", f"prefect's loader complained about {rel}: {out.getvalue()}"
+        with pytest.MonkeyPatch.context() as mp:  # `{{ $VAR }}` is read from os.environ itself
+            for key in ENV:
+                mp.delenv(key, raising=False)
+            for key, value in env.items():
+                mp.setenv(key, value)
+            for c in configs:
+                c = apply_values(_merge_with_default_deploy_config({"pull": actions[rel]["pull"], **c}), {},
+                                 remove_notset=False)
+                deps[c["name"]] = {**c, "file": rel}
+    return deps, actions
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +91,7 @@ def _flow(repo_root, entrypoint, monkeypatch):
 
 def test_deployments_and_entrypoints(deployments, repo_root):
     deps, _ = deployments
-    assert set(deps) == {"train", "retrain-nightly", "ci", "train-gpu-docker", "train-gpu-k8s"}
+    assert {rel: {n for n, d in deps.items() if d["file"] == rel} for rel in FILES} == FILES
     assert deps["retrain-nightly"]["entrypoint"] == "flows/retrain.py:retrain"
     for name in ("train", "ci", "train-gpu-docker", "train-gpu-k8s"):
         assert deps[name]["entrypoint"] == "flows/pipeline.py:pipeline"
@@ -141,9 +154,10 @@ def _check_steps(steps):
 
 
 def test_pull_steps_checkout_then_dvc_pull(deployments):
-    deps, actions = deployments
-    assert _check_steps(actions["pull"]) == ["set_working_directory", "run_shell_script"]
-    assert actions["pull"][-1]["prefect.deployments.steps.run_shell_script"]["script"].startswith("dvc pull")
+    deps, _ = deployments
+    for name in ("train", "retrain-nightly", "ci"):
+        assert _check_steps(deps[name]["pull"]) == ["set_working_directory", "run_shell_script"]
+        assert deps[name]["pull"][-1]["prefect.deployments.steps.run_shell_script"]["script"].startswith("dvc pull")
     for name in ("train-gpu-docker", "train-gpu-k8s"):
         pull = deps[name]["pull"]
         assert _check_steps(pull) == ["git_clone", "set_working_directory", "run_shell_script"]
@@ -253,15 +267,41 @@ def test_pool_schemas_refuse_bad_job_variables(deployments, k8s_template):
         _validate_job_variables({**job_variables, "gpu_limit": -1}, k8s_template)
 
 
+PLACEHOLDER = r"\{\{\s*\$(\w+)\s*\}\}"
+
+
 def test_every_environment_placeholder_is_documented(repo_root):
-    text = (repo_root / "prefect.yaml").read_text()
-    placeholders = set(re.findall(r"\{\{\s*\$(\w+)\s*\}\}", text))
+    text = "".join((repo_root / rel).read_text() for rel in FILES)
+    placeholders = set(re.findall(PLACEHOLDER, text))
     assert placeholders == set(ENV)
     readme = (repo_root / "README.md").read_text()
     assert not [p for p in placeholders if p not in readme]
-    # Without them, the GPU deployments would ship a literal placeholder as the image.
+    # Prefect alone would ship a literal placeholder as the image: hence require_env (next test).
     deps, _ = load(repo_root, {})
     assert deps["train-gpu-k8s"]["work_pool"]["job_variables"]["image"] == "{{ $TRAINFLOW_IMAGE }}"
+
+
+def test_each_deployment_first_requires_every_variable_it_uses(repo_root):
+    """Each deployment's first build step is require_env, naming the deployment and exactly the
+    `{{ $VAR }}` of its pull steps and job variables, so a missing one stops `prefect deploy`
+    (tests/integration/test_deployment_server.py runs that against a real server)."""
+    deps, _ = load(repo_root, {})
+    for name, dep in deps.items():
+        (fqn, kwargs), = dep["build"][0].items()
+        assert fqn == "flows.deploy_steps.require_env" and kwargs["deployment"] == name
+        used = set(re.findall(PLACEHOLDER, json.dumps({k: v for k, v in dep.items() if k != "build"})))
+        assert used and set(kwargs["names"]) == used, name
+        assert _check_steps(dep["build"]) == ["require_env"]
+
+
+def test_gpu_deployments_run_one_at_a_time_and_queue_the_rest(deployments):
+    from prefect.cli.deploy._models import DeploymentConfig
+
+    deps, _ = deployments
+    for name in FILES["deploy/gpu.prefect.yaml"]:
+        spec = DeploymentConfig.model_validate(deps[name]).concurrency_limit  # how `prefect deploy` reads it
+        assert (spec.limit, spec.collision_strategy) == (1, "ENQUEUE"), name
+    assert not [n for n in FILES["prefect.yaml"] if deps[n].get("concurrency_limit")]
 
 
 def test_yaml_has_no_duplicate_anchors_or_keys(repo_root):
@@ -276,15 +316,17 @@ def test_yaml_has_no_duplicate_anchors_or_keys(repo_root):
         return yaml.SafeLoader.construct_mapping(loader, node, deep)
 
     Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
-    yaml.load((repo_root / "prefect.yaml").read_text(), Loader=Strict)
+    for rel in FILES:
+        yaml.load((repo_root / rel).read_text(), Loader=Strict)
 
 
 def test_prefect_deploy_registers_them_on_a_real_server(prefect_api, repo_root, monkeypatch, k8s_template):
-    """`prefect deploy` (in-process CLI) against a real Prefect server with the three work pools:
-    the server checks each deployment's job variables against its pool's schema."""
+    """`prefect deploy` (in-process CLI) against a real Prefect server with the three work pools: the
+    process deployments from prefect.yaml, `--prefect-file deploy/gpu.prefect.yaml --all` the GPU ones.
+    The server checks each deployment's job variables against its pool's schema."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
     from prefect.testing.cli import invoke_and_assert
     from prefect.workers.process import ProcessWorker
     from prefect_docker.worker import DockerWorker
@@ -306,13 +348,33 @@ def test_prefect_deploy_registers_them_on_a_real_server(prefect_api, repo_root, 
         async with get_client() as client:
             return {n: await client.read_deployment_by_name(f"trainflow-pipeline/{n}") for n in names}
 
+    async def absent(name):
+        async with get_client() as client:
+            try:
+                await client.read_deployment_by_name(f"trainflow-pipeline/{name}")
+            except ObjectNotFound:
+                return True
+        return False
+
     asyncio.run(create_pools())
     monkeypatch.chdir(repo_root)
     for key, value in ENV.items():
         monkeypatch.setenv(key, value)
-    args = ["--no-prompt", "deploy"] + [x for n in names for x in ("--name", n)]
-    invoke_and_assert(args, expected_code=0, echo=False)
+    # An unset variable: the deployment's build step stops the deploy, naming both, before anything is stored.
+    monkeypatch.delenv("TRAINFLOW_REPO_DIR")
+    failed = invoke_and_assert(["--no-prompt", "deploy", "--name", "ci"], expected_code=1, echo=False)
+    out = failed.stdout + failed.stderr
+    assert "error: prefect deploy ci: TRAINFLOW_REPO_DIR is not set" in out and "Traceback" not in out
+    assert asyncio.run(absent("ci"))
+    monkeypatch.setenv("TRAINFLOW_REPO_DIR", ENV["TRAINFLOW_REPO_DIR"])
+    invoke_and_assert(["--no-prompt", "deploy", "--name", "train", "--name", "ci"], expected_code=0, echo=False)
+    invoke_and_assert(["--no-prompt", "deploy", "--prefect-file", "deploy/gpu.prefect.yaml", "--all"],
+                      expected_code=0, echo=False)
     deps = asyncio.run(read())
+    for name in ("train-gpu-docker", "train-gpu-k8s"):
+        assert deps[name].global_concurrency_limit.limit == 1, name  # what the UI shows as its limit
+        assert deps[name].concurrency_options.collision_strategy == "ENQUEUE", name
+    assert deps["train"].global_concurrency_limit is None
     k8s, docker = deps["train-gpu-k8s"], deps["train-gpu-docker"]
     assert k8s.work_pool_name == "gpu-k8s" and k8s.job_variables["gpu_limit"] == 8
     assert k8s.job_variables["image"] == ENV["TRAINFLOW_IMAGE"]

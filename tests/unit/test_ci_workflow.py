@@ -78,6 +78,7 @@ def test_jobs_check_lock_run_tests_and_pipeline(workflow):
     assert all(job.get("timeout-minutes") for job in jobs.values())
     deploy = _runs(jobs["deployment"])
     assert "prefect deployment run trainflow-pipeline/ci --watch" in deploy
+    assert jobs["deployment"]["env"]["TRAINFLOW_REPO_DIR"]  # required by the ci deployment's build step
 
 
 def test_every_action_is_pinned_by_commit_sha_with_its_version(repo_root, workflow):

@@ -1,0 +1,104 @@
+"""The lock a promoter of a model holds while it reads ``@champion``, decides and moves it.
+
+Two layers, taken in this order by every promoter (so no two can deadlock):
+
+1. **A Prefect global concurrency limit** ``promote-<model>`` (limit 1), only when the run talks to
+   a persistent Prefect server: ``PREFECT_API_URL`` set by the user, or by the worker that runs a
+   deployment. The Prefect UI (Concurrency) then shows who holds the promotion and who waits.
+   The limit is created on first use; an operator's own settings of it are kept.
+2. **The registry lease** (``registry.lease``), always, underneath. MLflow has no compare-and-set
+   on aliases, and two hosts that share the MLflow server need not share a Prefect server (or any):
+   the lease, kept in that registry itself, is what protects the aliases. In ephemeral mode (the
+   temporary server ``trainflow run`` starts, marked by ``flows.api_server.TEMPORARY_API``, or
+   Prefect's own) it is the only layer: a limit on a server no other run talks to would
+   serialise nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+# How long a promoter waits for the Prefect limit before failing with LockTimeoutError; the
+# lease then has its own wait (registry.lease.hold), and the register task its timeout.
+PREFECT_WAIT_S = 240.0
+
+
+def limit_name(model_name: str) -> str:
+    """The Prefect global concurrency limit that serialises ``model_name``'s promotions."""
+    return f"promote-{model_name}"
+
+
+def persistent_api_url() -> str | None:
+    """The Prefect API this process talks to when it is a persistent server, else None (Prefect's
+    ephemeral mode, or the temporary server ``trainflow run`` started for itself)."""
+    from prefect.settings import get_current_settings
+
+    from flows.api_server import TEMPORARY_API
+
+    url = get_current_settings().api.url
+    if not url or url.rstrip("/") == os.environ.get(TEMPORARY_API, "").rstrip("/"):
+        return None
+    return url
+
+
+@contextmanager
+def promotion_lock(tracking_uri: str, home: Path, model_name: str) -> Iterator[None]:
+    """Hold every layer of ``model_name``'s promotion lock (see the module docstring) for the block.
+
+    ``home`` is only named to whoever waits. Raises LockTimeoutError (naming the limit or the
+    holder) when a layer stays taken too long.
+    """
+    from registry.lease import hold
+
+    with ExitStack() as stack:
+        if persistent_api_url():
+            stack.enter_context(prefect_limit(model_name))
+        stack.enter_context(hold(model_name, tracking_uri=tracking_uri, note=f"TRAINFLOW_HOME {home}"))
+        yield
+
+
+@contextmanager
+def prefect_limit(model_name: str, timeout_s: float = PREFECT_WAIT_S) -> Iterator[None]:
+    """Occupy the one slot of the global concurrency limit ``promote-<model_name>`` (created with
+    limit 1 when missing) on the current Prefect API for the block."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.sync import concurrency
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    from core.locks import LockTimeoutError
+
+    name = limit_name(model_name)
+    with get_client(sync_client=True) as client:
+        try:  # read first: a create that collides makes the server log a traceback
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            try:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+            except ObjectAlreadyExists:  # another promoter created it meanwhile
+                pass
+    with ExitStack() as stack:
+        try:
+            # strict: a limit deleted since the line above fails here rather than being skipped.
+            # No failure on a missed lease renewal: the registry lease underneath still guards.
+            stack.enter_context(concurrency(name, occupy=1, timeout_seconds=timeout_s, strict=True,
+                                            holder=_holder(), raise_on_lease_renewal_failure=False))
+        except TimeoutError as exc:
+            raise LockTimeoutError(f"{model_name}: Prefect concurrency limit {name!r} still full after "
+                                   f"{timeout_s:g} s (Prefect UI: Concurrency)") from exc
+        yield
+
+
+def _holder():
+    """The task run (or flow run) that holds the slot, as the Prefect UI shows it; None outside one."""
+    from prefect.client.schemas.objects import ConcurrencyLeaseHolder
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    if (task_ctx := TaskRunContext.get()) is not None:
+        return ConcurrencyLeaseHolder(type="task_run", id=task_ctx.task_run.id)
+    if (flow_ctx := FlowRunContext.get()) is not None and flow_ctx.flow_run is not None:
+        return ConcurrencyLeaseHolder(type="flow_run", id=flow_ctx.flow_run.id)
+    return None
