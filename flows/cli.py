@@ -135,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ui = sub.add_parser("ui", help="serve the Prefect UI and the MLflow UI on the local state (.trainflow/) "
                                    "until Ctrl-C")
-    ui.add_argument("--prefect-port", type=int, help="default: 4200 if free, else a free port (0: a free port)")
-    ui.add_argument("--mlflow-port", type=int, help="default: 5000 if free, else a free port (0: a free port)")
+    ui.add_argument("--prefect-port", type=int, metavar="PORT", help="default: 4200 if free, else a free port (0: a free port)")
+    ui.add_argument("--mlflow-port", type=int, metavar="PORT", help="default: 5000 if free, else a free port (0: a free port)")
     return ap
 
 

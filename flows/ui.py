@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from core.errors import TrainflowError
-from core.paths import tracking_uri, under_home
+from core.paths import default_tracking_uri, under_home
 from core.procs import group_members, parent_death_signal, stop_group
 
 HOST = "127.0.0.1"
@@ -139,7 +139,7 @@ def servers_for(home: Path, prefect_port: int | None = None, mlflow_port: int | 
             raise UIError(f"{prefect_home / 'prefect.db'}: no Prefect run history here yet (run `trainflow run` first)")
         port = choose_port(prefect_port, PREFECT_PORT, "--prefect-port")
         servers.append(prefect_server(port, env, under_home(home, "ui", "prefect-server.log")))
-    uri = env.get("MLFLOW_TRACKING_URI") or tracking_uri(home)
+    uri = env.get("MLFLOW_TRACKING_URI") or default_tracking_uri(home)
     if uri.startswith(("http://", "https://")):
         elsewhere.append(f"MLflow UI:  {uri}  (MLFLOW_TRACKING_URI names a running server: not started here)")
     else:
