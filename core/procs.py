@@ -61,3 +61,36 @@ def parent_death_signal(sig: int) -> Callable[[], None] | None:
             os._exit(1)
 
     return preexec
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes in process group ``pgid`` (Linux ``/proc``; [] elsewhere)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def stop_group(pgid: int, grace: float = 15.0) -> bool:
+    """SIGTERM process group ``pgid``, SIGKILL what is left of it after ``grace`` seconds; True once
+    no live process is left in it. The caller must own the group: its leader is its child, not yet
+    reaped (until reaped, no other process can take the group id)."""
+    import signal
+    import time
+
+    for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return True
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not group_members(pgid):
+                return True
+            time.sleep(0.1)
+    return not group_members(pgid)

@@ -144,4 +144,7 @@ def start_api(prefect_home: Path) -> TemporaryServer | None:
         return None
     server = TemporaryServer(prefect_home / "temporary-server.log").start()
     os.environ["PREFECT_API_URL"] = os.environ[TEMPORARY_API] = server.api_url
+    # Prefect logs "View at <UI URL>/runs/flow-run/<id>" with a UI URL inferred from the API URL:
+    # a dead link once this server stops. Empty: no such line; the summary says to open `trainflow ui`.
+    os.environ.setdefault("PREFECT_UI_URL", "")
     return server

@@ -6,6 +6,7 @@
     trainflow retrain [--config PATH] [--set K=V ...] [--force]             # the pipeline, only if the champion is stale
     trainflow reproduce NAME@ALIAS|NAME/VERSION|RUN_ID [--summary-json PATH] # retrain from the manifest, compare weights
     trainflow init --data PATH --label COLUMN [--task T] [--name NAME]      # track a table, write its config + expectations
+    trainflow ui [--prefect-port P] [--mlflow-port P]                       # the Prefect and MLflow UIs on .trainflow/
 
 Exit codes: ``EXIT_CODES`` below, which ``trainflow --help`` prints. ``train`` exits 0, 4 or 1
 as ``run`` does; ``retrain`` exits 0 when the champion is up to date (nothing ran) and
@@ -131,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--name", help="pipeline name [a-z][a-z0-9_-]* (default: the folder or file name)")
     init.add_argument("--test-fraction", type=float, help="test share when one table is split (default: the config's)")
     init.add_argument("--force", action="store_true", help="overwrite configs/NAME.yaml and its expectations")
+
+    ui = sub.add_parser("ui", help="serve the Prefect UI and the MLflow UI on the local state (.trainflow/) "
+                                   "until Ctrl-C")
+    ui.add_argument("--prefect-port", type=int, metavar="PORT", help="default: 4200 if free, else a free port (0: a free port)")
+    ui.add_argument("--mlflow-port", type=int, metavar="PORT", help="default: 5000 if free, else a free port (0: a free port)")
     return ap
 
 
@@ -264,6 +270,12 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
     finally:  # the flow never reached `train` (bad data, an error): its workers exit untrained
         prelaunch.abort_held("the flow ended before training")
     summary["exit_code"] = code
+    from flows.ui import ui_bases
+
+    # Where the run's pages are now (None: the local state, served by `trainflow ui`).
+    summary["ui"] = dict(zip(("prefect", "mlflow"), ui_bases(
+        os.environ.get("PREFECT_API_URL"), server is not None, summary.get("tracking_uri"),
+        os.environ.get("PREFECT_UI_URL"))))
     _write_summary(args.summary_json, summary, t_import, t0)
     return code, summary, error
 
@@ -330,11 +342,13 @@ def _print_summary(s: dict) -> None:
         table.add_row("registered", f"{s['model_name']} v{s['model_version']} @{', @'.join(s['aliases'])}")
     if s.get("timings"):
         table.add_row("time (s)", ", ".join(f"{k} {v:.1f}" for k, v in s["timings"].items()))
-    if (s.get("plots") or {}).get("training_curves"):
-        table.add_row("curves", s["plots"]["training_curves"])
-    if s.get("tracking_uri"):
-        table.add_row("mlflow", f"{s['tracking_uri']} run {s.get('mlflow_run_id')}")
     Console(stderr=True).print(table)
+    from flows.ui import where_to_look
+
+    # Below the table, one line each: a URL or a path is copied whole, never wrapped.
+    ui = s.get("ui") or {}
+    for label, value in where_to_look(s, ui.get("prefect"), ui.get("mlflow")):
+        print(f"{label:<13} {value}", file=sys.stderr)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -427,10 +441,21 @@ def cmd_init(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_ui(args: argparse.Namespace) -> int:
+    apply_offline_env(trainflow_home(project_root()))
+    from flows.ui import servers_for, serve
+
+    try:
+        servers, elsewhere = servers_for(trainflow_home(project_root()), args.prefect_port, args.mlflow_port)
+        return serve(servers, elsewhere, out=lambda line: print(line, flush=True))
+    except TrainflowError as exc:
+        return _fail(f"ui: {exc}", EXIT_ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     code = {"run": cmd_run, "train": cmd_train, "scale": cmd_scale, "k8s-job": cmd_k8s_job, "retrain": cmd_retrain,
-            "reproduce": cmd_reproduce, "init": cmd_init}[args.command](args)
+            "reproduce": cmd_reproduce, "init": cmd_init, "ui": cmd_ui}[args.command](args)
     # Everything alive now lives until exit: moving it out of the collector's reach saves the
     # 3-4 s that interpreter shutdown spent traversing Prefect's, MLflow's and torch's objects.
     gc.freeze()

@@ -168,6 +168,14 @@ def validate(ctx: RunContext) -> dict:
     return report
 
 
+def _data_docs(ctx: RunContext) -> str | None:
+    """The run folder's copy of the GX Data Docs (``validate`` copies them in), if they were built."""
+    from validation.gx_run import DATA_DOCS_DIR
+
+    index = ctx.out_dir / "validation" / DATA_DOCS_DIR / "index.html"
+    return str(index) if index.is_file() else None
+
+
 # Training folders claimed by a running flow (by MLflow run id), released when it ends.
 _CLAIMED: dict = {}
 
@@ -473,7 +481,10 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
             timings[name] = round(time.perf_counter() - s, 3)
 
     ctx = timed("resolve", resolve, run_inputs(params))
+    from prefect.runtime import flow_run
+
     summary = {"status": "running", "tracking_uri": ctx.tracking_uri, "mlflow_run_id": ctx.run_id,
+               "prefect_flow_run_id": flow_run.id,
                "model_name": ctx.cfg.registry.model_name, "model_version": None, "aliases": [],
                "metrics": {}, "gates": [], "manifest": ctx.manifest.to_dict(), "timings": timings}
     from registry import store
@@ -481,7 +492,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
     try:
         report = timed("validate", validate, ctx)
         summary["validation"] = {"success": True, "n_expectations": report["n_expectations"],
-                                 "cached": report["cached"]}
+                                 "cached": report["cached"], "data_docs": _data_docs(ctx)}
         t = ctx.cfg.training
         result = timed("train", train.with_options(timeout_seconds=t.timeout_s + 60), ctx, ctx.manifest.world.nproc_per_node)
         summary["plots"] = {"training_curves": timed("log-training", log_training, ctx, result)}
@@ -490,6 +501,8 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
                                                        "resumed_from_step", "checkpoint_stall_frac", "started_early")}
         ev = timed("evaluate", evaluate, ctx, result)
         cand = ev["candidate"]
+        if (ev.get("files") or {}).get("confusion_matrix"):
+            summary["plots"]["confusion_matrix"] = ev["files"]["confusion_matrix"]
         summary["metrics"] = {m.name: cand[m.name] for m in ctx.task.metrics}
         summary["candidate_scored_in"] = ev.get("candidate_scored_in")  # "worker" | "pipeline"
         summary["champion"] = {"version": ev["champion_version"], "scores": ev.get("champion_scores"),

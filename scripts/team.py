@@ -52,7 +52,7 @@ import urllib.request
 from pathlib import Path
 
 from core.env import TELEMETRY_OFF  # the project's venv has trainflow installed
-from core.procs import pid_alive
+from core.procs import group_members, pid_alive
 
 DB_USER = "trainflow"
 DATABASES = ("mlflow", "mlflow_auth", "prefect")
@@ -143,14 +143,7 @@ def same_process(pid: int, recorded: dict | None) -> bool:
 
 def _group_alive(pgid: int) -> bool:
     """Whether any live (not zombie) process is in process group ``pgid``."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+    return bool(group_members(pgid))
 
 
 # -- PostgreSQL -----------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sqlite3
@@ -14,7 +13,6 @@ import urllib.request
 import pytest
 
 from flows.api_server import TemporaryServer, start_api
-from tests.conftest import VENV_BIN
 
 pytestmark = pytest.mark.integration
 
@@ -96,17 +94,10 @@ def test_server_dies_with_a_killed_parent(tmp_path):
             parent.kill()
 
 
-def test_cli_run_starts_its_own_server_and_stops_it(repo_root, bundled_data, tmp_path):
+def test_cli_run_starts_its_own_server_and_stops_it(cli_run):
     """`trainflow run` with no PREFECT_API_URL: the default path of `make run`."""
-    out = tmp_path / "summary.json"
-    proc = subprocess.run([str(VENV_BIN / "trainflow"), "run", "--set", "training.epochs=2",
-                           "--set", "training.timeout_s=240", "--set", "gates.thresholds={accuracy: 0.5, macro_f1: 0.5, min_class_recall: 0.1, latency_p95_ms: 5000}",
-                           "--summary-json", str(out)],
-                          cwd=repo_root, env=_server_env(tmp_path), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(out.read_text())
-    assert summary["status"] == "registered"
-    log = tmp_path / "prefect" / "temporary-server.log"
+    assert cli_run.summary["status"] == "registered"
+    log = cli_run.root / "prefect" / "temporary-server.log"
     assert log.exists()  # the server was ours, not Prefect's own ephemeral one
     # It promoted under the registry lease alone: no Prefect concurrency limit on a server that
     # lives for one run (flows/promotion.py). Its database stays in PREFECT_HOME.
@@ -115,5 +106,16 @@ def test_cli_run_starts_its_own_server_and_stops_it(repo_root, bundled_data, tmp
     assert summary["promotion"]["promoted"] is True
     # Stopped at exit: no uvicorn serving Prefect's app is left running from this PREFECT_HOME.
     leftovers = [p for p in _processes_with("prefect.server.api.server:create_app")
-                 if str(tmp_path) in open(f"/proc/{p}/environ", "rb").read().decode(errors="replace")]
+                 if str(cli_run.root) in open(f"/proc/{p}/environ", "rb").read().decode(errors="replace")]
     assert leftovers == []
+    # No "View at <temporary server>/runs/flow-run/..." in its log: that server is gone now. The
+    # summary says where the run is instead: through `trainflow ui`, and the files on disk.
+    output = cli_run.proc.stdout + cli_run.proc.stderr
+    assert "View at" not in output
+    s = cli_run.summary
+    assert s["ui"] == {"prefect": None, "mlflow": None}
+    assert "run `trainflow ui`" in cli_run.proc.stderr
+    assert f"/runs/flow-run/{s['prefect_flow_run_id']}" in cli_run.proc.stderr
+    assert f"/#/models/{s['model_name']}/versions/{s['model_version']}" in cli_run.proc.stderr
+    for path in (s["plots"]["training_curves"], s["plots"]["confusion_matrix"], s["validation"]["data_docs"]):
+        assert path in cli_run.proc.stderr and os.path.isfile(path), path

@@ -19,3 +19,22 @@ def test_a_running_process_is_alive_and_an_exited_one_is_not():
     finally:
         os.waitpid(child, 0)
     assert not pid_alive(child)  # reaped: gone
+
+
+def test_stop_group_ends_the_leader_and_a_child_that_ignores_sigterm():
+    import subprocess
+
+    from core.procs import group_members, stop_group
+
+    # The leader's child ignores SIGTERM: only the SIGKILL after the grace period ends it.
+    leader = subprocess.Popen(["sh", "-c", "sh -c 'trap \"\" TERM; sleep 60' & sleep 60"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(group_members(leader.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(group_members(leader.pid)) >= 3  # sh, sh (trapping), sleep
+        assert stop_group(leader.pid, grace=0.3)
+        assert group_members(leader.pid) == []
+    finally:
+        leader.kill()
+        leader.wait()
