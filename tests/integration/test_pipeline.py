@@ -129,7 +129,9 @@ def test_full_flow_registers_champion_with_manifest_tags(first_run, state, bundl
                 for d in run.inputs.dataset_inputs}
     assert datasets == {"train": (dvc_md5, f"dvc://data/digits/train.csv@{rev}", "training"),
                         "test": (dvc_md5, f"dvc://data/digits/test.csv@{rev}", "testing")}
-    linked = {m.key: m.value for m in client().get_logged_model(mv.model_id).metrics}
+    logged = client().get_logged_model(mv.source.removeprefix("models:/"))
+    assert json.loads(logged.tags["mlflow.modelVersions"]) == [{"name": "digits-classifier", "version": "1"}]
+    linked = {m.key: m.value for m in logged.metrics}
     assert {k: linked[f"test/{k}"] for k in s["metrics"]} == pytest.approx(s["metrics"])
     assert "system/cpu_utilization_percentage" in run.data.metrics
     assert not [k for k in linked if k.startswith("system/")]  # the run's, not the model's

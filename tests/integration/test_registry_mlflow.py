@@ -205,6 +205,11 @@ def test_version_lifecycle(store, program, pixels):
     assert lm.source_run_id == run1
     assert str(lm.status).endswith("READY")
     assert lm.tags["git_sha"] == MANIFEST_TAGS["git_sha"]
+    # It names the version made from it (the LoggedModel page's "Model versions"), once, also when a
+    # retried registration of the same run and program reuses that version.
+    again = log_model_version(run1, program[0], name, FEATURES, LABELS, pixels, MANIFEST_TAGS, "first candidate")
+    assert again["reused"] and again["version"] == "1" and again["model_id"] == v1["model_id"]
+    assert json.loads(c.get_logged_model(v1["model_id"]).tags["mlflow.modelVersions"]) == [{"name": name, "version": "1"}]
     model_dir = store["root"] / "artifacts" / "trainflow-test" / "models" / v1["model_id"] / "artifacts"
     assert (model_dir / "MLmodel").is_file()
     assert (model_dir / "artifacts" / "model.pt2").is_file()
