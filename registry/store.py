@@ -150,13 +150,14 @@ def end_run(run_id: str, status: str = "FINISHED", stage: str | None = None, mon
     ``trainflow.stage`` tag to it (how the run ended). ``monitor`` (``system_metrics``'s) is stopped
     first, so its last samples land while the run still takes metrics, and is stopped even when
     setting the tag fails."""
+    status = check_run_status(status)
     try:
         if monitor is not None:
             monitor.finish()
     finally:
         if stage is not None:
             set_tags(run_id, {STAGE_TAG: stage})
-        client().set_terminated(run_id, check_run_status(status))
+        client().set_terminated(run_id, status)
 
 
 def system_metrics(run_id: str, interval_s: float = SYSTEM_METRICS_INTERVAL_S):

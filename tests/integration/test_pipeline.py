@@ -45,6 +45,12 @@ def client():
     return MlflowClient()
 
 
+def monitor_threads() -> list:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "SystemMetricsMonitor"]
+
+
 @pytest.fixture(scope="module")
 def training_log_faults() -> list[str]:
     """What ``first_run``'s injected MLflow failure hit (filled by it)."""
@@ -136,6 +142,7 @@ def test_full_flow_registers_champion_with_manifest_tags(first_run, state, bundl
     assert "system/cpu_utilization_percentage" in run.data.metrics
     assert not [k for k in linked if k.startswith("system/")]  # the run's, not the model's
     assert run.data.tags["trainflow.stage"] == "done"
+    assert not monitor_threads()  # the system metrics monitor ended with the run
 
 
 def test_a_transient_mlflow_error_after_training_is_retried_and_keeps_the_trained_model(first_run, state,
@@ -201,6 +208,7 @@ def test_corrupted_data_stops_at_validation_and_registers_nothing(make_project, 
     assert any(f["split"] == "test" and f["column"] == "label" for f in failures)
     assert "training" not in s  # stopped before training
     assert client().get_run(s["mlflow_run_id"]).data.tags["trainflow.stage"] == "validation_failed"
+    assert not monitor_threads()
     assert client().search_model_versions("name='corrupt-digits'") == []
     assert not (state / "runs" / s["mlflow_run_id"] / "train").exists()
     # `trainflow run` started the job early, held: validation failed, so it was aborted untrained.
