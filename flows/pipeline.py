@@ -86,25 +86,27 @@ def load_inputs(inputs: RunInputs) -> tuple[PipelineConfig, Path, Path, Manifest
 
 @task(name="resolve", timeout_seconds=120, retries=1, retry_delay_seconds=1, **TASK)
 def resolve(inputs: RunInputs) -> RunContext:
-    """Load the config, record the manifest, open the pipeline's MLflow run."""
+    """Load the config, record the manifest, open the pipeline's MLflow run with the data's splits
+    as its datasets (digest: the DVC md5)."""
     from registry import store
+    from tasks import get_task
 
     cfg, root, home, manifest = load_inputs(inputs)
+    task_ = get_task(cfg.task)
     uri = tracking_uri(home)
     exp_id = store.configure(uri, cfg.registry.experiment, under_home(home, "mlartifacts"))
     run_id = store.start_run(exp_id, f"{cfg.name}-{manifest.data.md5[:8]}",
-                             {**manifest.tags(), "trainflow.stage": "resolve"})
+                             {**manifest.tags(), store.STAGE_TAG: "resolve"})
     store.log_json(run_id, manifest.to_dict(), "manifest.json")
     store.log_json(run_id, cfg.model_dump(mode="json"), "config.json")
     store.log_params(run_id, cfg.model_dump(mode="json"))
+    store.log_datasets(run_id, task_.data_splits(cfg), manifest.data.md5, manifest.data.rev)
     out = under_home(home, "runs", run_id)
     out.mkdir(parents=True, exist_ok=True)
     (out / "manifest.json").write_text(json.dumps(manifest.to_dict(), indent=2))
     get_run_logger().info("config %s (%s), data %s, mlflow run %s", cfg.name, cfg.config_id()[:12],
                           manifest.data.md5, run_id)
-    from tasks import get_task
-
-    return RunContext(cfg, get_task(cfg.task), root, home, uri, run_id, manifest, out)
+    return RunContext(cfg, task_, root, home, uri, run_id, manifest, out)
 
 
 @task(name="run-expectations", timeout_seconds=300, **TASK)
@@ -300,6 +302,8 @@ def evaluate(ctx: RunContext, result: dict) -> dict:
                       loaded, recorded)
     report["champion_version"] = champ["version"] if champ else None
     cand = report["candidate"]
+    # At step 0, the step registration logs the model at: MLflow links the run's metrics at that
+    # step to the LoggedModel, so its page and its registered version's show these.
     store.log_metrics(ctx.run_id, {f"test/{m.name}": cand[m.name] for m in ctx.task.metrics})
     if report["champion"]:
         store.log_metrics(ctx.run_id, {f"champion/{k}": report["champion"][k] for k in ctx.task.champion_metrics})
@@ -461,6 +465,14 @@ def _run_name() -> str:
         return "trainflow"
 
 
+def stage_tag(status: str, stage: str) -> str:
+    """The ``trainflow.stage`` tag a pipeline run ends with, from its summary's ``status`` and the
+    stage it stopped in: ``done`` (registered), ``rejected`` (by the gate), ``validation_failed``,
+    else ``<status>: <stage>`` (``failed: train``, ``preempted: train``)."""
+    final = {"registered": "done", "rejected": "rejected", "validation_failed": "validation_failed"}
+    return final.get(status, f"{status}: {stage}")
+
+
 @flow(name="trainflow-pipeline", flow_run_name=_run_name, log_prints=True)
 def pipeline(params: PipelineParams = PipelineParams()) -> dict:
     """Validate, train, evaluate, gate and register one config. Returns the run summary.
@@ -472,8 +484,10 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
+    stage = ["resolve"]  # the stage running now, named in the run's final stage tag
 
     def timed(name, fn, *args):
+        stage[0] = name
         s = time.perf_counter()
         try:
             return fn(*args)
@@ -489,6 +503,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
                "metrics": {}, "gates": [], "manifest": ctx.manifest.to_dict(), "timings": timings}
     from registry import store
 
+    monitor = store.system_metrics(ctx.run_id)  # stopped by end_run, in every ending
     try:
         report = timed("validate", validate, ctx)
         summary["validation"] = {"success": True, "n_expectations": report["n_expectations"],
@@ -519,7 +534,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
         reg = timed("register", register, ctx, result, ev)
         summary.update(status="registered", exit_code=0, model_version=reg["version"], aliases=reg["aliases"],
                        promotion=reg["promotion"], train_dir=result["out_dir"])
-        store.end_run(ctx.run_id, "FINISHED")
+        store.end_run(ctx.run_id, "FINISHED", stage_tag(summary["status"], stage[0]), monitor)
         return summary
     except BaseException as exc:
         if isinstance(exc, DataValidationError):
@@ -533,7 +548,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
             summary["status"] = "failed"
         summary["error"] = str(exc)
         summary["exit_code"] = getattr(exc, "exit_code", 1)
-        store.end_run(ctx.run_id, "FAILED")
+        store.end_run(ctx.run_id, "FAILED", stage_tag(summary["status"], stage[0]), monitor)
         exc.summary = summary  # the CLI writes it; the exception still fails the flow run
         raise
     finally:

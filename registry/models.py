@@ -157,8 +157,10 @@ def _log_and_register(run_id: str, model_name: str, model_pt2: Path, meta: dict,
                                          "reused", model_name, done.version, run_id)
         c.set_registered_model_alias(model_name, CHALLENGER, str(done.version))
         source = str(done.source or "")
-        return _registration(model_name, done.version, run_id,
-                             source.split("/", 1)[1] if source.startswith("models:/") else None, True)
+        model_id = source.split("/", 1)[1] if source.startswith("models:/") else None
+        if model_id:
+            _link_version(c, model_id, model_name, done.version)
+        return _registration(model_name, done.version, run_id, model_id, True)
     run = c.get_run(run_id)
     with tempfile.TemporaryDirectory(prefix="trainflow-model-") as tmp:
         meta_file = Path(tmp, "meta.json")
@@ -208,8 +210,21 @@ def _log_and_register(run_id: str, model_name: str, model_pt2: Path, meta: dict,
         description=description or None,
         model_id=logged.model_id,
     )
+    _link_version(c, logged.model_id, model_name, version.version)
     c.set_registered_model_alias(model_name, CHALLENGER, str(version.version))
     return _registration(model_name, version.version, run_id, logged.model_id, False)
+
+
+def _link_version(c, model_id: str, model_name: str, version) -> None:
+    """Tag the LoggedModel with the registry versions made from it (``mlflow.modelVersions``), as a
+    tracking server and ``mlflow.register_model`` do; registering through the client on a database
+    URI does not, and the LoggedModel page then says "Not registered". Each version is listed once."""
+    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+    listed = json.loads(c.get_logged_model(model_id).tags.get(MLFLOW_MODEL_VERSIONS) or "[]")
+    if not any(v.get("name") == model_name and str(v.get("version")) == str(version) for v in listed):
+        c.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(
+            [*listed, {"name": model_name, "version": str(version)}])})
 
 
 def _stored_sha256(artifact_uri: str, dst: Path) -> str:

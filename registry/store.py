@@ -25,6 +25,7 @@ from registry.values import (
     check_run_status,
     chunks,
     clean_tags,
+    dataset_source,
     flatten_metrics,
     flatten_params,
 )
@@ -32,6 +33,11 @@ from registry.values import (
 log = logging.getLogger(__name__)
 
 _CONFIGURE_LOCK = threading.Lock()
+
+# The run tag that says where a pipeline run is, and at its end how it ended (``flows.pipeline``).
+STAGE_TAG = "trainflow.stage"
+# Seconds between system metric samples: a 20 s run still records several.
+SYSTEM_METRICS_INTERVAL_S = 2.0
 
 
 def client():
@@ -139,9 +145,61 @@ def start_run(experiment_id: str, run_name: str, tags: Mapping[str, Any]) -> str
     return run.info.run_id
 
 
-def end_run(run_id: str, status: str = "FINISHED") -> None:
-    """Terminate a run as ``FINISHED``, ``FAILED`` or ``KILLED``."""
-    client().set_terminated(run_id, check_run_status(status))
+def end_run(run_id: str, status: str = "FINISHED", stage: str | None = None, monitor=None) -> None:
+    """Terminate a run as ``FINISHED``, ``FAILED`` or ``KILLED``; with ``stage``, first set its
+    ``trainflow.stage`` tag to it (how the run ended). ``monitor`` (``system_metrics``'s) is stopped
+    first, so its last samples land while the run still takes metrics, and is stopped even when
+    setting the tag fails."""
+    status = check_run_status(status)
+    try:
+        if monitor is not None:
+            monitor.finish()
+    finally:
+        if stage is not None:
+            set_tags(run_id, {STAGE_TAG: stage})
+        client().set_terminated(run_id, status)
+
+
+def system_metrics(run_id: str, interval_s: float = SYSTEM_METRICS_INTERVAL_S):
+    """Start MLflow's system metrics monitor on ``run_id`` (``system/cpu_utilization_percentage``,
+    memory, disk, network, GPU where ``nvidia-ml-py`` is installed; one sample every ``interval_s``,
+    or ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL``) and return it: ``end_run(..., monitor=)`` stops it.
+    Its thread is a daemon and also stops by itself once the run is no longer RUNNING, so it never
+    keeps the process alive. None (and a warning) when it cannot start, or when
+    ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is false: a run never fails for want of it."""
+    import os
+
+    if os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "").strip().lower() in ("false", "0"):
+        return None
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        # Its start / skip-GPU / stop lines are INFO on every run; warnings still show.
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s)
+        # Samples count from step 1: registration logs the model at step 0, and MLflow links the run's
+        # step-0 metrics (the evaluation's) to it; a CPU sample is not a property of the model.
+        monitor._logging_step = max(getattr(monitor, "_logging_step", 0), 1)
+        monitor.start()
+    except Exception as exc:  # psutil missing, a store error: the run goes on without them
+        log.warning("system metrics not recorded for run %s: %s", run_id, exc)
+        return None
+    return monitor
+
+
+def log_datasets(run_id: str, splits: Mapping[str, tuple[str, str]], digest: str, rev: str) -> None:
+    """Log each split as an MLflow dataset input of ``run_id``: ``splits`` is ``{name: (file
+    relative to the project root, context)}`` (``Task.data_splits``), ``digest`` the DVC md5 of the
+    data and ``rev`` the git rev of its ``.dvc`` file; the source is ``dvc://<file>@<rev>``
+    (``source_type`` "dvc"). Nothing is read: the DVC file already names the data version."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    inputs = [DatasetInput(Dataset(name, digest, "dvc", dataset_source(path, rev)),
+                           [InputTag(MLFLOW_DATASET_CONTEXT, context)])
+              for name, (path, context) in splits.items()]
+    if inputs:
+        client().log_inputs(run_id, datasets=inputs)
 
 
 def set_tags(run_id: str, tags: Mapping[str, Any]) -> None:

@@ -130,3 +130,9 @@ def check_run_status(status: str) -> str:
     if value not in RUN_STATUSES:
         raise ValueError(f"run status must be one of {', '.join(RUN_STATUSES)}, got {status!r}")
     return value
+
+
+def dataset_source(path: str, rev: str) -> str:
+    """``dvc://<path>@<git rev>``: a file of a run's DVC-tracked data, relative to the project root,
+    at the commit that recorded its ``.dvc`` file (``dvc.api.open(path, rev=rev)`` reads it back)."""
+    return f"dvc://{str(path).strip('/')}@{rev}"

@@ -6,6 +6,7 @@ A task answers everything that differs between kinds of problem, and the rooms a
 |---|---|
 | ``check_config``: the keys that must hold for this kind (raises ConfigError naming them) | ``flows`` at load |
 | ``validation_plan``: what to validate, torch-free | ``validation`` |
+| ``data_splits``: the data's splits by name, each a file and an MLflow context | ``flows`` (MLflow datasets) |
 | ``load_data`` / ``build_model`` / ``example_input`` / ``loss`` / ``val_correct`` / ``export_module`` | ``training`` |
 | ``metrics`` (each with a direction), ``evaluator`` and its hooks, ``scoring_key`` | ``evaluation`` |
 | ``model_spec``: the pyfunc file, its metadata, signature and input example | ``registry`` |
@@ -127,6 +128,12 @@ class Task:
     def validation_plan(self, cfg: "PipelineConfig", root: Path):
         """A ``ValidationPlan``: the files to hash and the runner (in ``validation.plans``) that checks them."""
         raise NotImplementedError
+
+    def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:
+        """``{split name: (file relative to the project root, MLflow context)}``, the context
+        ``"training"`` or ``"testing"`` (the split the evaluation scores). Logged as the run's MLflow
+        datasets, from the config alone (no data is read). The base: the whole dataset, training."""
+        return {"data": (cfg.dataset.path, "training")}
 
     # -- training (torch inside) -------------------------------------------------------------
     def info(self, cfg: "PipelineConfig", root: Path) -> dict:

@@ -47,6 +47,10 @@ class LanguageModel(Task):
         base = Path(root) / cfg.dataset.path
         return {"train": base / cfg.dataset.text.train_file, "eval": base / cfg.dataset.text.eval_file}
 
+    def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:
+        base, text = cfg.dataset.path.rstrip("/"), cfg.dataset.text
+        return {"train": (f"{base}/{text.train_file}", "training"), "eval": (f"{base}/{text.eval_file}", "testing")}
+
     def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
         return ValidationPlan("text", list(self._files(cfg, root).values()), {"dataset": cfg.dataset, "root": Path(root)})
 

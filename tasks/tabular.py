@@ -102,6 +102,12 @@ class _Table(Task):
             "features": self._features(cfg, exp.names), "label": cfg.dataset.label,
             "classification": self.classification})
 
+    def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:
+        files = cfg.dataset.split_files  # one ``all`` file is split by seed into both
+        base = cfg.dataset.path.rstrip("/")
+        return {"train": (f"{base}/{files.get('train', files.get('all'))}", "training"),
+                "test": (f"{base}/{files.get('test', files.get('all'))}", "testing")}
+
     # -- data ---------------------------------------------------------------------------------
     def frames(self, cfg: "PipelineConfig", root: Path) -> dict[str, "pd.DataFrame"]:
         """``{"train", "test"}`` frames as the files hold them (shared: callers must not modify them)."""

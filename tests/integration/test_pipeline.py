@@ -45,6 +45,12 @@ def client():
     return MlflowClient()
 
 
+def monitor_threads() -> list:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "SystemMetricsMonitor"]
+
+
 @pytest.fixture(scope="module")
 def training_log_faults() -> list[str]:
     """What ``first_run``'s injected MLflow failure hit (filled by it)."""
@@ -122,6 +128,21 @@ def test_full_flow_registers_champion_with_manifest_tags(first_run, state, bundl
     mine = [a for a in published if png in (a.description or "")]
     assert len(mine) == 1 and mine[0].type == "image"
     assert base64.b64decode(mine[0].data.removeprefix("data:image/png;base64,")) == body
+    # MLflow lineage: the splits as datasets (digest: the DVC md5, source: the file at the data's
+    # git rev), the test metrics on the version's LoggedModel, system metrics, the final stage.
+    rev = s["manifest"]["data"]["rev"]
+    datasets = {d.dataset.name: (d.dataset.digest, d.dataset.source, {t.key: t.value for t in d.tags}["mlflow.data.context"])
+                for d in run.inputs.dataset_inputs}
+    assert datasets == {"train": (dvc_md5, f"dvc://data/digits/train.csv@{rev}", "training"),
+                        "test": (dvc_md5, f"dvc://data/digits/test.csv@{rev}", "testing")}
+    logged = client().get_logged_model(mv.source.removeprefix("models:/"))
+    assert json.loads(logged.tags["mlflow.modelVersions"]) == [{"name": "digits-classifier", "version": "1"}]
+    linked = {m.key: m.value for m in logged.metrics}
+    assert {k: linked[f"test/{k}"] for k in s["metrics"]} == pytest.approx(s["metrics"])
+    assert "system/cpu_utilization_percentage" in run.data.metrics
+    assert not [k for k in linked if k.startswith("system/")]  # the run's, not the model's
+    assert run.data.tags["trainflow.stage"] == "done"
+    assert not monitor_threads()  # the system metrics monitor ended with the run
 
 
 def test_a_transient_mlflow_error_after_training_is_retried_and_keeps_the_trained_model(first_run, state,
@@ -167,6 +188,7 @@ def test_worse_candidate_is_rejected_and_champion_stays(first_run, state, tmp_pa
     assert len(client().search_model_versions("name='digits-classifier'")) == n_versions
     assert "gate rejected the candidate" in capsys.readouterr().err
     assert client().get_run(s["mlflow_run_id"]).info.status == "FAILED"
+    assert client().get_run(s["mlflow_run_id"]).data.tags["trainflow.stage"] == "rejected"
 
 
 def test_corrupted_data_stops_at_validation_and_registers_nothing(make_project, state, tmp_path):
@@ -185,6 +207,8 @@ def test_corrupted_data_stops_at_validation_and_registers_nothing(make_project, 
     assert ("train", "expect_column_pair_values_a_to_be_greater_than_b", "pixel_20") in named  # above its max
     assert any(f["split"] == "test" and f["column"] == "label" for f in failures)
     assert "training" not in s  # stopped before training
+    assert client().get_run(s["mlflow_run_id"]).data.tags["trainflow.stage"] == "validation_failed"
+    assert not monitor_threads()
     assert client().search_model_versions("name='corrupt-digits'") == []
     assert not (state / "runs" / s["mlflow_run_id"] / "train").exists()
     # `trainflow run` started the job early, held: validation failed, so it was aborted untrained.
@@ -212,6 +236,7 @@ def test_preempted_training_exits_4_and_the_next_run_resumes(first_run, state, t
     monkeypatch.setenv("TRAINFLOW_FAULT", "sigterm@step=30")
     code, s = run_cli(args, tmp_path)
     assert code == 4 and s["status"] == "preempted" and s["exit_code"] == 4
+    assert client().get_run(s["mlflow_run_id"]).data.tags["trainflow.stage"] == "preempted: train"
     assert client().search_model_versions("name='preempt-digits'") == []
     monkeypatch.delenv("TRAINFLOW_FAULT")
     code, s = run_cli(args, tmp_path)

@@ -120,6 +120,13 @@ def test_recorded_champion_scores_equal_rescoring_and_are_used(mlflow_store, pro
     assert first["champion"] is None and first["champion_scores"] is None
     tags = models.champion_version(name)["tags"]
     assert json.loads(tags["eval_metrics"]) == {k: v for k, v in first["candidate"].items() if k != "latency_p95_ms"}
+    # The evaluation's test metrics are linked to the registered LoggedModel (MLflow links the run's
+    # metrics at the model's step, 0), so its page and the version's show them.
+    from registry.store import client as mlflow_client
+
+    linked = {m.key: m.value for m in mlflow_client().get_logged_model(reg1["model_id"]).metrics}
+    names = ("accuracy", "macro_f1", "min_class_recall", "latency_p95_ms")
+    assert {k: linked.get(f"test/{k}") for k in names} == pytest.approx({k: first["candidate"][k] for k in names})
 
     ctx = make_ctx(mlflow_store, project, name, tmp_path)
     report = evaluate.fn(ctx, {"out_dir": str(programs["strong"].parent), "model_pt2": programs["strong"].name})

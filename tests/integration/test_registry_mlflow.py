@@ -162,6 +162,27 @@ def test_run_logging_round_trip(store, tmp_path):
         end_run(failed, "DONE")
 
 
+def test_system_metrics_are_sampled_until_the_run_ends_and_stop_with_it(store):
+    import threading
+
+    from mlflow import MlflowClient
+
+    from registry.store import end_run, system_metrics
+
+    run_id = new_run(store, "monitored")
+    monitor = system_metrics(run_id, interval_s=0.2)
+    assert monitor is not None
+    time.sleep(1.5)
+    end_run(run_id, "FAILED", "failed: train", monitor)  # a failed run stops it too
+    assert not [t for t in threading.enumerate() if t.name == "SystemMetricsMonitor"]
+    run = MlflowClient().get_run(run_id)
+    assert run.info.status == "FAILED" and run.data.tags["trainflow.stage"] == "failed: train"
+    history = MlflowClient().get_metric_history(run_id, "system/cpu_utilization_percentage")
+    # Sampled from step 1: registration links a run's step-0 metrics to the model it logs.
+    assert history and min(m.step for m in history) == 1
+    assert "system/system_memory_usage_megabytes" in run.data.metrics
+
+
 def test_empty_registry_has_no_champion_and_no_predictor(store):
     from registry.models import champion_version, load_predictor
 
@@ -205,6 +226,11 @@ def test_version_lifecycle(store, program, pixels):
     assert lm.source_run_id == run1
     assert str(lm.status).endswith("READY")
     assert lm.tags["git_sha"] == MANIFEST_TAGS["git_sha"]
+    # It names the version made from it (the LoggedModel page's "Model versions"), once, also when a
+    # retried registration of the same run and program reuses that version.
+    again = log_model_version(run1, program[0], name, FEATURES, LABELS, pixels, MANIFEST_TAGS, "first candidate")
+    assert again["reused"] and again["version"] == "1" and again["model_id"] == v1["model_id"]
+    assert json.loads(c.get_logged_model(v1["model_id"]).tags["mlflow.modelVersions"]) == [{"name": name, "version": "1"}]
     model_dir = store["root"] / "artifacts" / "trainflow-test" / "models" / v1["model_id"] / "artifacts"
     assert (model_dir / "MLmodel").is_file()
     assert (model_dir / "artifacts" / "model.pt2").is_file()
