@@ -101,9 +101,9 @@ def test_cli_run_starts_its_own_server_and_stops_it(cli_run):
     assert log.exists()  # the server was ours, not Prefect's own ephemeral one
     # It promoted under the registry lease alone: no Prefect concurrency limit on a server that
     # lives for one run (flows/promotion.py). Its database stays in PREFECT_HOME.
-    with sqlite3.connect(tmp_path / "prefect" / "prefect.db") as db:
+    with sqlite3.connect(cli_run.root / "prefect" / "prefect.db") as db:
         assert db.execute("select name from concurrency_limit_v2").fetchall() == []
-    assert summary["promotion"]["promoted"] is True
+    assert cli_run.summary["promotion"]["promoted"] is True
     # Stopped at exit: no uvicorn serving Prefect's app is left running from this PREFECT_HOME.
     leftovers = [p for p in _processes_with("prefect.server.api.server:create_app")
                  if str(cli_run.root) in open(f"/proc/{p}/environ", "rb").read().decode(errors="replace")]

@@ -36,7 +36,7 @@ def test_summary_after_a_local_run_points_at_trainflow_ui_and_the_files(capsys):
     assert f"http://127.0.0.1:5000/#/runs/{'r' * 32}" in err
     assert "http://127.0.0.1:5000/#/models/digits-classifier/versions/3" in err
     for path in ("training_curves.png", "confusion_matrix.png", "data_docs/index.html"):
-        assert f"/state/runs/x/" in err and path in err
+        assert "/state/runs/x/" in err and path in err
     # Every link is on `trainflow ui`'s ports: none on a temporary server's random port.
     assert set(re.findall(r"http://127\.0\.0\.1:(\d+)", err)) == {"4200", "5000"}
     # A URL is printed whole on one line (copied, not re-assembled from a wrapped table cell).
