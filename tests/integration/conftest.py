@@ -33,13 +33,17 @@ def cli_run(repo_root, bundled_data, tmp_path_factory) -> SimpleNamespace:
     """One ``trainflow run`` as a user types it (``make run``'s path): a subprocess with no
     PREFECT_API_URL, so it starts its own temporary Prefect API server, and a fresh TRAINFLOW_HOME
     and PREFECT_HOME under ``root``. Shared by the tests that look at what such a run leaves
-    (test_api_server, test_ui); ``summary`` is its --summary-json."""
+    (test_api_server, test_ui, test_prelaunch); ``summary`` is its --summary-json."""
     root = tmp_path_factory.mktemp("cli-run")
     env = {**os.environ, "PREFECT_HOME": str(root / "prefect"), "TRAINFLOW_HOME": str(root / "home")}
     for key in ("PREFECT_API_URL", "PREFECT_UI_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_DATABASE_CONNECTION_URL"):
         env.pop(key, None)
     out = root / "summary.json"
-    proc = subprocess.run([str(VENV_BIN / "trainflow"), "run", "--set", "training.epochs=2",
+    # What the `trainflow` script runs (flows.cli:main), plus one line at exit: whether this
+    # process imported torch (test_prelaunch: a classifier run leaves torch to the workers).
+    code = ("import sys; from flows.cli import main; code = main(sys.argv[1:]);"
+            "print('TORCH_IMPORTED', 'torch' in sys.modules); sys.exit(code)")
+    proc = subprocess.run([str(VENV_BIN / "python"), "-c", code, "run", "--set", "training.epochs=2",
                            "--set", "training.timeout_s=240", "--set", "gates.thresholds={accuracy: 0.5, macro_f1: 0.5, "
                            "min_class_recall: 0.1, latency_p95_ms: 5000}", "--summary-json", str(out)],
                           cwd=repo_root, env=env, capture_output=True, text=True, timeout=600)

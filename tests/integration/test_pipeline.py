@@ -244,11 +244,24 @@ def test_preempted_training_exits_4_and_the_next_run_resumes(first_run, state, t
     assert s["training"]["resumed_from_step"] == 30
 
 
-def test_auto_strategy_and_workers_resolve_before_the_manifest(first_run, state, tmp_path):
-    code, s = run_cli([*FAST, "--set", "training.strategy=auto", "--set", "training.cpu_workers=auto",
-                       "--set", "registry.model_name=auto-digits"], tmp_path)
+def test_auto_strategy_and_workers_resolve_before_the_manifest(first_run, state, repo_root, tmp_path):
+    # A saved sweep for this config says 2 processes x 1 thread win (probing without one is
+    # test_scale's): the manifest and the job follow it.
+    from core.config import load_config
+    from training.advisor import sweep_path
+    from training.probe import cpu_layouts
+
+    sets = [*FAST, "--set", "training.strategy=auto", "--set", "training.cpu_workers=auto",
+            "--set", "registry.model_name=auto-digits"]
+    cfg = load_config(repo_root / "configs" / "digits.yaml", sets[1::2])
+    rows = [{**lay, "device": "cpu", "cores": lay["nproc"] * lay["threads"], "batch_size": cfg.training.batch_size,
+             "time_to_target_s": None, "source": "probe", "status": "completed",
+             "samples_per_s": 9000.0 if lay["nproc"] == 2 else 1000.0} for lay in cpu_layouts(2)]
+    path = sweep_path(state, cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"source": "probe", "epochs": 1, "rows": rows}))
+    code, s = run_cli(sets, tmp_path)
     assert code == 0, s.get("error")
     world = s["manifest"]["world"]
-    assert isinstance(world["nproc_per_node"], int)
-    assert s["training"]["world_size"] == world["nproc_per_node"] * world["nnodes"]
-    assert s["training"]["strategy"] in ("single", "ddp", "fsdp")
+    assert (world["nproc_per_node"], world["nnodes"]) == (2, 1)
+    assert s["training"]["world_size"] == 2 and s["training"]["strategy"] in ("ddp", "fsdp")

@@ -4,6 +4,7 @@ an ordinary launch would, and exits untrained on ``abort`` or when its launcher 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -83,7 +84,9 @@ def test_the_flow_takes_only_the_job_it_would_launch_itself(tmp_path, monkeypatc
     other = load_config(ROOT / "configs" / "digits.yaml", [*FAST, "training.lr=0.001"])
     md5 = held.job.spec.data_md5
     assert prelaunch.take(prelaunch.job_key(other, md5, 2, ROOT)) is None  # other inputs: aborted, not used
-    assert _wait_exit(held.job) == 0
+    # It exits before its first step; on a loaded machine the abort's grace (10 s) may end first
+    # and the job is killed (SIGTERM to its group): either way it never trained.
+    assert _wait_exit(held.job) in (0, -signal.SIGTERM)
     assert not (held.folder / "result.json").exists()
     assert json.loads((held.folder / "go.json").read_text())["go"] is False
     assert prelaunch.take(prelaunch.job_key(cfg, md5, 2, ROOT)) is None  # nothing held any more
@@ -159,15 +162,8 @@ def test_the_workers_scores_are_the_pipelines_own_and_are_refused_for_another_pr
     assert worker_scores(task, cfg, ROOT, tmp_path / "missing") is None
 
 
-def test_a_classifier_pipeline_run_never_imports_torch_in_the_cli_process(tmp_path):
+def test_a_classifier_pipeline_run_never_imports_torch_in_the_cli_process(cli_run):
     # The point of the scoring above: torch (with torch.export's loader, 2-4 s) is the workers' only.
-    code = ("import sys; from flows.cli import main; code = main(['run', *sys.argv[1:]]);"
-            "print('TORCH_IMPORTED', 'torch' in sys.modules); sys.exit(code)")
-    env = {**__import__("os").environ, "TRAINFLOW_HOME": str(tmp_path / "home")}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    # Registered too (6 epochs pass the gates): MLflow's own serving check would import torch there.
-    args = [f"--set={o}" for o in [*BASE, "training.epochs=6", "registry.model_name=torchless-digits"]]
-    out = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "TORCH_IMPORTED False" in out.stdout
+    # The shared run registered its model too: MLflow's own serving check would import torch there.
+    assert cli_run.summary["status"] == "registered"
+    assert "TORCH_IMPORTED False" in cli_run.proc.stdout
