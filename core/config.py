@@ -2,6 +2,12 @@
 
 Every error names the key path (``training.lr: must be > 0, got -1``). The
 canonical JSON of a loaded config hashes to the config id.
+
+The defaults here hold for any task and dataset; what one pipeline is (its data, the model
+kind, the registered name) comes from its YAML in ``configs/``. Required: ``name`` and
+``dataset.path``; ``dataset.dvc_file`` defaults to ``<path>.dvc`` (what ``dvc add <path>``
+writes), ``registry.model_name`` to ``name`` and ``registry.experiment`` to ``trainflow-<name>``;
+the task requires what only it needs (e.g. ``dataset.expectations_file`` for a table).
 """
 
 from __future__ import annotations
@@ -71,6 +77,10 @@ class TextConfig(_Strict):
     expectations: TextExpectations = TextExpectations()
 
 
+def _dvc_file_of(path: str | None) -> str | None:
+    return None if path is None else path.rstrip("/") + ".dvc"
+
+
 class DatasetConfig(_Strict):
     """Where the DVC-tracked data lives and which of its columns the task reads.
 
@@ -80,8 +90,10 @@ class DatasetConfig(_Strict):
     ``exclude``. A text corpus (the ``lm`` task) is described by ``text`` instead.
     """
 
-    dvc_file: str = "data/digits.dvc"
-    path: str = "data/digits"
+    # The data folder, relative to the repository root.
+    path: str = Field(min_length=1)
+    # The DVC file whose md5 is the data version; left out: ``<path>.dvc``, what ``dvc add <path>`` writes.
+    dvc_file: str = Field(default_factory=lambda data: _dvc_file_of(data.get("path")), min_length=1)
     # Pre-split files (null: train.csv / test.csv), or one ``file`` split by seed.
     train_file: str | None = None
     test_file: str | None = None
@@ -124,9 +136,12 @@ class DatasetConfig(_Strict):
 class ModelConfig(_Strict):
     """The network. ``kind`` picks a built-in (cnn / mlp over table features, lm: a byte-level
     decoder-only transformer); ``factory: "module.path:function"`` names the user's own instead,
-    importable from the repository, called as ``function(n_inputs, n_outputs, **kwargs)``."""
+    importable from the repository, called as ``function(n_inputs, n_outputs, **kwargs)``.
+    ``kind`` left out: the task's own network (a table task's is the mlp, which fits any table;
+    cnn needs a square number of features, an image; the lm task needs lm). Null rather than
+    mlp, so a task with a network of its own can tell a kind someone chose from none."""
 
-    kind: Literal["cnn", "mlp", "lm"] = "cnn"
+    kind: Literal["cnn", "mlp", "lm"] | None = None
     factory: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     kwargs: dict[str, Any] = {}
     channels: tuple[int, int] = (16, 32)
@@ -326,9 +341,12 @@ class GatesConfig(_Strict):
 
 
 class RegistryConfig(_Strict):
+    """Where the model is registered. Left out, ``model_name`` is the pipeline's ``name`` and
+    ``experiment`` is ``trainflow-<name>`` (``PipelineConfig``)."""
+
     # A slug: it names the registered model, its promotion lock file and (with `name`) folders.
-    model_name: str = Field("digits-classifier", min_length=1)
-    experiment: str = Field("trainflow-digits", min_length=1)
+    model_name: str = Field(min_length=1)
+    experiment: str = Field(min_length=1)
     promotion: Literal["auto", "manual"] = "auto"
 
     @field_validator("model_name")
@@ -355,6 +373,18 @@ class RetrainConfig(_Strict):
     psi_bins: int = Field(10, ge=2)
 
 
+def _registry_of(name: Any, given: dict) -> dict | None:
+    """The registry section with ``model_name`` ``name`` and ``experiment`` ``trainflow-<name>``
+    where ``given`` leaves them out (None without a name: that error is the name's)."""
+    if not isinstance(name, str):
+        return given or None
+    return {"model_name": name, "experiment": f"trainflow-{name}", **given}
+
+
+def _default_registry(name: Any) -> RegistryConfig | None:
+    return RegistryConfig(**_registry_of(name, {})) if isinstance(name, str) else None
+
+
 # Sections that say when to train, not what to train: left out of the config id, so tuning them
 # neither makes the champion look stale nor orphans a resumable training folder.
 NOT_IN_CONFIG_ID = frozenset({"retrain"})
@@ -367,17 +397,25 @@ class PipelineConfig(_Strict):
     # registers under the ``trainflow.tasks`` entry-point group. The task checks the rest.
     task: str = Field("classification", pattern=r"^[a-z][a-z0-9_\-]*$")
     seed: int = 0
-    dataset: DatasetConfig = DatasetConfig()
+    dataset: DatasetConfig
     model: ModelConfig = ModelConfig()
     training: TrainingConfig = TrainingConfig()
     gates: GatesConfig = GatesConfig()
-    registry: RegistryConfig = RegistryConfig()
+    registry: RegistryConfig = Field(default_factory=lambda data: _default_registry(data.get("name")))
     retrain: RetrainConfig = RetrainConfig()
 
     @field_validator("name")
     @classmethod
     def _slug(cls, v: str) -> str:
         return check_slug(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _registry_names_of_name(cls, data: Any) -> Any:
+        """``registry.model_name`` and ``registry.experiment`` left out: named after ``name``."""
+        if isinstance(data, dict) and isinstance(data.get("registry"), dict):
+            return {**data, "registry": _registry_of(data.get("name"), data["registry"])}
+        return data  # no section (the field's default), a RegistryConfig, or a wrong type pydantic names
 
     @model_validator(mode="after")
     def _model_parallel_needs_lm(self) -> "PipelineConfig":
@@ -462,6 +500,8 @@ def _format_errors(err: ValidationError, model: type[BaseModel] | None = None) -
     model = model or PipelineConfig
     lines = []
     for e in err.errors():
+        if e["type"] == "default_factory_not_called":
+            continue  # a default made from another key (dataset.dvc_file, registry): that key's error says it
         path = ".".join(str(p) for p in e["loc"]) or "<root>"
         template = _MESSAGES.get(e["type"])
         if e["type"] == "value_error":

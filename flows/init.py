@@ -49,7 +49,7 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
     """
     import yaml
 
-    from core.config import PipelineConfig, config_from_dict
+    from core.config import DatasetConfig, config_from_dict
     from core.expectations import TableExpectations
     from tasks.table import read_table
     from validation.profile import column_type, profile_table
@@ -87,7 +87,7 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
     dataset.update(layout)
     if "file" in layout:
         dataset["test_fraction"] = test_fraction if test_fraction is not None else \
-            PipelineConfig.model_fields["dataset"].default.test_fraction
+            DatasetConfig.model_fields["test_fraction"].default
     elif test_fraction is not None:
         raise InitError("--test-fraction: the data is already split into train and test files")
     if test_fraction is not None and not 0 < test_fraction < 1:

@@ -117,7 +117,7 @@ def run_expectations(plan, data_key: str, suite_key: str, report_dir: str, cache
     cannot run code, and one that is not a result for these keys is ignored (validated again).
     ``report["cached"]`` says which."""
     from validation import cache
-    from validation.plans import run_plan
+    from validation.gx_run import run_plan
 
     report = cache.read(Path(cache_file), data_key, suite_key)
     if report is not None:
@@ -138,8 +138,8 @@ def validate(ctx: RunContext) -> dict:
 
     from registry import store
     from validation.cache import cache_file
-    from validation.plans import data_key as plan_data_key
-    from validation.plans import suite_key as plan_suite_key
+    from validation.gx_run import data_key as plan_data_key
+    from validation.gx_run import suite_key as plan_suite_key
     from validation.report import summary_markdown
 
     plan = ctx.task.validation_plan(ctx.cfg, ctx.root)

@@ -126,7 +126,7 @@ class Task:
 
     # -- validation (torch-free) -------------------------------------------------------------
     def validation_plan(self, cfg: "PipelineConfig", root: Path):
-        """A ``ValidationPlan``: the files to hash and the runner (in ``validation.plans``) that checks them."""
+        """A ``ValidationPlan``: the suite the GX runner (``validation.gx_run``) runs, the files to hash, its params."""
         raise NotImplementedError
 
     def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:
@@ -190,8 +190,9 @@ class Task:
 
 @dataclass
 class ValidationPlan:
-    """What validation runs for a config: ``runner`` names the GX runner in ``validation`` (table |
-    text), ``files`` are hashed for the cache key, ``params`` go to the runner."""
+    """What validation runs for a config, as data: ``runner`` names the suite the one GX runner
+    runs (``validation.gx_run.SUITES``: table | text), ``files`` are hashed for the cache key,
+    ``params`` go to the suite (torch-free values: configs, paths, the expectations file)."""
 
     runner: str
     files: list[Path]

@@ -77,13 +77,13 @@ def load_factory(ref: str):
 def build_core(model: ModelConfig, n_in: int, n_out: int) -> nn.Module:
     """The network between the standardised features and the ``n_out`` outputs: the user's
     ``model.factory(n_in, n_out, **model.kwargs)``, a small CNN over the square image the
-    features form, or an MLP (``model.kind``)."""
+    features form, or an MLP (``model.kind``; left out: the MLP, which fits any table)."""
     if model.factory is not None:
         net = load_factory(model.factory)(n_in, n_out, **model.kwargs)
         if not isinstance(net, nn.Module):
             raise ValueError(f"model.factory: {model.factory} returned {type(net).__name__}, not an nn.Module")
         return net
-    if model.kind == "mlp":
+    if model.kind in (None, "mlp"):
         return nn.Sequential(
             nn.Linear(n_in, model.hidden),
             nn.ReLU(),

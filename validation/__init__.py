@@ -1,10 +1,23 @@
-"""Dataset validation with Great Expectations: a table against its reviewed expectations file
-(``validation.suite``), a text corpus against its config (``validation.text_suite``).
+"""Dataset validation with Great Expectations: one runner (``validation.gx_run``) runs a task's
+validation plan with the suite it names, a table against its reviewed expectations file
+(``validation.suite``) or a text corpus (``validation.text_suite``).
 
-Importing this package is cheap: pandas and great_expectations load inside the functions.
+Importing this package is cheap and imports no suite: pandas and great_expectations load inside
+the functions, and the names below load their module when first used.
 """
 
-from validation.report import summary_markdown
-from validation.suite import table_data_hash, table_suite_hash, validate_table
+from importlib import import_module
 
-__all__ = ["validate_table", "table_suite_hash", "table_data_hash", "summary_markdown"]
+_EXPORTS = {
+    "run_plan": "validation.gx_run", "data_key": "validation.gx_run", "suite_key": "validation.gx_run",
+    "validate_table": "validation.suite", "table_suite_hash": "validation.suite",
+    "summary_markdown": "validation.report",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'validation' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)

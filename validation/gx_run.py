@@ -1,9 +1,17 @@
-"""The one Great Expectations runner both suites use: frames in, GX results and report files out.
+"""The one Great Expectations runner: a task's validation plan in, the report and its files out.
 
-A suite (``validation.suite`` for tables, ``validation.text_suite`` for a corpus) builds a plan
-of :class:`Item` s, one derived frame each with its expectations; :func:`run_items` validates them
-in one ephemeral context and :func:`write_report` writes ``gx_result.json``, ``summary.md`` and
-the Data Docs. GX is imported inside the functions; the caller sets ``GX_ANALYTICS_ENABLED=false``.
+A task's plan (``tasks.base.ValidationPlan``, torch-free data) names a suite, the files it reads
+and the suite's parameters. :func:`run_plan` loads the splits, asks the suite for its derived
+frames and expectations (:class:`Item` s), validates them in one ephemeral GX context
+(:func:`run_items`), asks the suite to read the failures, and writes ``gx_result.json``,
+``summary.md`` and the Data Docs (:func:`write_report`). :func:`data_key` and :func:`suite_key`
+key the result cache (``validation.cache``).
+
+A suite is a module with ``NAME``, ``SPLITS``, ``load(params)``, ``items(params, frames)``,
+``failures(params, run, items)`` and ``identity(params)``: ``validation.suite`` (a table against
+its reviewed expectations file) and ``validation.text_suite`` (a JSON Lines corpus). The suites
+import this runner; it imports them only by name when a plan asks (:data:`SUITES`), so there is
+no import cycle. GX is imported inside the functions; the caller sets ``GX_ANALYTICS_ENABLED=false``.
 """
 
 from __future__ import annotations
@@ -26,19 +34,81 @@ SUMMARY_MD = "summary.md"
 DATA_DOCS_DIR = "data_docs"
 
 
-def suite_identity(code_files: list[str], **parts) -> str:
-    """sha256 of a suite's ``parts``, the named files of this folder (the suite's code, this runner's
-    and ``validation.report``) and the installed GX version, without importing GX."""
+# The suites a plan may name (``ValidationPlan.runner``) -> their module, imported when asked.
+SUITES = {"table": "validation.suite", "text": "validation.text_suite"}
+
+
+def suite_module(name: str):
+    """The suite module a plan names; ValueError naming an unknown one."""
+    from importlib import import_module
+
+    if name not in SUITES:
+        raise ValueError(f"validation plan: unknown suite {name!r}; known: {', '.join(SUITES)}")
+    return import_module(SUITES[name])
+
+
+def run_plan(plan, report_dir: Path) -> dict:
+    """Validate what ``plan`` names and write the report files into ``report_dir``; the report
+    (see :func:`write_report`). Never raises on bad data; DataUnavailableError for a missing file."""
+    suite = suite_module(plan.runner)
+    return validate(suite, plan.params, suite.load(plan.params), Path(report_dir))
+
+
+def data_key(plan) -> str:
+    """sha256 over the bytes of the files the plan reads (DataUnavailableError names a missing one)."""
+    return data_hash(plan.files)
+
+
+def suite_key(plan) -> str:
+    """Identity of the suite the plan runs with its parameters (:func:`suite_identity`)."""
+    suite = suite_module(plan.runner)
+    return suite_identity(suite, suite.identity(plan.params))
+
+
+def data_hash(paths: list[Path]) -> str:
+    """sha256 over the bytes of ``paths`` (what is in the workspace, not what the ``.dvc`` file
+    claims: an edit nobody ``dvc add``-ed is never taken for validated).
+    Raises DataUnavailableError naming a missing file."""
+    from core.errors import DataUnavailableError
+    from core.hashing import file_sha256, sha256_json
+
+    digests = []
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the "
+                                       "workspace; run `dvc pull` (or check dataset.path)")
+        digests.append([path.name, file_sha256(path)])
+    return sha256_json(digests)
+
+
+def suite_identity(suite, parts: dict) -> str:
+    """sha256 of a suite's ``parts``, its module's code, this runner's and ``validation.report``'s,
+    and the installed GX version, without importing GX: a change to any of them is a new suite."""
     from importlib.metadata import PackageNotFoundError, version
 
     from core.hashing import file_sha256, sha256_json
 
     here = Path(__file__).resolve().parent
+    code = [Path(suite.__file__), here / "gx_run.py", here / "report.py"]
     try:
         gx_version = version("great_expectations")
     except PackageNotFoundError:
         gx_version = "missing"
-    return sha256_json({**parts, "code": [file_sha256(here / name) for name in code_files], "gx": gx_version})
+    return sha256_json({**parts, "code": [file_sha256(f) for f in code], "gx": gx_version})
+
+
+def validate(suite, params: dict, splits: dict, report_dir: Path) -> dict:
+    """Run ``suite`` with ``params`` on ``splits`` (``{split: frame}``, every one of ``suite.SPLITS``)
+    and write the report files into ``report_dir``. ValueError when a split is missing or the
+    suite finds its parameters contradict each other; never raises on bad data."""
+    started = time.perf_counter()
+    missing = [s for s in suite.SPLITS if s not in splits]
+    if missing:
+        raise ValueError(f"the {suite.NAME} suite needs splits {list(suite.SPLITS)}; missing {missing}")
+    items, skipped = suite.items(params, splits)
+    run = run_items(items, started)
+    return write_report(run, items, report_dir, failures=suite.failures(params, run, items),
+                        rows={s: int(len(splits[s])) for s in suite.SPLITS}, skipped=skipped)
 
 
 def complete(*index_columns: str) -> dict:
@@ -65,7 +135,8 @@ class Item:
     """One derived frame to validate: GX data asset, suite and validation definition ``trainflow_<name>``.
 
     ``split``/``kind`` tell the report where its results came from; ``covers[i]`` is how many
-    checks expectation ``i`` stands for (a stacked expectation: one per column it covers).
+    checks expectation ``i`` stands for (a stacked expectation: one per column it covers);
+    ``checks[i]`` the report's check name for expectation ``i`` where the suite names them.
     """
 
     name: str
@@ -75,6 +146,7 @@ class Item:
     expectations: list
     result_format: dict
     covers: list[int] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.covers:

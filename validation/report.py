@@ -52,7 +52,7 @@ def jsonable(value: Any) -> Any:
     return None if text in ("<NA>", "NaT", "nan") else text
 
 
-def _fmt_bound(x: Any) -> str:
+def fmt_bound(x: Any) -> str:
     if isinstance(x, float) and x.is_integer():
         return str(int(x))
     return str(x)
@@ -155,7 +155,7 @@ def failure_from_result(evr: dict, split: str, frame: str = "split", *, label_co
         failure["check"] = "class_balance"
         failure["column"] = label_column
         failure["rows"] = []
-        lo, hi = _fmt_bound(kwargs.get("min_value")), _fmt_bound(kwargs.get("max_value"))
+        lo, hi = fmt_bound(kwargs.get("min_value")), fmt_bound(kwargs.get("max_value"))
         shares = [
             {"label": p.get("label"), "fraction": round(float(p["fraction"]), 4)}
             for p in records
@@ -232,7 +232,7 @@ def failure_from_result(evr: dict, split: str, frame: str = "split", *, label_co
         ) + _rows_text(rows, count)
     elif etype == "expect_column_values_to_be_between":
         failure["check"] = "range"
-        lo, hi = _fmt_bound(kwargs.get("min_value")), _fmt_bound(kwargs.get("max_value"))
+        lo, hi = fmt_bound(kwargs.get("min_value")), fmt_bound(kwargs.get("max_value"))
         failure["detail"] = f"{_plural(count, 'value')} outside [{lo}, {hi}]" + (
             f", e.g. {_fmt_values(values)}" if values else ""
         ) + _rows_text(rows, count)
@@ -296,11 +296,11 @@ def cells_failures(evr: dict, split: str) -> list[dict]:
             f["examples"] = values
             f["detail"] = (
                 f"{_plural(count, 'value')} {'below min' if side == 'min' else 'above max'} "
-                f"{_fmt_bound(_tidy_number(bound))}, e.g. {_fmt_values(values)}" + _rows_text(rows, count)
+                f"{fmt_bound(_tidy_number(bound))}, e.g. {_fmt_values(values)}" + _rows_text(rows, count)
             )
         else:
             kwargs = (evr.get("expectation_config") or {}).get("kwargs") or {}
-            lo, hi = _fmt_bound(kwargs.get("min_value")), _fmt_bound(kwargs.get("max_value"))
+            lo, hi = fmt_bound(kwargs.get("min_value")), fmt_bound(kwargs.get("max_value"))
             f["examples"] = values
             f["detail"] = (
                 f"{_plural(count, 'value')} outside [{lo}, {hi}], e.g. {_fmt_values(values)}"

@@ -1,4 +1,5 @@
-"""Validate a table's train and test splits against its reviewed expectations file with GX 1.x.
+"""The table suite the GX runner (``validation.gx_run``) runs: a table's train and test splits
+against its reviewed expectations file.
 
 The suite is a function of the ``TableExpectations`` (``core.expectations``), the feature and
 label columns the config reads and whether the task classifies. Nothing heavy at import; the
@@ -35,21 +36,21 @@ once, as a null, not a second time as a wrong type. Rows are 0-based positions i
 from __future__ import annotations
 
 import re
-import time
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.errors import DataUnavailableError
-from validation.gx_run import SUMMARY, Item, complete, run_items, write_report
-from validation.report import failures_from_results, sort_failures, summary_markdown
+from validation.gx_run import SUMMARY, Item, Run, complete, suite_identity, validate
+from validation.report import failures_from_results, sort_failures
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from core.expectations import TableExpectations
 
-__all__ = ["validate_table", "table_suite_hash", "table_data_hash", "summary_markdown"]
+__all__ = ["validate_table", "table_suite_hash"]
 
+NAME = "table"
 SPLITS = ("train", "test")
 
 # Index level names of the cells frame (distinct from its column names).
@@ -68,25 +69,54 @@ def table_suite_hash(exp: TableExpectations, features: list[str], label: str, cl
     """Identity of the suite :func:`validate_table` builds: the expectations, the columns it reads,
     this module's, the runner's and ``validation.report``'s code and the GX version (GX is not
     imported). Any change to a bound, a column or the suite code gives a new hash."""
-    from validation.gx_run import suite_identity
-
-    return suite_identity(["suite.py", "gx_run.py", "report.py"], expectations=exp.model_dump(mode="json"),
-                          features=list(features), label=label, classification=bool(classification))
+    return suite_identity(sys.modules[__name__], _parts(exp, features, label, classification))
 
 
-def table_data_hash(paths: list[Path]) -> str:
-    """sha256 over the bytes of the files validation reads (what is in the workspace, not what the
-    ``.dvc`` file claims: an edit nobody ``dvc add``-ed is never taken for validated).
-    Raises DataUnavailableError naming a missing file."""
-    from core.hashing import file_sha256, sha256_json
+def _parts(exp: TableExpectations, features: list[str], label: str, classification: bool) -> dict:
+    return dict(expectations=exp.model_dump(mode="json"), features=list(features), label=label,
+                classification=bool(classification))
 
-    digests = []
-    for path in map(Path, paths):
-        if not path.is_file():
-            raise DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the "
-                                       "workspace; run `dvc pull` (or check dataset.path)")
-        digests.append([path.name, file_sha256(path)])
-    return sha256_json(digests)
+
+# --------------------------------------------------------------------------- the suite protocol (gx_run)
+# A table plan's params (``tasks.tabular``): dataset, root, seed, stratify (how one file is split),
+# expectations (``TableExpectations``), features, label, classification.
+
+
+def identity(params: dict) -> dict:
+    """What makes this suite's result: its parts and, for one file split by seed, how it is cut
+    (another seed or fraction is other data)."""
+    ds = params["dataset"]
+    split = {"file": ds.file, "seed": params["seed"], "test_fraction": ds.test_fraction,
+             "stratify": params["stratify"]} if ds.file is not None else None
+    return {**_parts(params["expectations"], params["features"], params["label"], params["classification"]),
+            "split": split}
+
+
+def load(params: dict) -> dict[str, pd.DataFrame]:
+    """The train and test frames as the files hold them. Raises DataUnavailableError."""
+    from tasks.table import load_frames
+
+    return load_frames(params["dataset"], params["root"], params["seed"], params["stratify"])
+
+
+def items(params: dict, splits: dict[str, pd.DataFrame]) -> tuple[list[Item], list[dict]]:
+    """The derived frames and their expectations, and the checks that cannot run. Raises
+    ValueError when the plan's columns contradict its expectations file."""
+    exp, features, label = params["expectations"], list(params["features"]), params["label"]
+    unknown = [c for c in [*features, label] if c not in exp.names]
+    if unknown:
+        raise ValueError(f"column(s) {unknown} are not in the expectations file (columns: {exp.names})")
+    if exp.label is not None and exp.label != label:
+        raise ValueError(f"label: the config reads {label!r}, the expectations file says {exp.label!r}")
+    frames = {s: _coerce_integral(splits[s]) for s in SPLITS}
+    skipped: list[dict] = []
+    return _plan(exp, features, label, params["classification"], frames, skipped), skipped
+
+
+def failures(params: dict, run: Run, items: list[Item]) -> list[dict]:
+    """One report entry per failed check, in split, table, column, balance, leak order."""
+    triples = [(item.split, item.kind, evr) for item, evr in run.results(items)]
+    return sort_failures(failures_from_results(triples, label_column=params["label"]), params["expectations"].names)
 
 
 # --------------------------------------------------------------------------- derived frames
@@ -390,22 +420,5 @@ def validate_table(exp: TableExpectations, features: list[str], label: str, spli
     ``validation.gx_run.write_report``, failures in ``validation.report``). Raises ValueError
     when the caller's columns contradict ``exp`` (a feature or the label not in the file).
     """
-    started = time.perf_counter()
-    missing = [s for s in SPLITS if s not in splits]
-    if missing:
-        raise ValueError(f"validate_table needs splits {list(SPLITS)}; missing {missing}")
-    unknown = [c for c in [*features, label] if c not in exp.names]
-    if unknown:
-        raise ValueError(f"column(s) {unknown} are not in the expectations file (columns: {exp.names})")
-    if exp.label is not None and exp.label != label:
-        raise ValueError(f"label: the config reads {label!r}, the expectations file says {exp.label!r}")
-
-    frames = {s: _coerce_integral(splits[s]) for s in SPLITS}
-    skipped: list[dict] = []
-    items = _plan(exp, list(features), label, classification, frames, skipped)
-    run = run_items(items, started)
-    triples = [(item.split, item.kind, evr) for item, evr in run.results(items)]
-    failures = sort_failures(failures_from_results(triples, label_column=label), exp.names)
-    return write_report(run, items, report_dir, failures=failures,
-                        rows={s: int(len(splits[s])) for s in SPLITS}, skipped=skipped)
-
+    params = {"expectations": exp, "features": list(features), "label": label, "classification": classification}
+    return validate(sys.modules[__name__], params, splits, Path(report_dir))

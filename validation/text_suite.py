@@ -1,4 +1,5 @@
-"""Great Expectations suite for a text corpus (the ``lm`` task's ``dataset.text``), same report shape as tables.
+"""The text suite the GX runner (``validation.gx_run``) runs: a corpus (the ``lm`` task's
+``dataset.text``), the same report shape as tables.
 
 The corpus is JSON Lines, one ``{"path", "text"}`` document per line. GX runs on derived frames
 with one row per document, so a suite costs a handful of expectations whatever the corpus size:
@@ -21,18 +22,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.config import DatasetConfig
 from core.errors import DataUnavailableError
-from validation.gx_run import Item, complete, run_items, write_report
-from validation.report import MAX_EXAMPLES, _fmt_bound, jsonable
+from validation.gx_run import Item, Run, complete, suite_identity, validate
+from validation.report import MAX_EXAMPLES, fmt_bound, index_records, jsonable
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from core.config import DatasetConfig
+
+NAME = "text"
 SPLITS = ("train", "eval")
 COLUMNS = ["doc", "line", "path", "parsed", "utf8", "nonblank", "n_bytes", "sha256"]
 _CHECK_ORDER = ("row_count", "format", "utf8", "empty", "length", "duplicate", "leak", "other")
@@ -133,8 +136,6 @@ def _plan(cfg: DatasetConfig, frames: dict[str, pd.DataFrame]) -> list[dict]:
 
 
 def _records(result: dict) -> list[dict]:
-    from validation.report import index_records
-
     return [r for r in index_records(result) if isinstance(r, dict)]
 
 
@@ -187,7 +188,7 @@ def failure(split: str, check: str, evr: dict) -> dict:
         for e, r in zip(out["examples"], shown):
             e["n_bytes"] = r.get("n_bytes")
         where = ", ".join(f"{r.get('path') or '?'} ({r.get('n_bytes')} B, line {r.get('line')})" for r in shown) + more
-        lo, hi = _fmt_bound(kwargs.get("min_value")), _fmt_bound(kwargs.get("max_value"))
+        lo, hi = fmt_bound(kwargs.get("min_value")), fmt_bound(kwargs.get("max_value"))
         what = f"document(s) with a UTF-8 size outside [{lo}, {hi}] bytes"
     out["detail"] = f"{count} {what}: {where}"
     return jsonable(out)
@@ -199,36 +200,48 @@ def _sort(failures: list[dict]) -> list[dict]:
                                            _CHECK_ORDER.index(f["check"]) if f["check"] in _CHECK_ORDER else 9))
 
 
-def validate_text(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_dir: Path) -> dict:
-    """Run the text suite on ``splits`` (from :func:`load_splits`) and write the report files into
-    ``report_dir``; the same report shape as the tabular suite (``validation.gx_run.write_report``).
-    Never raises on bad data."""
-    started = time.perf_counter()
-    missing = [s for s in SPLITS if s not in splits]
-    if missing:
-        raise ValueError(f"validate_text needs splits {list(SPLITS)}; missing {missing}")
-    plan = _plan(cfg, splits)
-    items = [Item(p["name"], p["split"], "text", p["frame"], [e for _, e in p["checks"]], p["result_format"])
-             for p in plan]
-    run = run_items(items, started)
-    failures = []
-    for p, item in zip(plan, items):
+# --------------------------------------------------------------------------- the suite protocol (gx_run)
+# A text plan's params (``tasks.lm``): dataset (its ``text`` section), root.
+
+
+def identity(params: dict) -> dict:
+    """What makes this suite's result: the corpus section (files, windows, bounds)."""
+    text = params["dataset"].text
+    return {"text": text.model_dump(mode="json") if text is not None else None}
+
+
+def load(params: dict) -> dict[str, pd.DataFrame]:
+    return load_splits(params["dataset"], params["root"])
+
+
+def items(params: dict, splits: dict[str, pd.DataFrame]) -> tuple[list[Item], list[dict]]:
+    plan = _plan(params["dataset"], splits)
+    return [Item(p["name"], p["split"], "text", p["frame"], [e for _, e in p["checks"]], p["result_format"],
+                 checks=[c for c, _ in p["checks"]]) for p in plan], []
+
+
+def failures(params: dict, run: Run, items: list[Item]) -> list[dict]:
+    out = []
+    for item in items:
         # GX returns results in its own order: match them to checks by expectation type + column.
-        checks = {(e.expectation_type, getattr(e, "column", None)): c for c, e in p["checks"]}
+        checks = {(e.expectation_type, getattr(e, "column", None)): c for c, e in zip(item.checks, item.expectations)}
         for evr in run.raw[item.name].get("results", []):
             if evr.get("success"):
                 continue
             cfg_ = evr.get("expectation_config") or {}
             key = (cfg_.get("type"), (cfg_.get("kwargs") or {}).get("column"))
-            failures.append(failure(item.split, checks.get(key, "other"), evr))
-    return write_report(run, items, report_dir, failures=_sort(failures),
-                        rows={s: int(len(splits[s])) for s in SPLITS}, skipped=[])
+            out.append(failure(item.split, checks.get(key, "other"), evr))
+    return _sort(out)
+
+
+def validate_text(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_dir: Path) -> dict:
+    """Run the text suite on ``splits`` (from :func:`load_splits`) and write the report files into
+    ``report_dir``; the same report shape as the tabular suite (``validation.gx_run.write_report``).
+    Never raises on bad data."""
+    return validate(sys.modules[__name__], {"dataset": cfg}, splits, Path(report_dir))
 
 
 def text_suite_hash(cfg: DatasetConfig) -> str:
     """Identity of the suite :func:`validate_text` builds: the corpus bounds, this module's, the
     runner's and ``validation.report``'s code and the GX version (GX is not imported)."""
-    from validation.gx_run import suite_identity
-
-    return suite_identity(["text_suite.py", "gx_run.py", "report.py"],
-                          text=cfg.text.model_dump(mode="json") if cfg.text is not None else None)
+    return suite_identity(sys.modules[__name__], identity({"dataset": cfg}))

@@ -217,7 +217,7 @@ def test_validation_plan_runs_on_the_table_suite(root, tmp_path):
 
     import validation.suite
     from tasks import task_for
-    from validation.plans import run_plan
+    from validation.gx_run import run_plan
 
     if not hasattr(validation.suite, "validate_table"):
         pytest.skip("the table runner (validation.suite.validate_table) is not merged into this branch yet")

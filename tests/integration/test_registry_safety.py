@@ -216,7 +216,7 @@ def test_a_tampered_validation_cache_is_never_unpickled_and_validation_runs_agai
     from prefect import flow
 
     from flows.pipeline import validate
-    from validation.plans import data_key, suite_key
+    from validation.gx_run import data_key, suite_key
 
     home = tmp_path / "home"
     ctx = make_ctx(store, project, "cached-digits", home)

@@ -175,7 +175,7 @@ def test_validation_task_is_cached_on_data_and_suite(project, tmp_path):
     from flows.pipeline import run_expectations
     from tasks import get_task
     from validation.cache import cache_file
-    from validation.plans import data_key, suite_key
+    from validation.gx_run import data_key, suite_key
 
     cfg = load_config(project / "configs" / "digits.yaml")
     results = tmp_path / "results"

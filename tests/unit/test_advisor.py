@@ -161,14 +161,14 @@ def test_saved_sweep_is_found_by_the_auto_config(tmp_path):
 
 # -- config ---------------------------------------------------------------------------------------
 def test_config_accepts_auto_and_still_rejects_bad_values():
-    t = config_from_dict({"name": "x", "training": {"strategy": "auto", "cpu_workers": "auto"}}).training
+    t = config_from_dict({"name": "x", "dataset": {"path": "d"}, "training": {"strategy": "auto", "cpu_workers": "auto"}}).training
     assert (t.strategy, t.cpu_workers) == ("auto", "auto")
-    assert config_from_dict({"name": "x", "training": {"strategy": "single", "cpu_workers": "auto"}})
+    assert config_from_dict({"name": "x", "dataset": {"path": "d"}, "training": {"strategy": "single", "cpu_workers": "auto"}})
     with pytest.raises(ConfigError, match=r"training\.cpu_workers: must be > 0, got 0"):
-        config_from_dict({"name": "x", "training": {"cpu_workers": 0}})
+        config_from_dict({"name": "x", "dataset": {"path": "d"}, "training": {"cpu_workers": 0}})
     with pytest.raises(ConfigError, match=r"training\.cpu_workers: must be a positive integer or 'auto', got 'many'"):
-        config_from_dict({"name": "x", "training": {"cpu_workers": "many"}})
+        config_from_dict({"name": "x", "dataset": {"path": "d"}, "training": {"cpu_workers": "many"}})
     with pytest.raises(ConfigError, match=r"training\.strategy: must be one of .*'auto', got 'zero3'"):
-        config_from_dict({"name": "x", "training": {"strategy": "zero3"}})
+        config_from_dict({"name": "x", "dataset": {"path": "d"}, "training": {"strategy": "zero3"}})
     with pytest.raises(ConfigError, match=r"training\.strategy: 'single' runs one process"):
-        config_from_dict({"name": "x", "training": {"strategy": "single", "cpu_workers": 2}})
+        config_from_dict({"name": "x", "dataset": {"path": "d"}, "training": {"strategy": "single", "cpu_workers": 2}})

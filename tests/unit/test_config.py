@@ -27,25 +27,25 @@ def test_every_shipped_config_loads_and_fits_its_task(path):
 
 def test_negative_lr_names_key_path_and_value():
     with pytest.raises(ConfigError) as err:
-        config_from_dict({"name": "x", "training": {"lr": -1}})
+        config_from_dict({"name": "x", "dataset": {"path": "d"}, "training": {"lr": -1}})
     assert "training.lr: must be > 0, got -1" in str(err.value)
 
 
 def test_keeping_one_checkpoint_is_refused_naming_the_key():
     # One kept checkpoint is the only one: unreadable after a crash, resume would start over.
     with pytest.raises(ConfigError) as err:
-        config_from_dict({"name": "x", "training": {"keep_checkpoints": 1}})
+        config_from_dict({"name": "x", "dataset": {"path": "d"}, "training": {"keep_checkpoints": 1}})
     assert str(err.value) == "training.keep_checkpoints: must be >= 2, got 1"
 
 
 def test_unknown_nested_key_is_rejected_with_path():
     with pytest.raises(ConfigError, match=r"model\.widht: unknown key"):
-        config_from_dict({"name": "x", "model": {"widht": 3}})
+        config_from_dict({"name": "x", "dataset": {"path": "d"}, "model": {"widht": 3}})
 
 
 def test_every_error_is_listed():
     with pytest.raises(ConfigError) as err:
-        config_from_dict({"name": "x", "training": {"epochs": 0, "lr_scaling": "cubic"}})
+        config_from_dict({"name": "x", "dataset": {"path": "d"}, "training": {"epochs": 0, "lr_scaling": "cubic"}})
     msg = str(err.value)
     assert "training.epochs: must be > 0, got 0" in msg
     assert "training.lr_scaling: must be one of" in msg and "'cubic'" in msg
@@ -58,32 +58,32 @@ def test_missing_name_is_reported():
 
 def test_inverted_bounds_are_rejected():
     with pytest.raises(ConfigError, match="dataset.expectations"):
-        config_from_dict({"name": "x", "dataset": {"expectations": {"train_rows": [10, 5]}}})
+        config_from_dict({"name": "x", "dataset": {"path": "d", "expectations": {"train_rows": [10, 5]}}})
 
 
 def test_overrides_parse_yaml_values_and_apply():
-    cfg = config_from_dict({"name": "x"}, ["training.epochs=3", "training.grad_clip=null", "model.kind=mlp"])
+    cfg = config_from_dict({"name": "x", "dataset": {"path": "d"}}, ["training.epochs=3", "training.grad_clip=null", "model.kind=mlp"])
     assert cfg.training.epochs == 3 and cfg.training.grad_clip is None and cfg.model.kind == "mlp"
     assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
 
 
 def test_override_of_unknown_key_names_it():
     with pytest.raises(ConfigError, match="training.epoch: unknown key"):
-        config_from_dict({"name": "x"}, ["training.epoch=3"])
+        config_from_dict({"name": "x", "dataset": {"path": "d"}}, ["training.epoch=3"])
 
 
 def test_override_without_equals_is_an_error():
     with pytest.raises(ConfigError, match="expected KEY.PATH=VALUE"):
-        config_from_dict({"name": "x"}, ["training.epochs"])
+        config_from_dict({"name": "x", "dataset": {"path": "d"}}, ["training.epochs"])
 
 
 def test_config_id_ignores_yaml_layout_but_not_values(tmp_path):
-    a = {"name": "x", "seed": 1, "training": {"epochs": 2, "lr": 0.01}}
-    b = {"training": {"lr": 0.01, "epochs": 2}, "seed": 1, "name": "x"}
+    a = {"name": "x", "dataset": {"path": "d"}, "seed": 1, "training": {"epochs": 2, "lr": 0.01}}
+    b = {"training": {"lr": 0.01, "epochs": 2}, "seed": 1, "dataset": {"path": "d"}, "name": "x"}
     assert config_from_dict(a).config_id() == config_from_dict(b).config_id()
     assert config_from_dict(a).config_id() != config_from_dict(a, ["seed=2"]).config_id()
     # A default spelled out equals the default left implicit.
-    assert config_from_dict({"name": "x"}).config_id() == config_from_dict({"name": "x", "seed": 0}).config_id()
+    assert config_from_dict({"name": "x", "dataset": {"path": "d"}}).config_id() == config_from_dict({"name": "x", "dataset": {"path": "d"}, "seed": 0}).config_id()
 
 
 def test_yaml_round_trip_keeps_the_id():
@@ -106,19 +106,19 @@ def test_unreadable_and_invalid_yaml_are_clear(tmp_path):
 
 def test_parallel_settings_are_checked_against_the_world_at_load():
     with pytest.raises(ConfigError, match=r"training\.strategy: 'single' runs one process, but training.cpu_workers is 2"):
-        config_from_dict({"name": "x", "training": {"strategy": "single", "cpu_workers": 2}})
-    assert config_from_dict({"name": "x", "training": {"strategy": "single", "cpu_workers": 1}}).training.strategy == "single"
+        config_from_dict({"name": "x", "dataset": {"path": "d"}, "training": {"strategy": "single", "cpu_workers": 2}})
+    assert config_from_dict({"name": "x", "dataset": {"path": "d"}, "training": {"strategy": "single", "cpu_workers": 1}}).training.strategy == "single"
 
 
 def test_model_validator_errors_name_the_nested_field():
     with pytest.raises(ConfigError, match=r"dataset\.file: give either file \(split with test_fraction\) or train_file"):
-        config_from_dict({"name": "x", "dataset": {"file": "all.csv", "train_file": "t.csv"}})
+        config_from_dict({"name": "x", "dataset": {"path": "d", "file": "all.csv", "train_file": "t.csv"}})
     with pytest.raises(ConfigError, match=r"dataset\.features: contains the label column 'y'"):
-        config_from_dict({"name": "x", "dataset": {"label": "y", "features": ["a", "y"]}})
+        config_from_dict({"name": "x", "dataset": {"path": "d", "label": "y", "features": ["a", "y"]}})
 
 
 def test_loader_settings_are_checked_at_load():
     with pytest.raises(ConfigError, match=r"training\.loader\.prefetch_factor: needs num_workers > 0"):
-        config_from_dict({"name": "x", "training": {"loader": {"kind": "dataloader", "prefetch_factor": 2}}})
+        config_from_dict({"name": "x", "dataset": {"path": "d"}, "training": {"loader": {"kind": "dataloader", "prefetch_factor": 2}}})
     with pytest.raises(ConfigError, match=r"training\.loader\.kind: 'memory' has no workers"):
-        config_from_dict({"name": "x", "training": {"loader": {"num_workers": 2}}})
+        config_from_dict({"name": "x", "dataset": {"path": "d"}, "training": {"loader": {"num_workers": 2}}})

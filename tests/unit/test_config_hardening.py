@@ -55,11 +55,11 @@ def test_a_name_that_leaves_home_is_a_config_error_and_nothing_is_written_outsid
 @pytest.mark.parametrize("value", ["a/b", "..", ".", "", "x y", "/abs", "-rf"])
 def test_registry_model_name_is_a_slug(value):
     with pytest.raises(ConfigError, match="registry.model_name: must be a slug|registry.model_name: string"):
-        config_from_dict({"name": "x", "registry": {"model_name": value}})
+        config_from_dict({"name": "x", "dataset": {"path": "d"}, "registry": {"model_name": value}})
 
 
 def test_ordinary_names_stay_valid():
-    cfg = config_from_dict({"name": "Digits_DDP.v2", "registry": {"model_name": "digits-classifier"}})
+    cfg = config_from_dict({"name": "Digits_DDP.v2", "dataset": {"path": "d"}, "registry": {"model_name": "digits-classifier"}})
     assert cfg.name == "Digits_DDP.v2"
 
 
@@ -86,7 +86,7 @@ def test_a_malformed_set_value_exits_1_with_one_line_naming_the_key(cli_env, cap
 def test_malformed_override_values_are_one_line_config_errors(item):
     key = item.partition("=")[0]
     with pytest.raises(ConfigError) as err:
-        config_from_dict({"name": "x"}, [item])
+        config_from_dict({"name": "x", "dataset": {"path": "d"}}, [item])
     assert str(err.value).startswith(key) and "\n" not in str(err.value)
 
 
@@ -99,7 +99,7 @@ def test_malformed_override_values_are_one_line_config_errors(item):
 ])
 def test_non_finite_numbers_are_refused_naming_the_key(key, value):
     with pytest.raises(ConfigError, match=rf"^{key}: must be a finite number"):
-        config_from_dict({"name": "x"}, [f"{key}={value}"])
+        config_from_dict({"name": "x", "dataset": {"path": "d"}}, [f"{key}={value}"])
 
 
 def test_duplicate_keys_are_refused_with_their_path_and_lines(tmp_path):

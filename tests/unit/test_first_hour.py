@@ -55,15 +55,15 @@ def test_top_level_help_shows_what_it_is_the_commands_and_every_exit_code(capsys
 
 def test_a_misspelt_override_key_suggests_the_real_one():
     with pytest.raises(ConfigError) as err:
-        config_from_dict({"name": "x"}, ["training.epoch=3"])
+        config_from_dict({"name": "x", "dataset": {"path": "d"}}, ["training.epoch=3"])
     assert str(err.value) == "training.epoch: unknown key (did you mean training.epochs?)"
     with pytest.raises(ConfigError, match=r"^trainig: unknown key \(did you mean training\?\)$"):
-        config_from_dict({"name": "x"}, ["trainig.epochs=3"])
+        config_from_dict({"name": "x", "dataset": {"path": "d"}}, ["trainig.epochs=3"])
     with pytest.raises(ConfigError, match=r"^training\.early_stopping\.patiense: unknown key "
                                           r"\(did you mean training\.early_stopping\.patience\?\)$"):
-        config_from_dict({"name": "x"}, ["training.early_stopping.patiense=2"])
+        config_from_dict({"name": "x", "dataset": {"path": "d"}}, ["training.early_stopping.patiense=2"])
     with pytest.raises(ConfigError) as err:  # nothing close: no guess
-        config_from_dict({"name": "x"}, ["nope=1"])
+        config_from_dict({"name": "x", "dataset": {"path": "d"}}, ["nope=1"])
     assert str(err.value) == "nope: unknown key"
 
 

@@ -19,7 +19,7 @@ LM = {"kind": "lm", "seq_len": 16, "d_model": 32, "n_layers": 4, "n_heads": 4, "
 
 
 def lm_cfg(training=None, model=None):
-    return config_from_dict({"name": "t", "task": "lm", "model": {**LM, **(model or {})},
+    return config_from_dict({"name": "t", "task": "lm", "dataset": {"path": "d"}, "model": {**LM, **(model or {})},
                              "training": {"strategy": "single", "cpu_workers": 1, **(training or {})}})
 
 
@@ -91,7 +91,7 @@ def test_each_strategy_checks_its_degrees(training, match):
 
 def test_model_parallel_needs_an_lm_and_fitting_shapes():
     with pytest.raises(ConfigError, match=r"training\.strategy: 'tp' \(model parallel\) needs model\.kind: lm"):
-        config_from_dict({"name": "t", "training": {"strategy": "tp", "cpu_workers": 2, "parallel": {"tp": 2}}})
+        config_from_dict({"name": "t", "dataset": {"path": "d"}, "training": {"strategy": "tp", "cpu_workers": 2, "parallel": {"tp": 2}}})
     with pytest.raises(ConfigError, match=r"training\.parallel\.tp: 8 must divide model\.n_heads \(4\)"):
         lm_cfg({"strategy": "tp", "cpu_workers": 8, "parallel": {"tp": 8}})
     with pytest.raises(ConfigError, match=r"training\.parallel\.pp: 8 stages for model\.n_layers 4"):

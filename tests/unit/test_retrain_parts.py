@@ -68,18 +68,18 @@ def test_promotion_rule_needs_at_least_the_champions_accuracy():
 
 
 def test_retrain_section_is_left_out_of_the_config_id():
-    base = PipelineConfig(name="x")
-    tuned = PipelineConfig(name="x", retrain=RetrainConfig(policy="drift", psi_threshold=0.5))
+    base = PipelineConfig(name="x", dataset={"path": "d"})
+    tuned = PipelineConfig(name="x", dataset={"path": "d"}, retrain=RetrainConfig(policy="drift", psi_threshold=0.5))
     assert base.config_id() == tuned.config_id()
     # An older config.json, written before the section existed, keeps its id.
     old = base.model_dump(mode="json")
     old.pop("retrain")
     assert config_id_of(old) == base.config_id()
-    assert PipelineConfig(name="x", seed=1).config_id() != base.config_id()
+    assert PipelineConfig(name="x", dataset={"path": "d"}, seed=1).config_id() != base.config_id()
 
 
 def _ctx(home):
-    cfg = PipelineConfig(name="digits")
+    cfg = PipelineConfig(name="digits", dataset={"path": "d"})
     return SimpleNamespace(cfg=cfg, home=home, manifest=SimpleNamespace(data=SimpleNamespace(md5="m.dir")))
 
 

@@ -100,12 +100,12 @@ def test_regression_trains_on_standardised_targets_and_exports_in_their_units(tm
 
 def test_a_table_config_needs_its_expectations_and_an_importable_factory():
     with pytest.raises(ConfigError, match=r"dataset\.expectations_file: required"):
-        task_for(PipelineConfig(name="t", model={"kind": "mlp"}))
+        task_for(PipelineConfig(name="t", dataset={"path": "d"}, model={"kind": "mlp"}))
     with pytest.raises(ConfigError, match=r"model\.factory: module 'no_such_module_here' not found"):
-        task_for(PipelineConfig(name="t", dataset={"expectations_file": "e.yaml"},
+        task_for(PipelineConfig(name="t", dataset={"path": "d", "expectations_file": "e.yaml"},
                                 model={"factory": "no_such_module_here:make"}))
     with pytest.raises(ConfigError, match=r"training\.early_stopping\.metric: task 'regression' reports no"):
-        task_for(PipelineConfig(name="t", task="regression", dataset={"expectations_file": "e.yaml"},
+        task_for(PipelineConfig(name="t", task="regression", dataset={"path": "d", "expectations_file": "e.yaml"},
                                 training={"early_stopping": {"metric": "val_accuracy"}}))
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from core.errors import DataUnavailableError
 from core.expectations import ColumnExpectation, TableExpectations
-from validation import summary_markdown, table_data_hash, table_suite_hash
+from validation import summary_markdown, table_suite_hash
+from validation.gx_run import data_hash as table_data_hash
 from validation.report import (
     cells_failures,
     failure_from_result,

@@ -30,6 +30,7 @@ BASE = {
     "name": "lm-probe",
     "task": "lm",
     "seed": 0,
+    "dataset": {"path": "lm-probe"},  # the probe makes its corpus in memory (lm_splits); no files read
     "model": {"kind": "lm", "seq_len": 32, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64,
               "dropout": 0.0},
     "training": {"strategy": "single", "cpu_workers": 1, "epochs": 3, "batch_size": 8, "lr": 0.003,
