@@ -82,13 +82,8 @@ class Prelaunch:
     """
 
     def __init__(self, key: tuple, slot: TrainFolder):
-        self._key = key
-        self._slot: TrainFolder | None = slot
-
-    @property
-    def slot(self) -> TrainFolder | None:
-        """The held job's folder, until it is taken or aborted."""
-        return self._slot
+        self.key = key
+        self.slot: TrainFolder | None = slot  # until taken or aborted
 
     @classmethod
     def start(cls, cfg_path: Path, overrides: list[str], nproc: int | None) -> Prelaunch | None:
@@ -116,36 +111,32 @@ class Prelaunch:
             cfg, _ = resolve_for_launch(cfg, home, nproc=nproc)  # no root: never probes here
             n = nproc or default_nproc(cfg)
             md5 = read_dvc_file(root, cfg.dataset.dvc_file).md5
+            slot = TrainFolder(*claim_train_dir(home, cfg.name, cfg.config_id(), md5, n, log))
         except Exception as exc:  # noqa: BLE001 - the flow's resolve names it properly
             log.debug("no early launch: %s", exc)
             return None
-        slot = None
         try:
-            slot = TrainFolder(*claim_train_dir(home, cfg.name, cfg.config_id(), md5, n, log))
             slot.held = start_held(make_spec(cfg, slot.folder, root, md5, JOB_ENV, n), lock_fd=slot.lock_fd)
-        except Exception as exc:  # noqa: BLE001 - e.g. a world the strategy can't use: resolve/train say so
-            if slot is not None:
-                slot.release()
-            log.debug("no early launch: %s", exc)
+        except BaseException as exc:
+            slot.release()
+            if not isinstance(exc, Exception):
+                raise
+            log.debug("no early launch: %s", exc)  # e.g. a world the strategy can't use: resolve/train say so
             return None
-        except BaseException:
-            if slot is not None:
-                slot.release()
-            raise
         return cls(job_key(cfg, md5, n, root), slot)
 
     def take(self, key: tuple) -> TrainFolder | None:
         """The held job's folder if it is the job with ``key`` (``job_key``); else it is aborted. Once."""
-        slot, self._slot = self._slot, None
+        slot, self.slot = self.slot, None
         if slot is None:
             return None
-        if key != self._key or slot.held.job.proc.poll() is not None:
+        if key != self.key or slot.held.job.proc.poll() is not None:
             slot.abort("the flow resolved other inputs than the early launch")
             return None
         return slot
 
     def abort(self, reason: str) -> None:
         """Abort the held job unless the flow took it (the flow ended without training, or the CLI exits)."""
-        slot, self._slot = self._slot, None
+        slot, self.slot = self.slot, None
         if slot is not None:
             slot.abort(reason)
