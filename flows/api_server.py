@@ -3,9 +3,9 @@
 With ``PREFECT_API_URL`` set, that server is used as it is. Without it, Prefect 3's
 ephemeral mode would start a temporary API server (uvicorn in a subprocess) when the
 flow starts, i.e. after the CLI has paid for every import, and wait ~5-10 s for it.
-``TemporaryServer`` starts the same server, with the same command and environment
-Prefect's ``SubprocessASGIServer`` uses, *first*, so its boot runs on the other core
-while this process imports Prefect, torch and MLflow; ``wait()`` is called just before
+``TemporaryServer`` starts the same server (Prefect's app in ephemeral mode, served by
+uvicorn as Prefect's ``SubprocessASGIServer`` does) *first*, so its boot runs on the other
+core while this process imports Prefect, torch and MLflow; ``wait()`` is called just before
 the flow starts. ``TRAINFLOW_PREFECT_API=ephemeral`` turns this off (Prefect's own mode).
 
 It is stopped at exit after Prefect's own exit handlers have flushed logs and events
@@ -18,7 +18,6 @@ job and then the server, in that order.
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import os
 import signal
 import socket
@@ -35,7 +34,7 @@ OPT_OUT = "TRAINFLOW_PREFECT_API"
 # server (flows.promotion takes a Prefect concurrency limit only on the latter).
 TEMPORARY_API = "TRAINFLOW_TEMPORARY_PREFECT_API"
 
-# The environment of the temporary server: Prefect's ephemeral-mode switches, plus two
+# The environment of the temporary server (public Prefect settings only): no UI, and two
 # start-up costs a server that lives for one run does not need (measured ~1.5 s of its
 # ~6 s boot): registering the installed block types (it imports every Prefect collection,
 # prefect-kubernetes and prefect-docker here, only to hash them; a real `prefect server
@@ -44,8 +43,6 @@ TEMPORARY_API = "TRAINFLOW_TEMPORARY_PREFECT_API"
 # only while one run does). Task-run recording, event persistence and logs stay on.
 SERVER_ENV = {
     "PREFECT_UI_ENABLED": "0",
-    "PREFECT__SERVER_EPHEMERAL": "1",
-    "PREFECT__SERVER_FINAL": "1",
     "PREFECT_API_BLOCKS_REGISTER_ON_START": "false",
     "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
     "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
@@ -58,12 +55,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _prefect_app_dir() -> str:
-    """The folder that holds the ``prefect`` package, found without importing it."""
-    spec = importlib.util.find_spec("prefect")
-    if spec is None or spec.origin is None:
-        raise RuntimeError("prefect is not installed")
-    return str(Path(spec.origin).parent.parent)
+def create_app():
+    """uvicorn's factory for the temporary server (runs in the server's process).
+
+    Prefect's app in ephemeral mode (no UI; only the services Prefect marks for ephemeral
+    servers, e.g. task-run recording and event persistence) and ``final`` (its last app in this
+    process: frees the routers' copies). Given as ``create_app``'s public arguments: Prefect's
+    own ``SubprocessASGIServer`` passes them through the private ``PREFECT__SERVER_EPHEMERAL`` /
+    ``PREFECT__SERVER_FINAL`` variables, for which no public setting exists.
+    """
+    from prefect.server.api.server import create_app as prefect_app
+
+    return prefect_app(ephemeral=True, final=True)
 
 
 class TemporaryServer:
@@ -77,8 +80,8 @@ class TemporaryServer:
         self.started_at = 0.0
 
     def _cmd(self) -> list[str]:
-        return [sys.executable, "-m", "uvicorn", "--app-dir", _prefect_app_dir(), "--factory",
-                "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+        return [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(__file__).resolve().parent.parent),
+                "--factory", "flows.api_server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
                 "--log-level", "error", "--lifespan", "on"]
 
     def start(self) -> "TemporaryServer":

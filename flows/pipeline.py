@@ -178,16 +178,6 @@ def _data_docs(ctx: RunContext) -> str | None:
     return str(index) if index.is_file() else None
 
 
-# Training folders claimed by a running flow (by MLflow run id), released when it ends.
-_CLAIMED: dict = {}
-
-
-def _release_train_dir(run_id: str) -> None:
-    held = _CLAIMED.pop(run_id, None)
-    if held is not None:
-        held.release()
-
-
 def _claim_train_dir(ctx: RunContext, nproc: int) -> tuple[Path, int]:
     """This run's training folder, held exclusively: ``(folder, lock fd)`` (``training.slots``)."""
     from training.slots import claim_train_dir
@@ -207,42 +197,39 @@ def _logger():
         return logging.getLogger(__name__)
 
 
+def _train_folder(ctx: RunContext, nproc: int):
+    """The folder ``train`` runs in, held by this run until the flow ends (evaluate and register
+    read its model.pt2): the job ``trainflow run`` started early when it is the job this run would
+    launch (``flows.prelaunch``), else a folder claimed now. A ``flows.prelaunch.TrainFolder``."""
+    from flows.params import early_job
+    from flows.prelaunch import TrainFolder, job_key
+
+    early = early_job()
+    taken = early.take(job_key(ctx.cfg, ctx.manifest.data.md5, nproc, ctx.root)) if early is not None else None
+    return taken or TrainFolder(*_claim_train_dir(ctx, nproc))
+
+
 @task(name="train", retries=0, **TASK)
-def train(ctx: RunContext, nproc: int) -> dict:
-    """torchrun the worker; its metrics file is relayed into the pipeline's MLflow run meanwhile."""
-    from flows import prelaunch
+def train(ctx: RunContext, nproc: int, slot) -> dict:
+    """torchrun the worker in ``slot`` (``_train_folder``); its metrics file is relayed into the
+    pipeline's MLflow run meanwhile."""
+    from flows.prelaunch import JOB_ENV
     from registry.relay import relay_metrics
     from training.launcher import make_spec, start_job
 
     from core.metrics_file import METRICS_FILE
 
-    held = prelaunch.take(prelaunch.job_key(ctx.cfg, ctx.manifest.data.md5, nproc, ctx.root))
-    if held is None:
-        folder, lock = _claim_train_dir(ctx, nproc)
-        held = prelaunch.Held((), None, folder, lock)
-    try:
-        # Entered before the job trains, so the relay starts at this run's first record.
-        with relay_metrics(ctx.run_id, held.folder / METRICS_FILE):
-            if held.job is not None:  # `trainflow run` started this very job while the earlier stages ran
-                get_run_logger().info("training: the job started early (held in %s) goes now", held.folder.name)
-                job = held.job
-                try:
-                    job.go()
-                except BaseException:
-                    job.abort("could not signal go")
-                    raise
-            else:
-                job = start_job(make_spec(ctx.cfg, held.folder, ctx.root, ctx.manifest.data.md5,
-                                          prelaunch.JOB_ENV, nproc), lock_fd=held.lock_fd)
-            # Back as soon as rank 0's result is final: torchrun's exit overlaps the evaluation.
-            result = job.finish(at_result=True)
-        result["started_early"] = held.job is not None
-    except BaseException:
-        held.release()
-        raise
-    # Evaluate and register read the folder's model.pt2: it stays claimed until the flow ends,
-    # or a concurrent run with the same inputs could clear it meanwhile.
-    _CLAIMED[ctx.run_id] = held
+    # Entered before the job trains, so the relay starts at this run's first record.
+    with relay_metrics(ctx.run_id, slot.folder / METRICS_FILE):
+        if slot.held is not None:  # `trainflow run` started this very job while the earlier stages ran
+            get_run_logger().info("training: the job started early (held in %s) goes now", slot.folder.name)
+            job = slot.held.go()
+        else:
+            job = start_job(make_spec(ctx.cfg, slot.folder, ctx.root, ctx.manifest.data.md5, JOB_ENV, nproc),
+                            lock_fd=slot.lock_fd)
+        # Back as soon as rank 0's result is final: torchrun's exit overlaps the evaluation.
+        result = job.finish(at_result=True)
+    result["started_early"] = slot.held is not None
     return result
 
 
@@ -504,12 +491,15 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
     from registry import store
 
     monitor = store.system_metrics(ctx.run_id)  # stopped by end_run, in every ending
+    slot = None  # the training folder, held from `train` until the flow ends
     try:
         report = timed("validate", validate, ctx)
         summary["validation"] = {"success": True, "n_expectations": report["n_expectations"],
                                  "cached": report["cached"], "data_docs": _data_docs(ctx)}
-        t = ctx.cfg.training
-        result = timed("train", train.with_options(timeout_seconds=t.timeout_s + 60), ctx, ctx.manifest.world.nproc_per_node)
+        nproc = ctx.manifest.world.nproc_per_node
+        stage[0] = "train"
+        slot = _train_folder(ctx, nproc)
+        result = timed("train", train.with_options(timeout_seconds=ctx.cfg.training.timeout_s + 60), ctx, nproc, slot)
         summary["plots"] = {"training_curves": timed("log-training", log_training, ctx, result)}
         summary["training"] = {k: result[k] for k in ("world_size", "backend", "strategy", "restarts", "samples_per_s",
                                                        "global_batch", "effective_lr", "weights_sha256", "wall_s",
@@ -552,5 +542,6 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
         exc.summary = summary  # the CLI writes it; the exception still fails the flow run
         raise
     finally:
-        _release_train_dir(ctx.run_id)
+        if slot is not None:
+            slot.release()
         timings["flow"] = round(time.perf_counter() - t0, 3)

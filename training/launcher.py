@@ -26,7 +26,7 @@ from pathlib import Path
 
 from core.config import PipelineConfig
 from core.errors import ConfigError, PreemptedError, TrainingFailedError
-from core.procs import pid_alive
+from tasks.base import SCORES_FILE  # noqa: F401  (the file SCORE_ENV makes rank 0 write)
 from training import preemption
 from training.agent import LAUNCHER_PID_ENV
 from training.layouts import maybe_gpu
@@ -299,59 +299,26 @@ def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tup
             raise TrainingFailedError(f"training exceeded training.timeout_s={spec.timeout_s:g}s and was killed")
 
 
-# A held job (``start_job(spec, hold=True)``): its workers start up (imports, data) and
-# then wait for this file before joining the process group. ``{"go": true, "env": {...}}``
-# starts training with ``env`` added to each worker's environment; ``{"go": false}`` (or the
-# launching process dying, or the wait outliving ``GO_TIMEOUT_S``) makes them exit untrained.
 # "1": rank 0 also scores the exported program on the test split, into SCORES_FILE
 # (training/worker.py ``write_test_scores``); the pipeline's jobs set it.
 SCORE_ENV = "TRAINFLOW_SCORE_TEST"
-from tasks.base import SCORES_FILE  # noqa: E402,F401  (the file the task writes)
-
-GO_FILE_ENV = "TRAINFLOW_GO_FILE"
-GO_PARENT_ENV = "TRAINFLOW_GO_PARENT"
-GO_TIMEOUT_S = 900.0
 
 
 class Job:
     """A started torchrun job: ``finish()`` waits for it and returns ``result.json``."""
 
-    def __init__(self, spec: JobSpec, proc: subprocess.Popen, go_file: Path | None):
+    def __init__(self, spec: JobSpec, proc: subprocess.Popen):
         self.spec = spec
         self.proc = proc
-        self.go_file = go_file
-        self.started_at = time.perf_counter()
+        self.started_at = time.perf_counter()  # wall_s counts from here (training.held: from `go`)
 
-    @property
-    def held(self) -> bool:
-        return self.go_file is not None and not self.go_file.exists()
-
-    def _signal(self, payload: dict) -> None:
-        tmp = self.go_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(payload))
-        tmp.replace(self.go_file)  # atomic: a worker never reads half a decision
-
-    def go(self, env: dict[str, str] | None = None) -> None:
-        """Let a held job train; ``env`` is added to its workers' environment first."""
-        if self.go_file is None:
-            raise RuntimeError("this job was not started held")
-        self._signal({"go": True, "env": dict(env or {})})
-        self.started_at = time.perf_counter()
-
-    def abort(self, reason: str, grace_s: float = 10.0) -> None:
-        """Stop a job that must not train (a held one exits before its first step)."""
-        if self.go_file is not None and not self.go_file.exists():
-            self._signal({"go": False, "reason": reason})
-            try:
-                self.proc.wait(timeout=grace_s)
-                return
-            except subprocess.TimeoutExpired:
-                pass
+    def kill(self) -> None:
+        """Stop the job's process group now (SIGTERM, then SIGKILL), if it still runs."""
         if self.proc.poll() is None:
             _kill_group(self.proc)
 
     def finish(self, at_result: bool = False) -> dict:
-        """Wait for the job; return ``result.json`` (plus ``wall_s``: since start, or since ``go``).
+        """Wait for the job; return ``result.json`` (plus ``wall_s``: since ``started_at``).
 
         ``at_result``: return once rank 0 has written its completed result (the weights, the
         exported program and the result are final then), while torchrun and its workers are
@@ -362,10 +329,6 @@ class Job:
         the workers saved a checkpoint; rerunning with the same ``out_dir`` resumes).
         """
         spec, out = self.spec, Path(self.spec.out_dir)
-        if preemption.REQUESTED.is_set() and self.held:  # SIGTERM before training started
-            self.abort("preempted before training started")
-            preemption.REQUESTED.clear()
-            raise PreemptedError("preempted before training started; nothing to resume yet")
         previous = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
         installed = preemption.install_handler()
         try:
@@ -435,14 +398,14 @@ def reap_exiting() -> None:
         _EXITING.pop().join(REAP_GRACE_S + 15)
 
 
-def start_job(spec: JobSpec, hold: bool = False, lock_fd: int | None = None) -> Job:
+def start_job(spec: JobSpec, lock_fd: int | None = None, launch_env: dict[str, str] | None = None) -> Job:
     """Start torchrun for ``spec`` and return at once.
 
-    ``hold``: the workers start up and wait for ``Job.go()`` before training (or exit on
-    ``Job.abort()``), so a caller can overlap their start-up with its own work.
     ``lock_fd``: the open ``flock`` on the training folder (``training.slots``); torchrun
     inherits it, so the folder stays locked until the job has exited, even when the caller
     dies or closes its own copy first (``core.locks.release`` only closes).
+    ``launch_env``: added to this launch's environment only, not recorded in ``job.json``
+    (``training.held`` marks a held job with it).
 
     The job dies with the *thread* that calls this (``training.agent``): call it from a thread
     that outlives the job, as ``finish`` does by waiting in it.
@@ -455,18 +418,11 @@ def start_job(spec: JobSpec, hold: bool = False, lock_fd: int | None = None) -> 
     if spec.node_rank == 0:
         (out / "result.json").unlink(missing_ok=True)  # a result from an earlier run must not pass for this one
     (out / FATAL_FILE).unlink(missing_ok=True)
-    env = {**os.environ, **spec.env, "OMP_NUM_THREADS": str(spec.threads_per_worker),
+    env = {**os.environ, **spec.env, **(launch_env or {}), "OMP_NUM_THREADS": str(spec.threads_per_worker),
            LAUNCHER_PID_ENV: str(os.getpid())}
-    go_file = out / "go.json" if hold else None
-    if go_file is not None:
-        go_file.unlink(missing_ok=True)
-        env.update({GO_FILE_ENV: str(go_file), GO_PARENT_ENV: str(os.getpid())})
-    else:
-        for key in (GO_FILE_ENV, GO_PARENT_ENV):
-            env.pop(key, None)
     proc = subprocess.Popen(spec.command(out / "torchrun"), cwd=spec.root, env=env, start_new_session=True,
                             pass_fds=() if lock_fd is None else (lock_fd,))
-    return Job(spec, proc, go_file)
+    return Job(spec, proc)
 
 
 def run_job(spec: JobSpec) -> dict:
@@ -476,33 +432,3 @@ def run_job(spec: JobSpec) -> dict:
     the workers saved a checkpoint; rerunning with the same ``out_dir`` resumes).
     """
     return start_job(spec).finish()
-
-
-def wait_for_go(poll_s: float = 0.02) -> tuple[bool, str]:
-    """Worker side of a held job: ``(True, "")`` to train, ``(False, why)`` to exit untrained.
-
-    Returns at once when the job was not started held. Every rank reads the file itself
-    (a held job is single-node: its folder is local), so no collective is needed.
-    """
-    path = os.environ.get(GO_FILE_ENV)
-    if not path:
-        return True, ""
-    go_file, parent = Path(path), int(os.environ.get(GO_PARENT_ENV) or 0)
-    deadline = time.monotonic() + GO_TIMEOUT_S
-    while True:
-        try:
-            payload = json.loads(go_file.read_text())
-        except FileNotFoundError:
-            payload = None
-        except ValueError:  # cannot happen with the atomic rename, but never train on a torn read
-            payload = None
-        if payload is not None:
-            if payload.get("go"):
-                os.environ.update({k: str(v) for k, v in (payload.get("env") or {}).items()})
-                return True, ""
-            return False, str(payload.get("reason") or "aborted by the launcher")
-        if parent and not pid_alive(parent):
-            return False, f"the launching process {parent} exited before training started"
-        if time.monotonic() > deadline:
-            return False, f"no go signal within {GO_TIMEOUT_S:g} s"
-        time.sleep(poll_s)

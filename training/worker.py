@@ -29,7 +29,8 @@ from training.agent import bind_worker
 from training.data import Splits, load_splits
 from training.distributed import process_group
 from training.export import export_model
-from training.launcher import SCORE_ENV, wait_for_go
+from training.held import wait_for_go
+from training.launcher import SCORE_ENV
 from training.models import build_model, example_input
 from training.sink import MetricsSink
 from training.trainer import FitResult, Trainer, restart_count, state_dict_sha256
@@ -157,7 +158,7 @@ def _main(args: argparse.Namespace) -> int:
     splits = load_splits(cfg, root, cfg.seed)
     # A held job (the pipeline launched it while its earlier stages ran): nothing is trained,
     # and nothing written, before the launcher says go.
-    go, why = wait_for_go()
+    go, why = wait_for_go(args.out)
     if not go:
         logging.getLogger("trainflow.train").info("not training: %s", why)
         return 0

@@ -71,6 +71,11 @@ def test_server_answers_health_then_stops(monkeypatch, tmp_path):
         with urllib.request.urlopen(server.api_url + "/health", timeout=5) as r:
             assert r.status == 200
         pid = server.proc.pid
+        # Prefect's app in ephemeral mode through our factory's public arguments, not Prefect's
+        # private PREFECT__SERVER_* switches.
+        assert b"flows.api_server:create_app" in open(f"/proc/{pid}/cmdline", "rb").read()
+        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        assert [v for v in environ if v.startswith(b"PREFECT__")] == []
     finally:
         server.stop()
     assert _wait_gone(pid, 10)
@@ -105,7 +110,7 @@ def test_cli_run_starts_its_own_server_and_stops_it(cli_run):
         assert db.execute("select name from concurrency_limit_v2").fetchall() == []
     assert cli_run.summary["promotion"]["promoted"] is True
     # Stopped at exit: no uvicorn serving Prefect's app is left running from this PREFECT_HOME.
-    leftovers = [p for p in _processes_with("prefect.server.api.server:create_app")
+    leftovers = [p for p in _processes_with("flows.api_server:create_app")
                  if str(cli_run.root) in open(f"/proc/{p}/environ", "rb").read().decode(errors="replace")]
     assert leftovers == []
     # No "View at <temporary server>/runs/flow-run/..." in its log: that server is gone now. The

@@ -1,5 +1,5 @@
-"""A torchrun job started held (``start_job(hold=True)``): it trains only after ``go``, exactly as
-an ordinary launch would, and exits untrained on ``abort`` or when its launcher dies."""
+"""A torchrun job started held (``training.held.start_held``): it trains only after ``go``, exactly
+as an ordinary launch would, and exits untrained on ``abort`` or when its launcher dies."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from core.config import load_config
 from tests.engine_helpers import BASE, ROOT, processes_mentioning
+from training.held import start_held
 from training.launcher import make_spec, run_job, start_job
 
 pytestmark = pytest.mark.integration
@@ -30,12 +31,11 @@ def _wait_exit(job, timeout_s: float = 60) -> int:
 
 
 def test_a_held_job_trains_after_go_to_the_same_weights_as_a_plain_launch(tmp_path):
-    job = start_job(_spec(tmp_path / "held"), hold=True)
+    job = start_held(_spec(tmp_path / "held"))
     time.sleep(3)  # the workers are up (or getting there) and must be waiting, not training
-    assert job.proc.poll() is None
+    assert job.waiting and job.job.proc.poll() is None
     assert not (tmp_path / "held" / "checkpoints").exists() and not (tmp_path / "held" / "result.json").exists()
-    job.go({"TRAINFLOW_TEST_GO_ENV": "1"})
-    held = job.finish()
+    held = job.go().finish()
     plain = run_job(_spec(tmp_path / "plain"))
     assert held["status"] == plain["status"] == "completed"
     assert held["steps"] == plain["steps"]
@@ -45,10 +45,10 @@ def test_a_held_job_trains_after_go_to_the_same_weights_as_a_plain_launch(tmp_pa
 
 def test_an_aborted_held_job_exits_without_training_or_writing(tmp_path):
     out = tmp_path / "aborted"
-    job = start_job(_spec(out), hold=True)
+    job = start_held(_spec(out))
     time.sleep(2)
     job.abort("validation failed")
-    assert _wait_exit(job) == 0  # the workers chose to exit: not a failure, not a kill
+    assert _wait_exit(job.job) == 0  # the workers chose to exit: not a failure, not a kill
     assert not (out / "checkpoints").exists()
     assert not (out / "result.json").exists() and not (out / "weights.pt").exists()
     assert processes_mentioning(str(out)) == []
@@ -57,8 +57,8 @@ def test_an_aborted_held_job_exits_without_training_or_writing(tmp_path):
 def test_a_held_job_exits_when_its_launcher_dies(tmp_path):
     out = tmp_path / "orphan"
     code = ("import sys, time; from pathlib import Path; sys.path.insert(0, sys.argv[2]);"
-            "from tests.integration.test_prelaunch import _spec; from training.launcher import start_job;"
-            "job = start_job(_spec(Path(sys.argv[1])), hold=True); print(job.proc.pid, flush=True); time.sleep(600)")
+            "from tests.integration.test_prelaunch import _spec; from training.held import start_held;"
+            "job = start_held(_spec(Path(sys.argv[1]))); print(job.job.proc.pid, flush=True); time.sleep(600)")
     launcher = subprocess.Popen([sys.executable, "-c", code, str(out), str(ROOT)], cwd=ROOT,
                                 stdout=subprocess.PIPE, text=True)
     try:
@@ -75,38 +75,42 @@ def test_a_held_job_exits_when_its_launcher_dies(tmp_path):
 
 
 def test_the_flow_takes_only_the_job_it_would_launch_itself(tmp_path, monkeypatch):
-    from flows import prelaunch
+    from flows.prelaunch import Prelaunch, job_key
 
     monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
-    held = prelaunch.start(ROOT / "configs" / "digits.yaml", FAST, 2)
-    assert held is not None and held.job.held
+    early = Prelaunch.start(ROOT / "configs" / "digits.yaml", FAST, 2)
+    assert early is not None and early.slot.held.waiting
+    held = early.slot
     cfg = load_config(ROOT / "configs" / "digits.yaml", FAST)
     other = load_config(ROOT / "configs" / "digits.yaml", [*FAST, "training.lr=0.001"])
-    md5 = held.job.spec.data_md5
-    assert prelaunch.take(prelaunch.job_key(other, md5, 2, ROOT)) is None  # other inputs: aborted, not used
+    md5 = held.held.job.spec.data_md5
+    assert early.take(job_key(other, md5, 2, ROOT)) is None  # other inputs: aborted, not used
     # It exits before its first step; on a loaded machine the abort's grace (10 s) may end first
     # and the job is killed (SIGTERM to its group): either way it never trained.
-    assert _wait_exit(held.job) in (0, -signal.SIGTERM)
+    assert _wait_exit(held.held.job) in (0, -signal.SIGTERM)
     assert not (held.folder / "result.json").exists()
     assert json.loads((held.folder / "go.json").read_text())["go"] is False
-    assert prelaunch.take(prelaunch.job_key(cfg, md5, 2, ROOT)) is None  # nothing held any more
+    assert early.take(job_key(cfg, md5, 2, ROOT)) is None  # nothing held any more
 
-    again = prelaunch.start(ROOT / "configs" / "digits.yaml", FAST, 2)
-    assert again.folder == held.folder  # the aborted job left its folder free and clean
-    assert prelaunch.take(prelaunch.job_key(cfg, md5, 2, ROOT)) is again
-    again.abort("test over")
-    assert _wait_exit(again.job) == 0
+    again = Prelaunch.start(ROOT / "configs" / "digits.yaml", FAST, 2)
+    slot = again.slot
+    assert slot.folder == held.folder  # the aborted job left its folder free and clean
+    assert again.take(job_key(cfg, md5, 2, ROOT)) is slot
+    again.abort("the flow ended")  # taken: the flow owns it now, the CLI's abort leaves it alone
+    assert slot.held.waiting and slot.held.job.proc.poll() is None
+    slot.abort("test over")
+    assert _wait_exit(slot.held.job) in (0, -signal.SIGTERM)
 
 
 def test_no_early_launch_when_opted_out_or_the_world_needs_a_probe(tmp_path, monkeypatch):
-    from flows import prelaunch
+    from flows.prelaunch import Prelaunch
 
     monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TRAINFLOW_PRELAUNCH", "0")
-    assert prelaunch.start(ROOT / "configs" / "digits.yaml", FAST, 2) is None
+    assert Prelaunch.start(ROOT / "configs" / "digits.yaml", FAST, 2) is None
     monkeypatch.delenv("TRAINFLOW_PRELAUNCH")
     # cpu_workers: auto with no saved sweep: resolve probes the layouts first, so no guess is launched
-    assert prelaunch.start(ROOT / "configs" / "digits.yaml", [*FAST, "training.cpu_workers=auto"], None) is None
+    assert Prelaunch.start(ROOT / "configs" / "digits.yaml", [*FAST, "training.cpu_workers=auto"], None) is None
     assert not (tmp_path / "home" / "train").exists()
 
 

@@ -1,5 +1,4 @@
-"""Model parallelism without processes: the LM's layout, the config checks of degrees and kinds,
-and the advisor's DDP / FSDP / TP / PP rule on fixed numbers."""
+"""Model parallelism without processes: the LM's layout, the config checks of degrees and kinds."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import torch
 
 from core.config import config_from_dict
 from core.errors import ConfigError
-from training.advisor import advise_parallelism, lm_profile, parallel_per_rank
 from training.lm import split_stage, stage_layers
 from training.models import build_model, token_loss
 from training.strategies import StrategyConfigError, check_world
@@ -112,80 +110,6 @@ def test_launch_time_check_uses_the_real_world_size():
     check_world("tp", 2, cfg.training.parallel)
     with pytest.raises(StrategyConfigError, match=r"tp \(2\) x pp \(1\) must divide the world size 3"):
         check_world("tp", 3, cfg.training.parallel)  # e.g. --nproc 3 overriding cpu_workers
-
-
-# -- advisor -----------------------------------------------------------------------------------
-def test_lm_profile_counts_by_hand():
-    prof = lm_profile(lm_cfg({"batch_size": 2}))
-    d, f, n = 32, 64, 4
-    per_block_shard = 3 * (d * d + d) + (d * f + f) + d * d + f * d  # q,k,v (+bias), up (+bias), o, down weights
-    assert prof["tp_shard_params"] == n * per_block_shard
-    assert prof["first_params"] + n * prof["layer_params"] + prof["last_params"] == prof["n_params"]
-    model = build_model(lm_cfg(), {})
-    assert prof["n_params"] == sum(p.numel() for p in model.parameters())
-    # logits: 4 bytes x batch 2 x 16 positions x 256 classes, part of the last stage's activations
-    assert prof["last_act_bytes"] >= 4 * 2 * 16 * 256
-    assert prof["first_act_bytes"] + n * prof["layer_act_bytes"] + prof["last_act_bytes"] == prof["act_bytes"]
-
-
-# Round numbers, so each expected byte count can be checked by hand (AdamW: 16 bytes/param).
-PROF = {"kind": "lm", "optimizer": "adamw", "n_params": 1000, "largest_unit_params": 100, "act_bytes": 1000,
-        "tp_shard_params": 800, "tp_shard_act_bytes": 600, "first_params": 100, "first_act_bytes": 100,
-        "layer_params": 200, "layer_act_bytes": 200, "last_params": 100, "last_act_bytes": 100,
-        "n_layers": 4, "n_heads": 4, "d_ff": 16, "microbatches": 4, "schedule": "gpipe"}
-
-
-def test_per_rank_bytes_follow_the_documented_rule():
-    sizes = parallel_per_rank(PROF, 2)
-    assert sizes["ddp"][0] == 16 * 1000 + 1000
-    assert sizes["fsdp"][0] == 16 * 1000 // 2 + 4 * 100 + 1000
-    assert sizes["tp"][0] == 16 * (800 // 2 + 200) + 600 // 2 + 400
-    assert sizes["pp"][0] == 16 * (100 + 2 * 200) + (100 + 2 * 200)  # stage 0: embeddings + 2 blocks
-    one_f_one_b = parallel_per_rank({**PROF, "schedule": "1f1b"}, 2)["pp"][0]
-    assert one_f_one_b == 16 * 500 + 500 * 2 // 4  # 2 of 4 micro-batches alive
-
-
-@pytest.mark.parametrize("device, expected", [
-    (20_000, "ddp"),   # a replica (17000) fits
-    (10_000, "fsdp"),  # sharded state 9400 fits; tp needs 10300
-    (9_000, "pp"),     # only the pipeline (8500) fits
-])
-def test_advisor_picks_the_first_that_fits(device, expected):
-    advice = advise_parallelism(PROF, device, 2, headroom=1.0)
-    assert advice["recommended"] == expected
-    assert advice["explanation"].startswith(f"{expected}: ")
-    assert advice["options"][expected]["fits"]
-
-
-def test_activation_heavy_model_goes_tensor_parallel():
-    prof = {**PROF, "act_bytes": 3000, "tp_shard_act_bytes": 2600, "layer_act_bytes": 700}
-    sizes = parallel_per_rank(prof, 2)
-    assert sizes["fsdp"][0] == 11400 and sizes["tp"][0] == 11300  # activations dominate
-    advice = advise_parallelism(prof, 11_350, 2, headroom=1.0)
-    assert advice["recommended"] == "tp" and "activations" in advice["explanation"]
-
-
-def test_tp_that_cannot_split_the_heads_falls_to_pp():
-    advice = advise_parallelism({**PROF, "n_heads": 3}, 10_000, 2, headroom=1.0)
-    assert not advice["options"]["tp"]["applicable"] and "n_heads (3)" in advice["options"]["tp"]["why"]
-    # fsdp 9400 still fits first; with less memory only pp remains
-    assert advice["recommended"] == "fsdp"
-    assert advise_parallelism({**PROF, "n_heads": 3}, 9_000, 2, headroom=1.0)["recommended"] == "pp"
-
-
-def test_non_lm_models_only_get_data_parallel():
-    prof = {k: PROF[k] for k in ("n_params", "largest_unit_params", "act_bytes", "optimizer")} | {"kind": "cnn"}
-    advice = advise_parallelism(prof, 9_000, 2, headroom=1.0)
-    assert advice["recommended"] is None
-    assert "needs model.kind: lm" in advice["options"]["tp"]["why"]
-    assert "nothing fits 2 ranks" in advice["explanation"]
-
-
-def test_one_device_is_single_or_says_how_many_devices_would_do():
-    assert advise_parallelism(PROF, 20_000, 1, headroom=1.0)["recommended"] == "single"
-    advice = advise_parallelism(PROF, 10_000, 1, headroom=1.0)
-    assert advice["recommended"] is None
-    assert "with 2 devices, fsdp would fit" in advice["explanation"]
 
 
 def _marker(folder, layout):
