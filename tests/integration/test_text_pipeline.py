@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -146,7 +147,9 @@ def test_whole_flow_trains_gates_and_registers_the_lm(first_run, cfg, lm_state, 
     assert code == 0, s.get("error")
     assert s["status"] == "registered" and s["model_name"] == "stdlib-lm" and s["model_version"] == "1"
     assert set(s["aliases"]) == {"challenger", "champion"}
+    docs = s["validation"].pop("data_docs")
     assert s["validation"] == {"success": True, "n_expectations": 14, "cached": False}
+    assert docs.endswith("validation/data_docs/index.html") and Path(docs).is_file()
     assert s["training"]["strategy"] == cfg.training.strategy and s["training"]["world_size"] == 2
     m = s["metrics"]
     assert m["perplexity"] <= cfg.gates.thresholds["perplexity"]
