@@ -42,7 +42,6 @@ import re
 import secrets
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -53,6 +52,7 @@ from pathlib import Path
 
 from core.env import TELEMETRY_OFF  # the project's venv has trainflow installed
 from core.procs import group_members, pid_alive
+from core.procs import stop_group as stop_process_group
 
 DB_USER = "trainflow"
 DATABASES = ("mlflow", "mlflow_auth", "prefect")
@@ -342,16 +342,7 @@ def stop_group(pid: int, identity: dict | None, grace: float = 20) -> bool:
         return False
     # The group id is the leader's pid, which no new process can take while any member lives:
     # once the leader is verified, the group stays ours until it is empty.
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return True
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if not _group_alive(pid):
-                return True
-            time.sleep(0.2)
+    stop_process_group(pid, grace)
     return True
 
 
