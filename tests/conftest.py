@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -13,6 +14,14 @@ from core.env import TELEMETRY_OFF
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` loaded as a module (scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"trainflow_script_{name}", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def pytest_configure(config):

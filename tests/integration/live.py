@@ -3,7 +3,6 @@ a working copy of the repository, and scripts/team.py loaded as a module."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import signal
@@ -13,17 +12,14 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import ROOT, VENV_BIN
+from tests.conftest import ROOT, VENV_BIN, load_script
 
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 def team_script():
     """``scripts/team.py`` (the code behind ``make team-up``) as a module."""
-    spec = importlib.util.spec_from_file_location("trainflow_team_script", ROOT / "scripts" / "team.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("team")
 
 
 def clean_env(**extra) -> dict[str, str]:
@@ -106,6 +102,19 @@ def marked_processes(name: str, value: str) -> dict[int, str]:
         except OSError:
             continue
     return found
+
+
+def assert_the_better_promotion_won(client, results: dict) -> None:
+    """Two promoters of model ``race`` at once, v2 better than v3 (``results``: version -> what
+    ``promote_if`` returned): v2 holds @champion whatever the order, each saw the other's outcome,
+    and each confirmed its own."""
+    assert str(client.get_registered_model("race").aliases["champion"]) == "2", results
+    assert results["2"]["promoted"] is True
+    if results["3"]["promoted"]:  # v3 went first: v2 then replaced it, having seen v3 as champion
+        assert results["2"]["previous"] == "3"
+    else:
+        assert results["3"]["previous"] == "2" and "does not beat" in results["3"]["reason"]
+    assert all(r["confirmed"] for r in results.values())
 
 
 def copy_repo(dest: Path) -> Path:

@@ -3,7 +3,6 @@ serve that run, and a Ctrl-C leaves no process of either server behind."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import urllib.request
@@ -11,16 +10,13 @@ import urllib.request
 import pytest
 
 from core.procs import group_members, pid_alive
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_script
 
 pytestmark = pytest.mark.integration
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("trainflow_ui_screenshots", ROOT / "scripts" / "ui_screenshots.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("ui_screenshots")
 
 
 def _get(url: str, data: dict | None = None, headers: dict | None = None):

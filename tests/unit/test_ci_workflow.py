@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import importlib.resources
-import importlib.util
 import json
 import re
 
@@ -15,6 +14,7 @@ import pytest
 import yaml
 
 from core.env import TELEMETRY_OFF
+from tests.conftest import load_script
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +33,8 @@ def validator():
 
 
 @pytest.fixture(scope="module")
-def ci_summary(repo_root):
-    spec = importlib.util.spec_from_file_location("ci_summary", repo_root / "scripts" / "ci_summary.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def ci_summary():
+    return load_script("ci_summary")
 
 
 def _runs(job) -> str:

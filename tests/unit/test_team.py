@@ -4,19 +4,17 @@ live in 0600 files and never on stdout, and an older trust cluster's rules becom
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 
 import pytest
 
+from tests.conftest import load_script
+
 
 @pytest.fixture(scope="module")
-def team(repo_root):
-    spec = importlib.util.spec_from_file_location("trainflow_team_script_unit", repo_root / "scripts" / "team.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def team():
+    return load_script("team")
 
 
 @pytest.fixture

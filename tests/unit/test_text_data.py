@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -15,16 +14,14 @@ from core.config import DatasetConfig, load_config
 from core.errors import ConfigError, DataUnavailableError
 from evaluation.lm import score_documents, summarise, windows
 from tasks import task_for
+from tests.conftest import load_script
 from training.data import cut_windows, holdout_documents, load_text_splits, read_documents, window_starts
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(name)
 
 
 @pytest.fixture
