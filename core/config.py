@@ -634,14 +634,66 @@ def config_from_dict(data: Any, overrides: list[str] = ()) -> PipelineConfig:
         raise ConfigError(_format_errors(err)) from None
 
 
-def load_config(path: str | Path, overrides: list[str] = ()) -> PipelineConfig:
-    """Read a YAML config, apply ``--set`` overrides, validate. Raises ConfigError."""
+# A config may start from another: ``extends: ../../configs/digits.yaml`` (relative to its own
+# folder) and give only the keys it changes. Mappings merge key by key; any other value (a list,
+# a number, null) replaces the base's. The recorded config is the merged one, so a run's config
+# hash, reproduce and the MLflow params never depend on where a key was written.
+EXTENDS_KEY = "extends"
+_MAX_EXTENDS = 5
+
+
+def merge_config(base: dict, child: dict) -> dict:
+    """``child`` laid over ``base``: mappings merge recursively, other values replace."""
+    out = dict(base)
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_config(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_config_data(path: str | Path, _chain: tuple[Path, ...] = ()) -> Any:
+    """The YAML of the config at ``path`` with its ``extends`` chain merged in (not validated).
+
+    Raises ConfigError in one line: an unreadable file, bad YAML, or an ``extends`` that is not a
+    relative ``.yaml`` path, that leads back to a file of the chain, or that is deeper than 5.
+    """
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+    data = load_yaml(text)
+    if not isinstance(data, dict) or EXTENDS_KEY not in data:
+        return data
+    data = dict(data)
+    base = data.pop(EXTENDS_KEY)
+    if not isinstance(base, str) or not base.endswith((".yaml", ".yml")) or Path(base).is_absolute():
+        raise ConfigError(f"{EXTENDS_KEY}: expected the relative path of a .yaml config (from the folder of "
+                          f"{path.name}), got {base!r}")
+    base_path = (path.parent / base).resolve()
+    chain = (*_chain, path.resolve())
+    if base_path in chain:
+        raise ConfigError(f"{EXTENDS_KEY}: {base} leads back to {base_path.name}: a config cannot extend itself")
+    if len(chain) > _MAX_EXTENDS:
+        raise ConfigError(f"{EXTENDS_KEY}: more than {_MAX_EXTENDS} configs deep at {base}")
     try:
-        return config_from_dict(load_yaml(text), overrides)
+        parent = read_config_data(base_path, chain)
+    except ConfigError as exc:
+        raise ConfigError(f"{EXTENDS_KEY} {base}: {exc}") from None
+    if not isinstance(parent, dict):
+        raise ConfigError(f"{EXTENDS_KEY} {base}: expected a mapping, got {type(parent).__name__}")
+    return merge_config(parent, data)
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> PipelineConfig:
+    """Read a YAML config (and the configs it ``extends``), apply ``--set`` overrides, validate.
+    Raises ConfigError."""
+    path = Path(path)
+    if not path.is_file():  # the one error that names the path itself
+        read_config_data(path)
+    try:
+        return config_from_dict(read_config_data(path), overrides)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None

@@ -435,8 +435,7 @@ def _run_name() -> str:
     from prefect.runtime import flow_run
 
     try:
-        import yaml
-
+        from core.config import read_config_data
         from core.manifest import read_dvc_file
 
         p = flow_run.parameters.get("params") or {}
@@ -445,8 +444,9 @@ def _run_name() -> str:
         path = run_inputs(p).config_path
         root = project_root(path if path.is_absolute() else Path.cwd() / path)
         path = path if path.exists() else root / path
-        raw = yaml.safe_load(path.read_text()) or {}
-        md5 = read_dvc_file(root, (raw.get("dataset") or {}).get("dvc_file", "data/digits.dvc")).md5
+        raw = read_config_data(path) or {}
+        dataset = raw.get("dataset") or {}
+        md5 = read_dvc_file(root, dataset.get("dvc_file") or f"{dataset['path']}.dvc").md5
         return f"{raw.get('name', 'trainflow')}-{md5[:8]}"
     except Exception:  # a name must never fail the run; resolve reports the real error
         return "trainflow"

@@ -10,12 +10,14 @@ from core.config import load_config
 from training.launcher import make_spec, run_job
 
 ROOT = Path(__file__).resolve().parents[1]
+# Test configs extend the real ones (``extends:``) and give only what they change.
+TEST_CONFIGS = ROOT / "tests" / "configs"
 # Small, bounded jobs: a hung job fails the test in minutes, not after 15.
-BASE = ["training.timeout_s=180", "training.collective_timeout_s=60"]
+ENGINE_CONFIG = TEST_CONFIGS / "digits-engine.yaml"
 
 
 def train(out: Path, overrides=(), env=None, nproc: int = 2, force_resume: bool = False) -> dict:
-    cfg = load_config(ROOT / "configs" / "digits.yaml", [*BASE, *overrides])
+    cfg = load_config(ENGINE_CONFIG, list(overrides))
     spec = make_spec(cfg, out, ROOT, "test-data-md5", env=env, nproc=nproc, force_resume=force_resume)
     return run_job(spec)
 

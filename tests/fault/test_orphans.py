@@ -19,16 +19,16 @@ from pathlib import Path
 
 import pytest
 
+from core.config import load_config
 from tests.conftest import VENV_BIN
+from tests.engine_helpers import ROOT
 from tests.integration.live import marked_processes
 
 pytestmark = pytest.mark.fault
 
 MARK = "TRAINFLOW_TEST_RUN_MARK"
-GRACE_S = 5
-SETS = ["training.epochs=2", "training.checkpoint_every_steps=4", f"training.preempt_grace_s={GRACE_S}",
-        "training.timeout_s=240", "training.collective_timeout_s=60",
-        "gates.thresholds={accuracy: 0.5, macro_f1: 0.5, min_class_recall: 0.1, latency_p95_ms: 5000}"]
+CONFIG = "tests/configs/orphans.yaml"  # checkpoints at steps 4 and 8, a 5 s preemption grace
+GRACE_S = load_config(ROOT / CONFIG).training.preempt_grace_s
 HANG = "hang@step=10"  # after the checkpoints of steps 4 and 8
 
 
@@ -41,9 +41,7 @@ def _cli(home: Path, tmp: Path, marker: str, **extra) -> tuple[list[str], dict]:
     for name in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "TRAINFLOW_FAULT"):
         if name not in extra:
             env.pop(name, None)
-    cmd = [str(VENV_BIN / "trainflow"), "run", "--summary-json", str(tmp / f"summary-{marker}.json")]
-    for item in SETS:
-        cmd += ["--set", item]
+    cmd = [str(VENV_BIN / "trainflow"), "run", "--config", CONFIG, "--summary-json", str(tmp / f"summary-{marker}.json")]
     return cmd, env
 
 
@@ -55,7 +53,7 @@ def _second_claim(repo_root: Path, home: Path) -> tuple[Path, Path]:
     from training.advisor import resolve_for_launch
     from training.slots import claim_train_dir, slot_base
 
-    cfg, _ = resolve_for_launch(load_config(repo_root / "configs" / "digits.yaml", SETS), home, nproc=2)
+    cfg, _ = resolve_for_launch(load_config(repo_root / CONFIG), home, nproc=2)
     inputs = (home, cfg.name, cfg.config_id(), read_dvc_file(repo_root, cfg.dataset.dvc_file).md5, 2)
     folder, fd = claim_train_dir(*inputs)
     release(fd)

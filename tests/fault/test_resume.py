@@ -61,7 +61,7 @@ def test_checkpoint_of_another_config_is_refused_unless_forced(tmp_path):
 
 def test_sigterm_checkpoints_exits_4_and_the_next_run_resumes(repo_root, bundled_data, tmp_path):
     out = tmp_path / "out"
-    cmd = [str(VENV_BIN / "trainflow"), "train", "--config", "configs/digits.yaml", "--out", str(out),
+    cmd = [str(VENV_BIN / "trainflow"), "train", "--config", "tests/configs/digits-engine.yaml", "--out", str(out),
            "--set", "training.epochs=40", "--set", "training.timeout_s=240"]
     proc = subprocess.Popen(cmd, cwd=repo_root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120

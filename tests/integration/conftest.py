@@ -43,9 +43,8 @@ def cli_run(repo_root, bundled_data, tmp_path_factory) -> SimpleNamespace:
     # process imported torch (test_prelaunch: a classifier run leaves torch to the workers).
     code = ("import sys; from flows.cli import main; code = main(sys.argv[1:]);"
             "print('TORCH_IMPORTED', 'torch' in sys.modules); sys.exit(code)")
-    proc = subprocess.run([str(VENV_BIN / "python"), "-c", code, "run", "--set", "training.epochs=2",
-                           "--set", "training.timeout_s=240", "--set", "gates.thresholds={accuracy: 0.5, macro_f1: 0.5, "
-                           "min_class_recall: 0.1, latency_p95_ms: 5000}", "--summary-json", str(out)],
+    proc = subprocess.run([str(VENV_BIN / "python"), "-c", code, "run", "--config", "tests/configs/digits-quick.yaml",
+                           "--summary-json", str(out)],
                           cwd=repo_root, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return SimpleNamespace(root=root, env=env, proc=proc, summary=json.loads(out.read_text()))
@@ -82,6 +81,8 @@ def build_project(proj: Path, repo_root: Path, bundled_data: Path, mutate=None, 
     (proj / "configs").mkdir(parents=True)
     for name in ("digits.yaml", "digits.expectations.yaml"):
         shutil.copy(repo_root / "configs" / name, proj / "configs" / name)
+    # The test configs (tests/configs/*.yaml extend ../../configs/digits.yaml: this copy's).
+    shutil.copytree(repo_root / "tests" / "configs", proj / "tests" / "configs")
     if with_code:
         for name in CODE_DIRS:
             shutil.copytree(repo_root / name, proj / name, ignore=shutil.ignore_patterns("__pycache__"))

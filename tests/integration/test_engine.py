@@ -78,8 +78,8 @@ def test_uneven_shards_do_not_hang(bundled_data, repo_root, tmp_path):
 def test_two_agents_form_one_world_over_c10d_rendezvous(bundled_data, repo_root, tmp_path):
     port = free_port()
     out = tmp_path / "out"
-    cmd = [str(VENV_BIN / "trainflow"), "train", "--config", "configs/digits.yaml", "--out", str(out),
-           "--set", "training.epochs=1", "--set", "training.timeout_s=180",
+    cmd = [str(VENV_BIN / "trainflow"), "train", "--config", "tests/configs/digits-engine.yaml", "--out", str(out),
+           "--set", "training.epochs=1",
            "--nnodes", "2", "--nproc", "1", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "test-job"]
     agents = [subprocess.Popen([*cmd, "--node-rank", str(r)], cwd=repo_root, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True) for r in (0, 1)]

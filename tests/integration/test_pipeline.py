@@ -16,8 +16,9 @@ from tests.engine_helpers import processes_mentioning
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
 
-# A hung job fails the test in minutes, not after the 15-minute default.
-FAST = ["--set", "training.epochs=6", "--set", "training.timeout_s=240"]
+# Six epochs pass the real gates; a hung job fails the test in minutes, not after 15.
+CONFIG = "tests/configs/digits-pipeline.yaml"
+FAST = ["--config", CONFIG]
 
 
 @pytest.fixture(scope="module")
@@ -253,7 +254,7 @@ def test_auto_strategy_and_workers_resolve_before_the_manifest(first_run, state,
 
     sets = [*FAST, "--set", "training.strategy=auto", "--set", "training.cpu_workers=auto",
             "--set", "registry.model_name=auto-digits"]
-    cfg = load_config(repo_root / "configs" / "digits.yaml", sets[1::2])
+    cfg = load_config(repo_root / CONFIG, sets[3::2])
     rows = [{**lay, "device": "cpu", "cores": lay["nproc"] * lay["threads"], "batch_size": cfg.training.batch_size,
              "time_to_target_s": None, "source": "probe", "status": "completed",
              "samples_per_s": 9000.0 if lay["nproc"] == 2 else 1000.0} for lay in cpu_layouts(2)]

@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 
 from core.config import load_config
-from tests.engine_helpers import BASE, ROOT, processes_mentioning
+from tests.engine_helpers import ROOT, TEST_CONFIGS, processes_mentioning
 from training.held import start_held
 from training.launcher import make_spec, run_job, start_job
 
 pytestmark = pytest.mark.integration
 
-FAST = [*BASE, "training.epochs=2"]
+QUICK = TEST_CONFIGS / "digits-quick.yaml"  # two epochs, bounded
 
 
 def _spec(out: Path, env=None):
-    return make_spec(load_config(ROOT / "configs" / "digits.yaml", FAST), out, ROOT, "test-data-md5", env=env, nproc=2)
+    return make_spec(load_config(QUICK), out, ROOT, "test-data-md5", env=env, nproc=2)
 
 
 def _wait_exit(job, timeout_s: float = 60) -> int:
@@ -78,11 +78,11 @@ def test_the_flow_takes_only_the_job_it_would_launch_itself(tmp_path, monkeypatc
     from flows.prelaunch import Prelaunch, job_key
 
     monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
-    early = Prelaunch.start(ROOT / "configs" / "digits.yaml", FAST, 2)
+    early = Prelaunch.start(QUICK, [], 2)
     assert early is not None and early.slot.held.waiting
     held = early.slot
-    cfg = load_config(ROOT / "configs" / "digits.yaml", FAST)
-    other = load_config(ROOT / "configs" / "digits.yaml", [*FAST, "training.lr=0.001"])
+    cfg = load_config(QUICK)
+    other = load_config(QUICK, ["training.lr=0.001"])
     md5 = held.held.job.spec.data_md5
     assert early.take(job_key(other, md5, 2, ROOT)) is None  # other inputs: aborted, not used
     # It exits before its first step; on a loaded machine the abort's grace (10 s) may end first
@@ -92,7 +92,7 @@ def test_the_flow_takes_only_the_job_it_would_launch_itself(tmp_path, monkeypatc
     assert json.loads((held.folder / "go.json").read_text())["go"] is False
     assert early.take(job_key(cfg, md5, 2, ROOT)) is None  # nothing held any more
 
-    again = Prelaunch.start(ROOT / "configs" / "digits.yaml", FAST, 2)
+    again = Prelaunch.start(QUICK, [], 2)
     slot = again.slot
     assert slot.folder == held.folder  # the aborted job left its folder free and clean
     assert again.take(job_key(cfg, md5, 2, ROOT)) is slot
@@ -107,10 +107,10 @@ def test_no_early_launch_when_opted_out_or_the_world_needs_a_probe(tmp_path, mon
 
     monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TRAINFLOW_PRELAUNCH", "0")
-    assert Prelaunch.start(ROOT / "configs" / "digits.yaml", FAST, 2) is None
+    assert Prelaunch.start(QUICK, [], 2) is None
     monkeypatch.delenv("TRAINFLOW_PRELAUNCH")
     # cpu_workers: auto with no saved sweep: resolve probes the layouts first, so no guess is launched
-    assert Prelaunch.start(ROOT / "configs" / "digits.yaml", [*FAST, "training.cpu_workers=auto"], None) is None
+    assert Prelaunch.start(QUICK, ["training.cpu_workers=auto"], None) is None
     assert not (tmp_path / "home" / "train").exists()
 
 
@@ -146,7 +146,7 @@ def test_the_workers_scores_are_the_pipelines_own_and_are_refused_for_another_pr
 
     out = tmp_path / "scored"
     run_job(_spec(out, env={SCORE_ENV: "1"}))
-    cfg = load_config(ROOT / "configs" / "digits.yaml", FAST)
+    cfg = load_config(QUICK)
     task = get_task(cfg.task)
     scored = worker_scores(task, cfg, ROOT, out)
     assert scored is not None and scored["outputs_shape"] == [len(scored["pred"]), 10]

@@ -20,10 +20,8 @@ from tests.integration.conftest import build_project, commit_data
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
 
 MODEL = "retrain-digits"
-FAST = ["--set", "training.epochs=2", "--set", "training.timeout_s=240", "--set", f"registry.model_name={MODEL}",
-        # Two epochs make a model near the gates; these runs are about when to train, not how well.
-        "--set", "gates.thresholds={accuracy: 0.5, macro_f1: 0.5, min_class_recall: 0.1, latency_p95_ms: 5000}",
-        "--set", "gates.max_regression=1"]
+# Two epochs make a model near the gates; these runs are about when to train, not how well.
+CONFIG = "tests/configs/retrain.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +42,7 @@ def project(world, monkeypatch, clean_env):
 
 def retrain(tmp_path, *extra) -> tuple[int, dict]:
     out = tmp_path / "summary.json"
-    code = main(["retrain", "--config", "configs/digits.yaml", *FAST, *extra, "--summary-json", str(out)])
+    code = main(["retrain", "--config", CONFIG, *extra, "--summary-json", str(out)])
     return code, json.loads(out.read_text())
 
 

@@ -25,7 +25,7 @@ from tests.integration.live import clean_env, team_script
 
 pytestmark = pytest.mark.integration
 
-OVERRIDES = ["training.epochs=3", "training.timeout_s=240", "gates.thresholds={accuracy: 0.8, macro_f1: 0.8, min_class_recall: 0.5, latency_p95_ms: 5000}"]
+CONFIG = "tests/configs/team.yaml"  # three epochs clear its gates
 
 # MLFLOW_TRACKING_URI and the two credential variables point MLflow (tracking and registry) at the server.
 LOAD_CHAMPION = """
@@ -142,9 +142,7 @@ def test_pipeline_runs_against_mlflow_and_prefect_servers_on_postgres(team, make
     proj = make_project()
     home = tmp_path / "home"
     summary_file = tmp_path / "summary.json"
-    args = [str(VENV_BIN / "trainflow"), "run", "--summary-json", str(summary_file)]
-    for o in OVERRIDES:
-        args += ["--set", o]
+    args = [str(VENV_BIN / "trainflow"), "run", "--config", CONFIG, "--summary-json", str(summary_file)]
     proc = subprocess.run(args, cwd=proj, capture_output=True, text=True, timeout=400,
                           env=clean_env(**team["env"], TRAINFLOW_HOME=home))
     assert proc.returncode == 0, proc.stderr[-4000:]

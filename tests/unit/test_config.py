@@ -10,9 +10,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 CONFIGS = [p for p in sorted((ROOT / "configs").glob("*.yaml")) if not p.name.endswith(".expectations.yaml")]
+TEST_CONFIGS = sorted((ROOT / "tests" / "configs").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", CONFIGS + TEST_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_shipped_config_loads_and_fits_its_task(path):
     from core.expectations import load_expectations
     from tasks import task_for
@@ -122,3 +123,60 @@ def test_loader_settings_are_checked_at_load():
         config_from_dict({"name": "x", "dataset": {"path": "d"}, "training": {"loader": {"kind": "dataloader", "prefetch_factor": 2}}})
     with pytest.raises(ConfigError, match=r"training\.loader\.kind: 'memory' has no workers"):
         config_from_dict({"name": "x", "dataset": {"path": "d"}, "training": {"loader": {"num_workers": 2}}})
+
+
+def _write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_a_config_that_extends_another_gives_only_what_it_changes(tmp_path):
+    base = ROOT / "configs" / "digits.yaml"
+    import os
+
+    # Relative to the child's own folder; mappings merged key by key, lists and scalars replaced.
+    rel = os.path.relpath(base, tmp_path / "sub")
+    child = _write(tmp_path, "sub/quick.yaml", f"extends: {rel}\ntraining:\n  epochs: 2\nmodel:\n  channels: [8, 8]\n"
+                   "gates:\n  thresholds: {accuracy: 0.5}\n")
+    cfg, plain = load_config(child), load_config(base)
+    assert cfg.training.epochs == 2 and tuple(cfg.model.channels) == (8, 8)
+    assert cfg.training.lr == plain.training.lr and cfg.model.hidden == plain.model.hidden
+    assert cfg.gates.thresholds["accuracy"] == 0.5
+    assert cfg.gates.thresholds["macro_f1"] == plain.gates.thresholds["macro_f1"]
+    # The merged config is the config: the same keys spelled out give the same id.
+    spelled = load_config(base, ["training.epochs=2", "model.channels=[8, 8]", "gates.thresholds.accuracy=0.5"])
+    assert cfg.config_id() == spelled.config_id()
+    # --set applies on top of the merged config.
+    assert load_config(child, ["training.epochs=3"]).training.epochs == 3
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("extends: /etc/passwd.yaml", "extends: expected the relative path of a .yaml config"),
+    ("extends: notes.txt", "extends: expected the relative path of a .yaml config"),
+    ("extends: [a.yaml]", "extends: expected the relative path of a .yaml config"),
+    ("extends: self.yaml", "extends: self.yaml leads back to self.yaml"),
+    ("extends: missing.yaml", "extends missing.yaml: cannot read config"),
+    ("extends: list.yaml", "extends list.yaml: expected a mapping, got list"),
+    ("extends: bad.yaml", "extends bad.yaml: not valid YAML"),
+    ("extends: a.yaml", "extends a.yaml: extends b.yaml: extends: a.yaml leads back to a.yaml"),
+])
+def test_a_bad_extends_is_one_line_naming_the_file(tmp_path, text, words):
+    _write(tmp_path, "list.yaml", "- 1\n")
+    _write(tmp_path, "bad.yaml", "name: [unclosed")
+    _write(tmp_path, "a.yaml", "extends: b.yaml\n")
+    _write(tmp_path, "b.yaml", "extends: a.yaml\n")
+    cfg = _write(tmp_path, "self.yaml", text)
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg)
+    assert str(err.value).startswith(f"{cfg}: ") and words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_chain_of_extends_deeper_than_five_is_refused(tmp_path):
+    _write(tmp_path, "c0.yaml", "name: x\ndataset: {path: d}\n")
+    for i in range(1, 7):
+        _write(tmp_path, f"c{i}.yaml", f"extends: c{i - 1}.yaml\n")
+    assert load_config(tmp_path / "c5.yaml").name == "x"
+    with pytest.raises(ConfigError, match="more than 5 configs deep"):
+        load_config(tmp_path / "c6.yaml")

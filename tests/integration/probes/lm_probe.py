@@ -22,21 +22,12 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import TensorDataset
 
-from core.config import config_from_dict
+from core.config import config_from_dict, read_config_data
 from training.data import Splits
 from training.worker import train_and_report
 
-BASE = {
-    "name": "lm-probe",
-    "task": "lm",
-    "seed": 0,
-    "dataset": {"path": "lm-probe"},  # the probe makes its corpus in memory (lm_splits); no files read
-    "model": {"kind": "lm", "seq_len": 32, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64,
-              "dropout": 0.0},
-    "training": {"strategy": "single", "cpu_workers": 1, "epochs": 3, "batch_size": 8, "lr": 0.003,
-                 "base_batch": 8, "warmup_epochs": 0, "grad_clip": 1.0, "log_every_steps": 1000,
-                 "preempt_check_steps": 1000, "timeout_s": 180, "collective_timeout_s": 60},
-}
+# The probe's config (its corpus is made in memory by lm_splits; no file is read).
+BASE = read_config_data(Path(__file__).with_name("lm-probe.yaml"))
 
 
 def corpus() -> bytes:
