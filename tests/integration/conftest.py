@@ -28,26 +28,48 @@ def prefect_api():
         yield
 
 
+def shared_temp(tmp_path_factory) -> Path:
+    """A folder every test process of this session sees: the base temp, or its parent under
+    pytest-xdist (each worker gets ``<base>/popen-gwN``)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def cli_run(repo_root, bundled_data, tmp_path_factory) -> SimpleNamespace:
     """One ``trainflow run`` as a user types it (``make run``'s path): a subprocess with no
     PREFECT_API_URL, so it starts its own temporary Prefect API server, and a fresh TRAINFLOW_HOME
     and PREFECT_HOME under ``root``. Shared by the tests that look at what such a run leaves
-    (test_api_server, test_ui, test_prelaunch); ``summary`` is its --summary-json."""
-    root = tmp_path_factory.mktemp("cli-run")
-    env = {**os.environ, "PREFECT_HOME": str(root / "prefect"), "TRAINFLOW_HOME": str(root / "home")}
-    for key in ("PREFECT_API_URL", "PREFECT_UI_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_DATABASE_CONNECTION_URL"):
-        env.pop(key, None)
-    out = root / "summary.json"
-    # What the `trainflow` script runs (flows.cli:main), plus one line at exit: whether this
-    # process imported torch (test_prelaunch: a classifier run leaves torch to the workers).
-    code = ("import sys; from flows.cli import main; code = main(sys.argv[1:]);"
-            "print('TORCH_IMPORTED', 'torch' in sys.modules); sys.exit(code)")
-    proc = subprocess.run([str(VENV_BIN / "python"), "-c", code, "run", "--config", "tests/configs/digits-quick.yaml",
-                           "--summary-json", str(out)],
-                          cwd=repo_root, env=env, capture_output=True, text=True, timeout=600)
+    (test_api_server, test_ui, test_prelaunch); ``summary`` is its --summary-json.
+
+    Run once per session: under pytest-xdist the first process to ask runs it (under a file lock)
+    and the others read what it recorded."""
+    from filelock import FileLock
+
+    shared = shared_temp(tmp_path_factory)
+    root, record = shared / "cli-run", shared / "cli-run.json"
+    with FileLock(str(shared / "cli-run.lock")):
+        if not record.is_file():
+            root.mkdir()
+            env = {**os.environ, "PREFECT_HOME": str(root / "prefect"), "TRAINFLOW_HOME": str(root / "home")}
+            for key in ("PREFECT_API_URL", "PREFECT_UI_URL", "MLFLOW_TRACKING_URI",
+                        "PREFECT_API_DATABASE_CONNECTION_URL", "PYTEST_XDIST_WORKER"):
+                env.pop(key, None)
+            out = root / "summary.json"
+            # What the `trainflow` script runs (flows.cli:main), plus one line at exit: whether this
+            # process imported torch (test_prelaunch: a classifier run leaves torch to the workers).
+            code = ("import sys; from flows.cli import main; code = main(sys.argv[1:]);"
+                    "print('TORCH_IMPORTED', 'torch' in sys.modules); sys.exit(code)")
+            proc = subprocess.run([str(VENV_BIN / "python"), "-c", code, "run", "--config", "tests/configs/digits-quick.yaml",
+                                   "--summary-json", str(out)],
+                                  cwd=repo_root, env=env, capture_output=True, text=True, timeout=600)
+            record.write_text(json.dumps({"env": env, "args": proc.args, "returncode": proc.returncode,
+                                          "stdout": proc.stdout, "stderr": proc.stderr,
+                                          "summary": json.loads(out.read_text()) if out.is_file() else None}))
+    got = json.loads(record.read_text())
+    proc = subprocess.CompletedProcess(got["args"], got["returncode"], got["stdout"], got["stderr"])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return SimpleNamespace(root=root, env=env, proc=proc, summary=json.loads(out.read_text()))
+    return SimpleNamespace(root=root, env=got["env"], proc=proc, summary=got["summary"])
 
 
 @pytest.fixture

@@ -195,12 +195,9 @@ def test_a_regression_table_registers_a_model_that_predicts_held_out_rows(projec
 
 
 def test_the_example_package_task_runs_through_the_whole_flow(project):
-    from tests.integration.test_example_task import CONFIG, EXAMPLE, TASK, _activate_editable_finder, _installed_here
+    from tests.integration.test_example_task import CONFIG, TASK, install_example
 
-    if not _installed_here():
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
-                        "-e", str(EXAMPLE)], check=True, capture_output=True, text=True, timeout=300)
-        _activate_editable_finder()
+    install_example()
     from core.config import load_config
     from trainflow_timeseries.data import generate
 

@@ -57,15 +57,24 @@ def _activate_editable_finder() -> None:
     importlib.invalidate_caches()
 
 
-@pytest.fixture(scope="module")
-def installed():
+def install_example() -> None:
     """``pip install -e examples/trainflow-timeseries`` into this environment, once (a no-op when
-    this checkout's copy is installed already). No network: no build isolation, no dependencies."""
-    if not _installed_here():
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
-                        "-e", str(EXAMPLE)], check=True, capture_output=True, text=True, timeout=300)
+    this checkout's copy is installed already). No network: no build isolation, no dependencies.
+    A file lock in the environment keeps two test processes (pytest-xdist) from installing at once."""
+    from filelock import FileLock
+
+    with FileLock(str(Path(sys.prefix) / ".trainflow-example-install.lock")):
+        if not _installed_here():
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+                            "-e", str(EXAMPLE)], check=True, capture_output=True, text=True, timeout=300)
+    if not _installed_here():  # installed after this process started (by it or by another)
         _activate_editable_finder()
     assert _installed_here()
+
+
+@pytest.fixture(scope="module")
+def installed():
+    install_example()
 
 
 @pytest.fixture(scope="module")
