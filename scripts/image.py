@@ -15,8 +15,8 @@ names it by its local digest and installs bookworm's package names (``OS_PACKAGE
 ``python3.11``. The torch wheel comes from a local folder (bind-mounted into the build, in no
 layer) when one holds the locked wheel; the host's CA bundle goes in as the build secret
 ``ca_bundle`` (a TLS-intercepting proxy needs it; no layer keeps it). Builds are stamped with the
-commit time (``SOURCE_DATE_EPOCH``, podman's ``--timestamp``), so the same commit, lock and base give
-the same image digest.
+time of the last commit that changed the Dockerfile or the locks (``SOURCE_DATE_EPOCH``, podman's
+``--timestamp``), so the same commit, lock and base give the same image digest.
 
 The result (ref, digest, image id, seconds) is written to ``build/image-<variant>.json``; ``run``
 reads it and passes ``TRAINFLOW_IMAGE`` / ``TRAINFLOW_IMAGE_DIGEST``, so the run manifest (and the
@@ -313,9 +313,12 @@ def torch_wheels(version: str) -> str | None:
 
 
 def commit_epoch() -> int | None:
+    """SOURCE_DATE_EPOCH: the time of the last commit that changed the Dockerfile or the locks
+    (a commit that changes only code keeps it, and so reuses the dependency layers)."""
     if value := os.environ.get("SOURCE_DATE_EPOCH"):
         return int(value)
-    out = subprocess.run(["git", "log", "-1", "--format=%ct"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(["git", "log", "-1", "--format=%ct", "--", DOCKERFILE, "requirements"], cwd=ROOT,
+                         capture_output=True, text=True)
     return int(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
 
 
