@@ -51,7 +51,7 @@ def pipeline_run(image, built, tmp_path_factory) -> tuple[subprocess.CompletedPr
     return proc, home
 
 
-def test_the_image_runs_the_default_pipeline_offline_and_records_its_digest(built, pipeline_run):
+def test_the_image_runs_the_default_pipeline_offline_and_records_its_digest(image, built, pipeline_run):
     from mlflow.tracking import MlflowClient
 
     proc, home = pipeline_run
@@ -79,7 +79,7 @@ def test_the_image_holds_the_locked_environment_as_a_non_root_user(image, built)
     assert uid == "10001"
     if built["plan"]["build_args"].get("OS_PACKAGES"):  # the bookworm base: Debian's own 3.11.2
         assert python == "Python 3.11.2" and async_timeout.startswith("async-timeout==")
-    assert check == "No broken requirements."
+    assert check.startswith("No broken requirements")  # pip check
 
 
 def test_no_layer_keeps_the_ca_bundle_or_the_torch_wheel(image, built):
