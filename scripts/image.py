@@ -14,9 +14,9 @@ makes a Debian bookworm base with debootstrap and imports it (``podman import``)
 names it by its local digest and installs bookworm's package names (``OS_PACKAGES``) and Debian's own
 ``python3.11``. The torch wheel comes from a local folder (bind-mounted into the build, in no
 layer) when one holds the locked wheel; the host's CA bundle goes in as the build secret
-``ca_bundle`` (a TLS-intercepting proxy needs it; no layer keeps it). Builds are stamped with the
-time of the last commit that changed the Dockerfile or the locks (``SOURCE_DATE_EPOCH``, podman's
-``--timestamp``), so the same commit, lock and base give the same image digest.
+``ca_bundle`` (a TLS-intercepting proxy needs it; no layer keeps it). Builds are stamped with one
+fixed time (``SOURCE_DATE_EPOCH``, podman's ``--timestamp``; :data:`EPOCH`), so the same commit, lock
+and base give the same image digest, with or without the layer cache.
 
 The result (ref, digest, image id, seconds) is written to ``build/image-<variant>.json``; ``run``
 reads it and passes ``TRAINFLOW_IMAGE`` / ``TRAINFLOW_IMAGE_DIGEST``, so the run manifest (and the
@@ -312,14 +312,15 @@ def torch_wheels(version: str) -> str | None:
     return None
 
 
-def commit_epoch() -> int | None:
-    """SOURCE_DATE_EPOCH: the time of the last commit that changed the Dockerfile or the locks
-    (a commit that changes only code keeps it, and so reuses the dependency layers)."""
-    if value := os.environ.get("SOURCE_DATE_EPOCH"):
-        return int(value)
-    out = subprocess.run(["git", "log", "-1", "--format=%ct", "--", DOCKERFILE, "requirements"], cwd=ROOT,
-                         capture_output=True, text=True)
-    return int(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
+# SOURCE_DATE_EPOCH for every build: a constant, not the commit's time. podman reuses a cached step
+# whatever --timestamp says, so with a moving epoch a cached build kept the old times in its history
+# and differed from a clean build of the same commit (measured); with one epoch they are equal.
+EPOCH = 1767225600  # 2026-01-01T00:00:00Z
+
+
+def build_epoch() -> int:
+    """SOURCE_DATE_EPOCH from the environment, else :data:`EPOCH`."""
+    return int(os.environ.get("SOURCE_DATE_EPOCH") or EPOCH)
 
 
 def git_sha() -> str:
@@ -337,7 +338,7 @@ def plan_build(variant: str, tag: str | None = None, no_cache: bool = False, say
     elif engine == "podman":
         setup_host()  # containers.conf, debootstrap: only what is missing
     plan = Plan(engine=engine, variant=variant, tag=tag or f"localhost/trainflow:{variant}",
-                ca_bundle=ca_bundle(), epoch=commit_epoch(), no_cache=no_cache)
+                ca_bundle=ca_bundle(), epoch=build_epoch(), no_cache=no_cache)
     plan.build_args["GIT_SHA"] = git_sha()
     defaults = dockerfile_args()
     if variant == "cpu":
@@ -406,7 +407,8 @@ def run(variant: str, home: Path | None, command: list[str]) -> int:
 
 
 def repro(variant: str) -> int:
-    """Build twice (the second without the layer cache) and compare the digests."""
+    """Build twice (the second without the layer cache) and compare the digests: the first may
+    reuse cached layers, so equal digests also say a cached build equals a clean one."""
     first = build(variant, record=ROOT / "build" / f"image-{variant}-repro1.json")
     second = build(variant, no_cache=True, record=ROOT / "build" / f"image-{variant}-repro2.json")
     same = first["digest"] == second["digest"]
