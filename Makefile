@@ -16,7 +16,7 @@ export GX_ANALYTICS_ENABLED := false
 export DVC_NO_ANALYTICS := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test install data unit clean-state lock check-lock team-up team-down
+.PHONY: run test install data unit clean-state lock check-lock team-up team-down image image-cpu image-run
 
 install: $(STAMP)
 
@@ -75,3 +75,19 @@ team-up: $(STAMP)
 
 team-down:
 	@$(PY) scripts/team.py down --dir $(TEAM_DIR)
+
+# The container image from docker/Dockerfile, with docker or podman (scripts/image.py: standard library
+# only, no venv). image-cpu builds anywhere scripts/image.py can get an engine: with no registry
+# reachable it makes a Debian bookworm base first (debootstrap; installs podman on a Debian host as
+# root). image (CUDA) needs the CUDA base's registry. image-run runs the built CPU image offline
+# with its digest recorded; TRAINFLOW_HOME goes to IMAGE_HOME on the host.
+IMAGE_HOME ?= .trainflow/image-home
+
+image-cpu:
+	@$(PYTHON) scripts/image.py build --variant cpu
+
+image:
+	@$(PYTHON) scripts/image.py build --variant cuda
+
+image-run:
+	@$(PYTHON) scripts/image.py run --home $(IMAGE_HOME) $(ARGS)

@@ -12,6 +12,12 @@ its range, so an edit to the dependencies without ``make lock`` is caught.
 ``requirements/lock-dev.txt`` holds what the ``dev`` and ``team`` extras add on top of
 either of those (test tools, MLflow's auth app), resolved against their pins, with
 hashes too; :func:`check_dev_lock` checks it the same way.
+
+A lock is resolved on one interpreter, but it claims every CPython 3.11 patch release
+(:data:`PYTHONS`): a package that only some releases need (redis needs ``async-timeout`` below
+3.11.3, e.g. Debian bookworm's 3.11.2) is pinned with its marker
+(``async-timeout==5.0.1 ; python_full_version < "3.11.3"``). :func:`closure_problems` checks,
+from the installed packages' metadata, that each claimed release finds every requirement pinned.
 """
 
 from __future__ import annotations
@@ -28,7 +34,13 @@ LOCK_FILES = {"cuda": "requirements/lock.txt", "cpu": "requirements/lock-cpu.txt
 DEV_LOCK = "requirements/lock-dev.txt"
 DEV_EXTRAS = ("dev", "team")  # what `make install` and CI add to the runtime lock
 
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)")
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)(?:\s*;\s*(.+?))?(?=\s+--hash|\s*\\?$)")
+# The interpreters a lock must hold for: every CPython 3.11 patch release up to the newest
+# (3.11.14), Debian bookworm's 3.11.2 among them. Markers are evaluated for Linux x86_64.
+PYTHONS = tuple(f"3.11.{n}" for n in range(15))
+LOCK_PLATFORM = {"implementation_name": "cpython", "platform_python_implementation": "CPython",
+                 "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+                 "os_name": "posix", "python_version": "3.11"}
 _HASH = re.compile(r"--hash=(sha256:[0-9a-f]{64})")
 
 
@@ -69,7 +81,13 @@ class LockFile:
     header: dict[str, str] = field(default_factory=dict)
     pins: dict[str, str] = field(default_factory=dict)          # canonical name -> version
     hashes: dict[str, list[str]] = field(default_factory=dict)  # canonical name -> sha256:...
+    markers: dict[str, str] = field(default_factory=dict)       # canonical name -> environment marker
     duplicates: list[str] = field(default_factory=list)
+
+    def pins_for(self, python_full_version: str) -> dict[str, str]:
+        """The pins an install on that CPython 3.11 release takes (markers evaluated)."""
+        return {name: v for name, v in self.pins.items()
+                if name not in self.markers or marker_holds(self.markers[name], python_full_version)}
 
 
 def parse_lock(path: Path) -> LockFile:
@@ -90,6 +108,8 @@ def parse_lock(path: Path) -> LockFile:
             if current in lock.pins:
                 lock.duplicates.append(current)
             lock.pins[current] = m.group(2)
+            if m.group(3):
+                lock.markers[current] = m.group(3).strip()
             lock.hashes.setdefault(current, [])
         if current is not None:
             lock.hashes[current].extend(_HASH.findall(line))
@@ -166,3 +186,65 @@ def _pin_problems(lock_path: Path, requirements: list[str], pins: dict[str, str]
 def _hash_problems(lock: LockFile) -> list[str]:
     problems = [f"{lock.path}: {name}=={lock.pins[name]} has no --hash" for name, h in lock.hashes.items() if not h]
     return problems + [f"{lock.path}: {name} is pinned more than once" for name in lock.duplicates]
+
+
+def marker_env(python_full_version: str, extra: str = "") -> dict[str, str]:
+    """The marker environment of the lock's platform on one CPython release."""
+    return {**LOCK_PLATFORM, "python_full_version": python_full_version, "extra": extra}
+
+
+def marker_holds(marker: str, python_full_version: str) -> bool:
+    from packaging.markers import Marker
+
+    return Marker(marker).evaluate(marker_env(python_full_version))
+
+
+def installed_metadata() -> dict[str, tuple[str, str | None, list[str]]]:
+    """canonical name -> (version, Requires-Python, Requires-Dist) of this environment's distributions."""
+    from importlib.metadata import distributions
+
+    out = {}
+    for dist in distributions():
+        name = dist.metadata["Name"]
+        if name:
+            out.setdefault(_canonical(name), (dist.version, dist.metadata["Requires-Python"], dist.requires or []))
+    return out
+
+
+def closure_problems(locks: list[LockFile], pythons: tuple[str, ...],
+                     metadata: dict[str, tuple[str, str | None, list[str]]]) -> tuple[list[str], int]:
+    """Whether ``locks`` (installed together) hold on each CPython release in ``pythons``: every
+    pinned package a release takes accepts it (Requires-Python) and finds each of its requirements
+    (markers evaluated for that release) pinned inside its range. Read from ``metadata`` (see
+    :func:`installed_metadata`); a pin whose installed version differs is not checked.
+    Returns (problems, how many pins were checked, summed over the releases)."""
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    where = " or ".join(lock.path.name for lock in locks)
+    parsed: dict[str, list[tuple[str, Requirement]]] = {}  # each package's requirements, parsed once
+    problems, checked = [], 0
+    for python in pythons:
+        env = marker_env(python)
+        pins: dict[str, str] = {}
+        for lock in locks:
+            pins.update(lock.pins_for(python))
+        for name, version in sorted(pins.items()):
+            if name not in metadata or metadata[name][0] != version:
+                continue
+            checked += 1
+            _, requires_python, requires = metadata[name]
+            if requires_python and not SpecifierSet(requires_python).contains(python, prereleases=True):
+                problems.append(f"{where}: {name}=={version} requires Python {requires_python!r}, not {python}")
+            if name not in parsed:
+                parsed[name] = [(text, Requirement(text)) for text in requires]
+            for text, req in parsed[name]:
+                if req.marker is not None and not req.marker.evaluate(env):
+                    continue
+                pinned = pins.get(_canonical(req.name))
+                if pinned is None:
+                    problems.append(f"{where}: {name}=={version} requires {text!r} on CPython {python}, "
+                                    f"which is not pinned for it")
+                elif not req.specifier.contains(pinned, prereleases=True):
+                    problems.append(f"{where}: {name}=={version} requires {text!r}, pinned {pinned}")
+    return problems, checked

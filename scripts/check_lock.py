@@ -2,7 +2,10 @@
 
 Offline: compares the dependency hash in each lock's header with pyproject.toml's
 and checks every top-level dependency is pinned inside its range, with hashes;
-the dev lock the same for the dev and team extras, on top of each runtime lock.
+the dev lock the same for the dev and team extras, on top of each runtime lock; and that
+each runtime lock with the dev lock holds on every CPython 3.11 release (core.lock.PYTHONS):
+each pinned package's requirements, read from this environment's installed metadata (pins
+installed at another version are not checked), are pinned for that release.
 """
 
 from __future__ import annotations
@@ -13,17 +16,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from core.lock import DEV_LOCK, LOCK_FILES, check_dev_lock, check_lock  # noqa: E402
+from core.lock import (  # noqa: E402
+    DEV_LOCK, LOCK_FILES, PYTHONS, check_dev_lock, check_lock, closure_problems, installed_metadata, parse_lock,
+)
 
 
 def main() -> int:
     pyproject = ROOT / "pyproject.toml"
     problems = [p for rel in LOCK_FILES.values() for p in check_lock(pyproject, ROOT / rel)]
     problems += [p for rel in LOCK_FILES.values() for p in check_dev_lock(pyproject, ROOT / DEV_LOCK, ROOT / rel)]
+    metadata, dev = installed_metadata(), parse_lock(ROOT / DEV_LOCK)
+    for rel in LOCK_FILES.values():
+        problems += closure_problems([parse_lock(ROOT / rel), dev], PYTHONS, metadata)[0]
     for p in dict.fromkeys(problems):
         print(f"check_lock: {p}", file=sys.stderr)
     if not problems:
-        print("check_lock: " + ", ".join([*LOCK_FILES.values(), DEV_LOCK]) + " match pyproject.toml")
+        print("check_lock: " + ", ".join([*LOCK_FILES.values(), DEV_LOCK]) + " match pyproject.toml and hold on CPython "
+              f"{PYTHONS[0]} to {PYTHONS[-1]}")
     return 1 if problems else 0
 
 

@@ -22,6 +22,15 @@ from the index. So:
   auth app), resolved with every runtime package held at its ``lock-cpu.txt`` pin, so it installs
   with ``--no-deps`` on top of either runtime lock. Written after ``lock-cpu.txt``.
 
+Other CPython 3.11 releases: ``pip lock`` resolves for the interpreter it runs on (3.11.7 here),
+but the locks must hold for every 3.11 release (core.lock.PYTHONS; the registry-free image runs
+Debian bookworm's 3.11.2). So each variant is resolved a second time on an older 3.11
+(``--python-also``, default Debian's /usr/bin/python3.11), with every package held at the first
+resolution's pin (``pip install --dry-run --report`` through ``pip --python``); what only that
+release needs is added with the marker its requirers declare
+(``async-timeout==5.0.1 ; python_full_version < "3.11.3"``). ``--keep-pins`` keeps the committed
+unconditional pins and only recomputes those additions (no re-resolution of the rest).
+
 Pip's own configuration is ignored (PIP_CONFIG_FILE=/dev/null) so a local mirror or
 find-links folder cannot leak into the lock; ``--index-url`` chooses another index.
 """
@@ -29,6 +38,7 @@ find-links folder cannot leak into the lock; ``--index-url`` chooses another ind
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -41,11 +51,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from core.lock import (  # noqa: E402
-    DEV_EXTRAS, DEV_LOCK, HEADER_KEY, LOCK_FILES, extra_requirements, inputs_sha256, parse_lock,
+    DEV_EXTRAS, DEV_LOCK, HEADER_KEY, LOCK_FILES, _canonical, extra_requirements, inputs_sha256, marker_holds,
+    parse_lock,
 )
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-PLATFORM = "linux x86_64, CPython 3.11"
+PLATFORM = "linux x86_64, CPython 3.11 (every 3.11.x: packages only some releases need carry their markers)"
+PYTHON_ALSO = "/usr/bin/python3.11"  # Debian bookworm's CPython 3.11.2
 INSTALL = {
     "cuda": "pip install --require-hashes --no-deps -r requirements/lock.txt",
     "cpu": f"pip install --require-hashes --no-deps --extra-index-url {TORCH_CPU_INDEX} -r requirements/lock-cpu.txt",
@@ -105,12 +117,83 @@ def pip_lock(variant: str, deps: list[str], index_url: str | None, cpu_wheels: s
     return out
 
 
-def to_requirements(pylock: Path, variant: str, digest: str, leave_out: frozenset[str] = frozenset()) -> str:
-    """pylock.toml -> pip-compile style text with a header that records the input hash.
+def python_full_version(python: str) -> str:
+    out = subprocess.run([python, "-c", "import platform; print(platform.python_version())"],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def conditional_packages(variant: str, deps: list[str], pins: dict[str, str], python: str,
+                         index_url: str | None, cpu_wheels: str | None, work: Path) -> list[dict]:
+    """What ``python`` (another CPython 3.11 release) needs on top of ``pins`` (name -> version, the
+    first resolution), each as {name, version, marker, hashes}; the marker is the one its
+    requirers declare, so installs on other releases skip it."""
+    from packaging.requirements import Requirement
+
+    reqs = work / f"requirements-{variant}-also.in"
+    reqs.write_text("\n".join(deps) + "\n")
+    cons = work / f"constraints-{variant}-also.txt"
+    cons.write_text("".join(f"{name}=={v}\n" for name, v in sorted(pins.items())))
+    report = work / f"report-{variant}-also.json"
+    cmd = [sys.executable, "-m", "pip", "--python", python, "install", "--dry-run", "--ignore-installed", "-q",
+           "--report", str(report), "-r", str(reqs), "-c", str(cons)]
+    if index_url:
+        cmd += ["--index-url", index_url]
+    if variant in ("cpu", "dev"):
+        wheels = _cpu_wheels_dir(cpu_wheels, _torch_pin(deps))
+        cmd += ["--find-links", str(wheels)] if wheels else ["--extra-index-url", TORCH_CPU_INDEX]
+    subprocess.run(cmd, check=True, env=_pip_env(), cwd=work)
+    items = json.loads(report.read_text())["install"]
+    requirers = [*deps, *(r for item in items for r in item["metadata"].get("requires_dist", []))]
+    here = python_full_version(sys.executable)
+    out = []
+    for item in items:
+        name = _canonical(item["metadata"]["name"])
+        if name in pins:
+            continue
+        markers = sorted({str(Requirement(r).marker) for r in requirers
+                          if _canonical(Requirement(r).name) == name and Requirement(r).marker is not None})
+        if not markers or any("extra" in m for m in markers) or any(marker_holds(m, here) for m in markers):
+            raise SystemExit(f"scripts/lock.py: {name} is needed on {python} but no Python marker of its "
+                             f"requirers ({markers or 'none'}) leaves it out on {here}: lock it by hand")
+        marker = markers[0] if len(markers) == 1 else " or ".join(f"({m})" for m in markers)
+        hashes = item["download_info"].get("archive_info", {}).get("hashes", {})
+        if "sha256" not in hashes:
+            raise SystemExit(f"scripts/lock.py: {name} on {python} came without a sha256")
+        out.append({"name": item["metadata"]["name"], "version": item["metadata"]["version"], "marker": marker,
+                    "hashes": [hashes["sha256"]]})
+    return out
+
+
+def pylock_packages(pylock: Path) -> list[dict]:
+    """pylock.toml's packages as {name, version, marker (None), hashes}."""
+    out = []
+    for pkg in tomllib.loads(pylock.read_text())["packages"]:
+        if "version" not in pkg:
+            raise SystemExit(f"scripts/lock.py: {pkg['name']} resolved to a non-index source {pkg}")
+        files = [*pkg.get("wheels", []), *([pkg["sdist"]] if "sdist" in pkg else [])]
+        out.append({"name": pkg["name"], "version": pkg["version"], "marker": None,
+                    "hashes": sorted({f["hashes"]["sha256"] for f in files})})
+    return out
+
+
+def lock_packages(path: Path) -> list[dict]:
+    """A committed lock's unconditional pins in the same shape (``--keep-pins``)."""
+    lock = parse_lock(path)
+    names = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith((" ", "#")) and "==" in line:
+            names[_canonical(line.split("==", 1)[0])] = line.split("==", 1)[0]
+    return [{"name": names[n], "version": v, "marker": None, "hashes": [h.split(":", 1)[1] for h in lock.hashes[n]]}
+            for n, v in lock.pins.items() if n not in lock.markers]
+
+
+def to_requirements(packages: list[dict], variant: str, digest: str, leave_out: frozenset[str] = frozenset()) -> str:
+    """Packages -> pip-compile style text with a header that records the input hash; a package
+    with a marker is written ``name==version ; marker``.
 
     ``leave_out``: canonical names another lock already pins (the dev lock only adds).
     """
-    data = tomllib.loads(pylock.read_text())
     lines = [
         "# trainflow lock file: generated by `make lock` (scripts/lock.py) from pyproject.toml; do not edit.",
         f"# {HEADER_KEY}: {digest}",
@@ -119,16 +202,14 @@ def to_requirements(pylock: Path, variant: str, digest: str, leave_out: frozense
         f"# install: {INSTALL[variant]}",
         "",
     ]
-    for pkg in sorted(data["packages"], key=lambda p: p["name"].lower()):
+    for pkg in sorted(packages, key=lambda p: p["name"].lower()):
         if re.sub(r"[-_.]+", "-", pkg["name"]).lower() in leave_out:
             continue
-        if "version" not in pkg:
-            raise SystemExit(f"scripts/lock.py: {pkg['name']} resolved to a non-index source {pkg}")
-        files = [*pkg.get("wheels", []), *([pkg["sdist"]] if "sdist" in pkg else [])]
-        hashes = sorted({f["hashes"]["sha256"] for f in files})
+        hashes = pkg["hashes"]
         if not hashes:
             raise SystemExit(f"scripts/lock.py: {pkg['name']}=={pkg['version']} came without a sha256")
-        lines.append(f"{pkg['name']}=={pkg['version']} \\")
+        marker = f" ; {pkg['marker']}" if pkg["marker"] else ""
+        lines.append(f"{pkg['name']}=={pkg['version']}{marker} \\")
         lines += [f"    --hash=sha256:{h}" + (" \\" if i < len(hashes) - 1 else "") for i, h in enumerate(hashes)]
     return "\n".join(lines) + "\n"
 
@@ -139,22 +220,35 @@ def main(argv: list[str] | None = None) -> int:
                     help="which lock to write (default: all)")
     ap.add_argument("--index-url", help="package index (default: PyPI)")
     ap.add_argument("--torch-cpu-wheels", help="folder holding torch's +cpu wheel, instead of the PyTorch CPU index")
+    ap.add_argument("--python-also", default=PYTHON_ALSO,
+                    help=f"an older CPython 3.11 to add marker-conditional packages for (default {PYTHON_ALSO})")
+    ap.add_argument("--keep-pins", action="store_true",
+                    help="keep the committed unconditional pins; only recompute the conditional packages")
     args = ap.parse_args(argv)
+    if not Path(args.python_also).is_file():
+        sys.exit(f"scripts/lock.py: {args.python_also} is missing: the locks must also be resolved on an older "
+                 f"CPython 3.11 (--python-also PATH; Debian's python3.11 is 3.11.2)")
     pyproject = ROOT / "pyproject.toml"
     deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
     with tempfile.TemporaryDirectory(prefix="trainflow-lock-") as tmp:
+        work = Path(tmp)
         for variant in [v for v in VARIANTS if v in (args.variant or VARIANTS)]:
             if variant == "dev":
                 base = parse_lock(ROOT / LOCK_FILES["cpu"]).pins
-                pins = {n: v for n, v in base.items() if n != "torch"}
-                pylock = pip_lock(variant, [*deps, *extra_requirements(pyproject)], args.index_url,
-                                  args.torch_cpu_wheels, Path(tmp), pins)
-                text = to_requirements(pylock, variant, inputs_sha256(pyproject, DEV_EXTRAS), frozenset(base))
-                target = ROOT / DEV_LOCK
+                held = {n: v for n, v in base.items() if n != "torch"}
+                wanted = [*deps, *extra_requirements(pyproject)]
+                target, digest, leave_out = ROOT / DEV_LOCK, inputs_sha256(pyproject, DEV_EXTRAS), frozenset(base)
             else:
-                pylock = pip_lock(variant, deps, args.index_url, args.torch_cpu_wheels, Path(tmp))
-                text = to_requirements(pylock, variant, inputs_sha256(pyproject))
-                target = ROOT / LOCK_FILES[variant]
+                base, held, wanted = {}, None, deps
+                target, digest, leave_out = ROOT / LOCK_FILES[variant], inputs_sha256(pyproject), frozenset()
+            if args.keep_pins:
+                packages = lock_packages(target)
+            else:
+                packages = pylock_packages(pip_lock(variant, wanted, args.index_url, args.torch_cpu_wheels, work, held))
+            pins = {**base, **{_canonical(p["name"]): p["version"] for p in packages}}
+            packages += conditional_packages(variant, wanted, pins, args.python_also, args.index_url,
+                                             args.torch_cpu_wheels, work)
+            text = to_requirements(packages, variant, digest, leave_out)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
             print(f"wrote {target.relative_to(ROOT)}", file=sys.stderr)

@@ -20,6 +20,7 @@ def load_script(name: str):
     """``scripts/<name>.py`` loaded as a module (scripts are not a package)."""
     spec = importlib.util.spec_from_file_location(f"trainflow_script_{name}", ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

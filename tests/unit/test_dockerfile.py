@@ -126,3 +126,55 @@ def test_image_runs_as_a_numeric_non_root_user(dockerfile):
     # It may write its run state and DVC's pulls; everything else stays root's.
     chowned = next(v for i, v in runtime if i == "RUN" and "chown" in v)
     assert "/var/lib/trainflow" in chowned and ".dvc/cache" in chowned and " . " not in chowned + " "
+
+
+def _runtime_runs(ins) -> list[str]:
+    runtime = ins[max(n for n, (i, v) in enumerate(ins) if i == "FROM"):]
+    return [v for i, v in runtime if i == "RUN"]
+
+
+def test_ca_bundle_is_a_build_secret_and_no_layer_copies_certificates(dockerfile):
+    _, ins = dockerfile
+    locked = next(v for v in _runtime_runs(ins) if "-r ${TRAINFLOW_LOCK}" in v)
+    # The secret is mounted for the lock's install only, and pip reads it from there.
+    assert locked.startswith("--mount=type=secret,id=ca_bundle")
+    assert "PIP_CERT=/run/secrets/ca_bundle" in locked
+    copies = [v for i, v in ins if i in ("COPY", "ADD")]
+    assert not [v for v in copies if any(w in v.lower() for w in ("cert", ".crt", ".pem", "ca_bundle"))]
+    assert not [v for i, v in ins if i == "ENV" and "CERT" in v]
+
+
+def test_the_os_packages_follow_the_base_through_a_build_arg(dockerfile):
+    _, ins = dockerfile
+    apt = next(v for v in _runtime_runs(ins) if "apt-get install" in v)
+    assert "${OS_PACKAGES}" in apt and "t64" not in apt  # names live in the arg, not the command
+    default = next(v for i, v in ins if i == "ARG" and v.startswith("OS_PACKAGES=")).split("=", 1)[1].strip('"')
+    assert {"libssl3t64", "libreadline8t64"} <= set(default.split())  # Ubuntu 24.04, the default base
+
+
+def test_layers_leave_out_what_differs_between_two_builds(dockerfile):
+    """Same commit, lock and base -> same digest: no pip cache, no timestamped .pyc, no logs."""
+    _, ins = dockerfile
+    runs = _runtime_runs(ins)
+    installs = [v for v in runs if "pip install" in v]
+    assert installs and all("--no-cache-dir" in v and "--no-compile" in v for v in installs)
+    # Each install compiles its own files, in its own layer, by content hash (not by mtime).
+    for run in installs:
+        assert "compileall" in run and "PYTHONHASHSEED=0" in run, run
+        assert "--invalidation-mode unchecked-hash" in run or "PycInvalidationMode.UNCHECKED_HASH" in run
+        assert run.index("pip install") < run.index("compileall")
+    assert not [v for v in runs if "compileall" in v and "pip install" not in v]
+    apt = next(v for v in runs if "apt-get install" in v)
+    assert "/var/log/*" in apt and "/var/cache/ldconfig/aux-cache" in apt
+    assert any("useradd" in v and "--no-log-init" in v for v in runs)
+    runtime = ins[max(n for n, (i, v) in enumerate(ins) if i == "FROM"):]
+    assert ("ARG", "SOURCE_DATE_EPOCH") in runtime  # useradd reads it from the environment
+
+
+def test_the_image_carries_the_commits_data_version(dockerfile, repo_root):
+    _, ins = dockerfile
+    pull = next(v for v in _runtime_runs(ins) if "dvc pull" in v)
+    assert "no_scm = true" in pull  # no .git in the image
+    assert pull.index("no_scm") < pull.index("dvc pull") and "rm -rf .dvc/cache" in pull
+    ignored = set((repo_root / ".dockerignore").read_text().split())
+    assert "data-stdlib" in ignored and "dvc-store" not in ignored and ".dvc/config" not in ignored

@@ -7,7 +7,8 @@ import shutil
 import pytest
 
 from core.lock import (
-    DEV_EXTRAS, DEV_LOCK, HEADER_KEY, LOCK_FILES, check_dev_lock, check_lock, inputs_sha256, parse_lock,
+    DEV_EXTRAS, DEV_LOCK, HEADER_KEY, LOCK_FILES, PYTHONS, check_dev_lock, check_lock, closure_problems,
+    inputs_sha256, installed_metadata, parse_lock,
 )
 
 
@@ -119,3 +120,68 @@ def test_dev_lock_problems_are_named(project):
     assert any("hypothesis" in p and "not pinned" in p for p in problems)
     assert any("rich==15.0.0 repins" in p for p in problems)
     assert problems[-1].startswith("regenerate with `make lock`")
+
+
+@pytest.fixture(scope="module")
+def metadata():
+    return installed_metadata()
+
+
+@pytest.mark.parametrize("variant", sorted(LOCK_FILES))
+def test_locks_hold_on_every_cpython_311_release(repo_root, metadata, variant):
+    locks = [parse_lock(repo_root / LOCK_FILES[variant]), parse_lock(repo_root / DEV_LOCK)]
+    assert "3.11.2" in PYTHONS  # Debian bookworm's: the registry-free image's Python
+    problems, checked = closure_problems(locks, PYTHONS, metadata)
+    assert problems == []
+    # The installed environment is the locked one: nearly every pin is checked on every release.
+    assert checked > 200 * len(PYTHONS)
+
+
+def test_bookworm_python_takes_the_conditional_pin_and_later_releases_skip_it(repo_root):
+    cpu = parse_lock(repo_root / LOCK_FILES["cpu"])
+    assert "python_full_version" in cpu.markers["async-timeout"]
+    assert "async-timeout" in cpu.pins_for("3.11.2")
+    assert "async-timeout" not in cpu.pins_for("3.11.7")
+    # Unconditional pins are the same for every release.
+    assert set(cpu.pins_for("3.11.7")) == set(cpu.pins) - set(cpu.markers)
+
+
+def test_a_lock_resolved_on_one_release_only_fails_for_the_others(project, metadata):
+    """The lock as first resolved on 3.11.7 (no async-timeout) failed `pip check` on bookworm's 3.11.2."""
+    path = project / LOCK_FILES["cpu"]
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("async-timeout=="))
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith(" "))
+    path.write_text("\n".join(lines[:start] + lines[end:]) + "\n")
+    locks = [parse_lock(path), parse_lock(project / DEV_LOCK)]
+    problems, _ = closure_problems(locks, ("3.11.2",), metadata)
+    assert len(problems) == 1 and "redis==" in problems[0] and "async-timeout" in problems[0], problems
+    assert "3.11.2" in problems[0]
+    assert closure_problems(locks, ("3.11.7",), metadata)[0] == []
+
+
+def test_a_pin_outside_a_requirers_range_is_named(project, metadata):
+    path = project / LOCK_FILES["cpu"]
+    lock = parse_lock(path)
+    _edit(path, f"async-timeout=={lock.pins['async-timeout']} ", "async-timeout==3.0.0 ")
+    problems, _ = closure_problems([parse_lock(path), parse_lock(project / DEV_LOCK)], ("3.11.2",), metadata)
+    # redis (installed at its pin, so checked) requires async-timeout>=4.0.3 below 3.11.3.
+    assert any("async-timeout" in p and "pinned 3.0.0" in p for p in problems), problems
+
+
+def test_lock_script_writes_markers_that_parse_back(tmp_path, repo_root):
+    from tests.conftest import load_script
+
+    lock = load_script("lock")
+    packages = [{"name": "redis", "version": "8.1.0", "marker": None, "hashes": ["a" * 64]},
+                {"name": "async-timeout", "version": "5.0.1", "marker": 'python_full_version < "3.11.3"',
+                 "hashes": ["b" * 64, "c" * 64]}]
+    path = tmp_path / "lock.txt"
+    path.write_text(lock.to_requirements(packages, "cpu", "0" * 64))
+    parsed = parse_lock(path)
+    assert parsed.pins == {"redis": "8.1.0", "async-timeout": "5.0.1"}
+    assert parsed.markers == {"async-timeout": 'python_full_version < "3.11.3"'}
+    assert parsed.hashes["async-timeout"] == ["sha256:" + "b" * 64, "sha256:" + "c" * 64]
+    assert parsed.pins_for("3.11.2") == parsed.pins and parsed.pins_for("3.11.9") == {"redis": "8.1.0"}
+    # --keep-pins reads the unconditional pins back in the same shape.
+    assert lock.lock_packages(path) == packages[:1]

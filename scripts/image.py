@@ -1,0 +1,457 @@
+"""Build and run trainflow's container image: ``make image-cpu`` (CPU) and ``make image`` (CUDA).
+
+    python3 scripts/image.py build [--variant cpu|cuda] [--no-cache]   # docker or podman
+    python3 scripts/image.py run [--home DIR] [-- COMMAND ...]          # the built image, its digest recorded
+    python3 scripts/image.py host                                       # podman on a Debian host (root, apt)
+    python3 scripts/image.py base                                       # the bookworm base (debootstrap)
+    python3 scripts/image.py repro [--variant cpu]                      # build twice, compare digests
+
+``build`` always builds ``docker/Dockerfile`` itself; what differs between hosts goes in as build
+args. With a running Docker engine it uses docker; otherwise podman, which ``host`` installs and
+configures on a Debian host when it is missing (idempotent: it only adds what is absent). Where the
+registry of the Dockerfile's default base is unreachable (the CPU variant only), ``base`` first
+makes a Debian bookworm base with debootstrap and imports it (``podman import``); the build then
+names it by its local digest and installs bookworm's package names (``OS_PACKAGES``) and Debian's own
+``python3.11``. The torch wheel comes from a local folder (bind-mounted into the build, in no
+layer) when one holds the locked wheel; the host's CA bundle goes in as the build secret
+``ca_bundle`` (a TLS-intercepting proxy needs it; no layer keeps it). Builds are stamped with one
+fixed time (``SOURCE_DATE_EPOCH``, podman's ``--timestamp``; :data:`EPOCH`), so the same commit, lock
+and base give the same image digest, with or without the layer cache.
+
+The result (ref, digest, image id, seconds) is written to ``build/image-<variant>.json``; ``run``
+reads it and passes ``TRAINFLOW_IMAGE`` / ``TRAINFLOW_IMAGE_DIGEST``, so the run manifest (and the
+registered model version's tags) record the image. Standard library only: it runs before any venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = "docker/Dockerfile"
+CACHE = Path(os.environ.get("TRAINFLOW_IMAGE_CACHE", "/var/cache/trainflow-image"))
+BASE_TAG = "localhost/trainflow-base:bookworm"
+DEBIAN_MIRROR = os.environ.get("TRAINFLOW_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+HOST_PACKAGES = ("podman", "runc", "debootstrap")
+CONTAINERS_CONF = Path("/etc/containers/containers.conf")
+# Written by `host` when no containers.conf exists. crun fails on this kind of host ("cgroups in
+# hybrid mode not supported"); the sandbox forbids raising nofile/nproc to podman's defaults.
+CONTAINERS_CONF_TEXT = """\
+# Written by trainflow's scripts/image.py host (delete to let it write it again).
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+
+[engine]
+runtime = "runc"
+"""
+# Debian bookworm's names for what the Dockerfile's OS_PACKAGES holds under Ubuntu 24.04's (t64)
+# names, plus Debian's own CPython 3.11 (3.11.2; the lock holds for it) and its venv module.
+BOOKWORM_PACKAGES = ("python3.11", "python3.11-venv", "libssl3", "libffi8", "libsqlite3-0", "libbz2-1.0",
+                     "liblzma5", "zlib1g", "libexpat1", "libuuid1", "libncursesw6", "libreadline8")
+# What the Dockerfile installs on every base besides OS_PACKAGES; the bookworm base holds it already.
+DOCKERFILE_PACKAGES = ("ca-certificates", "git", "tini", "tzdata")
+# debootstrap resolves no virtual packages: python3.11-venv's python3.11-distutils is this one.
+DEBOOTSTRAP_EXTRA = ("python3-distutils",)
+WHEELS_MOUNT = "/wheels"
+
+
+class ImageError(RuntimeError):
+    """One line for the user: what failed and what to do."""
+
+
+@dataclass
+class Plan:
+    """Everything one build needs; :func:`build_command` turns it into the engine's command line."""
+    engine: str                                  # docker | podman
+    variant: str                                 # cpu | cuda
+    tag: str
+    build_args: dict[str, str] = field(default_factory=dict)
+    ca_bundle: str | None = None                 # host file -> build secret ca_bundle
+    wheels: str | None = None                    # host folder -> /wheels (podman only)
+    epoch: int | None = None                     # SOURCE_DATE_EPOCH
+    no_cache: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# Command lines (pure: unit-tested)
+
+def build_command(plan: Plan) -> list[str]:
+    """The docker/podman command line that builds ``plan`` from the repository root."""
+    cmd = [plan.engine, "build", "-f", DOCKERFILE, "-t", plan.tag]
+    args = {"VARIANT": plan.variant, **plan.build_args}
+    if plan.epoch is not None:
+        args["SOURCE_DATE_EPOCH"] = str(plan.epoch)
+    for key, value in args.items():
+        cmd += ["--build-arg", f"{key}={value}"]
+    if plan.ca_bundle:
+        cmd += ["--secret", f"id=ca_bundle,src={plan.ca_bundle}"]
+    if plan.engine == "podman":
+        # --layers: reuse each step's layer while its inputs are unchanged; --network host: the
+        # build's apt and pip use the host's network as they are (no container network to set up).
+        cmd += ["--layers", "--network", "host"]
+        if plan.epoch is not None:
+            cmd += ["--timestamp", str(plan.epoch)]   # created time and every file's time in the layers
+        if plan.wheels:
+            cmd += ["--volume", f"{plan.wheels}:{WHEELS_MOUNT}:ro"]
+    if plan.no_cache:
+        cmd.append("--no-cache")
+    return [*cmd, "."]
+
+
+def debootstrap_command(target: Path, packages: tuple[str, ...], mirror: str = DEBIAN_MIRROR) -> list[str]:
+    """debootstrap's command line for the bookworm base (minbase: apt, dpkg and essentials only)."""
+    return ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", "bookworm", str(target), mirror]
+
+
+def run_command(engine: str, image: str, digest: str, home: Path | None, command: list[str],
+                network: str = "none") -> list[str]:
+    """The command line that runs ``image`` with its ref and digest in the environment (the run
+    manifest records them) and no network (the pipeline needs none). ``home``: a host folder for
+    TRAINFLOW_HOME (MLflow database, artifacts, run folders), so they outlive the container."""
+    repo = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
+    cmd = [engine, "run", "--rm", "--network", network,
+           "-e", f"TRAINFLOW_IMAGE={repo}@{digest}", "-e", f"TRAINFLOW_IMAGE_DIGEST={digest}"]
+    if home is not None:
+        cmd += ["-v", f"{home}:/var/lib/trainflow"]
+    return [*cmd, image, *command]
+
+
+def apt_install_command(missing: list[str]) -> list[str]:
+    return ["apt-get", "install", "-y", "--no-install-recommends", *missing]
+
+
+def registry_host(ref: str) -> str:
+    """The registry API host of an image ref (Docker Hub for a bare name such as ``ubuntu:24.04``)."""
+    first = ref.split("/", 1)[0]
+    if "/" in ref and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "registry-1.docker.io"
+
+
+def dockerfile_args(path: Path | None = None) -> dict[str, str]:
+    """The Dockerfile's ``ARG NAME=default`` values (the bases, OS_PACKAGES, ...); the first wins."""
+    out: dict[str, str] = {}
+    for line in (path or ROOT / DOCKERFILE).read_text().splitlines():
+        if line.startswith("ARG ") and "=" in line:
+            key, _, value = line[4:].partition("=")
+            out.setdefault(key.strip(), value.strip().strip('"'))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The host
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    print("image: $ " + shlex.join(cmd), file=sys.stderr, flush=True)
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def _ok(cmd: list[str]) -> bool:
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def engine_available() -> str | None:
+    """docker when its engine answers, else podman when installed, else None."""
+    if shutil.which("docker") and _ok(["docker", "info"]):
+        return "docker"
+    if shutil.which("podman"):
+        return "podman"
+    return None
+
+
+def missing_debian_packages(names: tuple[str, ...]) -> list[str]:
+    missing = []
+    for name in names:
+        out = subprocess.run(["dpkg-query", "-W", "-f=${Status}", name], capture_output=True, text=True)
+        if out.returncode != 0 or "install ok installed" not in out.stdout:
+            missing.append(name)
+    return missing
+
+
+def host_problem() -> str | None:
+    """Why ``host`` cannot install podman here, or None when it can (Debian, root, apt-get)."""
+    if not Path("/etc/debian_version").is_file() or not shutil.which("apt-get"):
+        return "not a Debian host (no apt-get): install podman or docker yourself"
+    if os.geteuid() != 0:
+        return "installing podman needs root (apt-get); run as root or install podman yourself"
+    return None
+
+
+def setup_host() -> list[str]:
+    """Install podman, runc and debootstrap where missing and write containers.conf where absent.
+    Returns what it did (empty: nothing was needed). Raises ImageError when it cannot."""
+    done = []
+    missing = missing_debian_packages(HOST_PACKAGES)
+    if missing:
+        if problem := host_problem():
+            raise ImageError(f"missing {' '.join(missing)}: {problem}")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        try:
+            _run(apt_install_command(missing), env=env, stdout=subprocess.DEVNULL)
+        except subprocess.CalledProcessError:
+            try:
+                _run(["apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL)
+                _run(apt_install_command(missing), env=env, stdout=subprocess.DEVNULL)
+            except subprocess.CalledProcessError as exc:
+                raise ImageError(f"apt-get could not install {' '.join(missing)} (exit {exc.returncode}); "
+                                 f"is a Debian mirror reachable?") from None
+        done.append("installed " + " ".join(missing))
+    if not CONTAINERS_CONF.exists() and os.geteuid() == 0:  # rootless podman: the user's config is theirs
+        CONTAINERS_CONF.parent.mkdir(parents=True, exist_ok=True)
+        CONTAINERS_CONF.write_text(CONTAINERS_CONF_TEXT)
+        done.append(f"wrote {CONTAINERS_CONF}")
+    return done
+
+
+def registry_reachable(ref: str, timeout: float = 5.0) -> bool:
+    """Whether the registry serving ``ref`` answers its API (401/200 with the registry header)."""
+    url = f"https://{registry_host(ref)}/v2/"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return "Docker-Distribution-Api-Version" in resp.headers or resp.status == 200
+    except urllib.error.HTTPError as exc:
+        return exc.code == 401 or "Docker-Distribution-Api-Version" in exc.headers
+    except (OSError, ValueError):
+        return False
+
+
+def url_reachable(url: str, timeout: float = 5.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def inspect(engine: str, ref: str, fmt: str) -> str | None:
+    out = subprocess.run([engine, "image", "inspect", "--format", fmt, ref], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def image_digest(engine: str, ref: str) -> str:
+    """The image's digest as the engine reports it: podman's manifest digest; docker's image id
+    (the config digest; its manifest digest exists only once pushed)."""
+    value = inspect(engine, ref, "{{.Digest}}" if engine == "podman" else "{{.Id}}")
+    if not value:
+        raise ImageError(f"{engine} has no image {ref}")
+    return value if value.startswith("sha256:") else f"sha256:{value}"
+
+
+def make_base(engine: str) -> str:
+    """The bookworm base, made once (debootstrap + import) and kept in the engine's storage;
+    returns it as ``localhost/trainflow-base@sha256:...`` (its digest, as a registry base would be)."""
+    if engine != "podman":
+        raise ImageError("the registry-free base is made with podman (run `scripts/image.py host`)")
+    if inspect(engine, BASE_TAG, "{{.Id}}") is None:
+        if not shutil.which("debootstrap"):
+            raise ImageError("debootstrap is missing: run `python3 scripts/image.py host` (Debian, root)")
+        rootfs = CACHE / "rootfs-bookworm"
+        shutil.rmtree(rootfs, ignore_errors=True)
+        rootfs.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            _run(debootstrap_command(rootfs, (*DOCKERFILE_PACKAGES, *BOOKWORM_PACKAGES, *DEBOOTSTRAP_EXTRA)), stdout=subprocess.DEVNULL)
+        except subprocess.CalledProcessError as exc:
+            raise ImageError(f"debootstrap failed (exit {exc.returncode}); see {rootfs}/debootstrap/debootstrap.log")
+        # Package lists, logs and caches are the build day's, not the base's content.
+        for rel in ("var/lib/apt/lists", "var/cache/apt", "var/log"):
+            for child in (rootfs / rel).glob("*"):
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "--sort=name", "-cf", "-", "."],
+                               stdout=subprocess.PIPE)
+        _run([engine, "import", "--change", "CMD=/bin/bash", "-", BASE_TAG], stdin=tar.stdout,
+             stdout=subprocess.DEVNULL)
+        if tar.wait() != 0:
+            raise ImageError(f"tar of {rootfs} failed")
+        shutil.rmtree(rootfs, ignore_errors=True)
+    return f"{BASE_TAG.rsplit(':', 1)[0]}@{image_digest(engine, BASE_TAG)}"
+
+
+def ca_bundle() -> str | None:
+    """The host's CA bundle (with any extra, e.g. a proxy's, certificates): pip's own setting first."""
+    for candidate in (os.environ.get("TRAINFLOW_CA_BUNDLE"), os.environ.get("PIP_CERT"),
+                      os.environ.get("SSL_CERT_FILE"), "/etc/ssl/certs/ca-certificates.crt"):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return None
+
+
+def locked_torch(lock: Path) -> str | None:
+    for line in lock.read_text().splitlines():
+        if line.startswith("torch=="):
+            return line.split("==", 1)[1].split()[0]
+    return None
+
+
+def torch_wheels(version: str) -> str | None:
+    """A local folder holding the locked torch wheel (TRAINFLOW_TORCH_CPU_WHEELS, PIP_FIND_LINKS,
+    /opt/wheels), or None."""
+    candidates = [os.environ.get("TRAINFLOW_TORCH_CPU_WHEELS"), *os.environ.get("PIP_FIND_LINKS", "").split(),
+                  "/opt/wheels"]
+    for c in candidates:
+        if c and Path(c).is_dir() and any(Path(c).glob(f"torch-{version}-cp311-*.whl")):
+            return str(Path(c).resolve())
+    return None
+
+
+# SOURCE_DATE_EPOCH for every build: a constant, not the commit's time. podman reuses a cached step
+# whatever --timestamp says, so with a moving epoch a cached build kept the old times in its history
+# and differed from a clean build of the same commit (measured); with one epoch they are equal.
+EPOCH = 1767225600  # 2026-01-01T00:00:00Z
+
+
+def build_epoch() -> int:
+    """SOURCE_DATE_EPOCH from the environment, else :data:`EPOCH`."""
+    return int(os.environ.get("SOURCE_DATE_EPOCH") or EPOCH)
+
+
+def git_sha() -> str:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def plan_build(variant: str, tag: str | None = None, no_cache: bool = False, say=print) -> Plan:
+    """Choose the engine, the base and the torch source for this host (may set up podman and the base)."""
+    engine = engine_available()
+    if engine is None:
+        say("image: [1/3] no docker engine and no podman: setting up podman (scripts/image.py host)")
+        setup_host()
+        engine = "podman"
+    elif engine == "podman":
+        setup_host()  # containers.conf, debootstrap: only what is missing
+    plan = Plan(engine=engine, variant=variant, tag=tag or f"localhost/trainflow:{variant}",
+                ca_bundle=ca_bundle(), epoch=build_epoch(), no_cache=no_cache)
+    plan.build_args["GIT_SHA"] = git_sha()
+    defaults = dockerfile_args()
+    if variant == "cpu":
+        if registry_reachable(defaults["CPU_BASE"]):
+            say(f"image: [1/3] base: {defaults['CPU_BASE']} (registry reachable)")
+        else:
+            say("image: [1/3] no registry reachable: the Debian bookworm base made here (debootstrap, once)")
+            base = make_base(engine)
+            plan.build_args.update(CPU_BASE=base, PYTHON_IMAGE=base, OS_PACKAGES=" ".join(BOOKWORM_PACKAGES))
+            say(f"image:       base {base}")
+        version = locked_torch(ROOT / "requirements" / "lock-cpu.txt")
+        wheels = torch_wheels(version) if version and engine == "podman" else None
+        if wheels:
+            plan.wheels = wheels
+            plan.build_args["PIP_EXTRA"] = f"--find-links {WHEELS_MOUNT}"
+        elif not url_reachable("https://download.pytorch.org/whl/cpu/"):
+            raise ImageError(f"torch=={version} is in no local folder (TRAINFLOW_TORCH_CPU_WHEELS) and "
+                             f"download.pytorch.org is unreachable")
+    elif not registry_reachable(defaults["CUDA_BASE"]):
+        raise ImageError(f"the CUDA base's registry ({registry_host(defaults['CUDA_BASE'])}) is unreachable: "
+                         f"`make image` needs it; `make image-cpu` builds without a registry")
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+def record_path(variant: str) -> Path:
+    return ROOT / "build" / f"image-{variant}.json"
+
+
+def build(variant: str, tag: str | None = None, no_cache: bool = False, record: Path | None = None) -> dict:
+    t0 = time.monotonic()
+    plan = plan_build(variant, tag, no_cache)
+    print(f"image: [2/3] building {plan.tag} with {plan.engine}", flush=True)
+    t1 = time.monotonic()
+    try:
+        _run(build_command(plan), cwd=ROOT)
+    except subprocess.CalledProcessError as exc:
+        raise ImageError(f"{plan.engine} build failed (exit {exc.returncode}); its output is above") from None
+    built = time.monotonic() - t1
+    size = inspect(plan.engine, plan.tag, "{{.Size}}")
+    result = {"engine": plan.engine, "variant": variant, "ref": plan.tag, "digest": image_digest(plan.engine, plan.tag),
+              "id": inspect(plan.engine, plan.tag, "{{.Id}}"), "size_bytes": int(size) if size else None,
+              "git_sha": plan.build_args.get("GIT_SHA"), "source_date_epoch": plan.epoch,
+              "build_s": round(built, 1), "total_s": round(time.monotonic() - t0, 1), "plan": asdict(plan)}
+    out = record or record_path(variant)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    gb = f"{result['size_bytes'] / 1e9:.2f} GB" if result["size_bytes"] else "size unknown"
+    print(f"image: [3/3] {plan.tag} {result['digest']} ({gb}; build {built:.0f} s, all {result['total_s']:.0f} s)",
+          flush=True)
+    return result
+
+
+def run(variant: str, home: Path | None, command: list[str]) -> int:
+    path = record_path(variant)
+    if not path.is_file():
+        raise ImageError(f"{path.relative_to(ROOT)} is missing: build first (make image-{variant})")
+    rec = json.loads(path.read_text())
+    if home is not None:
+        home = home.resolve()
+        home.mkdir(parents=True, exist_ok=True)
+        os.chmod(home, 0o777)   # the image's user (uid 10001) writes there
+    return subprocess.run(run_command(rec["engine"], rec["ref"], rec["digest"], home, command)).returncode
+
+
+def repro(variant: str) -> int:
+    """Build twice (the second without the layer cache) and compare the digests: the first may
+    reuse cached layers, so equal digests also say a cached build equals a clean one."""
+    first = build(variant, record=ROOT / "build" / f"image-{variant}-repro1.json")
+    second = build(variant, no_cache=True, record=ROOT / "build" / f"image-{variant}-repro2.json")
+    same = first["digest"] == second["digest"]
+    print(f"repro: first {first['digest']} id {first['id']}")
+    print(f"repro: second {second['digest']} id {second['id']} (no layer cache)")
+    print(f"repro_same_digest={str(same).lower()}")
+    return 0 if same else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build docker/Dockerfile (docker or podman)")
+    b.add_argument("--variant", choices=("cpu", "cuda"), default="cpu")
+    b.add_argument("--tag")
+    b.add_argument("--no-cache", action="store_true")
+    r = sub.add_parser("run", help="run the built image (default: trainflow run)")
+    r.add_argument("--variant", choices=("cpu", "cuda"), default="cpu")
+    r.add_argument("--home", type=Path, help="host folder for TRAINFLOW_HOME (kept after the run)")
+    r.add_argument("command", nargs=argparse.REMAINDER)
+    sub.add_parser("host", help="install and configure podman, runc, debootstrap (Debian, root)")
+    sub.add_parser("base", help="make the bookworm base (debootstrap + podman import)")
+    p = sub.add_parser("repro", help="build twice, compare digests")
+    p.add_argument("--variant", choices=("cpu", "cuda"), default="cpu")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "build":
+            build(args.variant, args.tag, args.no_cache)
+        elif args.cmd == "run":
+            command = args.command[1:] if args.command[:1] == ["--"] else args.command
+            return run(args.variant, args.home, command)
+        elif args.cmd == "host":
+            done = setup_host()
+            print("image: host ready" + (": " + "; ".join(done) if done else " (nothing to do)"))
+        elif args.cmd == "base":
+            print(make_base(engine_available() or "podman"))
+        elif args.cmd == "repro":
+            return repro(args.variant)
+    except ImageError as exc:
+        print(f"image: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
