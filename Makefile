@@ -16,7 +16,7 @@ export GX_ANALYTICS_ENABLED := false
 export DVC_NO_ANALYTICS := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test install data unit clean-state lock check-lock team-up team-down image image-cpu image-run
+.PHONY: run test test-image install data unit clean-state lock check-lock team-up team-down image image-cpu image-run
 
 install: $(STAMP)
 
@@ -43,8 +43,16 @@ data: $(STAMP)
 run: data
 	$(VENV)/bin/trainflow run $(ARGS)
 
+# The suite runs in TEST_PROCS processes (pytest-xdist), a test file per process at a time: a
+# module's fixtures (a first pipeline run, a server) run once. TEST_PROCS=0 runs it in this one.
+TEST_PROCS ?= 2
+
 test: data
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_PROCS) --dist loadfile $(PYTEST_ARGS)
+
+# The image test (builds the CPU image, runs the pipeline inside it): minutes, so not in `make test`.
+test-image: data
+	TRAINFLOW_IMAGE_TEST=1 $(PY) -m pytest -m image $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q
