@@ -33,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from core.config import config_id_of
+from core.config import EXTENDS_KEY, config_id_of
 from core.errors import DataUnavailableError, TrainflowError
 from core.manifest import image_from_env, packages_hash
 from core.paths import tracking_uri, trainflow_home, under_home
@@ -107,6 +107,9 @@ def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], Non
     if manifest is None or config is None:
         raise ReproduceRefusedError(f"run {source_run} has no manifest.json / config.json artifact: "
                                     "it was not recorded by the trainflow pipeline")
+    if EXTENDS_KEY in config:  # an artifact store's answer must not make this host read another file
+        raise ReproduceRefusedError(f"config.json of run {source_run} names another config file ({EXTENDS_KEY}: "
+                                    f"{config[EXTENDS_KEY]!r}): a recorded config is the merged one and names none")
     tags = dict(mv.tags) if mv is not None else {}
     expected = tags.get("weights_sha256") or (_load_artifact(source_run, "training/result.json") or {}).get(
         "weights_sha256")

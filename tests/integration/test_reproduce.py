@@ -129,3 +129,29 @@ def test_a_data_version_in_neither_cache_nor_remote_is_refused(env, tmp_path):
 def test_an_unknown_alias_is_refused(env, tmp_path):
     code, s = reproduce(tmp_path, f"{MODEL}@nope")
     assert code == 6 and "has no alias @nope" in s["error"]
+
+
+def test_a_recorded_config_that_names_another_file_is_refused_before_anything_is_read(env, tmp_path):
+    """config.json comes from the artifact store: an ``extends`` in it (the pipeline records the merged
+    config, which has none) would make this host read a file the store chose. Refused first."""
+    import mlflow
+
+    from core.paths import tracking_uri
+
+    proj, home, trained_summary = env
+    run_id = trained_summary["mlflow_run_id"]
+    outside = tmp_path / "outside.yaml"
+    outside.write_text("name: leaked\ndataset: {path: secret}\n")
+    mlflow.set_tracking_uri(tracking_uri(home))
+    recorded = mlflow.artifacts.load_dict(f"runs:/{run_id}/config.json")
+    # Relative, as `extends` must be, and climbing out of whatever folder the config is written to.
+    tampered = {**recorded, "extends": "../" * 20 + str(outside).lstrip("/")}
+    client = mlflow.MlflowClient()
+    try:
+        client.log_dict(run_id, tampered, "config.json")
+        code, s = reproduce(tmp_path, run_id)
+        assert code == 6 and s["status"] == "refused"
+        assert "names another config file (extends:" in s["error"] and "leaked" not in json.dumps(s)
+    finally:
+        client.log_dict(run_id, recorded, "config.json")
+    assert mlflow.artifacts.load_dict(f"runs:/{run_id}/config.json") == recorded
