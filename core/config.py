@@ -653,6 +653,13 @@ def merge_config(base: dict, child: dict) -> dict:
     return out
 
 
+def _read_config_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+
+
 def read_config_data(path: str | Path, _chain: tuple[Path, ...] = ()) -> Any:
     """The YAML of the config at ``path`` with its ``extends`` chain merged in (not validated).
 
@@ -660,10 +667,10 @@ def read_config_data(path: str | Path, _chain: tuple[Path, ...] = ()) -> Any:
     relative ``.yaml`` path, that leads back to a file of the chain, or that is deeper than 5.
     """
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+    return _merged(path, _read_config_text(path), _chain)
+
+
+def _merged(path: Path, text: str, _chain: tuple[Path, ...] = ()) -> Any:
     data = load_yaml(text)
     if not isinstance(data, dict) or EXTENDS_KEY not in data:
         return data
@@ -691,9 +698,8 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> PipelineConfig:
     """Read a YAML config (and the configs it ``extends``), apply ``--set`` overrides, validate.
     Raises ConfigError."""
     path = Path(path)
-    if not path.is_file():  # the one error that names the path itself
-        read_config_data(path)
+    text = _read_config_text(path)  # its error names the path itself; the others get it below
     try:
-        return config_from_dict(read_config_data(path), overrides)
+        return config_from_dict(_merged(path, text), overrides)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
