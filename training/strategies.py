@@ -292,7 +292,11 @@ class Strategy:
         model = self.unwrapped(wrapped)
         model_sd, optim_sd = get_state_dict(model, optimizer)  # FQN-keyed, as DCPStrategy saved them
         state = {"model": model_sd, "optim": optim_sd}
-        with _dcp_errors(f"loading checkpoint {folder}"):
+        import warnings
+
+        with _dcp_errors(f"loading checkpoint {folder}"), warnings.catch_warnings():
+            # no_dist is the intent here (each rank reads on its own), not a missing process group.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(state, checkpoint_id=folder, no_dist=True)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         return extra
