@@ -28,7 +28,11 @@ Checkpoint layouts inside the caller's ``folder`` (which every rank can see):
 - fsdp: DCP files (``.metadata``, ``__<rank>_0.distcp``) holding
   ``{"model", "optim"}`` plus ``extra.pt`` (rank 0 writes).
 
-Model keys are the plain module's (no ``module.`` prefix) in both layouts.
+Model keys are the plain module's (no ``module.`` prefix) in both layouts, and each side
+reads the other's, so a checkpoint resumes on another world size or strategy: fsdp loads a
+``state.pt`` into its shards (``set_state_dict`` with ``full_state_dict``), single/ddp read DCP
+shards whole (DCP reshards on read). tp / pp / hybrid shards load only into their own layout.
+What the ``extra`` part holds is ``training.state.TrainState.meta()``.
 """
 
 from __future__ import annotations
