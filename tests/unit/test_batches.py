@@ -154,3 +154,26 @@ def test_policy_continues_a_resized_writers_plan_on_the_same_dp_size():
     # Written by a 1-rank run that itself kept G 64 as 32 x 2 micro-steps (configured 32 x 1).
     c = choose_plan(32, 1, 1, LR, BASE, "sqrt", _writer(1, 32, 2, configured=[32, 1]))
     assert c.decision == "unchanged" and (c.micro_batch, c.grad_accum) == (32, 2)
+
+
+def test_uneven_and_empty_micro_batches_give_the_full_batch_mean_gradient():
+    # A short last step over micro-batches of 4, 1 and 0 rows: the scaled sums are the step's mean.
+    from tasks import get_task
+    from training.distributed import DistContext
+    from training.strategies import build_strategy
+
+    strat = build_strategy("single", DistContext(0, 0, 1, None, torch.device("cpu")))
+    strat.task = get_task("classification")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 4)
+    x, y = torch.randn(5, 3), torch.tensor([0, 1, 2, 3, 1])
+    total = 0.0
+    for lo, hi in ((0, 4), (4, 5), (5, 5)):
+        total += strat.forward_backward(model, x[lo:hi], y[lo:hi], scale=1 / 5)
+    split = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    full = torch.nn.functional.cross_entropy(model(x), y)
+    full.backward()
+    assert total == pytest.approx(full.item() * 5, rel=1e-6)
+    for a, b in zip(split, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
