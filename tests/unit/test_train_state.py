@@ -123,3 +123,20 @@ def test_a_model_parallel_checkpoint_is_refused_by_a_replicated_model_and_names_
     with pytest.raises(CheckpointMismatchError, match=r"resume with 2 worker\(s\) \(--nproc\) with "
                                                       r"training.strategy=tp, training.parallel.tp=2"):
         ck.load_state(st.model, st.optimizer)
+
+
+def test_launcher_matches_a_checkpoint_on_its_resume_id(tmp_path):
+    import json
+
+    from core.errors import ConfigError
+    from training.launcher import _check_resumable
+    from training.layouts import layout_for
+
+    step = tmp_path / "checkpoints" / "step_00000004"
+    step.mkdir(parents=True)
+    (step / "COMPLETE").write_text(json.dumps({"step": 4, "config_id": "ddp-id", "resume_id": "r", "data_md5": "d",
+                                               "layout": layout_for("ddp", 2)}))
+    # Another strategy and world size: another config id, the same resume id.
+    _check_resumable(tmp_path, "fsdp-id", "d", False, layout_for("fsdp", 1), resume_id="r")
+    with pytest.raises(ConfigError, match="written for resume_id=r, this run has r2"):
+        _check_resumable(tmp_path, "fsdp-id", "d", False, layout_for("fsdp", 1), resume_id="r2")
