@@ -47,20 +47,22 @@ STRAGGLER_MIN_LAG_S = 1e-3
 
 
 def compute_per_step_s(r: dict) -> float | None:
-    """A rank's compute seconds per step: its step time less the time it waited for a batch and
-    for the gradient all-reduce, over its steps (None when it ran no step).
+    """A rank's compute seconds per step: its median step time less the time per step it waited
+    for a batch, for DDP's buffer broadcast before the forward and for the gradient all-reduce
+    (None when it ran no step).
 
-    Under DDP every step ends in an all-reduce, so all ranks' *step times* come out equal and
-    the slow rank hides; what differs is who waits: the fast ranks wait in the all-reduce for
-    the slow one to submit its gradients. Subtracting that wait leaves each rank's own work.
+    Under DDP every step syncs the ranks, so all ranks' *step times* come out equal and the
+    slow rank hides; what differs is who waits: the fast ranks wait for the slow one, in the
+    all-reduce for its gradients (or, for a model with buffers, in the broadcast at the next
+    forward). Subtracting those waits leaves each rank's own work.
     """
     steps = r.get("steps") or 0
     if not steps or r.get("step_time_median_s") is None:
         return None
-    total = r.get("step_time_total_s")
-    if total is None:  # a peer of an older version: its median stands for every step
-        total = r["step_time_median_s"] * steps
-    return max(0.0, total - r.get("data_wait_s", 0.0) - r.get("allreduce_s", 0.0)) / steps
+    waits = r.get("data_wait_s", 0.0) + r.get("allreduce_s", 0.0) + r.get("forward_sync_s", 0.0)
+    # The median step, not the mean: the step that spans an epoch's end also holds the
+    # evaluation and its collectives, the same on every rank, and would blur the ratio.
+    return max(0.0, r["step_time_median_s"] - waits / steps)
 
 
 def find_straggler(per_rank: list[dict], ratio: float, min_lag_s: float = STRAGGLER_MIN_LAG_S) -> dict:
@@ -89,8 +91,8 @@ def find_straggler(per_rank: list[dict], ratio: float, min_lag_s: float = STRAGG
 def rank_metrics(per_rank: list[dict]) -> dict[str, float]:
     """Every rank's own numbers as flat metric names ``rank/<r>/<name>``.
 
-    ``step_time_ms`` (the median), ``data_wait_ms``, ``allreduce_wait_ms`` and ``compute_ms``
-    (means per step), ``peak_mem_mb``; a rank that ran no step has only ``peak_mem_mb``.
+    ``step_time_ms`` (the median), ``data_wait_ms``, ``allreduce_wait_ms``, ``forward_sync_ms``
+    (DDP's buffer broadcast) and ``compute_ms`` (means per step), ``peak_mem_mb``; a rank that ran no step has only ``peak_mem_mb``.
     """
     out: dict[str, float] = {}
     for r in sorted(per_rank, key=lambda r: r["rank"]):
@@ -101,6 +103,7 @@ def rank_metrics(per_rank: list[dict]) -> dict[str, float]:
             out[p + "step_time_ms"] = r["step_time_median_s"] * 1e3
             out[p + "data_wait_ms"] = r["data_wait_s"] / steps * 1e3
             out[p + "allreduce_wait_ms"] = r["allreduce_s"] / steps * 1e3
+            out[p + "forward_sync_ms"] = r.get("forward_sync_s", 0.0) / steps * 1e3
             out[p + "compute_ms"] = compute * 1e3
         out[p + "peak_mem_mb"] = r["peak_mem_bytes"] / _MB
     return out
@@ -120,8 +123,8 @@ def aggregate(per_rank: list[dict], straggler_ratio: float = 1.5) -> dict:
     """Combine each rank's window stats (``StepMetrics._local_stats``) into one summary.
 
     Each entry holds: ``rank``, ``window_s``, ``steps``, ``samples``,
-    ``step_time_median_s`` (None when the rank ran no step), ``step_time_total_s``,
-    ``data_wait_s``, ``allreduce_s``, ``ckpt_stall_s``, ``peak_mem_bytes`` and, on one rank
+    ``step_time_median_s`` (None when the rank ran no step),
+    ``data_wait_s``, ``allreduce_s``, ``forward_sync_s``, ``ckpt_stall_s``, ``peak_mem_bytes`` and, on one rank
     per node, ``node`` (``node_stats``).
 
     * ``window_s``: the longest window over ranks; ``samples_per_s`` is all ranks'
@@ -209,6 +212,7 @@ class StepMetrics:
         self._data_wait = 0.0
         self._ckpt_stall = 0.0
         self._allreduce = []
+        self._fwd_sync = 0.0
         if self._t_data is not None:  # a batch wait spanning the reset counts from the reset
             self._t_data = now
 
@@ -280,6 +284,26 @@ class StepMetrics:
             return fut.then(done)
 
         ddp_model.register_comm_hook(state=group, hook=timed_allreduce_hook)
+        self._time_forward_sync(ddp_model)
+
+    def _time_forward_sync(self, ddp_model) -> None:
+        """Time DDP's own work before the module's forward: the broadcast of buffers (BatchNorm
+        stats, a normalisation's constants) from rank 0, a collective on every training forward.
+        A slow rank's peers wait for it there when the model has buffers, rather than in the
+        gradient all-reduce. Host time: on CUDA the broadcast is asynchronous and reads ~0.
+        Two hook calls per forward (a clock read each)."""
+        metrics = self
+        entered: list[float] = []
+
+        def outer(module, args):
+            entered[:] = [_now()] if module.training and torch.is_grad_enabled() else []
+
+        def inner(module, args):
+            if entered:
+                metrics._fwd_sync += _now() - entered.pop()
+
+        ddp_model.register_forward_pre_hook(outer)
+        ddp_model.module.register_forward_pre_hook(inner)
 
     def _allreduce_seconds(self) -> float:
         """Wall seconds with at least one bucket in flight (buckets overlap: their sum would not be)."""
@@ -299,9 +323,9 @@ class StepMetrics:
             "steps": len(self._step_times),
             "samples": self._samples,
             "step_time_median_s": statistics.median(self._step_times) if self._step_times else None,
-            "step_time_total_s": sum(self._step_times),
             "data_wait_s": self._data_wait,
             "allreduce_s": self._allreduce_seconds(),
+            "forward_sync_s": self._fwd_sync,
             "ckpt_stall_s": self._ckpt_stall,
             "peak_mem_bytes": peak_memory_bytes(self.ctx.device),
             "node": node_stats(self.ctx.device) if self._node_reporter else None,
@@ -325,7 +349,7 @@ class StepMetrics:
             r = summary["straggler_rank"]
             log.warning(
                 "straggler: rank %s computes %.1f ms a step, %.1f ms more than the other ranks' median "
-                "(x%.2f > x%.2f); the others wait for it in the all-reduce",
+                "(x%.2f > x%.2f); the others wait for it in their collectives",
                 r, summary["per_rank"][f"rank/{r}/compute_ms"], summary["straggler_lag_ms"],
                 summary["straggler_ratio"], self.straggler_ratio,
             )

@@ -97,10 +97,10 @@ def test_straggler_rule_is_strict_uses_the_other_ranks_median_and_ignores_tiny_l
     assert aggregate([rank_stats(0, 0.5)], 1.5)["straggler_ratio"] is None
 
 
-def test_compute_uses_the_step_time_total_when_given_and_never_goes_negative():
-    r = {**rank_stats(0, 0.1, steps=4, data_wait_s=0.1, allreduce_s=0.1), "step_time_total_s": 1.0}
-    assert tm.compute_per_step_s(r) == pytest.approx(0.2)  # (1.0 - 0.1 - 0.1) / 4
-    r = {**rank_stats(0, 0.1, steps=4, data_wait_s=1.0, allreduce_s=1.0), "step_time_total_s": 1.0}
+def test_compute_is_the_median_step_less_every_wait_per_step_and_never_negative():
+    r = {**rank_stats(0, 0.1, steps=4, data_wait_s=0.04, allreduce_s=0.08), "forward_sync_s": 0.12}
+    assert tm.compute_per_step_s(r) == pytest.approx(0.04)  # 0.1 - (0.04 + 0.08 + 0.12) / 4
+    r = rank_stats(0, 0.1, steps=4, data_wait_s=1.0, allreduce_s=1.0)
     assert tm.compute_per_step_s(r) == 0.0
     assert tm.compute_per_step_s(rank_stats(0, None, steps=0)) is None
 
@@ -112,7 +112,7 @@ def test_per_rank_and_per_node_metrics_are_named_as_logged():
     assert s["per_rank"] == pytest.approx({
         "rank/0/peak_mem_mb": 100.0,  # no step in the window: only its memory
         "rank/1/step_time_ms": 110.0, "rank/1/data_wait_ms": 10.0, "rank/1/allreduce_wait_ms": 20.0,
-        "rank/1/compute_ms": 80.0, "rank/1/peak_mem_mb": 200.0,
+        "rank/1/forward_sync_ms": 0.0, "rank/1/compute_ms": 80.0, "rank/1/peak_mem_mb": 200.0,
         "node/0/cpu_util_pct": 55.0, "node/0/mem_used_mb": 1024.0,  # a number not read is left out
     })
 
@@ -323,3 +323,27 @@ def test_peak_memory_is_positive_on_cpu():
 def test_gpu_utilization_is_none_without_a_gpu_and_never_raises():
     assert gpu_utilization(CPU) is None
     assert gpu_utilization("not a device") is None
+
+
+def test_forward_sync_counts_the_time_before_the_inner_forward_in_training_only(clock):
+    class Wrapper(nn.Module):  # stands in for DDP: its own work (the buffer broadcast), then the module
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, x):
+            clock.tick(0.05)
+            return self.module(x)
+
+    m = StepMetrics(SOLO)
+    w = Wrapper(nn.Linear(2, 2))
+    m._time_forward_sync(w)
+    w(torch.zeros(1, 2))
+    w.eval()
+    w(torch.zeros(1, 2))  # evaluation forwards are not steps
+    w.train()
+    with torch.no_grad():
+        w(torch.zeros(1, 2))
+    assert m._local_stats()["forward_sync_s"] == pytest.approx(0.05)
+    m.reset()
+    assert m._local_stats()["forward_sync_s"] == 0.0
