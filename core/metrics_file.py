@@ -194,3 +194,11 @@ def verify_recorded_run(get_run: Callable[[str], Any], rec: dict, config_id: str
         if have.get(key) != value:
             return f"run {run_id} has {key}={have.get(key)!r}, this training {value!r}"
     return None
+
+
+def latest_steps(run: Any) -> dict[str, int]:
+    """``{metric key: its last step}`` already in an MLflow run (duck-typed ``Run``): what a
+    resumed logger skips, so a step that a restarted attempt runs again is not logged twice.
+    Read from the run's latest values (one ``get_run``, no history), as MLflow's own system
+    metrics monitor resumes; empty when the run object does not carry them."""
+    return {m.key: int(m.step) for m in getattr(run.data, "_metric_objs", None) or []}

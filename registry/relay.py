@@ -30,6 +30,7 @@ from pathlib import Path
 
 from core.metrics_file import (
     file_size,
+    latest_steps,
     read_records,
     read_run_record,
     run_tags,
@@ -132,16 +133,19 @@ class MetricsRelay:
             self._attempts = 0
 
 
-def resume_offset(run_id: str, out_dir: Path, config_id: str, path: Path, client) -> int:
-    """Where a relay of ``path`` into ``run_id`` starts: the bytes ``out_dir``'s run record says
-    were sent when it records this very run (checked: ``verify_recorded_run``), else the file's
-    size now (what is there was another run's). Tags the run as this training's and records it."""
+def resume_offset(relay: MetricsRelay, out_dir: Path, config_id: str) -> int:
+    """Where ``relay`` starts: the bytes ``out_dir``'s run record says were sent when it records
+    this very run (checked: ``verify_recorded_run``; each metric's last step in the run is then
+    skipped too), else the file's size now (what is there was another run's). Tags the run as
+    this training's and records it."""
+    run_id, path, client = relay.run_id, relay.path, relay.client
     rec = read_run_record(out_dir)
     start = file_size(path)
     if rec is not None and rec["run_id"] == run_id:
         problem = verify_recorded_run(client.get_run, rec, config_id, out_dir)
         if problem is None:
             start = min(rec.get("relayed_bytes", 0), start)
+            relay._last_step = latest_steps(client.get_run(run_id))
         else:
             log.warning("%s: %s; relaying only what is written from now on", out_dir, problem)
     from mlflow.entities import RunTag
@@ -168,7 +172,7 @@ def relay_metrics(run_id: str, path: Path, interval_s: float = 0.5, start: int |
     relay = MetricsRelay(run_id, path, 0, client, record)
     if start is None and record is not None:
         try:
-            start = resume_offset(run_id, record[0], record[1], path, relay.client)
+            start = resume_offset(relay, record[0], record[1])
         except Exception as exc:  # relaying must never stop the job: relay what comes from now on
             log.warning("MLflow run %s: could not check or record it in %s: %s", run_id, record[0], exc)
     relay.offset = relay._recorded = file_size(path) if start is None else start

@@ -27,6 +27,7 @@ from pathlib import Path
 from core.metrics_file import (
     METRICS_FILE,
     MetricsWriter,
+    latest_steps,
     metrics_record,
     params_record,
     read_run_record,
@@ -47,6 +48,7 @@ class MetricsSink:
         self.run_id = run_id if enabled else None
         self.out_dir, self.config_id = out_dir, config_id
         self._record_pending = bool(self.run_id and out_dir is not None and config_id)
+        self._last_step: dict[str, int] = {}
         self._file = MetricsWriter(Path(out_dir) / METRICS_FILE) if enabled and out_dir is not None else None
         self._client = None
         self._bar = None
@@ -75,8 +77,11 @@ class MetricsSink:
         return self._client
 
     def _record(self) -> None:
-        """Once, before the first MLflow call: tag the run as this training's and record it here."""
+        """Once, before the first MLflow call: tag the run as this training's and record it here;
+        note each metric's last step in the run (a restarted attempt repeats the steps after
+        its checkpoint: those are in the run already)."""
         self._record_pending = False
+        self._last_step = latest_steps(self.client.get_run(self.run_id))
         before = read_run_record(self.out_dir)
         if before is not None and before["run_id"] != self.run_id:
             log.warning("%s named MLflow run %s; this training logs into %s (%s) from now on",
@@ -108,7 +113,12 @@ class MetricsSink:
         if self.client:
             from mlflow.entities import Metric
 
-            self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in values.items()])
+            if self._record_pending:
+                self._record()
+            new = [Metric(k, float(v), now, step) for k, v in values.items() if step > self._last_step.get(k, -1)]
+            self._last_step.update({m.key: step for m in new})
+            if new:
+                self.client.log_batch(self.run_id, metrics=new)
 
     def start(self, total_epochs: int, done: int) -> None:
         if not self.progress:

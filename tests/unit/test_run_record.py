@@ -9,6 +9,7 @@ import pytest
 
 from core.metrics_file import (
     CONFIG_TAG,
+    latest_steps,
     OUT_DIR_TAG,
     RUN_FILE,
     read_run_record,
@@ -61,3 +62,10 @@ def test_a_recorded_run_must_exist_be_active_and_carry_this_trainings_tags(tmp_p
     other = run_tags("cfg1", tmp_path / "elsewhere")
     assert OUT_DIR_TAG in verify_recorded_run(fake_store({RUN: ("active", other)}), rec, "cfg1", tmp_path)
     assert verify_recorded_run(fake_store({RUN: ("active", {})}), rec, "cfg1", tmp_path) is not None
+
+
+def test_latest_steps_reads_each_keys_last_step_from_the_run():
+    metric = lambda k, step: SimpleNamespace(key=k, step=step)  # noqa: E731
+    run = SimpleNamespace(data=SimpleNamespace(_metric_objs=[metric("a", 7), metric("b", 0)]))
+    assert latest_steps(run) == {"a": 7, "b": 0}
+    assert latest_steps(SimpleNamespace(data=SimpleNamespace())) == {}
