@@ -106,7 +106,11 @@ def test_pipeline_relay_keeps_one_run_and_the_resumed_attempt_names_a_slow_rank(
     records, _ = read_records(out / METRICS_FILE, 0)
     windows = [r["metrics"] for r in records if "perf/straggler" in r.get("metrics", {}) and r["step"] > stopped]
     assert windows and all(w["perf/straggler"] == 1.0 and w["perf/straggler_rank"] == 1 for w in windows[1:])
-    assert all(w["rank/0/allreduce_wait_ms"] > w["rank/1/allreduce_wait_ms"] for w in windows[1:])
+    # Rank 0 is the one that waits: for this model (it has buffers) mostly in DDP's broadcast
+    # before the forward, the rest in the gradient all-reduce.
+    waited = [w["rank/0/allreduce_wait_ms"] + w["rank/0/forward_sync_ms"]
+              - w["rank/1/allreduce_wait_ms"] - w["rank/1/forward_sync_ms"] for w in windows[1:]]
+    assert all(d > 0 for d in waited), waited
     # (Not asserted: that the first attempt, with no slow rank, flags nobody. On this shared
     # 2-core box scheduler noise alone reached x1.5-1.7 for a window or two; the unit tests pin
     # the rule's threshold and noise floor on fixed inputs.)
