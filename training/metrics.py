@@ -349,9 +349,10 @@ class StepMetrics:
             r = summary["straggler_rank"]
             log.warning(
                 "straggler: rank %s computes %.1f ms a step, %.1f ms more than the other ranks' median "
-                "(x%.2f > x%.2f); the others wait for it in their collectives",
+                "(x%s > x%.2f); the others wait for it in their collectives",
                 r, summary["per_rank"][f"rank/{r}/compute_ms"], summary["straggler_lag_ms"],
-                summary["straggler_ratio"], self.straggler_ratio,
+                "inf" if summary["straggler_ratio"] is None else f"{summary['straggler_ratio']:.2f}",
+                self.straggler_ratio,
             )
         return summary
 

@@ -93,6 +93,9 @@ def test_straggler_rule_is_strict_uses_the_other_ranks_median_and_ignores_tiny_l
     s = aggregate(tiny, 1.5)
     assert s["straggler"] is False and s["straggler_ratio"] == pytest.approx(3.0)
     assert s["straggler_lag_ms"] == pytest.approx(0.4)
+    # The others' waits took their whole step: any real compute is infinitely more.
+    s = aggregate([rank_stats(0, 0.1, data_wait_s=0.0, allreduce_s=10.0), rank_stats(1, 0.1, allreduce_s=0.0)], 1.5)
+    assert s["straggler_rank"] == 1 and s["straggler_ratio"] is None and s["straggler_lag_ms"] == pytest.approx(90.0)
     # One rank has nobody to be slower than.
     assert aggregate([rank_stats(0, 0.5)], 1.5)["straggler_ratio"] is None
 
