@@ -92,7 +92,8 @@ def rank_metrics(per_rank: list[dict]) -> dict[str, float]:
     """Every rank's own numbers as flat metric names ``rank/<r>/<name>``.
 
     ``step_time_ms`` (the median), ``data_wait_ms``, ``allreduce_wait_ms``, ``forward_sync_ms``
-    (DDP's buffer broadcast) and ``compute_ms`` (means per step), ``peak_mem_mb``; a rank that ran no step has only ``peak_mem_mb``.
+    (DDP's buffer broadcast) and ``compute_ms`` (means per step), ``peak_mem_mb``; a rank that
+    ran no step has only ``peak_mem_mb``.
     """
     out: dict[str, float] = {}
     for r in sorted(per_rank, key=lambda r: r["rank"]):

@@ -88,7 +88,8 @@ class MetricsSink:
                         self.out_dir, before["run_id"], self.run_id, RUN_ID_ENV)
         from mlflow.entities import RunTag
 
-        self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in run_tags(self.config_id, self.out_dir).items()])
+        tags = run_tags(self.config_id, self.out_dir)
+        self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         write_run_record(self.out_dir, self.run_id, self.config_id)
 
     def params(self, params: dict) -> None:
