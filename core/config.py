@@ -277,7 +277,8 @@ class TrainingConfig(_Strict):
     deterministic: bool = True
     early_stopping: EarlyStopping = EarlyStopping()
     log_every_steps: int = Field(20, gt=0)
-    # A rank whose median step time exceeds the ranks' median by this factor is a straggler.
+    # A rank whose compute time per step (step time less data and all-reduce waits) exceeds the
+    # other ranks' median by this factor is a straggler (training.metrics.find_straggler).
     straggler_ratio: float = Field(1.5, gt=1)
     # Peak accelerator FLOP/s per device for the MFU estimate (CUDA only; null: no MFU).
     peak_tflops: float | None = Field(None, gt=0)

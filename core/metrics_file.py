@@ -10,6 +10,11 @@ parent process relays. A record is one of::
 Names are the MLflow keys as logged; ``time_ms`` is the worker's wall clock (ms since the
 epoch) and ``step`` the optimizer step, so the relayed curves are the ones the worker saw.
 A reader only takes complete lines: a line still being written is left for the next read.
+
+Beside it, ``mlflow_run.json`` records which MLflow run the folder's training logs into and
+how much of the file is already there, so a resumed training (another ``trainflow train``
+into the same ``--out``, the next ``trainflow run`` of a preempted one) logs into the same
+run and relays nothing twice.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +118,87 @@ def read_records(path: Path, offset: int) -> tuple[list[dict], int]:
             continue
         records.append(rec)
     return records, offset + end + 1
+
+
+# -- the run record: which MLflow run a training folder's metrics go to -------------------------
+RUN_FILE = "mlflow_run.json"
+# The tags that tie an MLflow run to one training: a recorded run id is only logged into again
+# when the run carries both, equal to this training's config id and (resolved) folder.
+CONFIG_TAG = "trainflow.training.config_id"
+OUT_DIR_TAG = "trainflow.training.out_dir"
+_RUN_ID = re.compile(r"^[0-9a-f]{32}$")  # MLflow's run ids: a recorded one is never a path or a query
+_MAX_RECORD_BYTES = 4096
+
+
+def run_tags(config_id: str, out_dir: Path) -> dict[str, str]:
+    """The tags a run gets when a training folder records it (``verify_recorded_run`` checks them)."""
+    return {CONFIG_TAG: str(config_id), OUT_DIR_TAG: str(Path(out_dir).resolve())}
+
+
+def write_run_record(out_dir: Path, run_id: str, config_id: str, relayed_bytes: int | None = None) -> None:
+    """Record in ``out_dir/mlflow_run.json`` that this folder's training logs into ``run_id``;
+    ``relayed_bytes``: how much of the metrics file is already in that run (a relay's offset).
+    Written to a temporary name and renamed, so a reader never sees half a record."""
+    out_dir = Path(out_dir)
+    rec = {"run_id": run_id, "config_id": str(config_id), "out_dir": str(out_dir.resolve())}
+    if relayed_bytes is not None:
+        rec["relayed_bytes"] = int(relayed_bytes)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{RUN_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(rec))
+    tmp.replace(out_dir / RUN_FILE)
+
+
+def read_run_record(out_dir: Path) -> dict | None:
+    """The folder's run record, or None when there is none or it is not one (a warning says why).
+
+    Untrusted: it only names a run to *check* (``verify_recorded_run``); a run id that is not
+    32 hex digits, or a ``relayed_bytes`` that is not a non-negative int, is refused here.
+    """
+    path = Path(out_dir) / RUN_FILE
+    try:
+        if path.stat().st_size > _MAX_RECORD_BYTES:
+            raise ValueError(f"larger than {_MAX_RECORD_BYTES} bytes")
+        rec = json.loads(path.read_text())
+        if not isinstance(rec, dict) or not isinstance(rec.get("run_id"), str) or not _RUN_ID.match(rec["run_id"]):
+            raise ValueError("run_id: not an MLflow run id")
+        relayed = rec.get("relayed_bytes", 0)
+        if isinstance(relayed, bool) or not isinstance(relayed, int) or relayed < 0:
+            raise ValueError(f"relayed_bytes: must be an int >= 0, got {relayed!r}")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("%s ignored (%s): no MLflow run is resumed from it", path, exc)
+        return None
+    return rec
+
+
+def verify_recorded_run(get_run: Callable[[str], Any], rec: dict, config_id: str, out_dir: Path) -> str | None:
+    """Why the recorded run may not be logged into (None: it may).
+
+    ``get_run``: an MLflow client's ``get_run`` (raises when the run is not in this tracking
+    store). The run must exist, not be deleted, and carry ``run_tags(config_id, out_dir)``:
+    a record copied from another folder or written for another config names a run that is
+    not this training's.
+    """
+    run_id = rec["run_id"]
+    try:
+        run = get_run(run_id)
+    except Exception as exc:  # not in this store (another server, a fresh database), or unreachable
+        return f"run {run_id} is not in this tracking store ({type(exc).__name__})"
+    if getattr(run.info, "lifecycle_stage", "active") != "active":
+        return f"run {run_id} is deleted"
+    want = run_tags(config_id, out_dir)
+    have = run.data.tags
+    for key, value in want.items():
+        if have.get(key) != value:
+            return f"run {run_id} has {key}={have.get(key)!r}, this training {value!r}"
+    return None
+
+
+def latest_steps(run: Any) -> dict[str, int]:
+    """``{metric key: its last step}`` already in an MLflow run (duck-typed ``Run``): what a
+    resumed logger skips, so a step that a restarted attempt runs again is not logged twice.
+    Read from the run's latest values (one ``get_run``, no history), as MLflow's own system
+    metrics monitor resumes; empty when the run object does not carry them."""
+    return {m.key: int(m.step) for m in getattr(run.data, "_metric_objs", None) or []}

@@ -95,8 +95,10 @@ def resolve(inputs: RunInputs) -> RunContext:
     task_ = get_task(cfg.task)
     uri = tracking_uri(home)
     exp_id = store.configure(uri, cfg.registry.experiment, under_home(home, "mlartifacts"))
-    run_id = store.start_run(exp_id, f"{cfg.name}-{manifest.data.md5[:8]}",
-                             {**manifest.tags(), store.STAGE_TAG: "resolve"})
+    tags = {**manifest.tags(), store.STAGE_TAG: "resolve"}
+    # A preempted training of these inputs is resumed by `train`: its run goes on in this one.
+    run_id = _continued_run(cfg, home, manifest, exp_id, tags)
+    run_id = run_id or store.start_run(exp_id, f"{cfg.name}-{manifest.data.md5[:8]}", tags)
     store.log_json(run_id, manifest.to_dict(), "manifest.json")
     store.log_json(run_id, cfg.model_dump(mode="json"), "config.json")
     store.log_params(run_id, cfg.model_dump(mode="json"))
@@ -107,6 +109,42 @@ def resolve(inputs: RunInputs) -> RunContext:
     get_run_logger().info("config %s (%s), data %s, mlflow run %s", cfg.name, cfg.config_id()[:12],
                           manifest.data.md5, run_id)
     return RunContext(cfg, task_, root, home, uri, run_id, manifest, out)
+
+
+def _continued_run(cfg: PipelineConfig, home: Path, manifest: Manifest, exp_id: str, tags: dict) -> str | None:
+    """The MLflow run of the interrupted training this run will resume, reopened (RUNNING, its
+    tags updated), or None. The training folder is the early-launched job's or, without one,
+    the first unclaimed one holding an interrupted job (``training.slots``); its run record is
+    checked against the store (``core.metrics_file.verify_recorded_run``) and must name a run of
+    this experiment."""
+    from core.metrics_file import read_run_record, verify_recorded_run
+    from flows.params import early_job
+    from registry import store
+    from training.slots import unclaimed_resumable
+
+    early = early_job()
+    if early is not None and early.slot is not None:
+        folders = [early.slot.folder]
+    else:
+        folders = unclaimed_resumable(home, cfg.name, cfg.config_id(), manifest.data.md5,
+                                      manifest.world.nproc_per_node)
+    c = store.client()
+    for folder in folders:
+        rec = read_run_record(folder)
+        if rec is None:
+            continue
+        problem = verify_recorded_run(c.get_run, rec, cfg.config_id(), folder)
+        if problem is None and c.get_run(rec["run_id"]).info.experiment_id != str(exp_id):
+            problem = f"run {rec['run_id']} is in another experiment"
+        if problem:
+            _logger().warning("a new MLflow run for the training resumed in %s: %s", folder.name, problem)
+            return None
+        c.update_run(rec["run_id"], status="RUNNING")
+        store.set_tags(rec["run_id"], tags)
+        _logger().info("resuming the interrupted training in %s: its MLflow run %s goes on",
+                       folder.name, rec["run_id"])
+        return rec["run_id"]
+    return None
 
 
 @task(name="run-expectations", timeout_seconds=300, **TASK)
@@ -219,8 +257,9 @@ def train(ctx: RunContext, nproc: int, slot) -> dict:
 
     from core.metrics_file import METRICS_FILE
 
-    # Entered before the job trains, so the relay starts at this run's first record.
-    with relay_metrics(ctx.run_id, slot.folder / METRICS_FILE):
+    # Entered before the job trains, so the relay starts at this run's first record, or, when the
+    # folder records this very run (a preempted training this run resumes), where it stopped.
+    with relay_metrics(ctx.run_id, slot.folder / METRICS_FILE, record=(slot.folder, ctx.cfg.config_id())):
         if slot.held is not None:  # `trainflow run` started this very job while the earlier stages ran
             get_run_logger().info("training: the job started early (held in %s) goes now", slot.folder.name)
             job = slot.held.go()
@@ -490,7 +529,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
                "metrics": {}, "gates": [], "manifest": ctx.manifest.to_dict(), "timings": timings}
     from registry import store
 
-    monitor = store.system_metrics(ctx.run_id)  # stopped by end_run, in every ending
+    monitor = store.system_metrics(ctx.run_id, resume=True)  # stopped by end_run, in every ending
     slot = None  # the training folder, held from `train` until the flow ends
     try:
         report = timed("validate", validate, ctx)

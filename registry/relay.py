@@ -9,6 +9,14 @@ every complete record is logged exactly once. Timestamps and steps are the worke
 Relaying never fails training: an MLflow error is a warning, and the records that were not
 sent are tried again on the next pass (up to ``MAX_ATTEMPTS`` times, then dropped with a
 warning that says how many).
+
+Nothing is relayed twice into one run. Given the training folder (``record=``), the relay
+tags the run as that training's and keeps ``<out_dir>/mlflow_run.json`` up to date with the
+bytes already sent, so the next relay of the same run (a preempted training resumed by the
+next ``trainflow run``) starts where this one stopped, not at the start of the file, nor at
+its end (which would lose what a stopping job wrote after the last pass). Within one relay, a
+metric at a step its key already has (a restarted worker group re-running the steps after its
+last checkpoint) is skipped: a run's history has one value per step.
 """
 
 from __future__ import annotations
@@ -20,7 +28,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from core.metrics_file import file_size, read_records
+from core.metrics_file import (
+    file_size,
+    latest_steps,
+    read_records,
+    read_run_record,
+    run_tags,
+    verify_recorded_run,
+    write_run_record,
+)
 from registry.values import MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, MAX_PARAM_VALUE_LENGTH, chunks
 
 log = logging.getLogger(__name__)
@@ -31,9 +47,13 @@ MAX_ATTEMPTS = 3
 class MetricsRelay:
     """Tails ``path`` from byte ``start`` into run ``run_id``; ``flush()`` sends what is complete so far."""
 
-    def __init__(self, run_id: str, path: Path, start: int = 0, client=None):
+    def __init__(self, run_id: str, path: Path, start: int = 0, client=None, record: tuple[Path, str] | None = None):
         self.run_id, self.path, self.offset = run_id, Path(path), start
         self._client = client
+        self._record = record  # (out_dir, config_id): keep its mlflow_run.json at what was sent
+        self._recorded = start
+        self._last_step: dict[str, int] = {}
+        self.skipped = 0
         self._pending: list[tuple[str, list]] = []  # ("params" | "metrics", batch), in file order
         self._attempts = 0
         self._lock = threading.Lock()
@@ -56,6 +76,12 @@ class MetricsRelay:
             except Exception as exc:  # relaying must never stop the job or the pipeline
                 log.warning("reading %s to relay into MLflow run %s: %s", self.path, self.run_id, exc)
             self._send()  # catches and counts each batch's failure
+            if self._record is not None and not self._pending and self._recorded != self.offset:
+                try:
+                    write_run_record(self._record[0], self.run_id, self._record[1], self.offset)
+                    self._recorded = self.offset
+                except OSError as exc:
+                    log.warning("recording the relayed offset in %s: %s", self._record[0], exc)
 
     def drain(self, retry_wait_s: float = 0.5) -> None:
         """The last pass: read to the end and send everything, retrying a failed batch (then dropping it)."""
@@ -74,8 +100,13 @@ class MetricsRelay:
             try:
                 # MLflow refuses a key twice in one batch; a restarted worker logs the same params again.
                 params.update({k: str(v)[:MAX_PARAM_VALUE_LENGTH] for k, v in (rec.get("params") or {}).items()})
-                metrics += [Metric(k, float(v), int(rec["time_ms"]), int(rec.get("step", 0)))
-                            for k, v in (rec.get("metrics") or {}).items()]
+                step = int(rec.get("step", 0))
+                for k, v in (rec.get("metrics") or {}).items():
+                    if step <= self._last_step.get(k, -1):
+                        self.skipped += 1
+                        continue
+                    metrics.append(Metric(k, float(v), int(rec["time_ms"]), step))
+                    self._last_step[k] = step
             except (AttributeError, TypeError, ValueError) as exc:
                 log.warning("%s: skipped a record that is not params or metrics (%s): %.120r", self.path, exc, rec)
         self._pending += [("params", b) for b in chunks([Param(k, v) for k, v in params.items()],
@@ -102,17 +133,49 @@ class MetricsRelay:
             self._attempts = 0
 
 
+def resume_offset(relay: MetricsRelay, out_dir: Path, config_id: str) -> int:
+    """Where ``relay`` starts: the bytes ``out_dir``'s run record says were sent when it records
+    this very run (checked: ``verify_recorded_run``; each metric's last step in the run is then
+    skipped too), else the file's size now (what is there was another run's). Tags the run as
+    this training's and records it."""
+    run_id, path, client = relay.run_id, relay.path, relay.client
+    rec = read_run_record(out_dir)
+    start = file_size(path)
+    if rec is not None and rec["run_id"] == run_id:
+        problem = verify_recorded_run(client.get_run, rec, config_id, out_dir)
+        if problem is None:
+            start = min(rec.get("relayed_bytes", 0), start)
+            relay._last_step = latest_steps(client.get_run(run_id))
+        else:
+            log.warning("%s: %s; relaying only what is written from now on", out_dir, problem)
+    from mlflow.entities import RunTag
+
+    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in run_tags(config_id, out_dir).items()])
+    write_run_record(out_dir, run_id, config_id, start)
+    return start
+
+
 @contextmanager
 def relay_metrics(run_id: str, path: Path, interval_s: float = 0.5, start: int | None = None,
-                  client=None) -> Iterator[MetricsRelay]:
+                  client=None, record: tuple[Path, str] | None = None) -> Iterator[MetricsRelay]:
     """Relay ``path`` into ``run_id`` while the block runs, then once more completely after it.
 
     ``start`` is the byte offset to read from; by default the file's size on entry, so the
     records of an earlier job in the same folder (a resumed run's, logged by its own run)
     are not logged again. A caller that starts the job before entering passes the size it
     took before launching (``core.metrics_file.file_size``).
+
+    ``record=(out_dir, config_id)``: the training folder whose run record the relay keeps; then,
+    without ``start``, it starts where the last relay into this same run stopped
+    (``resume_offset``).
     """
-    relay = MetricsRelay(run_id, path, file_size(path) if start is None else start, client)
+    relay = MetricsRelay(run_id, path, 0, client, record)
+    if start is None and record is not None:
+        try:
+            start = resume_offset(relay, record[0], record[1])
+        except Exception as exc:  # relaying must never stop the job: relay what comes from now on
+            log.warning("MLflow run %s: could not check or record it in %s: %s", run_id, record[0], exc)
+    relay.offset = relay._recorded = file_size(path) if start is None else start
     stop = threading.Event()
 
     def loop() -> None:

@@ -160,13 +160,15 @@ def end_run(run_id: str, status: str = "FINISHED", stage: str | None = None, mon
         client().set_terminated(run_id, status)
 
 
-def system_metrics(run_id: str, interval_s: float = SYSTEM_METRICS_INTERVAL_S):
+def system_metrics(run_id: str, interval_s: float = SYSTEM_METRICS_INTERVAL_S, resume: bool = False):
     """Start MLflow's system metrics monitor on ``run_id`` (``system/cpu_utilization_percentage``,
     memory, disk, network, GPU where ``nvidia-ml-py`` is installed; one sample every ``interval_s``,
     or ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL``) and return it: ``end_run(..., monitor=)`` stops it.
     Its thread is a daemon and also stops by itself once the run is no longer RUNNING, so it never
     keeps the process alive. None (and a warning) when it cannot start, or when
-    ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is false: a run never fails for want of it."""
+    ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is false: a run never fails for want of it.
+    ``resume``: a run reopened after preemption goes on after its last ``system/`` step, so
+    its history has no step twice."""
     import os
 
     if os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "").strip().lower() in ("false", "0"):
@@ -176,7 +178,7 @@ def system_metrics(run_id: str, interval_s: float = SYSTEM_METRICS_INTERVAL_S):
 
         # Its start / skip-GPU / stop lines are INFO on every run; warnings still show.
         logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
-        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s)
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, resume_logging=resume)
         # Samples count from step 1: registration logs the model at step 0, and MLflow links the run's
         # step-0 metrics (the evaluation's) to it; a CPU sample is not a property of the model.
         monitor._logging_step = max(getattr(monitor, "_logging_step", 0), 1)

@@ -21,6 +21,8 @@ import it without cycles; ``ctx`` is duck-typed (``training.distributed.DistCont
 from __future__ import annotations
 
 import logging
+import math
+import os
 import statistics
 import sys
 import time
@@ -39,19 +41,99 @@ _MB = float(1 << 20)
 
 
 # -- aggregation (pure) -------------------------------------------------------------------
+# A rank is only called a straggler when it is also this much slower per step in absolute
+# terms: on steps of a few milliseconds, scheduler noise alone makes ratios of 1.5.
+STRAGGLER_MIN_LAG_S = 1e-3
+
+
+def compute_per_step_s(r: dict) -> float | None:
+    """A rank's compute seconds per step: its median step time less the time per step it waited
+    for a batch, for DDP's buffer broadcast before the forward and for the gradient all-reduce
+    (None when it ran no step).
+
+    Under DDP every step syncs the ranks, so all ranks' *step times* come out equal and the
+    slow rank hides; what differs is who waits: the fast ranks wait for the slow one, in the
+    all-reduce for its gradients (or, for a model with buffers, in the broadcast at the next
+    forward). Subtracting those waits leaves each rank's own work.
+    """
+    steps = r.get("steps") or 0
+    if not steps or r.get("step_time_median_s") is None:
+        return None
+    waits = r.get("data_wait_s", 0.0) + r.get("allreduce_s", 0.0) + r.get("forward_sync_s", 0.0)
+    # The median step, not the mean: the step that spans an epoch's end also holds the
+    # evaluation and its collectives, the same on every rank, and would blur the ratio.
+    return max(0.0, r["step_time_median_s"] - waits / steps)
+
+
+def find_straggler(per_rank: list[dict], ratio: float, min_lag_s: float = STRAGGLER_MIN_LAG_S) -> dict:
+    """The straggler rule, on ``compute_per_step_s`` of each rank.
+
+    The rank with the most compute per step is the straggler when its compute exceeds the
+    median of the *other* ranks' by more than ``ratio`` (strictly) and by more than
+    ``min_lag_s`` per step. The median of the others (not of all ranks): with 2 ranks, one
+    twice as slow is then 2x, not 1.33x. Returns ``straggler`` (bool), ``straggler_rank``
+    (int or None), ``straggler_ratio`` and ``straggler_lag_ms`` (None with fewer than 2
+    ranks that stepped).
+    """
+    compute = [(c, r["rank"]) for r in per_rank if (c := compute_per_step_s(r)) is not None]
+    none = {"straggler": False, "straggler_rank": None, "straggler_ratio": None, "straggler_lag_ms": None}
+    if len(compute) < 2:
+        return none
+    slow, rank = max(compute)
+    others = statistics.median([c for c, rk in compute if rk != rank])
+    lag = slow - others
+    measured = slow / others if others > 0 else math.inf
+    flagged = measured > ratio and lag > min_lag_s
+    return {"straggler": bool(flagged), "straggler_rank": rank if flagged else None,
+            "straggler_ratio": measured if math.isfinite(measured) else None, "straggler_lag_ms": lag * 1e3}
+
+
+def rank_metrics(per_rank: list[dict]) -> dict[str, float]:
+    """Every rank's own numbers as flat metric names ``rank/<r>/<name>``.
+
+    ``step_time_ms`` (the median), ``data_wait_ms``, ``allreduce_wait_ms``, ``forward_sync_ms``
+    (DDP's buffer broadcast) and ``compute_ms`` (means per step), ``peak_mem_mb``; a rank that
+    ran no step has only ``peak_mem_mb``.
+    """
+    out: dict[str, float] = {}
+    for r in sorted(per_rank, key=lambda r: r["rank"]):
+        p = f"rank/{r['rank']}/"
+        compute = compute_per_step_s(r)
+        if compute is not None:
+            steps = r["steps"]
+            out[p + "step_time_ms"] = r["step_time_median_s"] * 1e3
+            out[p + "data_wait_ms"] = r["data_wait_s"] / steps * 1e3
+            out[p + "allreduce_wait_ms"] = r["allreduce_s"] / steps * 1e3
+            out[p + "forward_sync_ms"] = r.get("forward_sync_s", 0.0) / steps * 1e3
+            out[p + "compute_ms"] = compute * 1e3
+        out[p + "peak_mem_mb"] = r["peak_mem_bytes"] / _MB
+    return out
+
+
+def node_metrics(per_rank: list[dict]) -> dict[str, float]:
+    """The per-node system numbers some ranks carry (``node_stats``) as ``node/<n>/<name>``."""
+    out: dict[str, float] = {}
+    for r in per_rank:
+        node = r.get("node")
+        if node:
+            out.update({f"node/{node['node']}/{k}": float(v) for k, v in node.items() if k != "node" and v is not None})
+    return out
+
+
 def aggregate(per_rank: list[dict], straggler_ratio: float = 1.5) -> dict:
     """Combine each rank's window stats (``StepMetrics._local_stats``) into one summary.
 
     Each entry holds: ``rank``, ``window_s``, ``steps``, ``samples``,
-    ``step_time_median_s`` (None when the rank ran no step), ``data_wait_s``,
-    ``allreduce_s``, ``ckpt_stall_s``, ``peak_mem_bytes``.
+    ``step_time_median_s`` (None when the rank ran no step),
+    ``data_wait_s``, ``allreduce_s``, ``forward_sync_s``, ``ckpt_stall_s``, ``peak_mem_bytes`` and, on one rank
+    per node, ``node`` (``node_stats``).
 
     * ``window_s``: the longest window over ranks; ``samples_per_s`` is all ranks'
       samples over it.
     * ``step_time_{min,median,max}_ms``: over ranks, of each rank's median step time.
-    * ``straggler``: max / median of those per-rank medians > ``straggler_ratio``;
-      ``straggler_rank`` is then the slowest rank. With 2 ranks the median is their
-      mean, so a ratio of r flags only a rank more than r/(2-r) times slower (3x at 1.5).
+    * ``straggler``, ``straggler_rank``, ``straggler_ratio``, ``straggler_lag_ms``:
+      ``find_straggler`` on each rank's compute time per step (step time less data and
+      all-reduce waits), which still tells ranks apart under DDP where step times are equal.
     * ``data_wait_frac``: the largest per-rank fraction of its window spent waiting for
       a batch (the most input-bound rank, which the others wait for at the all-reduce).
     * ``allreduce_s``: mean over ranks of the wall seconds during which at least one
@@ -61,22 +143,20 @@ def aggregate(per_rank: list[dict], straggler_ratio: float = 1.5) -> dict:
       includes waiting for a slow peer to submit.
     * ``ckpt_stall_s``: the longest stall over ranks (everyone waits for the slowest).
     * ``peak_mem_mb``: per rank, in rank order.
+    * ``per_rank``: ``rank_metrics`` and ``node_metrics``, already named as logged
+      (``rank/<r>/...``, ``node/<n>/...``).
     """
     ranks = sorted(per_rank, key=lambda r: r["rank"])
     window = max((r["window_s"] for r in ranks), default=0.0)
     samples = sum(r["samples"] for r in ranks)
-    medians = [(r["step_time_median_s"], r["rank"]) for r in ranks if r["step_time_median_s"] is not None]
+    medians = [r["step_time_median_s"] for r in ranks if r["step_time_median_s"] is not None]
     out: dict[str, Any] = {"samples_per_s": samples / window if window > 0 else 0.0}
     if medians:
-        values = [m for m, _ in medians]
-        lo, mid, hi = min(values), statistics.median(values), max(values)
-        straggler = mid > 0 and hi / mid > straggler_ratio
-        slowest = max(medians, key=lambda m: m[0])[1]
-        out.update(step_time_min_ms=lo * 1e3, step_time_median_ms=mid * 1e3, step_time_max_ms=hi * 1e3,
-                   straggler=bool(straggler), straggler_rank=slowest if straggler else None)
+        out.update(step_time_min_ms=min(medians) * 1e3, step_time_median_ms=statistics.median(medians) * 1e3,
+                   step_time_max_ms=max(medians) * 1e3)
     else:
-        out.update(step_time_min_ms=None, step_time_median_ms=None, step_time_max_ms=None,
-                   straggler=False, straggler_rank=None)
+        out.update(step_time_min_ms=None, step_time_median_ms=None, step_time_max_ms=None)
+    out.update(find_straggler(ranks, straggler_ratio))
     fracs = [min(1.0, r["data_wait_s"] / r["window_s"]) for r in ranks if r["window_s"] > 0]
     allreduce = statistics.fmean([r["allreduce_s"] for r in ranks]) if ranks else 0.0
     stall = max((r["ckpt_stall_s"] for r in ranks), default=0.0)
@@ -89,6 +169,7 @@ def aggregate(per_rank: list[dict], straggler_ratio: float = 1.5) -> dict:
         peak_mem_mb=[r["peak_mem_bytes"] / _MB for r in ranks],
         steps=max((r["steps"] for r in ranks), default=0),
         window_s=window,
+        per_rank={**rank_metrics(ranks), **node_metrics(ranks)},
     )
     return out
 
@@ -118,6 +199,8 @@ class StepMetrics:
         self._cuda_timing = ctx.device.type == "cuda"
         self._allreduce: list = []  # (start, end): perf_counter seconds, or CUDA events
         self._t_data: float | None = None
+        # One process per node reports the node's system numbers: local rank 0.
+        self._node_reporter = os.environ.get("LOCAL_RANK", "0") == "0"
         self.reset()
 
     def reset(self) -> None:
@@ -130,6 +213,7 @@ class StepMetrics:
         self._data_wait = 0.0
         self._ckpt_stall = 0.0
         self._allreduce = []
+        self._fwd_sync = 0.0
         if self._t_data is not None:  # a batch wait spanning the reset counts from the reset
             self._t_data = now
 
@@ -201,6 +285,26 @@ class StepMetrics:
             return fut.then(done)
 
         ddp_model.register_comm_hook(state=group, hook=timed_allreduce_hook)
+        self._time_forward_sync(ddp_model)
+
+    def _time_forward_sync(self, ddp_model) -> None:
+        """Time DDP's own work before the module's forward: the broadcast of buffers (BatchNorm
+        stats, a normalisation's constants) from rank 0, a collective on every training forward.
+        A slow rank's peers wait for it there when the model has buffers, rather than in the
+        gradient all-reduce. Host time: on CUDA the broadcast is asynchronous and reads ~0.
+        Two hook calls per forward (a clock read each)."""
+        metrics = self
+        entered: list[float] = []
+
+        def outer(module, args):
+            entered[:] = [_now()] if module.training and torch.is_grad_enabled() else []
+
+        def inner(module, args):
+            if entered:
+                metrics._fwd_sync += _now() - entered.pop()
+
+        ddp_model.register_forward_pre_hook(outer)
+        ddp_model.module.register_forward_pre_hook(inner)
 
     def _allreduce_seconds(self) -> float:
         """Wall seconds with at least one bucket in flight (buckets overlap: their sum would not be)."""
@@ -222,8 +326,10 @@ class StepMetrics:
             "step_time_median_s": statistics.median(self._step_times) if self._step_times else None,
             "data_wait_s": self._data_wait,
             "allreduce_s": self._allreduce_seconds(),
+            "forward_sync_s": self._fwd_sync,
             "ckpt_stall_s": self._ckpt_stall,
             "peak_mem_bytes": peak_memory_bytes(self.ctx.device),
+            "node": node_stats(self.ctx.device) if self._node_reporter else None,
         }
 
     def snapshot(self) -> dict | None:
@@ -241,10 +347,13 @@ class StepMetrics:
             return None
         summary = aggregate(per_rank, self.straggler_ratio)
         if summary["straggler"]:
+            r = summary["straggler_rank"]
             log.warning(
-                "straggler: rank %s median step %.1f ms vs %.1f ms median over ranks (x%.2f > x%.2f)",
-                summary["straggler_rank"], summary["step_time_max_ms"], summary["step_time_median_ms"],
-                summary["step_time_max_ms"] / summary["step_time_median_ms"], self.straggler_ratio,
+                "straggler: rank %s computes %.1f ms a step, %.1f ms more than the other ranks' median "
+                "(x%s > x%.2f); the others wait for it in their collectives",
+                r, summary["per_rank"][f"rank/{r}/compute_ms"], summary["straggler_lag_ms"],
+                "inf" if summary["straggler_ratio"] is None else f"{summary['straggler_ratio']:.2f}",
+                self.straggler_ratio,
             )
         return summary
 
@@ -264,6 +373,33 @@ def peak_memory_bytes(device: torch.device) -> int:
         return 0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)  # macOS: bytes; Linux: KiB
+
+
+def node_stats(device: torch.device) -> dict:
+    """This node's system numbers, read by one process per node (local rank 0) once a window.
+
+    ``node`` (torchrun's ``GROUP_RANK``, 0 outside torchrun), ``cpu_util_pct`` (all cores,
+    since the previous call: the first reads 0), ``mem_used_mb``; on CUDA also
+    ``gpu_util_pct`` (mean over the node's GPUs) and ``gpu_mem_used_mb`` (their sum), both from
+    NVML, which creates no CUDA context on the other GPUs. A number that cannot be read is
+    left out, never raised: these are for looking at, not for deciding.
+    """
+    out: dict[str, Any] = {"node": int(os.environ.get("GROUP_RANK", "0"))}
+    try:
+        import psutil
+
+        out["cpu_util_pct"] = float(psutil.cpu_percent(interval=None))
+        out["mem_used_mb"] = psutil.virtual_memory().used / _MB
+    except Exception:  # psutil missing or unreadable /proc
+        pass
+    try:
+        if torch.device(device).type == "cuda" and torch.cuda.is_available():
+            n = torch.cuda.device_count()
+            out["gpu_util_pct"] = statistics.fmean(float(torch.cuda.utilization(i)) for i in range(n))
+            out["gpu_mem_used_mb"] = sum(torch.cuda.device_memory_used(i) for i in range(n)) / _MB
+    except Exception:  # no pynvml, an NVML error
+        pass
+    return out
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

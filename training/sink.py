@@ -6,6 +6,13 @@ cheap, no MLflow import). The pipeline relays that file into its MLflow run from
 process (``registry.relay``), so training never waits on the tracking store. Only when
 ``TRAINFLOW_MLFLOW_RUN_ID`` names a run (a pod or command with no relaying parent) does
 rank 0 also log into that run itself, synchronously; without it MLflow stays unused.
+
+One run for one training: rank 0 records the run it logs into in ``<out_dir>/mlflow_run.json``
+(``core.metrics_file``) and tags the run with the config id and the folder. A later training
+in the same folder (resumed after preemption, on another world size) without
+``TRAINFLOW_MLFLOW_RUN_ID`` logs into the recorded run again, once it has checked that the
+run is in this tracking store and carries those tags; otherwise it warns and logs to the file
+only. An empty ``TRAINFLOW_MLFLOW_RUN_ID`` (the pipeline's jobs: it relays) keeps MLflow off.
 """
 
 from __future__ import annotations
@@ -17,7 +24,17 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from core.metrics_file import METRICS_FILE, MetricsWriter, metrics_record, params_record
+from core.metrics_file import (
+    METRICS_FILE,
+    MetricsWriter,
+    latest_steps,
+    metrics_record,
+    params_record,
+    read_run_record,
+    run_tags,
+    verify_recorded_run,
+    write_run_record,
+)
 
 log = logging.getLogger("trainflow.train")
 
@@ -26,9 +43,12 @@ RUN_ID_ENV = "TRAINFLOW_MLFLOW_RUN_ID"
 
 class MetricsSink:
     def __init__(self, enabled: bool, run_id: str | None = None, progress: bool | None = None,
-                 out_dir: Path | None = None):
+                 out_dir: Path | None = None, config_id: str | None = None):
         self.enabled = enabled
         self.run_id = run_id if enabled else None
+        self.out_dir, self.config_id = out_dir, config_id
+        self._record_pending = bool(self.run_id and out_dir is not None and config_id)
+        self._last_step: dict[str, int] = {}
         self._file = MetricsWriter(Path(out_dir) / METRICS_FILE) if enabled and out_dir is not None else None
         self._client = None
         self._bar = None
@@ -36,9 +56,17 @@ class MetricsSink:
         self.progress = enabled and (sys.stderr.isatty() if progress is None else progress)
 
     @classmethod
-    def for_rank(cls, is_main: bool, out_dir: Path | None = None) -> "MetricsSink":
-        """Rank 0's sink (``is_main``) writes ``out_dir/metrics.jsonl``; other ranks' drop everything."""
-        return cls(enabled=is_main, run_id=os.environ.get(RUN_ID_ENV) or None, out_dir=out_dir)
+    def for_rank(cls, is_main: bool, out_dir: Path | None = None, config_id: str | None = None) -> "MetricsSink":
+        """Rank 0's sink (``is_main``) writes ``out_dir/metrics.jsonl``; other ranks' drop everything.
+
+        Rank 0 logs into MLflow too when ``TRAINFLOW_MLFLOW_RUN_ID`` names a run or, unset, when
+        ``out_dir`` records a run of this training (``config_id``; see the module's doc).
+        """
+        env = os.environ.get(RUN_ID_ENV)
+        run_id = env or None
+        if is_main and env is None and out_dir is not None and config_id:
+            run_id = recorded_run(out_dir, config_id)
+        return cls(enabled=is_main, run_id=run_id, out_dir=out_dir, config_id=config_id)
 
     @property
     def client(self):
@@ -48,8 +76,26 @@ class MetricsSink:
             self._client = MlflowClient()
         return self._client
 
+    def _record(self) -> None:
+        """Once, before the first MLflow call: tag the run as this training's and record it here;
+        note each metric's last step in the run (a restarted attempt repeats the steps after
+        its checkpoint: those are in the run already)."""
+        self._record_pending = False
+        self._last_step = latest_steps(self.client.get_run(self.run_id))
+        before = read_run_record(self.out_dir)
+        if before is not None and before["run_id"] != self.run_id:
+            log.warning("%s named MLflow run %s; this training logs into %s (%s) from now on",
+                        self.out_dir, before["run_id"], self.run_id, RUN_ID_ENV)
+        from mlflow.entities import RunTag
+
+        tags = run_tags(self.config_id, self.out_dir)
+        self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        write_run_record(self.out_dir, self.run_id, self.config_id)
+
     def params(self, params: dict) -> None:
         named = {f"train.{k}": v for k, v in params.items()}
+        if self._record_pending:
+            self._record()
         if self._file is not None:
             self._file.write(params_record(named, int(time.time() * 1000)))
         if self.client:
@@ -68,7 +114,12 @@ class MetricsSink:
         if self.client:
             from mlflow.entities import Metric
 
-            self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in values.items()])
+            if self._record_pending:
+                self._record()
+            new = [Metric(k, float(v), now, step) for k, v in values.items() if step > self._last_step.get(k, -1)]
+            self._last_step.update({m.key: step for m in new})
+            if new:
+                self.client.log_batch(self.run_id, metrics=new)
 
     def start(self, total_epochs: int, done: int) -> None:
         if not self.progress:
@@ -100,3 +151,20 @@ class MetricsSink:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+
+
+def recorded_run(out_dir: Path, config_id: str) -> str | None:
+    """The MLflow run ``out_dir`` records for this training (``config_id``), once checked against
+    the tracking store (``MLFLOW_TRACKING_URI``); None, with a warning, when it fails a check."""
+    rec = read_run_record(out_dir)
+    if rec is None:
+        return None
+    from mlflow.tracking import MlflowClient
+
+    problem = verify_recorded_run(MlflowClient().get_run, rec, config_id, out_dir)
+    if problem:
+        log.warning("not resuming MLflow logging from %s: %s; metrics go to %s only",
+                    Path(out_dir) / "mlflow_run.json", problem, METRICS_FILE)
+        return None
+    log.info("resuming MLflow run %s recorded in %s", rec["run_id"], out_dir)
+    return rec["run_id"]

@@ -80,3 +80,21 @@ def claim_train_dir(home: Path, cfg_name: str, config_id: str, data_md5: str, np
     if folder != base:
         logger.info("training folder %s is in use by another run; this run trains in %s", base.name, folder.name)
     return folder, fd
+
+
+def unclaimed_resumable(home: Path, cfg_name: str, config_id: str, data_md5: str, nproc: int) -> list[Path]:
+    """The slots of these inputs that hold an interrupted job and that no process holds now, in
+    slot order: the folder ``claim_train_dir`` would pick next, looked at without claiming it."""
+    base = slot_base(home, cfg_name, config_id, data_md5, nproc)
+    found = []
+    for i in itertools.count():
+        folder = base if i == 0 else base.with_name(f"{base.name}.{i}")
+        if not folder.exists():
+            break
+        if not resumable(folder):
+            continue
+        fd = try_lock(folder.with_name(folder.name + ".lock"))
+        if fd is not None:
+            release(fd)
+            found.append(folder)
+    return found

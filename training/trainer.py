@@ -313,6 +313,7 @@ class Trainer:
             return
         values = {f"perf/{k}": v for k, v in snap.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         values["perf/straggler"] = float(bool(snap.get("straggler")))
+        values.update(snap.get("per_rank") or {})  # rank/<r>/..., node/<n>/...: named as logged
         if self.flops is not None:
             values["perf/mfu"] = mfu(snap["samples_per_s"] / self.ctx.world_size, self.flops,
                                      self.cfg.training.peak_tflops * 1e12)

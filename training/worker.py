@@ -104,8 +104,8 @@ def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: s
     t = cfg.training
     out.mkdir(parents=True, exist_ok=True)
     with process_group(t.backend, t.collective_timeout_s) as ctx:
-        trainer = Trainer(cfg, ctx, splits, out, MetricsSink.for_rank(ctx.is_main, out), cfg.config_id(), data_md5,
-                          force_resume)
+        sink = MetricsSink.for_rank(ctx.is_main, out, cfg.config_id())  # rank 0: resumes out's MLflow run
+        trainer = Trainer(cfg, ctx, splits, out, sink, cfg.config_id(), data_md5, force_resume)
         try:
             fit = trainer.fit()
             # COLLECTIVE: sharded (fsdp, tp, hybrid) and staged (pp) models are gathered to rank 0.

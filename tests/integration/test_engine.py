@@ -53,6 +53,12 @@ def test_ddp_run_reports_step_metrics(ddp_run):
         assert key in perf, key
     assert 0 <= perf["perf/data_wait_frac"] <= 1
     assert perf["perf/allreduce_s"] > 0
+    # Every rank's own numbers, and one node's system numbers, from the same gather.
+    for r in (0, 1):
+        for name in ("step_time_ms", "data_wait_ms", "allreduce_wait_ms", "forward_sync_ms", "compute_ms"):
+            assert perf[f"rank/{r}/{name}"] >= 0, (r, name)
+        assert perf[f"rank/{r}/peak_mem_mb"] > 0
+    assert perf["node/0/mem_used_mb"] > 0 and not any(k.startswith("node/1/") for k in perf)
     assert 0 <= ddp_run["checkpoint_stall_frac"] < 1
     assert all(r["peak_mem_mb"] > 0 for r in ddp_run["ranks"])
 

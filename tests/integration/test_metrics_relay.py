@@ -139,3 +139,68 @@ def test_the_blocks_own_error_passes_through_after_the_last_pass(run_id, tmp_pat
             w.close()
             raise RuntimeError("worker failed")
     assert history(run_id, "m") == [(3, 7.0, 3000)]  # what the job logged before it failed is kept
+
+
+def test_a_resumed_relay_into_the_recorded_run_sends_each_record_and_step_once(run_id, tmp_path, monkeypatch):
+    from core.metrics_file import read_run_record
+    from registry.relay import relay_metrics
+
+    path = tmp_path / METRICS_FILE
+    record = (tmp_path, "cfg-1")
+    w = MetricsWriter(path)
+    with relay_metrics(run_id, path, interval_s=0.05, record=record):
+        for step in (1, 2, 3):
+            w.write(metrics_record({"m": float(step)}, step, 1000 + step))
+    assert read_run_record(tmp_path)["relayed_bytes"] == path.stat().st_size
+    # The job wrote on after that relay's last pass (the pipeline was killed; the job stopped).
+    w.write(metrics_record({"m": 4.0}, 4, 1004))
+    w.close()
+    # A restarted attempt repeats step 4 (after its checkpoint at 3), then goes on.
+    with relay_metrics(run_id, path, interval_s=0.05, record=record) as relay:
+        w = MetricsWriter(path)
+        for step in (4, 5):
+            w.write(metrics_record({"m": 40.0 + step}, step, 2000 + step))
+        w.close()
+    assert history(run_id, "m") == [(1, 1.0, 1001), (2, 2.0, 1002), (3, 3.0, 1003), (4, 4.0, 1004), (5, 45.0, 2005)]
+    assert relay.skipped == 1
+    # Another run's relay into the same folder starts at the end: the first run's records stay there.
+    from registry.store import start_run
+
+    other = start_run(client_experiment(run_id), "other", {})
+    with relay_metrics(other, path, interval_s=0.05, record=record):
+        pass
+    assert history(other, "m") == [] and read_run_record(tmp_path)["run_id"] == other
+
+
+def client_experiment(run_id):
+    from registry.store import client
+
+    return client().get_run(run_id).info.experiment_id
+
+
+def test_a_sink_resumes_the_run_its_folder_records_and_skips_steps_the_run_has(run_id, tmp_path, monkeypatch, caplog):
+    from registry.store import client
+
+    monkeypatch.setenv(RUN_ID_ENV, run_id)
+    first = MetricsSink.for_rank(True, tmp_path, "cfg-1")
+    first.params({"world_size": 2})
+    for step in (1, 2, 3):
+        first.metrics({"m": float(step)}, step)
+    first.finish()
+    monkeypatch.delenv(RUN_ID_ENV)
+    # The resumed attempt repeats step 3 (its checkpoint was at 2) and goes on.
+    again = MetricsSink.for_rank(True, tmp_path, "cfg-1")
+    assert again.run_id == run_id
+    for step in (3, 4):
+        again.metrics({"m": 10.0 + step}, step)
+    again.finish()
+    assert [(s, v) for s, v, _ in history(run_id, "m")] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0)]
+    tags = client().get_run(run_id).data.tags
+    assert tags["trainflow.training.config_id"] == "cfg-1"
+    # Another config in the same folder: the recorded run is not its run; MLflow stays unused.
+    with caplog.at_level(logging.WARNING, logger="trainflow.train"):
+        assert MetricsSink.for_rank(True, tmp_path, "cfg-2").run_id is None
+    assert "trainflow.training.config_id" in caplog.text
+    # An empty run id (the pipeline's jobs: it relays) never resumes one.
+    monkeypatch.setenv(RUN_ID_ENV, "")
+    assert MetricsSink.for_rank(True, tmp_path, "cfg-1").run_id is None

@@ -240,9 +240,20 @@ def test_preempted_training_exits_4_and_the_next_run_resumes(first_run, state, t
     assert client().get_run(s["mlflow_run_id"]).data.tags["trainflow.stage"] == "preempted: train"
     assert client().search_model_versions("name='preempt-digits'") == []
     monkeypatch.delenv("TRAINFLOW_FAULT")
+    first = s["mlflow_run_id"]
     code, s = run_cli(args, tmp_path)
     assert code == 0 and s["status"] == "registered"
     assert s["training"]["resumed_from_step"] == 30
+    # One MLflow run for the one training: the resumed run goes on in the preempted one, whose
+    # history holds both attempts' metrics, each step once.
+    assert s["mlflow_run_id"] == first
+    run = client().get_run(first)
+    assert run.info.status == "FINISHED" and run.data.tags["trainflow.stage"] == "done"
+    for key in ("perf/samples_per_s", "rank/1/compute_ms", "system/cpu_utilization_percentage"):
+        steps = [m.step for m in client().get_metric_history(first, key)]
+        assert len(steps) == len(set(steps)), f"{key}: a step twice"
+    steps = sorted(m.step for m in client().get_metric_history(first, "perf/samples_per_s"))
+    assert steps[0] <= 30 < steps[-1]
 
 
 def test_auto_strategy_and_workers_resolve_before_the_manifest(first_run, state, repo_root, tmp_path):

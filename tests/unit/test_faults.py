@@ -61,3 +61,21 @@ def test_the_first_failure_is_the_rank_that_failed_first_within_one_second(tmp_p
     error(0, "RuntimeError: Connection closed by peer", 1_796_005_474_300_000_000)
     assert _first_failure(tmp_path, 2) == (1, "InjectedFault: injected fault on rank 1 at step 5",
                                            "Traceback of rank 1")
+
+
+def test_slow_fault_sleeps_on_every_step_from_its_step_on_and_only_on_its_rank():
+    f = parse("slow@step=5,rank=1,ms=0")
+    assert f == Fault("slow", 5, 1, 0.0)
+    assert f.due(5, 1) and f.due(500, 1) and not f.due(4, 1) and not f.due(5, 0)
+    assert parse("slow@step=2").ms == 50.0  # the default sleep
+    import time
+
+    t0 = time.perf_counter()
+    Fault("slow", 1, None, 20.0).fire(0)
+    assert time.perf_counter() - t0 >= 0.02
+
+
+@pytest.mark.parametrize("bad", ["kill@step=1,ms=5", "slow@step=1,ms=-1", "slow@step=1,ms=nan", "slow@step"])
+def test_bad_slow_specs_are_rejected(bad):
+    with pytest.raises(ValueError, match="TRAINFLOW_FAULT"):
+        parse(bad)

@@ -85,3 +85,21 @@ def test_a_folder_stays_claimed_while_a_job_sharing_its_lock_lives(tmp_path):
     third, fd3 = claim_train_dir(*inputs)  # the job is gone: the inputs' own folder is free again
     release(fd3)
     assert third == base
+
+
+def test_unclaimed_resumable_lists_interrupted_folders_no_process_holds(tmp_path):
+    from training.slots import slot_base, unclaimed_resumable
+
+    inputs = (tmp_path, "digits", "config-id", "data-md5", 2)
+    base = slot_base(*inputs)
+    assert unclaimed_resumable(*inputs) == []
+    folders = [base, base.with_name(base.name + ".1"), base.with_name(base.name + ".2")]
+    for folder in folders:
+        (folder / "checkpoints" / "step_00000010").mkdir(parents=True)
+    (folders[2] / "result.json").write_text('{"status": "completed"}')  # done: nothing to resume
+    held, fd = claim_train_dir(*inputs)  # a live run holds the first
+    try:
+        assert held == base and unclaimed_resumable(*inputs) == [folders[1]]
+    finally:
+        release(fd)
+    assert unclaimed_resumable(*inputs) == folders[:2]  # looking claims nothing

@@ -57,20 +57,74 @@ def test_aggregate_without_straggler():
 
 
 def test_aggregate_flags_the_slow_rank():
-    medians = [0.100, 0.102, 0.240, 0.098]  # median 0.101; rank 2 is 2.38x that
+    medians = [0.100, 0.102, 0.240, 0.098]  # each with 10 ms data wait + 20 ms all-reduce a step
     s = aggregate([rank_stats(r, m) for r, m in enumerate(medians)], straggler_ratio=1.5)
+    # compute per step 70, 72, 210, 68 ms: rank 2 is 3x the others' median (70 ms)
     assert s["straggler"] is True and s["straggler_rank"] == 2
+    assert s["straggler_ratio"] == pytest.approx(3.0) and s["straggler_lag_ms"] == pytest.approx(140.0)
     assert s["step_time_max_ms"] == pytest.approx(240.0)
     assert s["step_time_median_ms"] == pytest.approx(101.0)
     # A looser threshold lets the same inputs pass.
-    assert aggregate([rank_stats(r, m) for r, m in enumerate(medians)], straggler_ratio=2.5)["straggler"] is False
+    s = aggregate([rank_stats(r, m) for r, m in enumerate(medians)], straggler_ratio=3.5)
+    assert s["straggler"] is False and s["straggler_rank"] is None and s["straggler_ratio"] == pytest.approx(3.0)
 
 
-def test_straggler_ratio_is_strict_and_two_ranks_use_their_mean():
-    # 2 ranks: median = mean, so max/median = 2*3/(1+3) = 1.5 exactly: not above 1.5.
-    assert aggregate([rank_stats(0, 0.1), rank_stats(1, 0.3)], 1.5)["straggler"] is False
-    s = aggregate([rank_stats(0, 0.1), rank_stats(1, 0.31)], 1.5)
+def test_under_ddp_equal_step_times_still_name_the_slow_rank_by_its_peers_allreduce_wait():
+    # What DDP does to a slow rank 1: both ranks' steps take 100 ms (the all-reduce syncs them);
+    # fast rank 0 spends 60 of them waiting in the all-reduce for rank 1's gradients.
+    fast = rank_stats(0, 0.100, data_wait_s=0.5, allreduce_s=6.0)   # compute 100-5-60 = 35 ms
+    slow = rank_stats(1, 0.100, data_wait_s=0.5, allreduce_s=0.5)   # compute 100-5-5 = 90 ms
+    s = aggregate([fast, slow], straggler_ratio=1.5)
+    assert s["step_time_min_ms"] == s["step_time_max_ms"]  # the step times cannot tell them apart
     assert s["straggler"] is True and s["straggler_rank"] == 1
+    assert s["straggler_ratio"] == pytest.approx(90 / 35) and s["straggler_lag_ms"] == pytest.approx(55.0)
+    assert s["per_rank"]["rank/0/allreduce_wait_ms"] == pytest.approx(60.0)
+    assert s["per_rank"]["rank/1/compute_ms"] == pytest.approx(90.0)
+
+
+def test_straggler_rule_is_strict_uses_the_other_ranks_median_and_ignores_tiny_lags():
+    # 2 ranks: the other's median is the other rank, so 2x slower is 2x (the mean would say 1.33x).
+    two = [rank_stats(0, 0.1, data_wait_s=0.0, allreduce_s=0.0), rank_stats(1, 0.2, data_wait_s=0.0, allreduce_s=0.0)]
+    assert aggregate(two, 1.9)["straggler_rank"] == 1
+    assert aggregate(two, 2.0)["straggler"] is False  # exactly the ratio: not above it
+    # 3x slower but only 0.4 ms a step: scheduler noise on tiny steps, not a straggler.
+    tiny = [rank_stats(0, 0.0002, data_wait_s=0.0, allreduce_s=0.0),
+            rank_stats(1, 0.0006, data_wait_s=0.0, allreduce_s=0.0)]
+    s = aggregate(tiny, 1.5)
+    assert s["straggler"] is False and s["straggler_ratio"] == pytest.approx(3.0)
+    assert s["straggler_lag_ms"] == pytest.approx(0.4)
+    # The others' waits took their whole step: any real compute is infinitely more.
+    s = aggregate([rank_stats(0, 0.1, data_wait_s=0.0, allreduce_s=10.0), rank_stats(1, 0.1, allreduce_s=0.0)], 1.5)
+    assert s["straggler_rank"] == 1 and s["straggler_ratio"] is None and s["straggler_lag_ms"] == pytest.approx(90.0)
+    # One rank has nobody to be slower than.
+    assert aggregate([rank_stats(0, 0.5)], 1.5)["straggler_ratio"] is None
+
+
+def test_compute_is_the_median_step_less_every_wait_per_step_and_never_negative():
+    r = {**rank_stats(0, 0.1, steps=4, data_wait_s=0.04, allreduce_s=0.08), "forward_sync_s": 0.12}
+    assert tm.compute_per_step_s(r) == pytest.approx(0.04)  # 0.1 - (0.04 + 0.08 + 0.12) / 4
+    r = rank_stats(0, 0.1, steps=4, data_wait_s=1.0, allreduce_s=1.0)
+    assert tm.compute_per_step_s(r) == 0.0
+    assert tm.compute_per_step_s(rank_stats(0, None, steps=0)) is None
+
+
+def test_per_rank_and_per_node_metrics_are_named_as_logged():
+    ranks = [rank_stats(1, 0.110, peak=200 << 20), rank_stats(0, None, steps=0, samples=0, peak=100 << 20)]
+    ranks[1]["node"] = {"node": 0, "cpu_util_pct": 55.0, "mem_used_mb": 1024.0, "gpu_util_pct": None}
+    s = aggregate(ranks, 1.5)
+    assert s["per_rank"] == pytest.approx({
+        "rank/0/peak_mem_mb": 100.0,  # no step in the window: only its memory
+        "rank/1/step_time_ms": 110.0, "rank/1/data_wait_ms": 10.0, "rank/1/allreduce_wait_ms": 20.0,
+        "rank/1/forward_sync_ms": 0.0, "rank/1/compute_ms": 80.0, "rank/1/peak_mem_mb": 200.0,
+        "node/0/cpu_util_pct": 55.0, "node/0/mem_used_mb": 1024.0,  # a number not read is left out
+    })
+
+
+def test_node_stats_on_cpu_name_the_node_from_torchrun(monkeypatch):
+    monkeypatch.setenv("GROUP_RANK", "3")
+    n = tm.node_stats(CPU)
+    assert n["node"] == 3 and n["mem_used_mb"] > 0 and 0 <= n["cpu_util_pct"] <= 100
+    assert "gpu_util_pct" not in n
 
 
 def test_aggregate_with_ranks_that_ran_no_step():
@@ -163,7 +217,8 @@ def test_straggler_warning_is_logged_on_rank_0(monkeypatch, caplog, clock):
     with caplog.at_level(logging.WARNING, logger="trainflow.train"):
         s = m.snapshot()
     assert s["straggler"] is True and s["straggler_rank"] == 2
-    assert any("straggler: rank 2" in r.getMessage() for r in caplog.records)
+    assert {"rank/0/compute_ms", "rank/1/compute_ms", "rank/2/compute_ms"} <= set(s["per_rank"])
+    assert any("straggler: rank 2 computes 470.0 ms" in r.getMessage() for r in caplog.records)
     # Any other rank gets None (and logs nothing).
     caplog.clear()
     other = StepMetrics(DistContext(1, 1, 3, "gloo", CPU))
@@ -271,3 +326,27 @@ def test_peak_memory_is_positive_on_cpu():
 def test_gpu_utilization_is_none_without_a_gpu_and_never_raises():
     assert gpu_utilization(CPU) is None
     assert gpu_utilization("not a device") is None
+
+
+def test_forward_sync_counts_the_time_before_the_inner_forward_in_training_only(clock):
+    class Wrapper(nn.Module):  # stands in for DDP: its own work (the buffer broadcast), then the module
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, x):
+            clock.tick(0.05)
+            return self.module(x)
+
+    m = StepMetrics(SOLO)
+    w = Wrapper(nn.Linear(2, 2))
+    m._time_forward_sync(w)
+    w(torch.zeros(1, 2))
+    w.eval()
+    w(torch.zeros(1, 2))  # evaluation forwards are not steps
+    w.train()
+    with torch.no_grad():
+        w(torch.zeros(1, 2))
+    assert m._local_stats()["forward_sync_s"] == pytest.approx(0.05)
+    m.reset()
+    assert m._local_stats()["forward_sync_s"] == 0.0
