@@ -29,7 +29,9 @@ from core.config import PipelineConfig
 from training import faults
 from training.checkpoint import CheckpointManager, CheckpointMismatchError
 from training.data import Splits
-from training.distributed import DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank
+from training.distributed import (DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank,
+                                  broadcast_object)
+from training.goodput import Ledger, choose_interval, summarise
 from training.metrics import StepMetrics, flops_per_sample, gpu_utilization, mfu, peak_memory_bytes
 from training.models import build_model
 from training.preemption import StopRequest
@@ -101,6 +103,8 @@ class FitResult:
     checkpoint_stall_s: float = 0.0
     last_metrics: dict = field(default_factory=dict)
     ranks: list[dict] = field(default_factory=list)
+    goodput: dict = field(default_factory=dict)  # rank 0: training.goodput.summarise of the ledger
+    checkpoint_interval: dict = field(default_factory=dict)  # this attempt's choose_interval answer
 
 
 class Trainer:
@@ -148,6 +152,10 @@ class Trainer:
         self.best, self.bad_epochs = None, 0
         self.history: list[EpochStats] = []
         self.stall_total = 0.0
+        # goodput (h13d): rank 0's ledger; this attempt's mid-epoch checkpoint interval is chosen in fit().
+        self.ledger = Ledger.for_rank(ctx.is_main, self.out)
+        self.ledger.start(ctx.world_size)
+        self.every_steps = t.checkpoint_every_steps
 
     @property
     def raw_model(self) -> torch.nn.Module:
@@ -189,7 +197,25 @@ class Trainer:
         stall = time.perf_counter() - t0
         self.metrics.add_checkpoint_stall(stall)
         self.stall_total += stall
+        self.ledger.checkpoint(self.step, stall)  # goodput (h13d): the measured checkpoint cost
         return stall
+
+    def _checkpoint_interval(self) -> dict:
+        """goodput (h13d): this attempt's mid-epoch checkpoint interval (``training.checkpoint_every``).
+
+        Rank 0 chooses from its ledger (``training.goodput.choose_interval``) and every rank takes
+        its answer: checkpoints are collective, so all ranks must save at the same steps.
+        """
+        t = self.cfg.training
+        if t.checkpoint_every == "fixed":
+            choice = choose_interval("fixed", t.checkpoint_every_steps, [])
+        else:
+            choice = broadcast_object(self.ctx, choose_interval("auto", t.checkpoint_every_steps,
+                                                                self.ledger.events()) if self.ctx.is_main else None)
+            if self.ctx.is_main:
+                log.info("checkpoint interval: %s steps (%s)", choice["steps"] or "epoch ends only", choice["reason"])
+        self.ledger.interval(choice)
+        return choice
 
     def resume(self) -> int | None:
         """Restore the latest valid checkpoint, if any; returns its step."""
@@ -310,6 +336,10 @@ class Trainer:
         t = self.cfg.training
         result = FitResult(global_batch=self.global_batch, effective_lr=self.lr)
         result.resumed_from_step = self.resume()
+        # goodput (h13d): what this attempt resumed, and the interval it checkpoints at.
+        self.ledger.resumed(result.resumed_from_step)
+        result.checkpoint_interval = self._checkpoint_interval()
+        self.every_steps = result.checkpoint_interval["steps"]
         self.last_metrics: dict = {}
         self.flops = None
         # MFU needs one rank to run the whole model on a batch: not a pipeline stage.
@@ -344,13 +374,14 @@ class Trainer:
                 if not boundary:
                     continue
                 self.metrics.step_end(n_counted * t.grad_accum)
+                self.ledger.step(self.step)  # goodput (h13d): the heartbeat (an append at most every BEAT_S)
                 if self.fault is not None and self.fault.due(self.step, self.ctx.rank):
                     self.fault.fire(self.ctx.rank)
                 if self.step % t.log_every_steps == 0:
                     self._log_window()
                 # Agreement is an all-reduce: every step it cost ~2 % of a small model's step.
                 preempt = self.step % t.preempt_check_steps == 0 and any_rank(self.ctx, self.stop.requested)
-                if preempt or (t.checkpoint_every_steps and self.step % t.checkpoint_every_steps == 0):
+                if preempt or (self.every_steps and self.step % self.every_steps == 0):
                     self.save()
                 if preempt:
                     log.warning("rank %d: preempted at step %d; checkpoint saved", self.ctx.rank, self.step)
@@ -379,6 +410,15 @@ class Trainer:
     def _finish(self, result: FitResult, wall0: float) -> FitResult:
         self.ckpt.wait()  # the last checkpoint is on disk before anyone reports success
         result.train_wall_s = time.perf_counter() - wall0
+        # goodput (h13d): this attempt ended on its own; rank 0 sums up the training's ledger.
+        self.ledger.finish(result.status, self.step)
+        if self.ledger.enabled:
+            result.goodput = summarise(self.ledger.events())
+            g = result.goodput
+            log.info("goodput %.3f: %.1f s productive of %.1f s wall (start-up %.1f s, restarts %.1f s, "
+                     "%d lost steps %.1f s, checkpoint stalls %.1f s)", g["goodput"] or 0.0, g["productive_s"],
+                     g["wall_s"], g["startup_s"], g["restart_s"], g["lost_steps"], g["lost_s"],
+                     g["checkpoint_stall_s"])
         result.history = list(self.history)
         result.checkpoint_stall_s = self.stall_total
         result.last_metrics = dict(self.last_metrics)
