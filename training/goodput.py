@@ -54,6 +54,18 @@ def process_start_time() -> float | None:
         return None
 
 
+def _held_until(out: Path) -> float | None:
+    """When the launcher said go to this job, if it was started held (``training.held``); else None."""
+    from training.held import GO_FILE, HELD_ENV
+
+    if not os.environ.get(HELD_ENV):
+        return None
+    try:
+        return (Path(out) / GO_FILE).stat().st_mtime
+    except OSError:
+        return None
+
+
 class Ledger:
     """Rank 0's appender to ``<out>/goodput.jsonl``; other ranks get one that writes nothing.
 
@@ -95,9 +107,15 @@ class Ledger:
 
     def start(self, world_size: int) -> None:
         """An attempt begins (call once per process, before resuming)."""
+        if self.path is None:
+            return
         job = os.environ.get("TORCHELASTIC_RUN_ID") or f"local-{uuid.uuid4().hex[:12]}"
+        t0 = process_start_time()
+        go = _held_until(self.path.parent)
+        if t0 is not None and go is not None:
+            t0 = max(t0, go)  # a held job's start-up overlapped its caller's work: not this training's cost
         self._write("start", job=job, attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-                    world=world_size, t0=process_start_time())
+                    world=world_size, t0=t0)
 
     def resumed(self, step: int | None) -> None:
         """The step restored from a checkpoint (None: training starts from scratch)."""
@@ -302,6 +320,27 @@ def summarise(events: list[dict]) -> dict:
         "step_time_s": round(step_span / steps_done, 6) if steps_done > 0 else None,
         "restarts": restarts,
     }
+
+
+# The ledger's figures a run summary shows (``summarise`` has more: the inputs of the interval rule).
+HEADLINE = ("goodput", "productive_s", "wall_s", "startup_s", "restart_s", "lost_steps", "lost_s",
+            "checkpoint_stall_s", "failures")
+
+
+def headline(summary: dict | None) -> dict:
+    """The ``HEADLINE`` figures of a ``summarise`` answer ({} for none: e.g. an older result.json)."""
+    return {k: summary[k] for k in HEADLINE if k in summary} if summary else {}
+
+
+def describe(summary: dict | None) -> str:
+    """One line for people: ``goodput 0.62: 6.2 s productive of 10.0 s wall (...)``; "" for none."""
+    g = summary or {}
+    if g.get("goodput") is None:
+        return ""
+    return (f"goodput {g['goodput']:.3f}: {g['productive_s']:.1f} s productive of {g['wall_s']:.1f} s wall "
+            f"(start-up {g['startup_s']:.1f} s, {g['failures']} failure(s) costing {g['restart_s']:.1f} s of "
+            f"restart and {g['lost_steps']} repeated step(s) {g['lost_s']:.1f} s, checkpoint stalls "
+            f"{g['checkpoint_stall_s']:.1f} s)")
 
 
 def young_daly_seconds(checkpoint_cost_s: float, mtbf_s: float) -> float:

@@ -31,7 +31,7 @@ from training.checkpoint import CheckpointManager, CheckpointMismatchError
 from training.data import Splits
 from training.distributed import (DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank,
                                   broadcast_object)
-from training.goodput import Ledger, choose_interval, summarise
+from training.goodput import Ledger, choose_interval, describe, summarise
 from training.metrics import StepMetrics, flops_per_sample, gpu_utilization, mfu, peak_memory_bytes
 from training.models import build_model
 from training.preemption import StopRequest
@@ -414,11 +414,7 @@ class Trainer:
         self.ledger.finish(result.status, self.step)
         if self.ledger.enabled:
             result.goodput = summarise(self.ledger.events())
-            g = result.goodput
-            log.info("goodput %.3f: %.1f s productive of %.1f s wall (start-up %.1f s, restarts %.1f s, "
-                     "%d lost steps %.1f s, checkpoint stalls %.1f s)", g["goodput"] or 0.0, g["productive_s"],
-                     g["wall_s"], g["startup_s"], g["restart_s"], g["lost_steps"], g["lost_s"],
-                     g["checkpoint_stall_s"])
+            log.info("%s", describe(result.goodput))
         result.history = list(self.history)
         result.checkpoint_stall_s = self.stall_total
         result.last_metrics = dict(self.last_metrics)

@@ -238,3 +238,41 @@ def test_bad_checkpoint_every_names_the_key():
     with pytest.raises(ConfigError, match=r"training\.checkpoint_every: 'auto' picks when to checkpoint, but "
                                           r"training\.checkpoints is false"):
         _cfg(checkpoint_every="auto", checkpoints=False)
+
+
+def test_a_held_job_counts_its_start_up_from_the_go(tmp_path, monkeypatch):
+    import os
+
+    from training.held import GO_FILE, HELD_ENV
+
+    (tmp_path / GO_FILE).write_text('{"go": true}')
+    go = time.time() + 5  # said after this process started: the wait before it is not training's
+    os.utime(tmp_path / GO_FILE, (go, go))
+    monkeypatch.setenv(HELD_ENV, "123")
+    ledger = Ledger.for_rank(True, tmp_path)
+    ledger.start(world_size=1)
+    (start_ev,) = ledger.events()
+    assert start_ev["t0"] == pytest.approx(go) or process_start_time() is None
+
+
+def test_describe_and_headline_say_the_ledger_in_one_line():
+    from training.goodput import describe, headline
+
+    s = summarise(KILLED)
+    assert set(headline(s)) == {"goodput", "productive_s", "wall_s", "startup_s", "restart_s", "lost_steps",
+                                "lost_s", "checkpoint_stall_s", "failures"}
+    line = describe(s)
+    assert line.startswith(f"goodput {s['goodput']:.3f}: 3.8 s productive of 12.0 s wall")
+    assert "1 failure(s) costing 5.5 s of restart and 4 repeated step(s)" in line
+    assert describe(None) == "" and headline(None) == {} and describe(summarise([])) == ""
+
+
+def test_trainflow_run_prints_the_goodput_of_its_training(capsys):
+    from flows.cli import _print_summary
+    from training.goodput import headline
+
+    training = {"world_size": 2, "backend": "gloo", "samples_per_s": 1000.0, "wall_s": 12.0,
+                "goodput": headline(summarise(KILLED))}
+    _print_summary({"status": "registered", "training": training, "ui": {"prefect": None, "mlflow": None}})
+    err = " ".join(capsys.readouterr().err.split())  # the table may wrap the line
+    assert "goodput 0.317: 3.8 s productive" in err
