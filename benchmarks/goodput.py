@@ -79,12 +79,15 @@ class Watcher(threading.Thread):
                     self.died[pid] = now
             time.sleep(0.01)
 
-    def death_and_respawn(self) -> tuple[float | None, float | None]:
+    def death_and_respawn(self) -> tuple[float | None, float | None, float | None]:
+        """(first worker death, last death of that generation: the survivors stopped, first new worker)."""
         if not self.died:
-            return None, None
+            return None, None, None
         death = min(self.died.values())
+        first_gen = [pid for pid, t in self.seen.items() if t <= death]
+        stopped = max((self.died.get(pid, death) for pid in first_gen), default=death)
         later = [t for t in self.seen.values() if t > death]
-        return death, (min(later) if later else None)
+        return death, stopped, (min(later) if later else None)
 
 
 def run_job(out: Path, overrides: list[str], env: dict | None, watch: bool) -> dict:
@@ -101,7 +104,7 @@ def run_job(out: Path, overrides: list[str], env: dict | None, watch: bool) -> d
             watcher.join()
     rec = {"result": result, "events": read_events(out / LEDGER_FILE)}
     if watcher:
-        rec["death"], rec["respawn"] = watcher.death_and_respawn()
+        rec["death"], rec["stopped"], rec["respawn"] = watcher.death_and_respawn()
     return rec
 
 
@@ -115,7 +118,7 @@ def restart_split(rec: dict) -> dict:
         return {}
     t0, first = starts[1]["t0"] or starts[1]["t"], firsts[1]["t"]
     return {"death_to_first_step_s": first - death, "torchrun_s": (rec["respawn"] or t0) - death,
-            "worker_s": first - t0, "rank0_process_start_s": t0 - death,
+            "survivors_stopped_s": rec["stopped"] - death, "worker_s": first - t0, "rank0_process_start_s": t0 - death,
             "ledger_restart_s": rec["result"]["goodput"]["restart_s"]}
 
 
@@ -165,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             split = restart_split(killed)
             if split:
                 print(f"  [{i}] restart: death -> first step after resume {split['death_to_first_step_s']:.2f} s = "
-                      f"torchrun (death -> new workers) {split['torchrun_s']:.2f} s + worker (process start -> "
+                      f"torchrun (death -> new workers) {split['torchrun_s']:.2f} s [of which the surviving "
+                      f"worker's exit {split['survivors_stopped_s']:.2f} s] + worker (process start -> "
                       f"first step) {split['worker_s']:.2f} s; ledger restart_s {split['ledger_restart_s']:.2f} s "
                       f"(from the last heartbeat)", flush=True)
     finally:
@@ -184,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  goodput clean {gc:.3f}, with one SIGKILL {gk:.3f}", flush=True)
     if splits:
         print(f"  restart (death -> first step after resume) {med([s['death_to_first_step_s'] for s in splits]):.2f} s;"
-              f" torchrun's own part {med([s['torchrun_s'] for s in splits]):.2f} s; the worker's start-up "
+              f" torchrun's own part {med([s['torchrun_s'] for s in splits]):.2f} s (the surviving worker's exit "
+              f"{med([s['survivors_stopped_s'] for s in splits]):.2f} s of it); the worker's start-up "
               f"{med([s['worker_s'] for s in splits]):.2f} s", flush=True)
     print(f"  heartbeat: {hb:.2f} us per step on rank 0 (an append every {BEAT_S} s), "
           f"{hb / 1e6 / med(steps) * 100 if steps else float('nan'):.3f} % of a {med(steps) * 1e3:.1f} ms step",

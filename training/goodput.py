@@ -387,3 +387,24 @@ def choose_interval(mode: str, fixed_steps: int | None, events: list[dict]) -> d
             "reason": (f"sqrt(2 x {s['checkpoint_cost_s']:.4g} s checkpoint x {s['mtbf_s']:.4g} s MTBF) = "
                        f"{young_daly_seconds(s['checkpoint_cost_s'], s['mtbf_s']):.4g} s = {steps} steps "
                        f"of {s['step_time_s']:.4g} s")}
+
+
+def agree_interval(ctx, ledger: Ledger, mode: str, fixed_steps: int | None) -> dict:
+    """COLLECTIVE under ``auto``: this attempt's ``choose_interval`` answer, the same on every rank.
+
+    Rank 0 decides from its ledger and broadcasts (checkpoints are collective: every rank must save
+    at the same steps); ``fixed`` needs no ledger and no collective. The choice is logged and
+    recorded in the ledger. ``ctx``: the ``training.distributed.DistContext``.
+    """
+    if mode == "fixed":
+        choice = choose_interval("fixed", fixed_steps, [])
+    else:
+        from training.distributed import broadcast_object
+
+        mine = choose_interval(mode, fixed_steps, ledger.events()) if ctx.is_main else None
+        choice = broadcast_object(ctx, mine)
+        if ctx.is_main:
+            log.info("checkpoint interval: %s (%s)", f"every {choice['steps']} steps" if choice["steps"]
+                     else "epoch ends only", choice["reason"])
+    ledger.interval(choice)
+    return choice

@@ -29,9 +29,8 @@ from core.config import PipelineConfig
 from training import faults
 from training.checkpoint import CheckpointManager, CheckpointMismatchError
 from training.data import Splits
-from training.distributed import (DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank,
-                                  broadcast_object)
-from training.goodput import Ledger, choose_interval, describe, summarise
+from training.distributed import DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank
+from training.goodput import Ledger, agree_interval, describe, summarise
 from training.metrics import StepMetrics, flops_per_sample, gpu_utilization, mfu, peak_memory_bytes
 from training.models import build_model
 from training.preemption import StopRequest
@@ -200,23 +199,6 @@ class Trainer:
         self.ledger.checkpoint(self.step, stall)  # goodput (h13d): the measured checkpoint cost
         return stall
 
-    def _checkpoint_interval(self) -> dict:
-        """goodput (h13d): this attempt's mid-epoch checkpoint interval (``training.checkpoint_every``).
-
-        Rank 0 chooses from its ledger (``training.goodput.choose_interval``) and every rank takes
-        its answer: checkpoints are collective, so all ranks must save at the same steps.
-        """
-        t = self.cfg.training
-        if t.checkpoint_every == "fixed":
-            choice = choose_interval("fixed", t.checkpoint_every_steps, [])
-        else:
-            choice = broadcast_object(self.ctx, choose_interval("auto", t.checkpoint_every_steps,
-                                                                self.ledger.events()) if self.ctx.is_main else None)
-            if self.ctx.is_main:
-                log.info("checkpoint interval: %s steps (%s)", choice["steps"] or "epoch ends only", choice["reason"])
-        self.ledger.interval(choice)
-        return choice
-
     def resume(self) -> int | None:
         """Restore the latest valid checkpoint, if any; returns its step."""
         if not self.cfg.training.checkpoints:
@@ -338,7 +320,7 @@ class Trainer:
         result.resumed_from_step = self.resume()
         # goodput (h13d): what this attempt resumed, and the interval it checkpoints at.
         self.ledger.resumed(result.resumed_from_step)
-        result.checkpoint_interval = self._checkpoint_interval()
+        result.checkpoint_interval = agree_interval(self.ctx, self.ledger, t.checkpoint_every, t.checkpoint_every_steps)
         self.every_steps = result.checkpoint_interval["steps"]
         self.last_metrics: dict = {}
         self.flops = None

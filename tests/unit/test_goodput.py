@@ -1,5 +1,6 @@
 """The goodput ledger's summary and the Young-Daly checkpoint interval, on fixed event lists."""
 
+import json
 import math
 import time
 
@@ -276,3 +277,20 @@ def test_trainflow_run_prints_the_goodput_of_its_training(capsys):
     _print_summary({"status": "registered", "training": training, "ui": {"prefect": None, "mlflow": None}})
     err = " ".join(capsys.readouterr().err.split())  # the table may wrap the line
     assert "goodput 0.317: 3.8 s productive" in err
+
+
+def test_agree_interval_records_the_choice_in_the_ledger(tmp_path):
+    from types import SimpleNamespace
+
+    from training.goodput import agree_interval
+
+    path = tmp_path / LEDGER_FILE
+    path.write_text("".join(json.dumps(e) + "\n" for e in KILLED[:5]))  # a death, then this attempt
+    ledger = Ledger(path)
+    ledger.start(world_size=1)
+    ledger.resumed(10)
+    one_process = SimpleNamespace(is_main=True, distributed=False)
+    choice = agree_interval(one_process, ledger, "auto", 10)
+    assert choice["rule"] == "young_daly" and choice["failures"] == 1
+    assert ledger.events()[-1] == {"ev": "interval", "t": ledger.events()[-1]["t"], **choice}
+    assert agree_interval(one_process, ledger, "fixed", 10)["steps"] == 10
