@@ -195,7 +195,7 @@ class _Attempt:
         self.resumed: int | None = None
         self.first_step_t: float | None = None
         self.marks: list[tuple[float, int]] = []  # (t, step) of every step, beat, ckpt, finish
-        self.stalls: list[float] = []
+        self.stalls: list[tuple[int, float]] = []  # (step, seconds) of each checkpoint
         self.finish: str | None = None
 
     @property
@@ -222,6 +222,11 @@ class _Attempt:
         (t0, s0), (t1, s1) = before[-1], after[0]
         return t0 + (t1 - t0) * (step - s0) / (s1 - s0)
 
+    def restarts(self, prev: "_Attempt | None") -> bool:
+        """This attempt is a torchrun restart of ``prev`` (same job, a higher restart count): a job
+        rerun under the same rendezvous id counts from 0 again."""
+        return prev is not None and prev.job == self.job and self.attempt > prev.attempt
+
     def add(self, ev: dict) -> None:
         self.last_t = max(self.last_t, ev["t"])
         kind, step = ev["ev"], _step(ev.get("step"))
@@ -232,7 +237,7 @@ class _Attempt:
                 self.first_step_t = ev["t"]
             self.marks.append((ev["t"], step))
             if kind == "ckpt" and _num(ev.get("stall_s")) and ev["stall_s"] >= 0:
-                self.stalls.append(ev["stall_s"])
+                self.stalls.append((step, ev["stall_s"]))
         if kind == "finish":
             self.finish = ev.get("status") if isinstance(ev.get("status"), str) else "unknown"
 
@@ -252,8 +257,7 @@ def _attempts(events: list[dict]) -> list[_Attempt]:
             attempts[-1].add(ev)
     begin = 0
     for i, a in enumerate(attempts):
-        same_job = i > 0 and attempts[i - 1].job == a.job and a.attempt > 0
-        if a.resumed is None and not same_job:
+        if a.resumed is None and not a.restarts(attempts[i - 1] if i else None):
             begin = i
     return attempts[begin:]
 
@@ -283,7 +287,7 @@ def summarise(events: list[dict]) -> dict:
     prev: _Attempt | None = None
     for a in attempts:
         stepped_t = a.first_step_t if a.first_step_t is not None else a.last_t
-        if prev is not None and prev.job == a.job:
+        if a.restarts(prev):
             wall += a.last_t - prev.last_t
             gap = stepped_t - prev.last_t
             restart += gap
@@ -299,10 +303,12 @@ def summarise(events: list[dict]) -> dict:
             resumed = a.resumed or 0
             lost_steps += max(0, prev.last_step - resumed)
             if prev.last_step > resumed:
-                lost_s += max(0.0, prev.last_mark_t - prev.time_at(resumed))
+                # its checkpoints after the resumed step (an async write a death cut short) are stalls already
+                redone = prev.last_mark_t - prev.time_at(resumed) - sum(x for st, x in prev.stalls if st > resumed)
+                lost_s += max(0.0, redone)
             if prev.finish is None:
                 failures += 1
-        stall += sum(a.stalls)
+        stall += sum(x for _, x in a.stalls)
         ckpts += len(a.stalls)
         if a.first_step_t is not None and len(a.marks) > 1:
             first_t, first_s = a.marks[0]

@@ -294,3 +294,30 @@ def test_agree_interval_records_the_choice_in_the_ledger(tmp_path):
     assert choice["rule"] == "young_daly" and choice["failures"] == 1
     assert ledger.events()[-1] == {"ev": "interval", "t": ledger.events()[-1]["t"], **choice}
     assert agree_interval(one_process, ledger, "fixed", 10)["steps"] == 10
+
+
+def test_a_rerun_under_the_same_rendezvous_id_is_a_new_job_not_a_restart():
+    events = [
+        start(101, 100, job="rdzv-1"), ev("resume", 101, step=None), ev("step", 102, step=1),
+        ev("finish", 105, step=12, status="preempted"),
+        start(3701, 3700, job="rdzv-1"), ev("resume", 3702, step=12), ev("step", 3703, step=13),
+        ev("finish", 3710, step=20, status="completed"),
+    ]
+    s = summarise(events)
+    assert s["jobs"] == 2 and s["restart_s"] == 0 and s["wall_s"] == 15
+
+
+def test_a_checkpoint_whose_write_a_death_cut_short_is_not_counted_twice():
+    # The step-20 checkpoint's stall was recorded, but its background write never completed:
+    # the restart resumes from step 10; the 0.3 s stall is a stall, not repeated work too.
+    events = [
+        start(101, 100), ev("resume", 101, step=None), ev("step", 102, step=1),
+        ev("ckpt", 103, step=10, stall_s=0.1), ev("ckpt", 104.3, step=20, stall_s=0.3), ev("beat", 104.5, step=22),
+        start(108, 107, attempt=1), ev("resume", 108, step=10), ev("step", 110, step=11),
+        ev("finish", 115, step=40, status="completed"),
+    ]
+    s = summarise(events)
+    assert s["lost_steps"] == 12 and s["lost_s"] == pytest.approx(1.5 - 0.3)
+    assert s["checkpoint_stall_s"] == pytest.approx(0.4)
+    parts = s["productive_s"] + s["startup_s"] + s["restart_s"] + s["lost_s"] + s["checkpoint_stall_s"]
+    assert parts == pytest.approx(s["wall_s"])
