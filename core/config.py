@@ -267,6 +267,10 @@ class TrainingConfig(_Strict):
     checkpoint_every_epochs: int = Field(1, gt=0)
     # Also checkpoint inside an epoch every N optimizer steps (null: epoch ends only).
     checkpoint_every_steps: int | None = Field(None, gt=0)
+    # fixed: the two intervals above as written. auto: once a worker has died in this training, the
+    # mid-epoch interval is Young-Daly's sqrt(2 x checkpoint cost x MTBF), both measured by the
+    # goodput ledger (training/goodput.py), in steps; until then checkpoint_every_steps.
+    checkpoint_every: Literal["fixed", "auto"] = "fixed"
     # >= 2: the newest checkpoint can be unreadable after a crash, and resume then needs the one before.
     keep_checkpoints: int = Field(2, ge=2)
     # Off: no checkpoints are written or resumed (benchmarks, throwaway runs).
@@ -307,6 +311,8 @@ class TrainingConfig(_Strict):
                 check_parallel(self.strategy, self.parallel, self.cpu_workers)
             except ValueError as exc:
                 raise ValueError(f"{exc} (training.cpu_workers)") from None
+        if self.checkpoint_every == "auto" and not self.checkpoints:
+            raise ValueError("checkpoint_every: 'auto' picks when to checkpoint, but training.checkpoints is false")
         if self.strategy == "pp" and self.parallel.schedule == "1f1b" and self.parallel.microbatches < self.parallel.pp:
             raise ValueError(f"parallel: schedule 1f1b needs microbatches >= pp ({self.parallel.pp}), "
                              f"got {self.parallel.microbatches}")
@@ -475,7 +481,7 @@ ID_LATER_KEYS = (
     ("dataset", "text"),
     ("model", "vocab_size"), ("model", "seq_len"), ("model", "d_model"), ("model", "n_layers"),
     ("model", "n_heads"), ("model", "d_ff"), ("model", "factory"), ("model", "kwargs"),
-    ("training", "parallel"),
+    ("training", "parallel"), ("training", "checkpoint_every"),
 )
 
 

@@ -336,6 +336,10 @@ def _print_summary(s: dict) -> None:
         t = s["training"]
         table.add_row("training", f"{t['world_size']}x {t['backend']}, {t['samples_per_s']:,.0f} samples/s, "
                                   f"{t['wall_s']:.1f}s wall")
+        from training.goodput import describe
+
+        if describe(t.get("goodput")):
+            table.add_row("goodput", describe(t.get("goodput")))
     if s.get("metrics"):
         table.add_row("test", ", ".join(f"{k} {v:.4f}" for k, v in s["metrics"].items()))
     if s.get("gates"):
@@ -373,7 +377,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except TrainflowError as exc:
         return _fail(str(exc), exc.exit_code)
     print(json.dumps({k: result.get(k) for k in ("status", "world_size", "restarts", "samples_per_s",
-                                                 "weights_sha256", "final", "out_dir")}, indent=2))
+                                                 "weights_sha256", "final", "goodput", "out_dir")}, indent=2))
     return EXIT_OK
 
 

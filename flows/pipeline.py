@@ -282,8 +282,12 @@ def log_training(ctx: RunContext, result: dict) -> str | None:
 
     store.log_file(ctx.run_id, Path(result["out_dir"]) / "result.json", "training")
     png = _training_curves(ctx, result)
+    from training.goodput import headline
+
+    goodput = {("train/goodput" if k == "goodput" else f"goodput/{k}"): v
+               for k, v in headline(result.get("goodput")).items() if v is not None}
     store.log_metrics(ctx.run_id, {"train/samples_per_s_mean": result["samples_per_s"],
-                                   "train/wall_s": result["wall_s"], "train/restarts": result["restarts"]})
+                                   "train/wall_s": result["wall_s"], "train/restarts": result["restarts"], **goodput})
     _md("training-result", _training_md(result), "torchrun training result")
     return png
 
@@ -459,12 +463,16 @@ def _score_champion(ctx: RunContext) -> dict:
 
 
 def _training_md(r: dict) -> str:
+    from training.goodput import describe
+
+    goodput = describe(r.get("goodput"))  # "" for a result without a ledger
     rows = "\n".join(f"| {h['epoch']} | {h['train_loss']:.4f} | {h['val_loss']:.4f} | "
                      + ("-" if h["val_accuracy"] is None else f"{h['val_accuracy']:.4f}") + f" | {h['samples_per_s']:,.0f} |"
                      for h in r["history"])
     return (f"# Training: {r['status']}\n\nworld size {r['world_size']} ({r['backend']}), global batch "
             f"{r['global_batch']}, effective lr {r['effective_lr']:.5f}, restarts {r['restarts']}, "
             f"wall {r['wall_s']:.1f}s, weights sha256 `{r['weights_sha256'][:16]}`\n\n"
+            + (f"{goodput}\n\n" if goodput else "") +
             f"| epoch | train loss | val loss | val acc | samples/s |\n|---|---|---|---|---|\n{rows}\n")
 
 
@@ -543,6 +551,10 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
         summary["training"] = {k: result[k] for k in ("world_size", "backend", "strategy", "restarts", "samples_per_s",
                                                        "global_batch", "effective_lr", "weights_sha256", "wall_s",
                                                        "resumed_from_step", "checkpoint_stall_frac", "started_early")}
+        from training.goodput import headline
+
+        summary["training"]["goodput"] = headline(result.get("goodput"))  # the ledger's, across restarts
+        summary["training"]["checkpoint_interval"] = result.get("checkpoint_interval") or {}
         ev = timed("evaluate", evaluate, ctx, result)
         cand = ev["candidate"]
         if (ev.get("files") or {}).get("confusion_matrix"):

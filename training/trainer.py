@@ -33,6 +33,7 @@ from training.batches import BatchPlan, StepBatches, build_source, choose_plan, 
 from training.checkpoint import CheckpointManager, CheckpointMismatchError
 from training.data import Splits
 from training.distributed import DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank
+from training.goodput import Ledger, agree_interval, describe, summarise
 from training.metrics import StepMetrics, flops_per_sample, gpu_utilization, mfu, peak_memory_bytes
 from training.models import build_model
 from training.preemption import StopRequest
@@ -99,6 +100,8 @@ class FitResult:
     checkpoint_stall_s: float = 0.0
     last_metrics: dict = field(default_factory=dict)
     ranks: list[dict] = field(default_factory=list)
+    goodput: dict = field(default_factory=dict)  # rank 0: training.goodput.summarise of the ledger
+    checkpoint_interval: dict = field(default_factory=dict)  # this attempt's choose_interval answer
 
 
 class Trainer:
@@ -142,6 +145,9 @@ class Trainer:
         # This rank's part of the current epoch's train loss (only ranks that report add to it).
         self.epoch_loss, self.epoch_n = 0.0, 0
         self.resized_from: dict | None = None
+        # Rank 0's goodput ledger (deaths, restarts, stalls); the mid-epoch interval is chosen in fit().
+        self.ledger = Ledger.for_rank(ctx.is_main, self.out)
+        self.ledger.start(ctx.world_size)
         self.last_metrics: dict = {}
         self.flops = None
 
@@ -326,6 +332,7 @@ class Trainer:
     def _save_stall(self, stall: float | None) -> None:
         if stall is not None:
             self.metrics.add_checkpoint_stall(stall)
+            self.ledger.checkpoint(self.state.step, stall)  # the measured checkpoint cost
 
     def _run_epoch(self) -> bool:
         """Train the rest of the current epoch from the cursor; True when preempted (checkpoint saved)."""
@@ -343,6 +350,7 @@ class Trainer:
             self.epoch_loss += loss_sum if counted else 0.0
             self.epoch_n += counted
             self.metrics.step_end(counted)
+            self.ledger.step(st.step)  # the heartbeat (an append at most every BEAT_S)
             if self.ids is not None and self.strategy.reports:
                 self.ids.record(self.ctx.rank, epoch, st.step, cursor, batch.ids)
             if self.fault is not None and self.fault.due(st.step, self.ctx.rank):
@@ -379,6 +387,10 @@ class Trainer:
         t = self.cfg.training
         result = FitResult()
         result.resumed_from_step = self.resume()
+        # What this attempt resumed, and the mid-epoch interval it checkpoints at.
+        self.ledger.resumed(result.resumed_from_step)
+        result.checkpoint_interval = agree_interval(self.ctx, self.ledger, t.checkpoint_every, t.checkpoint_every_steps)
+        self.ckpt.every_steps = result.checkpoint_interval["steps"]
         result.global_batch, result.effective_lr = self.plan.global_batch, self.lr
         result.resized_from, result.batch_policy = self.resized_from, self.choice.record()
         # MFU needs one rank to run the whole model on a batch: not a pipeline stage.
@@ -407,6 +419,11 @@ class Trainer:
     def _finish(self, result: FitResult, wall0: float) -> FitResult:
         self.ckpt.wait()  # the last checkpoint is on disk before anyone reports success
         result.train_wall_s = time.perf_counter() - wall0
+        # This attempt ended on its own; rank 0 sums up the training's ledger.
+        self.ledger.finish(result.status, self.state.step)
+        if self.ledger.enabled:
+            result.goodput = summarise(self.ledger.events())
+            log.info("%s", describe(result.goodput))
         result.history = [EpochStats(**h) for h in self.state.history]
         result.checkpoint_stall_s = self.ckpt.stall_s
         result.last_metrics = dict(self.last_metrics)

@@ -81,6 +81,8 @@ def summarise(trainer: Trainer, fit: FitResult) -> dict:
         "train_wall_s": fit.train_wall_s,
         "checkpoint_stall_s": fit.checkpoint_stall_s,
         "checkpoint_stall_frac": fit.checkpoint_stall_s / wall,
+        "goodput": fit.goodput,  # the whole training's, across restarts (training/goodput.py)
+        "checkpoint_interval": fit.checkpoint_interval,
         "perf": fit.last_metrics,
         "ranks": fit.ranks,
         "final": {"train_loss": last.train_loss, "val_loss": last.val_loss, "val_accuracy": last.val_accuracy}

@@ -254,6 +254,10 @@ def test_preempted_training_exits_4_and_the_next_run_resumes(first_run, state, t
         assert len(steps) == len(set(steps)), f"{key}: a step twice"
     steps = sorted(m.step for m in client().get_metric_history(first, "perf/samples_per_s"))
     assert steps[0] <= 30 < steps[-1]
+    # The goodput ledger spans both jobs: the preempted one checkpointed at its stop, so no step
+    # was repeated and nothing died; the hour a rerun may wait is not wall time.
+    g = s["training"]["goodput"]
+    assert (g["failures"], g["lost_steps"], g["restart_s"]) == (0, 0, 0) and 0 < g["goodput"] < 1
 
 
 def test_auto_strategy_and_workers_resolve_before_the_manifest(first_run, state, repo_root, tmp_path):

@@ -1,0 +1,416 @@
+"""The goodput ledger: how much of a training's wall time went into steps it kept.
+
+Rank 0 appends small JSON events to ``<out>/goodput.jsonl`` (``Ledger``); the file survives
+SIGKILL because every event is handed to the kernel (``write`` + ``flush``) as it happens,
+and a torn last line of a killed writer is skipped on read. No fsync: a lost tail after a
+power cut costs a second of accounting, not a checkpoint.
+
+Events (``ev``), each with its wall-clock time ``t`` (epoch seconds: attempts are processes):
+
+- ``start``: an attempt began: torchrun's run id (``job``) and restart count (``attempt``),
+  the world size, and ``t0``, when this worker process started (before torch was imported);
+- ``resume``: the step restored from a checkpoint (``null``: a fresh start);
+- ``interval``: the checkpoint interval chosen for this attempt (``choose_interval``);
+- ``step``: the first optimizer step of the attempt; ``beat``: a later one, at most one every
+  ``BEAT_S`` seconds (the heartbeat: the last step known to be reached, and when);
+- ``ckpt``: a checkpoint was taken at ``step``, stalling training ``stall_s`` seconds;
+- ``finish``: the attempt ended on its own (``status``: completed | preempted).
+
+An attempt with no ``finish`` died. ``summarise`` turns the events into the ledger's figures
+and ``choose_interval`` into ``training.checkpoint_every: auto``'s interval; both are pure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+import uuid
+from pathlib import Path
+
+log = logging.getLogger("trainflow.train")
+
+LEDGER_FILE = "goodput.jsonl"
+# Heartbeat period: the restart time is over-, the lost steps under-estimated by at most this
+# much (the time between the last beat and a death). Two small appends a second cost nothing.
+BEAT_S = 0.5
+
+
+def process_start_time() -> float | None:
+    """This process's start in epoch seconds (Linux ``/proc``, 10 ms resolution; None elsewhere).
+
+    The ledger counts a worker's start-up (interpreter, imports) from here, not from when
+    the trainer first ran: after a death that time is part of what the restart cost.
+    """
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, after the parenthesised name
+        # starttime counts from boot on the boot-time clock; /proc/stat's btime is whole seconds,
+        # so anchor on the clock itself instead.
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+        return time.time() - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def _held_until(out: Path) -> float | None:
+    """When the launcher said go to this job, if it was started held (``training.held``); else None."""
+    from training.held import GO_FILE, HELD_ENV
+
+    if not os.environ.get(HELD_ENV):
+        return None
+    try:
+        return (Path(out) / GO_FILE).stat().st_mtime
+    except OSError:
+        return None
+
+
+class Ledger:
+    """Rank 0's appender to ``<out>/goodput.jsonl``; other ranks get one that writes nothing.
+
+    ``step(n)`` is on the hot path (every optimizer step): a clock read and a comparison,
+    and an append only when ``BEAT_S`` has passed.
+    """
+
+    def __init__(self, path: Path | None, clock=time.time):
+        self.path = Path(path) if path is not None else None
+        self._clock = clock
+        self._f = None
+        self._next_beat = 0.0
+        self._stepped = False
+
+    @classmethod
+    def for_rank(cls, is_main: bool, out_dir: Path) -> "Ledger":
+        """Rank 0's ledger in ``out_dir``; a silent one elsewhere."""
+        return cls(Path(out_dir) / LEDGER_FILE if is_main else None)
+
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None
+
+    def _write(self, ev: str, **fields) -> None:
+        if self.path is None:
+            return
+        if self._f is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.path, "a", encoding="utf-8")
+            # A writer SIGKILLed mid-line left a tail without newline: end it, so this attempt's
+            # first event is a line of its own (the torn one is skipped on read).
+            if self._f.tell() > 0:
+                with open(self.path, "rb") as f:
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":
+                        self._f.write("\n")
+        self._f.write(json.dumps({"ev": ev, "t": round(self._clock(), 4), **fields}) + "\n")
+        self._f.flush()  # in the kernel now: survives this process's SIGKILL
+
+    def start(self, world_size: int) -> None:
+        """An attempt begins (call once per process, before resuming)."""
+        if self.path is None:
+            return
+        job = os.environ.get("TORCHELASTIC_RUN_ID") or f"local-{uuid.uuid4().hex[:12]}"
+        t0 = process_start_time()
+        go = _held_until(self.path.parent)
+        if t0 is not None and go is not None:
+            t0 = max(t0, go)  # a held job's start-up overlapped its caller's work: not this training's cost
+        self._write("start", job=job, attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                    world=world_size, t0=t0)
+
+    def resumed(self, step: int | None) -> None:
+        """The step restored from a checkpoint (None: training starts from scratch)."""
+        self._write("resume", step=step)
+
+    def interval(self, choice: dict) -> None:
+        """The checkpoint interval this attempt uses (``choose_interval``'s answer)."""
+        self._write("interval", **choice)
+
+    def step(self, step: int) -> None:
+        """Optimizer step ``step`` is done: the attempt's first is recorded, later ones as a
+        heartbeat at most every ``BEAT_S``."""
+        if self.path is None:
+            return
+        now = self._clock()
+        if not self._stepped:
+            self._stepped = True
+            self._next_beat = now + BEAT_S
+            self._write("step", step=step)
+        elif now >= self._next_beat:
+            self._next_beat = now + BEAT_S
+            self._write("beat", step=step)
+
+    def checkpoint(self, step: int, stall_s: float) -> None:
+        """A checkpoint of ``step`` was taken; training stalled ``stall_s`` seconds for it."""
+        self._write("ckpt", step=step, stall_s=round(stall_s, 6))
+
+    def finish(self, status: str, step: int) -> None:
+        """The attempt ends on its own (completed, preempted); closes the file."""
+        self._write("finish", status=status, step=step)
+        self.close()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def events(self) -> list[dict]:
+        """Every readable event so far (rank 0; [] elsewhere)."""
+        return read_events(self.path) if self.path is not None else []
+
+
+def read_events(path: Path) -> list[dict]:
+    """The events of a ledger file, oldest first; torn or foreign lines are skipped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    events = []
+    for line in text.splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(ev, dict) and isinstance(ev.get("ev"), str) and _num(ev.get("t")):
+            events.append(ev)
+    return events
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _step(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+class _Attempt:
+    """One worker-group attempt, as its events tell it."""
+
+    def __init__(self, ev: dict):
+        self.job = ev.get("job")
+        self.attempt = ev.get("attempt") if _step(ev.get("attempt")) is not None else 0
+        self.t0 = ev["t0"] if _num(ev.get("t0")) and ev["t0"] <= ev["t"] else ev["t"]
+        self.last_t = ev["t"]
+        self.resumed: int | None = None
+        self.first_step_t: float | None = None
+        self.marks: list[tuple[float, int]] = []  # (t, step) of every step, beat, ckpt, finish
+        self.stalls: list[tuple[int, float]] = []  # (step, seconds) of each checkpoint
+        self.finish: str | None = None
+
+    @property
+    def last_step(self) -> int:
+        """The last step this attempt is known to have reached."""
+        return max([s for _, s in self.marks] + [self.resumed or 0])
+
+    @property
+    def last_mark_t(self) -> float:
+        return self.marks[-1][0] if self.marks else self.last_t
+
+    def time_at(self, step: int) -> float:
+        """When this attempt was done with ``step``: its last mark at that step, else interpolated
+        between the marks around it (its first mark when ``step`` lies before them all)."""
+        exact = [t for t, s in self.marks if s == step]
+        if exact:
+            return exact[-1]
+        before = [(t, s) for t, s in self.marks if s < step]
+        after = [(t, s) for t, s in self.marks if s > step]
+        if not after:
+            return self.last_mark_t
+        if not before:
+            return after[0][0]
+        (t0, s0), (t1, s1) = before[-1], after[0]
+        return t0 + (t1 - t0) * (step - s0) / (s1 - s0)
+
+    def restarts(self, prev: "_Attempt | None") -> bool:
+        """This attempt is a torchrun restart of ``prev`` (same job, a higher restart count): a job
+        rerun under the same rendezvous id counts from 0 again."""
+        return prev is not None and prev.job == self.job and self.attempt > prev.attempt
+
+    def add(self, ev: dict) -> None:
+        self.last_t = max(self.last_t, ev["t"])
+        kind, step = ev["ev"], _step(ev.get("step"))
+        if kind == "resume":
+            self.resumed = step
+        elif kind in ("step", "beat", "ckpt", "finish") and step is not None:
+            if kind == "step" and self.first_step_t is None:
+                self.first_step_t = ev["t"]
+            self.marks.append((ev["t"], step))
+            if kind == "ckpt" and _num(ev.get("stall_s")) and ev["stall_s"] >= 0:
+                self.stalls.append((step, ev["stall_s"]))
+        if kind == "finish":
+            self.finish = ev.get("status") if isinstance(ev.get("status"), str) else "unknown"
+
+
+def _attempts(events: list[dict]) -> list[_Attempt]:
+    """The attempts of the current training: from its last fresh start on.
+
+    A fresh start (nothing resumed) on a new job begins a new training in this folder (its
+    checkpoints were removed, or it never had any); a fresh start after a restart within one
+    job is that training's restart from scratch (it died before its first checkpoint).
+    """
+    attempts: list[_Attempt] = []
+    for ev in events:
+        if ev["ev"] == "start":
+            attempts.append(_Attempt(ev))
+        elif attempts:
+            attempts[-1].add(ev)
+    begin = 0
+    for i, a in enumerate(attempts):
+        if a.resumed is None and not a.restarts(attempts[i - 1] if i else None):
+            begin = i
+    return attempts[begin:]
+
+
+def summarise(events: list[dict]) -> dict:
+    """The goodput figures of the training whose ledger ``events`` are (pure).
+
+    - ``wall_s``: every job's span, from its first worker's start to its last event; the gap
+      between two jobs (a preempted run and its rerun) is not counted, the gap between two
+      attempts of one job (a torchrun restart) is;
+    - ``startup_s``: a job's start to its first step; ``restart_s``: within a job, from the
+      last event of the attempt that died to the first step of the next (lost work between
+      the last heartbeat and the death is counted here);
+    - ``lost_steps`` / ``lost_s``: steps done and then repeated after a resume (from the
+      last step an attempt is known to have reached back to the step the next one resumed);
+    - ``checkpoint_stall_s``: training stalled for checkpoints;
+    - ``productive_s`` = wall - startup - restart - lost - stall; ``goodput`` = productive / wall.
+
+    Also what ``choose_interval`` needs: ``failures`` (attempts that died), ``mtbf_s`` (wall /
+    failures), ``checkpoint_cost_s`` (mean stall) and ``step_time_s`` (wall per step while stepping).
+    """
+    attempts = _attempts(events)
+    wall = startup = restart = lost_s = stall = 0.0
+    lost_steps = failures = jobs = ckpts = 0
+    step_span = steps_done = 0.0
+    restarts = []
+    prev: _Attempt | None = None
+    for a in attempts:
+        stepped_t = a.first_step_t if a.first_step_t is not None else a.last_t
+        if a.restarts(prev):
+            wall += a.last_t - prev.last_t
+            gap = stepped_t - prev.last_t
+            restart += gap
+            restarts.append({"attempt": a.attempt, "restart_s": round(gap, 3),
+                             "agent_s": round(a.t0 - prev.last_mark_t, 3),
+                             "worker_s": round(stepped_t - a.t0, 3) if a.first_step_t is not None else None,
+                             "resumed_from_step": a.resumed, "lost_steps": max(0, prev.last_step - (a.resumed or 0))})
+        else:
+            jobs += 1
+            wall += a.last_t - a.t0
+            startup += stepped_t - a.t0
+        if prev is not None:
+            resumed = a.resumed or 0
+            lost_steps += max(0, prev.last_step - resumed)
+            if prev.last_step > resumed:
+                # its checkpoints after the resumed step (an async write a death cut short) are stalls already
+                redone = prev.last_mark_t - prev.time_at(resumed) - sum(x for st, x in prev.stalls if st > resumed)
+                lost_s += max(0.0, redone)
+            if prev.finish is None:
+                failures += 1
+        stall += sum(x for _, x in a.stalls)
+        ckpts += len(a.stalls)
+        if a.first_step_t is not None and len(a.marks) > 1:
+            first_t, first_s = a.marks[0]
+            step_span += a.last_mark_t - first_t
+            steps_done += a.last_step - first_s
+        prev = a
+    productive = max(0.0, wall - startup - restart - lost_s - stall)
+    r = lambda v: round(v, 3)  # noqa: E731 - ms is the ledger's resolution
+    return {
+        "wall_s": r(wall), "productive_s": r(productive), "goodput": round(productive / wall, 4) if wall > 0 else None,
+        "startup_s": r(startup), "restart_s": r(restart), "lost_steps": lost_steps, "lost_s": r(lost_s),
+        "checkpoint_stall_s": r(stall), "checkpoints": ckpts,
+        "attempts": len(attempts), "jobs": jobs, "failures": failures,
+        "mtbf_s": r(wall / failures) if failures else None,
+        "checkpoint_cost_s": round(stall / ckpts, 6) if ckpts else None,
+        "step_time_s": round(step_span / steps_done, 6) if steps_done > 0 else None,
+        "restarts": restarts,
+    }
+
+
+# The ledger's figures a run summary shows (``summarise`` has more: the inputs of the interval rule).
+HEADLINE = ("goodput", "productive_s", "wall_s", "startup_s", "restart_s", "lost_steps", "lost_s",
+            "checkpoint_stall_s", "failures")
+
+
+def headline(summary: dict | None) -> dict:
+    """The ``HEADLINE`` figures of a ``summarise`` answer ({} for none: e.g. an older result.json)."""
+    return {k: summary[k] for k in HEADLINE if k in summary} if summary else {}
+
+
+def describe(summary: dict | None) -> str:
+    """One line for people: ``goodput 0.62: 6.2 s productive of 10.0 s wall (...)``; "" for none."""
+    g = summary or {}
+    if g.get("goodput") is None:
+        return ""
+    return (f"goodput {g['goodput']:.3f}: {g['productive_s']:.1f} s productive of {g['wall_s']:.1f} s wall "
+            f"(start-up {g['startup_s']:.1f} s, {g['failures']} failure(s) costing {g['restart_s']:.1f} s of "
+            f"restart and {g['lost_steps']} repeated step(s) {g['lost_s']:.1f} s, checkpoint stalls "
+            f"{g['checkpoint_stall_s']:.1f} s)")
+
+
+def young_daly_seconds(checkpoint_cost_s: float, mtbf_s: float) -> float:
+    """Young-Daly's checkpoint period sqrt(2 * C * MTBF): the first-order optimum of time lost to
+    checkpoints (C per checkpoint) plus work redone after a failure (half a period, on average)."""
+    for name, v in (("checkpoint_cost_s", checkpoint_cost_s), ("mtbf_s", mtbf_s)):
+        if not _num(v) or v <= 0:
+            raise ValueError(f"{name}: must be a finite number > 0, got {v!r}")
+    return math.sqrt(2.0 * checkpoint_cost_s * mtbf_s)
+
+
+def young_daly_steps(checkpoint_cost_s: float, mtbf_s: float, step_time_s: float) -> int:
+    """``young_daly_seconds`` in whole optimizer steps of ``step_time_s`` each (at least 1)."""
+    if not _num(step_time_s) or step_time_s <= 0:
+        raise ValueError(f"step_time_s: must be a finite number > 0, got {step_time_s!r}")
+    return max(1, round(young_daly_seconds(checkpoint_cost_s, mtbf_s) / step_time_s))
+
+
+def choose_interval(mode: str, fixed_steps: int | None, events: list[dict]) -> dict:
+    """The mid-epoch checkpoint interval in steps for the attempt now starting (pure).
+
+    ``mode`` ``fixed``: ``fixed_steps`` (``training.checkpoint_every_steps``; None: epoch ends
+    only). ``auto``: Young-Daly from the ledger's measured checkpoint cost, failure rate and
+    step time; ``fixed_steps`` as long as no failure has been seen (or nothing was measured).
+    Returns ``{mode, rule, steps, reason}`` plus the measured inputs it used.
+    """
+    if mode not in ("fixed", "auto"):
+        raise ValueError(f"training.checkpoint_every: must be 'fixed' or 'auto', got {mode!r}")
+    if fixed_steps is not None and (_step(fixed_steps) is None or fixed_steps == 0):
+        raise ValueError(f"training.checkpoint_every_steps: must be an integer > 0 or null, got {fixed_steps!r}")
+    fixed = {"mode": mode, "rule": "fixed", "steps": fixed_steps}
+    if mode == "fixed":
+        return {**fixed, "reason": "training.checkpoint_every: fixed"}
+    s = summarise(events)
+    inputs = {k: s[k] for k in ("checkpoint_cost_s", "mtbf_s", "step_time_s", "failures")}
+    if not s["failures"]:
+        return {**fixed, **inputs, "reason": "no failure seen yet: the fixed interval"}
+    missing = [k for k in ("checkpoint_cost_s", "step_time_s") if not s[k]]
+    if missing:
+        return {**fixed, **inputs, "reason": f"not measured yet ({', '.join(missing)}): the fixed interval"}
+    steps = young_daly_steps(s["checkpoint_cost_s"], s["mtbf_s"], s["step_time_s"])
+    return {"mode": mode, "rule": "young_daly", "steps": steps, **inputs,
+            "reason": (f"sqrt(2 x {s['checkpoint_cost_s']:.4g} s checkpoint x {s['mtbf_s']:.4g} s MTBF) = "
+                       f"{young_daly_seconds(s['checkpoint_cost_s'], s['mtbf_s']):.4g} s = {steps} steps "
+                       f"of {s['step_time_s']:.4g} s")}
+
+
+def agree_interval(ctx, ledger: Ledger, mode: str, fixed_steps: int | None) -> dict:
+    """COLLECTIVE under ``auto``: this attempt's ``choose_interval`` answer, the same on every rank.
+
+    Rank 0 decides from its ledger and broadcasts (checkpoints are collective: every rank must save
+    at the same steps); ``fixed`` needs no ledger and no collective. The choice is logged and
+    recorded in the ledger. ``ctx``: the ``training.distributed.DistContext``.
+    """
+    if mode == "fixed":
+        choice = choose_interval("fixed", fixed_steps, [])
+    else:
+        from training.distributed import broadcast_object
+
+        mine = choose_interval(mode, fixed_steps, ledger.events()) if ctx.is_main else None
+        choice = broadcast_object(ctx, mine)
+        if ctx.is_main:
+            log.info("checkpoint interval: %s (%s)", f"every {choice['steps']} steps" if choice["steps"]
+                     else "epoch ends only", choice["reason"])
+    ledger.interval(choice)
+    return choice
