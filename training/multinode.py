@@ -79,11 +79,11 @@ def check_shared_out(ctx, out: Path, required: bool) -> OutView:
     except OSError:
         seen = False
     views = dist_util.all_gather_object(ctx, (seen, socket.gethostname(), str(out)))
-    blind = sorted({host for ok, host, _ in views if not ok})
+    blind = sorted({f"{host}:{path}" for ok, host, path in views if not ok})
     if not blind:
         return OutView(True, True)
     _, host0, out0 = views[0]
-    where = f"rank 0 writes into {host0}:{out0}, which host(s) {', '.join(blind)} cannot read as their --out"
+    where = f"rank 0 writes into {host0}:{out0}, which is not the --out of {', '.join(blind)}"
     if required:
         t_why = "an elastic --nnodes range" if elastic() else f"training.max_restarts={_restarts()}"
         raise ConfigError(
