@@ -47,11 +47,15 @@ def elastic() -> bool:
     return lo < hi
 
 
+def max_restarts(cfg) -> int:
+    """torchrun's restart budget for this job (what it told the workers; the config's outside torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", cfg.training.max_restarts))
+
+
 def needs_shared_out(cfg) -> bool:
     """Whether every rank must read rank 0's checkpoints: checkpoints on, and torchrun may restart
     the workers (``training.max_restarts`` > 0, or an elastic range, whose joins restart them)."""
-    t = cfg.training
-    return bool(t.checkpoints) and (t.max_restarts > 0 or elastic())
+    return bool(cfg.training.checkpoints) and (max_restarts(cfg) > 0 or elastic())
 
 
 class OutView(NamedTuple):
@@ -59,11 +63,11 @@ class OutView(NamedTuple):
     everyone: bool  # every rank's is
 
 
-def check_shared_out(ctx, out: Path, required: bool) -> OutView:
+def check_shared_out(ctx, out: Path, cfg) -> OutView:
     """COLLECTIVE (several nodes only): does this rank, and does every rank, see rank 0's ``out``?
 
-    Raises ConfigError on every rank, before any training, when ``required`` and some rank does
-    not: the message names rank 0's host and folder and the hosts that cannot see it.
+    Raises ConfigError on every rank, before any training, when some rank does not and resuming
+    needs it (``needs_shared_out``): the message names rank 0's host and folder and the others.
     """
     if not ctx.distributed or not several_nodes():
         return OutView(True, True)
@@ -84,10 +88,10 @@ def check_shared_out(ctx, out: Path, required: bool) -> OutView:
         return OutView(True, True)
     _, host0, out0 = views[0]
     where = f"rank 0 writes into {host0}:{out0}, which is not the --out of {', '.join(blind)}"
-    if required:
-        t_why = "an elastic --nnodes range" if elastic() else f"training.max_restarts={_restarts()}"
+    if needs_shared_out(cfg):
+        why = "an elastic --nnodes range" if elastic() else f"training.max_restarts={max_restarts(cfg)}"
         raise ConfigError(
-            f"--out is not storage every node shares: {where}. Resuming after a restart ({t_why}) reads rank 0's "
+            f"--out is not storage every node shares: {where}. Resuming after a restart ({why}) reads rank 0's "
             "checkpoints from every node's --out, and c10d may give rank 0 to any node: give every node the "
             "same shared folder (NFS, a ReadWriteMany volume), or train without restarts "
             "(training.max_restarts=0 and a fixed --nnodes) or without checkpoints (training.checkpoints=false)")
@@ -95,10 +99,6 @@ def check_shared_out(ctx, out: Path, required: bool) -> OutView:
         log.info("--out is not shared: %s; each of those nodes gets a copy of the result, the weights stay here",
                  where)
     return OutView(seen, False)
-
-
-def _restarts() -> str:
-    return os.environ.get("TORCHELASTIC_MAX_RESTARTS", "?")
 
 
 def share_outcome(ctx, result: dict | None, out: Path, view: OutView) -> dict | None:

@@ -102,7 +102,7 @@ def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: s
     out.mkdir(parents=True, exist_ok=True)
     with process_group(t.backend, t.collective_timeout_s) as ctx:
         # Several nodes: refused here, at start, when resuming would need a folder they don't share.
-        view = multinode.check_shared_out(ctx, out, multinode.needs_shared_out(cfg))
+        view = multinode.check_shared_out(ctx, out, cfg)
         trainer = Trainer(cfg, ctx, splits, out, MetricsSink.for_rank(ctx.is_main, out), cfg.config_id(), data_md5,
                           force_resume)
         try:

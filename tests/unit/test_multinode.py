@@ -92,6 +92,7 @@ def test_a_node_copy_holds_the_outcome_but_not_the_weights(monkeypatch):
     ("2", 3, True, True), ("2", 0, True, False), ("1:2", 0, True, True), ("2", 3, False, False)])
 def test_a_shared_out_is_needed_where_a_restart_resumes(cfg, monkeypatch, nnodes, restarts, checkpoints, needed):
     monkeypatch.setenv(NNODES_ENV, nnodes)
+    monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS", raising=False)  # outside torchrun: the config's
     c = cfg(f"training.max_restarts={restarts}", f"training.checkpoints={str(checkpoints).lower()}")
     assert multinode.needs_shared_out(c) is needed
 
