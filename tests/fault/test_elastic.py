@@ -52,8 +52,8 @@ def test_survivor_of_a_killed_agent_finishes_alone_from_the_last_checkpoint(bund
     port, out = free_port(), tmp_path / "shared"
     cmd = [str(VENV_BIN / "trainflow"), "train", "--config", CONFIG, "--out", str(out), "--nnodes", "1:2",
            "--nproc", "1", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"elastic-{port}"]
-    agents = [subprocess.Popen(cmd, cwd=repo_root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-              for _ in range(2)]
+    logs = [tmp_path / f"agent{i}.log" for i in range(2)]  # files, not pipes: nobody reads them mid-run
+    agents = [subprocess.Popen(cmd, cwd=repo_root, stdout=log.open("w"), stderr=subprocess.STDOUT) for log in logs]
     try:
         deadline = time.monotonic() + 180
         while ((latest_identity(out / "checkpoints") or {}).get("layout") or {}).get("world_size") != 2:
@@ -63,11 +63,11 @@ def test_survivor_of_a_killed_agent_finishes_alone_from_the_last_checkpoint(bund
         # Both agents started together; the one that bound the endpoint first hosts the c10d store,
         # which the survivor needs to re-form (a job over c10d survives any agent but that one).
         store = _listening_inodes(port)
-        victim = next(a for a in agents if not _holds_socket(_agent(a), store))
-        survivor = next(a for a in agents if a is not victim)
+        hosts = [_holds_socket(_agent(a), store) for a in agents]
+        assert sorted(hosts) == [False, True], hosts
+        victim, survivor = agents if hosts[1] else agents[::-1]
         os.kill(_agent(victim), signal.SIGKILL)  # its worker follows (bound to the agent)
-        _, err = survivor.communicate(timeout=180)
-        assert survivor.returncode == 0, err[-3000:]
+        assert survivor.wait(timeout=180) == 0, logs[agents.index(survivor)].read_text()[-3000:]
         assert victim.wait(timeout=60) == 1  # that node's own launcher reports its agent's death
     finally:
         for a in agents:
