@@ -349,6 +349,12 @@ def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tup
         if preemption.REQUESTED.is_set():
             preempted_at = preempted_at or now
             signalled |= _forward_preemption(proc, signalled)
+        if preempted_at is not None and signalled and not _workers(proc.pid):
+            # This node's workers checkpointed and exited. Its agent may wait in torchrun's exit
+            # barrier for agents that carry on without it (elastic), which in turn wait for its
+            # heartbeats to stop: it has nothing left to do.
+            _kill_group(proc, grace_s=5.0)
+            return proc.returncode, True
         if preempted_at is not None and now - preempted_at > spec.preempt_grace_s:
             _kill_group(proc)
             preemption.REQUESTED.clear()

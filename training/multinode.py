@@ -115,6 +115,23 @@ def share_outcome(ctx, result: dict | None, out: Path, view: OutView) -> dict | 
     return dist_util.broadcast_object(ctx, result)
 
 
+class PeerPreempted(RuntimeError):
+    """This node's workers checkpointed for another node's preemption; torchrun restarts them without it."""
+
+
+def carry_on_if_peer_preempted(status: str, signalled: bool, step: int) -> None:
+    """Raise ``PeerPreempted`` when this rank stopped (``status`` preempted) for a SIGTERM another
+    node got, in an elastic job; call it after the results are written.
+
+    The error makes torchrun restart this node's workers (one of ``training.max_restarts``), and
+    the nodes left re-form a smaller world that resumes from the checkpoint all ranks just wrote.
+    With a fixed ``--nnodes`` every node stops instead (exit 4), as on one node.
+    """
+    if status == "preempted" and not signalled and elastic() and several_nodes():
+        raise PeerPreempted(f"another node was preempted at step {step} (checkpoint saved): "
+                            "restarting to re-form the world without it")
+
+
 def node_copy(result: dict) -> dict:
     """What a node that does not see rank 0's folder writes as its ``result.json``: the job's
     outcome (status, steps, world, metrics, ``weights_sha256``), marked as a copy, without the

@@ -122,6 +122,7 @@ def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: s
     if not ctx.is_main:
         if not view.mine and ctx.local_rank == 0:
             write_result(out, multinode.node_copy(result))
+        multinode.carry_on_if_peer_preempted(fit.status, trainer.stop.requested, trainer.step)
         return None
     if model is not None:
         torch.save(model.state_dict(), out / "weights.pt")
@@ -131,6 +132,7 @@ def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: s
         if score_test is not None:  # before result.json: the pipeline reads both once that exists
             trainer.task.write_test_scores(cfg, score_test, out)
     write_result(out, result)
+    multinode.carry_on_if_peer_preempted(fit.status, trainer.stop.requested, trainer.step)
     return result
 
 
