@@ -229,6 +229,20 @@ def check_parallel(strategy: str, parallel: ParallelConfig, world_size: int) -> 
                          f"and world size / tp > 1, got tp {tp}, pp {pp}, world size {world_size}")
 
 
+class RendezvousConfig(_Strict):
+    """How torchrun's agents form (and re-form) one world over c10d: several nodes, or an
+    elastic ``--nnodes MIN:MAX`` (torch's own defaults). After a node dies, the survivors
+    continue after about ``keep_alive_s * 3 + last_call_s``; a node that joins is taken in
+    at once when it completes MAX, else after ``last_call_s``."""
+
+    # Once MIN agents are present, wait this long for more before starting with fewer.
+    last_call_s: int = Field(30, gt=0)
+    # Agents write a heartbeat this often; one silent for 3 of them is taken as gone.
+    keep_alive_s: int = Field(5, gt=0)
+    # Agents give up when MIN of them have not met within this long (a start or a re-form).
+    join_timeout_s: int = Field(600, gt=0)
+
+
 class TrainingConfig(_Strict):
     # single: one process; ddp: replicas; fsdp: parameters, grads and optimizer state sharded.
     # tp / pp / hybrid: model parallel (tensor, pipeline, data x tensor) for model.kind lm;
@@ -255,8 +269,10 @@ class TrainingConfig(_Strict):
     cpu_workers: int | Literal["auto"] = 2
     threads_per_worker: int = Field(1, gt=0)
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    # torchrun restarts the worker group this often after a worker dies.
+    # torchrun restarts the worker group this often after a worker dies (or a node leaves an
+    # elastic --nnodes MIN:MAX job: each departure costs every survivor one; a join costs none).
     max_restarts: int = Field(3, ge=0)
+    rendezvous: RendezvousConfig = RendezvousConfig()
     collective_timeout_s: float = Field(120, gt=0)
     # Wall-clock budget of the whole torchrun job.
     timeout_s: float = Field(900, gt=0)
@@ -481,7 +497,7 @@ ID_LATER_KEYS = (
     ("dataset", "text"),
     ("model", "vocab_size"), ("model", "seq_len"), ("model", "d_model"), ("model", "n_layers"),
     ("model", "n_heads"), ("model", "d_ff"), ("model", "factory"), ("model", "kwargs"),
-    ("training", "parallel"), ("training", "checkpoint_every"),
+    ("training", "parallel"), ("training", "checkpoint_every"), ("training", "rendezvous"),
 )
 
 

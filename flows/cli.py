@@ -89,9 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arg(train, required=True)
     train.add_argument("--out", required=True, type=Path, help="output folder (reused: resumes from its checkpoints)")
     train.add_argument("--nproc", type=int, help="workers per node (default: GPUs, else training.cpu_workers)")
-    train.add_argument("--nnodes", type=int, default=1, help="number of nodes (one torchrun agent each)")
-    train.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1")
-    train.add_argument("--rdzv-endpoint", help="HOST:PORT all agents meet at (c10d rendezvous); needed when --nnodes > 1")
+    train.add_argument("--nnodes", default="1", metavar="N|MIN:MAX",
+                       help="nodes (one torchrun agent each); MIN:MAX is elastic: the job starts with MIN to MAX "
+                            "agents and, when one leaves, the rest resume from the last checkpoint (needs a --out "
+                            "every node shares)")
+    train.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1 (c10d ranks nodes "
+                                                                 "by arrival; this only names the node)")
+    train.add_argument("--rdzv-endpoint", help="HOST:PORT all agents meet at (c10d rendezvous, hosted by the agent "
+                                               "on that host); needed when --nnodes > 1")
     train.add_argument("--rdzv-id", help="a random id shared by all nodes of one job; needed when --nnodes > 1 "
                                          "(one node: drawn at random)")
     train.add_argument("--force-resume", action="store_true",
@@ -363,12 +368,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg_path = _resolve_config_path(args.config)
     root = project_root(cfg_path)
     apply_offline_env(trainflow_home(root))
-    if args.nnodes > 1 and args.nproc is None:
-        return _fail("--nnodes > 1 needs --nproc (workers per node) so every node agrees on the world size", EXIT_ERROR)
+    from training.launcher import make_spec, parse_nnodes, run_job
+
     try:
+        if parse_nnodes(args.nnodes)[1] > 1 and args.nproc is None:
+            raise ConfigError("--nnodes > 1 needs --nproc (workers per node) so every node agrees on the world size")
         cfg = load_config(cfg_path, args.overrides)
         from core.manifest import read_dvc_file
-        from training.launcher import make_spec, run_job
 
         spec = make_spec(cfg, args.out.resolve(), root, read_dvc_file(root, cfg.dataset.dvc_file).md5,
                          nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
@@ -376,8 +382,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         result = run_job(spec)
     except TrainflowError as exc:
         return _fail(str(exc), exc.exit_code)
-    print(json.dumps({k: result.get(k) for k in ("status", "world_size", "restarts", "samples_per_s",
-                                                 "weights_sha256", "final", "goodput", "out_dir")}, indent=2))
+    # Several nodes: "rank0" says where the weights are; "node_copy" marks a node that holds only the result.
+    print(json.dumps({k: result.get(k) for k in ("status", "world_size", "restarts", "samples_per_s", "weights_sha256",
+                                                 "final", "goodput", "out_dir", "rank0", "node_copy") if k in result
+                      or k not in ("rank0", "node_copy")}, indent=2))
     return EXIT_OK
 
 

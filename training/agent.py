@@ -68,6 +68,19 @@ def _stop_within_shutdown_timeout(argv: list[str]) -> None:
     api.PContext.close = bounded_close
 
 
+def _fresh_store_per_round(argv: list[str]) -> None:
+    """Over c10d (several agents), give each rendezvous round a fresh bootstrap store.
+
+    torch 2.13 shares the rank-0 agent's TCPStore with the workers and publishes its address only
+    in the first round an agent takes part in: an agent that joins a later round (an elastic
+    node coming in, or a replacement) waits for an address the old rank 0 never writes again,
+    and both agents time out after 60 s (seen here with --nnodes 1:2). Without sharing, rank 0
+    publishes a fresh address every round and its worker hosts the store (env://).
+    """
+    if "--rdzv-backend=c10d" in argv:
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+
+
 def main() -> None:
     from core.procs import die_with_parent
 
@@ -79,6 +92,7 @@ def main() -> None:
     from torch.distributed.run import main as torchrun
 
     _stop_within_shutdown_timeout(sys.argv[1:])
+    _fresh_store_per_round(sys.argv[1:])
     torchrun()  # reads sys.argv[1:]
 
 

@@ -39,9 +39,13 @@ class JobSpec:
     """Everything needed to run (and rerun) one training job; written to ``<out>/job.json``.
 
     Multi-node: every node runs the same spec with its own ``node_rank``; the agents
-    meet at ``rdzv_endpoint`` (c10d rendezvous) under ``rdzv_id``. ``out_dir`` must then
-    be storage all nodes share (rank 0 writes checkpoints and results there). The agents
-    unpickle what the store holds under ``rdzv_id``: it must not be guessable.
+    meet at ``rdzv_endpoint`` (c10d rendezvous) under ``rdzv_id``. ``nnodes`` is ``N`` or,
+    elastic, ``"MIN:MAX"`` (``parse_nnodes``): the job starts with MIN to MAX agents, and when
+    one leaves the others re-form a smaller world and resume from the last checkpoint.
+    c10d hands out global ranks by arrival, not by ``node_rank``, and rank 0 writes the
+    checkpoints into its ``out_dir``: resuming needs one folder all nodes share (the workers
+    check that at start, ``training.multinode``). The agents unpickle what the store holds
+    under ``rdzv_id``: it must not be guessable.
     """
 
     config_path: str
@@ -49,16 +53,23 @@ class JobSpec:
     root: str
     data_md5: str
     nproc_per_node: int
-    nnodes: int = 1
+    nnodes: int | str = 1  # N, or "MIN:MAX" (elastic)
     node_rank: int = 0
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None  # make_spec draws one when a single node meets at an endpoint
     max_restarts: int = 0
+    # torchrun's --rdzv-conf for c10d (training.rendezvous): join/last-call timeouts, keep-alive.
+    rdzv_conf: str = ""
     timeout_s: float = 900.0
     preempt_grace_s: float = 30.0
     threads_per_worker: int = 1
     force_resume: bool = False
     env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        """(MIN, MAX) agents of this job; equal unless it is elastic."""
+        return parse_nnodes(self.nnodes)
 
     def command(self, log_dir: Path) -> list[str]:
         # training.agent is torchrun bound to this process (it dies with it, and its workers with it);
@@ -67,14 +78,56 @@ class JobSpec:
                f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}",
                f"--max-restarts={self.max_restarts}", f"--log-dir={log_dir}",
                f"--shutdown-timeout={max(1, math.ceil(self.preempt_grace_s))}"]
-        if self.nnodes == 1 and not self.rdzv_endpoint:
+        if self.node_range[1] == 1 and not self.rdzv_endpoint:
             cmd.append("--standalone")  # local c10d rendezvous on a free port
         else:
             cmd += [f"--node-rank={self.node_rank}", "--rdzv-backend=c10d",
                     f"--rdzv-endpoint={self.rdzv_endpoint}", f"--rdzv-id={self.rdzv_id}"]
+            if self.rdzv_conf:
+                cmd.append(f"--rdzv-conf={self.rdzv_conf}")
         cmd += ["-m", "training.worker", "--config", self.config_path, "--out", self.out_dir,
                 "--root", self.root, "--data-md5", self.data_md5]
         return cmd + (["--force-resume"] if self.force_resume else [])
+
+
+def parse_nnodes(value: int | str) -> tuple[int, int]:
+    """``N`` or ``"N"`` -> (N, N); ``"MIN:MAX"`` -> (MIN, MAX): torchrun's node range.
+
+    Raises ConfigError naming ``--nnodes`` unless 1 <= MIN <= MAX.
+    """
+    text = str(value).strip()
+    parts = text.split(":")
+    if isinstance(value, bool) or len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+        raise ConfigError(f"--nnodes: expected N or MIN:MAX (whole numbers), got {text!r}")
+    lo, hi = int(parts[0]), int(parts[-1])
+    if lo < 1 or hi < lo:
+        raise ConfigError(f"--nnodes: needs 1 <= MIN <= MAX, got {text!r}")
+    return lo, hi
+
+
+def rdzv_conf(rendezvous) -> str:
+    """torchrun's ``--rdzv-conf`` for c10d from ``training.rendezvous`` (core.config.RendezvousConfig)."""
+    r = rendezvous
+    return (f"join_timeout={r.join_timeout_s},last_call_timeout={r.last_call_s},"
+            f"keep_alive_interval={r.keep_alive_s},keep_alive_max_attempt=3")
+
+
+def _check_elastic(cfg: PipelineConfig, nproc: int, lo: int, hi: int) -> None:
+    """An elastic range must fit every world it can make, and torchrun must be allowed to restart."""
+    from training.layouts import MODEL_PARALLEL, check_world
+
+    t = cfg.training
+    if t.max_restarts < 1:
+        raise ConfigError(f"--nnodes {lo}:{hi}: an elastic job needs training.max_restarts >= 1 (when a node "
+                          "leaves, torchrun restarts the workers of every other node: one restart per departure), "
+                          f"got {t.max_restarts}")
+    if t.strategy in MODEL_PARALLEL:
+        raise ConfigError(f"--nnodes {lo}:{hi}: training.strategy {t.strategy!r} cannot change its world size "
+                          "(its checkpoints load only into the layout that wrote them); use a fixed --nnodes N")
+    if not t.checkpoints:
+        log.warning("--nnodes %d:%d with training.checkpoints off: after a node leaves, the others start over", lo, hi)
+    for nodes in range(lo, hi + 1):
+        check_world(t.strategy, nproc * nodes, t.parallel)
 
 
 def default_nproc(cfg: PipelineConfig) -> int:
@@ -89,10 +142,13 @@ def default_nproc(cfg: PipelineConfig) -> int:
 
 
 def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
-              env: dict[str, str] | None = None, nproc: int | None = None, nnodes: int = 1,
+              env: dict[str, str] | None = None, nproc: int | None = None, nnodes: int | str = 1,
               node_rank: int = 0, rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
               force_resume: bool = False) -> JobSpec:
     """Write the resolved config into ``out_dir`` and describe the job that trains it.
+
+    ``nnodes``: N, or "MIN:MAX" for an elastic job (needs training.max_restarts >= 1, and a
+    strategy that fits every world in the range).
 
     Raises ConfigError when the parallel settings don't fit the world this job makes, or when
     several nodes come without the ``rdzv_id`` they share (one node with an endpoint draws one).
@@ -103,26 +159,31 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
 
     if not isinstance(nproc, int):
         nproc = None  # e.g. "auto": default_nproc of a config whose cpu_workers is still auto
+    lo, hi = parse_nnodes(nnodes)
+    nnodes = hi if lo == hi else f"{lo}:{hi}"
     # training.strategy / cpu_workers "auto" -> concrete values (and the reasons, on stderr and in env).
-    cfg, reasons = resolve_for_launch(cfg, trainflow_home(root), nproc=nproc, nnodes=nnodes, root=root,
+    # An elastic job is sized for its largest world: the one it starts with when every node comes.
+    cfg, reasons = resolve_for_launch(cfg, trainflow_home(root), nproc=nproc, nnodes=hi, root=root,
                                       data_md5=data_md5)
     for reason in reasons:
         print(f"trainflow: auto: {reason}", file=sys.stderr)
     if reasons:
         env = {**(env or {}), "TRAINFLOW_AUTO_REASONS": " | ".join(reasons)}
     nproc = nproc or default_nproc(cfg)
-    if nnodes > 1 and not rdzv_endpoint:
+    if hi > 1 and not rdzv_endpoint:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
-    if nnodes > 1 and not rdzv_id:
+    if hi > 1 and not rdzv_id:
         raise ConfigError("--nnodes > 1 needs --rdzv-id: a random id every node of the job shares, e.g. from "
                           "`python -c 'import secrets; print(secrets.token_hex(16))'` (trainflow k8s-job draws one)")
     if rdzv_endpoint and not rdzv_id:
         import secrets
 
         rdzv_id = secrets.token_hex(16)
-    check_world(cfg.training.strategy, nproc * nnodes, cfg.training.parallel)
+    if lo < hi:
+        _check_elastic(cfg, nproc, lo, hi)
+    check_world(cfg.training.strategy, nproc * hi, cfg.training.parallel)
     _check_resumable(out_dir, cfg.config_id(), data_md5, force_resume,
-                     layout_for(cfg.training.strategy, nproc * nnodes, cfg.training.parallel), cfg.resume_id())
+                     layout_for(cfg.training.strategy, nproc * hi, cfg.training.parallel), cfg.resume_id())
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"
     config_path.write_text(cfg.to_yaml())
@@ -130,7 +191,7 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
     return JobSpec(
         config_path=str(config_path), out_dir=str(out_dir), root=str(root), data_md5=data_md5,
         nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
-        rdzv_id=rdzv_id, max_restarts=t.max_restarts, timeout_s=t.timeout_s,
+        rdzv_id=rdzv_id, max_restarts=t.max_restarts, rdzv_conf=rdzv_conf(t.rendezvous), timeout_s=t.timeout_s,
         preempt_grace_s=t.preempt_grace_s, threads_per_worker=t.threads_per_worker,
         force_resume=force_resume, env=dict(env or {}),
     )
@@ -291,6 +352,12 @@ def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tup
         if preemption.REQUESTED.is_set():
             preempted_at = preempted_at or now
             signalled |= _forward_preemption(proc, signalled)
+        if preempted_at is not None and signalled and not _workers(proc.pid):
+            # This node's workers checkpointed and exited. Its agent may wait in torchrun's exit
+            # barrier for agents that carry on without it (elastic), which in turn wait for its
+            # heartbeats to stop: it has nothing left to do.
+            _kill_group(proc, grace_s=5.0)
+            return proc.returncode, True
         if preempted_at is not None and now - preempted_at > spec.preempt_grace_s:
             _kill_group(proc)
             preemption.REQUESTED.clear()
@@ -301,6 +368,10 @@ def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tup
             _kill_group(proc)
             raise TrainingFailedError(f"training exceeded training.timeout_s={spec.timeout_s:g}s and was killed")
 
+
+# The job's --nnodes ("N" or "MIN:MAX") for its workers: torchrun tells them the nodes present
+# (GROUP_WORLD_SIZE), not whether the job is elastic (training.multinode).
+NNODES_ENV = "TRAINFLOW_NNODES"
 
 # "1": rank 0 also scores the exported program on the test split, into SCORES_FILE
 # (training/worker.py ``write_test_scores``); the pipeline's jobs set it.
@@ -336,7 +407,7 @@ class Job:
         installed = preemption.install_handler()
         try:
             try:
-                rc, preempted = _wait(self.proc, spec, at_result and spec.node_rank == 0)
+                rc, preempted = _wait(self.proc, spec, at_result)
             except BaseException:  # timeout, Ctrl-C, task cancellation: leave no worker behind
                 _kill_group(self.proc)
                 raise
@@ -353,14 +424,15 @@ class Job:
         result = json.loads(result_path.read_text()) if result_path.is_file() else None
         if rc != 0 and not (preempted and result and result.get("status") == "preempted"):
             rank, message, tb = _first_failure(log_dir, spec.nproc_per_node)
-            if rank is not None:
-                rank += spec.node_rank * spec.nproc_per_node  # torchrun's error files name local ranks
-            where = f"rank {rank}" if rank is not None else "a worker"
+            # torchrun's error files name local ranks; c10d numbers the nodes by arrival, so only
+            # one node's local rank is also its global rank.
+            where = "a worker" if rank is None else f"rank {rank}" if spec.node_range[1] == 1 \
+                else f"local rank {rank} of this node"
             detail = f": {message}" if message else f" (torchrun exit code {rc}; see {log_dir})"
             raise TrainingFailedError(f"training failed on {where}{detail}", rank=rank, traceback=tb)
         if result is None:
-            if spec.node_rank != 0:  # rank 0's node writes the result
-                return {"status": "completed", "node_rank": spec.node_rank, "wall_s": wall, "out_dir": str(out)}
+            # Every node writes one (rank 0, or a node copy where --out is not rank 0's folder:
+            # training.multinode), so a missing result is a failure on any node.
             raise TrainingFailedError(f"torchrun exited {rc} but wrote no {result_path}")
         if result.get("status") == "preempted":
             preemption.REQUESTED.clear()  # handled: this request ends here
@@ -418,11 +490,12 @@ def start_job(spec: JobSpec, lock_fd: int | None = None, launch_env: dict[str, s
         raise PreemptedError("preempted before training started; nothing to resume yet")
     out = Path(spec.out_dir)
     (out / "job.json").write_text(json.dumps(asdict(spec), indent=2))
-    if spec.node_rank == 0:
-        (out / "result.json").unlink(missing_ok=True)  # a result from an earlier run must not pass for this one
+    # A result from an earlier run must not pass for this one. Every node: c10d may put rank 0 on
+    # any of them, and a node that does not see rank 0's folder writes a copy of the result here.
+    (out / "result.json").unlink(missing_ok=True)
     (out / FATAL_FILE).unlink(missing_ok=True)
     env = {**os.environ, **spec.env, **(launch_env or {}), "OMP_NUM_THREADS": str(spec.threads_per_worker),
-           LAUNCHER_PID_ENV: str(os.getpid())}
+           LAUNCHER_PID_ENV: str(os.getpid()), NNODES_ENV: str(spec.nnodes)}
     proc = subprocess.Popen(spec.command(out / "torchrun"), cwd=spec.root, env=env, start_new_session=True,
                             pass_fds=() if lock_fd is None else (lock_fd,))
     return Job(spec, proc)

@@ -25,6 +25,7 @@ from core.config import PipelineConfig, load_config
 from core.errors import TrainflowError
 from core.manifest import read_dvc_file
 from core.paths import project_root
+from training import multinode
 from training.agent import bind_worker
 from training.data import Splits, load_splits
 from training.distributed import process_group
@@ -106,6 +107,8 @@ def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: s
     t = cfg.training
     out.mkdir(parents=True, exist_ok=True)
     with process_group(t.backend, t.collective_timeout_s) as ctx:
+        # Several nodes: refused here, at start, when resuming would need a folder they don't share.
+        view = multinode.check_shared_out(ctx, out, cfg)
         sink = MetricsSink.for_rank(ctx.is_main, out, cfg.config_id())  # rank 0: resumes out's MLflow run
         trainer = Trainer(cfg, ctx, splits, out, sink, cfg.config_id(), data_md5, force_resume)
         try:
@@ -114,21 +117,28 @@ def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: s
             full = trainer.strategy.full_state_dict(trainer.model) if fit.status == "completed" else None
         finally:
             trainer.release()
+        result, model = (summarise(trainer, fit), None) if ctx.is_main else (None, None)
+        if full is not None and ctx.is_main:
+            # A plain, unwrapped copy: what gets exported, hashed and registered.
+            model = build_model(cfg, splits.info)
+            model.load_state_dict(full)
+            result["weights_sha256"] = state_dict_sha256(model.state_dict())
+        # COLLECTIVE (several nodes): every node learns the outcome, and one without rank 0's folder keeps a copy.
+        result = multinode.share_outcome(ctx, result, out, view)
     if not ctx.is_main:
+        if not view.mine and ctx.local_rank == 0:
+            write_result(out, multinode.node_copy(result))
+        multinode.carry_on_if_peer_preempted(fit.status, trainer.stop.requested, trainer.step)
         return None
-    result = summarise(trainer, fit)
-    if full is not None:
-        # A plain, unwrapped copy: what gets exported, hashed and registered.
-        model = build_model(cfg, splits.info)
-        model.load_state_dict(full)
+    if model is not None:
         torch.save(model.state_dict(), out / "weights.pt")
         export_model(trainer.task.export_module(model, splits.info), example_input(cfg, splits.info),
                      out / "model.pt2")
-        result.update(weights_sha256=state_dict_sha256(model.state_dict()), weights="weights.pt",
-                      model_pt2="model.pt2")
+        result.update(weights="weights.pt", model_pt2="model.pt2")
         if score_test is not None:  # before result.json: the pipeline reads both once that exists
             trainer.task.write_test_scores(cfg, score_test, out)
     write_result(out, result)
+    multinode.carry_on_if_peer_preempted(fit.status, trainer.stop.requested, trainer.step)
     return result
 
 
