@@ -418,7 +418,7 @@ LAYOUT_KEYS = frozenset({
     "strategy", "parallel", "cpu_workers", "threads_per_worker", "backend", "loader", "max_restarts",
     "collective_timeout_s", "timeout_s", "preempt_grace_s", "preempt_check_steps", "checkpoint_every_epochs",
     "checkpoint_every_steps", "keep_checkpoints", "checkpoints", "metrics", "log_every_steps",
-    "straggler_ratio", "peak_tflops",
+    "straggler_ratio", "peak_tflops", "checkpoint_every", "rendezvous",
 })
 
 

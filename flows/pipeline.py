@@ -555,6 +555,9 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
 
         summary["training"]["goodput"] = headline(result.get("goodput"))  # the ledger's, across restarts
         summary["training"]["checkpoint_interval"] = result.get("checkpoint_interval") or {}
+        # A resume on another layout: whose checkpoint it was, and what the batch policy kept or changed.
+        summary["training"]["resized_from"] = result.get("resized_from")
+        summary["training"]["batch_policy"] = result.get("batch_policy")
         ev = timed("evaluate", evaluate, ctx, result)
         cand = ev["candidate"]
         if (ev.get("files") or {}).get("confusion_matrix"):

@@ -399,11 +399,16 @@ class Trainer:
             x0, y0 = self.data.train.tensors[0][:b], self.data.train.tensors[1][:b]
             self.flops = flops_per_sample(self.raw_model, x0.to(self.ctx.device),
                                           lambda out: self.task.loss(out, y0.to(self.ctx.device)))
-        self.sink.params({
+        params = {
             "global_batch": self.plan.global_batch, "effective_lr": self.lr, "world_size": self.ctx.world_size,
             "steps_per_epoch": self.steps_per_epoch, "backend": self.ctx.backend or "none",
             "strategy": t.strategy, "precision": t.precision,
-        })
+        }
+        if self.resized_from is not None:
+            # One MLflow run spans the restarts, and MLflow refuses a param a new value: the layout a
+            # resize chose goes under its own names (the first attempt's params stay as they were).
+            params = {f"resized_at_step_{result.resumed_from_step}.{k}": v for k, v in params.items()}
+        self.sink.params(params)
         self.sink.start(total_epochs=t.epochs, done=self.state.epoch)
         wall0 = time.perf_counter()
         self.model.train()
