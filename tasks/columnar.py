@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = ["BATCH_ROWS", "ColumnStats", "column_stats", "iter_batches", "parquet_files", "source_format",
-           "source_rows"]
+           "source_rows", "source_schema"]
 
 # Rows per batch when the caller does not say: 64 Ki rows x 32 float64 columns is 16 MiB.
 BATCH_ROWS = 65536
@@ -135,26 +135,13 @@ def _csv_batches(path: Path, columns: list[str] | None, batch_rows: int,
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    if not path.is_file():
-        raise DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the "
-                                   "workspace; run `dvc pull` (or check dataset.path)")
     read = pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False)
-    try:
-        # The first block's inferred schema, widened (see iter_batches), then a reader that forces it.
-        with pcsv.open_csv(path, read_options=read) as probe:
-            schema = probe.schema
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise DataUnavailableError(f"{path} cannot be read as csv: {type(exc).__name__}: {exc}") from None
+    schema = _csv_schema(path, types)
     missing = [c for c in columns or [] if c not in schema.names]
     if missing:
         raise DataUnavailableError(f"{path} lacks column(s) {missing}; found {schema.names}")
-    forced = {}
-    for f in schema:
-        if f.name in types:
-            forced[f.name] = types[f.name]
-        elif pa.types.is_integer(f.type) or pa.types.is_null(f.type):
-            forced[f.name] = pa.float64()
-    convert = pcsv.ConvertOptions(column_types=forced, include_columns=list(columns) if columns else None)
+    convert = pcsv.ConvertOptions(column_types={f.name: f.type for f in schema},
+                                  include_columns=list(columns) if columns else None)
     try:
         reader = pcsv.open_csv(path, read_options=read, convert_options=convert)
     except (pa.ArrowInvalid, OSError) as exc:
@@ -169,6 +156,45 @@ def _csv_batches(path: Path, columns: list[str] | None, batch_rows: int,
                 raise DataUnavailableError(_csv_error(path, schema.names, exc)) from None
             for start in range(0, block.num_rows, batch_rows):
                 yield block.slice(start, batch_rows)
+
+
+def _csv_schema(path: Path, types: dict[str, Any]) -> pa.Schema:
+    """The first block's inferred schema, widened (see iter_batches), ``types`` forced."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    if not path.is_file():
+        raise DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the "
+                                   "workspace; run `dvc pull` (or check dataset.path)")
+    read = pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False)
+    try:
+        with pcsv.open_csv(path, read_options=read) as probe:
+            inferred = probe.schema
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataUnavailableError(f"{path} cannot be read as csv: {type(exc).__name__}: {exc}") from None
+    fields = []
+    for f in inferred:
+        if f.name in types:
+            f = f.with_type(types[f.name])
+        elif pa.types.is_integer(f.type) or pa.types.is_null(f.type):
+            f = f.with_type(pa.float64())
+        fields.append(f)
+    return pa.schema(fields)
+
+
+def source_schema(source: Path, types: dict[str, Any] | None = None) -> pa.Schema:
+    """The Arrow schema :func:`iter_batches` yields for ``source`` (its first Parquet file's, or a
+    CSV's first block's, widened), without reading the data."""
+    source = Path(source)
+    if source_format(source) == "csv":
+        return _csv_schema(source, types or {})
+    import pyarrow.parquet as pq
+
+    path = parquet_files(source)[0]
+    try:
+        return pq.ParquetFile(path).schema_arrow
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds; all mean "unreadable"
+        raise DataUnavailableError(f"{path} cannot be read as parquet: {type(exc).__name__}: {exc}") from None
 
 
 def _csv_error(path: Path, names: list[str], exc: Exception) -> str:
