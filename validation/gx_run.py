@@ -51,6 +51,9 @@ def run_plan(plan, report_dir: Path) -> dict:
     """Validate what ``plan`` names and write the report files into ``report_dir``; the report
     (see :func:`write_report`). Never raises on bad data; DataUnavailableError for a missing file."""
     suite = suite_module(plan.runner)
+    # A suite that can validate in batches decides by the data's size (``validation.suite.streamed``).
+    if getattr(suite, "streamed", None) is not None and suite.streamed(plan.params):
+        return suite.validate_streamed(plan.params, Path(report_dir))
     return validate(suite, plan.params, suite.load(plan.params), Path(report_dir))
 
 
@@ -67,13 +70,19 @@ def suite_key(plan) -> str:
 
 def data_hash(paths: list[Path]) -> str:
     """sha256 over the bytes of ``paths`` (what is in the workspace, not what the ``.dvc`` file
-    claims: an edit nobody ``dvc add``-ed is never taken for validated).
+    claims: an edit nobody ``dvc add``-ed is never taken for validated); a folder of Parquet files
+    by each file's name and bytes.
     Raises DataUnavailableError naming a missing file."""
     from core.errors import DataUnavailableError
     from core.hashing import file_sha256, sha256_json
 
     digests = []
     for path in map(Path, paths):
+        if path.is_dir():  # a folder of Parquet files: each file, in reading order
+            from tasks.columnar import parquet_files
+
+            digests.append([path.name, [[f.name, file_sha256(f)] for f in parquet_files(path)]])
+            continue
         if not path.is_file():
             raise DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the "
                                        "workspace; run `dvc pull` (or check dataset.path)")
@@ -209,62 +218,77 @@ def run_item(run: Run, item: Item) -> None:
         run.raw[item.name] = errored_result(item.expectations, exc)
 
 
-def run_item_batches(run: Run, item: Item, frames, whole: dict | None = None, keep: int = 1000) -> None:
-    """Validate ``item``'s suite on each frame of ``frames`` (consecutive batches of one table,
-    their index the rows' positions in the whole table) and keep ONE result, as if GX had
-    validated the whole table: what :func:`run_item` gives, in bounded memory.
+class ItemBatches:
+    """``item``'s suite validated batch by batch (:meth:`add`), kept as ONE result (:meth:`finish`),
+    as if GX had validated the whole table: what :func:`run_item` gives, in bounded memory.
 
-    Per expectation the batches' counts are added (element, missing, unexpected), the percents
-    and success computed again from the sums (``mostly`` honoured), the example lists joined
-    (partial lists cut at the result format's length; complete index lists at ``keep`` entries
-    per expectation, ``unexpected_count`` staying exact). ``whole``: ``{expectation index:
-    frame}`` for the expectations that need the whole table (a row count), each validated by GX
-    on its own frame (a frame with the table's N rows and no columns costs no memory) instead of
-    per batch. Only the merged result is stored (one Data Docs page per item, like run_item).
+    The batches are consecutive parts of one table, each frame's index the rows' positions in the
+    whole table. Per expectation the batches' counts are added (element, missing, unexpected), the
+    percents and success computed again from the sums (``mostly`` honoured), the example lists
+    joined (partial lists cut at the result format's length; complete index lists at ``keep``
+    entries, ``unexpected_count`` staying exact). Table-level results (a column list) are the
+    first batch's. Only the merged result is stored: one Data Docs page per item, as run_item.
     """
-    from great_expectations.core.expectation_validation_result import ExpectationSuiteValidationResult
-    from great_expectations.data_context.types.resource_identifiers import (
-        ExpectationSuiteIdentifier,
-        ValidationResultIdentifier,
-    )
-    from great_expectations.validator.v1_validator import Validator
 
-    definition = _definition(run, item)
+    def __init__(self, run: Run, item: Item, keep: int = 1000):
+        self.run, self.item, self.keep = run, item, keep
+        self.definition = _definition(run, item)
+        self.merged = None
+        self.batch_id = None
+        self.error: Exception | None = None
 
-    batch_ids: list = []
+    def _validate(self, frame):
+        from great_expectations.validator.v1_validator import Validator
 
-    def validate(frame) -> ExpectationSuiteValidationResult:
-        validator = Validator(batch_definition=definition.batch_definition, batch_parameters={"dataframe": frame},
-                              result_format=item.result_format)
-        result = validator.validate_expectation_suite(definition.suite)
-        batch_ids.append(validator.active_batch_id)
+        validator = Validator(batch_definition=self.definition.batch_definition,
+                              batch_parameters={"dataframe": frame}, result_format=self.item.result_format)
+        result = validator.validate_expectation_suite(self.definition.suite)
+        self.batch_id = self.batch_id or validator.active_batch_id
         return result
 
-    try:
-        merged = None
-        for frame in frames:
-            part = validate(frame)
-            merged = part if merged is None else _merge_suite_results(merged, part, item.result_format, keep)
-            del part, frame  # the next batch is read while this one's memory is free
-        if merged is None:
-            raise ValueError(f"{item.name}: no batch to validate")
-        for i, frame in (whole or {}).items():
-            merged.results[i] = validate(frame).results[i]
-        _restate(merged)
-        merged.meta["run_id"] = run.run_id
-        merged.meta["validation_time"] = run.run_id.run_time
-        merged.meta["batch_parameters"] = {"dataframe": "<batches>"}
-        suite_id = ExpectationSuiteIdentifier(name=definition.suite.name)
-        run.context.validation_results_store.store_validation_results(
-            suite_validation_result=merged,
-            suite_validation_result_identifier=ValidationResultIdentifier(
-                batch_identifier=batch_ids[0], expectation_suite_identifier=suite_id,
-                run_id=run.run_id),
-            expectation_suite_identifier=suite_id)
-        run.raw[item.name] = merged.to_json_dict()
-    except Exception as exc:  # noqa: BLE001 - report, never crash on data GX chokes on
-        log.warning("GX could not validate %s: %s: %s", item.name, type(exc).__name__, exc)
-        run.raw[item.name] = errored_result(item.expectations, exc)
+    def add(self, frame) -> None:
+        """Validate one batch and fold its result in (a batch GX chokes on fails the item)."""
+        if self.error is not None:
+            return
+        try:
+            part = self._validate(frame)
+            self.merged = part if self.merged is None else _merge_suite_results(
+                self.merged, part, self.item.result_format, self.keep)
+        except Exception as exc:  # noqa: BLE001 - report, never crash on data GX chokes on
+            self.error = exc
+
+    def finish(self, whole: dict | None = None) -> None:
+        """Store the merged result into ``run.raw``. ``whole``: ``{expectation index: frame}`` for
+        the expectations that need the whole table (a row count), each validated by GX on its own
+        frame (one with the table's N rows and no columns costs no memory) instead of per batch."""
+        from great_expectations.data_context.types.resource_identifiers import (
+            ExpectationSuiteIdentifier,
+            ValidationResultIdentifier,
+        )
+
+        run, item = self.run, self.item
+        try:
+            if self.error is not None:
+                raise self.error
+            if self.merged is None:
+                raise ValueError(f"{item.name}: no batch was validated")
+            merged = self.merged
+            for i, frame in (whole or {}).items():
+                merged.results[i] = self._validate(frame).results[i]
+            _restate(merged)
+            merged.meta.update(run_id=run.run_id, validation_time=run.run_id.run_time,
+                               batch_parameters={"dataframe": "<batches>"})
+            suite_id = ExpectationSuiteIdentifier(name=self.definition.suite.name)
+            run.context.validation_results_store.store_validation_results(
+                suite_validation_result=merged,
+                suite_validation_result_identifier=ValidationResultIdentifier(
+                    batch_identifier=self.batch_id, expectation_suite_identifier=suite_id, run_id=run.run_id),
+                expectation_suite_identifier=suite_id)
+            run.raw[item.name] = merged.to_json_dict()
+        except Exception as exc:  # noqa: BLE001 - report, never crash on data GX chokes on
+            log.warning("GX could not validate %s: %s: %s", item.name, type(exc).__name__, exc)
+            run.raw[item.name] = errored_result(item.expectations, exc)
+        self.merged = None
 
 
 # Result keys whose per-batch values are lists of examples: joined, then cut.
