@@ -165,19 +165,25 @@ def _found_type(s: pd.Series, all_null: bool) -> str:
 
 def _schema_frame(exp: TableExpectations, features: list[str], df: pd.DataFrame) -> pd.DataFrame:
     """One row per expected column present: name, dtype, expected and found type, found if a feature."""
+    pos = _first_positions(df)
+    all_null = df.isna().all(axis=0).to_numpy() if len(df) else [True] * df.shape[1]
+    return _schema_rows(exp, features, {
+        c.name: (str(df.dtypes.iloc[pos[c.name]]), _found_type(df.iloc[:, pos[c.name]], bool(all_null[pos[c.name]])))
+        for c in exp.columns if c.name in pos})
+
+
+def _schema_rows(exp: TableExpectations, features: list[str], columns: dict[str, tuple[str, str]]) -> pd.DataFrame:
+    """The schema frame from ``{column: (dtype text, found type)}`` of the columns present."""
     import pandas as pd
 
-    pos = _first_positions(df)
-    present = [c for c in exp.columns if c.name in pos]
-    all_null = df.isna().all(axis=0).to_numpy() if len(df) else [True] * df.shape[1]
-    found = [_found_type(df.iloc[:, pos[c.name]], bool(all_null[pos[c.name]])) for c in present]
+    present = [c for c in exp.columns if c.name in columns]
     feats = set(features)
     return pd.DataFrame({
         "column": pd.Series([c.name for c in present], dtype="object"),
-        "dtype": pd.Series([str(df.dtypes.iloc[pos[c.name]]) for c in present], dtype="object"),
+        "dtype": pd.Series([columns[c.name][0] for c in present], dtype="object"),
         "expected": pd.Series([c.type for c in present], dtype="object"),
-        "found": pd.Series(found, dtype="object"),
-        "feature": pd.Series([f if c.name in feats else None for c, f in zip(present, found)], dtype="object"),
+        "found": pd.Series([columns[c.name][1] for c in present], dtype="object"),
+        "feature": pd.Series([columns[c.name][1] if c.name in feats else None for c in present], dtype="object"),
     })
 
 
@@ -188,10 +194,11 @@ def _stacked_columns(exp: TableExpectations, schema: pd.DataFrame) -> list:
     return [c for c in exp.columns if c.type in ("integer", "float") and found.get(c.name) in NUMERIC]
 
 
-def _cells_frame(df: pd.DataFrame, columns: list, label: str) -> pd.DataFrame:
+def _cells_frame(df: pd.DataFrame, columns: list, label: str, offset: int = 0) -> pd.DataFrame:
     """``columns`` stacked long: (column, row, value, min, max), column by column; NaN bound = none.
 
-    A column that allows nulls (never the label) has its null cells left out.
+    A column that allows nulls (never the label) has its null cells left out. ``row`` is the
+    position in ``df`` plus ``offset`` (a batch's first row in its split).
     """
     import numpy as np
     import pandas as pd
@@ -201,7 +208,7 @@ def _cells_frame(df: pd.DataFrame, columns: list, label: str) -> pd.DataFrame:
     block = df.iloc[:, [pos[c.name] for c in columns]].to_numpy(dtype="float64", na_value=np.nan)
     values = block.T.reshape(-1)  # column-major: all rows of the first column, then the next
     column = np.repeat(np.array([c.name for c in columns], dtype=object), n)
-    row = np.tile(np.arange(n, dtype="int64"), len(columns))
+    row = np.tile(np.arange(offset, offset + n, dtype="int64"), len(columns))
     nan = float("nan")
     lo = np.repeat(np.array([nan if c.min is None else c.min for c in columns], dtype="float64"), n)
     hi = np.repeat(np.array([nan if c.max is None else c.max for c in columns], dtype="float64"), n)
@@ -218,18 +225,24 @@ def _cells_frame(df: pd.DataFrame, columns: list, label: str) -> pd.DataFrame:
     return pd.DataFrame({"column": column, "row": row, "value": values, "min": lo, "max": hi}, index=index)
 
 
+def _class_key(v: object) -> str:
+    """A class's text form: 3, 3.0 and Int64 3 are all "3"."""
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
 def _balance_frame(classes: list, label: str, df: pd.DataFrame) -> pd.DataFrame:
     """One row per class: its count and share of all rows in the split (matched by text form,
     so class 3 in the file matches a label read as 3, 3.0 or Int64 3)."""
+    labels = df.iloc[:, _first_positions(df)[label]].dropna()
+    counts = labels.map(_class_key).value_counts()
+    return _balance_rows(classes, {str(k): int(v) for k, v in counts.items()}, len(df))
+
+
+def _balance_rows(classes: list, counts: dict[str, int], n: int) -> pd.DataFrame:
+    """The balance frame from ``{class text form: count}`` and the split's row count."""
     import pandas as pd
 
-    def key(v: object) -> str:
-        return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
-
-    labels = df.iloc[:, _first_positions(df)[label]].dropna()
-    counts = labels.map(key).value_counts()
-    count = [int(counts.get(key(k), 0)) for k in classes]
-    n = len(df)
+    count = [int(counts.get(_class_key(k), 0)) for k in classes]
     return pd.DataFrame({
         "label": pd.Series(classes, dtype="object"),
         "count": pd.Series(count, dtype="int64"),
@@ -337,74 +350,90 @@ def _cells_expectations(columns: list, label: str) -> tuple[list, list[int]]:
 
 def _plan(exp: TableExpectations, features: list[str], label: str, classification: bool,
           frames: dict[str, pd.DataFrame], skipped: list[dict]) -> list[Item]:
+    items: list[Item] = []
+    for s in SPLITS:
+        df = frames[s]
+        items += _split_items(exp, features, label, classification, s, list(_first_positions(df)),
+                              _schema_frame(exp, features, df), df, skipped,
+                              cells=lambda stacked, df=df: _cells_frame(df, stacked, label),
+                              balance=lambda classes, df=df: _balance_frame(classes, label, df))
+    items += _cross_items(_cross_frame(exp.names, frames), skipped)
+    return items
+
+
+def _cross_items(cross: pd.DataFrame | None, skipped: list[dict]) -> list[Item]:
+    import great_expectations.expectations as gxe
+
+    if cross is None:
+        skipped.append({"split": "cross", "check": "leak", "reason": "train and test share no expected column"})
+        return []
+    # Every duplicated hash is listed, so each leaked row is paired train <-> test.
+    return [Item("cross", "cross", "cross", cross, [gxe.ExpectColumnValuesToBeUnique(column="row_hash")],
+                 complete("row_hash", "split", "row"))]
+
+
+def _split_items(exp: TableExpectations, features: list[str], label: str, classification: bool, s: str,
+                 names: list[str], schema: pd.DataFrame, frame, skipped: list[dict], *, cells, balance) -> list[Item]:
+    """One split's items: the split itself (``frame``), its schema, its stacked cells
+    (``cells(stacked columns)`` gives the frame) and class balance (``balance(classes)``).
+    ``names``: the split's columns. A frame may be None where the caller validates in batches."""
     import great_expectations.expectations as gxe
 
     classes = exp.classes if classification else None
     items: list[Item] = []
-    for s in SPLITS:
-        df = frames[s]
-        pos = _first_positions(df)
-        schema = _schema_frame(exp, features, df)
-        stacked = _stacked_columns(exp, schema)
-        stacked_names = {c.name for c in stacked}
+    pos = set(names)
+    stacked = _stacked_columns(exp, schema)
+    stacked_names = {c.name for c in stacked}
 
-        split = [gxe.ExpectTableColumnsToMatchOrderedList(column_list=exp.names),
-                 gxe.ExpectColumnToExist(column=label)]
-        if s in exp.rows:
-            lo, hi = exp.rows[s]
-            split.append(gxe.ExpectTableRowCountToBeBetween(min_value=lo, max_value=hi))
-        for c in exp.columns:
-            if c.name not in pos:
-                continue
-            if c.name not in stacked_names and (not c.nulls or c.name == label):
-                split.append(gxe.ExpectColumnValuesToNotBeNull(column=c.name))
-            if c.values is not None:
-                split.append(gxe.ExpectColumnValuesToBeInSet(column=c.name, value_set=list(c.values)))
-        items.append(Item(s, s, "split", df, split, SUMMARY))
-
-        present_features = [f for f in features if f in pos]
-        schema_exp = [gxe.ExpectColumnPairValuesToBeInSet(
-            column_A="expected", column_B="found", value_pairs_set=TYPE_PAIRS,
-            description="each column holds its expected type (integer | float | string | boolean)")]
-        covers = [len(schema)]
-        if present_features:
-            schema_exp.append(gxe.ExpectColumnValuesToBeInSet(
-                column="feature", value_set=list(NUMERIC),
-                description=f"numeric features: {_names_text(present_features)}"))
-            covers.append(len(present_features))
-        items.append(Item(f"{s}_schema", s, "schema", schema, schema_exp,
-                          complete("column", "dtype", "expected", "found"), covers))
-
-        numeric_expected = [c.name for c in exp.columns if c.type in ("integer", "float") and c.name in pos]
-        not_numeric = [n for n in numeric_expected if n not in stacked_names]
-        if not_numeric:
-            skipped.append({"split": s, "check": "range", "reason": f"not numeric: {', '.join(not_numeric)}"})
-        if stacked:
-            cells_exp, covers = _cells_expectations(stacked, label)
-            if cells_exp:
-                items.append(Item(f"{s}_cells", s, "cells", _cells_frame(df, stacked, label), cells_exp,
-                                  complete(*CELL_INDEX), covers))
-
-        if not classification:
+    split = [gxe.ExpectTableColumnsToMatchOrderedList(column_list=exp.names),
+             gxe.ExpectColumnToExist(column=label)]
+    if s in exp.rows:
+        lo, hi = exp.rows[s]
+        split.append(gxe.ExpectTableRowCountToBeBetween(min_value=lo, max_value=hi))
+    for c in exp.columns:
+        if c.name not in pos:
             continue
-        if label not in pos:
-            skipped.append({"split": s, "check": "nulls, label_set, class_balance",
-                            "reason": f"no {label!r} column"})
-        elif classes is None:
-            skipped.append({"split": s, "check": "label_set, class_balance",
-                            "reason": f"the expectations file lists no values (class set) for {label!r}"})
-        elif exp.class_share is not None:
-            lo, hi = exp.class_share
-            items.append(Item(f"{s}_balance", s, "balance", _balance_frame(classes, label, df),
-                              [gxe.ExpectColumnValuesToBeBetween(column="fraction", min_value=lo, max_value=hi)],
-                              complete("label", "fraction")))
-    cross = _cross_frame(exp.names, frames)
-    if cross is not None:
-        # Every duplicated hash is listed, so each leaked row is paired train <-> test.
-        items.append(Item("cross", "cross", "cross", cross, [gxe.ExpectColumnValuesToBeUnique(column="row_hash")],
-                          complete("row_hash", "split", "row")))
-    else:
-        skipped.append({"split": "cross", "check": "leak", "reason": "train and test share no expected column"})
+        if c.name not in stacked_names and (not c.nulls or c.name == label):
+            split.append(gxe.ExpectColumnValuesToNotBeNull(column=c.name))
+        if c.values is not None:
+            split.append(gxe.ExpectColumnValuesToBeInSet(column=c.name, value_set=list(c.values)))
+    items.append(Item(s, s, "split", frame, split, SUMMARY))
+
+    present_features = [f for f in features if f in pos]
+    schema_exp = [gxe.ExpectColumnPairValuesToBeInSet(
+        column_A="expected", column_B="found", value_pairs_set=TYPE_PAIRS,
+        description="each column holds its expected type (integer | float | string | boolean)")]
+    covers = [len(schema)]
+    if present_features:
+        schema_exp.append(gxe.ExpectColumnValuesToBeInSet(
+            column="feature", value_set=list(NUMERIC),
+            description=f"numeric features: {_names_text(present_features)}"))
+        covers.append(len(present_features))
+    items.append(Item(f"{s}_schema", s, "schema", schema, schema_exp,
+                      complete("column", "dtype", "expected", "found"), covers))
+
+    numeric_expected = [c.name for c in exp.columns if c.type in ("integer", "float") and c.name in pos]
+    not_numeric = [n for n in numeric_expected if n not in stacked_names]
+    if not_numeric:
+        skipped.append({"split": s, "check": "range", "reason": f"not numeric: {', '.join(not_numeric)}"})
+    if stacked:
+        cells_exp, covers = _cells_expectations(stacked, label)
+        if cells_exp:
+            items.append(Item(f"{s}_cells", s, "cells", cells(stacked), cells_exp, complete(*CELL_INDEX), covers))
+
+    if not classification:
+        return items
+    if label not in pos:
+        skipped.append({"split": s, "check": "nulls, label_set, class_balance",
+                        "reason": f"no {label!r} column"})
+    elif classes is None:
+        skipped.append({"split": s, "check": "label_set, class_balance",
+                        "reason": f"the expectations file lists no values (class set) for {label!r}"})
+    elif exp.class_share is not None:
+        lo, hi = exp.class_share
+        items.append(Item(f"{s}_balance", s, "balance", balance(classes),
+                          [gxe.ExpectColumnValuesToBeBetween(column="fraction", min_value=lo, max_value=hi)],
+                          complete("label", "fraction")))
     return items
 
 
