@@ -255,7 +255,8 @@ class TrainingConfig(_Strict):
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: float = Field(0.002, gt=0)
     weight_decay: float = Field(0.0001, ge=0)
-    # The LR above is tuned for base_batch; it is scaled to the global batch.
+    # The LR above is tuned for base_batch; it is scaled to the global batch. A resume on another
+    # world size keeps the checkpoint's global batch where it divides; otherwise this rule rescales.
     lr_scaling: Literal["linear", "sqrt", "none"] = "sqrt"
     base_batch: int = Field(32, gt=0)
     warmup_epochs: float = Field(1.0, ge=0)
@@ -404,6 +405,14 @@ def _default_registry(name: Any) -> RegistryConfig | None:
 # Sections that say when to train, not what to train: left out of the config id, so tuning them
 # neither makes the champion look stale nor orphans a resumable training folder.
 NOT_IN_CONFIG_ID = frozenset({"retrain"})
+# training.* keys that say how a run is laid out over processes and operated, not what it learns:
+# left out of ``resume_id``, so a checkpoint resumes on another world size or strategy.
+LAYOUT_KEYS = frozenset({
+    "strategy", "parallel", "cpu_workers", "threads_per_worker", "backend", "loader", "max_restarts",
+    "collective_timeout_s", "timeout_s", "preempt_grace_s", "preempt_check_steps", "checkpoint_every_epochs",
+    "checkpoint_every_steps", "keep_checkpoints", "checkpoints", "metrics", "log_every_steps",
+    "straggler_ratio", "peak_tflops",
+})
 
 
 class PipelineConfig(_Strict):
@@ -457,6 +466,18 @@ class PipelineConfig(_Strict):
         ``retrain`` section (when to train, not what) is always left out. See ``config_id_of``.
         """
         return config_id_of(self.model_dump(mode="json"))
+
+    def resume_id(self) -> str:
+        """The config id without the keys that say how a run is laid out and operated
+        (``LAYOUT_KEYS``): what a checkpoint must match to be resumed without --force-resume.
+
+        A checkpoint resumes on another world size or strategy (the batch policy keeps the global
+        batch, ``training.batches.choose_plan``), so those keys may change between attempts; what
+        is learned (model, data, optimizer, LR, epochs, the configured batch) may not.
+        """
+        dumped = self.model_dump(mode="json")
+        training = {k: v for k, v in dumped["training"].items() if k not in LAYOUT_KEYS}
+        return config_id_of({**dumped, "training": training})
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -1,4 +1,8 @@
-"""Checkpoints behind one small API: ``save(step, ...)``, ``load_latest(...)``, ``prune(keep)``.
+"""Checkpoints behind one small API: ``maybe_save(step, state)``, ``load_state(...)``, ``prune(keep)``.
+
+The checkpointer alone decides when to save (``maybe_save``: every ``every_steps`` optimizer
+steps, at the end of every ``every_epochs``-th epoch, or when the trainer forces it: preemption,
+the last epoch, an early stop); what is saved is a ``training.state.TrainState``.
 
 Layout: ``<dir>/step_00000123/{...,COMPLETE}``. A folder is written under a temp
 name and renamed, and is valid only with its completion marker, so a crash
@@ -59,8 +63,10 @@ class CheckpointMismatchError(RuntimeError):
 
 def _identity(extra: dict) -> dict:
     """What the completion marker records, so a launcher can check a folder without torch.load
-    (and, when the trainer recorded it, the model's layout over ranks)."""
+    (and, when the trainer recorded them, the resume id and the model's layout over ranks)."""
     ident = {"config_id": extra.get("config_id"), "data_md5": extra.get("data_md5")}
+    if extra.get("resume_id") is not None:
+        ident["resume_id"] = extra["resume_id"]
     if extra.get("layout") is not None:
         ident["layout"] = extra["layout"]
     return ident
@@ -78,13 +84,66 @@ def latest_identity(directory: Path) -> dict | None:
 
 
 class CheckpointManager:
-    def __init__(self, directory: Path, ctx: DistContext, strategy, keep: int | None = None):
+    """Step folders of one run's checkpoints, and the policy of when to write one.
+
+    ``every_steps`` (None: only at epoch ends) and ``every_epochs`` are
+    ``training.checkpoint_every_steps`` / ``checkpoint_every_epochs``; ``enabled`` is
+    ``training.checkpoints`` (off: ``maybe_save`` and ``load_state`` do nothing).
+    """
+
+    def __init__(self, directory: Path, ctx: DistContext, strategy, keep: int | None = None,
+                 every_steps: int | None = None, every_epochs: int = 1, enabled: bool = True):
         self.dir = Path(directory)
         self.ctx = ctx
         self.strategy = strategy
         self.keep = keep
+        self.every_steps = every_steps
+        self.every_epochs = every_epochs
+        self.enabled = enabled
+        self.stall_s = 0.0  # seconds training waited on saves (the copy, or the collective write)
+        self.saves = 0
         self._pending = None  # the background write in flight (rank 0, replicated state)
         self._pool = None
+
+    # -- the policy ---------------------------------------------------------------------------
+    def due(self, step: int, epoch_done: int | None = None) -> bool:
+        """Whether the policy saves at ``step``: inside an epoch (``epoch_done`` None) every
+        ``every_steps`` steps; at an epoch end (``epoch_done`` = epochs now complete) every
+        ``every_epochs`` epochs. The same answer on every rank (it depends on counters only)."""
+        if epoch_done is not None:
+            return epoch_done % self.every_epochs == 0
+        return bool(self.every_steps) and step % self.every_steps == 0
+
+    def maybe_save(self, step: int, state, *, epoch_done: int | None = None, force: bool = False) -> float | None:
+        """COLLECTIVE. Save ``state`` (a ``TrainState``, or a callable making one: it gathers every
+        rank's RNG, so it is only called when saving) when ``force`` or ``due``; returns the stall
+        in seconds, None when nothing was saved. Every rank must call it at the same steps."""
+        if not self.enabled or not (force or self.due(step, epoch_done)):
+            return None
+        import time
+
+        t0 = time.perf_counter()
+        st = state() if callable(state) else state
+        self.save(step, st.model, st.optimizer, st.meta())
+        stall = time.perf_counter() - t0
+        self.stall_s += stall
+        self.saves += 1
+        return stall
+
+    def load_state(self, model, optimizer):
+        """COLLECTIVE. The newest readable checkpoint as a ``TrainState`` (model and optimizer restored
+        in place), or None when there is none or checkpoints are off."""
+        if not self.enabled:
+            return None
+        from training.state import StateFormatError, TrainState
+
+        meta = self.load_latest(model, optimizer)
+        if meta is None:
+            return None
+        try:
+            return TrainState.from_meta(meta, model, optimizer)
+        except StateFormatError as exc:
+            raise CheckpointMismatchError(f"{self.dir}: {exc}") from None
 
     def _folder(self, step: int) -> Path:
         return self.dir / f"step_{step:08d}"

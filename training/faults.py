@@ -1,4 +1,5 @@
-"""Fault injection for tests and drills: ``TRAINFLOW_FAULT=<kind>@step=N[,rank=R]``.
+"""Fault injection for tests and drills: ``TRAINFLOW_FAULT=<kind>@step=N[,rank=R]``; and
+``TRAINFLOW_RECORD_IDS=<folder>``, which makes each rank record the sample ids it trained on.
 
 Kinds: ``kill`` (SIGKILL itself), ``raise`` (an exception), ``hang`` (sleep forever),
 ``sigterm`` (SIGTERM to itself, as a preemption would). A fault fires once, on the
@@ -8,10 +9,12 @@ runs clean. Unset, this costs one ``None`` check per step.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 ENV = "TRAINFLOW_FAULT"
 KINDS = ("kill", "raise", "hang", "sigterm")
@@ -59,3 +62,41 @@ def from_env() -> Fault | None:
     if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return None
     return parse(spec)
+
+
+# -- sample-id recording (tests and drills) ---------------------------------------------------
+IDS_ENV = "TRAINFLOW_RECORD_IDS"
+
+
+class IdRecorder:
+    """Appends the global sample ids each optimizer step consumed to ``<folder>/ids-<pid>.jsonl``.
+
+    One JSON line per step and reporting rank: ``{"rank", "epoch", "step", "cursor", "ids"}``
+    (``cursor``: where the step started in the epoch's global order). A file per process, opened
+    in append mode, so restarts and resized runs add to the same folder without interleaving.
+    Unlike a fault it records on every attempt: a test reads the whole story across restarts.
+    """
+
+    def __init__(self, folder: str):
+        self.path = Path(folder) / f"ids-{os.getpid()}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def record(self, rank: int, epoch: int, step: int, cursor: int, ids) -> None:
+        flat = [int(i) for part in ids for i in part.tolist()]
+        line = json.dumps({"rank": rank, "epoch": epoch, "step": step, "cursor": cursor, "ids": flat})
+        with self.path.open("a") as f:
+            f.write(line + "\n")
+
+
+def id_recorder_from_env() -> IdRecorder | None:
+    """``TRAINFLOW_RECORD_IDS=<folder>``: an ``IdRecorder`` writing there; unset: None (no cost)."""
+    folder = os.environ.get(IDS_ENV)
+    return IdRecorder(folder) if folder else None
+
+
+def read_recorded_ids(folder) -> list[dict]:
+    """Every line the ``IdRecorder``s wrote under ``folder`` (any order)."""
+    lines = []
+    for path in sorted(Path(folder).glob("ids-*.jsonl")):
+        lines += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return lines

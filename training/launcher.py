@@ -122,7 +122,7 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
         rdzv_id = secrets.token_hex(16)
     check_world(cfg.training.strategy, nproc * nnodes, cfg.training.parallel)
     _check_resumable(out_dir, cfg.config_id(), data_md5, force_resume,
-                     layout_for(cfg.training.strategy, nproc * nnodes, cfg.training.parallel))
+                     layout_for(cfg.training.strategy, nproc * nnodes, cfg.training.parallel), cfg.resume_id())
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"
     config_path.write_text(cfg.to_yaml())
@@ -136,14 +136,16 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
     )
 
 
-def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, layout: dict | None = None) -> None:
+def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, layout: dict | None = None,
+                     resume_id: str | None = None) -> None:
     """Refuse before launching when ``out_dir`` holds checkpoints of another config or dataset.
 
     The worker checks the same on load; checking here fails in milliseconds instead of
-    after torchrun's start-up and every restart attempt.
+    after torchrun's start-up and every restart attempt. A checkpoint that records a resume id
+    (``PipelineConfig.resume_id``) is compared on it: another world size or strategy may resume it.
     """
     from training.checkpoint import latest_identity
-    from training.layouts import MODEL_PARALLEL, describe_layout
+    from training.layouts import MODEL_PARALLEL, describe_layout, needed_for
 
     found = latest_identity(out_dir / "checkpoints")
     if not found:
@@ -154,11 +156,12 @@ def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, 
         # --force-resume cannot help, so this is checked first.
         raise ConfigError(
             f"{out_dir}: its checkpoint (step {found.get('step')}) was written with {describe_layout(theirs)}, "
-            f"this run has {describe_layout(layout)}; resume with the same training.strategy, "
-            "training.parallel and world size, or use a fresh output folder")
+            f"this run has {describe_layout(layout)}; tensor-parallel and pipeline shards load only into the "
+            f"layout that wrote them: resume with {needed_for(theirs)}, or use a fresh output folder")
     if force:
         return
-    for key, mine in (("config_id", config_id), ("data_md5", data_md5)):
+    ident = ("resume_id", resume_id) if resume_id and found.get("resume_id") else ("config_id", config_id)
+    for key, mine in (ident, ("data_md5", data_md5)):
         if found.get(key) not in (None, mine):
             raise ConfigError(
                 f"{out_dir}: its checkpoint (step {found.get('step')}) was written for {key}={found[key]}, "

@@ -85,3 +85,24 @@ def describe_layout(layout) -> str:
     return text
 
 
+
+
+def needed_for(layout) -> str:
+    """What a launch must say to recreate ``layout`` (for refusals that name the way out)."""
+    if not isinstance(layout, dict):
+        return "the layout that wrote it"
+    text = f"{layout.get('world_size')} worker(s) (--nproc) with training.strategy={layout.get('strategy')}"
+    if "tp" in layout:
+        text += f", training.parallel.tp={layout.get('tp')}, training.parallel.pp={layout.get('pp')}"
+    return text
+
+
+def mismatch_error(folder, theirs, mine):
+    """The ``CheckpointMismatchError`` for a model-parallel checkpoint that cannot load into ``mine``."""
+    from training.checkpoint import CheckpointMismatchError
+
+    return CheckpointMismatchError(
+        f"checkpoint {folder} was written with {describe_layout(theirs)}; this run has {describe_layout(mine)}. "
+        "Tensor-parallel and pipeline shards load only into the layout that wrote them (resharding them is "
+        f"not supported; data-parallel ddp/fsdp checkpoints resume on any world size): resume with "
+        f"{needed_for(theirs)}, or use a fresh --out")

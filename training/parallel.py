@@ -19,9 +19,9 @@ adds ``extra.pt``; resuming needs the same layout: ``check_layout``).
 
 Loss equivalence with one device (dropout 0): TP computes the same sums in a different
 order (partial sums of o/down are all-reduced), so losses match to float rounding.
-A pipeline averages the micro-batches' mean losses, which equals the batch mean
-because the micro-batches are equal in size (a batch that does not split into
-``microbatches`` equal parts uses the largest divisor below it). Dropout masks differ
+A pipeline sums its micro-batches' summed losses scaled as the trainer asks (the step's
+mean; a batch that does not split into ``microbatches`` equal parts uses the largest
+divisor below it). Dropout masks differ
 from a one-device run (each rank draws for its own part of the model).
 """
 
@@ -34,9 +34,8 @@ from typing import ContextManager
 import torch
 from torch import nn
 
-from training.checkpoint import CheckpointMismatchError
 from training.distributed import DistContext
-from training.strategies import DCPStrategy, StrategyConfigError, fsdp_gradient_sync, describe_layout, layout_for
+from training.strategies import DCPStrategy, StrategyConfigError, fsdp_gradient_sync, layout_for, mismatch_error
 
 
 def grad_norm_clip_(params, max_norm: float, world_size: int, plain_replicas: int) -> float:
@@ -93,13 +92,10 @@ class _ModelParallel(DCPStrategy):
         return layout_for(self.name, self.ctx.world_size, self.parallel)
 
     def check_layout(self, extra: dict, folder: Path) -> None:
+        """Model-parallel shards (tensor-split or per stage) load only into the layout that wrote them."""
         theirs, mine = (extra or {}).get("layout"), self.layout()
         if theirs != mine:
-            raise CheckpointMismatchError(
-                f"checkpoint {folder} was written with {describe_layout(theirs)}; this run has "
-                f"{describe_layout(mine)}. "
-                "Its shards only load into the same layout: resume with the same training.strategy, "
-                "training.parallel and world size, or use a fresh --out")
+            raise mismatch_error(folder, theirs, mine)
 
     def _sd_options(self):
         from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -197,7 +193,7 @@ class PipelineStrategy(_ModelParallel):
         self.eval_chunk = batch_size
         self.module: nn.Module | None = None
         self._schedules: dict = {}
-        self._div = 1
+        self._scale = 1.0
         self._n_layers = 0
 
     @property
@@ -228,8 +224,9 @@ class PipelineStrategy(_ModelParallel):
     def _loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         from training.models import token_loss
 
-        # Mean over the micro-batch, divided so that the stage's summed grads are the batch mean's.
-        return token_loss(out, target) / self._div
+        # Summed per-sample (per-window mean) loss x the trainer's scale: the stage's summed grads
+        # over pipeline micro-batches are then the step's mean, whatever their sizes.
+        return token_loss(out, target, reduction="sum") / target[0].numel() * self._scale
 
     def _schedule(self, size: int, train: bool):
         """(schedule, micro-batches) for a batch of ``size`` rows; one stage + schedule per shape.
@@ -248,10 +245,13 @@ class PipelineStrategy(_ModelParallel):
             self._schedules[key] = cls(stage, n, loss_fn=self._loss if train else None, scale_grads=False)
         return self._schedules[key], n
 
-    def forward_backward(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor, grad_accum: int) -> float:
-        """COLLECTIVE (point-to-point along the pipeline). The batch loss on the last stage, 0 elsewhere."""
+    def forward_backward(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor, scale: float) -> float:
+        """COLLECTIVE (point-to-point along the pipeline). The summed per-sample loss on the last
+        stage, 0 elsewhere. Every stage sees the same batch, so an empty one is skipped by all."""
+        if len(x) == 0:
+            return 0.0
         sched, n = self._schedule(len(x), train=True)
-        self._div = n * grad_accum
+        self._scale = scale
         losses: list = []
         with self.autocast():
             if self.is_first:
@@ -262,7 +262,7 @@ class PipelineStrategy(_ModelParallel):
                 sched.step(return_outputs=False)
         if not self.is_last:
             return 0.0
-        return float(torch.stack([loss.detach() for loss in losses]).sum()) * grad_accum
+        return float(torch.stack([loss.detach() for loss in losses]).sum()) / scale
 
     def eval_sums(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
         """COLLECTIVE. Forward-only pipeline over chunks of the eval slice; sums on the last stage."""

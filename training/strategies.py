@@ -45,6 +45,7 @@ from training.distributed import DistContext, all_gather_object
 # The launch-time checks live in a torch-free module (the pipeline process uses them without torch).
 from training.layouts import (  # noqa: F401  (re-exported)
     MODEL_PARALLEL,
+    mismatch_error,
     PRECISIONS,
     STRATEGIES,
     StrategyConfigError,
@@ -69,6 +70,14 @@ def _is_dtensor(t) -> bool:
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
+
+
+def _targets_per_sample(y: torch.Tensor) -> int:
+    """Targets each sample holds (1 for a label, seq_len for next-token targets)."""
+    n = 1
+    for d in y.shape[1:]:
+        n *= d
+    return n
 
 
 def _atomic_save(obj, path: Path) -> None:
@@ -171,12 +180,20 @@ class Strategy:
         """This rank's coordinates in the layout (for result.json's per-rank records)."""
         return {}
 
-    def forward_backward(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor, grad_accum: int) -> float:
-        """Forward, loss (mean over every target), backward of ``loss / grad_accum``; returns the loss."""
+    def forward_backward(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor, scale: float) -> float:
+        """Forward, then backward of the summed per-sample loss times ``scale``; returns that sum.
+
+        A sample's loss is the mean over its targets (one for a table row, one per token for the
+        LM). The trainer passes ``scale`` = dp_size / the step's samples over all ranks, so the
+        gradients, averaged over dp ranks, are those of the step's mean loss. ``x`` may have 0
+        rows (an epoch's last step): the forward and backward still run, so every rank joins
+        the gradient collectives, and the loss is 0.
+        """
         with self.autocast():
-            loss = self.task.loss(wrapped(x), y)
-            (loss / grad_accum).backward()
-        return loss.item()
+            per_sample = _targets_per_sample(y)
+            total = self.task.loss(wrapped(x), y, reduction="sum") / per_sample
+            (total * scale).backward()
+        return total.item()
 
     def eval_sums(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
         """(summed loss, correct predictions, targets) of this rank's eval slice; call under no_grad."""
@@ -232,18 +249,53 @@ class Strategy:
         """Rank 0: write a ``snapshot`` into ``folder`` (the format ``load_checkpoint`` reads)."""
         _atomic_save(state, Path(folder) / STATE_FILE)
 
-    def load_checkpoint(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict:
-        """Restore model and optimizer from ``folder/state.pt`` in place (every rank reads it); returns extra.
+    def check_layout(self, extra: dict, folder: Path) -> None:
+        """Raise a ``CheckpointMismatchError`` when ``folder``'s shards cannot load into this layout.
 
-        No collectives: each rank raises on a missing or corrupt file by itself.
+        Replicated and FSDP checkpoints load into each other at any world size; tp / pp / hybrid
+        shards only into the layout that wrote them (``_ModelParallel.check_layout``).
         """
-        path = Path(folder) / STATE_FILE
+        theirs = (extra or {}).get("layout")
+        if isinstance(theirs, dict) and theirs.get("strategy") in MODEL_PARALLEL and theirs != self.layout():
+            raise mismatch_error(folder, theirs, self.layout())
+
+    def load_checkpoint(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict:
+        """Restore model and optimizer in place from ``folder`` (every rank reads it); returns extra.
+
+        ``state.pt`` (single/ddp) as is; DCP shards (written by fsdp at any world size) are read
+        whole into this rank's full tensors. No collectives: each rank raises on a missing or
+        corrupt file by itself.
+        """
+        folder = Path(folder)
+        path = folder / STATE_FILE
+        if not path.exists() and (folder / DCP_METADATA).is_file():
+            return self._load_dcp_full(wrapped, optimizer, folder)
         state = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(state, dict) or not {"model", "optimizer"} <= state.keys():
             raise ValueError(f"{path}: not a checkpoint (expected keys model, optimizer, extra)")
+        self.check_layout(state.get("extra"), folder)
         self.unwrapped(wrapped).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         return state.get("extra", {})
+
+    def _load_dcp_full(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict:
+        """A DCP checkpoint (sharded over any number of ranks) into this replicated model.
+
+        DCP reshards on read: the targets are full tensors, so each rank reads every shard that
+        overlaps them (``no_dist``: no collective; each rank reads on its own).
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        extra = torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
+        self.check_layout(extra, folder)
+        model = self.unwrapped(wrapped)
+        model_sd, optim_sd = get_state_dict(model, optimizer)  # FQN-keyed, as DCPStrategy saved them
+        state = {"model": model_sd, "optim": optim_sd}
+        with _dcp_errors(f"loading checkpoint {folder}"):
+            dcp.load(state, checkpoint_id=folder, no_dist=True)
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        return extra
 
 
 class SingleStrategy(Strategy):
@@ -309,9 +361,6 @@ class DCPStrategy(Strategy):
                 "this process has none"
             )
 
-    def check_layout(self, extra: dict, folder: Path) -> None:
-        """Raise (a ``CheckpointMismatchError``) when ``folder`` was written for another layout; FSDP: never."""
-
     def _sd_options(self):
         """``StateDictOptions`` for get/set_state_dict (None: the defaults)."""
         return None
@@ -347,15 +396,25 @@ class DCPStrategy(Strategy):
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         folder = Path(folder)
-        extra, error = None, None
+        extra, error, full = None, None, None
         try:
-            if not (folder / DCP_METADATA).is_file():
+            if not (folder / DCP_METADATA).is_file() and (folder / STATE_FILE).is_file():
+                # A replicated (single/ddp) checkpoint: every rank reads the full state.
+                full = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
+                if not isinstance(full, dict) or not {"model", "optimizer"} <= full.keys():
+                    raise ValueError(f"{folder / STATE_FILE}: not a checkpoint (expected keys model, optimizer, extra)")
+                extra = full.get("extra", {})
+            elif not (folder / DCP_METADATA).is_file():
                 raise FileNotFoundError(f"{folder / DCP_METADATA}: no DCP checkpoint metadata")
-            extra = torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
+            else:
+                extra = torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
         except Exception as exc:
             error = exc
         _agree(self.ctx, error, f"loading checkpoint {folder}")
         self.check_layout(extra, folder)  # every rank read the same extra: all raise, or none
+        if full is not None:
+            self._load_full_sharded(wrapped, optimizer, full)
+            return extra
         model_sd, optim_sd = get_state_dict(wrapped, optimizer, options=self._sd_options())
         state = {"model": model_sd, "optim": optim_sd}
         with _dcp_errors(f"loading checkpoint {folder}"):  # DCP raises on every rank if any failed
@@ -363,6 +422,28 @@ class DCPStrategy(Strategy):
         set_state_dict(wrapped, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                        options=self._sd_options())
         return extra
+
+
+    def _load_full_sharded(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, full: dict) -> None:
+        """COLLECTIVE. A full (replicated) state into this rank's shards.
+
+        Every rank holds the full state dict, so ``full_state_dict=True`` makes each keep its own
+        shard of every tensor. The optimizer state of ``state.pt`` is keyed by parameter index
+        (``Optimizer.state_dict``); it is re-keyed by parameter name first, in the order the
+        optimizer was built (the model's ``parameters()``, the same on both sides).
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        names = [name for name, _ in self.unwrapped(wrapped).named_parameters()]
+        native = full["optimizer"]
+        by_index = dict(enumerate(names))
+        optim_sd = {
+            "state": {by_index[int(i)]: v for i, v in native["state"].items()},
+            "param_groups": [{**g, "params": [by_index[int(i)] for i in g["params"]]} for g in native["param_groups"]],
+        }
+        opts = StateDictOptions(full_state_dict=True)
+        with _dcp_errors("loading a replicated checkpoint into shards"):
+            set_state_dict(wrapped, optimizer, model_state_dict=full["model"], optim_state_dict=optim_sd, options=opts)
 
 
 class FSDPStrategy(DCPStrategy):

@@ -1,15 +1,18 @@
-"""The training loop: one ``Trainer`` that runs the same on 1 process or N (single | DDP | FSDP).
+"""The training loop: one ``Trainer`` that runs the same on 1 process or N (single | DDP | FSDP | TP | PP).
 
-Global batch = per-worker batch x world size x grad_accum; the learning rate is
-scaled to it by ``training.lr_scaling``, warmed up linearly, then follows a
-cosine decay. Uneven shards are padded by ``DistributedSampler`` (it repeats a
-few samples so every rank runs the same number of steps; no rank waits on a
-collective the others never reach).
+The loop is an epoch loop around ``train_step``. Batches come from a ``training.batches``
+source as whole optimizer steps of a ``BatchPlan``: global batch G = per-rank batch x
+data-parallel ranks x grad_accum. Each epoch visits every training sample exactly once in
+an order fixed by (seed, epoch); the trainer's position is a global sample cursor into it,
+so a checkpoint resumes on another world size or strategy without skipping or repeating a
+sample (the batch policy keeps G where it divides, ``choose_plan``). The learning rate is
+scaled to G by ``training.lr_scaling``, warmed up linearly, then follows a cosine decay, as
+a function of samples consumed, so a resize does not jump it.
 
-Everything that decides control flow (preemption, early stopping) is agreed by
-an all-reduce, so all ranks take the same branch at the same step. Checkpoints
-hold the position inside the epoch, so a resumed run repeats and skips nothing
-and, in deterministic mode, ends with bitwise-identical weights.
+Everything that decides control flow (preemption, early stopping) is agreed by an
+all-reduce, so all ranks take the same branch at the same step. The checkpointer decides
+when to save (``CheckpointManager.maybe_save``); what it saves is a ``TrainState``. A run
+resumed on the same layout ends, in deterministic mode, with bitwise-identical weights.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from torch.utils.data import DistributedSampler
 
 from core.config import PipelineConfig
 from training import faults
+from training.batches import BatchPlan, StepBatches, build_source, choose_plan, scaled_lr  # noqa: F401
 from training.checkpoint import CheckpointManager, CheckpointMismatchError
 from training.data import Splits
 from training.distributed import DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank
@@ -34,32 +37,25 @@ from training.metrics import StepMetrics, flops_per_sample, gpu_utilization, mfu
 from training.models import build_model
 from training.preemption import StopRequest
 from training.sink import MetricsSink
+from training.state import TrainState
 from training.strategies import build_strategy
 
 log = logging.getLogger("trainflow.train")
 
 
-def scaled_lr(base_lr: float, global_batch: int, base_batch: int, rule: str) -> float:
-    """The LR for ``global_batch`` given one tuned for ``base_batch`` (linear or sqrt rule)."""
-    ratio = global_batch / base_batch
-    if rule == "linear":
-        return base_lr * ratio
-    if rule == "sqrt":
-        return base_lr * math.sqrt(ratio)
-    return base_lr
+def lr_factor(done: float, step_samples: int, warmup: float, total: float) -> float:
+    """LR multiplier of the step that consumes samples [done, done + step_samples) of a run of
+    ``total`` samples: linear warm-up over the first ``warmup`` samples, then cosine decay to 0.
 
-
-def lr_lambda(warmup_steps: int, total_steps: int):
-    """Multiplier per optimizer step: linear warm-up to 1, then cosine decay to 0."""
-
-    def f(step: int) -> float:
-        if warmup_steps and step < warmup_steps:
-            return (step + 1) / warmup_steps
-        span = max(1, total_steps - warmup_steps)
-        progress = min(1.0, (step - warmup_steps) / span)
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return f
+    In samples, not steps, so a resume with another global batch continues the same curve. With
+    G samples per step it is the classic per-step schedule: step s gets (s + 1) / warmup_steps
+    during warm-up, then 0.5 (1 + cos(pi (s - warmup_steps) / (total_steps - warmup_steps))).
+    """
+    if warmup and done < warmup:
+        return min(1.0, (done + step_samples) / warmup)
+    span = max(1.0, total - warmup)
+    progress = min(1.0, (done - warmup) / span)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def state_dict_sha256(state: dict) -> str:
@@ -94,6 +90,8 @@ class FitResult:
     status: str = "completed"  # completed | preempted
     history: list[EpochStats] = field(default_factory=list)
     resumed_from_step: int | None = None
+    resized_from: dict | None = None  # the checkpoint writer's layout and plan, when it differs from this run's
+    batch_policy: dict = field(default_factory=dict)  # training.batches.BatchChoice.record()
     stopped_early_at_epoch: int | None = None
     global_batch: int = 0
     effective_lr: float = 0.0
@@ -104,7 +102,7 @@ class FitResult:
 
 
 class Trainer:
-    """Builds model/optimizer/schedule from the config and runs epochs with checkpoints."""
+    """Builds model/optimizer/batch source from the config and runs epochs of ``train_step``."""
 
     def __init__(self, cfg: PipelineConfig, ctx: DistContext, data: Splits, out_dir: Path,
                  sink: MetricsSink, config_id: str, data_md5: str, force_resume: bool = False):
@@ -117,9 +115,11 @@ class Trainer:
         self.task = get_task(cfg.task)
         self.strategy = build_strategy(t.strategy, ctx, t.precision, t.parallel, cfg.model, t.batch_size)
         self.strategy.task = self.task
-        # Data-parallel replicas: ranks of one tensor-parallel group or pipeline share batches.
-        self.global_batch = t.batch_size * self.strategy.dp_size * t.grad_accum
-        self.lr = scaled_lr(t.lr, self.global_batch, t.base_batch, t.lr_scaling)
+        self.source = build_source(data.train, cfg.seed, t.loader)
+        self.n_train = len(self.source)
+        # The configured plan; a resume may change it (the batch policy, ``_apply_plan``).
+        self._apply_plan(choose_plan(t.batch_size, t.grad_accum, self.strategy.dp_size, t.lr, t.base_batch,
+                                     t.lr_scaling, None))
 
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
         self.model = self.strategy.wrap(build_model(cfg, data.info).to(ctx.device))
@@ -128,26 +128,39 @@ class Trainer:
             self.opt = torch.optim.SGD(params, lr=self.lr, momentum=0.9, weight_decay=t.weight_decay)
         else:
             self.opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=t.weight_decay)
-        self.sampler = DistributedSampler(
-            data.train, num_replicas=self.strategy.dp_size, rank=self.strategy.dp_rank, shuffle=True, seed=cfg.seed
-        )
-        self.micro_per_epoch = math.ceil(len(self.sampler) / t.batch_size)
-        self.steps_per_epoch = max(1, self.micro_per_epoch // t.grad_accum)
-        total = self.steps_per_epoch * t.epochs
-        warmup = int(t.warmup_epochs * self.steps_per_epoch)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(warmup, total))
-        self.ckpt = CheckpointManager(self.out / "checkpoints", ctx, self.strategy, keep=t.keep_checkpoints)
+        self.ckpt = CheckpointManager(self.out / "checkpoints", ctx, self.strategy, keep=t.keep_checkpoints,
+                                      every_steps=t.checkpoint_every_steps, every_epochs=t.checkpoint_every_epochs,
+                                      enabled=t.checkpoints)
         self.metrics = StepMetrics(ctx, t.straggler_ratio) if t.metrics else _NoMetrics()
         if t.metrics and t.strategy == "ddp" and ctx.distributed:
             self.metrics.attach_comm_hook(self.model)
         self.fault = faults.from_env()
+        self.ids = faults.id_recorder_from_env()
         self.stop = StopRequest()
-        # Position: the next epoch to run and how many micro-batches of it are done.
-        self.step, self.epoch, self.pos = 0, 0, 0
+        self.state = TrainState(model=self.model, optimizer=self.opt, config_id=config_id,
+                                resume_id=cfg.resume_id(), data_md5=data_md5, layout=self.strategy.layout())
+        # This rank's part of the current epoch's train loss (only ranks that report add to it).
         self.epoch_loss, self.epoch_n = 0.0, 0
-        self.best, self.bad_epochs = None, 0
-        self.history: list[EpochStats] = []
-        self.stall_total = 0.0
+        self.resized_from: dict | None = None
+        self.last_metrics: dict = {}
+        self.flops = None
+
+    # -- where the run is (read by the worker's summary) ------------------------------------------
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    @property
+    def epoch(self) -> int:
+        return self.state.epoch
+
+    @property
+    def global_batch(self) -> int:
+        return self.plan.global_batch
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.plan.steps(self.n_train)
 
     @property
     def raw_model(self) -> torch.nn.Module:
@@ -162,92 +175,108 @@ class Trainer:
         import gc
 
         self.model = None
+        self.state.model = self.state.optimizer = None
         self.strategy.release()
         gc.collect()
 
-    # -- checkpoint state ---------------------------------------------------------------
-    def _extra(self) -> dict:
-        return {
-            "scheduler": self.sched.state_dict(),
-            "step": self.step, "epoch": self.epoch, "pos": self.pos,
-            "epoch_loss": self.epoch_loss, "epoch_n": self.epoch_n,
-            "best": self.best, "bad_epochs": self.bad_epochs,
-            "history": [asdict(h) for h in self.history],
-            "rng": all_gather_tensor(self.ctx, torch.get_rng_state()),  # every rank's dropout stream
-            "world_size": self.ctx.world_size,
-            "layout": self.strategy.layout(),
-            "config_id": self.config_id,
-            "data_md5": self.data_md5,
-        }
+    def _apply_plan(self, choice) -> None:
+        t = self.cfg.training
+        self.choice = choice
+        self.plan = BatchPlan.of(choice.micro_batch, choice.grad_accum, self.strategy.dp_size, self.strategy.dp_rank)
+        self.lr = choice.lr
+        if t.strategy == "pp" and choice.micro_batch % t.parallel.microbatches:
+            raise CheckpointMismatchError(
+                f"the batch policy chose {choice.micro_batch} samples per rank, which "
+                f"training.parallel.microbatches ({t.parallel.microbatches}) does not divide")
 
-    def save(self) -> float:
-        """Checkpoint the current position (collective); returns the stall in seconds."""
-        if not self.cfg.training.checkpoints:
-            return 0.0
-        t0 = time.perf_counter()
-        self.ckpt.save(self.step, self.model, self.opt, self._extra())
-        stall = time.perf_counter() - t0
-        self.metrics.add_checkpoint_stall(stall)
-        self.stall_total += stall
-        return stall
+    # -- checkpoint state ---------------------------------------------------------------------
+    def snapshot(self) -> TrainState:
+        """COLLECTIVE. The state to checkpoint now: every rank's RNG and epoch loss sums gathered."""
+        st = self.state
+        st.rng = all_gather_tensor(self.ctx, torch.get_rng_state())  # every rank's dropout stream
+        sums = all_gather_tensor(self.ctx, torch.tensor([self.epoch_loss, float(self.epoch_n)], dtype=torch.float64))
+        st.epoch_sums = [[float(s[0]), int(s[1])] for s in sums]
+        st.plan = {**self.plan.describe(), "lr": self.lr,
+                   "configured": [self.cfg.training.batch_size, self.cfg.training.grad_accum]}
+        return st
 
     def resume(self) -> int | None:
-        """Restore the latest valid checkpoint, if any; returns its step."""
-        if not self.cfg.training.checkpoints:
+        """Restore the latest valid checkpoint, if any, and choose the batch plan for this world;
+        returns the checkpoint's step (None: a fresh start)."""
+        loaded = self.ckpt.load_state(self.model, self.opt)
+        if loaded is None:
             return None
-        extra = self.ckpt.load_latest(self.model, self.opt)
-        if extra is None:
-            return None
-        for key, mine in (("config_id", self.config_id), ("data_md5", self.data_md5)):
-            if extra.get(key) != mine and not self.force_resume:
+        # A checkpoint of a layout-only change (world size, strategy) carries the same resume id.
+        key, theirs, mine = (("resume_id", loaded.resume_id, self.state.resume_id) if loaded.resume_id
+                             else ("config_id", loaded.config_id, self.config_id))
+        for key, theirs, mine in ((key, theirs, mine), ("data_md5", loaded.data_md5, self.data_md5)):
+            if theirs != mine and not self.force_resume:
                 raise CheckpointMismatchError(
-                    f"checkpoint in {self.ckpt.dir} was written for {key}={extra.get(key)}, this run has "
+                    f"checkpoint in {self.ckpt.dir} was written for {key}={theirs}, this run has "
                     f"{mine}; use a fresh --out, or --force-resume to continue from it anyway"
                 )
-        self.sched.load_state_dict(extra["scheduler"])
-        self.step, self.epoch, self.pos = extra["step"], extra["epoch"], extra["pos"]
-        self.epoch_loss, self.epoch_n = extra["epoch_loss"], extra["epoch_n"]
-        self.best, self.bad_epochs = extra["best"], extra["bad_epochs"]
-        self.history = [EpochStats(**h) for h in extra["history"]]
-        if extra.get("world_size") == self.ctx.world_size:
-            torch.set_rng_state(extra["rng"][self.ctx.rank])
-        log.info("rank %d resumed from step %d (epoch %d, batch %d)", self.ctx.rank, self.step,
-                 self.epoch + 1, self.pos)
-        return self.step
+        t = self.cfg.training
+        choice = choose_plan(t.batch_size, t.grad_accum, self.strategy.dp_size, t.lr, t.base_batch, t.lr_scaling,
+                             loaded.plan)
+        self._apply_plan(choice)
+        st = self.state
+        for k in ("step", "epoch", "cursor", "best", "bad_epochs", "history"):
+            setattr(st, k, getattr(loaded, k))
+        if st.cursor > self.n_train:  # a forced resume onto other data: the epoch is over
+            log.warning("checkpoint cursor %d is past this data's %d samples; the epoch ends here",
+                        st.cursor, self.n_train)
+            st.cursor = self.n_train
+        rank, same_world = self.ctx.rank, len(loaded.epoch_sums) == self.ctx.world_size
+        if same_world:
+            self.epoch_loss, self.epoch_n = loaded.epoch_sums[rank][0], int(loaded.epoch_sums[rank][1])
+        elif rank == 0:  # the partial epoch's sums, counted once (they are all-reduced at its end)
+            self.epoch_loss = sum(s[0] for s in loaded.epoch_sums)
+            self.epoch_n = int(sum(s[1] for s in loaded.epoch_sums))
+        if rank < len(loaded.rng):
+            torch.set_rng_state(loaded.rng[rank])
+        resized = loaded.layout != self.strategy.layout() or choice.decision not in ("unchanged",)
+        self.resized_from = loaded.writer() if resized else None
+        log.info("rank %d resumed from step %d (epoch %d, sample %d of %d)", rank, st.step, st.epoch + 1,
+                 st.cursor, self.n_train)
+        if resized and self.ctx.is_main:
+            w = loaded.writer()
+            log.warning("resize: checkpoint written by %s worker(s) (strategy %s, dp %s, %s per rank x %s "
+                        "micro-steps = global batch %s); this run: %d worker(s), strategy %s: %s",
+                        w["world_size"], w["strategy"], w["dp_size"], w["micro_batch"], w["grad_accum"],
+                        w["global_batch"], self.ctx.world_size, t.strategy, choice.reason)
+        return st.step
 
-    # -- loop ---------------------------------------------------------------------------
-    def _batches(self, epoch: int, skip_batches: int):
-        """This rank's batches of ``epoch``, from batch ``skip_batches`` on (resume mid-epoch).
+    # -- one optimizer step ---------------------------------------------------------------------
+    def train_step(self, batch: StepBatches) -> tuple[float, int]:
+        """Forward/backward over this rank's micro-batches, then one optimizer step.
 
-        The same batches a ``DataLoader(sampler=DistributedSampler, batch_size=B)``
-        yields, cut straight from the in-memory tensors: one index op per batch
-        instead of B row fetches and a collate (that was ~5 % of step time here).
-        Nothing here draws from the global RNG, so dropout masks are unaffected.
+        The step's loss is the mean over its ``global_samples`` (over every rank): each rank
+        scales its summed loss by dp_size / global_samples and DDP/FSDP average gradients over
+        the dp ranks, so short or empty micro-batches of an epoch's last step stay exact.
+        Returns (summed per-sample loss, samples) of this rank's micro-batches.
         """
-        self.sampler.set_epoch(epoch)
-        b = self.cfg.training.batch_size
-        if self.cfg.training.loader.kind == "dataloader":
-            yield from self._dataloader(epoch, skip_batches)
-            return
-        order = torch.tensor(list(self.sampler), dtype=torch.long)[skip_batches * b:]
-        tensors = self.data.train.tensors
-        for start in range(0, len(order), b):
-            idx = order[start:start + b]
-            yield tuple(t[idx] for t in tensors)
+        t, st = self.cfg.training, self.state
+        scale = self.plan.dp_size / batch.global_samples
+        loss_sum, rows = 0.0, 0
+        last = len(batch.micro) - 1
+        for k, (x, y) in enumerate(batch.micro):
+            x, y = x.to(self.ctx.device), y.to(self.ctx.device)
+            with self.strategy.sync_context(self.model, k == last):
+                loss_sum += self.strategy.forward_backward(self.model, x, y, scale)
+            rows += len(y)
+        if t.grad_clip:
+            self.strategy.clip_grad_norm(self.model, t.grad_clip)
+        factor = lr_factor(st.epoch * self.n_train + st.cursor, batch.global_samples,
+                           t.warmup_epochs * self.n_train, t.epochs * self.n_train)
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr * factor
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        st.step += 1
+        st.cursor += batch.global_samples
+        return loss_sum, rows
 
-    def _dataloader(self, epoch: int, skip_batches: int):
-        """The same batches through a torch DataLoader (workers, pinned memory, prefetch)."""
-        from torch.utils.data import DataLoader
-
-        lc, b = self.cfg.training.loader, self.cfg.training.batch_size
-        indices = list(self.sampler)[skip_batches * b:]
-        # Own generator: a loader must not draw its seed from the global RNG (dropout's),
-        # or a resumed run would diverge from an uninterrupted one.
-        gen = torch.Generator().manual_seed(self.cfg.seed + epoch)
-        extra = {"prefetch_factor": lc.prefetch_factor} if lc.prefetch_factor else {}
-        yield from DataLoader(self.data.train, batch_size=b, sampler=indices, generator=gen,
-                              num_workers=lc.num_workers, pin_memory=lc.pin_memory, **extra)
-
+    # -- loop ---------------------------------------------------------------------------------
     def _evaluate(self) -> tuple[float, float]:
         """(val loss, val accuracy) over the whole val split (accuracy per target: per token for
         the LM), each data-parallel replica scoring a strided slice.
@@ -268,15 +297,15 @@ class Trainer:
 
     def _early_stop(self, stats: EpochStats) -> bool:
         """Update patience from this epoch's (already all-reduced) metric; agree to stop."""
-        es = self.cfg.training.early_stopping
+        es, st = self.cfg.training.early_stopping, self.state
         if es.patience is None:
             return False
         value = stats.val_loss if es.metric == "val_loss" else -stats.val_accuracy
-        if self.best is None or value < self.best - es.min_delta:
-            self.best, self.bad_epochs = value, 0
+        if st.best is None or value < st.best - es.min_delta:
+            st.best, st.bad_epochs = value, 0
         else:
-            self.bad_epochs += 1
-        return any_rank(self.ctx, self.bad_epochs >= es.patience)
+            st.bad_epochs += 1
+        return any_rank(self.ctx, st.bad_epochs >= es.patience)
 
     def _log_window(self) -> None:
         snap = self.metrics.snapshot()  # collective
@@ -291,98 +320,97 @@ class Trainer:
             if util is not None:
                 values["perf/gpu_util"] = util
         self.last_metrics = values
-        self.sink.metrics(values, self.step)
+        self.sink.metrics(values, self.state.step)
 
-    def _train_step(self, x, y, boundary: bool) -> float:
-        t = self.cfg.training
-        with self.strategy.sync_context(self.model, boundary):
-            loss = self.strategy.forward_backward(self.model, x, y, t.grad_accum)
-        if boundary:
-            if t.grad_clip:
-                self.strategy.clip_grad_norm(self.model, t.grad_clip)
-            self.opt.step()
-            self.sched.step()
-            self.opt.zero_grad(set_to_none=True)
-            self.step += 1
-        return loss
+    def _save_stall(self, stall: float | None) -> None:
+        if stall is not None:
+            self.metrics.add_checkpoint_stall(stall)
+
+    def _run_epoch(self) -> bool:
+        """Train the rest of the current epoch from the cursor; True when preempted (checkpoint saved)."""
+        t, st = self.cfg.training, self.state
+        steps = self.source.epoch_steps(st.epoch, st.cursor, self.plan)
+        while True:
+            self.metrics.data_start()
+            batch = next(steps, None)
+            self.metrics.data_end()
+            if batch is None:
+                return False
+            epoch, cursor = st.epoch, st.cursor
+            loss_sum, rows = self.train_step(batch)
+            counted = rows if self.strategy.reports else 0  # each sample counts once
+            self.epoch_loss += loss_sum if counted else 0.0
+            self.epoch_n += counted
+            self.metrics.step_end(counted)
+            if self.ids is not None and self.strategy.reports:
+                self.ids.record(self.ctx.rank, epoch, st.step, cursor, batch.ids)
+            if self.fault is not None and self.fault.due(st.step, self.ctx.rank):
+                self.fault.fire(self.ctx.rank)
+            if st.step % t.log_every_steps == 0:
+                self._log_window()
+            # Agreement is an all-reduce: every step it cost ~2 % of a small model's step.
+            preempt = st.step % t.preempt_check_steps == 0 and any_rank(self.ctx, self.stop.requested)
+            self._save_stall(self.ckpt.maybe_save(st.step, self.snapshot, force=preempt))
+            if preempt:
+                log.warning("rank %d: preempted at step %d; checkpoint saved", self.ctx.rank, st.step)
+                return True
+
+    def _end_epoch(self, result: FitResult, t0: float) -> bool:
+        """Validate, record the epoch, agree on early stopping, maybe checkpoint; True: stop."""
+        t, st = self.cfg.training, self.state
+        epoch_time = time.perf_counter() - t0
+        loss_sum, n_seen = all_reduce_sum(self.ctx, [self.epoch_loss, self.epoch_n])
+        val_loss, val_acc = self._evaluate()
+        stats = EpochStats(st.epoch + 1, loss_sum / max(n_seen, 1), val_loss, val_acc,
+                           n_seen / epoch_time, epoch_time, self.opt.param_groups[0]["lr"])
+        st.history.append(asdict(stats))
+        self.sink.epoch(stats, st.step)
+        stop = self._early_stop(stats)
+        st.epoch, st.cursor, self.epoch_loss, self.epoch_n = st.epoch + 1, 0, 0.0, 0
+        if stop:
+            result.stopped_early_at_epoch = st.epoch
+            log.info("early stop agreed by all ranks after epoch %d", st.epoch)
+        self._save_stall(self.ckpt.maybe_save(st.step, self.snapshot, epoch_done=st.epoch,
+                                              force=stop or st.epoch == t.epochs))
+        return stop
 
     def fit(self) -> FitResult:
         t = self.cfg.training
-        result = FitResult(global_batch=self.global_batch, effective_lr=self.lr)
+        result = FitResult()
         result.resumed_from_step = self.resume()
-        self.last_metrics: dict = {}
-        self.flops = None
+        result.global_batch, result.effective_lr = self.plan.global_batch, self.lr
+        result.resized_from, result.batch_policy = self.resized_from, self.choice.record()
         # MFU needs one rank to run the whole model on a batch: not a pipeline stage.
         if self.ctx.device.type == "cuda" and t.peak_tflops and t.strategy != "pp":
-            x0, y0 = self.data.train.tensors[0][: t.batch_size], self.data.train.tensors[1][: t.batch_size]
+            b = self.plan.micro_batch
+            x0, y0 = self.data.train.tensors[0][:b], self.data.train.tensors[1][:b]
             self.flops = flops_per_sample(self.raw_model, x0.to(self.ctx.device),
                                           lambda out: self.task.loss(out, y0.to(self.ctx.device)))
         self.sink.params({
-            "global_batch": self.global_batch, "effective_lr": self.lr, "world_size": self.ctx.world_size,
+            "global_batch": self.plan.global_batch, "effective_lr": self.lr, "world_size": self.ctx.world_size,
             "steps_per_epoch": self.steps_per_epoch, "backend": self.ctx.backend or "none",
             "strategy": t.strategy, "precision": t.precision,
         })
-        self.sink.start(total_epochs=t.epochs, done=self.epoch)
+        self.sink.start(total_epochs=t.epochs, done=self.state.epoch)
         wall0 = time.perf_counter()
         self.model.train()
-        while self.epoch < t.epochs:
+        while self.state.epoch < t.epochs:
             t0 = time.perf_counter()
-            it = self._batches(self.epoch, self.pos)
-            while True:
-                self.metrics.data_start()
-                batch = next(it, None)
-                self.metrics.data_end()
-                if batch is None:
-                    break
-                x, y = batch[0].to(self.ctx.device), batch[1].to(self.ctx.device)
-                boundary = (self.pos + 1) % t.grad_accum == 0
-                loss = self._train_step(x, y, boundary)
-                self.pos += 1
-                n_counted = len(y) if self.strategy.reports else 0  # each batch counts once
-                self.epoch_loss += loss * n_counted
-                self.epoch_n += n_counted
-                if not boundary:
-                    continue
-                self.metrics.step_end(n_counted * t.grad_accum)
-                if self.fault is not None and self.fault.due(self.step, self.ctx.rank):
-                    self.fault.fire(self.ctx.rank)
-                if self.step % t.log_every_steps == 0:
-                    self._log_window()
-                # Agreement is an all-reduce: every step it cost ~2 % of a small model's step.
-                preempt = self.step % t.preempt_check_steps == 0 and any_rank(self.ctx, self.stop.requested)
-                if preempt or (t.checkpoint_every_steps and self.step % t.checkpoint_every_steps == 0):
-                    self.save()
-                if preempt:
-                    log.warning("rank %d: preempted at step %d; checkpoint saved", self.ctx.rank, self.step)
-                    result.status = "preempted"
-                    return self._finish(result, wall0)
-            # A tail of micro-batches smaller than grad_accum is dropped, not stepped.
-            self.opt.zero_grad(set_to_none=True)
-            epoch_time = time.perf_counter() - t0
-            loss_sum, n_seen = all_reduce_sum(self.ctx, [self.epoch_loss, self.epoch_n])
-            val_loss, val_acc = self._evaluate()
-            stats = EpochStats(self.epoch + 1, loss_sum / max(n_seen, 1), val_loss, val_acc,
-                               n_seen / epoch_time, epoch_time, self.sched.get_last_lr()[0])
-            self.history.append(stats)
-            self.sink.epoch(stats, self.step)
-            stop = self._early_stop(stats)
-            self.epoch, self.pos, self.epoch_loss, self.epoch_n = self.epoch + 1, 0, 0.0, 0
-            if stop:
-                result.stopped_early_at_epoch = self.epoch
-                log.info("early stop agreed by all ranks after epoch %d", self.epoch)
-            if stop or self.epoch % t.checkpoint_every_epochs == 0 or self.epoch == t.epochs:
-                self.save()
-            if stop:
+            if self._run_epoch():
+                result.status = "preempted"
+                break
+            if self._end_epoch(result, t0):
                 break
         return self._finish(result, wall0)
 
     def _finish(self, result: FitResult, wall0: float) -> FitResult:
         self.ckpt.wait()  # the last checkpoint is on disk before anyone reports success
         result.train_wall_s = time.perf_counter() - wall0
-        result.history = list(self.history)
-        result.checkpoint_stall_s = self.stall_total
+        result.history = [EpochStats(**h) for h in self.state.history]
+        result.checkpoint_stall_s = self.ckpt.stall_s
         result.last_metrics = dict(self.last_metrics)
-        mine = {"rank": self.ctx.rank, "epochs_run": self.epoch, "step": self.step,
+        st = self.state
+        mine = {"rank": self.ctx.rank, "epochs_run": st.epoch, "step": st.step,
                 "stopped_early_at_epoch": result.stopped_early_at_epoch, "status": result.status,
                 "peak_mem_mb": peak_memory_bytes(self.ctx.device) / 2**20,
                 **self.strategy.state_bytes(self.model, self.opt), **self.strategy.rank_info()}

@@ -70,6 +70,10 @@ def summarise(trainer: Trainer, fit: FitResult) -> dict:
         "epochs_run": trainer.epoch,
         "steps": trainer.step,
         "resumed_from_step": fit.resumed_from_step,
+        # The checkpoint writer's {world_size, strategy, dp_size, micro_batch, grad_accum, global_batch}
+        # when this run resumed it on another layout (else null), and what the batch policy did.
+        "resized_from": fit.resized_from,
+        "batch_policy": fit.batch_policy,
         "stopped_early_at_epoch": fit.stopped_early_at_epoch,
         "global_batch": fit.global_batch,
         "effective_lr": fit.effective_lr,
