@@ -3,6 +3,7 @@ last checkpoint's cursor, and every sample is trained on exactly once per epoch.
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -33,9 +34,9 @@ def write_data(root: Path) -> None:
         label = np.argmax(x[:, :3], axis=1).astype(np.int64)
         table = pa.table({**{f"f{j}": x[:, j] for j in range(6)}, "label": label})
         pq.write_table(table, data / f"{name}.parquet", row_group_size=GROUP)
-    cols = "".join(f"  - {{name: f{j}, type: float, nulls: false}}\n" for j in range(6))
-    (data / "expectations.yaml").write_text(
-        "version: 1\nlabel: label\ncolumns:\n" + cols + "  - {name: label, type: integer, values: [0, 1, 2], nulls: false}\n")
+    expectations = root / "tests" / "configs" / "expectations" / "stream.yaml"  # the config's, relative to the root
+    expectations.parent.mkdir(parents=True)
+    shutil.copy(CONFIG.parent / "expectations" / "stream.yaml", expectations)
 
 
 def test_killed_streamed_job_resumes_at_the_cursor_and_sees_every_sample_once_per_epoch(tmp_path, monkeypatch):
