@@ -158,8 +158,8 @@ class Holdout:
 class _Planned:
     """One step of this rank, as ids: what ``epoch_steps`` turns into tensors."""
 
-    micro_ids: list  # per micro-batch: global ids (int64), sorted by row group
-    micro_units: list  # per micro-batch: the row group of each id
+    ids: np.ndarray  # this rank's ids of the step (int64), sorted by row group; micro-batch k: [k b, k b + b)
+    runs: list  # (row group, first, end) of each run of one row group in ``ids``
     global_samples: int
     window: int  # the window holding the step's first position
     units: tuple  # the row groups this rank reads for the step, in order of use
@@ -248,10 +248,11 @@ class StreamSource:
             # Sorted by row group (the sequence position orders windows too): a rank's run of the
             # step touches few row groups. Stable, so equal keys keep the order's order.
             order = np.argsort(keys, kind="stable")[lo:lo + share]
-            mine_ids, mine_units = ids[order], units[keys[order]]
-            yield _Planned([mine_ids[k * b:(k + 1) * b] for k in range(a)],
-                           [mine_units[k * b:(k + 1) * b] for k in range(a)], g, first,
-                           tuple(dict.fromkeys(mine_units.tolist())))
+            mine, mine_keys = ids[order], keys[order]
+            cuts = np.flatnonzero(mine_keys[1:] != mine_keys[:-1]) + 1
+            starts_, ends_ = np.concatenate([[0], cuts]), np.concatenate([cuts, [len(mine)]])
+            run_units = units[mine_keys[starts_]].tolist() if len(mine) else []
+            yield _Planned(mine, list(zip(run_units, starts_.tolist(), ends_.tolist())), g, first, tuple(run_units))
             pos += g
 
     # -- batches ------------------------------------------------------------------------------
@@ -282,7 +283,7 @@ class StreamSource:
                 while more and ahead[-1].window <= here + 1 and len(ahead) < MAX_STEPS_AHEAD:
                     more = pull()
                 planned = ahead.popleft()
-                batch = self._tensors(planned, loader)
+                batch = self._tensors(planned, loader, plan.micro_batch, plan.grad_accum)
                 for u in planned.units:
                     refs[u] -= 1
                     if not refs[u]:
@@ -290,29 +291,30 @@ class StreamSource:
                         loader.drop(u)
                 yield batch
 
-    def _tensors(self, planned: _Planned, loader: "_Loader") -> "StepBatches":
+    def _tensors(self, planned: _Planned, loader: "_Loader", micro: int, accum: int) -> "StepBatches":
         import torch
 
         from training.batches import StepBatches
 
-        micro, ids_out = [], []
-        for ids, units in zip(planned.micro_ids, planned.micro_units):
-            if not len(ids):
-                x, y = self._empty
-            else:
-                # Runs of one row group (the ids are sorted by row group).
-                cuts = np.flatnonzero(np.diff(units)) + 1
-                xs, ys = [], []
-                for lo, hi in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(ids)]])):
-                    u = int(units[lo])
-                    gx, gy = loader.get(u)
-                    rows = ids[lo:hi] - self.groups.start[u]
-                    xs.append(gx[rows])
-                    ys.append(gy[rows])
-                x, y = (xs[0], ys[0]) if len(xs) == 1 else (np.concatenate(xs), np.concatenate(ys))
-            micro.append((torch.from_numpy(x), torch.from_numpy(y)))
-            ids_out.append(torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)))
-        return StepBatches(micro, ids_out, planned.global_samples)
+        ids = planned.ids
+        if not len(ids):
+            x, y = self._empty
+        elif len(planned.runs) == 1:  # one row group: one gather
+            u, lo, hi = planned.runs[0]
+            gx, gy = loader.get(u)
+            rows = ids - self.groups.start[u]
+            x, y = gx[rows], gy[rows]
+        else:
+            x = np.empty((len(ids), self._empty[0].shape[1]), dtype=np.float32)
+            y = np.empty((len(ids),), dtype=self._empty[1].dtype)
+            for u, lo, hi in planned.runs:
+                gx, gy = loader.get(u)
+                rows = ids[lo:hi] - self.groups.start[u]
+                x[lo:hi], y[lo:hi] = gx[rows], gy[rows]
+        xt, yt, it = torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(np.ascontiguousarray(ids))
+        cut = [min(k * micro, len(ids)) for k in range(accum + 1)]
+        return StepBatches([(xt[lo:hi], yt[lo:hi]) for lo, hi in zip(cut, cut[1:])],
+                           [it[lo:hi] for lo, hi in zip(cut, cut[1:])], planned.global_samples)
 
     def held_out(self) -> tuple[np.ndarray, np.ndarray]:
         """(features, targets) of every held-out row: the per-epoch validation split (bounded)."""
@@ -397,7 +399,8 @@ def data_bytes(cfg: "PipelineConfig", root: Path) -> int:
     """Bytes on disk of the train split's files (what ``training.loader.kind: auto`` weighs)."""
     from tasks.table import split_paths
 
-    path = split_paths(cfg.dataset, root).get("train") or split_paths(cfg.dataset, root)["all"]
+    paths = split_paths(cfg.dataset, root)
+    path = paths.get("train") or paths["all"]
     if path.is_dir():
         return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     return path.stat().st_size if path.is_file() else 0
@@ -406,14 +409,20 @@ def data_bytes(cfg: "PipelineConfig", root: Path) -> int:
 def choose_loader(cfg: "PipelineConfig", root: Path) -> tuple[str, str]:
     """(the loader ``training.loader.kind`` means for this data, why): ``memory``, ``dataloader`` or
     ``stream``. ``auto`` streams a train split larger than ``stream_above_mb``, else in-memory."""
+    from tasks.table import split_paths
+
     lc = cfg.training.loader
     if lc.kind != "auto":
         return lc.kind, f"training.loader.kind: {lc.kind}"
+    if cfg.dataset.file is not None:
+        return "memory", "auto: dataset.file is split by seed in memory (streaming needs train_file and test_file)"
     size = data_bytes(cfg, root)
-    limit = lc.stream_above_mb * 2**20
-    if size > limit:
-        return "stream", f"auto: train split is {size / 2**20:.1f} MiB > stream_above_mb {lc.stream_above_mb:g}"
-    return "memory", f"auto: train split is {size / 2**20:.1f} MiB <= stream_above_mb {lc.stream_above_mb:g}"
+    mib = size / 2**20
+    if size <= lc.stream_above_mb * 2**20:
+        return "memory", f"auto: train split is {mib:.1f} MiB <= stream_above_mb {lc.stream_above_mb:g}"
+    if split_paths(cfg.dataset, root)["train"].suffix.lower() == ".csv" and mib <= lc.csv_parquet_above_mb:
+        return "memory", f"auto: a CSV train split of {mib:.1f} MiB <= csv_parquet_above_mb {lc.csv_parquet_above_mb:g}"
+    return "stream", f"auto: train split is {mib:.1f} MiB > stream_above_mb {lc.stream_above_mb:g}"
 
 
 def parquet_source(path: Path, root: Path, data_md5: str, csv_above_mb: float) -> Path:

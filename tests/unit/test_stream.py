@@ -195,6 +195,9 @@ def test_auto_streams_only_a_train_split_above_the_threshold(tmp_path):
     kind, why = choose_loader(cfg_for("d", kind="auto", stream_above_mb=0.01), tmp_path)
     assert kind == "stream" and "> stream_above_mb 0.01" in why
     assert choose_loader(cfg_for("d", kind="stream"), tmp_path)[0] == "stream"
+    one_file = config_from_dict({"name": "x", "dataset": {"path": "d", "file": "train.parquet"},
+                                 "training": {"loader": {"kind": "auto", "stream_above_mb": 0.01}}})
+    assert choose_loader(one_file, tmp_path)[0] == "memory"  # a file split by seed is split in memory
 
 
 def test_loader_keys_are_checked_and_new_keys_keep_old_config_ids():
