@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import Counter, deque
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,8 +54,11 @@ _GROUPS, _WINDOW, _HOLDOUT = 0x67, 0x77, 0x68
 # Rows per row group of a CSV converted to Parquet. It fixes the row groups and so the global
 # order: it is part of the cache folder's name.
 CONVERTED_ROW_GROUP_ROWS = 131072
-# Planned steps kept ahead at most: enough to reach into the next window unless steps are tiny.
+# Planned steps kept ahead at most (ids only): enough to see into the next window unless steps are tiny.
 MAX_STEPS_AHEAD = 4096
+# Row groups the reader thread reads ahead of those in use: enough to hide a read behind the steps
+# of one row group, few enough that memory does not grow with the data.
+PREFETCH_ROW_GROUPS = 2
 
 Reader = Callable[[int], tuple[np.ndarray, np.ndarray]]
 
@@ -211,7 +214,7 @@ class StreamSource:
         seq = np.arange(w * self.window, min((w + 1) * self.window, len(units)))
         parts = [self.train_ids(int(units[p])) for p in seq]
         ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        keys = np.repeat(seq, [len(p) for p in parts])
+        keys = np.repeat(seq.astype(np.int32), [len(p) for p in parts])
         perm = np.random.default_rng([self.seed, epoch, w, _WINDOW]).permutation(len(ids))
         return ids[perm], keys[perm]
 
@@ -259,37 +262,46 @@ class StreamSource:
     def epoch_steps(self, epoch: int, cursor: int, plan: "BatchPlan") -> Iterator["StepBatches"]:
         """This rank's steps of ``epoch`` from ``cursor`` (the contract in training/batches.py).
 
-        Plans steps ahead until it has every step that starts in the next window (at most
-        ``MAX_STEPS_AHEAD``) and asks the reader thread for their row groups in order of use; a row
-        group is dropped once no planned step needs it, so memory holds about two windows' share.
+        Plans steps ahead (ids only, at most ``MAX_STEPS_AHEAD``) to learn which row groups come
+        next, and keeps the reader thread ``PREFETCH_ROW_GROUPS`` row groups ahead of the ones in
+        use; a row group is dropped once the steps have left its window. So memory holds this
+        rank's share of one window plus the prefetched ones, whatever the number of rows.
         """
         steps = self._plan(epoch, cursor, plan)
+        seq, _ = self._layout(epoch)
+        window_of = np.empty(len(seq), dtype=np.int64)
+        window_of[seq] = np.arange(len(seq)) // self.window  # each row group's window this epoch
         ahead: deque[_Planned] = deque()
-        refs: Counter = Counter()
+        seen: set = set()
+        upcoming: deque = deque()  # row groups of planned steps not yet asked for, in order of first use
+        asked: set = set()  # asked for, not yet used by a step
         with _Loader(self.read, self.prefetch) as loader:
-            def pull() -> bool:
-                planned = next(steps, None)
-                if planned is None:
-                    return False
-                ahead.append(planned)
-                for u in planned.units:
-                    refs[u] += 1
-                    loader.want(u)
-                return True
-
-            more = pull()
-            while ahead:
-                here = ahead[0].window
-                while more and ahead[-1].window <= here + 1 and len(ahead) < MAX_STEPS_AHEAD:
-                    more = pull()
+            more = True
+            while True:
+                while more and (not ahead or len(upcoming) < PREFETCH_ROW_GROUPS) and len(ahead) < MAX_STEPS_AHEAD:
+                    planned = next(steps, None)
+                    if planned is None:
+                        more = False
+                        break
+                    ahead.append(planned)
+                    for u in planned.units:
+                        if u not in seen:
+                            seen.add(u)
+                            upcoming.append(u)
+                if not ahead:
+                    return
                 planned = ahead.popleft()
-                batch = self._tensors(planned, loader, plan.micro_batch, plan.grad_accum)
-                for u in planned.units:
-                    refs[u] -= 1
-                    if not refs[u]:
-                        del refs[u]
-                        loader.drop(u)
-                yield batch
+                # Steps go window by window: no later step needs a row group of an earlier window.
+                for u in [u for u in loader.loaded if window_of[u] < planned.window]:
+                    loader.drop(u)
+                while upcoming and upcoming[0] in planned.units:  # needed now: ask (if not yet)
+                    loader.want(upcoming.popleft())
+                asked.difference_update(planned.units)
+                while upcoming and len(asked) < PREFETCH_ROW_GROUPS:  # read ahead in the background
+                    u = upcoming.popleft()
+                    loader.want(u)
+                    asked.add(u)
+                yield self._tensors(planned, loader, plan.micro_batch, plan.grad_accum)
 
     def _tensors(self, planned: _Planned, loader: "_Loader", micro: int, accum: int) -> "StepBatches":
         import torch

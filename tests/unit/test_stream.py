@@ -236,3 +236,31 @@ def test_a_large_csv_is_converted_once_into_the_cache_keyed_by_its_md5(tmp_path,
     assert csv_to_parquet(csv, tmp_path, md5, row_group_rows=100) == out and out.stat().st_mtime_ns == stamp
     with pytest.raises(DataUnavailableError, match="not a DVC md5"):
         csv_to_parquet(csv, tmp_path, "../../etc")
+
+
+def test_row_groups_are_read_in_the_background_and_memory_holds_about_one_window(data):
+    import threading
+    import weakref
+
+    alive, threads, peak = [0], set(), 0  # row-group arrays alive now (a finalizer counts each one out)
+    groups = scan_row_groups(data)
+    inner = table_reader(groups, ["f0", "f1", "f2"], "label", lambda col: col.to_numpy().astype(np.int64))
+
+    def read(u):
+        threads.add(threading.current_thread().name)
+        x, y = inner(u)
+        alive[0] += 1
+        weakref.finalize(x, lambda: alive.__setitem__(0, alive[0] - 1))
+        return x, y
+
+    window = 4
+    src = StreamSource(groups, read, seed=0, window=window, holdout=Holdout(groups, 0, 0.0, 1),
+                       n_features=FEATURES, y_dtype=np.int64)
+    for _ in src.epoch_steps(0, 0, BatchPlan.of(8, 1, 2, 0)):
+        peak = max(peak, alive[0])
+    assert threads and all(name.startswith("trainflow-stream") for name in threads)
+    # This rank's share of one window (at most all of it), one of the next window's for a step that
+    # spans two, and the row groups read ahead: not the 16 of the data.
+    from training.stream import PREFETCH_ROW_GROUPS
+
+    assert 2 <= peak <= window + 1 + PREFETCH_ROW_GROUPS
