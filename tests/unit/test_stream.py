@@ -264,3 +264,35 @@ def test_row_groups_are_read_in_the_background_and_memory_holds_about_one_window
     from training.stream import PREFETCH_ROW_GROUPS
 
     assert 2 <= peak <= window + 1 + PREFETCH_ROW_GROUPS
+
+
+@pytest.mark.parametrize("task_name", ["classification", "regression"])
+def test_streamed_info_equals_the_in_memory_info(tmp_path, task_name):
+    """The model's facts (features, dtypes, scaling, classes or target scale) fitted in one streamed
+    pass equal what the task fits on the loaded split."""
+    from tasks import get_task
+
+    d = write_table(tmp_path / "d", rows=500, group=64)
+    (d / "part-00.parquet").rename(d / "train.parquet")
+    write_table(tmp_path / "t", rows=50)
+    (tmp_path / "t" / "part-00.parquet").rename(d / "test.parquet")
+    label = "label" if task_name == "classification" else "f2"
+    cols = [c for c in ("f0", "f1", "f2", "label") if c != label]
+    types = {"f0": "float", "f1": "float", "f2": "float", "label": "integer"}
+    (tmp_path / "exp.yaml").write_text(f"label: {label}\ncolumns:\n" + "".join(
+        f"  - {{name: {c}, type: {types[c]}}}\n" for c in [*cols, label]))
+    cfg = config_from_dict({"name": "t", "task": task_name, "dataset": {
+        "path": "d", "train_file": "train.parquet", "test_file": "test.parquet", "label": label,
+        "expectations_file": "exp.yaml"}})
+    task = get_task(task_name)
+    want = task.info(cfg, tmp_path, task.frames(cfg, tmp_path))
+    groups = scan_row_groups(d / "train.parquet")
+    got = task.stream_info(cfg, tmp_path, d / "train.parquet", groups.names, groups.types)
+    assert got.keys() == want.keys()
+    for key in want:
+        if key in ("mean", "std"):
+            assert np.allclose(got[key], want[key], rtol=1e-9)
+        elif key in ("y_mean", "y_std"):
+            assert got[key] == pytest.approx(want[key], rel=1e-9)
+        else:
+            assert got[key] == want[key], key
