@@ -274,7 +274,9 @@ class ItemBatches:
                 raise ValueError(f"{item.name}: no batch was validated")
             merged = self.merged
             for i, frame in (whole or {}).items():
-                merged.results[i] = self._validate(frame).results[i]
+                key = _key(self.definition.suite.expectations[i].configuration)
+                own = {_key(r.expectation_config): r for r in self._validate(frame).results}
+                merged.results = [own[key] if _key(r.expectation_config) == key else r for r in merged.results]
             _restate(merged)
             merged.meta.update(run_id=run.run_id, validation_time=run.run_id.run_time,
                                batch_parameters={"dataframe": "<batches>"})
@@ -299,7 +301,12 @@ _COMPLETE = ("unexpected_list", "unexpected_index_list")
 def _merge_suite_results(acc, part, result_format: dict, keep: int):
     """``acc`` with ``part`` (the same suite on the next batch) added in; ``acc`` is changed."""
     limit = int(result_format.get("partial_unexpected_count", 20))
-    for a, b in zip(acc.results, part.results):
+    # Matched by expectation, not position: GX orders results its own way (failed metrics last).
+    parts = {_key(b.expectation_config): b for b in part.results}
+    for a in acc.results:
+        b = parts.get(_key(a.expectation_config))
+        if b is None:
+            continue
         if b.exception_info and b.exception_info.get("raised_exception") and not (
                 a.exception_info and a.exception_info.get("raised_exception")):
             a.exception_info = b.exception_info
@@ -311,7 +318,7 @@ def _merge_suite_results(acc, part, result_format: dict, keep: int):
                 ra[key] = (ra.get(key) or 0) + (rb.get(key) or 0)
         for key in _PARTIAL:
             if key in rb:
-                ra[key] = (list(ra.get(key) or []) + list(rb[key] or []))[:limit]
+                ra[key] = _join_complete(ra.get(key), rb[key], limit)
         for key in _COMPLETE:
             if key in rb:
                 ra[key] = _join_complete(ra.get(key), rb[key], keep)
@@ -320,6 +327,13 @@ def _merge_suite_results(acc, part, result_format: dict, keep: int):
                                                            rb["partial_unexpected_counts"], limit)
         a.result = ra
     return acc
+
+
+def _key(config) -> str:
+    """An expectation's identity within its suite: its id, else its configuration's JSON."""
+    if config is None:
+        return ""
+    return str(getattr(config, "id", None) or json.dumps(config.to_json_dict(), sort_keys=True, default=str))
 
 
 def _join_complete(a, b, keep: int):
@@ -359,10 +373,12 @@ def _restate(merged) -> None:
         n, unexpected = r.get("element_count") or 0, r.get("unexpected_count") or 0
         missing = r.get("missing_count")
         nonnull = n - missing if missing is not None else n
-        if n > 0:
-            r["unexpected_percent_total"] = unexpected / n * 100
-            if missing is not None:
-                r["missing_percent"] = missing / n * 100
+        # Only the keys GX wrote (it leaves some out, or None, by expectation).
+        if r.get("unexpected_percent_total") is not None or (n > 0 and "unexpected_percent_total" in r
+                                                             and r.get("missing_percent") is not None):
+            r["unexpected_percent_total"] = unexpected / n * 100 if n > 0 else None
+        if "missing_percent" in r and missing is not None:
+            r["missing_percent"] = missing / n * 100 if n > 0 else None
         r["unexpected_percent"] = unexpected / nonnull * 100 if nonnull > 0 else None
         if "unexpected_percent_nonmissing" in r:
             r["unexpected_percent_nonmissing"] = r["unexpected_percent"]

@@ -40,7 +40,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from validation.gx_run import SUMMARY, Item, Run, complete, suite_identity, validate
+from validation.gx_run import (SUMMARY, Item, ItemBatches, Run, complete, run_item, start_run, suite_identity,
+                               validate, write_report)
 from validation.report import failures_from_results, sort_failures
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 
     from core.expectations import TableExpectations
 
-__all__ = ["validate_table", "table_suite_hash"]
+__all__ = ["validate_table", "table_suite_hash", "validate_streamed"]
 
 NAME = "table"
 SPLITS = ("train", "test")
@@ -102,15 +103,21 @@ def load(params: dict) -> dict[str, pd.DataFrame]:
 def items(params: dict, splits: dict[str, pd.DataFrame]) -> tuple[list[Item], list[dict]]:
     """The derived frames and their expectations, and the checks that cannot run. Raises
     ValueError when the plan's columns contradict its expectations file."""
+    exp, features, label = _checked(params)
+    frames = {s: _coerce_integral(splits[s]) for s in SPLITS}
+    skipped: list[dict] = []
+    return _plan(exp, features, label, params["classification"], frames, skipped), skipped
+
+
+def _checked(params: dict) -> tuple:
+    """(expectations, features, label); ValueError when the columns contradict the expectations file."""
     exp, features, label = params["expectations"], list(params["features"]), params["label"]
     unknown = [c for c in [*features, label] if c not in exp.names]
     if unknown:
         raise ValueError(f"column(s) {unknown} are not in the expectations file (columns: {exp.names})")
     if exp.label is not None and exp.label != label:
         raise ValueError(f"label: the config reads {label!r}, the expectations file says {exp.label!r}")
-    frames = {s: _coerce_integral(splits[s]) for s in SPLITS}
-    skipped: list[dict] = []
-    return _plan(exp, features, label, params["classification"], frames, skipped), skipped
+    return exp, features, label
 
 
 def failures(params: dict, run: Run, items: list[Item]) -> list[dict]:
@@ -451,3 +458,240 @@ def validate_table(exp: TableExpectations, features: list[str], label: str, spli
     """
     params = {"expectations": exp, "features": list(features), "label": label, "classification": classification}
     return validate(sys.modules[__name__], params, splits, Path(report_dir))
+
+
+# --------------------------------------------------------------------------- in batches (bounded memory)
+# A split too large to read whole (``validation.stream_above_mb``) or a folder of Parquet files is
+# validated batch by batch (``tasks.columnar.iter_batches``) with the very items the in-memory run
+# builds. Row-level expectations (nulls, value sets, the stacked cells' bounds) are validated by GX
+# on every batch and their results merged into one (``gx_run.ItemBatches``: counts exact, examples
+# cut). What needs the whole column is accumulated across batches and then validated by GX once,
+# on a small frame: column types and nulls (``tasks.columnar.ColumnStats``) for the schema frame,
+# class counts for the balance frame, the row count on a frame of N rows and no columns, and the
+# leak check on the row hashes seen in both splits (8 bytes kept per row: the one part that grows
+# with the rows, 160 MB at 20 M). The column list comes from the first batch (each has them all).
+
+
+def sources(params: dict) -> dict[str, Path]:
+    """``{"train", "test"}`` paths, or ``{"all"}`` for one file split by seed."""
+    from tasks.table import split_paths
+
+    return split_paths(params["dataset"], params["root"])
+
+
+def streamed(params: dict) -> bool:
+    """Validate in batches: a split is a folder (of Parquet files), or the split files hold more
+    than ``params["stream_above_bytes"]`` bytes (None: never by size)."""
+    paths = list(sources(params).values())
+    if any(p.is_dir() for p in paths):
+        return True
+    limit = params.get("stream_above_bytes")
+    return limit is not None and sum(p.stat().st_size for p in paths if p.is_file()) > limit
+
+
+def _arrow_found(arrow_type, stats) -> tuple[str, bool]:
+    """(found type, numeric) of a column from its Arrow type and, once read, its statistics."""
+    import pyarrow as pa
+
+    if stats is not None and stats.rows and not stats.count:
+        return "null", True
+    if pa.types.is_null(arrow_type):
+        return "null", True
+    if pa.types.is_boolean(arrow_type):
+        return "boolean", False
+    if pa.types.is_integer(arrow_type):
+        return "integer", True
+    if pa.types.is_floating(arrow_type):
+        return ("integer" if stats is not None and stats.count and stats.integral else "float"), True
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return "string", False
+    return "other", False
+
+
+def _schema_info(exp: TableExpectations, schema, dtypes: dict[str, str], stats: dict | None) -> dict:
+    """``{column: (dtype text, found type)}`` for _schema_rows; a float column of whole numbers
+    reads Int64 as the in-memory run casts it."""
+    out = {}
+    for f in schema:
+        if f.name not in exp.names or f.name in out:
+            continue
+        st = stats.get(f.name) if stats else None
+        found, _ = _arrow_found(f.type, st)
+        dtype = "Int64" if found == "integer" and dtypes[f.name].startswith("float") else dtypes[f.name]
+        out[f.name] = (dtype, found)
+    return out
+
+
+def _batches(params: dict, paths: dict[str, Path], batch_rows: int):
+    """``(split, RecordBatch, offset)`` in each split's row order; one file is split by seed as
+    ``tasks.table.load_frames`` splits it (its label column read whole for the stratification)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tasks.columnar import iter_batches
+
+    if "all" not in paths:
+        for s in SPLITS:
+            offset = 0
+            for batch in iter_batches(paths[s], batch_rows=batch_rows):
+                yield s, batch, offset
+                offset += batch.num_rows
+        return
+    from tasks.columnar import source_rows, source_schema
+    from tasks.table import seeded_split
+
+    ds, src = params["dataset"], paths["all"]
+    n = source_rows(src)
+    labels = None
+    if params["stratify"]:
+        import pandas as pd
+
+        try:  # the label read as load_frames reads it (its dtype sets the stratification's groups)
+            labels = (pd.read_csv(src, usecols=[ds.label]) if src.suffix.lower() == ".csv"
+                      else pd.read_parquet(src, columns=[ds.label]))[ds.label]
+        except (ValueError, KeyError):
+            labels = None
+    if n is None:  # a CSV: its rows counted in one streamed pass over one column
+        first = source_schema(src).names[0]
+        n = len(labels) if labels is not None else sum(b.num_rows for b in iter_batches(src, columns=[first]))
+    _, held = seeded_split(labels, n, ds.test_fraction, params["seed"], params["stratify"])
+    is_test = np.zeros(n, dtype=bool)
+    is_test[np.asarray(held, dtype=np.int64)] = True
+    del held, labels
+    offsets, start = {"train": 0, "test": 0}, 0
+    for batch in iter_batches(src, batch_rows=batch_rows):
+        m = is_test[start:start + batch.num_rows]
+        start += batch.num_rows
+        for s, mask in (("train", ~m), ("test", m)):
+            part = batch.filter(pa.array(mask))
+            if part.num_rows:
+                yield s, part, offsets[s]
+                offsets[s] += part.num_rows
+
+
+def _row_hash_array(df: pd.DataFrame, columns: list[str]):
+    """uint64 per row over ``columns``: numbers hashed as float64 (3, 3.0 and Int64 3 alike; a
+    null as NaN), anything else by its text."""
+    import numpy as np
+    import pandas as pd
+
+    pos = _first_positions(df)
+    canon = {}
+    for c in columns:
+        s = df.iloc[:, pos[c]]
+        if pd.api.types.is_numeric_dtype(s.dtype) and not pd.api.types.is_bool_dtype(s.dtype):
+            canon[c] = s.to_numpy(dtype="float64", na_value=np.nan)
+        else:
+            canon[c] = s.astype("string").to_numpy(dtype=object, na_value=None)
+    return pd.util.hash_pandas_object(pd.DataFrame(canon), index=False).to_numpy(dtype="uint64")
+
+
+def _cross_from_hashes(hashes: dict[str, list]) -> pd.DataFrame:
+    """The cross frame of the rows whose hash both splits hold (first occurrence in each split):
+    the only rows the uniqueness check can fail on; the rest are unique by construction."""
+    import numpy as np
+    import pandas as pd
+
+    firsts = {}
+    for s in SPLITS:
+        h = np.concatenate(hashes[s]) if hashes[s] else np.zeros(0, dtype="uint64")
+        hashes[s] = []
+        firsts[s] = np.unique(h, return_index=True)
+        del h
+    leaked = np.intersect1d(firsts["train"][0], firsts["test"][0], assume_unique=True)
+    parts = []
+    for s in SPLITS:
+        u, first = firsts[s]
+        sel = np.isin(u, leaked, assume_unique=True)
+        rows, hs = first[sel], u[sel]
+        order = np.argsort(rows, kind="stable")
+        parts.append(pd.DataFrame({"row_hash": np.array([f"{h:016x}" for h in hs[order]], dtype=object),
+                                   "split": s, "row": rows[order].astype("int64")}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = None) -> dict:
+    """Validate the plan's splits batch by batch in bounded memory and write the same report files
+    as :func:`validate_table` (``gx_result.json`` with one result per item, ``summary.md``, Data
+    Docs); the same report, its failures named the same way. ``batch_rows``: rows per batch
+    (default ``params["batch_rows"]`` or ``tasks.columnar.BATCH_ROWS``). Raises ValueError when
+    the plan's columns contradict its expectations file, DataUnavailableError for unreadable data."""
+    import time
+
+    import great_expectations.expectations as gxe
+    import pandas as pd
+
+    from tasks.columnar import BATCH_ROWS, ColumnStats, source_schema
+
+    started = time.perf_counter()
+    exp, features, label = _checked(params)
+    classification = params["classification"]
+    batch_rows = int(batch_rows or params.get("batch_rows") or BATCH_ROWS)
+    paths = sources(params)
+    schemas = {s: source_schema(paths.get(s, paths.get("all"))) for s in SPLITS}
+    empties = {s: _coerce_integral(schemas[s].empty_table().to_pandas()) for s in SPLITS}
+    dtypes = {s: {f.name: str(schemas[s].empty_table().to_pandas()[f.name].dtype) for f in schemas[s]}
+              for s in SPLITS}
+
+    skipped: list[dict] = []
+    items: list[Item] = []
+    stacked: dict[str, list] = {}
+    for s in SPLITS:
+        names = schemas[s].names
+        schema = _schema_rows(exp, features, _schema_info(exp, schemas[s], dtypes[s], None))
+        stacked[s] = _stacked_columns(exp, schema)
+        items += _split_items(exp, features, label, classification, s, names, schema, None, skipped,
+                              cells=lambda cols: None, balance=lambda classes: None)
+    by_name = {item.name: item for item in items}
+
+    run = start_run(started)
+    batched = {s: {kind: ItemBatches(run, by_name[name]) for kind, name in (("split", s), ("cells", f"{s}_cells"))
+                   if name in by_name} for s in SPLITS}
+    stats = {s: {n: ColumnStats(n, values={} if n == label else None) for n in schemas[s].names} for s in SPLITS}
+    cross_columns = [c for c in exp.names if all(c in schemas[s].names for s in SPLITS)]
+    hashes: dict[str, list] = {s: [] for s in SPLITS}
+    rows = {s: 0 for s in SPLITS}
+
+    def feed(s: str, df: pd.DataFrame, offset: int) -> None:
+        if "split" in batched[s]:
+            batched[s]["split"].add(df)
+        if "cells" in batched[s]:
+            batched[s]["cells"].add(_cells_frame(df, stacked[s], label, offset))
+
+    for s, batch, offset in _batches(params, paths, batch_rows):
+        for i, name in enumerate(batch.schema.names):
+            if name in stats[s]:
+                stats[s][name].update(batch.column(i))
+        df = _coerce_integral(batch.to_pandas())
+        df.index = pd.RangeIndex(offset, offset + len(df))
+        del batch
+        feed(s, df, offset)
+        if cross_columns:
+            hashes[s].append(_row_hash_array(df, cross_columns))
+        rows[s] = offset + len(df)
+        del df
+
+    for s in SPLITS:
+        if not rows[s]:
+            feed(s, empties[s], 0)  # an empty split: its column list and checks on no rows
+        by_name[f"{s}_schema"].frame = _schema_rows(exp, features, _schema_info(exp, schemas[s], dtypes[s], stats[s]))
+        run_item(run, by_name[f"{s}_schema"])
+        if f"{s}_balance" in by_name:
+            values = stats[s][label].values or {}
+            counts: dict[str, int] = {}
+            for v, k in values.items():
+                counts[_class_key(v)] = counts.get(_class_key(v), 0) + k
+            by_name[f"{s}_balance"].frame = _balance_rows(exp.classes, counts, rows[s])
+            run_item(run, by_name[f"{s}_balance"])
+        split_item = by_name[s]
+        whole = {i: pd.DataFrame(index=pd.RangeIndex(rows[s])) for i, e in enumerate(split_item.expectations)
+                 if isinstance(e, gxe.ExpectTableRowCountToBeBetween)}
+        batched[s]["split"].finish(whole)
+        if "cells" in batched[s]:
+            batched[s]["cells"].finish()
+    cross = _cross_items(_cross_from_hashes(hashes) if cross_columns else None, skipped)
+    for item in cross:
+        run_item(run, item)
+    items += cross
+    return write_report(run, items, Path(report_dir), failures=failures(params, run, items), rows=rows,
+                        skipped=skipped)
