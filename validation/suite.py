@@ -479,14 +479,19 @@ def sources(params: dict) -> dict[str, Path]:
     return split_paths(params["dataset"], params["root"])
 
 
+# Split files larger than this together are validated in batches: read whole, a split costs its
+# pandas frame plus the stacked cells frame (five values and an index entry per cell) at once.
+STREAM_ABOVE_BYTES = 256 << 20
+
+
 def streamed(params: dict) -> bool:
     """Validate in batches: a split is a folder (of Parquet files), or the split files hold more
-    than ``params["stream_above_bytes"]`` bytes (None: never by size)."""
+    than ``params.get("stream_above_bytes", STREAM_ABOVE_BYTES)`` bytes."""
     paths = list(sources(params).values())
     if any(p.is_dir() for p in paths):
         return True
-    limit = params.get("stream_above_bytes")
-    return limit is not None and sum(p.stat().st_size for p in paths if p.is_file()) > limit
+    limit = params.get("stream_above_bytes", STREAM_ABOVE_BYTES)
+    return sum(p.stat().st_size for p in paths if p.is_file()) > limit
 
 
 def _arrow_found(arrow_type, stats) -> tuple[str, bool]:
