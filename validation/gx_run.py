@@ -246,12 +246,20 @@ class ItemBatches:
         self.batch_id = self.batch_id or validator.active_batch_id
         return result
 
-    def add(self, frame) -> None:
-        """Validate one batch and fold its result in (a batch GX chokes on fails the item)."""
+    def add(self, frame, counts: dict[int, dict] | None = None) -> None:
+        """Validate one batch and fold its result in (a batch GX chokes on fails the item).
+        ``counts``: ``{expectation index: {result key: value}}`` that replace GX's counts for this
+        batch, where ``frame`` holds only the rows that can fail (their element and missing counts
+        are the batch's, which the caller knows)."""
         if self.error is not None:
             return
         try:
             part = self._validate(frame)
+            if counts:
+                keys = {_key(self.definition.suite.expectations[i].configuration): c for i, c in counts.items()}
+                for evr in part.results:
+                    if _key(evr.expectation_config) in keys and evr.result is not None:
+                        evr.result.update(keys[_key(evr.expectation_config)])
             self.merged = part if self.merged is None else _merge_suite_results(
                 self.merged, part, self.item.result_format, self.keep)
         except Exception as exc:  # noqa: BLE001 - report, never crash on data GX chokes on
@@ -373,12 +381,11 @@ def _restate(merged) -> None:
         n, unexpected = r.get("element_count") or 0, r.get("unexpected_count") or 0
         missing = r.get("missing_count")
         nonnull = n - missing if missing is not None else n
-        # Only the keys GX wrote (it leaves some out, or None, by expectation).
-        if r.get("unexpected_percent_total") is not None or (n > 0 and "unexpected_percent_total" in r
-                                                             and r.get("missing_percent") is not None):
+        # Only the keys GX wrote (it leaves some out by expectation).
+        if "unexpected_percent_total" in r:
             r["unexpected_percent_total"] = unexpected / n * 100 if n > 0 else None
-        if "missing_percent" in r and missing is not None:
-            r["missing_percent"] = missing / n * 100 if n > 0 else None
+        if "missing_percent" in r:
+            r["missing_percent"] = missing / n * 100 if n > 0 and missing is not None else None
         r["unexpected_percent"] = unexpected / nonnull * 100 if nonnull > 0 else None
         if "unexpected_percent_nonmissing" in r:
             r["unexpected_percent_nonmissing"] = r["unexpected_percent"]

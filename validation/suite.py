@@ -223,6 +223,14 @@ def _cells_frame(df: pd.DataFrame, columns: list, label: str, offset: int = 0) -
     keep = ~(nullable & np.isnan(values))
     if not keep.all():
         values, column, row, lo, hi = values[keep], column[keep], row[keep], lo[keep], hi[keep]
+    return _cells_from(column, row, values, lo, hi)
+
+
+def _cells_from(column, row, values, lo, hi) -> pd.DataFrame:
+    """The cells frame of parallel arrays (column name, row, value, min, max)."""
+    import numpy as np
+    import pandas as pd
+
     # int64 keeps examples as 99 rather than 99.0; GX compares int64/float64 vectorised.
     if not np.isnan(values).any() and (values == np.round(values)).all() and (np.abs(values) < 2**53).all():
         values = values.astype("int64")
@@ -574,26 +582,82 @@ def _batches(params: dict, paths: dict[str, Path], batch_rows: int):
                 offsets[s] += part.num_rows
 
 
-def _row_hash_array(df: pd.DataFrame, columns: list[str]):
+def _float_column(batch, name: str):
+    """A batch's column as float64 numpy, nulls as NaN."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.cast(batch.column(name), pa.float64()).to_numpy(zero_copy_only=False)
+
+
+def _row_hash_array(batch, columns: list[str]):
     """uint64 per row over ``columns``: numbers hashed as float64 (3, 3.0 and Int64 3 alike; a
     null as NaN), anything else by its text."""
-    import numpy as np
     import pandas as pd
+    import pyarrow as pa
 
-    pos = _first_positions(df)
     canon = {}
     for c in columns:
-        s = df.iloc[:, pos[c]]
-        if pd.api.types.is_numeric_dtype(s.dtype) and not pd.api.types.is_bool_dtype(s.dtype):
-            canon[c] = s.to_numpy(dtype="float64", na_value=np.nan)
+        t = batch.schema.field(c).type
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t):
+            canon[c] = _float_column(batch, c)
         else:
-            canon[c] = s.astype("string").to_numpy(dtype=object, na_value=None)
+            canon[c] = batch.column(c).cast(pa.string()).to_pandas().astype("string")
     return pd.util.hash_pandas_object(pd.DataFrame(canon), index=False).to_numpy(dtype="uint64")
 
 
-def _cross_from_hashes(hashes: dict[str, list]) -> pd.DataFrame:
+def _cell_suspects(batch, columns: list, label: str, offset: int, expectations: list):
+    """The cells of ``batch`` that can fail the stacked checks (null where not allowed, below its
+    min, above its max: exactly the cells GX reports), as a cells frame, and the counts GX would
+    give on the whole stacked batch: ``{expectation index: {"element_count", "missing_count"}}``.
+
+    Every other cell passes each stacked check by construction, so GX validates only these; the
+    stacked frame of a whole batch (five values and an index entry per cell) is never built.
+    """
+    import great_expectations.expectations as gxe
+    import numpy as np
+
+    k, n = len(columns), batch.num_rows
+    block = np.empty((k, n), dtype="float64")
+    for j, c in enumerate(columns):
+        block[j] = _float_column(batch, c.name)
+    nan = float("nan")
+    lo = np.array([[nan if c.min is None else c.min] for c in columns], dtype="float64")
+    hi = np.array([[nan if c.max is None else c.max] for c in columns], dtype="float64")
+    nullable = np.array([[c.nulls and c.name != label] for c in columns], dtype=bool)
+    null = np.isnan(block)
+    keep = ~(nullable & null)
+    with np.errstate(invalid="ignore"):
+        suspect = keep & (null | (block < lo) | (block > hi))
+    kept = int(keep.sum())
+    missing = {"min": int((keep & (null | np.isnan(lo))).sum()), "max": int((keep & (null | np.isnan(hi))).sum())}
+    j, r = np.nonzero(suspect)  # row-major over (column, row): column by column, as _cells_frame
+    names = np.array([c.name for c in columns], dtype=object)
+    frame = _cells_from(names[j], (r + offset).astype("int64"), block[j, r], lo[j, 0], hi[j, 0])
+    counts = {}
+    for i, e in enumerate(expectations):
+        if isinstance(e, gxe.ExpectColumnValuesToNotBeNull):
+            counts[i] = {"element_count": kept}
+        elif isinstance(e, gxe.ExpectColumnPairValuesAToBeGreaterThanB):
+            counts[i] = {"element_count": kept, "missing_count": missing["min" if e.column_A == "value" else "max"]}
+    return frame, counts
+
+
+# Split expectations validated once on a small frame instead of per batch (the row count: on N rows).
+_TABLE_LEVEL = ("expect_table_columns_to_match_ordered_list", "expect_column_to_exist",
+                "expect_table_row_count_to_be_between")
+
+
+def _row_level_columns(item: Item, names: list[str]) -> list[str]:
+    """The columns the split item's row-level expectations read, in the split's order."""
+    used = {e.column for e in item.expectations if e.expectation_type not in _TABLE_LEVEL}
+    return [n for n in names if n in used]
+
+
+def _cross_from_hashes(hashes: dict[str, list]) -> tuple[pd.DataFrame, int]:
     """The cross frame of the rows whose hash both splits hold (first occurrence in each split):
-    the only rows the uniqueness check can fail on; the rest are unique by construction."""
+    the only rows the uniqueness check can fail on, the rest being unique by construction; and
+    the number of rows of the whole cross frame (de-duplicated rows of both splits)."""
     import numpy as np
     import pandas as pd
 
@@ -603,6 +667,7 @@ def _cross_from_hashes(hashes: dict[str, list]) -> pd.DataFrame:
         hashes[s] = []
         firsts[s] = np.unique(h, return_index=True)
         del h
+    total = sum(len(firsts[s][0]) for s in SPLITS)
     leaked = np.intersect1d(firsts["train"][0], firsts["test"][0], assume_unique=True)
     parts = []
     for s in SPLITS:
@@ -612,7 +677,7 @@ def _cross_from_hashes(hashes: dict[str, list]) -> pd.DataFrame:
         order = np.argsort(rows, kind="stable")
         parts.append(pd.DataFrame({"row_hash": np.array([f"{h:016x}" for h in hs[order]], dtype=object),
                                    "split": s, "row": rows[order].astype("int64")}))
-    return pd.concat(parts, ignore_index=True)
+    return pd.concat(parts, ignore_index=True), total
 
 
 def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = None) -> dict:
@@ -657,28 +722,30 @@ def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = N
     hashes: dict[str, list] = {s: [] for s in SPLITS}
     rows = {s: 0 for s in SPLITS}
 
-    def feed(s: str, df: pd.DataFrame, offset: int) -> None:
-        if "split" in batched[s]:
-            batched[s]["split"].add(df)
+    row_level = {s: _row_level_columns(by_name[s], schemas[s].names) for s in SPLITS}
+
+    def feed(s: str, batch, offset: int) -> None:
+        # The split item gets only the columns its row-level expectations read.
+        df = _coerce_integral(batch.select(row_level[s]).to_pandas())
+        df.index = pd.RangeIndex(offset, offset + batch.num_rows)
+        batched[s]["split"].add(df)
         if "cells" in batched[s]:
-            batched[s]["cells"].add(_cells_frame(df, stacked[s], label, offset))
+            frame, counts = _cell_suspects(batch, stacked[s], label, offset, by_name[f"{s}_cells"].expectations)
+            batched[s]["cells"].add(frame, counts)
 
     for s, batch, offset in _batches(params, paths, batch_rows):
         for i, name in enumerate(batch.schema.names):
             if name in stats[s]:
                 stats[s][name].update(batch.column(i))
-        df = _coerce_integral(batch.to_pandas())
-        df.index = pd.RangeIndex(offset, offset + len(df))
-        del batch
-        feed(s, df, offset)
+        feed(s, batch, offset)
         if cross_columns:
-            hashes[s].append(_row_hash_array(df, cross_columns))
-        rows[s] = offset + len(df)
-        del df
+            hashes[s].append(_row_hash_array(batch, cross_columns))
+        rows[s] = offset + batch.num_rows
+        del batch
 
     for s in SPLITS:
-        if not rows[s]:
-            feed(s, empties[s], 0)  # an empty split: its column list and checks on no rows
+        if not rows[s]:  # an empty split: its checks on no rows
+            feed(s, _empty_batch(schemas[s]), 0)
         by_name[f"{s}_schema"].frame = _schema_rows(exp, features, _schema_info(exp, schemas[s], dtypes[s], stats[s]))
         run_item(run, by_name[f"{s}_schema"])
         if f"{s}_balance" in by_name:
@@ -689,14 +756,27 @@ def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = N
             by_name[f"{s}_balance"].frame = _balance_rows(exp.classes, counts, rows[s])
             run_item(run, by_name[f"{s}_balance"])
         split_item = by_name[s]
-        whole = {i: pd.DataFrame(index=pd.RangeIndex(rows[s])) for i, e in enumerate(split_item.expectations)
-                 if isinstance(e, gxe.ExpectTableRowCountToBeBetween)}
+        # Table-level checks on the split's columns with no rows, the row count on N rows and no
+        # columns (a RangeIndex: no memory).
+        whole = {i: pd.DataFrame(index=pd.RangeIndex(rows[s])) if isinstance(e, gxe.ExpectTableRowCountToBeBetween)
+                 else empties[s] for i, e in enumerate(split_item.expectations)
+                 if e.expectation_type in _TABLE_LEVEL}
         batched[s]["split"].finish(whole)
         if "cells" in batched[s]:
             batched[s]["cells"].finish()
-    cross = _cross_items(_cross_from_hashes(hashes) if cross_columns else None, skipped)
-    for item in cross:
-        run_item(run, item)
+    frame, total = _cross_from_hashes(hashes) if cross_columns else (None, 0)
+    cross = _cross_items(frame, skipped)
+    for item in cross:  # GX's counts as on the whole cross frame
+        leaks = ItemBatches(run, item)
+        leaks.add(item.frame, {0: {"element_count": total, "missing_count": 0}})
+        leaks.finish()
     items += cross
     return write_report(run, items, Path(report_dir), failures=failures(params, run, items), rows=rows,
                         skipped=skipped)
+
+
+def _empty_batch(schema):
+    """A RecordBatch of ``schema`` with no rows."""
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schema], schema=schema)

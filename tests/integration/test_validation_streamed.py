@@ -73,7 +73,7 @@ def test_batches_merge_to_the_one_piece_result_with_bad_rows_spread_over_batches
     result = json.loads((tmp_path / "many" / "gx_result.json").read_text())["validations"]
     whole = json.loads((tmp_path / "one" / "gx_result.json").read_text())["validations"]
     assert sorted(result) == sorted(whole)
-    for name in ("train", "train_cells"):
+    for name in ("train", "train_cells", "test_cells", "cross"):
         counts = [{k: r["result"].get(k) for k in ("element_count", "missing_count", "unexpected_count")}
                   for r in result[name]["results"]]
         assert counts == [{k: r["result"].get(k) for k in ("element_count", "missing_count", "unexpected_count")}
