@@ -91,14 +91,16 @@ def data_hash(paths: list[Path]) -> str:
 
 
 def suite_identity(suite, parts: dict) -> str:
-    """sha256 of a suite's ``parts``, its module's code, this runner's and ``validation.report``'s,
-    and the installed GX version, without importing GX: a change to any of them is a new suite."""
+    """sha256 of a suite's ``parts``, its module's code, this runner's, ``validation.report``'s and
+    ``tasks.columnar``'s, and the installed GX version, without importing GX: a change to any of
+    them is a new suite."""
     from importlib.metadata import PackageNotFoundError, version
 
     from core.hashing import file_sha256, sha256_json
 
     here = Path(__file__).resolve().parent
-    code = [Path(suite.__file__), here / "gx_run.py", here / "report.py"]
+    # tasks/columnar.py reads the batches of a streamed run (validation.suite.validate_streamed).
+    code = [Path(suite.__file__), here / "gx_run.py", here / "report.py", here.parent / "tasks" / "columnar.py"]
     try:
         gx_version = version("great_expectations")
     except PackageNotFoundError:
@@ -348,7 +350,10 @@ def _join_complete(a, b, keep: int):
     """Two complete unexpected lists joined and cut at ``keep`` entries; the dict-of-lists form
     (``exclude_unexpected_values``) list by list."""
     a, b = list(a or []), list(b or [])
-    one = lambda x: len(x) == 1 and isinstance(x[0], dict) and all(isinstance(v, list) for v in x[0].values())  # noqa: E731
+
+    def one(x: list) -> bool:
+        return len(x) == 1 and isinstance(x[0], dict) and all(isinstance(v, list) for v in x[0].values())
+
     if one(a) and one(b):
         return [{k: (a[0].get(k, []) + b[0].get(k, []))[:keep] for k in {**a[0], **b[0]}}]
     if one(b) and not a:
