@@ -469,15 +469,19 @@ def validate_table(exp: TableExpectations, features: list[str], label: str, spli
 
 
 # --------------------------------------------------------------------------- in batches (bounded memory)
-# A split too large to read whole (``validation.stream_above_mb``) or a folder of Parquet files is
-# validated batch by batch (``tasks.columnar.iter_batches``) with the very items the in-memory run
-# builds. Row-level expectations (nulls, value sets, the stacked cells' bounds) are validated by GX
-# on every batch and their results merged into one (``gx_run.ItemBatches``: counts exact, examples
-# cut). What needs the whole column is accumulated across batches and then validated by GX once,
-# on a small frame: column types and nulls (``tasks.columnar.ColumnStats``) for the schema frame,
-# class counts for the balance frame, the row count on a frame of N rows and no columns, and the
-# leak check on the row hashes seen in both splits (8 bytes kept per row: the one part that grows
-# with the rows, 160 MB at 20 M). The column list comes from the first batch (each has them all).
+# A split too large to read whole (``STREAM_ABOVE_BYTES``) or a folder of Parquet files is validated
+# batch by batch (``tasks.columnar.iter_batches``) with the very items the in-memory run builds,
+# and gives one GX result per item, as it does (``gx_run.ItemBatches`` merges the batches'):
+# * row-level expectations (nulls and value sets of the split item) are validated by GX on every
+#   batch, on the columns they read; the stacked cells' checks (null, min, max per cell) on the
+#   cells of the batch that can fail them (numpy finds them; every other cell passes by
+#   construction), with the batch's own element and missing counts. Counts add up exactly;
+#   example lists are cut;
+# * what needs the whole table is accumulated across batches and validated by GX once, on a small
+#   frame: column types and all-null columns (``tasks.columnar.ColumnStats``) for the schema
+#   frame, class counts for the balance frame, the column list on the split's columns with no
+#   rows, the row count on N rows and no columns, and the leak check on the rows whose hash both
+#   splits hold (8 bytes kept per row: the one part that grows with the rows, 160 MB at 20 M).
 
 
 def sources(params: dict) -> dict[str, Path]:
@@ -506,7 +510,7 @@ def _arrow_found(arrow_type, stats) -> tuple[str, bool]:
     """(found type, numeric) of a column from its Arrow type and, once read, its statistics."""
     import pyarrow as pa
 
-    if stats is not None and stats.rows and not stats.count:
+    if stats is not None and not stats.count:  # no value (or no row), as the in-memory run says
         return "null", True
     if pa.types.is_null(arrow_type):
         return "null", True
