@@ -91,14 +91,16 @@ def data_hash(paths: list[Path]) -> str:
 
 
 def suite_identity(suite, parts: dict) -> str:
-    """sha256 of a suite's ``parts``, its module's code, this runner's and ``validation.report``'s,
-    and the installed GX version, without importing GX: a change to any of them is a new suite."""
+    """sha256 of a suite's ``parts``, its module's code, this runner's, ``validation.report``'s and
+    ``tasks.columnar``'s, and the installed GX version, without importing GX: a change to any of
+    them is a new suite."""
     from importlib.metadata import PackageNotFoundError, version
 
     from core.hashing import file_sha256, sha256_json
 
     here = Path(__file__).resolve().parent
-    code = [Path(suite.__file__), here / "gx_run.py", here / "report.py"]
+    # tasks/columnar.py reads the batches of a streamed run (validation.suite.validate_streamed).
+    code = [Path(suite.__file__), here / "gx_run.py", here / "report.py", here.parent / "tasks" / "columnar.py"]
     try:
         gx_version = version("great_expectations")
     except PackageNotFoundError:
@@ -246,12 +248,20 @@ class ItemBatches:
         self.batch_id = self.batch_id or validator.active_batch_id
         return result
 
-    def add(self, frame) -> None:
-        """Validate one batch and fold its result in (a batch GX chokes on fails the item)."""
+    def add(self, frame, counts: dict[int, dict] | None = None) -> None:
+        """Validate one batch and fold its result in (a batch GX chokes on fails the item).
+        ``counts``: ``{expectation index: {result key: value}}`` that replace GX's counts for this
+        batch, where ``frame`` holds only the rows that can fail (their element and missing counts
+        are the batch's, which the caller knows)."""
         if self.error is not None:
             return
         try:
             part = self._validate(frame)
+            if counts:
+                keys = {_key(self.definition.suite.expectations[i].configuration): c for i, c in counts.items()}
+                for evr in part.results:
+                    if _key(evr.expectation_config) in keys and evr.result is not None:
+                        evr.result.update(keys[_key(evr.expectation_config)])
             self.merged = part if self.merged is None else _merge_suite_results(
                 self.merged, part, self.item.result_format, self.keep)
         except Exception as exc:  # noqa: BLE001 - report, never crash on data GX chokes on
@@ -274,7 +284,9 @@ class ItemBatches:
                 raise ValueError(f"{item.name}: no batch was validated")
             merged = self.merged
             for i, frame in (whole or {}).items():
-                merged.results[i] = self._validate(frame).results[i]
+                key = _key(self.definition.suite.expectations[i].configuration)
+                own = {_key(r.expectation_config): r for r in self._validate(frame).results}
+                merged.results = [own[key] if _key(r.expectation_config) == key else r for r in merged.results]
             _restate(merged)
             merged.meta.update(run_id=run.run_id, validation_time=run.run_id.run_time,
                                batch_parameters={"dataframe": "<batches>"})
@@ -299,7 +311,12 @@ _COMPLETE = ("unexpected_list", "unexpected_index_list")
 def _merge_suite_results(acc, part, result_format: dict, keep: int):
     """``acc`` with ``part`` (the same suite on the next batch) added in; ``acc`` is changed."""
     limit = int(result_format.get("partial_unexpected_count", 20))
-    for a, b in zip(acc.results, part.results):
+    # Matched by expectation, not position: GX orders results its own way (failed metrics last).
+    parts = {_key(b.expectation_config): b for b in part.results}
+    for a in acc.results:
+        b = parts.get(_key(a.expectation_config))
+        if b is None:
+            continue
         if b.exception_info and b.exception_info.get("raised_exception") and not (
                 a.exception_info and a.exception_info.get("raised_exception")):
             a.exception_info = b.exception_info
@@ -311,7 +328,7 @@ def _merge_suite_results(acc, part, result_format: dict, keep: int):
                 ra[key] = (ra.get(key) or 0) + (rb.get(key) or 0)
         for key in _PARTIAL:
             if key in rb:
-                ra[key] = (list(ra.get(key) or []) + list(rb[key] or []))[:limit]
+                ra[key] = _join_complete(ra.get(key), rb[key], limit)
         for key in _COMPLETE:
             if key in rb:
                 ra[key] = _join_complete(ra.get(key), rb[key], keep)
@@ -322,11 +339,21 @@ def _merge_suite_results(acc, part, result_format: dict, keep: int):
     return acc
 
 
+def _key(config) -> str:
+    """An expectation's identity within its suite: its id, else its configuration's JSON."""
+    if config is None:
+        return ""
+    return str(getattr(config, "id", None) or json.dumps(config.to_json_dict(), sort_keys=True, default=str))
+
+
 def _join_complete(a, b, keep: int):
     """Two complete unexpected lists joined and cut at ``keep`` entries; the dict-of-lists form
     (``exclude_unexpected_values``) list by list."""
     a, b = list(a or []), list(b or [])
-    one = lambda x: len(x) == 1 and isinstance(x[0], dict) and all(isinstance(v, list) for v in x[0].values())  # noqa: E731
+
+    def one(x: list) -> bool:
+        return len(x) == 1 and isinstance(x[0], dict) and all(isinstance(v, list) for v in x[0].values())
+
     if one(a) and one(b):
         return [{k: (a[0].get(k, []) + b[0].get(k, []))[:keep] for k in {**a[0], **b[0]}}]
     if one(b) and not a:
@@ -359,10 +386,11 @@ def _restate(merged) -> None:
         n, unexpected = r.get("element_count") or 0, r.get("unexpected_count") or 0
         missing = r.get("missing_count")
         nonnull = n - missing if missing is not None else n
-        if n > 0:
-            r["unexpected_percent_total"] = unexpected / n * 100
-            if missing is not None:
-                r["missing_percent"] = missing / n * 100
+        # Only the keys GX wrote (it leaves some out by expectation).
+        if "unexpected_percent_total" in r:
+            r["unexpected_percent_total"] = unexpected / n * 100 if n > 0 else None
+        if "missing_percent" in r:
+            r["missing_percent"] = missing / n * 100 if n > 0 and missing is not None else None
         r["unexpected_percent"] = unexpected / nonnull * 100 if nonnull > 0 else None
         if "unexpected_percent_nonmissing" in r:
             r["unexpected_percent_nonmissing"] = r["unexpected_percent"]

@@ -135,3 +135,29 @@ def test_stats_reject_unknown_category_and_a_batch_without_the_column():
         column_stats([], ["a"], categories=["b"])
     with pytest.raises(KeyError, match="lacks column 'b'"):
         column_stats([pa.record_batch({"a": [1]})], ["b"])
+
+
+def test_streamed_standardisation_equals_the_tasks_info_within_float_tolerance(tmp_path):
+    """The tabular task's scaling (mean, std; a constant column's std 1) fitted in one streamed
+    pass over the train file equals what ``info`` fits on the loaded split."""
+    from core.config import PipelineConfig
+    from tasks import get_task
+
+    df = _table(3000)
+    df["const"] = 4.0
+    (tmp_path / "d").mkdir()
+    df.iloc[:2500].to_parquet(tmp_path / "d" / "train.parquet", row_group_size=700)
+    df.iloc[2500:].to_parquet(tmp_path / "d" / "test.parquet")
+    (tmp_path / "exp.yaml").write_text("label: label\ncolumns:\n" + "".join(
+        f"  - {{name: {c}, type: float}}\n" for c in ("x", "k", "f", "const"))
+        + "  - {name: label, type: string, values: [a, b, c]}\n")
+    features = ["x", "k", "f", "const"]
+    cfg = PipelineConfig(name="t", dataset={"path": "d", "train_file": "train.parquet", "test_file": "test.parquet",
+                                            "features": features, "expectations_file": "exp.yaml"})
+    task = get_task("classification")
+    info = task.info(cfg, tmp_path, task.frames(cfg, tmp_path))
+    stats = column_stats(iter_batches(tmp_path / "d" / "train.parquet", columns=features, batch_rows=512), features)
+    mean = [stats[c].mean for c in features]
+    std = [stats[c].std if stats[c].std > 0 else 1.0 for c in features]
+    assert info["features"] == features and info["std"][3] == 1.0
+    assert np.allclose(mean, info["mean"], rtol=1e-12) and np.allclose(std, info["std"], rtol=1e-9)
