@@ -49,18 +49,18 @@ but torch, doing the same work the Trainer does, in the same numerical order:
   ``training.models.build_model`` built right after ``torch.manual_seed(seed)``
   (so initial weights and the dropout stream start where the Trainer's do),
   ``DistributedDataParallel`` with default arguments;
-* ``AdamW`` (or SGD, per config) at ``training.trainer.scaled_lr`` and the same
-  ``LambdaLR(lr_lambda(warmup, total))`` stepped once per optimizer step;
-* ``DistributedSampler(shuffle=True, seed=seed)`` with ``set_epoch`` every
-  epoch; its index order cut into batches straight from the in-memory tensors
-  (the batches a ``DataLoader(batch_size=B, sampler=...)`` would yield, without
-  the per-row fetch and collate: the Trainer's default ``loader.kind: memory``
-  does the same; with a DataLoader the loader would also draw its seed from the
-  global RNG, shifting every dropout mask after it, and the losses would no
-  longer match);
-* per step: ``zero_grad`` / ``F.cross_entropy(model(x), y)`` / ``backward`` /
-  ``clip_grad_norm_(params, grad_clip)`` / ``opt.step`` / ``sched.step`` and
-  ``loss.item()`` for the epoch's mean train loss;
+* ``AdamW`` (or SGD, per config) at ``training.trainer.scaled_lr``, its LR set
+  before each step to ``lr x training.trainer.lr_factor`` (warm-up, then cosine,
+  in samples consumed);
+* each epoch's order a ``torch.randperm(N)`` from a generator seeded with
+  seed + epoch, cut into steps of ``B x world`` samples (rank r takes positions
+  ``r*B ... +B`` of each; the last step is short and may leave a rank an empty
+  batch), straight from the in-memory tensors: what the Trainer's default
+  ``loader.kind: memory`` does (a DataLoader would draw its seed from the
+  global RNG, shifting every dropout mask after it);
+* per step: ``zero_grad`` / ``F.cross_entropy(model(x), y, reduction="sum") x
+  world / step samples`` / ``backward`` / ``clip_grad_norm_(params, grad_clip)``
+  / ``opt.step`` and ``loss.item()`` for the epoch's mean train loss;
 * per epoch: one all-reduce of (loss sum, samples) for the train loss over all
   ranks, and a validation pass (every rank scores a strided slice of the val
   split, one all-reduce), because the Trainer always runs one at the end of each
@@ -79,7 +79,7 @@ last epoch (the Trainer: ``FitResult.train_wall_s``, which also includes the
 wait for the final background checkpoint write). Not timed: interpreter and
 torch start-up, imports, process-group set-up, data loading, model build, the
 weights hash after training, teardown. ``samples/s`` is all ranks' samples
-(DistributedSampler-padded) over that wall time; the goals are judged on it.
+(each sample once per epoch) over that wall time; the goals are judged on it.
 
 Two views less sensitive to other load on a shared machine, printed alongside:
 ``step ms``, each run's median interval from one step's start to the next
@@ -100,7 +100,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -142,11 +141,9 @@ def _hand(args, cfg) -> dict:
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DistributedSampler
-
     from training.data import load_splits
     from training.models import build_model
-    from training.trainer import lr_lambda, scaled_lr, state_dict_sha256
+    from training.trainer import lr_factor, scaled_lr, state_dict_sha256
 
     t = cfg.training
     if t.grad_accum != 1:
@@ -163,11 +160,8 @@ def _hand(args, cfg) -> dict:
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=t.weight_decay)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=t.weight_decay)
-    sampler = DistributedSampler(data.train, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed)
-    b = t.batch_size
-    steps_per_epoch = math.ceil(len(sampler) / b)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lr_lambda(int(t.warmup_epochs * steps_per_epoch), steps_per_epoch * t.epochs))
+    b, n_all = t.batch_size, len(data.train)
+    g_batch = b * world
     x_all, y_all = data.train.tensors
     xv, yv = (v[rank::world] for v in data.val.tensors)
 
@@ -178,22 +172,24 @@ def _hand(args, cfg) -> dict:
     model.train()
     for epoch in range(t.epochs):
         t0 = time.perf_counter()
-        sampler.set_epoch(epoch)
-        order = torch.tensor(list(sampler), dtype=torch.long)
+        order = torch.randperm(n_all, generator=torch.Generator().manual_seed(cfg.seed + epoch))
         loss_sum, n = 0.0, 0
-        for start in range(0, len(order), b):
+        for start in range(0, n_all, g_batch):
             step_t.append((epoch, time.perf_counter()))
-            idx = order[start:start + b]
+            total = min(g_batch, n_all - start)
+            idx = order[start:start + total][rank * b:(rank + 1) * b]
             x, y = x_all[idx], y_all[idx]
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
+            loss = F.cross_entropy(model(x), y, reduction="sum")
+            (loss * (world / total)).backward()
             if t.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+            factor = lr_factor(epoch * n_all + start, total, t.warmup_epochs * n_all, t.epochs * n_all)
+            for group in opt.param_groups:
+                group["lr"] = lr * factor
             opt.step()
-            sched.step()
             steps += 1
-            loss_sum += loss.item() * len(y)
+            loss_sum += loss.item()
             n += len(y)
             if agree:
                 flag = torch.tensor([0.0], dtype=torch.float64)
@@ -220,7 +216,7 @@ def _hand(args, cfg) -> dict:
     cpu_all = torch.tensor([cpu], dtype=torch.float64)
     dist.all_reduce(cpu_all)
     sha = state_dict_sha256(model.module.state_dict())
-    del model, opt, sched
+    del model, opt
     import gc
 
     gc.collect()
@@ -268,15 +264,15 @@ def _trainer(args, cfg) -> dict:
                 eval_s.append(time.perf_counter() - t1)
 
         step_t = []
-        train_step = trainer._train_step
+        train_step = trainer.train_step
 
-        def timed_train_step(x, y, boundary):
+        def timed_train_step(batch):
             step_t.append((trainer.epoch, time.perf_counter()))
-            return train_step(x, y, boundary)
+            return train_step(batch)
 
         # Instrumentation on this instance only (the hand loop takes the same two readings).
         trainer._evaluate = timed_evaluate
-        trainer._train_step = timed_train_step
+        trainer.train_step = timed_train_step
         try:
             cpu0 = time.process_time()
             fit = trainer.fit()
@@ -285,7 +281,7 @@ def _trainer(args, cfg) -> dict:
             full = trainer.strategy.full_state_dict(trainer.model) if fit.status == "completed" else None
         finally:
             trainer.release()
-    samples = len(trainer.sampler) * ctx.world_size * len(fit.history)  # padded, as the hand loop counts
+    samples = trainer.n_train * len(fit.history)  # every sample once per epoch, as the hand loop counts
     return {"rank": ctx.rank, "world_size": ctx.world_size, "wall_s": fit.train_wall_s, "samples": samples,
             "steps": trainer.step, "train_phase_s": [h.epoch_time_s for h in fit.history], "eval_s": eval_s,
             "checkpoint_stall_s": fit.checkpoint_stall_s,

@@ -251,7 +251,7 @@ def choose_plan(micro_batch: int, grad_accum: int, dp_size: int, lr: float, base
     if (w_dp, w_micro, w_accum) == (dp_size, micro_batch, grad_accum):
         return BatchChoice(micro_batch, grad_accum, w_g, configured_lr, "unchanged", "same data-parallel layout")
     if w_dp == dp_size:  # the writer was itself resized: go on with its plan
-        return BatchChoice(w_micro, w_accum, w_g, writer.get("lr", configured_lr), "unchanged",
+        return BatchChoice(w_micro, w_accum, w_g, scaled_lr(lr, w_g, base_batch, rule), "unchanged",
                            "same data-parallel size as the writer: its plan continues")
     if micro_batch * dp_size * grad_accum == w_g:
         split = (micro_batch, grad_accum)
@@ -259,7 +259,7 @@ def choose_plan(micro_batch: int, grad_accum: int, dp_size: int, lr: float, base
         split = _split(w_g, dp_size, w_micro, w_accum, max(w_micro, micro_batch))
     if split is not None:
         b, a = split
-        kept_lr = writer.get("lr", scaled_lr(lr, w_g, base_batch, rule))
+        kept_lr = scaled_lr(lr, w_g, base_batch, rule)  # the writer's, unless a forced resume changed training.lr
         return BatchChoice(b, a, w_g, kept_lr, "kept_global_batch",
                            f"dp_size {w_dp} -> {dp_size}: kept global batch {w_g} as {b} per rank x "
                            f"{dp_size} ranks x {a} micro-steps; lr unchanged",

@@ -55,8 +55,15 @@ class TrainState:
              "resume_id", "data_md5", "layout", "plan")
 
     def meta(self) -> dict:
-        """The plain part, as stored beside the model and optimizer (loadable with weights_only=True)."""
-        return {"format": FORMAT, **{k: getattr(self, k) for k in self._META}}
+        """The plain part, as stored beside the model and optimizer (loadable with weights_only=True).
+
+        A copy: a background write (replicated strategies) pickles it while training goes on and
+        appends to the history.
+        """
+        import copy
+
+        plain = {k: copy.deepcopy(getattr(self, k)) for k in self._META if k != "rng"}
+        return {"format": FORMAT, **plain, "rng": list(self.rng)}
 
     @classmethod
     def from_meta(cls, meta: dict, model=None, optimizer=None) -> "TrainState":

@@ -28,7 +28,11 @@ Checkpoint layouts inside the caller's ``folder`` (which every rank can see):
 - fsdp: DCP files (``.metadata``, ``__<rank>_0.distcp``) holding
   ``{"model", "optim"}`` plus ``extra.pt`` (rank 0 writes).
 
-Model keys are the plain module's (no ``module.`` prefix) in both layouts.
+Model keys are the plain module's (no ``module.`` prefix) in both layouts, and each side
+reads the other's, so a checkpoint resumes on another world size or strategy: fsdp loads a
+``state.pt`` into its shards (``set_state_dict`` with ``full_state_dict``), single/ddp read DCP
+shards whole (DCP reshards on read). tp / pp / hybrid shards load only into their own layout.
+What the ``extra`` part holds is ``training.state.TrainState.meta()``.
 """
 
 from __future__ import annotations
@@ -292,7 +296,11 @@ class Strategy:
         model = self.unwrapped(wrapped)
         model_sd, optim_sd = get_state_dict(model, optimizer)  # FQN-keyed, as DCPStrategy saved them
         state = {"model": model_sd, "optim": optim_sd}
-        with _dcp_errors(f"loading checkpoint {folder}"):
+        import warnings
+
+        with _dcp_errors(f"loading checkpoint {folder}"), warnings.catch_warnings():
+            # no_dist is the intent here (each rank reads on its own), not a missing process group.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(state, checkpoint_id=folder, no_dist=True)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         return extra

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
+from collections import Counter
 
 import pytest
 
 from core.errors import ConfigError, PreemptedError
 from tests.conftest import VENV_BIN
-from tests.engine_helpers import train
+from tests.engine_helpers import ENGINE_CONFIG, ROOT, train
+from training.faults import IDS_ENV, read_recorded_ids
 
 pytestmark = pytest.mark.fault
 
@@ -84,6 +87,41 @@ def test_sigterm_checkpoints_exits_4_and_the_next_run_resumes(repo_root, bundled
     final = json.loads((out / "result.json").read_text())
     assert final["status"] == "completed" and final["resumed_from_step"] == stopped
     assert final["epochs_run"] == 40
+
+
+def test_resize_2_1_2_with_a_strategy_switch_sees_each_sample_once_per_epoch(uninterrupted, tmp_path):
+    # 2 ddp workers -> 1 fsdp worker (state.pt into shards) -> 2 ddp workers (DCP into replicas),
+    # each leg stopped by a preemption; every rank records the sample ids it trained on.
+    from core.config import load_config
+    from training.data import load_splits
+
+    out, ids = tmp_path / "out", tmp_path / "ids"
+    job = [*JOB, "training.preempt_check_steps=1"]
+    with pytest.raises(PreemptedError):
+        train(out, job, env={IDS_ENV: str(ids), "TRAINFLOW_FAULT": "sigterm@step=10"})
+    with pytest.raises(PreemptedError):
+        train(out, [*job, "training.strategy=fsdp"], nproc=1, env={IDS_ENV: str(ids), "TRAINFLOW_FAULT": "sigterm@step=35"})
+    mid = json.loads((out / "result.json").read_text())
+    assert mid["steps"] == 35 and mid["world_size"] == 1 and mid["strategy"] == "fsdp"
+    assert mid["resized_from"] == {"world_size": 2, "strategy": "ddp", "dp_size": 2, "micro_batch": 32,
+                                   "grad_accum": 1, "global_batch": 64}
+    assert mid["batch_policy"]["decision"] == "kept_global_batch" and mid["batch_policy"]["grad_accum"] == 2
+    r = train(out, job, env={IDS_ENV: str(ids)})
+    assert r["status"] == "completed" and r["resumed_from_step"] == 35 and r["steps"] == uninterrupted["steps"]
+    assert r["resized_from"] == {"world_size": 1, "strategy": "fsdp", "dp_size": 1, "micro_batch": 32,
+                                 "grad_accum": 2, "global_batch": 64}
+    assert r["global_batch"] == 64 and r["effective_lr"] == uninterrupted["effective_lr"]
+
+    n_train = len(load_splits(load_config(ENGINE_CONFIG), ROOT, 0).train)
+    records = read_recorded_ids(ids)
+    assert sorted(rec["step"] for rec in records if rec["rank"] == 0) == list(range(1, r["steps"] + 1))
+    for epoch in range(3):
+        seen = Counter(i for rec in records if rec["epoch"] == epoch for i in rec["ids"])
+        assert set(seen) == set(range(n_train)) and set(seen.values()) == {1}, f"epoch {epoch}"
+    # Not bitwise (reduction order and dropout streams change), but the same training.
+    for mine, clean in zip(r["history"], uninterrupted["history"]):
+        assert abs(mine["train_loss"] - clean["train_loss"]) < 0.02
+    assert abs(r["final"]["val_accuracy"] - uninterrupted["final"]["val_accuracy"]) <= 0.02
 
 
 def test_preempted_error_is_exit_code_4():
