@@ -1,5 +1,6 @@
-"""Streamed Parquet training under real torchrun: a worker killed mid-epoch, the job restarts from the
-last checkpoint's cursor, and every sample is trained on exactly once per epoch."""
+"""Streamed Parquet training under real torchrun: a worker killed mid-epoch, the job resumes from the
+last checkpoint's cursor (restarted in place, or on another world size), and every sample is trained
+on exactly once per epoch."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from core.config import load_config
 from training.faults import read_recorded_ids
+from core.errors import TrainingFailedError
 from training.launcher import make_spec, run_job
 
 pytestmark = pytest.mark.integration
@@ -39,19 +41,41 @@ def write_data(root: Path) -> None:
     shutil.copy(CONFIG.parent / "expectations" / "stream.yaml", expectations)
 
 
-def test_killed_streamed_job_resumes_at_the_cursor_and_sees_every_sample_once_per_epoch(tmp_path, monkeypatch):
-    from training.stream import stream_splits
-
-    root = tmp_path / "root"
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("stream") / "root"
     write_data(root)
-    monkeypatch.setenv("TRAINFLOW_HOME", str(root / ".trainflow"))
+    return root
+
+
+def test_killed_streamed_job_resumes_at_the_cursor_and_sees_every_sample_once_per_epoch(root, tmp_path):
     cfg = load_config(CONFIG, ["training.max_restarts=1"])
     ids = tmp_path / "ids"
     env = {"TRAINFLOW_FAULT": "kill@step=13,rank=1", "TRAINFLOW_RECORD_IDS": str(ids),
-           "TRAINFLOW_HOME": str(root / ".trainflow")}
+           "TRAINFLOW_HOME": str(tmp_path / "home")}
     result = run_job(make_spec(cfg, tmp_path / "out", root, MD5, env=env, nproc=2))
     assert result["status"] == "completed" and result["restarts"] == 1
     assert result["resumed_from_step"] == 10  # the last checkpoint before the kill (every 5 steps)
+    check_once_per_epoch(cfg, root, ids, replayed_in_epoch0=True)
+
+
+def test_streamed_job_killed_on_two_ranks_resumes_on_one(root, tmp_path):
+    cfg = load_config(CONFIG, ["training.max_restarts=0"])
+    ids = tmp_path / "ids"
+    env = {"TRAINFLOW_RECORD_IDS": str(ids), "TRAINFLOW_HOME": str(tmp_path / "home")}
+    with pytest.raises(TrainingFailedError):
+        run_job(make_spec(cfg, tmp_path / "out", root, MD5, env={**env, "TRAINFLOW_FAULT": "kill@step=47,rank=0"},
+                          nproc=2))
+    result = run_job(make_spec(cfg, tmp_path / "out", root, MD5, env=env, nproc=1))
+    assert result["status"] == "completed" and result["world_size"] == 1
+    assert result["resumed_from_step"] == 45  # in epoch 2: steps of 32 samples, a checkpoint every 5
+    assert result["global_batch"] == 32  # the writer's global batch, kept on one rank
+    check_once_per_epoch(cfg, root, ids, replayed_in_epoch0=False)
+
+
+def check_once_per_epoch(cfg, root: Path, ids: Path, replayed_in_epoch0: bool) -> None:
+    """The recorded steps of each epoch tile its global order; a step run twice took the same samples."""
+    from training.stream import stream_splits
 
     source = stream_splits(cfg, root, cfg.seed, MD5).train  # the same order, rebuilt here
     n = len(source)
@@ -73,5 +97,5 @@ def test_killed_streamed_job_resumes_at_the_cursor_and_sees_every_sample_once_pe
             # ... and they are the next slice of the epoch's global order.
             assert set(counts) == set(order[c:c + len(counts)].tolist())
         replayed = [c for c in cursors if next(iter(steps[c].values())) > 1]
-        if epoch == 0:  # steps 11..13 ran before the kill and again after it
+        if epoch == 0 and replayed_in_epoch0:  # steps 11..13 ran before the kill and again after it
             assert len(replayed) >= 2
