@@ -236,6 +236,12 @@ def test_a_large_csv_is_converted_once_into_the_cache_keyed_by_its_md5(tmp_path,
     assert csv_to_parquet(csv, tmp_path, md5, row_group_rows=100) == out and out.stat().st_mtime_ns == stamp
     with pytest.raises(DataUnavailableError, match="not a DVC md5"):
         csv_to_parquet(csv, tmp_path, "../../etc")
+    from training.stream import parquet_source
+
+    # Streaming a CSV: above the threshold its cached Parquet copy, below it refused (load it in memory).
+    assert parquet_source(csv, tmp_path, md5, csv_above_mb=0).suffix == ".parquet"
+    with pytest.raises(DataUnavailableError, match="csv_parquet_above_mb"):
+        parquet_source(csv, tmp_path, md5, csv_above_mb=1)
 
 
 def test_row_groups_are_read_in_the_background_and_memory_holds_about_one_window(data):
