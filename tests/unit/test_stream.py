@@ -302,3 +302,16 @@ def test_streamed_info_equals_the_in_memory_info(tmp_path, task_name):
             assert got[key] == pytest.approx(want[key], rel=1e-9)
         else:
             assert got[key] == want[key], key
+
+
+def test_a_task_without_a_table_cannot_stream_and_auto_keeps_it_in_memory(repo_root, caplog):
+    from core.config import load_config
+    from training.data import load_splits
+
+    cfg = load_config(repo_root / "configs" / "stdlib-lm.yaml", ["training.loader.kind=stream"])
+    with pytest.raises(ConfigError, match=r"training\.loader\.kind: 'stream' reads tables; task 'lm'"):
+        load_splits(cfg, repo_root, 0)
+    auto = load_config(repo_root / "configs" / "stdlib-lm.yaml", ["training.loader=auto"])
+    with caplog.at_level("INFO", logger="trainflow.train"), pytest.raises(DataUnavailableError):
+        load_splits(auto, Path("/nonexistent"), 0)  # in memory: the corpus is read (and missing here)
+    assert "training.loader: memory (auto: task 'lm' has no table to stream)" in caplog.text
