@@ -315,3 +315,19 @@ def test_a_task_without_a_table_cannot_stream_and_auto_keeps_it_in_memory(repo_r
     with caplog.at_level("INFO", logger="trainflow.train"), pytest.raises(DataUnavailableError):
         load_splits(auto, Path("/nonexistent"), 0)  # in memory: the corpus is read (and missing here)
     assert "training.loader: memory (auto: task 'lm' has no table to stream)" in caplog.text
+
+
+def test_a_row_group_that_cannot_be_read_fails_the_step_that_needs_it(data):
+    groups = scan_row_groups(data)
+    inner = table_reader(groups, ["f0", "f1", "f2"], "label", lambda col: col.to_numpy().astype(np.int64))
+
+    def read(u):
+        if u == 5:
+            raise DataUnavailableError("row group 5 is corrupt")
+        return inner(u)
+
+    src = StreamSource(groups, read, seed=0, window=4, holdout=Holdout(groups, 0, 0.0, 1),
+                       n_features=FEATURES, y_dtype=np.int64)
+    with pytest.raises(DataUnavailableError, match="row group 5"):
+        for _ in src.epoch_steps(0, 0, BatchPlan.of(8, 1, 1, 0)):  # the background read's error, here
+            pass
