@@ -12,9 +12,10 @@ So a sample never moves further than its window (a bounded shuffle), and the pos
 ``cursor`` samples is rebuilt from (seed, epoch, cursor) alone: nothing per rank is checkpointed.
 Each optimizer step takes the next G positions of the order; inside the step its samples are
 sorted by row group and rank r takes the r-th run of ``micro_batch * grad_accum`` of them, so a
-rank reads about ``window / dp_size + 1`` row groups of each window instead of all of them. A
-background thread reads the row groups the coming steps need (the next window's, while this one
-trains): reading overlaps compute.
+rank reads about ``window / dp_size + 1`` row groups of each window instead of all of them (when
+a step holds many rows of each). A background thread reads the next ``PREFETCH_ROW_GROUPS`` row
+groups the coming steps need while this one trains (reading overlaps compute); memory holds one
+window's share per rank plus those, whatever the number of rows.
 
 Per-epoch validation rows are held out by a seeded hash of each row's id, inside a seeded set of
 row groups large enough for ``training.loader.val_rows`` rows: known from ids alone (no data is
