@@ -660,29 +660,39 @@ def _row_level_columns(item: Item, names: list[str]) -> list[str]:
 def _cross_from_hashes(hashes: dict[str, list]) -> tuple[pd.DataFrame, int]:
     """The cross frame of the rows whose hash both splits hold (first occurrence in each split):
     the only rows the uniqueness check can fail on, the rest being unique by construction; and
-    the number of rows of the whole cross frame (de-duplicated rows of both splits)."""
+    the number of rows of the whole cross frame (de-duplicated rows of both splits).
+
+    Memory: the hashes (8 bytes a row) plus a sorted copy of the smaller split's; the larger
+    split is looked up in chunks, then sorted in place to count its distinct rows."""
     import numpy as np
     import pandas as pd
 
-    firsts = {}
+    h = {}
     for s in SPLITS:
-        h = np.concatenate(hashes[s]) if hashes[s] else np.zeros(0, dtype="uint64")
+        h[s] = np.concatenate(hashes[s]) if hashes[s] else np.zeros(0, dtype="uint64")
         hashes[s] = []
-        firsts[s] = np.unique(h, return_index=True)
-        del h
-    total = sum(len(firsts[s][0]) for s in SPLITS)
-    leaked = np.intersect1d(firsts["train"][0], firsts["test"][0], assume_unique=True)
-    parts = []
+    small, large = sorted(SPLITS, key=lambda s: len(h[s]))
+    probe = np.sort(h[small])
+    hits = []
+    for start in range(0, len(h[large]), 1 << 20):
+        part = h[large][start:start + (1 << 20)]
+        idx = np.minimum(np.searchsorted(probe, part), max(len(probe) - 1, 0))
+        if len(probe):
+            hits.append(np.flatnonzero(probe[idx] == part) + start)
+    leaked = np.unique(h[large][np.concatenate(hits)]) if hits else np.zeros(0, dtype="uint64")
+    parts = {}
     for s in SPLITS:
-        u, first = firsts[s]
-        sel = np.isin(u, leaked, assume_unique=True)
-        rows, hs = first[sel], u[sel]
+        pos = np.flatnonzero(np.isin(h[s], leaked))  # leaked is small: a short scan
+        u, first = np.unique(h[s][pos], return_index=True)
+        rows = pos[first]
         order = np.argsort(rows, kind="stable")
-        parts.append(pd.DataFrame({"row_hash": np.array([f"{h:016x}" for h in hs[order]], dtype=object),
-                                   "split": s, "row": rows[order].astype("int64")}))
-    return pd.concat(parts, ignore_index=True), total
-
-
+        parts[s] = pd.DataFrame({"row_hash": np.array([f"{x:016x}" for x in u[order]], dtype=object),
+                                 "split": s, "row": rows[order].astype("int64")})
+    total = 0
+    for s in SPLITS:
+        h[s].sort()  # in place: no copy of the larger split
+        total += int(len(h[s]) and 1 + np.count_nonzero(h[s][1:] != h[s][:-1]))
+    return pd.concat([parts[s] for s in SPLITS], ignore_index=True), total
 def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = None) -> dict:
     """Validate the plan's splits batch by batch in bounded memory and write the same report files
     as :func:`validate_table` (``gx_result.json`` with one result per item, ``summary.md``, Data
