@@ -190,7 +190,7 @@ class Trainer:
                 f"training.parallel.microbatches ({t.parallel.microbatches}) does not divide")
 
     # -- checkpoint state ---------------------------------------------------------------------
-    def snapshot(self) -> TrainState:
+    def checkpoint_state(self) -> TrainState:
         """COLLECTIVE. The state to checkpoint now: every rank's RNG and epoch loss sums gathered."""
         st = self.state
         st.rng = all_gather_tensor(self.ctx, torch.get_rng_state())  # every rank's dropout stream
@@ -350,7 +350,7 @@ class Trainer:
                 self._log_window()
             # Agreement is an all-reduce: every step it cost ~2 % of a small model's step.
             preempt = st.step % t.preempt_check_steps == 0 and any_rank(self.ctx, self.stop.requested)
-            self._save_stall(self.ckpt.maybe_save(st.step, self.snapshot, force=preempt))
+            self._save_stall(self.ckpt.maybe_save(st.step, self.checkpoint_state, force=preempt))
             if preempt:
                 log.warning("rank %d: preempted at step %d; checkpoint saved", self.ctx.rank, st.step)
                 return True
@@ -370,7 +370,7 @@ class Trainer:
         if stop:
             result.stopped_early_at_epoch = st.epoch
             log.info("early stop agreed by all ranks after epoch %d", st.epoch)
-        self._save_stall(self.ckpt.maybe_save(st.step, self.snapshot, epoch_done=st.epoch,
+        self._save_stall(self.ckpt.maybe_save(st.step, self.checkpoint_state, epoch_done=st.epoch,
                                               force=stop or st.epoch == t.epochs))
         return stop
 
