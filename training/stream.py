@@ -523,7 +523,7 @@ def stream_splits(cfg: "PipelineConfig", root: Path, seed: int, data_md5: str) -
     task = get_task(cfg.task)
     source = parquet_source(split_paths(cfg.dataset, root)["train"], root, data_md5, lc.csv_parquet_above_mb)
     groups = scan_row_groups(source)
-    info = task.stream_info(cfg, root, source, groups.names, groups.types)
+    info = _info_once(task, cfg, root, source, groups, data_md5)
 
     def targets(labels) -> np.ndarray:  # the task's encoding, as the in-memory path applies it
         return task.train_targets(task.targets(labels.to_pandas(), info), info)
@@ -537,3 +537,46 @@ def stream_splits(cfg: "PipelineConfig", root: Path, seed: int, data_md5: str) -
     empty = tensors(np.zeros((0, len(info["features"])), dtype=np.float32), np.zeros((0,), dtype=y_dtype))
     log.info("streaming %s: %d row groups, %d training rows, %d held out", source, len(groups), len(train), len(vy))
     return Splits(train=train, val=tensors(vx, vy), test=empty, info=info)
+
+
+def _info_once(task, cfg: "PipelineConfig", root: Path, source: Path, groups: RowGroups, data_md5: str) -> dict:
+    """The task's ``stream_info`` (a pass over the whole train split) once per data, config and code:
+    kept as JSON in ``TRAINFLOW_HOME/cache/stream/`` and computed under a lock, so the other ranks
+    and later runs read it instead of each making the same pass. A read-only home: computed here."""
+    import hashlib
+    import json
+
+    from core.hashing import sha256_json
+    from core.locks import exclusive
+    from core.paths import trainflow_home, under_home
+
+    def ident(path: Path) -> list:
+        st = Path(path).stat()
+        return [str(path), st.st_size, st.st_mtime_ns]
+
+    code = [Path(__file__), Path(__file__).parents[1] / "tasks" / "tabular.py",
+            Path(__file__).parents[1] / "tasks" / "columnar.py"]
+    exp = cfg.dataset.expectations_file
+    key = sha256_json({"task": task.name, "dataset": cfg.dataset.model_dump(mode="json"), "md5": data_md5,
+                       "files": [ident(f) for f in groups.files],
+                       "expectations": ident(Path(root) / exp) if exp else None,
+                       "code": [hashlib.sha256(p.read_bytes()).hexdigest() for p in code]})[:32]
+
+    def compute() -> dict:
+        return task.stream_info(cfg, root, source, groups.names, groups.types)
+
+    try:
+        folder = under_home(trainflow_home(Path(root)), "cache", "stream")
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{key}.json"
+        with exclusive(folder / f"{key}.lock", timeout_s=3600):
+            try:
+                return json.loads(path.read_text())
+            except (OSError, ValueError):
+                info = compute()
+                tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(info))
+                os.replace(tmp, path)
+                return info
+    except OSError:
+        return compute()

@@ -331,3 +331,24 @@ def test_a_row_group_that_cannot_be_read_fails_the_step_that_needs_it(data):
     with pytest.raises(DataUnavailableError, match="row group 5"):
         for _ in src.epoch_steps(0, 0, BatchPlan.of(8, 1, 1, 0)):  # the background read's error, here
             pass
+
+
+def test_the_streamed_info_pass_runs_once_per_data(tmp_path, monkeypatch):
+    from tasks.tabular import Classification
+    from training.stream import stream_splits
+
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+    d = write_table(tmp_path / "d", rows=300, group=64)
+    (d / "part-00.parquet").rename(d / "train.parquet")
+    (tmp_path / "exp.yaml").write_text("label: label\ncolumns:\n" + "".join(
+        f"  - {{name: {c}, type: float}}\n" for c in ("f0", "f1", "f2")) + "  - {name: label, type: integer}\n")
+    cfg = config_from_dict({"name": "t", "dataset": {"path": "d", "train_file": "train.parquet",
+                                                     "test_file": "test.parquet", "expectations_file": "exp.yaml"},
+                            "training": {"loader": "stream"}})
+    passes = []
+    real = Classification.stream_info
+    monkeypatch.setattr(Classification, "stream_info", lambda self, *a: passes.append(1) or real(self, *a))
+    first = stream_splits(cfg, tmp_path, 0, "0" * 32)
+    again = stream_splits(cfg, tmp_path, 0, "0" * 32)  # another rank, or the next run
+    assert len(passes) == 1 and again.info == first.info and first.info["classes"] == [0, 1, 2]
+    assert len(first.train) + len(first.val) == 300
