@@ -172,20 +172,31 @@ class EarlyStopping(_Strict):
 
 class LoaderConfig(_Strict):
     """How batches reach the model. ``memory``: slices of the in-memory tensors (fastest for
-    data that fits); ``dataloader``: a torch DataLoader with workers, pinned memory, prefetch."""
+    data that fits); ``dataloader``: a torch DataLoader with workers, pinned memory, prefetch;
+    ``stream``: Parquet row groups read on demand (``training/stream.py``: data beyond memory);
+    ``auto``: ``stream`` when the train split's files exceed ``stream_above_mb``, else ``memory``
+    (the choice is logged). ``training.loader: auto`` is short for ``{kind: auto}``."""
 
-    kind: Literal["memory", "dataloader"] = "memory"
+    kind: Literal["memory", "dataloader", "stream", "auto"] = "memory"
     num_workers: int = Field(0, ge=0)
     pin_memory: bool = False
     # Batches each worker loads ahead (DataLoader; needs num_workers > 0).
     prefetch_factor: int | None = Field(None, gt=0)
+    # auto: stream a train split larger than this on disk (MiB).
+    stream_above_mb: float = Field(1024, gt=0)
+    # stream: row groups shuffled together (the shuffle's window; memory holds about two windows' share).
+    shuffle_row_groups: int = Field(8, gt=0)
+    # stream: per-epoch validation rows held out at most (about; bounded whatever the data's size).
+    val_rows: int = Field(65536, gt=0)
+    # stream: a CSV train file larger than this (MiB) is converted once to Parquet in the cache.
+    csv_parquet_above_mb: float = Field(256, ge=0)
 
     @model_validator(mode="after")
     def _prefetch_needs_workers(self) -> "LoaderConfig":
         if self.prefetch_factor is not None and self.num_workers == 0:
             raise ValueError("prefetch_factor: needs num_workers > 0")
-        if self.kind == "memory" and (self.num_workers or self.pin_memory):
-            raise ValueError("kind: 'memory' has no workers or pinned memory; use kind: dataloader")
+        if self.kind != "dataloader" and (self.num_workers or self.pin_memory):
+            raise ValueError(f"kind: {self.kind!r} has no workers or pinned memory; use kind: dataloader")
         return self
 
 
@@ -303,6 +314,11 @@ class TrainingConfig(_Strict):
     # Peak accelerator FLOP/s per device for the MFU estimate (CUDA only; null: no MFU).
     peak_tflops: float | None = Field(None, gt=0)
 
+    @field_validator("loader", mode="before")
+    @classmethod
+    def _loader_kind_alone(cls, v: Any) -> Any:
+        return {"kind": v} if isinstance(v, str) else v  # `loader: auto` is `loader: {kind: auto}`
+
     @field_validator("cpu_workers", mode="before")
     @classmethod
     def _workers_int_or_auto(cls, v: Any) -> Any:
@@ -414,8 +430,10 @@ def _default_registry(name: Any) -> RegistryConfig | None:
 NOT_IN_CONFIG_ID = frozenset({"retrain"})
 # training.* keys that say how a run is laid out over processes and operated, not what it learns:
 # left out of ``resume_id``, so a checkpoint resumes on another world size or strategy.
+# ``loader`` is not one: a streamed source's order (kind, shuffle window, held-out rows) differs from
+# the in-memory one, and a cursor means nothing in another order.
 LAYOUT_KEYS = frozenset({
-    "strategy", "parallel", "cpu_workers", "threads_per_worker", "backend", "loader", "max_restarts",
+    "strategy", "parallel", "cpu_workers", "threads_per_worker", "backend", "max_restarts",
     "collective_timeout_s", "timeout_s", "preempt_grace_s", "preempt_check_steps", "checkpoint_every_epochs",
     "checkpoint_every_steps", "keep_checkpoints", "checkpoints", "metrics", "log_every_steps",
     "straggler_ratio", "peak_tflops", "checkpoint_every", "rendezvous",
@@ -498,6 +516,8 @@ ID_LATER_KEYS = (
     ("model", "vocab_size"), ("model", "seq_len"), ("model", "d_model"), ("model", "n_layers"),
     ("model", "n_heads"), ("model", "d_ff"), ("model", "factory"), ("model", "kwargs"),
     ("training", "parallel"), ("training", "checkpoint_every"), ("training", "rendezvous"),
+    ("training", "loader", "stream_above_mb"), ("training", "loader", "shuffle_row_groups"),
+    ("training", "loader", "val_rows"), ("training", "loader", "csv_parquet_above_mb"),
 )
 
 
@@ -506,17 +526,23 @@ def _jsonable_default(value: Any) -> Any:
         list(value) if isinstance(value, tuple) else value)
 
 
-def _later_default(section: str, key: str) -> Any:
-    cls = PipelineConfig.model_fields[section].annotation
-    return _jsonable_default(cls.model_fields[key].get_default(call_default_factory=True))
+def _later_default(*path: str) -> Any:
+    cls = PipelineConfig
+    for part in path[:-1]:
+        cls = cls.model_fields[part].annotation
+    return _jsonable_default(cls.model_fields[path[-1]].get_default(call_default_factory=True))
 
 
 def config_id_of(dumped: dict) -> str:
     """The config id of a config dumped to JSON (e.g. a run's ``config.json``), of any age."""
-    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in dumped.items() if k not in NOT_IN_CONFIG_ID}
-    for section, key in ID_LATER_KEYS:
-        part = data.get(section)
-        if isinstance(part, dict) and key in part and part[key] == _later_default(section, key):
+    import copy
+
+    data = {k: copy.deepcopy(v) for k, v in dumped.items() if k not in NOT_IN_CONFIG_ID}
+    for *sections, key in ID_LATER_KEYS:  # (section, key) or (section, subsection, key)
+        part = data
+        for name in sections:
+            part = part.get(name) if isinstance(part, dict) else None
+        if isinstance(part, dict) and key in part and part[key] == _later_default(*sections, key):
             del part[key]
     return sha256_json(data)
 

@@ -140,6 +140,29 @@ class _Table(Task):
         info.update(self._target_info(cfg, root, train[cfg.dataset.label]))
         return info
 
+    def stream_info(self, cfg: "PipelineConfig", root: Path, source: Path, names: tuple, types: dict) -> dict:
+        """``info`` of a train split too large to load (the streamed loader's): the same keys as
+        ``info``, fitted in one pass of column statistics over ``source`` (a Parquet file or folder;
+        ``names``/``types``: its columns and their pyarrow types), holding one batch at a time."""
+        from tasks.columnar import column_stats, iter_batches
+
+        features = self._features(cfg, [str(c) for c in names])
+        missing = [c for c in [*features, cfg.dataset.label] if c not in names]
+        if missing:
+            raise DataUnavailableError(f"train split lacks column(s) {missing}; found {list(names)}")
+        label = cfg.dataset.label
+        cats = [label] if self.classification else []
+        stats = column_stats(iter_batches(source, [*features, label]), [*features, label], categories=cats)
+        bad = [c for c in features if stats[c].numeric is False]
+        if bad:
+            raise DataUnavailableError(f"feature columns must be numeric: {bad[:5]}")
+        mean = [stats[c].mean if stats[c].count else 0.0 for c in features]
+        std = [stats[c].std if stats[c].count and stats[c].std > 0 else 1.0 for c in features]
+        info = {"features": features, "dtypes": {c: _mlflow_type(types[c].to_pandas_dtype()) for c in features},
+                "mean": mean, "std": std}
+        info.update(self._stream_target_info(cfg, root, stats[label]))
+        return info
+
     def arrays(self, frame: "pd.DataFrame", info: dict, label: str) -> tuple[np.ndarray, np.ndarray]:
         """(features float32 [n, f], targets) of a frame: class indices int64 or float32 values."""
         return _numeric(frame, info["features"]).astype(np.float32), self.targets(frame[label], info)
@@ -339,6 +362,11 @@ class Classification(_Table):
                               f"two classes, got {classes}")
         return {"classes": [c.item() if hasattr(c, "item") else c for c in classes]}
 
+    def _stream_target_info(self, cfg, root, stats) -> dict:
+        import pandas as pd
+
+        return self._target_info(cfg, root, pd.Series(sorted(stats.values or {}, key=_label_key)))
+
     def n_outputs(self, info: dict) -> int:
         return len(info["classes"])
 
@@ -406,6 +434,10 @@ class Regression(_Table):
         y = y[np.isfinite(y)]
         std = float(y.std()) if len(y) else 1.0
         return {"y_mean": float(y.mean()) if len(y) else 0.0, "y_std": std if std > 0 else 1.0}
+
+    def _stream_target_info(self, cfg, root, stats) -> dict:
+        std = stats.std if stats.count else 1.0
+        return {"y_mean": stats.mean if stats.count else 0.0, "y_std": std if std > 0 else 1.0}
 
     def n_outputs(self, info: dict) -> int:
         return 1

@@ -164,7 +164,10 @@ class DataLoaderSource(InMemorySource):
 
 
 def build_source(dataset, seed: int, loader_cfg) -> BatchSource:
-    """The source ``training.loader.kind`` names, over a ``TensorDataset``."""
+    """The source ``training.loader.kind`` names, over a ``TensorDataset``; a ``dataset`` that is a
+    source already (``training.stream.StreamSource``, which ``load_splits`` chose) is used as it is."""
+    if hasattr(dataset, "epoch_steps"):
+        return dataset
     if loader_cfg.kind == "dataloader":
         return DataLoaderSource(dataset, seed, loader_cfg)
     return InMemorySource(dataset, seed)

@@ -54,11 +54,33 @@ def stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[
     return np.sort(np.concatenate(keep)), np.sort(np.concatenate(hold))
 
 
-def load_splits(cfg: PipelineConfig, root: Path, seed: int) -> Splits:
-    """The train / val / test tensors of ``cfg``'s task. Raises DataUnavailableError."""
+def load_splits(cfg: PipelineConfig, root: Path, seed: int, data_md5: str | None = None) -> Splits:
+    """The train / val / test tensors of ``cfg``'s task. Raises DataUnavailableError.
+
+    With ``training.loader.kind`` ``stream`` (or ``auto`` on a train split above
+    ``stream_above_mb``) a table's ``train`` is a ``training.stream.StreamSource`` instead; the
+    choice is logged. ``data_md5`` (the DVC md5) keys a large CSV's Parquet copy in the cache.
+    """
+    import logging
+
+    from core.errors import ConfigError
     from tasks import get_task
 
-    return get_task(cfg.task).load_data(cfg, root, seed)
+    task = get_task(cfg.task)
+    if cfg.training.loader.kind in ("stream", "auto"):
+        from training.stream import choose_loader, stream_splits
+
+        if not hasattr(task, "stream_info"):  # a task that reads no table (the byte LM) loads in memory
+            if cfg.training.loader.kind == "stream":
+                raise ConfigError(f"training.loader.kind: 'stream' reads tables; task {cfg.task!r} has none "
+                                  "(use memory or auto)")
+            kind, why = "memory", f"auto: task {cfg.task!r} has no table to stream"
+        else:
+            kind, why = choose_loader(cfg, root)
+        logging.getLogger("trainflow.train").info("training.loader: %s (%s)", kind, why)
+        if kind == "stream":
+            return stream_splits(cfg, root, seed, data_md5 or "")
+    return task.load_data(cfg, root, seed)
 
 
 # -- text ---------------------------------------------------------------------------------

@@ -171,7 +171,7 @@ def _main(args: argparse.Namespace) -> int:
     from tasks import task_for
 
     task_for(cfg)  # a config that does not fit its task fails here, before any training
-    splits = load_splits(cfg, root, cfg.seed)
+    splits = load_splits(cfg, root, cfg.seed, data_md5)
     # A held job (the pipeline launched it while its earlier stages ran): nothing is trained,
     # and nothing written, before the launcher says go.
     go, why = wait_for_go(args.out)

@@ -51,6 +51,9 @@ def run_plan(plan, report_dir: Path) -> dict:
     """Validate what ``plan`` names and write the report files into ``report_dir``; the report
     (see :func:`write_report`). Never raises on bad data; DataUnavailableError for a missing file."""
     suite = suite_module(plan.runner)
+    # A suite that can validate in batches decides by the data's size (``validation.suite.streamed``).
+    if getattr(suite, "streamed", None) is not None and suite.streamed(plan.params):
+        return suite.validate_streamed(plan.params, Path(report_dir))
     return validate(suite, plan.params, suite.load(plan.params), Path(report_dir))
 
 
@@ -67,13 +70,19 @@ def suite_key(plan) -> str:
 
 def data_hash(paths: list[Path]) -> str:
     """sha256 over the bytes of ``paths`` (what is in the workspace, not what the ``.dvc`` file
-    claims: an edit nobody ``dvc add``-ed is never taken for validated).
+    claims: an edit nobody ``dvc add``-ed is never taken for validated); a folder of Parquet files
+    by each file's name and bytes.
     Raises DataUnavailableError naming a missing file."""
     from core.errors import DataUnavailableError
     from core.hashing import file_sha256, sha256_json
 
     digests = []
     for path in map(Path, paths):
+        if path.is_dir():  # a folder of Parquet files: each file, in reading order
+            from tasks.columnar import parquet_files
+
+            digests.append([path.name, [[f.name, file_sha256(f)] for f in parquet_files(path)]])
+            continue
         if not path.is_file():
             raise DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the "
                                        "workspace; run `dvc pull` (or check dataset.path)")
@@ -82,14 +91,16 @@ def data_hash(paths: list[Path]) -> str:
 
 
 def suite_identity(suite, parts: dict) -> str:
-    """sha256 of a suite's ``parts``, its module's code, this runner's and ``validation.report``'s,
-    and the installed GX version, without importing GX: a change to any of them is a new suite."""
+    """sha256 of a suite's ``parts``, its module's code, this runner's, ``validation.report``'s and
+    ``tasks.columnar``'s, and the installed GX version, without importing GX: a change to any of
+    them is a new suite."""
     from importlib.metadata import PackageNotFoundError, version
 
     from core.hashing import file_sha256, sha256_json
 
     here = Path(__file__).resolve().parent
-    code = [Path(suite.__file__), here / "gx_run.py", here / "report.py"]
+    # tasks/columnar.py reads the batches of a streamed run (validation.suite.validate_streamed).
+    code = [Path(suite.__file__), here / "gx_run.py", here / "report.py", here.parent / "tasks" / "columnar.py"]
     try:
         gx_version = version("great_expectations")
     except PackageNotFoundError:
@@ -168,28 +179,229 @@ class Run:
 def run_items(items: list[Item], started: float | None = None) -> Run:
     """Validate every item in one ephemeral GX context. Never raises on data GX chokes on:
     such an item's expectations all fail with the exception's message (and a warning is logged)."""
+    run = start_run(started)
+    for item in items:
+        run_item(run, item)
+    return run
+
+
+def start_run(started: float | None = None) -> Run:
+    """An ephemeral GX context with the pandas data source items are validated in (progress bars off)."""
     started = time.perf_counter() if started is None else started
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
-    datasource = context.data_sources.add_pandas(name="trainflow")
-    run_id = gx.RunIdentifier(run_name="trainflow-validate")
-    raw: dict[str, dict] = {}
-    for item in items:
-        batch = datasource.add_dataframe_asset(name=item.name).add_batch_definition_whole_dataframe(
-            name=f"{item.name}_whole")
-        suite = context.suites.add(gx.ExpectationSuite(name=f"trainflow_{item.name}", expectations=item.expectations))
-        definition = context.validation_definitions.add(
-            gx.ValidationDefinition(name=f"trainflow_{item.name}", data=batch, suite=suite))
+    context.data_sources.add_pandas(name="trainflow")
+    return Run(context=context, run_id=gx.RunIdentifier(run_name="trainflow-validate"), raw={}, started=started)
+
+
+def _definition(run: Run, item: Item):
+    """The item's GX data asset, suite and validation definition, added to the run's context."""
+    import great_expectations as gx
+
+    datasource = run.context.data_sources.get("trainflow")
+    batch = datasource.add_dataframe_asset(name=item.name).add_batch_definition_whole_dataframe(
+        name=f"{item.name}_whole")
+    suite = run.context.suites.add(gx.ExpectationSuite(name=f"trainflow_{item.name}", expectations=item.expectations))
+    return run.context.validation_definitions.add(
+        gx.ValidationDefinition(name=f"trainflow_{item.name}", data=batch, suite=suite))
+
+
+def run_item(run: Run, item: Item) -> None:
+    """Validate ``item.frame`` whole (GX stores the result for the Data Docs); into ``run.raw``."""
+    definition = _definition(run, item)
+    try:
+        run.raw[item.name] = definition.run(batch_parameters={"dataframe": item.frame},
+                                            result_format=item.result_format, run_id=run.run_id).to_json_dict()
+    except Exception as exc:  # noqa: BLE001 - report, never crash on data GX chokes on
+        log.warning("GX could not validate %s: %s: %s", item.name, type(exc).__name__, exc)
+        run.raw[item.name] = errored_result(item.expectations, exc)
+
+
+class ItemBatches:
+    """``item``'s suite validated batch by batch (:meth:`add`), kept as ONE result (:meth:`finish`),
+    as if GX had validated the whole table: what :func:`run_item` gives, in bounded memory.
+
+    The batches are consecutive parts of one table, each frame's index the rows' positions in the
+    whole table. Per expectation the batches' counts are added (element, missing, unexpected), the
+    percents and success computed again from the sums (``mostly`` honoured), the example lists
+    joined (partial lists cut at the result format's length; complete index lists at ``keep``
+    entries, ``unexpected_count`` staying exact). Table-level results (a column list) are the
+    first batch's. Only the merged result is stored: one Data Docs page per item, as run_item.
+    """
+
+    def __init__(self, run: Run, item: Item, keep: int = 1000):
+        self.run, self.item, self.keep = run, item, keep
+        self.definition = _definition(run, item)
+        self.merged = None
+        self.batch_id = None
+        self.error: Exception | None = None
+
+    def _validate(self, frame):
+        from great_expectations.validator.v1_validator import Validator
+
+        validator = Validator(batch_definition=self.definition.batch_definition,
+                              batch_parameters={"dataframe": frame}, result_format=self.item.result_format)
+        result = validator.validate_expectation_suite(self.definition.suite)
+        self.batch_id = self.batch_id or validator.active_batch_id
+        return result
+
+    def add(self, frame, counts: dict[int, dict] | None = None) -> None:
+        """Validate one batch and fold its result in (a batch GX chokes on fails the item).
+        ``counts``: ``{expectation index: {result key: value}}`` that replace GX's counts for this
+        batch, where ``frame`` holds only the rows that can fail (their element and missing counts
+        are the batch's, which the caller knows)."""
+        if self.error is not None:
+            return
         try:
-            raw[item.name] = definition.run(batch_parameters={"dataframe": item.frame},
-                                            result_format=item.result_format, run_id=run_id).to_json_dict()
+            part = self._validate(frame)
+            if counts:
+                keys = {_key(self.definition.suite.expectations[i].configuration): c for i, c in counts.items()}
+                for evr in part.results:
+                    if _key(evr.expectation_config) in keys and evr.result is not None:
+                        evr.result.update(keys[_key(evr.expectation_config)])
+            self.merged = part if self.merged is None else _merge_suite_results(
+                self.merged, part, self.item.result_format, self.keep)
+        except Exception as exc:  # noqa: BLE001 - report, never crash on data GX chokes on
+            self.error = exc
+
+    def finish(self, whole: dict | None = None) -> None:
+        """Store the merged result into ``run.raw``. ``whole``: ``{expectation index: frame}`` for
+        the expectations that need the whole table (a row count), each validated by GX on its own
+        frame (one with the table's N rows and no columns costs no memory) instead of per batch."""
+        from great_expectations.data_context.types.resource_identifiers import (
+            ExpectationSuiteIdentifier,
+            ValidationResultIdentifier,
+        )
+
+        run, item = self.run, self.item
+        try:
+            if self.error is not None:
+                raise self.error
+            if self.merged is None:
+                raise ValueError(f"{item.name}: no batch was validated")
+            merged = self.merged
+            for i, frame in (whole or {}).items():
+                key = _key(self.definition.suite.expectations[i].configuration)
+                own = {_key(r.expectation_config): r for r in self._validate(frame).results}
+                merged.results = [own[key] if _key(r.expectation_config) == key else r for r in merged.results]
+            _restate(merged)
+            merged.meta.update(run_id=run.run_id, validation_time=run.run_id.run_time,
+                               batch_parameters={"dataframe": "<batches>"})
+            suite_id = ExpectationSuiteIdentifier(name=self.definition.suite.name)
+            run.context.validation_results_store.store_validation_results(
+                suite_validation_result=merged,
+                suite_validation_result_identifier=ValidationResultIdentifier(
+                    batch_identifier=self.batch_id, expectation_suite_identifier=suite_id, run_id=run.run_id),
+                expectation_suite_identifier=suite_id)
+            run.raw[item.name] = merged.to_json_dict()
         except Exception as exc:  # noqa: BLE001 - report, never crash on data GX chokes on
             log.warning("GX could not validate %s: %s: %s", item.name, type(exc).__name__, exc)
-            raw[item.name] = errored_result(item.expectations, exc)
-    return Run(context=context, run_id=run_id, raw=raw, started=started)
+            run.raw[item.name] = errored_result(item.expectations, exc)
+        self.merged = None
+
+
+# Result keys whose per-batch values are lists of examples: joined, then cut.
+_PARTIAL = ("partial_unexpected_list", "partial_unexpected_index_list")
+_COMPLETE = ("unexpected_list", "unexpected_index_list")
+
+
+def _merge_suite_results(acc, part, result_format: dict, keep: int):
+    """``acc`` with ``part`` (the same suite on the next batch) added in; ``acc`` is changed."""
+    limit = int(result_format.get("partial_unexpected_count", 20))
+    # Matched by expectation, not position: GX orders results its own way (failed metrics last).
+    parts = {_key(b.expectation_config): b for b in part.results}
+    for a in acc.results:
+        b = parts.get(_key(a.expectation_config))
+        if b is None:
+            continue
+        if b.exception_info and b.exception_info.get("raised_exception") and not (
+                a.exception_info and a.exception_info.get("raised_exception")):
+            a.exception_info = b.exception_info
+        ra, rb = a.result or {}, b.result or {}
+        if "element_count" not in rb:
+            continue  # a table-level result (column list, ...): the same for every batch
+        for key in ("element_count", "missing_count", "unexpected_count"):
+            if key in ra or key in rb:
+                ra[key] = (ra.get(key) or 0) + (rb.get(key) or 0)
+        for key in _PARTIAL:
+            if key in rb:
+                ra[key] = _join_complete(ra.get(key), rb[key], limit)
+        for key in _COMPLETE:
+            if key in rb:
+                ra[key] = _join_complete(ra.get(key), rb[key], keep)
+        if "partial_unexpected_counts" in rb:
+            ra["partial_unexpected_counts"] = _join_counts(ra.get("partial_unexpected_counts"),
+                                                           rb["partial_unexpected_counts"], limit)
+        a.result = ra
+    return acc
+
+
+def _key(config) -> str:
+    """An expectation's identity within its suite: its id, else its configuration's JSON."""
+    if config is None:
+        return ""
+    return str(getattr(config, "id", None) or json.dumps(config.to_json_dict(), sort_keys=True, default=str))
+
+
+def _join_complete(a, b, keep: int):
+    """Two complete unexpected lists joined and cut at ``keep`` entries; the dict-of-lists form
+    (``exclude_unexpected_values``) list by list."""
+    a, b = list(a or []), list(b or [])
+
+    def one(x: list) -> bool:
+        return len(x) == 1 and isinstance(x[0], dict) and all(isinstance(v, list) for v in x[0].values())
+
+    if one(a) and one(b):
+        return [{k: (a[0].get(k, []) + b[0].get(k, []))[:keep] for k in {**a[0], **b[0]}}]
+    if one(b) and not a:
+        return [{k: v[:keep] for k, v in b[0].items()}]
+    if one(a) and not b:
+        return a
+    return (a + b)[:keep]
+
+
+def _join_counts(a, b, limit: int) -> list[dict]:
+    """GX's ``partial_unexpected_counts`` of two batches added by value, most frequent first."""
+    counts: dict = {}
+    order: list = []
+    for entry in [*(a or []), *(b or [])]:
+        key = repr(entry.get("value"))
+        if key not in counts:
+            order.append(entry.get("value"))
+            counts[key] = 0
+        counts[key] += int(entry.get("count") or 0)
+    ranked = sorted(range(len(order)), key=lambda i: -counts[repr(order[i])])
+    return [{"value": order[i], "count": counts[repr(order[i])]} for i in ranked[:limit]]
+
+
+def _restate(merged) -> None:
+    """Percents, each expectation's success and the suite's statistics from the summed counts."""
+    for evr in merged.results:
+        r = evr.result or {}
+        if "element_count" not in r or evr.exception_info and evr.exception_info.get("raised_exception"):
+            continue
+        n, unexpected = r.get("element_count") or 0, r.get("unexpected_count") or 0
+        missing = r.get("missing_count")
+        nonnull = n - missing if missing is not None else n
+        # Only the keys GX wrote (it leaves some out by expectation).
+        if "unexpected_percent_total" in r:
+            r["unexpected_percent_total"] = unexpected / n * 100 if n > 0 else None
+        if "missing_percent" in r:
+            r["missing_percent"] = missing / n * 100 if n > 0 and missing is not None else None
+        r["unexpected_percent"] = unexpected / nonnull * 100 if nonnull > 0 else None
+        if "unexpected_percent_nonmissing" in r:
+            r["unexpected_percent_nonmissing"] = r["unexpected_percent"]
+        mostly = (evr.expectation_config.kwargs or {}).get("mostly", 1.0) if evr.expectation_config else 1.0
+        evr.success = nonnull == 0 or (nonnull - unexpected) / nonnull >= mostly
+    evaluated = len(merged.results)
+    ok = sum(1 for evr in merged.results if evr.success)
+    merged.success = ok == evaluated
+    merged.statistics.update({"evaluated_expectations": evaluated, "successful_expectations": ok,
+                              "unsuccessful_expectations": evaluated - ok,
+                              "success_percent": ok / evaluated * 100 if evaluated else None})
 
 
 def errored_result(expectations: list, exc: Exception) -> dict:

@@ -40,7 +40,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from validation.gx_run import SUMMARY, Item, Run, complete, suite_identity, validate
+from validation.gx_run import (SUMMARY, Item, ItemBatches, Run, complete, run_item, start_run, suite_identity,
+                               validate, write_report)
 from validation.report import failures_from_results, sort_failures
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 
     from core.expectations import TableExpectations
 
-__all__ = ["validate_table", "table_suite_hash"]
+__all__ = ["validate_table", "table_suite_hash", "validate_streamed"]
 
 NAME = "table"
 SPLITS = ("train", "test")
@@ -102,15 +103,21 @@ def load(params: dict) -> dict[str, pd.DataFrame]:
 def items(params: dict, splits: dict[str, pd.DataFrame]) -> tuple[list[Item], list[dict]]:
     """The derived frames and their expectations, and the checks that cannot run. Raises
     ValueError when the plan's columns contradict its expectations file."""
+    exp, features, label = _checked(params)
+    frames = {s: _coerce_integral(splits[s]) for s in SPLITS}
+    skipped: list[dict] = []
+    return _plan(exp, features, label, params["classification"], frames, skipped), skipped
+
+
+def _checked(params: dict) -> tuple:
+    """(expectations, features, label); ValueError when the columns contradict the expectations file."""
     exp, features, label = params["expectations"], list(params["features"]), params["label"]
     unknown = [c for c in [*features, label] if c not in exp.names]
     if unknown:
         raise ValueError(f"column(s) {unknown} are not in the expectations file (columns: {exp.names})")
     if exp.label is not None and exp.label != label:
         raise ValueError(f"label: the config reads {label!r}, the expectations file says {exp.label!r}")
-    frames = {s: _coerce_integral(splits[s]) for s in SPLITS}
-    skipped: list[dict] = []
-    return _plan(exp, features, label, params["classification"], frames, skipped), skipped
+    return exp, features, label
 
 
 def failures(params: dict, run: Run, items: list[Item]) -> list[dict]:
@@ -165,19 +172,25 @@ def _found_type(s: pd.Series, all_null: bool) -> str:
 
 def _schema_frame(exp: TableExpectations, features: list[str], df: pd.DataFrame) -> pd.DataFrame:
     """One row per expected column present: name, dtype, expected and found type, found if a feature."""
+    pos = _first_positions(df)
+    all_null = df.isna().all(axis=0).to_numpy() if len(df) else [True] * df.shape[1]
+    return _schema_rows(exp, features, {
+        c.name: (str(df.dtypes.iloc[pos[c.name]]), _found_type(df.iloc[:, pos[c.name]], bool(all_null[pos[c.name]])))
+        for c in exp.columns if c.name in pos})
+
+
+def _schema_rows(exp: TableExpectations, features: list[str], columns: dict[str, tuple[str, str]]) -> pd.DataFrame:
+    """The schema frame from ``{column: (dtype text, found type)}`` of the columns present."""
     import pandas as pd
 
-    pos = _first_positions(df)
-    present = [c for c in exp.columns if c.name in pos]
-    all_null = df.isna().all(axis=0).to_numpy() if len(df) else [True] * df.shape[1]
-    found = [_found_type(df.iloc[:, pos[c.name]], bool(all_null[pos[c.name]])) for c in present]
+    present = [c for c in exp.columns if c.name in columns]
     feats = set(features)
     return pd.DataFrame({
         "column": pd.Series([c.name for c in present], dtype="object"),
-        "dtype": pd.Series([str(df.dtypes.iloc[pos[c.name]]) for c in present], dtype="object"),
+        "dtype": pd.Series([columns[c.name][0] for c in present], dtype="object"),
         "expected": pd.Series([c.type for c in present], dtype="object"),
-        "found": pd.Series(found, dtype="object"),
-        "feature": pd.Series([f if c.name in feats else None for c, f in zip(present, found)], dtype="object"),
+        "found": pd.Series([columns[c.name][1] for c in present], dtype="object"),
+        "feature": pd.Series([columns[c.name][1] if c.name in feats else None for c in present], dtype="object"),
     })
 
 
@@ -188,10 +201,11 @@ def _stacked_columns(exp: TableExpectations, schema: pd.DataFrame) -> list:
     return [c for c in exp.columns if c.type in ("integer", "float") and found.get(c.name) in NUMERIC]
 
 
-def _cells_frame(df: pd.DataFrame, columns: list, label: str) -> pd.DataFrame:
+def _cells_frame(df: pd.DataFrame, columns: list, label: str, offset: int = 0) -> pd.DataFrame:
     """``columns`` stacked long: (column, row, value, min, max), column by column; NaN bound = none.
 
-    A column that allows nulls (never the label) has its null cells left out.
+    A column that allows nulls (never the label) has its null cells left out. ``row`` is the
+    position in ``df`` plus ``offset`` (a batch's first row in its split).
     """
     import numpy as np
     import pandas as pd
@@ -201,7 +215,7 @@ def _cells_frame(df: pd.DataFrame, columns: list, label: str) -> pd.DataFrame:
     block = df.iloc[:, [pos[c.name] for c in columns]].to_numpy(dtype="float64", na_value=np.nan)
     values = block.T.reshape(-1)  # column-major: all rows of the first column, then the next
     column = np.repeat(np.array([c.name for c in columns], dtype=object), n)
-    row = np.tile(np.arange(n, dtype="int64"), len(columns))
+    row = np.tile(np.arange(offset, offset + n, dtype="int64"), len(columns))
     nan = float("nan")
     lo = np.repeat(np.array([nan if c.min is None else c.min for c in columns], dtype="float64"), n)
     hi = np.repeat(np.array([nan if c.max is None else c.max for c in columns], dtype="float64"), n)
@@ -209,6 +223,14 @@ def _cells_frame(df: pd.DataFrame, columns: list, label: str) -> pd.DataFrame:
     keep = ~(nullable & np.isnan(values))
     if not keep.all():
         values, column, row, lo, hi = values[keep], column[keep], row[keep], lo[keep], hi[keep]
+    return _cells_from(column, row, values, lo, hi)
+
+
+def _cells_from(column, row, values, lo, hi) -> pd.DataFrame:
+    """The cells frame of parallel arrays (column name, row, value, min, max)."""
+    import numpy as np
+    import pandas as pd
+
     # int64 keeps examples as 99 rather than 99.0; GX compares int64/float64 vectorised.
     if not np.isnan(values).any() and (values == np.round(values)).all() and (np.abs(values) < 2**53).all():
         values = values.astype("int64")
@@ -218,18 +240,24 @@ def _cells_frame(df: pd.DataFrame, columns: list, label: str) -> pd.DataFrame:
     return pd.DataFrame({"column": column, "row": row, "value": values, "min": lo, "max": hi}, index=index)
 
 
+def _class_key(v: object) -> str:
+    """A class's text form: 3, 3.0 and Int64 3 are all "3"."""
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
 def _balance_frame(classes: list, label: str, df: pd.DataFrame) -> pd.DataFrame:
     """One row per class: its count and share of all rows in the split (matched by text form,
     so class 3 in the file matches a label read as 3, 3.0 or Int64 3)."""
+    labels = df.iloc[:, _first_positions(df)[label]].dropna()
+    counts = labels.map(_class_key).value_counts()
+    return _balance_rows(classes, {str(k): int(v) for k, v in counts.items()}, len(df))
+
+
+def _balance_rows(classes: list, counts: dict[str, int], n: int) -> pd.DataFrame:
+    """The balance frame from ``{class text form: count}`` and the split's row count."""
     import pandas as pd
 
-    def key(v: object) -> str:
-        return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
-
-    labels = df.iloc[:, _first_positions(df)[label]].dropna()
-    counts = labels.map(key).value_counts()
-    count = [int(counts.get(key(k), 0)) for k in classes]
-    n = len(df)
+    count = [int(counts.get(_class_key(k), 0)) for k in classes]
     return pd.DataFrame({
         "label": pd.Series(classes, dtype="object"),
         "count": pd.Series(count, dtype="int64"),
@@ -337,74 +365,90 @@ def _cells_expectations(columns: list, label: str) -> tuple[list, list[int]]:
 
 def _plan(exp: TableExpectations, features: list[str], label: str, classification: bool,
           frames: dict[str, pd.DataFrame], skipped: list[dict]) -> list[Item]:
+    items: list[Item] = []
+    for s in SPLITS:
+        df = frames[s]
+        items += _split_items(exp, features, label, classification, s, list(_first_positions(df)),
+                              _schema_frame(exp, features, df), df, skipped,
+                              cells=lambda stacked, df=df: _cells_frame(df, stacked, label),
+                              balance=lambda classes, df=df: _balance_frame(classes, label, df))
+    items += _cross_items(_cross_frame(exp.names, frames), skipped)
+    return items
+
+
+def _cross_items(cross: pd.DataFrame | None, skipped: list[dict]) -> list[Item]:
+    import great_expectations.expectations as gxe
+
+    if cross is None:
+        skipped.append({"split": "cross", "check": "leak", "reason": "train and test share no expected column"})
+        return []
+    # Every duplicated hash is listed, so each leaked row is paired train <-> test.
+    return [Item("cross", "cross", "cross", cross, [gxe.ExpectColumnValuesToBeUnique(column="row_hash")],
+                 complete("row_hash", "split", "row"))]
+
+
+def _split_items(exp: TableExpectations, features: list[str], label: str, classification: bool, s: str,
+                 names: list[str], schema: pd.DataFrame, frame, skipped: list[dict], *, cells, balance) -> list[Item]:
+    """One split's items: the split itself (``frame``), its schema, its stacked cells
+    (``cells(stacked columns)`` gives the frame) and class balance (``balance(classes)``).
+    ``names``: the split's columns. A frame may be None where the caller validates in batches."""
     import great_expectations.expectations as gxe
 
     classes = exp.classes if classification else None
     items: list[Item] = []
-    for s in SPLITS:
-        df = frames[s]
-        pos = _first_positions(df)
-        schema = _schema_frame(exp, features, df)
-        stacked = _stacked_columns(exp, schema)
-        stacked_names = {c.name for c in stacked}
+    pos = set(names)
+    stacked = _stacked_columns(exp, schema)
+    stacked_names = {c.name for c in stacked}
 
-        split = [gxe.ExpectTableColumnsToMatchOrderedList(column_list=exp.names),
-                 gxe.ExpectColumnToExist(column=label)]
-        if s in exp.rows:
-            lo, hi = exp.rows[s]
-            split.append(gxe.ExpectTableRowCountToBeBetween(min_value=lo, max_value=hi))
-        for c in exp.columns:
-            if c.name not in pos:
-                continue
-            if c.name not in stacked_names and (not c.nulls or c.name == label):
-                split.append(gxe.ExpectColumnValuesToNotBeNull(column=c.name))
-            if c.values is not None:
-                split.append(gxe.ExpectColumnValuesToBeInSet(column=c.name, value_set=list(c.values)))
-        items.append(Item(s, s, "split", df, split, SUMMARY))
-
-        present_features = [f for f in features if f in pos]
-        schema_exp = [gxe.ExpectColumnPairValuesToBeInSet(
-            column_A="expected", column_B="found", value_pairs_set=TYPE_PAIRS,
-            description="each column holds its expected type (integer | float | string | boolean)")]
-        covers = [len(schema)]
-        if present_features:
-            schema_exp.append(gxe.ExpectColumnValuesToBeInSet(
-                column="feature", value_set=list(NUMERIC),
-                description=f"numeric features: {_names_text(present_features)}"))
-            covers.append(len(present_features))
-        items.append(Item(f"{s}_schema", s, "schema", schema, schema_exp,
-                          complete("column", "dtype", "expected", "found"), covers))
-
-        numeric_expected = [c.name for c in exp.columns if c.type in ("integer", "float") and c.name in pos]
-        not_numeric = [n for n in numeric_expected if n not in stacked_names]
-        if not_numeric:
-            skipped.append({"split": s, "check": "range", "reason": f"not numeric: {', '.join(not_numeric)}"})
-        if stacked:
-            cells_exp, covers = _cells_expectations(stacked, label)
-            if cells_exp:
-                items.append(Item(f"{s}_cells", s, "cells", _cells_frame(df, stacked, label), cells_exp,
-                                  complete(*CELL_INDEX), covers))
-
-        if not classification:
+    split = [gxe.ExpectTableColumnsToMatchOrderedList(column_list=exp.names),
+             gxe.ExpectColumnToExist(column=label)]
+    if s in exp.rows:
+        lo, hi = exp.rows[s]
+        split.append(gxe.ExpectTableRowCountToBeBetween(min_value=lo, max_value=hi))
+    for c in exp.columns:
+        if c.name not in pos:
             continue
-        if label not in pos:
-            skipped.append({"split": s, "check": "nulls, label_set, class_balance",
-                            "reason": f"no {label!r} column"})
-        elif classes is None:
-            skipped.append({"split": s, "check": "label_set, class_balance",
-                            "reason": f"the expectations file lists no values (class set) for {label!r}"})
-        elif exp.class_share is not None:
-            lo, hi = exp.class_share
-            items.append(Item(f"{s}_balance", s, "balance", _balance_frame(classes, label, df),
-                              [gxe.ExpectColumnValuesToBeBetween(column="fraction", min_value=lo, max_value=hi)],
-                              complete("label", "fraction")))
-    cross = _cross_frame(exp.names, frames)
-    if cross is not None:
-        # Every duplicated hash is listed, so each leaked row is paired train <-> test.
-        items.append(Item("cross", "cross", "cross", cross, [gxe.ExpectColumnValuesToBeUnique(column="row_hash")],
-                          complete("row_hash", "split", "row")))
-    else:
-        skipped.append({"split": "cross", "check": "leak", "reason": "train and test share no expected column"})
+        if c.name not in stacked_names and (not c.nulls or c.name == label):
+            split.append(gxe.ExpectColumnValuesToNotBeNull(column=c.name))
+        if c.values is not None:
+            split.append(gxe.ExpectColumnValuesToBeInSet(column=c.name, value_set=list(c.values)))
+    items.append(Item(s, s, "split", frame, split, SUMMARY))
+
+    present_features = [f for f in features if f in pos]
+    schema_exp = [gxe.ExpectColumnPairValuesToBeInSet(
+        column_A="expected", column_B="found", value_pairs_set=TYPE_PAIRS,
+        description="each column holds its expected type (integer | float | string | boolean)")]
+    covers = [len(schema)]
+    if present_features:
+        schema_exp.append(gxe.ExpectColumnValuesToBeInSet(
+            column="feature", value_set=list(NUMERIC),
+            description=f"numeric features: {_names_text(present_features)}"))
+        covers.append(len(present_features))
+    items.append(Item(f"{s}_schema", s, "schema", schema, schema_exp,
+                      complete("column", "dtype", "expected", "found"), covers))
+
+    numeric_expected = [c.name for c in exp.columns if c.type in ("integer", "float") and c.name in pos]
+    not_numeric = [n for n in numeric_expected if n not in stacked_names]
+    if not_numeric:
+        skipped.append({"split": s, "check": "range", "reason": f"not numeric: {', '.join(not_numeric)}"})
+    if stacked:
+        cells_exp, covers = _cells_expectations(stacked, label)
+        if cells_exp:
+            items.append(Item(f"{s}_cells", s, "cells", cells(stacked), cells_exp, complete(*CELL_INDEX), covers))
+
+    if not classification:
+        return items
+    if label not in pos:
+        skipped.append({"split": s, "check": "nulls, label_set, class_balance",
+                        "reason": f"no {label!r} column"})
+    elif classes is None:
+        skipped.append({"split": s, "check": "label_set, class_balance",
+                        "reason": f"the expectations file lists no values (class set) for {label!r}"})
+    elif exp.class_share is not None:
+        lo, hi = exp.class_share
+        items.append(Item(f"{s}_balance", s, "balance", balance(classes),
+                          [gxe.ExpectColumnValuesToBeBetween(column="fraction", min_value=lo, max_value=hi)],
+                          complete("label", "fraction")))
     return items
 
 
@@ -422,3 +466,330 @@ def validate_table(exp: TableExpectations, features: list[str], label: str, spli
     """
     params = {"expectations": exp, "features": list(features), "label": label, "classification": classification}
     return validate(sys.modules[__name__], params, splits, Path(report_dir))
+
+
+# --------------------------------------------------------------------------- in batches (bounded memory)
+# A split too large to read whole (``STREAM_ABOVE_BYTES``) or a folder of Parquet files is validated
+# batch by batch (``tasks.columnar.iter_batches``) with the very items the in-memory run builds,
+# and gives one GX result per item, as it does (``gx_run.ItemBatches`` merges the batches'):
+# * row-level expectations (nulls and value sets of the split item) are validated by GX on every
+#   batch, on the columns they read; the stacked cells' checks (null, min, max per cell) on the
+#   cells of the batch that can fail them (numpy finds them; every other cell passes by
+#   construction), with the batch's own element and missing counts. Counts add up exactly;
+#   example lists are cut;
+# * what needs the whole table is accumulated across batches and validated by GX once, on a small
+#   frame: column types and all-null columns (``tasks.columnar.ColumnStats``) for the schema
+#   frame, class counts for the balance frame, the column list on the split's columns with no
+#   rows, the row count on N rows and no columns, and the leak check on the rows whose hash both
+#   splits hold (8 bytes kept per row: the one part that grows with the rows, 160 MB at 20 M).
+
+
+def sources(params: dict) -> dict[str, Path]:
+    """``{"train", "test"}`` paths, or ``{"all"}`` for one file split by seed."""
+    from tasks.table import split_paths
+
+    return split_paths(params["dataset"], params["root"])
+
+
+# Split files larger than this together are validated in batches: read whole, a split costs its
+# pandas frame plus the stacked cells frame (five values and an index entry per cell) at once.
+STREAM_ABOVE_BYTES = 256 << 20
+
+
+def streamed(params: dict) -> bool:
+    """Validate in batches: a split is a folder (of Parquet files), or the split files hold more
+    than ``params.get("stream_above_bytes", STREAM_ABOVE_BYTES)`` bytes."""
+    paths = list(sources(params).values())
+    if any(p.is_dir() for p in paths):
+        return True
+    limit = params.get("stream_above_bytes", STREAM_ABOVE_BYTES)
+    return sum(p.stat().st_size for p in paths if p.is_file()) > limit
+
+
+def _arrow_found(arrow_type, stats) -> tuple[str, bool]:
+    """(found type, numeric) of a column from its Arrow type and, once read, its statistics."""
+    import pyarrow as pa
+
+    if stats is not None and not stats.count:  # no value (or no row), as the in-memory run says
+        return "null", True
+    if pa.types.is_null(arrow_type):
+        return "null", True
+    if pa.types.is_boolean(arrow_type):
+        return "boolean", False
+    if pa.types.is_integer(arrow_type):
+        return "integer", True
+    if pa.types.is_floating(arrow_type):
+        return ("integer" if stats is not None and stats.count and stats.integral else "float"), True
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return "string", False
+    return "other", False
+
+
+def _schema_info(exp: TableExpectations, schema, dtypes: dict[str, str], stats: dict | None) -> dict:
+    """``{column: (dtype text, found type)}`` for _schema_rows; a float column of whole numbers
+    reads Int64 as the in-memory run casts it."""
+    out = {}
+    for f in schema:
+        if f.name not in exp.names or f.name in out:
+            continue
+        st = stats.get(f.name) if stats else None
+        found, _ = _arrow_found(f.type, st)
+        dtype = "Int64" if found == "integer" and dtypes[f.name].startswith("float") else dtypes[f.name]
+        out[f.name] = (dtype, found)
+    return out
+
+
+def _batches(params: dict, paths: dict[str, Path], batch_rows: int):
+    """``(split, RecordBatch, offset)`` in each split's row order; one file is split by seed as
+    ``tasks.table.load_frames`` splits it (its label column read whole for the stratification)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tasks.columnar import iter_batches
+
+    if "all" not in paths:
+        for s in SPLITS:
+            offset = 0
+            for batch in iter_batches(paths[s], batch_rows=batch_rows):
+                yield s, batch, offset
+                offset += batch.num_rows
+        return
+    from tasks.columnar import source_rows, source_schema
+    from tasks.table import seeded_split
+
+    ds, src = params["dataset"], paths["all"]
+    n = source_rows(src)
+    labels = None
+    if params["stratify"]:
+        import pandas as pd
+
+        try:  # the label read as load_frames reads it (its dtype sets the stratification's groups)
+            labels = (pd.read_csv(src, usecols=[ds.label]) if src.suffix.lower() == ".csv"
+                      else pd.read_parquet(src, columns=[ds.label]))[ds.label]
+        except (ValueError, KeyError):
+            labels = None
+    if n is None:  # a CSV: its rows counted in one streamed pass over one column
+        first = source_schema(src).names[0]
+        n = len(labels) if labels is not None else sum(b.num_rows for b in iter_batches(src, columns=[first]))
+    _, held = seeded_split(labels, n, ds.test_fraction, params["seed"], params["stratify"])
+    is_test = np.zeros(n, dtype=bool)
+    is_test[np.asarray(held, dtype=np.int64)] = True
+    del held, labels
+    offsets, start = {"train": 0, "test": 0}, 0
+    for batch in iter_batches(src, batch_rows=batch_rows):
+        m = is_test[start:start + batch.num_rows]
+        start += batch.num_rows
+        for s, mask in (("train", ~m), ("test", m)):
+            part = batch.filter(pa.array(mask))
+            if part.num_rows:
+                yield s, part, offsets[s]
+                offsets[s] += part.num_rows
+
+
+def _float_column(batch, name: str):
+    """A batch's column as float64 numpy, nulls as NaN."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.cast(batch.column(name), pa.float64()).to_numpy(zero_copy_only=False)
+
+
+def _row_hash_array(batch, columns: list[str]):
+    """uint64 per row over ``columns``: numbers hashed as float64 (3, 3.0 and Int64 3 alike; a
+    null as NaN), anything else by its text."""
+    import pandas as pd
+    import pyarrow as pa
+
+    canon = {}
+    for c in columns:
+        t = batch.schema.field(c).type
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t):
+            canon[c] = _float_column(batch, c)
+        else:
+            canon[c] = batch.column(c).cast(pa.string()).to_pandas().astype("string")
+    return pd.util.hash_pandas_object(pd.DataFrame(canon), index=False).to_numpy(dtype="uint64")
+
+
+def _cell_suspects(batch, columns: list, label: str, offset: int, expectations: list):
+    """The cells of ``batch`` that can fail the stacked checks (null where not allowed, below its
+    min, above its max: exactly the cells GX reports), as a cells frame, and the counts GX would
+    give on the whole stacked batch: ``{expectation index: {"element_count", "missing_count"}}``.
+
+    Every other cell passes each stacked check by construction, so GX validates only these; the
+    stacked frame of a whole batch (five values and an index entry per cell) is never built.
+    """
+    import numpy as np
+
+    k, n = len(columns), batch.num_rows
+    block = np.empty((k, n), dtype="float64")
+    for j, c in enumerate(columns):
+        block[j] = _float_column(batch, c.name)
+    nan = float("nan")
+    lo = np.array([[nan if c.min is None else c.min] for c in columns], dtype="float64")
+    hi = np.array([[nan if c.max is None else c.max] for c in columns], dtype="float64")
+    nullable = np.array([[c.nulls and c.name != label] for c in columns], dtype=bool)
+    null = np.isnan(block)
+    keep = ~(nullable & null)
+    with np.errstate(invalid="ignore"):
+        suspect = keep & (null | (block < lo) | (block > hi))
+    kept = int(keep.sum())
+    missing = {"min": int((keep & (null | np.isnan(lo))).sum()), "max": int((keep & (null | np.isnan(hi))).sum())}
+    j, r = np.nonzero(suspect)  # row-major over (column, row): column by column, as _cells_frame
+    names = np.array([c.name for c in columns], dtype=object)
+    frame = _cells_from(names[j], (r + offset).astype("int64"), block[j, r], lo[j, 0], hi[j, 0])
+    counts = {}
+    for i, e in enumerate(expectations):
+        if e.expectation_type == "expect_column_values_to_not_be_null":
+            counts[i] = {"element_count": kept}
+        elif e.expectation_type == "expect_column_pair_values_a_to_be_greater_than_b":
+            counts[i] = {"element_count": kept, "missing_count": missing["min" if e.column_A == "value" else "max"]}
+    return frame, counts
+
+
+# Split expectations validated once on a small frame instead of per batch (the row count: on N rows).
+_TABLE_LEVEL = ("expect_table_columns_to_match_ordered_list", "expect_column_to_exist",
+                "expect_table_row_count_to_be_between")
+
+
+def _row_level_columns(item: Item, names: list[str]) -> list[str]:
+    """The columns the split item's row-level expectations read, in the split's order."""
+    used = {e.column for e in item.expectations if e.expectation_type not in _TABLE_LEVEL}
+    return [n for n in names if n in used]
+
+
+def _cross_from_hashes(hashes: dict[str, list]) -> tuple[pd.DataFrame, int]:
+    """The cross frame of the rows whose hash both splits hold (first occurrence in each split):
+    the only rows the uniqueness check can fail on, the rest being unique by construction; and
+    the number of rows of the whole cross frame (de-duplicated rows of both splits).
+
+    Memory: the hashes (8 bytes a row) plus a sorted copy of the smaller split's; the larger
+    split is looked up in chunks, then sorted in place to count its distinct rows."""
+    import numpy as np
+    import pandas as pd
+
+    h = {}
+    for s in SPLITS:
+        h[s] = np.concatenate(hashes[s]) if hashes[s] else np.zeros(0, dtype="uint64")
+        hashes[s] = []
+    small, large = sorted(SPLITS, key=lambda s: len(h[s]))
+    probe = np.sort(h[small])
+    hits = []
+    for start in range(0, len(h[large]), 1 << 20):
+        part = h[large][start:start + (1 << 20)]
+        idx = np.minimum(np.searchsorted(probe, part), max(len(probe) - 1, 0))
+        if len(probe):
+            hits.append(np.flatnonzero(probe[idx] == part) + start)
+    leaked = np.unique(h[large][np.concatenate(hits)]) if hits else np.zeros(0, dtype="uint64")
+    parts = {}
+    for s in SPLITS:
+        pos = np.flatnonzero(np.isin(h[s], leaked))  # leaked is small: a short scan
+        u, first = np.unique(h[s][pos], return_index=True)
+        rows = pos[first]
+        order = np.argsort(rows, kind="stable")
+        parts[s] = pd.DataFrame({"row_hash": np.array([f"{x:016x}" for x in u[order]], dtype=object),
+                                 "split": s, "row": rows[order].astype("int64")})
+    total = 0
+    for s in SPLITS:
+        h[s].sort()  # in place: no copy of the larger split
+        total += int(len(h[s]) and 1 + np.count_nonzero(h[s][1:] != h[s][:-1]))
+    return pd.concat([parts[s] for s in SPLITS], ignore_index=True), total
+def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = None) -> dict:
+    """Validate the plan's splits batch by batch in bounded memory and write the same report files
+    as :func:`validate_table` (``gx_result.json`` with one result per item, ``summary.md``, Data
+    Docs); the same report, its failures named the same way. ``batch_rows``: rows per batch
+    (default ``params["batch_rows"]`` or ``tasks.columnar.BATCH_ROWS``). Raises ValueError when
+    the plan's columns contradict its expectations file, DataUnavailableError for unreadable data."""
+    import time
+
+    import great_expectations.expectations as gxe
+    import pandas as pd
+
+    from tasks.columnar import BATCH_ROWS, ColumnStats, source_schema
+
+    started = time.perf_counter()
+    exp, features, label = _checked(params)
+    classification = params["classification"]
+    batch_rows = int(batch_rows or params.get("batch_rows") or BATCH_ROWS)
+    paths = sources(params)
+    schemas = {s: source_schema(paths.get(s, paths.get("all"))) for s in SPLITS}
+    empties = {s: _coerce_integral(schemas[s].empty_table().to_pandas()) for s in SPLITS}
+    dtypes = {s: {f.name: str(schemas[s].empty_table().to_pandas()[f.name].dtype) for f in schemas[s]}
+              for s in SPLITS}
+
+    skipped: list[dict] = []
+    items: list[Item] = []
+    stacked: dict[str, list] = {}
+    for s in SPLITS:
+        names = schemas[s].names
+        schema = _schema_rows(exp, features, _schema_info(exp, schemas[s], dtypes[s], None))
+        stacked[s] = _stacked_columns(exp, schema)
+        items += _split_items(exp, features, label, classification, s, names, schema, None, skipped,
+                              cells=lambda cols: None, balance=lambda classes: None)
+    by_name = {item.name: item for item in items}
+
+    run = start_run(started)
+    batched = {s: {kind: ItemBatches(run, by_name[name]) for kind, name in (("split", s), ("cells", f"{s}_cells"))
+                   if name in by_name} for s in SPLITS}
+    stats = {s: {n: ColumnStats(n, values={} if n == label else None) for n in schemas[s].names} for s in SPLITS}
+    cross_columns = [c for c in exp.names if all(c in schemas[s].names for s in SPLITS)]
+    hashes: dict[str, list] = {s: [] for s in SPLITS}
+    rows = {s: 0 for s in SPLITS}
+
+    row_level = {s: _row_level_columns(by_name[s], schemas[s].names) for s in SPLITS}
+
+    def feed(s: str, batch, offset: int) -> None:
+        # The split item gets only the columns its row-level expectations read.
+        df = _coerce_integral(batch.select(row_level[s]).to_pandas())
+        df.index = pd.RangeIndex(offset, offset + batch.num_rows)
+        batched[s]["split"].add(df)
+        if "cells" in batched[s]:
+            frame, counts = _cell_suspects(batch, stacked[s], label, offset, by_name[f"{s}_cells"].expectations)
+            batched[s]["cells"].add(frame, counts)
+
+    for s, batch, offset in _batches(params, paths, batch_rows):
+        for i, name in enumerate(batch.schema.names):
+            if name in stats[s]:
+                stats[s][name].update(batch.column(i))
+        feed(s, batch, offset)
+        if cross_columns:
+            hashes[s].append(_row_hash_array(batch, cross_columns))
+        rows[s] = offset + batch.num_rows
+        del batch
+
+    for s in SPLITS:
+        if not rows[s]:  # an empty split: its checks on no rows
+            feed(s, _empty_batch(schemas[s]), 0)
+        by_name[f"{s}_schema"].frame = _schema_rows(exp, features, _schema_info(exp, schemas[s], dtypes[s], stats[s]))
+        run_item(run, by_name[f"{s}_schema"])
+        if f"{s}_balance" in by_name:
+            values = stats[s][label].values or {}
+            counts: dict[str, int] = {}
+            for v, k in values.items():
+                counts[_class_key(v)] = counts.get(_class_key(v), 0) + k
+            by_name[f"{s}_balance"].frame = _balance_rows(exp.classes, counts, rows[s])
+            run_item(run, by_name[f"{s}_balance"])
+        split_item = by_name[s]
+        # Table-level checks on the split's columns with no rows, the row count on N rows and no
+        # columns (a RangeIndex: no memory).
+        whole = {i: pd.DataFrame(index=pd.RangeIndex(rows[s])) if isinstance(e, gxe.ExpectTableRowCountToBeBetween)
+                 else empties[s] for i, e in enumerate(split_item.expectations)
+                 if e.expectation_type in _TABLE_LEVEL}
+        batched[s]["split"].finish(whole)
+        if "cells" in batched[s]:
+            batched[s]["cells"].finish()
+    frame, total = _cross_from_hashes(hashes) if cross_columns else (None, 0)
+    cross = _cross_items(frame, skipped)
+    for item in cross:  # GX's counts as on the whole cross frame
+        leaks = ItemBatches(run, item)
+        leaks.add(item.frame, {0: {"element_count": total, "missing_count": 0}})
+        leaks.finish()
+    items += cross
+    return write_report(run, items, Path(report_dir), failures=failures(params, run, items), rows=rows,
+                        skipped=skipped)
+
+
+def _empty_batch(schema):
+    """A RecordBatch of ``schema`` with no rows."""
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schema], schema=schema)

@@ -1,0 +1,354 @@
+"""Tables read in bounded memory: Arrow record batches and per-column statistics merged across them.
+
+Torch-free and pandas-free (pyarrow and numpy, imported inside the functions). Used where a table
+may not fit in memory: validation of large splits (``validation.suite``), the tabular task's
+standardisation statistics (``tasks.tabular``) and the streamed loader (``training.stream``).
+
+* :func:`iter_batches` yields ``pyarrow.RecordBatch`` objects of at most ``batch_rows`` rows from a
+  Parquet file, a folder of Parquet files (files in name order, each file's row groups in order) or
+  a CSV file (pyarrow's streaming CSV reader). Memory is one Parquet row group or one CSV block
+  plus the batch, whatever the number of rows.
+* :func:`column_stats` folds batches into :class:`ColumnStats` per column: count, nulls, min, max,
+  mean and std (float64, Chan et al.'s pairwise merge of per-batch moments, so the order of the
+  batches changes the result only by rounding) and, for the columns asked, the count of each value.
+
+A null is an Arrow null or, in a float column, NaN (as pandas reads both). ``std`` is the
+population standard deviation (ddof 0, as ``numpy.nanstd``); :meth:`ColumnStats.var` takes ddof.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.errors import DataUnavailableError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+__all__ = ["BATCH_ROWS", "ColumnStats", "column_stats", "iter_batches", "parquet_files", "source_format",
+           "source_rows", "source_schema"]
+
+# Rows per batch when the caller does not say: 64 Ki rows x 32 float64 columns is 16 MiB.
+BATCH_ROWS = 65536
+PARQUET_SUFFIXES = (".parquet", ".pq")
+# Bytes per streaming CSV block (each block is parsed whole, then sliced into batches).
+CSV_BLOCK_BYTES = 8 << 20
+
+
+def source_format(source: Path) -> str:
+    """``"parquet"`` (a file or a folder of Parquet files) or ``"csv"``; DataUnavailableError otherwise."""
+    source = Path(source)
+    if source.is_dir():
+        return "parquet"
+    suffix = source.suffix.lower()
+    if suffix in PARQUET_SUFFIXES:
+        return "parquet"
+    if suffix == ".csv":
+        return "csv"
+    raise DataUnavailableError(f"{source}: unknown table format {suffix!r}; use .csv, .parquet or a folder "
+                               "of .parquet files")
+
+
+def parquet_files(source: Path) -> list[Path]:
+    """The Parquet files of ``source`` in reading order: the file itself, or a folder's ``*.parquet`` /
+    ``*.pq`` files (not recursive) sorted by name. DataUnavailableError when there are none."""
+    source = Path(source)
+    if source.is_file():
+        return [source]
+    if not source.is_dir():
+        raise DataUnavailableError(f"{source} does not exist. The DVC-tracked data is missing from the "
+                                   "workspace; run `dvc pull` (or check dataset.path)")
+    files = sorted(p for p in source.iterdir() if p.is_file() and p.suffix.lower() in PARQUET_SUFFIXES)
+    if not files:
+        raise DataUnavailableError(f"{source}: a folder with no .parquet files")
+    return files
+
+
+def source_rows(source: Path) -> int | None:
+    """Rows of a Parquet source from its footers (no data read); None for a CSV (unknown until read)."""
+    if source_format(source) != "parquet":
+        return None
+    import pyarrow.parquet as pq
+
+    total = 0
+    for path in parquet_files(source):
+        try:
+            total += pq.ParquetFile(path).metadata.num_rows
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds; all mean "unreadable"
+            raise DataUnavailableError(f"{path} cannot be read as parquet: {type(exc).__name__}: {exc}") from None
+    return total
+
+
+def iter_batches(source: Path, columns: list[str] | None = None, batch_rows: int = BATCH_ROWS,
+                 types: dict[str, Any] | None = None) -> Iterator[pa.RecordBatch]:
+    """``pyarrow.RecordBatch`` objects of at most ``batch_rows`` rows, in file order, read lazily.
+
+    ``source``: a ``.parquet``/``.pq`` file, a folder of them (name order; every file must hold
+    ``columns``) or a ``.csv`` file. ``columns``: the columns to read, in this order (None: all).
+    ``types``: CSV only, ``{column: pyarrow type}`` forced instead of inferred.
+
+    A CSV's types are inferred from its first block, with integer columns widened to float64 and
+    all-null ones read as float64: a later block may hold 1.5 in a column that began with whole
+    numbers, or values in one that began empty. A later value that still does not convert (text in
+    a numeric column) raises DataUnavailableError naming the column; pass ``types`` for it.
+    Raises DataUnavailableError for a missing or unreadable file or a missing column.
+    """
+    if batch_rows < 1:
+        raise ValueError(f"batch_rows: must be >= 1, got {batch_rows}")
+    source = Path(source)
+    if source_format(source) == "csv":
+        yield from _csv_batches(source, columns, batch_rows, types or {})
+        return
+    for path in parquet_files(source):
+        yield from _parquet_batches(path, columns, batch_rows)
+
+
+def _parquet_batches(path: Path, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+        missing = [c for c in columns or [] if c not in pf.schema_arrow.names]
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds; all mean "unreadable"
+        raise DataUnavailableError(f"{path} cannot be read as parquet: {type(exc).__name__}: {exc}") from None
+    if missing:
+        raise DataUnavailableError(f"{path} lacks column(s) {missing}; found {pf.schema_arrow.names}")
+    # One row group at a time: iter_batches reads row group by row group, not the whole file.
+    for i in range(pf.num_row_groups):
+        try:
+            batches = pf.iter_batches(batch_size=batch_rows, row_groups=[i], columns=columns,
+                                      use_threads=False)
+            for batch in batches:
+                yield batch
+        except OSError as exc:
+            raise DataUnavailableError(f"{path} row group {i} cannot be read: {exc}") from None
+
+
+def _csv_batches(path: Path, columns: list[str] | None, batch_rows: int,
+                 types: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    read = pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False)
+    schema = _csv_schema(path, types)
+    missing = [c for c in columns or [] if c not in schema.names]
+    if missing:
+        raise DataUnavailableError(f"{path} lacks column(s) {missing}; found {schema.names}")
+    convert = pcsv.ConvertOptions(column_types={f.name: f.type for f in schema},
+                                  include_columns=list(columns) if columns else None)
+    try:
+        reader = pcsv.open_csv(path, read_options=read, convert_options=convert)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataUnavailableError(f"{path} cannot be read as csv: {type(exc).__name__}: {exc}") from None
+    with reader:
+        while True:
+            try:
+                block = reader.read_next_batch()
+            except StopIteration:
+                return
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise DataUnavailableError(_csv_error(path, schema.names, exc)) from None
+            for start in range(0, block.num_rows, batch_rows):
+                yield block.slice(start, batch_rows)
+
+
+def _csv_schema(path: Path, types: dict[str, Any]) -> pa.Schema:
+    """The first block's inferred schema, widened (see iter_batches), ``types`` forced."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    if not path.is_file():
+        raise DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the "
+                                   "workspace; run `dvc pull` (or check dataset.path)")
+    read = pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False)
+    try:
+        with pcsv.open_csv(path, read_options=read) as probe:
+            inferred = probe.schema
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataUnavailableError(f"{path} cannot be read as csv: {type(exc).__name__}: {exc}") from None
+    fields = []
+    for f in inferred:
+        if f.name in types:
+            f = f.with_type(types[f.name])
+        elif pa.types.is_integer(f.type) or pa.types.is_null(f.type):
+            f = f.with_type(pa.float64())
+        fields.append(f)
+    return pa.schema(fields)
+
+
+def source_schema(source: Path, types: dict[str, Any] | None = None) -> pa.Schema:
+    """The Arrow schema :func:`iter_batches` yields for ``source`` (its first Parquet file's, or a
+    CSV's first block's, widened), without reading the data."""
+    source = Path(source)
+    if source_format(source) == "csv":
+        return _csv_schema(source, types or {})
+    import pyarrow.parquet as pq
+
+    path = parquet_files(source)[0]
+    try:
+        return pq.ParquetFile(path).schema_arrow
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds; all mean "unreadable"
+        raise DataUnavailableError(f"{path} cannot be read as parquet: {type(exc).__name__}: {exc}") from None
+
+
+def _csv_error(path: Path, names: list[str], exc: Exception) -> str:
+    """A conversion error with the column's name (pyarrow gives only its position)."""
+    text = str(exc)
+    m = re.search(r"CSV column #(\d+)", text)
+    where = f" (column {names[int(m.group(1))]!r})" if m and int(m.group(1)) < len(names) else ""
+    return (f"{path} cannot be read as csv{where}: {type(exc).__name__}: {text}; a value there does not fit "
+            "the type its first block showed: give the column's type (types=) or convert the file to Parquet")
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@dataclass
+class ColumnStats:
+    """Running statistics of one column; fold batches with :meth:`update`, parts with :meth:`merge`.
+
+    ``count``: non-null values; ``nulls``: nulls (and NaN); ``min``/``max``: of the non-null values
+    (Python numbers; None for a non-numeric column or when there is none); ``mean``, ``m2`` (sum of
+    squared deviations): float64, numeric columns only; ``values``: value -> count, only for a
+    column asked for in ``column_stats(categories=...)`` (None otherwise).
+    """
+
+    name: str
+    count: int = 0
+    nulls: int = 0
+    numeric: bool | None = None
+    min: Any = None
+    max: Any = None
+    mean: float = 0.0
+    m2: float = 0.0
+    values: dict | None = None
+    integral: bool = True  # every non-null value a whole number (so far)
+
+    @property
+    def rows(self) -> int:
+        """Rows seen: values and nulls."""
+        return self.count + self.nulls
+
+    def var(self, ddof: int = 0) -> float:
+        """Variance of the non-null values (NaN when count <= ddof)."""
+        return self.m2 / (self.count - ddof) if self.count > ddof else math.nan
+
+    @property
+    def std(self) -> float:
+        """Population standard deviation (ddof 0; NaN when there are no values)."""
+        return math.sqrt(self.var(0)) if self.count else math.nan
+
+    def update(self, array: pa.Array | pa.ChunkedArray) -> None:
+        """Fold in one batch's column (any Arrow array)."""
+        import pyarrow as pa
+
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        numeric = pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
+        if pa.types.is_null(array.type):
+            numeric = self.numeric  # an all-null batch says nothing of the column's kind
+        elif self.numeric is None:
+            self.numeric = numeric
+        elif self.numeric != numeric:
+            self.numeric = False  # a kind that changes between files: no numeric statistics
+        part = ColumnStats(self.name, values={} if self.values is not None else None)
+        if numeric and not pa.types.is_null(array.type):
+            part._numeric_part(array)
+        else:
+            part.nulls = array.null_count
+            part.count = len(array) - part.nulls
+            part.numeric = numeric
+            if part.count:
+                part.integral = False
+        if part.values is not None:
+            part._count_values(array)
+        self.merge(part)
+
+    def _numeric_part(self, array: pa.Array) -> None:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        self.numeric = True
+        x = pc.cast(array, pa.float64()).to_numpy(zero_copy_only=False)  # nulls become NaN
+        valid = ~np.isnan(x)
+        v = x[valid] if not valid.all() else x
+        self.count = int(v.size)
+        self.nulls = len(x) - self.count
+        if not self.count:
+            return
+        if pa.types.is_integer(array.type):
+            # Exact for integers beyond 2**53 (float64 would round them).
+            mm = pc.min_max(array)
+            self.min, self.max = mm["min"].as_py(), mm["max"].as_py()
+        else:
+            self.min, self.max = float(v.min()), float(v.max())
+            finite = np.isfinite(v)
+            self.integral = bool(finite.all() and (v == np.round(v)).all() and (np.abs(v) < 2**53).all())
+        self.mean = float(v.mean())
+        d = v - self.mean
+        self.m2 = float(np.dot(d, d))
+
+    def _count_values(self, array: pa.Array) -> None:
+        import pyarrow.compute as pc
+
+        counts = pc.value_counts(array.drop_null())
+        for value, n in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
+            if isinstance(value, float) and math.isnan(value):
+                continue  # NaN is a null (counted in nulls)
+            self.values[value] = self.values.get(value, 0) + n
+
+    def merge(self, other: ColumnStats) -> None:
+        """Add ``other`` (another part of the same column) into this one (Chan et al.'s update)."""
+        if other.numeric is not None:
+            self.numeric = other.numeric if self.numeric is None else (self.numeric and other.numeric)
+        n = self.count + other.count
+        if other.count:
+            delta = other.mean - self.mean
+            self.mean += delta * other.count / n
+            self.m2 += other.m2 + delta * delta * self.count * other.count / n
+            self.min = other.min if self.min is None else (self.min if other.min is None else min(self.min, other.min))
+            self.max = other.max if self.max is None else (self.max if other.max is None else max(self.max, other.max))
+            self.integral = self.integral and other.integral
+        self.count, self.nulls = n, self.nulls + other.nulls
+        if other.values is not None:
+            if self.values is None:
+                self.values = {}
+            for value, k in other.values.items():
+                self.values[value] = self.values.get(value, 0) + k
+        if not self.numeric:
+            self.min = self.max = None
+            self.mean, self.m2 = 0.0, 0.0
+
+    def as_dict(self) -> dict:
+        """JSON-able summary: name, rows, count, nulls, min, max, mean, std (None when undefined)."""
+        numeric = bool(self.numeric) and self.count > 0
+        return {"name": self.name, "rows": self.rows, "count": self.count, "nulls": self.nulls,
+                "min": self.min if numeric else None, "max": self.max if numeric else None,
+                "mean": self.mean if numeric else None, "std": self.std if numeric else None,
+                **({"values": dict(self.values)} if self.values is not None else {})}
+
+
+def column_stats(batches: Iterable[pa.RecordBatch], columns: list[str],
+                 categories: Iterable[str] = ()) -> dict[str, ColumnStats]:
+    """``{column: ColumnStats}`` over every batch (any iterable of RecordBatch or Table, e.g.
+    :func:`iter_batches`), counting each value of the ``categories`` columns. Memory: one batch
+    plus the value counts. KeyError naming a column a batch lacks."""
+    cats = set(categories)
+    unknown = cats - set(columns)
+    if unknown:
+        raise ValueError(f"categories {sorted(unknown)} are not among columns {columns}")
+    stats = {c: ColumnStats(c, values={} if c in cats else None) for c in columns}
+    for batch in batches:
+        names = batch.schema.names
+        for c in columns:
+            if c not in names:
+                raise KeyError(f"a batch lacks column {c!r}; it has {names}")
+            stats[c].update(batch.column(names.index(c)))
+    return stats

@@ -1,0 +1,582 @@
+"""Streamed Parquet training data: a ``BatchSource`` (training/batches.py) over row groups.
+
+A table larger than memory trains from its Parquet row groups (the shards), read on demand; a
+bounded number of them is in memory at a time, whatever the number of rows. The epoch's global
+order (the cursor contract) is built from the row groups' sizes alone, never from the world size:
+
+1. the row groups are permuted by a generator seeded with (seed, epoch);
+2. that sequence is cut into windows of ``window`` row groups;
+3. the training rows of a window are shuffled by a generator seeded with (seed, epoch, window).
+
+So a sample never moves further than its window (a bounded shuffle), and the position after
+``cursor`` samples is rebuilt from (seed, epoch, cursor) alone: nothing per rank is checkpointed.
+Each optimizer step takes the next G positions of the order; inside the step its samples are
+sorted by row group and rank r takes the r-th run of ``micro_batch * grad_accum`` of them, so a
+rank reads about ``window / dp_size + 1`` row groups of each window instead of all of them (when
+a step holds many rows of each). A background thread reads the next ``PREFETCH_ROW_GROUPS`` row
+groups the coming steps need while this one trains (reading overlaps compute); memory holds one
+window's share per rank plus those, whatever the number of rows.
+
+Per-epoch validation rows are held out by a seeded hash of each row's id, inside a seeded set of
+row groups large enough for ``training.loader.val_rows`` rows: known from ids alone (no data is
+read to know them) and bounded in memory. Unlike the in-memory split they are not stratified.
+
+A CSV train file larger than ``training.loader.csv_parquet_above_mb`` is converted once to
+Parquet in ``TRAINFLOW_HOME/cache/parquet/<DVC md5>/`` (never in the repository) and streamed
+from there; ``training.loader.kind: auto`` streams when the train split is larger than
+``training.loader.stream_above_mb`` and keeps the in-memory loader otherwise (``choose_loader``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import numpy as np
+
+from core.errors import DataUnavailableError
+
+if TYPE_CHECKING:
+    from core.config import PipelineConfig
+    from training.batches import BatchPlan, StepBatches
+    from training.data import Splits
+
+log = logging.getLogger("trainflow.stream")
+
+# Seeded streams of one source, kept apart: the row groups' order, the shuffle inside a window,
+# and which rows are held out for per-epoch validation.
+_GROUPS, _WINDOW, _HOLDOUT = 0x67, 0x77, 0x68
+# Rows per row group of a CSV converted to Parquet. It fixes the row groups and so the global
+# order: it is part of the cache folder's name.
+CONVERTED_ROW_GROUP_ROWS = 131072
+# Planned steps kept ahead at most (ids only): enough to see into the next window unless steps are tiny.
+MAX_STEPS_AHEAD = 4096
+# Row groups the reader thread reads ahead of those in use: enough to hide a read behind the steps
+# of one row group, few enough that memory does not grow with the data.
+PREFETCH_ROW_GROUPS = 2
+
+Reader = Callable[[int], tuple[np.ndarray, np.ndarray]]
+
+
+def _u64(value: int) -> int:
+    return int(value) % (1 << 64)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser over a uint64 array: a cheap, well-spread hash of each id."""
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+# -- the dataset's row groups ----------------------------------------------------------------
+@dataclass(frozen=True)
+class RowGroups:
+    """A Parquet dataset's row groups in reading order (files by name, each file's groups in order).
+
+    Global sample ids run through them: row group ``u`` holds ids ``start[u] .. start[u] + rows[u]``.
+    """
+
+    files: tuple[Path, ...]
+    file_of: np.ndarray  # per row group: index into files
+    group_of: np.ndarray  # per row group: its index inside its file
+    rows: np.ndarray  # per row group: rows
+    start: np.ndarray  # per row group: global id of its first row
+    names: tuple[str, ...]  # the columns (every file has them)
+    types: dict  # column -> pyarrow type (of the first file)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.rows.sum())
+
+
+def scan_row_groups(source: Path) -> RowGroups:
+    """The row groups of a Parquet file or folder, from the footers alone (no data is read).
+
+    Raises DataUnavailableError naming the file that is unreadable or lacks the first file's columns.
+    """
+    import pyarrow.parquet as pq
+
+    from tasks.columnar import parquet_files
+
+    files = parquet_files(Path(source))
+    file_of, group_of, rows, names, types = [], [], [], None, None
+    for i, path in enumerate(files):
+        try:
+            meta = pq.ParquetFile(path)
+            schema = meta.schema_arrow
+            counts = [meta.metadata.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds; all mean "unreadable"
+            raise DataUnavailableError(f"{path} cannot be read as parquet: {type(exc).__name__}: {exc}") from None
+        if names is None:
+            names, types = tuple(schema.names), {f.name: f.type for f in schema}
+        elif missing := [c for c in names if c not in schema.names]:
+            raise DataUnavailableError(f"{path} lacks column(s) {missing} that {files[0].name} has")
+        for g, n in enumerate(counts):
+            if n:
+                file_of.append(i), group_of.append(g), rows.append(n)
+    rows_a = np.asarray(rows, dtype=np.int64)
+    start = np.concatenate([[0], np.cumsum(rows_a)[:-1]]).astype(np.int64) if len(rows_a) else rows_a
+    return RowGroups(tuple(files), np.asarray(file_of, dtype=np.int64), np.asarray(group_of, dtype=np.int64),
+                     rows_a, start, names, types)
+
+
+class Holdout:
+    """The rows held out of training for per-epoch validation.
+
+    A row is held out when a seeded hash of its id falls below ``fraction``, and only in a seeded
+    set of row groups holding about ``max_rows / fraction`` rows: the held-out rows stay near
+    ``max_rows`` whatever the data's size, and are known from ids alone.
+    """
+
+    def __init__(self, groups: RowGroups, seed: int, fraction: float, max_rows: int):
+        if not 0 <= fraction < 1:
+            raise ValueError(f"fraction: must be in [0, 1), got {fraction}")
+        order = np.random.default_rng([_u64(seed), _HOLDOUT]).permutation(len(groups))
+        need = max_rows / fraction if fraction else 0
+        k = int(np.searchsorted(np.cumsum(groups.rows[order]), need)) + 1 if fraction else 0
+        self.units = frozenset(order[:k].tolist())
+        self.key = np.uint64(_mix(np.asarray([_u64(seed)], dtype=np.uint64))[0])
+        self.threshold = np.uint64(min(int(fraction * 2.0**64), (1 << 64) - 1))
+
+    def mask(self, unit: int, ids: np.ndarray) -> np.ndarray:
+        """True where a row of ``unit`` (ids given) is held out."""
+        if unit not in self.units:
+            return np.zeros(len(ids), dtype=bool)
+        return _mix(ids.astype(np.uint64) ^ self.key) < self.threshold
+
+
+# -- the source --------------------------------------------------------------------------------
+@dataclass
+class _Planned:
+    """One step of this rank, as ids: what ``epoch_steps`` turns into tensors."""
+
+    ids: np.ndarray  # this rank's ids of the step (int64), sorted by row group; micro-batch k: [k b, k b + b)
+    runs: list  # (row group, first, end) of each run of one row group in ``ids``
+    global_samples: int
+    window: int  # the window holding the step's first position
+    units: tuple  # the row groups this rank reads for the step, in order of use
+
+
+class StreamSource:
+    """A ``BatchSource`` over a Parquet dataset's row groups (see the module's docstring).
+
+    ``read(u)`` returns row group ``u``'s (features float32 ``[rows, f]``, targets) for all its rows
+    (held-out ones too); it is called from one background thread at a time (or this one with
+    ``prefetch=False``). ``window``: row groups shuffled together. ``n_features``/``y_dtype`` shape
+    an empty micro-batch (a short last step).
+    """
+
+    def __init__(self, groups: RowGroups, read: Reader, *, seed: int, window: int, holdout: Holdout,
+                 n_features: int, y_dtype, prefetch: bool = True):
+        if window < 1:
+            raise ValueError(f"window: must be >= 1, got {window}")
+        self.groups, self.read, self.seed, self.window = groups, read, _u64(seed), window
+        self.holdout, self.prefetch = holdout, prefetch
+        self._empty = (np.zeros((0, n_features), dtype=np.float32), np.zeros((0,), dtype=y_dtype))
+        self._train = np.asarray([len(self.train_ids(u)) for u in range(len(groups))], dtype=np.int64)
+        self._n = int(self._train.sum())
+        if self._n == 0:
+            raise DataUnavailableError(f"{groups.files[0] if groups.files else 'the dataset'}: no training rows")
+        self._layout_cache: tuple[int, np.ndarray, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def train_ids(self, unit: int) -> np.ndarray:
+        """The global ids of ``unit``'s training rows (not held out), ascending."""
+        ids = self.groups.start[unit] + np.arange(self.groups.rows[unit], dtype=np.int64)
+        return ids[~self.holdout.mask(unit, ids)]
+
+    # -- the global order -------------------------------------------------------------------
+    def _layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(the epoch's row-group sequence, each window's first position; one more at the end)."""
+        if self._layout_cache is None or self._layout_cache[0] != epoch:
+            units = np.random.default_rng([self.seed, epoch, _GROUPS]).permutation(len(self.groups))
+            per_window = np.add.reduceat(self._train[units], np.arange(0, len(units), self.window))
+            starts = np.concatenate([[0], np.cumsum(per_window)]).astype(np.int64)
+            self._layout_cache = (epoch, units, starts)
+        return self._layout_cache[1], self._layout_cache[2]
+
+    def _window(self, epoch: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+        """Window ``w``'s part of the global order: (ids, the sequence position of each id's row group)."""
+        units, _ = self._layout(epoch)
+        seq = np.arange(w * self.window, min((w + 1) * self.window, len(units)))
+        parts = [self.train_ids(int(units[p])) for p in seq]
+        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        keys = np.repeat(seq.astype(np.int32), [len(p) for p in parts])
+        perm = np.random.default_rng([self.seed, epoch, w, _WINDOW]).permutation(len(ids))
+        return ids[perm], keys[perm]
+
+    def global_order(self, epoch: int) -> np.ndarray:
+        """The epoch's whole global order of ids (for tests and checks: it holds all N ids)."""
+        _, starts = self._layout(epoch)
+        return np.concatenate([self._window(epoch, w)[0] for w in range(len(starts) - 1)])
+
+    def _plan(self, epoch: int, cursor: int, plan: "BatchPlan") -> Iterator[_Planned]:
+        """This rank's steps from ``cursor``, as ids (no data read)."""
+        n, G, b, a = self._n, plan.global_batch, plan.micro_batch, plan.grad_accum
+        if not 0 <= cursor <= n:
+            raise ValueError(f"cursor {cursor} is outside the epoch's {n} samples")
+        units, starts = self._layout(epoch)
+        share = b * a
+        lo = plan.dp_rank * share
+        windows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        pos = cursor
+        while pos < n:
+            g = min(G, n - pos)
+            first = int(np.searchsorted(starts, pos, side="right")) - 1
+            for old in [w for w in windows if w < first]:
+                del windows[old]
+            ids_parts, key_parts, at, w = [], [], pos, first
+            while at < pos + g:  # the step's slice, across window boundaries
+                if w not in windows:
+                    windows[w] = self._window(epoch, w)
+                take = min(pos + g, int(starts[w + 1])) - at
+                off = at - int(starts[w])
+                ids_parts.append(windows[w][0][off:off + take])
+                key_parts.append(windows[w][1][off:off + take])
+                at, w = at + take, w + 1
+            ids, keys = np.concatenate(ids_parts), np.concatenate(key_parts)
+            # Sorted by row group (the sequence position orders windows too): a rank's run of the
+            # step touches few row groups. Stable, so equal keys keep the order's order.
+            order = np.argsort(keys, kind="stable")[lo:lo + share]
+            mine, mine_keys = ids[order], keys[order]
+            cuts = np.flatnonzero(mine_keys[1:] != mine_keys[:-1]) + 1
+            starts_, ends_ = np.concatenate([[0], cuts]), np.concatenate([cuts, [len(mine)]])
+            run_units = units[mine_keys[starts_]].tolist() if len(mine) else []
+            yield _Planned(mine, list(zip(run_units, starts_.tolist(), ends_.tolist())), g, first, tuple(run_units))
+            pos += g
+
+    # -- batches ------------------------------------------------------------------------------
+    def epoch_steps(self, epoch: int, cursor: int, plan: "BatchPlan") -> Iterator["StepBatches"]:
+        """This rank's steps of ``epoch`` from ``cursor`` (the contract in training/batches.py).
+
+        Plans steps ahead (ids only, at most ``MAX_STEPS_AHEAD``) to learn which row groups come
+        next, and keeps the reader thread ``PREFETCH_ROW_GROUPS`` row groups ahead of the ones in
+        use; a row group is dropped once the steps have left its window. So memory holds this
+        rank's share of one window plus the prefetched ones, whatever the number of rows.
+        """
+        steps = self._plan(epoch, cursor, plan)
+        seq, _ = self._layout(epoch)
+        window_of = np.empty(len(seq), dtype=np.int64)
+        window_of[seq] = np.arange(len(seq)) // self.window  # each row group's window this epoch
+        ahead: deque[_Planned] = deque()
+        seen: set = set()
+        upcoming: deque = deque()  # row groups of planned steps not yet asked for, in order of first use
+        asked: set = set()  # asked for, not yet used by a step
+        with _Loader(self.read, self.prefetch) as loader:
+            more = True
+            while True:
+                while more and (not ahead or len(upcoming) < PREFETCH_ROW_GROUPS) and len(ahead) < MAX_STEPS_AHEAD:
+                    planned = next(steps, None)
+                    if planned is None:
+                        more = False
+                        break
+                    ahead.append(planned)
+                    for u in planned.units:
+                        if u not in seen:
+                            seen.add(u)
+                            upcoming.append(u)
+                if not ahead:
+                    return
+                planned = ahead.popleft()
+                # Steps go window by window: no later step needs a row group of an earlier window.
+                for u in [u for u in loader.loaded if window_of[u] < planned.window]:
+                    loader.drop(u)
+                while upcoming and upcoming[0] in planned.units:  # needed now: ask (if not yet)
+                    loader.want(upcoming.popleft())
+                asked.difference_update(planned.units)
+                while upcoming and len(asked) < PREFETCH_ROW_GROUPS:  # read ahead in the background
+                    u = upcoming.popleft()
+                    loader.want(u)
+                    asked.add(u)
+                yield self._tensors(planned, loader, plan.micro_batch, plan.grad_accum)
+
+    def _tensors(self, planned: _Planned, loader: "_Loader", micro: int, accum: int) -> "StepBatches":
+        import torch
+
+        from training.batches import StepBatches
+
+        ids = planned.ids
+        if not len(ids):
+            x, y = self._empty
+        elif len(planned.runs) == 1:  # one row group: one gather
+            u, lo, hi = planned.runs[0]
+            gx, gy = loader.get(u)
+            rows = ids - self.groups.start[u]
+            x, y = gx[rows], gy[rows]
+        else:
+            x = np.empty((len(ids), self._empty[0].shape[1]), dtype=np.float32)
+            y = np.empty((len(ids),), dtype=self._empty[1].dtype)
+            for u, lo, hi in planned.runs:
+                gx, gy = loader.get(u)
+                rows = ids[lo:hi] - self.groups.start[u]
+                x[lo:hi], y[lo:hi] = gx[rows], gy[rows]
+        xt, yt, it = torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(np.ascontiguousarray(ids))
+        cut = [min(k * micro, len(ids)) for k in range(accum + 1)]
+        return StepBatches([(xt[lo:hi], yt[lo:hi]) for lo, hi in zip(cut, cut[1:])],
+                           [it[lo:hi] for lo, hi in zip(cut, cut[1:])], planned.global_samples)
+
+    def held_out(self) -> tuple[np.ndarray, np.ndarray]:
+        """(features, targets) of every held-out row: the per-epoch validation split (bounded)."""
+        xs, ys = [self._empty[0]], [self._empty[1]]
+        for u in sorted(self.holdout.units):
+            ids = self.groups.start[u] + np.arange(self.groups.rows[u], dtype=np.int64)
+            mask = self.holdout.mask(u, ids)
+            if mask.any():
+                gx, gy = self.read(u)
+                xs.append(gx[mask])
+                ys.append(gy[mask])
+        return np.concatenate(xs), np.concatenate(ys)
+
+
+class _Loader:
+    """Row groups by index, read by one background thread in the order asked (``prefetch``) or
+    here on first use; ``drop`` forgets one (its memory goes with the last reference)."""
+
+    def __init__(self, read: Reader, prefetch: bool):
+        self.read = read
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="trainflow-stream") if prefetch else None
+        self.loaded: dict[int, object] = {}
+
+    def want(self, unit: int) -> None:
+        if unit not in self.loaded:
+            self.loaded[unit] = self.pool.submit(self.read, unit) if self.pool else None
+
+    def get(self, unit: int) -> tuple[np.ndarray, np.ndarray]:
+        value = self.loaded.get(unit)
+        if isinstance(value, Future):
+            value = value.result()
+        elif value is None:
+            value = self.read(unit)
+        self.loaded[unit] = value
+        return value
+
+    def drop(self, unit: int) -> None:
+        self.loaded.pop(unit, None)
+
+    def __enter__(self) -> "_Loader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:  # a generator closed early (preemption): no read outlives it
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        self.loaded.clear()
+
+
+# -- tables --------------------------------------------------------------------------------------
+def table_reader(groups: RowGroups, features: list[str], label: str,
+                 targets: Callable[["object"], np.ndarray]) -> Reader:
+    """``read(u)`` for a table: row group u's features as float32 ``[rows, f]`` (nulls as NaN, which
+    the model's ``Standardize`` imputes) and ``targets(the label column, a pyarrow ChunkedArray)``."""
+    import pyarrow.parquet as pq
+
+    files: dict[int, object] = {}
+    lock = threading.Lock()  # a ParquetFile is read by one thread at a time
+
+    def read(unit: int) -> tuple[np.ndarray, np.ndarray]:
+        f, g = int(groups.file_of[unit]), int(groups.group_of[unit])
+        path = groups.files[f]
+        with lock:
+            try:
+                pf = files.get(f) or files.setdefault(f, pq.ParquetFile(path))
+                table = pf.read_row_group(g, columns=[*features, label], use_threads=False)
+            except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds; all mean "unreadable"
+                raise DataUnavailableError(f"{path} row group {g} cannot be read: {type(exc).__name__}: "
+                                           f"{exc}") from None
+        x = np.empty((table.num_rows, len(features)), dtype=np.float32)
+        for j, name in enumerate(features):
+            col = table.column(name)
+            try:
+                x[:, j] = col.to_numpy()
+            except (TypeError, ValueError) as exc:
+                raise DataUnavailableError(f"{path}: feature column {name!r} must be numeric: {exc}") from None
+        return x, targets(table.column(label))
+
+    return read
+
+
+def data_bytes(cfg: "PipelineConfig", root: Path) -> int:
+    """Bytes on disk of the train split's files (what ``training.loader.kind: auto`` weighs)."""
+    from tasks.table import split_paths
+
+    paths = split_paths(cfg.dataset, root)
+    path = paths.get("train") or paths["all"]
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size if path.is_file() else 0
+
+
+def choose_loader(cfg: "PipelineConfig", root: Path) -> tuple[str, str]:
+    """(the loader ``training.loader.kind`` means for this data, why): ``memory``, ``dataloader`` or
+    ``stream``. ``auto`` streams a train split larger than ``stream_above_mb``, else in-memory."""
+    from tasks.table import split_paths
+
+    lc = cfg.training.loader
+    if lc.kind != "auto":
+        return lc.kind, f"training.loader.kind: {lc.kind}"
+    if cfg.dataset.file is not None:
+        return "memory", "auto: dataset.file is split by seed in memory (streaming needs train_file and test_file)"
+    size = data_bytes(cfg, root)
+    mib = size / 2**20
+    if size <= lc.stream_above_mb * 2**20:
+        return "memory", f"auto: train split is {mib:.1f} MiB <= stream_above_mb {lc.stream_above_mb:g}"
+    if split_paths(cfg.dataset, root)["train"].suffix.lower() == ".csv" and mib <= lc.csv_parquet_above_mb:
+        return "memory", f"auto: a CSV train split of {mib:.1f} MiB <= csv_parquet_above_mb {lc.csv_parquet_above_mb:g}"
+    return "stream", f"auto: train split is {mib:.1f} MiB > stream_above_mb {lc.stream_above_mb:g}"
+
+
+def parquet_source(path: Path, root: Path, data_md5: str, csv_above_mb: float) -> Path:
+    """The Parquet file or folder to stream ``path`` from: itself, or for a CSV larger than
+    ``csv_above_mb`` its Parquet copy in ``TRAINFLOW_HOME/cache/parquet/<data md5>/`` (converted
+    once, under a lock; never in the repository). A smaller CSV: DataUnavailableError (stream it
+    from memory instead: ``training.loader.kind: memory`` or ``auto``)."""
+    from tasks.columnar import source_format
+
+    path = Path(path)
+    if source_format(path) == "parquet":
+        return path
+    size = path.stat().st_size if path.is_file() else 0
+    if size <= csv_above_mb * 2**20:
+        raise DataUnavailableError(f"{path}: a CSV of {size / 2**20:.1f} MiB is below "
+                                   f"training.loader.csv_parquet_above_mb ({csv_above_mb:g}): load it in memory "
+                                   "(training.loader.kind: memory or auto) or convert it to Parquet")
+    return csv_to_parquet(path, root, data_md5)
+
+
+def csv_to_parquet(path: Path, root: Path, data_md5: str, row_group_rows: int = CONVERTED_ROW_GROUP_ROWS) -> Path:
+    """``path`` (a CSV) as Parquet in the run's cache, keyed by the data's DVC md5: converted once in
+    bounded memory (h14v's streaming CSV batches, written ``row_group_rows`` rows per row group),
+    written to a temporary name and renamed; other processes wait on a lock and reuse it."""
+    import re
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from core.locks import exclusive
+    from core.paths import trainflow_home, under_home
+    from tasks.columnar import iter_batches
+
+    if not re.fullmatch(r"[0-9a-fA-F]{32}(\.dir)?", data_md5 or ""):
+        raise DataUnavailableError(f"cannot cache {path} as Parquet: data md5 {data_md5!r} is not a DVC md5")
+    home = trainflow_home(Path(root))
+    folder = under_home(home, "cache", "parquet", f"{data_md5}-rg{row_group_rows}")
+    out = folder / (path.stem + ".parquet")
+    if out.is_file():
+        return out
+    with exclusive(folder.parent / f"{data_md5}.lock", timeout_s=3600):
+        if out.is_file():  # another rank or run converted it while this one waited
+            return out
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+        writer, pending, held = None, [], 0
+        try:
+            for batch in iter_batches(path, batch_rows=row_group_rows):
+                pending.append(batch)
+                held += batch.num_rows
+                while held >= row_group_rows:  # exactly row_group_rows per row group: a fixed layout
+                    table = pa.Table.from_batches(pending)
+                    writer = writer or pq.ParquetWriter(tmp, table.schema)
+                    writer.write_table(table.slice(0, row_group_rows), row_group_size=row_group_rows)
+                    rest = table.slice(row_group_rows)
+                    pending, held = rest.to_batches(), rest.num_rows
+            if held or writer is None:
+                table = pa.Table.from_batches(pending) if pending else None
+                if table is not None:
+                    writer = writer or pq.ParquetWriter(tmp, table.schema)
+                    writer.write_table(table, row_group_size=row_group_rows)
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            raise DataUnavailableError(f"{path}: an empty CSV")
+        os.replace(tmp, out)
+    log.info("converted %s to %s (%d row groups)", path, out, pq.ParquetFile(out).num_row_groups)
+    return out
+
+
+def stream_splits(cfg: "PipelineConfig", root: Path, seed: int, data_md5: str) -> "Splits":
+    """``Splits`` whose ``train`` is a ``StreamSource`` over the train split (a Parquet file or folder,
+    or a large CSV's Parquet copy), ``val`` the held-out rows as tensors and ``test`` empty (the
+    evaluation reads the test split itself). ``info`` comes from one streaming pass of column
+    statistics (h14v's ``column_stats``), as the in-memory path fits it on the train split."""
+    from tasks import get_task
+    from tasks.table import split_paths
+    from training.data import Splits, tensors
+
+    if cfg.dataset.file is not None:
+        raise DataUnavailableError("training.loader: streaming needs pre-split data (dataset.train_file and "
+                                   "dataset.test_file), got dataset.file split by seed")
+    lc = cfg.training.loader
+    task = get_task(cfg.task)
+    source = parquet_source(split_paths(cfg.dataset, root)["train"], root, data_md5, lc.csv_parquet_above_mb)
+    groups = scan_row_groups(source)
+    info = _info_once(task, cfg, root, source, groups, data_md5)
+
+    def targets(labels) -> np.ndarray:  # the task's encoding, as the in-memory path applies it
+        return task.train_targets(task.targets(labels.to_pandas(), info), info)
+
+    read = table_reader(groups, info["features"], cfg.dataset.label, targets)
+    y_dtype = np.int64 if task.classification else np.float32
+    holdout = Holdout(groups, seed, cfg.dataset.val_fraction, lc.val_rows)
+    train = StreamSource(groups, read, seed=seed, window=lc.shuffle_row_groups, holdout=holdout,
+                         n_features=len(info["features"]), y_dtype=y_dtype)
+    vx, vy = train.held_out()
+    empty = tensors(np.zeros((0, len(info["features"])), dtype=np.float32), np.zeros((0,), dtype=y_dtype))
+    log.info("streaming %s: %d row groups, %d training rows, %d held out", source, len(groups), len(train), len(vy))
+    return Splits(train=train, val=tensors(vx, vy), test=empty, info=info)
+
+
+def _info_once(task, cfg: "PipelineConfig", root: Path, source: Path, groups: RowGroups, data_md5: str) -> dict:
+    """The task's ``stream_info`` (a pass over the whole train split) once per data, config and code:
+    kept as JSON in ``TRAINFLOW_HOME/cache/stream/`` and computed under a lock, so the other ranks
+    and later runs read it instead of each making the same pass. A read-only home: computed here."""
+    import hashlib
+    import json
+
+    from core.hashing import sha256_json
+    from core.locks import exclusive
+    from core.paths import trainflow_home, under_home
+
+    def ident(path: Path) -> list:
+        st = Path(path).stat()
+        return [str(path), st.st_size, st.st_mtime_ns]
+
+    code = [Path(__file__), Path(__file__).parents[1] / "tasks" / "tabular.py",
+            Path(__file__).parents[1] / "tasks" / "columnar.py"]
+    exp = cfg.dataset.expectations_file
+    key = sha256_json({"task": task.name, "dataset": cfg.dataset.model_dump(mode="json"), "md5": data_md5,
+                       "files": [ident(f) for f in groups.files],
+                       "expectations": ident(Path(root) / exp) if exp else None,
+                       "code": [hashlib.sha256(p.read_bytes()).hexdigest() for p in code]})[:32]
+
+    def compute() -> dict:
+        return task.stream_info(cfg, root, source, groups.names, groups.types)
+
+    try:
+        folder = under_home(trainflow_home(Path(root)), "cache", "stream")
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{key}.json"
+        with exclusive(folder / f"{key}.lock", timeout_s=3600):
+            try:
+                return json.loads(path.read_text())
+            except (OSError, ValueError):
+                info = compute()
+                tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(info))
+                os.replace(tmp, path)
+                return info
+    except OSError:
+        return compute()
