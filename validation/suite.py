@@ -735,8 +735,9 @@ def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = N
     by_name = {item.name: item for item in items}
 
     run = start_run(started)
-    batched = {s: {kind: ItemBatches(run, by_name[name]) for kind, name in (("split", s), ("cells", f"{s}_cells"))
-                   if name in by_name} for s in SPLITS}
+    # A stacked cells result keeps its examples and exact count per column (the report's entries).
+    batched = {s: {kind: ItemBatches(run, by_name[name], group_by="cell_column" if kind == "cells" else None)
+                   for kind, name in (("split", s), ("cells", f"{s}_cells")) if name in by_name} for s in SPLITS}
     stats = {s: {n: ColumnStats(n, values={} if n == label else None) for n in schemas[s].names} for s in SPLITS}
     cross_columns = [c for c in exp.names if all(c in schemas[s].names for s in SPLITS)]
     hashes: dict = {}
