@@ -228,12 +228,14 @@ class ItemBatches:
     whole table. Per expectation the batches' counts are added (element, missing, unexpected), the
     percents and success computed again from the sums (``mostly`` honoured), the example lists
     joined (partial lists cut at the result format's length; complete index lists at ``keep``
-    entries, ``unexpected_count`` staying exact). Table-level results (a column list) are the
-    first batch's. Only the merged result is stored: one Data Docs page per item, as run_item.
+    entries, ``unexpected_count`` staying exact). ``group_by``: an index column (a stacked frame's
+    ``cell_column``) whose every value keeps up to ``keep`` entries and its exact count, in
+    ``result[BY_GROUP]``. Table-level results (a column list) are replaced by :meth:`finish`'s
+    ``whole``. Only the merged result is stored: one Data Docs page per item, as run_item.
     """
 
-    def __init__(self, run: Run, item: Item, keep: int = 1000):
-        self.run, self.item, self.keep = run, item, keep
+    def __init__(self, run: Run, item: Item, keep: int = 1000, group_by: str | None = None):
+        self.run, self.item, self.keep, self.group_by = run, item, keep, group_by
         self.definition = _definition(run, item)
         self.merged = None
         self.batch_id = None
@@ -262,8 +264,11 @@ class ItemBatches:
                 for evr in part.results:
                     if _key(evr.expectation_config) in keys and evr.result is not None:
                         evr.result.update(keys[_key(evr.expectation_config)])
+            if self.group_by:
+                for evr in part.results:
+                    _count_groups(evr.result, self.group_by, self.keep)
             self.merged = part if self.merged is None else _merge_suite_results(
-                self.merged, part, self.item.result_format, self.keep)
+                self.merged, part, self.item.result_format, self.keep, self.group_by)
         except Exception as exc:  # noqa: BLE001 - report, never crash on data GX chokes on
             self.error = exc
 
@@ -308,7 +313,38 @@ _PARTIAL = ("partial_unexpected_list", "partial_unexpected_index_list")
 _COMPLETE = ("unexpected_list", "unexpected_index_list")
 
 
-def _merge_suite_results(acc, part, result_format: dict, keep: int):
+# Result key of a grouped merge (ItemBatches(group_by=...)): {group value: exact unexpected count}.
+BY_GROUP = "trainflow_unexpected_by_group"
+
+
+def _count_groups(result: dict | None, group_by: str, keep: int) -> None:
+    """One batch's complete index list: its exact count per ``group_by`` value into
+    ``result[BY_GROUP]``, then each value's entries cut at ``keep``."""
+    raw = (result or {}).get("unexpected_index_list")
+    if not (isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], dict) and group_by in raw[0]):
+        return
+    groups = raw[0][group_by]
+    counts: dict = {}
+    for g in groups:
+        counts[str(g)] = counts.get(str(g), 0) + 1
+    result[BY_GROUP] = counts
+    result["unexpected_index_list"] = _cut_groups(raw, group_by, keep)
+
+
+def _cut_groups(raw: list, group_by: str, keep: int) -> list:
+    """A dict-of-lists index list with at most ``keep`` entries per ``group_by`` value (in order)."""
+    seen: dict = {}
+    take = []
+    for i, g in enumerate(raw[0][group_by]):
+        seen[str(g)] = seen.get(str(g), 0) + 1
+        if seen[str(g)] <= keep:
+            take.append(i)
+    if len(take) == len(raw[0][group_by]):
+        return raw
+    return [{k: [v[i] for i in take] for k, v in raw[0].items()}]
+
+
+def _merge_suite_results(acc, part, result_format: dict, keep: int, group_by: str | None = None):
     """``acc`` with ``part`` (the same suite on the next batch) added in; ``acc`` is changed."""
     limit = int(result_format.get("partial_unexpected_count", 20))
     # Matched by expectation, not position: GX orders results its own way (failed metrics last).
@@ -329,9 +365,18 @@ def _merge_suite_results(acc, part, result_format: dict, keep: int):
         for key in _PARTIAL:
             if key in rb:
                 ra[key] = _join_complete(ra.get(key), rb[key], limit)
+        grouped = group_by is not None and BY_GROUP in rb
         for key in _COMPLETE:
             if key in rb:
-                ra[key] = _join_complete(ra.get(key), rb[key], keep)
+                if grouped and key == "unexpected_index_list":
+                    ra[key] = _cut_groups(_join_complete(ra.get(key), rb[key], 1 << 62), group_by, keep)
+                else:
+                    ra[key] = _join_complete(ra.get(key), rb[key], keep)
+        if grouped:
+            counts = dict(ra.get(BY_GROUP) or {})
+            for g, n in rb[BY_GROUP].items():
+                counts[g] = counts.get(g, 0) + n
+            ra[BY_GROUP] = counts
         if "partial_unexpected_counts" in rb:
             ra["partial_unexpected_counts"] = _join_counts(ra.get("partial_unexpected_counts"),
                                                            rb["partial_unexpected_counts"], limit)

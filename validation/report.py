@@ -282,9 +282,12 @@ def cells_failures(evr: dict, split: str) -> list[dict]:
     for cell in cells:
         cell = {k.removeprefix("cell_"): v for k, v in cell.items()}
         by_column.setdefault(cell.get("column"), []).append(cell)
+    # A result merged from batches lists a bounded number of cells per column and gives each
+    # column's exact count beside them (validation.gx_run.ItemBatches, group_by).
+    exact = result.get("trainflow_unexpected_by_group") or {}
     out = []
     for column, group in by_column.items():
-        count = len(group)
+        count = int(exact.get(str(column), len(group)))
         rows = [c.get("row") for c in group[:MAX_EXAMPLES]]
         values = [_tidy_number(c.get("value")) for c in group[:MAX_EXAMPLES]]
         f = dict(base, column=column, unexpected_count=count, rows=rows)

@@ -539,22 +539,25 @@ def _schema_info(exp: TableExpectations, schema, dtypes: dict[str, str], stats: 
     return out
 
 
-def _batches(params: dict, paths: dict[str, Path], batch_rows: int):
+def _batches(params: dict, paths: dict[str, Path], batch_rows: int, sizes: dict):
     """``(split, RecordBatch, offset)`` in each split's row order; one file is split by seed as
-    ``tasks.table.load_frames`` splits it (its label column read whole for the stratification)."""
+    ``tasks.table.load_frames`` splits it (its label column read whole for the stratification).
+    ``sizes`` is filled with each split's rows before the first batch where they are known
+    without reading the data (Parquet footers, the seeded split), else None."""
     import numpy as np
     import pyarrow as pa
 
-    from tasks.columnar import iter_batches
+    from tasks.columnar import iter_batches, source_rows
 
     if "all" not in paths:
+        sizes.update({s: source_rows(paths[s]) for s in SPLITS})
         for s in SPLITS:
             offset = 0
             for batch in iter_batches(paths[s], batch_rows=batch_rows):
                 yield s, batch, offset
                 offset += batch.num_rows
         return
-    from tasks.columnar import source_rows, source_schema
+    from tasks.columnar import source_schema
     from tasks.table import seeded_split
 
     ds, src = params["dataset"], paths["all"]
@@ -574,6 +577,7 @@ def _batches(params: dict, paths: dict[str, Path], batch_rows: int):
     _, held = seeded_split(labels, n, ds.test_fraction, params["seed"], params["stratify"])
     is_test = np.zeros(n, dtype=bool)
     is_test[np.asarray(held, dtype=np.int64)] = True
+    sizes.update(train=n - len(held), test=len(held))
     del held, labels
     offsets, start = {"train": 0, "test": 0}, 0
     for batch in iter_batches(src, batch_rows=batch_rows):
@@ -668,9 +672,11 @@ def _cross_from_hashes(hashes: dict[str, list]) -> tuple[pd.DataFrame, int]:
     import pandas as pd
 
     h = {}
-    for s in SPLITS:
-        h[s] = np.concatenate(hashes[s]) if hashes[s] else np.zeros(0, dtype="uint64")
-        hashes[s] = []
+    for s in SPLITS:  # a preallocated array, or the batches' arrays when the rows were not known
+        part = hashes[s]
+        h[s] = part if isinstance(part, np.ndarray) else (
+            np.concatenate(part) if part else np.zeros(0, dtype="uint64"))
+        hashes[s] = None
     small, large = sorted(SPLITS, key=lambda s: len(h[s]))
     probe = np.sort(h[small])
     hits = []
@@ -702,6 +708,7 @@ def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = N
     import time
 
     import great_expectations.expectations as gxe
+    import numpy as np
     import pandas as pd
 
     from tasks.columnar import BATCH_ROWS, ColumnStats, source_schema
@@ -728,11 +735,13 @@ def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = N
     by_name = {item.name: item for item in items}
 
     run = start_run(started)
-    batched = {s: {kind: ItemBatches(run, by_name[name]) for kind, name in (("split", s), ("cells", f"{s}_cells"))
-                   if name in by_name} for s in SPLITS}
+    # A stacked cells result keeps its examples and exact count per column (the report's entries).
+    batched = {s: {kind: ItemBatches(run, by_name[name], group_by="cell_column" if kind == "cells" else None)
+                   for kind, name in (("split", s), ("cells", f"{s}_cells")) if name in by_name} for s in SPLITS}
     stats = {s: {n: ColumnStats(n, values={} if n == label else None) for n in schemas[s].names} for s in SPLITS}
     cross_columns = [c for c in exp.names if all(c in schemas[s].names for s in SPLITS)]
-    hashes: dict[str, list] = {s: [] for s in SPLITS}
+    hashes: dict = {}
+    sizes: dict = {}
     rows = {s: 0 for s in SPLITS}
 
     row_level = {s: _row_level_columns(by_name[s], schemas[s].names) for s in SPLITS}
@@ -746,13 +755,19 @@ def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = N
             frame, counts = _cell_suspects(batch, stacked[s], label, offset, by_name[f"{s}_cells"].expectations)
             batched[s]["cells"].add(frame, counts)
 
-    for s, batch, offset in _batches(params, paths, batch_rows):
+    for s, batch, offset in _batches(params, paths, batch_rows, sizes):
         for i, name in enumerate(batch.schema.names):
             if name in stats[s]:
                 stats[s][name].update(batch.column(i))
         feed(s, batch, offset)
         if cross_columns:
-            hashes[s].append(_row_hash_array(batch, cross_columns))
+            if s not in hashes:  # filled in place when the rows are known: no copy to join them
+                hashes[s] = np.empty(sizes[s], dtype="uint64") if sizes.get(s) is not None else []
+            h = _row_hash_array(batch, cross_columns)
+            if isinstance(hashes[s], list):
+                hashes[s].append(h)
+            else:
+                hashes[s][offset:offset + len(h)] = h
         rows[s] = offset + batch.num_rows
         del batch
 
@@ -777,7 +792,7 @@ def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = N
         batched[s]["split"].finish(whole)
         if "cells" in batched[s]:
             batched[s]["cells"].finish()
-    frame, total = _cross_from_hashes(hashes) if cross_columns else (None, 0)
+    frame, total = _cross_from_hashes({s: hashes.get(s, []) for s in SPLITS}) if cross_columns else (None, 0)
     cross = _cross_items(frame, skipped)
     for item in cross:  # GX's counts as on the whole cross frame
         leaks = ItemBatches(run, item)

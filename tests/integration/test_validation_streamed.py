@@ -118,3 +118,18 @@ def test_one_csv_split_by_seed_streams_to_the_same_split_and_failures(bad, tmp_p
     # The CSV's whole-number columns were read as float64 and are reported as integers.
     schema = json.loads((tmp_path / "many" / "gx_result.json").read_text())["validations"]["train_schema"]
     assert all(r["success"] for r in schema["results"])
+
+
+def test_a_wholly_bad_column_keeps_its_exact_count_when_its_cell_list_is_cut(tmp_path):
+    train, test = _table(2400, 3), _table(300, 4)
+    train["x0"] = -2.0  # 2400 failing cells: more than the 1000 a merged result lists per column
+    (tmp_path / "data").mkdir()
+    train.to_parquet(tmp_path / "data" / "train.parquet", row_group_size=500)
+    test.to_parquet(tmp_path / "data" / "test.parquet")
+    cfg = DatasetConfig(path="data", train_file="train.parquet", test_file="test.parquet")
+    one = validate_table(EXP, FEATURES, "label", load_frames(cfg, tmp_path, 0, True), tmp_path / "one",
+                         classification=True)
+    many = validate_streamed(_params(cfg, tmp_path), tmp_path / "many", batch_rows=500)
+    assert many["failures"] == one["failures"]
+    below = [f for f in many["failures"] if f["check"] == "range"]
+    assert [(f["column"], f["unexpected_count"], f["rows"]) for f in below] == [("x0", 2400, [0, 1, 2, 3, 4])]

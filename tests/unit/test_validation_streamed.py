@@ -90,3 +90,22 @@ def test_a_split_streams_when_it_is_a_folder_or_its_files_are_large(tmp_path):
     assert streamed({**params, "stream_above_bytes": 5})
     (tmp_path / "d" / "shards").mkdir()
     assert streamed({**params, "dataset": DatasetConfig(path="d", train_file="shards")})
+
+
+def test_grouped_index_lists_keep_a_few_cells_per_column_and_the_report_counts_them_exactly():
+    from validation.gx_run import BY_GROUP, _count_groups
+    from validation.report import cells_failures
+
+    result = {"unexpected_count": 6, "unexpected_index_list": [{
+        "cell_column": ["a", "a", "a", "a", "b", "a"], "cell_row": [1, 2, 3, 4, 9, 5],
+        "cell_value": [-1, -2, -3, -4, -9, -5], "cell_min": [0] * 6, "cell_max": [None] * 6}]}
+    _count_groups(result, "cell_column", keep=2)
+    assert result[BY_GROUP] == {"a": 5, "b": 1}
+    assert result["unexpected_index_list"][0]["cell_row"] == [1, 2, 9]  # two of a, b's one
+    evr = {"success": False, "result": result, "expectation_config": {
+        "type": "expect_column_pair_values_a_to_be_greater_than_b",
+        "kwargs": {"column_A": "value", "column_B": "min"}}}
+    a, b = cells_failures(evr, "train")
+    assert (a["column"], a["unexpected_count"], a["rows"]) == ("a", 5, [1, 2])
+    assert a["detail"] == "5 values below min 0, e.g. -1, -2 (rows 1, 2 ...)"
+    assert (b["column"], b["unexpected_count"]) == ("b", 1)
