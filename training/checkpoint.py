@@ -24,6 +24,9 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
+# Defined beside the layout checks (torch-free), which raise it too.
+from training.layouts import CheckpointMismatchError  # noqa: F401  (re-exported)
+
 if TYPE_CHECKING:  # torch (through training.distributed) only where ranks act together
     from training.distributed import DistContext
 
@@ -55,10 +58,6 @@ def _fsync_tree(folder: Path) -> None:
         for name in files:
             _fsync(Path(parent) / name)
         _fsync(Path(parent))
-
-
-class CheckpointMismatchError(RuntimeError):
-    """The checkpoint was written for another config or dataset."""
 
 
 def _identity(extra: dict) -> dict:

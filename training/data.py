@@ -11,34 +11,18 @@ eval file's documents (the evaluation gate's split).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.config import DatasetConfig, PipelineConfig
 from tasks.text import read_documents  # noqa: F401  (the corpus reader, torch-free)
+# The splits' types live in their own module, which the streamed source builds too.
+from training.splits import Splits, tensors  # noqa: F401  (re-exported)
 
-if TYPE_CHECKING:  # torch is imported where tensors are made: readers like read_csv stay torch-free
+if TYPE_CHECKING:
     from torch.utils.data import TensorDataset
-
-
-def tensors(a: np.ndarray, b: np.ndarray) -> "TensorDataset":
-    import torch
-    from torch.utils.data import TensorDataset
-
-    return TensorDataset(torch.from_numpy(np.ascontiguousarray(a)), torch.from_numpy(np.ascontiguousarray(b)))
-
-
-@dataclass
-class Splits:
-    train: TensorDataset
-    val: TensorDataset
-    test: TensorDataset
-    # JSON-able facts of the data the model is built from (the task's: features, classes, scaling).
-    info: dict = field(default_factory=dict)
 
 
 def stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

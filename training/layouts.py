@@ -76,6 +76,10 @@ def layout_for(strategy: str, world_size: int, parallel=None) -> dict:
     return {"strategy": strategy, "world_size": world_size, "dp": world_size // (tp * pp), "tp": tp, "pp": pp}
 
 
+class CheckpointMismatchError(RuntimeError):
+    """The checkpoint was written for another config, dataset or layout."""
+
+
 def describe_layout(layout) -> str:
     if not isinstance(layout, dict):
         return "an unknown layout"
@@ -99,8 +103,6 @@ def needed_for(layout) -> str:
 
 def mismatch_error(folder, theirs, mine):
     """The ``CheckpointMismatchError`` for a model-parallel checkpoint that cannot load into ``mine``."""
-    from training.checkpoint import CheckpointMismatchError
-
     return CheckpointMismatchError(
         f"checkpoint {folder} was written with {describe_layout(theirs)}; this run has {describe_layout(mine)}. "
         "Tensor-parallel and pipeline shards load only into the layout that wrote them (resharding them is "

@@ -45,7 +45,7 @@ from core.errors import DataUnavailableError
 if TYPE_CHECKING:
     from core.config import PipelineConfig
     from training.batches import BatchPlan, StepBatches
-    from training.data import Splits
+    from training.splits import Splits
 
 log = logging.getLogger("trainflow.stream")
 
@@ -514,7 +514,7 @@ def stream_splits(cfg: "PipelineConfig", root: Path, seed: int, data_md5: str) -
     statistics (h14v's ``column_stats``), as the in-memory path fits it on the train split."""
     from tasks import get_task
     from tasks.table import split_paths
-    from training.data import Splits, tensors
+    from training.splits import Splits, tensors
 
     if cfg.dataset.file is not None:
         raise DataUnavailableError("training.loader: streaming needs pre-split data (dataset.train_file and "

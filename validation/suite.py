@@ -208,7 +208,6 @@ def _cells_frame(df: pd.DataFrame, columns: list, label: str, offset: int = 0) -
     position in ``df`` plus ``offset`` (a batch's first row in its split).
     """
     import numpy as np
-    import pandas as pd
 
     pos = _first_positions(df)
     n = len(df)

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -14,11 +15,15 @@ from core.errors import ConfigError, PreemptedError
 from tests.conftest import VENV_BIN
 from tests.engine_helpers import ENGINE_CONFIG, ROOT, train
 from training.faults import IDS_ENV, read_recorded_ids
+from training.goodput import LEDGER_FILE, read_events, young_daly_steps
 
 pytestmark = pytest.mark.fault
 
 EVERY = 10
-JOB = ["training.epochs=3", f"training.checkpoint_every_steps={EVERY}", "training.keep_checkpoints=5"]
+# checkpoint_every: auto keeps the fixed interval until a failure has been seen (the goodput tests).
+JOB = ["training.epochs=3", f"training.checkpoint_every_steps={EVERY}", "training.keep_checkpoints=5",
+       "training.checkpoint_every=auto"]
+KILL_STEP = 25
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +31,15 @@ def uninterrupted(tmp_path_factory, bundled_data):
     return train(tmp_path_factory.mktemp("clean") / "out", JOB)
 
 
-def test_killed_worker_restarts_and_resumes_bitwise_equal(uninterrupted, tmp_path):
-    kill_step = 25
-    r = train(tmp_path / "out", JOB, env={"TRAINFLOW_FAULT": f"kill@step={kill_step},rank=1"})
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory, bundled_data):
+    """The same job with rank 1 SIGKILLed at step 25: torchrun restarts the group once."""
+    return train(tmp_path_factory.mktemp("killed") / "out", JOB,
+                 env={"TRAINFLOW_FAULT": f"kill@step={KILL_STEP},rank=1"})
+
+
+def test_killed_worker_restarts_and_resumes_bitwise_equal(uninterrupted, killed):
+    kill_step, r = KILL_STEP, killed
     assert r["status"] == "completed" and r["restarts"] == 1
     assert r["resumed_from_step"] == 21  # the end of epoch 1, the last checkpoint before step 25
     # At most one checkpoint interval of work is repeated.
@@ -122,6 +133,50 @@ def test_resize_2_1_2_with_a_strategy_switch_sees_each_sample_once_per_epoch(uni
     for mine, clean in zip(r["history"], uninterrupted["history"]):
         assert abs(mine["train_loss"] - clean["train_loss"]) < 0.02
     assert abs(r["final"]["val_accuracy"] - uninterrupted["final"]["val_accuracy"]) <= 0.02
+
+
+# -- the goodput ledger across the SIGKILL: what the death cost, and how the interval changed --
+def _parts_add_up(g: dict) -> None:
+    parts = g["productive_s"] + g["startup_s"] + g["restart_s"] + g["lost_s"] + g["checkpoint_stall_s"]
+    assert parts == pytest.approx(g["wall_s"], abs=0.01)
+
+
+def test_a_run_without_failures_loses_only_start_up_and_checkpoint_stalls(uninterrupted):
+    g = uninterrupted["goodput"]
+    assert (g["attempts"], g["failures"], g["restart_s"], g["lost_steps"]) == (1, 0, 0, 0)
+    assert 0 < g["goodput"] < 1 and g["startup_s"] > 0
+    # every checkpoint of the run, mid-epoch (every 10 steps) and at each epoch's end
+    assert g["checkpoints"] == len({*range(EVERY, uninterrupted["steps"] + 1, EVERY), 21, 42, 63})
+    assert g["checkpoint_stall_s"] == pytest.approx(uninterrupted["checkpoint_stall_s"], abs=0.01)
+    _parts_add_up(g)
+
+
+def test_a_sigkilled_worker_costs_restart_time_and_lowers_goodput(uninterrupted, killed):
+    g = killed["goodput"]
+    assert killed["status"] == "completed" and killed["restarts"] == 1
+    assert g["attempts"] == 2 and g["failures"] == 1 and g["jobs"] == 1
+    assert g["restart_s"] > 0 and g["lost_steps"] >= 0
+    (restart,) = g["restarts"]
+    assert restart["resumed_from_step"] == killed["resumed_from_step"] == 21
+    # torchrun's share (death -> new worker process) and the worker's (process -> first step)
+    assert restart["agent_s"] >= 0 and restart["worker_s"] > 0
+    assert restart["restart_s"] == pytest.approx(restart["agent_s"] + restart["worker_s"], abs=0.01)
+    assert g["goodput"] < uninterrupted["goodput"]["goodput"]
+    _parts_add_up(g)
+    # The ledger survived the kill: the first attempt's events are there, with no finish.
+    events = read_events(Path(killed["out_dir"]) / LEDGER_FILE)
+    assert [e["attempt"] for e in events if e["ev"] == "start"] == [0, 1]
+    assert [e["status"] for e in events if e["ev"] == "finish"] == ["completed"]
+
+
+def test_checkpoint_every_auto_turns_to_young_daly_after_the_failure(uninterrupted, killed):
+    fixed = uninterrupted["checkpoint_interval"]
+    assert (fixed["mode"], fixed["rule"], fixed["steps"], fixed["failures"]) == ("auto", "fixed", EVERY, 0)
+    choice = killed["checkpoint_interval"]
+    assert choice["rule"] == "young_daly" and choice["failures"] == 1
+    assert choice["steps"] == young_daly_steps(choice["checkpoint_cost_s"], choice["mtbf_s"], choice["step_time_s"])
+    # A changed interval moves only when checkpoints are taken: the weights are those of the clean run.
+    assert killed["weights_sha256"] == uninterrupted["weights_sha256"]
 
 
 def test_preempted_error_is_exit_code_4():

@@ -1,0 +1,32 @@
+"""What a task's loader returns: the train / val / test splits and the facts the model is built from.
+
+``train`` is a ``TensorDataset`` (in memory) or a ``training.batches.BatchSource`` (a streamed
+source); ``val`` and ``test`` are always tensors. torch is imported where tensors are made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from torch.utils.data import TensorDataset
+
+
+def tensors(a: np.ndarray, b: np.ndarray) -> "TensorDataset":
+    """A ``TensorDataset`` over two arrays (made contiguous, shared with numpy where possible)."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    return TensorDataset(torch.from_numpy(np.ascontiguousarray(a)), torch.from_numpy(np.ascontiguousarray(b)))
+
+
+@dataclass
+class Splits:
+    train: TensorDataset
+    val: TensorDataset
+    test: TensorDataset
+    # JSON-able facts of the data the model is built from (the task's: features, classes, scaling).
+    info: dict = field(default_factory=dict)
