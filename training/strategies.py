@@ -76,6 +76,17 @@ def _is_dtensor(t) -> bool:
     return isinstance(t, DTensor)
 
 
+def uncompiled(module: nn.Module) -> nn.Module:
+    """``module`` without a ``torch.compile`` wrapper (its ``_orig_mod``); any other module as is.
+
+    A compiled module's own state dict prefixes every key with ``_orig_mod.``; checkpoints,
+    exports and registered weights always use the plain module's keys.
+    """
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return module._orig_mod if isinstance(module, OptimizedModule) else module
+
+
 def _targets_per_sample(y: torch.Tensor) -> int:
     """Targets each sample holds (1 for a label, seq_len for next-token targets)."""
     n = 1
@@ -146,7 +157,18 @@ class Strategy:
         return model
 
     def unwrapped(self, wrapped: nn.Module) -> nn.Module:
-        return wrapped
+        return uncompiled(wrapped)
+
+    def compile(self, wrapped: nn.Module, mode: str = "default", backend: str = "inductor") -> nn.Module:
+        """``torch.compile`` of what ``wrap`` returned (``training.compile``); call after ``wrap``.
+
+        The compiled wrapper is outermost: for DDP that is what torch's DDP notes ask (dynamo's
+        DDPOptimizer splits the graph at the gradient buckets so all-reduces still overlap the
+        backward), for FSDP2 the root is compiled after ``fully_shard`` (FSDP's hooks run between
+        the compiled pieces). Parameters are the same objects, so an optimizer built before or
+        after sees the same ones; ``unwrapped`` strips the wrapper again.
+        """
+        return torch.compile(wrapped, mode=None if mode == "default" else mode, backend=backend)
 
     def release(self) -> None:
         """Drop what the strategy holds of the model (before the process group goes)."""
@@ -326,11 +348,13 @@ class DDPStrategy(Strategy):
     def unwrapped(self, wrapped: nn.Module) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
+        wrapped = uncompiled(wrapped)
         return wrapped.module if isinstance(wrapped, DDP) else wrapped
 
     def sync_context(self, wrapped: nn.Module, sync: bool) -> ContextManager:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
+        wrapped = uncompiled(wrapped)  # no_sync is DDP's, under a compile wrapper too
         if sync or not isinstance(wrapped, DDP):
             return nullcontext()
         return wrapped.no_sync()
@@ -482,7 +506,7 @@ class FSDPStrategy(DCPStrategy):
         return nullcontext()
 
     def sync_context(self, wrapped: nn.Module, sync: bool) -> ContextManager:
-        return fsdp_gradient_sync(wrapped, sync)
+        return fsdp_gradient_sync(uncompiled(wrapped), sync)
 
     def full_state_dict(self, wrapped: nn.Module) -> dict | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
