@@ -82,9 +82,14 @@ def uncompiled(module: nn.Module) -> nn.Module:
     A compiled module's own state dict prefixes every key with ``_orig_mod.``; checkpoints,
     exports and registered weights always use the plain module's keys.
     """
-    from torch._dynamo.eval_frame import OptimizedModule
+    import sys
 
-    return module._orig_mod if isinstance(module, OptimizedModule) else module
+    # A compile wrapper exists only once torch.compile imported dynamo: an eager run never pays
+    # dynamo's import (~1 s) here.
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is not None and isinstance(module, eval_frame.OptimizedModule):
+        return module._orig_mod
+    return module
 
 
 def _targets_per_sample(y: torch.Tensor) -> int:

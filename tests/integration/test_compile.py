@@ -109,3 +109,17 @@ def test_a_compiled_checkpoint_resumes_with_compile_off(runs, tmp_path):
     assert again["resumed_from_step"] == result["steps"] == 16
     assert again["status"] == "completed"
     assert again["weights_sha256"] == result["weights_sha256"]
+
+
+def test_uncompiled_strips_only_the_compile_wrapper():
+    from torch import nn
+
+    from training.strategies import uncompiled
+
+    plain = nn.Sequential(nn.Linear(2, 2))
+    assert uncompiled(plain) is plain
+    # Wrapping compiles nothing until called (the ~3 s here is importing dynamo: not a unit test).
+    compiled = torch.compile(plain, backend="eager")
+    assert uncompiled(compiled) is plain
+    assert list(compiled.state_dict())[0].startswith("_orig_mod.")  # what checkpoints must not hold
+    assert list(uncompiled(compiled).state_dict()) == ["0.weight", "0.bias"]

@@ -40,3 +40,4 @@ def test_compile_keeps_the_config_id_when_off_and_the_resume_id_always():
     assert on.config_id() != off.config_id()
     # Compiling changes how the step runs, not what is learned: a checkpoint resumes across it.
     assert on.resume_id() == off.resume_id()
+
