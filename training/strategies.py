@@ -220,16 +220,20 @@ class Strategy:
         rows (an epoch's last step): the forward and backward still run, so every rank joins
         the gradient collectives, and the loss is 0.
         """
+        # A 0-row batch runs the module uncompiled (still through DDP/FSDP, so the collectives
+        # happen): inductor's CPU convolution backward fails on 0 rows (a stride assertion), and
+        # the shape would cost a recompile anyway.
+        model = wrapped if len(x) else uncompiled(wrapped)
         with self.autocast():
             per_sample = _targets_per_sample(y)
-            total = self.task.loss(wrapped(x), y, reduction="sum") / per_sample
+            total = self.task.loss(model(x), y, reduction="sum") / per_sample
             (total * scale).backward()
         return total.item()
 
     def eval_sums(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
         """(summed loss, correct predictions, targets) of this rank's eval slice; call under no_grad."""
         with self.autocast():
-            logits = wrapped(x)
+            logits = (wrapped if len(x) else uncompiled(wrapped))(x)  # as in forward_backward
             loss_sum = self.task.loss(logits, y, reduction="sum").item() if len(y) else 0.0
             correct = self.task.val_correct(logits, y)
         return loss_sum, correct, y.numel()

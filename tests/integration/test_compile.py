@@ -123,3 +123,27 @@ def test_uncompiled_strips_only_the_compile_wrapper():
     assert uncompiled(compiled) is plain
     assert list(compiled.state_dict())[0].startswith("_orig_mod.")  # what checkpoints must not hold
     assert list(uncompiled(compiled).state_dict()) == ["0.weight", "0.bias"]
+
+
+def test_a_zero_row_step_runs_the_module_uncompiled():
+    # Inductor's CPU convolution backward fails on 0 rows (a stride assertion; the digits CNN
+    # under DDP hit it on the epoch's short last step): such a step bypasses the compiled graph.
+    from tasks import get_task
+    from training.distributed import DistContext
+    from training.strategies import build_strategy
+
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    strat = build_strategy("single", DistContext(0, 0, 1, None, torch.device("cpu")))
+    strat.task = get_task("classification")
+    torch.manual_seed(0)
+    model = strat.compile(torch.nn.Sequential(torch.nn.Linear(3, 4)), backend=counting_backend)
+    x, y = torch.randn(4, 3), torch.tensor([0, 1, 2, 3])
+    assert strat.forward_backward(model, x, y, scale=0.25) > 0 and len(graphs) == 1
+    assert strat.forward_backward(model, x[:0], y[:0], scale=0.25) == 0.0
+    assert strat.eval_sums(model, x[:0], y[:0]) == (0.0, 0, 0)
+    assert len(graphs) == 1  # no graph traced for the 0-row shape
