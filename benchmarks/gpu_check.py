@@ -14,6 +14,13 @@ so NCCL is the backend the worker picks by itself):
   GPU does when the model is not tiny;
 * with ``--lm`` and the LM config present: the byte-level transformer (``--lm-set`` makes it
   bigger) in fp32, bf16, and FSDP2 bf16.
+* with ``--lm100m``: the ~100 M-parameter byte LM (``LM_100M``: 8 layers x d_model 1024 x d_ff 4096,
+  256-byte windows, batch 64) on ONE GPU in bf16, eager and then ``training.compile`` (inductor);
+  SDPA attention takes the fused causal path (``is_causal=True``, no mask). The last line gives
+  both MFUs, the speed-up and each run's data-wait fraction as ``name=value``.
+
+``--dry-run`` prints the plan (each job's torchrun command) and exits without touching CUDA: the
+check that the script and its arguments still fit the worker, runnable on any machine.
 
 A run that fails under ``training.deterministic=true`` (an op with no deterministic CUDA
 kernel) is reported with its error and repeated with ``deterministic=false``.
@@ -33,6 +40,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Dense per-GPU peaks used for MFU (H100/H200 SXM datasheet): bf16 tensor cores, fp32 (no TF32).
 PEAK_TFLOPS = {"bf16": 989.0, "fp32": 67.0}
+
+
+LM_CONFIG = "configs/stdlib-lm.yaml"
+# The ~100 M-parameter LM of BENCHMARKS.md's GPU section (``configs/stdlib-lm.yaml`` made bigger).
+LM_100M = ["model.d_model=1024", "model.n_layers=8", "model.n_heads=16", "model.d_ff=4096",
+           "model.seq_len=256", "dataset.text.seq_len=256", "dataset.text.stride=256",
+           "training.batch_size=64", "training.epochs=6", "training.lr=0.0006"]
+
+
+def job_cmd(config: str, sets: list[str], folder: Path, nproc: int) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "training.worker", "--config", config, "--out", str(folder)]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd
 
 
 def sh(cmd: list[str]) -> str:
@@ -77,10 +99,7 @@ def matmul_tflops(n: int = 8192, reps: int = 10) -> float:
 
 def run_job(name: str, config: str, sets: list[str], out: Path, nproc: int, timeout: float) -> dict:
     folder = out / name
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "training.worker", "--config", config, "--out", str(folder)]
-    for s in sets:
-        cmd += ["--set", s]
+    cmd = job_cmd(config, sets, folder, nproc)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
@@ -95,7 +114,7 @@ def run_job(name: str, config: str, sets: list[str], out: Path, nproc: int, time
         status=r["status"], backend=r["backend"], strategy=r["strategy"], world=r["world_size"],
         samples_per_s=r["samples_per_s"], train_wall_s=r["train_wall_s"],
         checkpoint_stall_frac=r["checkpoint_stall_frac"], final=r["final"],
-        mfu=perf.get("perf/mfu"), gpu_util=perf.get("perf/gpu_util"),
+        mfu=perf.get("perf/mfu"), gpu_util=perf.get("perf/gpu_util"), data_wait_frac=perf.get("perf/data_wait_frac"),
         peak_mem_mb=max((round(rk.get("peak_mem_mb") or 0, 1) for rk in r.get("ranks") or []), default=None),
         perf=perf,
     )
@@ -141,7 +160,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lm-set", action="append", default=[], help="extra --set for the LM runs (e.g. a bigger model)")
     ap.add_argument("--only", default=None, help="comma-separated run-name prefixes to keep (e.g. lm,wide)")
     ap.add_argument("--timeout", type=float, default=240)
+    ap.add_argument("--lm100m", action="store_true",
+                    help="the ~100 M-parameter LM on one GPU, bf16 eager vs bf16 + torch.compile")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and exit (no CUDA needed)")
     args = ap.parse_args(argv)
+    if args.lm100m and not (ROOT / (args.lm or LM_CONFIG)).exists():
+        ap.error(f"--lm100m needs the LM config, {args.lm or LM_CONFIG!r} does not exist (--lm)")
+    if args.dry_run:
+        plan = build_plan(args)
+        for name, config, sets, nproc in plan:
+            print(name, " ".join(job_cmd(config, sets, args.out / name, nproc or 0)).replace(
+                "--nproc-per-node=0", "--nproc-per-node=<gpus>"))
+        print(f"dry_run=1 runs={len(plan)}")
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
 
@@ -152,7 +183,17 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(env), flush=True)
     env["bf16_matmul_tflops"] = round(matmul_tflops(), 1)
     print(f"bf16 matmul 8192^3: {env['bf16_matmul_tflops']} TFLOP/s", flush=True)
-    nproc = env["gpus"]
+    rows: list[dict] = []
+    for name, config, sets, nproc in build_plan(args):
+        rows += run(name, config, sets, args.out, nproc or env["gpus"], args.timeout)
+    (args.out / "gpu_check.json").write_text(json.dumps({"env": env, "runs": rows}, indent=2, default=str))
+    print(table(rows))
+    print(summary_line(rows))
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+def build_plan(args) -> list[tuple[str, str, list[str], int | None]]:
+    """(run name, config, --set overrides, processes; None: one per GPU) for each job to run."""
     digits = "configs/digits.yaml"
     wide = ["model.kind=mlp", "model.hidden=4096", "training.batch_size=1024", "training.base_batch=1024",
             "training.epochs=30", "training.log_every_steps=1"]
@@ -174,14 +215,33 @@ def main(argv: list[str] | None = None) -> int:
             ("lm-fsdp-bf16", args.lm, [*lm, "training.strategy=fsdp", "training.precision=bf16",
                                        f"training.peak_tflops={PEAK_TFLOPS['bf16']}"]),
         ]
+    plan = [(name, config, sets, None) for name, config, sets in plan]
+    if args.lm100m:
+        # One GPU, one process: the issue's figure is per device. Checkpoints only at the end.
+        big = ["training.strategy=single", "training.cpu_workers=1", "training.checkpoint_every_epochs=1000",
+               "training.precision=bf16", f"training.peak_tflops={PEAK_TFLOPS['bf16']}", *LM_100M, *args.lm_set]
+        plan += [
+            ("lm100m-bf16", args.lm or LM_CONFIG, big, 1),
+            ("lm100m-bf16-compile", args.lm or LM_CONFIG, [*big, "training.compile=true"], 1),
+        ]
     if args.only:
         plan = [p for p in plan if any(p[0].startswith(o) for o in args.only.split(","))]
-    rows: list[dict] = []
-    for name, config, sets in plan:
-        rows += run(name, config, sets, args.out, nproc, args.timeout)
-    (args.out / "gpu_check.json").write_text(json.dumps({"env": env, "runs": rows}, indent=2, default=str))
-    print(table(rows))
-    return 0 if all("error" not in r for r in rows) else 1
+    return plan
+
+
+def summary_line(rows: list[dict]) -> str:
+    """The last line: MFU and data-wait fraction of the 100 M LM runs, eager and compiled, as name=value."""
+    by = {r["name"].removesuffix("-nondet"): r for r in rows if "error" not in r}
+    parts = []
+    for name, key in (("lm100m-bf16", "eager"), ("lm100m-bf16-compile", "compile")):
+        r = by.get(name)
+        parts += [f"mfu_{key}={r['mfu'] if r and r.get('mfu') is not None else 'na'}",
+                  f"data_wait_frac_{key}={r['data_wait_frac'] if r and r.get('data_wait_frac') is not None else 'na'}"]
+    eager, comp = by.get("lm100m-bf16"), by.get("lm100m-bf16-compile")
+    speedup = round(comp["samples_per_s"] / eager["samples_per_s"], 3) if eager and comp else "na"
+    parts.append(f"compile_speedup={speedup}")
+    parts.append(f"runs_failed={sum('error' in r for r in rows)}")
+    return " ".join(parts)
 
 
 if __name__ == "__main__":

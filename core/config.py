@@ -254,6 +254,21 @@ class RendezvousConfig(_Strict):
     join_timeout_s: int = Field(600, gt=0)
 
 
+class CompileConfig(_Strict):
+    """``torch.compile`` of the model (``training.compile: true`` is short for ``{enabled: true}``).
+
+    single / ddp / fsdp only: the strategy compiles what it wrapped (``Strategy.compile``);
+    checkpoints, the exported program and the registered weights keep the plain module's keys,
+    so a run resumes with compile switched on or off. ``mode`` and ``backend`` are
+    ``torch.compile``'s; ``inductor`` needs a C++ compiler on CPU (``eager`` / ``aot_eager``
+    only check that the model traces).
+    """
+
+    enabled: bool = False
+    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+
+
 class TrainingConfig(_Strict):
     # single: one process; ddp: replicas; fsdp: parameters, grads and optimizer state sharded.
     # tp / pp / hybrid: model parallel (tensor, pipeline, data x tensor) for model.kind lm;
@@ -313,6 +328,13 @@ class TrainingConfig(_Strict):
     straggler_ratio: float = Field(1.5, gt=1)
     # Peak accelerator FLOP/s per device for the MFU estimate (CUDA only; null: no MFU).
     peak_tflops: float | None = Field(None, gt=0)
+    # torch.compile the model (single / ddp / fsdp); `compile: true` is `{enabled: true}`.
+    compile: CompileConfig = CompileConfig()
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_bool_alone(cls, v: Any) -> Any:
+        return {"enabled": v} if isinstance(v, bool) else v
 
     @field_validator("loader", mode="before")
     @classmethod
@@ -334,6 +356,11 @@ class TrainingConfig(_Strict):
 
     @model_validator(mode="after")
     def _single_is_one_process(self) -> "TrainingConfig":
+        if self.compile.enabled and self.strategy in ("tp", "pp", "hybrid"):
+            # DTensor-parallel layers and pipeline stages are not compiled here: refuse rather than
+            # run a layout nobody tested under torch.compile.
+            raise ValueError(f"compile: supported with strategy single, ddp, fsdp or auto, "
+                             f"not {self.strategy!r} (set training.compile: false)")
         if self.strategy == "single" and isinstance(self.cpu_workers, int) and self.cpu_workers != 1:
             raise ValueError(
                 f"strategy: 'single' runs one process, but training.cpu_workers is {self.cpu_workers}"
@@ -436,7 +463,7 @@ LAYOUT_KEYS = frozenset({
     "strategy", "parallel", "cpu_workers", "threads_per_worker", "backend", "max_restarts",
     "collective_timeout_s", "timeout_s", "preempt_grace_s", "preempt_check_steps", "checkpoint_every_epochs",
     "checkpoint_every_steps", "keep_checkpoints", "checkpoints", "metrics", "log_every_steps",
-    "straggler_ratio", "peak_tflops", "checkpoint_every", "rendezvous",
+    "straggler_ratio", "peak_tflops", "checkpoint_every", "rendezvous", "compile",
 })
 
 
@@ -518,6 +545,7 @@ ID_LATER_KEYS = (
     ("training", "parallel"), ("training", "checkpoint_every"), ("training", "rendezvous"),
     ("training", "loader", "stream_above_mb"), ("training", "loader", "shuffle_row_groups"),
     ("training", "loader", "val_rows"), ("training", "loader", "csv_parquet_above_mb"),
+    ("training", "compile"),
 )
 
 

@@ -110,6 +110,10 @@ class _ModelParallel(DCPStrategy):
 
     _plain_replicas = 1
 
+    def compile(self, wrapped: nn.Module, mode: str = "default", backend: str = "inductor") -> nn.Module:
+        # The config refuses this at load (training.compile); a strategy built by hand says it again.
+        raise StrategyConfigError(f"training.compile: not supported with strategy {self.name!r} (model parallel)")
+
 
 class TensorParallelStrategy(_ModelParallel):
     """tp (dp 1) and hybrid (dp > 1: FSDP2 over the dp dimension of a 2-D mesh)."""

@@ -76,6 +76,22 @@ def _is_dtensor(t) -> bool:
     return isinstance(t, DTensor)
 
 
+def uncompiled(module: nn.Module) -> nn.Module:
+    """``module`` without a ``torch.compile`` wrapper (its ``_orig_mod``); any other module as is.
+
+    A compiled module's own state dict prefixes every key with ``_orig_mod.``; checkpoints,
+    exports and registered weights always use the plain module's keys.
+    """
+    import sys
+
+    # A compile wrapper exists only once torch.compile imported dynamo: an eager run never pays
+    # dynamo's import (~1 s) here.
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is not None and isinstance(module, eval_frame.OptimizedModule):
+        return module._orig_mod
+    return module
+
+
 def _targets_per_sample(y: torch.Tensor) -> int:
     """Targets each sample holds (1 for a label, seq_len for next-token targets)."""
     n = 1
@@ -146,7 +162,18 @@ class Strategy:
         return model
 
     def unwrapped(self, wrapped: nn.Module) -> nn.Module:
-        return wrapped
+        return uncompiled(wrapped)
+
+    def compile(self, wrapped: nn.Module, mode: str = "default", backend: str = "inductor") -> nn.Module:
+        """``torch.compile`` of what ``wrap`` returned (``training.compile``); call after ``wrap``.
+
+        The compiled wrapper is outermost: for DDP that is what torch's DDP notes ask (dynamo's
+        DDPOptimizer splits the graph at the gradient buckets so all-reduces still overlap the
+        backward), for FSDP2 the root is compiled after ``fully_shard`` (FSDP's hooks run between
+        the compiled pieces). Parameters are the same objects, so an optimizer built before or
+        after sees the same ones; ``unwrapped`` strips the wrapper again.
+        """
+        return torch.compile(wrapped, mode=None if mode == "default" else mode, backend=backend)
 
     def release(self) -> None:
         """Drop what the strategy holds of the model (before the process group goes)."""
@@ -193,16 +220,20 @@ class Strategy:
         rows (an epoch's last step): the forward and backward still run, so every rank joins
         the gradient collectives, and the loss is 0.
         """
+        # A 0-row batch runs the module uncompiled (still through DDP/FSDP, so the collectives
+        # happen): inductor's CPU convolution backward fails on 0 rows (a stride assertion), and
+        # the shape would cost a recompile anyway.
+        model = wrapped if len(x) else uncompiled(wrapped)
         with self.autocast():
             per_sample = _targets_per_sample(y)
-            total = self.task.loss(wrapped(x), y, reduction="sum") / per_sample
+            total = self.task.loss(model(x), y, reduction="sum") / per_sample
             (total * scale).backward()
         return total.item()
 
     def eval_sums(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
         """(summed loss, correct predictions, targets) of this rank's eval slice; call under no_grad."""
         with self.autocast():
-            logits = wrapped(x)
+            logits = (wrapped if len(x) else uncompiled(wrapped))(x)  # as in forward_backward
             loss_sum = self.task.loss(logits, y, reduction="sum").item() if len(y) else 0.0
             correct = self.task.val_correct(logits, y)
         return loss_sum, correct, y.numel()
@@ -326,11 +357,13 @@ class DDPStrategy(Strategy):
     def unwrapped(self, wrapped: nn.Module) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
+        wrapped = uncompiled(wrapped)
         return wrapped.module if isinstance(wrapped, DDP) else wrapped
 
     def sync_context(self, wrapped: nn.Module, sync: bool) -> ContextManager:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
+        wrapped = uncompiled(wrapped)  # no_sync is DDP's, under a compile wrapper too
         if sync or not isinstance(wrapped, DDP):
             return nullcontext()
         return wrapped.no_sync()
@@ -482,7 +515,7 @@ class FSDPStrategy(DCPStrategy):
         return nullcontext()
 
     def sync_context(self, wrapped: nn.Module, sync: bool) -> ContextManager:
-        return fsdp_gradient_sync(wrapped, sync)
+        return fsdp_gradient_sync(uncompiled(wrapped), sync)
 
     def full_state_dict(self, wrapped: nn.Module) -> dict | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -137,6 +137,8 @@ class Trainer:
         self.metrics = StepMetrics(ctx, t.straggler_ratio) if t.metrics else _NoMetrics()
         if t.metrics and t.strategy == "ddp" and ctx.distributed:
             self.metrics.attach_comm_hook(self.model)
+        if t.compile.enabled:  # after the comm hook: that goes on the DDP module itself
+            self.model = self.strategy.compile(self.model, t.compile.mode, t.compile.backend)
         self.fault = faults.from_env()
         self.ids = faults.id_recorder_from_env()
         self.stop = StopRequest()
