@@ -292,19 +292,31 @@ class StreamSource:
                 if not ahead:
                     return
                 planned = ahead.popleft()
-                # Steps go window by window: no later step needs a row group of an earlier window.
-                for u in [u for u in loader.loaded if window_of[u] < planned.window]:
+                # Steps go window by window: no later step needs a row group of an earlier window
+                # than the first this rank's share of the step reads.
+                need = min((int(window_of[u]) for u in planned.units), default=planned.window)
+                for u in [u for u in loader.loaded if window_of[u] < need]:
                     loader.drop(u)
+                # A step that crosses into the next window needs row groups of both: the next
+                # window's are asked for (in _tensors) only once the rows of the one it leaves are
+                # copied out and those dropped, so a rank never holds two windows at once (at 20 M rows a
+                # rank held up to 12 row groups at such steps, 10 at 5 M, 7 at 1 M: the peak grew
+                # with the number of window boundaries).
                 while upcoming and upcoming[0] in planned.units:  # needed now: ask (if not yet)
-                    loader.want(upcoming.popleft())
+                    u = upcoming.popleft()
+                    if window_of[u] == need:
+                        loader.want(u)
                 asked.difference_update(planned.units)
                 while upcoming and len(asked) < PREFETCH_ROW_GROUPS:  # read ahead in the background
                     u = upcoming.popleft()
                     loader.want(u)
                     asked.add(u)
-                yield self._tensors(planned, loader, plan.micro_batch, plan.grad_accum)
+                leaving = ({u for u in planned.units if window_of[u] == need}
+                           if any(window_of[u] != need for u in planned.units) else set())
+                yield self._tensors(planned, loader, plan.micro_batch, plan.grad_accum, leaving)
 
-    def _tensors(self, planned: _Planned, loader: "_Loader", micro: int, accum: int) -> "StepBatches":
+    def _tensors(self, planned: _Planned, loader: "_Loader", micro: int, accum: int,
+                 leaving: set = frozenset()) -> "StepBatches":
         import torch
 
         from training.batches import StepBatches
@@ -320,10 +332,16 @@ class StreamSource:
         else:
             x = np.empty((len(ids), self._empty[0].shape[1]), dtype=np.float32)
             y = np.empty((len(ids),), dtype=self._empty[1].dtype)
-            for u, lo, hi in planned.runs:
+            for k, (u, lo, hi) in enumerate(planned.runs):  # in window order: ``leaving``'s row groups first
+                if u not in loader.loaded:  # the next window's, asked once the leaving ones are dropped
+                    for v, _, _ in planned.runs[k:]:
+                        loader.want(v)
                 gx, gy = loader.get(u)
                 rows = ids[lo:hi] - self.groups.start[u]
                 x[lo:hi], y[lo:hi] = gx[rows], gy[rows]
+                if u in leaving:  # no later step reads it: dropped before the next window's are read
+                    del gx, gy
+                    loader.drop(u)
         xt, yt, it = torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(np.ascontiguousarray(ids))
         cut = [min(k * micro, len(ids)) for k in range(accum + 1)]
         return StepBatches([(xt[lo:hi], yt[lo:hi]) for lo, hi in zip(cut, cut[1:])],

@@ -3,6 +3,7 @@ cells that can fail a stacked check, row hashes, the leak frame, and when a spli
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace as NS
 
 import numpy as np
@@ -90,6 +91,25 @@ def test_a_split_streams_when_it_is_a_folder_or_its_files_are_large(tmp_path):
     assert streamed({**params, "stream_above_bytes": 5})
     (tmp_path / "d" / "shards").mkdir()
     assert streamed({**params, "dataset": DatasetConfig(path="d", train_file="shards")})
+
+
+def test_the_default_threshold_streams_a_1m_row_table_and_keeps_small_data_in_memory(tmp_path):
+    # Read whole, a table costs ~20x its Parquet size (4.1 GB for a 200 MB file of 1 M rows x 33
+    # columns): above 32 MB together the splits stream. Sparse files: only the size is read.
+    (tmp_path / "d").mkdir()
+    params = {"dataset": DatasetConfig(path="d", train_file="train.parquet", test_file="test.parquet"),
+              "root": tmp_path}
+    for name, size in (("train.parquet", 30 << 20), ("test.parquet", 1 << 20)):
+        with open(tmp_path / "d" / name, "wb") as f:
+            f.truncate(size)
+    assert not streamed(params)  # 31 MB
+    with open(tmp_path / "d" / "train.parquet", "wb") as f:
+        f.truncate(32 << 20)
+    assert streamed(params)  # 33 MB
+    # The shipped data (digits: two CSVs; wine: one file split by seed) is validated in memory.
+    repo = Path(__file__).resolve().parents[2]
+    assert not streamed({"dataset": DatasetConfig(path="data/digits"), "root": repo})
+    assert not streamed({"dataset": DatasetConfig(path="data/wine", file="wine.csv"), "root": repo})
 
 
 def test_grouped_index_lists_keep_a_few_cells_per_column_and_the_report_counts_them_exactly():
