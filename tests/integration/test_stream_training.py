@@ -55,7 +55,9 @@ def test_killed_streamed_job_resumes_at_the_cursor_and_sees_every_sample_once_pe
            "TRAINFLOW_HOME": str(tmp_path / "home")}
     result = run_job(make_spec(cfg, tmp_path / "out", root, MD5, env=env, nproc=2))
     assert result["status"] == "completed" and result["restarts"] == 1
-    assert result["resumed_from_step"] == 10  # the last checkpoint before the kill (every 5 steps)
+    # The newest complete checkpoint before the kill (every 5 steps): rank 0 writes in the background,
+    # so on a loaded machine the one at step 10 may still be in flight when the kill ends the group.
+    assert result["resumed_from_step"] in (5, 10)
     check_once_per_epoch(cfg, root, ids, replayed_in_epoch0=True)
 
 
@@ -68,7 +70,9 @@ def test_streamed_job_killed_on_two_ranks_resumes_on_one(root, tmp_path):
                           nproc=2))
     result = run_job(make_spec(cfg, tmp_path / "out", root, MD5, env=env, nproc=1))
     assert result["status"] == "completed" and result["world_size"] == 1
-    assert result["resumed_from_step"] == 45  # in epoch 2: steps of 32 samples, a checkpoint every 5
+    # In epoch 2 (steps of 32 samples, a checkpoint every 5): 45, or 40 when rank 0's background
+    # write of 45 was still in flight at the kill (seen with three test processes on two cores).
+    assert result["resumed_from_step"] in (40, 45)
     assert result["global_batch"] == 32  # the writer's global batch, kept on one rank
     check_once_per_epoch(cfg, root, ids, replayed_in_epoch0=False)
 
