@@ -476,7 +476,7 @@ def parquet_source(path: Path, root: Path, data_md5: str, csv_above_mb: float) -
 
 def csv_to_parquet(path: Path, root: Path, data_md5: str, row_group_rows: int = CONVERTED_ROW_GROUP_ROWS) -> Path:
     """``path`` (a CSV) as Parquet in the run's cache, keyed by the data's DVC md5: converted once in
-    bounded memory (h14v's streaming CSV batches, written ``row_group_rows`` rows per row group),
+    bounded memory (tasks.columnar's streaming CSV batches, written ``row_group_rows`` rows per row group),
     written to a temporary name and renamed; other processes wait on a lock and reuse it."""
     import re
 
@@ -529,7 +529,7 @@ def stream_splits(cfg: "PipelineConfig", root: Path, seed: int, data_md5: str) -
     """``Splits`` whose ``train`` is a ``StreamSource`` over the train split (a Parquet file or folder,
     or a large CSV's Parquet copy), ``val`` the held-out rows as tensors and ``test`` empty (the
     evaluation reads the test split itself). ``info`` comes from one streaming pass of column
-    statistics (h14v's ``column_stats``), as the in-memory path fits it on the train split."""
+    statistics (``tasks.columnar.column_stats``), as the in-memory path fits it on the train split."""
     from tasks import get_task
     from tasks.table import split_paths
     from training.splits import Splits, tensors

@@ -106,7 +106,7 @@ def test_survivor_of_a_killed_agent_finishes_alone_from_the_last_checkpoint(pair
     assert result["status"] == "completed" and result["world_size"] == 1
     assert result["restarts"] == 1  # the departure cost the survivor one torchrun restart
     assert result["resumed_from_step"] >= 5
-    assert result["resized_from"]["world_size"] == 2  # needs h13a's resize record in result.json
+    assert result["resized_from"]["world_size"] == 2  # the checkpoint's writer, recorded by the resume
 
 
 def test_a_preempted_node_checkpoints_and_the_other_carries_on_from_that_step(pair):
@@ -118,4 +118,4 @@ def test_a_preempted_node_checkpoints_and_the_other_carries_on_from_that_step(pa
     result = pair.result()
     assert result["status"] == "completed" and result["world_size"] == 1 and result["restarts"] == 1
     assert result["resumed_from_step"] == stopped  # from the checkpoint both wrote: no step lost
-    assert result["resized_from"]["world_size"] == 2  # needs h13a's resize record in result.json
+    assert result["resized_from"]["world_size"] == 2  # the checkpoint's writer, recorded by the resume
