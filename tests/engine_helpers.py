@@ -82,3 +82,25 @@ def train_lm(out: Path, overrides=(), nproc: int = 1, env=None, force_resume: bo
     result_path = Path(out) / "result.json"
     result = json.loads(result_path.read_text()) if result_path.is_file() and proc.returncode == 0 else None
     return proc.returncode, result, log
+
+
+def lm_ok(run: tuple[int, dict | None, str]) -> dict:
+    """The result of a ``train_lm`` run, failing the test with the job's log tail when it failed."""
+    rc, result, log = run
+    assert rc == 0 and result is not None, f"job failed (rc {rc}):\n{log[-6000:]}"
+    return result
+
+
+def lm_runs(tmp_path_factory, layouts: dict[str, tuple[list, int]]):
+    """``get(name)`` -> (result, out folder) of ``train_lm`` with ``layouts[name]`` = (overrides,
+    nproc), each run started on first use and once per module (a module fixture returns it)."""
+    cache: dict = {}
+
+    def get(name: str):
+        if name not in cache:
+            out = tmp_path_factory.mktemp(name) / "out"
+            overrides, nproc = layouts[name]
+            cache[name] = (lm_ok(train_lm(out, overrides, nproc=nproc)), out)
+        return cache[name]
+
+    return get

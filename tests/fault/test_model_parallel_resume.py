@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine_helpers import LM_LAYOUTS, train_lm
+from tests.engine_helpers import LM_LAYOUTS, lm_ok, train_lm
 
 pytestmark = pytest.mark.fault
 
@@ -13,22 +13,16 @@ pytestmark = pytest.mark.fault
 PREEMPT = ["training.preempt_check_steps=4"]
 
 
-def _ok(run):
-    rc, result, log = run
-    assert rc == 0 and result is not None, f"job failed (rc {rc}):\n{log[-6000:]}"
-    return result
-
-
 @pytest.mark.parametrize("name", ["tp", "pp"])
 def test_preempted_model_parallel_run_resumes_bitwise_equal(tmp_path, name):
     job = [*LM_LAYOUTS[name], *PREEMPT]
-    clean = _ok(train_lm(tmp_path / "clean", job, nproc=2))
+    clean = lm_ok(train_lm(tmp_path / "clean", job, nproc=2))
     out = tmp_path / "out"
-    first = _ok(train_lm(out, job, nproc=2, env={"TRAINFLOW_FAULT": "sigterm@step=12"}))
+    first = lm_ok(train_lm(out, job, nproc=2, env={"TRAINFLOW_FAULT": "sigterm@step=12"}))
     assert first["status"] == "preempted" and first["steps"] == 12
     shards = sorted(p.name for p in (out / "checkpoints" / "step_00000012").iterdir())
     assert shards == [".metadata", "COMPLETE", "__0_0.distcp", "__1_0.distcp", "extra.pt"]  # DCP, one file per rank
-    again = _ok(train_lm(out, job, nproc=2))
+    again = lm_ok(train_lm(out, job, nproc=2))
     assert again["status"] == "completed" and again["resumed_from_step"] == 12
     assert again["weights_sha256"] == clean["weights_sha256"]
     assert [h["val_loss"] for h in again["history"]] == [h["val_loss"] for h in clean["history"]]
@@ -36,7 +30,7 @@ def test_preempted_model_parallel_run_resumes_bitwise_equal(tmp_path, name):
 
 def test_checkpoint_of_another_layout_is_refused_even_when_forced(tmp_path):
     out = tmp_path / "out"
-    _ok(train_lm(out, [*LM_LAYOUTS["tp"], "training.epochs=1"], nproc=2))
+    lm_ok(train_lm(out, [*LM_LAYOUTS["tp"], "training.epochs=1"], nproc=2))
     rc, result, log = train_lm(out, [*LM_LAYOUTS["pp"], "training.epochs=1"], nproc=2, force_resume=True)
     assert rc != 0 and result is None
     assert "CheckpointMismatchError" in log

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine_helpers import train_lm
+from tests.engine_helpers import lm_ok, lm_runs, train_lm
 
 pytestmark = pytest.mark.integration
 
@@ -25,16 +25,9 @@ LOSS_RTOL, LOSS_ATOL = 1e-5, 1e-5
 WEIGHT_ATOL = 1e-3
 
 
-def _ok(run):
-    rc, result, log = run
-    assert rc == 0 and result is not None, f"job failed (rc {rc}):\n{log[-6000:]}"
-    return result
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """{name: (result, out folder)}, each run started on first use."""
-    cache: dict = {}
     layouts = {
         "eager": (EPOCHS, 1),
         "compiled": ([*EPOCHS, *COMPILED], 1),
@@ -44,15 +37,7 @@ def runs(tmp_path_factory):
         "compiled_fsdp": ([*EPOCHS, *COMPILED, "training.strategy=fsdp", "training.cpu_workers=2",
                            "training.batch_size=4"], 2),
     }
-
-    def get(name):
-        if name not in cache:
-            out = tmp_path_factory.mktemp(name) / "out"
-            overrides, nproc = layouts[name]
-            cache[name] = (_ok(train_lm(out, overrides, nproc=nproc)), out)
-        return cache[name]
-
-    return get
+    return lm_runs(tmp_path_factory, layouts)
 
 
 def _curve(result):
@@ -105,7 +90,7 @@ def test_a_compiled_checkpoint_resumes_with_compile_off(runs, tmp_path):
     shutil.copytree(out, resumed_out)
     # Same resume id (compile is a layout key): no --force-resume needed. (More epochs would be
     # another resume id; the finished run's last checkpoint is what a restart would load.)
-    again = _ok(train_lm(resumed_out, EPOCHS))
+    again = lm_ok(train_lm(resumed_out, EPOCHS))
     assert again["resumed_from_step"] == result["steps"] == 16
     assert again["status"] == "completed"
     assert again["weights_sha256"] == result["weights_sha256"]

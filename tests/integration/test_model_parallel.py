@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine_helpers import LM_LAYOUTS, train_lm
+from tests.engine_helpers import LM_LAYOUTS, lm_runs
 
 pytestmark = pytest.mark.integration
 
@@ -23,16 +23,9 @@ LOSS_RTOL, LOSS_ATOL = 1e-5, 1e-5
 WEIGHT_ATOL = 1e-3
 
 
-def _ok(run):
-    rc, result, log = run
-    assert rc == 0 and result is not None, f"job failed (rc {rc}):\n{log[-6000:]}"
-    return result
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """One run per layout, started on first use: {name: (result, out folder)}."""
-    cache: dict = {}
     layouts = {
         "single": ([], 1),
         "tp": (LM_LAYOUTS["tp"], 2),
@@ -41,15 +34,7 @@ def runs(tmp_path_factory):
         # dp2 x tp2: 4 per replica, the same global batch (8) as the others.
         "hybrid": ([*LM_LAYOUTS["hybrid"], "training.batch_size=4"], 4),
     }
-
-    def get(name):
-        if name not in cache:
-            out = tmp_path_factory.mktemp(name) / "out"
-            overrides, nproc = layouts[name]
-            cache[name] = (_ok(train_lm(out, overrides, nproc=nproc)), out)
-        return cache[name]
-
-    return get
+    return lm_runs(tmp_path_factory, layouts)
 
 
 def _curve(result):
