@@ -273,25 +273,35 @@ class StreamSource:
         window_of = np.empty(len(seq), dtype=np.int64)
         window_of[seq] = np.arange(len(seq)) // self.window  # each row group's window this epoch
         ahead: deque[_Planned] = deque()
+        uses: dict[int, int] = {}  # row group -> planned steps not yet yielded that read it
         seen: set = set()
         upcoming: deque = deque()  # row groups of planned steps not yet asked for, in order of first use
         asked: set = set()  # asked for, not yet used by a step
+        more, planned_through = True, -1  # planned_through: the last planned step's first window
         with _Loader(self.read, self.prefetch) as loader:
-            more = True
             while True:
-                while more and (not ahead or len(upcoming) < PREFETCH_ROW_GROUPS) and len(ahead) < MAX_STEPS_AHEAD:
+                # Plan ahead (ids only): enough steps to keep the reader PREFETCH_ROW_GROUPS ahead, and
+                # every remaining step of the windows the next step reads, so that a row group's last
+                # use by this rank is known (a step starting in a later window reads none of them).
+                while more and len(ahead) < MAX_STEPS_AHEAD and (
+                        not ahead or len(upcoming) < PREFETCH_ROW_GROUPS
+                        or planned_through <= max((int(window_of[u]) for u in ahead[0].units), default=-1)):
                     planned = next(steps, None)
                     if planned is None:
                         more = False
                         break
                     ahead.append(planned)
+                    planned_through = planned.window
                     for u in planned.units:
+                        uses[u] = uses.get(u, 0) + 1
                         if u not in seen:
                             seen.add(u)
                             upcoming.append(u)
                 if not ahead:
                     return
                 planned = ahead.popleft()
+                for u in planned.units:
+                    uses[u] -= 1
                 # Steps go window by window: no later step needs a row group of an earlier window
                 # than the first this rank's share of the step reads.
                 need = min((int(window_of[u]) for u in planned.units), default=planned.window)
@@ -313,7 +323,16 @@ class StreamSource:
                     asked.add(u)
                 leaving = ({u for u in planned.units if window_of[u] == need}
                            if any(window_of[u] != need for u in planned.units) else set())
-                yield self._tensors(planned, loader, plan.micro_batch, plan.grad_accum, leaving)
+                batches = self._tensors(planned, loader, plan.micro_batch, plan.grad_accum, leaving)
+                # A row group this rank reads no more is dropped now, not when its window ends: a step
+                # crossing into a window reads a few rows of each of its row groups, of which this
+                # rank's later steps read only its share (rank 1 of 2 held 4 more row groups, the
+                # whole next window, until that window ended: 11 instead of 7 at 5 M rows).
+                for u in planned.units:
+                    if uses[u] == 0 and (not more or window_of[u] < planned_through):
+                        del uses[u]
+                        loader.drop(u)
+                yield batches
 
     def _tensors(self, planned: _Planned, loader: "_Loader", micro: int, accum: int,
                  leaving: set = frozenset()) -> "StepBatches":

@@ -272,6 +272,38 @@ def test_row_groups_are_read_in_the_background_and_memory_holds_about_one_window
     assert 2 <= peak <= window + PREFETCH_ROW_GROUPS
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_every_rank_drops_a_row_group_after_its_last_use_not_at_its_windows_end(tmp_path, rank):
+    """At a step crossing into the next window the later rank's share reads a few rows of each of
+    that window's row groups, of which its later steps read only about half: the others are
+    dropped after that step (they were held until the window ended: 11 instead of 7 at 5 M rows)."""
+    import weakref
+
+    from training.stream import PREFETCH_ROW_GROUPS
+
+    folder = write_table(tmp_path / "t", rows=64 * 64, group=64)  # 64 row groups, 8 windows of 8
+    groups = scan_row_groups(folder)
+    inner = table_reader(groups, ["f0", "f1", "f2"], "label", lambda col: col.to_numpy().astype(np.int64))
+    alive, peak, reads = [0], 0, Counter()
+
+    def read(u):
+        x, y = inner(u)
+        alive[0] += 1
+        reads[u] += 1
+        weakref.finalize(x, lambda: alive.__setitem__(0, alive[0] - 1))
+        return x, y
+
+    window = 8
+    src = StreamSource(groups, read, seed=0, window=window, holdout=Holdout(groups, 0, 0.0, 1),
+                       n_features=FEATURES, y_dtype=np.int64)
+    # G 192: ~24 rows of each of a window's row groups a step; every 2nd or 3rd step crosses into the next window.
+    for _ in src.epoch_steps(0, 0, BatchPlan.of(96, 1, 2, rank)):
+        peak = max(peak, alive[0])
+    assert max(reads.values()) == 1  # dropped only after its last use: never read twice
+    # This rank's share of a window (about window / 2 + 1 row groups) and those read ahead.
+    assert peak <= window // 2 + 1 + PREFETCH_ROW_GROUPS, peak
+
+
 @pytest.mark.parametrize("task_name", ["classification", "regression"])
 def test_streamed_info_equals_the_in_memory_info(tmp_path, task_name):
     """The model's facts (features, dtypes, scaling, classes or target scale) fitted in one streamed
