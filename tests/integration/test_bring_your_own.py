@@ -6,8 +6,10 @@ with 2 CPU processes, MLflow on sqlite), each in a fresh git + DVC project:
   ``mlflow.pyfunc`` scores on a DataFrame with the original column names;
 * a regression table generated here, one Parquet file: its registered model predicts held-out rows;
 * a user's table that breaks its reviewed expectations stops at validation, before torchrun (a
-  label outside the class set is named by tests/integration/test_validation_gx.py);
-* the example package's own task (entry point ``trainflow.tasks``) through the whole flow.
+  label outside the class set is named by tests/integration/test_validation_gx.py).
+
+The example package's own task (entry point ``trainflow.tasks``) through the whole flow, in a
+fresh project too, is tests/integration/test_example_task.py's ``flow_run``.
 """
 
 from __future__ import annotations
@@ -45,10 +47,11 @@ def _env() -> dict:
             "PREFECT_API_URL": PREFECT_API_URL.value()}
 
 
-@pytest.fixture
-def project(tmp_path) -> Path:
-    """A fresh git + DVC repository, as a user's clone of their own project would be."""
-    proj = tmp_path / "proj"
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> Path:
+    """A fresh git + DVC repository, as a user's clone of their own project would be; made once
+    (git and dvc init cost seconds), each test gets its own copy (``project``)."""
+    proj = tmp_path_factory.mktemp("byo-template") / "proj"
     (proj / "data").mkdir(parents=True)
     run(["git", "init", "-q"], proj)
     run([DVC_BIN, "init", "-q"], proj)
@@ -59,12 +62,20 @@ def project(tmp_path) -> Path:
     return proj
 
 
-def trainflow(proj: Path, *args: str, timeout: float = 400) -> tuple[int, dict, str]:
+@pytest.fixture
+def project(template, tmp_path) -> Path:
+    """A copy of the template repository of its own (nothing in .git or .dvc names the folder)."""
+    proj = tmp_path / "proj"
+    shutil.copytree(template, proj, symlinks=True)
+    return proj
+
+
+def trainflow(proj: Path, *args: str, timeout: float = 400, env: dict | None = None) -> tuple[int, dict, str]:
     """``trainflow ARGS --summary-json`` in ``proj``: (exit code, summary, stderr)."""
     summary = proj / ".summary.json"
     summary.unlink(missing_ok=True)
     done = subprocess.run([str(VENV_BIN / "trainflow"), *args, "--summary-json", str(summary)], cwd=proj,
-                          env=_env(), capture_output=True, text=True, timeout=timeout)
+                          env={**_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout)
     return done.returncode, (json.loads(summary.read_text()) if summary.is_file() else {}), done.stderr
 
 
@@ -184,7 +195,11 @@ def test_a_regression_table_registers_a_model_that_predicts_held_out_rows(projec
     run([DVC_BIN, "add", "-q", "data/houses"], project)
     commit_all(project, "broken houses")
     trained_before = trained(project)
-    code, s, err = trainflow(project, "run", "--config", "configs/houses.yaml", *BOUNDS)
+    # No early-started job for this run (TRAINFLOW_PRELAUNCH=0): its workers would only start up
+    # to be aborted. That `trainflow run` aborts a held job untrained when validation fails is
+    # test_pipeline.py::test_corrupted_data_stops_at_validation_and_registers_nothing.
+    code, s, err = trainflow(project, "run", "--config", "configs/houses.yaml", *BOUNDS,
+                             env={"TRAINFLOW_PRELAUNCH": "0"})
     assert code == 2 and s["status"] == "validation_failed", err[-2000:]
     failures = s["validation"]["failures"]
     text = json.dumps(failures)
@@ -192,32 +207,3 @@ def test_a_regression_table_registers_a_model_that_predicts_held_out_rows(projec
     assert any(f.get("column") == "rooms" for f in failures)  # the non-numeric feature, by name
     assert "training" not in s
     assert trained(project) == trained_before
-
-
-def test_the_example_package_task_runs_through_the_whole_flow(project):
-    from tests.integration.test_example_task import CONFIG, TASK, install_example
-
-    install_example()
-    from core.config import load_config
-    from trainflow_timeseries.data import generate
-
-    cfg = load_config(CONFIG)
-    generate(project / cfg.dataset.path)
-    run([DVC_BIN, "add", "-q", cfg.dataset.path], project)
-    rel = CONFIG.relative_to(ROOT)
-    (project / rel.parent).mkdir(parents=True)
-    shutil.copy(CONFIG, project / rel)
-    shutil.copy(ROOT / cfg.dataset.expectations_file, project / cfg.dataset.expectations_file)
-    commit_all(project, "timeseries")
-    code, s, err = trainflow(project, "run", "--config", str(rel), "--set", "training.epochs=8", *BOUNDS)
-    assert code == 0, (s.get("error"), err[-3000:])
-    assert s["status"] == "registered" and s["model_name"] == cfg.registry.model_name
-    assert s["manifest"]["config_name"] == "timeseries"
-    # The package's own metrics, in their directions, decided the gates.
-    gates = {g["name"]: g for g in s["gates"]}
-    assert gates["smape"]["op"] == "<=" and gates["directional_accuracy"]["op"] == ">="
-    assert gates["smape_vs_baseline"]["passed"]
-    assert s["metrics"]["smape"] < s["baseline"]["smape"]
-    from tasks import get_task
-
-    assert get_task(TASK).name == TASK

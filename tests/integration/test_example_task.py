@@ -4,7 +4,9 @@ trained by the real worker under torchrun, scored against its own baseline with 
 metrics, gated, and registered into a real sqlite MLflow store whose pyfunc predicts from a
 DataFrame of the named window columns.
 
-The full flow (``trainflow run`` on the example's config) is tested once the flow is merged.
+The full flow (``trainflow run`` on the example's config, in a fresh git + DVC project) runs
+once (``flow_run``): its training folder is the one the worker, evaluation and registry tests
+look at.
 """
 
 from __future__ import annotations
@@ -122,10 +124,41 @@ def worker(root: Path, out: Path, overrides=(), nproc: int = 2, timeout: float =
 
 
 @pytest.fixture(scope="module")
-def trained(root, tmp_path_factory) -> tuple[Path, dict]:
-    """The example config trained with ddp over 2 torchrun processes (CPU, gloo)."""
-    out = tmp_path_factory.mktemp("ts-train")
-    return out, worker(root, out, ["training.epochs=10"])
+def flow_run(prefect_api, root, tmp_path_factory) -> tuple[int, dict, str]:
+    """``trainflow run`` on the example's config in a fresh git + DVC project holding the
+    generated data (the same bytes as ``root``'s: the generator is deterministic) and the
+    reviewed expectations: (exit code, summary, stderr). Its training, the example config
+    trained with ddp over 2 torchrun processes (CPU, gloo), is the one ``trained`` looks at."""
+    from core.config import load_config
+    from tests.integration.conftest import DVC_BIN, run
+    from tests.integration.test_bring_your_own import BOUNDS as RUN_BOUNDS
+    from tests.integration.test_bring_your_own import commit_all, trainflow
+
+    cfg = load_config(CONFIG)
+    proj = tmp_path_factory.mktemp("ts-project") / "proj"
+    proj.mkdir()
+    run(["git", "init", "-q"], proj)
+    run([DVC_BIN, "init", "-q"], proj)
+    run([DVC_BIN, "config", "core.analytics", "false"], proj)
+    (proj / ".gitignore").write_text(".trainflow/\n")
+    shutil.copytree(root / cfg.dataset.path, proj / cfg.dataset.path)
+    run([DVC_BIN, "add", "-q", cfg.dataset.path], proj)
+    rel = CONFIG.relative_to(ROOT)
+    (proj / rel.parent).mkdir(parents=True)
+    shutil.copy(CONFIG, proj / rel)
+    shutil.copy(ROOT / cfg.dataset.expectations_file, proj / cfg.dataset.expectations_file)
+    commit_all(proj, "timeseries")
+    return trainflow(proj, "run", "--config", str(rel), "--set", "training.epochs=10", *RUN_BOUNDS)
+
+
+@pytest.fixture(scope="module")
+def trained(flow_run) -> tuple[Path, dict]:
+    """The training folder of ``flow_run`` and its result.json (the real worker under torchrun,
+    rank 0 scoring the program on the test split as the pipeline asks it to)."""
+    code, s, err = flow_run
+    assert code == 0, (s.get("error"), err[-3000:])
+    out = Path(s["train_dir"])
+    return out, json.loads((out / "result.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -353,3 +386,22 @@ def test_registered_model_predicts_from_named_columns(store, trained, root, eval
         expected = torch.export.load(str(out / "model.pt2")).module()(torch.as_tensor(x)).numpy()[:, 0]
     np.testing.assert_allclose(pred, expected, rtol=1e-6)
     assert task.score(y, pred, info)["smape"] == pytest.approx(evaluated["candidate"]["smape"], rel=1e-6)
+
+
+def test_the_package_task_runs_through_the_whole_flow(flow_run):
+    """``trainflow run`` (a fresh process: the task found through its entry point) validates,
+    trains, evaluates with the package's own metrics and baseline, gates and registers."""
+    from core.config import load_config
+    from tasks import get_task
+
+    cfg = load_config(CONFIG)
+    code, s, err = flow_run
+    assert code == 0, (s.get("error"), err[-3000:])
+    assert s["status"] == "registered" and s["model_name"] == cfg.registry.model_name
+    assert s["manifest"]["config_name"] == "timeseries"
+    # The package's own metrics, in their directions, decided the gates.
+    gates = {g["name"]: g for g in s["gates"]}
+    assert gates["smape"]["op"] == "<=" and gates["directional_accuracy"]["op"] == ">="
+    assert gates["smape_vs_baseline"]["passed"]
+    assert s["metrics"]["smape"] < s["baseline"]["smape"]
+    assert get_task(TASK).name == TASK

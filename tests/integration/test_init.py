@@ -4,6 +4,7 @@ before anything changes."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,10 +23,11 @@ from tests.integration.conftest import DVC_BIN, GIT_ID, run
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def project(tmp_path) -> Path:
-    """A git + DVC repository whose default remote is a folder inside it, like the bundled one."""
-    proj = tmp_path / "proj"
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> Path:
+    """A git + DVC repository whose default remote is a folder inside it, like the bundled one;
+    made once (git and dvc init cost seconds), each test gets its own copy (``project``)."""
+    proj = tmp_path_factory.mktemp("init-template") / "proj"
     (proj / "data").mkdir(parents=True)
     run(["git", "init", "-q"], proj)
     run([DVC_BIN, "init", "-q"], proj)
@@ -33,6 +35,15 @@ def project(tmp_path) -> Path:
     run([DVC_BIN, "remote", "add", "-d", "bundled", "../dvc-store"], proj)
     run(["git", "add", "-A"], proj)
     run(["git", *GIT_ID, "commit", "-qm", "init"], proj)
+    return proj
+
+
+@pytest.fixture
+def project(template, tmp_path) -> Path:
+    """A fresh copy of the template repository (its .git and .dvc included; nothing in either
+    names the folder, so the copy is a repository of its own)."""
+    proj = tmp_path / "proj"
+    shutil.copytree(template, proj, symlinks=True)
     return proj
 
 
