@@ -52,7 +52,7 @@ def test_killed_worker_restarts_and_resumes_bitwise_equal(uninterrupted, killed)
 
 def test_corrupt_latest_checkpoint_is_skipped_and_resume_still_matches(uninterrupted, tmp_path, caplog):
     # A copy of the uninterrupted run's folder. (That two fresh runs with one seed are bitwise
-    # equal is test_retrain's forced retrain, and test_reproduce's, end to end.)
+    # equal is test_reproduce's, end to end: it trains the champion's config again in a new folder.)
     out = tmp_path / "out"
     shutil.copytree(uninterrupted["out_dir"], out)
     steps = sorted((out / "checkpoints").glob("step_*"))
