@@ -19,6 +19,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
 # Six epochs pass the real gates; a hung job fails the test in minutes, not after 15.
 CONFIG = "tests/configs/digits-pipeline.yaml"
 FAST = ["--config", CONFIG]
+# Two epochs and loose gates: for the runs about how the pipeline runs (resume, auto layout), not how well.
+QUICK_CONFIG = "tests/configs/digits-quick.yaml"
+QUICK = ["--config", QUICK_CONFIG]
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +236,8 @@ def test_bad_config_exits_1_naming_the_key_path(repo_root, tmp_path):
 
 def test_preempted_training_exits_4_and_the_next_run_resumes(first_run, state, tmp_path, monkeypatch):
     # Both ranks get SIGTERM at step 30, as the launcher forwards a preemption notice.
-    args = [*FAST, "--set", "registry.model_name=preempt-digits"]
+    # Two epochs of 21 steps: the stop at step 30 is in the second.
+    args = [*QUICK, "--set", "registry.model_name=preempt-digits"]
     monkeypatch.setenv("TRAINFLOW_FAULT", "sigterm@step=30")
     code, s = run_cli(args, tmp_path)
     assert code == 4 and s["status"] == "preempted" and s["exit_code"] == 4
@@ -267,9 +271,9 @@ def test_auto_strategy_and_workers_resolve_before_the_manifest(first_run, state,
     from training.advisor import sweep_path
     from training.probe import cpu_layouts
 
-    sets = [*FAST, "--set", "training.strategy=auto", "--set", "training.cpu_workers=auto",
+    sets = [*QUICK, "--set", "training.strategy=auto", "--set", "training.cpu_workers=auto",
             "--set", "registry.model_name=auto-digits"]
-    cfg = load_config(repo_root / CONFIG, sets[3::2])
+    cfg = load_config(repo_root / QUICK_CONFIG, sets[3::2])
     rows = [{**lay, "device": "cpu", "cores": lay["nproc"] * lay["threads"], "batch_size": cfg.training.batch_size,
              "time_to_target_s": None, "source": "probe", "status": "completed",
              "samples_per_s": 9000.0 if lay["nproc"] == 2 else 1000.0} for lay in cpu_layouts(2)]
