@@ -106,7 +106,9 @@ def worker(deployed, tmp_path_factory):
     try:
         yield proc
     finally:
-        proc.stop()
+        # Every run it took is over by now; on SIGTERM it still lingers the whole grace (20 s here), so
+        # 5 s, then SIGKILL to its group (nothing of a run is left in it to lose).
+        proc.stop(grace=5)
 
 
 def run_on_worker(api: str, deployment: dict, params: dict, home, enforce: bool = True, **env) -> httpx.Response:
