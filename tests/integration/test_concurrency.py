@@ -16,7 +16,11 @@ from tests.integration.live import assert_the_better_promotion_won
 
 pytestmark = pytest.mark.integration
 
-FAST = ["--config", "tests/configs/digits-quick.yaml"]  # two epochs, loose gates
+# Two epochs, loose gates; one training process per run (a torchrun agent and one worker): two
+# runs at once on a 2-core box start four torch processes, not six, and what is raced here (the
+# registry, the training folders, the promotion) does not depend on the world size.
+FAST = ["--config", "tests/configs/digits-quick.yaml", "--set", "training.cpu_workers=1",
+        "--set", "training.strategy=single"]
 
 
 def test_two_runs_at_once_get_their_own_versions_and_training_folders(make_project, tmp_path, prefect_api):

@@ -79,13 +79,49 @@ def deployed(prefect_server, tmp_path_factory):
     return api, repo, deployment, pool, env
 
 
-def start_worker(pool: str, env: dict, home, tmp_path) -> Proc:
+def post(url: str, timeout: float = 10, **kw) -> httpx.Response:
+    """``httpx.post``, again while the server answers 503: Prefect's answer when its sqlite database was busy
+    (the worker polls it every second, the scheduler writes every 2 s), where nothing was done and a client
+    retries. Any other answer is the test's to judge."""
+    for _ in range(15):
+        answer = httpx.post(url, timeout=timeout, **kw)
+        if answer.status_code != 503:
+            return answer
+        time.sleep(2)
+    return answer
+
+
+@pytest.fixture(scope="module")
+def worker(deployed, tmp_path_factory):
+    """One process worker on the pool (``--limit 1``), shared by the tests that run the deployment: a worker
+    start costs seconds, and each flow run is its own process anyway. Each run gets its TRAINFLOW_HOME (and,
+    where it needs one, a marker) through its job variables (``run_on_worker``), which the process worker
+    puts into that run's environment only. Stopped before the server (a worker outliving its server
+    lingers ~30 s)."""
+    _, _, _, pool, env = deployed
+    tmp_path = tmp_path_factory.mktemp("worker")
     worker_env = {k: v for k, v in env.items() if k != "TRAINFLOW_REPO_DIR"}
-    return Proc([str(VENV_BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process", "--limit", "1"],
-                {**worker_env, "TRAINFLOW_HOME": str(home)}, tmp_path, tmp_path / "worker.log")
+    proc = Proc([str(VENV_BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process", "--limit", "1"],
+                {**worker_env, "TRAINFLOW_HOME": str(tmp_path / "home")}, tmp_path, tmp_path / "worker.log")
+    try:
+        yield proc
+    finally:
+        # Every run it took is over by now; on SIGTERM it still lingers the whole grace (20 s here), so
+        # 5 s, then SIGKILL to its group (nothing of a run is left in it to lose).
+        proc.stop(grace=5)
 
 
-def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(deployed, tmp_path):
+def run_on_worker(api: str, deployment: dict, params: dict, home, enforce: bool = True, **env) -> httpx.Response:
+    """Create a flow run of ``deployment`` (what the UI's "Run" button sends) whose process sees
+    TRAINFLOW_HOME=``home`` and ``env``."""
+    body = {"parameters": {"params": params},
+            "job_variables": {"env": {"TRAINFLOW_HOME": str(home), **{k: str(v) for k, v in env.items()}}}}
+    if not enforce:
+        body["enforce_parameter_schema"] = False
+    return post(f"{api}/deployments/{deployment['id']}/create_flow_run", json=body)
+
+
+def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(deployed, worker, tmp_path):
     from mlflow import MlflowClient
 
     api, repo, deployment, pool, env = deployed
@@ -96,21 +132,16 @@ def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(deplo
     # `prefect deploy` fills TRAINFLOW_REPO_DIR into the pull step: the worker needs no such variable.
     assert deployment["pull_steps"][0]["prefect.deployments.steps.set_working_directory"]["directory"] == str(repo)
     # The form rejects what the schema forbids, before any worker sees it.
-    bad = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run",
+    bad = post(f"{api}/deployments/{deployment['id']}/create_flow_run",
                      json={"parameters": {"params": {"nproc_per_node": 0}}}, timeout=10)
     assert bad.status_code == 409, bad.text
 
     # What the UI's "Run" button sends: a flow run created from the deployment with the form's values.
-    created = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run",
-                         json={"parameters": {"params": PARAMS}}, timeout=10)
+    created = run_on_worker(api, deployment, PARAMS, home)
     assert created.status_code == 201, created.text
     run_id = created.json()["id"]
 
-    worker = start_worker(pool, env, home, tmp_path)
-    try:
-        run = wait_flow_run(api, run_id, timeout=420, worker=worker)
-    finally:
-        worker.stop()  # before the server (a worker outliving its server lingers ~30 s)
+    run = wait_flow_run(api, run_id, timeout=420, worker=worker)
     assert run["state"]["type"] == "COMPLETED", f"{run['state']}\n{worker.tail(80)}"
     assert run["work_pool_name"] == pool
     assert run["parameters"]["params"] == PARAMS
@@ -135,7 +166,7 @@ def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(deplo
     assert mlflow_run.data.params["training.epochs"] == "3"
 
 
-def test_a_run_pointing_the_dataset_outside_the_repository_is_refused_and_leaks_nothing(deployed, tmp_path):
+def test_a_run_pointing_the_dataset_outside_the_repository_is_refused_and_leaks_nothing(deployed, worker, tmp_path):
     """The reproduced leak: overrides pointing dataset.path and its files at a CSV outside the repository put
     its header into artifacts, logs and .trainflow/. Now the server refuses such a run, and a flow run created
     with the schema check switched off (any API caller may ask for that) fails in the worker before any file
@@ -149,51 +180,45 @@ def test_a_run_pointing_the_dataset_outside_the_repository_is_refused_and_leaks_
     url = f"{api}/deployments/{deployment['id']}/create_flow_run"
     for params, key in ((leak, "overrides"), ({"config": f"../../{outside.name}/secret.yaml"}, "config"),
                         ({"config": str(outside / "x.yaml")}, "config")):
-        refused = httpx.post(url, json={"parameters": {"params": params}}, timeout=10)
+        refused = post(url, json={"parameters": {"params": params}}, timeout=10)
         assert refused.status_code == 409 and key in refused.text, refused.text
 
-    created = httpx.post(url, json={"parameters": {"params": leak}, "enforce_parameter_schema": False}, timeout=10)
+    home = tmp_path / "home"
+    created = run_on_worker(api, deployment, leak, home, enforce=False)
     assert created.status_code == 201, created.text
     run_id = created.json()["id"]
-    home = tmp_path / "home"
-    worker = start_worker(pool, env, home, tmp_path)
-    try:
-        run = wait_flow_run(api, run_id, timeout=300, worker=worker)
-        logs, deadline = [], time.monotonic() + 30
-        while time.monotonic() < deadline and not any("not a run parameter" in e["message"] for e in logs):
-            time.sleep(1)  # the flow run's last log lines reach the server after its final state
-            logs = httpx.post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}},
-                              timeout=10).json()
-    finally:
-        worker.stop()
+    run = wait_flow_run(api, run_id, timeout=300, worker=worker)
+    logs, deadline = [], time.monotonic() + 30
+    while time.monotonic() < deadline and not any("not a run parameter" in e["message"] for e in logs):
+        time.sleep(1)  # the flow run's last log lines reach the server after its final state
+        logs = post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}},
+                          timeout=10).json()
     assert run["state"]["type"] == "FAILED", f"{run['state']}\n{worker.tail(80)}"
     assert any("overrides: not a run parameter" in e["message"] for e in logs), [e["message"] for e in logs]
-    artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run_id]}}},
+    artifacts = post(f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run_id]}}},
                            timeout=10).json()
     assert not [a for a in artifacts if a.get("key")]  # no stage's report (Prefect may keep the error itself)
-    task_runs = httpx.post(f"{api}/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}}, timeout=10).json()
+    task_runs = post(f"{api}/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}}, timeout=10).json()
     assert task_runs == []  # not even resolve ran
-    seen = [json.dumps(run), json.dumps(logs), json.dumps(artifacts), (tmp_path / "worker.log").read_text(errors="replace")]
-    for folder in (home, repo / ".trainflow"):
+    seen = [json.dumps(run), json.dumps(logs), json.dumps(artifacts), worker.log.read_text(errors="replace")]
+    for folder in (home, repo / ".trainflow", worker.log.parent / "home"):  # the run's, the checkout's, the worker's
         seen += [p.read_bytes().decode(errors="replace") for p in folder.rglob("*") if p.is_file()]
     for needle in (*SECRET, "SECRET_COLUMN_4711", "SECRET_VALUE_0815"):  # its lines and distinctive words
         assert not any(needle in text for text in seen), needle
 
 
-def test_cancelling_a_deployment_run_mid_training_leaves_no_process_of_it(deployed, tmp_path):
+def test_cancelling_a_deployment_run_mid_training_leaves_no_process_of_it(deployed, worker, tmp_path):
     """A Prefect cancellation (the UI's "Cancel") of a run that is training: the worker SIGTERMs the flow-run
     process's group, the launcher asks the workers to checkpoint and stop, and torchrun and its workers are gone
     within the grace period (measured here: ~9 s). Were Prefect to escalate to SIGKILL, PR_SET_PDEATHSIG takes
     the agent and its workers down instead (tests/fault/test_orphans.py)."""
     api, repo, deployment, pool, env = deployed
     marker = uuid.uuid4().hex
-    created = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run",
-                         json={"parameters": {"params": {"config": SMOKE, "epochs": 500}}}, timeout=10)
+    created = run_on_worker(api, deployment, {"config": SMOKE, "epochs": 500}, tmp_path / "home", **{MARK: marker})
     assert created.status_code == 201, created.text
     run_id = created.json()["id"]
-    worker = start_worker(pool, {**env, MARK: marker}, tmp_path / "home", tmp_path)
 
-    def of_run() -> dict[int, str]:  # every process of the run: all that carry the marker but the worker
+    def of_run() -> dict[int, str]:  # every process of the run: all that carry its marker (the worker has none)
         return {pid: cmd for pid, cmd in marked_processes(MARK, marker).items()
                 if pid != worker.popen.pid and "worker start" not in cmd}
 
@@ -204,7 +229,7 @@ def test_cancelling_a_deployment_run_mid_training_leaves_no_process_of_it(deploy
             assert state not in TERMINAL and time.monotonic() < deadline, f"{state} before training\n{worker.tail()}"
             time.sleep(1)
         training = of_run()
-        cancel = httpx.post(f"{api}/flow_runs/{run_id}/set_state",
+        cancel = post(f"{api}/flow_runs/{run_id}/set_state",
                             json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}, timeout=10)
         assert cancel.status_code in (200, 201) and cancel.json()["status"] == "ACCEPT", cancel.text
         cancelled_at = time.monotonic()
@@ -212,15 +237,27 @@ def test_cancelling_a_deployment_run_mid_training_leaves_no_process_of_it(deploy
         while (left := of_run()) and time.monotonic() - cancelled_at < GRACE_S:
             time.sleep(0.5)
     finally:
-        worker.stop()
         for pid in of_run():  # only ever needed where the cancelled run left processes behind
             os.kill(pid, signal.SIGKILL)
     assert run["state"]["type"] == "CANCELLED", f"{run['state']}\n{worker.tail(80)}"
     assert left == {}, f"alive {GRACE_S} s after the cancel: {left}\n(training was {training})"
 
 
-def test_retrain_nightly_is_deployed_with_its_schedule_and_the_server_plans_runs_from_it(request, tmp_path):
-    from datetime import datetime, timedelta, timezone
+@pytest.fixture(scope="module")
+def deployed_all(deployed):
+    """``prefect deploy --all`` from the deployed checkout, once for the two tests that look at its deployments:
+    ``(pools before it, when it started)``."""
+    from datetime import datetime, timezone
+
+    api, repo, _, _, env = deployed
+    pools = [p["name"] for p in post(f"{api}/work_pools/filter", json={}, timeout=10).json()]
+    before = datetime.now(timezone.utc)
+    prefect_cli(["deploy", "--all"], env, repo)
+    return pools, before
+
+
+def test_retrain_nightly_is_deployed_with_its_schedule_and_the_server_plans_runs_from_it(request):
+    from datetime import datetime, timedelta
 
     from cronsim import CronSim
 
@@ -228,17 +265,13 @@ def test_retrain_nightly_is_deployed_with_its_schedule_and_the_server_plans_runs
     nightly = next((d for d in spec["deployments"] if d["name"] == "retrain-nightly"), None)
     if nightly is None or not (ROOT / nightly["entrypoint"].split(":")[0]).is_file():
         pytest.skip("prefect.yaml's retrain-nightly deployment or its flow file is not on this branch yet")
-    api = request.getfixturevalue("prefect_server")  # started only when there is something to deploy
-    repo = copy_repo(tmp_path / "repo")
-    env = clean_env(PREFECT_API_URL=api, PREFECT_HOME=tmp_path / "client-home", TRAINFLOW_REPO_DIR=repo)
+    # Deployed by `prefect deploy --all` from the module's checkout (started only when there is something to deploy).
+    api = request.getfixturevalue("deployed")[0]
+    _, before = request.getfixturevalue("deployed_all")
     (declared,) = nightly["schedules"]
     pool = nightly["work_pool"]["name"]
-    before = datetime.now(timezone.utc)
 
-    prefect_cli(["work-pool", "create", pool, "--type", "process", "--overwrite"], env, repo)
-    prefect_cli(["deploy", "--name", "retrain-nightly"], env, repo)
-
-    found = httpx.post(f"{api}/deployments/filter",
+    found = post(f"{api}/deployments/filter",
                        json={"deployments": {"name": {"any_": ["retrain-nightly"]}}}, timeout=10).json()
     assert len(found) == 1
     deployment = found[0]
@@ -253,7 +286,7 @@ def test_retrain_nightly_is_deployed_with_its_schedule_and_the_server_plans_runs
     deadline = time.monotonic() + 60
     planned = []
     while time.monotonic() < deadline and not planned:
-        planned = httpx.post(f"{api}/flow_runs/filter", timeout=10, json={
+        planned = post(f"{api}/flow_runs/filter", timeout=10, json={
             "deployments": {"id": {"any_": [deployment["id"]]}},
             "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}}).json()
         time.sleep(1)
@@ -267,17 +300,17 @@ def test_retrain_nightly_is_deployed_with_its_schedule_and_the_server_plans_runs
         assert run["work_pool_name"] == pool
 
 
-def test_deploy_all_needs_only_the_process_pool(deployed):
+def test_deploy_all_needs_only_the_process_pool(deployed, deployed_all):
     """`prefect deploy --all` on a server that has only the `process` pool (this module's) creates every
     deployment of prefect.yaml (the GPU ones live in deploy/gpu.prefect.yaml). An unset variable stopping
     it: tests/integration/test_prefect_yaml.py."""
     api, repo, _, pool, env = deployed
-    pools = httpx.post(f"{api}/work_pools/filter", json={}, timeout=10).json()
-    assert [p["name"] for p in pools] == [pool]
-
-    prefect_cli(["deploy", "--all"], env, repo)
+    pools_before, _ = deployed_all  # it ran `prefect deploy --all` (and succeeded) with these pools
+    assert pools_before == [pool]
+    pools = post(f"{api}/work_pools/filter", json={}, timeout=10).json()
+    assert [p["name"] for p in pools] == [pool]  # and created none
     names = [d["name"] for d in yaml.safe_load((repo / "prefect.yaml").read_text())["deployments"]]
-    found = httpx.post(f"{api}/deployments/filter", json={"deployments": {"name": {"any_": names}}}, timeout=10).json()
+    found = post(f"{api}/deployments/filter", json={"deployments": {"name": {"any_": names}}}, timeout=10).json()
     assert sorted(d["name"] for d in found) == sorted(names)
     for dep in found:
         assert dep["work_pool_name"] == pool

@@ -15,7 +15,7 @@ import pytest
 from core.config import load_config
 from tests.engine_helpers import ROOT, TEST_CONFIGS, processes_mentioning
 from training.held import start_held
-from training.launcher import make_spec, run_job, start_job
+from training.launcher import make_spec, start_job
 
 pytestmark = pytest.mark.integration
 
@@ -30,16 +30,30 @@ def _wait_exit(job, timeout_s: float = 60) -> int:
     return job.proc.wait(timeout=timeout_s)
 
 
-def test_a_held_job_trains_after_go_to_the_same_weights_as_a_plain_launch(tmp_path):
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """One ordinary launch of the quick config, shared by three tests: started with ``start_job``,
+    waited for with ``finish(at_result=True)`` (test_finish_at_result_...), with the pipeline's
+    scoring on (test_the_workers_scores_...: rank 0 scores the test split after training, which
+    changes no weight), and the plain launch the held job must match (test_a_held_job_...).
+    ``(job, result, out)``; the job's exiting processes are reaped in the background."""
+    from training.launcher import SCORE_ENV
+
+    out = tmp_path_factory.mktemp("plain") / "early"
+    job = start_job(_spec(out, env={SCORE_ENV: "1"}))
+    return job, job.finish(at_result=True), out
+
+
+def test_a_held_job_trains_after_go_to_the_same_weights_as_a_plain_launch(tmp_path, plain):
     job = start_held(_spec(tmp_path / "held"))
     time.sleep(3)  # the workers are up (or getting there) and must be waiting, not training
     assert job.waiting and job.job.proc.poll() is None
     assert not (tmp_path / "held" / "checkpoints").exists() and not (tmp_path / "held" / "result.json").exists()
     held = job.go().finish()
-    plain = run_job(_spec(tmp_path / "plain"))
-    assert held["status"] == plain["status"] == "completed"
-    assert held["steps"] == plain["steps"]
-    assert held["weights_sha256"] == plain["weights_sha256"]  # deterministic: the hold changes nothing
+    _, plain_result, _ = plain
+    assert held["status"] == plain_result["status"] == "completed"
+    assert held["steps"] == plain_result["steps"]
+    assert held["weights_sha256"] == plain_result["weights_sha256"]  # deterministic: the hold changes nothing
     assert json.loads((tmp_path / "held" / "go.json").read_text())["go"] is True
 
 
@@ -129,28 +143,26 @@ def test_the_world_of_a_cpu_host_is_known_without_importing_torch():
     assert out.stdout.split() == ["2", "False"]
 
 
-def test_finish_at_result_returns_the_final_result_and_the_job_is_reaped(tmp_path):
+def test_finish_at_result_returns_the_final_result_and_the_job_is_reaped(plain):
     from training.launcher import reap_exiting
 
-    job = start_job(_spec(tmp_path / "early"))
-    result = job.finish(at_result=True)
-    assert result["status"] == "completed" and (tmp_path / "early" / "model.pt2").is_file()
-    assert result == {**json.loads((tmp_path / "early" / "result.json").read_text()),
-                      "wall_s": result["wall_s"], "out_dir": str(tmp_path / "early")}
+    job, result, out = plain  # start_job(...).finish(at_result=True)
+    assert result["status"] == "completed" and (out / "model.pt2").is_file()
+    assert result == {**json.loads((out / "result.json").read_text()),
+                      "wall_s": result["wall_s"], "out_dir": str(out)}
     reap_exiting()  # what the process does at exit: nothing of the job outlives it
     assert job.proc.returncode == 0
-    assert processes_mentioning(str(tmp_path / "early")) == []
+    assert processes_mentioning(str(out)) == []
 
 
-def test_the_workers_scores_are_the_pipelines_own_and_are_refused_for_another_program(tmp_path):
+def test_the_workers_scores_are_the_pipelines_own_and_are_refused_for_another_program(tmp_path, plain):
     import shutil
 
     from evaluation.evaluate import evaluate_predictions, worker_scores
     from tasks import get_task
-    from training.launcher import SCORE_ENV, SCORES_FILE
+    from training.launcher import SCORES_FILE
 
-    out = tmp_path / "scored"
-    run_job(_spec(out, env={SCORE_ENV: "1"}))
+    _, _, out = plain  # trained with SCORE_ENV=1: rank 0 wrote SCORES_FILE before result.json
     cfg = load_config(QUICK)
     task = get_task(cfg.task)
     scored = worker_scores(task, cfg, ROOT, out)

@@ -1,4 +1,6 @@
-"""One small real sweep (2 layouts x 1 batch size x 2 epochs, torchrun, no Prefect) and its reports."""
+"""One small real sweep (2 layouts x 1 batch size x 2 epochs, torchrun, no Prefect) and its reports, and
+the probe ``cpu_workers: auto`` runs without one. Both train the digits data with a small MLP
+(tests/configs/digits-mlp.yaml): what is tested is the measuring, not the model."""
 
 import json
 
@@ -6,6 +8,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
+CONFIG = "tests/configs/digits-mlp.yaml"
 ROW_FIELDS = {"layout", "nproc", "threads", "cores", "batch_size", "samples_per_s", "scaling_efficiency",
               "time_to_target_s", "cost_core_s", "status"}
 
@@ -19,7 +22,7 @@ def test_small_sweep_writes_json_markdown_and_png(tmp_path, monkeypatch, repo_ro
     layouts = [{"name": "1x2", "nproc": 1, "threads": 2, "device": "cpu"},
                {"name": "2x1", "nproc": 2, "threads": 1, "device": "cpu"}]
     out = tmp_path / "report"
-    report = run_sweep(repo_root / "configs" / "digits.yaml", ["training.metrics=false"], layouts, [32],
+    report = run_sweep(repo_root / CONFIG, ["training.metrics=false"], layouts, [32],
                        epochs=2, target_accuracy=0.5, out_dir=out)
 
     for name in ("scale.json", "scale.md", "scale.png"):
@@ -43,7 +46,7 @@ def test_small_sweep_writes_json_markdown_and_png(tmp_path, monkeypatch, repo_ro
     # The rows are where `cpu_workers: auto` looks for them.
     from core.config import load_config
 
-    auto = load_config(repo_root / "configs" / "digits.yaml", ["training.cpu_workers=auto", "training.metrics=false"])
+    auto = load_config(repo_root / CONFIG, ["training.cpu_workers=auto", "training.metrics=false"])
     assert advisor.load_sweep(tmp_path / "home", auto) == rows
     print(json.dumps([{k: r[k] for k in ("layout", "samples_per_s", "time_to_target_s", "final_val_accuracy")}
                       for r in rows]), report["recommendation"])
@@ -57,7 +60,7 @@ def test_auto_without_a_sweep_probes_the_layouts_once(tmp_path, monkeypatch, rep
     home = tmp_path / "home"
     monkeypatch.setenv("TRAINFLOW_HOME", str(home))
     monkeypatch.delenv("TRAINFLOW_MLFLOW_RUN_ID", raising=False)
-    auto = load_config(repo_root / "configs" / "digits.yaml",
+    auto = load_config(repo_root / CONFIG,
                        ["training.strategy=auto", "training.cpu_workers=auto", "training.backend=gloo"])
     assert advisor.load_sweep(home, auto) is None
 
