@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -79,36 +78,17 @@ def test_reproducing_the_champion_gives_bitwise_equal_weights(env, tmp_path, cap
     assert [str(v.version) for v in c.search_model_versions(f"name='{MODEL}'")] == [trained_summary["model_version"]]
 
 
-def test_other_weights_exit_5_with_reproduced_false(env, tmp_path, monkeypatch):
-    """The recorded hash is made wrong on purpose: the rerun must say it did not reproduce.
-
-    What is checked here is the comparison after the training (exit code, summary, the reproduce
-    run's tags), so the rerun's training step hands back the result of a real torchrun job of the
-    same commit, config and data instead of training a third time: the pipeline run's own. That a
-    rerun really trains those weights again is test_reproducing_the_champion_gives_bitwise_equal_weights.
-    Everything before and after it (resolving the version, checkout, data restore, the MLflow run) is real."""
+def test_other_weights_exit_5_with_reproduced_false(env, tmp_path):
+    """The recorded hash is made wrong on purpose: the rerun must say it did not reproduce."""
     from mlflow import MlflowClient
 
-    import flows.reproduce
-
     _, _, trained_summary = env
-    trained_result = json.loads((Path(trained_summary["train_dir"]) / "result.json").read_text())
-    assert trained_result["status"] == "completed"
-    calls = []
-
-    def trained_already(src, out, config, size, *rest):
-        calls.append(size)
-        assert (src / "training" / "worker.py").is_file()  # the recorded commit was checked out
-        return trained_result
-
-    monkeypatch.setattr(flows.reproduce, "_train", trained_already)
     c, version = MlflowClient(), trained_summary["model_version"]
     c.set_model_version_tag(MODEL, version, "weights_sha256", "0" * 64)
     try:
         code, s = reproduce(tmp_path, f"{MODEL}/{version}")
     finally:
         c.set_model_version_tag(MODEL, version, "weights_sha256", trained_summary["training"]["weights_sha256"])
-    assert calls == [trained_summary["training"]["world_size"]]
     assert code == 5 and s["reproduced"] is False and s["status"] == "not_reproduced"
     assert s["weights_sha256"] == trained_summary["training"]["weights_sha256"] != s["expected_weights_sha256"]
     assert c.get_run(s["reproduce_run_id"]).data.tags["reproduced"] == "false"
