@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 
 from core.config import load_config
 from tests.conftest import VENV_BIN
-from tests.engine_helpers import free_port, train
+from tests.engine_helpers import train
 from training.data import load_splits
 
 pytestmark = pytest.mark.integration
@@ -63,39 +62,34 @@ def test_ddp_run_reports_step_metrics(ddp_run):
     assert all(r["peak_mem_mb"] > 0 for r in ddp_run["ranks"])
 
 
-def test_early_stop_is_agreed_by_all_ranks(bundled_data, tmp_path):
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory, bundled_data):
+    """3 ranks, which cannot split the training set evenly, with a patience that runs out: the
+    early-stop and uneven-shard tests both ask whether the ranks end together."""
     # min_delta larger than any possible improvement: patience runs out after epoch 2.
-    r = train(tmp_path / "out", ["training.epochs=6", "training.early_stopping.patience=1",
-                                 "training.early_stopping.min_delta=100"])
+    return train(tmp_path_factory.mktemp("three") / "out",
+                 ["training.epochs=6", "training.early_stopping.patience=1", "training.early_stopping.min_delta=100"],
+                 nproc=3)
+
+
+def test_early_stop_is_agreed_by_all_ranks(three_ranks):
+    r = three_ranks
     assert r["status"] == "completed" and r["stopped_early_at_epoch"] == 2
-    assert [x["epochs_run"] for x in r["ranks"]] == [2, 2]
+    assert [x["epochs_run"] for x in r["ranks"]] == [2, 2, 2]
     assert len({x["step"] for x in r["ranks"]}) == 1
     assert len(r["history"]) == 2
 
 
-def test_uneven_shards_do_not_hang(bundled_data, repo_root, tmp_path):
+def test_uneven_shards_do_not_hang(three_ranks, repo_root):
     n_train = len(load_splits(load_config(repo_root / "configs" / "digits.yaml"), repo_root, 0).train)
     assert n_train % 3 != 0  # 3 ranks cannot split it evenly
-    r = train(tmp_path / "out", ["training.epochs=1"], nproc=3)
+    r = three_ranks
     assert r["world_size"] == 3 and r["status"] == "completed"
     assert len({x["step"] for x in r["ranks"]}) == 1
 
 
-def test_two_agents_form_one_world_over_c10d_rendezvous(bundled_data, repo_root, tmp_path):
-    port = free_port()
-    out = tmp_path / "out"
-    cmd = [str(VENV_BIN / "trainflow"), "train", "--config", "tests/configs/digits-engine.yaml", "--out", str(out),
-           "--set", "training.epochs=1",
-           "--nnodes", "2", "--nproc", "1", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "test-job"]
-    agents = [subprocess.Popen([*cmd, "--node-rank", str(r)], cwd=repo_root, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    outs = [a.communicate(timeout=240) for a in agents]
-    assert [a.returncode for a in agents] == [0, 0], [o[1][-2000:] for o in outs]
-    result = json.loads((out / "result.json").read_text())
-    assert result["world_size"] == 2 and result["status"] == "completed"
-    assert len(result["ranks"]) == 2
-
-
+# Two agents forming one world over c10d rendezvous: tests/integration/test_multinode.py (--nnodes 2,
+# one worker each, asserting the world of 2 completes) and tests/fault/test_elastic.py (one shared --out).
 def test_multi_node_without_endpoint_is_a_clear_error(repo_root):
     p = subprocess.run([str(VENV_BIN / "trainflow"), "train", "--config", "configs/digits.yaml", "--out", "/tmp/x",
                         "--nnodes", "2", "--nproc", "1"], cwd=repo_root, capture_output=True, text=True, timeout=60)
