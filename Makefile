@@ -26,14 +26,12 @@ install: $(STAMP)
 PIP_QUIET = $$(test -t 1 || echo -q)
 
 # The dev and team extras (test tools, MLflow's auth app) come from the hash-pinned dev lock.
-# --no-compile: pip would byte-compile all ~21,000 modules (about a minute on 2 cores); Python
-# compiles the ones a run imports on first use and keeps them in the venv.
 $(STAMP): pyproject.toml requirements/lock-dev.txt
 	@test -x $(PY) || { echo "trainflow: [1/4] creating $(VENV)/ (first run only)"; $(PYTHON) -m venv $(VENV); }
 	@echo "trainflow: [2/4] installing trainflow and its dependencies into $(VENV)/ (torch, Prefect, MLflow, DVC, GX: a few minutes the first time)"
-	@$(PY) -m pip install $(PIP_QUIET) --no-compile -e .
+	@$(PY) -m pip install $(PIP_QUIET) -e .
 	@echo "trainflow: [3/4] installing the dev and test tools (hash-pinned requirements/lock-dev.txt)"
-	@$(PY) -m pip install $(PIP_QUIET) --no-compile --require-hashes --no-deps -r requirements/lock-dev.txt
+	@$(PY) -m pip install $(PIP_QUIET) --require-hashes --no-deps -r requirements/lock-dev.txt
 	@echo "trainflow: [4/4] checking that the installed packages fit together (pip check)"
 	@$(PY) -m pip check
 	@touch $(STAMP)
