@@ -47,9 +47,10 @@ STRAGGLER_MIN_LAG_S = 1e-3
 
 
 def compute_per_step_s(r: dict) -> float | None:
-    """A rank's compute seconds per step: its median step time less the time per step it waited
-    for a batch, for DDP's buffer broadcast before the forward and for the gradient all-reduce
-    (None when it ran no step).
+    """A rank's compute seconds per step: the median over its steps of each step's time less
+    what that step waited for a batch, for DDP's buffer broadcast before the forward and for
+    the gradient all-reduce (None when it ran no step). Stats without the per-step figure
+    (``compute_median_s``) fall back to the median step less the mean waits per step.
 
     Under DDP every step syncs the ranks, so all ranks' *step times* come out equal and the
     slow rank hides; what differs is who waits: the fast ranks wait for the slow one, in the
@@ -59,6 +60,10 @@ def compute_per_step_s(r: dict) -> float | None:
     steps = r.get("steps") or 0
     if not steps or r.get("step_time_median_s") is None:
         return None
+    if r.get("compute_median_s") is not None:
+        # Each step less its own waits: a long wait in one step (after a peer's epoch-end
+        # checkpoint, say) then cannot eat into the compute of the window's other steps.
+        return r["compute_median_s"]
     waits = r.get("data_wait_s", 0.0) + r.get("allreduce_s", 0.0) + r.get("forward_sync_s", 0.0)
     # The median step, not the mean: the step that spans an epoch's end also holds the
     # evaluation and its collectives, the same on every rank, and would blur the ratio.
@@ -124,7 +129,7 @@ def aggregate(per_rank: list[dict], straggler_ratio: float = 1.5) -> dict:
     """Combine each rank's window stats (``StepMetrics._local_stats``) into one summary.
 
     Each entry holds: ``rank``, ``window_s``, ``steps``, ``samples``,
-    ``step_time_median_s`` (None when the rank ran no step),
+    ``step_time_median_s`` and ``compute_median_s`` (None when the rank ran no step),
     ``data_wait_s``, ``allreduce_s``, ``forward_sync_s``, ``ckpt_stall_s``, ``peak_mem_bytes`` and, on one rank
     per node, ``node`` (``node_stats``).
 
@@ -132,8 +137,8 @@ def aggregate(per_rank: list[dict], straggler_ratio: float = 1.5) -> dict:
       samples over it.
     * ``step_time_{min,median,max}_ms``: over ranks, of each rank's median step time.
     * ``straggler``, ``straggler_rank``, ``straggler_ratio``, ``straggler_lag_ms``:
-      ``find_straggler`` on each rank's compute time per step (step time less data and
-      all-reduce waits), which still tells ranks apart under DDP where step times are equal.
+      ``find_straggler`` on each rank's compute time per step (each step's time less its
+      data, forward-sync and all-reduce waits; the median over steps), which still tells ranks apart under DDP where step times are equal.
     * ``data_wait_frac``: the largest per-rank fraction of its window spent waiting for
       a batch (the most input-bound rank, which the others wait for at the all-reduce).
     * ``allreduce_s``: mean over ranks of the wall seconds during which at least one
@@ -209,6 +214,9 @@ class StepMetrics:
         self._window_t0 = now
         self._last = now
         self._step_times: list[float] = []
+        # At each step's end: (data wait, forward sync, all-reduce spans) so far in the window,
+        # so that each step's own waits can be taken from its time (``_step_computes``).
+        self._step_marks: list[tuple[float, float, int]] = []
         self._samples = 0
         self._data_wait = 0.0
         self._ckpt_stall = 0.0
@@ -230,6 +238,7 @@ class StepMetrics:
     def step_end(self, n_samples: int) -> None:
         now = _now()
         self._step_times.append(now - self._last)
+        self._step_marks.append((self._data_wait, self._fwd_sync, len(self._allreduce)))
         self._last = now
         self._samples += n_samples
 
@@ -306,18 +315,29 @@ class StepMetrics:
         ddp_model.register_forward_pre_hook(outer)
         ddp_model.module.register_forward_pre_hook(inner)
 
-    def _allreduce_seconds(self) -> float:
-        """Wall seconds with at least one bucket in flight (buckets overlap: their sum would not be)."""
+    def _allreduce_spans(self) -> list[tuple[float, float]]:
+        """The window's all-reduce spans in seconds (on CUDA, waits for the last event)."""
         spans = list(self._allreduce)
         if self._cuda_timing and spans:
             ref = spans[0][0]
             for _, end in spans:
                 end.synchronize()
             spans = [(ref.elapsed_time(s) / 1e3, ref.elapsed_time(e) / 1e3) for s, e in spans]
-        return busy_seconds(spans)
+        return spans
+
+    def _step_computes(self, spans: list[tuple[float, float]]) -> list[float]:
+        """Each step's time less its own data wait, forward sync and all-reduce (busy) time."""
+        out, prev = [], (0.0, 0.0, 0)
+        for t, mark in zip(self._step_times, self._step_marks):
+            waits = mark[0] - prev[0] + mark[1] - prev[1] + busy_seconds(spans[prev[2]:mark[2]])
+            out.append(max(0.0, t - waits))
+            prev = mark
+        return out
 
     # window aggregation
     def _local_stats(self) -> dict:
+        spans = self._allreduce_spans()
+        computes = self._step_computes(spans)
         return {
             "rank": self.ctx.rank,
             "window_s": _now() - self._window_t0,
@@ -325,7 +345,8 @@ class StepMetrics:
             "samples": self._samples,
             "step_time_median_s": statistics.median(self._step_times) if self._step_times else None,
             "data_wait_s": self._data_wait,
-            "allreduce_s": self._allreduce_seconds(),
+            "compute_median_s": statistics.median(computes) if computes else None,
+            "allreduce_s": busy_seconds(spans),
             "forward_sync_s": self._fwd_sync,
             "ckpt_stall_s": self._ckpt_stall,
             "peak_mem_bytes": peak_memory_bytes(self.ctx.device),

@@ -15,6 +15,7 @@ from training.distributed import DistContext
 from training.metrics import (
     StepMetrics,
     aggregate,
+    find_straggler,
     busy_seconds,
     flops_per_sample,
     gpu_utilization,
@@ -187,6 +188,27 @@ def test_window_bookkeeping_single_process(clock):
     s = m.snapshot()
     assert s["steps"] == 1 and s["window_s"] == pytest.approx(0.25)
     assert s["step_time_median_ms"] == pytest.approx(250.0) and s["ckpt_stall_s"] == 0.0
+
+
+def test_each_step_loses_its_own_waits_so_one_long_wait_cannot_hide_a_slow_rank(clock):
+    # What CI saw at an epoch's end: rank 0 writes the checkpoint while slow rank 1 (60 ms of
+    # compute a step, rank 0 has 20) waits 300 ms for it in one step's DDP buffer broadcast.
+    def window(compute_s, waits_s):
+        m = StepMetrics(SOLO)
+        for compute, wait in zip(compute_s, waits_s):
+            m._fwd_sync += wait  # as the forward-sync hook adds it
+            m._allreduce.append((clock.t, clock.t + 0.004))  # a bucket in flight 4 ms
+            clock.tick(compute + wait + 0.004)
+            m.step_end(32)
+        return m._local_stats()
+
+    fast = {**window([0.02] * 5, [0.04] * 5), "rank": 0}  # waits 40 ms a step for rank 1
+    slow = {**window([0.06] * 5, [0.3, 0, 0, 0, 0]), "rank": 1}
+    assert tm.compute_per_step_s(fast) == pytest.approx(0.02)
+    assert tm.compute_per_step_s(slow) == pytest.approx(0.06)
+    assert find_straggler([fast, slow], 1.5)["straggler_rank"] == 1
+    # The window's mean wait per step, taken from its median step, would have hidden it.
+    assert tm.compute_per_step_s({**slow, "compute_median_s": None}) == pytest.approx(0.0)
 
 
 def test_data_end_without_start_is_ignored_and_a_wait_spanning_a_reset_is_clipped(clock):
