@@ -113,46 +113,53 @@ def read_dvc_file(root: Path, dvc_file: str) -> DataRef:
     return DataRef(dvc_path=out.get("path", ""), md5=md5, rev=rev)
 
 
+# packages_hash's answers in this process, by the key of the import path's folders.
+_PACKAGES_MEMO: dict[str, str] = {}
+
+
 def packages_hash(cache_dir: Path | None = None) -> str:
     """sha256 over the sorted ``name==version`` of every installed distribution.
 
-    Reading ~500 distributions' metadata costs ~0.8 s. With ``cache_dir`` the hash is kept
-    there, keyed on the import path's folders and their modification times: installing,
-    upgrading or removing a distribution adds or removes a ``*.dist-info`` entry in one of
-    them, which changes that folder's mtime and so the key.
+    Reading ~500 distributions' metadata costs ~0.8 s. The hash is kept, keyed on the import
+    path's folders and their modification times (installing, upgrading or removing a
+    distribution adds or removes a ``*.dist-info`` entry in one of them, which changes that
+    folder's mtime and so the key): in this process, and with ``cache_dir`` in a file there.
     """
     import json
     import sys
 
-    key = None
-    if cache_dir is not None:
-        stamps = []
-        for entry in sys.path:
-            try:
-                stamps.append([entry, os.stat(entry or ".").st_mtime_ns])
-            except OSError:
-                continue
-        key = sha256_json(stamps)
-        cached = cache_dir / "packages_sha256.json"
+    stamps = []
+    for entry in sys.path:
+        try:
+            stamps.append([entry, os.stat(entry or ".").st_mtime_ns])
+        except OSError:
+            continue
+    key = sha256_json(stamps)
+    cached = cache_dir / "packages_sha256.json" if cache_dir is not None else None
+    digest = _PACKAGES_MEMO.get(key)
+    if digest is None and cached is not None:
         try:
             found = json.loads(cached.read_text())
             if found.get("key") == key:
-                return found["sha256"]
+                digest = found["sha256"]
         except (OSError, ValueError, AttributeError, KeyError):
             pass
-    from importlib.metadata import distributions
+    if digest is None:
+        from importlib.metadata import distributions
 
-    pins = sorted(
-        {f"{(d.metadata['Name'] or '').lower()}=={d.version}" for d in distributions()}
-    )
-    digest = sha256_json(pins)
-    if key is not None:
+        pins = sorted(
+            {f"{(d.metadata['Name'] or '').lower()}=={d.version}" for d in distributions()}
+        )
+        digest = sha256_json(pins)
+    _PACKAGES_MEMO[key] = digest
+    if cached is not None:
         try:
-            cache_dir.mkdir(parents=True, exist_ok=True)
-            tmp = cache_dir / f"packages_sha256.json.{os.getpid()}"
-            tmp.write_text(json.dumps({"key": key, "sha256": digest}))
-            tmp.replace(cache_dir / "packages_sha256.json")
-        except OSError:
+            if not cached.is_file() or json.loads(cached.read_text()).get("key") != key:
+                cache_dir.mkdir(parents=True, exist_ok=True)
+                tmp = cache_dir / f"packages_sha256.json.{os.getpid()}"
+                tmp.write_text(json.dumps({"key": key, "sha256": digest}))
+                tmp.replace(cached)
+        except (OSError, ValueError, AttributeError):
             pass  # a cache that cannot be written is only slower
     return digest
 

@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 from core.config import load_config
+from training.agent import WORKER_START_ENV
 from training.launcher import make_spec, run_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +42,7 @@ def free_port() -> int:
 
 
 LM_PROBE = ROOT / "tests" / "integration" / "probes" / "lm_probe.py"
+LM_PROBE_MODULE = "tests.integration.probes.lm_probe"
 # The byte LM under each model-parallel strategy with 2 processes (hybrid: dp2 x tp2 needs 4).
 LM_LAYOUTS = {
     "tp": ["training.strategy=tp", "training.cpu_workers=2", "training.parallel.tp=2"],
@@ -52,7 +54,7 @@ LM_LAYOUTS = {
 def train_lm(out: Path, overrides=(), nproc: int = 1, env=None, force_resume: bool = False,
              timeout: float = 300) -> tuple[int, dict | None, str]:
     """Train the byte LM on token windows (tests/integration/probes/lm_probe.py) through the worker's
-    ``train_and_report``: plain python for one process, real torchrun (CPU/gloo) for more.
+    ``train_and_report``: plain python for one process, real torchrun (CPU/gloo, ``training.agent``) for more.
 
     Returns (exit code, result.json or None, the job's stdout+stderr).
     """
@@ -60,16 +62,18 @@ def train_lm(out: Path, overrides=(), nproc: int = 1, env=None, force_resume: bo
     import subprocess
     import sys
 
-    args = [str(LM_PROBE), "--out", str(out)]
+    args = ["--out", str(out)]
     for item in overrides:
         args += ["--set", item]
     if force_resume:
         args.append("--force-resume")
     if nproc == 1:
-        cmd = [sys.executable, *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args]
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
+        cmd = [sys.executable, str(LM_PROBE), *args]
+    else:  # torchrun as the launcher runs it (training.agent), its workers forked (CPU)
+        cmd = [sys.executable, "-m", "training.agent", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", LM_PROBE_MODULE, *args]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", WORKER_START_ENV: "fork",
+                **(env or {})}
     # start_new_session: a timed-out job is killed as a group (torchrun and its workers).
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)

@@ -28,7 +28,7 @@ from core.config import PipelineConfig
 from core.errors import ConfigError, PreemptedError, TrainingFailedError
 from tasks.base import SCORES_FILE  # noqa: F401  (the file SCORE_ENV makes rank 0 write)
 from training import preemption
-from training.agent import LAUNCHER_PID_ENV
+from training.agent import LAUNCHER_PID_ENV, WORKER_START_ENV
 from training.layouts import maybe_gpu
 
 log = logging.getLogger("trainflow.launcher")
@@ -65,6 +65,9 @@ class JobSpec:
     threads_per_worker: int = 1
     force_resume: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    # The agent forks the workers from itself (training.agent._fork_workers) instead of starting a
+    # fresh python per worker: CPU jobs only (make_spec), as a CUDA process cannot be forked.
+    fork_workers: bool = False
 
     @property
     def node_range(self) -> tuple[int, int]:
@@ -194,6 +197,7 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
         rdzv_id=rdzv_id, max_restarts=t.max_restarts, rdzv_conf=rdzv_conf(t.rendezvous), timeout_s=t.timeout_s,
         preempt_grace_s=t.preempt_grace_s, threads_per_worker=t.threads_per_worker,
         force_resume=force_resume, env=dict(env or {}),
+        fork_workers=t.backend == "gloo" or not maybe_gpu(),
     )
 
 
@@ -495,7 +499,8 @@ def start_job(spec: JobSpec, lock_fd: int | None = None, launch_env: dict[str, s
     (out / "result.json").unlink(missing_ok=True)
     (out / FATAL_FILE).unlink(missing_ok=True)
     env = {**os.environ, **spec.env, **(launch_env or {}), "OMP_NUM_THREADS": str(spec.threads_per_worker),
-           LAUNCHER_PID_ENV: str(os.getpid()), NNODES_ENV: str(spec.nnodes)}
+           LAUNCHER_PID_ENV: str(os.getpid()), NNODES_ENV: str(spec.nnodes),
+           WORKER_START_ENV: "fork" if spec.fork_workers else "exec"}
     proc = subprocess.Popen(spec.command(out / "torchrun"), cwd=spec.root, env=env, start_new_session=True,
                             pass_fds=() if lock_fd is None else (lock_fd,))
     return Job(spec, proc)

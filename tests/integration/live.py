@@ -98,7 +98,7 @@ def marked_processes(name: str, value: str) -> dict[int, str]:
                 continue
             if Path(f"/proc/{entry}/stat").read_text().split(")")[-1].split()[0] == "Z":
                 continue  # exited, waiting to be reaped
-            found[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+            found[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
     return found

@@ -224,7 +224,9 @@ def test_cancelling_a_deployment_run_mid_training_leaves_no_process_of_it(deploy
 
     try:
         deadline = time.monotonic() + 240
-        while not any("training.worker" in cmd for cmd in of_run().values()):
+        # Training: the agent and its 2 workers, each with "training.worker" in its command line (an exec'd
+        # worker's own; a forked one's is its agent's, ``python -m training.agent ... -m training.worker ...``).
+        while sum("training.worker" in cmd for cmd in of_run().values()) < 3:
             state = httpx.get(f"{api}/flow_runs/{run_id}", timeout=10).json()["state"]["type"]
             assert state not in TERMINAL and time.monotonic() < deadline, f"{state} before training\n{worker.tail()}"
             time.sleep(1)

@@ -51,6 +51,16 @@ def test_packages_hash_cache_is_reused_and_invalidated_by_an_install(tmp_path, m
     cached = tmp_path / "cache" / "packages_sha256.json"
     record = json.loads(cached.read_text())
     cached.write_text(json.dumps({**record, "sha256": "from-the-cache"}))
+    import core.manifest
+
+    # In this process the answer is remembered: neither the file nor the metadata is read again.
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: 1 / 0)
+    assert packages_hash(tmp_path / "cache") == fresh and packages_hash() == fresh
+    monkeypatch.undo()
+    monkeypatch.setattr(sys, "path", [*sys.path, str(site)])
+    monkeypatch.setattr(core.manifest, "_PACKAGES_MEMO", {})  # a new process: the file is read
     assert packages_hash(tmp_path / "cache") == "from-the-cache"  # same folders, same mtimes: reused
     # "Installing" a distribution into a folder on the path changes its mtime, so the key.
     dist = site / "newpkg-1.0.dist-info"
