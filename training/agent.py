@@ -3,9 +3,9 @@
     python -m training.agent <torchrun arguments>      (what ``training.launcher`` runs)
 
 torchrun runs in a session of its own (the launcher kills it as a group) and starts each
-worker in a session of its own, so none of them would notice the launcher, or the agent,
-dying: they would train on as orphans in a folder the next run takes. So, before torchrun
-starts:
+worker in a session of its own (an exec'd one; a forked one, ``_fork_workers``, stays in the
+agent's), so none of them would notice the launcher, or the agent, dying: they would train
+on as orphans in a folder the next run takes. So, before torchrun starts:
 
 - the agent asks for SIGTERM when its launcher dies (``PR_SET_PDEATHSIG``); torchrun's own
   SIGTERM handling passes it to the workers, which checkpoint as on a preemption, and kills
@@ -118,7 +118,8 @@ def _forked_worker(module: str, *argv: str) -> int:
     for handler in list(logging.root.handlers):
         logging.root.removeHandler(handler)
     for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(write_through=True)
+        if hasattr(stream, "reconfigure"):  # a TextIOWrapper, as torchrun leaves them
+            stream.reconfigure(write_through=True)
     sys.argv = [module, *argv]
     import importlib
 
