@@ -133,9 +133,14 @@ def _check_elastic(cfg: PipelineConfig, nproc: int, lo: int, hi: int) -> None:
         check_world(t.strategy, nproc * nodes, t.parallel)
 
 
+def surely_cpu(cfg: PipelineConfig) -> bool:
+    """The job trains on CPU whatever this host has: gloo asked for, or no GPU device node here."""
+    return cfg.training.backend == "gloo" or not maybe_gpu()
+
+
 def default_nproc(cfg: PipelineConfig) -> int:
     """One worker per GPU when CUDA is present, else ``training.cpu_workers``."""
-    if cfg.training.backend == "gloo" or not maybe_gpu():
+    if surely_cpu(cfg):
         return cfg.training.cpu_workers
     import torch
 
@@ -197,7 +202,7 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
         rdzv_id=rdzv_id, max_restarts=t.max_restarts, rdzv_conf=rdzv_conf(t.rendezvous), timeout_s=t.timeout_s,
         preempt_grace_s=t.preempt_grace_s, threads_per_worker=t.threads_per_worker,
         force_resume=force_resume, env=dict(env or {}),
-        fork_workers=t.backend == "gloo" or not maybe_gpu(),
+        fork_workers=surely_cpu(cfg),
     )
 
 
