@@ -25,6 +25,7 @@ inherited by this process and lives until it exits, after its workers.
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -73,8 +74,6 @@ def _stop_within_shutdown_timeout(argv: list[str]) -> None:
 
     # Forked workers (``_fork_workers``): when one fails, torch's process context waits 30 s
     # before it SIGKILLs the others (after a SIGTERM our workers take as a preemption).
-    import importlib
-
     spawn = importlib.import_module("torch.multiprocessing.spawn")  # the module, not the function of that name
     join = spawn.ProcessContext.join
     if getattr(join, "_trainflow_bounded", False):
@@ -121,8 +120,6 @@ def _forked_worker(module: str, *argv: str) -> int:
         if hasattr(stream, "reconfigure"):  # a TextIOWrapper, as torchrun leaves them
             stream.reconfigure(write_through=True)
     sys.argv = [module, *argv]
-    import importlib
-
     status = importlib.import_module(module).main(list(argv))
     if status:
         sys.exit(status)  # the process's exit status, as ``sys.exit(main())`` gives it
@@ -147,8 +144,6 @@ def _fork_workers() -> None:
         config, cmd, cmd_args = original(args)
         if not (args.module and not args.no_python):
             return config, cmd, cmd_args
-        import importlib
-
         import torch._dynamo  # noqa: F401  (what every worker's first optimizer step imports)
 
         importlib.import_module(args.training_script)
