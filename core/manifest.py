@@ -136,11 +136,12 @@ def packages_hash(cache_dir: Path | None = None) -> str:
             continue
     key = sha256_json(stamps)
     cached = cache_dir / "packages_sha256.json" if cache_dir is not None else None
-    digest = _PACKAGES_MEMO.get(key)
-    if digest is None and cached is not None:
+    digest, file_key = _PACKAGES_MEMO.get(key), None
+    if cached is not None:
         try:
             found = json.loads(cached.read_text())
-            if found.get("key") == key:
+            file_key = found.get("key")
+            if digest is None and file_key == key:
                 digest = found["sha256"]
         except (OSError, ValueError, AttributeError, KeyError):
             pass
@@ -152,14 +153,13 @@ def packages_hash(cache_dir: Path | None = None) -> str:
         )
         digest = sha256_json(pins)
     _PACKAGES_MEMO[key] = digest
-    if cached is not None:
+    if cached is not None and file_key != key:
         try:
-            if not cached.is_file() or json.loads(cached.read_text()).get("key") != key:
-                cache_dir.mkdir(parents=True, exist_ok=True)
-                tmp = cache_dir / f"packages_sha256.json.{os.getpid()}"
-                tmp.write_text(json.dumps({"key": key, "sha256": digest}))
-                tmp.replace(cached)
-        except (OSError, ValueError, AttributeError):
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp = cache_dir / f"packages_sha256.json.{os.getpid()}"
+            tmp.write_text(json.dumps({"key": key, "sha256": digest}))
+            tmp.replace(cached)
+        except OSError:
             pass  # a cache that cannot be written is only slower
     return digest
 
