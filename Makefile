@@ -16,7 +16,7 @@ export GX_ANALYTICS_ENABLED := false
 export DVC_NO_ANALYTICS := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-image install data unit clean-state lock check-lock team-up team-down image image-cpu image-run
+.PHONY: run test test-suite test-image install data unit clean-state lock check-lock team-up team-down image image-cpu image-run
 
 install: $(STAMP)
 
@@ -45,12 +45,23 @@ run: data
 
 # The suite runs in TEST_PROCS processes (pytest-xdist), a test file per process at a time: a
 # module's fixtures (a first pipeline run, a server) run once. TEST_PROCS=0 runs it in this one.
+# The image test's build (scripts/image.py alongside: podman set up where it can be, the CPU image
+# built, niced) runs beside the install and the suite from the start; the image test runs last and
+# uses it. IMAGE_TEST=0 leaves it out (the image test then skips, saying so).
 TEST_PROCS ?= 2
+IMAGE_TEST ?= 1
 
-test: data
+test:
+ifeq ($(IMAGE_TEST),1)
+	@$(PYTHON) scripts/image.py alongside -- $(MAKE) --no-print-directory test-suite
+else
+	@$(MAKE) --no-print-directory test-suite
+endif
+
+test-suite: data
 	$(PY) -m pytest -n $(TEST_PROCS) --dist loadfile $(PYTEST_ARGS)
 
-# The image test (builds the CPU image, runs the pipeline inside it): minutes, so not in `make test`.
+# The image test alone, building here (layers cached after the first build: about a minute).
 test-image: data
 	TRAINFLOW_IMAGE_TEST=1 $(PY) -m pytest -m image $(PYTEST_ARGS)
 

@@ -29,6 +29,12 @@ def pytest_configure(config):
     os.environ.update(TELEMETRY_OFF)
 
 
+def pytest_collection_modifyitems(config, items):
+    """The image test last: under `make test` its build runs beside the suite, so by then it is done
+    (and with xdist's loadfile a worker is not held waiting for it while other files are queued)."""
+    items.sort(key=lambda item: item.get_closest_marker("image") is not None)  # stable: else in order
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT

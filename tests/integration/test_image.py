@@ -3,13 +3,16 @@ with no registry, the bookworm base it makes), then the default pipeline inside 
 network. Marked `image`; it skips, with the reason, where scripts/image.py cannot get an engine
 (no docker engine and podman neither installed nor installable: not Debian, not root, or apt
 unreachable). One build per session; its layers stay in the engine's storage, so a later run
-rebuilds only what changed."""
+rebuilds only what changed. Under `make test` the build runs beside the whole suite from its start
+(`scripts/image.py alongside`, niced) and this file runs last, so on a fresh machine the build's
+minutes overlap the venv install and the suite instead of following them."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -26,11 +29,14 @@ def image():
 
 @pytest.fixture(scope="module")
 def built(image, tmp_path_factory) -> dict:
-    """One `make image-cpu` build: its record (engine, ref, digest, seconds)."""
+    """One `make image-cpu` build: its record (engine, ref, digest, seconds). Under `make test` the
+    build ran beside the suite from its start (`scripts/image.py alongside`): wait for its outcome.
+    With `make test-image` (TRAINFLOW_IMAGE_TEST=1) build here."""
+    status = os.environ.get("TRAINFLOW_IMAGE_STATUS")
+    if status:
+        return _wait_for_build(Path(status), int(os.environ.get("TRAINFLOW_IMAGE_BUILDER", "0")))
     if os.environ.get("TRAINFLOW_IMAGE_TEST") != "1":
-        # 1-10 minutes of build (a fresh host also installs podman and makes the base): more than
-        # `make test`'s budget allows, so `make test-image` runs it.
-        pytest.skip("the image test runs with `make test-image` (TRAINFLOW_IMAGE_TEST=1)")
+        pytest.skip("the image test runs under `make test` (its build runs beside the suite) or `make test-image`")
     engine = image.engine_available()
     if engine is None and (problem := image.host_problem()):
         pytest.skip(f"no container engine here and scripts/image.py cannot install podman: {problem}")
@@ -43,6 +49,31 @@ def built(image, tmp_path_factory) -> dict:
     result = image.build("cpu", record=record)
     assert json.loads(record.read_text()) == result
     return result
+
+
+def _wait_for_build(status: Path, builder: int, limit_s: float = 1800) -> dict:
+    """The outcome `scripts/image.py test-build` writes when it ends: built, skip (why) or failed."""
+    from core.procs import pid_alive
+
+    deadline = time.monotonic() + limit_s
+    while not status.exists():
+        if builder and not pid_alive(builder) and not status.exists():
+            pytest.fail(f"the image build (pid {builder}) ended without an outcome; log:\n{_log_tail(status)}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"the image build gave no outcome in {limit_s:.0f} s; log:\n{_log_tail(status)}")
+        time.sleep(2)
+    outcome = json.loads(status.read_text())
+    if outcome["state"] == "skip":
+        pytest.skip(outcome["reason"])
+    assert outcome["state"] == "built", f"{outcome.get('error')}\n{_log_tail(status)}"
+    record = outcome["record"]
+    assert json.loads(status.with_name("image-cpu.json").read_text()) == record
+    return record
+
+
+def _log_tail(status: Path, chars: int = 4000) -> str:
+    log = status.with_name("build.log")
+    return log.read_text(errors="replace")[-chars:] if log.exists() else "(no log)"
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -57,15 +61,17 @@ def test_run_command_passes_the_digest_offline_with_home_mounted(image):
     assert f"TRAINFLOW_IMAGE=reg.example:5000/ml/trainflow@{digest}" in cmd and "-v" not in cmd
 
 
-def test_debootstrap_makes_a_minbase_bookworm_with_the_dockerfile_packages(image):
-    cmd = image.debootstrap_command(Path("/var/cache/x/rootfs"), ("git", "python3.11"))
-    assert cmd == ["debootstrap", "--variant=minbase", "--include=git,python3.11", "bookworm",
-                   "/var/cache/x/rootfs", image.DEBIAN_MIRROR]
+def test_mmdebstrap_makes_a_minbase_bookworm_tarball_with_the_dockerfile_packages(image):
+    cmd = image.mmdebstrap_command(Path("/var/cache/x/bookworm.tar"), ("git", "python3.11"))
+    assert cmd == ["mmdebstrap", "--quiet", "--variant=minbase", "--mode=root", "--format=tar",
+                   "--include=git,python3.11", "bookworm", "/var/cache/x/bookworm.tar", image.DEBIAN_MIRROR]
     assert image.apt_install_command(["podman", "runc"]) == \
         ["apt-get", "install", "-y", "--no-install-recommends", "podman", "runc"]
-    assert set(image.HOST_PACKAGES) == {"podman", "runc", "debootstrap"}
+    assert set(image.HOST_PACKAGES) == {"podman", "runc", "mmdebstrap"}
     # crun fails on cgroup-v1 hosts; the sandbox caps nofile/nproc below podman's defaults.
     assert 'runtime = "runc"' in image.CONTAINERS_CONF_TEXT and "nofile=20000:20000" in image.CONTAINERS_CONF_TEXT
+    # The base is the tarball alone (no podman import, which would stamp it with the day it ran).
+    assert image.BASE_CONTAINERFILE.splitlines() == ["FROM scratch", "ADD bookworm.tar /", 'CMD ["/bin/bash"]']
 
 
 def test_bookworm_packages_are_the_dockerfile_defaults_by_debian_names(image):
@@ -108,3 +114,44 @@ def test_cli_errors_are_one_line(image, capsys, tmp_path, monkeypatch):
     assert image.main(["run", "--variant", "cpu"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("image: ") and "\n" not in err and "make image-cpu" in err
+
+
+def test_alongside_runs_the_builder_niced_and_stops_all_it_started_when_the_command_ends(image, tmp_path):
+    """`make test`'s wrapper: the command's exit status is its own, it sees where the builder's outcome
+    will be, and the builder (niced, in a group of its own) and its child are gone once it ends."""
+    builder = textwrap.dedent(f"""
+        import os, subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        open({str(tmp_path / "pids")!r}, "w").write(f"{{os.getpid()}} {{child.pid}} {{os.nice(0)}} {{os.getpgid(0)}}")
+        time.sleep(60)
+    """)
+    command = [sys.executable, "-c", textwrap.dedent(f"""
+        import os, pathlib, sys, time
+        pids = pathlib.Path({str(tmp_path / "pids")!r})
+        while not pids.exists() or not pids.read_text():
+            time.sleep(0.05)
+        pathlib.Path({str(tmp_path / "env")!r}).write_text(os.environ["TRAINFLOW_IMAGE_STATUS"] + " "
+                                                           + os.environ["TRAINFLOW_IMAGE_BUILDER"])
+        sys.exit(3)
+    """)]
+    status = tmp_path / "image-test" / "status.json"
+    status.parent.mkdir()
+    status.write_text("{}")  # a stale outcome from an earlier run goes first
+    rc = image.alongside(command, status, builder_cmd=[sys.executable, "-c", builder])
+    assert rc == 3
+    pid, child, nice, pgid = map(int, (tmp_path / "pids").read_text().split())
+    assert nice == 19 and pgid == pid != os.getpgid(0)
+    assert (tmp_path / "env").read_text() == f"{status} {pid}"
+    assert not status.exists()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.1)
+    assert not _alive(pid) and not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
