@@ -97,7 +97,7 @@ team-down:
 
 # The container image from docker/Dockerfile, with docker or podman (scripts/image.py: standard library
 # only, no venv). image-cpu builds anywhere scripts/image.py can get an engine: with no registry
-# reachable it makes a Debian bookworm base first (debootstrap; installs podman on a Debian host as
+# reachable it makes a Debian bookworm base first (mmdebstrap; installs podman on a Debian host as
 # root). image (CUDA) needs the CUDA base's registry. image-run runs the built CPU image offline
 # with its digest recorded; TRAINFLOW_HOME goes to IMAGE_HOME on the host.
 IMAGE_HOME ?= .trainflow/image-home

@@ -199,7 +199,7 @@ def host_problem() -> str | None:
 
 
 def setup_host() -> list[str]:
-    """Install podman, runc and debootstrap where missing and write containers.conf where absent.
+    """Install podman, runc and mmdebstrap where missing and write containers.conf where absent.
     Returns what it did (empty: nothing was needed). Raises ImageError when it cannot."""
     done = []
     missing = missing_debian_packages(HOST_PACKAGES)
@@ -339,7 +339,7 @@ def plan_build(variant: str, tag: str | None = None, no_cache: bool = False, say
         setup_host()
         engine = "podman"
     elif engine == "podman":
-        setup_host()  # containers.conf, debootstrap: only what is missing
+        setup_host()  # containers.conf, mmdebstrap: only what is missing
     plan = Plan(engine=engine, variant=variant, tag=tag or f"localhost/trainflow:{variant}",
                 ca_bundle=ca_bundle(), epoch=build_epoch(), no_cache=no_cache)
     plan.build_args["GIT_SHA"] = git_sha()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from core.config import PipelineConfig
 from core.errors import ConfigError, PreemptedError, TrainingFailedError
+from core.procs import pid_alive
 from tasks.base import SCORES_FILE  # noqa: F401  (the file SCORE_ENV makes rank 0 write)
 from training import preemption
 from training.agent import LAUNCHER_PID_ENV, WORKER_START_ENV
@@ -319,6 +320,21 @@ def write_fatal(out: Path, rank: int, exc: BaseException) -> None:
     tmp.write_text(json.dumps({"rank": rank, "error": f"{type(exc).__name__}: {exc}",
                                "traceback": "".join(traceback.format_exception(exc))}))
     tmp.replace(path)
+
+
+def await_stop_after_fatal(limit_s: float = 10.0) -> None:
+    """After :func:`write_fatal`, before this worker exits: wait (at most ``limit_s``) for the launcher,
+    which polls for the file every 0.2 s, to stop the job. Exiting at once lets torchrun's agent see a
+    failed worker first and start a restart into the same error (seen on a loaded machine: forked
+    workers restart within a fraction of a second). The launcher's SIGTERM now ends this worker at
+    once. Without a launcher (torchrun typed by hand) it returns at once."""
+    launcher = int(os.environ.get(LAUNCHER_PID_ENV) or 0)
+    if not launcher:
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the preemption handler would checkpoint first
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and pid_alive(launcher):
+        time.sleep(0.05)
 
 
 def _fatal(out: Path) -> dict | None:

@@ -149,10 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(args)
     except TrainflowError as exc:  # bad config or data: the launcher stops the job, no restart
-        from training.launcher import write_fatal
+        from training.launcher import await_stop_after_fatal, write_fatal
 
         args.out.mkdir(parents=True, exist_ok=True)
         write_fatal(args.out, int(os.environ.get("RANK", "0")), exc)
+        await_stop_after_fatal()
         raise
 
 

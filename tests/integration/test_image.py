@@ -97,7 +97,9 @@ def test_the_image_runs_the_default_pipeline_offline_and_records_its_digest(imag
     assert summary["manifest"]["image"] == {"ref": built["ref"].rsplit(":", 1)[0] + "@" + built["digest"],
                                             "digest": built["digest"]}
     # The registered version's tags, read from the MLflow database the container wrote.
-    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    # Both URIs named: a registry URI set earlier in this process (another test) would win otherwise.
+    db = f"sqlite:///{home / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=db, registry_uri=db)
     mv = client.get_model_version(summary["model_name"], summary["model_version"])
     assert mv.tags["image_digest"] == built["digest"]
     # The digest is the built image's, as the engine reports it now.

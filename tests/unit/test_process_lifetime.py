@@ -103,3 +103,35 @@ def test_unclaimed_resumable_lists_interrupted_folders_no_process_holds(tmp_path
     finally:
         release(fd)
     assert unclaimed_resumable(*inputs) == folders[:2]  # looking claims nothing
+
+
+def test_a_worker_with_an_input_error_waits_for_its_launcher_then_dies_at_its_sigterm(monkeypatch):
+    """After writing fatal.json a worker holds on until its launcher stops the job (so torchrun does
+    not restart the group into the same error first); the launcher's SIGTERM ends it at once, and
+    without a launcher, or once it is gone, it does not wait."""
+    import subprocess
+    import sys
+
+    from training.agent import LAUNCHER_PID_ENV
+    from training.launcher import await_stop_after_fatal
+
+    monkeypatch.delenv(LAUNCHER_PID_ENV, raising=False)
+    t0 = time.monotonic()
+    await_stop_after_fatal(limit_s=5)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    monkeypatch.setenv(LAUNCHER_PID_ENV, str(dead.pid))
+    await_stop_after_fatal(limit_s=5)
+    assert time.monotonic() - t0 < 1
+
+    code = ("import os, signal, sys; signal.signal(signal.SIGTERM, lambda *a: None); "
+            "from training.launcher import await_stop_after_fatal; "
+            "print('holding', flush=True); await_stop_after_fatal(limit_s=30); print('returned')")
+    worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, LAUNCHER_PID_ENV: str(os.getpid())})
+    assert worker.stdout.readline().strip() == "holding"
+    time.sleep(0.3)
+    assert worker.poll() is None  # its launcher (this process) lives: it holds
+    worker.send_signal(signal.SIGTERM)  # its own handler (the preemption one, here a no-op) is gone
+    assert worker.wait(timeout=5) == -signal.SIGTERM
+    assert worker.stdout.read() == ""
