@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 
 import pytest
@@ -61,9 +60,7 @@ def only_failure(report: dict) -> dict:
 
 
 def test_bundled_data_passes_and_writes_every_report_file(exp, features, splits, tmp_path):
-    started = time.perf_counter()
     report = validate_table(exp, features, "label", splits, tmp_path, classification=True)
-    elapsed = time.perf_counter() - started
 
     assert report["success"] is True, report["failures"]
     assert report["n_failed"] == 0 and report["failures"] == [] and report["skipped"] == []
@@ -73,8 +70,6 @@ def test_bundled_data_passes_and_writes_every_report_file(exp, features, splits,
     assert report["gx"]["expectations"] == 21 and report["gx"]["failed"] == 0
     assert report["rows"] == {"train": len(splits["train"]), "test": len(splits["test"])}
     json.dumps(report, allow_nan=False)
-    # 0.9-1.1 s on a 2-core box (the whole 64-column table is 21 GX expectations, not 650).
-    assert elapsed < 10, elapsed
 
     files = report["files"]
     assert files["result_json"] == str(tmp_path / "gx_result.json")
