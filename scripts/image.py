@@ -85,7 +85,6 @@ class Plan:
     wheels: str | None = None                    # host folder -> /wheels (podman only)
     epoch: int | None = None                     # SOURCE_DATE_EPOCH
     no_cache: bool = False
-    cgroup_parent: str | None = None             # podman: the build's containers go under this cgroup
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,8 +108,6 @@ def build_command(plan: Plan) -> list[str]:
             cmd += ["--timestamp", str(plan.epoch)]   # created time and every file's time in the layers
         if plan.wheels:
             cmd += ["--volume", f"{plan.wheels}:{WHEELS_MOUNT}:ro"]
-        if plan.cgroup_parent:
-            cmd += ["--cgroup-parent", plan.cgroup_parent]
     if plan.no_cache:
         cmd.append("--no-cache")
     return [*cmd, "."]
@@ -334,8 +331,7 @@ def git_sha() -> str:
     return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
-def plan_build(variant: str, tag: str | None = None, no_cache: bool = False, say=print,
-               cgroup_parent: str | None = None) -> Plan:
+def plan_build(variant: str, tag: str | None = None, no_cache: bool = False, say=print) -> Plan:
     """Choose the engine, the base and the torch source for this host (may set up podman and the base)."""
     engine = engine_available()
     if engine is None:
@@ -345,8 +341,7 @@ def plan_build(variant: str, tag: str | None = None, no_cache: bool = False, say
     elif engine == "podman":
         setup_host()  # containers.conf, mmdebstrap: only what is missing
     plan = Plan(engine=engine, variant=variant, tag=tag or f"localhost/trainflow:{variant}",
-                ca_bundle=ca_bundle(), epoch=build_epoch(), no_cache=no_cache,
-                cgroup_parent=cgroup_parent if engine == "podman" else None)
+                ca_bundle=ca_bundle(), epoch=build_epoch(), no_cache=no_cache)
     plan.build_args["GIT_SHA"] = git_sha()
     defaults = dockerfile_args()
     if variant == "cpu":
@@ -378,10 +373,9 @@ def record_path(variant: str) -> Path:
     return ROOT / "build" / f"image-{variant}.json"
 
 
-def build(variant: str, tag: str | None = None, no_cache: bool = False, record: Path | None = None,
-          cgroup_parent: str | None = None) -> dict:
+def build(variant: str, tag: str | None = None, no_cache: bool = False, record: Path | None = None) -> dict:
     t0 = time.monotonic()
-    plan = plan_build(variant, tag, no_cache, cgroup_parent=cgroup_parent)
+    plan = plan_build(variant, tag, no_cache)
     print(f"image: [2/3] building {plan.tag} with {plan.engine}", flush=True)
     t1 = time.monotonic()
     try:
@@ -451,52 +445,12 @@ def smoke_problem(engine: str, ref: str) -> str | None:
     return f"{engine} is installed but cannot run a container here: {last}"
 
 
-BACKGROUND_CGROUP = "trainflow-image-build"
-CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
-
-
-def background_cgroup(root: Path = CGROUP_V1_CPU, name: str = BACKGROUND_CGROUP) -> str | None:
-    """Move this process into a cgroup of the lowest CPU weight (cgroup v1 ``cpu.shares`` = 2) and
-    return the path for ``--cgroup-parent`` (a cgroup below it); None where there is no writable v1 cpu controller.
-
-    ``nice`` is not enough: podman runs each RUN step in a cgroup of its own under ``libpod_parent``,
-    which has the default weight (1024) and so competes with the suite's processes as an equal,
-    whatever the builder's nice value (measured: a GX validation took 12 s instead of 1 s beside
-    the build's pip install). Under a parent of weight 2, the build takes only what the suite
-    leaves idle. cgroup v2 hosts get nice only."""
-    group = root / name
-    try:
-        group.mkdir(exist_ok=True)
-        (group / "cpu.shares").write_text("2")
-        (group / "cgroup.procs").write_text(str(os.getpid()))  # what this process starts follows it
-    except OSError:
-        return None
-    # The build's RUN steps get a cgroup of their own below it: buildah puts a step's processes in
-    # --cgroup-parent itself and removes that cgroup after the step, which this process's would block.
-    return f"/{name}/run"
-
-
-def remove_background_cgroups(name: str = BACKGROUND_CGROUP) -> None:
-    """The (empty) cgroups the build left in each v1 hierarchy; one still in use stays."""
-    for group in Path("/sys/fs/cgroup").glob(f"*/{name}"):
-        for folder in sorted((p for p in group.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-            try:
-                folder.rmdir()
-            except OSError:
-                pass
-        try:
-            group.rmdir()
-        except OSError:
-            pass
-
-
 def build_for_test(status: Path, variant: str = "cpu") -> int:
     """The image test's build: set the host up, build ``variant`` and record the outcome in ``status``.
     A host that cannot have an engine (not Debian, not root, no apt, no containers) records ``skip``
     with the reason; a build that fails records ``failed``: that is the image test failing."""
     status.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    cgroup = background_cgroup()  # apt, mmdebstrap and the build's containers: below the suite
     try:
         engine = engine_available()
         if engine is None and (problem := host_problem()):
@@ -514,7 +468,7 @@ def build_for_test(status: Path, variant: str = "cpu") -> int:
                 if problem := smoke_problem(engine, BASE_TAG):
                     write_status(status, "skip", reason=problem)
                     return 0
-        record = build(variant, record=status.with_name(f"image-{variant}.json"), cgroup_parent=cgroup)
+        record = build(variant, record=status.with_name(f"image-{variant}.json"))
     except (ImageError, OSError, subprocess.SubprocessError) as exc:
         write_status(status, "failed", error=str(exc), seconds=round(time.monotonic() - t0, 1))
         return 1
@@ -523,9 +477,15 @@ def build_for_test(status: Path, variant: str = "cpu") -> int:
 
 
 def _builder_preexec():
-    """For the builder, between fork and exec: lowest CPU priority (the suite's tests come first; the
-    build takes what they leave idle), and SIGTERM when the process that started it dies, however it
-    dies. libc is looked up here, in the parent."""
+    """For the builder, between fork and exec: nice 19 for what it runs on the host (apt, mmdebstrap,
+    podman itself), and SIGTERM when the process that started it dies, however it dies. libc is
+    looked up here, in the parent.
+
+    podman runs each RUN step in a cgroup of its own at the default weight, so the steps compete
+    with the suite as equals whatever this nice value says. A cgroup of the lowest weight for them
+    (cgroup v1 ``cpu.shares`` 2, tried) made the build drag through the whole suite (891 s instead of
+    292 s) and `make test` took 20 min 15 s instead of 15 min 32 s and 17 min 31 s: at equal weight
+    the build is done a few minutes into the suite, mostly on the core the venv install leaves idle."""
     import ctypes
 
     prctl = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
@@ -540,8 +500,7 @@ def _builder_preexec():
 
 def alongside(command: list[str], status: Path = STATUS, variant: str = "cpu",
               builder_cmd: list[str] | None = None) -> int:
-    """Run ``command`` (the test suite) while the image test's build runs beside it at the lowest CPU
-    weight (nice 19, and :func:`background_cgroup` on cgroup v1 hosts), from the start: on a fresh machine the build overlaps the venv install (one core) and the suite's idle
+    """Run ``command`` (the test suite) while the image test's build runs beside it from the start: on a fresh machine the build overlaps the venv install (one core) and the suite's idle
     time instead of adding its minutes after them. The command gets ``TRAINFLOW_IMAGE_STATUS`` (and
     the builder's pid), which the image test waits on. The builder and all it started are stopped
     when the command ends, however it ends; a Ctrl-C reaches the command, which ends first.
@@ -555,7 +514,7 @@ def alongside(command: list[str], status: Path = STATUS, variant: str = "cpu",
         builder = subprocess.Popen(builder_cmd,
                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True, preexec_fn=_builder_preexec())
-    print(f"image: the image test's build runs beside the suite at the lowest CPU weight (log: {log})", flush=True)
+    print(f"image: the image test's build runs beside the suite, niced (log: {log})", flush=True)
     env = {**os.environ, "TRAINFLOW_IMAGE_STATUS": str(status), "TRAINFLOW_IMAGE_BUILDER": str(builder.pid)}
     try:
         child = subprocess.Popen(command, env=env)
@@ -575,7 +534,6 @@ def alongside(command: list[str], status: Path = STATUS, variant: str = "cpu",
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         stop_builder(builder)
-        remove_background_cgroups()
     return rc
 
 
