@@ -45,11 +45,13 @@ run: data
 
 # The suite runs in TEST_PROCS processes (pytest-xdist), a test file per process at a time: a
 # module's fixtures (a first pipeline run, a server) run once. TEST_PROCS=0 runs it in this one.
-# The image test's build (scripts/image.py alongside: podman set up where it can be, the CPU image
-# built, niced) runs beside the install and the suite from the start; the image test runs last and
-# uses it. IMAGE_TEST=0 leaves it out (the image test then skips, saying so).
+# IMAGE_TEST=1 adds the image test: its build (scripts/image.py alongside: podman set up where it
+# can be, the CPU image built) runs beside the install and the suite from the start, and the image
+# test runs last and uses it. It adds about 3 minutes on a fresh machine, and the suite alone is
+# 15-17.5 minutes here, so it is not on by default yet (the 20-minute rule); without it the image
+# test skips, saying so.
 TEST_PROCS ?= 2
-IMAGE_TEST ?= 1
+IMAGE_TEST ?= 0
 
 test:
 ifeq ($(IMAGE_TEST),1)
