@@ -500,8 +500,9 @@ def _builder_preexec():
 
 def alongside(command: list[str], status: Path = STATUS, variant: str = "cpu",
               builder_cmd: list[str] | None = None) -> int:
-    """Run ``command`` (the test suite) while the image test's build runs beside it from the start: on a fresh machine the build overlaps the venv install (one core) and the suite's idle
-    time instead of adding its minutes after them. The command gets ``TRAINFLOW_IMAGE_STATUS`` (and
+    """Run ``command`` (the test suite) while the image test's build runs beside it from the start:
+    on a fresh machine the build overlaps the venv install (one core) and the suite's idle time
+    instead of adding its minutes after them. The command gets ``TRAINFLOW_IMAGE_STATUS`` (and
     the builder's pid), which the image test waits on. The builder and all it started are stopped
     when the command ends, however it ends; a Ctrl-C reaches the command, which ends first.
     ``builder_cmd`` replaces the builder (tests)."""
