@@ -5,6 +5,7 @@
     python3 scripts/image.py host                                       # podman on a Debian host (root, apt)
     python3 scripts/image.py base                                       # the bookworm base (mmdebstrap)
     python3 scripts/image.py repro [--variant cpu]                      # build twice, compare digests
+    python3 scripts/image.py alongside -- COMMAND ...                   # COMMAND with the image test's build beside it
 
 ``build`` always builds ``docker/Dockerfile`` itself; what differs between hosts goes in as build
 args. With a running Docker engine it uses docker; otherwise podman, which ``host`` installs and
@@ -20,7 +21,8 @@ and base give the same image digest, with or without the layer cache.
 
 The result (ref, digest, image id, seconds) is written to ``build/image-<variant>.json``; ``run``
 reads it and passes ``TRAINFLOW_IMAGE`` / ``TRAINFLOW_IMAGE_DIGEST``, so the run manifest (and the
-registered model version's tags) record the image. Standard library only: it runs before any venv.
+registered model version's tags) record the image. Standard library only (with the project's
+``core.procs``, itself standard library): it runs before any venv.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from core.procs import parent_death_signal, stop_group  # noqa: E402  (standard library only)
+
 DOCKERFILE = "docker/Dockerfile"
 CACHE = Path(os.environ.get("TRAINFLOW_IMAGE_CACHE", "/var/cache/trainflow-image"))
 BASE_TAG = "localhost/trainflow-base:bookworm"
@@ -478,22 +484,19 @@ def build_for_test(status: Path, variant: str = "cpu") -> int:
 
 def _builder_preexec():
     """For the builder, between fork and exec: nice 19 for what it runs on the host (apt, mmdebstrap,
-    podman itself), and SIGTERM when the process that started it dies, however it dies. libc is
-    looked up here, in the parent.
+    podman itself), and SIGTERM when the process that started it dies, however it dies.
 
     podman runs each RUN step in a cgroup of its own at the default weight, so the steps compete
     with the suite as equals whatever this nice value says. A cgroup of the lowest weight for them
     (cgroup v1 ``cpu.shares`` 2, tried) made the build drag through the whole suite (891 s instead of
     292 s) and `make test` took 20 min 15 s instead of 15 min 32 s and 17 min 31 s: at equal weight
     the build is done a few minutes into the suite, mostly on the core the venv install leaves idle."""
-    import ctypes
-
-    prctl = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
+    bind = parent_death_signal(signal.SIGTERM)
 
     def preexec() -> None:
         os.nice(19)
-        if prctl is not None:
-            prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        if bind is not None:
+            bind()
 
     return preexec
 
@@ -543,24 +546,7 @@ def stop_builder(builder: subprocess.Popen, grace: float = 10.0) -> None:
     left of it after ``grace`` seconds."""
     if builder.poll() is None:
         print("image: stopping the image build (the suite ended first)", file=sys.stderr, flush=True)
-    try:
-        os.killpg(builder.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        builder.wait()
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        builder.poll()  # reap the builder itself: a zombie still counts as a member of its group
-        try:
-            os.killpg(builder.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.2)
-    else:
-        try:
-            os.killpg(builder.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    stop_group(builder.pid, grace)
     builder.wait()
 
 

@@ -31,24 +31,15 @@ def image():
 def built(image, tmp_path_factory) -> dict:
     """One `make image-cpu` build: its record (engine, ref, digest, seconds). Under `make test
     IMAGE_TEST=1` the build ran beside the suite from its start (`scripts/image.py alongside`):
-    wait for its outcome. With `make test-image` (TRAINFLOW_IMAGE_TEST=1) build here."""
+    wait for its outcome. With `make test-image` (TRAINFLOW_IMAGE_TEST=1) the same build runs here."""
     status = os.environ.get("TRAINFLOW_IMAGE_STATUS")
     if status:
         return _wait_for_build(Path(status), int(os.environ.get("TRAINFLOW_IMAGE_BUILDER", "0")))
     if os.environ.get("TRAINFLOW_IMAGE_TEST") != "1":
         pytest.skip("the image test runs with `make test IMAGE_TEST=1` (its build beside the suite) or `make test-image`")
-    engine = image.engine_available()
-    if engine is None and (problem := image.host_problem()):
-        pytest.skip(f"no container engine here and scripts/image.py cannot install podman: {problem}")
-    if engine != "docker":
-        try:
-            image.setup_host()
-        except image.ImageError as exc:
-            pytest.skip(f"scripts/image.py could not set up podman: {exc}")
-    record = tmp_path_factory.mktemp("image") / "image-cpu.json"
-    result = image.build("cpu", record=record)
-    assert json.loads(record.read_text()) == result
-    return result
+    status = tmp_path_factory.mktemp("image") / "status.json"
+    image.build_for_test(status)
+    return _wait_for_build(status, 0)
 
 
 def _wait_for_build(status: Path, builder: int, limit_s: float = 1800) -> dict:
