@@ -48,7 +48,7 @@ run: data
 # IMAGE_TEST=1 adds the image test: its build (scripts/image.py alongside: podman set up where it
 # can be, the CPU image built) runs beside the install and the suite from the start, and the image
 # test runs last and uses it. It adds about 3 minutes on a fresh machine, and the suite alone is
-# 15-17.5 minutes here, so it is not on by default yet (the 20-minute rule); without it the image
+# 15-19 minutes here, so it is not on by default yet (the 20-minute rule); without it the image
 # test skips, saying so.
 TEST_PROCS ?= 2
 IMAGE_TEST ?= 0
