@@ -19,7 +19,13 @@ failed job, or a restart, waiting that long. The agent bounds those stops by
 ``--shutdown-timeout`` too (``_stop_within_shutdown_timeout``).
 
 Both check that their parent is still the process they expect after the request, so a parent
-that died a moment before is not missed. The training folder's lock (``training.slots``) is
+that died a moment before is not missed. The kernel sends the parent-death signal again each
+time the orphan is handed to another thread of its dying parent, so a killed launcher with many
+threads can SIGTERM the agent several times (seen: three, on a loaded machine). torchrun raises
+at every one, and one raised while it stops its workers broke off that stop before its SIGKILL:
+the agent then waited at exit for workers that had ignored SIGTERM, and both lived on. So the
+agent takes the first termination signal only (``_stop_once``), and SIGKILLs any worker still
+there when torchrun returns (``_kill_workers_left``). The training folder's lock (``training.slots``) is
 inherited by this process and lives until it exits, after its workers.
 """
 
@@ -84,6 +90,38 @@ def _stop_within_shutdown_timeout(argv: list[str]) -> None:
 
     bounded_join._trainflow_bounded = True
     spawn.ProcessContext.join = bounded_join
+
+
+def _stop_once() -> None:
+    """Take only the first termination signal: torchrun raises ``SignalException`` at each, and the
+    first already shuts the agent down (its ``run`` stops the workers and re-raises; no restart
+    follows). A later one raised inside that stop would break it off before its SIGKILL."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    handler = getattr(api, "_terminate_process_handler", None)
+    if handler is None or getattr(handler, "_trainflow_once", False):
+        return  # another torch, or done already
+
+    def terminate_once(signum, frame):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_IGN)  # the stop under way is bounded by --shutdown-timeout
+        handler(signum, frame)
+
+    terminate_once._trainflow_once = True
+    api._terminate_process_handler = terminate_once  # looked up when torchrun installs its handlers
+
+
+def _kill_workers_left() -> None:
+    """SIGKILL the forked workers still alive once torchrun is done (none, unless its stop was
+    broken off): Python's exit would otherwise wait for them, and they for nothing."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        try:
+            os.kill(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        child.join(5)
 
 
 def _fresh_store_per_round(argv: list[str]) -> None:
@@ -164,10 +202,14 @@ def main() -> None:
     from torch.distributed.run import main as torchrun
 
     _stop_within_shutdown_timeout(sys.argv[1:])
+    _stop_once()
     _fresh_store_per_round(sys.argv[1:])
     if os.environ.get(WORKER_START_ENV) == "fork":
         _fork_workers()
-    torchrun()  # reads sys.argv[1:]
+    try:
+        torchrun()  # reads sys.argv[1:]
+    finally:
+        _kill_workers_left()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """SIGKILL of ``trainflow run`` mid-training: no process of the run outlives it for long, its
 training folder is never handed to a second job while the first is alive, and the next run
-completes in that folder.
+completes in that folder. And its torchrun agent, SIGTERMed again while it stops its workers
+(what a killed multi-threaded launcher can do), still stops them.
 
 The killed run's workers hang at a step (``TRAINFLOW_FAULT=hang``), so they ignore the SIGTERM
 that asks them to checkpoint: the worst case, which only the grace period ends. The run's
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from core.config import load_config
+from core.procs import pid_alive
 from tests.conftest import VENV_BIN
 from tests.engine_helpers import ROOT
 from tests.integration.live import marked_processes
@@ -116,3 +118,45 @@ def test_sigkill_of_run_leaves_no_process_alive_and_the_next_run_completes(kille
     result = json.loads((killed_run["folder"] / "result.json").read_text())
     assert result["status"] == "completed" and result["resumed_from_step"] is not None
     assert _run_processes(marker) == {}
+
+
+def test_an_agent_signalled_again_while_it_stops_its_workers_still_stops_them(tmp_path):
+    """The kernel sends a parent-death signal again each time the orphan is handed to another
+    thread of its dying launcher, so a killed multi-threaded ``trainflow run`` can SIGTERM its
+    agent several times (seen: three, on a loaded machine). torchrun raises at every one, and one
+    raised while it was stopping its workers broke off the stop before the SIGKILL: the agent then
+    waited at exit for workers that ignore SIGTERM, and both lived on. Here: workers that ignore
+    SIGTERM, and three SIGTERMs while the agent waits out its 2 s grace."""
+    from training.agent import WORKER_START_ENV
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    env = {**os.environ, WORKER_START_ENV: "fork", "PYTHONPATH": str(ROOT)}
+    cmd = [str(VENV_BIN / "python"), "-m", "training.agent", "--nnodes=1", "--nproc-per-node=2",
+           "--max-restarts=0", f"--log-dir={tmp_path / 'logs'}", "--shutdown-timeout=2", "--standalone",
+           "-m", "tests.fault.stubborn_worker", str(pids)]
+    with open(tmp_path / "agent.log", "wb") as log:
+        agent = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := [int(p.read_text()) for p in pids.glob("rank*.pid") if p.read_text()]) < 2:
+            assert agent.poll() is None and time.monotonic() < deadline, (tmp_path / "agent.log").read_text()[-3000:]
+            time.sleep(0.1)
+        for _ in range(3):  # the first starts the stop; the others come while it waits for the workers
+            agent.send_signal(signal.SIGTERM)
+            time.sleep(0.4)
+        try:
+            agent.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the agent still ran 20 s after its SIGTERMs:\n" + (tmp_path / "agent.log").read_text()[-3000:])
+        deadline = time.monotonic() + 5
+        while (left := [p for p in workers if pid_alive(p)]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert left == [], f"workers {left} outlived their agent"
+    finally:
+        for pid in [agent.pid, *workers]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
