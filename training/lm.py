@@ -38,13 +38,15 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        # -1 heads: under tensor parallelism q/k/v return this rank's n_heads / tp heads.
-        q = self.q(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        k = self.k(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        v = self.v(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        # The heads from the width: under tensor parallelism q/k/v return this rank's n_heads / tp
+        # heads. Not -1: a 0-row batch (an epoch's last step on some data-parallel rank) has no
+        # size to infer it from.
+        heads = q.shape[-1] // self.head_dim
+        q, k, v = (z.view(b, t, heads, self.head_dim).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
                                            is_causal=True)
-        return self.o(y.transpose(1, 2).reshape(b, t, -1))
+        return self.o(y.transpose(1, 2).reshape(b, t, heads * self.head_dim))
 
 
 class MLP(nn.Module):

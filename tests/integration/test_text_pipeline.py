@@ -21,7 +21,8 @@ from validation.text_suite import validate_text as validate_dataset
 pytestmark = pytest.mark.integration
 
 LM_CONFIG = "configs/stdlib-lm.yaml"
-# The bundled LM, bounded: a hung job fails the test in minutes, not after the config's 10.
+# The bundled LM, bounded (a hung job fails the test in minutes, not after the config's 10) and
+# trained data-parallel, 3x faster here than its tp 2.
 FAST = ["--config", "tests/configs/stdlib-lm.yaml"]
 
 
@@ -150,7 +151,9 @@ def test_whole_flow_trains_gates_and_registers_the_lm(first_run, cfg, lm_state, 
     docs = s["validation"].pop("data_docs")
     assert s["validation"] == {"success": True, "n_expectations": 14, "cached": False}
     assert docs.endswith("validation/data_docs/index.html") and Path(docs).is_file()
-    assert s["training"]["strategy"] == cfg.training.strategy and s["training"]["world_size"] == 2
+    # The test config trains it data-parallel (tests/configs/stdlib-lm.yaml says why); the rest is the bundled one's.
+    assert s["training"]["strategy"] == load_config(repo_root / FAST[1]).training.strategy == "ddp"
+    assert s["training"]["world_size"] == 2
     m = s["metrics"]
     assert m["perplexity"] <= cfg.gates.thresholds["perplexity"]
     assert m["bits_per_byte"] == pytest.approx(m["loss"] / 0.6931471805599453)

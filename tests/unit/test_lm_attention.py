@@ -32,3 +32,15 @@ def test_attention_runs_on_the_flash_kernel_alone():
     x2 = x.clone()
     x2[:, 1:] += 1.0
     assert torch.allclose(attn(x2)[:, 0], got[:, 0], rtol=1e-6, atol=1e-6)
+
+
+def test_an_empty_batch_runs_forward_and_backward():
+    """An epoch's last step can leave a data-parallel rank 0 rows; it still runs the module (every
+    rank joins DDP's gradient all-reduce). The heads' view once inferred -1 from 0 elements and
+    failed: a DDP language model stopped at its first epoch's end."""
+    model = lm.ByteLM(vocab_size=256, seq_len=8, d_model=32, n_layers=1, n_heads=4, d_ff=64)
+    out = model(torch.zeros(0, 8, dtype=torch.long))
+    assert out.shape == (0, 8, 256)
+    out.sum().backward()
+    grad = model.layers["0"].attn.q.weight.grad
+    assert grad is not None and not grad.any()
