@@ -3,7 +3,7 @@ with no registry, the bookworm base it makes), then the default pipeline inside 
 network. Marked `image`; it skips, with the reason, where scripts/image.py cannot get an engine
 (no docker engine and podman neither installed nor installable: not Debian, not root, or apt
 unreachable). One build per session; its layers stay in the engine's storage, so a later run
-rebuilds only what changed. Under `make test IMAGE_TEST=1` the build runs beside the whole suite
+rebuilds only what changed. Under `make test` (IMAGE_TEST=1, the default) the build runs beside the whole suite
 from its start (`scripts/image.py alongside`) and this file runs last, so on a fresh machine the
 build's minutes overlap the venv install and the suite instead of following them."""
 
@@ -29,14 +29,15 @@ def image():
 
 @pytest.fixture(scope="module")
 def built(image, tmp_path_factory) -> dict:
-    """One `make image-cpu` build: its record (engine, ref, digest, seconds). Under `make test
-    IMAGE_TEST=1` the build ran beside the suite from its start (`scripts/image.py alongside`):
+    """One `make image-cpu` build: its record (engine, ref, digest, seconds). Under `make test`
+    (IMAGE_TEST=1, the default) the build ran beside the suite from its start (`scripts/image.py alongside`):
     wait for its outcome. With `make test-image` (TRAINFLOW_IMAGE_TEST=1) the same build runs here."""
     status = os.environ.get("TRAINFLOW_IMAGE_STATUS")
     if status:
         return _wait_for_build(Path(status), int(os.environ.get("TRAINFLOW_IMAGE_BUILDER", "0")))
     if os.environ.get("TRAINFLOW_IMAGE_TEST") != "1":
-        pytest.skip("the image test runs with `make test IMAGE_TEST=1` (its build beside the suite) or `make test-image`")
+        pytest.skip("the image test runs under `make test` (its build beside the suite; not with IMAGE_TEST=0) "
+                    "or `make test-image`")
     status = tmp_path_factory.mktemp("image") / "status.json"
     image.build_for_test(status)
     return _wait_for_build(status, 0)
