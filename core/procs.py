@@ -35,7 +35,8 @@ def die_with_parent(sig: int, parent: int | None = None) -> bool:
 
     "Its parent" is the *thread* that started this process: the signal comes when that thread
     ends, and again each time the process passes to another thread of the dying parent (a
-    killed multi-threaded process can send it several times): a handler must expect repeats. ``parent``: the pid that started this process. Returns False when it is no longer this
+    killed multi-threaded process can send it several times): a handler must expect repeats.
+    ``parent``: the pid that started this process. Returns False when it is no longer this
     process's parent, i.e. it exited before the request was made and the signal will never come:
     the caller should exit. True otherwise, and on platforms without the request (non-Linux).
     """

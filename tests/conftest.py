@@ -30,9 +30,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The image test last: under `make test` (IMAGE_TEST=1, the default) its build runs beside the suite, so by
-    then it is done (and with xdist's loadfile a worker is not held waiting for it while other files
-    are queued)."""
+    """The image test last: under `make test` (IMAGE_TEST=1, the default) its build runs beside the
+    suite, so by then it is done (and with xdist's loadfile a worker is not held waiting for it while
+    other files are queued)."""
     items.sort(key=lambda item: item.get_closest_marker("image") is not None)  # stable: else in order
 
 

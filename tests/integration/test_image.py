@@ -3,9 +3,9 @@ with no registry, the bookworm base it makes), then the default pipeline inside 
 network. Marked `image`; it skips, with the reason, where scripts/image.py cannot get an engine
 (no docker engine and podman neither installed nor installable: not Debian, not root, or apt
 unreachable). One build per session; its layers stay in the engine's storage, so a later run
-rebuilds only what changed. Under `make test` (IMAGE_TEST=1, the default) the build runs beside the whole suite
-from its start (`scripts/image.py alongside`) and this file runs last, so on a fresh machine the
-build's minutes overlap the venv install and the suite instead of following them."""
+rebuilds only what changed. Under `make test` (IMAGE_TEST=1, the default) the build runs beside
+the whole suite from its start (`scripts/image.py alongside`) and this file runs last, so on a
+fresh machine the build's minutes overlap the venv install and the suite instead of following them."""
 
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ def image():
 @pytest.fixture(scope="module")
 def built(image, tmp_path_factory) -> dict:
     """One `make image-cpu` build: its record (engine, ref, digest, seconds). Under `make test`
-    (IMAGE_TEST=1, the default) the build ran beside the suite from its start (`scripts/image.py alongside`):
-    wait for its outcome. With `make test-image` (TRAINFLOW_IMAGE_TEST=1) the same build runs here."""
+    (IMAGE_TEST=1, the default) the build ran beside the suite from its start (`scripts/image.py
+    alongside`): wait for its outcome. With `make test-image` (TRAINFLOW_IMAGE_TEST=1) the same build
+    runs here."""
     status = os.environ.get("TRAINFLOW_IMAGE_STATUS")
     if status:
         return _wait_for_build(Path(status), int(os.environ.get("TRAINFLOW_IMAGE_BUILDER", "0")))

@@ -151,7 +151,7 @@ def test_whole_flow_trains_gates_and_registers_the_lm(first_run, cfg, lm_state, 
     docs = s["validation"].pop("data_docs")
     assert s["validation"] == {"success": True, "n_expectations": 14, "cached": False}
     assert docs.endswith("validation/data_docs/index.html") and Path(docs).is_file()
-    # The test config trains it data-parallel (tests/configs/stdlib-lm.yaml says why); the rest is the bundled one's.
+    # The test config trains it data-parallel (tests/configs/stdlib-lm.yaml says why); the rest is the bundled's.
     assert s["training"]["strategy"] == load_config(repo_root / FAST[1]).training.strategy == "ddp"
     assert s["training"]["world_size"] == 2
     m = s["metrics"]
