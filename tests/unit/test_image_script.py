@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from core.procs import pid_alive
 from tests.conftest import load_script
 
 
@@ -144,14 +145,6 @@ def test_alongside_runs_the_builder_niced_and_stops_all_it_started_when_the_comm
     assert (tmp_path / "env").read_text() == f"{status} {pid}"
     assert not status.exists()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _alive(child):
+    while time.monotonic() < deadline and pid_alive(child):
         time.sleep(0.1)
-    assert not _alive(pid) and not _alive(child)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    assert not pid_alive(pid) and not pid_alive(child)
