@@ -42,9 +42,15 @@ $(STAMP): pyproject.toml requirements/lock-dev.txt
 	@$(PY) -m pip check
 	@touch $(STAMP)
 
-# The bundled dataset comes from the DVC remote inside the repository (offline).
+# The bundled dataset comes from the DVC remote inside the repository (offline). Its .dvc files
+# name that remote themselves (remote: bundled), and there is no default remote on purpose (a
+# user's `dvc push` of their own data must not land in dvc-store/), so DVC prints "No remote
+# provided and no default remote set." on every pull: that one line is dropped. Not -q: it hides
+# DVC's errors too (a failed pull said only that line). Its summary (stdout) goes; its warnings,
+# errors (stderr) and exit status come through.
+DVC_NO_DEFAULT_REMOTE := No remote provided and no default remote set.
 data: $(STAMP)
-	$(VENV)/bin/dvc pull -q
+	@set -o pipefail; $(VENV)/bin/dvc pull 2>&1 >/dev/null | { grep -vxF "$(DVC_NO_DEFAULT_REMOTE)" || true; } >&2
 
 run: data
 	$(VENV)/bin/trainflow run $(ARGS)

@@ -22,6 +22,34 @@ def project_root(start: str | Path | None = None) -> Path:
     return Path.cwd().resolve()
 
 
+def python_path_with(root: str | Path, current: str | None = None) -> str:
+    """``PYTHONPATH`` for a child process: ``root`` first, then ``current``'s entries (pure).
+
+    An entry equal to ``root`` is not repeated; empty entries (which mean the cwd) are dropped.
+    """
+    first = str(Path(root).resolve())
+    rest = [p for p in (current or "").split(os.pathsep) if p and p != first]
+    return os.pathsep.join([first, *rest])
+
+
+def importable_root(root: str | Path) -> str:
+    """Make the project root importable here and return the ``PYTHONPATH`` for children.
+
+    A user's ``model.factory: mymodels.resmlp:make_resmlp`` or own task names a module in the
+    repository root; the ``trainflow`` script's ``sys.path[0]`` is the venv's ``bin/``, a Prefect
+    worker's is its own, so each entry point calls this once it knows the root. Side effect:
+    ``root`` is put first on ``sys.path`` (once: a second call changes nothing). The value
+    returned is this process's ``PYTHONPATH`` with ``root`` first, for ``env=`` of a subprocess;
+    ``os.environ`` is not changed.
+    """
+    import sys
+
+    first = str(Path(root).resolve())
+    if first not in sys.path:
+        sys.path.insert(0, first)
+    return python_path_with(first, os.environ.get("PYTHONPATH"))
+
+
 def trainflow_home(root: Path | None = None) -> Path:
     """State folder for MLflow's database, artifacts, Prefect's database and run outputs.
 

@@ -350,6 +350,25 @@ def describe(summary: dict | None) -> str:
             f"{g['checkpoint_stall_s']:.1f} s)")
 
 
+def brief(summary: dict | None) -> str:
+    """The run summary's one line: ``goodput 91 %: 8 % start-up, 1 % checkpoint stalls``; "" for none.
+
+    After the colon, where the rest of the wall time went, largest first, only the parts that are
+    not zero: start-up (interpreter, imports, rendezvous), restarts (after a failure: the restart
+    and the steps repeated), checkpoint stalls. ``describe`` has the seconds behind it.
+    """
+    g = summary or {}
+    wall = g.get("wall_s") or 0
+    if g.get("goodput") is None or wall <= 0:
+        return ""
+    parts = [(g.get("startup_s") or 0, "start-up"),
+             ((g.get("restart_s") or 0) + (g.get("lost_s") or 0), "restarts"),
+             (g.get("checkpoint_stall_s") or 0, "checkpoint stalls")]
+    shares = [(100 * s / wall, name) for s, name in sorted(parts, key=lambda p: -p[0]) if s > 0]
+    lost = ", ".join(f"{p:.0f} % {name}" if p >= 0.5 else f"<1 % {name}" for p, name in shares)
+    return f"goodput {100 * g['goodput']:.0f} %" + (f": {lost}" if lost else "")
+
+
 def young_daly_seconds(checkpoint_cost_s: float, mtbf_s: float) -> float:
     """Young-Daly's checkpoint period sqrt(2 * C * MTBF): the first-order optimum of time lost to
     checkpoints (C per checkpoint) plus work redone after a failure (half a period, on average)."""

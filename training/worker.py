@@ -24,7 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from core.config import PipelineConfig, load_config
 from core.errors import TrainflowError
 from core.manifest import read_dvc_file
-from core.paths import project_root
+from core.paths import importable_root, project_root
 from training import multinode
 from training.agent import bind_worker
 from training.data import Splits, load_splits
@@ -161,6 +161,7 @@ def _main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     cfg = load_config(args.config, args.overrides)
     root = (args.root or project_root(args.config)).resolve()
+    importable_root(root)  # model.factory's module, also under a torchrun typed by hand from elsewhere
     t = cfg.training
     torch.set_num_threads(t.threads_per_worker)
     if t.deterministic:
@@ -177,7 +178,7 @@ def _main(args: argparse.Namespace) -> int:
     # and nothing written, before the launcher says go.
     go, why = wait_for_go(args.out)
     if not go:
-        logging.getLogger("trainflow.train").info("not training: %s", why)
+        logging.getLogger("trainflow.train").debug("not training: %s", why)  # the flow says why itself
         return 0
     # The pipeline asks rank 0 to score the exported program on the test split too.
     score_test = root if os.environ.get(SCORE_ENV) == "1" else None

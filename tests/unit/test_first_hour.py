@@ -50,7 +50,79 @@ def test_top_level_help_shows_what_it_is_the_commands_and_every_exit_code(capsys
         assert re.search(rf"^\s+{re.escape(command)}\s", out, re.M), command
     codes = out.split("exit codes:\n", 1)[1]
     assert [int(line.split()[0]) for line in codes.splitlines() if line.strip()] == [c for c, _ in EXIT_CODES]
-    assert [c for c, _ in EXIT_CODES] == list(range(7))
+    assert [c for c, _ in EXIT_CODES] == [*range(7), 64]
+    assert "command line" in dict(EXIT_CODES)[64] and "command line" not in dict(EXIT_CODES)[2]
+
+
+@pytest.mark.parametrize("argv", [["bogus"], ["run", "--nproc", "x"], ["train", "--config", "c.yaml"],
+                                  ["run", "--promotion", "sometimes"], ["reproduce"], ["k8s-job", "--nnodes", "2"],
+                                  ["--no-such-option"]])
+def test_a_bad_command_line_exits_64_not_2_which_means_the_data_failed(argv, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 64
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("usage: trainflow") and "error: " in err.splitlines()[-1]
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("true", True), ("YES", True), (" On ", True),
+                                       ("0", False), ("false", False), ("no", False), ("off", False), ("", False)])
+def test_trainflow_debug_is_on_only_for_1_true_yes_on_and_prints_only_a_real_traceback(value, on, monkeypatch,
+                                                                                      capsys):
+    from flows.cli import _fail
+
+    monkeypatch.setenv("TRAINFLOW_DEBUG", value)
+    assert _fail("no exception here", 3) == 3  # outside any except block: never "NoneType: None"
+    assert capsys.readouterr().err == "trainflow: error: no exception here\n"
+    try:
+        raise ConfigError("model.factory: bad")
+    except ConfigError as exc:
+        caught = exc
+    assert _fail(str(caught), 1, caught) == 1  # passed in, after its except block has ended
+    err = capsys.readouterr().err
+    assert err.startswith("trainflow: error: model.factory: bad\n")
+    assert ("Traceback (most recent call last)" in err and "ConfigError: model.factory: bad" in err) is on
+    assert "NoneType: None" not in err
+    if not on:
+        assert err == "trainflow: error: model.factory: bad\n"
+
+
+def test_a_failed_run_passes_its_exception_to_the_debug_traceback(saved_env, monkeypatch, capsys):
+    """`run` prints its error after the flow's except block: the traceback must be the flow's."""
+    monkeypatch.setenv("TRAINFLOW_DEBUG", "1")
+    assert main(["run", "--set", "training.epoch=3"]) == 1
+    err = capsys.readouterr().err
+    assert "NoneType: None" not in err and "Traceback (most recent call last)" in err
+    assert err.rstrip().endswith("training.epoch: unknown key (did you mean training.epochs?)")
+
+
+def _fake_dvc(tmp_path: Path, stderr: str, code: int) -> Path:
+    """A venv whose ``dvc`` prints ``stderr`` and a summary on stdout, and exits ``code``; installed
+    (its stamp is newer than what it depends on), so `make data` runs only the pull."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    dvc = venv / "bin" / "dvc"
+    dvc.write_text(f"#!/bin/bash\necho \"$*\" > {tmp_path}/args\necho 'Everything is up to date.'\n"
+                   f"printf '%s' '{stderr}' >&2\nexit {code}\n")
+    dvc.chmod(0o755)
+    (venv / ".trainflow-installed").touch()
+    return venv
+
+
+def test_make_data_drops_only_dvcs_no_default_remote_line_and_keeps_its_errors(tmp_path):
+    """The bundled .dvc files name their remote; DVC still says it has no default one on every pull."""
+    env = {**os.environ, "MAKEFLAGS": ""}
+    warning = "No remote provided and no default remote set.\n"
+    venv = _fake_dvc(tmp_path, warning, 0)
+    done = subprocess.run(["make", "-s", "data", f"VENV={venv}"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert (tmp_path / "args").read_text().split() == ["pull"]  # not -q: that hides DVC's errors too
+    error = "ERROR: failed to pull data from the cloud - Checkout failed for following targets:\ndata/digits\n"
+    venv = _fake_dvc(tmp_path / "failing", "WARNING: missing cache files\n" + warning + error + warning, 1)
+    done = subprocess.run(["make", "-s", "data", f"VENV={venv}"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.startswith("WARNING: missing cache files\n" + error)
+    assert "No remote provided" not in done.stderr
 
 
 def test_a_misspelt_override_key_suggests_the_real_one():

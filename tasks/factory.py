@@ -1,0 +1,149 @@
+"""``model.factory: "module.path:function"`` checked at config load, without importing the module.
+
+Importing a user's model module imports torch (seconds), which the CLI must not pay before it
+knows the config is good; a misspelt function name found only inside torchrun is hundreds of
+lines of tracebacks away from its cause. So the module's file is found the way ``import`` would
+find it (the repository root first, as ``core.paths.importable_root`` puts it on ``sys.path``,
+then the installed packages) and its source is read with ``ast``: the name must be bound at its
+top level (``def``, ``async def``, ``class``, an assignment, an import). Stdlib only.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.util
+from importlib.machinery import PathFinder
+from pathlib import Path
+
+from core.errors import ConfigError
+
+KEY = "model.factory"
+
+
+def check_factory(ref: str, root: Path) -> None:
+    """Raise ConfigError (one line, naming ``model.factory``) unless ``ref`` = ``"module:function"``
+    names a module found in ``root`` or an installed package that binds ``function`` at its top level.
+
+    Nothing is imported from the repository root (a dotted module's parent packages are found, not
+    run); an installed package's parents may be imported by ``importlib.util.find_spec``. A module
+    without Python source (an extension module) is accepted once found: its names cannot be read.
+    ``sys.path`` is not changed.
+    """
+    module, sep, name = ref.partition(":")
+    if not sep or not module or not name:
+        raise ConfigError(f"{KEY}: expected 'module.path:function', got {ref!r}")
+    spec = _find(module, Path(root))
+    if spec is None:
+        hint = " (a module name: without .py)" if module.endswith(".py") else ""
+        raise ConfigError(f"{KEY}: module {module!r} not found in the repository root ({Path(root).resolve()}) "
+                          f"or the installed packages{hint}")
+    origin = spec.origin if spec.has_location else None
+    if not origin or not origin.endswith(".py"):
+        return  # an extension module, a namespace package: no source to read
+    try:
+        tree = ast.parse(importlib.util.decode_source(Path(origin).read_bytes()), filename=origin)
+    except OSError as exc:
+        raise ConfigError(f"{KEY}: cannot read {origin}: {exc.strerror or exc}") from None
+    except (SyntaxError, ValueError) as exc:
+        where = f" line {exc.lineno}" if getattr(exc, "lineno", None) else ""
+        raise ConfigError(f"{KEY}: {origin}{where}: {getattr(exc, 'msg', None) or exc}") from None
+    names, functions, open_ended = _top_level(tree)
+    if name in names or open_ended:
+        return
+    close = difflib.get_close_matches(name, functions, n=1)
+    if close:
+        hint = f" (did you mean {close[0]}?)"
+    elif functions:
+        shown = sorted(functions)
+        hint = f" (its functions and classes: {', '.join(shown[:8])}{', ...' if len(shown) > 8 else ''})"
+    else:
+        hint = " (it defines no function or class)"
+    raise ConfigError(f"{KEY}: {module} has no function {name!r}{hint}")
+
+
+def _find(module: str, root: Path):
+    """The module's spec as ``import`` finds it with ``root`` first on ``sys.path``: from ``root``
+    when its top-level package or module is there (nothing imported), else from ``sys.path`` and
+    the installed packages; None when neither has it."""
+    here = [str(root.resolve())]
+    top = _find_in(module.partition(".")[0], here)
+    if top is not None and top.origin is not None:  # a regular package or module: import stops here
+        return _find_in(module, here)
+    try:  # a namespace package (it may span several folders), or nothing in root
+        found = importlib.util.find_spec(module)
+    except Exception:  # noqa: BLE001 - a parent package that fails to import: not importable either
+        found = None
+    return found or _find_in(module, here)
+
+
+def _find_in(module: str, path: list[str]):
+    """``module``'s spec under the folders ``path``, walking the dotted name part by part."""
+    spec = None
+    parts = module.split(".")
+    for i in range(len(parts)):
+        if spec is not None:
+            path = list(spec.submodule_search_locations or [])
+            if not path:
+                return None  # a module, not a package: it has no submodules
+        try:
+            spec = PathFinder.find_spec(".".join(parts[: i + 1]), path)
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+    return spec
+
+
+def _top_level(tree: ast.Module) -> tuple[set[str], list[str], bool]:
+    """(every name the module binds at its top level, its functions and classes, whether it may
+    bind names no statement shows: ``from x import *`` or a module ``__getattr__``).
+
+    Statements nested in top-level ``if``/``try``/``with`` blocks count (``try: from fast import f
+    except ImportError: def f(...)``); function and class bodies do not.
+    """
+    names: set[str] = set()
+    functions: list[str] = []
+    open_ended = False
+
+    def bind(target: ast.AST) -> None:
+        if isinstance(target, ast.Name):
+            names.add(target.id)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for elt in target.elts:
+                bind(elt)
+        elif isinstance(target, ast.Starred):
+            bind(target.value)
+
+    def visit(body: list[ast.stmt]) -> None:
+        nonlocal open_ended
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+                functions.append(node.name)
+                open_ended |= node.name == "__getattr__"
+            elif isinstance(node, ast.Assign):
+                for target in node.targets:
+                    bind(target)
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    if alias.name == "*":
+                        open_ended = True
+                    else:
+                        names.add(alias.asname or alias.name.partition(".")[0])
+            elif isinstance(node, ast.If):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, (ast.Try, ast.TryStar)):
+                visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                visit(node.body)
+
+    visit(tree.body)
+    return names, functions, open_ended
