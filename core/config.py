@@ -103,6 +103,17 @@ class DatasetConfig(_Strict):
     label: str = Field("label", min_length=1)
     features: list[str] | None = None
     exclude: list[str] = []
+    # Numeric (integer) feature columns the model takes as categories (string and boolean columns
+    # always are): each value gets a learned embedding. `trainflow init` names the integer columns
+    # with few distinct values here and says so.
+    categorical: list[str] = []
+    # Categories kept per categorical column: the train split's most frequent values; any other
+    # value (and one unseen in training) shares the column's "other" embedding.
+    max_categories: int = Field(1000, ge=1)
+    # Rows found in both train and test: fail validation, or only report them (warn). Left out:
+    # warn when trainflow splits one `file` itself (exact duplicate rows then stay on one side),
+    # fail for data that comes split.
+    leak_policy: Literal["fail", "warn"] | None = None
     # Share of the training split held out for per-epoch validation.
     val_fraction: float = Field(0.1, gt=0, lt=1)
     # The reviewed per-column expectations (``trainflow init`` writes them), relative to the root.
@@ -123,7 +134,15 @@ class DatasetConfig(_Strict):
                 raise ValueError(f"features: contains the label column {self.label!r}")
             if self.exclude:
                 raise ValueError("exclude: only with features: null (every column but the label and these)")
+        if self.label in self.categorical:
+            raise ValueError(f"categorical: contains the label column {self.label!r} (a classification label is "
+                             "always a category)")
         return self
+
+    @property
+    def effective_leak_policy(self) -> str:
+        """``leak_policy``, or its default: warn for one file split here, fail for pre-split files."""
+        return self.leak_policy or ("warn" if self.file is not None else "fail")
 
     @property
     def split_files(self) -> dict[str, str]:
@@ -134,19 +153,37 @@ class DatasetConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    """The network. ``kind`` picks a built-in (cnn / mlp over table features, lm: a byte-level
+    """The network. ``kind`` picks a built-in (for a table: tabular, mlp or cnn; lm: a byte-level
     decoder-only transformer); ``factory: "module.path:function"`` names the user's own instead,
     importable from the repository, called as ``function(n_inputs, n_outputs, **kwargs)``.
-    ``kind`` left out: the task's own network (a table task's is the mlp, which fits any table;
-    cnn needs a square number of features, an image; the lm task needs lm). Null rather than
-    mlp, so a task with a network of its own can tell a kind someone chose from none."""
+    ``kind`` left out: the task's own network (a table task's is tabular, which fits any table;
+    cnn needs a square number of numeric features, an image; the lm task needs lm). Null rather
+    than tabular, so a task with a network of its own can tell a kind someone chose from none.
 
-    kind: Literal["cnn", "mlp", "lm"] | None = None
+    A table's columns reach any of them through one input layer (``tasks/table_nets.py``): each
+    numeric column transformed (``numeric``) with a missing-indicator where the train split had
+    gaps, optionally embedded as periodic features (``periodic``), each category embedded."""
+
+    kind: Literal["tabular", "cnn", "mlp", "lm"] | None = None
     factory: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     kwargs: dict[str, Any] = {}
     channels: tuple[int, int] = (16, 32)
     hidden: int = Field(128, gt=0)
+    # Hidden layers of the tabular and mlp networks.
+    layers: int = Field(2, gt=0)
     dropout: float = Field(0.1, ge=0, lt=1)
+    # Numeric columns: quantile (piecewise linear onto normal scores), robust ((x - median) / IQR)
+    # or standard ((x - mean) / std), fitted on the train split. auto: quantile for tabular,
+    # standard for the others.
+    numeric: Literal["auto", "quantile", "robust", "standard"] = "auto"
+    # PLR embeddings of the numeric columns (periodic features, learned frequencies); left out: on
+    # for tabular only.
+    periodic: bool | None = None
+    frequencies: int = Field(16, gt=0)
+    # Standard deviation of the frequencies' initialisation (inputs are ~unit scale after `numeric`).
+    frequency_scale: float = Field(0.1, gt=0)
+    # Size of each category's embedding and of each numeric column's periodic embedding.
+    embedding_dim: int = Field(16, gt=0)
     # lm only (training.lm): tokens are bytes; seq_len is the context (and the longest input).
     vocab_size: int = Field(256, ge=2)
     seq_len: int = Field(64, gt=0)
@@ -395,6 +432,13 @@ class GatesConfig(_Strict):
     thresholds: dict[str, float] = {}
     baseline_margin: float | None = Field(None, ge=0)
     max_regression: float = Field(0.005, ge=0)
+    # Promotion: the candidate replaces @champion only when it beats it by more than this on the
+    # first champion metric that differs by more than this (a factor of the champion's value for a
+    # relative metric); closer on every one is a tie, registered as @challenger and not promoted.
+    min_improvement: float = Field(0.001, ge=0)
+    # Tables: fail the candidate when its primary metric trails scikit-learn's gradient-boosted trees,
+    # fitted on the same train split, by more than this (null: reported, not gated).
+    max_gap_to_gbdt: float | None = Field(None, ge=0)
 
     @field_validator("thresholds")
     @classmethod
@@ -546,6 +590,10 @@ ID_LATER_KEYS = (
     ("training", "loader", "stream_above_mb"), ("training", "loader", "shuffle_row_groups"),
     ("training", "loader", "val_rows"), ("training", "loader", "csv_parquet_above_mb"),
     ("training", "compile"),
+    ("dataset", "categorical"), ("dataset", "max_categories"), ("dataset", "leak_policy"),
+    ("model", "layers"), ("model", "numeric"), ("model", "periodic"), ("model", "frequencies"),
+    ("model", "frequency_scale"), ("model", "embedding_dim"),
+    ("gates", "min_improvement"), ("gates", "max_gap_to_gbdt"),
 )
 
 

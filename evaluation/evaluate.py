@@ -34,8 +34,9 @@ def worker_scores(task, cfg, root: Path, train_dir: Path) -> dict | None:
 
 def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,
                          champion_metrics: dict | None = None) -> dict:
-    """The ``predictions`` evaluator: metrics of the exported candidate, the champion and the
-    task's trivial baseline on the test split.
+    """The ``predictions`` evaluator: metrics of the exported candidate, the champion, the task's
+    trivial baseline and its gradient-boosted trees (``task.gbdt``; None for a task without) on the
+    test split.
 
     The champion's are ``champion_metrics`` when given (its recorded scores, see
     ``evaluation.recorded``), else ``champion``'s predictions (a registry predictor taking the
@@ -71,12 +72,17 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
         champ, how = score_predictions(task, cfg, root, champion), "rescored"
     what, base_pred = task.baseline(cfg, root, info, len(y))
     baseline = {"predictor": what, **task.score(y, base_pred, info)}
+    # The model a user would try first, fitted on the same train split: its score and time beside
+    # the candidate's say whether the network earned its cost (``gates.max_gap_to_gbdt`` gates on it).
+    ref = task.gbdt(cfg, root)
+    gbdt = None if ref is None else {"predictor": ref["predictor"], "fit_s": ref["fit_s"],
+                                     "predict_s": ref["predict_s"], **task.score(y, ref["pred"], info)}
     files = {}
     if "confusion_matrix" in cand:
         primary = task.primary or task.champion_metrics[0]
         files["confusion_matrix"] = str(confusion_png(cand["confusion_matrix"], out_dir / "confusion_matrix.png",
                                                       f"candidate: {primary} {cand[primary]:.4f}"))
-    report = {"candidate": cand, "champion": champ, "champion_scores": how, "baseline": baseline,
+    report = {"candidate": cand, "champion": champ, "champion_scores": how, "baseline": baseline, "gbdt": gbdt,
               "scoring_key": key, "candidate_scored_in": where, "files": files}
     (out_dir / "metrics.json").write_text(json.dumps(report, indent=2, default=str))
     return report

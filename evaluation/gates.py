@@ -51,11 +51,14 @@ def _check(name: str, value: float, threshold: float, op: str) -> Check:
 
 
 def decide(task, candidate: dict, gates: GatesConfig, champion: dict | None = None,
-           champion_version: str | None = None, baseline: dict | None = None) -> GateDecision:
+           champion_version: str | None = None, baseline: dict | None = None,
+           gbdt: dict | None = None) -> GateDecision:
     """Apply every gate to ``candidate`` metrics, each in the direction the task gives it.
 
     * ``gates.thresholds``: ``metric >= bound`` where higher is better, ``<=`` where lower is;
     * ``gates.baseline_margin``: the task's primary metric beats the trivial ``baseline`` by the margin;
+    * ``gates.max_gap_to_gbdt`` (with the task's ``gbdt`` scores): the primary metric trails the
+      gradient-boosted trees' by at most the gap;
     * with a champion: each of ``task.champion_metrics`` trails the champion's by at most
       ``gates.max_regression`` (a factor of the champion's value for a ``relative`` metric).
     """
@@ -68,6 +71,11 @@ def decide(task, candidate: dict, gates: GatesConfig, champion: dict | None = No
         sign = 1 if m.higher_is_better else -1
         checks.append(_check(f"{m.name}_vs_baseline", candidate[m.name],
                              baseline[m.name] + sign * gates.baseline_margin, m.op))
+    if gates.max_gap_to_gbdt is not None and gbdt is not None and task.primary is not None:
+        m = task.metric(task.primary)
+        sign = 1 if m.higher_is_better else -1
+        checks.append(_check(f"{m.name}_vs_gbdt", candidate[m.name], gbdt[m.name] - sign * gates.max_gap_to_gbdt,
+                             m.op))
     if champion is not None:
         for name in task.champion_metrics:
             m = task.metric(name)
@@ -77,23 +85,29 @@ def decide(task, candidate: dict, gates: GatesConfig, champion: dict | None = No
     return GateDecision(all(c.passed for c in checks), tuple(checks), champion_version)
 
 
-def beats(task, candidate: dict, champion: dict | None) -> tuple[bool, str]:
+def beats(task, candidate: dict, champion: dict | None, min_improvement: float = 0.0) -> tuple[bool, str]:
     """Promotion rule: does ``candidate`` deserve ``@champion`` over ``champion``?
 
     Both sets of metrics must come from the same evaluation split. ``task.champion_metrics`` are
-    compared in order, each in its direction: the first that differs decides; when all are
-    equal the candidate wins, so a retrained model that is exactly as good replaces the older
-    one. Stricter than the gate, which lets a candidate trail the champion by ``max_regression``
-    and still be registered (as ``@challenger``).
+    compared in order, each in its direction: the first that differs by more than
+    ``min_improvement`` (``gates.min_improvement``; a factor of the champion's value for a
+    ``relative`` metric) decides. Closer than that on every one is a tie, and a tie keeps the
+    champion: an identical retrain is not an improvement. Stricter than the gate, which lets a
+    candidate trail the champion by ``max_regression`` and still be registered (as ``@challenger``).
     """
     if champion is None:
         return True, "there is no champion"
-    ok = True
+    ok, decided = False, False
     for name in task.champion_metrics:
+        m = task.metric(name)
         c, p = candidate[name], champion[name]
-        if c != p:
-            ok = (c > p) == task.metric(name).higher_is_better
+        margin = min_improvement * abs(p) if m.relative else min_improvement
+        if abs(c - p) > margin:
+            ok, decided = (c > p) == m.higher_is_better, True
             break
     shown = lambda d: " / ".join(f"{d[n]:.4f}" for n in task.champion_metrics)  # noqa: E731
-    return ok, (f"{' / '.join(task.champion_metrics)} {shown(candidate)} {'beats' if ok else 'does not beat'} "
-                f"the champion's {shown(champion)}")
+    names = " / ".join(task.champion_metrics)
+    if not decided:
+        return False, (f"{names} {shown(candidate)} ties the champion's {shown(champion)} (no difference above "
+                       f"gates.min_improvement {min_improvement:g}): the champion stays")
+    return ok, f"{names} {shown(candidate)} {'beats' if ok else 'does not beat'} the champion's {shown(champion)}"

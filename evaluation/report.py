@@ -6,9 +6,9 @@ from evaluation.gates import GateDecision
 
 
 def gate_markdown(task, decision: GateDecision, candidate: dict, champion: dict | None,
-                  baseline: dict | None = None) -> str:
-    """The gate's decision: every check with its value and bound, the figures it compared, and a
-    classifier's per-class recall."""
+                  baseline: dict | None = None, gbdt: dict | None = None) -> str:
+    """The gate's decision: every check with its value and bound, the figures it compared (the
+    gradient-boosted trees' beside the candidate's), and a classifier's per-class recall."""
     head = "PASSED" if decision.passed else f"REJECTED ({len(decision.failures)} reason(s))"
     lines = [f"# Gate: {head}", ""]
 
@@ -22,6 +22,8 @@ def gate_markdown(task, decision: GateDecision, candidate: dict, champion: dict 
         lines += [f"Champion v{decision.champion_version}: {figures(champion, task.champion_metrics)}", ""]
     if baseline:
         lines += [f"Trivial baseline ({baseline.get('predictor')}): {figures(baseline, [task.primary])}", ""]
+    if gbdt:
+        lines += [gbdt_line(task, candidate, gbdt), ""]
     lines += ["| check | value | threshold | result |", "|---|---|---|---|"]
     for c in decision.checks:
         lines.append(f"| {c.name} | {c.value:.4f} | {c.op} {c.threshold:.4f} | {'pass' if c.passed else '**FAIL**'} |")
@@ -29,3 +31,15 @@ def gate_markdown(task, decision: GateDecision, candidate: dict, champion: dict 
         lines += ["", "## Per-class recall (candidate)", "", "| class | recall |", "|---|---|"]
         lines += [f"| {k} | {v:.4f} |" for k, v in candidate["class_recall"].items()]
     return "\n".join(lines) + "\n"
+
+
+def gbdt_line(task, candidate: dict, gbdt: dict, train_s: float | None = None) -> str:
+    """How the candidate stands beside gradient-boosted trees fitted on the same train split: both
+    primary metrics, the gap in the metric's direction (positive: the candidate is better) and the
+    trees' fitting time (and the candidate's training time, when given)."""
+    m = task.metric(task.primary)
+    gap = (candidate[m.name] - gbdt[m.name]) * (1 if m.higher_is_better else -1)
+    time = f"; trees fitted in {gbdt['fit_s']:.1f} s on 1 thread" + (
+        f", the candidate trained in {train_s:.1f} s" if train_s is not None else "")
+    return (f"Gradient-boosted trees ({gbdt.get('predictor')}): {m.name} {gbdt[m.name]:.4f}, the candidate "
+            f"{candidate[m.name]:.4f} ({'+' if gap >= 0 else ''}{gap:.4f} {'better' if gap >= 0 else 'worse'}){time}")

@@ -10,7 +10,8 @@
 
 Exit codes: ``EXIT_CODES`` below, which ``trainflow --help`` prints. ``train`` exits 0, 4 or 1
 as ``run`` does; ``retrain`` exits 0 when the champion is up to date (nothing ran) and
-otherwise as ``run``; 5 and 6 are ``reproduce``'s.
+otherwise as ``run``; 5 and 6 are ``reproduce``'s; 64 (sysexits' EX_USAGE) is a bad command line,
+for every command (argparse's own 2 would read as "data validation failed").
 """
 
 from __future__ import annotations
@@ -28,20 +29,32 @@ from pathlib import Path
 from core.config import load_config
 from core.env import apply_offline_env
 from core.errors import ConfigError, TrainflowError
-from core.paths import project_root, trainflow_home
+from core.paths import importable_root, project_root, trainflow_home
 
 EXIT_OK, EXIT_ERROR, EXIT_DATA, EXIT_GATE, EXIT_PREEMPTED = 0, 1, 2, 3, 4
+# A bad command line: sysexits' EX_USAGE, not argparse's 2, which is already "data validation failed".
+EXIT_USAGE = 64
 
 # What each exit code means, as `trainflow --help` prints it (5 and 6: flows.reproduce's).
 EXIT_CODES = (
     (EXIT_OK, "done: registered (run), champion up to date (retrain), weights matched (reproduce)"),
     (EXIT_ERROR, "any other error, one line of cause on stderr (TRAINFLOW_DEBUG=1 adds the traceback)"),
-    (EXIT_DATA, "data validation failed: nothing was trained (also: a bad command line)"),
+    (EXIT_DATA, "data validation failed: nothing was trained"),
     (EXIT_GATE, "the gate rejected the candidate: nothing was registered"),
     (EXIT_PREEMPTED, "preempted (SIGTERM or SIGHUP): a checkpoint was saved, the next run resumes"),
     (5, "reproduce: the rerun gave other weights"),
     (6, "reproduce: refused, the git commit or the data version is unavailable"),
+    (EXIT_USAGE, "a bad command line (unknown command or option, a missing or bad value): nothing ran"),
 )
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its own exit code for a bad command line (every subparser is one too: argparse
+    makes them of the parent's class)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 class _Version(argparse.Action):
@@ -69,11 +82,11 @@ def _config_arg(ap: argparse.ArgumentParser, required: bool = False) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="trainflow", formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=16),
         description="One Prefect flow from DVC-tracked data to an evaluated, registered MLflow model, "
                     "trained with torchrun.\n`trainflow COMMAND --help` shows a command's options.",
-        epilog="exit codes:\n" + "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES))
+        epilog="exit codes:\n" + "\n".join(f"  {code:>2}  {meaning}" for code, meaning in EXIT_CODES))
     ap.add_argument("--version", action=_Version, help="print the installed version and exit")
     sub = ap.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
@@ -128,15 +141,26 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--no-prefect", action="store_true", help="run the sweep directly (no flow, no MLflow)")
     _k8s_parser(sub)
 
-    init = sub.add_parser("init", help="track your table with DVC, profile it, write configs/NAME.yaml + its expectations")
+    init = sub.add_parser(
+        "init", help="track your table with DVC, profile it, write configs/NAME.yaml + its expectations",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Track a CSV or Parquet table with DVC (local cache), profile it into\n"
+                    "configs/NAME.expectations.yaml (review and commit it) and write configs/NAME.yaml.\n"
+                    "It says what it decided from the data: identifier columns left out, integer\n"
+                    "columns taken as categories, how missing values are handled, duplicate rows.\n"
+                    "After a schema change (columns added, removed or retyped) run it again: it\n"
+                    "updates the data facts and the expectations, keeps your own keys and shows\n"
+                    "the diff.")
     init.add_argument("--data", required=True, help="a folder with train + test tables (.csv/.parquet) or one table, "
                       "or one table file, inside the repository")
     init.add_argument("--label", required=True, help="the column to predict")
     init.add_argument("--task", choices=["classification", "regression"],
-                      help="default: classification for a text label or an integer one with few values, else regression")
+                      help="default: classification for a text label or an integer one with few values, else "
+                           "regression (a re-run keeps the config's)")
     init.add_argument("--name", help="pipeline name [a-z][a-z0-9_-]* (default: the folder or file name)")
-    init.add_argument("--test-fraction", type=float, help="test share when one table is split (default: the config's)")
-    init.add_argument("--force", action="store_true", help="overwrite configs/NAME.yaml and its expectations")
+    init.add_argument("--test-fraction", type=float,
+                      help="test share when one table is split, stratified by class (default 0.2; a re-run keeps "
+                           "the config's)")
 
     ui = sub.add_parser("ui", help="serve the Prefect UI and the MLflow UI on the local state (.trainflow/) "
                                    "until Ctrl-C")
@@ -169,9 +193,10 @@ def cmd_k8s_job(args: argparse.Namespace) -> int:
     from flows.k8s import MultiNodeJob, render, to_yaml
 
     try:  # every pod trains this config: a bad one fails here, before any YAML is printed
-        load_config(_resolve_config_path(args.config), args.overrides)
+        cfg_path = _resolve_config_path(args.config)
+        _check_code(load_config(cfg_path, args.overrides), project_root(cfg_path))
     except TrainflowError as exc:
-        return _fail(str(exc), EXIT_ERROR)
+        return _fail(str(exc), EXIT_ERROR, exc)
     try:
         manifests = render(MultiNodeJob(
             name=args.name, namespace=args.namespace, nnodes=args.nnodes, gpus_per_node=args.gpus_per_node,
@@ -181,16 +206,36 @@ def cmd_k8s_job(args: argparse.Namespace) -> int:
             config=args.config, overrides=args.overrides,
             **({"rdzv_id": args.rdzv_id} if args.rdzv_id is not None else {})))
     except ValueError as exc:
-        return _fail(f"k8s-job: {exc}", EXIT_ERROR)
+        return _fail(f"k8s-job: {exc}", EXIT_ERROR, exc)
     print(to_yaml(manifests), end="")
     return EXIT_OK
 
 
-def _fail(msg: str, code: int) -> int:
+# TRAINFLOW_DEBUG values that turn the traceback on (case-insensitive); anything else ("0", "") is off.
+DEBUG_ON = ("1", "true", "yes", "on")
+
+
+def _debug() -> bool:
+    return os.environ.get("TRAINFLOW_DEBUG", "").strip().lower() in DEBUG_ON
+
+
+def _fail(msg: str, code: int, exc: BaseException | None = None) -> int:
+    """One line of cause on stderr; with TRAINFLOW_DEBUG on, also the traceback of ``exc`` (default:
+    the exception being handled), when there is one."""
     print(f"trainflow: error: {msg}", file=sys.stderr)
-    if os.environ.get("TRAINFLOW_DEBUG"):
-        traceback.print_exc()
+    exc = exc if exc is not None else sys.exception()
+    if _debug() and exc is not None:
+        traceback.print_exception(exc, file=sys.stderr)
     return code
+
+
+def _check_code(cfg, root: Path) -> None:
+    """The user's code a config names, checked without importing it (torch-free, milliseconds):
+    ``model.factory``'s module is found and defines the function (``tasks.factory``)."""
+    if cfg.model.factory is not None:
+        from tasks.factory import check_factory
+
+        check_factory(cfg.model.factory, root)
 
 
 def _resolve_config_path(raw: str) -> Path:
@@ -198,12 +243,15 @@ def _resolve_config_path(raw: str) -> Path:
     return path if path.is_absolute() or path.exists() else project_root() / path
 
 
-def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | None]:
+def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | None, BaseException | None]:
     """Shared by ``run`` and ``retrain``: check the config, start the API server, import, run the
-    flow. Returns ``(exit code, summary, error line or None)``; the summary file is written."""
+    flow. Returns ``(exit code, summary, error line or None, its exception)``; the summary file is
+    written."""
     t0 = time.perf_counter()
     cfg_path = _resolve_config_path(args.config)
-    apply_offline_env(trainflow_home(project_root(cfg_path)))
+    root = project_root(cfg_path)
+    apply_offline_env(trainflow_home(root))
+    importable_root(root)  # a model.factory or task module in the repository root imports here too
     overrides = [*args.overrides, *([f"registry.promotion={args.promotion}"] if args.promotion else [])]
     try:  # fail on a bad config before paying for Prefect's start-up
         from flows.params import code_override
@@ -211,12 +259,13 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         if code_override(overrides):
             raise ConfigError(code_override(overrides))
         cfg = load_config(cfg_path, overrides)
+        _check_code(cfg, root)
         if args.nproc is not None and args.nproc < 1:
             raise ConfigError(f"--nproc: must be >= 1, got {args.nproc}")
     except TrainflowError as exc:
         summary = {"status": "config_error", "exit_code": EXIT_ERROR, "error": str(exc)}
         _write_summary(args.summary_json, summary)
-        return EXIT_ERROR, summary, str(exc)
+        return EXIT_ERROR, summary, str(exc), exc
 
     from flows.api_server import start_api
 
@@ -232,7 +281,7 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
             server.stop()
         summary = {"status": "config_error", "exit_code": EXIT_ERROR, "error": str(exc)}
         _write_summary(args.summary_json, summary)
-        return EXIT_ERROR, summary, str(exc)
+        return EXIT_ERROR, summary, str(exc), exc
 
     from flows.params import CONFIG_NAME, DEFAULT_CONFIG, PipelineParams, RetrainParams, ShellInputs, from_shell
     from training import preemption
@@ -260,13 +309,13 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
                 early.abort("the Prefect API server did not start")
             summary = {"status": "failed", "exit_code": EXIT_ERROR, "error": str(exc)}
             _write_summary(args.summary_json, summary)
-            return EXIT_ERROR, summary, str(exc)
+            return EXIT_ERROR, summary, str(exc), exc
     # The shell's inputs reach the flow through from_shell, never as flow parameters (those are
     # what a deployment's form may set); the parameters only name the config for the Prefect UI.
     shell = ShellInputs(cfg_path, tuple(overrides), args.nproc, args.image, args.image_digest, early)
     name = cfg_path.name if re.match(CONFIG_NAME, cfg_path.name) else DEFAULT_CONFIG
     params = RetrainParams(config=name, force=args.force) if which == "retrain" else PipelineParams(config=name)
-    error = None
+    error = failure = None
     try:
         with from_shell(shell):
             summary = flow_fn(params)
@@ -275,6 +324,7 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         summary = getattr(exc, "summary", None) or {"status": "failed", "error": str(exc)}
         code = exc.exit_code if isinstance(exc, TrainflowError) else EXIT_ERROR
         error = str(exc) if isinstance(exc, TrainflowError) else f"{type(exc).__name__}: {exc}"
+        failure = exc
     finally:  # the flow never reached `train` (bad data, an error): its workers exit untrained
         if early is not None:
             early.abort("the flow ended before training")
@@ -286,14 +336,14 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         os.environ.get("PREFECT_API_URL"), server is not None, summary.get("tracking_uri"),
         os.environ.get("PREFECT_UI_URL"))))
     _write_summary(args.summary_json, summary, t_import, t0)
-    return code, summary, error
+    return code, summary, error, failure
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    code, summary, error = _run_flow(args, "run")
+    code, summary, error, exc = _run_flow(args, "run")
     if summary.get("status") != "config_error":
         _print_summary(summary)
-    return _fail(error, code) if error else code
+    return _fail(error, code, exc) if error else code
 
 
 # What the later stages import (seconds each on a 2-core box): MLflow's sqlite store 1-2,
@@ -336,26 +386,42 @@ def _print_summary(s: dict) -> None:
         table.add_row("config", f"{m['config_name']} {m['config_sha256'][:12]}")
     if "validation" in s:
         v = s["validation"]
-        table.add_row("validation", "passed" if v.get("success") else f"FAILED: {len(v.get('failures', []))} failure(s)")
+        warned = f" ({len(v['warnings'])} warning(s), below)" if v.get("warnings") else ""
+        table.add_row("validation", ("passed" + warned) if v.get("success")
+                      else f"FAILED: {len(v.get('failures', []))} failure(s), below")
     if "training" in s:
         t = s["training"]
         table.add_row("training", f"{t['world_size']}x {t['backend']}, {t['samples_per_s']:,.0f} samples/s, "
                                   f"{t['wall_s']:.1f}s wall")
-        from training.goodput import describe
+        from training.goodput import brief
 
-        if describe(t.get("goodput")):
-            table.add_row("goodput", describe(t.get("goodput")))
+        # One line: the share lost and to what; the seconds are in the summary JSON (training.goodput).
+        if brief(t.get("goodput")):
+            table.add_row("goodput", brief(t.get("goodput")))
     if s.get("metrics"):
         table.add_row("test", ", ".join(f"{k} {v:.4f}" for k, v in s["metrics"].items()))
+    if s.get("gbdt") and s["gbdt"].get("primary") in (s.get("metrics") or {}):
+        table.add_row("vs GBDT", gbdt_text(s["metrics"], s["gbdt"]))
     if s.get("gates"):
         failed = [g for g in s["gates"] if not g["passed"]]
         table.add_row("gates", "passed" if not failed else "; ".join(
             f"{g['name']} {g['value']:.4f} (needs {g['op']} {g['threshold']:.4f})" for g in failed))
     if s.get("model_version"):
         table.add_row("registered", f"{s['model_name']} v{s['model_version']} @{', @'.join(s['aliases'])}")
+        promo = s.get("promotion") or {}
+        if promo and not promo.get("promoted"):
+            table.add_row("promotion", f"not promoted: {promo.get('reason')}")
     if s.get("timings"):
         table.add_row("time (s)", ", ".join(f"{k} {v:.1f}" for k, v in s["timings"].items()))
     Console(stderr=True).print(table)
+    v = s.get("validation") or {}
+    # What failed, one line each (split.column: what, with the offending values), then the report.
+    for f in (v.get("failures") or [])[:MAX_SHOWN]:
+        print(f"  FAILED  {f.get('message') or f.get('detail')}", file=sys.stderr)
+    if len(v.get("failures") or []) > MAX_SHOWN:
+        print(f"  ... and {len(v['failures']) - MAX_SHOWN} more in the report", file=sys.stderr)
+    for w in v.get("warnings") or []:
+        print(f"  warning {w.get('message') or w.get('detail')}", file=sys.stderr)
     from flows.ui import where_to_look
 
     # Below the table, one line each: a URL or a path is copied whole, never wrapped.
@@ -364,16 +430,32 @@ def _print_summary(s: dict) -> None:
         print(f"{label:<13} {value}", file=sys.stderr)
 
 
+# Validation failures listed under the summary table (all of them are in the report).
+MAX_SHOWN = 10
+
+
+def gbdt_text(metrics: dict, g: dict) -> str:
+    """The candidate beside gradient-boosted trees on the same split: their primary metric, the gap
+    (positive: the candidate is better) and both times (the trees fit on one thread)."""
+    name = g["primary"]
+    gap = (metrics[name] - g[name]) * (1 if g.get("higher_is_better", True) else -1)
+    train = f", this model trained in {g['candidate_train_s']:.1f} s" if g.get("candidate_train_s") is not None else ""
+    return (f"{name} {g[name]:.4f} for the trees vs {metrics[name]:.4f} here ({'+' if gap >= 0 else ''}{gap:.4f}"
+            f" {'better' if gap >= 0 else 'worse'}); trees fitted in {g['fit_s']:.1f} s on 1 thread{train}")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     cfg_path = _resolve_config_path(args.config)
     root = project_root(cfg_path)
     apply_offline_env(trainflow_home(root))
+    importable_root(root)
     from training.launcher import make_spec, parse_nnodes, run_job
 
     try:
         if parse_nnodes(args.nnodes)[1] > 1 and args.nproc is None:
             raise ConfigError("--nnodes > 1 needs --nproc (workers per node) so every node agrees on the world size")
         cfg = load_config(cfg_path, args.overrides)
+        _check_code(cfg, root)
         from core.manifest import read_dvc_file
 
         spec = make_spec(cfg, args.out.resolve(), root, read_dvc_file(root, cfg.dataset.dvc_file).md5,
@@ -381,7 +463,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                          rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, force_resume=args.force_resume)
         result = run_job(spec)
     except TrainflowError as exc:
-        return _fail(str(exc), exc.exit_code)
+        return _fail(str(exc), exc.exit_code, exc)
     # Several nodes: "rank0" says where the weights are; "node_copy" marks a node that holds only the result.
     print(json.dumps({k: result.get(k) for k in ("status", "world_size", "restarts", "samples_per_s", "weights_sha256",
                                                  "final", "goodput", "out_dir", "rank0", "node_copy") if k in result
@@ -390,11 +472,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_retrain(args: argparse.Namespace) -> int:
-    code, summary, error = _run_flow(args, "retrain")
+    code, summary, error, exc = _run_flow(args, "retrain")
     if error:
         if "manifest" in summary:
             _print_summary(summary)
-        return _fail(error, code)
+        return _fail(error, code, exc)
     d = summary.get("retrain") or {}
     if d.get("train"):
         print("trainflow: retrain: trained because " + "; ".join(d["reasons"]), file=sys.stderr)
@@ -414,7 +496,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     except TrainflowError as exc:
         _write_summary(args.summary_json, {"reproduced": False, "status": "refused", "ref": args.ref,
                                            "exit_code": exc.exit_code, "error": str(exc)})
-        return _fail(str(exc), exc.exit_code)
+        return _fail(str(exc), exc.exit_code, exc)
     _write_summary(args.summary_json, summary)
     print_comparison(summary)
     return EXIT_OK if summary["reproduced"] else EXIT_NOT_REPRODUCED
@@ -422,9 +504,11 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 def cmd_scale(args: argparse.Namespace) -> int:
     cfg_path = _resolve_config_path(args.config)
-    apply_offline_env(trainflow_home(project_root(cfg_path)))
+    root = project_root(cfg_path)
+    apply_offline_env(trainflow_home(root))
+    importable_root(root)
     try:
-        load_config(cfg_path, args.overrides)
+        _check_code(load_config(cfg_path, args.overrides), root)
         from flows import scale
 
         batches = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
@@ -437,9 +521,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
         else:
             report = scale.scale_flow(str(cfg_path), args.overrides, **kwargs)
     except ValueError as exc:
-        return _fail(f"scale: {exc}", EXIT_ERROR)
+        return _fail(f"scale: {exc}", EXIT_ERROR, exc)
     except TrainflowError as exc:
-        return _fail(str(exc), exc.exit_code)
+        return _fail(str(exc), exc.exit_code, exc)
     print(Path(report["files"]["md"]).read_text())
     print(json.dumps(report["files"], indent=2))
     return EXIT_OK
@@ -450,7 +534,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
     try:
         result = init_project(project_root(), Path(args.data).resolve(), args.label, args.task, args.name,
-                              args.force, args.test_fraction)
+                              args.test_fraction)
     except TrainflowError as exc:
         return _fail(f"init: {exc}", EXIT_ERROR)
     print(format_report(result))
@@ -465,7 +549,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         servers, elsewhere = servers_for(trainflow_home(project_root()), args.prefect_port, args.mlflow_port)
         return serve(servers, elsewhere, out=lambda line: print(line, flush=True))
     except TrainflowError as exc:
-        return _fail(f"ui: {exc}", EXIT_ERROR)
+        return _fail(f"ui: {exc}", EXIT_ERROR, exc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,16 @@
 """``trainflow init``: turn a table the user brings into a runnable, reviewed pipeline.
 
-    trainflow init --data data/mine --label price [--task regression] [--name mine] [--force]
+    trainflow init --data data/mine --label price [--task regression] [--name mine]
 
 It tracks the data with DVC (``<data>.dvc`` beside it, in the local cache only: the user's data
 never goes to the bundled remote), profiles it into ``configs/NAME.expectations.yaml`` (for the
 user to review and commit) and writes a short ``configs/NAME.yaml``; every key it leaves out
-keeps its default. It refuses, before changing anything, data outside the repository, data
-inside a folder another .dvc file tracks, an unknown label and existing files (without --force).
+keeps its default. What it decides from the data (identifier columns left out, integer columns
+taken as categories, how missing values are handled, duplicate rows) it says, in its output and
+in the config's comments. Run again on changed data, it updates the config's data facts and the
+expectations and keeps the user's own keys, showing the diff. It refuses, before changing
+anything, data outside the repository, data inside a folder another .dvc file tracks and an
+unknown label.
 """
 
 from __future__ import annotations
@@ -37,15 +41,20 @@ class InitError(TrainflowError):
 
 
 def init_project(root: Path, data: str | Path, label: str, task: str | None = None, name: str | None = None,
-                 force: bool = False, test_fraction: float | None = None) -> dict[str, Any]:
+                 test_fraction: float | None = None) -> dict[str, Any]:
     """Track ``data`` with DVC, profile it into an expectations file and write a pipeline config.
 
     ``root``: the git + DVC repository; ``data`` (relative to ``root`` unless absolute): a folder
     holding train + test tables (``train.csv|parquet``, ``test.csv|parquet``) or one table, or
     one table file. ``task``/``name`` default to what the data suggests (see the result's
-    ``task_reason``). ``test_fraction``: the test share when one table is split (default: the
-    config's). Side effects: ``dvc add`` (local cache, no push) and the two files under
-    ``configs/``. Returns what was done; raises InitError (bad input) before any side effect.
+    ``task_reason``) or, on a re-run, to the existing config's. ``test_fraction``: the test share
+    when one table is split (default: the existing config's, else 0.2). Side effects: ``dvc add``
+    (local cache, no push) and the two files under ``configs/``.
+
+    Run again on changed data (a schema change: columns added, removed or retyped), it updates
+    the existing config's data facts (files, label, identifier and categorical columns) and
+    rewrites the expectations, keeping every other key the user set; the result's ``diff`` shows
+    what changed. Returns what was done; raises InitError (bad input) before any side effect.
     """
     import yaml
 
@@ -62,13 +71,13 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
     layout, table_paths = _layout(target, rel)
     name = _name(name, target)
     config_rel, exp_rel = f"configs/{name}.yaml", f"configs/{name}.expectations.yaml"
-    existing = [p for p in (config_rel, exp_rel) if (root / p).exists()]
-    if existing and not force:
-        raise InitError(f"{' and '.join(existing)} already exist{'s' if len(existing) == 1 else ''}; "
-                        "pass --force to overwrite, or --name to write another pipeline")
+    before = {p: (root / p).read_text() for p in (config_rel, exp_rel) if (root / p).is_file()}
+    old = _old_config(config_rel, before.get(config_rel))
+    old_columns = _old_columns(root / exp_rel) if exp_rel in before else None
     _check_not_inside_tracked(root, target)
 
-    first = read_table(table_paths[0])
+    tables = [read_table(p) for p in table_paths]
+    first = tables[0]
     columns = [str(c) for c in first.columns]
     if label not in columns:
         close = difflib.get_close_matches(label, columns, n=1)
@@ -77,7 +86,15 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
                         f"its columns are {columns}")
     if len(first) == 0:
         raise InitError(f"{_rel(root, table_paths[0])} has no rows")
-    task, task_reason, inferred = _task(task, first[label], label, column_type(first[label]))
+    unlabeled = sum(int(t[label].isna().sum()) for t in tables if label in t.columns)
+    labels = first[label].dropna()
+    if labels.empty:
+        raise InitError(f"label {label!r} has no value in {_rel(root, table_paths[0])}: nothing to learn from")
+    if task is None and old is not None and old.get("task") in TASKS:
+        task, task_reason, inferred = old["task"], "kept from the existing config", False
+        _task(task, labels, label, column_type(labels))  # still fits the data
+    else:
+        task, task_reason, inferred = _task(task, labels, label, column_type(labels))
     from tasks import get_task
 
     chosen = get_task(task)
@@ -86,8 +103,9 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
     dataset: dict[str, Any] = {"dvc_file": f"{rel}.dvc", "path": rel if target.is_dir() else _parent(rel)}
     dataset.update(layout)
     if "file" in layout:
-        dataset["test_fraction"] = test_fraction if test_fraction is not None else \
-            DatasetConfig.model_fields["test_fraction"].default
+        kept = ((old or {}).get("dataset") or {}).get("test_fraction")
+        dataset["test_fraction"] = test_fraction if test_fraction is not None else (
+            kept if isinstance(kept, float) else DatasetConfig.model_fields["test_fraction"].default)
     elif test_fraction is not None:
         raise InitError("--test-fraction: the data is already split into train and test files")
     if test_fraction is not None and not 0 < test_fraction < 1:
@@ -115,32 +133,114 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
             raise InitError(f"{layout['train_file']} and {layout['test_file']} have different columns "
                             f"(only in train: {only['train']}, only in test: {only['test']}"
                             f"{'' if any(only.values()) else ', or another order'}); give both the same columns")
-    nulls = sum(int(df[label].isna().sum()) for df in frames.values())
-    if nulls:
-        raise InitError(f"label {label!r} has {nulls} missing value(s); drop those rows (a model cannot learn "
-                        "from them), then run init again")
-    expectations: TableExpectations = profile_table(frames, label, chosen.classification, PROFILE_MARGIN)
+    choices = chosen.init_choices(frames, label, presplit="train_file" in layout)
+    dataset.update({k: sorted(choices[k], key=columns.index) for k in ("exclude", "categorical") if choices[k]})
+    if choices["leak_policy"]:
+        dataset["leak_policy"] = choices["leak_policy"]
+    raw["training"].update(choices["training"])
+    expectations: TableExpectations = profile_table(frames, label, chosen.classification, PROFILE_MARGIN,
+                                                    categorical=tuple(dataset.get("categorical", ())))
     if chosen.classification and len(expectations.classes or []) < 2:
         raise InitError(f"label {label!r} has a single class {expectations.classes}: nothing to classify")
+    if old is not None:
+        raw = _updated(old, raw, old_columns, columns)
+    try:
+        config_from_dict(raw)
+    except TrainflowError as exc:
+        raise InitError(f"{config_rel}: the updated config is invalid: {exc}; fix that key in it, "
+                        "then run init again") from None
 
     md5 = _dvc_add(root, rel)
     (root / "configs").mkdir(exist_ok=True)
-    (root / exp_rel).write_text(expectations.to_yaml(_expectations_header(rel, md5)))
-    (root / config_rel).write_text(_config_header(rel, md5, config_rel, task, task_reason, inferred) +
-                                   yaml.safe_dump(raw, sort_keys=False, default_flow_style=False))
+    texts = {exp_rel: expectations.to_yaml(_expectations_header(rel, md5)),
+             config_rel: _config_header(rel, md5, config_rel, task, task_reason, inferred, choices, unlabeled)
+             + yaml.safe_dump(raw, sort_keys=False, default_flow_style=False)}
+    for path, text in texts.items():
+        (root / path).write_text(text)
     gitignore = _rel(root, target.parent / ".gitignore")
     return {
         "name": name, "task": task, "task_inferred": inferred, "task_reason": task_reason,
         "data": rel, "layout": layout, "rows": {s: len(df) for s, df in frames.items()},
         "columns": len(expectations.columns), "classes": expectations.classes,
+        "choices": choices, "unlabeled": unlabeled,
         "dvc_file": f"{rel}.dvc", "md5": md5, "config": config_rel, "expectations": exp_rel,
+        "updated": [p for p in (config_rel, exp_rel) if p in before],
+        "diff": {p: _diff(p, before[p], texts[p]) for p in (config_rel, exp_rel) if p in before},
         "git_add": [f"{rel}.dvc", *([gitignore] if (root / gitignore).is_file() else []), config_rel, exp_rel],
         "next": f"trainflow run --config {config_rel}",
     }
 
 
+# The dataset keys init takes from the data on every run (the rest of an existing config is the user's).
+DATA_FACTS = ("dvc_file", "path", "file", "train_file", "test_file", "test_fraction", "label", "expectations_file")
+
+
+def _old_config(config_rel: str, text: str | None) -> dict | None:
+    """The existing config's YAML as written (not validated), or None; InitError if it is no mapping."""
+    if text is None:
+        return None
+    from core.config import load_yaml
+
+    try:
+        data = load_yaml(text)
+    except TrainflowError as exc:
+        raise InitError(f"{config_rel} exists but cannot be read ({exc}); fix it or move it away, then run init "
+                        "again") from None
+    if not isinstance(data, dict):
+        raise InitError(f"{config_rel} exists but is not a mapping of keys; fix it or move it away")
+    return data
+
+
+def _old_columns(path: Path) -> set[str] | None:
+    """The columns the existing expectations file lists (None when it cannot be read)."""
+    from core.expectations import load_expectations
+
+    try:
+        return set(load_expectations(path).names)
+    except TrainflowError:
+        return None
+
+
+def _updated(old: dict, fresh: dict, old_columns: set[str] | None, columns: list[str]) -> dict:
+    """The existing config ``old`` with the data facts of ``fresh``: every key the user has keeps its
+    value, the files and label come from the data, ``exclude``/``categorical`` keep the user's
+    entries still in the data and add init's choices for columns that are new, ``features`` loses
+    columns that are gone; keys ``old`` lacks come from ``fresh``."""
+    from core.config import merge_config
+
+    out = merge_config(fresh, old)
+    ds, fresh_ds, old_ds = dict(out.get("dataset") or {}), fresh["dataset"], old.get("dataset") or {}
+    for key in DATA_FACTS:
+        if key in fresh_ds:
+            ds[key] = fresh_ds[key]
+        else:
+            ds.pop(key, None)
+    new = [c for c in columns if old_columns is None or c not in old_columns]
+    for key in ("exclude", "categorical"):
+        kept = [c for c in old_ds.get(key) or [] if c in columns]
+        values = kept + [c for c in fresh_ds.get(key, []) if c in new and c not in kept]
+        if values:
+            ds[key] = values
+        else:
+            ds.pop(key, None)
+    if isinstance(old_ds.get("features"), list):
+        ds["features"] = [c for c in old_ds["features"] if c in columns]
+    if "leak_policy" not in old_ds and "leak_policy" in fresh_ds:
+        ds["leak_policy"] = fresh_ds["leak_policy"]
+    out["dataset"] = ds
+    return out
+
+
+def _diff(path: str, before: str, after: str) -> str:
+    """A unified diff of a file init rewrote ("" when nothing changed)."""
+    lines = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                 fromfile=f"{path} (before)", tofile=f"{path} (now)", n=1)
+    return "".join(lines)
+
+
 def format_report(r: dict[str, Any]) -> str:
-    """What ``trainflow init`` prints: what it did, what to review, what to run next."""
+    """What ``trainflow init`` prints: what it did, the choices it made from the data (each with
+    its reason), what to review, what changed on a re-run, what to run next."""
     split = (f"one table {r['layout']['file']}, split into train/test by seed" if "file" in r["layout"]
              else f"{r['layout']['train_file']} + {r['layout']['test_file']}")
     rows = ", ".join(f"{k} {v}" for k, v in r["rows"].items())
@@ -152,9 +252,20 @@ def format_report(r: dict[str, Any]) -> str:
             if r["task_inferred"] else ""),
         *([f"classes:      {r['classes']}"] if r["classes"] else []),
         f"name:         {r['name']}",
+        *choice_lines(r["choices"], r.get("unlabeled", 0)),
         f"dvc add:      {r['dvc_file']} (md5 {r['md5']}), in the local DVC cache",
         f"expectations: {r['expectations']}  <- review it: validation checks every data version against it",
         f"config:       {r['config']}",
+    ]
+    if r.get("updated"):
+        lines += ["", f"Updated {' and '.join(r['updated'])}: the data facts and the expectations are new, every "
+                      "other key of yours is kept. What changed:"]
+        for path, diff in r["diff"].items():
+            lines += [diff.rstrip("\n")] if diff else [f"    {path}: unchanged"]
+    lines += [
+        "",
+        "After a schema change (columns added, removed or retyped), run this same init command again:",
+        "it refreshes the data facts and the expectations and keeps your own keys.",
         "",
         "Your data is in this repository's local DVC cache only, and runs work from it. To share it",
         "(and to let a fresh clone `dvc pull` it), add your own DVC remote and push:",
@@ -170,6 +281,31 @@ def format_report(r: dict[str, Any]) -> str:
         f"    {r['next']}",
     ]
     return "\n".join(lines)
+
+
+def choice_lines(choices: dict, unlabeled: int = 0, indent: str = "              ") -> list[str]:
+    """The choices init made from the data, one line each with its reason (for its output and,
+    as comments, for the config it writes)."""
+    out = []
+    for col, why in choices.get("exclude", {}).items():
+        out.append(f"excluded:     {col}: {why} (dataset.exclude)")
+    for col, why in choices.get("categorical", {}).items():
+        out.append(f"categorical:  {col}: {why} (dataset.categorical)")
+    if choices.get("imputed"):
+        shown = ", ".join(f"{c} ({n})" for c, n in choices["imputed"].items())
+        out.append(f"missing:      {shown}: the model fills in the train median and gets a missing-indicator input")
+    if choices.get("missing_category"):
+        shown = ", ".join(f"{c} ({n})" for c, n in choices["missing_category"].items())
+        out.append(f"missing:      {shown}: \"missing\" is a category of its own")
+    dup = choices.get("duplicates") or {}
+    if dup.get("within"):
+        out.append(f"duplicates:   {dup['within']} repeated row(s): each stays on one side of a split trainflow makes")
+    if dup.get("test_in_train"):
+        out.append(f"duplicates:   {dup['test_in_train']} test row(s) also in train: reported by validation, not "
+                   "refused (dataset.leak_policy: warn; set fail to refuse such data)")
+    if unlabeled:
+        out.append(f"unlabeled:    {unlabeled} row(s) without a label: left out of training and evaluation")
+    return out
 
 
 def slugify(text: str) -> str:
@@ -310,10 +446,14 @@ def _expectations_header(rel: str, md5: str) -> str:
             f"# profiled count, and class_share: the smallest and largest share of a class in a split, +-{pct}.\n")
 
 
-def _config_header(rel: str, md5: str, config_rel: str, task: str, why: str, inferred: bool) -> str:
+def _config_header(rel: str, md5: str, config_rel: str, task: str, why: str, inferred: bool,
+                   choices: dict | None = None, unlabeled: int = 0) -> str:
+    made = choice_lines(choices or {}, unlabeled)
     return (f"# Written by `trainflow init` for {rel} (DVC md5 {md5}).\n"
             f"# task: {task} ({'inferred: ' if inferred else ''}{why}).\n"
-            f"# Every key not here keeps its default (core/config.py). Run: trainflow run --config {config_rel}\n")
+            + ("# Choices made from the data (edit the keys named; init run again keeps your edits):\n"
+               + "".join(f"#   {line}\n" for line in made) if made else "")
+            + f"# Every key not here keeps its default (core/config.py). Run: trainflow run --config {config_rel}\n")
 
 
 def _rel(root: Path, path: Path) -> str:

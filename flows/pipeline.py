@@ -8,6 +8,7 @@ run, and each stage leaves a Prefect markdown artifact. Input errors
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,26 @@ class RunContext:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+class _InputErrorsWithoutTraceback(logging.Filter):
+    """Prefect logs a failed task's and flow's exception with its traceback. An input error (bad
+    data, a rejected candidate, a bad config: ``TrainflowError``) is not a bug: its one line says
+    it all, so its record keeps the message and loses the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, TrainflowError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_input_errors() -> None:
+    """Install :class:`_InputErrorsWithoutTraceback` on Prefect's run loggers (once per process)."""
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _InputErrorsWithoutTraceback) for f in logger.filters):
+            logger.addFilter(_InputErrorsWithoutTraceback())
+
+
 def _md(key: str, markdown: str, description: str) -> None:
     create_markdown_artifact(markdown=markdown, key=key, description=description)
 
@@ -63,6 +84,9 @@ def load_inputs(inputs: RunInputs) -> tuple[PipelineConfig, Path, Path, Manifest
 
     cfg_path = inputs.config_path
     root = project_root(cfg_path if cfg_path.is_absolute() else Path.cwd() / cfg_path)
+    from core.paths import importable_root
+
+    importable_root(root)  # a model.factory module in the repository root imports, also in a Prefect worker
     if not cfg_path.is_absolute() and not cfg_path.exists():
         cfg_path = root / cfg_path
     cfg = load_config(cfg_path, list(inputs.overrides))
@@ -200,12 +224,25 @@ def validate(ctx: RunContext) -> dict:
                                    "validation/n_expectations": report["n_expectations"],
                                    "validation/cached": report["cached"]})
     _md("validation-report", summary_markdown(report), "Great Expectations result")
+    for w in report.get("warnings") or []:
+        get_run_logger().warning("validation: %s", w.get("message") or w.get("detail"))
+    report["report_md"] = str(report_dir / "summary.md")
     if not report["success"]:
-        names = sorted({f"{f['split']}:{f['expectation']}" + (f"({f['column']})" if f.get("column") else "")
-                        for f in report["failures"]})
-        raise DataValidationError(f"data validation failed {report['n_failed']} expectation(s): "
-                                  + ", ".join(names), report)
+        raise DataValidationError(validation_error(report), report)
     return report
+
+
+def validation_error(report: dict) -> str:
+    """One line for a failed validation: how many checks failed, the first of them in words, and
+    where the report is (every failure is in it, and in the run summary's ``validation.failures``)."""
+    failures = report.get("failures") or []
+    first = failures[0].get("message") or failures[0].get("detail") if failures else None
+    if first is None and report.get("skipped"):
+        s = report["skipped"][0]
+        first = f"{s.get('split')}: {s.get('check')} not run: {s.get('reason')}"
+    more = len(failures) - 1
+    return (f"data validation failed ({report.get('n_failed', len(failures))} check(s)): {first}"
+            + (f"; and {more} more" if more > 0 else "") + f"; report: {report.get('report_md')}")
 
 
 def _data_docs(ctx: RunContext) -> str | None:
@@ -339,6 +376,11 @@ def evaluate(ctx: RunContext, result: dict) -> dict:
         store.log_metrics(ctx.run_id, {f"champion/{k}": report["champion"][k] for k in ctx.task.champion_metrics})
     if report.get("baseline") and ctx.task.primary:
         store.log_metrics(ctx.run_id, {f"baseline/{ctx.task.primary}": report["baseline"][ctx.task.primary]})
+    if report.get("gbdt"):
+        g = report["gbdt"]
+        store.log_metrics(ctx.run_id, {**{f"gbdt/{m.name}": g[m.name] for m in ctx.task.metrics if m.name in g},
+                                       "gbdt/fit_s": g["fit_s"]})
+        store.set_tags(ctx.run_id, {"trainflow.gbdt": g["predictor"]})
     _log_champion_scores(ctx, report)
     store.log_file(ctx.run_id, ctx.out_dir / "evaluation", "evaluation")
     return report
@@ -375,8 +417,9 @@ def gate(ctx: RunContext, report: dict) -> dict:
     from registry import store
 
     decision = decide(ctx.task, report["candidate"], ctx.cfg.gates, report["champion"], report["champion_version"],
-                      report.get("baseline"))
-    md = gate_markdown(ctx.task, decision, report["candidate"], report["champion"], report.get("baseline"))
+                      report.get("baseline"), report.get("gbdt"))
+    md = gate_markdown(ctx.task, decision, report["candidate"], report["champion"], report.get("baseline"),
+                       report.get("gbdt"))
     (ctx.out_dir / "evaluation" / "gate.md").write_text(md)
     store.log_json(ctx.run_id, decision.to_dict(), "evaluation/gate.json")
     store.log_file(ctx.run_id, ctx.out_dir / "evaluation" / "gate.md", "evaluation")
@@ -440,17 +483,17 @@ def _deserves(ctx: RunContext, report: dict, current: dict | None) -> tuple[bool
     from evaluation.gates import beats
     from evaluation.recorded import recorded_metrics
 
-    task = ctx.task
+    task, margin = ctx.task, ctx.cfg.gates.min_improvement
     if current is None:
         return beats(task, report["candidate"], None)
     if current["version"] == report.get("champion_version") and report.get("champion"):
-        return beats(task, report["candidate"], report["champion"])
+        return beats(task, report["candidate"], report["champion"], margin)
     champ = (recorded_metrics(current.get("tags"), report["scoring_key"], task.recorded_keys())
              if report.get("scoring_key") else None)
     how = "its recorded scores"
     if champ is None:
         champ, how = _score_champion(ctx), "rescored"
-    ok, reason = beats(task, report["candidate"], champ)
+    ok, reason = beats(task, report["candidate"], champ, margin)
     return ok, f"champion moved to v{current['version']} since evaluation ({how}); {reason}"
 
 
@@ -517,6 +560,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
     carrying ``.summary`` (what was known when it stopped).
     """
     t0 = time.perf_counter()
+    quiet_input_errors()
     timings: dict[str, float] = {}
     stage = ["resolve"]  # the stage running now, named in the run's final stage tag
 
@@ -542,7 +586,8 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
     try:
         report = timed("validate", validate, ctx)
         summary["validation"] = {"success": True, "n_expectations": report["n_expectations"],
-                                 "cached": report["cached"], "data_docs": _data_docs(ctx)}
+                                 "cached": report["cached"], "data_docs": _data_docs(ctx),
+                                 "warnings": report.get("warnings", []), "report": report.get("report_md")}
         nproc = ctx.manifest.world.nproc_per_node
         stage[0] = "train"
         slot = _train_folder(ctx, nproc)
@@ -569,6 +614,11 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
         if ev.get("baseline") and ctx.task.primary:
             summary["baseline"] = {"predictor": ev["baseline"]["predictor"],
                                    ctx.task.primary: ev["baseline"][ctx.task.primary]}
+        if ev.get("gbdt"):
+            g = ev["gbdt"]
+            summary["gbdt"] = {"predictor": g["predictor"], "fit_s": g["fit_s"], "candidate_train_s": result["wall_s"],
+                               "primary": ctx.task.primary, "higher_is_better": ctx.task.metric(ctx.task.primary).higher_is_better,
+                               **{m.name: g[m.name] for m in ctx.task.metrics if m.name in g}}
         try:
             decision = timed("gate", gate, ctx, ev)
         except GateRejectedError as exc:
@@ -583,7 +633,9 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
     except BaseException as exc:
         if isinstance(exc, DataValidationError):
             summary["status"] = "validation_failed"
-            summary["validation"] = {"success": False, "failures": exc.report.get("failures", [])}
+            summary["validation"] = {"success": False, "failures": exc.report.get("failures", []),
+                                     "warnings": exc.report.get("warnings", []),
+                                     "skipped": exc.report.get("skipped", []), "report": exc.report.get("report_md")}
         elif isinstance(exc, GateRejectedError):
             summary["status"] = "rejected"
         elif isinstance(exc, PreemptedError):

@@ -228,7 +228,9 @@ def where_to_look(summary: dict, prefect_ui: str | None = None, mlflow_ui: str |
     for key, label in (("training_curves", "curves"), ("confusion_matrix", "confusion")):
         if plots.get(key):
             rows.append((label, str(plots[key])))
-    docs = (summary.get("validation") or {}).get("data_docs")
-    if docs:
-        rows.append(("data docs", str(docs)))
+    validation = summary.get("validation") or {}
+    if validation.get("report") and not validation.get("success", True):
+        rows.append(("report", str(validation["report"])))
+    if validation.get("data_docs"):
+        rows.append(("data docs", str(validation["data_docs"])))
     return rows

@@ -8,7 +8,7 @@ A task answers everything that differs between kinds of problem, and the rooms a
 | ``validation_plan``: what to validate, torch-free | ``validation`` |
 | ``data_splits``: the data's splits by name, each a file and an MLflow context | ``flows`` (MLflow datasets) |
 | ``load_data`` / ``build_model`` / ``example_input`` / ``loss`` / ``val_correct`` / ``export_module`` | ``training`` |
-| ``metrics`` (each with a direction), ``evaluator`` and its hooks, ``scoring_key`` | ``evaluation`` |
+| ``metrics`` (each with a direction), ``evaluator`` and its hooks, ``scoring_key``, ``gbdt`` | ``evaluation`` |
 | ``model_spec``: the pyfunc file, its metadata, signature and input example | ``registry`` |
 | ``init_defaults``: the gates and model ``trainflow init`` writes | ``flows.init`` |
 
@@ -169,6 +169,12 @@ class Task:
     def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
         """``{"key", "split_sha256", "metrics_version"}``: what a score measured now holds for."""
         raise NotImplementedError
+
+    def gbdt(self, cfg: "PipelineConfig", root: Path) -> dict | None:
+        """A conventional strong model fitted on the same train split, the one a user would try
+        first (a table: gradient-boosted trees), as ``{"predictor", "pred", "fit_s", "predict_s"}``
+        with ``pred`` as the task's ``score`` takes them for the evaluation split; None: none."""
+        return None
 
     def recorded_keys(self) -> tuple[str, ...]:
         """What a recorded score dict must hold to stand in for a rescored champion."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from core.config import DatasetConfig
 from core.errors import DataUnavailableError
 
@@ -53,40 +55,96 @@ def feature_columns(cfg: DatasetConfig, columns: list[str]) -> list[str]:
     return [str(c) for c in columns if str(c) not in skip]
 
 
+def row_hashes(frame: "pd.DataFrame") -> np.ndarray:
+    """uint64 per row over all its columns, equal for rows with equal values: numbers by their text
+    form (``tasks.encoding.category_keys``: 3, 3.0 and Int64 3 alike), a missing value as missing.
+    The same for a whole table and for its batches (a streamed file), whatever dtypes they got."""
+    import pandas as pd
+
+    from tasks.encoding import category_keys
+
+    h = np.zeros(len(frame), dtype=np.uint64)
+    for i in range(frame.shape[1]):
+        keys = category_keys(frame.iloc[:, i])
+        keys[pd.isna(keys)] = "\x00"  # a missing value, unlike any text
+        part = pd.util.hash_array(keys.astype(object), categorize=False)
+        with np.errstate(over="ignore"):
+            h = (h * np.uint64(0x100000001B3)) ^ part
+    return h
+
+
 def seeded_split(labels: "pd.Series | None", n: int, fraction: float, seed: int,
-                 stratify: bool) -> tuple[list[int], list[int]]:
-    """Row positions (keep, held) of ``n`` rows: a seeded permutation sends ceil(n*f) to held,
-    within each class when ``stratify`` (labels as given; nulls form their own group)."""
+                 stratify: bool, groups: np.ndarray | None = None) -> tuple[list[int], list[int]]:
+    """Row positions (keep, held) of ``n`` rows: a seeded permutation sends ceil(n*f) rows to held,
+    within each class when ``stratify`` (labels as given; nulls form their own group).
+
+    ``groups``: a group id per row (equal rows, e.g. by :func:`row_hashes`): a group's rows go to
+    one side together, so an exact duplicate never ends up in both splits. Groups are taken in
+    the permuted order of their first rows until the held rows reach ceil(n*f); with every row its
+    own group the split is exactly the one without ``groups``."""
     import math
 
-    import numpy as np
-
     rng = np.random.default_rng(seed)
+    if groups is None:
+        groups = np.arange(n)
+    _, first, inverse = np.unique(groups, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    # Groups numbered by their first row: a group's rows then take one position of the permutation.
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    group_of = rank[inverse]
+    sizes = np.bincount(group_of, minlength=len(order))
+
+    def take(rows: np.ndarray, k: int, limit: int | None = None) -> np.ndarray:
+        """Held groups of ``rows``' groups (in first-row order), permuted, until k rows are held."""
+        gs = np.unique(group_of[rows])  # ascending: first-row order
+        gs = gs[rng.permutation(len(gs))]
+        filled = np.cumsum(sizes[gs])
+        count = int(np.searchsorted(filled, k)) + 1 if k > 0 else 0
+        count = min(count, len(gs))
+        if limit is not None:
+            while count and filled[count - 1] > limit:
+                count -= 1
+        return gs[:count]
+
     if not stratify or labels is None:
-        perm = rng.permutation(n)
         k = min(math.ceil(n * fraction), max(n - 1, 0))
-        return sorted(perm[k:].tolist()), sorted(perm[:k].tolist())
-    keys = labels.astype("string").fillna("<null>").to_numpy()
-    keep, held = [], []
-    for value in sorted(set(keys)):
-        idx = np.flatnonzero(keys == value)
-        idx = idx[rng.permutation(len(idx))]
-        k = int(math.ceil(len(idx) * fraction))
-        held.extend(idx[:k].tolist())
-        keep.extend(idx[k:].tolist())
-    return sorted(keep), sorted(held)
+        held_groups = take(np.arange(n), k, limit=max(n - 1, 0))
+    else:
+        keys = labels.astype("string").fillna("<null>").to_numpy()
+        held_groups = []
+        for value in sorted(set(keys)):
+            idx = np.flatnonzero(keys == value)
+            held_groups.append(take(idx, int(math.ceil(len(idx) * fraction))))
+        held_groups = np.concatenate(held_groups) if held_groups else np.zeros(0, dtype=np.int64)
+    is_held = np.zeros(len(order), dtype=bool)
+    is_held[held_groups] = True
+    held = np.flatnonzero(is_held[group_of])
+    keep = np.flatnonzero(~is_held[group_of])
+    return keep.tolist(), held.tolist()
+
+
+def labeled(df: "pd.DataFrame", label: str) -> "pd.DataFrame":
+    """``df`` without its rows whose ``label`` is missing (as it is when the label is complete or absent)."""
+    if label not in df.columns:
+        return df
+    missing = df[label].isna()
+    return df[~missing].reset_index(drop=True) if missing.any() else df
 
 
 def load_frames(cfg: DatasetConfig, root: Path, seed: int, stratify: bool) -> dict[str, "pd.DataFrame"]:
     """``{"train": df, "test": df}`` as the files hold them (no column is dropped or cast).
 
     One ``dataset.file`` is split here with ``test_fraction`` and ``seed`` (stratified by the
-    label when ``stratify`` and the label column exists): validation and training get the same rows.
+    label when ``stratify`` and the label column exists), exact duplicate rows kept on one side:
+    validation and training get the same rows. Rows without a label are left out (nothing can be
+    learned from or scored on them; ``trainflow init`` says how many there are).
     """
     paths = split_paths(cfg, root)
     if "all" not in paths:
-        return {s: read_table(paths[s]) for s in SPLITS}
-    df = read_table(paths["all"])
+        return {s: labeled(read_table(paths[s]), cfg.label) for s in SPLITS}
+    df = labeled(read_table(paths["all"]), cfg.label)
     labels = df[cfg.label] if stratify and cfg.label in df.columns else None
-    keep, held = seeded_split(labels, len(df), cfg.test_fraction, seed, stratify)
+    keep, held = seeded_split(labels, len(df), cfg.test_fraction, seed, stratify, groups=row_hashes(df))
     return {"train": df.iloc[keep].reset_index(drop=True), "test": df.iloc[held].reset_index(drop=True)}

@@ -1,12 +1,17 @@
 """Tabular tasks: classification and regression of a table's named columns.
 
-The data is a CSV or Parquet table (``tasks.table``); the features are float or integer
-columns by name, the label a class (integer or string) or a float target. Standardisation
-statistics are fitted on the train split and baked into the model as its first layer, so the
-exported program (and the registered pyfunc) takes the raw columns by name, as the user's
-DataFrame holds them. The class set comes from the reviewed expectations file (its label's
-``values``), in the order of the model's outputs; ``predict`` returns the original labels.
-A regression model is trained on standardised targets and exported with the de-scaling inside.
+The data is a CSV or Parquet table (``tasks.table``); the features are columns by name, numeric
+or categorical (strings, booleans, and integer columns named in ``dataset.categorical``), with
+missing values where the expectations allow them; the label a class (integer or string) or a
+float target. The columns' encoding (category vocabularies, numeric quantiles and moments) is
+fitted on the train split in one pass (``tasks.encoding``) and baked into the model's first layer
+(``tasks.table_nets.TableInput``), so the exported program takes the encoded row and the
+registered pyfunc the raw columns by name, as the user's DataFrame holds them (strings, NaN).
+The class set comes from the reviewed expectations file (its label's ``values``), in the order of
+the model's outputs; ``predict`` returns the original labels. A regression model is trained on
+standardised targets and exported with the de-scaling inside. Beside the trivial baseline, the
+evaluation fits scikit-learn's gradient-boosted trees on the same train split (``gbdt``): the
+model a user would try first, reported next to the candidate and optionally gated on.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import numpy as np
 from core.errors import ConfigError, DataUnavailableError
 from core.expectations import load_expectations
 from tasks.base import SCORES_FILE, Metric, ModelSpec, Task, ValidationPlan, load_program
+from tasks.encoding import FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, kinds_from_frame
 from tasks.table import feature_columns, load_frames, split_paths
 
 if TYPE_CHECKING:
@@ -34,13 +40,15 @@ METRICS_VERSION = 2
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_table.py")
 
 
-def _mlflow_type(dtype) -> str:
+def _mlflow_type(dtype, nullable: bool = False) -> str:
+    """The MLflow signature type of a column of ``dtype``; ``nullable``: it may hold missing values,
+    so an integer column is ``double`` (MLflow refuses NaN in a ``long`` column)."""
     import pandas as pd
 
     if pd.api.types.is_bool_dtype(dtype):
         return "boolean"
     if pd.api.types.is_integer_dtype(dtype):
-        return "long"
+        return "double" if nullable else "long"
     if pd.api.types.is_numeric_dtype(dtype):
         return "double"
     return "string"
@@ -72,7 +80,18 @@ class _Table(Task):
             raise ConfigError("dataset.expectations_file: required for a table (`trainflow init` writes one; "
                               "review and commit it)")
         if cfg.model.factory is not None:
-            _check_factory(cfg.model.factory)
+            from core.paths import project_root
+            from tasks.factory import check_factory
+
+            check_factory(cfg.model.factory, project_root())
+        features = cfg.dataset.features
+        outside = [c for c in cfg.dataset.categorical if features is not None and c not in features
+                   or c in cfg.dataset.exclude]
+        if outside:
+            raise ConfigError(f"dataset.categorical: {outside[0]!r} is not a feature column (dataset.features / "
+                              "dataset.exclude leave it out)")
+        if cfg.model.kind == "cnn" and cfg.dataset.categorical:
+            raise ConfigError("dataset.categorical: model.kind cnn takes numeric pixels only; use model.kind tabular")
 
     def _cached(self, key, make):
         """One remembered value per kind of key (the last one): the flow's stages ask for the same
@@ -93,6 +112,56 @@ class _Table(Task):
     def _features(self, cfg: "PipelineConfig", columns: list[str]) -> list[str]:
         return feature_columns(cfg.dataset, columns)
 
+    # -- trainflow init (torch-free) ------------------------------------------------------------
+    def init_choices(self, frames: dict[str, "pd.DataFrame"], label: str, presplit: bool) -> dict:
+        """What ``trainflow init`` decides from the data it profiles, each with its reason:
+
+        * ``exclude``: identifier columns (a running number 1..n, a text different in every row,
+          or a unique column named like an id): a model would only memorise them;
+        * ``categorical``: integer columns with 3 to ``MAX_INTEGER_CATEGORIES`` distinct values,
+          taken as categories (one embedding per value) rather than quantities;
+        * ``imputed``: numeric features with missing values (the model's input layer fills in the
+          train median and adds a missing-indicator input), ``missing_category``: categorical ones
+          (missing is a category of its own) - ``{column: missing count}``;
+        * ``duplicates``: rows repeated within the data, and (``presplit``: train and test files)
+          test rows also in train; ``leak_policy``: ``warn`` when there are such rows in given
+          splits (they are reported by validation, not refused);
+        * ``training``: batch size and epochs for the number of rows.
+        """
+        import pandas as pd
+
+        from tasks.table import row_hashes
+
+        both = pd.concat([df.rename(columns=str) for df in frames.values()], ignore_index=True)
+        exclude, categorical, imputed, missing_category = {}, {}, {}, {}
+        for name in [str(c) for c in both.columns]:
+            if name == label:
+                continue
+            s = both[name]
+            why = _id_like(name, s)
+            if why:
+                exclude[name] = why
+                continue
+            nulls = int(s.isna().sum())
+            numeric = _numeric_dtype(s.dtype)
+            whole = numeric and bool(s.dropna().pipe(lambda v: len(v) and (v == v.round()).all()))
+            distinct = int(s.nunique(dropna=True))
+            if whole and 3 <= distinct <= MAX_INTEGER_CATEGORIES:
+                categorical[name] = f"an integer column with {distinct} distinct values: learned as categories"
+            if nulls:
+                (imputed if numeric and name not in categorical else missing_category)[name] = nulls
+        rows = len(both)
+        dup = {"within": int(rows - len(np.unique(row_hashes(both))))}
+        if presplit and {"train", "test"} <= set(frames):
+            train = set(row_hashes(frames["train"]).tolist())
+            dup["test_in_train"] = int(sum(h in train for h in row_hashes(frames["test"]).tolist()))
+        train_rows = len(frames.get("train", both))
+        batch = 32 if train_rows <= 4000 else (128 if train_rows <= 20000 else 256)
+        return {"exclude": exclude, "categorical": categorical, "imputed": imputed,
+                "missing_category": missing_category, "duplicates": dup,
+                "leak_policy": "warn" if dup.get("test_in_train") else None,
+                "training": {"epochs": 30, "batch_size": batch, "base_batch": batch}}
+
     # -- validation ---------------------------------------------------------------------------
     def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
         exp = self.expectations(cfg, root)
@@ -100,7 +169,7 @@ class _Table(Task):
         return ValidationPlan("table", files, {
             "dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed, "stratify": self.classification, "expectations": exp,
             "features": self._features(cfg, exp.names), "label": cfg.dataset.label,
-            "classification": self.classification})
+            "classification": self.classification, "leak_policy": cfg.dataset.effective_leak_policy})
 
     def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:
         files = cfg.dataset.split_files  # one ``all`` file is split by seed into both
@@ -119,53 +188,98 @@ class _Table(Task):
         return ("frames", tuple(_file_id(p) for p in paths.values()), cfg.dataset.model_dump_json(), cfg.seed,
                 self.classification)
 
+    def kinds(self, cfg: "PipelineConfig", root: Path, features: list[str], frame=None) -> dict[str, str]:
+        """``{feature: "numeric" | "categorical"}``: by the reviewed expectations file's types (string
+        and boolean columns are categories) and ``dataset.categorical``; without an expectations file
+        (a sizing probe), by ``frame``'s dtypes."""
+        missing = [c for c in cfg.dataset.categorical if c not in features]
+        if missing:
+            raise ConfigError(f"dataset.categorical: {missing[0]!r} is not a feature column; the features are "
+                              f"{features[:10]}")
+        exp = self.expectations(cfg, root)
+        if exp is None and frame is not None:
+            return kinds_from_frame(frame, features, cfg.dataset.categorical)
+        types = {c.name: c.type for c in exp.columns} if exp is not None else {}
+        return column_kinds(features, types, cfg.dataset.categorical)
+
     def info(self, cfg: "PipelineConfig", root: Path, frames: dict | None = None) -> dict:
         """What the model and the registry need to know of the data, fitted on the train split
-        (JSON-able): features and their MLflow types, the class set or the target's scale, and
-        per-feature mean and std (a constant column gets std 1)."""
+        (JSON-able): the features, each one's fitted encoding (``columns``: ``tasks.encoding``) and
+        MLflow type, the class set or the target's scale, and per-feature mean and std."""
         if frames is None:
             return self.prepared(cfg, root)["info"]
+        from tasks.encoding import fit_columns
+
         train = frames["train"]
         features = self._features(cfg, [str(c) for c in train.columns])
         missing = [c for c in [*features, cfg.dataset.label] if c not in train.columns]
         if missing:
             raise DataUnavailableError(f"train split lacks column(s) {missing}; found {list(train.columns)}")
-        x = _numeric(train, features)
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # an all-null column: mean 0, std 1
-            mean, std = np.nanmean(x, axis=0), np.nanstd(x, axis=0)
-        info = {"features": features,
-                "dtypes": {c: _mlflow_type(train[c].dtype) for c in features},
-                "mean": np.nan_to_num(mean).tolist(), "std": np.where(std > 0, std, 1.0).tolist()}
+        kinds = self.kinds(cfg, root, features, train)
+        try:
+            columns = fit_columns([train[features]], kinds, cfg.dataset.max_categories, cfg.seed)
+        except ValueError as exc:
+            raise DataUnavailableError(str(exc)) from None
+        info = self._info(cfg, root, features, columns, {c: train[c].dtype for c in features})
         info.update(self._target_info(cfg, root, train[cfg.dataset.label]))
         return info
 
+    def _info(self, cfg, root, features: list[str], columns: list[dict], dtypes: dict) -> dict:
+        """The feature part of ``info`` from the fitted columns and the columns' pandas dtypes."""
+        exp = self.expectations(cfg, root)
+        nullable = {c.name for c in exp.columns if c.nulls} if exp is not None else set()
+        types = {}
+        for c in columns:
+            name = c["name"]
+            if c["kind"] == "categorical" and not _numeric_dtype(dtypes[name]):
+                types[name] = _mlflow_type(dtypes[name])
+            else:
+                types[name] = _mlflow_type(dtypes[name], nullable=name in nullable or c["nulls"] > 0)
+        return {"features": features, "columns": columns, "dtypes": types,
+                "mean": [c["mean"] if c["kind"] == "numeric" else 0.0 for c in columns],
+                "std": [c["std"] if c["kind"] == "numeric" else 1.0 for c in columns]}
+
     def stream_info(self, cfg: "PipelineConfig", root: Path, source: Path, names: tuple, types: dict) -> dict:
         """``info`` of a train split too large to load (the streamed loader's): the same keys as
-        ``info``, fitted in one pass of column statistics over ``source`` (a Parquet file or folder;
-        ``names``/``types``: its columns and their pyarrow types), holding one batch at a time."""
-        from tasks.columnar import column_stats, iter_batches
+        ``info``, fitted in one pass over ``source`` (a Parquet file or folder; ``names``/``types``:
+        its columns and their pyarrow types), holding one batch at a time."""
+        from tasks.columnar import ColumnStats, iter_batches
+        from tasks.encoding import TableFit
 
         features = self._features(cfg, [str(c) for c in names])
         missing = [c for c in [*features, cfg.dataset.label] if c not in names]
         if missing:
             raise DataUnavailableError(f"train split lacks column(s) {missing}; found {list(names)}")
         label = cfg.dataset.label
-        cats = [label] if self.classification else []
-        stats = column_stats(iter_batches(source, [*features, label]), [*features, label], categories=cats)
-        bad = [c for c in features if stats[c].numeric is False]
-        if bad:
-            raise DataUnavailableError(f"feature columns must be numeric: {bad[:5]}")
-        mean = [stats[c].mean if stats[c].count else 0.0 for c in features]
-        std = [stats[c].std if stats[c].count and stats[c].std > 0 else 1.0 for c in features]
-        info = {"features": features, "dtypes": {c: _mlflow_type(types[c].to_pandas_dtype()) for c in features},
-                "mean": mean, "std": std}
-        info.update(self._stream_target_info(cfg, root, stats[label]))
+        dtypes = {c: types[c].to_pandas_dtype() for c in features}
+        kinds = self.kinds(cfg, root, features)
+        if self.expectations(cfg, root) is None:
+            import pandas as pd
+
+            kinds = kinds_from_frame(pd.DataFrame({c: pd.Series(dtype=dtypes[c]) for c in features}), features,
+                                     cfg.dataset.categorical)
+        fit = TableFit(kinds, cfg.dataset.max_categories, cfg.seed)
+        target = ColumnStats(label, values={} if self.classification else None)
+        for batch in iter_batches(source, [*features, label]):
+            try:
+                fit.update(batch.select(features).to_pandas())
+            except ValueError as exc:
+                raise DataUnavailableError(f"{source}: {exc}") from None
+            target.update(batch.column(batch.schema.names.index(label)))
+        info = self._info(cfg, root, features, fit.columns(), dtypes)
+        info.update(self._stream_target_info(cfg, root, target))
         return info
 
     def arrays(self, frame: "pd.DataFrame", info: dict, label: str) -> tuple[np.ndarray, np.ndarray]:
-        """(features float32 [n, f], targets) of a frame: class indices int64 or float32 values."""
-        return _numeric(frame, info["features"]).astype(np.float32), self.targets(frame[label], info)
+        """(encoded features float32 [n, f], targets) of a frame: class indices int64 or float32 values."""
+        return self.features_of(frame, info), self.targets(frame[label], info)
+
+    def features_of(self, frame: "pd.DataFrame", info: dict) -> np.ndarray:
+        """The encoded feature columns of ``frame`` (``tasks.encoding.encode``), float32 [n, f]."""
+        try:
+            return encode(frame, info["columns"])
+        except ValueError as exc:
+            raise DataUnavailableError(str(exc)) from None
 
     def prepared(self, cfg: "PipelineConfig", root: Path) -> dict:
         """``{"x", "y", "xt", "yt", "info"}``: both splits as arrays (targets encoded, not yet
@@ -183,7 +297,8 @@ class _Table(Task):
         files = [*split_paths(cfg.dataset, root).values()]
         if cfg.dataset.expectations_file:
             files.append(Path(root) / cfg.dataset.expectations_file)
-        code = {Path(__file__), Path(inspect.getfile(type(self))), Path(__file__).with_name("table.py")}
+        code = {Path(__file__), Path(inspect.getfile(type(self))), Path(__file__).with_name("table.py"),
+                Path(__file__).with_name("encoding.py")}
         key = sha256_json({"task": self.name, "seed": cfg.seed, "dataset": cfg.dataset.model_dump(mode="json"),
                            "files": [file_sha256(f) if f.is_file() else str(f) for f in files],
                            "code": sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in code)})
@@ -197,8 +312,8 @@ class _Table(Task):
             pass
         frames = self.frames(cfg, root)
         info = self.info(cfg, root, frames)
-        # A missing feature value (where the expectations allow nulls) is imputed with the train
-        # mean by the model's first layer (``Standardize``), in training and in the exported program.
+        # A missing value stays NaN (a category's code says "missing"): the model's first layer
+        # (``tasks.table_nets.TableInput``) imputes it, in training and in the exported program.
         x, y = self.arrays(frames["train"], info, cfg.dataset.label)
         xt, yt = self.arrays(frames["test"], info, cfg.dataset.label)
         try:
@@ -237,18 +352,17 @@ class _Table(Task):
 
     # -- model --------------------------------------------------------------------------------
     def build_model(self, cfg: "PipelineConfig", info: dict):
-        from torch import nn
+        from tasks.table_nets import table_network
 
-        from training.models import Standardize, build_core
-
-        n_in = len(info["features"])
-        return nn.Sequential(Standardize(info["mean"], info["std"]), build_core(cfg.model, n_in, self.n_outputs(info)))
+        return table_network(cfg.model, info["columns"], self.n_outputs(info))
 
     def example_input(self, cfg: "PipelineConfig", info: dict, batch: int = 2):
-        """A batch of train means (what ``Standardize`` maps to zeros)."""
+        """A batch of typical rows: each numeric column's train median, each category's first value."""
         import torch
 
-        return torch.tensor([info["mean"]] * batch, dtype=torch.float32)
+        row = [c["median"] if c["kind"] == "numeric" else (FIRST_CODE if c["values"] else OTHER_CODE)
+               for c in info["columns"]]
+        return torch.tensor([row] * batch, dtype=torch.float32)
 
     # -- evaluation hooks (the "predictions" evaluator) ----------------------------------------
     def eval_data(self, cfg: "PipelineConfig", root: Path) -> tuple["pd.DataFrame", np.ndarray, np.ndarray, dict]:
@@ -302,6 +416,33 @@ class _Table(Task):
     def _key_parts(self, cfg, root) -> dict:
         return {}
 
+    def gbdt(self, cfg: "PipelineConfig", root: Path) -> dict | None:
+        """scikit-learn's HistGradientBoosting (classifier or regressor, default settings, native
+        categories and missing values) fitted on the whole train split on one thread, predicting the
+        test split: ``{"predictor", "pred" (as ``decode`` gives), "fit_s", "predict_s"}``. The same
+        encoded columns as the network's: a category code is one of its categories (codes past
+        the 254 it takes become "other"), a missing value NaN."""
+        import time
+
+        import sklearn
+        from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+        from threadpoolctl import threadpool_limits
+
+        p = self.prepared(cfg, root)
+        cats = np.array([c["kind"] == "categorical" for c in p["info"]["columns"]], dtype=bool)
+        est = (HistGradientBoostingClassifier if self.classification else HistGradientBoostingRegressor)(
+            categorical_features=cats if cats.any() else None, random_state=cfg.seed)
+        x, xt = _gbdt_matrix(p["x"], cats), _gbdt_matrix(p["xt"], cats)
+        with threadpool_limits(1):
+            t0 = time.perf_counter()
+            est.fit(x, p["y"])
+            t1 = time.perf_counter()
+            pred = est.predict(xt)
+            t2 = time.perf_counter()
+        return {"predictor": f"{type(est).__name__} (scikit-learn {sklearn.__version__}, default settings, "
+                             f"{est.n_iter_} iterations, 1 thread)",
+                "pred": pred, "fit_s": round(t1 - t0, 3), "predict_s": round(t2 - t1, 3)}
+
     def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
         frame, _, y, info = self.eval_data(cfg, root)
         return self.score(y, self.encode(predictor(frame[info["features"]]), info), info)
@@ -311,7 +452,10 @@ class _Table(Task):
         frame, _, _, info = self.eval_data(cfg, root)
         example = frame[info["features"]].head(5).reset_index(drop=True)
         meta = {"format": "torch.export", "input_dtype": "float32", "feature_columns": info["features"],
-                **self._meta(info)}
+                "columns": [{"name": c["name"], "kind": c["kind"], **({"values": c["values"]}
+                                                                      if c["kind"] == "categorical" else {})}
+                            for c in info["columns"]],
+                "codes": {"missing": MISSING_CODE, "other": OTHER_CODE, "first": FIRST_CODE}, **self._meta(info)}
         return ModelSpec(PYFUNC_FILE, meta, [(c, info["dtypes"][c]) for c in info["features"]],
                          [(None, self._output_type(info))], example,
                          checked=report.get("candidate_scored_in") == "worker")
@@ -323,7 +467,7 @@ class _Table(Task):
         missing = [c for c in spec.meta["feature_columns"] if c not in spec.example.columns]
         if missing:
             raise ValueError(f"the input example lacks feature columns {missing[:5]}")
-        x = torch.tensor(spec.example[spec.meta["feature_columns"]].head(5).to_numpy(dtype=np.float32))
+        x = torch.tensor(encode(spec.example.head(5), spec.meta["columns"]))
         with torch.inference_mode():
             out = program(x).numpy()
         n = len(spec.meta.get("class_labels") or [None])
@@ -349,7 +493,7 @@ class Classification(_Table):
         return ("accuracy", "macro_f1", "min_class_recall", "class_recall", "confusion_matrix", "n")
 
     def init_defaults(self) -> dict:
-        return {"model": {"kind": "mlp", "hidden": 64, "dropout": 0.1},
+        return {"model": {"kind": "tabular", "hidden": 256, "layers": 3, "dropout": 0.1},
                 "gates": {"baseline_margin": 0.05, "thresholds": {"latency_p95_ms": 50}}}
 
     def _target_info(self, cfg, root, labels) -> dict:
@@ -371,6 +515,7 @@ class Classification(_Table):
         return len(info["classes"])
 
     def targets(self, labels, info: dict) -> np.ndarray:
+        _no_missing_labels(labels)
         index = {_label_key(c): i for i, c in enumerate(info["classes"])}
         keys = [_label_key(v) for v in labels.tolist()]
         bad = sorted({k for k in keys if k not in index})
@@ -426,7 +571,7 @@ class Regression(_Table):
     primary = "r2"
 
     def init_defaults(self) -> dict:
-        return {"model": {"kind": "mlp", "hidden": 64, "dropout": 0.0},
+        return {"model": {"kind": "tabular", "hidden": 256, "layers": 3, "dropout": 0.0},
                 "gates": {"baseline_margin": 0.1, "thresholds": {"latency_p95_ms": 50}}}
 
     def _target_info(self, cfg, root, labels) -> dict:
@@ -443,6 +588,7 @@ class Regression(_Table):
         return 1
 
     def targets(self, labels, info: dict) -> np.ndarray:
+        _no_missing_labels(labels)
         try:
             return labels.to_numpy(dtype=np.float32)
         except (TypeError, ValueError) as exc:
@@ -455,7 +601,7 @@ class Regression(_Table):
     def export_module(self, model, info: dict):
         from torch import nn
 
-        from training.models import Affine
+        from tasks.table_nets import Affine
 
         return nn.Sequential(model, Affine(info["y_std"], info["y_mean"]))
 
@@ -486,25 +632,57 @@ class Regression(_Table):
         return "double"
 
 
-def _numeric(frame: "pd.DataFrame", columns: list[str]) -> np.ndarray:
-    try:
-        return frame[columns].to_numpy(dtype=np.float64, na_value=np.nan)
-    except (TypeError, ValueError) as exc:
-        raise DataUnavailableError(f"feature columns must be numeric: {exc}") from None
+# An integer feature with this many distinct values at most (and 3 at least) is taken for categories.
+MAX_INTEGER_CATEGORIES = 10
+# Names of identifier columns (lower case), when their values are unique.
+ID_NAMES = ("id", "rownames", "row_names", "rowname", "index", "unnamed: 0", "row", "rowid", "row_id", "key",
+            "uuid", "guid", "record_id")
 
 
-def _check_factory(ref: str) -> None:
-    """``model.factory``'s module must be importable (found, not imported: that may import torch)."""
-    import importlib.util
+def _id_like(name: str, s: "pd.Series") -> str | None:
+    """Why column ``name`` is an identifier rather than a feature, or None: unique and complete,
+    and a running number, text different in every row, or named like an id."""
+    import pandas as pd
 
-    module = ref.partition(":")[0]
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        found = None
-    if found is None:
-        raise ConfigError(f"model.factory: module {module!r} not found (it must be importable from the "
-                          "repository root or an installed package)")
+    n = len(s)
+    if n < 10 or s.isna().any() or s.nunique() != n:
+        return None
+    if _numeric_dtype(s.dtype):
+        v = s.to_numpy(dtype=np.float64)
+        if (v == np.round(v)).all() and v.max() - v.min() == n - 1:
+            return f"a running number {int(v.min())}..{int(v.max())}, one per row: a row id, not a feature"
+    elif not pd.api.types.is_bool_dtype(s.dtype):
+        return "a different text in every row: an identifier (or free text), not a category"
+    if name.strip().lower() in ID_NAMES or name.lower().endswith("_id"):
+        return "named like an id and unique in every row"
+    return None
+
+
+def _no_missing_labels(labels) -> None:
+    """DataUnavailableError when labels are missing (the streamed loader reads the files as they are;
+    the in-memory one leaves unlabeled rows out, ``tasks.table.labeled``)."""
+    missing = int(labels.isna().sum())
+    if missing:
+        raise DataUnavailableError(f"{missing} row(s) have no label: a streamed train split must be labeled in "
+                                   "every row (drop those rows from its files, or load it in memory)")
+
+
+def _gbdt_matrix(x: np.ndarray, categorical: np.ndarray) -> np.ndarray:
+    """Encoded columns as HistGradientBoosting takes them: float64, a category's code shifted to
+    0 = other, 1.. = the vocabulary (at most 254 kept; later ones become other), missing as NaN."""
+    out = x.astype(np.float64)
+    if categorical.any():
+        codes = out[:, categorical]
+        codes = np.where(codes == MISSING_CODE, np.nan, codes - OTHER_CODE)
+        codes[codes > 254] = 0
+        out[:, categorical] = codes
+    return out
+
+
+def _numeric_dtype(dtype) -> bool:
+    import pandas as pd
+
+    return pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)
 
 
 def _file_id(path: Path) -> tuple:

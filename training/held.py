@@ -72,7 +72,11 @@ class HeldJob:
         return self.job
 
     def abort(self, reason: str, grace_s: float = 10.0) -> None:
-        """Stop the job: a waiting one exits before its first step; one that went on is killed."""
+        """Stop the job: a waiting one exits before its first step; one that went on is killed.
+
+        A held job that has not exited within ``grace_s`` (its workers were still starting up) is
+        SIGKILLed, not SIGTERMed: it never trained, so nothing is lost, and torchrun answers a
+        SIGTERM with a traceback on the user's terminal after the flow's own error."""
         if self.waiting:
             self._send({"go": False, "reason": reason})
             try:
@@ -80,6 +84,8 @@ class HeldJob:
                 return
             except subprocess.TimeoutExpired:
                 pass
+            self.job.kill(now=True)
+            return
         self.job.kill()
 
 

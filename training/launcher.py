@@ -26,6 +26,7 @@ from pathlib import Path
 
 from core.config import PipelineConfig
 from core.errors import ConfigError, PreemptedError, TrainingFailedError
+from core.paths import python_path_with
 from core.procs import pid_alive
 from tasks.base import SCORES_FILE  # noqa: F401  (the file SCORE_ENV makes rank 0 write)
 from training import preemption
@@ -264,8 +265,9 @@ def _first_failure(log_dir: Path, nproc: int) -> tuple[int | None, str, str]:
     return local_rank, message, tb
 
 
-def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0,
+                signals: tuple = (signal.SIGTERM, signal.SIGKILL)) -> None:
+    for sig in signals:
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -411,10 +413,11 @@ class Job:
         self.proc = proc
         self.started_at = time.perf_counter()  # wall_s counts from here (training.held: from `go`)
 
-    def kill(self) -> None:
-        """Stop the job's process group now (SIGTERM, then SIGKILL), if it still runs."""
+    def kill(self, now: bool = False) -> None:
+        """Stop the job's process group now (SIGTERM, then SIGKILL; ``now``: SIGKILL at once, for a
+        job that never trained: nothing to save, and torchrun answers SIGTERM with a traceback)."""
         if self.proc.poll() is None:
-            _kill_group(self.proc)
+            _kill_group(self.proc, signals=(signal.SIGKILL,) if now else (signal.SIGTERM, signal.SIGKILL))
 
     def finish(self, at_result: bool = False) -> dict:
         """Wait for the job; return ``result.json`` (plus ``wall_s``: since ``started_at``).
@@ -519,7 +522,11 @@ def start_job(spec: JobSpec, lock_fd: int | None = None, launch_env: dict[str, s
     # any of them, and a node that does not see rank 0's folder writes a copy of the result here.
     (out / "result.json").unlink(missing_ok=True)
     (out / FATAL_FILE).unlink(missing_ok=True)
-    env = {**os.environ, **spec.env, **(launch_env or {}), "OMP_NUM_THREADS": str(spec.threads_per_worker),
+    env = {**os.environ, **spec.env, **(launch_env or {})}
+    # The repository root first on the workers' path: a model.factory module there imports in every
+    # worker, wherever torchrun starts them from (not recorded in job.json: it names this host's paths).
+    env = {**env, "PYTHONPATH": python_path_with(spec.root, env.get("PYTHONPATH")),
+           "OMP_NUM_THREADS": str(spec.threads_per_worker),
            LAUNCHER_PID_ENV: str(os.getpid()), NNODES_ENV: str(spec.nnodes),
            WORKER_START_ENV: "fork" if spec.fork_workers else "exec"}
     proc = subprocess.Popen(spec.command(out / "torchrun"), cwd=spec.root, env=env, start_new_session=True,

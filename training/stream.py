@@ -415,9 +415,11 @@ class _Loader:
 
 # -- tables --------------------------------------------------------------------------------------
 def table_reader(groups: RowGroups, features: list[str], label: str,
-                 targets: Callable[["object"], np.ndarray]) -> Reader:
-    """``read(u)`` for a table: row group u's features as float32 ``[rows, f]`` (nulls as NaN, which
-    the model's ``Standardize`` imputes) and ``targets(the label column, a pyarrow ChunkedArray)``."""
+                 targets: Callable[["object"], np.ndarray],
+                 encode: Callable[["object"], np.ndarray] | None = None) -> Reader:
+    """``read(u)`` for a table: ``encode(row group u's feature columns as a pandas frame)`` (the
+    task's encoding: float32 ``[rows, f]``, nulls as NaN, which the model's first layer imputes;
+    None: numeric columns as they are) and ``targets(the label column, a pyarrow ChunkedArray)``."""
     import pyarrow.parquet as pq
 
     files: dict[int, object] = {}
@@ -433,13 +435,11 @@ def table_reader(groups: RowGroups, features: list[str], label: str,
             except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds; all mean "unreadable"
                 raise DataUnavailableError(f"{path} row group {g} cannot be read: {type(exc).__name__}: "
                                            f"{exc}") from None
-        x = np.empty((table.num_rows, len(features)), dtype=np.float32)
-        for j, name in enumerate(features):
-            col = table.column(name)
-            try:
-                x[:, j] = col.to_numpy()
-            except (TypeError, ValueError) as exc:
-                raise DataUnavailableError(f"{path}: feature column {name!r} must be numeric: {exc}") from None
+        try:
+            frame = table.select(features).to_pandas()
+            x = encode(frame) if encode is not None else frame.to_numpy(dtype=np.float32, na_value=np.nan)
+        except (DataUnavailableError, TypeError, ValueError) as exc:
+            raise DataUnavailableError(f"{path} row group {g}: {exc}") from None
         return x, targets(table.column(label))
 
     return read
@@ -565,7 +565,8 @@ def stream_splits(cfg: "PipelineConfig", root: Path, seed: int, data_md5: str) -
     def targets(labels) -> np.ndarray:  # the task's encoding, as the in-memory path applies it
         return task.train_targets(task.targets(labels.to_pandas(), info), info)
 
-    read = table_reader(groups, info["features"], cfg.dataset.label, targets)
+    read = table_reader(groups, info["features"], cfg.dataset.label, targets,
+                        lambda frame: task.features_of(frame, info))
     y_dtype = np.int64 if task.classification else np.float32
     holdout = Holdout(groups, seed, cfg.dataset.val_fraction, lc.val_rows)
     train = StreamSource(groups, read, seed=seed, window=lc.shuffle_row_groups, holdout=holdout,
@@ -592,7 +593,7 @@ def _info_once(task, cfg: "PipelineConfig", root: Path, source: Path, groups: Ro
         return [str(path), st.st_size, st.st_mtime_ns]
 
     code = [Path(__file__), Path(__file__).parents[1] / "tasks" / "tabular.py",
-            Path(__file__).parents[1] / "tasks" / "columnar.py"]
+            Path(__file__).parents[1] / "tasks" / "columnar.py", Path(__file__).parents[1] / "tasks" / "encoding.py"]
     exp = cfg.dataset.expectations_file
     key = sha256_json({"task": task.name, "dataset": cfg.dataset.model_dump(mode="json"), "md5": data_md5,
                        "files": [ident(f) for f in groups.files],

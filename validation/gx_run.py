@@ -477,6 +477,7 @@ def write_report(run: Run, items: list[Item], report_dir: Path, *, failures: lis
          "n_expectations": int,  # checks: a stacked expectation counts once per column it covers
          "n_failed": int,        # == len(failures)
          "failures": [...], "duration_s": float,
+         "warnings": [...],      # failures the plan reports without failing (severity "warning")
          "files": {"result_json", "summary_md", "data_docs"},   # data_docs None if not built
          "rows": {split: n}, "skipped": [{"split", "check", "reason"}],
          "gx": {"version", "expectations", "failed"}}            # GX's own counts
@@ -497,11 +498,14 @@ def write_report(run: Run, items: list[Item], report_dir: Path, *, failures: lis
         "data_docs": build_data_docs(run.context, report_dir),
     }
     results = run.results(items)
+    warnings = [f for f in failures if f.get("severity") == "warning"]
+    failures = [f for f in failures if f.get("severity") != "warning"]
     report = jsonable({
         "success": not failures and not skipped,
         "n_expectations": sum(sum(item.covers) for item in items),
         "n_failed": len(failures),
         "failures": failures,
+        "warnings": warnings,
         "duration_s": round(time.perf_counter() - run.started, 3),
         "files": files,
         "rows": rows,

@@ -6,14 +6,21 @@ so it can be tested with hand-written dicts.
 A failure entry (one per failed expectation; a stacked-cells expectation gives one per column)::
 
     {"split": "train" | "test" | "cross",
-     "check": "columns" | "label_column" | "row_count" | "dtype" | "numeric" | "nulls" | "range"
+     "check": "columns" | "label_column" | "row_count" | "dtype" | "feature_type" | "nulls" | "range"
               | "label_set" | "value_set" | "class_balance" | "leak" | "other",
      "expectation": "expect_column_values_to_not_be_null",   # the GX expectation type
      "column": "pixel_5" | None,       # None for table-level checks and the leak check
      "unexpected_count": 1 | None,     # None where GX gives no count (table-level checks)
      "examples": [...],                # up to 5 JSON values (dicts for derived frames)
      "rows": [...],                    # up to 5 0-based row positions in the split
-     "detail": "1 null value (row 3)"}
+     "detail": "1 null value (row 3)",
+     "message": "train.pixel_5: 1 null value (row 3)"}   # one line for a person: where, then what
+
+``message`` names the split and the column (``train.sex``; a table-level check names the split
+alone, the leak check ``train/test``), says the expectation in words and shows up to five
+offending values with their counts (``11 values not in {female, male}: unknown ×9, F ×2``).
+A failure with ``"severity": "warning"`` (rows in both splits under ``dataset.leak_policy: warn``)
+is reported, not failed.
 """
 
 from __future__ import annotations
@@ -60,6 +67,32 @@ def fmt_bound(x: Any) -> str:
 
 def _fmt_values(values: Iterable[Any]) -> str:
     return ", ".join(str(v) for v in values)
+
+
+def _value_text(v: Any) -> str:
+    """A data value as a person reads it in a message: null for a missing one."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "null"
+    return str(_tidy_number(v))
+
+
+def counted(values: list, counts: list[dict] | None = None) -> str:
+    """``a ×3, b ×1``: up to MAX_EXAMPLES values with how often each occurs, most frequent first
+    (GX's ``partial_unexpected_counts``, exact for these values), else the example values counted."""
+    pairs = [(c.get("value"), int(c.get("count") or 0)) for c in (counts or []) if "value" in c]
+    if not pairs:
+        seen: dict[str, list] = {}
+        for v in values:
+            key = repr(v)
+            seen.setdefault(key, [v, 0])[1] += 1
+        pairs = sorted(((v, n) for v, n in seen.values()), key=lambda p: -p[1])
+    return ", ".join(f"{_value_text(v)} ×{n}" for v, n in pairs[:MAX_EXAMPLES])
+
+
+def where(split: Any, column: Any) -> str:
+    """``train.sex``, ``train`` (a table-level check) or ``train/test`` (rows in both splits)."""
+    split = "train/test" if split == "cross" else str(split)
+    return f"{split}.{column}" if column is not None else split
 
 
 def _exception_message(evr: dict) -> str | None:
@@ -119,6 +152,7 @@ def failure_from_result(evr: dict, split: str, frame: str = "split", *, label_co
     values = list(result.get("partial_unexpected_list") or [])[:MAX_EXAMPLES]
     index_list = index_records(result)
     rows = [i for i in index_list if isinstance(i, int) and not isinstance(i, bool)][:MAX_EXAMPLES]
+    counts = [c for c in (result.get("partial_unexpected_counts") or []) if isinstance(c, dict)]
     failure: dict[str, Any] = {
         "split": split,
         "check": "other",
@@ -132,9 +166,9 @@ def failure_from_result(evr: dict, split: str, frame: str = "split", *, label_co
     records = [p for p in index_list if isinstance(p, dict)]
 
     if frame == "schema":
-        # The pair (expected, found) check is "dtype"; the feature check is "numeric".
+        # The pair (expected, found) check is "dtype"; the feature check is "feature_type".
         numeric = column == "feature"
-        failure["check"] = "numeric" if numeric else "dtype"
+        failure["check"] = "feature_type" if numeric else "dtype"
         failure["rows"] = []
         bad = [{"column": p.get("column"), "dtype": p.get("dtype"), "expected": p.get("expected"),
                 "found": p.get("found")} for p in records]
@@ -145,7 +179,8 @@ def failure_from_result(evr: dict, split: str, frame: str = "split", *, label_co
         if numeric:
             failure["examples"] = [{"column": b["column"], "dtype": b["dtype"]} for b in bad[:MAX_EXAMPLES]]
             shown = ", ".join(f"{b['column']} is {b['dtype']}" for b in bad[:MAX_EXAMPLES])
-            failure["detail"] = f"{_plural(count, 'feature column')} not numeric: {shown}{more}"
+            failure["detail"] = (f"{_plural(count, 'feature column')} of a type a model cannot take (numbers, "
+                                 f"text or booleans): {shown}{more}")
         else:
             failure["examples"] = bad[:MAX_EXAMPLES]
             shown = ", ".join(f"{b['column']} holds {b['found']} ({b['dtype']}), expected {b['expected']}"
@@ -225,16 +260,18 @@ def failure_from_result(evr: dict, split: str, frame: str = "split", *, label_co
             and all(isinstance(v, int) for v in vset)
             and vset == list(range(vset[0], vset[0] + len(vset)))
         )
-        span = f"{vset[0]}..{vset[-1]}" if contiguous else _fmt_values(vset)
-        where = "the class set " if column == label_column else ""
-        failure["detail"] = f"{_plural(count, 'value')} not in {where}{{{span}}}" + (
-            f", e.g. {_fmt_values(values)}" if values else ""
+        span = f"{vset[0]}..{vset[-1]}" if contiguous else _fmt_values(vset[:20]) + (" ..." if len(vset) > 20 else "")
+        what = "the class set " if column == label_column else ""
+        shown = counted(values, counts)
+        failure["detail"] = f"{_plural(count, 'value')} not in {what}{{{span}}}" + (
+            f": {shown}" if shown else ""
         ) + _rows_text(rows, count)
     elif etype == "expect_column_values_to_be_between":
         failure["check"] = "range"
         lo, hi = fmt_bound(kwargs.get("min_value")), fmt_bound(kwargs.get("max_value"))
+        shown = counted(values, counts)
         failure["detail"] = f"{_plural(count, 'value')} outside [{lo}, {hi}]" + (
-            f", e.g. {_fmt_values(values)}" if values else ""
+            f": {shown}" if shown else ""
         ) + _rows_text(rows, count)
 
     error = _exception_message(evr)
@@ -244,7 +281,7 @@ def failure_from_result(evr: dict, split: str, frame: str = "split", *, label_co
         failure["examples"] = []
         failure["rows"] = []
         failure["detail"] = f"could not be evaluated: {error}"
-
+    failure["message"] = f"{where(split, failure['column'])}: {failure['detail']}"
     return jsonable(failure)
 
 
@@ -253,6 +290,15 @@ def _tidy_number(v: Any) -> Any:
     if isinstance(v, float) and v.is_integer():
         return int(v)
     return v
+
+
+def _cells_values(group: list[dict], count: int) -> str:
+    """``: -1 ×3, 99 ×1`` when every failing cell of the column is listed (counts exact), else
+    ``, e.g. -1, 99`` (a streamed run keeps a bounded number of cells per column)."""
+    values = [_tidy_number(c.get("value")) for c in group]
+    if len(group) >= count:
+        return f": {counted(values)}"
+    return f", e.g. {_fmt_values(values[:MAX_EXAMPLES])}"
 
 
 def cells_failures(evr: dict, split: str) -> list[dict]:
@@ -277,6 +323,7 @@ def cells_failures(evr: dict, split: str) -> list[dict]:
     if base["detail"].startswith("could not be evaluated") or not cells:
         # The stacked frame's own column ("value") means nothing to a reader: no column.
         base.update(column=None, rows=[])
+        base["message"] = f"{where(split, None)}: {base['detail']}"
         return [base]
     by_column: dict[Any, list[dict]] = {}
     for cell in cells:
@@ -299,16 +346,16 @@ def cells_failures(evr: dict, split: str) -> list[dict]:
             f["examples"] = values
             f["detail"] = (
                 f"{_plural(count, 'value')} {'below min' if side == 'min' else 'above max'} "
-                f"{fmt_bound(_tidy_number(bound))}, e.g. {_fmt_values(values)}" + _rows_text(rows, count)
+                f"{fmt_bound(_tidy_number(bound))}{_cells_values(group, count)}" + _rows_text(rows, count)
             )
         else:
             kwargs = (evr.get("expectation_config") or {}).get("kwargs") or {}
             lo, hi = fmt_bound(kwargs.get("min_value")), fmt_bound(kwargs.get("max_value"))
             f["examples"] = values
             f["detail"] = (
-                f"{_plural(count, 'value')} outside [{lo}, {hi}], e.g. {_fmt_values(values)}"
-                + _rows_text(rows, count)
+                f"{_plural(count, 'value')} outside [{lo}, {hi}]{_cells_values(group, count)}" + _rows_text(rows, count)
             )
+        f["message"] = f"{where(split, column)}: {f['detail']}"
         out.append(jsonable(f))
     return out
 
@@ -332,10 +379,10 @@ def failures_from_results(
 
 
 _CHECK_ORDER = (
-    "columns", "label_column", "row_count", "dtype", "numeric",
+    "columns", "label_column", "row_count", "dtype", "feature_type",
     "nulls", "range", "label_set", "value_set", "other", "class_balance", "leak",
 )
-_TABLE_CHECKS = {"columns", "label_column", "row_count", "dtype", "numeric"}
+_TABLE_CHECKS = {"columns", "label_column", "row_count", "dtype", "feature_type"}
 _COLUMN_CHECKS = {"nulls", "range", "label_set", "value_set", "other"}
 
 
@@ -395,6 +442,8 @@ def summary_markdown(report: dict) -> str:
     if isinstance(rows, dict) and rows:
         lines += ["", "Rows: " + ", ".join(f"{k} {v}" for k, v in rows.items()) + "."]
     if failures:
+        lines += ["", "## What failed", ""]
+        lines += [f"- {f.get('message') or f.get('detail')}" for f in failures]
         lines += [
             "",
             "## Failures",
@@ -421,6 +470,10 @@ def summary_markdown(report: dict) -> str:
                 )
                 + " |"
             )
+    warnings = report.get("warnings") or []
+    if warnings:
+        lines += ["", "## Warnings (reported, not failed)", ""]
+        lines += [f"- {w.get('message') or w.get('detail')}" for w in warnings]
     skipped = report.get("skipped") or []
     if skipped:
         lines += ["", "## Checks not run", ""]

@@ -64,6 +64,9 @@ TYPE_PAIRS = [
     *((t, "null") for t in ("integer", "float", "string", "boolean")),
 ]
 NUMERIC = ("integer", "float", "null")
+# The types a feature column may hold: numbers, and text or booleans (categories). "other" (a mix
+# of kinds in one column, dates as objects, ...) cannot be encoded.
+FEATURE_TYPES = ("integer", "float", "string", "boolean", "null")
 
 
 def table_suite_hash(exp: TableExpectations, features: list[str], label: str, classification: bool) -> str:
@@ -90,7 +93,8 @@ def identity(params: dict) -> dict:
     split = {"file": ds.file, "seed": params["seed"], "test_fraction": ds.test_fraction,
              "stratify": params["stratify"]} if ds.file is not None else None
     return {**_parts(params["expectations"], params["features"], params["label"], params["classification"]),
-            "split": split}
+            "split": split, **({"leak_policy": params["leak_policy"]} if params.get("leak_policy") == "warn" else {}),
+            "split_groups": "row_hashes" if ds.file is not None else None}
 
 
 def load(params: dict) -> dict[str, pd.DataFrame]:
@@ -121,9 +125,17 @@ def _checked(params: dict) -> tuple:
 
 
 def failures(params: dict, run: Run, items: list[Item]) -> list[dict]:
-    """One report entry per failed check, in split, table, column, balance, leak order."""
+    """One report entry per failed check, in split, table, column, balance, leak order. Rows found
+    in both splits are a warning instead (``"severity": "warning"``: reported, not failed) when
+    the plan's ``leak_policy`` is ``warn``."""
     triples = [(item.split, item.kind, evr) for item, evr in run.results(items)]
-    return sort_failures(failures_from_results(triples, label_column=params["label"]), params["expectations"].names)
+    out = sort_failures(failures_from_results(triples, label_column=params["label"]), params["expectations"].names)
+    if params.get("leak_policy", "fail") == "warn":
+        for f in out:
+            if f["check"] == "leak":
+                f["severity"] = "warning"
+                f["message"] += " (dataset.leak_policy: warn)"
+    return out
 
 
 # --------------------------------------------------------------------------- derived frames
@@ -420,8 +432,8 @@ def _split_items(exp: TableExpectations, features: list[str], label: str, classi
     covers = [len(schema)]
     if present_features:
         schema_exp.append(gxe.ExpectColumnValuesToBeInSet(
-            column="feature", value_set=list(NUMERIC),
-            description=f"numeric features: {_names_text(present_features)}"))
+            column="feature", value_set=list(FEATURE_TYPES),
+            description=f"features hold numbers, text or booleans: {_names_text(present_features)}"))
         covers.append(len(present_features))
     items.append(Item(f"{s}_schema", s, "schema", schema, schema_exp,
                       complete("column", "dtype", "expected", "found"), covers))
@@ -542,54 +554,73 @@ def _schema_info(exp: TableExpectations, schema, dtypes: dict[str, str], stats: 
 
 
 def _batches(params: dict, paths: dict[str, Path], batch_rows: int, sizes: dict):
-    """``(split, RecordBatch, offset)`` in each split's row order; one file is split by seed as
-    ``tasks.table.load_frames`` splits it (its label column read whole for the stratification).
-    ``sizes`` is filled with each split's rows before the first batch where they are known
-    without reading the data (Parquet footers, the seeded split), else None."""
+    """``(split, RecordBatch, offset)`` in each split's row order, rows without a label left out
+    and one file split by seed, as ``tasks.table.load_frames`` reads them (the label column read
+    whole for the stratification, the rows' hashes in one pass for the duplicates). ``sizes`` is
+    filled with each split's rows before the first batch where they are known without reading
+    the data (Parquet footers, the seeded split), else None."""
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from tasks.columnar import iter_batches, source_rows
+
+    label = params["dataset"].label
+
+    def labeled(batch):
+        if label not in batch.schema.names:
+            return batch
+        valid = pc.is_valid(batch.column(label))
+        if pa.types.is_floating(batch.schema.field(label).type):
+            valid = pc.and_(valid, pc.invert(pc.is_nan(batch.column(label))))
+        return batch if pc.all(valid).as_py() else batch.filter(valid)
 
     if "all" not in paths:
         sizes.update({s: source_rows(paths[s]) for s in SPLITS})
         for s in SPLITS:
             offset = 0
             for batch in iter_batches(paths[s], batch_rows=batch_rows):
-                yield s, batch, offset
-                offset += batch.num_rows
+                part = labeled(batch)
+                if part.num_rows != batch.num_rows:
+                    sizes[s] = None  # known only once read
+                yield s, part, offset
+                offset += part.num_rows
         return
-    from tasks.columnar import source_schema
-    from tasks.table import seeded_split
+    from tasks.table import row_hashes, seeded_split
 
     ds, src = params["dataset"], paths["all"]
-    n = source_rows(src)
+    # Equal rows stay on one side, as load_frames splits them: one pass of row hashes (8 bytes a
+    # row), and of the label's presence; the label itself read whole as load_frames reads it (its
+    # dtype sets the stratification's groups).
+    hashes = [row_hashes(labeled(batch).to_pandas()) for batch in iter_batches(src, batch_rows=batch_rows)]
+    groups = np.concatenate(hashes or [np.zeros(0, dtype=np.uint64)])
+    del hashes
     labels = None
     if params["stratify"]:
         import pandas as pd
 
-        try:  # the label read as load_frames reads it (its dtype sets the stratification's groups)
+        try:
             labels = (pd.read_csv(src, usecols=[ds.label]) if src.suffix.lower() == ".csv"
-                      else pd.read_parquet(src, columns=[ds.label]))[ds.label]
+                      else pd.read_parquet(src, columns=[ds.label]))[ds.label].dropna().reset_index(drop=True)
         except (ValueError, KeyError):
             labels = None
-    if n is None:  # a CSV: its rows counted in one streamed pass over one column
-        first = source_schema(src).names[0]
-        n = len(labels) if labels is not None else sum(b.num_rows for b in iter_batches(src, columns=[first]))
-    _, held = seeded_split(labels, n, ds.test_fraction, params["seed"], params["stratify"])
+    n = len(groups)
+    _, held = seeded_split(labels, n, ds.test_fraction, params["seed"], params["stratify"], groups=groups)
+    del groups
     is_test = np.zeros(n, dtype=bool)
     is_test[np.asarray(held, dtype=np.int64)] = True
     sizes.update(train=n - len(held), test=len(held))
     del held, labels
     offsets, start = {"train": 0, "test": 0}, 0
     for batch in iter_batches(src, batch_rows=batch_rows):
-        m = is_test[start:start + batch.num_rows]
-        start += batch.num_rows
+        part = labeled(batch)
+        m = is_test[start:start + part.num_rows]
+        start += part.num_rows
         for s, mask in (("train", ~m), ("test", m)):
-            part = batch.filter(pa.array(mask))
-            if part.num_rows:
-                yield s, part, offsets[s]
-                offsets[s] += part.num_rows
+            piece = part.filter(pa.array(mask))
+            if piece.num_rows:
+                yield s, piece, offsets[s]
+                offsets[s] += piece.num_rows
 
 
 def _float_column(batch, name: str):

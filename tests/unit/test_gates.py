@@ -83,11 +83,28 @@ def test_beats_compares_champion_metrics_in_order_each_in_its_direction():
     assert beats(CLS, GOOD, None) == (True, "there is no champion")
     assert beats(CLS, GOOD, {"accuracy": 0.94, "macro_f1": 0.99})[0]
     assert not beats(CLS, GOOD, {"accuracy": 0.96, "macro_f1": 0.5})[0]
-    assert beats(CLS, GOOD, {"accuracy": 0.95, "macro_f1": 0.95})[0]  # equal: the newer one wins
+    ok, reason = beats(CLS, GOOD, {"accuracy": 0.95, "macro_f1": 0.95})  # equal: a tie keeps the champion
+    assert not ok and "ties the champion's 0.9500 / 0.9500" in reason and "the champion stays" in reason
     assert not beats(CLS, GOOD, {"accuracy": 0.95, "macro_f1": 0.96})[0]
     assert beats(LM, _lm(8.0), _lm(8.5))[0] and not beats(LM, _lm(8.5), _lm(8.0))[0]
     ok, reason = beats(REG, {"r2": 0.9, "rmse": 1.0}, {"r2": 0.9, "rmse": 1.1})
     assert ok and "beats" in reason  # equal r2: the lower rmse wins
+
+
+def test_a_candidate_must_beat_the_champion_by_more_than_min_improvement():
+    champ = {"accuracy": 0.9861, "macro_f1": 0.9860}
+    # An identical retrain (the first-hour report: "0.9861 / 0.9860 beats the champion's 0.9861 / 0.9860").
+    ok, reason = beats(CLS, dict(champ), champ, 0.001)
+    assert not ok and reason.startswith("accuracy / macro_f1 0.9861 / 0.9860 ties the champion's 0.9861 / 0.9860")
+    # Accuracy +0.0008 is within the margin, so the next metric decides: macro_f1 +0.004 beats it,
+    # +0.0005 ties too, and -0.002 loses.
+    assert beats(CLS, {"accuracy": 0.9869, "macro_f1": 0.9900}, champ, 0.001)[0]
+    assert not beats(CLS, {"accuracy": 0.9869, "macro_f1": 0.9865}, champ, 0.001)[0]
+    assert not beats(CLS, {"accuracy": 0.9869, "macro_f1": 0.9840}, champ, 0.001)[0]
+    assert beats(CLS, {"accuracy": 0.9875, "macro_f1": 0.90}, champ, 0.001)[0]  # accuracy +0.0014 decides first
+    assert not beats(CLS, {"accuracy": 0.9850, "macro_f1": 0.9999}, champ, 0.001)[0]  # -0.0011: worse
+    # A relative metric's margin is a factor of the champion's value: perplexity 8.0 -> 7.995 is 0.06 %.
+    assert not beats(LM, _lm(7.995), _lm(8.0), 0.001)[0] and beats(LM, _lm(7.99), _lm(8.0), 0.001)[0]
 
 
 def test_a_threshold_on_a_metric_the_task_lacks_is_a_config_error():

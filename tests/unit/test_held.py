@@ -37,7 +37,7 @@ class _Proc:
 def _held(tmp_path, hangs: bool = False) -> tuple[HeldJob, list]:
     killed: list = []
     job = SimpleNamespace(spec=SimpleNamespace(out_dir=str(tmp_path)), proc=_Proc(hangs), started_at=0.0,
-                          kill=lambda: killed.append(True))
+                          kill=lambda now=False: killed.append(True))
     return HeldJob(job), killed
 
 

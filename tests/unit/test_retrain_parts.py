@@ -62,7 +62,7 @@ def test_promotion_rule_needs_at_least_the_champions_accuracy():
     assert beats(cls, {"accuracy": 0.9, "macro_f1": 0.8}, None)[0]
     assert beats(cls, {"accuracy": 0.96, "macro_f1": 0.90}, {"accuracy": 0.95, "macro_f1": 0.99})[0]
     assert not beats(cls, {"accuracy": 0.94, "macro_f1": 0.99}, {"accuracy": 0.95, "macro_f1": 0.90})[0]
-    assert beats(cls, {"accuracy": 0.95, "macro_f1": 0.90}, {"accuracy": 0.95, "macro_f1": 0.90})[0]  # a tie: newer wins
+    assert not beats(cls, {"accuracy": 0.95, "macro_f1": 0.90}, {"accuracy": 0.95, "macro_f1": 0.90})[0]  # a tie
     ok, reason = beats(cls, {"accuracy": 0.95, "macro_f1": 0.89}, {"accuracy": 0.95, "macro_f1": 0.90})
     assert not ok and "does not beat" in reason
 

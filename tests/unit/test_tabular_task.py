@@ -70,8 +70,10 @@ def test_scaling_is_fitted_on_train_ignoring_nulls_and_a_null_is_imputed_with_th
     assert np.isfinite(info["mean"]).all() and np.isfinite(info["std"]).all()
     model = CLS.build_model(c, info).eval()
     x = torch.tensor([[info["mean"][0], np.nan]], dtype=torch.float32)
-    z = model[0](x)  # the Standardize layer
-    assert torch.equal(z, torch.zeros_like(z))  # the mean maps to 0, a missing value too
+    z = model[0](x)  # the input layer (mlp: standardised numerics)
+    # The mean maps to 0, a missing value too, and b (which had a null in train) gets a missing
+    # indicator beside it: 1 here.
+    assert z.tolist() == [[0.0, 0.0, 1.0]]
     assert torch.isfinite(model(x)).all()
     assert len(splits.train) + len(splits.val) == len(train)
 

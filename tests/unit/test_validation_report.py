@@ -135,6 +135,7 @@ def test_null_failure_names_column_count_and_rows():
         "examples": ["row 12"],
         "rows": [12],
         "detail": "1 null value (row 12)",
+        "message": "train.label: 1 null value (row 12)",
     }
 
 
@@ -149,7 +150,24 @@ def test_label_set_failure_shows_values_and_the_class_range():
         "test",
     )
     assert (f["check"], f["column"], f["unexpected_count"], f["examples"]) == ("label_set", "label", 7, [12, 12, 11, 15, 12])
-    assert f["detail"] == "7 values not in the class set {0..9}, e.g. 12, 12, 11, 15, 12 (rows 9, 10, 11, 12, 13 ...)"
+    # Without GX's counts, the examples are counted (most frequent first).
+    assert f["detail"] == "7 values not in the class set {0..9}: 12 ×3, 11 ×1, 15 ×1 (rows 9, 10, 11, 12, 13 ...)"
+    assert f["message"] == "test.label: " + f["detail"]
+
+
+def test_a_value_set_failure_names_split_column_the_set_and_each_value_with_its_count():
+    """The issue's own example: a person reads what is wrong, where, and how often."""
+    f = failure_from_result(
+        evr(
+            "expect_column_values_to_be_in_set",
+            {"column": "sex", "value_set": ["female", "male"]},
+            {"unexpected_count": 11, "partial_unexpected_list": ["F", "unknown", "F", "F", "unknown"],
+             "partial_unexpected_counts": [{"value": "unknown", "count": 8}, {"value": "F", "count": 3}],
+             "partial_unexpected_index_list": [3, 5, 8, 13, 21]},
+        ),
+        "train",
+    )
+    assert f["message"] == "train.sex: 11 values not in {female, male}: unknown ×8, F ×3 (rows 3, 5, 8, 13, 21 ...)"
 
     other = failure_from_result(
         evr("expect_column_values_to_be_in_set", {"column": "colour", "value_set": ["red", "white"]},
@@ -157,7 +175,7 @@ def test_label_set_failure_shows_values_and_the_class_range():
         "train",
     )
     assert (other["check"], other["column"]) == ("value_set", "colour")
-    assert other["detail"] == "1 value not in {red, white}, e.g. rose (row 4)"
+    assert other["detail"] == "1 value not in {red, white}: rose ×1 (row 4)"
 
 
 def test_a_missing_label_column_names_it():
@@ -211,17 +229,19 @@ def test_a_non_numeric_feature_is_named_with_its_dtype():
     f = failure_from_result(
         evr(
             "expect_column_values_to_be_in_set",
-            {"column": "feature", "value_set": ["integer", "float", "null"]},
+            {"column": "feature", "value_set": ["integer", "float", "string", "boolean", "null"]},
             {"unexpected_count": 2,
-             "unexpected_index_list": [{"column": ["hue", "colour"], "dtype": ["str", "bool"],
-                                        "expected": ["float", "string"], "found": ["string", "boolean"]}]},
+             "unexpected_index_list": [{"column": ["hue", "when"], "dtype": ["object", "datetime64[us]"],
+                                        "expected": ["float", "string"], "found": ["other", "other"]}]},
         ),
         "test",
         "schema",
     )
-    assert (f["check"], f["column"], f["unexpected_count"]) == ("numeric", None, 2)
-    assert f["examples"] == [{"column": "hue", "dtype": "str"}, {"column": "colour", "dtype": "bool"}]
-    assert f["detail"] == "2 feature columns not numeric: hue is str, colour is bool"
+    assert (f["check"], f["column"], f["unexpected_count"]) == ("feature_type", None, 2)
+    assert f["examples"] == [{"column": "hue", "dtype": "object"}, {"column": "when", "dtype": "datetime64[us]"}]
+    assert f["detail"] == ("2 feature columns of a type a model cannot take (numbers, text or booleans): "
+                           "hue is object, when is datetime64[us]")
+    assert f["message"] == "test: " + f["detail"]
 
 
 def test_balance_failure_names_the_labels_out_of_range():
@@ -291,7 +311,7 @@ def test_cells_failures_split_one_gx_result_into_exact_per_column_counts():
         ("pixel_40", 1, [-1], [0]),
     ]
     assert all(f["expectation"] == "expect_column_values_to_be_between" and f["check"] == "range" for f in out)
-    assert out[0]["detail"] == "2 values outside [0, 16], e.g. 99, 17 (rows 7, 8)"
+    assert out[0]["detail"] == "2 values outside [0, 16]: 99 ×1, 17 ×1 (rows 7, 8)"
 
     nulls = cells_failures(
         evr("expect_column_values_to_not_be_null", {"column": "value"},
@@ -299,7 +319,8 @@ def test_cells_failures_split_one_gx_result_into_exact_per_column_counts():
              "unexpected_index_list": [{"cell_column": ["pixel_5"], "cell_row": [3], "cell_value": [None]}]}),
         "train",
     )
-    assert nulls == [dict(NULL_FAILURE, unexpected_count=1, examples=["row 3"], rows=[3], detail="1 null value (row 3)")]
+    assert nulls == [dict(NULL_FAILURE, unexpected_count=1, examples=["row 3"], rows=[3], detail="1 null value (row 3)",
+                          message="train.pixel_5: 1 null value (row 3)")]
 
 
 def test_cells_range_failures_name_each_column_s_own_bound():
@@ -314,14 +335,14 @@ def test_cells_range_failures_name_each_column_s_own_bound():
         "cell_column": ["alcohol", "proline"], "cell_row": [1, 2], "cell_value": [3.5, 100.0],
         "cell_min": [10.2, 278.0], "cell_max": [15.6, None]}), "train")
     assert [(f["check"], f["column"], f["examples"], f["detail"]) for f in low] == [
-        ("range", "alcohol", [3.5], "1 value below min 10.2, e.g. 3.5 (row 1)"),
-        ("range", "proline", [100], "1 value below min 278, e.g. 100 (row 2)"),
+        ("range", "alcohol", [3.5], "1 value below min 10.2: 3.5 ×1 (row 1)"),
+        ("range", "proline", [100], "1 value below min 278: 100 ×1 (row 2)"),
     ]
     high = cells_failures(pair("max", "value", {
         "cell_column": ["pixel_3", "pixel_3"], "cell_row": [0, 9], "cell_value": [17, 20],
         "cell_min": [0.0, 0.0], "cell_max": [16.0, 16.0]}), "test")
     assert [(f["column"], f["unexpected_count"], f["detail"]) for f in high] == [
-        ("pixel_3", 2, "2 values above max 16, e.g. 17, 20 (rows 0, 9)"),
+        ("pixel_3", 2, "2 values above max 16: 17 ×1, 20 ×1 (rows 0, 9)"),
     ]
 
 
@@ -350,7 +371,7 @@ def test_sort_failures_orders_split_then_table_then_columns_then_balance_and_lea
         f("train", "range", "pixel_2"),
         f("train", "dtype", "pixel_3"),
         f("train", "columns"),
-        f("train", "numeric", "pixel_4"),
+        f("train", "feature_type", "pixel_4"),
         f("train", "value_set", "pixel_2"),
         f("train", "label_column", "label"),
     ]
@@ -360,7 +381,7 @@ def test_sort_failures_orders_split_then_table_then_columns_then_balance_and_lea
         ("train", "columns", None),
         ("train", "label_column", "label"),
         ("train", "dtype", "pixel_3"),
-        ("train", "numeric", "pixel_4"),
+        ("train", "feature_type", "pixel_4"),
         ("train", "range", "pixel_2"),
         ("train", "value_set", "pixel_2"),
         ("train", "nulls", "pixel_10"),

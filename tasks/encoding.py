@@ -1,0 +1,277 @@
+"""A table's feature columns as a model's input, torch-free: fitted on the train split in one
+streaming pass with bounded memory (:class:`TableFit`), applied to any frame of those columns
+(:func:`encode`).
+
+Each feature column is one of two kinds, decided by the reviewed expectations file:
+
+* **categorical**: a string or boolean column, or a numeric one named in ``dataset.categorical``.
+  Its values compare by their text form (:func:`category_keys`: ``3``, ``3.0`` and ``"3"`` are one
+  category). The vocabulary is the train split's ``max_categories`` most frequent values, kept in
+  text order; a value is encoded as ``FIRST_CODE + its index``, a missing value (null, NaN) as
+  ``MISSING_CODE`` and any other value (unseen in training, or too rare to be kept) as
+  ``OTHER_CODE``: each has an embedding of its own in the model.
+* **numeric**: the value itself (NaN where missing). The model's first layer
+  (``training.models.TableInput``) maps it with the statistics fitted here: quantile knots and
+  normal scores, median and interquartile range, mean and std.
+
+The encoded frame is float32 ``[rows, features]`` in feature order (a category code is exact in
+float32). The registered model's pyfunc (``tasks/pyfunc_table.py``) encodes a serving client's
+DataFrame the same way from the vocabularies alone; ``tests/unit/test_table_encoding.py`` checks
+that both agree.
+
+Memory of a fit: per numeric column a reservoir of ``SAMPLE_ROWS`` values (the quantiles come
+from it: exact up to that many rows), per categorical column the counts of at most
+``tracked(max_categories)`` values (beyond that the rarest are dropped: the kept vocabulary is
+then approximate for values near the cut, exact for the frequent ones).
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+from typing import TYPE_CHECKING, Iterable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+MISSING_CODE, OTHER_CODE, FIRST_CODE = 0, 1, 2
+# Quantile probabilities fitted per numeric column (0, 1/(K-1), ..., 1).
+QUANTILE_KNOTS = 64
+# Values kept per numeric column for its quantiles (a seeded reservoir sample beyond that).
+SAMPLE_ROWS = 65536
+# The normal scores of the quantiles are cut at these probabilities (+-3.09 standard deviations).
+SCORE_CLIP = 1e-3
+CATEGORICAL_TYPES = ("string", "boolean")
+
+
+def tracked(max_categories: int) -> int:
+    """Distinct values a categorical column's counts hold before the rarest are dropped."""
+    return max(20 * max_categories, 10000)
+
+
+def _text(v) -> str:
+    if isinstance(v, (bool, np.bool_)):
+        return "True" if v else "False"
+    if isinstance(v, (float, np.floating)) and float(v).is_integer() and abs(v) < 2**53:
+        return str(int(v))
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    return str(v)
+
+
+def category_keys(values: "pd.Series") -> np.ndarray:
+    """Each value's text form (object array; None where missing): how categories compare, so
+    that 3 in an integer column, 3.0 in the same column with a null and "3" in a CSV's text
+    column are one category; True/False as ``"True"``/``"False"``."""
+    import pandas as pd
+
+    s = values if isinstance(values, pd.Series) else pd.Series(values)
+    missing = s.isna().to_numpy()
+    if pd.api.types.is_bool_dtype(s.dtype):
+        out = np.where(s.to_numpy(dtype=bool, na_value=False), "True", "False").astype(object)
+    elif pd.api.types.is_numeric_dtype(s.dtype):
+        v = s.to_numpy(dtype="float64", na_value=np.nan)
+        whole = np.isfinite(v) & (np.abs(v) < 2**53)
+        whole[whole] = v[whole] == np.round(v[whole])
+        out = v.astype(str).astype(object)
+        out[whole] = v[whole].astype(np.int64).astype(str)
+    elif pd.api.types.is_string_dtype(s.dtype) and not pd.api.types.is_object_dtype(s.dtype):
+        out = s.to_numpy(dtype=object, na_value=None)
+    else:
+        out = s.map(_text, na_action="ignore").to_numpy(dtype=object)
+    out[missing] = None
+    return out
+
+
+def category_codes(values: "pd.Series", vocabulary: list[str]) -> np.ndarray:
+    """float32 codes of ``values`` against a vocabulary of text forms (see the module docstring)."""
+    import pandas as pd
+
+    keys = category_keys(values)
+    index = pd.Index(vocabulary, dtype=object).get_indexer(keys) if vocabulary else np.full(len(keys), -1)
+    codes = np.where(index >= 0, index + FIRST_CODE, OTHER_CODE).astype(np.float32)
+    codes[pd.isna(keys)] = MISSING_CODE
+    return codes
+
+
+def numeric_values(values: "pd.Series", name: str) -> np.ndarray:
+    """float32 values of a numeric column (NaN where missing); ValueError naming a column that
+    holds text."""
+    try:
+        return values.to_numpy(dtype=np.float64, na_value=np.nan).astype(np.float32)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"feature column {name!r} must be numeric (it is not categorical): {exc}") from None
+
+
+def encode(frame: "pd.DataFrame", columns: list[dict]) -> np.ndarray:
+    """float32 ``[rows, len(columns)]``: each fitted column (:meth:`TableFit.columns`) of ``frame``,
+    numeric values as they are (NaN where missing) and categories as codes. ValueError naming a
+    missing column or text in a numeric one."""
+    missing = [c["name"] for c in columns if c["name"] not in frame.columns]
+    if missing:
+        raise ValueError(f"missing feature column(s) {missing[:5]}; the frame has {list(frame.columns)[:10]}")
+    out = np.empty((len(frame), len(columns)), dtype=np.float32)
+    for j, c in enumerate(columns):
+        s = frame[c["name"]]
+        out[:, j] = (category_codes(s, c["values"]) if c["kind"] == "categorical"
+                     else numeric_values(s, c["name"]))
+    return out
+
+
+def column_kinds(features: list[str], types: dict[str, str], categorical: Iterable[str] = ()) -> dict[str, str]:
+    """``{feature: "categorical" | "numeric"}``: categorical for a string or boolean column (by its
+    expectations type, ``types``) or one named in ``categorical``; numeric otherwise."""
+    named = set(categorical)
+    return {f: "categorical" if f in named or types.get(f) in CATEGORICAL_TYPES else "numeric" for f in features}
+
+
+def kinds_from_frame(frame: "pd.DataFrame", features: list[str], categorical: Iterable[str] = ()) -> dict[str, str]:
+    """:func:`column_kinds` from a frame's dtypes, for data without an expectations file."""
+    import pandas as pd
+
+    types = {f: "float" if pd.api.types.is_numeric_dtype(frame[f].dtype)
+             and not pd.api.types.is_bool_dtype(frame[f].dtype) else "string" for f in features}
+    return column_kinds(features, types, categorical)
+
+
+class _Numeric:
+    """Count, nulls, mean and m2 (Chan's merge), min, max and a seeded reservoir sample."""
+
+    def __init__(self, name: str, rng: np.random.Generator):
+        self.name, self.rng = name, rng
+        self.count = self.nulls = self.seen = 0
+        self.mean = self.m2 = 0.0
+        self.min = self.max = None
+        self.sample = np.empty(0, dtype=np.float64)
+
+    def update(self, s: "pd.Series") -> None:
+        v = numeric_values(s, self.name).astype(np.float64) if s.dtype != np.float64 else s.to_numpy()
+        finite = np.isfinite(v)
+        self.nulls += int(np.isnan(v).sum())
+        v = v[finite]
+        if not len(v):
+            return
+        n, m = self.count + len(v), float(v.mean())
+        d = v - m
+        delta = m - self.mean
+        self.m2 += float(d @ d) + delta * delta * self.count * len(v) / n
+        self.mean += delta * len(v) / n
+        self.count = n
+        lo, hi = float(v.min()), float(v.max())
+        self.min = lo if self.min is None else min(self.min, lo)
+        self.max = hi if self.max is None else max(self.max, hi)
+        self._reservoir(v)
+
+    def _reservoir(self, v: np.ndarray) -> None:
+        """Algorithm R over the finite values, vectorised: value t (0-based) of the stream
+        replaces slot j ~ U{0..t} when j < SAMPLE_ROWS (later ones win, as one at a time)."""
+        room = SAMPLE_ROWS - len(self.sample)
+        if room > 0:
+            self.sample = np.concatenate([self.sample, v[:room]])
+            self.seen += min(room, len(v))
+            v = v[room:]
+        if len(v):
+            t = self.seen + np.arange(len(v), dtype=np.float64)
+            j = np.floor(self.rng.random(len(v)) * (t + 1)).astype(np.int64)
+            keep = j < SAMPLE_ROWS
+            self.sample[j[keep]] = v[keep]
+            self.seen += len(v)
+
+    def result(self) -> dict:
+        std = math.sqrt(self.m2 / self.count) if self.count else 0.0
+        knots, scores = quantile_knots(self.sample)
+        if len(self.sample):
+            q1, median, q3 = (float(x) for x in np.quantile(self.sample, [0.25, 0.5, 0.75]))
+        else:
+            q1 = median = q3 = 0.0
+        return {"name": self.name, "kind": "numeric", "count": self.count, "nulls": self.nulls,
+                "mean": self.mean if self.count else 0.0, "std": std if std > 0 else 1.0,
+                "min": self.min, "max": self.max, "median": median,
+                "iqr": (q3 - q1) if q3 > q1 else (std if std > 0 else 1.0),
+                "knots": knots, "scores": scores}
+
+
+def quantile_knots(sample: np.ndarray, k: int = QUANTILE_KNOTS) -> tuple[list[float], list[float]]:
+    """(knots, normal scores) of a piecewise-linear quantile transform: the sample's quantiles at
+    ``k`` probabilities and the standard normal's quantiles there (cut at ``SCORE_CLIP``). A value
+    repeated across several quantiles (a spike: many zeros) is one knot whose score is the mean of
+    theirs, so it maps to the middle of its share, not its edge. No values: one knot at 0 -> 0."""
+    if not len(sample):
+        return [0.0], [0.0]
+    probs = np.linspace(0.0, 1.0, k)
+    q = np.quantile(sample, probs)
+    dist = NormalDist()
+    z = np.array([dist.inv_cdf(min(max(p, SCORE_CLIP), 1 - SCORE_CLIP)) for p in probs])
+    knots, inverse = np.unique(q, return_inverse=True)
+    scores = np.bincount(inverse, weights=z) / np.bincount(inverse)
+    if len(knots) == 1:
+        scores = np.zeros(1)
+    return knots.tolist(), scores.tolist()
+
+
+class _Categorical:
+    """Counts of each value's text form, at most ``tracked`` of them (the rarest dropped beyond)."""
+
+    def __init__(self, name: str, max_categories: int):
+        self.name, self.max_categories = name, max_categories
+        self.counts: dict[str, int] = {}
+        self.count = self.nulls = 0
+        self.pruned = False
+
+    def update(self, s: "pd.Series") -> None:
+        import pandas as pd
+
+        keys = category_keys(s)
+        missing = pd.isna(keys)
+        self.nulls += int(missing.sum())
+        present = keys[~missing]
+        self.count += len(present)
+        if not len(present):
+            return
+        values, counts = np.unique(present.astype(str), return_counts=True)
+        for v, n in zip(values.tolist(), counts.tolist()):
+            self.counts[v] = self.counts.get(v, 0) + n
+        limit = tracked(self.max_categories)
+        if len(self.counts) > limit:
+            keep = sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0]))[: limit // 2]
+            self.counts, self.pruned = dict(keep), True
+
+    def result(self) -> dict:
+        top = sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0]))[: self.max_categories]
+        kept = sum(n for _, n in top)
+        return {"name": self.name, "kind": "categorical", "count": self.count, "nulls": self.nulls,
+                "values": sorted(v for v, _ in top), "other": self.count - kept,
+                "distinct": len(self.counts), "approximate": self.pruned}
+
+
+class TableFit:
+    """Fold train-split batches (:meth:`update`, pandas frames of at least the feature columns)
+    into the fitted columns (:meth:`columns`). ``kinds``: ``{feature: "numeric" | "categorical"}``
+    (:func:`column_kinds`), in feature order; ``seed`` seeds the numeric reservoirs."""
+
+    def __init__(self, kinds: dict[str, str], max_categories: int, seed: int = 0):
+        rng = np.random.default_rng([seed, 0x7AB])
+        self.parts = {name: (_Categorical(name, max_categories) if kind == "categorical" else _Numeric(name, rng))
+                      for name, kind in kinds.items()}
+
+    def update(self, frame: "pd.DataFrame") -> None:
+        for name, part in self.parts.items():
+            part.update(frame[name])
+
+    def columns(self) -> list[dict]:
+        """One JSON-able dict per feature, in order: ``name``, ``kind``, ``count`` (values), ``nulls``;
+        numeric: ``mean``, ``std``, ``min``, ``max``, ``median``, ``iqr``, ``knots``, ``scores``;
+        categorical: ``values`` (the vocabulary), ``other`` (train values encoded as other),
+        ``distinct`` and ``approximate`` (the counts were pruned)."""
+        return [part.result() for part in self.parts.values()]
+
+
+def fit_columns(frames: Iterable["pd.DataFrame"], kinds: dict[str, str], max_categories: int,
+                seed: int = 0) -> list[dict]:
+    """:meth:`TableFit.columns` over ``frames`` (one whole split, or its batches in order)."""
+    fit = TableFit(kinds, max_categories, seed)
+    for frame in frames:
+        fit.update(frame)
+    return fit.columns()
