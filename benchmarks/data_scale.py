@@ -4,9 +4,11 @@
     .venv/bin/python benchmarks/data_scale.py --sizes 50k,200k        # a quick look (a shared machine)
 
 For each size it generates (never in the repository: under ``--workdir``, default a temporary
-folder it removes) a float table: ``--cols`` float32 features and a float ``target`` (a noisy
-linear function of them), as Parquet with ``--row-group`` rows per row group, plus a small test
-split and its expectations file. Then, each in its own process:
+folder it removes) a table: ``--cols`` float32 features, a string ``segment`` with ``SEGMENTS``
+values (a categorical feature: its vocabulary is counted and each row group encoded as training
+streams) and a float ``target`` (a noisy linear function of them), as Parquet with
+``--row-group`` rows per row group, plus a small test split and its expectations file. Then, each
+in its own process:
 
 * validation: the pipeline's validation stage (``task.validation_plan`` -> ``run_plan``, the table
   suite over both splits) in one process; its seconds and peak RSS (the pipeline process's);
@@ -46,21 +48,32 @@ def parse_size(text: str) -> int:
     return int(float(text[:-1] if scale > 1 else text) * scale)
 
 
+# Values of the string feature (a categorical column with an effect on the target).
+SEGMENTS = 50
+
+
 def write_table(path: Path, rows: int, cols: int, row_group: int, seed: int) -> None:
-    """``rows`` x ``cols`` float32 features and a float target, one row group at a time (bounded memory)."""
+    """``rows`` x ``cols`` float32 features, the string ``segment`` and a float target, one row group
+    at a time (bounded memory)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     rng = np.random.default_rng(seed)
-    w = np.random.default_rng(12345).normal(size=cols).astype(np.float32)  # the same function for every split
+    fixed = np.random.default_rng(12345)  # the same function for every split
+    w = fixed.normal(size=cols).astype(np.float32)
+    effect = fixed.normal(size=SEGMENTS).astype(np.float32)
+    segments = np.array([f"segment-{i:02d}" for i in range(SEGMENTS)], dtype=object)
     names = [f"f{j:02d}" for j in range(cols)]
-    schema = pa.schema([*(pa.field(n, pa.float32()) for n in names), pa.field("target", pa.float32())])
+    schema = pa.schema([*(pa.field(n, pa.float32()) for n in names), pa.field("segment", pa.string()),
+                        pa.field("target", pa.float32())])
     with pq.ParquetWriter(path, schema) as writer:
         for start in range(0, rows, row_group):
             n = min(row_group, rows - start)
             x = rng.normal(size=(n, cols)).astype(np.float32)
-            y = (x @ w + 0.1 * rng.normal(size=n)).astype(np.float32)
-            table = pa.Table.from_arrays([*(x[:, j] for j in range(cols)), y], schema=schema)
+            seg = rng.integers(0, SEGMENTS, n)
+            y = (x @ w + effect[seg] + 0.1 * rng.normal(size=n)).astype(np.float32)
+            table = pa.Table.from_arrays([*(x[:, j] for j in range(cols)), pa.array(segments[seg], pa.string()), y],
+                                         schema=schema)
             writer.write_table(table, row_group_size=row_group)
 
 
@@ -72,7 +85,7 @@ def write_dataset(folder: Path, rows: int, cols: int, row_group: int) -> None:
     lines = ["version: 1", "label: target", f"rows: {{train: [1, {10 * rows}], test: [1, {10 * TEST_ROWS}]}}",
              "columns:"]
     lines += [f"  - {{name: f{j:02d}, type: float, nulls: false}}" for j in range(cols)]
-    lines += ["  - {name: target, type: float, nulls: false}"]
+    lines += ["  - {name: segment, type: string, nulls: false}", "  - {name: target, type: float, nulls: false}"]
     (data / "expectations.yaml").write_text("\n".join(lines) + "\n")
 
 

@@ -75,8 +75,8 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
     # The model a user would try first, fitted on the same train split: its score and time beside
     # the candidate's say whether the network earned its cost (``gates.max_gap_to_gbdt`` gates on it).
     ref = task.gbdt(cfg, root)
-    gbdt = None if ref is None else {"predictor": ref["predictor"], "fit_s": ref["fit_s"],
-                                     "predict_s": ref["predict_s"], **task.score(y, ref["pred"], info)}
+    gbdt = None if ref is None else {"predictor": ref["predictor"], "fit_s": ref["fit_s"], "predict_s": ref["predict_s"],
+                                     "cached": ref.get("cached", False), **task.score(y, ref["pred"], info)}
     files = {}
     if "confusion_matrix" in cand:
         primary = task.primary or task.champion_metrics[0]

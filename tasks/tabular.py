@@ -287,21 +287,11 @@ class _Table(Task):
         (numpy only, never pickle). Saves each training worker reading the table with pandas (its
         import alone is ~0.45 s of CPU per rank, paid while the pipeline's server boots) on every
         run of the same data; the key holds the files' bytes, the config's dataset, seed and code."""
-        import hashlib
-        import inspect
         import os
 
-        from core.hashing import file_sha256, sha256_json
         from core.paths import trainflow_home
 
-        files = [*split_paths(cfg.dataset, root).values()]
-        if cfg.dataset.expectations_file:
-            files.append(Path(root) / cfg.dataset.expectations_file)
-        code = {Path(__file__), Path(inspect.getfile(type(self))), Path(__file__).with_name("table.py"),
-                Path(__file__).with_name("encoding.py")}
-        key = sha256_json({"task": self.name, "seed": cfg.seed, "dataset": cfg.dataset.model_dump(mode="json"),
-                           "files": [file_sha256(f) if f.is_file() else str(f) for f in files],
-                           "code": sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in code)})
+        key = self.prepared_key(cfg, root)
         folder = trainflow_home(Path(root)) / "cache" / "tables"
         npz, meta = folder / f"{key[:32]}.npz", folder / f"{key[:32]}.json"
         try:
@@ -327,6 +317,25 @@ class _Table(Task):
         except OSError:  # a read-only home: no cache, same arrays
             pass
         return {"x": x, "y": y, "xt": xt, "yt": yt, "info": info}
+
+    def prepared_key(self, cfg: "PipelineConfig", root: Path) -> str:
+        """What ``prepared``'s arrays are a function of: the files' bytes, the config's dataset, the
+        seed and this code (sha256 hex)."""
+        import hashlib
+        import inspect
+
+        from core.hashing import file_sha256, sha256_json
+
+        files = [*split_paths(cfg.dataset, root).values()]
+        if cfg.dataset.expectations_file:
+            files.append(Path(root) / cfg.dataset.expectations_file)
+        code = {Path(__file__), Path(inspect.getfile(type(self))), Path(__file__).with_name("table.py"),
+                Path(__file__).with_name("encoding.py")}
+        return self._cached(("prepared_key", tuple(_file_id(f) for f in files), cfg.dataset.model_dump_json(),
+                             cfg.seed), lambda: sha256_json({
+            "task": self.name, "seed": cfg.seed, "dataset": cfg.dataset.model_dump(mode="json"),
+            "files": [file_sha256(f) if f.is_file() else str(f) for f in files],
+            "code": sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in code)}))
 
     def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
         from training.data import Splits, tensors
@@ -418,30 +427,61 @@ class _Table(Task):
 
     def gbdt(self, cfg: "PipelineConfig", root: Path) -> dict | None:
         """scikit-learn's HistGradientBoosting (classifier or regressor, default settings, native
-        categories and missing values) fitted on the whole train split on one thread, predicting the
-        test split: ``{"predictor", "pred" (as ``decode`` gives), "fit_s", "predict_s"}``. The same
-        encoded columns as the network's: a category code is one of its categories (codes past
-        the 254 it takes become "other"), a missing value NaN."""
+        categories and missing values) fitted on the train split (at most ``GBDT_MAX_ROWS`` of its
+        rows, a seeded sample beyond) on one thread, predicting the test split: ``{"predictor",
+        "pred" (as ``decode`` gives), "fit_s", "predict_s", "cached"}``. The same encoded columns as
+        the network's: a category code is one of its categories (codes past the 254 it takes
+        become "other"), a missing value NaN. The result is kept as JSON in
+        ``TRAINFLOW_HOME/cache/gbdt`` by the prepared arrays' key and scikit-learn's version: the
+        same data and config are fitted once (``cached``; ``fit_s`` is that fit's)."""
+        import json as _json
+        import os
         import time
+        from importlib.metadata import version
 
+        from core.hashing import sha256_json
+        from core.paths import trainflow_home
+
+        key = sha256_json({"prepared": self.prepared_key(cfg, root), "sklearn": version("scikit-learn"),
+                           "max_rows": GBDT_MAX_ROWS, "v": 1})[:32]
+        path = trainflow_home(Path(root)) / "cache" / "gbdt" / f"{key}.json"
+        try:
+            cached = _json.loads(path.read_text())
+            return {**cached, "pred": np.asarray(cached["pred"]), "cached": True}
+        except (OSError, ValueError, KeyError):
+            pass
         import sklearn
         from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import threadpool_limits  # scikit-learn's own dependency
 
         p = self.prepared(cfg, root)
         cats = np.array([c["kind"] == "categorical" for c in p["info"]["columns"]], dtype=bool)
         est = (HistGradientBoostingClassifier if self.classification else HistGradientBoostingRegressor)(
             categorical_features=cats if cats.any() else None, random_state=cfg.seed)
-        x, xt = _gbdt_matrix(p["x"], cats), _gbdt_matrix(p["xt"], cats)
+        x, y = p["x"], p["y"]
+        sampled = len(x) > GBDT_MAX_ROWS
+        if sampled:
+            rows = np.sort(np.random.default_rng(cfg.seed).choice(len(x), GBDT_MAX_ROWS, replace=False))
+            x, y = x[rows], y[rows]
+        x, xt = _gbdt_matrix(x, cats), _gbdt_matrix(p["xt"], cats)
         with threadpool_limits(1):
             t0 = time.perf_counter()
-            est.fit(x, p["y"])
+            est.fit(x, y)
             t1 = time.perf_counter()
             pred = est.predict(xt)
             t2 = time.perf_counter()
-        return {"predictor": f"{type(est).__name__} (scikit-learn {sklearn.__version__}, default settings, "
-                             f"{est.n_iter_} iterations, 1 thread)",
-                "pred": pred, "fit_s": round(t1 - t0, 3), "predict_s": round(t2 - t1, 3)}
+        out = {"predictor": f"{type(est).__name__} (scikit-learn {sklearn.__version__}, default settings, "
+                            f"{est.n_iter_} iterations, 1 thread"
+                            + (f", fitted on {GBDT_MAX_ROWS:,} sampled train rows" if sampled else "") + ")",
+               "pred": pred.tolist(), "fit_s": round(t1 - t0, 3), "predict_s": round(t2 - t1, 3)}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(_json.dumps(out))
+            os.replace(tmp, path)
+        except OSError:  # a read-only home: fitted again next time
+            pass
+        return {**out, "pred": pred, "cached": False}
 
     def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
         frame, _, y, info = self.eval_data(cfg, root)
@@ -467,7 +507,8 @@ class _Table(Task):
         missing = [c for c in spec.meta["feature_columns"] if c not in spec.example.columns]
         if missing:
             raise ValueError(f"the input example lacks feature columns {missing[:5]}")
-        x = torch.tensor(encode(spec.example.head(5), spec.meta["columns"]))
+        columns = spec.meta.get("columns") or [{"name": c, "kind": "numeric"} for c in spec.meta["feature_columns"]]
+        x = torch.tensor(encode(spec.example.head(5), columns))
         with torch.inference_mode():
             out = program(x).numpy()
         n = len(spec.meta.get("class_labels") or [None])
@@ -632,6 +673,8 @@ class Regression(_Table):
         return "double"
 
 
+# The gradient-boosted trees beside the candidate fit on at most this many train rows (a seeded sample).
+GBDT_MAX_ROWS = 200_000
 # An integer feature with this many distinct values at most (and 3 at least) is taken for categories.
 MAX_INTEGER_CATEGORIES = 10
 # Names of identifier columns (lower case), when their values are unique.

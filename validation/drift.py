@@ -12,7 +12,11 @@ Two measures per feature, thresholds from the config's ``retrain`` section:
 * **KS**: scipy's two-sample Kolmogorov-Smirnov test; a small p-value says the two samples
   are unlikely to come from one distribution.
 
-A feature drifts when PSI > ``psi_threshold`` or the KS p-value < ``ks_pvalue``; the data
+A categorical feature (text or booleans) is compared by its categories instead: PSI over the
+reference's categories (missing and unseen values each a bin of their own), and a chi-square
+test of the two samples' category counts in place of KS (``test: chi2``).
+
+A feature drifts when PSI > ``psi_threshold`` or the test's p-value < ``ks_pvalue``; the data
 drifts when the drifted share of features exceeds ``max_drifted_fraction``.
 
 numpy and scipy are imported inside the functions.
@@ -74,6 +78,9 @@ def drift_report(reference: pd.DataFrame, current: pd.DataFrame, features: list[
                          + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
     rows = []
     for name in features:
+        if not _numeric(reference[name]) or not _numeric(current[name]):
+            rows.append(_categorical_row(name, reference[name], current[name], cfg))
+            continue
         ref = reference[name].to_numpy(dtype=np.float64)
         cur = current[name].to_numpy(dtype=np.float64)
         ref, cur = ref[np.isfinite(ref)], cur[np.isfinite(cur)]
@@ -82,7 +89,7 @@ def drift_report(reference: pd.DataFrame, current: pd.DataFrame, features: list[
         pvalue = float(ks.pvalue) if not math.isnan(ks.pvalue) else 1.0
         by = [m for m, hit in (("psi", value > cfg.psi_threshold), ("ks", pvalue < cfg.ks_pvalue)) if hit]
         rows.append({"feature": name, "psi": round(value, 6), "ks_statistic": round(float(ks.statistic), 6),
-                     "ks_pvalue": pvalue, "drifted": bool(by), "by": by})
+                     "ks_pvalue": pvalue, "drifted": bool(by), "by": by, "test": "ks"})
     n_drifted = sum(r["drifted"] for r in rows)
     fraction = n_drifted / len(rows) if rows else 0.0
     return {
@@ -97,6 +104,43 @@ def drift_report(reference: pd.DataFrame, current: pd.DataFrame, features: list[
     }
 
 
+def _numeric(s: "pd.Series") -> bool:
+    import pandas as pd
+
+    return pd.api.types.is_numeric_dtype(s.dtype) and not pd.api.types.is_bool_dtype(s.dtype)
+
+
+def _categorical_row(name: str, reference: "pd.Series", current: "pd.Series", cfg: RetrainConfig) -> dict:
+    """PSI over the reference's categories (missing, and values the reference lacks, a bin each)
+    and a chi-square test of the two samples' counts; ``ks_*`` hold the test's statistic and p-value."""
+    import numpy as np
+    from scipy.stats import chi2_contingency
+
+    from tasks.encoding import category_keys
+
+    ref, cur = category_keys(reference), category_keys(current)
+    cats = sorted({k for k in ref.tolist() if k is not None})
+    index = {c: i for i, c in enumerate(cats)}
+    other, missing = len(cats), len(cats) + 1
+
+    def counts(keys: np.ndarray) -> np.ndarray:
+        codes = [missing if k is None else index.get(k, other) for k in keys.tolist()]
+        return np.bincount(np.asarray(codes, dtype=np.int64), minlength=len(cats) + 2).astype(np.float64)
+
+    a, b = counts(ref), counts(cur)
+    p = np.maximum(a / max(a.sum(), 1), PSI_FLOOR)
+    q = np.maximum(b / max(b.sum(), 1), PSI_FLOOR)
+    value = float(np.sum((q - p) * np.log(q / p)))
+    used = (a + b) > 0
+    if used.sum() > 1:
+        stat, pvalue = (float(x) for x in chi2_contingency(np.vstack([a[used], b[used]]))[:2])
+    else:
+        stat, pvalue = 0.0, 1.0
+    by = [m for m, hit in (("psi", value > cfg.psi_threshold), ("chi2", pvalue < cfg.ks_pvalue)) if hit]
+    return {"feature": name, "psi": round(value, 6), "ks_statistic": round(stat, 6), "ks_pvalue": pvalue,
+            "drifted": bool(by), "by": by, "test": "chi2"}
+
+
 def drift_markdown(report: dict, title: str = "Data drift") -> str:
     """The report as markdown: a verdict line, then one row per feature, most shifted first."""
     t = report["thresholds"]
@@ -106,13 +150,16 @@ def drift_markdown(report: dict, title: str = "Data drift") -> str:
         "",
         f"{report['n_drifted']} of {report['n_features']} features drifted "
         f"({report['drifted_fraction']:.1%}; the data drifts above {t['max_drifted_fraction']:.1%}). "
-        f"A feature drifts when PSI > {t['psi_threshold']:g} or KS p-value < {t['ks_pvalue']:g}. "
+        f"A feature drifts when PSI > {t['psi_threshold']:g} or its test's p-value < {t['ks_pvalue']:g} "
+        f"(KS for numbers, chi-square for categories). "
         f"Rows: reference {report['rows']['reference']}, new {report['rows']['current']}.",
         "",
-        "| feature | PSI | KS statistic | KS p-value | drifted |",
-        "|---|---:|---:|---:|---|",
+        "| feature | PSI | test | statistic | p-value | drifted |",
+        "|---|---:|---|---:|---:|---|",
     ]
     for r in sorted(report["features"], key=lambda r: (-r["psi"], r["ks_pvalue"], r["feature"])):
         mark = ("yes (" + ", ".join(r["by"]) + ")") if r["drifted"] else "no"
-        lines.append(f"| {r['feature']} | {r['psi']:.4f} | {r['ks_statistic']:.4f} | {r['ks_pvalue']:.3g} | {mark} |")
+        test = {"chi2": "chi-square"}.get(r.get("test"), "KS")
+        lines.append(f"| {r['feature']} | {r['psi']:.4f} | {test} | {r['ks_statistic']:.4f} | {r['ks_pvalue']:.3g} "
+                     f"| {mark} |")
     return "\n".join(lines) + "\n"

@@ -292,13 +292,19 @@ def _tidy_number(v: Any) -> Any:
     return v
 
 
+# Failing cells per column whose values are counted: a streamed run keeps this many per column
+# (``validation.gx_run.ItemBatches``), so a whole-table run looks at as many, and both say the same.
+CELLS_COUNTED = 1000
+
+
 def _cells_values(group: list[dict], count: int) -> str:
-    """``: -1 ×3, 99 ×1`` when every failing cell of the column is listed (counts exact), else
-    ``, e.g. -1, 99`` (a streamed run keeps a bounded number of cells per column)."""
-    values = [_tidy_number(c.get("value")) for c in group]
-    if len(group) >= count:
+    """``: -1 ×3, 99 ×1`` when every failing cell of the column is listed (counts exact), else the
+    distinct values among the first ``CELLS_COUNTED``, most frequent first: ``, e.g. -1, 99``."""
+    values = [_tidy_number(c.get("value")) for c in group[:CELLS_COUNTED]]
+    if len(values) >= count:
         return f": {counted(values)}"
-    return f", e.g. {_fmt_values(values[:MAX_EXAMPLES])}"
+    ranked = counted(values).split(", ")
+    return ", e.g. " + ", ".join(v.rsplit(" ×", 1)[0] for v in ranked)
 
 
 def cells_failures(evr: dict, split: str) -> list[dict]:

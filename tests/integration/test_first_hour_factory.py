@@ -19,14 +19,10 @@ from tests.integration.test_bring_your_own import BOUNDS, commit_all, trainflow
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
 
-# docs/factory-example.md until the block moves into the README; the README's wins once it is there.
-SOURCES = (ROOT / "README.md", ROOT / "docs" / "factory-example.md")
-
-
 def factory_example() -> tuple[dict, str, str]:
-    """(the yaml block, the python block, its path) of the first ``<!-- factory:start -->`` block."""
-    text = next(t for t in (p.read_text() for p in SOURCES if p.is_file()) if "<!-- factory:start -->" in t)
-    block = text.split("<!-- factory:start -->", 1)[1].split("<!-- factory:end -->", 1)[0]
+    """(the yaml block, the python block, its path) of the README's ``<!-- factory:start ... -->`` block."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- factory:start", 1)[1].split("-->", 1)[1].split("<!-- factory:end -->", 1)[0]
     config = yaml.safe_load(block.split("```yaml\n", 1)[1].split("```", 1)[0])
     code = block.split("```python\n", 1)[1].split("```", 1)[0]
     path = re.match(r"# (\S+\.py)\n", code).group(1)  # the block names its file on its first line

@@ -91,7 +91,7 @@ def test_csv_folder_becomes_tracked_data_config_and_expectations(project, monkey
     assert (ds.dvc_file, ds.path, ds.train_file, ds.test_file, ds.file, ds.label) == \
         ("data/shop.dvc", "data/shop", "train.csv", "test.csv", None, "segment")
     assert ds.expectations_file == "configs/shop.expectations.yaml"
-    assert cfg.model.kind == "mlp" and cfg.model.hidden == 64 and cfg.training.epochs == 30
+    assert (cfg.model.kind, cfg.model.hidden, cfg.model.layers, cfg.training.epochs) == ("tabular", 256, 3, 30)
     assert cfg.training.strategy == "ddp" and cfg.training.lr == 0.002
     assert cfg.gates.baseline_margin == 0.05 and cfg.gates.thresholds == {"latency_p95_ms": 50}
     assert (cfg.registry.model_name, cfg.registry.experiment) == ("shop", "trainflow-shop")
@@ -152,16 +152,34 @@ def test_data_outside_the_repository_is_refused(project, tmp_path, monkeypatch, 
     assert cli(project, monkeypatch, "--data", "../elsewhere", "--label", "segment") == 1
 
 
-def test_existing_config_is_not_overwritten_without_force(project, monkeypatch, capsys):
+def test_init_again_after_a_schema_change_keeps_the_users_keys_and_shows_the_diff(project, monkeypatch, capsys):
+    """The first-hour report: `init --force` after a schema change wiped an `exclude:` the user had
+    added. Run again, init updates the data facts and the expectations and keeps every other key."""
     write_csv_folder(project / "data" / "shop")
-    (project / "configs").mkdir()
-    (project / "configs" / "shop.yaml").write_text("name: mine\n")
-    assert cli(project, monkeypatch, "--data", "data/shop", "--label", "segment") == 1
-    assert "configs/shop.yaml already exists; pass --force" in capsys.readouterr().err
-    assert (project / "configs" / "shop.yaml").read_text() == "name: mine\n"
-    assert not (project / "data" / "shop.dvc").exists()  # refused before any side effect
-    assert cli(project, monkeypatch, "--data", "data/shop", "--label", "segment", "--force") == 0
-    assert load_config(project / "configs" / "shop.yaml").name == "shop"
+    assert cli(project, monkeypatch, "--data", "data/shop", "--label", "segment") == 0
+    capsys.readouterr()
+    path = project / "configs" / "shop.yaml"
+    edited = yaml.safe_load(path.read_text())
+    edited["dataset"]["exclude"] = ["channel"]
+    edited["training"]["epochs"] = 7
+    edited["gates"]["thresholds"]["accuracy"] = 0.5
+    path.write_text(yaml.safe_dump(edited, sort_keys=False))
+    # The schema changes: a new column, with a running id the user never excluded.
+    for name, n, seed, first in (("train", 120, 0, 1), ("test", 40, 1, 121)):
+        df = shop_frame(n, seed)
+        df.insert(0, "row_id", range(first, first + n))
+        df["coupon"] = df["spend"].round() % 3 == 0
+        df.to_csv(project / "data" / "shop" / f"{name}.csv", index=False)
+    assert cli(project, monkeypatch, "--data", "data/shop", "--label", "segment") == 0
+    out = capsys.readouterr().out
+    cfg = load_config(path)
+    assert cfg.dataset.exclude == ["channel", "row_id"]  # theirs kept, the new id column's added
+    assert cfg.training.epochs == 7 and cfg.gates.thresholds["accuracy"] == 0.5
+    assert "Updated configs/shop.yaml and configs/shop.expectations.yaml" in out
+    assert "+  - {name: coupon, type: boolean" in out and "-  - channel" not in out  # the diff
+    assert "After a schema change (columns added, removed or retyped), run this same init command again" in out
+    exp = load_expectations(project / "configs" / "shop.expectations.yaml")
+    assert exp.names[0] == "row_id" and "coupon" in exp.names
 
 
 def test_a_second_dataset_beside_a_tracked_one_and_not_inside_one(project):

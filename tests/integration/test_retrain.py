@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from core.config import load_config
 from flows.cli import main
 from tests.integration.conftest import build_project, commit_data
 
@@ -103,9 +104,12 @@ def test_forced_retrain_trains_and_reuses_the_cached_validation(project, tmp_pat
     assert s["status"] == "registered" and s["retrain"]["reasons"] == ["forced"]
     # The same bytes checked by the same suite: GX did not run again (Prefect served the cached result).
     assert s["validation"]["cached"] is True
-    # Same data, config, code and seed on CPU: the very same weights, so it ties and takes @champion.
-    assert s["training"]["weights_sha256"] == champion()["weights_sha256"]
-    assert champion()["version"] == s["model_version"] == "2"
+    # Same data, config, code and seed on CPU: the very same weights, so it ties: registered as
+    # @challenger, and the champion stays (equal is not better: gates.min_improvement).
+    first = champion()
+    assert s["training"]["weights_sha256"] == first["weights_sha256"]
+    assert s["model_version"] == "2" and first["version"] == "1" and s["aliases"] == ["challenger"]
+    assert not s["promotion"]["promoted"] and "ties the champion's" in s["promotion"]["reason"]
 
 
 def test_policy_section_is_not_part_of_the_config_id(project, tmp_path):
@@ -131,7 +135,10 @@ def test_new_data_version_trains_and_reports_no_drift(project, tmp_path):
     assert s["manifest"]["data"]["md5"] == md5
     # Promoted only if it beats the champion on the new test split (both were scored on it).
     promo = s["promotion"]
-    assert promo["promoted"] == (s["metrics"]["accuracy"] >= s["champion"]["accuracy"])
+    margin = load_config(project / "configs" / "digits.yaml").gates.min_improvement
+    assert promo["promoted"] == (s["metrics"]["accuracy"] > s["champion"]["accuracy"] + margin
+                                 or abs(s["metrics"]["accuracy"] - s["champion"]["accuracy"]) <= margin
+                                 and s["metrics"]["macro_f1"] > s["champion"]["macro_f1"] + margin)
     assert champion()["version"] == (s["model_version"] if promo["promoted"] else old["version"])
     # The drift report went to the pipeline's MLflow run.
     from mlflow import MlflowClient

@@ -149,7 +149,9 @@ def test_whole_flow_trains_gates_and_registers_the_lm(first_run, cfg, lm_state, 
     assert s["status"] == "registered" and s["model_name"] == "stdlib-lm" and s["model_version"] == "1"
     assert set(s["aliases"]) == {"challenger", "champion"}
     docs = s["validation"].pop("data_docs")
-    assert s["validation"] == {"success": True, "n_expectations": 14, "cached": False}
+    report = s["validation"].pop("report")
+    assert s["validation"] == {"success": True, "n_expectations": 14, "cached": False, "warnings": []}
+    assert report.endswith("validation/summary.md") and Path(report).is_file()
     assert docs.endswith("validation/data_docs/index.html") and Path(docs).is_file()
     # The test config trains it data-parallel (tests/configs/stdlib-lm.yaml says why); the rest is the bundled's.
     assert s["training"]["strategy"] == load_config(repo_root / FAST[1]).training.strategy == "ddp"

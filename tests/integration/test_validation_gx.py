@@ -116,7 +116,8 @@ def test_an_out_of_range_pixel_is_named_with_its_value(data, validate):
     assert (f["split"], f["check"], f["column"], f["unexpected_count"], f["examples"], f["rows"]) == (
         "test", "range", "pixel_30", 1, [99], [5],
     )
-    assert f["detail"] == "1 value above max 16, e.g. 99 (row 5)"
+    assert f["detail"] == "1 value above max 16: 99 ×1 (row 5)"
+    assert f["message"] == "test.pixel_30: 1 value above max 16: 99 ×1 (row 5)"
     summary = Path(report["files"]["summary_md"]).read_text()
     assert summary.startswith("# Data validation FAILED")
     assert "| test | range | `expect_column_pair_values_a_to_be_greater_than_b` | pixel_30 | 1 | 99 |" in summary
@@ -128,7 +129,7 @@ def test_a_bad_label_is_named(data, validate):
     assert (f["split"], f["check"], f["expectation"], f["column"], f["unexpected_count"], f["examples"]) == (
         "train", "label_set", "expect_column_values_to_be_in_set", "label", 1, [12],
     )
-    assert f["detail"].startswith("1 value not in the class set {0..9}, e.g. 12")
+    assert f["detail"].startswith("1 value not in the class set {0..9}: 12 ×1")
 
 
 def test_several_bad_cells_give_exact_counts_per_column(data, validate):
@@ -136,8 +137,8 @@ def test_several_bad_cells_give_exact_counts_per_column(data, validate):
     train.loc[[1, 2, 3], "pixel_0"] = 17
     train.loc[4, "pixel_63"] = -1
     report = validate(data)
-    got = {(f["column"], f["unexpected_count"], f["detail"].split(",")[0]) for f in report["failures"]}
-    assert got == {("pixel_0", 3, "3 values above max 16"), ("pixel_63", 1, "1 value below min 0")}
+    got = {(f["column"], f["unexpected_count"], f["detail"].split(" (")[0]) for f in report["failures"]}
+    assert got == {("pixel_0", 3, "3 values above max 16: 17 ×3"), ("pixel_63", 1, "1 value below min 0: -1 ×1")}
     assert report["gx"]["failed"] == 2  # the stacked min and max expectations
 
 
@@ -154,7 +155,7 @@ def test_each_column_is_held_to_its_own_bounds(exp, data, validate):
     assert (f["split"], f["check"], f["column"], f["unexpected_count"], f["rows"]) == (
         "train", "range", "pixel_5", 2, [10, 11],
     )
-    assert f["detail"] == "2 values above max 8, e.g. 9, 9 (rows 10, 11)"
+    assert f["detail"] == "2 values above max 8: 9 ×2 (rows 10, 11)"
 
 
 def test_a_test_row_copied_into_train_is_a_leak(data, validate):
@@ -213,9 +214,8 @@ def test_strings_missing_columns_and_wrong_order_are_reported_not_raised(data, v
     assert dtype["expectation"] == "expect_column_pair_values_to_be_in_set"
     shown = {(e["column"], e["found"], e["expected"]) for e in dtype["examples"]}
     assert shown == {("pixel_7", "string", "integer"), ("pixel_8", "float", "integer")}
-    numeric = by_check[("train", "numeric")]  # a non-numeric feature, named
-    assert (numeric["column"], numeric["unexpected_count"]) == ("pixel_7", 1)
-    assert numeric["detail"].startswith("1 feature column not numeric: pixel_7 is")
+    # Text is a feature type a model takes (as categories): the wrong type is the failure, not the kind.
+    assert ("train", "feature_type") not in by_check
     assert {"split": "train", "check": "range", "reason": "not numeric: pixel_7"} in report["skipped"]
 
 
@@ -333,17 +333,25 @@ def test_a_value_fine_for_one_column_is_caught_in_another(wine, wine_data, tmp_p
     assert (f["split"], f["check"], f["column"], f["unexpected_count"], f["examples"], f["rows"]) == (
         "test", "range", "alcohol", 1, [500], [4],
     )
-    assert f["detail"] == "1 value above max 15, e.g. 500 (row 4)"
+    assert f["detail"] == "1 value above max 15: 500 ×1 (row 4)"
 
 
-def test_a_non_numeric_feature_is_named(wine, wine_data, tmp_path):
+def test_text_in_a_numeric_feature_is_named_as_the_wrong_type(wine, wine_data, tmp_path):
     wine_data["train"]["hue"] = "pale"
     report = validate_wine(wine, wine_data, tmp_path)
     by_check = {(f["split"], f["check"]): f for f in report["failures"]}
-    numeric = by_check[("train", "numeric")]
-    assert numeric["column"] == "hue" and "hue is" in numeric["detail"]
-    assert by_check[("train", "dtype")]["examples"][0]["column"] == "hue"
+    dtype = by_check[("train", "dtype")]
+    assert dtype["column"] == "hue" and dtype["message"] == "train.hue: 1 column of the wrong type: hue holds " \
+        "string (str), expected float"
     assert report["success"] is False
+
+
+def test_a_feature_of_no_kind_a_model_takes_is_named(wine, wine_data, tmp_path):
+    wine_data["train"]["hue"] = [1.5 if i % 2 else "pale" for i in range(len(wine_data["train"]))]
+    report = validate_wine(wine, wine_data, tmp_path)
+    by_check = {(f["split"], f["check"]): f for f in report["failures"]}
+    kind = by_check[("train", "feature_type")]
+    assert kind["column"] == "hue" and "hue is object" in kind["detail"]
 
 
 def test_a_label_outside_the_class_set_is_named(wine, wine_data, tmp_path):

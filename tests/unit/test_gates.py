@@ -115,3 +115,16 @@ def test_a_threshold_on_a_metric_the_task_lacks_is_a_config_error():
     cfg = load_config(ROOT / "configs" / "digits.yaml", ["gates.thresholds.perplexity=3"])
     with pytest.raises(ConfigError, match=r"gates\.thresholds\.perplexity: task 'classification' has no metric"):
         CLS.check_config(cfg)
+
+
+def test_max_gap_to_gbdt_fails_a_candidate_trailing_the_trees_by_more_than_the_gap():
+    gates = GatesConfig(max_gap_to_gbdt=0.02)
+    d = decide(CLS, GOOD, gates, gbdt={"accuracy": 0.98, "macro_f1": 0.96})  # 0.95 trails by 0.03
+    (check,) = d.failures
+    assert (check.name, check.value, check.op) == ("accuracy_vs_gbdt", 0.95, ">=")
+    assert check.threshold == pytest.approx(0.96)
+    assert decide(CLS, GOOD, gates, gbdt={"accuracy": 0.969}).passed  # within the gap
+    assert decide(CLS, GOOD, GatesConfig(), gbdt={"accuracy": 0.99}).passed  # no gap set: reported, not gated
+    reg = decide(REG, {"r2": 0.80, "rmse": 1.0, "mae": 1.0, "latency_p95_ms": 1.0}, GatesConfig(max_gap_to_gbdt=0.05),
+                 gbdt={"r2": 0.90})
+    assert [c.name for c in reg.failures] == ["r2_vs_gbdt"] and reg.failures[0].threshold == pytest.approx(0.85)

@@ -145,3 +145,34 @@ def test_prepared_arrays_are_cached_by_content_and_read_back_without_the_table(r
     third = type(CLS)().prepared(c, root)
     assert len(list((root / "home" / "cache" / "tables").glob("*.npz"))) == 2
     assert max(np.nanmax(third["x"]), np.nanmax(third["xt"])) == pytest.approx(1e6)
+
+
+def test_gradient_boosted_trees_fit_on_the_train_split_once_per_data(root, monkeypatch):
+    """The reference a user would try first: fitted with the same encoded columns (categories as
+    categories, NaN as missing) on one thread; a second evaluation of the same data reads it back."""
+    monkeypatch.setenv("TRAINFLOW_HOME", str(root / "home"))
+    c = cfg(exclude=[])  # note: a text column, a category for the trees too
+    task = type(CLS)()
+    first = task.gbdt(c, root)
+    n_test = len(task.frames(c, root)["test"])
+    assert first["pred"].shape == (n_test,) and set(first["pred"].tolist()) <= {0, 1, 2}
+    assert "HistGradientBoostingClassifier" in first["predictor"] and "1 thread" in first["predictor"]
+    assert first["cached"] is False and first["fit_s"] > 0
+    again = type(CLS)()
+    import sklearn.ensemble
+
+    monkeypatch.setattr(sklearn.ensemble.HistGradientBoostingClassifier, "fit",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("fitted again")))
+    second = again.gbdt(c, root)
+    assert second["cached"] is True and second["pred"].tolist() == first["pred"].tolist()
+    assert second["fit_s"] == first["fit_s"]
+
+
+def test_the_trees_see_categories_as_categories_and_missing_as_missing():
+    from tasks.encoding import MISSING_CODE, OTHER_CODE
+    from tasks.tabular import _gbdt_matrix
+
+    x = np.array([[1.5, MISSING_CODE], [np.nan, OTHER_CODE], [2.0, 2], [3.0, 300]], dtype=np.float32)
+    out = _gbdt_matrix(x, np.array([False, True]))
+    assert np.isnan(out[0, 1]) and out[1, 1] == 0 and out[2, 1] == 1 and out[3, 1] == 0  # 300: past 254 -> other
+    assert np.isnan(out[1, 0]) and out[0, 0] == 1.5

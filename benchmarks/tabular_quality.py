@@ -1,0 +1,122 @@
+"""The registered model beside the one a user would try first: trainflow's candidate against
+scikit-learn's gradient-boosted trees, fitted on the same train split, on the bundled wine and
+digits and on the three table shapes of ``tests/tables.py``.
+
+    .venv/bin/python benchmarks/tabular_quality.py                    # all five
+    .venv/bin/python benchmarks/tabular_quality.py --only penguins,churn
+
+Each dataset runs the real pipeline as a user would (``trainflow run``: validation, torchrun with
+the config's workers, evaluation, registration), in a project of its own with its own state (a
+temporary folder, removed): the bundled configs as they ship (``configs/wine.yaml``: the tabular
+network; ``configs/digits.yaml``: the CNN over the 8x8 pixels), and each shape from a fresh
+``trainflow init`` with no edit. The pipeline's evaluation fits the trees itself
+(``HistGradientBoosting*``, default settings, one thread) and records both, so the figures are
+read from each run's summary: the primary metric (accuracy or R²) of both, the gap (trees minus
+candidate, in the metric's direction: positive means the trees are better), the candidate's
+training wall time and the trees' fitting time.
+
+Last line: ``worst_gap_to_gbdt=x`` (the largest gap; the aim is at most 0.02).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+BUNDLED = ("wine", "digits")
+SHAPES = ("penguins", "houses", "churn")
+ENV = {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+       "GX_ANALYTICS_ENABLED": "false", "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b",
+       "GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@b"}
+
+
+def _run(cmd: list[str], cwd: Path, env: dict, timeout: float = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def project(work: Path, name: str) -> Path:
+    """A git + DVC project of its own: a copy of this checkout's tracked files (bundled data pulled)
+    for wine and digits, an empty one for a shape."""
+    proj = work / name
+    bin_ = Path(sys.executable).parent
+    env = {**os.environ, **ENV}
+    if name in BUNDLED:
+        _run(["git", "clone", "-q", str(ROOT), str(proj)], work, env).check_returncode()
+        _run([str(bin_ / "dvc"), "pull", "-q"], proj, env)
+        return proj
+    (proj / "data").mkdir(parents=True)
+    for cmd in (["git", "init", "-q"], [str(bin_ / "dvc"), "init", "-q"],
+                [str(bin_ / "dvc"), "config", "core.analytics", "false"]):
+        _run(cmd, proj, env).check_returncode()
+    return proj
+
+
+def measure(work: Path, name: str) -> dict:
+    """Run the pipeline on ``name`` in its own project; its summary's figures."""
+    proj = project(work, name)
+    env = {**os.environ, **ENV, "TRAINFLOW_HOME": str(proj / ".trainflow")}
+    env.pop("PREFECT_API_URL", None)
+    if name in SHAPES:
+        from flows.init import init_project
+        from tests.tables import write_shape
+
+        label = write_shape(name, proj / "data" / name)
+        init_project(proj, f"data/{name}", label)
+        _run(["git", "add", "-A"], proj, env).check_returncode()
+        _run(["git", "commit", "-qm", name], proj, env).check_returncode()
+    summary = proj / "summary.json"
+    t0 = time.perf_counter()
+    done = _run([str(Path(sys.executable).parent / "trainflow"), "run", "--config", f"configs/{name}.yaml",
+                 "--summary-json", str(summary)], proj, env)
+    wall = time.perf_counter() - t0
+    if not summary.is_file():
+        raise RuntimeError(f"{name}: no summary (exit {done.returncode}): {done.stderr[-2000:]}")
+    s = json.loads(summary.read_text())
+    g = s.get("gbdt") or {}
+    if s.get("status") not in ("registered", "rejected") or not g:
+        raise RuntimeError(f"{name}: {s.get('status')}: {s.get('error')}\n{done.stderr[-2000:]}")
+    metric = g["primary"]
+    sign = 1 if g.get("higher_is_better", True) else -1
+    return {"dataset": name, "metric": metric, "candidate": s["metrics"][metric], "gbdt": g[metric],
+            "gap": round(sign * (g[metric] - s["metrics"][metric]), 4), "train_s": g["candidate_train_s"],
+            "gbdt_fit_s": g["fit_s"], "run_s": round(wall, 1), "status": s["status"],
+            "rows": {k: v for k, v in (s.get("validation") or {}).items() if k == "rows"}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", help="comma-separated datasets (default: " + ",".join(BUNDLED + SHAPES) + ")")
+    ap.add_argument("--workdir", type=Path, help="keep the projects here (default: a temporary folder, removed)")
+    args = ap.parse_args(argv)
+    names = args.only.split(",") if args.only else [*BUNDLED, *SHAPES]
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="trainflow-quality-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    try:
+        for name in names:
+            r = measure(work, name)
+            rows.append(r)
+            print(f"{name}: {json.dumps(r)}", file=sys.stderr, flush=True)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print("| dataset | metric | trainflow | GBDT | gap (GBDT - trainflow) | trainflow train s | GBDT fit s (1 thread) |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['dataset']} | {r['metric']} | {r['candidate']:.4f} | {r['gbdt']:.4f} | {r['gap']:+.4f} | "
+              f"{r['train_s']:.1f} | {r['gbdt_fit_s']:.2f} |")
+    print(f"worst_gap_to_gbdt={max(r['gap'] for r in rows):.4f}")
+
+
+if __name__ == "__main__":
+    main()
