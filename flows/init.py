@@ -125,7 +125,10 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
     except TrainflowError as exc:
         raise InitError(f"the config init would write is invalid: {exc}") from None
 
-    frames = chosen.frames(cfg, root)
+    from tasks.table import load_frames
+
+    # Every row, unlabeled ones too: the expectations describe the data validation will check.
+    frames = load_frames(cfg.dataset, root, cfg.seed, stratify=chosen.classification)
     if "train_file" in layout:
         cols = {s: [str(c) for c in df.columns] for s, df in frames.items()}
         if cols["train"] != cols["test"]:

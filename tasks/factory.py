@@ -147,3 +147,18 @@ def _top_level(tree: ast.Module) -> tuple[set[str], list[str], bool]:
 
     visit(tree.body)
     return names, functions, open_ended
+
+
+def load_factory(ref: str):
+    """``"module.path:function"`` -> the function (imported from the repository or a package);
+    ValueError naming ``model.factory`` when it cannot be imported or is not callable."""
+    import importlib
+
+    module, _, name = ref.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"model.factory: cannot import {ref!r}: {exc}") from None
+    if not callable(fn):
+        raise ValueError(f"model.factory: {ref!r} is not callable")
+    return fn

@@ -133,18 +133,22 @@ def labeled(df: "pd.DataFrame", label: str) -> "pd.DataFrame":
     return df[~missing].reset_index(drop=True) if missing.any() else df
 
 
-def load_frames(cfg: DatasetConfig, root: Path, seed: int, stratify: bool) -> dict[str, "pd.DataFrame"]:
+def load_frames(cfg: DatasetConfig, root: Path, seed: int, stratify: bool,
+                labeled_only: bool = False) -> dict[str, "pd.DataFrame"]:
     """``{"train": df, "test": df}`` as the files hold them (no column is dropped or cast).
 
     One ``dataset.file`` is split here with ``test_fraction`` and ``seed`` (stratified by the
     label when ``stratify`` and the label column exists), exact duplicate rows kept on one side:
-    validation and training get the same rows. Rows without a label are left out (nothing can be
-    learned from or scored on them; ``trainflow init`` says how many there are).
+    validation and training get the same rows. ``labeled_only``: without the rows whose label is
+    missing (what training and evaluation take: nothing can be learned from or scored on them),
+    left out after the split, so the rows they keep are the ones validation checked.
     """
     paths = split_paths(cfg, root)
     if "all" not in paths:
-        return {s: labeled(read_table(paths[s]), cfg.label) for s in SPLITS}
-    df = labeled(read_table(paths["all"]), cfg.label)
-    labels = df[cfg.label] if stratify and cfg.label in df.columns else None
-    keep, held = seeded_split(labels, len(df), cfg.test_fraction, seed, stratify, groups=row_hashes(df))
-    return {"train": df.iloc[keep].reset_index(drop=True), "test": df.iloc[held].reset_index(drop=True)}
+        frames = {s: read_table(paths[s]) for s in SPLITS}
+    else:
+        df = read_table(paths["all"])
+        labels = df[cfg.label] if stratify and cfg.label in df.columns else None
+        keep, held = seeded_split(labels, len(df), cfg.test_fraction, seed, stratify, groups=row_hashes(df))
+        frames = {"train": df.iloc[keep].reset_index(drop=True), "test": df.iloc[held].reset_index(drop=True)}
+    return {s: labeled(f, cfg.label) for s, f in frames.items()} if labeled_only else frames

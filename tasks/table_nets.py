@@ -161,7 +161,7 @@ def build_core(model: ModelConfig, n_in: int, n_out: int) -> nn.Module:
     """The network between the input layer's ``n_in`` features and the ``n_out`` outputs."""
     kind, _, _ = resolved(model)
     if kind == "factory":
-        from training.models import load_factory
+        from tasks.factory import load_factory
 
         net = load_factory(model.factory)(n_in, n_out, **model.kwargs)
         if not isinstance(net, nn.Module):

@@ -17,7 +17,7 @@ model a user would try first, reported next to the candidate and optionally gate
 from __future__ import annotations
 
 import json
-import warnings
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -74,7 +74,7 @@ class _Table(Task):
         if cfg.dataset.text is not None:
             raise ConfigError(f"dataset.text: only for the lm task, but task is {self.name!r}")
         if cfg.model.kind == "lm" and cfg.model.factory is None:
-            raise ConfigError(f"model.kind: 'lm' is the lm task's model; task {self.name!r} takes cnn, mlp "
+            raise ConfigError(f"model.kind: 'lm' is the lm task's model; task {self.name!r} takes tabular, mlp, cnn "
                               "or model.factory")
         if cfg.dataset.expectations_file is None:
             raise ConfigError("dataset.expectations_file: required for a table (`trainflow init` writes one; "
@@ -155,8 +155,11 @@ class _Table(Task):
         if presplit and {"train", "test"} <= set(frames):
             train = set(row_hashes(frames["train"]).tolist())
             dup["test_in_train"] = int(sum(h in train for h in row_hashes(frames["test"]).tolist()))
+        # The batch per worker grows with the table (a power of two from 32 to 1024) so that an
+        # epoch is about INIT_STEPS_PER_EPOCH optimizer steps on 2 workers: 30 epochs of a large
+        # table then take minutes, not an hour, and the lr (tuned at base_batch) stays put.
         train_rows = len(frames.get("train", both))
-        batch = 32 if train_rows <= 4000 else (128 if train_rows <= 20000 else 256)
+        batch = int(min(1024, max(32, 2 ** math.ceil(math.log2(max(train_rows, 1) / (2 * INIT_STEPS_PER_EPOCH))))))
         return {"exclude": exclude, "categorical": categorical, "imputed": imputed,
                 "missing_category": missing_category, "duplicates": dup,
                 "leak_policy": "warn" if dup.get("test_in_train") else None,
@@ -179,9 +182,11 @@ class _Table(Task):
 
     # -- data ---------------------------------------------------------------------------------
     def frames(self, cfg: "PipelineConfig", root: Path) -> dict[str, "pd.DataFrame"]:
-        """``{"train", "test"}`` frames as the files hold them (shared: callers must not modify them)."""
+        """``{"train", "test"}`` frames as the files hold them, rows without a label left out (shared:
+        callers must not modify them)."""
         return self._cached(self._frames_key(cfg, root),
-                            lambda: load_frames(cfg.dataset, root, cfg.seed, stratify=self.classification))
+                            lambda: load_frames(cfg.dataset, root, cfg.seed, stratify=self.classification,
+                                                labeled_only=True))
 
     def _frames_key(self, cfg: "PipelineConfig", root: Path) -> tuple:
         paths = split_paths(cfg.dataset, root)
@@ -571,9 +576,9 @@ class Classification(_Table):
         return np.asarray([index.get(_label_key(v), -1) for v in np.asarray(labels).tolist()], dtype=np.int64)
 
     def loss(self, out, y, reduction: str = "mean"):
-        from training.models import token_loss
+        import torch.nn.functional as F
 
-        return token_loss(out, y, reduction)
+        return F.cross_entropy(out.float(), y.reshape(-1), reduction=reduction)  # fp32 logits
 
     def val_correct(self, out, y) -> float:
         return (out.argmax(-1) == y).sum().item()
@@ -673,6 +678,8 @@ class Regression(_Table):
         return "double"
 
 
+# Optimizer steps per epoch (on 2 workers) `trainflow init` sizes the batch for.
+INIT_STEPS_PER_EPOCH = 40
 # The gradient-boosted trees beside the candidate fit on at most this many train rows (a seeded sample).
 GBDT_MAX_ROWS = 200_000
 # An integer feature with this many distinct values at most (and 3 at least) is taken for categories.

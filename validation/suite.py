@@ -216,7 +216,8 @@ def _stacked_columns(exp: TableExpectations, schema: pd.DataFrame) -> list:
 def _cells_frame(df: pd.DataFrame, columns: list, label: str, offset: int = 0) -> pd.DataFrame:
     """``columns`` stacked long: (column, row, value, min, max), column by column; NaN bound = none.
 
-    A column that allows nulls (never the label) has its null cells left out. ``row`` is the
+    A column that allows nulls (the label too, where the expectations say so: unlabeled rows,
+    which training leaves out) has its null cells left out. ``row`` is the
     position in ``df`` plus ``offset`` (a batch's first row in its split).
     """
     import numpy as np
@@ -230,7 +231,7 @@ def _cells_frame(df: pd.DataFrame, columns: list, label: str, offset: int = 0) -
     nan = float("nan")
     lo = np.repeat(np.array([nan if c.min is None else c.min for c in columns], dtype="float64"), n)
     hi = np.repeat(np.array([nan if c.max is None else c.max for c in columns], dtype="float64"), n)
-    nullable = np.repeat(np.array([c.nulls and c.name != label for c in columns], dtype=bool), n)
+    nullable = np.repeat(np.array([c.nulls for c in columns], dtype=bool), n)
     keep = ~(nullable & np.isnan(values))
     if not keep.all():
         values, column, row, lo, hi = values[keep], column[keep], row[keep], lo[keep], hi[keep]
@@ -257,11 +258,11 @@ def _class_key(v: object) -> str:
 
 
 def _balance_frame(classes: list, label: str, df: pd.DataFrame) -> pd.DataFrame:
-    """One row per class: its count and share of all rows in the split (matched by text form,
+    """One row per class: its count and share of the split's labeled rows (matched by text form,
     so class 3 in the file matches a label read as 3, 3.0 or Int64 3)."""
     labels = df.iloc[:, _first_positions(df)[label]].dropna()
     counts = labels.map(_class_key).value_counts()
-    return _balance_rows(classes, {str(k): int(v) for k, v in counts.items()}, len(df))
+    return _balance_rows(classes, {str(k): int(v) for k, v in counts.items()}, len(labels))
 
 
 def _balance_rows(classes: list, counts: dict[str, int], n: int) -> pd.DataFrame:
@@ -352,7 +353,7 @@ def _bound_text(columns: list, key: str) -> str:
 def _cells_expectations(columns: list, label: str) -> tuple[list, list[int]]:
     import great_expectations.expectations as gxe
 
-    not_null = [c.name for c in columns if not c.nulls or c.name == label]
+    not_null = [c.name for c in columns if not c.nulls]
     with_min = [c for c in columns if c.min is not None]
     with_max = [c for c in columns if c.max is not None]
     out, covers = [], []
@@ -419,7 +420,7 @@ def _split_items(exp: TableExpectations, features: list[str], label: str, classi
     for c in exp.columns:
         if c.name not in pos:
             continue
-        if c.name not in stacked_names and (not c.nulls or c.name == label):
+        if c.name not in stacked_names and (not c.nulls):
             split.append(gxe.ExpectColumnValuesToNotBeNull(column=c.name))
         if c.values is not None:
             split.append(gxe.ExpectColumnValuesToBeInSet(column=c.name, value_set=list(c.values)))
@@ -554,37 +555,23 @@ def _schema_info(exp: TableExpectations, schema, dtypes: dict[str, str], stats: 
 
 
 def _batches(params: dict, paths: dict[str, Path], batch_rows: int, sizes: dict):
-    """``(split, RecordBatch, offset)`` in each split's row order, rows without a label left out
-    and one file split by seed, as ``tasks.table.load_frames`` reads them (the label column read
-    whole for the stratification, the rows' hashes in one pass for the duplicates). ``sizes`` is
-    filled with each split's rows before the first batch where they are known without reading
-    the data (Parquet footers, the seeded split), else None."""
+    """``(split, RecordBatch, offset)`` in each split's row order; one file is split by seed as
+    ``tasks.table.load_frames`` splits it (its label column read whole for the stratification, the
+    rows' hashes in one pass for the duplicates). ``sizes`` is filled with each split's rows
+    before the first batch where they are known without reading the data (Parquet footers, the
+    seeded split), else None."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     from tasks.columnar import iter_batches, source_rows
-
-    label = params["dataset"].label
-
-    def labeled(batch):
-        if label not in batch.schema.names:
-            return batch
-        valid = pc.is_valid(batch.column(label))
-        if pa.types.is_floating(batch.schema.field(label).type):
-            valid = pc.and_(valid, pc.invert(pc.is_nan(batch.column(label))))
-        return batch if pc.all(valid).as_py() else batch.filter(valid)
 
     if "all" not in paths:
         sizes.update({s: source_rows(paths[s]) for s in SPLITS})
         for s in SPLITS:
             offset = 0
             for batch in iter_batches(paths[s], batch_rows=batch_rows):
-                part = labeled(batch)
-                if part.num_rows != batch.num_rows:
-                    sizes[s] = None  # known only once read
-                yield s, part, offset
-                offset += part.num_rows
+                yield s, batch, offset
+                offset += batch.num_rows
         return
     from tasks.table import row_hashes, seeded_split
 
@@ -592,7 +579,7 @@ def _batches(params: dict, paths: dict[str, Path], batch_rows: int, sizes: dict)
     # Equal rows stay on one side, as load_frames splits them: one pass of row hashes (8 bytes a
     # row), and of the label's presence; the label itself read whole as load_frames reads it (its
     # dtype sets the stratification's groups).
-    hashes = [row_hashes(labeled(batch).to_pandas()) for batch in iter_batches(src, batch_rows=batch_rows)]
+    hashes = [row_hashes(batch.to_pandas()) for batch in iter_batches(src, batch_rows=batch_rows)]
     groups = np.concatenate(hashes or [np.zeros(0, dtype=np.uint64)])
     del hashes
     labels = None
@@ -601,7 +588,7 @@ def _batches(params: dict, paths: dict[str, Path], batch_rows: int, sizes: dict)
 
         try:
             labels = (pd.read_csv(src, usecols=[ds.label]) if src.suffix.lower() == ".csv"
-                      else pd.read_parquet(src, columns=[ds.label]))[ds.label].dropna().reset_index(drop=True)
+                      else pd.read_parquet(src, columns=[ds.label]))[ds.label]
         except (ValueError, KeyError):
             labels = None
     n = len(groups)
@@ -613,14 +600,13 @@ def _batches(params: dict, paths: dict[str, Path], batch_rows: int, sizes: dict)
     del held, labels
     offsets, start = {"train": 0, "test": 0}, 0
     for batch in iter_batches(src, batch_rows=batch_rows):
-        part = labeled(batch)
-        m = is_test[start:start + part.num_rows]
-        start += part.num_rows
+        m = is_test[start:start + batch.num_rows]
+        start += batch.num_rows
         for s, mask in (("train", ~m), ("test", m)):
-            piece = part.filter(pa.array(mask))
-            if piece.num_rows:
-                yield s, piece, offsets[s]
-                offsets[s] += piece.num_rows
+            part = batch.filter(pa.array(mask))
+            if part.num_rows:
+                yield s, part, offsets[s]
+                offsets[s] += part.num_rows
 
 
 def _float_column(batch, name: str):
@@ -664,7 +650,7 @@ def _cell_suspects(batch, columns: list, label: str, offset: int, expectations: 
     nan = float("nan")
     lo = np.array([[nan if c.min is None else c.min] for c in columns], dtype="float64")
     hi = np.array([[nan if c.max is None else c.max] for c in columns], dtype="float64")
-    nullable = np.array([[c.nulls and c.name != label] for c in columns], dtype=bool)
+    nullable = np.array([[c.nulls] for c in columns], dtype=bool)
     null = np.isnan(block)
     keep = ~(nullable & null)
     with np.errstate(invalid="ignore"):
@@ -817,7 +803,7 @@ def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = N
             counts: dict[str, int] = {}
             for v, k in values.items():
                 counts[_class_key(v)] = counts.get(_class_key(v), 0) + k
-            by_name[f"{s}_balance"].frame = _balance_rows(exp.classes, counts, rows[s])
+            by_name[f"{s}_balance"].frame = _balance_rows(exp.classes, counts, stats[s][label].count)
             run_item(run, by_name[f"{s}_balance"])
         split_item = by_name[s]
         # Table-level checks on the split's columns with no rows, the row count on N rows and no

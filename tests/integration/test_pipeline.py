@@ -195,16 +195,24 @@ def test_worse_candidate_is_rejected_and_champion_stays(first_run, state, tmp_pa
     assert client().get_run(s["mlflow_run_id"]).data.tags["trainflow.stage"] == "rejected"
 
 
-def test_corrupted_data_stops_at_validation_and_registers_nothing(make_project, state, tmp_path):
+def test_corrupted_data_stops_at_validation_and_registers_nothing(make_project, state, tmp_path, capfd):
     def corrupt(train, test):
         train.loc[3, "pixel_10"] = None
         train.loc[5, "pixel_20"] = 99
         test.loc[0, "label"] = 12
 
     proj = make_project(corrupt)
+    capfd.readouterr()
     code, s = run_cli(["--config", str(proj / "configs" / "digits.yaml"),
                        "--set", "registry.model_name=corrupt-digits"], tmp_path)
     assert code == 2 and s["status"] == "validation_failed"
+    # What the user sees: each failure in one line, the report, one error line; no traceback at all
+    # (not Prefect's for the task's exception, not torchrun's from the aborted early-started job).
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
+    assert "  FAILED  train.pixel_10: 1 null value (row 3)\n" in err
+    assert "  FAILED  test.label: 1 value not in the class set {0..9}: 12 ×1 (row 0)\n" in err
+    assert s["validation"]["report"].endswith("validation/summary.md") and f"report        {s['validation']['report']}" in err
     failures = s["validation"]["failures"]
     named = {(f["split"], f["expectation"], f["column"]) for f in failures}
     assert ("train", "expect_column_values_to_not_be_null", "pixel_10") in named

@@ -21,7 +21,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from tests.integration.test_bring_your_own import BOUNDS, _env, commit_all, trainflow

@@ -215,3 +215,15 @@ def test_first_install_says_what_it_is_doing():
     assert "creating /nonexistent/venv/" in phases[0][2] and "minutes" in phases[1][2]
     installs = [line for line in dry.splitlines() if "pip install" in line]
     assert installs and all("test -t 1" in line for line in installs), installs  # -q only off a terminal
+
+
+def test_init_help_says_what_init_does_and_the_real_defaults(capsys):
+    """The first-hour report: `init --help` had no description and said `--test-fraction` defaulted
+    to "the config's" (it is 0.2)."""
+    with pytest.raises(SystemExit) as done:
+        main(["init", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "Track a CSV or Parquet table with DVC" in out and "After a schema change" in out
+    assert "default 0.2" in " ".join(out.split()) and "the config's)" not in out.split("--test-fraction")[-1][:40]
+    assert "--force" not in out  # a re-run updates the config and keeps the user's keys: nothing to force

@@ -389,3 +389,35 @@ def test_the_streamed_info_pass_runs_once_per_data(tmp_path, monkeypatch):
     again = stream_splits(cfg, tmp_path, 0, "0" * 32)  # another rank, or the next run
     assert len(passes) == 1 and again.info == first.info and first.info["classes"] == [0, 1, 2]
     assert len(first.train) + len(first.val) == 300
+
+
+def test_a_streamed_string_column_gets_the_vocabulary_and_codes_of_the_in_memory_path(tmp_path):
+    """Categories in a table beyond memory: counted in the one streamed pass, and each row group
+    encoded with the task's codes, exactly as the loaded split is."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tasks import get_task
+
+    rng = np.random.default_rng(0)
+    d = tmp_path / "d"
+    d.mkdir()
+    for name, n in (("train", 700), ("test", 70)):
+        city = rng.choice(["oslo", "rome", "lima", None], n).tolist()
+        pq.write_table(pa.table({"x": rng.normal(size=n), "city": pa.array(city, pa.string()),
+                                 "label": rng.integers(0, 2, n)}), d / f"{name}.parquet", row_group_size=64)
+    (tmp_path / "exp.yaml").write_text("label: label\ncolumns:\n  - {name: x, type: float}\n"
+                                       "  - {name: city, type: string, nulls: true}\n"
+                                       "  - {name: label, type: integer, values: [0, 1]}\n")
+    cfg = config_from_dict({"name": "t", "dataset": {"path": "d", "train_file": "train.parquet",
+                                                     "test_file": "test.parquet", "expectations_file": "exp.yaml"}})
+    task = get_task("classification")
+    want = task.info(cfg, tmp_path, task.frames(cfg, tmp_path))
+    groups = scan_row_groups(d / "train.parquet")
+    got = task.stream_info(cfg, tmp_path, d / "train.parquet", groups.names, groups.types)
+    assert got["columns"][1] == want["columns"][1] and got["columns"][1]["values"] == ["lima", "oslo", "rome"]
+    assert got["dtypes"] == want["dtypes"] == {"x": "double", "city": "string"}
+    read = table_reader(groups, got["features"], "label", lambda col: col.to_numpy().astype(np.int64),
+                        lambda frame: task.features_of(frame, got))
+    x0, _ = read(0)
+    np.testing.assert_array_equal(x0, task.prepared(cfg, tmp_path)["x"][:64])

@@ -51,13 +51,14 @@ def test_complete_index_lists_join_as_one_dict_of_lists_and_are_cut():
 def test_cell_suspects_are_exactly_the_failing_cells_with_the_whole_batchs_counts():
     cols = [ColumnExpectation(name="a", type="float", min=0, max=1),
             ColumnExpectation(name="b", type="float", min=0, nulls=True),
-            ColumnExpectation(name="label", type="integer", nulls=True)]
+            ColumnExpectation(name="label", type="integer", nulls=False)]
     batch = pa.record_batch({"a": [0.5, -1.0, None, 2.0], "b": [None, -3.0, 5.0, 0.0], "label": [1, None, 2, 3]})
     exps = [NS(expectation_type="expect_column_values_to_not_be_null"),
             NS(expectation_type="expect_column_pair_values_a_to_be_greater_than_b", column_A="value"),
             NS(expectation_type="expect_column_pair_values_a_to_be_greater_than_b", column_A="max")]
     frame, counts = _cell_suspects(batch, cols, "label", 100, exps)
-    # a: -1 (below), null, 2 (above); b: -3 (below; its null is allowed); the label may not be null.
+    # a: -1 (below), null, 2 (above); b: -3 (below; its null is allowed); the label may not be null
+    # (its expectations say so: a label may be null only where they allow unlabeled rows).
     assert list(zip(frame["column"], frame["row"])) == [("a", 101), ("a", 102), ("a", 103), ("b", 101),
                                                         ("label", 101)]
     kept = 12 - 1  # b's allowed null is left out, as the in-memory cells frame leaves it out
