@@ -4,9 +4,8 @@ with 2 CPU processes, MLflow on sqlite), each in a fresh git + DVC project:
 * the README's "Bring your own data and model" commands, run literally: wine, one CSV with
   named float columns and string labels, from ``trainflow init`` to a registered champion that
   ``mlflow.pyfunc`` scores on a DataFrame with the original column names;
-* a regression table generated here, one Parquet file: its registered model predicts held-out rows;
-* a user's table that breaks its reviewed expectations stops at validation, before torchrun (a
-  label outside the class set is named by tests/integration/test_validation_gx.py).
+* tables shaped like users' (text, gaps, ids, a regression with given splits, 50,000 rows) and a
+  user's table that breaks its reviewed expectations: tests/integration/test_real_tables.py.
 
 The example package's own task (entry point ``trainflow.tasks``) through the whole flow, in a
 fresh project too, is tests/integration/test_example_task.py's ``flow_run``.
@@ -22,7 +21,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from tests.conftest import ROOT, VENV_BIN
@@ -132,78 +130,3 @@ def test_readme_commands_take_a_csv_from_init_to_a_champion_scored_through_pyfun
     assert scores["output"] == "string" and set(scores["pred"]) <= {"class_0", "class_1", "class_2"}
     accuracy = float(np.mean(np.asarray(scores["pred"]) == np.asarray(scores["truth"])))
     assert accuracy >= 0.95, accuracy
-
-
-def houses(n: int, seed: int) -> pd.DataFrame:
-    """A regression table: floats of very different scales, an integer column, a float target."""
-    rng = np.random.default_rng(seed)
-    df = pd.DataFrame({"size_m2": rng.uniform(20, 250, n), "rooms": rng.integers(1, 8, n),
-                       "age_years": rng.uniform(0, 100, n), "dist_km": rng.exponential(5, n)})
-    df["price"] = (3000 * df.size_m2 + 20000 * df.rooms - 800 * df.age_years - 15000 * np.log1p(df.dist_km)
-                   + rng.normal(0, 20000, n))
-    return df
-
-
-def trained(proj: Path) -> list[str]:
-    """Training folders holding a result (an early-started job that was aborted writes none)."""
-    return sorted(str(p.parent) for p in (proj / ".trainflow").glob("train/*/result.json"))
-
-
-def commit_all(proj: Path, message: str) -> None:
-    run(["git", "add", "-A"], proj)
-    run(["git", *GIT_ID, "commit", "-qm", message], proj)
-
-
-def test_a_regression_table_registers_a_model_that_predicts_held_out_rows(project):
-    from flows.init import init_project
-
-    (project / "data" / "houses").mkdir()  # one Parquet file, split by seed
-    houses(1000, 0).to_parquet(project / "data" / "houses" / "houses.parquet", index=False)
-    report = init_project(project, "data/houses", "price")
-    assert report["task"] == "regression" and report["task_inferred"]
-    commit_all(project, "houses")
-    code, s, err = trainflow(project, "run", "--config", "configs/houses.yaml", *BOUNDS)
-    assert code == 0, (s.get("error"), err[-3000:])
-    assert s["status"] == "registered" and s["model_name"] == "houses"
-    assert set(s["metrics"]) == {"r2", "rmse", "mae", "latency_p95_ms"}
-    assert s["baseline"]["r2"] < 0.05  # the train mean explains (about) nothing of the test split
-    gates = {g["name"]: g for g in s["gates"]}
-    assert gates["r2_vs_baseline"]["passed"] and gates["r2_vs_baseline"]["op"] == ">="
-    assert gates["latency_p95_ms"]["op"] == "<="
-    # Held-out rows the pipeline never saw, through mlflow.pyfunc with the original columns.
-    fresh = houses(300, 1)
-    fresh.to_csv(project / "fresh.csv", index=False)
-    script = (SCORE.split("cfg = load_config")[0]
-              + "frame = pd.read_csv(proj / 'fresh.csv')\n"
-              + "loaded = mlflow.pyfunc.load_model(f'models:/{model}@champion')\n"
-              + "pred = loaded.predict(frame.drop(columns=['price']))\n"
-              + "y = frame['price'].to_numpy()\n"
-              + "print(json.dumps({'r2': float(1 - ((pred - y) ** 2).sum() / ((y - y.mean()) ** 2).sum()),"
-              + " 'types': [c.type.name for c in loaded.metadata.get_input_schema().inputs]}))\n")
-    done = subprocess.run([sys.executable, "-c", script, str(project), "configs/houses.yaml", "houses"],
-                          cwd=project, env=_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got["types"] == ["double", "long", "double", "double"]
-    assert got["r2"] >= 0.8, got
-
-    # The same table with a renamed column and text in a feature breaks its reviewed expectations:
-    # the run stops at validation, naming each failure, and nothing trains.
-    bad = houses(1000, 0).rename(columns={"dist_km": "distance"})
-    bad["rooms"] = bad["rooms"].astype(str) + " rooms"
-    bad.to_parquet(project / "data" / "houses" / "houses.parquet", index=False)
-    run([DVC_BIN, "add", "-q", "data/houses"], project)
-    commit_all(project, "broken houses")
-    trained_before = trained(project)
-    # No early-started job for this run (TRAINFLOW_PRELAUNCH=0): its workers would only start up
-    # to be aborted. That `trainflow run` aborts a held job untrained when validation fails is
-    # test_pipeline.py::test_corrupted_data_stops_at_validation_and_registers_nothing.
-    code, s, err = trainflow(project, "run", "--config", "configs/houses.yaml", *BOUNDS,
-                             env={"TRAINFLOW_PRELAUNCH": "0"})
-    assert code == 2 and s["status"] == "validation_failed", err[-2000:]
-    failures = s["validation"]["failures"]
-    text = json.dumps(failures)
-    assert "distance" in text and "dist_km" in text  # expected vs found columns
-    assert any(f.get("column") == "rooms" for f in failures)  # the non-numeric feature, by name
-    assert "training" not in s
-    assert trained(project) == trained_before

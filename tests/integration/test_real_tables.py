@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from tests.integration.test_bring_your_own import BOUNDS, _env, commit_all, trainflow
@@ -92,17 +93,47 @@ def test_penguins_with_an_id_missing_labels_string_categories_and_gaps(project):
     assert "rownames" not in got["inputs"]
 
 
-def test_houses_given_splits_with_integer_floats_and_shared_rows(project):
+def test_houses_given_splits_with_integer_floats_and_shared_rows_then_broken_data(project):
     report, s, err = init_and_run(project, "houses")
+    assert report["task"] == "regression" and report["task_inferred"]
     assert report["choices"]["duplicates"]["test_in_train"] == 5 and report["choices"]["leak_policy"] == "warn"
     assert set(report["choices"]["categorical"]) == {"floors", "rooms"}  # 3 and 7 values: integers as categories
     warnings = s["validation"]["warnings"]
     assert [w["check"] for w in warnings] == ["leak"] and "5 rows of test also in train" in warnings[0]["message"]
     assert "warning train/test: 5 rows of test also in train" in err
     check_beside_the_trees(s, err, "r2")
-    assert s["metrics"]["r2"] >= 0.8
+    assert set(s["metrics"]) == {"r2", "rmse", "mae", "latency_p95_ms"} and s["metrics"]["r2"] >= 0.8
+    assert s["baseline"]["r2"] < 0.05  # the train mean explains (about) nothing of the test split
+    gates = {g["name"]: g for g in s["gates"]}
+    assert gates["r2_vs_baseline"]["passed"] and gates["r2_vs_baseline"]["op"] == ">="
+    assert gates["latency_p95_ms"]["op"] == "<="
     got = score_raw(project, "data/houses/test.csv", "price", "houses")
     assert got["score"] >= 0.8 and got["inputs"]["year_built"] == "double"
+    assert got["inputs"]["neighbourhood"] == "string" and got["inputs"]["area_m2"] == "double"
+
+    # The same table with a renamed column and text in a numeric feature breaks its reviewed
+    # expectations: the run stops at validation, naming each failure, and nothing trains.
+    from tests.integration.conftest import DVC_BIN, run
+
+    trained_before = sorted((project / ".trainflow").glob("train/*/result.json"))
+    for name in ("train", "test"):
+        path = project / "data" / "houses" / f"{name}.csv"
+        bad = pd.read_csv(path).rename(columns={"area_m2": "area"})
+        bad["rooms"] = bad["rooms"].astype(str) + " rooms"
+        bad.to_csv(path, index=False)
+    run([DVC_BIN, "add", "-q", "data/houses"], project)
+    commit_all(project, "broken houses")
+    # No early-started job for this run (TRAINFLOW_PRELAUNCH=0): its workers would only start up
+    # to be aborted. That `trainflow run` aborts a held job untrained when validation fails, and
+    # prints no traceback, is test_pipeline.py::test_corrupted_data_stops_at_validation_and_registers_nothing.
+    code, s, err = trainflow(project, "run", "--config", "configs/houses.yaml", *BOUNDS,
+                             env={"TRAINFLOW_PRELAUNCH": "0"})
+    assert code == 2 and s["status"] == "validation_failed", err[-2000:]
+    messages = [f["message"] for f in s["validation"]["failures"]]
+    assert any("missing area_m2; unexpected area" in m for m in messages), messages  # expected vs found
+    assert "train.rooms: 1 column of the wrong type: rooms holds string (str), expected integer" in messages
+    assert "training" not in s and "Traceback" not in err
+    assert sorted((project / ".trainflow").glob("train/*/result.json")) == trained_before
 
 
 def test_fifty_thousand_rows_with_three_string_categoricals(project):
