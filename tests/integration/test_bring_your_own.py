@@ -130,3 +130,8 @@ def test_readme_commands_take_a_csv_from_init_to_a_champion_scored_through_pyfun
     assert scores["output"] == "string" and set(scores["pred"]) <= {"class_0", "class_1", "class_2"}
     accuracy = float(np.mean(np.asarray(scores["pred"]) == np.asarray(scores["truth"])))
     assert accuracy >= 0.95, accuracy
+
+
+def commit_all(proj: Path, message: str) -> None:
+    run(["git", "add", "-A"], proj)
+    run(["git", *GIT_ID, "commit", "-qm", message], proj)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,7 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.integration.conftest import DVC_BIN, GIT_ID, run
+from tests.integration.conftest import DVC_BIN, run
 from tests.integration.test_bring_your_own import BOUNDS, commit_all, trainflow
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
