@@ -173,7 +173,16 @@ def _main(args: argparse.Namespace) -> int:
     from tasks import task_for
 
     task_for(cfg)  # a config that does not fit its task fails here, before any training
-    splits = load_splits(cfg, root, cfg.seed, data_md5)
+    try:
+        splits = load_splits(cfg, root, cfg.seed, data_md5)
+    except TrainflowError:
+        # A held job loads the data before validation has judged it: data that cannot be read
+        # into tensors is validation's to report (a one-line failure), not this worker's traceback.
+        go, why = wait_for_go(args.out)
+        if not go:
+            logging.getLogger("trainflow.train").debug("not training: %s", why)
+            return 0
+        raise
     # A held job (the pipeline launched it while its earlier stages ran): nothing is trained,
     # and nothing written, before the launcher says go.
     go, why = wait_for_go(args.out)
