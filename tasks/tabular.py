@@ -256,14 +256,11 @@ class _Table(Task):
         if missing:
             raise DataUnavailableError(f"train split lacks column(s) {missing}; found {list(names)}")
         label = cfg.dataset.label
-        dtypes = {c: types[c].to_pandas_dtype() for c in features}
-        kinds = self.kinds(cfg, root, features)
-        if self.expectations(cfg, root) is None:
-            import pandas as pd
+        import pandas as pd
 
-            kinds = kinds_from_frame(pd.DataFrame({c: pd.Series(dtype=dtypes[c]) for c in features}), features,
-                                     cfg.dataset.categorical)
-        fit = TableFit(kinds, cfg.dataset.max_categories, cfg.seed)
+        dtypes = {c: types[c].to_pandas_dtype() for c in features}
+        empty = pd.DataFrame({c: pd.Series(dtype=dtypes[c]) for c in features})  # the kinds by dtype, no rows
+        fit = TableFit(self.kinds(cfg, root, features, empty), cfg.dataset.max_categories, cfg.seed)
         target = ColumnStats(label, values={} if self.classification else None)
         for batch in iter_batches(source, [*features, label]):
             try:
