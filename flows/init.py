@@ -76,8 +76,7 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
     old_columns = _old_columns(root / exp_rel) if exp_rel in before else None
     _check_not_inside_tracked(root, target)
 
-    tables = [read_table(p) for p in table_paths]
-    first = tables[0]
+    first = read_table(table_paths[0])
     columns = [str(c) for c in first.columns]
     if label not in columns:
         close = difflib.get_close_matches(label, columns, n=1)
@@ -86,7 +85,6 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
                         f"its columns are {columns}")
     if len(first) == 0:
         raise InitError(f"{_rel(root, table_paths[0])} has no rows")
-    unlabeled = sum(int(t[label].isna().sum()) for t in tables if label in t.columns)
     labels = first[label].dropna()
     if labels.empty:
         raise InitError(f"label {label!r} has no value in {_rel(root, table_paths[0])}: nothing to learn from")
@@ -136,6 +134,7 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
             raise InitError(f"{layout['train_file']} and {layout['test_file']} have different columns "
                             f"(only in train: {only['train']}, only in test: {only['test']}"
                             f"{'' if any(only.values()) else ', or another order'}); give both the same columns")
+    unlabeled = sum(int(df[label].isna().sum()) for df in frames.values())
     choices = chosen.init_choices(frames, label, presplit="train_file" in layout)
     dataset.update({k: sorted(choices[k], key=columns.index) for k in ("exclude", "categorical") if choices[k]})
     if choices["leak_policy"]:
@@ -286,7 +285,7 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def choice_lines(choices: dict, unlabeled: int = 0, indent: str = "              ") -> list[str]:
+def choice_lines(choices: dict, unlabeled: int = 0) -> list[str]:
     """The choices init made from the data, one line each with its reason (for its output and,
     as comments, for the config it writes)."""
     out = []

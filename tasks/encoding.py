@@ -96,11 +96,11 @@ def category_codes(values: "pd.Series", vocabulary: list[str]) -> np.ndarray:
     return codes
 
 
-def numeric_values(values: "pd.Series", name: str) -> np.ndarray:
-    """float32 values of a numeric column (NaN where missing); ValueError naming a column that
-    holds text."""
+def numeric_values(values: "pd.Series", name: str, dtype=np.float32) -> np.ndarray:
+    """The values of a numeric column as ``dtype`` (NaN where missing); ValueError naming a column
+    that holds text."""
     try:
-        return values.to_numpy(dtype=np.float64, na_value=np.nan).astype(np.float32)
+        return values.to_numpy(dtype=np.float64, na_value=np.nan).astype(dtype, copy=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"feature column {name!r} must be numeric (it is not categorical): {exc}") from None
 
@@ -147,7 +147,7 @@ class _Numeric:
         self.sample = np.empty(0, dtype=np.float64)
 
     def update(self, s: "pd.Series") -> None:
-        v = numeric_values(s, self.name).astype(np.float64) if s.dtype != np.float64 else s.to_numpy()
+        v = numeric_values(s, self.name, np.float64)  # statistics in float64, not the model's float32
         finite = np.isfinite(v)
         self.nulls += int(np.isnan(v).sum())
         v = v[finite]

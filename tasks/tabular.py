@@ -144,8 +144,9 @@ class _Table(Task):
                 continue
             nulls = int(s.isna().sum())
             numeric = _numeric_dtype(s.dtype)
-            whole = numeric and bool(s.dropna().pipe(lambda v: len(v) and (v == v.round()).all()))
-            distinct = int(s.nunique(dropna=True))
+            values = s.dropna()
+            whole = numeric and len(values) > 0 and bool((values == values.round()).all())
+            distinct = int(values.nunique())
             if whole and 3 <= distinct <= MAX_INTEGER_CATEGORIES:
                 categorical[name] = f"an integer column with {distinct} distinct values: learned as categories"
             if nulls:
@@ -153,8 +154,7 @@ class _Table(Task):
         rows = len(both)
         dup = {"within": int(rows - len(np.unique(row_hashes(both))))}
         if presplit and {"train", "test"} <= set(frames):
-            train = set(row_hashes(frames["train"]).tolist())
-            dup["test_in_train"] = int(sum(h in train for h in row_hashes(frames["test"]).tolist()))
+            dup["test_in_train"] = int(np.isin(row_hashes(frames["test"]), row_hashes(frames["train"])).sum())
         # The batch per worker grows with the table (a power of two from 32 to 1024) so that an
         # epoch is about INIT_STEPS_PER_EPOCH optimizer steps on 2 workers: 30 epochs of a large
         # table then take minutes, not an hour, and the lr (tuned at base_batch) stays put.
@@ -436,7 +436,6 @@ class _Table(Task):
         become "other"), a missing value NaN. The result is kept as JSON in
         ``TRAINFLOW_HOME/cache/gbdt`` by the prepared arrays' key and scikit-learn's version: the
         same data and config are fitted once (``cached``; ``fit_s`` is that fit's)."""
-        import json as _json
         import os
         import time
         from importlib.metadata import version
@@ -448,7 +447,7 @@ class _Table(Task):
                            "max_rows": GBDT_MAX_ROWS, "v": 1})[:32]
         path = trainflow_home(Path(root)) / "cache" / "gbdt" / f"{key}.json"
         try:
-            cached = _json.loads(path.read_text())
+            cached = json.loads(path.read_text())
             return {**cached, "pred": np.asarray(cached["pred"]), "cached": True}
         except (OSError, ValueError, KeyError):
             pass
@@ -479,7 +478,7 @@ class _Table(Task):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(_json.dumps(out))
+            tmp.write_text(json.dumps(out))
             os.replace(tmp, path)
         except OSError:  # a read-only home: fitted again next time
             pass

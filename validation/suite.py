@@ -213,7 +213,7 @@ def _stacked_columns(exp: TableExpectations, schema: pd.DataFrame) -> list:
     return [c for c in exp.columns if c.type in ("integer", "float") and found.get(c.name) in NUMERIC]
 
 
-def _cells_frame(df: pd.DataFrame, columns: list, label: str, offset: int = 0) -> pd.DataFrame:
+def _cells_frame(df: pd.DataFrame, columns: list, offset: int = 0) -> pd.DataFrame:
     """``columns`` stacked long: (column, row, value, min, max), column by column; NaN bound = none.
 
     A column that allows nulls (the label too, where the expectations say so: unlabeled rows,
@@ -350,7 +350,7 @@ def _bound_text(columns: list, key: str) -> str:
     return "; ".join(f"{key} {_fmt(b)}: {_names_text(n)}" for b, n in groups.items())
 
 
-def _cells_expectations(columns: list, label: str) -> tuple[list, list[int]]:
+def _cells_expectations(columns: list) -> tuple[list, list[int]]:
     import great_expectations.expectations as gxe
 
     not_null = [c.name for c in columns if not c.nulls]
@@ -382,7 +382,7 @@ def _plan(exp: TableExpectations, features: list[str], label: str, classificatio
         df = frames[s]
         items += _split_items(exp, features, label, classification, s, list(_first_positions(df)),
                               _schema_frame(exp, features, df), df, skipped,
-                              cells=lambda stacked, df=df: _cells_frame(df, stacked, label),
+                              cells=lambda stacked, df=df: _cells_frame(df, stacked),
                               balance=lambda classes, df=df: _balance_frame(classes, label, df))
     items += _cross_items(_cross_frame(exp.names, frames), skipped)
     return items
@@ -444,7 +444,7 @@ def _split_items(exp: TableExpectations, features: list[str], label: str, classi
     if not_numeric:
         skipped.append({"split": s, "check": "range", "reason": f"not numeric: {', '.join(not_numeric)}"})
     if stacked:
-        cells_exp, covers = _cells_expectations(stacked, label)
+        cells_exp, covers = _cells_expectations(stacked)
         if cells_exp:
             items.append(Item(f"{s}_cells", s, "cells", cells(stacked), cells_exp, complete(*CELL_INDEX), covers))
 
@@ -633,7 +633,7 @@ def _row_hash_array(batch, columns: list[str]):
     return pd.util.hash_pandas_object(pd.DataFrame(canon), index=False).to_numpy(dtype="uint64")
 
 
-def _cell_suspects(batch, columns: list, label: str, offset: int, expectations: list):
+def _cell_suspects(batch, columns: list, offset: int, expectations: list):
     """The cells of ``batch`` that can fail the stacked checks (null where not allowed, below its
     min, above its max: exactly the cells GX reports), as a cells frame, and the counts GX would
     give on the whole stacked batch: ``{expectation index: {"element_count", "missing_count"}}``.
@@ -774,7 +774,7 @@ def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = N
         df.index = pd.RangeIndex(offset, offset + batch.num_rows)
         batched[s]["split"].add(df)
         if "cells" in batched[s]:
-            frame, counts = _cell_suspects(batch, stacked[s], label, offset, by_name[f"{s}_cells"].expectations)
+            frame, counts = _cell_suspects(batch, stacked[s], offset, by_name[f"{s}_cells"].expectations)
             batched[s]["cells"].add(frame, counts)
 
     for s, batch, offset in _batches(params, paths, batch_rows, sizes):

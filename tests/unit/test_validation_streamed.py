@@ -56,7 +56,7 @@ def test_cell_suspects_are_exactly_the_failing_cells_with_the_whole_batchs_count
     exps = [NS(expectation_type="expect_column_values_to_not_be_null"),
             NS(expectation_type="expect_column_pair_values_a_to_be_greater_than_b", column_A="value"),
             NS(expectation_type="expect_column_pair_values_a_to_be_greater_than_b", column_A="max")]
-    frame, counts = _cell_suspects(batch, cols, "label", 100, exps)
+    frame, counts = _cell_suspects(batch, cols, 100, exps)
     # a: -1 (below), null, 2 (above); b: -3 (below; its null is allowed); the label may not be null
     # (its expectations say so: a label may be null only where they allow unlabeled rows).
     assert list(zip(frame["column"], frame["row"])) == [("a", 101), ("a", 102), ("a", 103), ("b", 101),
