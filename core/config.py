@@ -184,19 +184,13 @@ class ModelConfig(_Strict):
     frequency_scale: float = Field(0.1, gt=0)
     # Size of each category's embedding and of each numeric column's periodic embedding.
     embedding_dim: int = Field(16, gt=0)
-    # lm only (training.lm): tokens are bytes; seq_len is the context (and the longest input).
+    # lm only (tasks/lm_net.py): tokens are bytes; seq_len is the context (and the longest input).
     vocab_size: int = Field(256, ge=2)
     seq_len: int = Field(64, gt=0)
     d_model: int = Field(64, gt=0)
     n_layers: int = Field(2, gt=0)
     n_heads: int = Field(4, gt=0)
     d_ff: int = Field(256, gt=0)
-
-    @model_validator(mode="after")
-    def _lm_shapes(self) -> "ModelConfig":
-        if self.kind == "lm" and self.d_model % self.n_heads:
-            raise ValueError(f"d_model: must be divisible by model.n_heads ({self.n_heads}), got {self.d_model}")
-        return self
 
 
 class EarlyStopping(_Strict):
@@ -537,22 +531,6 @@ class PipelineConfig(_Strict):
         if isinstance(data, dict) and isinstance(data.get("registry"), dict):
             return {**data, "registry": _registry_of(data.get("name"), data["registry"])}
         return data  # no section (the field's default), a RegistryConfig, or a wrong type pydantic names
-
-    @model_validator(mode="after")
-    def _model_parallel_needs_lm(self) -> "PipelineConfig":
-        t, m = self.training, self.model
-        if t.strategy in MODEL_PARALLEL:
-            if m.kind != "lm":
-                raise ValueError(f"training.strategy: {t.strategy!r} (model parallel) needs model.kind: lm, "
-                                 f"got {m.kind!r}; use ddp or fsdp for it")
-            tp, pp = t.parallel.tp, t.parallel.pp
-            if m.n_heads % tp or m.d_ff % tp:
-                raise ValueError(f"training.parallel.tp: {tp} must divide model.n_heads ({m.n_heads}) "
-                                 f"and model.d_ff ({m.d_ff})")
-            if pp > m.n_layers:
-                raise ValueError(f"training.parallel.pp: {pp} stages for model.n_layers {m.n_layers}: "
-                                 "each stage needs at least one layer")
-        return self
 
     def config_id(self) -> str:
         """sha256 of the canonical JSON: equal configs hash equal, whatever the YAML looked like.

@@ -56,9 +56,9 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
     else:
         import torch
 
-        from training.export import load_exported
+        from tasks.base import load_program
 
-        module = load_exported(Path(train_dir) / "model.pt2")
+        module = load_program(Path(train_dir) / "model.pt2")
         with torch.no_grad():
             outputs = module(torch.as_tensor(x)).numpy()
         task.check_program_output(outputs, info)

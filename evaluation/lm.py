@@ -137,13 +137,13 @@ def evaluate_lm(model_pt2: Path, cfg: DatasetConfig, root: Path, out_dir: Path,
     """
     import torch
 
-    from training.export import load_exported
+    from tasks.base import load_program
 
     torch.set_num_threads(threads)
     out_dir.mkdir(parents=True, exist_ok=True)
     seq_len = cfg.text.seq_len
     docs = load_eval_documents(cfg, root)
-    module = load_exported(model_pt2)
+    module = load_program(model_pt2)
     loss_sum, n_tok = score_documents(module, [d for _, d in docs], seq_len)
     cand = summarise(loss_sum, n_tok)
     cand["latency_p95_ms"] = latency_p95_ms(module, seq_len)

@@ -457,8 +457,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = load_config(cfg_path, args.overrides)
         _check_code(cfg, root)
         from core.manifest import read_dvc_file
+        from tasks import task_for
+        from training.advisor import resolve_for_launch
 
-        spec = make_spec(cfg, args.out.resolve(), root, read_dvc_file(root, cfg.dataset.dvc_file).md5,
+        task_for(cfg)
+        md5 = read_dvc_file(root, cfg.dataset.dvc_file).md5
+        # strategy / cpu_workers "auto" -> concrete values; an elastic job is sized for its largest world.
+        cfg, reasons = resolve_for_launch(cfg, trainflow_home(root), nproc=args.nproc,
+                                          nnodes=parse_nnodes(args.nnodes)[1], root=root, data_md5=md5)
+        for reason in reasons:
+            print(f"trainflow: auto: {reason}", file=sys.stderr)
+        spec = make_spec(cfg, args.out.resolve(), root, md5,
                          nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
                          rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, force_resume=args.force_resume)
         result = run_job(spec)

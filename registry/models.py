@@ -26,7 +26,8 @@ from registry.values import MAX_MODEL_TAG_VALUE_LENGTH, MAX_TAG_VALUE_LENGTH, cl
 CHALLENGER = "challenger"
 CHAMPION = "champion"
 ARTIFACT_NAME = "model"
-# Model metadata key telling a loader what the pyfunc takes ("lm": a text column; see tasks/lm.py).
+# Model metadata key naming the task whose pyfunc this is: the loader asks it what the pyfunc
+# takes (a task whose evaluator scores "documents", e.g. tasks/lm.py's, takes a text column).
 KIND_KEY = "trainflow_kind"
 # Rows of the input example stored with the model (enough to document the shape).
 MAX_EXAMPLE_ROWS = 5
@@ -462,6 +463,19 @@ def load_predictor(model_name: str, alias: str = CHAMPION) -> Callable | None:
         verify_files(Path(local), model_name, mv, alias)
         model = mlflow.pyfunc.load_model(local, suppress_warnings=True)
         warn_requirement_mismatches(Path(local) / "requirements.txt", uri)
-    if (model.metadata.metadata or {}).get(KIND_KEY) == "lm":
-        return TextScorer(model, model_name, alias, str(mv.version), mv.run_id, uri)
-    return Predictor(model, model_name, alias, str(mv.version), mv.run_id, uri)
+    cls = TextScorer if _scores_documents((model.metadata.metadata or {}).get(KIND_KEY)) else Predictor
+    return cls(model, model_name, alias, str(mv.version), mv.run_id, uri)
+
+
+def _scores_documents(task_name) -> bool:
+    """Whether the task a model's metadata names (``KIND_KEY``) scores documents, not predictions
+    (its pyfunc takes a text column: a ``TextScorer``). An unknown name: a plain ``Predictor``."""
+    from core.errors import ConfigError
+    from tasks import get_task
+
+    if not isinstance(task_name, str):
+        return False
+    try:
+        return get_task(task_name).evaluator == "documents"
+    except ConfigError:
+        return False

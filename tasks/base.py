@@ -8,6 +8,7 @@ A task answers everything that differs between kinds of problem, and the rooms a
 | ``validation_plan``: what to validate, torch-free | ``validation`` |
 | ``data_splits``: the data's splits by name, each a file and an MLflow context | ``flows`` (MLflow datasets) |
 | ``load_data`` / ``build_model`` / ``example_input`` / ``loss`` / ``val_correct`` / ``export_module`` | ``training`` |
+| ``parallel_plan``: how its model splits for tensor / pipeline parallelism, if it does | ``training.parallel`` |
 | ``metrics`` (each with a direction), ``evaluator`` and its hooks, ``scoring_key``, ``gbdt`` | ``evaluation`` |
 | ``model_spec``: the pyfunc file, its metadata, signature and input example | ``registry`` |
 | ``init_defaults``: the gates and model ``trainflow init`` writes | ``flows.init`` |
@@ -22,7 +23,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from core.errors import ConfigError
 
@@ -83,6 +84,24 @@ class ModelSpec:
     checked: bool = False
 
 
+@dataclass(frozen=True)
+class ParallelPlan:
+    """How a task's model splits across ranks (like torchtitan's parallelize and pipeline
+    functions): the engine's tp / pp / hybrid strategies apply it and know nothing of the model.
+
+    - ``blocks(model)``: the repeated blocks, in order; ``block_plan()`` is the
+      ``parallelize_module`` plan for one block (submodule name -> ParallelStyle);
+    - ``stage_layers(n_blocks, n_stages)``: block indices per pipeline stage;
+    - ``split_stage(model, stage, n_stages)``: the model cut down to one stage, in place, with
+      the full model's parameter names (the stages' state dicts merge into one).
+    """
+
+    blocks: Callable[[Any], list]
+    block_plan: Callable[[], dict]
+    stage_layers: Callable[[int, int], list[list[int]]]
+    split_stage: Callable[[Any, int, int], Any]
+
+
 class Task:
     """Base of every task. Subclasses set the class attributes and implement the methods."""
 
@@ -119,6 +138,16 @@ class Task:
         if cfg.training.early_stopping.metric == "val_accuracy" and not self.has_accuracy:
             raise ConfigError(f"training.early_stopping.metric: task {self.name!r} reports no val_accuracy; "
                               "use val_loss")
+        from core.config import MODEL_PARALLEL
+
+        if cfg.training.strategy in MODEL_PARALLEL and self.parallel_plan(cfg) is None:
+            raise ConfigError(f"training.strategy: {cfg.training.strategy!r} (model parallel) needs a model that "
+                              f"splits across ranks; task {self.name!r} with model.kind {cfg.model.kind!r} has "
+                              "no tp/pp plan: use ddp or fsdp for it")
+
+    def parallel_plan(self, cfg: "PipelineConfig") -> ParallelPlan | None:
+        """How this task's model splits for tp / pp / hybrid; None: it does not (ddp and fsdp only)."""
+        return None
 
     def init_defaults(self) -> dict:
         """Config sections ``trainflow init`` writes for this task (model, gates)."""
@@ -139,6 +168,18 @@ class Task:
     def info(self, cfg: "PipelineConfig", root: Path) -> dict:
         """JSON-able facts of the data a model is built from (``Splits.info``), torch-free."""
         return {}
+
+    # Whether the train split is a table the engine can stream from Parquet row groups
+    # (``training.stream``): such a task also answers ``stream_info`` and ``target_dtype``.
+    streams_table: ClassVar[bool] = False
+
+    def stream_info(self, cfg: "PipelineConfig", root: Path, source: Path, names: tuple, types: dict) -> dict:
+        """``info`` fitted in one pass over a streamed train split (``streams_table`` tasks)."""
+        raise NotImplementedError(f"task {self.name!r} does not stream a table")
+
+    def target_dtype(self):
+        """numpy dtype of the training targets a streamed batch holds (``streams_table`` tasks)."""
+        raise NotImplementedError(f"task {self.name!r} does not stream a table")
 
     def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
         """``training.data.Splits`` (train / val / test tensors and a JSON-able ``info``)."""

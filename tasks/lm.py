@@ -1,5 +1,5 @@
 """The byte-level language model task: a JSON Lines text corpus -> a decoder-only transformer
-(``training.lm``) -> a text-scoring pyfunc (``tasks/pyfunc_lm.py``), gated on eval perplexity."""
+(``tasks.lm_net``) -> a text-scoring pyfunc (``tasks/pyfunc_lm.py``), gated on eval perplexity."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from core.errors import ConfigError
-from tasks.base import Metric, ModelSpec, Task, ValidationPlan, load_program
+from tasks.base import Metric, ModelSpec, ParallelPlan, Task, ValidationPlan, load_program
 
 if TYPE_CHECKING:
     from core.config import PipelineConfig
@@ -35,6 +35,15 @@ class LanguageModel(Task):
             raise ConfigError("dataset.text: required for the lm task (the corpus files and windows)")
         if cfg.model.kind != "lm":
             raise ConfigError(f"model.kind: the lm task needs 'lm', got {cfg.model.kind!r}")
+        t, m = cfg.training, cfg.model
+        if m.d_model % m.n_heads:
+            raise ConfigError(f"model.d_model: must be divisible by model.n_heads ({m.n_heads}), got {m.d_model}")
+        if t.strategy in ("tp", "hybrid") and (m.n_heads % t.parallel.tp or m.d_ff % t.parallel.tp):
+            raise ConfigError(f"training.parallel.tp: {t.parallel.tp} must divide model.n_heads ({m.n_heads}) "
+                              f"and model.d_ff ({m.d_ff})")
+        if t.strategy == "pp" and t.parallel.pp > m.n_layers:
+            raise ConfigError(f"training.parallel.pp: {t.parallel.pp} stages for model.n_layers {m.n_layers}: "
+                              "each stage needs at least one layer")
         if cfg.model.seq_len != text.seq_len:
             raise ConfigError(f"dataset.text.seq_len: {text.seq_len} differs from model.seq_len {cfg.model.seq_len}; "
                               "windows must fit the model")
@@ -55,12 +64,12 @@ class LanguageModel(Task):
         return ValidationPlan("text", list(self._files(cfg, root).values()), {"dataset": cfg.dataset, "root": Path(root)})
 
     def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
-        from training.data import load_text_splits
+        from tasks.text import load_text_splits
 
         return load_text_splits(cfg.dataset, root, seed)
 
     def build_model(self, cfg: "PipelineConfig", info: dict):
-        from training.lm import build_lm
+        from tasks.lm_net import build_lm
 
         return build_lm(cfg.model)
 
@@ -69,8 +78,14 @@ class LanguageModel(Task):
 
         return torch.zeros(batch, cfg.model.seq_len, dtype=torch.long)
 
+    def parallel_plan(self, cfg: "PipelineConfig") -> ParallelPlan | None:
+        from tasks import lm_net
+
+        return ParallelPlan(lambda model: list(model.layers.values()), lm_net.tp_plan, lm_net.stage_layers,
+                            lm_net.split_stage)
+
     def loss(self, out, y, reduction: str = "mean"):
-        from training.models import token_loss
+        from tasks.lm_net import token_loss
 
         return token_loss(out, y, reduction)
 

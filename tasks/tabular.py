@@ -65,6 +65,7 @@ class _Table(Task):
     """What classification and regression share: reading, features, scaling, the pyfunc."""
 
     classification: ClassVar[bool] = True
+    streams_table: ClassVar[bool] = True
     evaluator: ClassVar[str] = "predictions"
     metrics_version: ClassVar[int] = METRICS_VERSION
 
@@ -172,7 +173,7 @@ class _Table(Task):
         return ValidationPlan("table", files, {
             "dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed, "stratify": self.classification, "expectations": exp,
             "features": self._features(cfg, exp.names), "label": cfg.dataset.label,
-            "classification": self.classification, "leak_policy": cfg.dataset.effective_leak_policy})
+            "class_label": self.classification, "leak_policy": cfg.dataset.effective_leak_policy})
 
     def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:
         files = cfg.dataset.split_files  # one ``all`` file is split by seed into both
@@ -272,6 +273,9 @@ class _Table(Task):
         info.update(self._stream_target_info(cfg, root, target))
         return info
 
+    def target_dtype(self):
+        return np.int64 if self.classification else np.float32
+
     def arrays(self, frame: "pd.DataFrame", info: dict, label: str) -> tuple[np.ndarray, np.ndarray]:
         """(encoded features float32 [n, f], targets) of a frame: class indices int64 or float32 values."""
         return self.features_of(frame, info), self.targets(frame[label], info)
@@ -340,7 +344,7 @@ class _Table(Task):
             "code": sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in code)}))
 
     def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
-        from training.data import Splits, tensors
+        from tasks.splits import Splits, tensors
 
         p = self.prepared(cfg, root)
         x, y, info = p["x"], p["y"], p["info"]
@@ -353,7 +357,7 @@ class _Table(Task):
         """Train-split row indices ``(keep, held out for per-epoch validation)``: a seeded
         ``val_fraction``, stratified by class for a classifier. A task with ordered rows (a time
         series) overrides it."""
-        from training.data import stratified_holdout
+        from tasks.splits import stratified_holdout
 
         groups = y if self.classification else np.zeros(len(y), dtype=np.int64)
         return stratified_holdout(groups, cfg.dataset.val_fraction, seed)

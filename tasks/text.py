@@ -1,11 +1,22 @@
-"""A text corpus as JSON Lines (``{"path": ..., "text": ...}`` per line), torch-free."""
+"""A text corpus as JSON Lines (``{"path": ..., "text": ...}`` per line), and its byte windows.
+
+Each document's UTF-8 bytes are cut into windows; ``x`` is int64 ``[n, seq_len]`` (bytes
+0..255) and ``y`` the same window shifted by one byte (next-token targets). ``train`` holds
+windows of the train file's documents minus a seeded ``holdout_fraction`` of them, which form
+``val`` (per-epoch validation); ``test`` holds the eval file's documents. torch is imported only
+where tensors are made.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import numpy as np
+
 from core.errors import DataUnavailableError
+from tasks.splits import Splits, tensors
 
 
 def read_documents(path: Path) -> list[tuple[str, bytes]]:
@@ -29,3 +40,59 @@ def read_documents(path: Path) -> list[tuple[str, bytes]]:
             raise DataUnavailableError(f"{path}:{i}: not a JSON object with string 'path' and 'text' "
                                        f"({type(exc).__name__}: {exc})") from None
     return docs
+
+
+def window_starts(n_tokens: int, seq_len: int, stride: int) -> list[int]:
+    """Starts of full windows over a document of ``n_tokens`` bytes (a window needs seq_len + 1).
+
+    Every ``stride`` bytes, plus one final window ending at the document's last byte when the
+    strided ones stop short of it, so no tail is lost. Shorter documents give none.
+    """
+    last = n_tokens - seq_len - 1
+    if last < 0:
+        return []
+    starts = list(range(0, last + 1, stride))
+    if starts[-1] != last:
+        starts.append(last)
+    return starts
+
+
+def cut_windows(docs: list[bytes], seq_len: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) int64 ``[n, seq_len]``: byte windows and their next-byte targets."""
+    xs, ys = [], []
+    for doc in docs:
+        arr = np.frombuffer(doc, dtype=np.uint8)
+        for s in window_starts(len(arr), seq_len, stride):
+            chunk = arr[s : s + seq_len + 1].astype(np.int64)
+            xs.append(chunk[:-1])
+            ys.append(chunk[1:])
+    if not xs:
+        empty = np.zeros((0, seq_len), dtype=np.int64)
+        return empty, empty.copy()
+    return np.stack(xs), np.stack(ys)
+
+
+def holdout_documents(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (keep, holdout) of ``n`` documents: a seeded permutation sends ceil(n*f) to holdout."""
+    perm = np.random.default_rng(seed).permutation(n)
+    k = min(math.ceil(n * fraction), max(n - 1, 0))
+    return np.sort(perm[k:]), np.sort(perm[:k])
+
+
+def load_text_splits(cfg, root: Path, seed: int) -> Splits:
+    """Byte windows of the corpus: train / val (held-out train documents) / test (eval file)."""
+    t = cfg.text
+    base = root / cfg.path
+    train_docs = [b for _, b in read_documents(base / t.train_file)]
+    eval_docs = [b for _, b in read_documents(base / t.eval_file)]
+    keep, hold = holdout_documents(len(train_docs), t.holdout_fraction, seed)
+    stride = t.stride or t.seq_len
+
+    def ds(docs: list[bytes], step: int):
+        x, y = cut_windows(docs, t.seq_len, step)
+        return tensors(x, y)
+
+    # Validation and test windows never overlap: each target byte is scored once (bar the tail).
+    return Splits(train=ds([train_docs[i] for i in keep], stride),
+                  val=ds([train_docs[i] for i in hold], t.seq_len),
+                  test=ds(eval_docs, t.seq_len))

@@ -157,28 +157,24 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
               force_resume: bool = False) -> JobSpec:
     """Write the resolved config into ``out_dir`` and describe the job that trains it.
 
+    ``cfg`` has no ``auto`` left (``training.advisor.resolve_for_launch`` makes strategy and
+    cpu_workers concrete first), so making a job never measures or launches anything itself.
+
     ``nnodes``: N, or "MIN:MAX" for an elastic job (needs training.max_restarts >= 1, and a
     strategy that fits every world in the range).
 
     Raises ConfigError when the parallel settings don't fit the world this job makes, or when
     several nodes come without the ``rdzv_id`` they share (one node with an endpoint draws one).
     """
-    from core.paths import trainflow_home
-    from training.advisor import resolve_for_launch
     from training.layouts import check_world, layout_for
 
-    if not isinstance(nproc, int):
-        nproc = None  # e.g. "auto": default_nproc of a config whose cpu_workers is still auto
+    t = cfg.training
+    for key, value in (("strategy", t.strategy), ("cpu_workers", t.cpu_workers)):
+        if value == "auto":
+            raise ConfigError(f"training.{key}: 'auto' must be resolved before a job is made "
+                              "(training.advisor.resolve_for_launch)")
     lo, hi = parse_nnodes(nnodes)
     nnodes = hi if lo == hi else f"{lo}:{hi}"
-    # training.strategy / cpu_workers "auto" -> concrete values (and the reasons, on stderr and in env).
-    # An elastic job is sized for its largest world: the one it starts with when every node comes.
-    cfg, reasons = resolve_for_launch(cfg, trainflow_home(root), nproc=nproc, nnodes=hi, root=root,
-                                      data_md5=data_md5)
-    for reason in reasons:
-        print(f"trainflow: auto: {reason}", file=sys.stderr)
-    if reasons:
-        env = {**(env or {}), "TRAINFLOW_AUTO_REASONS": " | ".join(reasons)}
     nproc = nproc or default_nproc(cfg)
     if hi > 1 and not rdzv_endpoint:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
@@ -197,7 +193,6 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"
     config_path.write_text(cfg.to_yaml())
-    t = cfg.training
     return JobSpec(
         config_path=str(config_path), out_dir=str(out_dir), root=str(root), data_md5=data_md5,
         nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,

@@ -1,17 +1,20 @@
-"""Model parallelism for the byte LM: tensor (``tp``), pipeline (``pp``) and data x tensor (``hybrid``).
+"""Model parallelism: tensor (``tp``), pipeline (``pp``) and data x tensor (``hybrid``), and
+``build_strategy``, which builds every strategy (these and ``training.strategies``' single / ddp / fsdp).
 
+How the model splits is the task's (``tasks.base.ParallelPlan``: its blocks, one block's tp plan,
+the pipeline stages); only a task with a plan (the byte LM) can use these strategies.
 Each is a ``training.strategies.Strategy`` (the trainer's loop is unchanged), with
 DCP checkpoints (``DCPStrategy``: every rank writes its own shards or stage, rank 0
 adds ``extra.pt``; resuming needs the same layout: ``check_layout``).
 
 - ``tp``: every block's q/k/v/up Linears are split by output column and o/down by
-  input row across all ranks (DTensor ``parallelize_module`` on a 1-D mesh,
-  ``training.lm.tp_plan``); embeddings, LayerNorms and the head are replicated.
+  input row across all ranks (DTensor ``parallelize_module`` on a 1-D mesh, the plan's
+  ``block_plan``); embeddings, LayerNorms and the head are replicated.
   Every rank sees the same batches; rank 0 of the group reports the loss.
 - ``hybrid``: a 2-D mesh ``(dp, tp)``, rank = dp_rank * tp + tp_rank; TP inside each
   row as above, FSDP2 ``fully_shard`` across the ``dp`` dimension (parameters, grads
   and optimizer state sharded over replicas; grads reduce-scattered).
-- ``pp``: rank r keeps pipeline stage r (``training.lm.split_stage``: contiguous
+- ``pp``: rank r keeps pipeline stage r (the plan's ``split_stage``: contiguous
   blocks, embeddings on the first stage, norm and head on the last) and runs
   ``torch.distributed.pipelining`` GPipe or 1F1B over ``training.parallel.microbatches``
   micro-batches. Only the last stage computes the loss; it reports the loss and the
@@ -35,7 +38,19 @@ import torch
 from torch import nn
 
 from training.distributed import DistContext
-from training.strategies import DCPStrategy, StrategyConfigError, fsdp_gradient_sync, layout_for, mismatch_error
+from training.strategies import (
+    MODEL_PARALLEL,
+    DCPStrategy,
+    DDPStrategy,
+    FSDPStrategy,
+    SingleStrategy,
+    Strategy,
+    StrategyConfigError,
+    check_world,
+    fsdp_gradient_sync,
+    layout_for,
+    mismatch_error,
+)
 
 
 def grad_norm_clip_(params, max_norm: float, world_size: int, plain_replicas: int) -> float:
@@ -78,12 +93,12 @@ def grad_norm_clip_(params, max_norm: float, world_size: int, plain_replicas: in
 class _ModelParallel(DCPStrategy):
     """What tp, pp and hybrid share: degrees, layout, layout check, global-norm clipping."""
 
-    def __init__(self, ctx: DistContext, precision: str, parallel, model_cfg):
+    def __init__(self, ctx: DistContext, precision: str, parallel, plan):
         super().__init__(ctx, precision)
-        if model_cfg is None or getattr(model_cfg, "kind", None) != "lm":
-            raise StrategyConfigError(
-                f"training.strategy: {self.name!r} (model parallel) needs model.kind: lm, "
-                f"got {getattr(model_cfg, 'kind', None)!r}")
+        if plan is None:
+            raise StrategyConfigError(f"training.strategy: {self.name!r} (model parallel) needs a task whose model "
+                                      "splits across ranks (a tasks.base.ParallelPlan); this one has none")
+        self.plan = plan
         self.tp, self.pp = parallel.tp, parallel.pp
         self.dp = ctx.world_size // (self.tp * self.pp)
         self.parallel = parallel
@@ -147,8 +162,6 @@ class TensorParallelStrategy(_ModelParallel):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import parallelize_module
 
-        from training.lm import tp_plan
-
         dev = self.ctx.device.type
         if self.dp == 1:
             tp_mesh = init_device_mesh(dev, (self.tp,), mesh_dim_names=("tp",))
@@ -156,12 +169,13 @@ class TensorParallelStrategy(_ModelParallel):
         else:
             mesh = init_device_mesh(dev, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
             tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
-        for block in model.layers.values():
-            parallelize_module(block, tp_mesh, tp_plan())
+        blocks = self.plan.blocks(model)
+        for block in blocks:
+            parallelize_module(block, tp_mesh, self.plan.block_plan())
         if dp_mesh is not None:
             from torch.distributed.fsdp import fully_shard
 
-            for block in model.layers.values():
+            for block in blocks:
                 fully_shard(block, mesh=dp_mesh)
             fully_shard(model, mesh=dp_mesh)
         return model
@@ -189,8 +203,8 @@ class PipelineStrategy(_ModelParallel):
 
     name = "pp"
 
-    def __init__(self, ctx: DistContext, precision: str, parallel, model_cfg, batch_size: int = 0):
-        super().__init__(ctx, precision, parallel, model_cfg)
+    def __init__(self, ctx: DistContext, precision: str, parallel, plan, batch_size: int = 0):
+        super().__init__(ctx, precision, parallel, plan)
         self.stage_index = ctx.rank
         self.is_first = self.stage_index == 0
         self.is_last = self.stage_index == self.pp - 1
@@ -213,24 +227,18 @@ class PipelineStrategy(_ModelParallel):
         return self.is_last
 
     def rank_info(self) -> dict:
-        from training.lm import stage_layers
-
         return {"dp_rank": 0, "tp_rank": 0, "pp_stage": self.stage_index,
-                "stage_layers": stage_layers(self._n_layers, self.pp)[self.stage_index]}
+                "stage_layers": self.plan.stage_layers(self._n_layers, self.pp)[self.stage_index]}
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        from training.lm import split_stage
-
-        self._n_layers = len(model.layers)
-        self.module = split_stage(model, self.stage_index, self.pp)
+        self._n_layers = len(self.plan.blocks(model))
+        self.module = self.plan.split_stage(model, self.stage_index, self.pp)
         return self.module
 
     def _loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        from training.models import token_loss
-
         # Summed per-sample (per-window mean) loss x the trainer's scale: the stage's summed grads
         # over pipeline micro-batches are then the step's mean, whatever their sizes.
-        return token_loss(out, target, reduction="sum") / target[0].numel() * self._scale
+        return self.task.loss(out, target, reduction="sum") / target[0].numel() * self._scale
 
     def _schedule(self, size: int, train: bool):
         """(schedule, micro-batches) for a batch of ``size`` rows; one stage + schedule per shape.
@@ -270,8 +278,6 @@ class PipelineStrategy(_ModelParallel):
 
     def eval_sums(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
         """COLLECTIVE. Forward-only pipeline over chunks of the eval slice; sums on the last stage."""
-        from training.models import token_loss
-
         loss_sum, correct, n_targets = 0.0, 0.0, 0
         chunk = self.eval_chunk or len(x)
         for start in range(0, len(x), chunk):
@@ -282,8 +288,8 @@ class PipelineStrategy(_ModelParallel):
                     sched.eval(xb)
                 elif self.is_last:
                     logits = sched.eval()
-                    loss_sum += token_loss(logits, yb, reduction="sum").item()
-                    correct += (logits.argmax(-1) == yb).sum().item()
+                    loss_sum += self.task.loss(logits, yb, reduction="sum").item()
+                    correct += self.task.val_correct(logits, yb)
                     n_targets += yb.numel()
                 else:
                     sched.eval()
@@ -312,11 +318,25 @@ class PipelineStrategy(_ModelParallel):
         self.module = None
 
 
-def build_model_parallel(name: str, ctx: DistContext, precision: str, parallel, model_cfg,
-                         batch_size: int = 0):
-    """The tp / pp / hybrid strategy (``training.strategies.build_strategy`` calls this)."""
+_DATA_PARALLEL: dict[str, type[Strategy]] = {
+    "single": SingleStrategy,
+    "ddp": DDPStrategy,
+    "fsdp": FSDPStrategy,
+}
+
+
+def build_strategy(name: str, ctx: DistContext, precision: str = "fp32", parallel=None,
+                   plan=None, batch_size: int = 0) -> Strategy:
+    """The strategy ``name`` for this process; raises ValueError (a ConfigError) naming the key.
+
+    tp / pp / hybrid need ``parallel`` (``core.config.ParallelConfig``) and the task's ``plan``
+    (``tasks.base.ParallelPlan``).
+    """
+    check_world(name, ctx.world_size, parallel)
     if name == "pp":
-        return PipelineStrategy(ctx, precision, parallel, model_cfg, batch_size)
+        return PipelineStrategy(ctx, precision, parallel, plan, batch_size)
     if name == "hybrid":
-        return HybridStrategy(ctx, precision, parallel, model_cfg)
-    return TensorParallelStrategy(ctx, precision, parallel, model_cfg)
+        return HybridStrategy(ctx, precision, parallel, plan)
+    if name in MODEL_PARALLEL:
+        return TensorParallelStrategy(ctx, precision, parallel, plan)
+    return _DATA_PARALLEL[name](ctx, precision)

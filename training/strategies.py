@@ -11,8 +11,9 @@ how parameters live on each rank:
 - ``fsdp``: parameters, gradients and optimizer state are sharded on dim 0 across
   ranks (FSDP2, parameters become ``DTensor``s); checkpoints are sharded with
   ``torch.distributed.checkpoint`` (each rank writes its own shard).
-- ``tp`` / ``pp`` / ``hybrid``: model parallelism for the LM, in ``training.parallel``
-  (tensor parallel, pipeline stages, data x tensor parallel); DCP checkpoints.
+- ``tp`` / ``pp`` / ``hybrid``: model parallelism, in ``training.parallel`` (tensor
+  parallel, pipeline stages, data x tensor parallel); DCP checkpoints. ``training.parallel.
+  build_strategy`` builds every strategy.
 
 Besides wrapping, a strategy owns how one batch runs (``forward_backward``,
 ``eval_sums``: a pipeline runs micro-batches through its stages) and which data
@@ -522,24 +523,3 @@ class FSDPStrategy(DCPStrategy):
 
         sd = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return sd if self.ctx.is_main else None
-
-_CLASSES: dict[str, type[Strategy]] = {
-    "single": SingleStrategy,
-    "ddp": DDPStrategy,
-    "fsdp": FSDPStrategy,
-}
-
-
-def build_strategy(name: str, ctx: DistContext, precision: str = "fp32", parallel=None,
-                   model_cfg=None, batch_size: int = 0) -> Strategy:
-    """The strategy ``name`` for this process; raises ValueError (a ConfigError) naming the key.
-
-    tp / pp / hybrid need ``parallel`` (``core.config.ParallelConfig``) and ``model_cfg``
-    (``core.config.ModelConfig``, kind lm).
-    """
-    check_world(name, ctx.world_size, parallel)
-    if name in MODEL_PARALLEL:
-        from training.parallel import build_model_parallel
-
-        return build_model_parallel(name, ctx, precision, parallel, model_cfg, batch_size)
-    return _CLASSES[name](ctx, precision)

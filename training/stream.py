@@ -45,7 +45,7 @@ from core.errors import DataUnavailableError
 if TYPE_CHECKING:
     from core.config import PipelineConfig
     from training.batches import BatchPlan, StepBatches
-    from training.splits import Splits
+    from tasks.splits import Splits
 
 log = logging.getLogger("trainflow.stream")
 
@@ -551,7 +551,7 @@ def stream_splits(cfg: "PipelineConfig", root: Path, seed: int, data_md5: str) -
     statistics (``tasks.columnar.column_stats``), as the in-memory path fits it on the train split."""
     from tasks import get_task
     from tasks.table import split_paths
-    from training.splits import Splits, tensors
+    from tasks.splits import Splits, tensors
 
     if cfg.dataset.file is not None:
         raise DataUnavailableError("training.loader: streaming needs pre-split data (dataset.train_file and "
@@ -567,7 +567,7 @@ def stream_splits(cfg: "PipelineConfig", root: Path, seed: int, data_md5: str) -
 
     read = table_reader(groups, info["features"], cfg.dataset.label, targets,
                         lambda frame: task.features_of(frame, info))
-    y_dtype = np.int64 if task.classification else np.float32
+    y_dtype = task.target_dtype()
     holdout = Holdout(groups, seed, cfg.dataset.val_fraction, lc.val_rows)
     train = StreamSource(groups, read, seed=seed, window=lc.shuffle_row_groups, holdout=holdout,
                          n_features=len(info["features"]), y_dtype=y_dtype)

@@ -31,7 +31,7 @@ from core.config import PipelineConfig
 from training import faults
 from training.batches import BatchPlan, StepBatches, build_source, choose_plan, scaled_lr  # noqa: F401
 from training.checkpoint import CheckpointManager, CheckpointMismatchError
-from training.data import Splits
+from tasks.splits import Splits
 from training.distributed import DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank
 from training.goodput import Ledger, agree_interval, describe, summarise
 from training.metrics import StepMetrics, flops_per_sample, gpu_utilization, mfu, peak_memory_bytes
@@ -39,7 +39,7 @@ from training.models import build_model
 from training.preemption import StopRequest
 from training.sink import MetricsSink
 from training.state import TrainState
-from training.strategies import build_strategy
+from training.parallel import build_strategy
 
 log = logging.getLogger("trainflow.train")
 
@@ -116,7 +116,8 @@ class Trainer:
         from tasks import get_task
 
         self.task = get_task(cfg.task)
-        self.strategy = build_strategy(t.strategy, ctx, t.precision, t.parallel, cfg.model, t.batch_size)
+        self.strategy = build_strategy(t.strategy, ctx, t.precision, t.parallel, self.task.parallel_plan(cfg),
+                                       t.batch_size)
         self.strategy.task = self.task
         self.source = build_source(data.train, cfg.seed, t.loader)
         self.n_train = len(self.source)

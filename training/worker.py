@@ -27,7 +27,8 @@ from core.manifest import read_dvc_file
 from core.paths import importable_root, project_root
 from training import multinode
 from training.agent import bind_worker
-from training.data import Splits, load_splits
+from tasks.splits import Splits
+from training.data import load_splits
 from training.distributed import process_group
 from training.export import export_model
 from training.held import wait_for_go

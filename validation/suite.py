@@ -21,7 +21,7 @@ derived frames, one GX data asset, suite and validation definition each (21 expe
   each cell's own column bounds beside it: ``value`` not null, ``value >= min``, ``max >= value``
   (a null bound is no bound). The unexpected ``(column, row)`` pairs are split back into one
   failure per column with its exact count. A column that allows nulls has its nulls left out.
-* ``<split>_balance`` (classification): one row per class of ``exp.classes`` with its share of
+* ``<split>_balance`` (a class label): one row per class of ``exp.classes`` with its share of
   the split (``label, count, fraction``); ``fraction`` in ``exp.class_share``; a dropped class
   has share 0 and fails.
 * ``cross``: the de-duplicated row hashes of train and of test, concatenated
@@ -69,21 +69,21 @@ NUMERIC = ("integer", "float", "null")
 FEATURE_TYPES = ("integer", "float", "string", "boolean", "null")
 
 
-def table_suite_hash(exp: TableExpectations, features: list[str], label: str, classification: bool) -> str:
+def table_suite_hash(exp: TableExpectations, features: list[str], label: str, class_label: bool) -> str:
     """Identity of the suite :func:`validate_table` builds: the expectations, the columns it reads,
     this module's, the runner's and ``validation.report``'s code and the GX version (GX is not
     imported). Any change to a bound, a column or the suite code gives a new hash."""
-    return suite_identity(sys.modules[__name__], _parts(exp, features, label, classification))
+    return suite_identity(sys.modules[__name__], _parts(exp, features, label, class_label))
 
 
-def _parts(exp: TableExpectations, features: list[str], label: str, classification: bool) -> dict:
+def _parts(exp: TableExpectations, features: list[str], label: str, class_label: bool) -> dict:
     return dict(expectations=exp.model_dump(mode="json"), features=list(features), label=label,
-                classification=bool(classification))
+                class_label=bool(class_label))
 
 
 # --------------------------------------------------------------------------- the suite protocol (gx_run)
 # A table plan's params (``tasks.tabular``): dataset, root, seed, stratify (how one file is split),
-# expectations (``TableExpectations``), features, label, classification.
+# expectations (``TableExpectations``), features, label, class_label (the label is a class set: its classes and their shares are checked).
 
 
 def identity(params: dict) -> dict:
@@ -92,7 +92,7 @@ def identity(params: dict) -> dict:
     ds = params["dataset"]
     split = {"file": ds.file, "seed": params["seed"], "test_fraction": ds.test_fraction,
              "stratify": params["stratify"]} if ds.file is not None else None
-    return {**_parts(params["expectations"], params["features"], params["label"], params["classification"]),
+    return {**_parts(params["expectations"], params["features"], params["label"], params["class_label"]),
             "split": split, **({"leak_policy": params["leak_policy"]} if params.get("leak_policy") == "warn" else {}),
             "split_groups": "row_hashes" if ds.file is not None else None}
 
@@ -110,7 +110,7 @@ def items(params: dict, splits: dict[str, pd.DataFrame]) -> tuple[list[Item], li
     exp, features, label = _checked(params)
     frames = {s: _coerce_integral(splits[s]) for s in SPLITS}
     skipped: list[dict] = []
-    return _plan(exp, features, label, params["classification"], frames, skipped), skipped
+    return _plan(exp, features, label, params["class_label"], frames, skipped), skipped
 
 
 def _checked(params: dict) -> tuple:
@@ -375,12 +375,12 @@ def _cells_expectations(columns: list) -> tuple[list, list[int]]:
     return out, covers
 
 
-def _plan(exp: TableExpectations, features: list[str], label: str, classification: bool,
+def _plan(exp: TableExpectations, features: list[str], label: str, class_label: bool,
           frames: dict[str, pd.DataFrame], skipped: list[dict]) -> list[Item]:
     items: list[Item] = []
     for s in SPLITS:
         df = frames[s]
-        items += _split_items(exp, features, label, classification, s, list(_first_positions(df)),
+        items += _split_items(exp, features, label, class_label, s, list(_first_positions(df)),
                               _schema_frame(exp, features, df), df, skipped,
                               cells=lambda stacked, df=df: _cells_frame(df, stacked),
                               balance=lambda classes, df=df: _balance_frame(classes, label, df))
@@ -399,14 +399,14 @@ def _cross_items(cross: pd.DataFrame | None, skipped: list[dict]) -> list[Item]:
                  complete("row_hash", "split", "row"))]
 
 
-def _split_items(exp: TableExpectations, features: list[str], label: str, classification: bool, s: str,
+def _split_items(exp: TableExpectations, features: list[str], label: str, class_label: bool, s: str,
                  names: list[str], schema: pd.DataFrame, frame, skipped: list[dict], *, cells, balance) -> list[Item]:
     """One split's items: the split itself (``frame``), its schema, its stacked cells
     (``cells(stacked columns)`` gives the frame) and class balance (``balance(classes)``).
     ``names``: the split's columns. A frame may be None where the caller validates in batches."""
     import great_expectations.expectations as gxe
 
-    classes = exp.classes if classification else None
+    classes = exp.classes if class_label else None
     items: list[Item] = []
     pos = set(names)
     stacked = _stacked_columns(exp, schema)
@@ -448,7 +448,7 @@ def _split_items(exp: TableExpectations, features: list[str], label: str, classi
         if cells_exp:
             items.append(Item(f"{s}_cells", s, "cells", cells(stacked), cells_exp, complete(*CELL_INDEX), covers))
 
-    if not classification:
+    if not class_label:
         return items
     if label not in pos:
         skipped.append({"split": s, "check": "nulls, label_set, class_balance",
@@ -468,7 +468,7 @@ def _split_items(exp: TableExpectations, features: list[str], label: str, classi
 
 
 def validate_table(exp: TableExpectations, features: list[str], label: str, splits: dict[str, pd.DataFrame],
-                   report_dir: Path, classification: bool) -> dict:
+                   report_dir: Path, class_label: bool) -> dict:
     """Validate ``splits`` (``{"train", "test"}`` frames as read, e.g. ``tasks.table.load_frames``)
     against ``exp``; write ``gx_result.json``, ``summary.md`` and Data Docs into ``report_dir``.
 
@@ -476,7 +476,7 @@ def validate_table(exp: TableExpectations, features: list[str], label: str, spli
     ``validation.gx_run.write_report``, failures in ``validation.report``). Raises ValueError
     when the caller's columns contradict ``exp`` (a feature or the label not in the file).
     """
-    params = {"expectations": exp, "features": list(features), "label": label, "classification": classification}
+    params = {"expectations": exp, "features": list(features), "label": label, "class_label": class_label}
     return validate(sys.modules[__name__], params, splits, Path(report_dir))
 
 
@@ -734,7 +734,7 @@ def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = N
 
     started = time.perf_counter()
     exp, features, label = _checked(params)
-    classification = params["classification"]
+    class_label = params["class_label"]
     batch_rows = int(batch_rows or params.get("batch_rows") or BATCH_ROWS)
     paths = sources(params)
     schemas = {s: source_schema(paths.get(s, paths.get("all"))) for s in SPLITS}
@@ -749,7 +749,7 @@ def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = N
         names = schemas[s].names
         schema = _schema_rows(exp, features, _schema_info(exp, schemas[s], dtypes[s], None))
         stacked[s] = _stacked_columns(exp, schema)
-        items += _split_items(exp, features, label, classification, s, names, schema, None, skipped,
+        items += _split_items(exp, features, label, class_label, s, names, schema, None, skipped,
                               cells=lambda cols: None, balance=lambda classes: None)
     by_name = {item.name: item for item in items}
 

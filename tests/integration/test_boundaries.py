@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +42,139 @@ def test_validation_and_registry_defer_heavy_imports():
     mods = loaded_after("import validation.suite, validation.report, registry.store, registry.models, "
                         "registry.values, registry.relay")
     assert not mods & {"great_expectations", "pandas", "mlflow", "torch", "numpy"}
+
+
+# -- DESIGN.md's rooms, read from the source (every import, also those inside functions) ---------
+ROOT = Path(__file__).resolve().parents[2]
+ROOMS = ("core", "tasks", "validation", "training", "evaluation", "registry", "flows")
+MAY_IMPORT = {
+    "core": {"core"},
+    "tasks": {"core", "tasks"},  # never training: the engine asks the task, not the other way
+    "validation": {"core", "tasks", "validation"},
+    "training": {"core", "tasks", "training"},
+    "evaluation": {"core", "tasks", "evaluation"},
+    "registry": {"core", "tasks", "registry"},
+    "flows": set(ROOMS),
+}
+# The built-in tasks' names: a room outside tasks/ that compares with one branches on the kind.
+KIND_NAMES = {"classification", "regression", "lm"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for room in ROOMS:
+        for f in sorted((ROOT / room).rglob("*.py")):
+            parts = f.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """``(line, dotted name)`` of every absolute import in ``path``; ``from a import b`` gives ``a.b``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return found
+
+
+def room_violations(modules: dict[str, Path]) -> list[str]:
+    bad = []
+    for name, path in modules.items():
+        room = name.split(".")[0]
+        for line, imported in _imports(path):
+            top = imported.split(".")[0]
+            if top in ROOMS and top not in MAY_IMPORT[room]:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {imported} ({room}/ may import "
+                           f"{', '.join(sorted(MAY_IMPORT[room]))})")
+    return bad
+
+
+def import_circles(modules: dict[str, Path]) -> list[list[str]]:
+    """The strongly connected parts (more than one module) of the graph of our imports."""
+    def owner(dotted: str) -> str | None:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    graph = {m: {o for _, i in _imports(p) if (o := owner(i)) and o != m} for m, p in modules.items()}
+    index, low, stack, on, circles = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while not part or part[-1] != v:
+                part.append(stack.pop())
+                on.discard(part[-1])
+            if len(part) > 1:
+                circles.append(sorted(part))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def kind_branches(path: Path) -> list[str]:
+    """Where ``path`` compares with a built-in task's name, or tests a task's attributes by name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Compare):
+            for side in (node.left, *node.comparators):
+                values = ([side] if isinstance(side, ast.Constant) else
+                          list(side.elts) if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [])
+                if any(isinstance(v, ast.Constant) and v.value in KIND_NAMES for v in values):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr")
+              and node.args and "task" in ast.unparse(node.args[0])):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Attribute) and node.attr == "classification":
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_each_room_imports_only_what_design_md_allows():
+    assert room_violations(_modules()) == []
+
+
+def test_no_import_circles():
+    assert import_circles(_modules()) == []
+
+
+# `trainflow init` still profiles tables itself (its own task names and `classification`): the
+# one place left before init asks the registered tasks. Listed here so it can only shrink.
+KIND_BRANCHES_LEFT = {"flows/init.py"}
+
+
+def test_no_branch_on_a_kinds_name_outside_tasks():
+    found = {f: kind_branches(p) for f, p in
+             ((str(p.relative_to(ROOT)), p) for n, p in _modules().items() if not n.startswith("tasks"))}
+    assert [b for f, bs in found.items() if f not in KIND_BRANCHES_LEFT for b in bs] == []
+    assert all(found[f] for f in KIND_BRANCHES_LEFT), "a listed file no longer branches: drop it from the list"
+
+
+def test_the_checks_catch_what_they_are_for(tmp_path):
+    """Each check finds a violation of its own kind, written into a scratch copy of the rooms."""
+    fake = {"tasks.x": tmp_path / "x.py", "training.y": tmp_path / "y.py", "training.z": tmp_path / "z.py"}
+    fake["tasks.x"].write_text("def f():\n    from training.y import g\n")
+    fake["training.y"].write_text("from training.z import h\n")
+    fake["training.z"].write_text("def h():\n    import training.y\n    return task.name == 'lm'\n")
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        assert [v.split(" (")[0] for v in room_violations(fake)] == ["x.py:2 imports training.y.g"]
+        assert import_circles(fake) == [["training.y", "training.z"]]
+        assert kind_branches(fake["training.z"]) == ["z.py:3: task.name == 'lm'"]
+    finally:
+        ROOT = saved

@@ -120,7 +120,7 @@ def test_a_zero_row_step_runs_the_module_uncompiled():
     # under DDP hit it on the epoch's short last step): such a step bypasses the compiled graph.
     from tasks import get_task
     from training.distributed import DistContext
-    from training.strategies import build_strategy
+    from training.parallel import build_strategy
 
     graphs = []
 

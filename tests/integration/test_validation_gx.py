@@ -49,7 +49,7 @@ def data(splits):
 def validate(exp, features, tmp_path):
     """validate_table on the digits expectations, classification."""
     def run(frames, expectations=None):
-        return validate_table(expectations or exp, features, "label", frames, tmp_path, classification=True)
+        return validate_table(expectations or exp, features, "label", frames, tmp_path, class_label=True)
     return run
 
 
@@ -60,7 +60,7 @@ def only_failure(report: dict) -> dict:
 
 
 def test_bundled_data_passes_and_writes_every_report_file(exp, features, splits, tmp_path):
-    report = validate_table(exp, features, "label", splits, tmp_path, classification=True)
+    report = validate_table(exp, features, "label", splits, tmp_path, class_label=True)
 
     assert report["success"] is True, report["failures"]
     assert report["n_failed"] == 0 and report["failures"] == [] and report["skipped"] == []
@@ -243,7 +243,7 @@ def test_gx_raising_on_a_frame_becomes_failures(exp, features, splits, tmp_path,
 
     monkeypatch.setattr(gx.ValidationDefinition, "run", run)
     with caplog.at_level(logging.WARNING, logger="validation.gx_run"):
-        report = validate_table(exp, features, "label", splits, tmp_path, classification=True)
+        report = validate_table(exp, features, "label", splits, tmp_path, class_label=True)
     assert report["success"] is False
     assert [(f["split"], f["check"], f["column"]) for f in report["failures"]] == [
         ("test", "nulls", None), ("test", "range", None), ("test", "range", None),
@@ -260,7 +260,7 @@ def test_a_data_docs_failure_is_a_warning_not_an_error(exp, features, splits, tm
 
     monkeypatch.setattr(AbstractDataContext, "build_data_docs", broken)
     with caplog.at_level(logging.WARNING, logger="validation.gx_run"):
-        report = validate_table(exp, features, "label", splits, tmp_path, classification=True)
+        report = validate_table(exp, features, "label", splits, tmp_path, class_label=True)
     assert report["success"] is True
     assert report["files"]["data_docs"] is None
     assert "Data Docs were not built (OSError: disk full)" in caplog.text
@@ -315,7 +315,7 @@ def wine_data(wine):
 
 def validate_wine(wine, frames, tmp_path):
     exp, features, _ = wine
-    return validate_table(exp, features, "target", frames, tmp_path, classification=True)
+    return validate_table(exp, features, "target", frames, tmp_path, class_label=True)
 
 
 def test_a_float_table_passes_expectations_written_for_it(wine, tmp_path):
@@ -370,7 +370,7 @@ def test_a_regression_table_has_no_class_checks(wine, tmp_path):
     target = ColumnExpectation(name="target", type="float", min=0, max=100)
     reg = TableExpectations(label="target", columns=[*cols, target], rows=exp.rows)
     feats = [c.name for c in cols]
-    report = validate_table(reg, feats, "target", y, tmp_path, classification=False)
+    report = validate_table(reg, feats, "target", y, tmp_path, class_label=False)
     assert report["success"] is True, report["failures"]
     validations = json.loads(Path(report["files"]["result_json"]).read_text())["validations"]
     assert not any("balance" in name for name in validations)

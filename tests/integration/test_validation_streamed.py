@@ -51,7 +51,7 @@ def bad():
 
 def _params(cfg: DatasetConfig, root, **extra) -> dict:
     return {"dataset": cfg, "root": root, "seed": 0, "stratify": True, "expectations": EXP,
-            "features": FEATURES, "label": "label", "classification": True, **extra}
+            "features": FEATURES, "label": "label", "class_label": True, **extra}
 
 
 def test_batches_merge_to_the_one_piece_result_with_bad_rows_spread_over_batches(bad, tmp_path):
@@ -61,7 +61,7 @@ def test_batches_merge_to_the_one_piece_result_with_bad_rows_spread_over_batches
     test.to_parquet(tmp_path / "data" / "test.parquet", row_group_size=100)
     cfg = DatasetConfig(path="data", train_file="train.parquet", test_file="test.parquet")
     one = validate_table(EXP, FEATURES, "label", load_frames(cfg, tmp_path, 0, True), tmp_path / "one",
-                         classification=True)
+                         class_label=True)
     many = validate_streamed(_params(cfg, tmp_path), tmp_path / "many", batch_rows=64)
     assert [(f["split"], f["check"], f["column"], f["unexpected_count"]) for f in many["failures"]] == [
         ("train", "range", "x1", 3), ("train", "nulls", "x2", 2), ("train", "label_set", "label", 2),
@@ -110,7 +110,7 @@ def test_one_csv_split_by_seed_streams_to_the_same_split_and_failures(bad, tmp_p
     train.to_csv(tmp_path / "data" / "all.csv", index=False)
     cfg = DatasetConfig(path="data", file="all.csv", test_fraction=0.25)
     one = validate_table(EXP, FEATURES, "label", load_frames(cfg, tmp_path, 0, True), tmp_path / "one",
-                         classification=True)
+                         class_label=True)
     plan = ValidationPlan("table", [tmp_path / "data" / "all.csv"], _params(cfg, tmp_path, stream_above_bytes=0))
     many = run_plan(plan, tmp_path / "many")
     assert many["rows"] == one["rows"] and sum(many["rows"].values()) == 1000
@@ -128,7 +128,7 @@ def test_a_wholly_bad_column_keeps_its_exact_count_when_its_cell_list_is_cut(tmp
     test.to_parquet(tmp_path / "data" / "test.parquet")
     cfg = DatasetConfig(path="data", train_file="train.parquet", test_file="test.parquet")
     one = validate_table(EXP, FEATURES, "label", load_frames(cfg, tmp_path, 0, True), tmp_path / "one",
-                         classification=True)
+                         class_label=True)
     many = validate_streamed(_params(cfg, tmp_path), tmp_path / "many", batch_rows=500)
     assert many["failures"] == one["failures"]
     below = [f for f in many["failures"] if f["check"] == "range"]

@@ -160,7 +160,7 @@ def test_uneven_and_empty_micro_batches_give_the_full_batch_mean_gradient():
     # A short last step over micro-batches of 4, 1 and 0 rows: the scaled sums are the step's mean.
     from tasks import get_task
     from training.distributed import DistContext
-    from training.strategies import build_strategy
+    from training.parallel import build_strategy
 
     strat = build_strategy("single", DistContext(0, 0, 1, None, torch.device("cpu")))
     strat.task = get_task("classification")

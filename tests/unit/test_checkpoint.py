@@ -2,7 +2,7 @@ import torch
 
 from training.checkpoint import CheckpointManager
 from training.distributed import DistContext
-from training.strategies import build_strategy
+from training.parallel import build_strategy
 
 CTX = DistContext(0, 0, 1, None, torch.device("cpu"))
 

@@ -3,7 +3,7 @@
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from training import lm
+from tasks import lm_net as lm
 
 
 def test_attention_is_causal_by_flag_without_a_mask(monkeypatch):

@@ -9,15 +9,21 @@ import torch
 
 from core.config import config_from_dict
 from core.errors import ConfigError
-from training.lm import split_stage, stage_layers
-from training.models import build_model, token_loss
+from tasks import task_for
+from tasks.lm_net import split_stage, stage_layers, token_loss
+from training.models import build_model
 from training.strategies import StrategyConfigError, check_world
 
 LM = {"kind": "lm", "seq_len": 16, "d_model": 32, "n_layers": 4, "n_heads": 4, "d_ff": 64, "dropout": 0.0}
 
 
+TEXT = {"train_file": "train.jsonl", "eval_file": "val.jsonl", "seq_len": 16}
+
+
 def lm_cfg(training=None, model=None):
-    return config_from_dict({"name": "t", "task": "lm", "dataset": {"path": "d"}, "model": {**LM, **(model or {})},
+    return config_from_dict({"name": "t", "task": "lm", "dataset": {"path": "d", "text": TEXT},
+                             "model": {**LM, **(model or {})},
+                             "gates": {"thresholds": {"perplexity": 100.0}},
                              "training": {"strategy": "single", "cpu_workers": 1, **(training or {})}})
 
 
@@ -87,15 +93,19 @@ def test_each_strategy_checks_its_degrees(training, match):
         lm_cfg(training)
 
 
-def test_model_parallel_needs_an_lm_and_fitting_shapes():
-    with pytest.raises(ConfigError, match=r"training\.strategy: 'tp' \(model parallel\) needs model\.kind: lm"):
-        config_from_dict({"name": "t", "dataset": {"path": "d"}, "training": {"strategy": "tp", "cpu_workers": 2, "parallel": {"tp": 2}}})
+def test_model_parallel_needs_a_task_plan_and_fitting_shapes():
+    table = config_from_dict({"name": "t", "dataset": {"path": "d"},
+                              "training": {"strategy": "tp", "cpu_workers": 2, "parallel": {"tp": 2}}})
+    with pytest.raises(ConfigError, match=r"training\.strategy: 'tp' \(model parallel\) needs a model that splits "
+                                          r"across ranks; task 'classification' .* no tp/pp plan"):
+        task_for(table)
+    task_for(lm_cfg({"strategy": "tp", "cpu_workers": 2, "parallel": {"tp": 2}}))  # the LM task has one
     with pytest.raises(ConfigError, match=r"training\.parallel\.tp: 8 must divide model\.n_heads \(4\)"):
-        lm_cfg({"strategy": "tp", "cpu_workers": 8, "parallel": {"tp": 8}})
+        task_for(lm_cfg({"strategy": "tp", "cpu_workers": 8, "parallel": {"tp": 8}}))
     with pytest.raises(ConfigError, match=r"training\.parallel\.pp: 8 stages for model\.n_layers 4"):
-        lm_cfg({"strategy": "pp", "cpu_workers": 8, "batch_size": 32, "parallel": {"pp": 8}})
+        task_for(lm_cfg({"strategy": "pp", "cpu_workers": 8, "batch_size": 32, "parallel": {"pp": 8}}))
     with pytest.raises(ConfigError, match=r"model\.d_model: must be divisible by model\.n_heads \(4\), got 30"):
-        lm_cfg(model={"d_model": 30})
+        task_for(lm_cfg(model={"d_model": 30}))
 
 
 def test_valid_layouts_load():

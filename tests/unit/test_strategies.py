@@ -10,11 +10,11 @@ from torch import nn
 
 from core.errors import ConfigError
 from training.distributed import DistContext
+from training.parallel import build_strategy
 from training.strategies import (
     DDPStrategy,
     SingleStrategy,
     _shard_targets,
-    build_strategy,
     check_world,
 )
 

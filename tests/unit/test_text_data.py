@@ -15,7 +15,7 @@ from core.errors import ConfigError, DataUnavailableError
 from evaluation.lm import score_documents, summarise, windows
 from tasks import task_for
 from tests.conftest import load_script
-from training.data import cut_windows, holdout_documents, load_text_splits, read_documents, window_starts
+from tasks.text import cut_windows, holdout_documents, load_text_splits, read_documents, window_starts
 
 ROOT = Path(__file__).resolve().parents[2]
 

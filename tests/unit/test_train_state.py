@@ -9,7 +9,7 @@ from core.config import load_config
 from training.checkpoint import CheckpointManager, CheckpointMismatchError
 from training.distributed import DistContext
 from training.state import FORMAT, StateFormatError, TrainState
-from training.strategies import build_strategy
+from training.parallel import build_strategy
 
 CTX = DistContext(0, 0, 1, None, torch.device("cpu"))
 

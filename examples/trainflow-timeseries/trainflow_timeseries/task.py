@@ -102,7 +102,7 @@ class SequenceForecast(Regression):
         from torch import nn
 
         from trainflow_timeseries.model import WindowNorm
-        from training.models import load_factory
+        from tasks.factory import load_factory
 
         ref = cfg.model.factory or DEFAULT_FACTORY
         kwargs = cfg.model.kwargs if cfg.model.factory else {**DEFAULT_KWARGS, **cfg.model.kwargs}

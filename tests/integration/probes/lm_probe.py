@@ -23,7 +23,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import TensorDataset
 
 from core.config import config_from_dict, read_config_data
-from training.data import Splits
+from tasks.splits import Splits
 from training.worker import train_and_report
 
 # The probe's config (its corpus is made in memory by lm_splits; no file is read).

@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from training.distributed import all_gather_object, all_reduce_sum, barrier, process_group
-from training.strategies import build_strategy
+from training.parallel import build_strategy
 
 DIMS = (64, 256, 256, 10)
 

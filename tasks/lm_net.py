@@ -5,7 +5,8 @@ output: float logits ``[batch, seq, vocab]`` predicting the next byte at every
 position. Pre-LN blocks, causal ``scaled_dot_product_attention``, a GELU MLP,
 a final LayerNorm and an untied LM head.
 
-The layout is chosen for model parallelism (``training.parallel``):
+The layout is chosen for model parallelism (``training.parallel`` applies ``tp_plan``,
+``stage_layers`` and ``split_stage`` through the task's ``tasks.base.ParallelPlan``):
 
 - separate ``q``/``k``/``v``/``o`` and ``up``/``down`` Linears, so a tensor-parallel
   plan shards ``q, k, v, up`` by output column and ``o, down`` by input row; the
@@ -103,6 +104,12 @@ class ByteLM(nn.Module):
         if self.head is not None:
             h = self.head(h)
         return h
+
+
+def token_loss(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy over every target: ``[n, T, C]`` logits (each token is one prediction), or
+    ``[n, C]`` for a classifier; computed in fp32."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction=reduction)
 
 
 def _init_weights(m: nn.Module) -> None:

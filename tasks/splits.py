@@ -1,4 +1,5 @@
-"""What a task's loader returns: the train / val / test splits and the facts the model is built from.
+"""What a task's loader returns: the train / val / test splits and the facts the model is built from,
+and the seeded per-class hold-out that makes ``val``.
 
 ``train`` is a ``TensorDataset`` (in memory) or a ``training.batches.BatchSource`` (a streamed
 source); ``val`` and ``test`` are always tensors. torch is imported where tensors are made.
@@ -30,3 +31,16 @@ class Splits:
     test: TensorDataset
     # JSON-able facts of the data the model is built from (the task's: features, classes, scaling).
     info: dict = field(default_factory=dict)
+
+
+def stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (keep, holdout): within each class a seeded permutation sends ceil(n*f) to holdout."""
+    rng = np.random.default_rng(seed)
+    keep, hold = [], []
+    for cls in np.unique(labels):
+        idx = np.flatnonzero(labels == cls)
+        idx = idx[rng.permutation(len(idx))]
+        n = int(np.ceil(len(idx) * fraction))
+        hold.append(idx[:n])
+        keep.append(idx[n:])
+    return np.sort(np.concatenate(keep)), np.sort(np.concatenate(hold))
