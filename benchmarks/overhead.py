@@ -252,7 +252,7 @@ class ApiServer:
         if kind == "server":
             env.update(PREFECT_HOME=str(home / "prefect-server"),  # not the runs' sqlite file
                        PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_API_PORT=str(self.port),
-                       PREFECT_UI_API_URL=self.api_url)  # STACK-NOTES gotcha 13
+                       PREFECT_UI_API_URL=self.api_url)  # the UI asks the API on this port
             self.cmd = [*_prefect_cli(), "server", "start", "--host", "127.0.0.1", "--port", str(self.port),
                         "--analytics-off"]
         else:

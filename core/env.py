@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# Values each tool actually accepts (MLflow ignores "1"; see STACK-NOTES).
+# Values each tool actually accepts (MLflow ignores "1").
 TELEMETRY_OFF = {
     "DO_NOT_TRACK": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -26,7 +26,7 @@ def offline_env(home: Path) -> dict[str, str]:
     """Variables a trainflow process (and its children) should run with."""
     env = dict(TELEMETRY_OFF)
     env.setdefault("PREFECT_HOME", str(home / "prefect"))
-    # A first ephemeral start with a new database takes 10-20 s on a busy 2-core box.
+    # A first ephemeral start creates the database: Prefect's 20 s default is too short on a busy machine.
     env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     env.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
     env.setdefault("PREFECT_UI_ENABLED", "false")

@@ -105,7 +105,7 @@ def prefect_server(port: int, env: dict[str, str], log: Path) -> Server:
     ``PREFECT_HOME`` (and ``PREFECT_API_DATABASE_CONNECTION_URL`` when set), with the UI on."""
     url = f"http://{HOST}:{port}"
     env = {k: v for k, v in env.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_URL", "PREFECT_UI_ENABLED")}
-    # The UI calls the API on PREFECT_SERVER_API_PORT (4200) unless told: see STACK-NOTES 13.
+    # The UI calls the API on PREFECT_SERVER_API_PORT (4200) unless PREFECT_UI_API_URL says otherwise.
     env.update(PREFECT_SERVER_API_HOST=HOST, PREFECT_SERVER_API_PORT=str(port), PREFECT_UI_API_URL=f"{url}/api",
                PREFECT_SERVER_UI_ENABLED="true", PREFECT_SERVER_ANALYTICS_ENABLED="false")
     # No services (scheduler, late runs, event persister...): this server only shows what is recorded.

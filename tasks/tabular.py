@@ -291,7 +291,7 @@ class _Table(Task):
         """``{"x", "y", "xt", "yt", "info"}``: both splits as arrays (targets encoded, not yet
         standardised) and ``info``, cached in ``TRAINFLOW_HOME/cache/tables`` as ``.npz`` + JSON
         (numpy only, never pickle). Saves each training worker reading the table with pandas (its
-        import alone is ~0.45 s of CPU per rank, paid while the pipeline's server boots) on every
+        import alone costs each rank a share of its start-up) on every
         run of the same data; the key holds the files' bytes, the config's dataset, seed and code."""
         import os
 

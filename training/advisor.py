@@ -272,7 +272,7 @@ def default_layout(cpu_count: int, replicated_bytes: int,
 
     Rule: on this machine small models stay in one process -- a model whose replicated
     state is below ``small_bytes`` gets 1 process x all cores as threads (DDP on a few
-    CPU cores loses to one process's intra-op threads, see STACK-NOTES). Bigger models
+    CPU cores loses to one process's intra-op threads: BENCHMARKS.md). Bigger models
     split the cores over 2 DDP processes as a starting point; ``trainflow scale`` measures.
     """
     cores = max(1, int(cpu_count))

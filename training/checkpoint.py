@@ -82,6 +82,22 @@ def latest_identity(directory: Path) -> dict | None:
     return None
 
 
+def check_identity(found: dict, config_id: str, data_md5: str, resume_id: str | None = None,
+                   where: str = "") -> None:
+    """The one check that a checkpoint may resume in this run: raise CheckpointMismatchError naming
+    the key otherwise. ``found`` is what the checkpoint records (its completion marker, read by the
+    launcher before torchrun starts, or the state the trainer loaded): the resume id when both
+    sides have one (another world size or strategy may resume it), else the config id, and the
+    data's md5. A key the checkpoint does not record is not compared."""
+    ident = ("resume_id", resume_id) if resume_id and found.get("resume_id") else ("config_id", config_id)
+    for key, mine in (ident, ("data_md5", data_md5)):
+        theirs = found.get(key)
+        if theirs not in (None, mine):
+            raise CheckpointMismatchError(
+                f"{where}: its checkpoint (step {found.get('step')}) was written for {key}={theirs}, this run "
+                f"has {mine}; use a fresh output folder, or --force-resume to continue from it anyway")
+
+
 class CheckpointManager:
     """Step folders of one run's checkpoints, and the policy of when to write one.
 

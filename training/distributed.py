@@ -84,7 +84,7 @@ def process_group(backend: str = "auto", timeout_s: float = 120.0) -> Iterator[D
     finally:
         if ok:
             # Every rank reaches teardown together: a rank destroying the group while a
-            # peer is still in flight was seen to hang that peer at exit.
+            # peer is still in flight can hang that peer at exit.
             dist.barrier()
             dist.destroy_process_group()
         # On an exception, no collective teardown: peers may be blocked in a collective

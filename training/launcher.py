@@ -211,8 +211,8 @@ def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, 
     after torchrun's start-up and every restart attempt. A checkpoint that records a resume id
     (``PipelineConfig.resume_id``) is compared on it: another world size or strategy may resume it.
     """
-    from training.checkpoint import latest_identity
-    from training.layouts import MODEL_PARALLEL, describe_layout, needed_for
+    from training.checkpoint import CheckpointMismatchError, check_identity, latest_identity
+    from training.layouts import MODEL_PARALLEL, mismatch_error
 
     found = latest_identity(out_dir / "checkpoints")
     if not found:
@@ -220,19 +220,14 @@ def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, 
     theirs = found.get("layout")
     if layout and theirs and theirs != layout and set(MODEL_PARALLEL) & {layout["strategy"], theirs.get("strategy")}:
         # Sharded (tp/hybrid) or staged (pp) checkpoints only load into the layout that wrote them:
-        # --force-resume cannot help, so this is checked first.
-        raise ConfigError(
-            f"{out_dir}: its checkpoint (step {found.get('step')}) was written with {describe_layout(theirs)}, "
-            f"this run has {describe_layout(layout)}; tensor-parallel and pipeline shards load only into the "
-            f"layout that wrote them: resume with {needed_for(theirs)}, or use a fresh output folder")
+        # --force-resume cannot help, so this is checked first (the strategy's check_layout on load).
+        raise ConfigError(str(mismatch_error(out_dir / "checkpoints", theirs, layout)))
     if force:
         return
-    ident = ("resume_id", resume_id) if resume_id and found.get("resume_id") else ("config_id", config_id)
-    for key, mine in (ident, ("data_md5", data_md5)):
-        if found.get(key) not in (None, mine):
-            raise ConfigError(
-                f"{out_dir}: its checkpoint (step {found.get('step')}) was written for {key}={found[key]}, "
-                f"this run has {mine}; use a fresh output folder, or --force-resume to continue from it anyway")
+    try:
+        check_identity(found, config_id, data_md5, resume_id, where=str(out_dir))
+    except CheckpointMismatchError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _first_failure(log_dir: Path, nproc: int) -> tuple[int | None, str, str]:
@@ -419,7 +414,7 @@ class Job:
 
         ``at_result``: return once rank 0 has written its completed result (the weights, the
         exported program and the result are final then), while torchrun and its workers are
-        still shutting down (1-3 s here); they are reaped in the background, and before this
+        still shutting down (seconds); they are reaped in the background, and before this
         process exits (``reap_exiting``), so the caller's next step overlaps their exit.
 
         Raises TrainingFailedError (naming the failing rank) or PreemptedError (SIGTERM:

@@ -2,7 +2,7 @@
 world-size checks, the layout recorded in checkpoints, and whether a GPU could be there.
 
 The pipeline process (flows/) resolves and launches jobs with these but never trains, so it
-need not pay for ``import torch`` (1.5-2 s here); ``training.strategies`` re-exports them.
+need not pay for ``import torch``; ``training.strategies`` re-exports them.
 """
 
 from __future__ import annotations

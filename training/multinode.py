@@ -1,6 +1,6 @@
 """A job over several agents (nodes): do they share the output folder, and does every node learn the outcome?
 
-c10d rendezvous hands out global ranks by arrival, not by ``--node-rank`` (STACK-NOTES 17), so
+c10d rendezvous hands out global ranks by arrival, not by ``--node-rank``, so
 which node hosts rank 0 is known only once the job runs, and rank 0 writes the checkpoints,
 the weights and ``result.json`` into *its* ``--out``. Two consequences, handled here:
 

@@ -86,7 +86,7 @@ def uncompiled(module: nn.Module) -> nn.Module:
     import sys
 
     # A compile wrapper exists only once torch.compile imported dynamo: an eager run never pays
-    # dynamo's import (~1 s) here.
+    # dynamo's import here.
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     if eval_frame is not None and isinstance(module, eval_frame.OptimizedModule):
         return module._orig_mod

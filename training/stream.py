@@ -309,9 +309,8 @@ class StreamSource:
                     loader.drop(u)
                 # A step that crosses into the next window needs row groups of both: the next
                 # window's are asked for (in _tensors) only once the rows of the one it leaves are
-                # copied out and those dropped, so a rank never holds two windows at once (at 20 M rows a
-                # rank held up to 12 row groups at such steps, 10 at 5 M, 7 at 1 M: the peak grew
-                # with the number of window boundaries).
+                # copied out and those dropped, so a rank never holds two windows at once (otherwise the
+                # peak grows with the number of window boundaries, i.e. with the data).
                 while upcoming and upcoming[0] in planned.units:  # needed now: ask (if not yet)
                     u = upcoming.popleft()
                     if window_of[u] == need:
@@ -326,8 +325,8 @@ class StreamSource:
                 batches = self._tensors(planned, loader, plan.micro_batch, plan.grad_accum, leaving)
                 # A row group this rank reads no more is dropped now, not when its window ends: a step
                 # crossing into a window reads a few rows of each of its row groups, of which this
-                # rank's later steps read only its share (rank 1 of 2 held 4 more row groups, the
-                # whole next window, until that window ended: 11 instead of 7 at 5 M rows).
+                # rank's later steps read only its share (otherwise a rank holds the whole next window
+                # until that window ends).
                 for u in planned.units:
                     if uses[u] == 0 and (not more or window_of[u] < planned_through):
                         del uses[u]

@@ -30,7 +30,7 @@ import torch
 from core.config import PipelineConfig
 from training import faults
 from training.batches import BatchPlan, StepBatches, build_source, choose_plan, scaled_lr  # noqa: F401
-from training.checkpoint import CheckpointManager, CheckpointMismatchError
+from training.checkpoint import CheckpointManager, CheckpointMismatchError, check_identity
 from tasks.splits import Splits
 from training.distributed import DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank
 from training.goodput import Ledger, agree_interval, describe, summarise
@@ -215,15 +215,10 @@ class Trainer:
         loaded = self.ckpt.load_state(self.model, self.opt)
         if loaded is None:
             return None
-        # A checkpoint of a layout-only change (world size, strategy) carries the same resume id.
-        key, theirs, mine = (("resume_id", loaded.resume_id, self.state.resume_id) if loaded.resume_id
-                             else ("config_id", loaded.config_id, self.config_id))
-        for key, theirs, mine in ((key, theirs, mine), ("data_md5", loaded.data_md5, self.data_md5)):
-            if theirs != mine and not self.force_resume:
-                raise CheckpointMismatchError(
-                    f"checkpoint in {self.ckpt.dir} was written for {key}={theirs}, this run has "
-                    f"{mine}; use a fresh --out, or --force-resume to continue from it anyway"
-                )
+        if not self.force_resume:  # the launcher checked the same before torchrun started
+            check_identity({"step": loaded.step, "config_id": loaded.config_id, "resume_id": loaded.resume_id,
+                            "data_md5": loaded.data_md5}, self.config_id, self.data_md5, self.state.resume_id,
+                           where=str(self.ckpt.dir))
         t = self.cfg.training
         choice = choose_plan(t.batch_size, t.grad_accum, self.strategy.dp_size, t.lr, t.base_batch, t.lr_scaling,
                              loaded.plan)

@@ -5,10 +5,10 @@ The suite is a function of the ``TableExpectations`` (``core.expectations``), th
 label columns the config reads and whether the task classifies. Nothing heavy at import; the
 caller sets ``GX_ANALYTICS_ENABLED=false`` (``core.env``).
 
-GX spends ~10-20 ms of Python per expectation whatever the data size, so one expectation per
-column and split (~270 for the old digits suite) took 4-5 s. Per-column checks therefore run on
-derived frames, one GX data asset, suite and validation definition each (21 expectations for
-655 checks on digits, 0.6-0.9 s warm on a 2-core box including Data Docs):
+GX spends milliseconds of Python per expectation whatever the data size, so one expectation per
+column and split adds up to seconds on a wide table. Per-column checks therefore run on
+derived frames, one GX data asset, suite and validation definition each (on digits, 21
+expectations hold 655 checks):
 
 * ``<split>``: the split itself. Columns exactly ``exp.names`` in order, the label column
   exists, the row count in ``exp.rows[split]``, not-null for the columns not stacked below,
@@ -493,7 +493,7 @@ def validate_table(exp: TableExpectations, features: list[str], label: str, spli
 #   frame: column types and all-null columns (``tasks.columnar.ColumnStats``) for the schema
 #   frame, class counts for the balance frame, the column list on the split's columns with no
 #   rows, the row count on N rows and no columns, and the leak check on the rows whose hash both
-#   splits hold (8 bytes kept per row: the one part that grows with the rows, 160 MB at 20 M).
+#   splits hold (8 bytes kept per row: the one part that grows with the rows).
 
 
 def sources(params: dict) -> dict[str, Path]:
@@ -505,9 +505,8 @@ def sources(params: dict) -> dict[str, Path]:
 
 # Split files larger than this together are validated in batches: read whole, a split costs its
 # pandas frame plus the stacked cells frame (five values and an index entry per cell) at once,
-# ~120 bytes a cell: 4.1 GB peak for a 200 MB Parquet file of 1 M rows x 33 columns (20x its
-# size on disk). 32 MB keeps that under ~1 GB; digits, wine and the tests' CSVs (< 1 MB) stay
-# in memory.
+# about 120 bytes a cell, some 20x a Parquet file's size on disk. 32 MB keeps that under ~1 GB;
+# the bundled datasets stay in memory (benchmarks/validation_memory.py measures both paths).
 STREAM_ABOVE_BYTES = 32 << 20
 
 
@@ -758,7 +757,7 @@ def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = N
     batched = {s: {kind: ItemBatches(run, by_name[name], group_by="cell_column" if kind == "cells" else None)
                    for kind, name in (("split", s), ("cells", f"{s}_cells")) if name in by_name} for s in SPLITS}
     # Value counts only for a balance check's label: a regression target's (continuous) values
-    # would each get a dict entry, ~90 bytes a row (1.3 GB of the 2.2 GB peak at 20 M rows).
+    # would each get a dict entry, ~90 bytes a row: most of the peak on a large table.
     stats = {s: {n: ColumnStats(n, values={} if n == label and f"{s}_balance" in by_name else None)
                  for n in schemas[s].names} for s in SPLITS}
     cross_columns = [c for c in exp.names if all(c in schemas[s].names for s in SPLITS)]
