@@ -16,7 +16,7 @@ export GX_ANALYTICS_ENABLED := false
 export DVC_NO_ANALYTICS := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-suite test-image install data unit clean-state lock check-lock team-up team-down image image-cpu image-run
+.PHONY: run test test-suite test-image install data unit docs docs-serve clean-state lock check-lock team-up team-down image image-cpu image-run
 
 install: $(STAMP)
 
@@ -59,9 +59,9 @@ run: data
 # module's fixtures (a first pipeline run, a server) run once. TEST_PROCS=0 runs it in this one.
 # With IMAGE_TEST=1 (the default) the suite includes the image test: its build (scripts/image.py
 # alongside: podman set up where it can be, the CPU image built) runs beside the install and the
-# suite from the start, and the image test runs last and uses it (about 2 minutes more on a fresh
-# machine: 16 min 4 s against 14 min 13 s here, back to back). Where no engine can be had (not Debian, not root, no apt) the image test skips, saying
-# why. IMAGE_TEST=0 leaves the build out and the image test skips.
+# suite from the start, so its minutes overlap them instead of following them, and the image test
+# runs last and uses it. Where no engine can be had (not Debian, not root, no apt) the image test
+# skips, saying why. IMAGE_TEST=0 leaves the build out and the image test skips.
 TEST_PROCS ?= 2
 IMAGE_TEST ?= 1
 
@@ -81,6 +81,17 @@ test-image: data
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q
+
+# The documentation site (mkdocs.yml, docs/) into build/site/. --strict: a broken link or anchor, or a
+# page left out of the nav, fails it (tests/unit/test_docs.py builds it the same way in `make test`).
+# docs/configuration.md is generated: `$(PY) scripts/config_reference.py` after editing core/config.py.
+DOCS_ENV := NO_MKDOCS_2_WARNING=1
+
+docs: $(STAMP)
+	$(DOCS_ENV) $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(DOCS_ENV) $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 # Forget every run, model and Prefect record of the embedded defaults.
 clean-state:

@@ -16,7 +16,7 @@ to rank r as the slice positions ``(k * dp_size + r) * micro_batch ... + micro_b
 
 ``choose_plan`` is the batch policy on resume: keep the writer's global batch by changing the
 per-rank batch or gradient accumulation where it divides, otherwise keep the per-rank batch
-and rescale the learning rate. The contract is in the README ("Resume, resize and the sample
+and rescale the learning rate. The contract is in docs/training.md ("Resume, resize and the sample
 cursor").
 """
 

@@ -4,7 +4,7 @@ The byte LM (tests/integration/probes/lm_probe.py) trains eagerly in one process
 one process, and compiled under DDP and under FSDP2 with 2 torchrun processes at the same
 global batch. The one-process compiled run uses the ``aot_eager`` backend: dynamo and
 AOTAutograd trace and split the graph as with inductor, without inductor's C++ build, which
-costs ~30 s per process on this CPU (inductor was checked by hand; README, "Compiling"). The
+costs ~30 s per process on this CPU (inductor was checked by hand; docs/training.md, "Compiling"). The
 DDP and FSDP2 runs use the ``eager`` backend: what they show is the wrapping (compiled
 outermost; dynamo's DDP optimizer, which splits the graph at the gradient buckets, wraps
 whichever backend), the parity with eager training and the plain state-dict keys; AOTAutograd's

@@ -1,4 +1,4 @@
-"""The README's ``model.factory`` example, run as written: a module in a fresh project's root
+"""The ``model.factory`` example of docs/data.md ("Your own model"), run as written: a module in a fresh project's root
 (no PYTHONPATH, no install) trains through the real flow in two torchrun workers and is
 registered; a misspelt function in the same config fails at load with one line."""
 
@@ -19,8 +19,8 @@ from tests.integration.test_bring_your_own import BOUNDS, commit_all, trainflow
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
 
 def factory_example() -> tuple[dict, str, str]:
-    """(the yaml block, the python block, its path) of the README's ``<!-- factory:start ... -->`` block."""
-    text = (ROOT / "README.md").read_text()
+    """(the yaml block, the python block, its path) of docs/data.md's ``<!-- factory:start ... -->`` block."""
+    text = (ROOT / "docs" / "data.md").read_text()
     block = text.split("<!-- factory:start", 1)[1].split("-->", 1)[1].split("<!-- factory:end -->", 1)[0]
     config = yaml.safe_load(block.split("```yaml\n", 1)[1].split("```", 1)[0])
     code = block.split("```python\n", 1)[1].split("```", 1)[0]
@@ -36,7 +36,7 @@ def table(n: int, seed: int) -> pd.DataFrame:
     return df
 
 
-def test_the_readme_factory_example_trains_in_the_workers_and_a_typo_fails_at_load(tmp_path):
+def test_the_documented_factory_example_trains_in_the_workers_and_a_typo_fails_at_load(tmp_path):
     from flows.init import init_project
 
     config, code, path = factory_example()

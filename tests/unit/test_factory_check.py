@@ -1,4 +1,4 @@
-"""``model.factory`` as the README documents it: a module in the repository root imports in every
+"""``model.factory`` as docs/data.md documents it: a module in the repository root imports in every
 process (``core.paths.importable_root``), and a factory that is not there fails at config load, in
 the CLI, in one line (``tasks.factory.check_factory``), without importing the module."""
 
