@@ -20,12 +20,8 @@ Prefect modes (``--prefect-mode``, several comma-separated ones are alternated):
 
 * ``default`` (what ``trainflow run`` does): with no ``PREFECT_API_URL``, the CLI starts
   the temporary API server (the uvicorn command Prefect's ephemeral mode runs) *before*
-  importing Prefect, imports Prefect, torch, MLflow and the later stages' modules while it
-  boots, and stops it at exit (``flows/api_server.py``); right after the config is read it
-  starts the torchrun job *held* (``flows/prelaunch.py``): its workers start up meanwhile and
-  train when the ``train`` task says go.
-* ``late-start``: ``default`` without the early, held torchrun launch (``TRAINFLOW_PRELAUNCH=0``):
-  the job starts only when the ``train`` task runs, as it did before ``flows/prelaunch.py``.
+  importing Prefect, imports Prefect, MLflow and the later stages' modules while it boots, and
+  stops it at exit (``flows/api_server.py``); the torchrun job starts when the ``train`` task runs.
 * ``ephemeral``: Prefect 3's own ephemeral mode (``TRAINFLOW_PREFECT_API=ephemeral``): the
   same server, started by Prefect when the flow starts, after every import.
 * ``server``: one ``prefect server start`` on 127.0.0.1 (a free port), started here
@@ -60,7 +56,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("default", "late-start", "ephemeral", "server", "spawn")
+MODES = ("default", "ephemeral", "server", "spawn")
 STAGES = ("resolve", "validate", "train", "evaluate", "gate", "register")
 HEALTH_TIMEOUT_S = 180.0
 
@@ -360,8 +356,6 @@ def run_pipeline(mode: str, args, ctx: dict, tag: str) -> dict:
     t0 = time.perf_counter()
     if mode == "ephemeral":
         env["TRAINFLOW_PREFECT_API"] = "ephemeral"
-    elif mode == "late-start":
-        env["TRAINFLOW_PRELAUNCH"] = "0"
     elif mode == "server":
         env["PREFECT_API_URL"] = ctx["server_url"]
     elif mode == "spawn":
@@ -387,7 +381,6 @@ def run_pipeline(mode: str, args, ctx: dict, tag: str) -> dict:
     rec["timings"] = s.get("timings") or {}
     tr = s.get("training") or {}
     rec["torchrun_wall"] = tr.get("wall_s")
-    rec["started_early"] = tr.get("started_early")
     rec["samples_per_s"] = tr.get("samples_per_s")
     rec["ok"] = rc == 0 and rec["status"] == "registered"
     return rec
@@ -514,9 +507,7 @@ def report(records: list[dict], modes: list[str], args, ctx: dict) -> float | No
     for mode in modes:
         inside = _med(r.get("torchrun_wall") for r in timed if r["kind"] == "pipeline" and r["mode"] == mode)
         if inside is not None and train_med is not None:
-            early = any(r.get("started_early") for r in timed if r["kind"] == "pipeline" and r["mode"] == mode)
-            P(f"  torchrun job inside pipeline [{mode}]  {_fmt(inside)}  (vs trainflow train: {inside - train_med:+.2f}"
-              + ("; timed from `go`: the held job's start-up overlapped resolve and validate)" if early else ")"))
+            P(f"  torchrun job inside pipeline [{mode}]  {_fmt(inside)}  (vs trainflow train: {inside - train_med:+.2f})")
 
     P("")
     P("== overhead = pipeline wall - training wall (medians) ==")

@@ -287,11 +287,6 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
     from training import preemption
 
     preemption.install_handler()  # SIGTERM, SIGHUP: the training stage checkpoints and the run exits 4
-    early = None
-    if which == "run":  # the torchrun job starts up (held) while the server boots and the flow resolves
-        from flows.prelaunch import Prelaunch
-
-        early = Prelaunch.start(cfg_path, overrides, args.nproc)
     if which == "retrain":
         from flows.retrain import retrain as flow_fn
     else:
@@ -305,14 +300,12 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         try:
             t_import += server.wait()
         except RuntimeError as exc:
-            if early is not None:
-                early.abort("the Prefect API server did not start")
             summary = {"status": "failed", "exit_code": EXIT_ERROR, "error": str(exc)}
             _write_summary(args.summary_json, summary)
             return EXIT_ERROR, summary, str(exc), exc
     # The shell's inputs reach the flow through from_shell, never as flow parameters (those are
     # what a deployment's form may set); the parameters only name the config for the Prefect UI.
-    shell = ShellInputs(cfg_path, tuple(overrides), args.nproc, args.image, args.image_digest, early)
+    shell = ShellInputs(cfg_path, tuple(overrides), args.nproc, args.image, args.image_digest)
     name = cfg_path.name if re.match(CONFIG_NAME, cfg_path.name) else DEFAULT_CONFIG
     params = RetrainParams(config=name, force=args.force) if which == "retrain" else PipelineParams(config=name)
     error = failure = None
@@ -325,9 +318,6 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         code = exc.exit_code if isinstance(exc, TrainflowError) else EXIT_ERROR
         error = str(exc) if isinstance(exc, TrainflowError) else f"{type(exc).__name__}: {exc}"
         failure = exc
-    finally:  # the flow never reached `train` (bad data, an error): its workers exit untrained
-        if early is not None:
-            early.abort("the flow ended before training")
     summary["exit_code"] = code
     from flows.ui import ui_bases
 

@@ -11,8 +11,7 @@ Two channels, on purpose:
 * ``ShellInputs`` is what the person at the shell gave ``trainflow run`` / ``retrain``: any
   config path and every ``--set`` (but code keys, ``CODE_KEYS``). It is never a flow parameter:
   the CLI sets it in a context variable around its in-process flow call (``from_shell``), so no
-  deployment form or API call can reach it. It also carries the job ``trainflow run`` started
-  early (``flows.prelaunch.Prelaunch``), which the flow takes at ``train`` (``early_job``).
+  deployment form or API call can reach it.
 
 ``run_inputs`` turns the two into what a run uses (``RunInputs``).
 """
@@ -21,7 +20,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
@@ -115,7 +114,6 @@ class ShellInputs:
     nproc_per_node: int | None = None
     image: str | None = None
     image_digest: str | None = None
-    early: Any = field(default=None, compare=False, repr=False)  # flows.prelaunch.Prelaunch | None
 
 
 @dataclass(frozen=True)
@@ -143,12 +141,6 @@ def from_shell(shell: ShellInputs) -> Iterator[None]:
         yield
     finally:
         _SHELL.reset(token)
-
-
-def early_job() -> Any:
-    """The job the CLI started early for this run (``flows.prelaunch.Prelaunch``), or None."""
-    shell = _SHELL.get()
-    return shell.early if shell is not None else None
 
 
 def config_file(name: str, start: Path | None = None) -> Path:

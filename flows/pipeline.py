@@ -137,21 +137,15 @@ def resolve(inputs: RunInputs) -> RunContext:
 
 def _continued_run(cfg: PipelineConfig, home: Path, manifest: Manifest, exp_id: str, tags: dict) -> str | None:
     """The MLflow run of the interrupted training this run will resume, reopened (RUNNING, its
-    tags updated), or None. The training folder is the early-launched job's or, without one,
-    the first unclaimed one holding an interrupted job (``training.slots``); its run record is
+    tags updated), or None. The training folder is the first unclaimed one holding an interrupted
+    job (``training.slots``); its run record is
     checked against the store (``core.metrics_file.verify_recorded_run``) and must name a run of
     this experiment."""
     from core.metrics_file import read_run_record, verify_recorded_run
-    from flows.params import early_job
     from registry import store
     from training.slots import unclaimed_resumable
 
-    early = early_job()
-    if early is not None and early.slot is not None:
-        folders = [early.slot.folder]
-    else:
-        folders = unclaimed_resumable(home, cfg.name, cfg.config_id(), manifest.data.md5,
-                                      manifest.world.nproc_per_node)
+    folders = unclaimed_resumable(home, cfg.name, cfg.config_id(), manifest.data.md5, manifest.world.nproc_per_node)
     c = store.client()
     for folder in folders:
         rec = read_run_record(folder)
@@ -253,6 +247,23 @@ def _data_docs(ctx: RunContext) -> str | None:
     return str(index) if index.is_file() else None
 
 
+@dataclass
+class TrainFolder:
+    """The training folder a run holds (its ``flock``, ``training.slots``) from ``train`` until the
+    flow ends: evaluate and register read its model.pt2."""
+
+    folder: Path
+    lock_fd: int | None
+
+    def release(self) -> None:
+        """Close this process's copy of the lock (the job started in the folder keeps its own)."""
+        from core.locks import release
+
+        fd, self.lock_fd = self.lock_fd, None
+        if fd is not None:
+            release(fd)
+
+
 def _claim_train_dir(ctx: RunContext, nproc: int) -> tuple[Path, int]:
     """This run's training folder, held exclusively: ``(folder, lock fd)`` (``training.slots``)."""
     from training.slots import claim_train_dir
@@ -272,41 +283,28 @@ def _logger():
         return logging.getLogger(__name__)
 
 
-def _train_folder(ctx: RunContext, nproc: int):
-    """The folder ``train`` runs in, held by this run until the flow ends (evaluate and register
-    read its model.pt2): the job ``trainflow run`` started early when it is the job this run would
-    launch (``flows.prelaunch``), else a folder claimed now. A ``flows.prelaunch.TrainFolder``."""
-    from flows.params import early_job
-    from flows.prelaunch import TrainFolder, job_key
-
-    early = early_job()
-    taken = early.take(job_key(ctx.cfg, ctx.manifest.data.md5, nproc, ctx.root)) if early is not None else None
-    return taken or TrainFolder(*_claim_train_dir(ctx, nproc))
-
-
 @task(name="train", retries=0, **TASK)
-def train(ctx: RunContext, nproc: int, slot) -> dict:
-    """torchrun the worker in ``slot`` (``_train_folder``); its metrics file is relayed into the
+def train(ctx: RunContext, nproc: int, slot: TrainFolder) -> dict:
+    """torchrun the worker in ``slot``; its metrics file is relayed into the
     pipeline's MLflow run meanwhile."""
-    from flows.prelaunch import JOB_ENV
-    from registry.relay import relay_metrics
-    from training.launcher import make_spec, start_job
-
     from core.metrics_file import METRICS_FILE
+    from registry.relay import relay_metrics
+    from training.launcher import SCORE_ENV, make_spec, start_job
+    from training.sink import RUN_ID_ENV
+
+    # No MLflow run id, so rank 0 only writes its metrics file and this process relays it; empty
+    # rather than absent, so a run id inherited from the caller's environment cannot switch direct
+    # logging back on. And rank 0 scores the exported program on the test split where it was made
+    # (torch is loaded there already), so this process never imports torch for a classifier.
+    job_env = {RUN_ID_ENV: "", SCORE_ENV: "1"}
 
     # Entered before the job trains, so the relay starts at this run's first record, or, when the
     # folder records this very run (a preempted training this run resumes), where it stopped.
     with relay_metrics(ctx.run_id, slot.folder / METRICS_FILE, record=(slot.folder, ctx.cfg.config_id())):
-        if slot.held is not None:  # `trainflow run` started this very job while the earlier stages ran
-            get_run_logger().info("training: the job started early (held in %s) goes now", slot.folder.name)
-            job = slot.held.go()
-        else:
-            job = start_job(make_spec(ctx.cfg, slot.folder, ctx.root, ctx.manifest.data.md5, JOB_ENV, nproc),
-                            lock_fd=slot.lock_fd)
+        job = start_job(make_spec(ctx.cfg, slot.folder, ctx.root, ctx.manifest.data.md5, job_env, nproc),
+                        lock_fd=slot.lock_fd)
         # Back as soon as rank 0's result is final: torchrun's exit overlaps the evaluation.
-        result = job.finish(at_result=True)
-    result["started_early"] = slot.held is not None
-    return result
+        return job.finish(at_result=True)
 
 
 @task(name="log-training", timeout_seconds=120, retries=2, retry_delay_seconds=2, **TASK)
@@ -590,12 +588,12 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
                                  "warnings": report.get("warnings", []), "report": report.get("report_md")}
         nproc = ctx.manifest.world.nproc_per_node
         stage[0] = "train"
-        slot = _train_folder(ctx, nproc)
+        slot = TrainFolder(*_claim_train_dir(ctx, nproc))
         result = timed("train", train.with_options(timeout_seconds=ctx.cfg.training.timeout_s + 60), ctx, nproc, slot)
         summary["plots"] = {"training_curves": timed("log-training", log_training, ctx, result)}
         summary["training"] = {k: result[k] for k in ("world_size", "backend", "strategy", "restarts", "samples_per_s",
                                                        "global_batch", "effective_lr", "weights_sha256", "wall_s",
-                                                       "resumed_from_step", "checkpoint_stall_frac", "started_early")}
+                                                       "resumed_from_step", "checkpoint_stall_frac")}
         from training.goodput import headline
 
         summary["training"]["goodput"] = headline(result.get("goodput"))  # the ledger's, across restarts

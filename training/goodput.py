@@ -55,18 +55,6 @@ def process_start_time() -> float | None:
         return None
 
 
-def _held_until(out: Path) -> float | None:
-    """When the launcher said go to this job, if it was started held (``training.held``); else None."""
-    from training.held import GO_FILE, HELD_ENV
-
-    if not os.environ.get(HELD_ENV):
-        return None
-    try:
-        return (Path(out) / GO_FILE).stat().st_mtime
-    except OSError:
-        return None
-
-
 class Ledger:
     """Rank 0's appender to ``<out>/goodput.jsonl``; other ranks get one that writes nothing.
 
@@ -112,9 +100,6 @@ class Ledger:
             return
         job = os.environ.get("TORCHELASTIC_RUN_ID") or f"local-{uuid.uuid4().hex[:12]}"
         t0 = process_start_time()
-        go = _held_until(self.path.parent)
-        if t0 is not None and go is not None:
-            t0 = max(t0, go)  # a held job's start-up overlapped its caller's work: not this training's cost
         self._write("start", job=job, attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
                     world=world_size, t0=t0)
 

@@ -317,9 +317,8 @@ def write_fatal(out: Path, rank: int, exc: BaseException) -> None:
 def await_stop_after_fatal(limit_s: float = 10.0) -> None:
     """After :func:`write_fatal`, before this worker exits: wait (at most ``limit_s``) for the launcher,
     which polls for the file every 0.2 s, to stop the job. Exiting at once lets torchrun's agent see a
-    failed worker first and start a restart into the same error (seen on a loaded machine: forked
-    workers restart within a fraction of a second). The launcher's SIGTERM now ends this worker at
-    once. Without a launcher (torchrun typed by hand) it returns at once."""
+    failed worker first and start a restart into the same error (forked workers restart within a
+    fraction of a second). The launcher's SIGTERM then ends this worker at once. Without a launcher (torchrun typed by hand) it returns at once."""
     launcher = int(os.environ.get(LAUNCHER_PID_ENV) or 0)
     if not launcher:
         return
@@ -401,13 +400,12 @@ class Job:
     def __init__(self, spec: JobSpec, proc: subprocess.Popen):
         self.spec = spec
         self.proc = proc
-        self.started_at = time.perf_counter()  # wall_s counts from here (training.held: from `go`)
+        self.started_at = time.perf_counter()  # wall_s counts from here
 
-    def kill(self, now: bool = False) -> None:
-        """Stop the job's process group now (SIGTERM, then SIGKILL; ``now``: SIGKILL at once, for a
-        job that never trained: nothing to save, and torchrun answers SIGTERM with a traceback)."""
+    def kill(self) -> None:
+        """Stop the job's process group now (SIGTERM, then SIGKILL)."""
         if self.proc.poll() is None:
-            _kill_group(self.proc, signals=(signal.SIGKILL,) if now else (signal.SIGTERM, signal.SIGKILL))
+            _kill_group(self.proc, signals=(signal.SIGTERM, signal.SIGKILL))
 
     def finish(self, at_result: bool = False) -> dict:
         """Wait for the job; return ``result.json`` (plus ``wall_s``: since ``started_at``).
@@ -491,14 +489,12 @@ def reap_exiting() -> None:
         _EXITING.pop().join(REAP_GRACE_S + 15)
 
 
-def start_job(spec: JobSpec, lock_fd: int | None = None, launch_env: dict[str, str] | None = None) -> Job:
+def start_job(spec: JobSpec, lock_fd: int | None = None) -> Job:
     """Start torchrun for ``spec`` and return at once.
 
     ``lock_fd``: the open ``flock`` on the training folder (``training.slots``); torchrun
     inherits it, so the folder stays locked until the job has exited, even when the caller
     dies or closes its own copy first (``core.locks.release`` only closes).
-    ``launch_env``: added to this launch's environment only, not recorded in ``job.json``
-    (``training.held`` marks a held job with it).
 
     The job dies with the *thread* that calls this (``training.agent``): call it from a thread
     that outlives the job, as ``finish`` does by waiting in it.
@@ -512,7 +508,7 @@ def start_job(spec: JobSpec, lock_fd: int | None = None, launch_env: dict[str, s
     # any of them, and a node that does not see rank 0's folder writes a copy of the result here.
     (out / "result.json").unlink(missing_ok=True)
     (out / FATAL_FILE).unlink(missing_ok=True)
-    env = {**os.environ, **spec.env, **(launch_env or {})}
+    env = {**os.environ, **spec.env}
     # The repository root first on the workers' path: a model.factory module there imports in every
     # worker, wherever torchrun starts them from (not recorded in job.json: it names this host's paths).
     env = {**env, "PYTHONPATH": python_path_with(spec.root, env.get("PYTHONPATH")),

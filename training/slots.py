@@ -8,8 +8,7 @@ preferring a free slot that holds an interrupted job to resume. The lock is a ``
 (``start_job(lock_fd=...)``): it is free once both have exited, so a killed run never leaves a
 folder claimed, and a job still stopping never shares its folder with the next run's job.
 
-Used by the pipeline's ``train`` task and by the CLI's early launch (``flows/prelaunch.py``),
-so both agree on the folder; no Prefect here.
+Used by the pipeline's ``train`` task; no Prefect here.
 """
 
 from __future__ import annotations

@@ -31,7 +31,6 @@ from tasks.splits import Splits
 from training.data import load_splits
 from training.distributed import process_group
 from training.export import export_model
-from training.held import wait_for_go
 from training.launcher import SCORE_ENV
 from training.models import build_model, example_input
 from training.sink import MetricsSink
@@ -174,22 +173,7 @@ def _main(args: argparse.Namespace) -> int:
     from tasks import task_for
 
     task_for(cfg)  # a config that does not fit its task fails here, before any training
-    try:
-        splits = load_splits(cfg, root, cfg.seed, data_md5)
-    except TrainflowError:
-        # A held job loads the data before validation has judged it: data that cannot be read
-        # into tensors is validation's to report (a one-line failure), not this worker's traceback.
-        go, why = wait_for_go(args.out)
-        if not go:
-            logging.getLogger("trainflow.train").debug("not training: %s", why)
-            return 0
-        raise
-    # A held job (the pipeline launched it while its earlier stages ran): nothing is trained,
-    # and nothing written, before the launcher says go.
-    go, why = wait_for_go(args.out)
-    if not go:
-        logging.getLogger("trainflow.train").debug("not training: %s", why)  # the flow says why itself
-        return 0
+    splits = load_splits(cfg, root, cfg.seed, data_md5)
     # The pipeline asks rank 0 to score the exported program on the test split too.
     score_test = root if os.environ.get(SCORE_ENV) == "1" else None
     train_and_report(cfg, splits, args.out, data_md5, args.force_resume, score_test)

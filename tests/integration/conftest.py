@@ -40,7 +40,7 @@ def cli_run(repo_root, bundled_data, tmp_path_factory) -> SimpleNamespace:
     """One ``trainflow run`` as a user types it (``make run``'s path): a subprocess with no
     PREFECT_API_URL, so it starts its own temporary Prefect API server, and a fresh TRAINFLOW_HOME
     and PREFECT_HOME under ``root``. Shared by the tests that look at what such a run leaves
-    (test_api_server, test_ui, test_prelaunch); ``summary`` is its --summary-json.
+    (test_api_server, test_ui, test_launch); ``summary`` is its --summary-json.
 
     Run once per session: under pytest-xdist the first process to ask runs it (under a file lock)
     and the others read what it recorded."""
@@ -57,7 +57,7 @@ def cli_run(repo_root, bundled_data, tmp_path_factory) -> SimpleNamespace:
                 env.pop(key, None)
             out = root / "summary.json"
             # What the `trainflow` script runs (flows.cli:main), plus one line at exit: whether this
-            # process imported torch (test_prelaunch: a classifier run leaves torch to the workers).
+            # process imported torch (test_launch: a classifier run leaves torch to the workers).
             code = ("import sys; from flows.cli import main; code = main(sys.argv[1:]);"
                     "print('TORCH_IMPORTED', 'torch' in sys.modules); sys.exit(code)")
             proc = subprocess.run([str(VENV_BIN / "python"), "-c", code, "run", "--config", "tests/configs/digits-quick.yaml",

@@ -95,7 +95,6 @@ def test_full_flow_registers_champion_with_manifest_tags(first_run, state, bundl
     assert set(s["aliases"]) == {"challenger", "champion"}
     assert s["metrics"]["accuracy"] >= 0.95
     assert s["training"]["world_size"] == 2 and s["training"]["backend"] == "gloo"
-    assert s["training"]["started_early"] is True  # the CLI's held job was the one the flow wanted
     assert s["candidate_scored_in"] == "worker"  # rank 0 scored the program it exported
     assert all(g["passed"] for g in s["gates"]) and len(s["gates"]) == 5  # 4 thresholds + baseline; no champion yet
     assert s["tracking_uri"].startswith("sqlite:////")
@@ -195,6 +194,28 @@ def test_worse_candidate_is_rejected_and_champion_stays(first_run, state, tmp_pa
     assert client().get_run(s["mlflow_run_id"]).data.tags["trainflow.stage"] == "rejected"
 
 
+def test_the_prefect_graph_tells_the_truth_train_starts_after_validate_ends(first_run):
+    """What the Prefect UI draws: each stage a task run, in the DAG's order, none overlapping the next."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    code, s = first_run
+    assert code == 0
+    with get_client(sync_client=True) as prefect:
+        runs = prefect.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[s["prefect_flow_run_id"]])))
+    by_name = {r.name.rsplit("-", 1)[0]: r for r in runs if r.state and r.state.is_completed()}
+    order = ["resolve", "validate", "train", "evaluate", "gate", "register"]
+    assert set(order) <= set(by_name), sorted(by_name)
+    for before, after in zip(order, order[1:]):
+        assert by_name[before].end_time <= by_name[after].start_time, (before, after)
+    # The torchrun job itself was made (job.json) only once validation had passed.
+    from datetime import datetime, timezone
+    from pathlib import Path
+
+    made = datetime.fromtimestamp((Path(s["train_dir"]) / "job.json").stat().st_mtime, tz=timezone.utc)
+    assert made >= by_name["validate"].end_time
+
+
 def test_corrupted_data_stops_at_validation_and_registers_nothing(make_project, state, tmp_path, capfd):
     def corrupt(train, test):
         train.loc[3, "pixel_10"] = None
@@ -203,11 +224,12 @@ def test_corrupted_data_stops_at_validation_and_registers_nothing(make_project, 
 
     proj = make_project(corrupt)
     capfd.readouterr()
+    jobs_before = set(state.glob("train/*/job.json"))
     code, s = run_cli(["--config", str(proj / "configs" / "digits.yaml"),
                        "--set", "registry.model_name=corrupt-digits"], tmp_path)
     assert code == 2 and s["status"] == "validation_failed"
     # What the user sees: each failure in one line, the report, one error line; no traceback at all
-    # (not Prefect's for the task's exception, not torchrun's from the aborted early-started job).
+    # (not Prefect's for the task's exception, not torchrun's).
     err = capfd.readouterr().err
     assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
     assert "  FAILED  train.pixel_10: 1 null value (row 3)\n" in err
@@ -223,11 +245,8 @@ def test_corrupted_data_stops_at_validation_and_registers_nothing(make_project, 
     assert not monitor_threads()
     assert client().search_model_versions("name='corrupt-digits'") == []
     assert not (state / "runs" / s["mlflow_run_id"] / "train").exists()
-    # `trainflow run` started the job early, held: validation failed, so it was aborted untrained.
-    aborted = [f for f in (state / "train").glob("*/go.json") if not json.loads(f.read_text())["go"]]
-    assert aborted, "the early-started training job was not aborted"
-    for go in aborted:
-        assert not (go.parent / "checkpoints").exists() and not (go.parent / "result.json").exists()
+    # No torchrun job was made or started for data that failed validation.
+    assert set(state.glob("train/*/job.json")) == jobs_before
     assert processes_mentioning(str(state / "train")) == []
 
 

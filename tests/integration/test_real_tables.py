@@ -123,11 +123,7 @@ def test_houses_given_splits_with_integer_floats_and_shared_rows_then_broken_dat
         bad.to_csv(path, index=False)
     run([DVC_BIN, "add", "-q", "data/houses"], project)
     commit_all(project, "broken houses")
-    # No early-started job for this run (TRAINFLOW_PRELAUNCH=0): its workers would only start up
-    # to be aborted. That `trainflow run` aborts a held job untrained when validation fails, and
-    # prints no traceback, is test_pipeline.py::test_corrupted_data_stops_at_validation_and_registers_nothing.
-    code, s, err = trainflow(project, "run", "--config", "configs/houses.yaml", *BOUNDS,
-                             env={"TRAINFLOW_PRELAUNCH": "0"})
+    code, s, err = trainflow(project, "run", "--config", "configs/houses.yaml", *BOUNDS)
     assert code == 2 and s["status"] == "validation_failed", err[-2000:]
     messages = [f["message"] for f in s["validation"]["failures"]]
     assert any("missing area_m2; unexpected area" in m for m in messages), messages  # expected vs found

@@ -241,21 +241,6 @@ def test_bad_checkpoint_every_names_the_key():
         _cfg(checkpoint_every="auto", checkpoints=False)
 
 
-def test_a_held_job_counts_its_start_up_from_the_go(tmp_path, monkeypatch):
-    import os
-
-    from training.held import GO_FILE, HELD_ENV
-
-    (tmp_path / GO_FILE).write_text('{"go": true}')
-    go = time.time() + 5  # said after this process started: the wait before it is not training's
-    os.utime(tmp_path / GO_FILE, (go, go))
-    monkeypatch.setenv(HELD_ENV, "123")
-    ledger = Ledger.for_rank(True, tmp_path)
-    ledger.start(world_size=1)
-    (start_ev,) = ledger.events()
-    assert start_ev["t0"] == pytest.approx(go) or process_start_time() is None
-
-
 def test_describe_and_headline_say_the_ledger_in_one_line():
     from training.goodput import describe, headline
 
