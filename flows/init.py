@@ -25,10 +25,7 @@ from typing import Any
 
 from core.errors import TrainflowError
 
-TASKS = ("classification", "regression")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
-# An integer label with at most this many distinct values is taken for classes, not a quantity.
-MAX_INFERRED_CLASSES = 20
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 # What init writes besides the task's own defaults (model, gates: ``Task.init_defaults``); the
 # rest of the config keeps core/config.py's defaults.
@@ -88,11 +85,11 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
     labels = first[label].dropna()
     if labels.empty:
         raise InitError(f"label {label!r} has no value in {_rel(root, table_paths[0])}: nothing to learn from")
-    if task is None and old is not None and old.get("task") in TASKS:
-        task, task_reason, inferred = old["task"], "kept from the existing config", False
-        _task(task, labels, label, column_type(labels))  # still fits the data
+    if task is None and old is not None and isinstance(old.get("task"), str):
+        _task(old["task"], labels, label, column_type(labels))  # still fits the data
+        task, task_reason, inferred, others = old["task"], "kept from the existing config", False, []
     else:
-        task, task_reason, inferred = _task(task, labels, label, column_type(labels))
+        task, task_reason, inferred, others = _task(task, labels, label, column_type(labels))
     from tasks import get_task
 
     chosen = get_task(task)
@@ -123,10 +120,8 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
     except TrainflowError as exc:
         raise InitError(f"the config init would write is invalid: {exc}") from None
 
-    from tasks.table import load_frames
-
     # Every row, unlabeled ones too: the expectations describe the data validation will check.
-    frames = load_frames(cfg.dataset, root, cfg.seed, stratify=chosen.classification)
+    frames = chosen.init_frames(cfg, root)
     if "train_file" in layout:
         cols = {s: [str(c) for c in df.columns] for s, df in frames.items()}
         if cols["train"] != cols["test"]:
@@ -140,9 +135,10 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
     if choices["leak_policy"]:
         dataset["leak_policy"] = choices["leak_policy"]
     raw["training"].update(choices["training"])
-    expectations: TableExpectations = profile_table(frames, label, chosen.classification, PROFILE_MARGIN,
+    class_label = choices["class_label"]
+    expectations: TableExpectations = profile_table(frames, label, class_label, PROFILE_MARGIN,
                                                     categorical=tuple(dataset.get("categorical", ())))
-    if chosen.classification and len(expectations.classes or []) < 2:
+    if class_label and len(expectations.classes or []) < 2:
         raise InitError(f"label {label!r} has a single class {expectations.classes}: nothing to classify")
     if old is not None:
         raw = _updated(old, raw, old_columns, columns)
@@ -161,7 +157,7 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
         (root / path).write_text(text)
     gitignore = _rel(root, target.parent / ".gitignore")
     return {
-        "name": name, "task": task, "task_inferred": inferred, "task_reason": task_reason,
+        "name": name, "task": task, "task_inferred": inferred, "task_reason": task_reason, "other_tasks": others,
         "data": rel, "layout": layout, "rows": {s: len(df) for s, df in frames.items()},
         "columns": len(expectations.columns), "classes": expectations.classes,
         "choices": choices, "unlabeled": unlabeled,
@@ -250,8 +246,8 @@ def format_report(r: dict[str, Any]) -> str:
     lines = [
         f"data:         {r['data']} ({split}; {rows} rows, {r['columns']} columns)",
         f"task:         {r['task']} ({how}{r['task_reason']})" + (
-            f"; pass --task {'regression' if r['task'] == 'classification' else 'classification'} to change it"
-            if r["task_inferred"] else ""),
+            f"; pass --task {' or --task '.join(r['other_tasks'])} to change it"
+            if r["task_inferred"] and r.get("other_tasks") else ""),
         *([f"classes:      {r['classes']}"] if r["classes"] else []),
         f"name:         {r['name']}",
         *choice_lines(r["choices"], r.get("unlabeled", 0)),
@@ -369,29 +365,31 @@ def _name(name: str | None, target: Path) -> str:
     return name
 
 
-def _task(task: str | None, labels, label: str, ctype: str) -> tuple[str, str, bool]:
-    """(task, why, inferred) for a label column of type ``ctype`` (core.expectations types): which of
-    the two table tasks init writes a config for."""
-    n = int(labels.nunique(dropna=True))
-    if ctype in ("string", "boolean"):
-        why = f"label {label!r} is a {ctype} column with {n} distinct values"
-        if task == "regression":
-            raise InitError(f"--task regression: {why}; regression needs a numeric label")
-        return "classification", why, task is None
-    if ctype == "float":
-        why = f"label {label!r} holds fractional numbers"
-        if task == "classification":
-            raise InitError(f"--task classification: {why}, not classes; use --task regression "
-                            "(or round them to the classes they stand for)")
-        return "regression", why, task is None
-    few = n <= MAX_INFERRED_CLASSES
-    why = f"label {label!r} is an integer column with {n} distinct values" + (
-        "" if few else f" (more than {MAX_INFERRED_CLASSES}: a quantity, not classes)")
+def _task(task: str | None, labels, label: str, ctype: str) -> tuple[str, str, bool, list[str]]:
+    """(task, why, inferred, the other tasks that fit) for a label column of type ``ctype``
+    (core.expectations types): each registered task (entry points too) says whether it can learn
+    it (``Task.init_fit``); with ``task`` given, that one must."""
+    from tasks import get_task, names
+
     if task is not None:
-        if task not in TASKS:
-            raise InitError(f"--task {task!r}: init writes one of {list(TASKS)}")
-        return task, why, False
-    return ("classification" if few else "regression"), why, True
+        try:
+            fit = get_task(task).init_fit(label, labels, ctype)
+        except TrainflowError as exc:
+            raise InitError(f"--task {task!r}: {exc}") from None
+        if not fit.fits:
+            raise InitError(f"--task {task}: {fit.why}")
+        return task, fit.why, False, []
+    fits = {}
+    for name in names():
+        try:
+            fits[name] = get_task(name).init_fit(label, labels, ctype)
+        except TrainflowError:  # a plugin that cannot be loaded is not a candidate
+            continue
+    preferred = [n for n, f in fits.items() if f.fits and f.preferred]
+    if not preferred:
+        raise InitError(f"no task can learn label {label!r} ({ctype}): "
+                        + "; ".join(f"{n}: {f.why}" for n, f in fits.items()))
+    return preferred[0], fits[preferred[0]].why, True, [n for n, f in fits.items() if f.fits and n != preferred[0]]
 
 
 def _check_not_inside_tracked(root: Path, target: Path) -> None:

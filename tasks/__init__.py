@@ -32,6 +32,11 @@ def _plugins() -> dict:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def names() -> list[str]:
+    """Every task this environment has: the built-ins, then the entry points' (sorted)."""
+    return [*BUILTIN, *sorted(set(_plugins()) - set(BUILTIN))]
+
+
 def get_task(name: str):
     """The task called ``name``: a built-in, else one registered under ``trainflow.tasks``.
     Raises ConfigError (``task: ...``) naming what is available. One instance per name in a

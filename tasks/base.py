@@ -11,6 +11,7 @@ A task answers everything that differs between kinds of problem, and the rooms a
 | ``parallel_plan``: how its model splits for tensor / pipeline parallelism, if it does | ``training.parallel`` |
 | ``metrics`` (each with a direction), ``evaluator`` and its hooks, ``scoring_key``, ``gbdt`` | ``evaluation`` |
 | ``model_spec``: the pyfunc file, its metadata, signature and input example | ``registry`` |
+| ``init_fit``: whether ``trainflow init`` can set it up for a table's label, and why | ``flows.init`` |
 | ``init_defaults``: the gates and model ``trainflow init`` writes | ``flows.init`` |
 
 Gating and promotion are generic (``evaluation.gates``): a threshold on a metric is ``>=`` where
@@ -85,6 +86,17 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class InitFit:
+    """A task's answer when ``trainflow init`` asks whether it can learn a table's label column:
+    ``fits`` (it can), ``preferred`` (the natural reading, which init picks when no ``--task`` is
+    given) and ``why`` (said to the user either way)."""
+
+    fits: bool
+    preferred: bool
+    why: str
+
+
+@dataclass(frozen=True)
 class ParallelPlan:
     """How a task's model splits across ranks (like torchtitan's parallelize and pipeline
     functions): the engine's tp / pp / hybrid strategies apply it and know nothing of the model.
@@ -148,6 +160,11 @@ class Task:
     def parallel_plan(self, cfg: "PipelineConfig") -> ParallelPlan | None:
         """How this task's model splits for tp / pp / hybrid; None: it does not (ddp and fsdp only)."""
         return None
+
+    def init_fit(self, label: str, labels, ctype: str) -> InitFit:
+        """Can ``trainflow init`` set this task up for a table whose label column ``label`` holds
+        ``labels`` (its non-null values, a pandas Series) of type ``ctype`` (``core.expectations``)?"""
+        return InitFit(False, False, f"task {self.name!r} is not set up by init from a table's label")
 
     def init_defaults(self) -> dict:
         """Config sections ``trainflow init`` writes for this task (model, gates)."""

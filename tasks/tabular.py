@@ -25,7 +25,7 @@ import numpy as np
 
 from core.errors import ConfigError, DataUnavailableError
 from core.expectations import load_expectations
-from tasks.base import SCORES_FILE, Metric, ModelSpec, Task, ValidationPlan, load_program
+from tasks.base import SCORES_FILE, InitFit, Metric, ModelSpec, Task, ValidationPlan, load_program
 from tasks.encoding import FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, kinds_from_frame
 from tasks.table import feature_columns, load_frames, split_paths
 
@@ -114,6 +114,24 @@ class _Table(Task):
         return feature_columns(cfg.dataset, columns)
 
     # -- trainflow init (torch-free) ------------------------------------------------------------
+    def _label_facts(self, label: str, labels, ctype: str) -> tuple[str, bool | None]:
+        """(why, few) of a label column: ``few`` says whether an integer label has few enough
+        distinct values to be classes (None for other types)."""
+        n = int(labels.nunique(dropna=True))
+        if ctype in ("string", "boolean"):
+            return f"label {label!r} is a {ctype} column with {n} distinct values", None
+        if ctype == "float":
+            return f"label {label!r} holds fractional numbers", None
+        few = n <= MAX_INFERRED_CLASSES
+        return (f"label {label!r} is an integer column with {n} distinct values"
+                + ("" if few else f" (more than {MAX_INFERRED_CLASSES}: a quantity, not classes)")), few
+
+    def init_frames(self, cfg: "PipelineConfig", root: Path) -> dict[str, "pd.DataFrame"]:
+        """Every row of the data, unlabeled ones too, split as the runs split it: what init profiles."""
+        from tasks.table import load_frames
+
+        return load_frames(cfg.dataset, root, cfg.seed, stratify=self.classification)
+
     def init_choices(self, frames: dict[str, "pd.DataFrame"], label: str, presplit: bool) -> dict:
         """What ``trainflow init`` decides from the data it profiles, each with its reason:
 
@@ -127,7 +145,8 @@ class _Table(Task):
         * ``duplicates``: rows repeated within the data, and (``presplit``: train and test files)
           test rows also in train; ``leak_policy``: ``warn`` when there are such rows in given
           splits (they are reported by validation, not refused);
-        * ``training``: batch size and epochs for the number of rows.
+        * ``training``: batch size and epochs for the number of rows;
+        * ``class_label``: whether the label is a class set (its classes and shares are profiled).
         """
         import pandas as pd
 
@@ -164,7 +183,8 @@ class _Table(Task):
         return {"exclude": exclude, "categorical": categorical, "imputed": imputed,
                 "missing_category": missing_category, "duplicates": dup,
                 "leak_policy": "warn" if dup.get("test_in_train") else None,
-                "training": {"epochs": 30, "batch_size": batch, "base_batch": batch}}
+                "training": {"epochs": 30, "batch_size": batch, "base_batch": batch},
+                "class_label": self.classification}
 
     # -- validation ---------------------------------------------------------------------------
     def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
@@ -538,6 +558,13 @@ class Classification(_Table):
     def recorded_keys(self) -> tuple[str, ...]:
         return ("accuracy", "macro_f1", "min_class_recall", "class_recall", "confusion_matrix", "n")
 
+    def init_fit(self, label: str, labels, ctype: str) -> InitFit:
+        why, few = self._label_facts(label, labels, ctype)
+        if ctype == "float":
+            return InitFit(False, False, f"{why}, not classes; use --task regression "
+                                         "(or round them to the classes they stand for)")
+        return InitFit(True, few is not False, why)
+
     def init_defaults(self) -> dict:
         return {"model": {"kind": "tabular", "hidden": 256, "layers": 3, "dropout": 0.1},
                 "gates": {"baseline_margin": 0.05, "thresholds": {"latency_p95_ms": 50}}}
@@ -616,6 +643,12 @@ class Regression(_Table):
     champion_metrics = ("r2", "rmse")
     primary = "r2"
 
+    def init_fit(self, label: str, labels, ctype: str) -> InitFit:
+        why, few = self._label_facts(label, labels, ctype)
+        if ctype in ("string", "boolean"):
+            return InitFit(False, False, f"{why}; regression needs a numeric label")
+        return InitFit(True, ctype == "float" or few is False, why)
+
     def init_defaults(self) -> dict:
         return {"model": {"kind": "tabular", "hidden": 256, "layers": 3, "dropout": 0.0},
                 "gates": {"baseline_margin": 0.1, "thresholds": {"latency_p95_ms": 50}}}
@@ -684,6 +717,8 @@ INIT_STEPS_PER_EPOCH = 40
 GBDT_MAX_ROWS = 200_000
 # An integer feature with this many distinct values at most (and 3 at least) is taken for categories.
 MAX_INTEGER_CATEGORIES = 10
+# An integer label with at most this many distinct values is taken for classes, not a quantity.
+MAX_INFERRED_CLASSES = 20
 # Names of identifier columns (lower case), when their values are unique.
 ID_NAMES = ("id", "rownames", "row_names", "rowname", "index", "unnamed: 0", "row", "rowid", "row_id", "key",
             "uuid", "guid", "record_id")

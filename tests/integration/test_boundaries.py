@@ -152,16 +152,8 @@ def test_no_import_circles():
     assert import_circles(_modules()) == []
 
 
-# `trainflow init` still profiles tables itself (its own task names and `classification`): the
-# one place left before init asks the registered tasks. Listed here so it can only shrink.
-KIND_BRANCHES_LEFT = {"flows/init.py"}
-
-
 def test_no_branch_on_a_kinds_name_outside_tasks():
-    found = {f: kind_branches(p) for f, p in
-             ((str(p.relative_to(ROOT)), p) for n, p in _modules().items() if not n.startswith("tasks"))}
-    assert [b for f, bs in found.items() if f not in KIND_BRANCHES_LEFT for b in bs] == []
-    assert all(found[f] for f in KIND_BRANCHES_LEFT), "a listed file no longer branches: drop it from the list"
+    assert [b for n, p in _modules().items() if not n.startswith("tasks") for b in kind_branches(p)] == []
 
 
 def test_the_checks_catch_what_they_are_for(tmp_path):

@@ -250,7 +250,7 @@ def test_data_model_and_validation_plan_of_the_task(root):
     plan = task.validation_plan(cfg, root)
     assert isinstance(plan, ValidationPlan) and plan.runner == "table"
     assert [p.name for p in plan.files] == ["train.csv", "test.csv", "timeseries.expectations.yaml"]
-    assert plan.params["label"] == "y" and plan.params["classification"] is False
+    assert plan.params["label"] == "y" and plan.params["class_label"] is False
 
 
 def test_validation_plan_runs_on_the_table_suite(root, tmp_path):
