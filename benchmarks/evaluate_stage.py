@@ -1,7 +1,7 @@
 """How long does the pipeline's ``evaluate`` stage take? Two code trees side by side.
 
 Each measurement is a fresh Python process (one evaluate per process, as in ``trainflow run``)
-that imports what the CLI imports before the flow starts (``flows.cli.LATER_STAGE_IMPORTS``;
+that imports what the CLI imports before the flow starts (``flows.api_server.LATER_STAGE_IMPORTS``;
 ``--cold`` skips that), builds the run context, opens an MLflow run and times the
 ``evaluate`` task's function on the newest trained model of ``--home``. Trees alternate in
 one invocation (the machine is shared and noisy: compare the medians printed together).
@@ -37,7 +37,7 @@ home, cold, rescore = Path(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "1"
 from core.env import apply_offline_env
 apply_offline_env(home)
 if not cold:
-    from flows.cli import LATER_STAGE_IMPORTS
+    from flows.api_server import LATER_STAGE_IMPORTS
     import torch, mlflow, prefect  # noqa: F401  (imported by the CLI before the flow)
     for name in LATER_STAGE_IMPORTS:
         importlib.import_module(name)

@@ -1,12 +1,14 @@
-"""The Prefect API a ``trainflow run`` talks to, started before Prefect is imported.
+"""The Prefect API a ``trainflow run`` talks to, started before Prefect is imported: all of the
+CLI's start-up that is not the flow itself.
 
 With ``PREFECT_API_URL`` set, that server is used as it is. Without it, Prefect 3's
 ephemeral mode would start a temporary API server (uvicorn in a subprocess) when the
-flow starts, i.e. after the CLI has paid for every import, and wait ~5-10 s for it.
+flow starts, i.e. after the CLI has paid for every import, and wait for it.
 ``TemporaryServer`` starts the same server (Prefect's app in ephemeral mode, served by
-uvicorn as Prefect's ``SubprocessASGIServer`` does) *first*, so its boot runs on the other
-core while this process imports Prefect, torch and MLflow; ``wait()`` is called just before
-the flow starts. ``TRAINFLOW_PREFECT_API=ephemeral`` turns this off (Prefect's own mode).
+uvicorn as Prefect's ``SubprocessASGIServer`` does) *first*, so its boot runs on another
+core while this process imports Prefect, MLflow and the later stages (``import_while_booting``);
+``wait()`` is called just before the flow starts. ``TRAINFLOW_PREFECT_API=ephemeral`` turns
+this off (Prefect's own mode).
 
 It is stopped at exit after Prefect's own exit handlers have flushed logs and events
 (registered before Prefect is imported; atexit runs last-in first-out), and it dies with
@@ -35,10 +37,10 @@ OPT_OUT = "TRAINFLOW_PREFECT_API"
 TEMPORARY_API = "TRAINFLOW_TEMPORARY_PREFECT_API"
 
 # The environment of the temporary server (public Prefect settings only): no UI, and two
-# start-up costs a server that lives for one run does not need (measured ~1.5 s of its
-# ~6 s boot): registering the installed block types (it imports every Prefect collection,
-# prefect-kubernetes and prefect-docker here, only to hash them; a real `prefect server
-# start` on the same database registers them), and the automation services (reactive
+# start-up costs a server that lives for one run does not need: registering the installed
+# block types (it imports every Prefect collection, prefect-kubernetes and prefect-docker
+# here, only to hash them; a real `prefect server start` on the same database registers
+# them), and the automation services (reactive
 # triggers and their actions; no automation can be defined against a server that exists
 # only while one run does). Task-run recording, event persistence and logs stay on.
 SERVER_ENV = {
@@ -47,6 +49,15 @@ SERVER_ENV = {
     "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
     "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
 }
+
+
+# What the later stages import, imported while the server boots: paid anyway during the run, they
+# cost no wall time then. Not GX: validation is cached on the data and suite, so a warm run never
+# needs it, and a cold one imports it in the task. Not torch: a classifier's program is scored by
+# the training worker that made it, so this process needs torch only for a language model or when
+# the worker's scores are missing.
+LATER_STAGE_IMPORTS = ("mlflow.store.tracking.sqlalchemy_store", "evaluation.evaluate", "evaluation.gates",
+                       "registry.models", "mlflow.pyfunc")
 
 
 def _free_port() -> int:
@@ -102,6 +113,15 @@ class TemporaryServer:
                 return r.status == 200
         except OSError:
             return False
+
+    def import_while_booting(self) -> None:
+        """Import the later stages' modules (``LATER_STAGE_IMPORTS``) until the server answers."""
+        import importlib
+
+        for name in LATER_STAGE_IMPORTS:
+            if self.ready():
+                return
+            importlib.import_module(name)
 
     def wait(self, timeout_s: float = 90.0) -> float:
         """Block until ``/api/health`` answers; returns the seconds spent waiting here."""

@@ -294,7 +294,7 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
     import mlflow  # noqa: F401  (resolve's imports, also overlapping the server's boot)
 
     if server is not None:
-        _import_while_booting(server)
+        server.import_while_booting()
     t_import = time.perf_counter() - t0
     if server is not None:
         try:
@@ -334,26 +334,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if summary.get("status") != "config_error":
         _print_summary(summary)
     return _fail(error, code, exc) if error else code
-
-
-# What the later stages import (seconds each on a 2-core box): MLflow's sqlite store 1-2,
-# mlflow.pyfunc ~1. Paid anyway during the run; paid while the API server boots, they cost
-# no wall time. Not GX (2-3 s): validation is cached on the data and suite, so a warm run
-# never needs it, and a cold one imports it in the task. Not torch (2-4 s with torch.export's
-# loader): a classifier's program is scored by the training worker that made it, so this
-# process needs torch only for a language model or when the worker's scores are missing.
-LATER_STAGE_IMPORTS = ("mlflow.store.tracking.sqlalchemy_store", "evaluation.evaluate", "evaluation.gates",
-                       "registry.models", "mlflow.pyfunc")
-
-
-def _import_while_booting(server) -> None:
-    """Import the later stages' modules until the temporary API server answers."""
-    import importlib
-
-    for name in LATER_STAGE_IMPORTS:
-        if server.ready():
-            return
-        importlib.import_module(name)
 
 
 def _write_summary(path: Path | None, summary: dict, t_import: float | None = None, t0: float | None = None) -> None:
