@@ -33,7 +33,7 @@ Model keys are the plain module's (no ``module.`` prefix) in both layouts, and e
 reads the other's, so a checkpoint resumes on another world size or strategy: fsdp loads a
 ``state.pt`` into its shards (``set_state_dict`` with ``full_state_dict``), single/ddp read DCP
 shards whole (DCP reshards on read). tp / pp / hybrid shards load only into their own layout.
-What the ``extra`` part holds is ``training.state.TrainState.meta()``.
+What the ``extra`` part holds is ``training.checkpoint.TrainState.meta()``.
 """
 
 from __future__ import annotations

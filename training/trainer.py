@@ -30,7 +30,7 @@ import torch
 from core.config import PipelineConfig
 from training import faults
 from training.batches import BatchPlan, StepBatches, build_source, choose_plan, scaled_lr  # noqa: F401
-from training.checkpoint import CheckpointManager, CheckpointMismatchError, check_identity
+from training.checkpoint import CheckpointManager, CheckpointMismatchError, TrainState, check_identity
 from tasks.splits import Splits
 from training.distributed import DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank
 from training.goodput import Ledger, agree_interval, describe, summarise
@@ -38,7 +38,6 @@ from training.metrics import StepMetrics, flops_per_sample, gpu_utilization, mfu
 from training.models import build_model
 from training.preemption import StopRequest
 from training.sink import MetricsSink
-from training.state import TrainState
 from training.parallel import build_strategy
 
 log = logging.getLogger("trainflow.train")

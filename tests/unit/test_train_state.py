@@ -8,7 +8,7 @@ import torch
 from core.config import load_config
 from training.checkpoint import CheckpointManager, CheckpointMismatchError
 from training.distributed import DistContext
-from training.state import FORMAT, StateFormatError, TrainState
+from training.checkpoint import FORMAT, StateFormatError, TrainState
 from training.parallel import build_strategy
 
 CTX = DistContext(0, 0, 1, None, torch.device("cpu"))
