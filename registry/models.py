@@ -77,15 +77,44 @@ class _Pyfunc:
     ``Model.log`` reads ``validate_serving_input`` from its keyword arguments (the transformers
     flavor passes it), then hands every keyword to the flavor's ``save_model``, which for pyfunc
     refuses unknown ones; this flavor drops the switch before calling ``mlflow.pyfunc.save_model``.
+
+    MLflow checks the given pins against the environment by first mapping every installed
+    distribution to its modules (``importlib.metadata.packages_distributions``: a scan of every
+    package's file list, the slowest part of registering). The pins here are this environment's
+    own versions (``pip_requirements``), so the same check is made directly on them instead
+    (``requirement_mismatches``), and still warns on a mismatch.
     """
 
     __name__ = "mlflow.pyfunc"
+    # Where mlflow.pyfunc.save_model looks the check up (tests/unit/test_registry_values.py checks it exists).
+    CHECK = ("mlflow.utils.environment", "warn_dependency_requirement_mismatches")
 
     @staticmethod
     def save_model(*args, validate_serving_input: bool = True, **kwargs):
+        import importlib
+
         import mlflow.pyfunc
 
-        return mlflow.pyfunc.save_model(*args, **kwargs)
+        module = importlib.import_module(_Pyfunc.CHECK[0])
+        with _MODEL_CODE_LOCK:
+            saved = getattr(module, _Pyfunc.CHECK[1], None)
+            if saved is not None:
+                setattr(module, _Pyfunc.CHECK[1], _warn_mismatches)
+            try:
+                return mlflow.pyfunc.save_model(*args, **kwargs)
+            finally:
+                if saved is not None:
+                    setattr(module, _Pyfunc.CHECK[1], saved)
+
+
+def _warn_mismatches(requirements: list[str]) -> None:
+    """MLflow's requirement check, made on the pins themselves (see ``_Pyfunc``)."""
+    import logging
+
+    mismatches = requirement_mismatches(requirements)
+    if mismatches:
+        logging.getLogger(__name__).warning("the model's pins differ from this environment:\n - %s",
+                                            "\n - ".join(mismatches))
 
 
 def signature(spec):

@@ -360,3 +360,20 @@ def test_tasks_in_threads_log_and_load_concurrently(store, program, pixels):
     assert len({r for _, r in results}) == 3
     champ = champion_version(name)
     assert (champ["version"], champ["run_id"]) in results
+
+
+def test_registering_checks_the_pins_directly_where_mlflow_would_scan_every_distribution(caplog):
+    """``registry.models._Pyfunc`` swaps MLflow's requirement check for one on the pins: the name it
+    swaps must be the one ``mlflow.pyfunc.save_model``'s requirement processing calls (an MLflow
+    upgrade that moves it fails here, not silently slow), and the swap still warns on a mismatch."""
+    import importlib
+    import logging
+
+    from registry.models import _Pyfunc, _warn_mismatches
+
+    module = importlib.import_module(_Pyfunc.CHECK[0])
+    assert callable(getattr(module, _Pyfunc.CHECK[1]))
+    assert _Pyfunc.CHECK[1] in module._process_pip_requirements.__code__.co_names
+    with caplog.at_level(logging.WARNING, logger="registry.models"):
+        _warn_mismatches(["numpy==0.0.1", "-c constraints.txt"])
+    assert "numpy (current: " in caplog.text and "required: numpy==0.0.1" in caplog.text

@@ -154,3 +154,4 @@ def test_only_http_tracking_uris_count_as_servers_that_own_artifact_roots():
     assert not is_server("sqlite:////tmp/mlflow.db")
     assert not is_server("postgresql+psycopg2://u@h/db")
     assert not is_server("file:///tmp/mlruns")
+
