@@ -43,7 +43,7 @@ exp = load_expectations(root / "expectations.yaml")
 cfg = DatasetConfig(path="data", train_file="train", test_file="test", label="label")
 params = {"dataset": cfg, "root": root, "seed": 0, "stratify": True, "expectations": exp,
           "features": [c.name for c in exp.columns if c.name != "label"], "label": "label",
-          "classification": True, "batch_rows": batch_rows}
+          "class_label": True, "batch_rows": batch_rows}
 t = time.perf_counter()
 report = run_plan(ValidationPlan("table", [root / "data/train", root / "data/test"], params), root / "report")
 peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -7,9 +7,10 @@ frames and expectations (:class:`Item` s), validates them in one ephemeral GX co
 ``summary.md`` and the Data Docs (:func:`write_report`). :func:`data_key` and :func:`suite_key`
 key the result cache (``validation.cache``).
 
-A suite is a module with ``NAME``, ``SPLITS``, ``load(params)``, ``items(params, frames)``,
-``failures(params, run, items)`` and ``identity(params)``: ``validation.suite`` (a table against
-its reviewed expectations file) and ``validation.text_suite`` (a JSON Lines corpus). The suites
+A suite is a module with ``NAME``, ``SPLITS``, ``identity(params)`` and either ``run(params,
+report_dir)`` (it reads its data itself: ``validation.suite``, a table against its reviewed
+expectations file, in Arrow batches) or ``load(params)``, ``items(params, frames)`` and
+``failures(params, run, items)`` (``validation.text_suite``, a JSON Lines corpus). The suites
 import this runner; it imports them only by name when a plan asks (:data:`SUITES`), so there is
 no import cycle. GX is imported inside the functions; the caller sets ``GX_ANALYTICS_ENABLED=false``.
 """
@@ -51,9 +52,8 @@ def run_plan(plan, report_dir: Path) -> dict:
     """Validate what ``plan`` names and write the report files into ``report_dir``; the report
     (see :func:`write_report`). Never raises on bad data; DataUnavailableError for a missing file."""
     suite = suite_module(plan.runner)
-    # A suite that can validate in batches decides by the data's size (``validation.suite.streamed``).
-    if getattr(suite, "streamed", None) is not None and suite.streamed(plan.params):
-        return suite.validate_streamed(plan.params, Path(report_dir))
+    if hasattr(suite, "run"):  # it reads its data itself (in batches, however large)
+        return suite.run(plan.params, Path(report_dir))
     return validate(suite, plan.params, suite.load(plan.params), Path(report_dir))
 
 
@@ -99,7 +99,7 @@ def suite_identity(suite, parts: dict) -> str:
     from core.hashing import file_sha256, sha256_json
 
     here = Path(__file__).resolve().parent
-    # tasks/columnar.py reads the batches of a streamed run (validation.suite.validate_streamed).
+    # tasks/columnar.py reads the table suite's batches and counts their values.
     code = [Path(suite.__file__), here / "gx_run.py", here / "report.py", here.parent / "tasks" / "columnar.py"]
     try:
         gx_version = version("great_expectations")
@@ -222,7 +222,8 @@ def run_item(run: Run, item: Item) -> None:
 
 class ItemBatches:
     """``item``'s suite validated batch by batch (:meth:`add`), kept as ONE result (:meth:`finish`),
-    as if GX had validated the whole table: what :func:`run_item` gives, in bounded memory.
+    as if GX had validated the whole table: what :func:`run_item` gives, in bounded memory (one
+    batch: its result, recounted).
 
     The batches are consecutive parts of one table, each frame's index the rows' positions in the
     whole table. Per expectation the batches' counts are added (element, missing, unexpected), the
@@ -239,16 +240,23 @@ class ItemBatches:
         self.definition = _definition(run, item)
         self.merged = None
         self.batch_id = None
+        self.batches = 0
         self.error: Exception | None = None
 
     def _validate(self, frame):
         from great_expectations.validator.v1_validator import Validator
 
+        if self.batch_id is None:
+            # The first batch as run_item validates it (data read whole is one batch), its result
+            # stored under the key finish's merged one replaces; the rest with GX's Validator
+            # alone: no result stored only to be replaced, no freshness check of the suite again.
+            result = self.definition.run(batch_parameters={"dataframe": frame},
+                                         result_format=self.item.result_format, run_id=self.run.run_id)
+            self.batch_id = self.definition.batch_definition.get_batch(batch_parameters={"dataframe": frame}).id
+            return result
         validator = Validator(batch_definition=self.definition.batch_definition,
                               batch_parameters={"dataframe": frame}, result_format=self.item.result_format)
-        result = validator.validate_expectation_suite(self.definition.suite)
-        self.batch_id = self.batch_id or validator.active_batch_id
-        return result
+        return validator.validate_expectation_suite(self.definition.suite)
 
     def add(self, frame, counts: dict[int, dict] | None = None) -> None:
         """Validate one batch and fold its result in (a batch GX chokes on fails the item).
@@ -259,6 +267,7 @@ class ItemBatches:
             return
         try:
             part = self._validate(frame)
+            self.batches += 1
             if counts:
                 keys = {_key(self.definition.suite.expectations[i].configuration): c for i, c in counts.items()}
                 for evr in part.results:
@@ -293,8 +302,8 @@ class ItemBatches:
                 own = {_key(r.expectation_config): r for r in self._validate(frame).results}
                 merged.results = [own[key] if _key(r.expectation_config) == key else r for r in merged.results]
             _restate(merged)
-            merged.meta.update(run_id=run.run_id, validation_time=run.run_id.run_time,
-                               batch_parameters={"dataframe": "<batches>"})
+            if self.batches > 1:  # GX's own placeholder says one data frame
+                merged.meta.update(batch_parameters={"dataframe": "<batches>"})
             suite_id = ExpectationSuiteIdentifier(name=self.definition.suite.name)
             run.context.validation_results_store.store_validation_results(
                 suite_validation_result=merged,

@@ -26,7 +26,8 @@ is reported, not failed.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 MAX_EXAMPLES = 5
 
@@ -135,144 +136,190 @@ def _rows_text(rows: list, count: int | None) -> str:
     return f" (row{'s' if len(rows) > 1 or more else ''} {_fmt_values(rows)}{more})"
 
 
+@dataclass(frozen=True)
+class _Facts:
+    """What a failed result says, read once; the wordings take their fields from here."""
+
+    kwargs: dict
+    result: dict
+    column: Any
+    count: int | None
+    values: list   # GX's example values
+    rows: list     # row positions in the split
+    counts: list   # GX's partial_unexpected_counts: the examples' exact counts
+    records: list  # the unexpected rows of a derived frame, one dict each
+    label_column: str
+
+
+def _columns(f: _Facts) -> dict:
+    expected = list(f.kwargs.get("column_list") or [])
+    observed = list(f.result.get("observed_value") or [])
+    missing = [c for c in expected if c not in observed]
+    extra = [c for c in observed if c not in expected]
+    parts = [
+        f"{label} {_fmt_values(names[:MAX_EXAMPLES])}" + (" ..." if len(names) > MAX_EXAMPLES else "")
+        for label, names in (("missing", missing), ("unexpected", extra))
+        if names
+    ]
+    moved: list = []
+    if not missing and not extra:
+        moved = [o for o, e in zip(observed, expected) if o != e]
+        parts.append("out of order, first misplaced: " + _fmt_values(moved[:MAX_EXAMPLES]))
+    return {"column": None, "examples": (missing + extra + moved)[:MAX_EXAMPLES],
+            "detail": f"{len(observed)} columns, expected {len(expected)}: " + "; ".join(parts)}
+
+
+def _exists(f: _Facts) -> dict:
+    what = "label column" if f.column == f.label_column else "column"
+    return {"examples": [f.column], "detail": f"no {what} {f.column!r}"}
+
+
+def _row_count(f: _Facts) -> dict:
+    observed = f.result.get("observed_value")
+    return {"examples": [observed] if observed is not None else [],
+            "detail": f"{observed} rows, expected {f.kwargs.get('min_value')}..{f.kwargs.get('max_value')}"}
+
+
+def _nulls(f: _Facts) -> dict:
+    return {"examples": [f"row {r}" for r in f.rows],
+            "detail": _plural(f.count, "null value") + _rows_text(f.rows, f.count)}
+
+
+def _in_set(f: _Facts) -> dict:
+    vset = list(f.kwargs.get("value_set") or [])
+    contiguous = (bool(vset) and all(isinstance(v, int) for v in vset)
+                  and vset == list(range(vset[0], vset[0] + len(vset))))
+    span = f"{vset[0]}..{vset[-1]}" if contiguous else _fmt_values(vset[:20]) + (" ..." if len(vset) > 20 else "")
+    what = "the class set " if f.column == f.label_column else ""
+    shown = counted(f.values, f.counts)
+    return {"detail": f"{_plural(f.count, 'value')} not in {what}{{{span}}}" + (f": {shown}" if shown else "")
+            + _rows_text(f.rows, f.count)}
+
+
+def _between(f: _Facts) -> dict:
+    lo, hi = fmt_bound(f.kwargs.get("min_value")), fmt_bound(f.kwargs.get("max_value"))
+    shown = counted(f.values, f.counts)
+    return {"detail": f"{_plural(f.count, 'value')} outside [{lo}, {hi}]" + (f": {shown}" if shown else "")
+            + _rows_text(f.rows, f.count)}
+
+
+def _bad_columns(f: _Facts) -> tuple[list[dict], dict]:
+    """The schema frame's failing rows (column, dtype, expected, found), and the failure's column:
+    the one bad column, else None."""
+    bad = [{"column": p.get("column"), "dtype": p.get("dtype"), "expected": p.get("expected"),
+            "found": p.get("found")} for p in f.records]
+    if not bad:  # no index columns in the result: fall back to the values
+        bad = [{"column": None, "dtype": v, "expected": None, "found": None} for v in f.values]
+    return bad, {"column": bad[0]["column"] if len(bad) == 1 else None}
+
+
+def _dtype(f: _Facts) -> dict:
+    bad, out = _bad_columns(f)
+    shown = ", ".join(f"{b['column']} holds {b['found']} ({b['dtype']}), expected {b['expected']}"
+                      for b in bad[:MAX_EXAMPLES])
+    more = " ..." if len(bad) > MAX_EXAMPLES else ""
+    return {**out, "examples": bad[:MAX_EXAMPLES],
+            "detail": f"{_plural(f.count, 'column')} of the wrong type: {shown}{more}"}
+
+
+def _feature_type(f: _Facts) -> dict:
+    bad, out = _bad_columns(f)
+    shown = ", ".join(f"{b['column']} is {b['dtype']}" for b in bad[:MAX_EXAMPLES])
+    more = " ..." if len(bad) > MAX_EXAMPLES else ""
+    return {**out, "examples": [{"column": b["column"], "dtype": b["dtype"]} for b in bad[:MAX_EXAMPLES]],
+            "detail": f"{_plural(f.count, 'feature column')} of a type a model cannot take (numbers, "
+                      f"text or booleans): {shown}{more}"}
+
+
+def _class_balance(f: _Facts) -> dict:
+    lo, hi = fmt_bound(f.kwargs.get("min_value")), fmt_bound(f.kwargs.get("max_value"))
+    shares = [{"label": p.get("label"), "fraction": round(float(p["fraction"]), 4)}
+              for p in f.records if isinstance(p.get("fraction"), (int, float))]
+    shown = ", ".join(f"{e['label']} ({e['fraction']:.3f})" for e in shares[:MAX_EXAMPLES])
+    return {"column": f.label_column, "examples": shares[:MAX_EXAMPLES] or f.values,
+            "detail": f"{_plural(f.count, 'class', 'classes')} with a share outside [{lo}, {hi}]"
+                      + (f": {shown}" if shown else "")}
+
+
+def _leak(f: _Facts) -> dict:
+    by_hash: dict[Any, dict[str, list]] = {}
+    for p in f.records:
+        by_hash.setdefault(p.get("row_hash"), {}).setdefault(str(p.get("split")), []).append(p.get("row"))
+    pairs = [{"train_row": sides.get("train", [None])[0], "test_row": sides.get("test", [None])[0]}
+             for sides in by_hash.values()]
+    # Without the index list, each leaked row counts twice (once per split).
+    n_rows = len(by_hash) if by_hash else (f.count or 0) // 2
+    shown = ", ".join(f"train[{p['train_row']}] = test[{p['test_row']}]" for p in pairs[:MAX_EXAMPLES])
+    return {"column": None, "examples": pairs[:MAX_EXAMPLES],
+            "detail": f"{_plural(n_rows, 'row')} of test also in train"
+                      + (f": {shown}" + (" ..." if len(pairs) > MAX_EXAMPLES else "") if shown else "")}
+
+
+@dataclass(frozen=True)
+class _Wording:
+    """How a failed expectation reads: its check name, the fields it words, and whether it keeps
+    the row positions (a table-level check or a derived frame's has no split rows to show)."""
+
+    check: str
+    word: Callable[[_Facts], dict]  # -> "detail" and any field it sets ("examples", "column")
+    rows: bool = True
+    label_check: str | None = None  # the check's name when its column is the label
+
+
+# (frame the result came from, expectation type) -> its wording. The frame is part of the key
+# because a derived frame's rows are not data rows: a value set on the schema frame is the
+# features' kinds, a range on the balance frame the classes' shares.
+_WORDING: dict[tuple[str, str], _Wording] = {
+    ("split", "expect_table_columns_to_match_ordered_list"): _Wording("columns", _columns, rows=False),
+    ("split", "expect_column_to_exist"): _Wording("columns", _exists, rows=False, label_check="label_column"),
+    ("split", "expect_table_row_count_to_be_between"): _Wording("row_count", _row_count, rows=False),
+    ("split", "expect_column_values_to_not_be_null"): _Wording("nulls", _nulls),
+    ("split", "expect_column_values_to_be_in_set"): _Wording("value_set", _in_set, label_check="label_set"),
+    ("split", "expect_column_values_to_be_between"): _Wording("range", _between),
+    ("schema", "expect_column_pair_values_to_be_in_set"): _Wording("dtype", _dtype, rows=False),
+    ("schema", "expect_column_values_to_be_in_set"): _Wording("feature_type", _feature_type, rows=False),
+    ("balance", "expect_column_values_to_be_between"): _Wording("class_balance", _class_balance, rows=False),
+    ("cross", "expect_column_values_to_be_unique"): _Wording("leak", _leak, rows=False),
+}
+
+
 def failure_from_result(evr: dict, split: str, frame: str = "split", *, label_column: str = "label") -> dict:
     """One failure entry from a failed ExpectationValidationResult (JSON dict form).
 
     ``split``: the report's split ("train", "test", "cross"). ``frame``: the frame the result
     came from: "split" (the data itself), "schema" (column, dtype, expected, found, feature),
-    "balance" (label, count, fraction) or "cross" (row_hash, split, row).
+    "balance" (label, count, fraction) or "cross" (row_hash, split, row). An expectation with no
+    wording in :data:`_WORDING` is check "other": its count, examples and rows as GX gives them.
     """
     config = evr.get("expectation_config") or {}
     etype = config.get("type") or config.get("expectation_type") or "unknown"
     kwargs = config.get("kwargs") or {}
     result = evr.get("result") or {}
-    column = kwargs.get("column")
     count = result.get("unexpected_count")
-    count = int(count) if count is not None else None
-    values = list(result.get("partial_unexpected_list") or [])[:MAX_EXAMPLES]
     index_list = index_records(result)
-    rows = [i for i in index_list if isinstance(i, int) and not isinstance(i, bool)][:MAX_EXAMPLES]
-    counts = [c for c in (result.get("partial_unexpected_counts") or []) if isinstance(c, dict)]
+    facts = _Facts(
+        kwargs=kwargs, result=result, column=kwargs.get("column"), count=int(count) if count is not None else None,
+        values=list(result.get("partial_unexpected_list") or [])[:MAX_EXAMPLES],
+        rows=[i for i in index_list if isinstance(i, int) and not isinstance(i, bool)][:MAX_EXAMPLES],
+        counts=[c for c in (result.get("partial_unexpected_counts") or []) if isinstance(c, dict)],
+        records=[p for p in index_list if isinstance(p, dict)], label_column=label_column)
     failure: dict[str, Any] = {
         "split": split,
         "check": "other",
         "expectation": etype,
-        "column": column,
-        "unexpected_count": count,
-        "examples": values,
-        "rows": rows,
-        "detail": f"{_plural(count, 'unexpected value')}" if count is not None else "failed",
+        "column": facts.column,
+        "unexpected_count": facts.count,
+        "examples": facts.values,
+        "rows": facts.rows,
+        "detail": _plural(facts.count, "unexpected value") if facts.count is not None else "failed",
     }
-    records = [p for p in index_list if isinstance(p, dict)]
-
-    if frame == "schema":
-        # The pair (expected, found) check is "dtype"; the feature check is "feature_type".
-        numeric = column == "feature"
-        failure["check"] = "feature_type" if numeric else "dtype"
-        failure["rows"] = []
-        bad = [{"column": p.get("column"), "dtype": p.get("dtype"), "expected": p.get("expected"),
-                "found": p.get("found")} for p in records]
-        if not bad:  # no index columns in the result: fall back to the values
-            bad = [{"column": None, "dtype": v, "expected": None, "found": None} for v in values]
-        failure["column"] = bad[0]["column"] if len(bad) == 1 else None
-        more = " ..." if len(bad) > MAX_EXAMPLES else ""
-        if numeric:
-            failure["examples"] = [{"column": b["column"], "dtype": b["dtype"]} for b in bad[:MAX_EXAMPLES]]
-            shown = ", ".join(f"{b['column']} is {b['dtype']}" for b in bad[:MAX_EXAMPLES])
-            failure["detail"] = (f"{_plural(count, 'feature column')} of a type a model cannot take (numbers, "
-                                 f"text or booleans): {shown}{more}")
-        else:
-            failure["examples"] = bad[:MAX_EXAMPLES]
-            shown = ", ".join(f"{b['column']} holds {b['found']} ({b['dtype']}), expected {b['expected']}"
-                              for b in bad[:MAX_EXAMPLES])
-            failure["detail"] = f"{_plural(count, 'column')} of the wrong type: {shown}{more}"
-    elif frame == "balance":
-        failure["check"] = "class_balance"
-        failure["column"] = label_column
-        failure["rows"] = []
-        lo, hi = fmt_bound(kwargs.get("min_value")), fmt_bound(kwargs.get("max_value"))
-        shares = [
-            {"label": p.get("label"), "fraction": round(float(p["fraction"]), 4)}
-            for p in records
-            if isinstance(p.get("fraction"), (int, float))
-        ]
-        failure["examples"] = shares[:MAX_EXAMPLES] or values
-        shown = ", ".join(f"{e['label']} ({e['fraction']:.3f})" for e in shares[:MAX_EXAMPLES])
-        failure["detail"] = f"{_plural(count, 'class', 'classes')} with a share outside [{lo}, {hi}]" + (
-            f": {shown}" if shown else ""
-        )
-    elif frame == "cross":
-        failure["check"] = "leak"
-        failure["column"] = None
-        failure["rows"] = []
-        by_hash: dict[Any, dict[str, list]] = {}
-        for p in records:
-            by_hash.setdefault(p.get("row_hash"), {}).setdefault(str(p.get("split")), []).append(p.get("row"))
-        pairs = [
-            {"train_row": sides.get("train", [None])[0], "test_row": sides.get("test", [None])[0]}
-            for sides in by_hash.values()
-        ]
-        failure["examples"] = pairs[:MAX_EXAMPLES]
-        n_rows = len(by_hash) if by_hash else (count or 0) // 2
-        shown = ", ".join(f"train[{p['train_row']}] = test[{p['test_row']}]" for p in pairs[:MAX_EXAMPLES])
-        failure["detail"] = f"{_plural(n_rows, 'row')} of test also in train" + (
-            f": {shown}" + (" ..." if len(pairs) > MAX_EXAMPLES else "") if shown else ""
-        )
-    elif etype == "expect_table_columns_to_match_ordered_list":
-        failure["check"] = "columns"
-        failure["column"] = None
-        failure["rows"] = []
-        expected = list(kwargs.get("column_list") or [])
-        observed = list(result.get("observed_value") or [])
-        missing = [c for c in expected if c not in observed]
-        extra = [c for c in observed if c not in expected]
-        parts = [
-            f"{label} {_fmt_values(names[:MAX_EXAMPLES])}" + (" ..." if len(names) > MAX_EXAMPLES else "")
-            for label, names in (("missing", missing), ("unexpected", extra))
-            if names
-        ]
-        moved: list = []
-        if not missing and not extra:
-            moved = [o for o, e in zip(observed, expected) if o != e]
-            parts.append("out of order, first misplaced: " + _fmt_values(moved[:MAX_EXAMPLES]))
-        failure["examples"] = (missing + extra + moved)[:MAX_EXAMPLES]
-        failure["detail"] = f"{len(observed)} columns, expected {len(expected)}: " + "; ".join(parts)
-    elif etype == "expect_column_to_exist":
-        failure["check"] = "label_column" if column == label_column else "columns"
-        failure["rows"] = []
-        failure["examples"] = [column]
-        failure["detail"] = f"no {'label ' if column == label_column else ''}column {column!r}"
-    elif etype == "expect_table_row_count_to_be_between":
-        failure["check"] = "row_count"
-        failure["rows"] = []
-        observed = result.get("observed_value")
-        failure["examples"] = [observed] if observed is not None else []
-        failure["detail"] = f"{observed} rows, expected {kwargs.get('min_value')}..{kwargs.get('max_value')}"
-    elif etype == "expect_column_values_to_not_be_null":
-        failure["check"] = "nulls"
-        failure["examples"] = [f"row {r}" for r in rows]
-        failure["detail"] = _plural(count, "null value") + _rows_text(rows, count)
-    elif etype == "expect_column_values_to_be_in_set":
-        failure["check"] = "label_set" if column == label_column else "value_set"
-        vset = list(kwargs.get("value_set") or [])
-        contiguous = (
-            bool(vset)
-            and all(isinstance(v, int) for v in vset)
-            and vset == list(range(vset[0], vset[0] + len(vset)))
-        )
-        span = f"{vset[0]}..{vset[-1]}" if contiguous else _fmt_values(vset[:20]) + (" ..." if len(vset) > 20 else "")
-        what = "the class set " if column == label_column else ""
-        shown = counted(values, counts)
-        failure["detail"] = f"{_plural(count, 'value')} not in {what}{{{span}}}" + (
-            f": {shown}" if shown else ""
-        ) + _rows_text(rows, count)
-    elif etype == "expect_column_values_to_be_between":
-        failure["check"] = "range"
-        lo, hi = fmt_bound(kwargs.get("min_value")), fmt_bound(kwargs.get("max_value"))
-        shown = counted(values, counts)
-        failure["detail"] = f"{_plural(count, 'value')} outside [{lo}, {hi}]" + (
-            f": {shown}" if shown else ""
-        ) + _rows_text(rows, count)
+    wording = _WORDING.get((frame, etype))
+    if wording is not None:
+        is_label = wording.label_check is not None and facts.column == label_column
+        failure["check"] = wording.label_check if is_label else wording.check
+        if not wording.rows:
+            failure["rows"] = []
+        failure.update(wording.word(facts))
 
     error = _exception_message(evr)
     if error is not None:
@@ -292,8 +339,8 @@ def _tidy_number(v: Any) -> Any:
     return v
 
 
-# Failing cells per column whose values are counted: a streamed run keeps this many per column
-# (``validation.gx_run.ItemBatches``), so a whole-table run looks at as many, and both say the same.
+# Failing cells per column whose values are counted: as many as a cells result keeps per column
+# (``validation.gx_run.ItemBatches``, beside the column's exact count).
 CELLS_COUNTED = 1000
 
 

@@ -5,6 +5,12 @@ The suite is a function of the ``TableExpectations`` (``core.expectations``), th
 label columns the config reads and whether the task classifies. Nothing heavy at import; the
 caller sets ``GX_ANALYTICS_ENABLED=false`` (``core.env``).
 
+The checks are written once, over Arrow record batches: a table read whole (frames in memory,
+files up to ``STREAM_ABOVE_BYTES``) is one batch a split; a larger one, or a folder of Parquet
+files, is read batch by batch (``tasks.columnar.iter_batches``) in bounded memory. Either way GX
+gives one result per derived frame, as if it had validated that frame whole
+(``gx_run.ItemBatches`` merges the batches' results).
+
 GX spends milliseconds of Python per expectation whatever the data size, so one expectation per
 column and split adds up to seconds on a wide table. Per-column checks therefore run on
 derived frames, one GX data asset, suite and validation definition each (on digits, 21
@@ -12,36 +18,44 @@ expectations hold 655 checks):
 
 * ``<split>``: the split itself. Columns exactly ``exp.names`` in order, the label column
   exists, the row count in ``exp.rows[split]``, not-null for the columns not stacked below,
-  and every column with ``values`` (the classification label: the class set) in its set.
+  and every column with ``values`` (the classification label: the class set) in its set. GX
+  validates each batch on the columns these read; the column list on the split's columns with
+  no rows, the row count on N rows and no columns.
 * ``<split>_schema``: one row per expected column present (``column, dtype, expected, found``
   with ``found`` the type the data holds: integer | float | string | boolean | null | other);
   the (expected, found) pair must be compatible (a float column may hold integers), and a
-  feature column must be found integer or float (``feature``: null for other columns).
+  feature column must be found integer or float (``feature``: null for other columns). Built
+  once the batches are read (``tasks.columnar.ColumnStats``: which columns are all null, which
+  float columns hold only whole numbers).
 * ``<split>_cells``: the numeric columns stacked long (``column, row, value, min, max``) with
   each cell's own column bounds beside it: ``value`` not null, ``value >= min``, ``max >= value``
-  (a null bound is no bound). The unexpected ``(column, row)`` pairs are split back into one
-  failure per column with its exact count. A column that allows nulls has its nulls left out.
+  (a null bound is no bound). A column that allows nulls has its nulls left out. Only the cells
+  that can fail (numpy finds them in each batch) are given to GX, with the batch's element and
+  missing counts; the unexpected ``(column, row)`` pairs are split back into one failure per
+  column with its exact count.
 * ``<split>_balance`` (a class label): one row per class of ``exp.classes`` with its share of
   the split (``label, count, fraction``); ``fraction`` in ``exp.class_share``; a dropped class
-  has share 0 and fails.
-* ``cross``: the de-duplicated row hashes of train and of test, concatenated
-  (``row_hash, split, row``); ``row_hash`` unique, so a row present in both splits fails.
+  has share 0 and fails. The classes are counted across batches.
+* ``cross``: row hashes of train and of test (8 bytes kept per row: the one part that grows with
+  the rows); ``row_hash`` unique over the rows whose hash both splits hold (first occurrence in
+  each), with the counts of the whole de-duplicated frame, so a row present in both splits fails.
 
-Before validation a float column whose non-null values are all whole numbers is cast to pandas'
-nullable ``Int64``: a null turns an int CSV column into float64, and that null is then reported
-once, as a null, not a second time as a wrong type. Rows are 0-based positions in the split
-(CSV line = row + 2).
+A float column whose non-null values are all whole numbers is an integer column: the schema
+check finds it ``integer`` (dtype ``Int64``), and GX sees it cast to pandas' nullable ``Int64``:
+a null turns an int CSV column into float64, and that null is then reported once, as a null, not
+a second time as a wrong type. Rows are 0-based positions in the split (CSV line = row + 2).
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from validation.gx_run import (SUMMARY, Item, ItemBatches, Run, complete, run_item, start_run, suite_identity,
-                               validate, write_report)
+                               write_report)
 from validation.report import failures_from_results, sort_failures
 
 if TYPE_CHECKING:
@@ -97,20 +111,18 @@ def identity(params: dict) -> dict:
             "split_groups": "row_hashes" if ds.file is not None else None}
 
 
-def load(params: dict) -> dict[str, pd.DataFrame]:
-    """The train and test frames as the files hold them. Raises DataUnavailableError."""
+def run(params: dict, report_dir: Path) -> dict:
+    """Validate the plan's splits and write the report files into ``report_dir`` (the runner's
+    entry, ``validation.gx_run.run_plan``). Files up to ``STREAM_ABOVE_BYTES`` are read whole as
+    training reads them (``tasks.table.load_frames``), so the report names the dtypes training
+    gets; larger ones batch by batch (:func:`validate_streamed`). Raises ValueError when the
+    plan's columns contradict its expectations file, DataUnavailableError for unreadable data."""
+    if streamed(params):
+        return validate_streamed(params, report_dir)
     from tasks.table import load_frames
 
-    return load_frames(params["dataset"], params["root"], params["seed"], params["stratify"])
-
-
-def items(params: dict, splits: dict[str, pd.DataFrame]) -> tuple[list[Item], list[dict]]:
-    """The derived frames and their expectations, and the checks that cannot run. Raises
-    ValueError when the plan's columns contradict its expectations file."""
-    exp, features, label = _checked(params)
-    frames = {s: _coerce_integral(splits[s]) for s in SPLITS}
-    skipped: list[dict] = []
-    return _plan(exp, features, label, params["class_label"], frames, skipped), skipped
+    frames = load_frames(params["dataset"], params["root"], params["seed"], params["stratify"])
+    return _validate(params, _frame_source(frames), Path(report_dir))
 
 
 def _checked(params: dict) -> tuple:
@@ -138,7 +150,159 @@ def failures(params: dict, run: Run, items: list[Item]) -> list[dict]:
     return out
 
 
-# --------------------------------------------------------------------------- derived frames
+# --------------------------------------------------------------------------- where the batches come from
+
+
+@dataclass
+class _Source:
+    """A table's splits as the checks read them: Arrow record batches, in each split's row order."""
+
+    schemas: dict[str, Any]  # split -> pyarrow.Schema of its batches (each column name once)
+    empties: dict[str, Any]  # split -> its columns as read, no rows (pandas: names, repeats, dtypes)
+    # split -> {column: found type} the source knows before its batches are read, where the
+    # Arrow type would say otherwise (a frame's all-null and mixed-kind columns).
+    found: dict[str, dict[str, str]]
+    # (sizes) -> (split, RecordBatch, offset, the batch's pandas frame or None); fills ``sizes``
+    # with each split's rows where they are known before the first batch.
+    batches: Callable[[dict], Any]
+
+
+def _frame_source(frames: dict[str, pd.DataFrame]) -> _Source:
+    """Frames in memory (every one of SPLITS), one batch a split. ValueError when a split is missing."""
+    missing = [s for s in SPLITS if s not in frames]
+    if missing:
+        raise ValueError(f"the {NAME} suite needs splits {list(SPLITS)}; missing {missing}")
+    batches, found = {}, {}
+    for s in SPLITS:
+        batches[s], found[s] = _frame_batch(frames[s])
+
+    def read(sizes: dict):
+        sizes.update({s: batches[s].num_rows for s in SPLITS})
+        # The frame goes along: GX validates it as it is, not as Arrow holds it.
+        return ((s, batches[s], 0, frames[s]) for s in SPLITS)
+
+    return _Source({s: batches[s].schema for s in SPLITS}, {s: frames[s].iloc[:0] for s in SPLITS}, found, read)
+
+
+def _frame_batch(df: pd.DataFrame) -> tuple[Any, dict[str, str]]:
+    """``df`` as one RecordBatch (a repeated name: its first column), and the found type of the
+    columns whose Arrow type would say otherwise: "null" for an all-null column, "other" for an
+    object column holding anything but text (numbers or booleans as objects, mixed kinds: what
+    a model cannot be given as such). A column Arrow cannot hold (mixed kinds) is held as its
+    values' text forms: of an "other" column the checks take from the batch only whether each
+    value is there, its class (``_class_key``) and its row hash; GX reads the frame itself."""
+    import pandas as pd
+    import pyarrow as pa
+
+    arrays, found = [], {}
+    positions = _first_positions(df)
+    for name, i in positions.items():
+        s = df.iloc[:, i]
+        if s.isna().all():
+            found[str(name)] = "null"
+        elif s.dtype == object and not s.dropna().map(type).eq(str).all():
+            found[str(name)] = "other"
+        try:
+            array = pa.array(s, from_pandas=True)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            found.setdefault(str(name), "other")
+            array = pa.array([None if pd.isna(v) else _class_key(v) for v in s], type=pa.string())
+        # A pyarrow-backed column (pandas' str) may come in chunks; a batch holds one array each.
+        arrays.append(array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array)
+    return pa.RecordBatch.from_arrays(arrays, names=[str(n) for n in positions]), found
+
+
+def _file_source(params: dict, batch_rows: int | None) -> _Source:
+    """The plan's files, read batch by batch (``tasks.columnar.iter_batches``)."""
+    from tasks.columnar import BATCH_ROWS, source_schema
+
+    batch_rows = int(batch_rows or params.get("batch_rows") or BATCH_ROWS)
+    paths = sources(params)
+    schemas = {s: source_schema(paths.get(s, paths.get("all"))) for s in SPLITS}
+    return _Source(schemas, {s: schemas[s].empty_table().to_pandas() for s in SPLITS}, {s: {} for s in SPLITS},
+                   lambda sizes: _batches(params, paths, batch_rows, sizes))
+
+
+def sources(params: dict) -> dict[str, Path]:
+    """``{"train", "test"}`` paths, or ``{"all"}`` for one file split by seed."""
+    from tasks.table import split_paths
+
+    return split_paths(params["dataset"], params["root"])
+
+
+# Split files larger than this together are read batch by batch: read whole, a split is held as
+# its pandas frame (as training reads it) and its one Arrow batch at once, several times a Parquet
+# file's size on disk; the bundled datasets are read whole (benchmarks/validation_memory.py
+# measures a table read in batches).
+STREAM_ABOVE_BYTES = 32 << 20
+
+
+def streamed(params: dict) -> bool:
+    """Read the files batch by batch: a split is a folder (of Parquet files), or the split files
+    hold more than ``params.get("stream_above_bytes", STREAM_ABOVE_BYTES)`` bytes."""
+    paths = list(sources(params).values())
+    if any(p.is_dir() for p in paths):
+        return True
+    limit = params.get("stream_above_bytes", STREAM_ABOVE_BYTES)
+    return sum(p.stat().st_size for p in paths if p.is_file()) > limit
+
+
+def _batches(params: dict, paths: dict[str, Path], batch_rows: int, sizes: dict):
+    """``(split, RecordBatch, offset, None)`` in each split's row order; one file is split by seed as
+    ``tasks.table.load_frames`` splits it (its label column read whole for the stratification, the
+    rows' hashes in one pass for the duplicates). ``sizes`` is filled with each split's rows
+    before the first batch where they are known without reading the data (Parquet footers, the
+    seeded split), else None."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tasks.columnar import iter_batches, source_rows
+
+    if "all" not in paths:
+        sizes.update({s: source_rows(paths[s]) for s in SPLITS})
+        for s in SPLITS:
+            offset = 0
+            for batch in iter_batches(paths[s], batch_rows=batch_rows):
+                yield s, batch, offset, None
+                offset += batch.num_rows
+        return
+    from tasks.table import row_hashes, seeded_split
+
+    ds, src = params["dataset"], paths["all"]
+    # Equal rows stay on one side, as load_frames splits them: one pass of row hashes (8 bytes a
+    # row), and of the label's presence; the label itself read whole as load_frames reads it (its
+    # dtype sets the stratification's groups).
+    hashes = [row_hashes(batch.to_pandas()) for batch in iter_batches(src, batch_rows=batch_rows)]
+    groups = np.concatenate(hashes or [np.zeros(0, dtype=np.uint64)])
+    del hashes
+    labels = None
+    if params["stratify"]:
+        import pandas as pd
+
+        try:
+            labels = (pd.read_csv(src, usecols=[ds.label]) if src.suffix.lower() == ".csv"
+                      else pd.read_parquet(src, columns=[ds.label]))[ds.label]
+        except (ValueError, KeyError):
+            labels = None
+    n = len(groups)
+    _, held = seeded_split(labels, n, ds.test_fraction, params["seed"], params["stratify"], groups=groups)
+    del groups
+    is_test = np.zeros(n, dtype=bool)
+    is_test[np.asarray(held, dtype=np.int64)] = True
+    sizes.update(train=n - len(held), test=len(held))
+    del held, labels
+    offsets, start = {"train": 0, "test": 0}, 0
+    for batch in iter_batches(src, batch_rows=batch_rows):
+        m = is_test[start:start + batch.num_rows]
+        start += batch.num_rows
+        for s, mask in (("train", ~m), ("test", m)):
+            part = batch.filter(pa.array(mask))
+            if part.num_rows:
+                yield s, part, offsets[s], None
+                offsets[s] += part.num_rows
+
+
+# --------------------------------------------------------------------------- per batch
 
 
 def _first_positions(df: pd.DataFrame) -> dict[str, int]:
@@ -164,31 +328,130 @@ def _coerce_integral(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _found_type(s: pd.Series, all_null: bool) -> str:
-    """The expectations-file type a column holds: integer | float | string | boolean | null | other."""
+def _float_column(batch, name: str):
+    """A batch's column as float64 numpy, nulls as NaN; integers beyond 2**53 rounded (unchecked:
+    a 64-bit id must not stop the validation)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.cast(batch.column(name), pa.float64(), safe=False).to_numpy(zero_copy_only=False)
+
+
+def _row_hash_array(batch, columns: list[str]):
+    """uint64 per row over ``columns``: numbers hashed as float64 (3, 3.0 and Int64 3 alike; a
+    null as NaN), anything else by its text (pandas': it has one for every Arrow type)."""
+    import pandas as pd
+    import pyarrow as pa
+
+    canon = {}
+    for c in columns:
+        t = batch.schema.field(c).type
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t):
+            canon[c] = _float_column(batch, c)
+        else:
+            canon[c] = batch.column(c).to_pandas().astype("string")
+    return pd.util.hash_pandas_object(pd.DataFrame(canon), index=False).to_numpy(dtype="uint64")
+
+
+def _cell_suspects(batch, columns: list, offset: int, expectations: list):
+    """The cells of ``batch`` that can fail the stacked checks (null where not allowed, below its
+    min, above its max: exactly the cells GX reports), as a cells frame, and the counts GX would
+    give on the whole stacked batch: ``{expectation index: {"element_count", "missing_count"}}``.
+
+    Every other cell passes each stacked check by construction, so GX validates only these; the
+    stacked frame of a whole batch (five values and an index entry per cell) is never built.
+    """
+    import numpy as np
+
+    k, n = len(columns), batch.num_rows
+    block = np.empty((k, n), dtype="float64")
+    for j, c in enumerate(columns):
+        block[j] = _float_column(batch, c.name)
+    nan = float("nan")
+    lo = np.array([[nan if c.min is None else c.min] for c in columns], dtype="float64")
+    hi = np.array([[nan if c.max is None else c.max] for c in columns], dtype="float64")
+    nullable = np.array([[c.nulls] for c in columns], dtype=bool)
+    null = np.isnan(block)
+    keep = ~(nullable & null)
+    with np.errstate(invalid="ignore"):
+        suspect = keep & (null | (block < lo) | (block > hi))
+    kept = int(keep.sum())
+    missing = {"min": int((keep & (null | np.isnan(lo))).sum()), "max": int((keep & (null | np.isnan(hi))).sum())}
+    j, r = np.nonzero(suspect)  # row-major over (column, row): column by column, as the stacked frame
+    names = np.array([c.name for c in columns], dtype=object)
+    frame = _cells_from(names[j], (r + offset).astype("int64"), block[j, r], lo[j, 0], hi[j, 0])
+    counts = {}
+    for i, e in enumerate(expectations):
+        if e.expectation_type == "expect_column_values_to_not_be_null":
+            counts[i] = {"element_count": kept}
+        elif e.expectation_type == "expect_column_pair_values_a_to_be_greater_than_b":
+            counts[i] = {"element_count": kept, "missing_count": missing["min" if e.column_A == "value" else "max"]}
+    return frame, counts
+
+
+def _cells_from(column, row, values, lo, hi) -> pd.DataFrame:
+    """The cells frame of parallel arrays (column name, row, value, min, max)."""
+    import numpy as np
     import pandas as pd
 
-    dtype = s.dtype
-    if all_null:
+    # int64 keeps examples as 99 rather than 99.0; GX compares int64/float64 vectorised.
+    if not np.isnan(values).any() and (values == np.round(values)).all() and (np.abs(values) < 2**53).all():
+        values = values.astype("int64")
+    # The identifying columns are a named index too: GX then reads an unexpected cell's
+    # (column, row, value, bounds) from the index tuple instead of one ``.at`` lookup per cell.
+    index = pd.MultiIndex.from_arrays([column, row, values, lo, hi], names=list(CELL_INDEX))
+    return pd.DataFrame({"column": column, "row": row, "value": values, "min": lo, "max": hi}, index=index)
+
+
+def _fold(stats, array) -> None:
+    """``stats.update(array)``; an integer column beyond float64's exact range (64-bit ids), which
+    the statistics' checked cast to float64 refuses, is folded as its float64 rounding."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        stats.update(array)
+    except pa.ArrowInvalid:
+        stats.update(pc.cast(array, pa.float64(), safe=False))
+
+
+# --------------------------------------------------------------------------- the whole split
+
+
+def _arrow_found(arrow_type, stats, known: str | None = None) -> str:
+    """A column's found type: by its Arrow type unless the source knows better (``known``); once
+    its batches are read, by its statistics too (no value: null; only whole numbers: integer)."""
+    import pyarrow as pa
+
+    if stats is not None and not stats.count:  # no value (or no row)
         return "null"
-    if pd.api.types.is_bool_dtype(dtype):
+    if known is not None:
+        return known
+    if pa.types.is_null(arrow_type):
+        return "null"
+    if pa.types.is_boolean(arrow_type):
         return "boolean"
-    if pd.api.types.is_integer_dtype(dtype):
+    if pa.types.is_integer(arrow_type):
         return "integer"
-    if pd.api.types.is_float_dtype(dtype):
-        return "float"
-    if pd.api.types.is_string_dtype(dtype) and s.dropna().map(type).eq(str).all():
+    if pa.types.is_floating(arrow_type):
+        return "integer" if stats is not None and stats.count and stats.integral else "float"
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
         return "string"
     return "other"
 
 
-def _schema_frame(exp: TableExpectations, features: list[str], df: pd.DataFrame) -> pd.DataFrame:
-    """One row per expected column present: name, dtype, expected and found type, found if a feature."""
-    pos = _first_positions(df)
-    all_null = df.isna().all(axis=0).to_numpy() if len(df) else [True] * df.shape[1]
-    return _schema_rows(exp, features, {
-        c.name: (str(df.dtypes.iloc[pos[c.name]]), _found_type(df.iloc[:, pos[c.name]], bool(all_null[pos[c.name]])))
-        for c in exp.columns if c.name in pos})
+def _schema_info(exp: TableExpectations, schema, dtypes: dict[str, str], known: dict[str, str],
+                 stats: dict | None) -> dict:
+    """``{column: (dtype text, found type)}`` for _schema_rows; a float column of whole numbers
+    reads Int64, as GX sees it cast (``_coerce_integral``)."""
+    out = {}
+    for f in schema:
+        if f.name not in exp.names or f.name in out:
+            continue
+        found = _arrow_found(f.type, stats.get(f.name) if stats else None, known.get(f.name))
+        dtype = "Int64" if found == "integer" and dtypes[f.name].lower().startswith("float") else dtypes[f.name]
+        out[f.name] = (dtype, found)
+    return out
 
 
 def _schema_rows(exp: TableExpectations, features: list[str], columns: dict[str, tuple[str, str]]) -> pd.DataFrame:
@@ -213,56 +476,9 @@ def _stacked_columns(exp: TableExpectations, schema: pd.DataFrame) -> list:
     return [c for c in exp.columns if c.type in ("integer", "float") and found.get(c.name) in NUMERIC]
 
 
-def _cells_frame(df: pd.DataFrame, columns: list, offset: int = 0) -> pd.DataFrame:
-    """``columns`` stacked long: (column, row, value, min, max), column by column; NaN bound = none.
-
-    A column that allows nulls (the label too, where the expectations say so: unlabeled rows,
-    which training leaves out) has its null cells left out. ``row`` is the
-    position in ``df`` plus ``offset`` (a batch's first row in its split).
-    """
-    import numpy as np
-
-    pos = _first_positions(df)
-    n = len(df)
-    block = df.iloc[:, [pos[c.name] for c in columns]].to_numpy(dtype="float64", na_value=np.nan)
-    values = block.T.reshape(-1)  # column-major: all rows of the first column, then the next
-    column = np.repeat(np.array([c.name for c in columns], dtype=object), n)
-    row = np.tile(np.arange(offset, offset + n, dtype="int64"), len(columns))
-    nan = float("nan")
-    lo = np.repeat(np.array([nan if c.min is None else c.min for c in columns], dtype="float64"), n)
-    hi = np.repeat(np.array([nan if c.max is None else c.max for c in columns], dtype="float64"), n)
-    nullable = np.repeat(np.array([c.nulls for c in columns], dtype=bool), n)
-    keep = ~(nullable & np.isnan(values))
-    if not keep.all():
-        values, column, row, lo, hi = values[keep], column[keep], row[keep], lo[keep], hi[keep]
-    return _cells_from(column, row, values, lo, hi)
-
-
-def _cells_from(column, row, values, lo, hi) -> pd.DataFrame:
-    """The cells frame of parallel arrays (column name, row, value, min, max)."""
-    import numpy as np
-    import pandas as pd
-
-    # int64 keeps examples as 99 rather than 99.0; GX compares int64/float64 vectorised.
-    if not np.isnan(values).any() and (values == np.round(values)).all() and (np.abs(values) < 2**53).all():
-        values = values.astype("int64")
-    # The identifying columns are a named index too: GX then reads an unexpected cell's
-    # (column, row, value, bounds) from the index tuple instead of one ``.at`` lookup per cell.
-    index = pd.MultiIndex.from_arrays([column, row, values, lo, hi], names=list(CELL_INDEX))
-    return pd.DataFrame({"column": column, "row": row, "value": values, "min": lo, "max": hi}, index=index)
-
-
 def _class_key(v: object) -> str:
     """A class's text form: 3, 3.0 and Int64 3 are all "3"."""
     return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
-
-
-def _balance_frame(classes: list, label: str, df: pd.DataFrame) -> pd.DataFrame:
-    """One row per class: its count and share of the split's labeled rows (matched by text form,
-    so class 3 in the file matches a label read as 3, 3.0 or Int64 3)."""
-    labels = df.iloc[:, _first_positions(df)[label]].dropna()
-    counts = labels.map(_class_key).value_counts()
-    return _balance_rows(classes, {str(k): int(v) for k, v in counts.items()}, len(labels))
 
 
 def _balance_rows(classes: list, counts: dict[str, int], n: int) -> pd.DataFrame:
@@ -277,35 +493,44 @@ def _balance_rows(classes: list, counts: dict[str, int], n: int) -> pd.DataFrame
     })
 
 
-def _row_hashes(df: pd.DataFrame, columns: list[str]) -> pd.Series:
-    """A hex hash per row over ``columns``, equal for equal values whatever the int dtype."""
+def _cross_from_hashes(hashes: dict[str, list]) -> tuple[pd.DataFrame, int]:
+    """The cross frame of the rows whose hash both splits hold (first occurrence in each split):
+    the only rows the uniqueness check can fail on, the rest being unique by construction; and
+    the number of rows of the whole cross frame (de-duplicated rows of both splits).
+
+    Memory: the hashes (8 bytes a row) plus a sorted copy of the smaller split's; the larger
+    split is looked up in chunks, then sorted in place to count its distinct rows."""
+    import numpy as np
     import pandas as pd
 
-    pos = _first_positions(df)
-    # A canonical text form: int64 3 and (coerced) Int64 3 both hash as "3".
-    canon = df.iloc[:, [pos[c] for c in columns]].astype("string")
-    canon.columns = columns
-    hashes = pd.util.hash_pandas_object(canon, index=False)
-    return hashes.map(lambda h: f"{h:016x}")
-
-
-def _cross_frame(names: list[str], frames: dict[str, pd.DataFrame]) -> pd.DataFrame | None:
-    """De-duplicated row hashes of each split, concatenated: a hash seen twice is a leak."""
-    import pandas as pd
-
-    columns = [c for c in names if all(c in frames[s].columns for s in SPLITS)]
-    if not columns:
-        return None
-    parts = []
-    for split in SPLITS:
-        h = _row_hashes(frames[split], columns)
-        first = ~h.duplicated(keep="first")
-        parts.append(pd.DataFrame({
-            "row_hash": h[first].to_numpy(dtype=object),
-            "split": split,
-            "row": h.index[first].to_numpy(dtype="int64"),
-        }))
-    return pd.concat(parts, ignore_index=True)
+    h = {}
+    for s in SPLITS:  # a preallocated array, or the batches' arrays when the rows were not known
+        part = hashes[s]
+        h[s] = part if isinstance(part, np.ndarray) else (
+            np.concatenate(part) if part else np.zeros(0, dtype="uint64"))
+        hashes[s] = None
+    small, large = sorted(SPLITS, key=lambda s: len(h[s]))
+    probe = np.sort(h[small])
+    hits = []
+    for start in range(0, len(h[large]), 1 << 20):
+        part = h[large][start:start + (1 << 20)]
+        idx = np.minimum(np.searchsorted(probe, part), max(len(probe) - 1, 0))
+        if len(probe):
+            hits.append(np.flatnonzero(probe[idx] == part) + start)
+    leaked = np.unique(h[large][np.concatenate(hits)]) if hits else np.zeros(0, dtype="uint64")
+    parts = {}
+    for s in SPLITS:
+        pos = np.flatnonzero(np.isin(h[s], leaked))  # leaked is small: a short scan
+        u, first = np.unique(h[s][pos], return_index=True)
+        rows = pos[first]
+        order = np.argsort(rows, kind="stable")
+        parts[s] = pd.DataFrame({"row_hash": np.array([f"{x:016x}" for x in u[order]], dtype=object),
+                                 "split": s, "row": rows[order].astype("int64")})
+    total = 0
+    for s in SPLITS:
+        h[s].sort()  # in place: no copy of the larger split
+        total += int(len(h[s]) and 1 + np.count_nonzero(h[s][1:] != h[s][:-1]))
+    return pd.concat([parts[s] for s in SPLITS], ignore_index=True), total
 
 
 # --------------------------------------------------------------------------- the plan
@@ -375,19 +600,6 @@ def _cells_expectations(columns: list) -> tuple[list, list[int]]:
     return out, covers
 
 
-def _plan(exp: TableExpectations, features: list[str], label: str, class_label: bool,
-          frames: dict[str, pd.DataFrame], skipped: list[dict]) -> list[Item]:
-    items: list[Item] = []
-    for s in SPLITS:
-        df = frames[s]
-        items += _split_items(exp, features, label, class_label, s, list(_first_positions(df)),
-                              _schema_frame(exp, features, df), df, skipped,
-                              cells=lambda stacked, df=df: _cells_frame(df, stacked),
-                              balance=lambda classes, df=df: _balance_frame(classes, label, df))
-    items += _cross_items(_cross_frame(exp.names, frames), skipped)
-    return items
-
-
 def _cross_items(cross: pd.DataFrame | None, skipped: list[dict]) -> list[Item]:
     import great_expectations.expectations as gxe
 
@@ -400,10 +612,10 @@ def _cross_items(cross: pd.DataFrame | None, skipped: list[dict]) -> list[Item]:
 
 
 def _split_items(exp: TableExpectations, features: list[str], label: str, class_label: bool, s: str,
-                 names: list[str], schema: pd.DataFrame, frame, skipped: list[dict], *, cells, balance) -> list[Item]:
-    """One split's items: the split itself (``frame``), its schema, its stacked cells
-    (``cells(stacked columns)`` gives the frame) and class balance (``balance(classes)``).
-    ``names``: the split's columns. A frame may be None where the caller validates in batches."""
+                 names: list[str], schema: pd.DataFrame, skipped: list[dict]) -> list[Item]:
+    """One split's items: the split itself, its schema (``schema``: as known before the batches
+    are read; it decides which columns are stacked), its stacked cells and class balance.
+    ``names``: the split's columns. The frames are the batches' and those built once they are read."""
     import great_expectations.expectations as gxe
 
     classes = exp.classes if class_label else None
@@ -424,7 +636,7 @@ def _split_items(exp: TableExpectations, features: list[str], label: str, class_
             split.append(gxe.ExpectColumnValuesToNotBeNull(column=c.name))
         if c.values is not None:
             split.append(gxe.ExpectColumnValuesToBeInSet(column=c.name, value_set=list(c.values)))
-    items.append(Item(s, s, "split", frame, split, SUMMARY))
+    items.append(Item(s, s, "split", None, split, SUMMARY))
 
     present_features = [f for f in features if f in pos]
     schema_exp = [gxe.ExpectColumnPairValuesToBeInSet(
@@ -446,7 +658,7 @@ def _split_items(exp: TableExpectations, features: list[str], label: str, class_
     if stacked:
         cells_exp, covers = _cells_expectations(stacked)
         if cells_exp:
-            items.append(Item(f"{s}_cells", s, "cells", cells(stacked), cells_exp, complete(*CELL_INDEX), covers))
+            items.append(Item(f"{s}_cells", s, "cells", None, cells_exp, complete(*CELL_INDEX), covers))
 
     if not class_label:
         return items
@@ -458,214 +670,10 @@ def _split_items(exp: TableExpectations, features: list[str], label: str, class_
                         "reason": f"the expectations file lists no values (class set) for {label!r}"})
     elif exp.class_share is not None:
         lo, hi = exp.class_share
-        items.append(Item(f"{s}_balance", s, "balance", balance(classes),
+        items.append(Item(f"{s}_balance", s, "balance", None,
                           [gxe.ExpectColumnValuesToBeBetween(column="fraction", min_value=lo, max_value=hi)],
                           complete("label", "fraction")))
     return items
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def validate_table(exp: TableExpectations, features: list[str], label: str, splits: dict[str, pd.DataFrame],
-                   report_dir: Path, class_label: bool) -> dict:
-    """Validate ``splits`` (``{"train", "test"}`` frames as read, e.g. ``tasks.table.load_frames``)
-    against ``exp``; write ``gx_result.json``, ``summary.md`` and Data Docs into ``report_dir``.
-
-    Never raises on bad data: every problem is a failure in the returned report (shape in
-    ``validation.gx_run.write_report``, failures in ``validation.report``). Raises ValueError
-    when the caller's columns contradict ``exp`` (a feature or the label not in the file).
-    """
-    params = {"expectations": exp, "features": list(features), "label": label, "class_label": class_label}
-    return validate(sys.modules[__name__], params, splits, Path(report_dir))
-
-
-# --------------------------------------------------------------------------- in batches (bounded memory)
-# A split too large to read whole (``STREAM_ABOVE_BYTES``) or a folder of Parquet files is validated
-# batch by batch (``tasks.columnar.iter_batches``) with the very items the in-memory run builds,
-# and gives one GX result per item, as it does (``gx_run.ItemBatches`` merges the batches'):
-# * row-level expectations (nulls and value sets of the split item) are validated by GX on every
-#   batch, on the columns they read; the stacked cells' checks (null, min, max per cell) on the
-#   cells of the batch that can fail them (numpy finds them; every other cell passes by
-#   construction), with the batch's own element and missing counts. Counts add up exactly;
-#   example lists are cut;
-# * what needs the whole table is accumulated across batches and validated by GX once, on a small
-#   frame: column types and all-null columns (``tasks.columnar.ColumnStats``) for the schema
-#   frame, class counts for the balance frame, the column list on the split's columns with no
-#   rows, the row count on N rows and no columns, and the leak check on the rows whose hash both
-#   splits hold (8 bytes kept per row: the one part that grows with the rows).
-
-
-def sources(params: dict) -> dict[str, Path]:
-    """``{"train", "test"}`` paths, or ``{"all"}`` for one file split by seed."""
-    from tasks.table import split_paths
-
-    return split_paths(params["dataset"], params["root"])
-
-
-# Split files larger than this together are validated in batches: read whole, a split costs its
-# pandas frame plus the stacked cells frame (five values and an index entry per cell) at once,
-# about 120 bytes a cell, some 20x a Parquet file's size on disk. 32 MB keeps that under ~1 GB;
-# the bundled datasets stay in memory (benchmarks/validation_memory.py measures both paths).
-STREAM_ABOVE_BYTES = 32 << 20
-
-
-def streamed(params: dict) -> bool:
-    """Validate in batches: a split is a folder (of Parquet files), or the split files hold more
-    than ``params.get("stream_above_bytes", STREAM_ABOVE_BYTES)`` bytes."""
-    paths = list(sources(params).values())
-    if any(p.is_dir() for p in paths):
-        return True
-    limit = params.get("stream_above_bytes", STREAM_ABOVE_BYTES)
-    return sum(p.stat().st_size for p in paths if p.is_file()) > limit
-
-
-def _arrow_found(arrow_type, stats) -> tuple[str, bool]:
-    """(found type, numeric) of a column from its Arrow type and, once read, its statistics."""
-    import pyarrow as pa
-
-    if stats is not None and not stats.count:  # no value (or no row), as the in-memory run says
-        return "null", True
-    if pa.types.is_null(arrow_type):
-        return "null", True
-    if pa.types.is_boolean(arrow_type):
-        return "boolean", False
-    if pa.types.is_integer(arrow_type):
-        return "integer", True
-    if pa.types.is_floating(arrow_type):
-        return ("integer" if stats is not None and stats.count and stats.integral else "float"), True
-    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
-        return "string", False
-    return "other", False
-
-
-def _schema_info(exp: TableExpectations, schema, dtypes: dict[str, str], stats: dict | None) -> dict:
-    """``{column: (dtype text, found type)}`` for _schema_rows; a float column of whole numbers
-    reads Int64 as the in-memory run casts it."""
-    out = {}
-    for f in schema:
-        if f.name not in exp.names or f.name in out:
-            continue
-        st = stats.get(f.name) if stats else None
-        found, _ = _arrow_found(f.type, st)
-        dtype = "Int64" if found == "integer" and dtypes[f.name].startswith("float") else dtypes[f.name]
-        out[f.name] = (dtype, found)
-    return out
-
-
-def _batches(params: dict, paths: dict[str, Path], batch_rows: int, sizes: dict):
-    """``(split, RecordBatch, offset)`` in each split's row order; one file is split by seed as
-    ``tasks.table.load_frames`` splits it (its label column read whole for the stratification, the
-    rows' hashes in one pass for the duplicates). ``sizes`` is filled with each split's rows
-    before the first batch where they are known without reading the data (Parquet footers, the
-    seeded split), else None."""
-    import numpy as np
-    import pyarrow as pa
-
-    from tasks.columnar import iter_batches, source_rows
-
-    if "all" not in paths:
-        sizes.update({s: source_rows(paths[s]) for s in SPLITS})
-        for s in SPLITS:
-            offset = 0
-            for batch in iter_batches(paths[s], batch_rows=batch_rows):
-                yield s, batch, offset
-                offset += batch.num_rows
-        return
-    from tasks.table import row_hashes, seeded_split
-
-    ds, src = params["dataset"], paths["all"]
-    # Equal rows stay on one side, as load_frames splits them: one pass of row hashes (8 bytes a
-    # row), and of the label's presence; the label itself read whole as load_frames reads it (its
-    # dtype sets the stratification's groups).
-    hashes = [row_hashes(batch.to_pandas()) for batch in iter_batches(src, batch_rows=batch_rows)]
-    groups = np.concatenate(hashes or [np.zeros(0, dtype=np.uint64)])
-    del hashes
-    labels = None
-    if params["stratify"]:
-        import pandas as pd
-
-        try:
-            labels = (pd.read_csv(src, usecols=[ds.label]) if src.suffix.lower() == ".csv"
-                      else pd.read_parquet(src, columns=[ds.label]))[ds.label]
-        except (ValueError, KeyError):
-            labels = None
-    n = len(groups)
-    _, held = seeded_split(labels, n, ds.test_fraction, params["seed"], params["stratify"], groups=groups)
-    del groups
-    is_test = np.zeros(n, dtype=bool)
-    is_test[np.asarray(held, dtype=np.int64)] = True
-    sizes.update(train=n - len(held), test=len(held))
-    del held, labels
-    offsets, start = {"train": 0, "test": 0}, 0
-    for batch in iter_batches(src, batch_rows=batch_rows):
-        m = is_test[start:start + batch.num_rows]
-        start += batch.num_rows
-        for s, mask in (("train", ~m), ("test", m)):
-            part = batch.filter(pa.array(mask))
-            if part.num_rows:
-                yield s, part, offsets[s]
-                offsets[s] += part.num_rows
-
-
-def _float_column(batch, name: str):
-    """A batch's column as float64 numpy, nulls as NaN."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    return pc.cast(batch.column(name), pa.float64()).to_numpy(zero_copy_only=False)
-
-
-def _row_hash_array(batch, columns: list[str]):
-    """uint64 per row over ``columns``: numbers hashed as float64 (3, 3.0 and Int64 3 alike; a
-    null as NaN), anything else by its text."""
-    import pandas as pd
-    import pyarrow as pa
-
-    canon = {}
-    for c in columns:
-        t = batch.schema.field(c).type
-        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t):
-            canon[c] = _float_column(batch, c)
-        else:
-            canon[c] = batch.column(c).cast(pa.string()).to_pandas().astype("string")
-    return pd.util.hash_pandas_object(pd.DataFrame(canon), index=False).to_numpy(dtype="uint64")
-
-
-def _cell_suspects(batch, columns: list, offset: int, expectations: list):
-    """The cells of ``batch`` that can fail the stacked checks (null where not allowed, below its
-    min, above its max: exactly the cells GX reports), as a cells frame, and the counts GX would
-    give on the whole stacked batch: ``{expectation index: {"element_count", "missing_count"}}``.
-
-    Every other cell passes each stacked check by construction, so GX validates only these; the
-    stacked frame of a whole batch (five values and an index entry per cell) is never built.
-    """
-    import numpy as np
-
-    k, n = len(columns), batch.num_rows
-    block = np.empty((k, n), dtype="float64")
-    for j, c in enumerate(columns):
-        block[j] = _float_column(batch, c.name)
-    nan = float("nan")
-    lo = np.array([[nan if c.min is None else c.min] for c in columns], dtype="float64")
-    hi = np.array([[nan if c.max is None else c.max] for c in columns], dtype="float64")
-    nullable = np.array([[c.nulls] for c in columns], dtype=bool)
-    null = np.isnan(block)
-    keep = ~(nullable & null)
-    with np.errstate(invalid="ignore"):
-        suspect = keep & (null | (block < lo) | (block > hi))
-    kept = int(keep.sum())
-    missing = {"min": int((keep & (null | np.isnan(lo))).sum()), "max": int((keep & (null | np.isnan(hi))).sum())}
-    j, r = np.nonzero(suspect)  # row-major over (column, row): column by column, as _cells_frame
-    names = np.array([c.name for c in columns], dtype=object)
-    frame = _cells_from(names[j], (r + offset).astype("int64"), block[j, r], lo[j, 0], hi[j, 0])
-    counts = {}
-    for i, e in enumerate(expectations):
-        if e.expectation_type == "expect_column_values_to_not_be_null":
-            counts[i] = {"element_count": kept}
-        elif e.expectation_type == "expect_column_pair_values_a_to_be_greater_than_b":
-            counts[i] = {"element_count": kept, "missing_count": missing["min" if e.column_A == "value" else "max"]}
-    return frame, counts
 
 
 # Split expectations validated once on a small frame instead of per batch (the row count: on N rows).
@@ -679,77 +687,62 @@ def _row_level_columns(item: Item, names: list[str]) -> list[str]:
     return [n for n in names if n in used]
 
 
-def _cross_from_hashes(hashes: dict[str, list]) -> tuple[pd.DataFrame, int]:
-    """The cross frame of the rows whose hash both splits hold (first occurrence in each split):
-    the only rows the uniqueness check can fail on, the rest being unique by construction; and
-    the number of rows of the whole cross frame (de-duplicated rows of both splits).
+# --------------------------------------------------------------------------- validation
 
-    Memory: the hashes (8 bytes a row) plus a sorted copy of the smaller split's; the larger
-    split is looked up in chunks, then sorted in place to count its distinct rows."""
-    import numpy as np
-    import pandas as pd
 
-    h = {}
-    for s in SPLITS:  # a preallocated array, or the batches' arrays when the rows were not known
-        part = hashes[s]
-        h[s] = part if isinstance(part, np.ndarray) else (
-            np.concatenate(part) if part else np.zeros(0, dtype="uint64"))
-        hashes[s] = None
-    small, large = sorted(SPLITS, key=lambda s: len(h[s]))
-    probe = np.sort(h[small])
-    hits = []
-    for start in range(0, len(h[large]), 1 << 20):
-        part = h[large][start:start + (1 << 20)]
-        idx = np.minimum(np.searchsorted(probe, part), max(len(probe) - 1, 0))
-        if len(probe):
-            hits.append(np.flatnonzero(probe[idx] == part) + start)
-    leaked = np.unique(h[large][np.concatenate(hits)]) if hits else np.zeros(0, dtype="uint64")
-    parts = {}
-    for s in SPLITS:
-        pos = np.flatnonzero(np.isin(h[s], leaked))  # leaked is small: a short scan
-        u, first = np.unique(h[s][pos], return_index=True)
-        rows = pos[first]
-        order = np.argsort(rows, kind="stable")
-        parts[s] = pd.DataFrame({"row_hash": np.array([f"{x:016x}" for x in u[order]], dtype=object),
-                                 "split": s, "row": rows[order].astype("int64")})
-    total = 0
-    for s in SPLITS:
-        h[s].sort()  # in place: no copy of the larger split
-        total += int(len(h[s]) and 1 + np.count_nonzero(h[s][1:] != h[s][:-1]))
-    return pd.concat([parts[s] for s in SPLITS], ignore_index=True), total
+def validate_table(exp: TableExpectations, features: list[str], label: str, splits: dict[str, pd.DataFrame],
+                   report_dir: Path, class_label: bool) -> dict:
+    """Validate ``splits`` (``{"train", "test"}`` frames as read, e.g. ``tasks.table.load_frames``)
+    against ``exp``; write ``gx_result.json``, ``summary.md`` and Data Docs into ``report_dir``.
+
+    Never raises on bad data: every problem is a failure in the returned report (shape in
+    ``validation.gx_run.write_report``, failures in ``validation.report``). Raises ValueError
+    when a split is missing or the caller's columns contradict ``exp`` (a feature or the label
+    not in the file).
+    """
+    params = {"expectations": exp, "features": list(features), "label": label, "class_label": class_label}
+    return _validate(params, _frame_source(splits), Path(report_dir))
+
+
 def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = None) -> dict:
-    """Validate the plan's splits batch by batch in bounded memory and write the same report files
-    as :func:`validate_table` (``gx_result.json`` with one result per item, ``summary.md``, Data
-    Docs); the same report, its failures named the same way. ``batch_rows``: rows per batch
-    (default ``params["batch_rows"]`` or ``tasks.columnar.BATCH_ROWS``). Raises ValueError when
-    the plan's columns contradict its expectations file, DataUnavailableError for unreadable data."""
+    """Validate the plan's files batch by batch in bounded memory, whatever their size, and write
+    the report files as :func:`validate_table` does. ``batch_rows``: rows per batch (default
+    ``params["batch_rows"]`` or ``tasks.columnar.BATCH_ROWS``). Raises ValueError when the plan's
+    columns contradict its expectations file, DataUnavailableError for unreadable data."""
+    return _validate(params, _file_source(params, batch_rows), Path(report_dir))
+
+
+def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
+    """Every check of the suite over ``source``'s batches; the report files into ``report_dir``.
+
+    Per batch: GX validates the split item's row-level expectations (nulls, value sets) on the
+    columns they read, and the stacked cells' checks on the batch's cells that can fail them;
+    the column statistics, class counts and row hashes are folded in. Then, once per split, GX
+    validates what needs the whole split on small frames: the schema, the class balance, the
+    column list and row count; and the leak check on the rows both splits hold.
+    """
     import time
 
+    started = time.perf_counter()
     import great_expectations.expectations as gxe
     import numpy as np
     import pandas as pd
 
-    from tasks.columnar import BATCH_ROWS, ColumnStats, source_schema
+    from tasks.columnar import ColumnStats
 
-    started = time.perf_counter()
     exp, features, label = _checked(params)
     class_label = params["class_label"]
-    batch_rows = int(batch_rows or params.get("batch_rows") or BATCH_ROWS)
-    paths = sources(params)
-    schemas = {s: source_schema(paths.get(s, paths.get("all"))) for s in SPLITS}
-    empties = {s: _coerce_integral(schemas[s].empty_table().to_pandas()) for s in SPLITS}
-    dtypes = {s: {f.name: str(schemas[s].empty_table().to_pandas()[f.name].dtype) for f in schemas[s]}
-              for s in SPLITS}
+    schemas = source.schemas
+    dtypes = {s: {str(n): str(source.empties[s].dtypes.iloc[i])
+                  for n, i in _first_positions(source.empties[s]).items()} for s in SPLITS}
 
     skipped: list[dict] = []
     items: list[Item] = []
     stacked: dict[str, list] = {}
     for s in SPLITS:
-        names = schemas[s].names
-        schema = _schema_rows(exp, features, _schema_info(exp, schemas[s], dtypes[s], None))
+        schema = _schema_rows(exp, features, _schema_info(exp, schemas[s], dtypes[s], source.found[s], None))
         stacked[s] = _stacked_columns(exp, schema)
-        items += _split_items(exp, features, label, class_label, s, names, schema, None, skipped,
-                              cells=lambda cols: None, balance=lambda classes: None)
+        items += _split_items(exp, features, label, class_label, s, schemas[s].names, schema, skipped)
     by_name = {item.name: item for item in items}
 
     run = start_run(started)
@@ -764,23 +757,30 @@ def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = N
     hashes: dict = {}
     sizes: dict = {}
     rows = {s: 0 for s in SPLITS}
+    read: set[str] = set()
 
     row_level = {s: _row_level_columns(by_name[s], schemas[s].names) for s in SPLITS}
 
-    def feed(s: str, batch, offset: int) -> None:
-        # The split item gets only the columns its row-level expectations read.
-        df = _coerce_integral(batch.select(row_level[s]).to_pandas())
+    def feed(s: str, batch, offset: int, frame=None) -> None:
+        # The split item gets only the columns its row-level expectations read: the batch's, or
+        # the frame's where it came from one (it may hold what Arrow cannot: a column of mixed kinds).
+        if frame is None:
+            df = batch.select(row_level[s]).to_pandas()
+        else:
+            pos = _first_positions(frame)
+            df = frame.iloc[:, [pos[c] for c in row_level[s]]]
+        df = _coerce_integral(df)
         df.index = pd.RangeIndex(offset, offset + batch.num_rows)
         batched[s]["split"].add(df)
         if "cells" in batched[s]:
-            frame, counts = _cell_suspects(batch, stacked[s], offset, by_name[f"{s}_cells"].expectations)
-            batched[s]["cells"].add(frame, counts)
+            cells, counts = _cell_suspects(batch, stacked[s], offset, by_name[f"{s}_cells"].expectations)
+            batched[s]["cells"].add(cells, counts)
 
-    for s, batch, offset in _batches(params, paths, batch_rows, sizes):
+    for s, batch, offset, frame in source.batches(sizes):
         for i, name in enumerate(batch.schema.names):
             if name in stats[s]:
-                stats[s][name].update(batch.column(i))
-        feed(s, batch, offset)
+                _fold(stats[s][name], batch.column(i))
+        feed(s, batch, offset, frame)
         if cross_columns:
             if s not in hashes:  # filled in place when the rows are known: no copy to join them
                 hashes[s] = np.empty(sizes[s], dtype="uint64") if sizes.get(s) is not None else []
@@ -790,12 +790,14 @@ def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = N
             else:
                 hashes[s][offset:offset + len(h)] = h
         rows[s] = offset + batch.num_rows
-        del batch
+        read.add(s)
+        del batch, frame
 
     for s in SPLITS:
-        if not rows[s]:  # an empty split: its checks on no rows
+        if s not in read:  # a split with no batch (an empty file): its checks on no rows
             feed(s, _empty_batch(schemas[s]), 0)
-        by_name[f"{s}_schema"].frame = _schema_rows(exp, features, _schema_info(exp, schemas[s], dtypes[s], stats[s]))
+        by_name[f"{s}_schema"].frame = _schema_rows(
+            exp, features, _schema_info(exp, schemas[s], dtypes[s], source.found[s], stats[s]))
         run_item(run, by_name[f"{s}_schema"])
         if f"{s}_balance" in by_name:
             values = stats[s][label].values or {}
@@ -808,7 +810,7 @@ def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = N
         # Table-level checks on the split's columns with no rows, the row count on N rows and no
         # columns (a RangeIndex: no memory).
         whole = {i: pd.DataFrame(index=pd.RangeIndex(rows[s])) if isinstance(e, gxe.ExpectTableRowCountToBeBetween)
-                 else empties[s] for i, e in enumerate(split_item.expectations)
+                 else source.empties[s] for i, e in enumerate(split_item.expectations)
                  if e.expectation_type in _TABLE_LEVEL}
         batched[s]["split"].finish(whole)
         if "cells" in batched[s]:
