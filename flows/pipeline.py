@@ -138,9 +138,8 @@ def resolve(inputs: RunInputs) -> RunContext:
 def _continued_run(cfg: PipelineConfig, home: Path, manifest: Manifest, exp_id: str, tags: dict) -> str | None:
     """The MLflow run of the interrupted training this run will resume, reopened (RUNNING, its
     tags updated), or None. The training folder is the first unclaimed one holding an interrupted
-    job (``training.slots``); its run record is
-    checked against the store (``core.metrics_file.verify_recorded_run``) and must name a run of
-    this experiment."""
+    job (``training.slots``); its run record is checked against the store
+    (``core.metrics_file.verify_recorded_run``) and must name a run of this experiment."""
     from core.metrics_file import read_run_record, verify_recorded_run
     from registry import store
     from training.slots import unclaimed_resumable
@@ -285,8 +284,8 @@ def _logger():
 
 @task(name="train", retries=0, **TASK)
 def train(ctx: RunContext, nproc: int, slot: TrainFolder) -> dict:
-    """torchrun the worker in ``slot``; its metrics file is relayed into the
-    pipeline's MLflow run meanwhile."""
+    """torchrun the worker in ``slot``; its metrics file is relayed into the pipeline's MLflow run
+    meanwhile."""
     from core.metrics_file import METRICS_FILE
     from registry.relay import relay_metrics
     from training.launcher import SCORE_ENV, make_spec, start_job
