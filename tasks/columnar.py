@@ -276,7 +276,9 @@ class ColumnStats:
         import pyarrow.compute as pc
 
         self.numeric = True
-        x = pc.cast(array, pa.float64()).to_numpy(zero_copy_only=False)  # nulls become NaN
+        # Nulls become NaN; an integer beyond 2**53 (a 64-bit id) rounds here, and its exact
+        # min/max come from the integers below.
+        x = pc.cast(array, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
         valid = ~np.isnan(x)
         v = x[valid] if not valid.all() else x
         self.count = int(v.size)

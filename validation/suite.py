@@ -403,18 +403,6 @@ def _cells_from(column, row, values, lo, hi) -> pd.DataFrame:
     return pd.DataFrame({"column": column, "row": row, "value": values, "min": lo, "max": hi}, index=index)
 
 
-def _fold(stats, array) -> None:
-    """``stats.update(array)``; an integer column beyond float64's exact range (64-bit ids), which
-    the statistics' checked cast to float64 refuses, is folded as its float64 rounding."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    try:
-        stats.update(array)
-    except pa.ArrowInvalid:
-        stats.update(pc.cast(array, pa.float64(), safe=False))
-
-
 # --------------------------------------------------------------------------- the whole split
 
 
@@ -779,7 +767,7 @@ def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
     for s, batch, offset, frame in source.batches(sizes):
         for i, name in enumerate(batch.schema.names):
             if name in stats[s]:
-                _fold(stats[s][name], batch.column(i))
+                stats[s][name].update(batch.column(i))
         feed(s, batch, offset, frame)
         if cross_columns:
             if s not in hashes:  # filled in place when the rows are known: no copy to join them

@@ -161,3 +161,13 @@ def test_streamed_standardisation_equals_the_tasks_info_within_float_tolerance(t
     std = [stats[c].std if stats[c].std > 0 else 1.0 for c in features]
     assert info["features"] == features and info["std"][3] == 1.0
     assert np.allclose(mean, info["mean"], rtol=1e-12) and np.allclose(std, info["std"], rtol=1e-9)
+
+
+def test_column_stats_take_64_bit_integers_beyond_float64s_exact_range():
+    import pyarrow as pa
+
+    from tasks.columnar import ColumnStats
+
+    stats = ColumnStats("id")
+    stats.update(pa.array([2**62 + 1, 5, None]))
+    assert (stats.count, stats.nulls, stats.min, stats.max) == (2, 1, 5, 2**62 + 1)  # exact, not rounded
