@@ -7,6 +7,8 @@
     trainflow reproduce NAME@ALIAS|NAME/VERSION|RUN_ID [--summary-json PATH] # retrain from the manifest, compare weights
     trainflow init --data PATH --label COLUMN [--task T] [--name NAME]      # track a table, write its config + expectations
     trainflow ui [--prefect-port P] [--mlflow-port P]                       # the Prefect and MLflow UIs on .trainflow/
+    trainflow pool create NAME                                              # a locked process work pool for prefect.yaml
+    trainflow worker --pool NAME [--limit N]                                # a worker that runs only prefect.yaml's runs
 
 Exit codes: ``EXIT_CODES`` below, which ``trainflow --help`` prints. ``train`` exits 0, 4 or 1
 as ``run`` does; ``retrain`` exits 0 when the champion is up to date (nothing ran) and
@@ -166,7 +168,77 @@ def build_parser() -> argparse.ArgumentParser:
                                    "until Ctrl-C")
     ui.add_argument("--prefect-port", type=int, metavar="PORT", help="default: 4200 if free, else a free port (0: a free port)")
     ui.add_argument("--mlflow-port", type=int, metavar="PORT", help="default: 5000 if free, else a free port (0: a free port)")
+    _worker_parsers(sub)
     return ap
+
+
+def _worker_parsers(sub) -> None:
+    pool = sub.add_parser("pool", help="create or update a locked process work pool on PREFECT_API_URL's server: "
+                                       "its runs execute only as prefect.yaml's deployments, in this checkout")
+    pool.add_argument("action", choices=["create"])
+    pool.add_argument("name", help="work pool name (prefect.yaml's is 'process')")
+    pool.add_argument("--type", default="process", choices=["process", "docker", "kubernetes"],
+                      help="process: runs in this checkout; docker/kubernetes: in TRAINFLOW_IMAGE (the GPU pools, "
+                           "with --prefect-file deploy/gpu.prefect.yaml); every $ variable of the file must be set")
+    pool.add_argument("--base-job-template", type=Path, metavar="JSON",
+                      help="start from this template (default: the worker type's own)")
+    worker = sub.add_parser("worker", help="a process worker that refuses every flow run that is not one of "
+                                           "prefect.yaml's deployments as committed (run it instead of "
+                                           "`prefect worker start`)")
+    worker.add_argument("--pool", required=True, help="work pool name")
+    worker.add_argument("--limit", type=int, help="at most this many flow runs at once")
+    for cmd in (pool, worker):
+        cmd.add_argument("--prefect-file", default="prefect.yaml", help="deployments file, relative to the checkout")
+        cmd.add_argument("--allow-env", action="append", default=[], metavar="NAME",
+                         help="an environment variable a flow run may set besides TRAINFLOW_HOME (repeatable)")
+
+
+def _guard(args: argparse.Namespace, values: dict[str, str] | None = None):
+    from flows.worker_guard import ALLOWED_RUN_ENV, Guard
+
+    if not os.environ.get("PREFECT_API_URL"):
+        raise TrainflowError("PREFECT_API_URL is not set: a worker and its pool live on a Prefect server "
+                             "(`prefect server start`, or `trainflow ui`)")
+    return Guard(project_root(), args.prefect_file, values, allow_env=ALLOWED_RUN_ENV + tuple(args.allow_env))
+
+
+def cmd_pool(args: argparse.Namespace) -> int:
+    apply_offline_env(trainflow_home(project_root()))
+    import asyncio
+
+    from flows.worker_guard import create_pool, placeholders, pool_template
+
+    try:
+        values = {}
+        if args.type != "process":  # the values `prefect deploy` filled in, fixed into the guard's command
+            names = [n for n in placeholders(project_root() / args.prefect_file) if n != "TRAINFLOW_REPO_DIR"]
+            unset = [n for n in names if not os.environ.get(n)]
+            if unset:
+                raise TrainflowError(f"{', '.join(unset)} not set: the guard of a {args.type} pool compares the "
+                                     f"deployments with {args.prefect_file} as `prefect deploy` filled it in")
+            values = {n: os.environ[n] for n in names}
+        guard = _guard(args, values)
+        base = json.loads(args.base_job_template.read_text()) if args.base_job_template else None
+        asyncio.run(create_pool(args.name, pool_template(guard, args.type, base), args.type))
+    except (TrainflowError, OSError, ValueError) as exc:
+        return _fail(f"pool: {exc}", EXIT_ERROR)
+    print(f"work pool {args.name!r} ({args.type}): locked to {args.prefect_file}")
+    return EXIT_OK
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    apply_offline_env(trainflow_home(project_root()))
+    import asyncio
+
+    from flows.worker_guard import serve
+
+    try:
+        asyncio.run(serve(args.pool, _guard(args), args.limit))
+    except TrainflowError as exc:
+        return _fail(f"worker: {exc}", EXIT_ERROR)
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
 
 
 def _k8s_parser(sub) -> None:
@@ -534,7 +606,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     code = {"run": cmd_run, "train": cmd_train, "scale": cmd_scale, "k8s-job": cmd_k8s_job, "retrain": cmd_retrain,
-            "reproduce": cmd_reproduce, "init": cmd_init, "ui": cmd_ui}[args.command](args)
+            "reproduce": cmd_reproduce, "init": cmd_init, "ui": cmd_ui,
+            "pool": cmd_pool, "worker": cmd_worker}[args.command](args)
     # Everything alive now lives until exit: moving it out of the collector's reach saves the
     # 3-4 s that interpreter shutdown spent traversing Prefect's, MLflow's and torch's objects.
     gc.freeze()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -73,7 +74,9 @@ def deployed(prefect_server, tmp_path_factory):
                     PREFECT_WORKER_QUERY_SECONDS=1, PREFECT_WORKER_PREFETCH_SECONDS=5)
     spec = yaml.safe_load((repo / "prefect.yaml").read_text())
     pool = next(d for d in spec["deployments"] if d["name"] == "train")["work_pool"]["name"]
-    prefect_cli(["work-pool", "create", pool, "--type", "process", "--overwrite"], env, repo)
+    locked = subprocess.run([str(VENV_BIN / "trainflow"), "pool", "create", pool, "--allow-env", MARK], cwd=repo, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert locked.returncode == 0, locked.stdout + locked.stderr
     prefect_cli(["deploy", "--name", "train"], env, repo)
     deployment = httpx.get(f"{api}/deployments/name/trainflow-pipeline/train", timeout=10).json()
     return api, repo, deployment, pool, env
@@ -93,16 +96,16 @@ def post(url: str, timeout: float = 10, **kw) -> httpx.Response:
 
 @pytest.fixture(scope="module")
 def worker(deployed, tmp_path_factory):
-    """One process worker on the pool (``--limit 1``), shared by the tests that run the deployment: a worker
-    start costs seconds, and each flow run is its own process anyway. Each run gets its TRAINFLOW_HOME (and,
-    where it needs one, a marker) through its job variables (``run_on_worker``), which the process worker
-    puts into that run's environment only. Stopped before the server (a worker outliving its server
-    lingers ~30 s)."""
-    _, _, _, pool, env = deployed
+    """One guarded process worker (``trainflow worker``, ``--limit 1``) serving the deployed checkout,
+    shared by the tests that run the deployment: a worker start costs seconds, and each flow run is its
+    own process anyway. Each run gets its TRAINFLOW_HOME (and, where it needs one, a marker, which this
+    worker allows) through its job variables (``run_on_worker``), which the process worker puts into
+    that run's environment only. Stopped before the server (a worker outliving its server lingers ~30 s)."""
+    _, repo, _, pool, env = deployed
     tmp_path = tmp_path_factory.mktemp("worker")
     worker_env = {k: v for k, v in env.items() if k != "TRAINFLOW_REPO_DIR"}
-    proc = Proc([str(VENV_BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process", "--limit", "1"],
-                {**worker_env, "TRAINFLOW_HOME": str(tmp_path / "home")}, tmp_path, tmp_path / "worker.log")
+    proc = Proc([str(VENV_BIN / "trainflow"), "worker", "--pool", pool, "--limit", "1", "--allow-env", MARK],
+                {**worker_env, "TRAINFLOW_HOME": str(tmp_path / "home")}, repo, tmp_path / "worker.log")
     try:
         yield proc
     finally:
@@ -169,8 +172,8 @@ def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(deplo
 def test_a_run_pointing_the_dataset_outside_the_repository_is_refused_and_leaks_nothing(deployed, worker, tmp_path):
     """The reproduced leak: overrides pointing dataset.path and its files at a CSV outside the repository put
     its header into artifacts, logs and .trainflow/. Now the server refuses such a run, and a flow run created
-    with the schema check switched off (any API caller may ask for that) fails in the worker before any file
-    is read."""
+    with the schema check switched off (any API caller may ask for that) is refused by the worker guard,
+    which checks the parameters against the flow's own signature, before any process of it starts."""
     api, repo, deployment, pool, env = deployed
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -194,6 +197,7 @@ def test_a_run_pointing_the_dataset_outside_the_repository_is_refused_and_leaks_
         logs = post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}},
                           timeout=10).json()
     assert run["state"]["type"] == "FAILED", f"{run['state']}\n{worker.tail(80)}"
+    assert run["state"]["message"].startswith("Refused by the trainflow worker guard: parameters: ")
     assert any("overrides: not a run parameter" in e["message"] for e in logs), [e["message"] for e in logs]
     artifacts = post(f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run_id]}}},
                            timeout=10).json()
@@ -317,3 +321,103 @@ def test_deploy_all_needs_only_the_process_pool(deployed, deployed_all):
     for dep in found:
         assert dep["work_pool_name"] == pool
         assert dep["pull_steps"][0]["prefect.deployments.steps.set_working_directory"]["directory"] == str(repo)
+
+
+def _evil_code(tmp_path) -> tuple:
+    """A folder with a ``sitecustomize.py`` that leaves a marker when any Python process imports it,
+    and the markers each request would leave: ``(folder, env marker, command marker, pull marker)``."""
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    markers = tuple(tmp_path / f"ran-{what}" for what in ("env", "command", "pull"))
+    (evil / "sitecustomize.py").write_text(f"open({str(markers[0])!r}, 'w').write('ran')\n")
+    return (evil, *markers)
+
+
+def _evil_deployment(api: str, deployment: dict, pool: str, marker) -> dict:
+    """What any caller of the open-source server's API may do: a new deployment of the same flow on the
+    same pool, whose pull step (run inside the flow-run process) is a shell command."""
+    created = post(f"{api}/deployments/", json={
+        "name": "evil", "flow_id": deployment["flow_id"], "entrypoint": deployment["entrypoint"],
+        "work_pool_name": pool,
+        "pull_steps": [{"prefect.deployments.steps.run_shell_script": {"script": f"touch {marker}"}}]})
+    assert created.status_code in (200, 201), created.text
+    return created.json()
+
+
+def test_the_guarded_worker_runs_nothing_a_caller_brings(deployed, worker, tmp_path):
+    """The three requests that ran a caller's program on a plain process worker: a run's own PYTHONPATH,
+    a run's own command, and a deployment created through the API with a shell pull step. Each ends
+    Failed with a one-line reason naming the field (the UI shows the state message), and leaves its
+    marker absent."""
+    api, repo, deployment, pool, env = deployed
+    evil, env_marker, command_marker, pull_marker = _evil_code(tmp_path)
+    url = f"{api}/deployments/{deployment['id']}/create_flow_run"
+    requests = {
+        "env": (post(url, json={"parameters": {"params": PARAMS}, "job_variables": {"env": {"PYTHONPATH": str(evil)}}}),
+                "job variable env.PYTHONPATH is not allowed in a flow run"),
+        "command": (post(url, json={"parameters": {"params": PARAMS},
+                                    "job_variables": {"command": f"touch {command_marker}"}}),
+                    "job variable 'command' is not allowed in a flow run"),
+        "pull": (post(f"{api}/deployments/{_evil_deployment(api, deployment, pool, pull_marker)['id']}/create_flow_run",
+                      json={}),
+                 "deployment 'evil' is not in prefect.yaml"),
+    }
+    for what, (created, reason) in requests.items():
+        assert created.status_code == 201, created.text
+        run = wait_flow_run(api, created.json()["id"], timeout=120, worker=worker)
+        assert run["state"]["type"] == "FAILED", f"{what}: {run['state']}\n{worker.tail(40)}"
+        assert run["state"]["message"].startswith(f"Refused by the trainflow worker guard: {reason}"), what
+    assert not any(m.exists() for m in (env_marker, command_marker, pull_marker))
+    assert "Worker guard refused the run: deployment 'evil' is not in prefect.yaml" in worker.log.read_text()
+
+
+def _scheduled_run(api: str, deployment_id: str, **body) -> dict:
+    """A flow run that no worker takes (scheduled in 2099), for calling the guard by hand."""
+    created = post(f"{api}/deployments/{deployment_id}/create_flow_run", json={
+        **body, "state": {"type": "SCHEDULED", "state_details": {"scheduled_time": "2099-01-01T00:00:00Z"}}})
+    assert created.status_code == 201, created.text
+    return created.json()
+
+
+def test_the_locked_pool_s_command_refuses_on_its_own_where_a_plain_worker_serves_it(deployed, tmp_path):
+    """Where a plain ``prefect worker`` (or a container) serves the locked pool, the run's process is
+    the pool's fixed command: the guard runs first (``python -I``, so a run's PYTHONPATH imports nothing),
+    refuses, and nothing of the run executes."""
+    api, repo, deployment, pool, env = deployed
+    template = httpx.get(f"{api}/work_pools/{pool}", timeout=10).json()["base_job_template"]
+    command = shlex.split(template["job_configuration"]["command"])
+    assert command[1:4] == ["-I", "-m", "flows.worker_guard"]
+    evil, env_marker, _, pull_marker = _evil_code(tmp_path)
+    for run, extra_env, reason in (
+            (_scheduled_run(api, deployment["id"], parameters={"params": PARAMS},
+                            job_variables={"env": {"PYTHONPATH": str(evil)}}), {"PYTHONPATH": str(evil)},
+             "job variable env.PYTHONPATH is not allowed in a flow run"),
+            (_scheduled_run(api, _evil_deployment(api, deployment, pool, pull_marker)["id"]), {},
+             "deployment 'evil' is not in prefect.yaml")):
+        # what the process worker starts: the pool's command, in the pool's directory, with the run's env merged
+        proc = subprocess.run(command, cwd=template["job_configuration"]["working_dir"], capture_output=True,
+                              text=True, timeout=120,
+                              env={**env, **extra_env, "PREFECT__FLOW_RUN_ID": run["id"]})
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert reason in proc.stderr and "Traceback" not in proc.stderr
+        state = httpx.get(f"{api}/flow_runs/{run['id']}", timeout=10).json()["state"]
+        assert state["type"] == "FAILED"
+        assert state["message"].startswith(f"Refused by the trainflow worker guard: {reason}")
+    assert not env_marker.exists() and not pull_marker.exists()
+
+
+def test_every_committed_deployment_passes_the_guard_as_deployed(deployed, deployed_all):
+    """``ci`` and ``retrain-nightly`` as ``prefect deploy --all`` stored them, with runs as the server
+    makes them (the deployment's parameters), pass the same check the worker makes; ``train`` runs
+    through it to completion above."""
+    from flows.worker_guard import Guard
+
+    api, repo, _, pool, env = deployed
+    guard = Guard(repo)
+    names = sorted(guard.committed)
+    found = post(f"{api}/deployments/filter", json={"deployments": {"name": {"any_": names}}}).json()
+    assert sorted(d["name"] for d in found) == names
+    for dep in found:
+        run = _scheduled_run(api, dep["id"], job_variables={"env": {"TRAINFLOW_HOME": str(repo / ".trainflow")}})
+        assert guard.check(run, dep) is None, dep["name"]
+        assert httpx.delete(f"{api}/flow_runs/{run['id']}", timeout=10).status_code == 204

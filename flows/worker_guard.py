@@ -1,0 +1,337 @@
+"""The guarded worker: a flow run executes only as a deployment of the checkout's prefect.yaml.
+
+In Prefect's open-source server any API caller may create deployments and flow runs, and a flow run
+may bring its own job variables (``env``, ``command``, ``working_dir``), which Prefect merges into
+the work pool's template; the pull steps run inside the flow-run process. So the line is held on
+the worker host: before anything of a run executes, :func:`refusal` compares the run and its
+deployment with the committed file, and a run that differs goes to Failed with a one-line reason.
+
+Two places call it:
+
+- ``trainflow worker`` (:class:`GuardedProcessWorker`) checks in the worker itself, before it
+  starts a process: a run's environment reaches the new process before any Python code of it
+  runs (``LD_PRELOAD``, ``PYTHONPATH``), so only the worker can refuse it in time.
+- the locked pool's command (``python -I -m flows.worker_guard --repo ...``, written by
+  ``trainflow pool create``) checks again in the flow-run process and then hands over to
+  Prefect's engine unchanged; ``-I`` keeps ``PYTHON*`` variables out of that process. This layer
+  also holds where a plain ``prefect worker`` or a container worker serves the pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# A flow run's own job variables may set only these environment variables (the state folder).
+ALLOWED_RUN_ENV = ("TRAINFLOW_HOME",)
+GUARD_MODULE = "flows.worker_guard"
+_PLACEHOLDER = re.compile(r"\{\{\s*\$(\w+)\s*\}\}")
+
+
+class Refused(Exception):
+    """A run that does not match the committed deployments; the message is the one-line reason."""
+
+
+def committed_deployments(prefect_file: Path, values: dict[str, str]) -> dict[str, dict]:
+    """``name -> {entrypoint, pull_steps, work_pool_name, job_variables}`` of ``prefect_file``, with
+    its ``{{ $NAME }}`` placeholders filled from ``values`` (what ``prefect deploy`` filled in)."""
+    spec = yaml.safe_load(prefect_file.read_text()) or {}
+    out = {}
+    for dep in spec.get("deployments") or []:
+        pool = dep.get("work_pool") or {}
+        out[dep["name"]] = _fill({
+            "entrypoint": dep.get("entrypoint"),
+            "pull_steps": dep.get("pull", spec.get("pull")) or [],
+            "work_pool_name": pool.get("name"),
+            "job_variables": pool.get("job_variables") or {},
+        }, values)
+    return out
+
+
+def _fill(value: Any, values: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), value)
+    if isinstance(value, list):
+        return [_fill(v, values) for v in value]
+    if isinstance(value, dict):
+        return {k: _fill(v, values) for k, v in value.items()}
+    return value
+
+
+def refusal(flow_run: dict, deployment: dict | None, committed: dict[str, dict], source: str,
+            allow_env: tuple[str, ...] = ALLOWED_RUN_ENV) -> str | None:
+    """Why this run may not execute here, in one line naming the field; ``None`` when it matches.
+    ``flow_run`` and ``deployment`` are the API's JSON; the parameters are checked separately
+    (:func:`parameter_refusal`), once the entrypoint is known to be a committed one."""
+    if deployment is None:
+        return f"flow run has no deployment; only the deployments in {source} run on this worker"
+    name = deployment.get("name")
+    want = committed.get(name)
+    if want is None:
+        return f"deployment {name!r} is not in {source}"
+    for key, what in (("entrypoint", "entrypoint"), ("work_pool_name", "work pool")):
+        if deployment.get(key) != want[key]:
+            return f"deployment {name!r}: {what} {deployment.get(key)!r} differs from {source} ({want[key]!r})"
+    got_steps = deployment.get("pull_steps") or []
+    if got_steps != want["pull_steps"]:
+        index = next((i for i, (a, b) in enumerate(zip(got_steps, want["pull_steps"])) if a != b),
+                     min(len(got_steps), len(want["pull_steps"])))
+        return f"deployment {name!r}: pull step {index + 1} differs from {source}"
+    got_vars = deployment.get("job_variables") or {}
+    if got_vars != want["job_variables"]:
+        key = sorted(set(got_vars) ^ set(want["job_variables"]) | {k for k in got_vars
+                                                                     if got_vars[k] != want["job_variables"].get(k)})
+        return f"deployment {name!r}: job variable {key[0]!r} differs from {source}"
+    for key, value in (flow_run.get("job_variables") or {}).items():
+        if key != "env" or not isinstance(value, dict):
+            return f"job variable {key!r} is not allowed in a flow run (allowed: env.{', env.'.join(allow_env)})"
+        for var in value:
+            if var not in allow_env:
+                return f"job variable env.{var} is not allowed in a flow run (allowed: env.{', env.'.join(allow_env)})"
+    return None
+
+
+_FLOWS: dict[str, Any] = {}
+
+
+def parameter_refusal(flow_run: dict, entrypoint: str, repo: Path) -> str | None:
+    """Why the run's parameters are not valid for the committed flow's typed signature (the
+    server's schema check can be switched off by the caller, and the schema rewritten)."""
+    from prefect.exceptions import ParameterTypeError
+    from prefect.flows import load_flow_from_entrypoint
+
+    if entrypoint not in _FLOWS:
+        if str(repo) not in sys.path:
+            sys.path.insert(0, str(repo))
+        _FLOWS[entrypoint] = load_flow_from_entrypoint(str(repo / entrypoint))
+    try:
+        _FLOWS[entrypoint].validate_parameters(flow_run.get("parameters") or {})
+    except ParameterTypeError as exc:
+        return "parameters: " + " ".join(str(exc).split())[:400]
+    return None
+
+
+class Guard:
+    """The committed deployments of one checkout, and the check of a run against them."""
+
+    def __init__(self, repo: Path, prefect_file: str = "prefect.yaml", values: dict[str, str] | None = None,
+                 allow_env: tuple[str, ...] = ALLOWED_RUN_ENV):
+        self.repo = repo.resolve()
+        self.source = prefect_file
+        self.values = {"TRAINFLOW_REPO_DIR": str(self.repo), **(values or {})}
+        self.allow_env = tuple(allow_env)
+        self.committed = committed_deployments(self.repo / prefect_file, self.values)
+
+    def check(self, flow_run: dict, deployment: dict | None) -> str | None:
+        reason = refusal(flow_run, deployment, self.committed, self.source, self.allow_env)
+        if reason is None:
+            reason = parameter_refusal(flow_run, deployment["entrypoint"], self.repo)
+        return reason
+
+    def command(self, python: str = sys.executable, repo: str | None = None) -> str:
+        """The locked pool's command: this check in the flow-run process (its checkout at ``repo``,
+        this one by default), then Prefect's engine."""
+        args = [python, "-I", "-m", GUARD_MODULE, "--repo", repo or str(self.repo), "--prefect-file", self.source]
+        for name, value in sorted(self.values.items()):
+            if name != "TRAINFLOW_REPO_DIR":
+                args += ["--set", f"{name}={value}"]
+        for name in self.allow_env:
+            args += ["--allow-env", name]
+        return shlex.join(args)
+
+
+def locked_template(guard: Guard, base: dict | None = None, python: str = sys.executable, repo: str | None = None,
+                    image: str | None = None) -> dict:
+    """``base`` (a worker's base job template; Prefect's process one by default) with its
+    ``{{ command }}``, ``{{ working_dir }}`` and ``{{ image }}`` slots written as fixed text: the
+    guard's command (``python`` and ``repo`` as the flow-run process sees them), the checkout, the
+    image. A run's job variables of those names then fill nothing, and the form no longer shows them.
+    ``env`` stays a variable (Prefect merges a run's ``env`` in any case): the guard checks it."""
+    if base is None:
+        from prefect.workers.process import ProcessWorker
+
+        base = ProcessWorker.get_default_base_job_template()
+    template = copy.deepcopy(base)
+    fixed = {"command": guard.command(python, repo), "working_dir": repo or str(guard.repo), "image": image}
+
+    def lock(value):
+        if isinstance(value, str):
+            slot = re.fullmatch(r"\{\{\s*(\w+)\s*\}\}", value)
+            if slot and slot.group(1) in fixed:
+                if fixed[slot.group(1)] is None:
+                    raise ValueError(f"the job template takes '{slot.group(1)}' from each run; give it a fixed value")
+                return fixed[slot.group(1)]
+            return value
+        if isinstance(value, list):
+            return [lock(v) for v in value]
+        if isinstance(value, dict):
+            return {k: lock(v) for k, v in value.items()}
+        return value
+
+    template["job_configuration"] = lock(template["job_configuration"])
+    props = template["variables"].setdefault("properties", {})
+    for key in fixed:
+        props.pop(key, None)
+    if "required" in template["variables"]:
+        template["variables"]["required"] = [k for k in template["variables"]["required"] if k not in fixed]
+    if "env" in props:
+        props["env"]["description"] = (f"Only {', '.join(guard.allow_env)} may be set; the trainflow worker guard "
+                                       "refuses a run that sets any other variable.")
+    return template
+
+
+def is_locked(template: dict) -> bool:
+    """Whether a pool's base job template runs the guard as its fixed command."""
+    config = (template or {}).get("job_configuration") or {}
+    command = config.get("command")
+    return isinstance(command, str) and "{{" not in command and f"-m {GUARD_MODULE}" in command
+
+
+def _refuse(client, flow_run_id, reason: str) -> None:
+    """Put the run into Failed with ``reason`` (what the UI shows), unless it already ended."""
+    from prefect.exceptions import Abort
+    from prefect.states import Failed
+    from prefect.utilities.engine import propose_state_sync
+
+    try:
+        propose_state_sync(client, Failed(message=f"Refused by the trainflow worker guard: {reason}"),
+                      flow_run_id=flow_run_id)
+    except Abort:
+        pass
+
+
+def _guarded_worker_class():
+    import warnings
+
+    from prefect.workers.process import ProcessWorker, ProcessWorkerResult
+
+    warnings.filterwarnings("ignore", message="Type 'GuardedProcessWorker'", category=UserWarning)
+
+    class GuardedProcessWorker(ProcessWorker):
+        """Prefect's process worker that runs nothing of a flow run the :class:`Guard` refuses."""
+
+        guard: Guard
+
+        async def run(self, flow_run, configuration, task_status=None):
+            from prefect.exceptions import Abort
+            from prefect.states import Failed
+            from prefect.utilities.engine import propose_state
+
+            started = time.perf_counter()
+            deployment = None
+            if flow_run.deployment_id:
+                deployment = (await self.client.read_deployment(flow_run.deployment_id)).model_dump(mode="json")
+            reason = self.guard.check(flow_run.model_dump(mode="json"), deployment)
+            logger = self.get_flow_run_logger(flow_run)
+            if reason is None:
+                logger.info(f"Worker guard: the run matches {self.guard.source} "
+                            f"({(time.perf_counter() - started) * 1000:.0f} ms)")
+                return await super().run(flow_run, configuration, task_status)
+            logger.error(f"Worker guard refused the run: {reason}")
+            try:
+                await propose_state(self.client, Failed(message=f"Refused by the trainflow worker guard: {reason}"),
+                                    flow_run_id=flow_run.id)
+            except Abort:
+                pass
+            if task_status is not None:
+                task_status.started(-1)
+            return ProcessWorkerResult(status_code=0, identifier="refused")
+
+    return GuardedProcessWorker
+
+
+# Where the image built from docker/Dockerfile holds its interpreter and its checkout.
+IMAGE_PYTHON, IMAGE_REPO = "/opt/venv/bin/python", "/app"
+
+
+def placeholders(prefect_file: Path) -> list[str]:
+    """The ``{{ $NAME }}`` variables a deployments file names, in order of first use."""
+    return list(dict.fromkeys(_PLACEHOLDER.findall(prefect_file.read_text())))
+
+
+def pool_template(guard: Guard, kind: str = "process", base: dict | None = None) -> dict:
+    """The locked base job template for a ``kind`` pool: a process pool runs the guard in this
+    checkout; a docker or kubernetes pool runs it in the image named by ``TRAINFLOW_IMAGE`` (fixed in
+    the template, like the guard's placeholder values, when the pool is created)."""
+    if kind == "process":
+        return locked_template(guard, base)
+    if base is None:
+        if kind == "docker":
+            from prefect_docker.worker import DockerWorker as worker
+        else:
+            from prefect_kubernetes.worker import KubernetesWorker as worker
+        base = worker.get_default_base_job_template()
+    return locked_template(guard, base, python=IMAGE_PYTHON, repo=IMAGE_REPO, image=guard.values.get("TRAINFLOW_IMAGE"))
+
+
+async def create_pool(name: str, template: dict, kind: str = "process") -> None:
+    """Create the pool ``name`` with ``template``, or lock the existing one."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+    from prefect.exceptions import ObjectAlreadyExists
+
+    async with get_client() as client:
+        try:
+            await client.create_work_pool(WorkPoolCreate(name=name, type=kind, base_job_template=template))
+        except ObjectAlreadyExists:
+            await client.update_work_pool(name, WorkPoolUpdate(base_job_template=template))
+
+
+async def serve(pool: str, guard: Guard, limit: int | None = None) -> None:
+    """Run a guarded process worker on ``pool`` until stopped, warning when the pool is not locked."""
+    import logging
+
+    worker_class = _guarded_worker_class()
+    worker_class.guard = guard
+    async with worker_class(work_pool_name=pool, limit=limit, create_pool_if_not_found=False) as worker:
+        await worker.sync_with_backend()
+        if worker.work_pool is not None and not is_locked(worker.work_pool.base_job_template):
+            logging.getLogger("trainflow").warning(
+                "work pool %r is not locked: any caller of the Prefect API can run code through a plain worker "
+                "on it; lock it with `trainflow pool create %s`", pool, pool)
+        await worker.start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The locked pool's command: check the flow run named by ``PREFECT__FLOW_RUN_ID``, then run
+    Prefect's engine in this process; a refused run goes to Failed and nothing of it runs."""
+    parser = argparse.ArgumentParser(prog=f"python -I -m {GUARD_MODULE}")
+    parser.add_argument("--repo", type=Path, required=True)
+    parser.add_argument("--prefect-file", default="prefect.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--allow-env", action="append", default=[])
+    args = parser.parse_args(argv)
+    guard = Guard(args.repo, args.prefect_file, dict(v.split("=", 1) for v in args.set),
+                  tuple(args.allow_env) or ALLOWED_RUN_ENV)
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+
+    flow_run_id = UUID(os.environ["PREFECT__FLOW_RUN_ID"])
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(flow_run_id)
+        deployment = client.read_deployment(flow_run.deployment_id) if flow_run.deployment_id else None
+        reason = guard.check(flow_run.model_dump(mode="json"),
+                             deployment.model_dump(mode="json") if deployment else None)
+        if reason is not None:
+            print(f"trainflow worker guard refused flow run {flow_run_id}: {reason}", file=sys.stderr)
+            _refuse(client, flow_run_id, reason)
+            return 1
+    import runpy
+
+    sys.argv = ["prefect.engine"]
+    runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
