@@ -12,9 +12,11 @@ Two places call it:
   starts a process: a run's environment reaches the new process before any Python code of it
   runs (``LD_PRELOAD``, ``PYTHONPATH``), so only the worker can refuse it in time.
 - the locked pool's command (``python -I -m flows.worker_guard --repo ...``, written by
-  ``trainflow pool create``) checks again in the flow-run process and then hands over to
-  Prefect's engine unchanged; ``-I`` keeps ``PYTHON*`` variables out of that process. This layer
-  also holds where a plain ``prefect worker`` or a container worker serves the pool.
+  ``trainflow pool create``) checks again in the flow-run process, runs the committed pull steps
+  (from the file, not the API's copy, which a caller could change after the check) and hands over
+  to Prefect's engine with the committed entrypoint; ``-I`` keeps ``PYTHON*`` variables out of that
+  process. This layer also holds where a plain ``prefect worker`` or a container worker serves
+  the pool.
 """
 
 from __future__ import annotations
@@ -196,17 +198,31 @@ def is_locked(template: dict) -> bool:
     return isinstance(command, str) and "{{" not in command and f"-m {GUARD_MODULE}" in command
 
 
-def _refuse(client, flow_run_id, reason: str) -> None:
+def _refuse(client, flow_run_id, reason: str, prefix: str = "Refused by the trainflow worker guard: ") -> None:
     """Put the run into Failed with ``reason`` (what the UI shows), unless it already ended."""
     from prefect.exceptions import Abort
     from prefect.states import Failed
     from prefect.utilities.engine import propose_state_sync
 
     try:
-        propose_state_sync(client, Failed(message=f"Refused by the trainflow worker guard: {reason}"),
-                      flow_run_id=flow_run_id)
+        propose_state_sync(client, Failed(message=prefix + reason), flow_run_id=flow_run_id)
     except Abort:
         pass
+
+
+def _pull(steps: list, deployment, flow_run) -> None:
+    """Run ``steps`` as Prefect's engine runs a deployment's pull steps, into the directory they name."""
+    import asyncio
+
+    from prefect.deployments.steps.core import run_steps
+    from prefect.logging.loggers import flow_run_logger
+
+    logger = flow_run_logger(flow_run)
+    logger.info(f"Running {len(steps)} pull step(s) of the committed deployment")
+    output = asyncio.run(run_steps(steps, print_function=logger.info, deployment=deployment, flow_run=flow_run,
+                                   logger=logger))
+    if output.get("directory"):
+        os.chdir(output["directory"])
 
 
 def _guarded_worker_class():
@@ -326,6 +342,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trainflow worker guard refused flow run {flow_run_id}: {reason}", file=sys.stderr)
             _refuse(client, flow_run_id, reason)
             return 1
+        # The pull steps and the entrypoint the engine uses are the committed ones, from the file, not
+        # the API's copy read again later: a deployment changed after this check changes nothing.
+        want = guard.committed[deployment.name]
+        try:
+            _pull(want["pull_steps"], deployment, flow_run)
+        except Exception as exc:  # the step's own error, as the engine would have reported it
+            reason = f"pull step failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            print(f"trainflow worker guard: flow run {flow_run_id}: {reason}", file=sys.stderr)
+            _refuse(client, flow_run_id, reason, prefix="")
+            return 1
+    os.environ["PREFECT__FLOW_ENTRYPOINT"] = want["entrypoint"]
     import runpy
 
     sys.argv = ["prefect.engine"]

@@ -421,3 +421,24 @@ def test_every_committed_deployment_passes_the_guard_as_deployed(deployed, deplo
         run = _scheduled_run(api, dep["id"], job_variables={"env": {"TRAINFLOW_HOME": str(repo / ".trainflow")}})
         assert guard.check(run, dep) is None, dep["name"]
         assert httpx.delete(f"{api}/flow_runs/{run['id']}", timeout=10).status_code == 204
+
+
+def test_a_guarded_worker_on_an_unlocked_pool_warns(deployed, tmp_path):
+    """A pool made with ``prefect work-pool create`` runs whatever a run brings on a plain worker: the
+    guarded worker says so when it starts (it still checks every run itself)."""
+    from prefect.workers.process import ProcessWorker
+
+    api, repo, _, _, env = deployed
+    made = post(f"{api}/work_pools/", json={"name": "unlocked", "type": "process",
+                                            "base_job_template": ProcessWorker.get_default_base_job_template()})
+    assert made.status_code == 201, made.text
+    proc = Proc([str(VENV_BIN / "trainflow"), "worker", "--pool", "unlocked"], env, repo, tmp_path / "worker.log")
+    try:
+        deadline = time.monotonic() + 90
+        while "is not locked" not in proc.log.read_text() and time.monotonic() < deadline:
+            assert proc.popen.poll() is None, proc.tail()
+            time.sleep(0.5)
+        assert "work pool 'unlocked' is not locked: any caller of the Prefect API can run code" in proc.log.read_text()
+    finally:
+        proc.stop(grace=5)
+    assert httpx.delete(f"{api}/work_pools/unlocked", timeout=10).status_code == 204
