@@ -123,8 +123,8 @@ def resolve(inputs: RunInputs) -> RunContext:
     # A preempted training of these inputs is resumed by `train`: its run goes on in this one.
     run_id = _continued_run(cfg, home, manifest, exp_id, tags)
     run_id = run_id or store.start_run(exp_id, f"{cfg.name}-{manifest.data.md5[:8]}", tags)
-    store.log_json(run_id, manifest.to_dict(), "manifest.json")
-    store.log_json(run_id, cfg.model_dump(mode="json"), "config.json")
+    store.log_recorded(run_id, manifest.to_dict(), "manifest.json")
+    store.log_recorded(run_id, cfg.model_dump(mode="json"), "config.json")
     store.log_params(run_id, cfg.model_dump(mode="json"))
     store.log_datasets(run_id, task_.data_splits(cfg), manifest.data.md5, manifest.data.rev)
     out = under_home(home, "runs", run_id)

@@ -34,7 +34,7 @@ from pathlib import Path
 import yaml
 
 from core.config import EXTENDS_KEY, config_id_of
-from core.errors import DataUnavailableError, TrainflowError
+from core.errors import DataUnavailableError, IntegrityError, TrainflowError
 from core.manifest import image_from_env, packages_hash
 from core.paths import tracking_uri, trainflow_home, under_home
 from core.versions import SourceUnavailableError, cache_dir, checkout_commit, restore_data
@@ -102,8 +102,11 @@ def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], Non
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     source_run, mv = _resolve(ref)
-    manifest = _load_artifact(source_run, "manifest.json")
-    config = _load_artifact(source_run, "config.json")
+    try:  # checked against the sha256 the run recorded, before anything in them is acted on
+        manifest = store.load_recorded(source_run, "manifest.json")
+        config = store.load_recorded(source_run, "config.json")
+    except IntegrityError as exc:
+        raise ReproduceRefusedError(str(exc)) from exc
     if manifest is None or config is None:
         raise ReproduceRefusedError(f"run {source_run} has no manifest.json / config.json artifact: "
                                     "it was not recorded by the trainflow pipeline")

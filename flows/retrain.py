@@ -38,10 +38,10 @@ def _champion_dataset(run_id: str | None, fallback):
 
     if not run_id:
         return fallback
-    try:
-        import mlflow
+    from registry import store
 
-        dumped = mlflow.artifacts.load_dict(f"runs:/{run_id}/config.json")
+    dumped = store.load_recorded(run_id, "config.json")  # IntegrityError: changed since it was logged
+    try:
         return DatasetConfig.model_validate(dumped["dataset"])
     except Exception:  # noqa: BLE001 - an old or odd run: the current layout is the best guess
         return fallback

@@ -250,6 +250,55 @@ def log_json(run_id: str, obj: Any, artifact_file: str) -> None:
     client().log_dict(run_id, obj, artifact_file)
 
 
+# A run's recorded inputs (manifest.json, config.json): the sha256 of each, as a run tag in the
+# tracking database, checked by every reader (``load_recorded``) before it acts on the file.
+RECORDED_TAG = "trainflow.sha256/"
+
+
+def log_recorded(run_id: str, obj: Any, artifact_file: str) -> None:
+    """Log ``obj`` as JSON to ``artifact_file`` and tag the run with the file's sha256, so what an
+    artifact-store writer changes afterwards is refused by ``load_recorded``."""
+    import hashlib
+    import json
+    import tempfile
+
+    data = json.dumps(obj, indent=2, sort_keys=True).encode()
+    c = client()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(artifact_file).name
+        path.write_bytes(data)
+        c.log_artifact(run_id, str(path), str(Path(artifact_file).parent) if "/" in artifact_file else None)
+    c.set_tag(run_id, RECORDED_TAG + artifact_file, hashlib.sha256(data).hexdigest())
+
+
+def load_recorded(run_id: str, artifact_file: str) -> dict | None:
+    """``artifact_file`` of the run as ``log_recorded`` wrote it; None when the run has no such file.
+    Raises IntegrityError when its sha256 differs from the run's tag, or none was recorded."""
+    import hashlib
+    import json
+    import tempfile
+
+    import mlflow
+
+    from core.errors import IntegrityError
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_file, dst_path=tmp)
+        except Exception:  # noqa: BLE001 - no such artifact: the caller says what that means
+            return None
+        data = Path(local).read_bytes()
+    want = client().get_run(run_id).data.tags.get(RECORDED_TAG + artifact_file)
+    got = hashlib.sha256(data).hexdigest()
+    if want is None:
+        raise IntegrityError(f"run {run_id}: no sha256 of {artifact_file} was recorded (not logged by this version "
+                             f"of trainflow), so the artifact store's copy cannot be checked; refusing to use it")
+    if got != want:
+        raise IntegrityError(f"run {run_id}: {artifact_file} in the artifact store has sha256 {got}, but {want} was "
+                             f"recorded; refusing to use it (it was changed after it was logged)")
+    return json.loads(data)
+
+
 def log_file(run_id: str, path: Path, artifact_path: str | None = None) -> None:
     """Copy a file (or a whole folder's contents) into the run's artifacts."""
     path = Path(path)

@@ -3,6 +3,8 @@
     python scripts/team.py up   [--dir .trainflow/team] [--pg-port 55432] [--mlflow-port 5000] [--prefect-port 4200]
     python scripts/team.py env  [--dir ...]     # the lines to eval (URLs, and `. DIR/env.sh` for the credentials)
     python scripts/team.py down [--dir ...]     # stop all three (data stays in DIR)
+    python scripts/team.py user NAME --model M [--model ...] [--experiment E ...] [--dir ...]
+                                                # an MLflow user who may edit only those models/experiments
 
 ``up`` draws the team's secrets once into ``DIR/secrets.json`` (mode 0600): the PostgreSQL
 password, MLflow's admin password and Flask key, and Prefect's auth string. It initialises a
@@ -476,9 +478,70 @@ def down(team_dir: Path) -> bool:
     return True
 
 
+def add_user(team_dir: Path, name: str, models: list[str], experiments: list[str]) -> Path:
+    """An MLflow user ``name`` (a fresh password) with EDIT on each of ``models`` and ``experiments``
+    (created when missing) and nothing else beyond the server's ``default_permission`` (READ): they
+    can register versions of and move aliases on those models only. Writes and returns
+    ``DIR/users/NAME.env`` (0600). Prefect's open-source server has one credential, the team's auth
+    string, which the file carries: what bounds the code a Prefect caller runs is the guarded
+    worker, not this user."""
+    if not re.fullmatch(r"[a-z][a-z0-9_-]{1,31}", name) or name == MLFLOW_USER:
+        raise TeamError(f"user name {name!r}: use [a-z][a-z0-9_-]{{1,31}}, not {MLFLOW_USER!r}")
+    if not models and not experiments:
+        raise TeamError("name at least one --model or --experiment the user may edit")
+    state_file = team_dir / "team.json"
+    if not state_file.is_file():
+        raise TeamError(f"team mode is not up ({state_file} missing); run `make team-up`")
+    state, team_secrets = json.loads(state_file.read_text()), load_secrets(team_dir)
+    admin = {"MLFLOW_TRACKING_USERNAME": team_secrets["mlflow_username"],
+             "MLFLOW_TRACKING_PASSWORD": team_secrets["mlflow_password"]}
+    saved = {k: os.environ.get(k) for k in admin}
+    os.environ.update(admin)  # the MLflow clients read the admin's credentials from here only
+    try:
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+        from mlflow.server import get_app_client
+
+        url = state["mlflow_url"]
+        auth, client = get_app_client("basic-auth", tracking_uri=url), MlflowClient(url, url)
+        password = secrets.token_urlsafe(32)
+        try:
+            auth.create_user(name, password)
+        except MlflowException as exc:
+            if "RESOURCE_ALREADY_EXISTS" not in str(exc.error_code):
+                raise
+            auth.update_user_password(name, password)
+        for model in models:
+            try:
+                client.create_registered_model(model)
+            except MlflowException as exc:
+                if "RESOURCE_ALREADY_EXISTS" not in str(exc.error_code):
+                    raise
+            auth.grant_user_permission(name, "registered_model", model, "EDIT")
+        for experiment in experiments:
+            found = client.get_experiment_by_name(experiment)
+            experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+            auth.grant_user_permission(name, "experiment", str(experiment_id), "EDIT")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    user_env = {**client_env(state, team_secrets), "MLFLOW_TRACKING_USERNAME": name, "MLFLOW_TRACKING_PASSWORD": password}
+    (team_dir / "users").mkdir(mode=0o700, exist_ok=True)
+    path = team_dir / "users" / f"{name}.env"
+    write_private(path, f"# trainflow team mode: MLflow user {name} (edits {', '.join(models + experiments)}). "
+                        "Keep it private (0600).\n" + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in user_env.items()))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="team.py", description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["up", "down", "env"])
+    ap.add_argument("command", choices=["up", "down", "env", "user"])
+    ap.add_argument("name", nargs="?", help="user: the MLflow user name")
+    ap.add_argument("--model", action="append", default=[], help="user: a registered model they may edit")
+    ap.add_argument("--experiment", action="append", default=[], help="user: an experiment they may log runs to")
     ap.add_argument("--dir", type=Path, default=Path(".trainflow/team"), help="state folder (default .trainflow/team)")
     ap.add_argument("--pg-dir", type=Path, help="PostgreSQL cluster folder (default DIR/postgres)")
     ap.add_argument("--pg-port", type=int, default=55432)
@@ -499,6 +562,12 @@ def main(argv: list[str] | None = None) -> int:
             if not state_file.is_file():
                 raise TeamError(f"team mode is not up ({state_file} missing); run `make team-up`")
             print(exports(json.loads(state_file.read_text())), end="")
+        elif a.command == "user":
+            if not a.name:
+                raise TeamError("user: name the user (`team.py user NAME --model MODEL`)")
+            path = add_user(team_dir, a.name, a.model, a.experiment)
+            print(f"team: MLflow user {a.name} may edit {', '.join(a.model + a.experiment)}; their "
+                  f"credentials: `. {path}`", file=sys.stderr)
         else:
             print("stopped" if down(team_dir) else f"nothing to stop in {team_dir}", file=sys.stderr)
     except TeamError as exc:

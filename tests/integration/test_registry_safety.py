@@ -169,6 +169,81 @@ def test_a_replaced_champion_program_is_refused_before_it_is_loaded(store, proje
     assert not marker.exists()
 
 
+def _registered_champion(store, project, program, name: str, home: Path) -> tuple:
+    """A champion registered from a run that recorded its manifest and config as the pipeline's
+    resolve does: ``(ctx, registration)``."""
+    from flows.pipeline import evaluate, log_version
+    from registry import models
+    from registry.store import log_recorded
+
+    ctx = make_ctx(store, project, name, home)
+    log_recorded(ctx.run_id, ctx.manifest.to_dict(), "manifest.json")
+    log_recorded(ctx.run_id, ctx.cfg.model_dump(mode="json"), "config.json")
+    reg = log_version(ctx, candidate(program), evaluate.fn(ctx, candidate(program)))
+    models.promote(reg["name"], reg["version"])
+    return ctx, reg
+
+
+def _run_artifact(run_id: str, name: str) -> Path:
+    from mlflow import MlflowClient
+
+    return Path(MlflowClient().get_run(run_id).info.artifact_uri.removeprefix("file://")) / name
+
+
+@pytest.mark.parametrize("recorded", ["config.json", "manifest.json"])
+def test_a_changed_recorded_config_or_manifest_is_refused_by_reproduce_and_retrain(store, project, program,
+                                                                                    tmp_path, recorded):
+    """An artifact-store writer rewrites the champion run's config.json (its ``model.factory`` is code a
+    training imports) or manifest.json (the commit a reproduction checks out). ``reproduce`` refuses
+    before it checks anything out or trains, and the retrain flow's read of the champion's dataset
+    refuses too; each names the file and both hashes."""
+    from core.errors import IntegrityError
+    from core.hashing import file_sha256
+    from core.paths import trainflow_home
+    from flows.reproduce import ReproduceRefusedError, reproduce
+    from flows.retrain import _champion_dataset
+    from registry.store import load_recorded
+
+    ctx, reg = _registered_champion(store, project, program, f"recorded-{recorded[:-5]}", tmp_path / "home")
+    stored = _run_artifact(ctx.run_id, recorded)
+    original = json.loads(stored.read_text())
+    assert load_recorded(ctx.run_id, recorded) == original  # untouched: read back as logged
+    changed = dict(original)
+    if recorded == "config.json":
+        changed["model"] = {**changed["model"], "factory": "evil_module:build"}
+    else:
+        changed["git_sha"] = "f" * 40
+    stored.write_text(json.dumps(changed, indent=2, sort_keys=True))
+    tampered = file_sha256(stored)
+
+    with pytest.raises(ReproduceRefusedError) as refused:
+        reproduce(f"{reg['name']}@champion", project)
+    assert recorded in str(refused.value) and tampered in str(refused.value)
+    assert not (trainflow_home(project) / "reproduce").exists()  # nothing checked out, nothing trained
+    if recorded == "config.json":
+        with pytest.raises(IntegrityError, match=f"config.json in the artifact store has sha256 {tampered}"):
+            _champion_dataset(ctx.run_id, ctx.cfg.dataset)
+
+
+def test_evaluation_refuses_a_tampered_champion_it_must_rescore(store, project, program, tmp_path):
+    """Evaluation loads the champion when its recorded scores do not hold for this split: a program
+    replaced in the artifact store since is refused there, before it is unpickled."""
+    from mlflow import MlflowClient
+
+    from core.errors import IntegrityError
+    from evaluation.recorded import KEY_TAG
+    from flows.pipeline import evaluate
+
+    ctx, reg = _registered_champion(store, project, program, "rescored-digits", tmp_path / "home")
+    MlflowClient().delete_model_version_tag(reg["name"], reg["version"], KEY_TAG)  # recorded scores no longer hold
+    stored = Path(MlflowClient().get_logged_model(reg["model_id"]).artifact_location.removeprefix("file://"))
+    marker = tmp_path / "payload-ran"
+    (stored / "artifacts" / "model.pt2").write_bytes(poisoned_program(program, marker))
+    with pytest.raises(IntegrityError, match="artifacts/model.pt2 in the artifact store has sha256"):
+        evaluate.fn(make_ctx(store, project, "rescored-digits", tmp_path / "home2"), candidate(program))
+    assert not marker.exists()
+
+
 def test_a_failure_right_after_version_creation_leaves_one_version_for_the_run(prefect_api, store, project, program,
                                                                             tmp_path, monkeypatch):
     """The registry answers an error after it created the version (a dropped connection): the

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -132,8 +133,9 @@ def test_an_unknown_alias_is_refused(env, tmp_path):
 
 
 def test_a_recorded_config_that_names_another_file_is_refused_before_anything_is_read(env, tmp_path):
-    """config.json comes from the artifact store: an ``extends`` in it (the pipeline records the merged
-    config, which has none) would make this host read a file the store chose. Refused first."""
+    """config.json comes from the artifact store: an ``extends`` written into it would make this host
+    read a file the store chose. The file no longer has the sha256 the run recorded: refused first,
+    naming it, and nothing of the other file is read."""
     import mlflow
 
     from core.paths import tracking_uri
@@ -144,14 +146,16 @@ def test_a_recorded_config_that_names_another_file_is_refused_before_anything_is
     outside.write_text("name: leaked\ndataset: {path: secret}\n")
     mlflow.set_tracking_uri(tracking_uri(home))
     recorded = mlflow.artifacts.load_dict(f"runs:/{run_id}/config.json")
+    client = mlflow.MlflowClient()
+    stored = Path(client.get_run(run_id).info.artifact_uri.removeprefix("file://")) / "config.json"
+    original = stored.read_bytes()
     # Relative, as `extends` must be, and climbing out of whatever folder the config is written to.
     tampered = {**recorded, "extends": "../" * 20 + str(outside).lstrip("/")}
-    client = mlflow.MlflowClient()
     try:
-        client.log_dict(run_id, tampered, "config.json")
+        client.log_dict(run_id, tampered, "config.json")  # what any artifact-store writer can do
         code, s = reproduce(tmp_path, run_id)
         assert code == 6 and s["status"] == "refused"
-        assert "names another config file (extends:" in s["error"] and "leaked" not in json.dumps(s)
+        assert "config.json in the artifact store has sha256" in s["error"] and "leaked" not in json.dumps(s)
     finally:
-        client.log_dict(run_id, recorded, "config.json")
+        stored.write_bytes(original)
     assert mlflow.artifacts.load_dict(f"runs:/{run_id}/config.json") == recorded

@@ -122,6 +122,83 @@ def test_wrong_password_is_refused_by_each_server(team):
     assert httpx.get(f"{env['PREFECT_API_URL']}/health", timeout=30).status_code == 200
 
 
+MLFLOW_APIS = [("GET", "/api/2.0/mlflow/experiments/search?max_results=1"),
+               ("GET", "/api/2.0/mlflow/registered-models/search"),
+               ("GET", "/api/2.0/mlflow/model-versions/search"),
+               ("GET", "/api/2.0/mlflow/registered-models/alias?name=digits-classifier&alias=champion"),
+               ("POST", "/api/2.0/mlflow/registered-models/alias"),
+               ("POST", "/api/2.0/mlflow/runs/create"),
+               ("POST", "/api/3.0/mlflow/logged-models/search"),
+               ("GET", "/api/2.0/mlflow/users/get?username=trainflow"),
+               ("GET", "/api/2.0/mlflow-artifacts/artifacts"),
+               ("GET", "/ajax-api/2.0/mlflow/experiments/search?max_results=1"),
+               ("GET", "/get-artifact?path=MLmodel&run_uuid=0"),
+               ("GET", "/model-versions/get-artifact?path=MLmodel&name=digits-classifier&version=1"),
+               ("POST", "/graphql")]
+PREFECT_APIS = [("POST", f"/{what}/filter") for what in ("flows", "deployments", "flow_runs", "task_runs",
+                                                          "work_pools", "logs", "artifacts", "variables",
+                                                          "block_documents")] + [
+    ("GET", "/admin/settings"), ("GET", "/admin/version"), ("POST", "/deployments/"), ("POST", "/flow_runs/"),
+    ("POST", "/work_pools/")]
+
+
+def test_no_api_of_either_server_answers_without_credentials(team):
+    """Every kind of request a client makes, reads and writes, to both servers, with no credentials and
+    with wrong ones: 401 each (only Prefect's /health stays open for probes)."""
+    env = team["env"]
+    mlflow_url, prefect_api = env["MLFLOW_TRACKING_URI"], env["PREFECT_API_URL"]
+    answered = []
+    for base, apis in ((mlflow_url, MLFLOW_APIS), (prefect_api, PREFECT_APIS)):
+        for headers in ({}, _basic("trainflow", "wrong")):
+            for method, path in apis:
+                code = httpx.request(method, base + path, headers=headers, timeout=30,
+                                     **({"json": {}} if method == "POST" else {})).status_code
+                if code != 401:
+                    answered.append((base + path, method, bool(headers), code))
+    assert answered == []
+
+
+def test_a_user_with_credentials_for_one_model_cannot_move_another_model_s_champion(team):
+    """``team.py user alice --model model-a``: alice moves model-a's @champion, and is refused (403) moving
+    or deleting model-b's, or registering a version of it; model-b's champion stays where it was."""
+    env, team_dir = team["env"], team["dir"]
+    url = env["MLFLOW_TRACKING_URI"]
+    admin = _basic(env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"])
+    made = subprocess.run([sys.executable, str(ROOT / "scripts" / "team.py"), "user", "alice", "--model", "model-a",
+                           "--dir", str(team_dir)], env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    alice_file = team_dir / "users" / "alice.env"
+    assert alice_file.stat().st_mode & 0o777 == 0o600
+    alice_env = dict(line.removeprefix("export ").split("=", 1) for line in alice_file.read_text().splitlines()
+                     if line.startswith("export "))
+    password = alice_env["MLFLOW_TRACKING_PASSWORD"].strip("'")
+    assert alice_env["MLFLOW_TRACKING_USERNAME"] == "alice" and password not in made.stdout + made.stderr
+    alice = _basic("alice", password)
+
+    def api(method: str, path: str, headers: dict, **body) -> httpx.Response:
+        return httpx.request(method, f"{url}/api/2.0/mlflow/{path}", headers=headers, timeout=30,
+                             **({"params": body} if method == "GET" else {"json": body}))
+
+    experiment = api("POST", "experiments/create", admin, name="permissions").json()["experiment_id"]
+    run_id = api("POST", "runs/create", admin, experiment_id=experiment).json()["run"]["info"]["run_id"]
+    assert api("POST", "registered-models/create", admin, name="model-b").status_code == 200
+    for model in ("model-a", "model-b"):
+        for _ in range(2):
+            made = api("POST", "model-versions/create", admin, name=model, source=f"runs:/{run_id}/model",
+                       run_id=run_id)
+            assert made.status_code == 200, made.text
+        assert api("POST", "registered-models/alias", admin, name=model, alias="champion", version="1").status_code == 200
+
+    assert api("POST", "registered-models/alias", alice, name="model-a", alias="champion", version="2").status_code == 200
+    assert api("POST", "registered-models/alias", alice, name="model-b", alias="champion", version="2").status_code == 403
+    assert api("DELETE", "registered-models/alias", alice, name="model-b", alias="champion").status_code == 403
+    assert api("POST", "model-versions/create", alice, name="model-b", source=f"runs:/{run_id}/model",
+               run_id=run_id).status_code == 403
+    champions = {m: api("GET", "registered-models/alias", admin, name=m, alias="champion").json()["model_version"]
+                 for m in ("model-a", "model-b")}
+    assert {m: v["version"] for m, v in champions.items()} == {"model-a": "2", "model-b": "1"}
+
+
 def test_secrets_stay_in_owner_only_files_and_off_command_lines(team):
     for name in ("secrets.json", "env.sh"):
         assert (team["dir"] / name).stat().st_mode & 0o777 == 0o600, name
@@ -200,7 +277,8 @@ def test_pipeline_runs_against_mlflow_and_prefect_servers_on_postgres(team, make
     leaks = []
     for root in (proj, home, team["dir"], team["pg_dir"] / "postgres.log"):
         for path in [root, *root.rglob("*")]:
-            if path.is_file() and path.name not in ("secrets.json", "env.sh"):
+            # the owner-only credential files (secrets.json, env.sh, users/NAME.env; modes checked above)
+            if path.is_file() and path.name not in ("secrets.json", "env.sh") and path.parent.name != "users":
                 data = path.read_bytes()
                 leaks += [str(path) for v in values if v.encode() in data]
     assert not leaks
