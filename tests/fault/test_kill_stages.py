@@ -88,31 +88,48 @@ def _gone(marker: str, within: float = 30) -> dict[int, str]:
     return left
 
 
-def test_sigkill_during_validation_and_registration_leaves_nothing_half_done(repo_root, bundled_data, tmp_path):
-    home = tmp_path / "home"
+@pytest.fixture(scope="module")
+def killed(repo_root, bundled_data, tmp_path_factory) -> dict:
+    """One TRAINFLOW_HOME, two runs SIGKILLed in it: during validation, then during registration."""
+    tmp = tmp_path_factory.mktemp("kill-stages")
+    home, seen = tmp / "home", {}
 
-    # 1. During validation: `resolve` has finished, so `validate` runs now.
-    proc, marker, log = _start(repo_root, home, tmp_path)
+    # During validation: `resolve` has finished, so `validate` runs now.
+    proc, marker, log = _start(repo_root, home, tmp)
     _kill_when(proc, log, lambda: re.search(r"Task run 'resolve-\w+' - Finished in state Completed", log.read_text()),
                "the end of resolve")
-    assert not re.search(r"Task run 'validate-\w+' - Finished", log.read_text()), "the kill came after validation"
-    assert _gone(marker) == {}, "a process of the run killed in validation outlived it"
-    assert _versions(home) == [] and not list(home.glob("train/*/result.json"))  # nothing trained or registered
+    seen["validation"] = {"validated": bool(re.search(r"Task run 'validate-\w+' - Finished", log.read_text())),
+                          "left": _gone(marker), "versions": _versions(home),
+                          "trained": list(home.glob("train/*/result.json"))}
 
-    # 2. During registration: the version exists, its aliases are not set yet.
-    proc, marker, log = _start(repo_root, home, tmp_path)
+    # During registration: the version exists, its aliases are not set yet.
+    proc, marker, log = _start(repo_root, home, tmp)
     _kill_when(proc, log, lambda: bool(_versions(home)), "model version")
-    assert _gone(marker) == {}, "a process of the run killed in registration outlived it"
-    versions = _versions(home)
-    assert [v for v, _ in versions] == ["1"]
-    for version, tags in versions:  # the hashes are written with the version, never after it
-        assert "trainflow.sha256/MLmodel" in tags and "trainflow.sha256/artifacts/model.pt2" in tags, tags
-    assert "champion" not in _aliases(home)
+    seen["registration"] = {"left": _gone(marker), "versions": _versions(home), "aliases": _aliases(home)}
+    return {"tmp": tmp, "home": home, **seen}
 
-    # 3. The next run completes and registers the champion.
-    proc, marker, log = _start(repo_root, home, tmp_path)
+
+def test_sigkill_during_validation_leaves_no_process_and_nothing_trained_or_registered(killed):
+    seen = killed["validation"]
+    assert not seen["validated"], "the kill came after validation: nothing tested"
+    assert seen["left"] == {}, "a process of the run killed in validation outlived it"
+    assert seen["versions"] == [] and seen["trained"] == []
+
+
+def test_sigkill_during_registration_leaves_no_process_no_version_without_hashes_and_no_champion(killed):
+    seen = killed["registration"]
+    assert seen["left"] == {}, "a process of the run killed in registration outlived it"
+    assert [v for v, _ in seen["versions"]] == ["1"]
+    for _, tags in seen["versions"]:  # the hashes are written with the version, never after it
+        assert "trainflow.sha256/MLmodel" in tags and "trainflow.sha256/artifacts/model.pt2" in tags, tags
+    assert "champion" not in seen["aliases"]
+
+
+def test_the_next_run_after_the_kills_registers_the_champion(killed, repo_root):
+    home, tmp = killed["home"], killed["tmp"]
+    proc, marker, log = _start(repo_root, home, tmp)
     assert proc.wait(timeout=480) == 0, log.read_text()[-3000:]
-    summary = json.loads((tmp_path / f"summary-{marker}.json").read_text())
+    summary = json.loads((tmp / f"summary-{marker}.json").read_text())
     assert summary["status"] == "registered" and "champion" in summary["aliases"]
     assert _aliases(home)["champion"] == summary["model_version"]
     assert _gone(marker, within=10) == {}

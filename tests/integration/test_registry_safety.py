@@ -169,6 +169,37 @@ def test_a_replaced_champion_program_is_refused_before_it_is_loaded(store, proje
     assert not marker.exists()
 
 
+def test_every_recorded_file_of_the_champion_is_checked_before_anything_of_it_runs(store, project, program,
+                                                                                  tmp_path):
+    """The code file MLflow's loader imports, ``MLmodel`` (which names it) and the metadata, each
+    changed in the artifact store in turn: loading the champion refuses it, naming the file, and the
+    changed code never runs."""
+    from mlflow import MlflowClient
+
+    from core.errors import IntegrityError
+    from registry import models
+
+    ctx, reg = _registered_champion(store, project, program, "every-file-digits", tmp_path / "home")
+    tags = MlflowClient().get_model_version(reg["name"], reg["version"]).tags
+    recorded = sorted(k[len(models.HASH_TAG):] for k in tags if k.startswith(models.HASH_TAG))
+    code = [rel for rel in recorded if rel.endswith(".py")]
+    assert code and {"MLmodel", "artifacts/meta.json", models.PROGRAM_FILE} <= set(recorded)
+    root = Path(MlflowClient().get_logged_model(reg["model_id"]).artifact_location.removeprefix("file://"))
+    marker = tmp_path / "code-ran"
+    for rel in [*code, "MLmodel", "artifacts/meta.json"]:
+        path = root / rel
+        original = path.read_bytes()
+        added = f"\nopen({str(marker)!r}, 'w').write('ran')\n" if rel.endswith(".py") else "\n"
+        path.write_bytes(original + added.encode())
+        try:
+            with pytest.raises(IntegrityError, match=f"{rel} in the artifact store has sha256"):
+                models.load_predictor(reg["name"], "champion")
+        finally:
+            path.write_bytes(original)
+    assert not marker.exists()
+    assert models.load_predictor(reg["name"], "champion").version == reg["version"]  # restored: loads again
+
+
 def _registered_champion(store, project, program, name: str, home: Path) -> tuple:
     """A champion registered from a run that recorded its manifest and config as the pipeline's
     resolve does: ``(ctx, registration)``."""
