@@ -220,7 +220,7 @@ def cmd_pool(args: argparse.Namespace) -> int:
         guard = _guard(args, values)
         base = json.loads(args.base_job_template.read_text()) if args.base_job_template else None
         asyncio.run(create_pool(args.name, pool_template(guard, args.type, base), args.type))
-    except (TrainflowError, OSError, ValueError) as exc:
+    except (TrainflowError, OSError, ValueError, ImportError) as exc:  # ImportError: that worker type's package
         return _fail(f"pool: {exc}", EXIT_ERROR)
     print(f"work pool {args.name!r} ({args.type}): locked to {args.prefect_file}")
     return EXIT_OK

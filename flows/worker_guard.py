@@ -39,10 +39,6 @@ GUARD_MODULE = "flows.worker_guard"
 _PLACEHOLDER = re.compile(r"\{\{\s*\$(\w+)\s*\}\}")
 
 
-class Refused(Exception):
-    """A run that does not match the committed deployments; the message is the one-line reason."""
-
-
 def committed_deployments(prefect_file: Path, values: dict[str, str]) -> dict[str, dict]:
     """``name -> {entrypoint, pull_steps, work_pool_name, job_variables}`` of ``prefect_file``, with
     its ``{{ $NAME }}`` placeholders filled from ``values`` (what ``prefect deploy`` filled in)."""
@@ -108,7 +104,7 @@ _FLOWS: dict[str, Any] = {}
 def parameter_refusal(flow_run: dict, entrypoint: str, repo: Path) -> str | None:
     """Why the run's parameters are not valid for the committed flow's typed signature (the
     server's schema check can be switched off by the caller, and the schema rewritten)."""
-    from prefect.exceptions import ParameterTypeError
+    from prefect.exceptions import ParameterTypeError, SignatureMismatchError
     from prefect.flows import load_flow_from_entrypoint
 
     if entrypoint not in _FLOWS:
@@ -117,7 +113,7 @@ def parameter_refusal(flow_run: dict, entrypoint: str, repo: Path) -> str | None
         _FLOWS[entrypoint] = load_flow_from_entrypoint(str(repo / entrypoint))
     try:
         _FLOWS[entrypoint].validate_parameters(flow_run.get("parameters") or {})
-    except ParameterTypeError as exc:
+    except (ParameterTypeError, SignatureMismatchError) as exc:
         return "parameters: " + " ".join(str(exc).split())[:400]
     return None
 

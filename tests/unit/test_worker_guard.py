@@ -74,6 +74,8 @@ def test_parameters_are_checked_against_the_flow_s_typed_signature_not_the_serve
     reason = guard.check(run({"overrides": ["dataset.path=/etc"]}), deployed(guard))
     assert reason.startswith("parameters: ") and "overrides: not a run parameter" in reason
     assert "nproc_per_node" in guard.check(run({"nproc_per_node": 0}), deployed(guard))
+    extra = guard.check({"parameters": {"params": {}, "script": "rm -rf /"}}, deployed(guard))
+    assert extra.startswith("parameters: ") and "script" in extra
     assert "flow run has no deployment" in refusal(run(), None, guard.committed, "prefect.yaml")
 
 
