@@ -207,7 +207,7 @@ def installed_metadata() -> dict[str, tuple[str, str | None, list[str]]]:
     for dist in distributions():
         name = dist.metadata["Name"]
         if name:
-            out.setdefault(_canonical(name), (dist.version, dist.metadata["Requires-Python"], dist.requires or []))
+            out.setdefault(_canonical(name), (dist.version, dist.metadata.get("Requires-Python"), dist.requires or []))
     return out
 
 

@@ -89,9 +89,9 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
 
 
 def score_predictions(task, cfg, root: Path, predictor) -> dict:
-    """A loaded registry model's metrics on this run's test split (the champion, rescored)."""
-    frame, _, y, info = task.eval_data(cfg, root)
-    return task.score(y, task.encode(predictor(frame[info["features"]]), info), info)
+    """A loaded registry model's metrics on this run's test split (the champion, rescored): the
+    task knows what its model takes."""
+    return task.score_champion(cfg, root, predictor)
 
 
 def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,

@@ -234,6 +234,12 @@ class Task:
         with ``pred`` as the task's ``score`` takes them for the evaluation split; None: none."""
         return None
 
+    def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
+        """A loaded registry model (``registry.models.load_predictor``: it takes what a serving
+        client sends) scored on this run's evaluation split, as ``score`` returns it. Tasks whose
+        ``evaluator`` is "predictions" answer it."""
+        raise NotImplementedError
+
     def recorded_keys(self) -> tuple[str, ...]:
         """What a recorded score dict must hold to stand in for a rescored champion."""
         return tuple(m.name for m in self.metrics if m.name != "latency_p95_ms")

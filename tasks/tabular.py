@@ -509,6 +509,7 @@ class _Table(Task):
         return {**out, "pred": pred, "cached": False}
 
     def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
+        """The predictor gets the evaluation split's feature columns, as a serving client sends them."""
         frame, _, y, info = self.eval_data(cfg, root)
         return self.score(y, self.encode(predictor(frame[info["features"]]), info), info)
 
