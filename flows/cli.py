@@ -191,6 +191,8 @@ def _worker_parsers(sub) -> None:
         cmd.add_argument("--prefect-file", default="prefect.yaml", help="deployments file, relative to the checkout")
         cmd.add_argument("--allow-env", action="append", default=[], metavar="NAME",
                          help="an environment variable a flow run may set besides TRAINFLOW_HOME (repeatable)")
+        cmd.add_argument("--home-root", type=Path, metavar="DIR",
+                         help="a flow run may set TRAINFLOW_HOME to a folder inside DIR (default: it may not)")
 
 
 def _guard(args: argparse.Namespace, values: dict[str, str] | None = None):
@@ -199,7 +201,8 @@ def _guard(args: argparse.Namespace, values: dict[str, str] | None = None):
     if not os.environ.get("PREFECT_API_URL"):
         raise TrainflowError("PREFECT_API_URL is not set: a worker and its pool live on a Prefect server "
                              "(`prefect server start`, or `trainflow ui`)")
-    return Guard(project_root(), args.prefect_file, values, allow_env=ALLOWED_RUN_ENV + tuple(args.allow_env))
+    return Guard(project_root(), args.prefect_file, values, allow_env=ALLOWED_RUN_ENV + tuple(args.allow_env),
+                 home_root=args.home_root)
 
 
 def cmd_pool(args: argparse.Namespace) -> int:

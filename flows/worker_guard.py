@@ -33,8 +33,10 @@ from typing import Any
 
 import yaml
 
-# A flow run's own job variables may set only these environment variables (the state folder).
+# A flow run's own job variables may set only these environment variables: the state folder, and
+# only inside the worker's ``--home-root`` (without one, not at all).
 ALLOWED_RUN_ENV = ("TRAINFLOW_HOME",)
+HOME_VAR = "TRAINFLOW_HOME"
 GUARD_MODULE = "flows.worker_guard"
 _PLACEHOLDER = re.compile(r"\{\{\s*\$(\w+)\s*\}\}")
 
@@ -66,7 +68,7 @@ def _fill(value: Any, values: dict[str, str]) -> Any:
 
 
 def refusal(flow_run: dict, deployment: dict | None, committed: dict[str, dict], source: str,
-            allow_env: tuple[str, ...] = ALLOWED_RUN_ENV) -> str | None:
+            allow_env: tuple[str, ...] = ALLOWED_RUN_ENV, home_root: Path | None = None) -> str | None:
     """Why this run may not execute here, in one line naming the field; ``None`` when it matches.
     ``flow_run`` and ``deployment`` are the API's JSON; the parameters are checked separately
     (:func:`parameter_refusal`), once the entrypoint is known to be a committed one."""
@@ -95,6 +97,19 @@ def refusal(flow_run: dict, deployment: dict | None, committed: dict[str, dict],
         for var in value:
             if var not in allow_env:
                 return f"job variable env.{var} is not allowed in a flow run (allowed: env.{', env.'.join(allow_env)})"
+        if HOME_VAR in value:
+            return _home_refusal(str(value[HOME_VAR]), home_root)
+    return None
+
+
+def _home_refusal(home: str, root: Path | None) -> str | None:
+    """A run's own state folder: an absolute path inside the worker's ``--home-root``."""
+    if root is None:
+        return (f"job variable env.{HOME_VAR} is not allowed in a flow run: this worker has no --home-root "
+                "to choose state folders in")
+    path = Path(home)
+    if not path.is_absolute() or not path.resolve().is_relative_to(root.resolve()):
+        return f"job variable env.{HOME_VAR} {home!r} is not inside the worker's --home-root {str(root)!r}"
     return None
 
 
@@ -122,15 +137,16 @@ class Guard:
     """The committed deployments of one checkout, and the check of a run against them."""
 
     def __init__(self, repo: Path, prefect_file: str = "prefect.yaml", values: dict[str, str] | None = None,
-                 allow_env: tuple[str, ...] = ALLOWED_RUN_ENV):
+                 allow_env: tuple[str, ...] = ALLOWED_RUN_ENV, home_root: Path | None = None):
         self.repo = repo.resolve()
         self.source = prefect_file
         self.values = {"TRAINFLOW_REPO_DIR": str(self.repo), **(values or {})}
         self.allow_env = tuple(allow_env)
+        self.home_root = Path(home_root).resolve() if home_root else None
         self.committed = committed_deployments(self.repo / prefect_file, self.values)
 
     def check(self, flow_run: dict, deployment: dict | None) -> str | None:
-        reason = refusal(flow_run, deployment, self.committed, self.source, self.allow_env)
+        reason = refusal(flow_run, deployment, self.committed, self.source, self.allow_env, self.home_root)
         if reason is None:
             reason = parameter_refusal(flow_run, deployment["entrypoint"], self.repo)
         return reason
@@ -144,6 +160,8 @@ class Guard:
                 args += ["--set", f"{name}={value}"]
         for name in self.allow_env:
             args += ["--allow-env", name]
+        if self.home_root is not None:
+            args += ["--home-root", str(self.home_root)]
         return shlex.join(args)
 
 
@@ -182,8 +200,9 @@ def locked_template(guard: Guard, base: dict | None = None, python: str = sys.ex
     if "required" in template["variables"]:
         template["variables"]["required"] = [k for k in template["variables"]["required"] if k not in fixed]
     if "env" in props:
-        props["env"]["description"] = (f"Only {', '.join(guard.allow_env)} may be set; the trainflow worker guard "
-                                       "refuses a run that sets any other variable.")
+        props["env"]["description"] = (f"Only {', '.join(guard.allow_env)} may be set ({HOME_VAR} inside "
+                                       f"{guard.home_root or 'the --home-root of a worker that has one'}); the "
+                                       "trainflow worker guard refuses a run that sets any other variable.")
     return template
 
 
@@ -321,9 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefect-file", default="prefect.yaml")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--allow-env", action="append", default=[])
+    parser.add_argument("--home-root", type=Path)
     args = parser.parse_args(argv)
     guard = Guard(args.repo, args.prefect_file, dict(v.split("=", 1) for v in args.set),
-                  tuple(args.allow_env) or ALLOWED_RUN_ENV)
+                  tuple(args.allow_env) or ALLOWED_RUN_ENV, args.home_root)
     from uuid import UUID
 
     from prefect.client.orchestration import get_client

@@ -74,7 +74,8 @@ def deployed(prefect_server, tmp_path_factory):
                     PREFECT_WORKER_QUERY_SECONDS=1, PREFECT_WORKER_PREFETCH_SECONDS=5)
     spec = yaml.safe_load((repo / "prefect.yaml").read_text())
     pool = next(d for d in spec["deployments"] if d["name"] == "train")["work_pool"]["name"]
-    locked = subprocess.run([str(VENV_BIN / "trainflow"), "pool", "create", pool, "--allow-env", MARK], cwd=repo, env=env,
+    locked = subprocess.run([str(VENV_BIN / "trainflow"), "pool", "create", pool, "--allow-env", MARK,
+                             "--home-root", str(tmp_path_factory.getbasetemp())], cwd=repo, env=env,
                             capture_output=True, text=True, timeout=120)
     assert locked.returncode == 0, locked.stdout + locked.stderr
     prefect_cli(["deploy", "--name", "train"], env, repo)
@@ -98,13 +99,15 @@ def post(url: str, timeout: float = 10, **kw) -> httpx.Response:
 def worker(deployed, tmp_path_factory):
     """One guarded process worker (``trainflow worker``, ``--limit 1``) serving the deployed checkout,
     shared by the tests that run the deployment: a worker start costs seconds, and each flow run is its
-    own process anyway. Each run gets its TRAINFLOW_HOME (and, where it needs one, a marker, which this
-    worker allows) through its job variables (``run_on_worker``), which the process worker puts into
-    that run's environment only. Stopped before the server (a worker outliving its server lingers ~30 s)."""
+    own process anyway. Each run gets its TRAINFLOW_HOME (inside the worker's --home-root, pytest's temp
+    folder) and, where it needs one, a marker (which this worker allows) through its job variables
+    (``run_on_worker``), which the process worker puts into that run's environment only. Stopped
+    before the server (a worker outliving its server lingers ~30 s)."""
     _, repo, _, pool, env = deployed
     tmp_path = tmp_path_factory.mktemp("worker")
     worker_env = {k: v for k, v in env.items() if k != "TRAINFLOW_REPO_DIR"}
-    proc = Proc([str(VENV_BIN / "trainflow"), "worker", "--pool", pool, "--limit", "1", "--allow-env", MARK],
+    proc = Proc([str(VENV_BIN / "trainflow"), "worker", "--pool", pool, "--limit", "1", "--allow-env", MARK,
+                 "--home-root", str(tmp_path_factory.getbasetemp())],
                 {**worker_env, "TRAINFLOW_HOME": str(tmp_path / "home")}, repo, tmp_path / "worker.log")
     try:
         yield proc
@@ -413,7 +416,7 @@ def test_every_committed_deployment_passes_the_guard_as_deployed(deployed, deplo
     from flows.worker_guard import Guard
 
     api, repo, _, pool, env = deployed
-    guard = Guard(repo)
+    guard = Guard(repo, home_root=repo)
     names = sorted(guard.committed)
     found = post(f"{api}/deployments/filter", json={"deployments": {"name": {"any_": names}}}).json()
     assert sorted(d["name"] for d in found) == names

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import shlex
+from pathlib import Path
 
 import pytest
 import yaml
@@ -17,7 +18,7 @@ from flows.worker_guard import Guard, committed_deployments, is_locked, locked_t
 
 @pytest.fixture(scope="module")
 def guard(repo_root):
-    return Guard(repo_root)
+    return Guard(repo_root, home_root=Path("/srv"))
 
 
 def deployed(guard: Guard, name: str = "train") -> dict:
@@ -68,6 +69,23 @@ def test_a_deployment_that_differs_from_the_committed_one_is_refused_naming_the_
 ])
 def test_a_run_s_own_job_variables_are_allow_listed(guard, job_variables, reason):
     assert guard.check(run(**job_variables), deployed(guard)).startswith(reason)
+
+
+@pytest.mark.parametrize("home, reason", [
+    ("/srv/teams/a/state", None),
+    ("/srv/../etc/state", "job variable env.TRAINFLOW_HOME '/srv/../etc/state' is not inside the worker's --home-root"),
+    ("/home/someone/.trainflow", "job variable env.TRAINFLOW_HOME '/home/someone/.trainflow' is not inside the "
+                                 "worker's --home-root '/srv'"),
+    ("state", "job variable env.TRAINFLOW_HOME 'state' is not inside"),
+])
+def test_a_run_s_state_folder_lies_inside_the_worker_s_home_root(guard, home, reason):
+    got = guard.check(run(env={"TRAINFLOW_HOME": home}), deployed(guard))
+    assert got == reason if reason is None else got.startswith(reason), got
+
+
+def test_without_a_home_root_a_run_may_not_choose_its_state_folder(repo_root):
+    got = Guard(repo_root).check(run(env={"TRAINFLOW_HOME": "/srv/x"}), deployed(Guard(repo_root)))
+    assert got.startswith("job variable env.TRAINFLOW_HOME is not allowed in a flow run: this worker has no --home-root")
 
 
 def test_parameters_are_checked_against_the_flow_s_typed_signature_not_the_server_s_schema(guard):
