@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from core.errors import ConfigError
+from tasks.info import DataInfo
 
 if TYPE_CHECKING:
     from core.config import PipelineConfig
@@ -182,15 +183,18 @@ class Task:
         return {"data": (cfg.dataset.path, "training")}
 
     # -- training (torch inside) -------------------------------------------------------------
-    def info(self, cfg: "PipelineConfig", root: Path) -> dict:
-        """JSON-able facts of the data a model is built from (``Splits.info``), torch-free."""
-        return {}
+    # The type of ``info``: the caches read it back from JSON with ``info_type.from_json``.
+    info_type: ClassVar[type[DataInfo]] = DataInfo
+
+    def info(self, cfg: "PipelineConfig", root: Path) -> DataInfo:
+        """What a model of this data is built from (``Splits.info``), fitted on the train split; torch-free."""
+        return DataInfo()
 
     # Whether the train split is a table the engine can stream from Parquet row groups
     # (``training.stream``): such a task also answers ``stream_info`` and ``target_dtype``.
     streams_table: ClassVar[bool] = False
 
-    def stream_info(self, cfg: "PipelineConfig", root: Path, source: Path, names: tuple, types: dict) -> dict:
+    def stream_info(self, cfg: "PipelineConfig", root: Path, source: Path, names: tuple, types: dict) -> DataInfo:
         """``info`` fitted in one pass over a streamed train split (``streams_table`` tasks)."""
         raise NotImplementedError(f"task {self.name!r} does not stream a table")
 
@@ -202,10 +206,10 @@ class Task:
         """``training.data.Splits`` (train / val / test tensors and a JSON-able ``info``)."""
         raise NotImplementedError
 
-    def build_model(self, cfg: "PipelineConfig", info: dict):
+    def build_model(self, cfg: "PipelineConfig", info: DataInfo):
         raise NotImplementedError
 
-    def example_input(self, cfg: "PipelineConfig", info: dict, batch: int = 2):
+    def example_input(self, cfg: "PipelineConfig", info: DataInfo, batch: int = 2):
         raise NotImplementedError
 
     def loss(self, out, y, reduction: str = "mean"):
@@ -215,7 +219,7 @@ class Task:
         """Correct predictions in a batch (``has_accuracy``); 0 for tasks without accuracy."""
         return 0.0
 
-    def export_module(self, model, info: dict):
+    def export_module(self, model, info: DataInfo):
         """The module exported as ``model.pt2`` (e.g. the trained model plus output de-scaling)."""
         return model
 

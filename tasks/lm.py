@@ -68,12 +68,12 @@ class LanguageModel(Task):
 
         return load_text_splits(cfg.dataset, root, seed)
 
-    def build_model(self, cfg: "PipelineConfig", info: dict):
+    def build_model(self, cfg: "PipelineConfig", info):
         from tasks.lm_net import build_lm
 
         return build_lm(cfg.model)
 
-    def example_input(self, cfg: "PipelineConfig", info: dict, batch: int = 2):
+    def example_input(self, cfg: "PipelineConfig", info, batch: int = 2):
         import torch
 
         return torch.zeros(batch, cfg.model.seq_len, dtype=torch.long)

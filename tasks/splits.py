@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tasks.info import DataInfo
+
 if TYPE_CHECKING:
     from torch.utils.data import TensorDataset
 
@@ -29,8 +31,8 @@ class Splits:
     train: TensorDataset
     val: TensorDataset
     test: TensorDataset
-    # JSON-able facts of the data the model is built from (the task's: features, classes, scaling).
-    info: dict = field(default_factory=dict)
+    # What the model is built from (the task's ``DataInfo``: features, classes, scaling).
+    info: DataInfo = field(default_factory=DataInfo)
 
 
 def stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -26,6 +27,7 @@ import numpy as np
 from core.errors import ConfigError, DataUnavailableError
 from core.expectations import load_expectations
 from tasks.base import SCORES_FILE, InitFit, Metric, ModelSpec, Task, ValidationPlan, load_program
+from tasks.info import DataInfo
 from tasks.encoding import FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, kinds_from_frame
 from tasks.table import feature_columns, load_frames, split_paths
 
@@ -61,12 +63,29 @@ def _label_key(value) -> str:
     return str(value)
 
 
+@dataclass(frozen=True)
+class TableInfo(DataInfo):
+    """A table task's ``info``, fitted on the train split: the feature columns, each one's fitted
+    encoding (``tasks.encoding``) and MLflow type, per-feature mean and std, and the class set
+    (classification) or the target's mean and std (regression)."""
+
+    features: list[str]
+    columns: list[dict]
+    dtypes: dict[str, str]
+    mean: list[float]
+    std: list[float]
+    classes: list | None = None
+    y_mean: float | None = None
+    y_std: float | None = None
+
+
 class _Table(Task):
     """What classification and regression share: reading, features, scaling, the pyfunc."""
 
     classification: ClassVar[bool] = True
     streams_table: ClassVar[bool] = True
     evaluator: ClassVar[str] = "predictions"
+    info_type: ClassVar[type[DataInfo]] = TableInfo
     metrics_version: ClassVar[int] = METRICS_VERSION
 
     # -- config -----------------------------------------------------------------------------
@@ -228,10 +247,9 @@ class _Table(Task):
         types = {c.name: c.type for c in exp.columns} if exp is not None else {}
         return column_kinds(features, types, cfg.dataset.categorical)
 
-    def info(self, cfg: "PipelineConfig", root: Path, frames: dict | None = None) -> dict:
+    def info(self, cfg: "PipelineConfig", root: Path, frames: dict | None = None) -> TableInfo:
         """What the model and the registry need to know of the data, fitted on the train split
-        (JSON-able): the features, each one's fitted encoding (``columns``: ``tasks.encoding``) and
-        MLflow type, the class set or the target's scale, and per-feature mean and std."""
+        (``TableInfo``)."""
         if frames is None:
             return self.prepared(cfg, root)["info"]
         from tasks.encoding import fit_columns
@@ -246,9 +264,8 @@ class _Table(Task):
             columns = fit_columns([train[features]], kinds, cfg.dataset.max_categories, cfg.seed)
         except ValueError as exc:
             raise DataUnavailableError(str(exc)) from None
-        info = self._info(cfg, root, features, columns, {c: train[c].dtype for c in features})
-        info.update(self._target_info(cfg, root, train[cfg.dataset.label]))
-        return info
+        return TableInfo(**self._info(cfg, root, features, columns, {c: train[c].dtype for c in features}),
+                         **self._target_info(cfg, root, train[cfg.dataset.label]))
 
     def _info(self, cfg, root, features: list[str], columns: list[dict], dtypes: dict) -> dict:
         """The feature part of ``info`` from the fitted columns and the columns' pandas dtypes."""
@@ -265,7 +282,7 @@ class _Table(Task):
                 "mean": [c["mean"] if c["kind"] == "numeric" else 0.0 for c in columns],
                 "std": [c["std"] if c["kind"] == "numeric" else 1.0 for c in columns]}
 
-    def stream_info(self, cfg: "PipelineConfig", root: Path, source: Path, names: tuple, types: dict) -> dict:
+    def stream_info(self, cfg: "PipelineConfig", root: Path, source: Path, names: tuple, types: dict) -> TableInfo:
         """``info`` of a train split too large to load (the streamed loader's): the same keys as
         ``info``, fitted in one pass over ``source`` (a Parquet file or folder; ``names``/``types``:
         its columns and their pyarrow types), holding one batch at a time."""
@@ -289,21 +306,20 @@ class _Table(Task):
             except ValueError as exc:
                 raise DataUnavailableError(f"{source}: {exc}") from None
             target.update(batch.column(batch.schema.names.index(label)))
-        info = self._info(cfg, root, features, fit.columns(), dtypes)
-        info.update(self._stream_target_info(cfg, root, target))
-        return info
+        return TableInfo(**self._info(cfg, root, features, fit.columns(), dtypes),
+                         **self._stream_target_info(cfg, root, target))
 
     def target_dtype(self):
         return np.int64 if self.classification else np.float32
 
-    def arrays(self, frame: "pd.DataFrame", info: dict, label: str) -> tuple[np.ndarray, np.ndarray]:
+    def arrays(self, frame: "pd.DataFrame", info: TableInfo, label: str) -> tuple[np.ndarray, np.ndarray]:
         """(encoded features float32 [n, f], targets) of a frame: class indices int64 or float32 values."""
         return self.features_of(frame, info), self.targets(frame[label], info)
 
-    def features_of(self, frame: "pd.DataFrame", info: dict) -> np.ndarray:
+    def features_of(self, frame: "pd.DataFrame", info: TableInfo) -> np.ndarray:
         """The encoded feature columns of ``frame`` (``tasks.encoding.encode``), float32 [n, f]."""
         try:
-            return encode(frame, info["columns"])
+            return encode(frame, info.columns)
         except ValueError as exc:
             raise DataUnavailableError(str(exc)) from None
 
@@ -323,8 +339,8 @@ class _Table(Task):
         try:
             with np.load(npz, allow_pickle=False) as arrays:
                 out = {k: arrays[k] for k in ("x", "y", "xt", "yt")}
-            return {**out, "info": json.loads(meta.read_text())}
-        except (OSError, ValueError, KeyError):
+            return {**out, "info": self.info_type.from_json(json.loads(meta.read_text()))}
+        except (OSError, ValueError, KeyError, TypeError):  # TypeError: an info with other fields
             pass
         frames = self.frames(cfg, root)
         info = self.info(cfg, root, frames)
@@ -337,7 +353,7 @@ class _Table(Task):
             tag = f".{os.getpid()}.tmp"
             with open(str(npz) + tag, "wb") as fh:
                 np.savez(fh, x=x, y=y, xt=xt, yt=yt)
-            Path(str(meta) + tag).write_text(json.dumps(info))
+            Path(str(meta) + tag).write_text(json.dumps(info.to_json()))
             os.replace(str(meta) + tag, meta)  # the JSON first: an .npz is only read beside its info
             os.replace(str(npz) + tag, npz)
         except OSError:  # a read-only home: no cache, same arrays
@@ -382,21 +398,21 @@ class _Table(Task):
         groups = y if self.classification else np.zeros(len(y), dtype=np.int64)
         return stratified_holdout(groups, cfg.dataset.val_fraction, seed)
 
-    def train_targets(self, y: np.ndarray, info: dict) -> np.ndarray:
+    def train_targets(self, y: np.ndarray, info: TableInfo) -> np.ndarray:
         return y
 
     # -- model --------------------------------------------------------------------------------
-    def build_model(self, cfg: "PipelineConfig", info: dict):
+    def build_model(self, cfg: "PipelineConfig", info: TableInfo):
         from tasks.table_nets import table_network
 
-        return table_network(cfg.model, info["columns"], self.n_outputs(info))
+        return table_network(cfg.model, info.columns, self.n_outputs(info))
 
-    def example_input(self, cfg: "PipelineConfig", info: dict, batch: int = 2):
+    def example_input(self, cfg: "PipelineConfig", info: TableInfo, batch: int = 2):
         """A batch of typical rows: each numeric column's train median, each category's first value."""
         import torch
 
         row = [c["median"] if c["kind"] == "numeric" else (FIRST_CODE if c["values"] else OTHER_CODE)
-               for c in info["columns"]]
+               for c in info.columns]
         return torch.tensor([row] * batch, dtype=torch.float32)
 
     # -- evaluation hooks (the "predictions" evaluator) ----------------------------------------
@@ -480,7 +496,7 @@ class _Table(Task):
         from threadpoolctl import threadpool_limits  # scikit-learn's own dependency
 
         p = self.prepared(cfg, root)
-        cats = np.array([c["kind"] == "categorical" for c in p["info"]["columns"]], dtype=bool)
+        cats = np.array([c["kind"] == "categorical" for c in p["info"].columns], dtype=bool)
         est = (HistGradientBoostingClassifier if self.classification else HistGradientBoostingRegressor)(
             categorical_features=cats if cats.any() else None, random_state=cfg.seed)
         x, y = p["x"], p["y"]
@@ -511,18 +527,18 @@ class _Table(Task):
     def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
         """The predictor gets the evaluation split's feature columns, as a serving client sends them."""
         frame, _, y, info = self.eval_data(cfg, root)
-        return self.score(y, self.encode(predictor(frame[info["features"]]), info), info)
+        return self.score(y, self.encode(predictor(frame[info.features]), info), info)
 
     # -- registry -------------------------------------------------------------------------------
     def model_spec(self, cfg: "PipelineConfig", root: Path, train_dir: Path, report: dict) -> ModelSpec:
         frame, _, _, info = self.eval_data(cfg, root)
-        example = frame[info["features"]].head(5).reset_index(drop=True)
-        meta = {"format": "torch.export", "input_dtype": "float32", "feature_columns": info["features"],
+        example = frame[info.features].head(5).reset_index(drop=True)
+        meta = {"format": "torch.export", "input_dtype": "float32", "feature_columns": info.features,
                 "columns": [{"name": c["name"], "kind": c["kind"], **({"values": c["values"]}
                                                                       if c["kind"] == "categorical" else {})}
-                            for c in info["columns"]],
+                            for c in info.columns],
                 "codes": {"missing": MISSING_CODE, "other": OTHER_CODE, "first": FIRST_CODE}, **self._meta(info)}
-        return ModelSpec(PYFUNC_FILE, meta, [(c, info["dtypes"][c]) for c in info["features"]],
+        return ModelSpec(PYFUNC_FILE, meta, [(c, info.dtypes[c]) for c in info.features],
                          [(None, self._output_type(info))], example,
                          checked=report.get("candidate_scored_in") == "worker")
 
@@ -542,7 +558,7 @@ class _Table(Task):
             raise ValueError(f"{model_pt2}: maps [{len(x)}, {x.shape[1]}] inputs to {list(out.shape)}, "
                              f"expected [{len(x)}, {n}]")
 
-    def check_program_output(self, out: np.ndarray, info: dict) -> None:
+    def check_program_output(self, out: np.ndarray, info: TableInfo) -> None:
         """Raise ValueError when a program's output on a batch does not fit this task."""
         want = self.n_outputs(info)
         if out.ndim != 2 or out.shape[1] != want:
@@ -585,22 +601,22 @@ class Classification(_Table):
 
         return self._target_info(cfg, root, pd.Series(sorted(stats.values or {}, key=_label_key)))
 
-    def n_outputs(self, info: dict) -> int:
-        return len(info["classes"])
+    def n_outputs(self, info: TableInfo) -> int:
+        return len(info.classes)
 
-    def targets(self, labels, info: dict) -> np.ndarray:
+    def targets(self, labels, info: TableInfo) -> np.ndarray:
         _no_missing_labels(labels)
-        index = {_label_key(c): i for i, c in enumerate(info["classes"])}
+        index = {_label_key(c): i for i, c in enumerate(info.classes)}
         keys = [_label_key(v) for v in labels.tolist()]
         bad = sorted({k for k in keys if k not in index})
         if bad:
             raise DataUnavailableError(f"label values {bad[:5]} are outside the recorded class set "
-                                       f"{info['classes']}")
+                                       f"{info.classes}")
         return np.asarray([index[k] for k in keys], dtype=np.int64)
 
-    def encode(self, labels, info: dict) -> np.ndarray:
+    def encode(self, labels, info: TableInfo) -> np.ndarray:
         """A registered model's predicted labels -> class indices (-1: not a known class)."""
-        index = {_label_key(c): i for i, c in enumerate(info["classes"])}
+        index = {_label_key(c): i for i, c in enumerate(info.classes)}
         return np.asarray([index.get(_label_key(v), -1) for v in np.asarray(labels).tolist()], dtype=np.int64)
 
     def loss(self, out, y, reduction: str = "mean"):
@@ -614,26 +630,26 @@ class Classification(_Table):
     def decode(self, outputs: np.ndarray) -> np.ndarray:
         return np.asarray(outputs).argmax(1)
 
-    def score(self, y: np.ndarray, pred: np.ndarray, info: dict) -> dict:
+    def score(self, y: np.ndarray, pred: np.ndarray, info: TableInfo) -> dict:
         from tasks.metrics import classification_metrics
 
-        return classification_metrics(y, pred, len(info["classes"]))
+        return classification_metrics(y, pred, len(info.classes))
 
-    def baseline(self, cfg, root, info: dict, n: int) -> tuple[str, np.ndarray]:
+    def baseline(self, cfg, root, info: TableInfo, n: int) -> tuple[str, np.ndarray]:
         """The trivial predictor: the train split's majority class, for ``n`` rows."""
         train = self.frames(cfg, root)["train"]
         y = self.targets(train[cfg.dataset.label], info)
-        majority = int(np.bincount(y, minlength=len(info["classes"])).argmax())
-        return f"majority class {info['classes'][majority]!r}", np.full(n, majority, dtype=np.int64)
+        majority = int(np.bincount(y, minlength=len(info.classes)).argmax())
+        return f"majority class {info.classes[majority]!r}", np.full(n, majority, dtype=np.int64)
 
     def _key_parts(self, cfg, root) -> dict:
-        return {"classes": [_label_key(c) for c in self.prepared(cfg, root)["info"]["classes"]]}
+        return {"classes": [_label_key(c) for c in self.prepared(cfg, root)["info"].classes]}
 
-    def _meta(self, info: dict) -> dict:
-        return {"output": "label", "class_labels": info["classes"]}
+    def _meta(self, info: TableInfo) -> dict:
+        return {"output": "label", "class_labels": info.classes}
 
-    def _output_type(self, info: dict) -> str:
-        return "string" if any(isinstance(c, str) for c in info["classes"]) else "long"
+    def _output_type(self, info: TableInfo) -> str:
+        return "string" if any(isinstance(c, str) for c in info.classes) else "long"
 
 
 class Regression(_Table):
@@ -664,51 +680,51 @@ class Regression(_Table):
         std = stats.std if stats.count else 1.0
         return {"y_mean": stats.mean if stats.count else 0.0, "y_std": std if std > 0 else 1.0}
 
-    def n_outputs(self, info: dict) -> int:
+    def n_outputs(self, info: TableInfo) -> int:
         return 1
 
-    def targets(self, labels, info: dict) -> np.ndarray:
+    def targets(self, labels, info: TableInfo) -> np.ndarray:
         _no_missing_labels(labels)
         try:
             return labels.to_numpy(dtype=np.float32)
         except (TypeError, ValueError) as exc:
             raise DataUnavailableError(f"regression target is not numeric: {exc}") from None
 
-    def train_targets(self, y: np.ndarray, info: dict) -> np.ndarray:
+    def train_targets(self, y: np.ndarray, info: TableInfo) -> np.ndarray:
         # Trained on the standardised target (a scale-free loss and lr); export undoes it.
-        return ((y - info["y_mean"]) / info["y_std"]).astype(np.float32)
+        return ((y - info.y_mean) / info.y_std).astype(np.float32)
 
-    def export_module(self, model, info: dict):
+    def export_module(self, model, info: TableInfo):
         from torch import nn
 
         from tasks.table_nets import Affine
 
-        return nn.Sequential(model, Affine(info["y_std"], info["y_mean"]))
+        return nn.Sequential(model, Affine(info.y_std, info.y_mean))
 
     def loss(self, out, y, reduction: str = "mean"):
         import torch.nn.functional as F
 
         return F.mse_loss(out.reshape(-1).float(), y.reshape(-1).float(), reduction=reduction)
 
-    def encode(self, values, info: dict) -> np.ndarray:
+    def encode(self, values, info: TableInfo) -> np.ndarray:
         return np.asarray(values, dtype=np.float64).ravel()
 
     def decode(self, outputs: np.ndarray) -> np.ndarray:
         return np.asarray(outputs, dtype=np.float64)[:, 0]
 
-    def score(self, y: np.ndarray, pred: np.ndarray, info: dict) -> dict:
+    def score(self, y: np.ndarray, pred: np.ndarray, info: TableInfo) -> dict:
         from tasks.metrics import regression_metrics
 
         return regression_metrics(y, pred)
 
-    def baseline(self, cfg, root, info: dict, n: int) -> tuple[str, np.ndarray]:
+    def baseline(self, cfg, root, info: TableInfo, n: int) -> tuple[str, np.ndarray]:
         """The trivial predictor: the train split's mean, for ``n`` rows."""
-        return f"the train mean {info['y_mean']:.4g}", np.full(n, info["y_mean"])
+        return f"the train mean {info.y_mean:.4g}", np.full(n, info.y_mean)
 
-    def _meta(self, info: dict) -> dict:
+    def _meta(self, info: TableInfo) -> dict:
         return {"output": "value"}
 
-    def _output_type(self, info: dict) -> str:
+    def _output_type(self, info: TableInfo) -> str:
         return "double"
 
 

@@ -564,19 +564,19 @@ def stream_splits(cfg: "PipelineConfig", root: Path, seed: int, data_md5: str) -
     def targets(labels) -> np.ndarray:  # the task's encoding, as the in-memory path applies it
         return task.train_targets(task.targets(labels.to_pandas(), info), info)
 
-    read = table_reader(groups, info["features"], cfg.dataset.label, targets,
+    read = table_reader(groups, info.features, cfg.dataset.label, targets,
                         lambda frame: task.features_of(frame, info))
     y_dtype = task.target_dtype()
     holdout = Holdout(groups, seed, cfg.dataset.val_fraction, lc.val_rows)
     train = StreamSource(groups, read, seed=seed, window=lc.shuffle_row_groups, holdout=holdout,
-                         n_features=len(info["features"]), y_dtype=y_dtype)
+                         n_features=len(info.features), y_dtype=y_dtype)
     vx, vy = train.held_out()
-    empty = tensors(np.zeros((0, len(info["features"])), dtype=np.float32), np.zeros((0,), dtype=y_dtype))
+    empty = tensors(np.zeros((0, len(info.features)), dtype=np.float32), np.zeros((0,), dtype=y_dtype))
     log.info("streaming %s: %d row groups, %d training rows, %d held out", source, len(groups), len(train), len(vy))
     return Splits(train=train, val=tensors(vx, vy), test=empty, info=info)
 
 
-def _info_once(task, cfg: "PipelineConfig", root: Path, source: Path, groups: RowGroups, data_md5: str) -> dict:
+def _info_once(task, cfg: "PipelineConfig", root: Path, source: Path, groups: RowGroups, data_md5: str):
     """The task's ``stream_info`` (a pass over the whole train split) once per data, config and code:
     kept as JSON in ``TRAINFLOW_HOME/cache/stream/`` and computed under a lock, so the other ranks
     and later runs read it instead of each making the same pass. A read-only home: computed here."""
@@ -599,7 +599,7 @@ def _info_once(task, cfg: "PipelineConfig", root: Path, source: Path, groups: Ro
                        "expectations": ident(Path(root) / exp) if exp else None,
                        "code": [hashlib.sha256(p.read_bytes()).hexdigest() for p in code]})[:32]
 
-    def compute() -> dict:
+    def compute():
         return task.stream_info(cfg, root, source, groups.names, groups.types)
 
     try:
@@ -608,11 +608,11 @@ def _info_once(task, cfg: "PipelineConfig", root: Path, source: Path, groups: Ro
         path = folder / f"{key}.json"
         with exclusive(folder / f"{key}.lock", timeout_s=3600):
             try:
-                return json.loads(path.read_text())
-            except (OSError, ValueError):
+                return task.info_type.from_json(json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError):  # TypeError: written with other fields
                 info = compute()
                 tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(info))
+                tmp.write_text(json.dumps(info.to_json()))
                 os.replace(tmp, path)
                 return info
     except OSError:

@@ -236,13 +236,13 @@ def test_data_model_and_validation_plan_of_the_task(root):
     task = task_for(cfg)
     splits = task.load_data(cfg, root, cfg.seed)
     info = splits.info
-    assert info["features"] == [f"t{i}" for i in range(24)]
+    assert info.features == [f"t{i}" for i in range(24)]
     x, y = splits.train.tensors
     vx, _ = splits.val.tensors
     assert x.dtype == torch.float32 and y.dtype == torch.float32 and x.shape[1] == 24
     # val is the train file's last rows (its most recent windows), raw targets (no scaling).
     frame = task.frames(cfg, root)["train"]
-    assert torch.equal(vx, torch.tensor(frame[info["features"]].to_numpy()[-len(vx):], dtype=torch.float32))
+    assert torch.equal(vx, torch.tensor(frame[info.features].to_numpy()[-len(vx):], dtype=torch.float32))
     assert abs(float(y.mean()) - frame["y"].iloc[: len(y)].mean()) < 1e-3
     model = task.build_model(cfg, info)
     assert type(model).__name__ == "WindowNorm" and type(model.net).__name__ == "ConvForecaster"
@@ -380,7 +380,7 @@ def test_registered_model_predicts_from_named_columns(store, trained, root, eval
     model = mlflow.pyfunc.load_model(f"models:/{cfg.registry.model_name}@{CHALLENGER}")
     frame, x, y, info = task.eval_data(cfg, root)
     # The columns by name: reversed order and an extra column change nothing.
-    shuffled = frame[list(reversed(info["features"]))].assign(note="ignored")
+    shuffled = frame[list(reversed(info.features))].assign(note="ignored")
     pred = np.asarray(model.predict(shuffled), dtype=np.float64)
     with torch.no_grad():
         expected = torch.export.load(str(out / "model.pt2")).module()(torch.as_tensor(x)).numpy()[:, 0]

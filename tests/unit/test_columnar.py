@@ -159,8 +159,8 @@ def test_streamed_standardisation_equals_the_tasks_info_within_float_tolerance(t
     stats = column_stats(iter_batches(tmp_path / "d" / "train.parquet", columns=features, batch_rows=512), features)
     mean = [stats[c].mean for c in features]
     std = [stats[c].std if stats[c].std > 0 else 1.0 for c in features]
-    assert info["features"] == features and info["std"][3] == 1.0
-    assert np.allclose(mean, info["mean"], rtol=1e-12) and np.allclose(std, info["std"], rtol=1e-9)
+    assert info.features == features and info.std[3] == 1.0
+    assert np.allclose(mean, info.mean, rtol=1e-12) and np.allclose(std, info.std, rtol=1e-9)
 
 
 def test_column_stats_take_64_bit_integers_beyond_float64s_exact_range():

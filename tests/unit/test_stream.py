@@ -326,11 +326,12 @@ def test_streamed_info_equals_the_in_memory_info(tmp_path, task_name):
     want = task.info(cfg, tmp_path, task.frames(cfg, tmp_path))
     groups = scan_row_groups(d / "train.parquet")
     got = task.stream_info(cfg, tmp_path, d / "train.parquet", groups.names, groups.types)
+    got, want = got.to_json(), want.to_json()
     assert got.keys() == want.keys()
     for key in want:
         if key in ("mean", "std"):
             assert np.allclose(got[key], want[key], rtol=1e-9)
-        elif key in ("y_mean", "y_std"):
+        elif key in ("y_mean", "y_std") and want[key] is not None:
             assert got[key] == pytest.approx(want[key], rel=1e-9)
         elif key == "columns":  # moments merged batch by batch: equal to float64 rounding
             for g, w in zip(got[key], want[key], strict=True):
@@ -387,7 +388,7 @@ def test_the_streamed_info_pass_runs_once_per_data(tmp_path, monkeypatch):
     monkeypatch.setattr(Classification, "stream_info", lambda self, *a: passes.append(1) or real(self, *a))
     first = stream_splits(cfg, tmp_path, 0, "0" * 32)
     again = stream_splits(cfg, tmp_path, 0, "0" * 32)  # another rank, or the next run
-    assert len(passes) == 1 and again.info == first.info and first.info["classes"] == [0, 1, 2]
+    assert len(passes) == 1 and again.info == first.info and first.info.classes == [0, 1, 2]
     assert len(first.train) + len(first.val) == 300
 
 
@@ -415,9 +416,9 @@ def test_a_streamed_string_column_gets_the_vocabulary_and_codes_of_the_in_memory
     want = task.info(cfg, tmp_path, task.frames(cfg, tmp_path))
     groups = scan_row_groups(d / "train.parquet")
     got = task.stream_info(cfg, tmp_path, d / "train.parquet", groups.names, groups.types)
-    assert got["columns"][1] == want["columns"][1] and got["columns"][1]["values"] == ["lima", "oslo", "rome"]
-    assert got["dtypes"] == want["dtypes"] == {"x": "double", "city": "string"}
-    read = table_reader(groups, got["features"], "label", lambda col: col.to_numpy().astype(np.int64),
+    assert got.columns[1] == want.columns[1] and got.columns[1]["values"] == ["lima", "oslo", "rome"]
+    assert got.dtypes == want.dtypes == {"x": "double", "city": "string"}
+    read = table_reader(groups, got.features, "label", lambda col: col.to_numpy().astype(np.int64),
                         lambda frame: task.features_of(frame, got))
     x0, _ = read(0)
     np.testing.assert_array_equal(x0, task.prepared(cfg, tmp_path)["x"][:64])

@@ -46,14 +46,14 @@ def cfg(**dataset) -> PipelineConfig:
 
 def test_features_are_every_column_but_the_label_and_the_excluded_ones(root):
     info = CLS.info(cfg(), root)
-    assert info["features"] == ["a", "b"]
-    assert info["dtypes"] == {"a": "double", "b": "double"}
-    assert CLS.info(cfg(features=["b"], exclude=[]), root)["features"] == ["b"]
+    assert info.features == ["a", "b"]
+    assert info.dtypes == {"a": "double", "b": "double"}
+    assert CLS.info(cfg(features=["b"], exclude=[]), root).features == ["b"]
 
 
 def test_string_labels_map_to_the_reviewed_class_order_and_back(root):
     info = CLS.info(cfg(), root)
-    assert info["classes"] == ["red", "green", "blue"]  # the expectations file's order, not sorted
+    assert info.classes == ["red", "green", "blue"]  # the expectations file's order, not sorted
     y = CLS.targets(pd.Series(["blue", "red"]), info)
     assert y.tolist() == [2, 0]
     assert CLS.encode(np.array(["green", "purple"]), info).tolist() == [1, -1]
@@ -66,10 +66,10 @@ def test_scaling_is_fitted_on_train_ignoring_nulls_and_a_null_is_imputed_with_th
     splits = CLS.load_data(c, root, seed=0)
     info = splits.info
     train = CLS.frames(c, root)["train"]
-    assert info["mean"][0] == pytest.approx(train["a"].mean())
-    assert np.isfinite(info["mean"]).all() and np.isfinite(info["std"]).all()
+    assert info.mean[0] == pytest.approx(train["a"].mean())
+    assert np.isfinite(info.mean).all() and np.isfinite(info.std).all()
     model = CLS.build_model(c, info).eval()
-    x = torch.tensor([[info["mean"][0], np.nan]], dtype=torch.float32)
+    x = torch.tensor([[info.mean[0], np.nan]], dtype=torch.float32)
     z = model[0](x)  # the input layer (mlp: standardised numerics)
     # The mean maps to 0, a missing value too, and b (which had a null in train) gets a missing
     # indicator beside it: 1 here.
@@ -95,9 +95,9 @@ def test_regression_trains_on_standardised_targets_and_exports_in_their_units(tm
         out = exported(torch.tensor([[0.5]]))
     assert out.shape == (1, 1)
     affine = exported[1]
-    assert float(affine.shift) == pytest.approx(splits.info["y_mean"]) and float(affine.scale) > 100
+    assert float(affine.shift) == pytest.approx(splits.info.y_mean) and float(affine.scale) > 100
     name, pred = REG.baseline(c, tmp_path, splits.info, 7)
-    assert "mean" in name and pred.shape == (7,) and np.all(pred == splits.info["y_mean"])
+    assert "mean" in name and pred.shape == (7,) and np.all(pred == splits.info.y_mean)
 
 
 def test_a_table_config_needs_its_expectations_and_an_importable_factory():
@@ -137,7 +137,7 @@ def test_prepared_arrays_are_cached_by_content_and_read_back_without_the_table(r
     second = again.prepared(c, root)
     for k in ("x", "y", "xt", "yt"):
         np.testing.assert_array_equal(first[k], second[k])
-    assert second["info"] == json.loads(json.dumps(first["info"]))
+    assert second["info"] == first["info"] and json.loads(json.dumps(first["info"].to_json())) == first["info"].to_json()
     # Other bytes in the table: another key, read afresh.
     df = pd.read_csv(root / "data" / "t.csv")
     df.loc[0, "a"] = 1e6

@@ -29,7 +29,7 @@ import numpy as np
 
 from core.errors import ConfigError, DataUnavailableError
 from tasks.base import Metric
-from tasks.tabular import Regression
+from tasks.tabular import Regression, TableInfo
 
 if TYPE_CHECKING:
     from core.config import PipelineConfig
@@ -80,10 +80,10 @@ class SequenceForecast(Regression):
                           "thresholds": {"smape": 3.0, "directional_accuracy": 0.6, "latency_p95_ms": 50}}}
 
     # -- data ----------------------------------------------------------------------------------
-    def info(self, cfg: "PipelineConfig", root: Path, frames: dict | None = None) -> dict:
+    def info(self, cfg: "PipelineConfig", root: Path, frames: dict | None = None) -> TableInfo:
         info = super().info(cfg, root, frames)
-        if len(info["features"]) < 2:
-            raise DataUnavailableError(f"a window needs at least 2 past values, got columns {info['features']}")
+        if len(info.features) < 2:
+            raise DataUnavailableError(f"a window needs at least 2 past values, got columns {info.features}")
         return info
 
     def holdout(self, y: np.ndarray, cfg: "PipelineConfig", seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -94,11 +94,11 @@ class SequenceForecast(Regression):
         idx = np.arange(n)
         return idx[:-n_val], idx[-n_val:]
 
-    def train_targets(self, y: np.ndarray, info: dict) -> np.ndarray:
+    def train_targets(self, y: np.ndarray, info: TableInfo) -> np.ndarray:
         return y  # raw values: WindowNorm scales each window and its target together
 
     # -- model ---------------------------------------------------------------------------------
-    def build_model(self, cfg: "PipelineConfig", info: dict):
+    def build_model(self, cfg: "PipelineConfig", info: TableInfo):
         from torch import nn
 
         from trainflow_timeseries.model import WindowNorm
@@ -106,12 +106,12 @@ class SequenceForecast(Regression):
 
         ref = cfg.model.factory or DEFAULT_FACTORY
         kwargs = cfg.model.kwargs if cfg.model.factory else {**DEFAULT_KWARGS, **cfg.model.kwargs}
-        net = load_factory(ref)(len(info["features"]), 1, **kwargs)
+        net = load_factory(ref)(len(info.features), 1, **kwargs)
         if not isinstance(net, nn.Module):
             raise ValueError(f"model.factory: {ref} returned {type(net).__name__}, not an nn.Module")
         return WindowNorm(net)
 
-    def export_module(self, model, info: dict):
+    def export_module(self, model, info: TableInfo):
         return model  # already in the series' units
 
     # -- evaluation hooks ----------------------------------------------------------------------
@@ -120,18 +120,18 @@ class SequenceForecast(Regression):
         frame, x, _, info = super().eval_data(cfg, root)
         # Both as the file holds them (float64, not the model's float32): a row whose next value
         # equals its last one is "no change", exactly as the persistence baseline predicts it.
-        y = frame[[cfg.dataset.label, info["features"][-1]]].to_numpy(dtype=np.float64)
+        y = frame[[cfg.dataset.label, info.features[-1]]].to_numpy(dtype=np.float64)
         return frame, x, y, info
 
-    def score(self, y: np.ndarray, pred: np.ndarray, info: dict) -> dict:
+    def score(self, y: np.ndarray, pred: np.ndarray, info: TableInfo) -> dict:
         from trainflow_timeseries.metrics import forecast_metrics
 
         y = np.asarray(y, dtype=np.float64)
         return forecast_metrics(y[:, 0], pred, y[:, 1])
 
-    def baseline(self, cfg, root, info: dict, n: int) -> tuple[str, np.ndarray]:
+    def baseline(self, cfg, root, info: TableInfo, n: int) -> tuple[str, np.ndarray]:
         """Persistence: each window's last value is its forecast (``n`` test rows)."""
         test = self.frames(cfg, root)["test"]
-        last = info["features"][-1]
+        last = info.features[-1]
         return f"persistence (the next value is {last})", test[last].to_numpy(dtype=np.float64)
 
