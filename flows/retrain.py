@@ -40,7 +40,9 @@ def _champion_dataset(run_id: str | None, fallback):
         return fallback
     from registry import store
 
-    dumped = store.load_recorded(run_id, "config.json")  # IntegrityError: changed since it was logged
+    # IntegrityError: changed since it was logged; a champion logged before hashes were recorded:
+    # this config's dataset section, not an unchecked file.
+    dumped = store.load_recorded(run_id, "config.json", unrecorded_ok=True)
     try:
         return DatasetConfig.model_validate(dumped["dataset"])
     except Exception:  # noqa: BLE001 - an old or odd run: the current layout is the best guess

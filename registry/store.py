@@ -271,9 +271,10 @@ def log_recorded(run_id: str, obj: Any, artifact_file: str) -> None:
     c.set_tag(run_id, RECORDED_TAG + artifact_file, hashlib.sha256(data).hexdigest())
 
 
-def load_recorded(run_id: str, artifact_file: str) -> dict | None:
+def load_recorded(run_id: str, artifact_file: str, unrecorded_ok: bool = False) -> dict | None:
     """``artifact_file`` of the run as ``log_recorded`` wrote it; None when the run has no such file.
-    Raises IntegrityError when its sha256 differs from the run's tag, or none was recorded."""
+    Raises IntegrityError when its sha256 differs from the run's tag, or none was recorded (with
+    ``unrecorded_ok``, a run logged before hashes were recorded gives None: its file is not used)."""
     import hashlib
     import json
     import tempfile
@@ -290,6 +291,8 @@ def load_recorded(run_id: str, artifact_file: str) -> dict | None:
         data = Path(local).read_bytes()
     want = client().get_run(run_id).data.tags.get(RECORDED_TAG + artifact_file)
     got = hashlib.sha256(data).hexdigest()
+    if want is None and unrecorded_ok:
+        return None
     if want is None:
         raise IntegrityError(f"run {run_id}: no sha256 of {artifact_file} was recorded (not logged by this version "
                              f"of trainflow), so the artifact store's copy cannot be checked; refusing to use it")

@@ -254,6 +254,11 @@ def test_a_changed_recorded_config_or_manifest_is_refused_by_reproduce_and_retra
     if recorded == "config.json":
         with pytest.raises(IntegrityError, match=f"config.json in the artifact store has sha256 {tampered}"):
             _champion_dataset(ctx.run_id, ctx.cfg.dataset)
+        # A champion logged before hashes were recorded: retrain uses this config's dataset, not the file.
+        from mlflow import MlflowClient
+
+        MlflowClient().delete_tag(ctx.run_id, "trainflow.sha256/config.json")
+        assert _champion_dataset(ctx.run_id, ctx.cfg.dataset) is ctx.cfg.dataset
 
 
 def test_evaluation_refuses_a_tampered_champion_it_must_rescore(store, project, program, tmp_path):
