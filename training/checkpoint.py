@@ -10,8 +10,8 @@ name and renamed, and is valid only with its completion marker, so a crash
 mid-write never leaves a checkpoint that resume would trust. Its files and folder
 are fsynced before the marker is written, and the marker and the rename after, so
 a marker that survives a power loss never vouches for data that did not. What goes inside
-is the strategy's business: DDP writes one ``state.pt`` from rank 0, FSDP writes
-``torch.distributed.checkpoint`` shards from every rank. ``save`` and
+is ``torch.distributed.checkpoint`` files for every strategy, written by the strategy: DDP's from
+rank 0 alone (a CPU copy, in a background thread), FSDP's shards from every rank. ``save`` and
 ``load_latest`` are collective: every rank calls them.
 """
 
@@ -268,8 +268,8 @@ class CheckpointManager:
 # -- TrainState: what one checkpoint holds, defined once -------------------------------------
 # The trainer keeps its progress in a ``TrainState``; the checkpointer (``CheckpointManager``)
 # decides when to save it and the strategy (``training.strategies``) only does the I/O: it writes
-# ``model`` and ``optimizer`` in its own format (``state.pt`` or DCP shards) and ``meta()``
-# beside them, and reads both back. Nothing else is stored, so this is the full list:
+# ``model`` and ``optimizer`` as DCP files (the full state from rank 0, or every rank's shards) and
+# ``meta()`` beside them, and reads both back. Nothing else is stored, so this is the full list:
 #
 # - model, optimizer: the live objects (the strategy reads/writes their state dicts);
 # - step (optimizer steps), epoch (epochs complete), cursor (samples of the epoch's global order

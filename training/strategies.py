@@ -25,14 +25,15 @@ Methods marked COLLECTIVE must be called by every rank, in the same order.
 
 Checkpoint layouts inside the caller's ``folder`` (which every rank can see):
 
-- single/ddp: ``state.pt`` = ``{"model", "optimizer", "extra"}`` (rank 0 writes);
-- fsdp: DCP files (``.metadata``, ``__<rank>_0.distcp``) holding
-  ``{"model", "optim"}`` plus ``extra.pt`` (rank 0 writes).
+one format for every strategy: DCP files (``.metadata``, ``__<rank>_0.distcp``) holding
+``{"model", "optim"}`` (FQN-keyed, as ``get_state_dict`` gives them) plus ``extra.pt``
+(rank 0 writes). single/ddp: rank 0 writes the full state alone (``no_dist``), from a CPU copy,
+in the checkpointer's background thread; the sharded strategies: every rank its shards.
 
-Model keys are the plain module's (no ``module.`` prefix) in both layouts, and each side
-reads the other's, so a checkpoint resumes on another world size or strategy: fsdp loads a
-``state.pt`` into its shards (``set_state_dict`` with ``full_state_dict``), single/ddp read DCP
-shards whole (DCP reshards on read). tp / pp / hybrid shards load only into their own layout.
+Model keys are the plain module's (no ``module.`` prefix), and DCP reshards on read, so a
+checkpoint resumes on another world size or strategy: fsdp reads a replicated checkpoint into its
+shards, single/ddp read fsdp's shards whole. tp / pp / hybrid shards load only into their own
+layout.
 What the ``extra`` part holds is ``training.checkpoint.TrainState.meta()``.
 """
 
@@ -59,7 +60,6 @@ from training.layouts import (  # noqa: F401  (re-exported)
     layout_for,
 )
 
-STATE_FILE = "state.pt"
 EXTRA_FILE = "extra.pt"
 DCP_METADATA = ".metadata"
 
@@ -99,6 +99,17 @@ def _targets_per_sample(y: torch.Tensor) -> int:
     for d in y.shape[1:]:
         n *= d
     return n
+
+
+def _cpu_copy(obj):
+    """``obj`` (a state dict: nested dicts and lists of tensors and numbers) with every tensor copied to CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
 
 
 def _atomic_save(obj, path: Path) -> None:
@@ -261,7 +272,7 @@ class Strategy:
 
     def save_checkpoint(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, extra: dict,
                         folder: Path) -> None:
-        """COLLECTIVE. Rank 0 writes ``folder/state.pt``; every rank raises if that failed."""
+        """COLLECTIVE. Rank 0 writes the full state into ``folder``; every rank raises if that failed."""
         folder = Path(folder)
         error = None
         if self.ctx.is_main:
@@ -273,17 +284,31 @@ class Strategy:
 
     def snapshot(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, extra: dict) -> dict:
         """Rank 0: a private CPU copy of the full state, safe to write while training goes on."""
-        import copy
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        return {
-            "model": {k: v.detach().to("cpu", copy=True) for k, v in self.unwrapped(wrapped).state_dict().items()},
-            "optimizer": copy.deepcopy(optimizer.state_dict()),
-            "extra": extra,
-        }
+        # get_state_dict initialises an optimizer that never stepped with a zero-lr step
+        # (AdamW: step=1); undo that so saving never changes how training continues.
+        fresh = not optimizer.state
+        try:
+            model_sd, optim_sd = get_state_dict(self.unwrapped(wrapped), optimizer)
+            return {"model": _cpu_copy(model_sd), "optim": _cpu_copy(optim_sd), "extra": extra}
+        finally:
+            if fresh:
+                optimizer.state.clear()
 
     def write_snapshot(self, state: dict, folder: Path) -> None:
-        """Rank 0: write a ``snapshot`` into ``folder`` (the format ``load_checkpoint`` reads)."""
-        _atomic_save(state, Path(folder) / STATE_FILE)
+        """Rank 0: write a ``snapshot`` into ``folder`` as DCP files, alone (the format every
+        strategy's ``load_checkpoint`` reads)."""
+        import warnings
+
+        import torch.distributed.checkpoint as dcp
+
+        folder = Path(folder)
+        _atomic_save(state["extra"], folder / EXTRA_FILE)
+        with _dcp_errors(f"saving checkpoint {folder}"), warnings.catch_warnings():
+            # no_dist is the intent here (rank 0 writes the replicated state), not a missing process group.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save({"model": state["model"], "optim": state["optim"]}, checkpoint_id=folder, no_dist=True)
 
     def check_layout(self, extra: dict, folder: Path) -> None:
         """Raise a ``CheckpointMismatchError`` when ``folder``'s shards cannot load into this layout.
@@ -298,31 +323,17 @@ class Strategy:
     def load_checkpoint(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict:
         """Restore model and optimizer in place from ``folder`` (every rank reads it); returns extra.
 
-        ``state.pt`` (single/ddp) as is; DCP shards (written by fsdp at any world size) are read
-        whole into this rank's full tensors. No collectives: each rank raises on a missing or
-        corrupt file by itself.
-        """
-        folder = Path(folder)
-        path = folder / STATE_FILE
-        if not path.exists() and (folder / DCP_METADATA).is_file():
-            return self._load_dcp_full(wrapped, optimizer, folder)
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(state, dict) or not {"model", "optimizer"} <= state.keys():
-            raise ValueError(f"{path}: not a checkpoint (expected keys model, optimizer, extra)")
-        self.check_layout(state.get("extra"), folder)
-        self.unwrapped(wrapped).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        return state.get("extra", {})
-
-    def _load_dcp_full(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict:
-        """A DCP checkpoint (sharded over any number of ranks) into this replicated model.
-
         DCP reshards on read: the targets are full tensors, so each rank reads every shard that
-        overlaps them (``no_dist``: no collective; each rank reads on its own).
+        overlaps them (written by any strategy at any world size). No collectives
+        (``no_dist``): each rank raises on a missing or corrupt file by itself.
         """
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+        folder = Path(folder)
+        if not (folder / DCP_METADATA).is_file():
+            raise FileNotFoundError(f"{folder / DCP_METADATA}: no checkpoint metadata (an older trainflow's "
+                                    "state.pt is not read)")
         extra = torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
         self.check_layout(extra, folder)
         model = self.unwrapped(wrapped)
@@ -438,25 +449,15 @@ class DCPStrategy(Strategy):
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         folder = Path(folder)
-        extra, error, full = None, None, None
+        extra, error = None, None
         try:
-            if not (folder / DCP_METADATA).is_file() and (folder / STATE_FILE).is_file():
-                # A replicated (single/ddp) checkpoint: every rank reads the full state.
-                full = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
-                if not isinstance(full, dict) or not {"model", "optimizer"} <= full.keys():
-                    raise ValueError(f"{folder / STATE_FILE}: not a checkpoint (expected keys model, optimizer, extra)")
-                extra = full.get("extra", {})
-            elif not (folder / DCP_METADATA).is_file():
+            if not (folder / DCP_METADATA).is_file():
                 raise FileNotFoundError(f"{folder / DCP_METADATA}: no DCP checkpoint metadata")
-            else:
-                extra = torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
+            extra = torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
         except Exception as exc:
             error = exc
         _agree(self.ctx, error, f"loading checkpoint {folder}")
         self.check_layout(extra, folder)  # every rank read the same extra: all raise, or none
-        if full is not None:
-            self._load_full_sharded(wrapped, optimizer, full)
-            return extra
         model_sd, optim_sd = get_state_dict(wrapped, optimizer, options=self._sd_options())
         state = {"model": model_sd, "optim": optim_sd}
         with _dcp_errors(f"loading checkpoint {folder}"):  # DCP raises on every rank if any failed
@@ -464,28 +465,6 @@ class DCPStrategy(Strategy):
         set_state_dict(wrapped, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                        options=self._sd_options())
         return extra
-
-
-    def _load_full_sharded(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, full: dict) -> None:
-        """COLLECTIVE. A full (replicated) state into this rank's shards.
-
-        Every rank holds the full state dict, so ``full_state_dict=True`` makes each keep its own
-        shard of every tensor. The optimizer state of ``state.pt`` is keyed by parameter index
-        (``Optimizer.state_dict``); it is re-keyed by parameter name first, in the order the
-        optimizer was built (the model's ``parameters()``, the same on both sides).
-        """
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-        names = [name for name, _ in self.unwrapped(wrapped).named_parameters()]
-        native = full["optimizer"]
-        by_index = dict(enumerate(names))
-        optim_sd = {
-            "state": {by_index[int(i)]: v for i, v in native["state"].items()},
-            "param_groups": [{**g, "params": [by_index[int(i)] for i in g["params"]]} for g in native["param_groups"]],
-        }
-        opts = StateDictOptions(full_state_dict=True)
-        with _dcp_errors("loading a replicated checkpoint into shards"):
-            set_state_dict(wrapped, optimizer, model_state_dict=full["model"], optim_state_dict=optim_sd, options=opts)
 
 
 class FSDPStrategy(DCPStrategy):

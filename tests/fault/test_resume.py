@@ -58,7 +58,7 @@ def test_corrupt_latest_checkpoint_is_skipped_and_resume_still_matches(uninterru
     steps = sorted((out / "checkpoints").glob("step_*"))
     # Truncate the newest two checkpoints (the final one and the one before it).
     for folder in steps[-2:]:
-        (folder / "state.pt").write_bytes(b"truncated")
+        (folder / "__0_0.distcp").write_bytes(b"truncated")
     again = train(out, JOB)
     assert again["resumed_from_step"] == int(steps[-3].name.split("_")[1])
     assert again["weights_sha256"] == uninterrupted["weights_sha256"]
@@ -108,8 +108,8 @@ def test_sigterm_checkpoints_exits_4_and_the_next_run_resumes(repo_root, bundled
 
 
 def test_resize_2_1_2_with_a_strategy_switch_sees_each_sample_once_per_epoch(uninterrupted, tmp_path):
-    # 2 ddp workers -> 1 fsdp worker (state.pt into shards) -> 2 ddp workers (DCP into replicas),
-    # each leg stopped by a preemption; every rank records the sample ids it trained on.
+    # 2 ddp workers -> 1 fsdp worker (a replicated checkpoint into shards) -> 2 ddp workers (shards
+    # into replicas), each leg stopped by a preemption; every rank records the sample ids it trained on.
     from core.config import load_config
     from training.data import load_splits
 

@@ -51,9 +51,7 @@ def _curve(result):
 
 def _checkpoint_keys(out):
     latest = sorted((out / "checkpoints").glob("step_*"))[-1]
-    if (latest / "state.pt").is_file():
-        return list(torch.load(latest / "state.pt", map_location="cpu", weights_only=True)["model"])
-    from torch.distributed.checkpoint import FileSystemReader  # fsdp: DCP shards, keys in .metadata
+    from torch.distributed.checkpoint import FileSystemReader  # DCP files, keys in .metadata
 
     keys = FileSystemReader(latest).read_metadata().state_dict_metadata
     return [k.removeprefix("model.") for k in keys if k.startswith("model.")]

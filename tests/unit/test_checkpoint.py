@@ -52,7 +52,7 @@ def test_corrupt_checkpoint_falls_back_to_older(tmp_path, caplog):
     ck.save(1, model, opt, {"step": 1})
     ck.save(2, model, opt, {"step": 2})
     ck.wait()
-    (tmp_path / "step_00000002" / "state.pt").write_bytes(b"truncated")
+    (tmp_path / "step_00000002" / "__0_0.distcp").write_bytes(b"truncated")
     assert ck.load_latest(model, opt)["step"] == 1
     assert "skipping unreadable checkpoint" in caplog.text
 
@@ -100,5 +100,5 @@ def test_state_and_its_folder_are_on_disk_before_the_marker_and_the_marker_after
     ck.wait()
     before = {path for path, marked in synced if not marked}
     after = {path for path, marked in synced if marked}
-    assert {tmp / "state.pt", tmp} <= before
+    assert {tmp / "__0_0.distcp", tmp / "extra.pt", tmp} <= before
     assert {tmp / "COMPLETE", tmp, root} <= after  # the marker, its folder, then the rename

@@ -89,8 +89,8 @@ def test_single_checkpoint_round_trip(tmp_path):
     _train(model, opt, 3)
     extra = {"step": 3, "epoch": 1, "name": "x", "rng": torch.get_rng_state(), "hist": [1.5, {"a": 2}]}
     s.save_checkpoint(model, opt, extra, tmp_path)
-    assert (tmp_path / "state.pt").is_file()
-    assert not [p for p in tmp_path.iterdir() if p.name != "state.pt"]  # no temp file left over
+    # DCP files, like every strategy's; no temp file left over
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".metadata", "__0_0.distcp", "extra.pt"]
     expected = _train(model, opt, 4, start=3)
 
     other = s.wrap(_model(1))  # different initial weights: the load must overwrite them
@@ -110,11 +110,12 @@ def test_single_load_missing_or_corrupt(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(FileNotFoundError):
         s.load_checkpoint(model, opt, tmp_path)
-    (tmp_path / "state.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(Exception):
+    torch.save({"model": {}, "optimizer": {}, "extra": {}}, tmp_path / "state.pt")  # an older trainflow's
+    with pytest.raises(FileNotFoundError, match="state.pt is not read"):
         s.load_checkpoint(model, opt, tmp_path)
-    torch.save({"weights": 1}, tmp_path / "state.pt")
-    with pytest.raises(ValueError, match="not a checkpoint"):
+    s.save_checkpoint(model, opt, {"step": 1}, tmp_path)
+    (tmp_path / "__0_0.distcp").write_bytes(b"not a checkpoint")
+    with pytest.raises(Exception):
         s.load_checkpoint(model, opt, tmp_path)
 
 

@@ -220,7 +220,7 @@ def main() -> None:
             bad = Path(args.workdir) / f"{name}_corrupt"
             if ctx.is_main:
                 shutil.copytree(folder, bad)
-                victim = bad / ("__1_0.distcp" if name == "fsdp" else "state.pt")
+                victim = bad / ("__1_0.distcp" if name == "fsdp" else "__0_0.distcp")
                 victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
             barrier(ctx)
             try:
