@@ -38,6 +38,7 @@ import yaml
 ALLOWED_RUN_ENV = ("TRAINFLOW_HOME",)
 HOME_VAR = "TRAINFLOW_HOME"
 GUARD_MODULE = "flows.worker_guard"
+REFUSED = "Refused by the trainflow worker guard: "  # what a refused run's state message starts with
 _PLACEHOLDER = re.compile(r"\{\{\s*\$(\w+)\s*\}\}")
 
 
@@ -213,7 +214,7 @@ def is_locked(template: dict) -> bool:
     return isinstance(command, str) and "{{" not in command and f"-m {GUARD_MODULE}" in command
 
 
-def _refuse(client, flow_run_id, reason: str, prefix: str = "Refused by the trainflow worker guard: ") -> None:
+def _refuse(client, flow_run_id, reason: str, prefix: str = REFUSED) -> None:
     """Put the run into Failed with ``reason`` (what the UI shows), unless it already ended."""
     from prefect.exceptions import Abort
     from prefect.states import Failed
@@ -269,8 +270,7 @@ def _guarded_worker_class():
                 return await super().run(flow_run, configuration, task_status)
             logger.error(f"Worker guard refused the run: {reason}")
             try:
-                await propose_state(self.client, Failed(message=f"Refused by the trainflow worker guard: {reason}"),
-                                    flow_run_id=flow_run.id)
+                await propose_state(self.client, Failed(message=REFUSED + reason), flow_run_id=flow_run.id)
             except Abort:
                 pass
             if task_status is not None:
