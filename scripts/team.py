@@ -132,15 +132,26 @@ def proc_identity(pid: int) -> dict | None:
             "cmdline": [a.decode(errors="replace") for a in cmdline.split(b"\0") if a]}
 
 
-def same_process(pid: int, recorded: dict | None) -> bool:
-    """Whether ``pid`` is still the process ``recorded`` describes. A record without a start
-    time (team.json of an older team.py) proves nothing: False."""
+def identity_mismatch(pid: int, recorded: dict | None) -> str | None:
+    """Why ``pid`` is not (or cannot be shown to be) the process ``recorded`` describes; None when
+    it is. A record without a start time (team.json of an older team.py) proves nothing."""
     if not recorded or "start" not in recorded:
-        return False
+        return "the record predates start-time records"
     now = proc_identity(pid)
-    if now is None or now["start"] != recorded["start"] or now["boot"] != recorded.get("boot"):
-        return False
-    return "cmdline" not in recorded or now["cmdline"] == recorded["cmdline"]
+    if now is None:
+        return "no such live process"
+    if now["boot"] != recorded.get("boot"):
+        return "recorded in another boot"
+    if now["start"] != recorded["start"]:
+        return f"it started at tick {now['start']}, the recorded one at {recorded['start']}"
+    if "cmdline" in recorded and now["cmdline"] != recorded["cmdline"]:
+        return f"its command line is {shlex.join(now['cmdline'])!r}, not {shlex.join(recorded['cmdline'])!r}"
+    return None
+
+
+def same_process(pid: int, recorded: dict | None) -> bool:
+    """Whether ``pid`` is still the process ``recorded`` describes."""
+    return identity_mismatch(pid, recorded) is None
 
 
 def _group_alive(pgid: int) -> bool:
@@ -336,16 +347,17 @@ def _basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
-def stop_group(pid: int, identity: dict | None, grace: float = 20) -> bool:
+def stop_group(pid: int, identity: dict | None, grace: float = 20) -> str | None:
     """SIGTERM the process group led by ``pid``, SIGKILL what is left of it after ``grace`` seconds,
-    but only while ``pid`` is still the process ``identity`` recorded. False (nothing signalled)
-    when it is not: the number now belongs to another process, or nothing proves it is ours."""
-    if not same_process(pid, identity):
-        return False
+    but only while ``pid`` is still the process ``identity`` recorded. Returns None once signalled,
+    else why nothing was: the number now belongs to another process, or nothing proves it is ours."""
+    refused = identity_mismatch(pid, identity)
+    if refused is not None:
+        return refused
     # The group id is the leader's pid, which no new process can take while any member lives:
     # once the leader is verified, the group stays ours until it is empty.
     stop_process_group(pid, grace)
-    return True
+    return None
 
 
 def server_env(extra: dict | None = None) -> dict:
@@ -469,9 +481,10 @@ def down(team_dir: Path) -> bool:
     # The Prefect server first: its services would otherwise log connection errors on the way down.
     for name in ("prefect", "mlflow"):
         pid = state["pids"].get(name)
-        if pid and not stop_group(pid, state.get("identity", {}).get(name)) and pid_alive(pid):
-            print(f"team: {name}: pid {pid} is not the {name} server team-up started (another process has "
-                  f"that number now, or {state_file} predates start-time records); not signalled", file=sys.stderr)
+        refused = stop_group(pid, state.get("identity", {}).get(name)) if pid else None
+        if refused is not None and pid_alive(pid):
+            print(f"team: {name}: pid {pid} is not the {name} server team-up started ({refused}; "
+                  f"recorded in {state_file}); not signalled", file=sys.stderr)
     if state.get("pg"):
         pg_down(state["pg"])
     state_file.unlink()

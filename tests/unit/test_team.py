@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -50,6 +51,8 @@ def test_down_with_stale_team_json_leaves_an_unrelated_live_pid_alive(team, byst
     assert bystander.poll() is None, "down signalled a process it did not start"
     err = capsys.readouterr().err
     assert f"pid {bystander.pid} is not the mlflow server team-up started" in err
+    assert {"none": "predates start-time records", "other_start": "it started at tick",
+            "other_cmdline": "its command line is"}[record] in err
     assert not (tmp_path / "team" / "team.json").exists()  # the stale record is gone
 
 
@@ -57,7 +60,13 @@ def test_down_stops_the_process_it_started_and_its_group(team, tmp_path):
     # What up records for a server: pid, start time and boot; the command line once it answers.
     leader = subprocess.Popen(["sh", "-c", "sleep 300 & wait"], start_new_session=True)
     try:
+        # Popen returns once exec closed its pipe, before the kernel set the new command line; once
+        # sh has forked its sleep, its exec is long done (up reads the command line after an answer).
+        deadline = time.monotonic() + 10
+        while len(team.group_members(leader.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
         identity = team.proc_identity(leader.pid)
+        assert identity["cmdline"] == ["sh", "-c", "sleep 300 & wait"]
         _stale_state(tmp_path / "team", leader.pid, identity)
         assert team.main(["down", "--dir", str(tmp_path / "team")]) == 0
         assert leader.wait(timeout=10) is not None
