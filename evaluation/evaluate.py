@@ -81,7 +81,8 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
     if "confusion_matrix" in cand:
         primary = task.primary or task.champion_metrics[0]
         files["confusion_matrix"] = str(confusion_png(cand["confusion_matrix"], out_dir / "confusion_matrix.png",
-                                                      f"candidate: {primary} {cand[primary]:.4f}"))
+                                                      f"candidate: {primary} {cand[primary]:.4f}",
+                                                      names=task.class_names(info)))
     report = {"candidate": cand, "champion": champ, "champion_scores": how, "baseline": baseline, "gbdt": gbdt,
               "scoring_key": key, "candidate_scored_in": where, "files": files}
     (out_dir / "metrics.json").write_text(json.dumps(report, indent=2, default=str))

@@ -5,7 +5,7 @@
     trainflow k8s-job --nnodes N --gpus-per-node G --image REF@DIGEST ...    # multi-node Kubernetes Job YAML
     trainflow retrain [--config PATH] [--set K=V ...] [--force]             # the pipeline, only if the champion is stale
     trainflow reproduce NAME@ALIAS|NAME/VERSION|RUN_ID [--summary-json PATH] # retrain from the manifest, compare weights
-    trainflow init --data PATH --label COLUMN [--task T] [--name NAME]      # track a table, write its config + expectations
+    trainflow init --data PATH [--label COLUMN] [--task T] [--name NAME]    # track a table or image folder, write its config
     trainflow ui [--prefect-port P] [--mlflow-port P]                       # the Prefect and MLflow UIs on .trainflow/
     trainflow pool create NAME                                              # a locked process work pool for prefect.yaml
     trainflow worker --pool NAME [--limit N]                                # a worker that runs only prefect.yaml's runs
@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Track a CSV or Parquet table with DVC (local cache), profile it into\n"
                     "configs/NAME.expectations.yaml (review and commit it) and write configs/NAME.yaml.\n"
+                    "A folder of images (train/<class>/*.png|jpg and test/<class>/*, no --label) is\n"
+                    "profiled into configs/NAME.yaml itself (its classes and bounds).\n"
                     "It says what it decided from the data: identifier columns left out, integer\n"
                     "columns taken as categories, how missing values are handled, duplicate rows.\n"
                     "After a schema change (columns added, removed or retyped) run it again: it\n"
@@ -155,10 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "the diff.")
     init.add_argument("--data", required=True, help="a folder with train + test tables (.csv/.parquet) or one table, "
                       "or one table file, inside the repository")
-    init.add_argument("--label", required=True, help="the column to predict")
-    init.add_argument("--task", choices=["classification", "regression"],
-                      help="default: classification for a text label or an integer one with few values, else "
-                           "regression (a re-run keeps the config's)")
+    init.add_argument("--label", help="the column to predict (a table; not for a folder of images)")
+    init.add_argument("--task", help="classification, regression, image_classification or a plugin's; default: "
+                           "image_classification for train/<class>/ + test/<class>/ image folders, else classification "
+                           "for a text label or an integer one with few values, else regression (a re-run keeps "
+                           "the config's)")
     init.add_argument("--name", help="pipeline name [a-z][a-z0-9_-]* (default: the folder or file name)")
     init.add_argument("--test-fraction", type=float,
                       help="test share when one table is split, stratified by class (default 0.2; a re-run keeps "

@@ -37,13 +37,14 @@ class InitError(TrainflowError):
     """The data, the label or the project cannot be set up as asked; the message says why."""
 
 
-def init_project(root: Path, data: str | Path, label: str, task: str | None = None, name: str | None = None,
+def init_project(root: Path, data: str | Path, label: str | None, task: str | None = None, name: str | None = None,
                  test_fraction: float | None = None) -> dict[str, Any]:
     """Track ``data`` with DVC, profile it into an expectations file and write a pipeline config.
 
     ``root``: the git + DVC repository; ``data`` (relative to ``root`` unless absolute): a folder
     holding train + test tables (``train.csv|parquet``, ``test.csv|parquet``) or one table, or
-    one table file. ``task``/``name`` default to what the data suggests (see the result's
+    one table file; or, with no ``label``, a folder a task reads by itself (``Task.init_reads``:
+    images in ``train/<class>/`` and ``test/<class>/``), set up by ``_init_folder``. ``task``/``name`` default to what the data suggests (see the result's
     ``task_reason``) or, on a re-run, to the existing config's. ``test_fraction``: the test share
     when one table is split (default: the existing config's, else 0.2). Side effects: ``dvc add``
     (local cache, no push) and the two files under ``configs/``.
@@ -65,6 +66,9 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
         raise InitError(f"{root} is not a DVC repository (no .dvc/ folder); run `git init && dvc init` there first")
     target = _inside(root, data)
     rel = target.relative_to(root).as_posix()
+    folder = _folder_task(task, target, label)
+    if folder is not None:
+        return _init_folder(root, target, rel, *folder, name)
     layout, table_paths = _layout(target, rel)
     name = _name(name, target)
     config_rel, exp_rel = f"configs/{name}.yaml", f"configs/{name}.expectations.yaml"
@@ -169,6 +173,103 @@ def init_project(root: Path, data: str | Path, label: str, task: str | None = No
     }
 
 
+def _folder_task(task: str | None, target: Path, label: str | None) -> tuple[str, str, bool] | None:
+    """(task, why, inferred) when ``target`` is data a task sets up by itself (``Task.init_reads``),
+    else None (a table: ``label`` names its column). ``task`` given: that one, when it reads
+    folders; none and no ``label``: the first registered task that reads ``target``."""
+    from tasks import get_task, names
+
+    if task is not None:
+        try:
+            fit = get_task(task).init_reads(target)
+        except TrainflowError as exc:
+            raise InitError(f"--task {task!r}: {exc}") from None
+        if fit.fits:
+            return task, fit.why, False
+        if label is None:
+            raise InitError(f"--task {task}: {fit.why}; for a table, name its label column with --label")
+        return None
+    if label is not None:
+        return None
+    why = []
+    for name in names():
+        try:
+            fit = get_task(name).init_reads(target)
+        except TrainflowError:  # a plugin that cannot be loaded is not a candidate
+            continue
+        if fit.fits and fit.preferred:
+            return name, fit.why, True
+        why.append(f"{name}: {fit.why}")
+    raise InitError(f"--label: name the column to predict for a table; no task reads {target.name} by itself "
+                    f"({'; '.join(why)})")
+
+
+# The keys of dataset.images a user chooses (kept on a re-run); the rest are the data's facts.
+IMAGE_CHOICES = ("size", "channels", "augment")
+
+
+def _init_folder(root: Path, target: Path, rel: str, task: str, task_reason: str, inferred: bool,
+                 name: str | None) -> dict[str, Any]:
+    """``init_project`` for data a task sets up by itself: the task profiles it
+    (``Task.init_folder``), init tracks it with DVC and writes ``configs/NAME.yaml`` (the reviewed
+    bounds are in the config itself). Run again, it keeps the user's keys."""
+    import yaml
+
+    from core.config import config_from_dict, merge_config
+    from core.errors import DataUnavailableError
+    from tasks import get_task
+
+    if not target.is_dir():
+        raise InitError(f"--data {rel}: task {task} reads a folder, not a file")
+    name = _name(name, target)
+    config_rel = f"configs/{name}.yaml"
+    before = (root / config_rel).read_text() if (root / config_rel).is_file() else None
+    old = _old_config(config_rel, before)
+    _check_not_inside_tracked(root, target)
+    chosen = get_task(task)
+    try:
+        facts = chosen.init_folder(root, target, rel)
+    except DataUnavailableError as exc:
+        raise InitError(str(exc)) from None
+    defaults = chosen.init_defaults()
+    raw: dict[str, Any] = {
+        "name": name, "task": task, "dataset": {"dvc_file": f"{rel}.dvc", "path": rel, **facts["dataset"]},
+        "model": defaults["model"], "training": {"strategy": "ddp", **facts["training"]}, "gates": defaults["gates"],
+        "registry": {"model_name": name, "experiment": f"trainflow-{name}"},
+    }
+    if old is not None:
+        fresh = raw
+        raw = merge_config(fresh, old)
+        images = dict(fresh["dataset"].get("images") or {})
+        old_images = (old.get("dataset") or {}).get("images") or {}
+        images.update({k: old_images[k] for k in IMAGE_CHOICES if k in old_images})
+        raw["dataset"] = {**(old.get("dataset") or {}), **fresh["dataset"], "images": images}
+    try:
+        config_from_dict(raw)
+    except TrainflowError as exc:
+        raise InitError(f"{config_rel}: the config init would write is invalid: {exc}") from None
+    md5 = _dvc_add(root, rel)
+    (root / "configs").mkdir(exist_ok=True)
+    header = (f"# Written by `trainflow init` for {rel} (DVC md5 {md5}).\n"
+              f"# task: {task} ({'inferred: ' if inferred else ''}{task_reason}).\n"
+              "# Review dataset.images.classes and .expectations (validation checks every later version of the\n"
+              "# data against them), then commit this file. Decided from the data:\n"
+              + "".join(f"#   {line}\n" for line in facts["lines"])
+              + f"# Every key not here keeps its default (core/config.py). Run: trainflow run --config {config_rel}\n")
+    text = header + yaml.safe_dump(raw, sort_keys=False, default_flow_style=False)
+    (root / config_rel).write_text(text)
+    gitignore = _rel(root, target.parent / ".gitignore")
+    return {
+        "name": name, "task": task, "task_inferred": inferred, "task_reason": task_reason, "data": rel,
+        "rows": facts["rows"], "classes": facts["classes"], "lines": facts["lines"], "problems": facts["problems"],
+        "dvc_file": f"{rel}.dvc", "md5": md5, "config": config_rel, "expectations": None,
+        "updated": [config_rel] if before is not None else [],
+        "diff": {config_rel: _diff(config_rel, before, text)} if before is not None else {},
+        "git_add": [f"{rel}.dvc", *([gitignore] if (root / gitignore).is_file() else []), config_rel],
+        "next": f"trainflow run --config {config_rel}",
+    }
+
+
 # The dataset keys init takes from the data on every run (the rest of an existing config is the user's).
 DATA_FACTS = ("dvc_file", "path", "file", "train_file", "test_file", "test_fraction", "label", "expectations_file")
 
@@ -239,6 +340,8 @@ def _diff(path: str, before: str, after: str) -> str:
 def format_report(r: dict[str, Any]) -> str:
     """What ``trainflow init`` prints: what it did, the choices it made from the data (each with
     its reason), what to review, what changed on a re-run, what to run next."""
+    if "lines" in r:
+        return _format_folder_report(r)
     split = (f"one table {r['layout']['file']}, split into train/test by seed" if "file" in r["layout"]
              else f"{r['layout']['train_file']} + {r['layout']['test_file']}")
     rows = ", ".join(f"{k} {v}" for k, v in r["rows"].items())
@@ -255,15 +358,36 @@ def format_report(r: dict[str, Any]) -> str:
         f"expectations: {r['expectations']}  <- review it: validation checks every data version against it",
         f"config:       {r['config']}",
     ]
+    return "\n".join(lines + _closing_lines(r, table=True))
+
+
+def _format_folder_report(r: dict[str, Any]) -> str:
+    rows = ", ".join(f"{k} {v}" for k, v in r["rows"].items())
+    lines = [
+        f"data:         {r['data']} ({rows} files)",
+        f"task:         {r['task']} ({'inferred: ' if r['task_inferred'] else ''}{r['task_reason']})",
+        f"name:         {r['name']}",
+        *r["lines"],
+        f"dvc add:      {r['dvc_file']} (md5 {r['md5']}), in the local DVC cache",
+        f"config:       {r['config']}  <- review dataset.images.classes and .expectations: validation checks "
+        "every data version against them",
+    ]
+    return "\n".join(lines + _closing_lines(r, table=False))
+
+
+def _closing_lines(r: dict[str, Any], table: bool) -> list[str]:
+    """The re-run diff, how to share the data, what to commit and run next."""
+    lines = []
     if r.get("updated"):
-        lines += ["", f"Updated {' and '.join(r['updated'])}: the data facts and the expectations are new, every "
-                      "other key of yours is kept. What changed:"]
+        facts = "the data facts and the expectations are" if table else "the data facts are"
+        lines += ["", f"Updated {' and '.join(r['updated'])}: {facts} new, every other key of yours is kept. "
+                      "What changed:"]
         for path, diff in r["diff"].items():
             lines += [diff.rstrip("\n")] if diff else [f"    {path}: unchanged"]
+    if table:
+        lines += ["", "After a schema change (columns added, removed or retyped), run this same init command again:",
+                  "it refreshes the data facts and the expectations and keeps your own keys."]
     lines += [
-        "",
-        "After a schema change (columns added, removed or retyped), run this same init command again:",
-        "it refreshes the data facts and the expectations and keeps your own keys.",
         "",
         "Your data is in this repository's local DVC cache only, and runs work from it. To share it",
         "(and to let a fresh clone `dvc pull` it), add your own DVC remote and push:",
@@ -278,7 +402,7 @@ def format_report(r: dict[str, Any]) -> str:
         "Next:",
         f"    {r['next']}",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def choice_lines(choices: dict, unlabeled: int = 0) -> list[str]:

@@ -53,6 +53,36 @@ def load_program(path: Path):
 SCORES_FILE = "test_scores.json"
 
 
+def write_program_scores(out: Path, x, decode: Callable, split_sha256: str) -> None:
+    """Rank 0, after export: ``out/model.pt2``'s predictions on ``x`` (the evaluation split's model
+    input, ``decode`` turning the outputs into what the task's ``score`` takes) and its one-row
+    latency, with the hashes of the program and the split, into ``test_scores.json`` (read back by
+    the evaluation only when both still match)."""
+    import json
+    import time
+
+    import torch
+
+    from core.hashing import file_sha256
+
+    program = load_program(Path(out) / "model.pt2")
+    xt = torch.as_tensor(x)
+    times = []
+    with torch.no_grad():
+        outputs = program(xt).numpy()
+        for i in range(220):  # 20 warm-up calls, then 200 timed one-row calls
+            t0 = time.perf_counter()
+            program(xt[i % len(xt)][None]).numpy()
+            if i >= 20:
+                times.append((time.perf_counter() - t0) * 1000)
+    scores = {"pred": decode(outputs).tolist(), "outputs_shape": list(outputs.shape), "latency_ms": times,
+              "threads": torch.get_num_threads(), "model_sha256": file_sha256(Path(out) / "model.pt2"),
+              "split_sha256": split_sha256}
+    tmp = Path(out) / (SCORES_FILE + ".tmp")
+    tmp.write_text(json.dumps(scores))
+    tmp.replace(Path(out) / SCORES_FILE)
+
+
 @dataclass(frozen=True)
 class Metric:
     """One figure the evaluation reports. ``relative``: the champion regression allowance
@@ -171,6 +201,17 @@ class Task:
         """Config sections ``trainflow init`` writes for this task (model, gates)."""
         return {}
 
+    def init_reads(self, target: Path) -> InitFit:
+        """Can ``trainflow init`` set this task up for the data at ``target`` by itself, without a
+        table's label (an image folder)? Such a task also answers ``init_folder``."""
+        return InitFit(False, False, f"task {self.name!r} is set up by init from a table's label, not a folder")
+
+    def init_folder(self, root: Path, target: Path, rel: str) -> dict:
+        """What ``trainflow init`` writes for the data folder ``target`` (``rel`` to ``root``):
+        ``{"dataset": {...}, "training": {...}, "rows": {split: n}, "classes": [...], "lines":
+        [what it decided, one line each], "problems": [what validation will refuse]}``. Torch-free."""
+        raise NotImplementedError(f"task {self.name!r} is not set up by init from a folder")
+
     # -- validation (torch-free) -------------------------------------------------------------
     def validation_plan(self, cfg: "PipelineConfig", root: Path):
         """A ``ValidationPlan``: the suite the GX runner (``validation.gx_run``) runs, the files to hash, its params."""
@@ -243,6 +284,10 @@ class Task:
         client sends) scored on this run's evaluation split, as ``score`` returns it. Tasks whose
         ``evaluator`` is "predictions" answer it."""
         raise NotImplementedError
+
+    def class_names(self, info: DataInfo) -> list[str] | None:
+        """The names of a classifier's classes, in its output order (the confusion matrix's axes); None otherwise."""
+        return None
 
     def recorded_keys(self) -> tuple[str, ...]:
         """What a recorded score dict must hold to stand in for a rescored champion."""

@@ -76,6 +76,8 @@ def torch_predictor(module, threads: int = 1) -> Predictor:
     return predict
 
 
+# Class names longer than this are cut on the confusion matrix's axes.
+MAX_NAME = 14
 # Cell colours run from light to dark blue with the count (matplotlib's "Blues" end points).
 _LIGHT, _DARK = (247, 251, 255), (8, 48, 107)
 
@@ -86,9 +88,10 @@ def confusion_layout(n: int) -> tuple[int, int, int]:
     return cell, 56, 44
 
 
-def confusion_png(matrix: list[list[int]], path: Path, title: str) -> Path:
+def confusion_png(matrix: list[list[int]], path: Path, title: str, names: list[str] | None = None) -> Path:
     """Render the confusion matrix as a PNG: one shaded cell per (true, predicted) pair with its
-    count, rows true and columns predicted, class indices on both axes.
+    count, rows true and columns predicted, the class names (``names``; else their indices) on
+    both axes (a name longer than ``MAX_NAME`` characters cut with "...").
 
     Drawn with Pillow (milliseconds) rather than matplotlib (about a second to import and draw).
     """
@@ -96,11 +99,16 @@ def confusion_png(matrix: list[list[int]], path: Path, title: str) -> Path:
 
     m = np.asarray(matrix, dtype=np.int64)
     n = m.shape[0]
+    labels = [str(k) for k in range(n)] if names is None or len(names) != n else \
+        [s if len(s) <= MAX_NAME else s[:MAX_NAME - 1] + "\u2026" for s in map(str, names)]
     cell, left, top = confusion_layout(n)
-    width, height = left + n * cell + 12, top + n * cell + 34
+    font = ImageFont.load_default(size=max(8, min(12, cell // 3)))
+    left = max(left, 12 + max(int(font.getlength(s)) for s in labels))
+    longest = max(int(font.getlength(s)) for s in labels)
+    bottom = 34 if longest <= cell else longest + 24
+    width, height = left + n * cell + 12, top + n * cell + bottom
     img = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(img)
-    font = ImageFont.load_default(size=max(8, min(12, cell // 3)))
     big = ImageFont.load_default(size=13)
     peak = max(int(m.max()), 1)
     light, dark = np.asarray(_LIGHT, float), np.asarray(_DARK, float)
@@ -111,9 +119,14 @@ def confusion_png(matrix: list[list[int]], path: Path, title: str) -> Path:
         if cell >= 18:
             draw.text((x0 + cell / 2, y0 + cell / 2), str(v), anchor="mm", font=font,
                       fill="white" if v > peak / 2 else "black")
-    for k in range(n):
-        draw.text((left + k * cell + cell / 2, top + n * cell + 3), str(k), anchor="ma", font=font, fill="black")
-        draw.text((left - 4, top + k * cell + cell / 2), str(k), anchor="rm", font=font, fill="black")
+    for k, label in enumerate(labels):
+        if longest <= cell:
+            draw.text((left + k * cell + cell / 2, top + n * cell + 3), label, anchor="ma", font=font, fill="black")
+        else:  # a long name is turned upright under its column
+            turned = Image.new("L", (int(font.getlength(label)) + 2, cell), 0)
+            ImageDraw.Draw(turned).text((0, cell / 2), label, anchor="lm", font=font, fill=255)
+            img.paste((0, 0, 0), (left + k * cell, top + n * cell + 3), turned.rotate(90, expand=True))
+        draw.text((left - 4, top + k * cell + cell / 2), label, anchor="rm", font=font, fill="black")
     draw.text((left + n * cell / 2, height - 3), "predicted", anchor="md", font=font, fill="black")
     draw.text((4, top - 4), "true", anchor="ld", font=font, fill="black")
     draw.text((width / 2, 4), title, anchor="ma", font=big, fill="black")

@@ -26,7 +26,7 @@ import numpy as np
 
 from core.errors import ConfigError, DataUnavailableError
 from core.expectations import load_expectations
-from tasks.base import SCORES_FILE, InitFit, Metric, ModelSpec, Task, ValidationPlan, load_program
+from tasks.base import InitFit, Metric, ModelSpec, Task, ValidationPlan, load_program, write_program_scores
 from tasks.info import DataInfo
 from tasks.encoding import FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, kinds_from_frame
 from tasks.table import feature_columns, load_frames, split_paths
@@ -426,32 +426,7 @@ class _Table(Task):
         return self.frames(cfg, root)["test"], p["xt"], p["yt"], p["info"]
 
     def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
-        """Rank 0: ``out/model.pt2``'s predictions on the test split and its one-row latency, with
-        the hashes of the program and the split, into ``test_scores.json`` (read back by the
-        evaluation only when both still match)."""
-        import time
-
-        import torch
-
-        from core.hashing import file_sha256
-
-        x = self.prepared(cfg, root)["xt"]
-        program = load_program(Path(out) / "model.pt2")
-        xt = torch.as_tensor(x)
-        times = []
-        with torch.no_grad():
-            outputs = program(xt).numpy()
-            for i in range(220):  # 20 warm-up calls, then 200 timed one-row calls
-                t0 = time.perf_counter()
-                program(xt[i % len(xt)][None, :]).numpy()
-                if i >= 20:
-                    times.append((time.perf_counter() - t0) * 1000)
-        scores = {"pred": self.decode(outputs).tolist(), "outputs_shape": list(outputs.shape), "latency_ms": times,
-                  "threads": torch.get_num_threads(), "model_sha256": file_sha256(Path(out) / "model.pt2"),
-                  "split_sha256": self.scoring_key(cfg, root)["split_sha256"]}
-        tmp = Path(out) / (SCORES_FILE + ".tmp")
-        tmp.write_text(json.dumps(scores))
-        tmp.replace(Path(out) / SCORES_FILE)
+        write_program_scores(out, self.prepared(cfg, root)["xt"], self.decode, self.scoring_key(cfg, root)["split_sha256"])
 
     def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
         from core.hashing import file_sha256, sha256_json
@@ -641,6 +616,9 @@ class Classification(_Table):
         y = self.targets(train[cfg.dataset.label], info)
         majority = int(np.bincount(y, minlength=len(info.classes)).argmax())
         return f"majority class {info.classes[majority]!r}", np.full(n, majority, dtype=np.int64)
+
+    def class_names(self, info: TableInfo) -> list[str]:
+        return [_label_key(c) for c in info.classes]
 
     def _key_parts(self, cfg, root) -> dict:
         return {"classes": [_label_key(c) for c in self.prepared(cfg, root)["info"].classes]}

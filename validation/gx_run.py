@@ -36,7 +36,7 @@ DATA_DOCS_DIR = "data_docs"
 
 
 # The suites a plan may name (``ValidationPlan.runner``) -> their module, imported when asked.
-SUITES = {"table": "validation.suite", "text": "validation.text_suite"}
+SUITES = {"table": "validation.suite", "text": "validation.text_suite", "image": "validation.image_suite"}
 
 
 def suite_module(name: str):

@@ -67,7 +67,7 @@ def test_each_validation_module_imports_alone_in_a_fresh_interpreter():
     assert loaded.pop("heavy") == []
     # Importing the runner loads no suite; a suite loads the runner and the report, nothing else.
     assert loaded["validation.gx_run"] == ["validation.gx_run", "validation.report"]
-    for suite in ("validation.suite", "validation.text_suite"):
+    for suite in ("validation.suite", "validation.text_suite", "validation.image_suite"):
         assert loaded[suite] == sorted([suite, "validation.gx_run", "validation.report"])
 
 
@@ -75,6 +75,6 @@ def test_a_plan_naming_an_unknown_suite_is_one_clear_error():
     from tasks.base import ValidationPlan
     from validation.gx_run import SUITES, suite_key, suite_module
 
-    assert {name: suite_module(name).NAME for name in SUITES} == {"table": "table", "text": "text"}
-    with pytest.raises(ValueError, match=r"^validation plan: unknown suite 'image'; known: table, text$"):
-        suite_key(ValidationPlan("image", [], {}))
+    assert {name: suite_module(name).NAME for name in SUITES} == {"table": "table", "text": "text", "image": "image"}
+    with pytest.raises(ValueError, match=r"^validation plan: unknown suite 'audio'; known: table, text, image$"):
+        suite_key(ValidationPlan("audio", [], {}))

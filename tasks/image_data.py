@@ -1,0 +1,201 @@
+"""Image folders as people have them, torch-free: listing, profiling and decoding.
+
+A dataset is ``train/<class>/*`` and ``test/<class>/*`` under ``dataset.path`` (torchvision's and
+Hugging Face's ImageFolder layout; files in nested folders of a class count too), or a manifest
+table with columns ``path`` (relative to ``dataset.path``), ``label`` and optionally ``split``.
+Every path stays inside ``dataset.path``: a manifest row naming ``../x`` or ``/etc/passwd`` is
+refused, and so is a symbolic link leading out.
+
+Decoding is Pillow's: ``convert`` to L (1 channel) or RGB (3), then a bilinear ``resize`` to
+``images.size``. The registered model does the same (``tasks/pyfunc_image.py``, which may import
+no project code; ``tests/unit/test_image_task.py`` checks that the two agree). Training decodes
+every file once into a uint8 array ``[n, channels, height, width]`` kept as ``.npy`` in
+``TRAINFLOW_HOME/cache/images`` (no pickle), keyed by the files' sizes and modification times and
+the decoding settings: each rank and each later run maps it instead of decoding again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from core.errors import DataUnavailableError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from core.config import DatasetConfig
+
+SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
+SPLITS = ("train", "test")
+MODES = {1: "L", 3: "RGB"}
+# Columns of the per-file profile (``profile``): what validation's expectations look at.
+COLUMNS = ["file", "path", "label", "n_bytes", "sha256", "decodes", "error", "width", "height", "mode"]
+
+
+def _inside(base: Path, rel: str, where: str) -> Path:
+    """``base / rel``, refused (DataUnavailableError naming ``where``) unless it stays inside ``base``."""
+    if not rel or Path(rel).is_absolute() or "\\" in rel:
+        raise DataUnavailableError(f"{where}: path {rel!r} must be relative to the dataset folder")
+    path = base / rel
+    try:
+        path.resolve().relative_to(base.resolve())
+    except ValueError:
+        raise DataUnavailableError(f"{where}: path {rel!r} leads outside the dataset folder {base}") from None
+    return path
+
+
+def list_images(cfg: "DatasetConfig", root: Path, seed: int) -> dict[str, list[tuple[str, str]]]:
+    """``{"train": [(path, label)], "test": [...]}``, paths relative to ``dataset.path``, sorted by
+    class then path. Raises DataUnavailableError for a missing folder or a bad manifest."""
+    images = cfg.images
+    base = Path(root) / cfg.path
+    if not base.is_dir():
+        raise DataUnavailableError(f"{base} does not exist. The DVC-tracked data ({cfg.dvc_file}) is missing from "
+                                   f"the workspace; run `dvc pull` (or check dataset.path)")
+    if images.manifest is not None:
+        return _from_manifest(cfg, base, seed)
+    out = {}
+    for split, folder in (("train", images.train_dir), ("test", images.test_dir)):
+        top = _inside(base, folder, f"dataset.images.{split}_dir")
+        if not top.is_dir():
+            raise DataUnavailableError(f"{split} split not found: {top} is not a folder (expected "
+                                       f"{folder}/<class>/*.png|jpg|jpeg|webp)")
+        entries = []
+        for cls in sorted(p for p in top.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            for f in sorted(cls.rglob("*")):
+                if f.is_file() and f.suffix.lower() in SUFFIXES and not f.name.startswith("."):
+                    rel = f.relative_to(base).as_posix()
+                    _inside(base, rel, f"{split}/{cls.name}")  # a symbolic link may lead out
+                    entries.append((rel, cls.name))
+        out[split] = entries
+    return out
+
+
+def _from_manifest(cfg: "DatasetConfig", base: Path, seed: int) -> dict[str, list[tuple[str, str]]]:
+    from tasks.table import read_table, seeded_split
+
+    where = f"dataset.images.manifest {cfg.images.manifest}"
+    df = read_table(_inside(base, cfg.images.manifest, "dataset.images.manifest"))
+    missing = [c for c in ("path", "label") if c not in df.columns]
+    if missing:
+        raise DataUnavailableError(f"{where}: lacks column(s) {missing}; it needs path, label and optionally split")
+    if df["path"].isna().any() or df["label"].isna().any():
+        row = int(np.flatnonzero((df["path"].isna() | df["label"].isna()).to_numpy())[0])
+        raise DataUnavailableError(f"{where}: row {row + 2} has no path or no label")
+    rows = [(str(p), _label_text(v)) for p, v in zip(df["path"], df["label"])]
+    for i, (p, _) in enumerate(rows):
+        _inside(base, p, f"{where} row {i + 2}")
+    if "split" in df.columns:
+        split = df["split"].astype("string").str.lower().fillna("")
+        bad = sorted(set(split) - set(SPLITS))
+        if bad:
+            raise DataUnavailableError(f"{where}: column split holds {bad}; use train or test")
+        keep, held = np.flatnonzero((split == "train").to_numpy()), np.flatnonzero((split == "test").to_numpy())
+    else:
+        import pandas as pd
+
+        keep, held = seeded_split(pd.Series([r[1] for r in rows]), len(rows), cfg.test_fraction, seed, True)
+    return {"train": sorted((rows[i] for i in keep), key=lambda r: (r[1], r[0])),
+            "test": sorted((rows[i] for i in held), key=lambda r: (r[1], r[0]))}
+
+
+def _label_text(v) -> str:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return str(v)
+
+
+def profile(base: Path, entries: list[tuple[str, str]]) -> "pd.DataFrame":
+    """One row per file (``COLUMNS``): its size, content hash, whether Pillow decodes it (and why
+    not), its width, height and mode. ``file``: its position in the split."""
+    import pandas as pd
+    from PIL import Image
+
+    rows = []
+    for i, (rel, label) in enumerate(entries):
+        row = dict(file=i, path=rel, label=label, n_bytes=None, sha256=None, decodes=False, error=None,
+                   width=None, height=None, mode=None)
+        try:
+            data = (base / rel).read_bytes()
+        except OSError as exc:
+            rows.append({**row, "error": f"unreadable: {exc.strerror or exc}"})
+            continue
+        row.update(n_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()
+                row.update(decodes=True, width=img.width, height=img.height, mode=img.mode)
+        except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds; all mean "does not decode"
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    return df.astype({"file": "int64", "n_bytes": "Int64", "decodes": "bool", "width": "Int64", "height": "Int64",
+                      "path": object, "label": object, "sha256": object, "error": object, "mode": object})
+
+
+def decode(data: bytes, size: tuple[int, int], channels: int) -> np.ndarray:
+    """One encoded image -> uint8 ``[channels, height, width]``: converted to L or RGB, then a
+    bilinear resize to ``size`` = (height, width). Raises ValueError when Pillow cannot decode it."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img = img.convert(MODES[channels])
+            if img.size != (size[1], size[0]):
+                img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+            a = np.asarray(img, dtype=np.uint8)
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"not a decodable image: {type(exc).__name__}: {exc}") from None
+    return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+
+
+def decode_files(base: Path, paths: list[str], size: tuple[int, int], channels: int) -> np.ndarray:
+    """uint8 ``[n, channels, height, width]`` of the files; DataUnavailableError naming a bad one."""
+    out = np.empty((len(paths), channels, size[0], size[1]), dtype=np.uint8)
+    for i, rel in enumerate(paths):
+        try:
+            out[i] = decode((base / rel).read_bytes(), size, channels)
+        except (OSError, ValueError) as exc:
+            raise DataUnavailableError(f"{rel}: {getattr(exc, 'strerror', None) or exc}") from None
+    return out
+
+
+def cached_pixels(cfg: "DatasetConfig", root: Path, split: str, paths: list[str], home: Path) -> np.ndarray:
+    """:func:`decode_files` of a split, through the ``.npy`` cache under ``home/cache/images``
+    (memory-mapped, read-only). A file written by another rank meanwhile is taken as it is: the
+    key holds every file's size and modification time and the decoding settings."""
+    from core.hashing import sha256_json
+
+    base = Path(root) / cfg.path
+    stats = []
+    for rel in paths:
+        try:
+            st = (base / rel).stat()
+        except OSError as exc:
+            raise DataUnavailableError(f"{rel}: {exc.strerror}") from None
+        stats.append([rel, st.st_size, st.st_mtime_ns])
+    size, channels = tuple(cfg.images.size), cfg.images.channels
+    key = sha256_json({"files": stats, "size": list(size), "channels": channels, "v": 1})[:32]
+    path = Path(home) / "cache" / "images" / f"{split}-{key}.npy"
+    try:
+        x = np.load(path, mmap_mode="r", allow_pickle=False)
+        if x.shape == (len(paths), channels, *size) and x.dtype == np.uint8:
+            return x
+    except (OSError, ValueError):
+        pass
+    x = decode_files(base, paths, size, channels)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            np.save(fh, x, allow_pickle=False)
+        os.replace(tmp, path)
+    except OSError:  # a read-only home: decoded again next time
+        pass
+    return x

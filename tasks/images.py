@@ -1,0 +1,416 @@
+"""The image classification task: a folder of images -> a CNN -> a pyfunc taking encoded files.
+
+The data is an image folder or a manifest (``tasks.image_data``), validated by the image suite
+(``validation.image_suite``) against the reviewed bounds in ``dataset.images.expectations``. Every
+image is converted to ``images.channels`` and resized to ``images.size``; the network
+(``tasks.image_nets``) takes those pixels (0..255) and holds the normalisation, the exported
+program too. The registered model takes what a serving client sends, a DataFrame with a column
+``image`` of PNG/JPEG/WebP bytes, decodes them as training did (``tasks/pyfunc_image.py``) and
+returns the class names. Metrics and gates are a classifier's (accuracy, macro-F1, per-class
+recall, the confusion matrix with class names, latency); beside the trivial baseline, the
+evaluation fits scikit-learn's gradient-boosted trees on the same resized pixels (``gbdt``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from core.errors import ConfigError, DataUnavailableError
+from tasks.base import InitFit, Metric, ModelSpec, Task, ValidationPlan, load_program, write_program_scores
+from tasks.info import DataInfo
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from core.config import PipelineConfig
+
+METRICS_VERSION = 1
+PYFUNC_FILE = Path(__file__).with_name("pyfunc_image.py")
+IMAGE_KINDS = (None, "image_cnn", "resnet18")
+GBDT_MAX_ROWS = 50_000
+
+
+@dataclass(frozen=True)
+class ImageInfo(DataInfo):
+    """The image task's ``info``: the class names (the model's output order), the input's
+    channels and [height, width], and the train split's per-channel mean and std of pixel / 255."""
+
+    classes: list
+    channels: int
+    size: list
+    mean: list
+    std: list
+
+
+class ImageClassification(Task):
+    name = "image_classification"
+    metrics = (Metric("accuracy", True), Metric("macro_f1", True), Metric("min_class_recall", True),
+               Metric("latency_p95_ms", False))
+    champion_metrics = ("accuracy", "macro_f1")
+    primary = "accuracy"
+    evaluator: ClassVar[str] = "predictions"
+    info_type: ClassVar[type[DataInfo]] = ImageInfo
+
+    def recorded_keys(self) -> tuple[str, ...]:
+        return ("accuracy", "macro_f1", "min_class_recall", "class_recall", "confusion_matrix", "n")
+
+    # -- config ---------------------------------------------------------------------------------
+    def check_config(self, cfg: "PipelineConfig") -> None:
+        super().check_config(cfg)
+        images = cfg.dataset.images
+        if images is None:
+            raise ConfigError("dataset.images: required for the image_classification task (`trainflow init --data "
+                              "data/<name>` writes it for a folder of train/<class>/ and test/<class>/ images)")
+        if cfg.dataset.text is not None:
+            raise ConfigError("dataset.text: only for the lm task, but task is 'image_classification'")
+        if len(images.classes) < 2:
+            raise ConfigError(f"dataset.images.classes: at least two classes, got {images.classes}")
+        if cfg.model.factory is None and cfg.model.kind not in IMAGE_KINDS:
+            raise ConfigError(f"model.kind: {cfg.model.kind!r} is not an image network; use image_cnn or resnet18 "
+                              "(or model.factory)")
+        from core.paths import project_root
+
+        if cfg.model.weights is not None:
+            if cfg.model.factory is not None:
+                raise ConfigError("model.weights: for image_cnn and resnet18; a model.factory loads its own")
+            root = project_root().resolve()
+            path = (root / cfg.model.weights).resolve()
+            if root not in path.parents or not path.is_file():
+                raise ConfigError(f"model.weights: {cfg.model.weights} is not a file inside the repository {root}")
+        if cfg.model.factory is not None:
+            from tasks.factory import check_factory
+
+            check_factory(cfg.model.factory, project_root())
+
+    def init_reads(self, target: Path) -> InitFit:
+        """Whether ``trainflow init`` can set this task up for the folder ``target``."""
+        from tasks.image_data import SUFFIXES
+
+        if not target.is_dir():
+            return InitFit(False, False, f"{target.name} is a file, not an image folder")
+        found = {}
+        for split in ("train", "test"):
+            top = target / split
+            classes = [p for p in top.iterdir() if p.is_dir() and not p.name.startswith(".")] if top.is_dir() else []
+            found[split] = sum(1 for c in classes for f in c.rglob("*") if f.suffix.lower() in SUFFIXES)
+        if found["train"] and found["test"]:
+            return InitFit(True, True, f"train/<class>/ and test/<class>/ hold {found['train']} and {found['test']} "
+                                       "images")
+        manifests = [p for p in target.iterdir() if p.name.lower().startswith("manifest")
+                     and p.suffix.lower() in (".csv", ".parquet", ".pq")]
+        if manifests:
+            return InitFit(True, True, f"{manifests[0].name} lists the images (path, label)")
+        return InitFit(False, False, "no train/<class>/ and test/<class>/ image folders and no manifest.csv")
+
+    def init_folder(self, root: Path, target: Path, rel: str) -> dict:
+        return init_folder(self, root, target, rel)
+
+    def init_defaults(self) -> dict:
+        return {"model": {"kind": "image_cnn", "channels": [32, 64], "hidden": 128, "dropout": 0.1},
+                "gates": {"baseline_margin": 0.05, "thresholds": {"latency_p95_ms": 50}}}
+
+    # -- data -------------------------------------------------------------------------------------
+    def entries(self, cfg: "PipelineConfig", root: Path) -> dict[str, list[tuple[str, str]]]:
+        from tasks.image_data import list_images
+
+        return list_images(cfg.dataset, root, cfg.seed)
+
+    def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
+        base = Path(root) / cfg.dataset.path
+        entries = self.entries(cfg, root)
+        files = [base / p for s in ("train", "test") for p, _ in entries[s]]
+        if cfg.dataset.images.manifest is not None:
+            files.append(base / cfg.dataset.images.manifest)
+        return ValidationPlan("image", files, {"dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed})
+
+    def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:
+        base, images = cfg.dataset.path.rstrip("/"), cfg.dataset.images
+        if images.manifest is not None:
+            return {"images": (f"{base}/{images.manifest}", "training")}
+        return {"train": (f"{base}/{images.train_dir}", "training"), "test": (f"{base}/{images.test_dir}", "testing")}
+
+    def _pixels(self, cfg: "PipelineConfig", root: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """(uint8 [n, c, h, w], class indices int64) of a split, through the decoded-pixel cache."""
+        from core.paths import trainflow_home
+        from tasks.image_data import cached_pixels
+
+        rows = self.entries(cfg, root)[split]
+        index = {c: i for i, c in enumerate(cfg.dataset.images.classes)}
+        unknown = sorted({label for _, label in rows if label not in index})
+        if unknown:
+            raise DataUnavailableError(f"{split} split: class(es) {unknown[:5]} are not in dataset.images.classes "
+                                       f"{cfg.dataset.images.classes}")
+        if not rows:
+            raise DataUnavailableError(f"{split} split has no images")
+        x = cached_pixels(cfg.dataset, root, split, [p for p, _ in rows], trainflow_home(Path(root)))
+        return x, np.asarray([index[label] for _, label in rows], dtype=np.int64)
+
+    def info(self, cfg: "PipelineConfig", root: Path) -> ImageInfo:
+        images = cfg.dataset.images
+        x, _ = self._pixels(cfg, root, "train")
+        flat = np.asarray(x, dtype=np.float64).reshape(len(x), images.channels, -1) / 255.0
+        return ImageInfo(classes=list(images.classes), channels=images.channels, size=list(images.size),
+                         mean=flat.mean(axis=(0, 2)).tolist(), std=flat.std(axis=(0, 2)).tolist())
+
+    def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
+        from tasks.splits import Splits, stratified_holdout, tensors
+
+        x, y = self._pixels(cfg, root, "train")
+        xt, yt = self._pixels(cfg, root, "test")
+        keep, hold = stratified_holdout(y, cfg.dataset.val_fraction, seed)
+        return Splits(train=tensors(x[keep], y[keep]), val=tensors(x[hold], y[hold]), test=tensors(np.asarray(xt), yt),
+                      info=self.info(cfg, root))
+
+    # -- model ----------------------------------------------------------------------------------
+    def build_model(self, cfg: "PipelineConfig", info: ImageInfo):
+        from core.paths import project_root
+
+        if cfg.model.factory is not None:
+            from torch import nn
+
+            from tasks.factory import load_factory
+            from tasks.image_nets import Augment, ImageInput
+
+            core = load_factory(cfg.model.factory)(info.channels, len(info.classes), **cfg.model.kwargs)
+            if not isinstance(core, nn.Module):
+                raise ValueError(f"model.factory: {cfg.model.factory} returned {type(core).__name__}, not an nn.Module")
+            augment = cfg.dataset.images.augment
+            return nn.Sequential(ImageInput(info.mean, info.std), Augment(augment.hflip, augment.shift), core)
+        from tasks.image_nets import image_network
+
+        return image_network(cfg.model, cfg.dataset.images, len(info.classes), info.mean, info.std, project_root())
+
+    def example_input(self, cfg: "PipelineConfig", info: ImageInfo, batch: int = 2):
+        import torch
+
+        return torch.full((batch, info.channels, *info.size), 128.0)
+
+    def loss(self, out, y, reduction: str = "mean"):
+        import torch.nn.functional as F
+
+        return F.cross_entropy(out.float(), y.reshape(-1), reduction=reduction)
+
+    def val_correct(self, out, y) -> float:
+        return (out.argmax(-1) == y).sum().item()
+
+    def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
+        x, _ = self._pixels(cfg, root, "test")
+        write_program_scores(out, np.asarray(x, dtype=np.float32), self.decode,
+                             self.scoring_key(cfg, root)["split_sha256"])
+
+    # -- evaluation hooks (the "predictions" evaluator) -------------------------------------------
+    def eval_data(self, cfg: "PipelineConfig", root: Path) -> tuple["pd.DataFrame", np.ndarray, np.ndarray, ImageInfo]:
+        """(the test split's ``path, label`` frame, pixels float32 [n, c, h, w], class indices, info)."""
+        import pandas as pd
+
+        rows = self.entries(cfg, root)["test"]
+        x, y = self._pixels(cfg, root, "test")
+        info = ImageInfo(classes=list(cfg.dataset.images.classes), channels=cfg.dataset.images.channels,
+                         size=list(cfg.dataset.images.size), mean=[], std=[])
+        return (pd.DataFrame({"path": [p for p, _ in rows], "label": [c for _, c in rows]}),
+                np.asarray(x, dtype=np.float32), y, info)
+
+    def check_program_output(self, out: np.ndarray, info: ImageInfo) -> None:
+        if out.ndim != 2 or out.shape[1] != len(info.classes):
+            raise ValueError(f"the program gives outputs of shape {list(out.shape)}, expected [images, "
+                             f"{len(info.classes)}]")
+
+    def decode(self, outputs: np.ndarray) -> np.ndarray:
+        return np.asarray(outputs).argmax(1)
+
+    def encode(self, labels, info: ImageInfo) -> np.ndarray:
+        index = {str(c): i for i, c in enumerate(info.classes)}
+        return np.asarray([index.get(str(v), -1) for v in np.asarray(labels).tolist()], dtype=np.int64)
+
+    def score(self, y: np.ndarray, pred: np.ndarray, info: ImageInfo) -> dict:
+        from tasks.metrics import classification_metrics
+
+        return classification_metrics(y, pred, len(info.classes))
+
+    def class_names(self, info: ImageInfo) -> list[str]:
+        return [str(c) for c in info.classes]
+
+    def baseline(self, cfg, root, info: ImageInfo, n: int) -> tuple[str, np.ndarray]:
+        """The trivial predictor: the train split's majority class."""
+        _, y = self._pixels(cfg, root, "train")
+        majority = int(np.bincount(y, minlength=len(info.classes)).argmax())
+        return f"majority class {info.classes[majority]!r}", np.full(n, majority, dtype=np.int64)
+
+    def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
+        from core.hashing import file_sha256, sha256_json
+
+        base = Path(root) / cfg.dataset.path
+        rows = self.entries(cfg, root)["test"]
+        split = sha256_json({"files": [[p, c, file_sha256(base / p)] for p, c in rows]})
+        images = cfg.dataset.images
+        parts = {"task": self.name, "split_sha256": split, "metrics_version": METRICS_VERSION,
+                 "classes": list(images.classes), "size": list(images.size), "channels": images.channels}
+        return {"key": sha256_json(parts), "split_sha256": split, "metrics_version": METRICS_VERSION}
+
+    def gbdt(self, cfg: "PipelineConfig", root: Path) -> dict | None:
+        """scikit-learn's HistGradientBoostingClassifier (default settings, one thread) on the same
+        resized pixels, flattened: what a user might try before a network."""
+        import time
+
+        import sklearn
+        from sklearn.ensemble import HistGradientBoostingClassifier
+        from threadpoolctl import threadpool_limits
+
+        x, y = self._pixels(cfg, root, "train")
+        xt, _ = self._pixels(cfg, root, "test")
+        x, xt = np.asarray(x).reshape(len(x), -1), np.asarray(xt).reshape(len(xt), -1)
+        sampled = len(x) > GBDT_MAX_ROWS
+        if sampled:
+            rows = np.sort(np.random.default_rng(cfg.seed).choice(len(x), GBDT_MAX_ROWS, replace=False))
+            x, y = x[rows], y[rows]
+        est = HistGradientBoostingClassifier(random_state=cfg.seed)
+        with threadpool_limits(1):
+            t0 = time.perf_counter()
+            est.fit(x, y)
+            t1 = time.perf_counter()
+            pred = est.predict(xt)
+            t2 = time.perf_counter()
+        return {"predictor": f"HistGradientBoostingClassifier (scikit-learn {sklearn.__version__}, default settings, "
+                             f"{est.n_iter_} iterations, 1 thread, on the {x.shape[1]} resized pixels"
+                             + (f", fitted on {GBDT_MAX_ROWS:,} sampled images" if sampled else "") + ")",
+                "pred": pred, "fit_s": round(t1 - t0, 3), "predict_s": round(t2 - t1, 3)}
+
+    def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
+        """The predictor gets the test files' bytes, as a serving client sends them."""
+        import pandas as pd
+
+        frame, _, y, info = self.eval_data(cfg, root)
+        base = Path(root) / cfg.dataset.path
+        images = pd.DataFrame({"image": [(base / p).read_bytes() for p in frame["path"]]})
+        return self.score(y, self.encode(predictor(images), info), info)
+
+    # -- registry ---------------------------------------------------------------------------------
+    def model_spec(self, cfg: "PipelineConfig", root: Path, train_dir: Path, report: dict) -> ModelSpec:
+        import pandas as pd
+
+        images = cfg.dataset.images
+        rows = self.entries(cfg, root)["test"]
+        base = Path(root) / cfg.dataset.path
+        picked = [rows[i] for i in np.linspace(0, len(rows) - 1, min(3, len(rows))).astype(int)]
+        example = pd.DataFrame({"image": [(base / p).read_bytes() for p, _ in picked]})
+        meta = {"format": "torch.export", "input_dtype": "float32", "input": "pixels 0..255 [n, c, h, w]",
+                "size": list(images.size), "channels": images.channels, "output": "label",
+                "class_labels": [str(c) for c in images.classes]}
+        return ModelSpec(PYFUNC_FILE, meta, [("image", "binary")], [(None, "string")], example,
+                         metadata={"trainflow_kind": self.name}, checked=report.get("candidate_scored_in") == "worker")
+
+    def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
+        import torch
+
+        from tasks.image_data import decode
+
+        size, channels = spec.meta["size"], spec.meta["channels"]
+        x = torch.tensor(np.stack([decode(b, size, channels) for b in spec.example["image"]]).astype(np.float32))
+        with torch.inference_mode():
+            out = load_program(model_pt2)(x).numpy()
+        n = len(spec.meta["class_labels"])
+        if out.shape != (len(x), n):
+            raise ValueError(f"{model_pt2}: maps {list(x.shape)} images to {list(out.shape)}, expected [{len(x)}, {n}]")
+
+
+def init_choices(n_train: int) -> dict:
+    """Batch size and epochs ``trainflow init`` writes for ``n_train`` training images: about 40
+    optimizer steps per epoch on 2 workers, a power of two from 16 to 256."""
+    batch = int(min(256, max(16, 2 ** math.ceil(math.log2(max(n_train, 1) / 80)))))
+    return {"epochs": 15, "batch_size": batch, "base_batch": batch}
+
+
+def _init_size(sizes: "pd.Series") -> tuple[list[int], str]:
+    """The model's input [height, width]: the most common size, its longer side cut to
+    ``INIT_MAX_SIDE`` (aspect kept), and why."""
+    (h, w), n = sizes.value_counts().index[0], int(sizes.value_counts().iloc[0])
+    why = f"the most common size ({n} of {len(sizes)} images)"
+    if max(h, w) > INIT_MAX_SIDE:
+        k = INIT_MAX_SIDE / max(h, w)
+        h, w = max(4, round(h * k)), max(4, round(w * k))
+        why += f", scaled down to {INIT_MAX_SIDE} pixels on its longer side"
+    return [max(4, int(h)), max(4, int(w))], why
+
+
+def _class_order(classes: set[str]) -> list[str]:
+    """Class folders in their natural order: numbers by value (2 before 10), else by name."""
+    if all(c.isdigit() for c in classes):
+        return sorted(classes, key=int)
+    return sorted(classes)
+
+
+def _widened(lo: float, hi: float, margin: float) -> tuple[int, int]:
+    pad = (hi - lo) * margin
+    return max(0, math.floor(lo - pad)), math.ceil(hi + pad)
+
+
+def init_folder(task: ImageClassification, root: Path, target: Path, rel: str) -> dict:
+    """The image task's ``init_folder`` (see ``tasks.base.Task.init_folder``)."""
+    import pandas as pd
+
+    from core.config import DatasetConfig, ImagesConfig
+    from tasks.image_data import list_images, profile
+
+    manifests = sorted(p for p in target.iterdir() if p.name.lower().startswith("manifest")
+                       and p.suffix.lower() in (".csv", ".parquet", ".pq"))
+    layout = {"manifest": manifests[0].name} if not (target / "train").is_dir() and manifests else {}
+    cfg = DatasetConfig(path=rel, images=ImagesConfig(**layout))
+    entries = list_images(cfg, root, 0)
+    frames = {s: profile(target, entries[s]) for s in ("train", "test")}
+    both = pd.concat(frames.values(), ignore_index=True)
+    if frames["train"].empty or frames["test"].empty:
+        empty = [s for s in frames if frames[s].empty]
+        raise DataUnavailableError(f"{rel}: no images in {' and '.join(empty)} (.png, .jpg, .jpeg, .webp)")
+    classes = _class_order(set(both["label"]))
+    if len(classes) < 2:
+        raise DataUnavailableError(f"{rel}: one class {classes}: nothing to classify")
+    ok = both[both["decodes"]]
+    bad = both[~both["decodes"]]
+    problems = [f"{p}: {e}" for p, e in zip(bad["path"], bad["error"])]
+    if ok.empty:
+        raise DataUnavailableError(f"{rel}: none of the {len(both)} files decodes as an image ({problems[0]})")
+    sizes = pd.Series(list(zip(ok["height"].astype(int), ok["width"].astype(int))))
+    size, size_why = _init_size(sizes)
+    modes = sorted(set(ok["mode"]))
+    channels = 1 if set(modes) <= {"1", "L", "LA", "I", "I;16", "F"} else 3
+    margin = INIT_MARGIN
+    shares = [frames[s]["label"].value_counts(normalize=True).reindex(classes, fill_value=0.0) for s in frames]
+    lo_share, hi_share = min(float(s.min()) for s in shares), max(float(s.max()) for s in shares)
+    n = {s: len(f) for s, f in frames.items()}
+    expectations = {
+        "width": list(_widened(int(ok["width"].min()), int(ok["width"].max()), margin)),
+        "height": list(_widened(int(ok["height"].min()), int(ok["height"].max()), margin)),
+        "modes": modes,
+        "train_images": [n["train"] // 2, n["train"] * 2],
+        "test_images": [n["test"] // 2, n["test"] * 2],
+        "class_share": [round(max(0.0, lo_share - margin * lo_share), 4), round(min(1.0, hi_share * (1 + margin)), 4)],
+        "file_bytes": [max(1, int(both["n_bytes"].min()) // 2), int(both["n_bytes"].max()) * 2],
+    }
+    counts = both["label"].value_counts()
+    lines = [
+        f"classes:      {len(classes)}: " + ", ".join(f"{c} ({int(counts.get(c, 0))})" for c in classes[:12])
+        + (" ..." if len(classes) > 12 else ""),
+        f"images:       {n['train']} train, {n['test']} test; sizes {int(ok['width'].min())}..{int(ok['width'].max())} x "
+        f"{int(ok['height'].min())}..{int(ok['height'].max())} (w x h); modes {', '.join(modes)}",
+        f"input:        {size[0]} x {size[1]} (h x w): {size_why}; {channels} channel(s) "
+        f"({'grey' if channels == 1 else 'RGB'}) (dataset.images.size, .channels)",
+        "augment:      none (dataset.images.augment: hflip for photos, shift for small offsets)",
+    ]
+    if problems:
+        lines.append(f"undecodable:  {len(problems)} file(s) Pillow cannot decode; validation refuses them until "
+                     f"they are fixed or removed: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}")
+    return {"dataset": {"images": {**layout, "size": size, "channels": channels, "classes": classes,
+                                   "expectations": expectations}},
+            "training": init_choices(n["train"]), "rows": n, "classes": classes, "lines": lines,
+            "problems": problems}
+
+
+# The longer side of the input `trainflow init` picks at most (larger images are scaled down).
+INIT_MAX_SIDE = 64
+# Size bounds are widened by this share of the profiled range; class shares by this factor.
+INIT_MARGIN = 0.1

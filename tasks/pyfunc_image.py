@@ -1,0 +1,64 @@
+"""MLflow pyfunc wrapper around an image classifier's ``torch.export`` program (models-from-code file).
+
+MLflow copies this file into the logged model and runs it at load time, so it imports only
+mlflow, torch, pandas, numpy and Pillow: no project code. ``predict`` takes what a serving client
+sends, a DataFrame with a column ``image`` of encoded files (PNG, JPEG, WebP bytes; MLflow's
+scoring server turns the base64 text of a JSON request into those bytes), decodes each one as
+training did (``tasks/image_data.py``: Pillow ``convert`` to L or RGB, a bilinear resize to
+``meta.json``'s size; ``tests/unit/test_image_task.py`` checks that the two agree) and returns
+the class names. The program takes the pixels (0..255, float32 ``[n, c, h, w]``) and holds the
+normalisation.
+"""
+
+import io
+import json
+
+import mlflow
+import numpy as np
+import pandas as pd
+
+
+class ExportedImageClassifier(mlflow.pyfunc.PythonModel):
+    """Predicts one class name per row of a DataFrame whose ``image`` column holds encoded files."""
+
+    def load_context(self, context):
+        import torch
+
+        self._torch = torch
+        with open(context.artifacts["meta"]) as fh:
+            meta = json.load(fh)
+        self.size = tuple(meta["size"])
+        self.mode = {1: "L", 3: "RGB"}[int(meta["channels"])]
+        self.class_labels = np.asarray(meta["class_labels"], dtype=object)
+        self.program = torch.export.load(context.artifacts["model"]).module()
+
+    def _pixels(self, data, row: int) -> np.ndarray:
+        from PIL import Image
+
+        if isinstance(data, str):  # base64 text, as a JSON client sends binary
+            import base64
+
+            data = base64.b64decode(data)
+        try:
+            with Image.open(io.BytesIO(bytes(data))) as img:
+                img = img.convert(self.mode)
+                if img.size != (self.size[1], self.size[0]):
+                    img = img.resize((self.size[1], self.size[0]), Image.Resampling.BILINEAR)
+                a = np.asarray(img, dtype=np.uint8)
+        except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds; all mean "not an image"
+            raise ValueError(f"row {row}: column 'image' is not a decodable image: {type(exc).__name__}: {exc}") from None
+        return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+
+    def predict(self, context, model_input: pd.DataFrame, params=None):
+        if not isinstance(model_input, pd.DataFrame) or "image" not in model_input.columns:
+            raise ValueError("expected a DataFrame with a column 'image' of encoded image files (bytes)")
+        if len(model_input) == 0:
+            return np.empty(0, dtype=object)
+        x = np.stack([self._pixels(v, i) for i, v in enumerate(model_input["image"])]).astype(np.float32)
+        torch = self._torch
+        with torch.inference_mode():
+            logits = self.program(torch.from_numpy(x))
+        return self.class_labels[logits.argmax(dim=1).numpy()]
+
+
+mlflow.models.set_model(ExportedImageClassifier())
