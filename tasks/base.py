@@ -83,6 +83,60 @@ def write_program_scores(out: Path, x, decode: Callable, split_sha256: str) -> N
     tmp.replace(Path(out) / SCORES_FILE)
 
 
+def fit_gbdt(root: Path, key: dict, arrays: Callable, seed: int, max_rows: int, what: str) -> dict:
+    """scikit-learn's gradient-boosted trees beside a task's network (``Task.gbdt``), kept as JSON in
+    ``TRAINFLOW_HOME/cache/gbdt`` by ``key`` (what the arrays are made of) and scikit-learn's version:
+    the same data and config are fitted once (``cached``; ``fit_s`` is that fit's). ``arrays()``
+    gives ``(estimator, x, y, xt, matrix)``, ``matrix`` turning x or xt into what the estimator
+    takes; at most ``max_rows`` of x (a seeded sample) are fitted, on one thread, and xt predicted.
+    Returns ``{"predictor", "pred", "fit_s", "predict_s", "cached"}``."""
+    import json
+    import os
+    import time
+    from importlib.metadata import version
+
+    import numpy as np
+
+    from core.hashing import sha256_json
+    from core.paths import trainflow_home
+
+    digest = sha256_json({**key, "sklearn": version("scikit-learn"), "max_rows": max_rows, "v": 1})[:32]
+    path = trainflow_home(Path(root)) / "cache" / "gbdt" / f"{digest}.json"
+    try:
+        cached = json.loads(path.read_text())
+        return {**cached, "pred": np.asarray(cached["pred"]), "cached": True}
+    except (OSError, ValueError, KeyError):
+        pass
+    import sklearn
+    from threadpoolctl import threadpool_limits  # scikit-learn's own dependency
+
+    est, x, y, xt, matrix = arrays()
+    sampled = len(x) > max_rows
+    if sampled:
+        rows = np.sort(np.random.default_rng(seed).choice(len(x), max_rows, replace=False))
+        x, y = x[rows], y[rows]
+    x, xt = matrix(x), matrix(xt)
+    with threadpool_limits(1):
+        t0 = time.perf_counter()
+        est.fit(x, y)
+        t1 = time.perf_counter()
+        pred = est.predict(xt)
+        t2 = time.perf_counter()
+    out = {"predictor": f"{type(est).__name__} (scikit-learn {sklearn.__version__}, default settings, "
+                        f"{est.n_iter_} iterations, 1 thread"
+                        + (f", fitted on {max_rows:,} sampled train {what}" if sampled else "")
+                        + (f", on the {x.shape[1]} resized pixels" if what == "images" else "") + ")",
+           "pred": pred.tolist(), "fit_s": round(t1 - t0, 3), "predict_s": round(t2 - t1, 3)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(out))
+        os.replace(tmp, path)
+    except OSError:  # a read-only home: fitted again next time
+        pass
+    return {**out, "pred": pred, "cached": False}
+
+
 @dataclass(frozen=True)
 class Metric:
     """One figure the evaluation reports. ``relative``: the champion regression allowance

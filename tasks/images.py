@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from core.errors import ConfigError, DataUnavailableError
-from tasks.base import InitFit, Metric, ModelSpec, Task, ValidationPlan, load_program, write_program_scores
+from tasks.base import InitFit, Metric, ModelSpec, Task, ValidationPlan, fit_gbdt, load_program, write_program_scores
 from tasks.info import DataInfo
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ class ImageClassification(Task):
         x, y = self._pixels(cfg, root, "train")
         xt, yt = self._pixels(cfg, root, "test")
         keep, hold = stratified_holdout(y, cfg.dataset.val_fraction, seed)
-        return Splits(train=tensors(x[keep], y[keep]), val=tensors(x[hold], y[hold]), test=tensors(np.asarray(xt), yt),
+        return Splits(train=tensors(x[keep], y[keep]), val=tensors(x[hold], y[hold]), test=tensors(np.array(xt), yt),
                       info=self.info(cfg, root))
 
     # -- model ----------------------------------------------------------------------------------
@@ -255,30 +255,23 @@ class ImageClassification(Task):
     def gbdt(self, cfg: "PipelineConfig", root: Path) -> dict | None:
         """scikit-learn's HistGradientBoostingClassifier (default settings, one thread) on the same
         resized pixels, flattened: what a user might try before a network."""
-        import time
+        def arrays():
+            from sklearn.ensemble import HistGradientBoostingClassifier
 
-        import sklearn
-        from sklearn.ensemble import HistGradientBoostingClassifier
-        from threadpoolctl import threadpool_limits
+            x, y = self._pixels(cfg, root, "train")
+            xt, _ = self._pixels(cfg, root, "test")
+            return (HistGradientBoostingClassifier(random_state=cfg.seed), x, y, xt,
+                    lambda a: np.asarray(a).reshape(len(a), -1))
 
-        x, y = self._pixels(cfg, root, "train")
-        xt, _ = self._pixels(cfg, root, "test")
-        x, xt = np.asarray(x).reshape(len(x), -1), np.asarray(xt).reshape(len(xt), -1)
-        sampled = len(x) > GBDT_MAX_ROWS
-        if sampled:
-            rows = np.sort(np.random.default_rng(cfg.seed).choice(len(x), GBDT_MAX_ROWS, replace=False))
-            x, y = x[rows], y[rows]
-        est = HistGradientBoostingClassifier(random_state=cfg.seed)
-        with threadpool_limits(1):
-            t0 = time.perf_counter()
-            est.fit(x, y)
-            t1 = time.perf_counter()
-            pred = est.predict(xt)
-            t2 = time.perf_counter()
-        return {"predictor": f"HistGradientBoostingClassifier (scikit-learn {sklearn.__version__}, default settings, "
-                             f"{est.n_iter_} iterations, 1 thread, on the {x.shape[1]} resized pixels"
-                             + (f", fitted on {GBDT_MAX_ROWS:,} sampled images" if sampled else "") + ")",
-                "pred": pred, "fit_s": round(t1 - t0, 3), "predict_s": round(t2 - t1, 3)}
+        key = {"task": self.name, "split": self.scoring_key(cfg, root)["key"], "train": self._train_key(cfg, root),
+               "seed": cfg.seed}
+        return fit_gbdt(root, key, arrays, cfg.seed, GBDT_MAX_ROWS, "images")
+
+    def _train_key(self, cfg: "PipelineConfig", root: Path) -> str:
+        from core.hashing import file_sha256, sha256_json
+
+        base = Path(root) / cfg.dataset.path
+        return sha256_json([[p, c, file_sha256(base / p)] for p, c in self.entries(cfg, root)["train"]])
 
     def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
         """The predictor gets the test files' bytes, as a serving client sends them."""
@@ -340,7 +333,7 @@ def _init_size(sizes: "pd.Series") -> tuple[list[int], str]:
 def _class_order(classes: set[str]) -> list[str]:
     """Class folders in their natural order: numbers by value (2 before 10), else by name."""
     if all(c.isdigit() for c in classes):
-        return sorted(classes, key=int)
+        return sorted(classes, key=lambda c: (int(c), c))
     return sorted(classes)
 
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from core.errors import ConfigError, DataUnavailableError
 from core.expectations import load_expectations
-from tasks.base import InitFit, Metric, ModelSpec, Task, ValidationPlan, load_program, write_program_scores
+from tasks.base import InitFit, Metric, ModelSpec, Task, ValidationPlan, fit_gbdt, load_program, write_program_scores
 from tasks.info import DataInfo
 from tasks.encoding import FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, kinds_from_frame
 from tasks.table import feature_columns, load_frames, split_paths
@@ -451,53 +451,16 @@ class _Table(Task):
         become "other"), a missing value NaN. The result is kept as JSON in
         ``TRAINFLOW_HOME/cache/gbdt`` by the prepared arrays' key and scikit-learn's version: the
         same data and config are fitted once (``cached``; ``fit_s`` is that fit's)."""
-        import os
-        import time
-        from importlib.metadata import version
+        def arrays():
+            from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 
-        from core.hashing import sha256_json
-        from core.paths import trainflow_home
+            p = self.prepared(cfg, root)
+            cats = np.array([c["kind"] == "categorical" for c in p["info"].columns], dtype=bool)
+            est = (HistGradientBoostingClassifier if self.classification else HistGradientBoostingRegressor)(
+                categorical_features=cats if cats.any() else None, random_state=cfg.seed)
+            return est, p["x"], p["y"], p["xt"], lambda a: _gbdt_matrix(a, cats)
 
-        key = sha256_json({"prepared": self.prepared_key(cfg, root), "sklearn": version("scikit-learn"),
-                           "max_rows": GBDT_MAX_ROWS, "v": 1})[:32]
-        path = trainflow_home(Path(root)) / "cache" / "gbdt" / f"{key}.json"
-        try:
-            cached = json.loads(path.read_text())
-            return {**cached, "pred": np.asarray(cached["pred"]), "cached": True}
-        except (OSError, ValueError, KeyError):
-            pass
-        import sklearn
-        from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
-        from threadpoolctl import threadpool_limits  # scikit-learn's own dependency
-
-        p = self.prepared(cfg, root)
-        cats = np.array([c["kind"] == "categorical" for c in p["info"].columns], dtype=bool)
-        est = (HistGradientBoostingClassifier if self.classification else HistGradientBoostingRegressor)(
-            categorical_features=cats if cats.any() else None, random_state=cfg.seed)
-        x, y = p["x"], p["y"]
-        sampled = len(x) > GBDT_MAX_ROWS
-        if sampled:
-            rows = np.sort(np.random.default_rng(cfg.seed).choice(len(x), GBDT_MAX_ROWS, replace=False))
-            x, y = x[rows], y[rows]
-        x, xt = _gbdt_matrix(x, cats), _gbdt_matrix(p["xt"], cats)
-        with threadpool_limits(1):
-            t0 = time.perf_counter()
-            est.fit(x, y)
-            t1 = time.perf_counter()
-            pred = est.predict(xt)
-            t2 = time.perf_counter()
-        out = {"predictor": f"{type(est).__name__} (scikit-learn {sklearn.__version__}, default settings, "
-                            f"{est.n_iter_} iterations, 1 thread"
-                            + (f", fitted on {GBDT_MAX_ROWS:,} sampled train rows" if sampled else "") + ")",
-               "pred": pred.tolist(), "fit_s": round(t1 - t0, 3), "predict_s": round(t2 - t1, 3)}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(out))
-            os.replace(tmp, path)
-        except OSError:  # a read-only home: fitted again next time
-            pass
-        return {**out, "pred": pred, "cached": False}
+        return fit_gbdt(root, {"prepared": self.prepared_key(cfg, root)}, arrays, cfg.seed, GBDT_MAX_ROWS, "rows")
 
     def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
         """The predictor gets the evaluation split's feature columns, as a serving client sends them."""

@@ -43,8 +43,8 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def bundled_data(repo_root) -> Path:
-    """The bundled digits split, pulled with real DVC when the workspace lacks it."""
+    """The bundled digits split (and the digit images), pulled with real DVC when the workspace lacks them."""
     folder = repo_root / "data" / "digits"
-    if not (folder / "train.csv").is_file():
+    if not (folder / "train.csv").is_file() or not (repo_root / "data" / "digit-images" / "train").is_dir():
         subprocess.run([str(VENV_BIN / "dvc"), "pull", "-q"], cwd=repo_root, check=True)
     return folder

@@ -15,10 +15,13 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_CONFIGS = ROOT / "tests" / "configs"
 # Small, bounded jobs: a hung job fails the test in minutes, not after 15.
 ENGINE_CONFIG = TEST_CONFIGS / "digits-engine.yaml"
+# The bundled digit images (data/digit-images) the same way, with augmentation on.
+IMAGE_ENGINE_CONFIG = TEST_CONFIGS / "digit-images-engine.yaml"
 
 
-def train(out: Path, overrides=(), env=None, nproc: int = 2, force_resume: bool = False) -> dict:
-    cfg = load_config(ENGINE_CONFIG, list(overrides))
+def train(out: Path, overrides=(), env=None, nproc: int = 2, force_resume: bool = False,
+          config: Path = ENGINE_CONFIG) -> dict:
+    cfg = load_config(config, list(overrides))
     spec = make_spec(cfg, out, ROOT, "test-data-md5", env=env, nproc=nproc, force_resume=force_resume)
     return run_job(spec)
 

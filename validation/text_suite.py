@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from core.errors import DataUnavailableError
 from validation.gx_run import Item, Run, complete, suite_identity, validate
-from validation.report import MAX_EXAMPLES, fmt_bound, index_records, jsonable
+from validation.report import MAX_EXAMPLES, fmt_bound, index_records, jsonable, where
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -231,6 +231,8 @@ def failures(params: dict, run: Run, items: list[Item]) -> list[dict]:
             cfg_ = evr.get("expectation_config") or {}
             key = (cfg_.get("type"), (cfg_.get("kwargs") or {}).get("column"))
             out.append(failure(item.split, checks.get(key, "other"), evr))
+    for f in out:  # one line for a person: where, then what
+        f["message"] = f"{where(f['split'], f['column'])}: {f['detail']}"
     return _sort(out)
 
 
