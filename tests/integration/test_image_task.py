@@ -118,3 +118,14 @@ def test_an_image_folder_from_init_to_a_champion_scoring_raw_bytes_then_broken_f
     assert any("test/square/big.png (200 x 200)" in m for m in messages), messages
     assert "training" not in s and "Traceback" not in err
     assert sorted((project / ".trainflow").glob("train/*/result.json")) == trained_before
+
+
+@pytest.mark.parametrize("sets", [["training.strategy=fsdp", "training.epochs=2"],
+                                  ["model.kind=resnet18", "training.epochs=1"]], ids=["fsdp", "resnet18"])
+def test_the_image_task_trains_sharded_and_with_resnet18(tmp_path, bundled_data, sets):
+    from tests.engine_helpers import IMAGE_ENGINE_CONFIG, train
+
+    r = train(tmp_path / "out", sets, config=IMAGE_ENGINE_CONFIG)
+    assert r["status"] == "completed" and r["world_size"] == 2
+    assert r["strategy"] == ("fsdp" if "fsdp" in sets[0] else "ddp")
+    assert (tmp_path / "out" / "model.pt2").is_file() and r["final"]["val_loss"] < r["history"][0]["train_loss"] + 1
