@@ -361,6 +361,41 @@ class Task:
         return f"{cfg.name}: {shown}"
 
 
+class Classifier:
+    """What every classifier task shares (mixed in before ``Task``): its metrics and their order
+    against the champion, the cross-entropy loss on fp32 logits, accuracy per batch, argmax
+    decoding and the scores. ``n_classes(info)`` says how many classes ``info`` holds."""
+
+    metrics = (Metric("accuracy", True), Metric("macro_f1", True), Metric("min_class_recall", True),
+               Metric("latency_p95_ms", False))
+    champion_metrics = ("accuracy", "macro_f1")
+    primary = "accuracy"
+
+    def recorded_keys(self) -> tuple[str, ...]:
+        return ("accuracy", "macro_f1", "min_class_recall", "class_recall", "confusion_matrix", "n")
+
+    def n_classes(self, info) -> int:
+        return len(info.classes)
+
+    def loss(self, out, y, reduction: str = "mean"):
+        import torch.nn.functional as F
+
+        return F.cross_entropy(out.float(), y.reshape(-1), reduction=reduction)  # fp32 logits
+
+    def val_correct(self, out, y) -> float:
+        return (out.argmax(-1) == y).sum().item()
+
+    def decode(self, outputs):
+        import numpy as np
+
+        return np.asarray(outputs).argmax(1)
+
+    def score(self, y, pred, info) -> dict:
+        from tasks.metrics import classification_metrics
+
+        return classification_metrics(y, pred, self.n_classes(info))
+
+
 @dataclass
 class ValidationPlan:
     """What validation runs for a config, as data: ``runner`` names the suite the one GX runner

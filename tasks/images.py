@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from core.errors import ConfigError, DataUnavailableError
-from tasks.base import InitFit, Metric, ModelSpec, Task, ValidationPlan, fit_gbdt, load_program, write_program_scores
+from tasks.base import Classifier, InitFit, ModelSpec, Task, ValidationPlan, fit_gbdt, load_program, write_program_scores
 from tasks.info import DataInfo
 
 if TYPE_CHECKING:
@@ -47,17 +47,10 @@ class ImageInfo(DataInfo):
     std: list
 
 
-class ImageClassification(Task):
+class ImageClassification(Classifier, Task):
     name = "image_classification"
-    metrics = (Metric("accuracy", True), Metric("macro_f1", True), Metric("min_class_recall", True),
-               Metric("latency_p95_ms", False))
-    champion_metrics = ("accuracy", "macro_f1")
-    primary = "accuracy"
     evaluator: ClassVar[str] = "predictions"
     info_type: ClassVar[type[DataInfo]] = ImageInfo
-
-    def recorded_keys(self) -> tuple[str, ...]:
-        return ("accuracy", "macro_f1", "min_class_recall", "class_recall", "confusion_matrix", "n")
 
     # -- config ---------------------------------------------------------------------------------
     def check_config(self, cfg: "PipelineConfig") -> None:
@@ -190,14 +183,6 @@ class ImageClassification(Task):
 
         return torch.full((batch, info.channels, *info.size), 128.0)
 
-    def loss(self, out, y, reduction: str = "mean"):
-        import torch.nn.functional as F
-
-        return F.cross_entropy(out.float(), y.reshape(-1), reduction=reduction)
-
-    def val_correct(self, out, y) -> float:
-        return (out.argmax(-1) == y).sum().item()
-
     def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
         x, _ = self._pixels(cfg, root, "test")
         write_program_scores(out, np.asarray(x, dtype=np.float32), self.decode,
@@ -220,17 +205,9 @@ class ImageClassification(Task):
             raise ValueError(f"the program gives outputs of shape {list(out.shape)}, expected [images, "
                              f"{len(info.classes)}]")
 
-    def decode(self, outputs: np.ndarray) -> np.ndarray:
-        return np.asarray(outputs).argmax(1)
-
     def encode(self, labels, info: ImageInfo) -> np.ndarray:
         index = {str(c): i for i, c in enumerate(info.classes)}
         return np.asarray([index.get(str(v), -1) for v in np.asarray(labels).tolist()], dtype=np.int64)
-
-    def score(self, y: np.ndarray, pred: np.ndarray, info: ImageInfo) -> dict:
-        from tasks.metrics import classification_metrics
-
-        return classification_metrics(y, pred, len(info.classes))
 
     def class_names(self, info: ImageInfo) -> list[str]:
         return [str(c) for c in info.classes]

@@ -26,7 +26,8 @@ import numpy as np
 
 from core.errors import ConfigError, DataUnavailableError
 from core.expectations import load_expectations
-from tasks.base import InitFit, Metric, ModelSpec, Task, ValidationPlan, fit_gbdt, load_program, write_program_scores
+from tasks.base import (Classifier, InitFit, Metric, ModelSpec, Task, ValidationPlan, fit_gbdt, load_program,
+                        write_program_scores)
 from tasks.info import DataInfo
 from tasks.encoding import FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, kinds_from_frame
 from tasks.table import feature_columns, load_frames, split_paths
@@ -503,15 +504,8 @@ class _Table(Task):
             raise ValueError(f"the program gives outputs of shape {list(out.shape)}, expected [rows, {want}]")
 
 
-class Classification(_Table):
+class Classification(Classifier, _Table):
     name = "classification"
-    metrics = (Metric("accuracy", True), Metric("macro_f1", True), Metric("min_class_recall", True),
-               Metric("latency_p95_ms", False))
-    champion_metrics = ("accuracy", "macro_f1")
-    primary = "accuracy"
-
-    def recorded_keys(self) -> tuple[str, ...]:
-        return ("accuracy", "macro_f1", "min_class_recall", "class_recall", "confusion_matrix", "n")
 
     def init_fit(self, label: str, labels, ctype: str) -> InitFit:
         why, few = self._label_facts(label, labels, ctype)
@@ -556,22 +550,6 @@ class Classification(_Table):
         """A registered model's predicted labels -> class indices (-1: not a known class)."""
         index = {_label_key(c): i for i, c in enumerate(info.classes)}
         return np.asarray([index.get(_label_key(v), -1) for v in np.asarray(labels).tolist()], dtype=np.int64)
-
-    def loss(self, out, y, reduction: str = "mean"):
-        import torch.nn.functional as F
-
-        return F.cross_entropy(out.float(), y.reshape(-1), reduction=reduction)  # fp32 logits
-
-    def val_correct(self, out, y) -> float:
-        return (out.argmax(-1) == y).sum().item()
-
-    def decode(self, outputs: np.ndarray) -> np.ndarray:
-        return np.asarray(outputs).argmax(1)
-
-    def score(self, y: np.ndarray, pred: np.ndarray, info: TableInfo) -> dict:
-        from tasks.metrics import classification_metrics
-
-        return classification_metrics(y, pred, len(info.classes))
 
     def baseline(self, cfg, root, info: TableInfo, n: int) -> tuple[str, np.ndarray]:
         """The trivial predictor: the train split's majority class, for ``n`` rows."""

@@ -122,6 +122,43 @@ def validate(suite, params: dict, splits: dict, report_dir: Path) -> dict:
                         rows={s: int(len(splits[s])) for s in suite.SPLITS}, skipped=skipped)
 
 
+def plan_items(plan: list[dict], kind: str) -> list["Item"]:
+    """The items of a derived-frame suite's plan (``[{name, split, frame, checks: [(check,
+    expectation)], result_format}]``), each expectation named by its check."""
+    return [Item(p["name"], p["split"], kind, p["frame"], [e for _, e in p["checks"]], p["result_format"],
+                 checks=[c for c, _ in p["checks"]]) for p in plan]
+
+
+def plan_failures(run: "Run", items: list["Item"], failure, message_column) -> list[dict]:
+    """Every failed expectation of ``items`` as ``failure(split, check, evr)`` gives it, with its
+    one-line ``message`` (``validation.report.where`` of its split and ``message_column(f)``, then
+    the detail). GX returns results in its own order: they are matched to checks by expectation
+    type and column."""
+    from validation.report import where
+
+    out = []
+    for item in items:
+        checks = {(e.expectation_type, getattr(e, "column", None)): c for c, e in zip(item.checks, item.expectations)}
+        for evr in run.raw[item.name].get("results", []):
+            if evr.get("success"):
+                continue
+            cfg_ = evr.get("expectation_config") or {}
+            key = (cfg_.get("type"), (cfg_.get("kwargs") or {}).get("column"))
+            f = failure(item.split, checks.get(key, "other"), evr)
+            f["message"] = f"{where(f['split'], message_column(f))}: {f['detail']}"
+            out.append(f)
+    return out
+
+
+def evaluation_error(evr: dict) -> str | None:
+    """GX's message when it could not evaluate an expectation (a missing column, a wrong type), else None."""
+    info = evr.get("exception_info") or {}
+    errors = [v.get("exception_message") for v in info.values() if isinstance(v, dict) and v.get("raised_exception")]
+    if info.get("raised_exception") or errors:
+        return info.get("exception_message") or errors[0]
+    return None
+
+
 def complete(*index_columns: str) -> dict:
     """Every unexpected row of a derived frame, as ``index_columns`` (the domain column included).
 

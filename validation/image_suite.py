@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from validation.gx_run import Item, Run, complete, suite_identity, validate
-from validation.report import MAX_EXAMPLES, fmt_bound, index_records, jsonable, where
+from validation.gx_run import Item, Run, complete, evaluation_error, plan_failures, plan_items, suite_identity, validate
+from validation.report import MAX_EXAMPLES, fmt_bound, index_records, jsonable
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -118,10 +118,9 @@ def failure(split: str, check: str, evr: dict) -> dict:
     out = {"split": split, "check": check, "expectation": config.get("type", "unknown"), "column": column,
            "unexpected_count": int(count) if count is not None else None, "examples": [], "rows": [],
            "detail": "failed"}
-    info = evr.get("exception_info") or {}
-    errors = [v.get("exception_message") for v in info.values() if isinstance(v, dict) and v.get("raised_exception")]
-    if info.get("raised_exception") or errors:
-        out.update(unexpected_count=None, detail=f"could not be evaluated: {info.get('exception_message') or errors[0]}")
+    error = evaluation_error(evr)
+    if error is not None:
+        out.update(unexpected_count=None, detail=f"could not be evaluated: {error}")
         return jsonable(out)
     lo, hi = fmt_bound(kwargs.get("min_value")), fmt_bound(kwargs.get("max_value"))
     if check == "row_count":
@@ -189,24 +188,11 @@ def load(params: dict) -> dict[str, pd.DataFrame]:
 
 
 def items(params: dict, splits: dict[str, pd.DataFrame]) -> tuple[list[Item], list[dict]]:
-    plan = _plan(params["dataset"], splits)
-    return [Item(p["name"], p["split"], "image", p["frame"], [e for _, e in p["checks"]], p["result_format"],
-                 checks=[c for c, _ in p["checks"]]) for p in plan], []
+    return plan_items(_plan(params["dataset"], splits), "image"), []
 
 
 def failures(params: dict, run: Run, items: list[Item]) -> list[dict]:
-    out = []
-    for item in items:
-        checks = {(e.expectation_type, getattr(e, "column", None)): c for c, e in zip(item.checks, item.expectations)}
-        for evr in run.raw[item.name].get("results", []):
-            if evr.get("success"):
-                continue
-            cfg_ = evr.get("expectation_config") or {}
-            key = (cfg_.get("type"), (cfg_.get("kwargs") or {}).get("column"))
-            out.append(failure(item.split, checks.get(key, "other"), evr))
-    for f in out:  # one line for a person: where, then what
-        f["message"] = f"{where(f['split'], f['column'] if f['check'] == 'size' else None)}: {f['detail']}"
-    return _sort(out)
+    return _sort(plan_failures(run, items, failure, lambda f: f['column'] if f['check'] == 'size' else None))
 
 
 def validate_images(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_dir: Path) -> dict:
