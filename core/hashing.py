@@ -36,3 +36,22 @@ def dvc_dir_md5(folder: Path) -> str:
         key=lambda e: e["relpath"],
     )
     return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"
+
+
+def check_export(root: Path, dvc_file: str, export_into) -> int:
+    """A bundled dataset's ``--check``: ``export_into(folder)`` writes a fresh export into a temporary
+    folder and returns the exported dataset's folder; 0 (and OK) when its DVC hash equals
+    ``outs[0].md5`` of ``root/dvc_file``, else 1 (and MISMATCH on stderr)."""
+    import sys
+    import tempfile
+
+    import yaml
+
+    recorded = yaml.safe_load((Path(root) / dvc_file).read_text())["outs"][0]["md5"]
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = dvc_dir_md5(export_into(Path(tmp)))
+    if fresh != recorded:
+        print(f"MISMATCH: fresh export {fresh} != {dvc_file} {recorded}", file=sys.stderr)
+        return 1
+    print(f"OK: fresh export hashes to {fresh}, as recorded in {dvc_file}")
+    return 0

@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 import io
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from core.hashing import dvc_dir_md5
+from core.hashing import check_export, dvc_dir_md5
 
 ROOT = Path(__file__).resolve().parents[1]
 DVC_FILE = "data/digit-images.dvc"
@@ -63,15 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         out = export(args.dest)
         print(f"wrote {out} ({dvc_dir_md5(out)})")
         return 0
-    recorded = yaml.safe_load((ROOT / DVC_FILE).read_text())["outs"][0]["md5"]
-    with tempfile.TemporaryDirectory() as tmp:
-        fresh = dvc_dir_md5(export(Path(tmp)))
-    if fresh != recorded:
-        print(f"MISMATCH: fresh export {fresh} != {DVC_FILE} {recorded}", file=sys.stderr)
-        return 1
-    print(f"OK: fresh export hashes to {fresh}, as recorded in {DVC_FILE}")
-    return 0
-
+    return check_export(ROOT, DVC_FILE, export)
 
 if __name__ == "__main__":
     sys.exit(main())

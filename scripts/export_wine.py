@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
-import tempfile
 from pathlib import Path
 
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DVC_FILE = "data/wine.dvc"
@@ -40,7 +38,7 @@ def export(dest: Path, path: Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from core.hashing import dvc_dir_md5
+    from core.hashing import check_export, dvc_dir_md5
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help=f"export to a temp dir and compare with {DVC_FILE}")
@@ -51,15 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         path = export(args.dest, args.out)
         print(f"wrote {path} (md5 {hashlib.md5(path.read_bytes()).hexdigest()}; folder {dvc_dir_md5(path.parent)})")
         return 0
-    recorded = yaml.safe_load((ROOT / DVC_FILE).read_text())["outs"][0]["md5"]
-    with tempfile.TemporaryDirectory() as tmp:
-        fresh = dvc_dir_md5(export(Path(tmp)).parent)
-    if fresh != recorded:
-        print(f"MISMATCH: fresh export {fresh} != {DVC_FILE} {recorded}", file=sys.stderr)
-        return 1
-    print(f"OK: fresh export hashes to {fresh}, as recorded in {DVC_FILE}")
-    return 0
-
+    return check_export(ROOT, DVC_FILE, lambda tmp: export(tmp).parent)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -150,13 +150,33 @@ def plan_failures(run: "Run", items: list["Item"], failure, message_column) -> l
     return out
 
 
-def evaluation_error(evr: dict) -> str | None:
-    """GX's message when it could not evaluate an expectation (a missing column, a wrong type), else None."""
+def sort_failures(failures: list[dict], splits: tuple[str, ...], checks: tuple[str, ...]) -> list[dict]:
+    """Failures by split (in ``splits`` order, then cross), then by check (in ``checks`` order)."""
+    order = (*splits, "cross")
+    return sorted(failures, key=lambda f: (order.index(f["split"]) if f["split"] in order else 9,
+                                           checks.index(f["check"]) if f["check"] in checks else 9))
+
+
+def derived_failure(split: str, check: str, evr: dict) -> tuple[dict, dict, dict, list[dict], bool]:
+    """The start of a derived-frame suite's report entry (see ``validation.report``) for a failed
+    expectation result: ``(entry, kwargs, result, records, evaluated)``, ``records`` the unexpected
+    rows as dicts of the index columns; not ``evaluated``: GX could not evaluate it (a missing
+    column, a wrong type) and the entry's detail says why."""
+    from validation.report import index_records
+
+    config = evr.get("expectation_config") or {}
+    kwargs = config.get("kwargs") or {}
+    result = evr.get("result") or {}
+    count = result.get("unexpected_count")
+    out = {"split": split, "check": check, "expectation": config.get("type", "unknown"), "column": kwargs.get("column"),
+           "unexpected_count": int(count) if count is not None else None, "examples": [], "rows": [],
+           "detail": "failed"}
     info = evr.get("exception_info") or {}
     errors = [v.get("exception_message") for v in info.values() if isinstance(v, dict) and v.get("raised_exception")]
     if info.get("raised_exception") or errors:
-        return info.get("exception_message") or errors[0]
-    return None
+        out.update(unexpected_count=None, detail=f"could not be evaluated: {info.get('exception_message') or errors[0]}")
+        return out, kwargs, result, [], False
+    return out, kwargs, result, [r for r in index_records(result) if isinstance(r, dict)], True
 
 
 def complete(*index_columns: str) -> dict:

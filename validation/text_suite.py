@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import DataUnavailableError
-from validation.gx_run import Item, Run, complete, evaluation_error, plan_failures, plan_items, suite_identity, validate
-from validation.report import MAX_EXAMPLES, fmt_bound, index_records, jsonable
+from validation.gx_run import (Item, Run, complete, derived_failure, plan_failures, plan_items, sort_failures,
+                               suite_identity, validate)
+from validation.report import MAX_EXAMPLES, fmt_bound, jsonable
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -135,25 +136,12 @@ def _plan(cfg: DatasetConfig, frames: dict[str, pd.DataFrame]) -> list[dict]:
     return plan
 
 
-def _records(result: dict) -> list[dict]:
-    return [r for r in index_records(result) if isinstance(r, dict)]
-
-
 def failure(split: str, check: str, evr: dict) -> dict:
     """One report entry (see ``validation.report``) from a failed expectation result."""
-    config = evr.get("expectation_config") or {}
-    kwargs = config.get("kwargs") or {}
-    result = evr.get("result") or {}
-    column = kwargs.get("column")
-    count = result.get("unexpected_count")
-    records = _records(result)
-    out = {"split": split, "check": check, "expectation": config.get("type", "unknown"),
-           "column": column, "unexpected_count": int(count) if count is not None else None,
-           "examples": [], "rows": [], "detail": "failed"}
-    error = evaluation_error(evr)
-    if error is not None:
-        out.update(unexpected_count=None, detail=f"could not be evaluated: {error}")
+    out, kwargs, result, records, evaluated = derived_failure(split, check, evr)
+    if not evaluated:
         return jsonable(out)
+    column, count = out["column"], out["unexpected_count"]
     if check == "row_count":
         observed = result.get("observed_value")
         out.update(column=None, examples=[observed],
@@ -193,12 +181,6 @@ def failure(split: str, check: str, evr: dict) -> dict:
     return jsonable(out)
 
 
-def _sort(failures: list[dict]) -> list[dict]:
-    order = ("train", "eval", "cross")
-    return sorted(failures, key=lambda f: (order.index(f["split"]) if f["split"] in order else 9,
-                                           _CHECK_ORDER.index(f["check"]) if f["check"] in _CHECK_ORDER else 9))
-
-
 # --------------------------------------------------------------------------- the suite protocol (gx_run)
 # A text plan's params (``tasks.lm``): dataset (its ``text`` section), root.
 
@@ -218,7 +200,7 @@ def items(params: dict, splits: dict[str, pd.DataFrame]) -> tuple[list[Item], li
 
 
 def failures(params: dict, run: Run, items: list[Item]) -> list[dict]:
-    return _sort(plan_failures(run, items, failure, lambda f: f['column']))
+    return sort_failures(plan_failures(run, items, failure, lambda f: f["column"]), SPLITS, _CHECK_ORDER)
 
 
 def validate_text(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_dir: Path) -> dict:
