@@ -19,7 +19,6 @@ Deployment entrypoint: ``flows/retrain.py:retrain`` (one parameter, ``RetrainPar
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from pathlib import Path
@@ -50,31 +49,28 @@ def _champion_dataset(run_id: str | None, fallback):
 
 
 def _drift_check(cfg, root: Path, champ: dict) -> dict:
-    """Drift of the workspace's training split against the champion's (by its data md5)."""
-    import pandas as pd
-
+    """Drift of the workspace's training split against the champion's (by its data md5): the task
+    gives both as frames of its features (``Task.drift_frames``), read from DVC by ``read``."""
     from core.versions import read_tracked_file
+    from tasks import get_task
     from validation.drift import drift_report
-    from tasks.table import FORMATS, feature_columns, read_table
 
     tags = champ["tags"]
     ds = _champion_dataset(champ.get("run_id"), cfg.dataset)
     out_root = Path(ds.dvc_file).parent / tags.get("data_dvc_path", "")
-    # The training file (or the one file both splits come from), then and now.
-    train_path = Path(ds.path) / (ds.split_files.get("train") or ds.split_files["all"])
-    try:
-        relpath = train_path.relative_to(out_root).as_posix()
-    except ValueError:
-        raise DataUnavailableError(f"the champion's training split {train_path} is not inside its DVC "
-                                   f"output {out_root}") from None
-    raw = read_tracked_file(root, tags["data_md5"], relpath, rev=tags.get("data_rev"),
-                            dvc_file=ds.dvc_file, path_in_repo=train_path.as_posix())
-    parquet = FORMATS.get(train_path.suffix.lower()) == "parquet"
-    reference = pd.read_parquet(io.BytesIO(raw)) if parquet else pd.read_csv(io.BytesIO(raw))
-    current = read_table(Path(root) / cfg.dataset.path / (cfg.dataset.split_files.get("train")
-                                                          or cfg.dataset.split_files["all"]))
-    return drift_report(reference, current, feature_columns(cfg.dataset, [str(c) for c in current.columns]),
-                        cfg.retrain)
+
+    def read(path: Path) -> bytes:
+        """A file of the champion's data version, by its path in the repository."""
+        try:
+            relpath = Path(path).relative_to(out_root).as_posix()
+        except ValueError:
+            raise DataUnavailableError(f"the champion's training split {path} is not inside its DVC "
+                                       f"output {out_root}") from None
+        return read_tracked_file(root, tags["data_md5"], relpath, rev=tags.get("data_rev"),
+                                 dvc_file=ds.dvc_file, path_in_repo=Path(path).as_posix())
+
+    reference, current, features = get_task(cfg.task).drift_frames(cfg, root, ds, read)
+    return drift_report(reference, current, features, cfg.retrain)
 
 
 @task(name="decide", timeout_seconds=300, **TASK)

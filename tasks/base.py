@@ -347,6 +347,16 @@ class Task:
         """What a recorded score dict must hold to stand in for a rescored champion."""
         return tuple(m.name for m in self.metrics if m.name != "latency_p95_ms")
 
+    def drift_frames(self, cfg: "PipelineConfig", root: Path, reference, read: Callable[[Path], bytes]) -> tuple:
+        """``(then, now, features)`` for ``retrain.policy: drift``: the champion's training split
+        (``reference``: its DatasetConfig; ``read(path in the repository)`` gives a file of its
+        data version) and the workspace's, as frames of the named feature columns. The base has
+        none: DataUnavailableError, and the retrain trains on the changed data, saying why."""
+        from core.errors import DataUnavailableError
+
+        raise DataUnavailableError(f"task {self.name!r} has no drift check (retrain.policy: drift compares a "
+                                   "table's feature columns)")
+
     # -- registry ------------------------------------------------------------------------------
     def model_spec(self, cfg: "PipelineConfig", root: Path, train_dir: Path, report: dict) -> ModelSpec:
         raise NotImplementedError

@@ -463,6 +463,22 @@ class _Table(Task):
 
         return fit_gbdt(root, {"prepared": self.prepared_key(cfg, root)}, arrays, cfg.seed, GBDT_MAX_ROWS, "rows")
 
+    def drift_frames(self, cfg: "PipelineConfig", root: Path, reference, read) -> tuple:
+        """The training file (or the one file both splits come from), then and now, and the features."""
+        import io
+
+        import pandas as pd
+
+        from tasks.table import FORMATS, read_table
+
+        train_path = Path(reference.path) / (reference.split_files.get("train") or reference.split_files["all"])
+        raw = read(train_path)
+        parquet = FORMATS.get(train_path.suffix.lower()) == "parquet"
+        then = pd.read_parquet(io.BytesIO(raw)) if parquet else pd.read_csv(io.BytesIO(raw))
+        now = read_table(Path(root) / cfg.dataset.path / (cfg.dataset.split_files.get("train")
+                                                          or cfg.dataset.split_files["all"]))
+        return then, now, feature_columns(cfg.dataset, [str(c) for c in now.columns])
+
     def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
         """The predictor gets the evaluation split's feature columns, as a serving client sends them."""
         frame, _, y, info = self.eval_data(cfg, root)

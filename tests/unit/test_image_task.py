@@ -371,3 +371,40 @@ def test_the_task_takes_a_fitting_config():
                             "dataset": {"path": "data/x", "images": {"classes": ["a", "b"]}},
                             "model": {"kind": "resnet18"}})
     assert task_for(cfg).name == "image_classification"
+
+
+def test_init_reads_a_manifest_folder_and_profiles_it(tmp_path):
+    from tasks.images import ImageClassification
+
+    base = tmp_path / "data" / "pets"
+    (base / "img").mkdir(parents=True)
+    rows = ["path,label,split"]
+    for i in range(12):
+        label, split = ("cat", "dog")[i % 2], "test" if i % 4 >= 2 else "train"
+        _png(base / "img" / f"{i}.png", size=(16, 10) if i else (20, 10), mode="RGB", seed=i)
+        rows.append(f"img/{i}.png,{label},{split}")
+    (base / "manifest.csv").write_text("\n".join(rows) + "\n")
+    (base / "img" / "broken.png").write_bytes(b"not an image")
+    (base / "manifest.csv").write_text("\n".join([*rows, "img/broken.png,cat,train"]) + "\n")
+    task = ImageClassification()
+    fit = task.init_reads(base)
+    assert fit.fits and fit.preferred and "manifest.csv" in fit.why
+    assert not task.init_reads(tmp_path).fits  # neither class folders nor a manifest
+    facts = task.init_folder(tmp_path, base, "data/pets")
+    images = facts["dataset"]["images"]
+    assert images["manifest"] == "manifest.csv" and images["classes"] == ["cat", "dog"]
+    assert images["size"] == [10, 16] and images["channels"] == 3  # the most common h x w; RGB
+    assert facts["rows"] == {"train": 7, "test": 6}
+    assert facts["problems"] == [f"img/broken.png: {facts['problems'][0].split(': ', 1)[1]}"]
+    assert any(line.startswith("undecodable:  1 file(s)") for line in facts["lines"])
+    # What init writes is a config the task takes.
+    cfg = config_from_dict({"name": "pets", "task": "image_classification",
+                            "dataset": {"path": "data/pets", **facts["dataset"]}})
+    assert cfg.dataset.images.expectations.width == (15, 21)
+
+
+def test_retrain_policy_drift_has_no_check_for_images_and_says_so():
+    from tasks.images import ImageClassification
+
+    with pytest.raises(DataUnavailableError, match="task 'image_classification' has no drift check"):
+        ImageClassification().drift_frames(None, Path("."), None, lambda p: b"")
