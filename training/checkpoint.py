@@ -10,9 +10,15 @@ name and renamed, and is valid only with its completion marker, so a crash
 mid-write never leaves a checkpoint that resume would trust. Its files and folder
 are fsynced before the marker is written, and the marker and the rename after, so
 a marker that survives a power loss never vouches for data that did not. What goes inside
-is ``torch.distributed.checkpoint`` files for every strategy, written by the strategy: DDP's from
-rank 0 alone (a CPU copy, in a background thread), FSDP's shards from every rank. ``save`` and
-``load_latest`` are collective: every rank calls them.
+is ``torch.distributed.checkpoint`` files for every strategy (``.metadata``, ``__<rank>_0.distcp``)
+holding ``{"model", "optim"}`` (FQN-keyed, as ``get_state_dict`` gives them), plus ``extra.pt`` (the
+``TrainState.meta()``, rank 0 writes). This module writes and reads them (``save_state``,
+``snapshot`` / ``write_snapshot``, ``load_state``); a strategy says only how its state is held:
+replicated (``async_save``: DDP's rank 0 writes alone, from a CPU copy, in a background thread)
+or sharded (FSDP, tp, pp: every rank its shards), which module holds it and its
+``StateDictOptions``. Model keys are the plain module's and DCP reshards on read, so a checkpoint
+resumes on another world size or strategy (tp / pp / hybrid shards only into their own layout:
+the strategy's ``check_layout``). ``save`` and ``load_latest`` are collective: every rank calls them.
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ import json
 import logging
 import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from typing import TYPE_CHECKING
 
@@ -99,6 +106,161 @@ def check_identity(found: dict, config_id: str, data_md5: str, resume_id: str | 
             raise CheckpointMismatchError(
                 f"{where}: its checkpoint (step {found.get('step')}) was written for {key}={theirs}, this run "
                 f"has {mine}; use a fresh output folder, or --force-resume to continue from it anyway")
+
+
+EXTRA_FILE = "extra.pt"
+DCP_METADATA = ".metadata"
+
+
+def _cpu_copy(obj):
+    """``obj`` (a state dict: nested dicts and lists of tensors and numbers) with every tensor copied to CPU."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
+
+
+def _atomic_save(obj, path: Path) -> None:
+    """``torch.save`` under a temporary name, then rename: a crash never leaves a half file at ``path``."""
+    import torch
+
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def _dcp_errors(what: str, no_dist: bool = False) -> Iterator[None]:
+    """Turn DCP's ``CheckpointException`` into a ``RuntimeError`` (it derives from ``BaseException``:
+    an ``except Exception`` fallback would miss it). DCP gathers every rank's failure and raises on
+    all of them. ``no_dist``: DCP without a process group (one rank reads or writes alone), its
+    warning that torch.distributed is disabled silenced: that is the intent here."""
+    import warnings
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with warnings.catch_warnings():
+        if no_dist:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        try:
+            yield
+        except CheckpointException as exc:
+            detail = "; ".join(f"rank {r}: {type(e[0]).__name__}: {e[0]}".rstrip(": ")
+                               for r, e in sorted(exc.failures.items()))
+            raise RuntimeError(f"{what} failed ({detail})") from None
+
+
+def _agree(ctx: "DistContext", error: BaseException | None, what: str) -> None:
+    """COLLECTIVE: raise on every rank when any rank failed ``what`` (so no rank waits alone)."""
+    errors = _dist().all_gather_object(ctx, None if error is None else f"{type(error).__name__}: {error}")
+    failed = {rank: msg for rank, msg in enumerate(errors) if msg is not None}
+    if failed:
+        detail = "; ".join(f"rank {r}: {m}" for r, m in failed.items())
+        raise RuntimeError(f"{what} failed ({detail})") from error
+
+
+def _state_dicts(strategy, wrapped, optimizer):
+    """(model, optimizer) state dicts as the strategy holds them, FQN-keyed; the optimizer left as
+    it was: ``get_state_dict`` initialises one that never stepped with a zero-lr step (AdamW:
+    step=1), which saving must not do to how training continues."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    fresh = not optimizer.state
+    try:
+        return get_state_dict(strategy.checkpoint_module(wrapped), optimizer, options=strategy.state_dict_options())
+    finally:
+        if fresh:
+            optimizer.state.clear()
+
+
+def snapshot(strategy, wrapped, optimizer, extra: dict) -> dict:
+    """Rank 0 of a replicated strategy: a private CPU copy of the full state, safe to write while
+    training goes on (``write_snapshot``)."""
+    model_sd, optim_sd = _state_dicts(strategy, wrapped, optimizer)
+    return {"model": _cpu_copy(model_sd), "optim": _cpu_copy(optim_sd), "extra": extra}
+
+
+def write_snapshot(state: dict, folder: Path) -> None:
+    """Rank 0: write a ``snapshot`` into ``folder`` as DCP files, alone (``no_dist``)."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = Path(folder)
+    _atomic_save(state["extra"], folder / EXTRA_FILE)
+    with _dcp_errors(f"saving checkpoint {folder}", no_dist=True):
+        dcp.save({"model": state["model"], "optim": state["optim"]}, checkpoint_id=folder, no_dist=True)
+
+
+def save_state(strategy, wrapped, optimizer, extra: dict, folder: Path) -> None:
+    """COLLECTIVE. Write model + optimizer + ``extra`` into ``folder``: a replicated strategy's rank
+    0 alone, a sharded one's every rank its shards; every rank raises if any failed."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = Path(folder)
+    ctx = strategy.ctx
+    if strategy.async_save:
+        error = None
+        if ctx.is_main:
+            try:
+                write_snapshot(snapshot(strategy, wrapped, optimizer, extra), folder)
+            except Exception as exc:  # reported on every rank by _agree
+                error = exc
+        _agree(ctx, error, f"saving checkpoint {folder}")
+        return
+    error = None
+    if ctx.is_main:
+        try:
+            _atomic_save(extra, folder / EXTRA_FILE)
+        except Exception as exc:
+            error = exc
+    _agree(ctx, error, f"saving checkpoint {folder}")
+    model_sd, optim_sd = _state_dicts(strategy, wrapped, optimizer)
+    with _dcp_errors(f"saving checkpoint {folder}"):
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
+
+
+def load_state(strategy, wrapped, optimizer, folder: Path) -> dict:
+    """Restore model and optimizer in place from ``folder``; returns its ``extra``.
+
+    DCP reshards on read. A replicated strategy's targets are full tensors: each rank reads every
+    shard that overlaps them, alone (``no_dist``: it raises on a missing or corrupt file by
+    itself). A sharded strategy's ranks read their shards together (COLLECTIVE: if any rank fails,
+    every rank raises). The strategy's ``check_layout`` refuses shards of another layout.
+    """
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    folder = Path(folder)
+    replicated = strategy.async_save
+    extra, error = None, None
+    try:
+        if not (folder / DCP_METADATA).is_file():
+            raise FileNotFoundError(f"{folder / DCP_METADATA}: no checkpoint metadata (an older trainflow's "
+                                    "state.pt is not read)")
+        extra = torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        if replicated:
+            raise
+        error = exc
+    if not replicated:
+        _agree(strategy.ctx, error, f"loading checkpoint {folder}")
+    strategy.check_layout(extra, folder)  # sharded: every rank read the same extra, so all raise or none
+    module, options = strategy.checkpoint_module(wrapped), strategy.state_dict_options()
+    model_sd, optim_sd = get_state_dict(module, optimizer, options=options)  # the targets, FQN-keyed
+    state = {"model": model_sd, "optim": optim_sd}
+    with _dcp_errors(f"loading checkpoint {folder}", no_dist=replicated):
+        dcp.load(state, checkpoint_id=folder, no_dist=replicated)
+    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=options)
+    return extra
 
 
 class CheckpointManager:
@@ -177,7 +339,7 @@ class CheckpointManager:
         if self.strategy.async_save:
             if self.ctx.is_main:
                 self.wait()  # one write in flight at a time; surfaces the previous one's error
-                state = self.strategy.snapshot(model, optimizer, extra)
+                state = snapshot(self.strategy, model, optimizer, extra)
                 if self._pool is None:
                     from concurrent.futures import ThreadPoolExecutor
 
@@ -188,7 +350,7 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         _dist().barrier(self.ctx)
-        self.strategy.save_checkpoint(model, optimizer, extra, tmp)
+        save_state(self.strategy, model, optimizer, extra, tmp)
         _dist().barrier(self.ctx)  # every shard is on disk before the marker says so
         if self.ctx.is_main:
             self._complete(step, tmp, final, _identity(extra))
@@ -198,7 +360,7 @@ class CheckpointManager:
     def _write(self, step: int, state: dict, tmp: Path, final: Path, identity: dict) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        self.strategy.write_snapshot(state, tmp)
+        write_snapshot(state, tmp)
         self._complete(step, tmp, final, identity)
 
     def _complete(self, step: int, tmp: Path, final: Path, identity: dict) -> None:
@@ -244,7 +406,7 @@ class CheckpointManager:
             folder = self._folder(step)
             extra, error = None, None
             try:
-                extra = self.strategy.load_checkpoint(model, optimizer, folder)
+                extra = load_state(self.strategy, model, optimizer, folder)
             except CheckpointMismatchError:
                 raise  # readable but written for another layout: an older one would be too
             except Exception as exc:  # noqa: BLE001 - any unreadable file means: try an older one

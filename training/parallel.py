@@ -112,7 +112,7 @@ class _ModelParallel(DCPStrategy):
         if theirs != mine:
             raise mismatch_error(folder, theirs, mine)
 
-    def _sd_options(self):
+    def state_dict_options(self):
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
         # Optimizer param groups keyed per parameter name: pipeline stages hold different

@@ -1,8 +1,8 @@
 """Data-parallel strategies behind one small API: single process, DDP, or FSDP2 (``fully_shard``).
 
 The trainer builds one ``Strategy`` from ``training.strategy`` and asks it to wrap
-the model, to run micro-steps without gradient sync, to clip gradients, to cast
-for mixed precision and to save/load checkpoints. The strategies differ only in
+the model, to run micro-steps without gradient sync, to clip gradients and to cast
+for mixed precision. The strategies differ only in
 how parameters live on each rank:
 
 - ``single``: one process, the model as is.
@@ -23,23 +23,13 @@ counts enter the all-reduced sums, so each batch counts once).
 
 Methods marked COLLECTIVE must be called by every rank, in the same order.
 
-Checkpoint layouts inside the caller's ``folder`` (which every rank can see):
-
-one format for every strategy: DCP files (``.metadata``, ``__<rank>_0.distcp``) holding
-``{"model", "optim"}`` (FQN-keyed, as ``get_state_dict`` gives them) plus ``extra.pt``
-(rank 0 writes). single/ddp: rank 0 writes the full state alone (``no_dist``), from a CPU copy,
-in the checkpointer's background thread; the sharded strategies: every rank its shards.
-
-Model keys are the plain module's (no ``module.`` prefix), and DCP reshards on read, so a
-checkpoint resumes on another world size or strategy: fsdp reads a replicated checkpoint into its
-shards, single/ddp read fsdp's shards whole. tp / pp / hybrid shards load only into their own
-layout.
-What the ``extra`` part holds is ``training.checkpoint.TrainState.meta()``.
+Checkpoints are ``training.checkpoint``'s (one format, DCP files, for every strategy); a strategy
+says only how its state is held: ``async_save`` (replicated: rank 0 writes alone, in the
+background), ``checkpoint_module``, ``state_dict_options`` and ``check_layout``.
 """
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import ContextManager, Iterator
@@ -47,7 +37,7 @@ from typing import ContextManager, Iterator
 import torch
 from torch import nn
 
-from training.distributed import DistContext, all_gather_object
+from training.distributed import DistContext
 # The launch-time checks live in a torch-free module (the pipeline process uses them without torch).
 from training.layouts import (  # noqa: F401  (re-exported)
     MODEL_PARALLEL,
@@ -60,8 +50,6 @@ from training.layouts import (  # noqa: F401  (re-exported)
     layout_for,
 )
 
-EXTRA_FILE = "extra.pt"
-DCP_METADATA = ".metadata"
 
 
 def _check_precision(precision: str) -> None:
@@ -101,58 +89,12 @@ def _targets_per_sample(y: torch.Tensor) -> int:
     return n
 
 
-def _cpu_copy(obj):
-    """``obj`` (a state dict: nested dicts and lists of tensors and numbers) with every tensor copied to CPU."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _cpu_copy(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_cpu_copy(v) for v in obj)
-    return obj
-
-
-def _atomic_save(obj, path: Path) -> None:
-    """``torch.save`` under a temporary name, then rename: a crash never leaves a half file at ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-@contextmanager
-def _dcp_errors(what: str) -> Iterator[None]:
-    """Turn DCP's ``CheckpointException`` into a ``RuntimeError``.
-
-    DCP gathers every rank's failure and raises on all of them, but its exception
-    derives from ``BaseException``: an ``except Exception`` fallback would miss it.
-    """
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    try:
-        yield
-    except CheckpointException as exc:
-        detail = "; ".join(f"rank {r}: {type(e[0]).__name__}: {e[0]}".rstrip(": ")
-                           for r, e in sorted(exc.failures.items()))
-        raise RuntimeError(f"{what} failed ({detail})") from None
-
-
-def _agree(ctx: DistContext, error: BaseException | None, what: str) -> None:
-    """COLLECTIVE: raise on every rank when any rank failed ``what`` (so no rank waits alone)."""
-    errors = all_gather_object(ctx, None if error is None else f"{type(error).__name__}: {error}")
-    failed = {rank: msg for rank, msg in enumerate(errors) if msg is not None}
-    if failed:
-        detail = "; ".join(f"rank {r}: {m}" for r, m in failed.items())
-        raise RuntimeError(f"{what} failed ({detail})") from error
-
-
 class Strategy:
     """Base: a replicated model (every rank holds all of it). Subclasses override what differs."""
 
     name: str = "base"
-    # Replicated state: rank 0 can snapshot it and write in the background (no collective).
+    # Replicated state: rank 0 writes it alone from a CPU snapshot, in the checkpointer's
+    # background thread (no collective); False: every rank writes its shards, together.
     async_save: bool = True
     # The task (``tasks.base.Task``) whose loss and accuracy count; the Trainer sets it.
     task = None
@@ -270,45 +212,15 @@ class Strategy:
             return None
         return {k: v.detach().to("cpu", copy=True) for k, v in self.unwrapped(wrapped).state_dict().items()}
 
-    def save_checkpoint(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, extra: dict,
-                        folder: Path) -> None:
-        """COLLECTIVE. Rank 0 writes the full state into ``folder``; every rank raises if that failed."""
-        folder = Path(folder)
-        error = None
-        if self.ctx.is_main:
-            try:
-                self.write_snapshot(self.snapshot(wrapped, optimizer, extra), folder)
-            except Exception as exc:  # reported on every rank by _agree
-                error = exc
-        _agree(self.ctx, error, f"saving checkpoint {folder}")
+    # What the checkpointer (training.checkpoint) needs to save and load this strategy's state:
+    # ``async_save`` (above), ``checkpoint_module``, ``state_dict_options``, ``check_layout``.
+    def checkpoint_module(self, wrapped: nn.Module) -> nn.Module:
+        """The module whose state ``get_state_dict`` reads: the plain model (replicated state)."""
+        return self.unwrapped(wrapped)
 
-    def snapshot(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, extra: dict) -> dict:
-        """Rank 0: a private CPU copy of the full state, safe to write while training goes on."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        # get_state_dict initialises an optimizer that never stepped with a zero-lr step
-        # (AdamW: step=1); undo that so saving never changes how training continues.
-        fresh = not optimizer.state
-        try:
-            model_sd, optim_sd = get_state_dict(self.unwrapped(wrapped), optimizer)
-            return {"model": _cpu_copy(model_sd), "optim": _cpu_copy(optim_sd), "extra": extra}
-        finally:
-            if fresh:
-                optimizer.state.clear()
-
-    def write_snapshot(self, state: dict, folder: Path) -> None:
-        """Rank 0: write a ``snapshot`` into ``folder`` as DCP files, alone (the format every
-        strategy's ``load_checkpoint`` reads)."""
-        import warnings
-
-        import torch.distributed.checkpoint as dcp
-
-        folder = Path(folder)
-        _atomic_save(state["extra"], folder / EXTRA_FILE)
-        with _dcp_errors(f"saving checkpoint {folder}"), warnings.catch_warnings():
-            # no_dist is the intent here (rank 0 writes the replicated state), not a missing process group.
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.save({"model": state["model"], "optim": state["optim"]}, checkpoint_id=folder, no_dist=True)
+    def state_dict_options(self):
+        """``StateDictOptions`` for get/set_state_dict (None: the defaults)."""
+        return None
 
     def check_layout(self, extra: dict, folder: Path) -> None:
         """Raise a ``CheckpointMismatchError`` when ``folder``'s shards cannot load into this layout.
@@ -319,34 +231,6 @@ class Strategy:
         theirs = (extra or {}).get("layout")
         if isinstance(theirs, dict) and theirs.get("strategy") in MODEL_PARALLEL and theirs != self.layout():
             raise mismatch_error(folder, theirs, self.layout())
-
-    def load_checkpoint(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict:
-        """Restore model and optimizer in place from ``folder`` (every rank reads it); returns extra.
-
-        DCP reshards on read: the targets are full tensors, so each rank reads every shard that
-        overlaps them (written by any strategy at any world size). No collectives
-        (``no_dist``): each rank raises on a missing or corrupt file by itself.
-        """
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        folder = Path(folder)
-        if not (folder / DCP_METADATA).is_file():
-            raise FileNotFoundError(f"{folder / DCP_METADATA}: no checkpoint metadata (an older trainflow's "
-                                    "state.pt is not read)")
-        extra = torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
-        self.check_layout(extra, folder)
-        model = self.unwrapped(wrapped)
-        model_sd, optim_sd = get_state_dict(model, optimizer)  # FQN-keyed, as DCPStrategy saved them
-        state = {"model": model_sd, "optim": optim_sd}
-        import warnings
-
-        with _dcp_errors(f"loading checkpoint {folder}"), warnings.catch_warnings():
-            # no_dist is the intent here (each rank reads on its own), not a missing process group.
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, checkpoint_id=folder, no_dist=True)
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        return extra
 
 
 class SingleStrategy(Strategy):
@@ -402,7 +286,7 @@ def fsdp_gradient_sync(wrapped: nn.Module, sync: bool) -> Iterator[None]:
 
 
 class DCPStrategy(Strategy):
-    """Base of the sharded strategies: ``torch.distributed.checkpoint`` save/load, every rank writes."""
+    """Base of the sharded strategies: every rank saves and loads its own shards (``async_save`` False)."""
 
     async_save = False  # every rank writes its shards: a collective save
 
@@ -414,57 +298,8 @@ class DCPStrategy(Strategy):
                 "this process has none"
             )
 
-    def _sd_options(self):
-        """``StateDictOptions`` for get/set_state_dict (None: the defaults)."""
-        return None
-
-    def save_checkpoint(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, extra: dict,
-                        folder: Path) -> None:
-        """COLLECTIVE. Sharded DCP save of model + optimizer; rank 0 adds ``extra.pt``."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        folder = Path(folder)
-        error = None
-        if self.ctx.is_main:
-            try:
-                _atomic_save(extra, folder / EXTRA_FILE)
-            except Exception as exc:
-                error = exc
-        _agree(self.ctx, error, f"saving checkpoint {folder}")
-        # get_state_dict initialises an optimizer that never stepped with a zero-lr step
-        # (AdamW: step=1); undo that so saving never changes how training continues.
-        fresh = not optimizer.state
-        model_sd, optim_sd = get_state_dict(wrapped, optimizer, options=self._sd_options())
-        try:
-            with _dcp_errors(f"saving checkpoint {folder}"):
-                dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
-        finally:
-            if fresh:
-                optimizer.state.clear()
-
-    def load_checkpoint(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> dict:
-        """COLLECTIVE. DCP load into this rank's shards; raises on every rank if any rank fails."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        folder = Path(folder)
-        extra, error = None, None
-        try:
-            if not (folder / DCP_METADATA).is_file():
-                raise FileNotFoundError(f"{folder / DCP_METADATA}: no DCP checkpoint metadata")
-            extra = torch.load(folder / EXTRA_FILE, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            error = exc
-        _agree(self.ctx, error, f"loading checkpoint {folder}")
-        self.check_layout(extra, folder)  # every rank read the same extra: all raise, or none
-        model_sd, optim_sd = get_state_dict(wrapped, optimizer, options=self._sd_options())
-        state = {"model": model_sd, "optim": optim_sd}
-        with _dcp_errors(f"loading checkpoint {folder}"):  # DCP raises on every rank if any failed
-            dcp.load(state, checkpoint_id=folder)
-        set_state_dict(wrapped, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                       options=self._sd_options())
-        return extra
+    def checkpoint_module(self, wrapped: nn.Module) -> nn.Module:
+        return wrapped  # its DTensor shards, which each rank writes
 
 
 class FSDPStrategy(DCPStrategy):

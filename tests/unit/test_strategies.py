@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from core.errors import ConfigError
+from training.checkpoint import load_state, save_state
 from training.distributed import DistContext
 from training.parallel import build_strategy
 from training.strategies import (
@@ -88,14 +89,14 @@ def test_single_checkpoint_round_trip(tmp_path):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     _train(model, opt, 3)
     extra = {"step": 3, "epoch": 1, "name": "x", "rng": torch.get_rng_state(), "hist": [1.5, {"a": 2}]}
-    s.save_checkpoint(model, opt, extra, tmp_path)
+    save_state(s, model, opt, extra, tmp_path)
     # DCP files, like every strategy's; no temp file left over
     assert sorted(p.name for p in tmp_path.iterdir()) == [".metadata", "__0_0.distcp", "extra.pt"]
     expected = _train(model, opt, 4, start=3)
 
     other = s.wrap(_model(1))  # different initial weights: the load must overwrite them
     opt2 = torch.optim.AdamW(other.parameters(), lr=1e-2, weight_decay=0.01)
-    got_extra = s.load_checkpoint(other, opt2, tmp_path)
+    got_extra = load_state(s, other, opt2, tmp_path)
     assert got_extra["step"] == 3 and got_extra["name"] == "x" and got_extra["hist"] == [1.5, {"a": 2}]
     assert torch.equal(got_extra["rng"], extra["rng"])
     assert _train(other, opt2, 4, start=3) == expected  # bitwise
@@ -109,14 +110,14 @@ def test_single_load_missing_or_corrupt(tmp_path):
     model = _model(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(FileNotFoundError):
-        s.load_checkpoint(model, opt, tmp_path)
+        load_state(s, model, opt, tmp_path)
     torch.save({"model": {}, "optimizer": {}, "extra": {}}, tmp_path / "state.pt")  # an older trainflow's
     with pytest.raises(FileNotFoundError, match="state.pt is not read"):
-        s.load_checkpoint(model, opt, tmp_path)
-    s.save_checkpoint(model, opt, {"step": 1}, tmp_path)
+        load_state(s, model, opt, tmp_path)
+    save_state(s, model, opt, {"step": 1}, tmp_path)
     (tmp_path / "__0_0.distcp").write_bytes(b"not a checkpoint")
     with pytest.raises(Exception):
-        s.load_checkpoint(model, opt, tmp_path)
+        load_state(s, model, opt, tmp_path)
 
 
 def test_full_state_dict_is_a_copy():

@@ -8,7 +8,7 @@ import torch
 from core.config import load_config
 from training.checkpoint import CheckpointManager, CheckpointMismatchError
 from training.distributed import DistContext
-from training.checkpoint import FORMAT, StateFormatError, TrainState
+from training.checkpoint import FORMAT, StateFormatError, TrainState, load_state
 from training.parallel import build_strategy
 
 CTX = DistContext(0, 0, 1, None, torch.device("cpu"))
@@ -92,7 +92,7 @@ def test_a_dcp_checkpoint_loads_into_a_replicated_model(tmp_path):
     """What fsdp writes (DCP, FQN-keyed model and optimizer state + extra.pt) loads into single/ddp."""
     import torch.distributed.checkpoint as dcp
 
-    from training.strategies import EXTRA_FILE
+    from training.checkpoint import EXTRA_FILE
 
     torch.manual_seed(0)
     src = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
@@ -106,7 +106,7 @@ def test_a_dcp_checkpoint_loads_into_a_replicated_model(tmp_path):
     torch.manual_seed(1)
     dst = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
     opt2 = torch.optim.AdamW(dst.parameters(), lr=0.1)
-    extra = build_strategy("single", CTX).load_checkpoint(dst, opt2, tmp_path)
+    extra = load_state(build_strategy("single", CTX), dst, opt2, tmp_path)
     assert extra["step"] == 1
     for a, b in zip(src.state_dict().values(), dst.state_dict().values()):
         assert torch.equal(a, b)

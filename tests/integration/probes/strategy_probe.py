@@ -28,6 +28,7 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from training.distributed import all_gather_object, all_reduce_sum, barrier, process_group
+from training.checkpoint import load_state, save_state
 from training.parallel import build_strategy
 
 DIMS = (64, 256, 256, 10)
@@ -178,12 +179,12 @@ def main() -> None:
             # get_state_dict would otherwise leave AdamW at step=1): first half still matches.
             fresh = Path(args.workdir) / f"{name}_fresh"
             fresh.mkdir(parents=True, exist_ok=True)
-            strat.save_checkpoint(wrapped, opt, {"step": 0}, fresh)
+            save_state(strat, wrapped, opt, {"step": 0}, fresh)
             rec["fresh_save_optimizer_untouched"] = len(opt.state) == 0
             first = train(ctx, strat, wrapped, opt, 0, half, batch, args.clip)
             extra = {"step": half, "tag": name, "rng": torch.get_rng_state(), "hist": first["losses"]}
             t_save = time.perf_counter()
-            strat.save_checkpoint(wrapped, opt, extra, folder)
+            save_state(strat, wrapped, opt, extra, folder)
             rec["save_s"] = time.perf_counter() - t_save
             cont = train(ctx, strat, wrapped, opt, half, steps - half, batch, args.clip)
             rec["resume_first_half"] = first["losses"]
@@ -193,7 +194,7 @@ def main() -> None:
             wrapped = strat.wrap(make_model(123).to(ctx.device))  # other weights: load must replace them
             opt = make_opt(wrapped, args.optimizer)
             t_load = time.perf_counter()
-            got = strat.load_checkpoint(wrapped, opt, folder)
+            got = load_state(strat, wrapped, opt, folder)
             rec["load_s"] = time.perf_counter() - t_load
             rec["loaded_extra_ok"] = (got["step"] == half and got["tag"] == name
                                       and got["hist"] == first["losses"]
@@ -210,7 +211,7 @@ def main() -> None:
             wrapped = strat.wrap(make_model(0).to(ctx.device))
             opt = make_opt(wrapped, args.optimizer)
             try:
-                strat.load_checkpoint(wrapped, opt, empty)
+                load_state(strat, wrapped, opt, empty)
                 rec["missing_raises"] = False
             except Exception as exc:  # noqa: BLE001 - recorded
                 rec["missing_raises"] = type(exc).__name__
@@ -224,7 +225,7 @@ def main() -> None:
                 victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
             barrier(ctx)
             try:
-                strat.load_checkpoint(wrapped, opt, bad)
+                load_state(strat, wrapped, opt, bad)
                 corrupt = False
             except Exception as exc:  # noqa: BLE001 - recorded
                 corrupt = type(exc).__name__
