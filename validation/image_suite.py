@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from validation.gx_run import (Item, Run, complete, derived_failure, plan_failures, plan_items, sort_failures,
-                               suite_identity, validate)
+                               validate)
 from validation.report import MAX_EXAMPLES, fmt_bound, jsonable
 
 if TYPE_CHECKING:
@@ -186,8 +186,3 @@ def validate_images(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_
     """Run the image suite on ``splits`` (from :func:`load_splits`) and write the report files
     into ``report_dir``. Never raises on bad data."""
     return validate(sys.modules[__name__], {"dataset": cfg}, splits, Path(report_dir))
-
-
-def image_suite_hash(cfg: DatasetConfig, seed: int = 0) -> str:
-    """Identity of the suite :func:`validate_images` builds (GX is not imported)."""
-    return suite_identity(sys.modules[__name__], identity({"dataset": cfg, "seed": seed}))

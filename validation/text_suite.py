@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from core.errors import DataUnavailableError
 from validation.gx_run import (Item, Run, complete, derived_failure, plan_failures, plan_items, sort_failures,
-                               suite_identity, validate)
+                               validate)
 from validation.report import MAX_EXAMPLES, fmt_bound, jsonable
 
 if TYPE_CHECKING:
@@ -208,9 +208,3 @@ def validate_text(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_di
     ``report_dir``; the same report shape as the tabular suite (``validation.gx_run.write_report``).
     Never raises on bad data."""
     return validate(sys.modules[__name__], {"dataset": cfg}, splits, Path(report_dir))
-
-
-def text_suite_hash(cfg: DatasetConfig) -> str:
-    """Identity of the suite :func:`validate_text` builds: the corpus bounds, this module's, the
-    runner's and ``validation.report``'s code and the GX version (GX is not imported)."""
-    return suite_identity(sys.modules[__name__], identity({"dataset": cfg}))
