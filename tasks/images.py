@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 METRICS_VERSION = 1
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_image.py")
 IMAGE_KINDS = (None, "image_cnn", "resnet18")
-GBDT_MAX_ROWS = 50_000
+# The trees beside the network are fitted on at most this many train images (a seeded sample): on
+# thousands of pixel columns each, more would take the evaluation minutes.
+GBDT_MAX_ROWS = 10_000
 
 
 @dataclass(frozen=True)
@@ -146,9 +148,17 @@ class ImageClassification(Classifier, Task):
     def info(self, cfg: "PipelineConfig", root: Path) -> ImageInfo:
         images = cfg.dataset.images
         x, _ = self._pixels(cfg, root, "train")
-        flat = np.asarray(x, dtype=np.float64).reshape(len(x), images.channels, -1) / 255.0
+        total, squares, n = np.zeros(images.channels), np.zeros(images.channels), 0
+        for start in range(0, len(x), 4096):  # in chunks: a float copy of every image would be 8x the pixels
+            part = np.asarray(x[start:start + 4096], dtype=np.float64).reshape(-1, images.channels,
+                                                                                images.size[0] * images.size[1]) / 255.0
+            total += part.sum(axis=(0, 2))
+            squares += (part ** 2).sum(axis=(0, 2))
+            n += part.shape[0] * part.shape[2]
+        mean = total / max(n, 1)
+        std = np.sqrt(np.maximum(squares / max(n, 1) - mean ** 2, 0.0))
         return ImageInfo(classes=list(images.classes), channels=images.channels, size=list(images.size),
-                         mean=flat.mean(axis=(0, 2)).tolist(), std=flat.std(axis=(0, 2)).tolist())
+                         mean=mean.tolist(), std=std.tolist())
 
     def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
         from tasks.splits import Splits, stratified_holdout, tensors
