@@ -5,7 +5,7 @@
     trainflow k8s-job --nnodes N --gpus-per-node G --image REF@DIGEST ...    # multi-node Kubernetes Job YAML
     trainflow retrain [--config PATH] [--set K=V ...] [--force]             # the pipeline, only if the champion is stale
     trainflow reproduce NAME@ALIAS|NAME/VERSION|RUN_ID [--summary-json PATH] # retrain from the manifest, compare weights
-    trainflow init --data PATH [--label COLUMN] [--task T] [--name NAME]    # track a table or image folder, write its config
+    trainflow init --data PATH [--label COLUMN] [--task T] [--name NAME]    # track a table or images, write a config
     trainflow ui [--prefect-port P] [--mlflow-port P]                       # the Prefect and MLflow UIs on .trainflow/
     trainflow pool create NAME                                              # a locked process work pool for prefect.yaml
     trainflow worker --pool NAME [--limit N]                                # a worker that runs only prefect.yaml's runs

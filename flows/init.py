@@ -44,10 +44,11 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
     ``root``: the git + DVC repository; ``data`` (relative to ``root`` unless absolute): a folder
     holding train + test tables (``train.csv|parquet``, ``test.csv|parquet``) or one table, or
     one table file; or, with no ``label``, a folder a task reads by itself (``Task.init_reads``:
-    images in ``train/<class>/`` and ``test/<class>/``), set up by ``_init_folder``. ``task``/``name`` default to what the data suggests (see the result's
-    ``task_reason``) or, on a re-run, to the existing config's. ``test_fraction``: the test share
-    when one table is split (default: the existing config's, else 0.2). Side effects: ``dvc add``
-    (local cache, no push) and the two files under ``configs/``.
+    images in ``train/<class>/`` and ``test/<class>/``), set up by ``_init_folder``.
+    ``task``/``name`` default to what the data suggests (see the result's ``task_reason``) or, on a
+    re-run, to the existing config's. ``test_fraction``: the test share when one table is split
+    (default: the existing config's, else 0.2). Side effects: ``dvc add`` (local cache, no push) and
+    the two files under ``configs/``.
 
     Run again on changed data (a schema change: columns added, removed or retyped), it updates
     the existing config's data facts (files, label, identifier and categorical columns) and

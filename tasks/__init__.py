@@ -1,9 +1,10 @@
 """Tasks: the one place that knows a kind of problem (see ``tasks.base``).
 
 Built in: ``classification`` and ``regression`` of a table's named columns, ``lm`` (a
-byte-level language model of a text corpus) and ``image_classification`` (a folder of images). A package adds its own under the entry-point
-group ``trainflow.tasks`` (``name = "module:TaskClass"``). A task is chosen once, by the
-config's ``task`` key; configs are committed files, never deployment parameters.
+byte-level language model of a text corpus) and ``image_classification`` (a folder of images).
+A package adds its own under the entry-point group ``trainflow.tasks`` (``name =
+"module:TaskClass"``). A task is chosen once, by the config's ``task`` key; configs are
+committed files, never deployment parameters.
 """
 
 from __future__ import annotations

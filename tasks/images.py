@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from core.errors import ConfigError, DataUnavailableError
-from tasks.base import Classifier, InitFit, ModelSpec, Task, ValidationPlan, fit_gbdt, load_program, write_program_scores
+from tasks.base import (Classifier, InitFit, ModelSpec, Task, ValidationPlan, fit_gbdt, load_program,
+                        write_program_scores)
 from tasks.info import DataInfo
 
 if TYPE_CHECKING:
@@ -375,7 +376,8 @@ def init_folder(task: ImageClassification, root: Path, target: Path, rel: str) -
     lines = [
         f"classes:      {len(classes)}: " + ", ".join(f"{c} ({int(counts.get(c, 0))})" for c in classes[:12])
         + (" ..." if len(classes) > 12 else ""),
-        f"images:       {n['train']} train, {n['test']} test; sizes {int(ok['width'].min())}..{int(ok['width'].max())} x "
+        f"images:       {n['train']} train, {n['test']} test; sizes "
+        f"{int(ok['width'].min())}..{int(ok['width'].max())} x "
         f"{int(ok['height'].min())}..{int(ok['height'].max())} (w x h); modes {', '.join(modes)}",
         f"input:        {size[0]} x {size[1]} (h x w): {size_why}; {channels} channel(s) "
         f"({'grey' if channels == 1 else 'RGB'}) (dataset.images.size, .channels)",

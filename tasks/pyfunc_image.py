@@ -46,7 +46,8 @@ class ExportedImageClassifier(mlflow.pyfunc.PythonModel):
                     img = img.resize((self.size[1], self.size[0]), Image.Resampling.BILINEAR)
                 a = np.asarray(img, dtype=np.uint8)
         except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds; all mean "not an image"
-            raise ValueError(f"row {row}: column 'image' is not a decodable image: {type(exc).__name__}: {exc}") from None
+            raise ValueError(f"row {row}: column 'image' is not a decodable image: "
+                             f"{type(exc).__name__}: {exc}") from None
         return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 
     def predict(self, context, model_input: pd.DataFrame, params=None):

@@ -427,7 +427,8 @@ class _Table(Task):
         return self.frames(cfg, root)["test"], p["xt"], p["yt"], p["info"]
 
     def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
-        write_program_scores(out, self.prepared(cfg, root)["xt"], self.decode, self.scoring_key(cfg, root)["split_sha256"])
+        write_program_scores(out, self.prepared(cfg, root)["xt"], self.decode,
+                             self.scoring_key(cfg, root)["split_sha256"])
 
     def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
         from core.hashing import file_sha256, sha256_json

@@ -174,7 +174,8 @@ def derived_failure(split: str, check: str, evr: dict) -> tuple[dict, dict, dict
     info = evr.get("exception_info") or {}
     errors = [v.get("exception_message") for v in info.values() if isinstance(v, dict) and v.get("raised_exception")]
     if info.get("raised_exception") or errors:
-        out.update(unexpected_count=None, detail=f"could not be evaluated: {info.get('exception_message') or errors[0]}")
+        error = info.get("exception_message") or errors[0]
+        out.update(unexpected_count=None, detail=f"could not be evaluated: {error}")
         return out, kwargs, result, [], False
     return out, kwargs, result, [r for r in index_records(result) if isinstance(r, dict)], True
 
