@@ -205,10 +205,6 @@ def _folder_task(task: str | None, target: Path, label: str | None) -> tuple[str
                     f"({'; '.join(why)})")
 
 
-# The keys of dataset.images a user chooses (kept on a re-run); the rest are the data's facts.
-IMAGE_CHOICES = ("size", "channels", "augment")
-
-
 def _init_folder(root: Path, target: Path, rel: str, task: str, task_reason: str, inferred: bool,
                  name: str | None) -> dict[str, Any]:
     """``init_project`` for data a task sets up by itself: the task profiles it
@@ -238,13 +234,14 @@ def _init_folder(root: Path, target: Path, rel: str, task: str, task_reason: str
         "model": defaults["model"], "training": {"strategy": "ddp", **facts["training"]}, "gates": defaults["gates"],
         "registry": {"model_name": name, "experiment": f"trainflow-{name}"},
     }
-    if old is not None:
+    if old is not None:  # the user's keys stay; the data's facts (``dataset``) are new but for the user's choices
         fresh = raw
         raw = merge_config(fresh, old)
-        images = dict(fresh["dataset"].get("images") or {})
-        old_images = (old.get("dataset") or {}).get("images") or {}
-        images.update({k: old_images[k] for k in IMAGE_CHOICES if k in old_images})
-        raw["dataset"] = {**(old.get("dataset") or {}), **fresh["dataset"], "images": images}
+        raw["dataset"] = {**(old.get("dataset") or {}), **fresh["dataset"]}
+        for path in facts["choices"]:
+            kept = _get(old, path)
+            if kept is not None:
+                _set(raw, path, kept)
     try:
         config_from_dict(raw)
     except TrainflowError as exc:
@@ -253,8 +250,8 @@ def _init_folder(root: Path, target: Path, rel: str, task: str, task_reason: str
     (root / "configs").mkdir(exist_ok=True)
     header = (f"# Written by `trainflow init` for {rel} (DVC md5 {md5}).\n"
               f"# task: {task} ({'inferred: ' if inferred else ''}{task_reason}).\n"
-              "# Review dataset.images.classes and .expectations (validation checks every later version of the\n"
-              "# data against them), then commit this file. Decided from the data:\n"
+              f"# Review {facts['review']} (validation checks every later version of the data against\n"
+              "# them), then commit this file. Decided from the data:\n"
               + "".join(f"#   {line}\n" for line in facts["lines"])
               + f"# Every key not here keeps its default (core/config.py). Run: trainflow run --config {config_rel}\n")
     text = header + yaml.safe_dump(raw, sort_keys=False, default_flow_style=False)
@@ -263,12 +260,25 @@ def _init_folder(root: Path, target: Path, rel: str, task: str, task_reason: str
     return {
         "name": name, "task": task, "task_inferred": inferred, "task_reason": task_reason, "data": rel,
         "rows": facts["rows"], "classes": facts["classes"], "lines": facts["lines"], "problems": facts["problems"],
+        "review": facts["review"],
         "dvc_file": f"{rel}.dvc", "md5": md5, "config": config_rel, "expectations": None,
         "updated": [config_rel] if before is not None else [],
         "diff": {config_rel: _diff(config_rel, before, text)} if before is not None else {},
         "git_add": [f"{rel}.dvc", *([gitignore] if (root / gitignore).is_file() else []), config_rel],
         "next": f"trainflow run --config {config_rel}",
     }
+
+
+def _get(data: dict, path: tuple[str, ...]):
+    for key in path:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data
+
+
+def _set(data: dict, path: tuple[str, ...], value) -> None:
+    for key in path[:-1]:
+        data = data.setdefault(key, {})
+    data[path[-1]] = value
 
 
 # The dataset keys init takes from the data on every run (the rest of an existing config is the user's).
@@ -370,8 +380,7 @@ def _format_folder_report(r: dict[str, Any]) -> str:
         f"name:         {r['name']}",
         *r["lines"],
         f"dvc add:      {r['dvc_file']} (md5 {r['md5']}), in the local DVC cache",
-        f"config:       {r['config']}  <- review dataset.images.classes and .expectations: validation checks "
-        "every data version against them",
+        f"config:       {r['config']}  <- review {r['review']}: validation checks every data version against them",
     ]
     return "\n".join(lines + _closing_lines(r, table=False))
 

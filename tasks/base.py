@@ -263,7 +263,9 @@ class Task:
     def init_folder(self, root: Path, target: Path, rel: str) -> dict:
         """What ``trainflow init`` writes for the data folder ``target`` (``rel`` to ``root``):
         ``{"dataset": {...}, "training": {...}, "rows": {split: n}, "classes": [...], "lines":
-        [what it decided, one line each], "problems": [what validation will refuse]}``. Torch-free."""
+        [what it decided, one line each], "problems": [what validation will refuse], "choices": [key
+        paths the user chooses, kept from an existing config on a re-run], "review": "the keys to
+        review"}``. Torch-free."""
         raise NotImplementedError(f"task {self.name!r} is not set up by init from a folder")
 
     # -- validation (torch-free) -------------------------------------------------------------

@@ -389,7 +389,8 @@ def init_folder(task: ImageClassification, root: Path, target: Path, rel: str) -
     return {"dataset": {"images": {**layout, "size": size, "channels": channels, "classes": classes,
                                    "expectations": expectations}},
             "training": init_choices(n["train"]), "rows": n, "classes": classes, "lines": lines,
-            "problems": problems}
+            "problems": problems, "review": "dataset.images.classes and .expectations",
+            "choices": [("dataset", "images", key) for key in ("size", "channels", "augment")]}
 
 
 # The longer side of the input `trainflow init` picks at most (larger images are scaled down).

@@ -129,3 +129,31 @@ def test_the_image_task_trains_sharded_and_with_resnet18(tmp_path, bundled_data,
     assert r["status"] == "completed" and r["world_size"] == 2
     assert r["strategy"] == ("fsdp" if "fsdp" in sets[0] else "ddp")
     assert (tmp_path / "out" / "model.pt2").is_file() and r["final"]["val_loss"] < r["history"][0]["train_loss"] + 1
+
+
+def test_init_run_again_takes_the_new_classes_and_keeps_the_users_choices(project):
+    import yaml
+
+    from flows.init import format_report, init_project
+
+    write_shapes(project / "data" / "shapes", {"train": 6, "test": 3})
+    first = init_project(project, "data/shapes", None)
+    assert first["task"] == "image_classification" and first["task_inferred"] and not first["updated"]
+    config = project / "configs" / "shapes.yaml"
+    raw = yaml.safe_load(config.read_text())
+    raw["dataset"]["images"]["size"] = [24, 24]
+    raw["dataset"]["images"]["augment"] = {"hflip": True}
+    raw["training"]["epochs"] = 3
+    config.write_text(yaml.safe_dump(raw))
+    for split, n in (("train", 6), ("test", 3)):  # a fourth class arrives
+        folder = project / "data" / "shapes" / split / "diamond"
+        folder.mkdir()
+        for i in range(n):
+            draw("square", np.random.default_rng(100 + i), 32).rotate(45).save(folder / f"{i}.png")
+    again = init_project(project, "data/shapes", None)
+    cfg = yaml.safe_load(config.read_text())
+    images = cfg["dataset"]["images"]
+    assert images["classes"] == ["circle", "diamond", "square", "triangle"]  # the data's facts are new
+    assert images["size"] == [24, 24] and images["augment"] == {"hflip": True} and cfg["training"]["epochs"] == 3
+    assert again["updated"] == ["configs/shapes.yaml"] and "+    - diamond" in again["diff"]["configs/shapes.yaml"]
+    assert "Updated configs/shapes.yaml: the data facts are new" in format_report(again)
