@@ -7,7 +7,7 @@ Every path stays inside ``dataset.path``: a manifest row naming ``../x`` or ``/e
 refused, and so is a symbolic link leading out.
 
 Decoding is Pillow's: ``convert`` to L (1 channel) or RGB (3), then a bilinear ``resize`` to
-``images.size``. The registered model does the same (``tasks/pyfunc_image.py``, which may import
+``images.size``; 16-bit grey (modes I;16, I) is scaled to 8 bits first (65535 -> 255). The registered model does the same (``tasks/pyfunc_image.py``, which may import
 no project code; ``tests/unit/test_image_task.py`` checks that the two agree). Training decodes
 every file once into a uint8 array ``[n, channels, height, width]`` kept as ``.npy`` in
 ``TRAINFLOW_HOME/cache/images`` (no pickle), keyed by the files' sizes and modification times and
@@ -146,6 +146,9 @@ def decode(data: bytes, size: tuple[int, int], channels: int) -> np.ndarray:
 
     try:
         with Image.open(io.BytesIO(data)) as img:
+            if img.mode.startswith("I"):  # 16-bit grey: Pillow's convert would clip at 255, not scale
+                img = Image.fromarray((np.asarray(img).astype(np.float64).clip(0, 65535) / 257).round()
+                                      .astype(np.uint8), "L")
             img = img.convert(MODES[channels])
             if img.size != (size[1], size[0]):
                 img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
@@ -181,7 +184,7 @@ def cached_pixels(cfg: "DatasetConfig", root: Path, split: str, paths: list[str]
             raise DataUnavailableError(f"{rel}: {exc.strerror}") from None
         stats.append([rel, st.st_size, st.st_mtime_ns])
     size, channels = tuple(cfg.images.size), cfg.images.channels
-    key = sha256_json({"files": stats, "size": list(size), "channels": channels, "v": 1})[:32]
+    key = sha256_json({"files": stats, "size": list(size), "channels": channels, "v": 2})[:32]
     path = Path(home) / "cache" / "images" / f"{split}-{key}.npy"
     try:
         x = np.load(path, mmap_mode="r", allow_pickle=False)

@@ -41,6 +41,9 @@ class ExportedImageClassifier(mlflow.pyfunc.PythonModel):
             data = base64.b64decode(data)
         try:
             with Image.open(io.BytesIO(bytes(data))) as img:
+                if img.mode.startswith("I"):  # 16-bit grey: scaled to 8 bits, as in training
+                    img = Image.fromarray((np.asarray(img).astype(np.float64).clip(0, 65535) / 257).round()
+                                          .astype(np.uint8), "L")
                 img = img.convert(self.mode)
                 if img.size != (self.size[1], self.size[0]):
                     img = img.resize((self.size[1], self.size[0]), Image.Resampling.BILINEAR)

@@ -408,3 +408,15 @@ def test_retrain_policy_drift_has_no_check_for_images_and_says_so():
 
     with pytest.raises(DataUnavailableError, match="task 'image_classification' has no drift check"):
         ImageClassification().drift_frames(None, Path("."), None, lambda p: b"")
+
+
+def test_sixteen_bit_grey_is_scaled_to_eight_bits_not_clipped(tmp_path, exported):
+    values = (np.arange(64, dtype=np.uint16).reshape(8, 8) * 1000)
+    Image.fromarray(values).save(tmp_path / "deep.png")
+    data = (tmp_path / "deep.png").read_bytes()
+    got = decode(data, (8, 8), 1)[0]
+    assert np.array_equal(got, np.round(values / 257).astype(np.uint8))  # 64,000 -> 249, not 255
+    obj = exported()
+    obj.size, obj.mode = (8, 8), "L"
+    assert np.array_equal(obj._pixels(data, 0), decode(data, (8, 8), 1))
+    assert np.array_equal(decode(data, (4, 4), 3)[0], decode(data, (4, 4), 3)[2])  # grey into RGB: equal channels
