@@ -284,6 +284,10 @@ class CheckpointManager:
         self.saves = 0
         self._pending = None  # the background write in flight (rank 0, replicated state)
         self._pool = None
+        if enabled:
+            # At start-up, not in the first save: the import would count as that checkpoint's stall
+            # (and so as what a checkpoint costs, which the auto interval is sized from).
+            import torch.distributed.checkpoint.state_dict  # noqa: F401
 
     # -- the policy ---------------------------------------------------------------------------
     def due(self, step: int, epoch_done: int | None = None) -> bool:
