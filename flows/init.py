@@ -250,8 +250,8 @@ def _init_folder(root: Path, target: Path, rel: str, task: str, task_reason: str
     (root / "configs").mkdir(exist_ok=True)
     header = (f"# Written by `trainflow init` for {rel} (DVC md5 {md5}).\n"
               f"# task: {task} ({'inferred: ' if inferred else ''}{task_reason}).\n"
-              f"# Review {facts['review']} (validation checks every later version of the data against\n"
-              "# them), then commit this file. Decided from the data:\n"
+              f"# Review {facts['review']}, then commit this file:\n"
+              "# validation checks every later version of the data against them. Decided from the data:\n"
               + "".join(f"#   {line}\n" for line in facts["lines"])
               + f"# Every key not here keeps its default (core/config.py). Run: trainflow run --config {config_rel}\n")
     text = header + yaml.safe_dump(raw, sort_keys=False, default_flow_style=False)
