@@ -230,11 +230,11 @@ class ImageClassification(Classifier, Task):
         return f"majority class {info.classes[majority]!r}", np.full(n, majority, dtype=np.int64)
 
     def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
-        from core.hashing import file_sha256, sha256_json
+        from core.hashing import sha256_json
 
         base = Path(root) / cfg.dataset.path
         rows = self.entries(cfg, root)["test"]
-        split = sha256_json({"files": [[p, c, file_sha256(base / p)] for p, c in rows]})
+        split = sha256_json({"files": [[p, c, self._sha256(base / p)] for p, c in rows]})
         images = cfg.dataset.images
         parts = {"task": self.name, "split_sha256": split, "metrics_version": METRICS_VERSION,
                  "classes": list(images.classes), "size": list(images.size), "channels": images.channels}
@@ -256,10 +256,22 @@ class ImageClassification(Classifier, Task):
         return fit_gbdt(root, key, arrays, cfg.seed, GBDT_MAX_ROWS, "images")
 
     def _train_key(self, cfg: "PipelineConfig", root: Path) -> str:
-        from core.hashing import file_sha256, sha256_json
+        from core.hashing import sha256_json
 
         base = Path(root) / cfg.dataset.path
-        return sha256_json([[p, c, file_sha256(base / p)] for p, c in self.entries(cfg, root)["train"]])
+        return sha256_json([[p, c, self._sha256(base / p)] for p, c in self.entries(cfg, root)["train"]])
+
+    def _sha256(self, path: Path) -> str:
+        """A file's sha256, remembered by its size and modification time: the stages ask for the same
+        files' hashes several times in one process (the scoring key, the trees' key)."""
+        from core.hashing import file_sha256
+
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        known = self.__dict__.setdefault("_hashes", {})
+        if key not in known:
+            known[key] = file_sha256(path)
+        return known[key]
 
     def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
         """The predictor gets the test files' bytes, as a serving client sends them."""
