@@ -57,6 +57,18 @@ class Proc:
                 pass
 
 
+def call(method: str, url: str, timeout: float = 10, **kw) -> httpx.Response:
+    """One HTTP request, made again while the server answers 503: Prefect's answer when its sqlite
+    database was busy (a worker polls it every second, the scheduler writes every 2 s), where nothing was
+    done and a client retries (Prefect's own client does). Any other answer is the caller's to judge."""
+    for _ in range(15):
+        answer = httpx.request(method, url, timeout=timeout, **kw)
+        if answer.status_code != 503:
+            return answer
+        time.sleep(2)
+    return answer
+
+
 def wait_http(url: str, proc: Proc, timeout: float) -> None:
     """Until ``url`` answers 200; fails early (with the log) if ``proc`` exits."""
     deadline = time.monotonic() + timeout
@@ -77,7 +89,7 @@ def wait_flow_run(api: str, flow_run_id: str, timeout: float, worker: Proc | Non
     deadline = time.monotonic() + timeout
     run = {}
     while time.monotonic() < deadline:
-        run = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()
+        run = call("GET", f"{api}/flow_runs/{flow_run_id}").json()
         if (run.get("state") or {}).get("type") in TERMINAL:
             return run
         time.sleep(1)

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, VENV_BIN
-from tests.integration.live import (TERMINAL, Proc, clean_env, copy_repo, marked_processes, team_script, wait_flow_run,
-                                    wait_http)
+from tests.integration.live import (TERMINAL, Proc, call, clean_env, copy_repo, marked_processes, team_script,
+                                    wait_flow_run, wait_http)
 
 pytestmark = pytest.mark.integration
 
@@ -79,20 +79,20 @@ def deployed(prefect_server, tmp_path_factory):
                             capture_output=True, text=True, timeout=120)
     assert locked.returncode == 0, locked.stdout + locked.stderr
     prefect_cli(["deploy", "--name", "train"], env, repo)
-    deployment = httpx.get(f"{api}/deployments/name/trainflow-pipeline/train", timeout=10).json()
+    deployment = get(f"{api}/deployments/name/trainflow-pipeline/train", timeout=10).json()
     return api, repo, deployment, pool, env
 
 
-def post(url: str, timeout: float = 10, **kw) -> httpx.Response:
-    """``httpx.post``, again while the server answers 503: Prefect's answer when its sqlite database was busy
-    (the worker polls it every second, the scheduler writes every 2 s), where nothing was done and a client
-    retries. Any other answer is the test's to judge."""
-    for _ in range(15):
-        answer = httpx.post(url, timeout=timeout, **kw)
-        if answer.status_code != 503:
-            return answer
-        time.sleep(2)
-    return answer
+def get(url: str, **kw) -> httpx.Response:
+    return call("GET", url, **kw)
+
+
+def post(url: str, **kw) -> httpx.Response:
+    return call("POST", url, **kw)
+
+
+def delete(url: str, **kw) -> httpx.Response:
+    return call("DELETE", url, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +164,7 @@ def test_train_deployment_runs_on_a_process_worker_and_registers_a_version(deplo
     assert version.tags["git_sha"] == head and version.tags["git_dirty"] == "false"
     assert {"champion", "challenger"} <= set(client.get_registered_model("digits-classifier").aliases)
     # It promoted under the server's global concurrency limit (flows/promotion.py), free again now.
-    limit = httpx.get(f"{api}/v2/concurrency_limits/promote-digits-classifier", timeout=10)
+    limit = get(f"{api}/v2/concurrency_limits/promote-digits-classifier", timeout=10)
     assert limit.status_code == 200, limit.text
     assert limit.json()["limit"] == 1 and limit.json()["active_slots"] == 0
     mlflow_run = client.get_run(version.run_id)
@@ -234,7 +234,7 @@ def test_cancelling_a_deployment_run_mid_training_leaves_no_process_of_it(deploy
         # Training: the agent and its 2 workers, each with "training.worker" in its command line (an exec'd
         # worker's own; a forked one's is its agent's, ``python -m training.agent ... -m training.worker ...``).
         while sum("training.worker" in cmd for cmd in of_run().values()) < 3:
-            state = httpx.get(f"{api}/flow_runs/{run_id}", timeout=10).json()["state"]["type"]
+            state = get(f"{api}/flow_runs/{run_id}", timeout=10).json()["state"]["type"]
             assert state not in TERMINAL and time.monotonic() < deadline, f"{state} before training\n{worker.tail()}"
             time.sleep(1)
         training = of_run()
@@ -387,7 +387,7 @@ def test_the_locked_pool_s_command_refuses_on_its_own_where_a_plain_worker_serve
     the pool's fixed command: the guard runs first (``python -I``, so a run's PYTHONPATH imports nothing),
     refuses, and nothing of the run executes."""
     api, repo, deployment, pool, env = deployed
-    template = httpx.get(f"{api}/work_pools/{pool}", timeout=10).json()["base_job_template"]
+    template = get(f"{api}/work_pools/{pool}", timeout=10).json()["base_job_template"]
     command = shlex.split(template["job_configuration"]["command"])
     assert command[1:4] == ["-I", "-m", "flows.worker_guard"]
     evil, env_marker, _, pull_marker = _evil_code(tmp_path)
@@ -403,7 +403,7 @@ def test_the_locked_pool_s_command_refuses_on_its_own_where_a_plain_worker_serve
                               env={**env, **extra_env, "PREFECT__FLOW_RUN_ID": run["id"]})
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert reason in proc.stderr and "Traceback" not in proc.stderr
-        state = httpx.get(f"{api}/flow_runs/{run['id']}", timeout=10).json()["state"]
+        state = get(f"{api}/flow_runs/{run['id']}", timeout=10).json()["state"]
         assert state["type"] == "FAILED"
         assert state["message"].startswith(f"Refused by the trainflow worker guard: {reason}")
     assert not env_marker.exists() and not pull_marker.exists()
@@ -423,7 +423,7 @@ def test_every_committed_deployment_passes_the_guard_as_deployed(deployed, deplo
     for dep in found:
         run = _scheduled_run(api, dep["id"], job_variables={"env": {"TRAINFLOW_HOME": str(repo / ".trainflow")}})
         assert guard.check(run, dep) is None, dep["name"]
-        assert httpx.delete(f"{api}/flow_runs/{run['id']}", timeout=10).status_code == 204
+        assert delete(f"{api}/flow_runs/{run['id']}", timeout=10).status_code == 204
 
 
 def test_a_guarded_worker_on_an_unlocked_pool_warns(deployed, tmp_path):
@@ -444,4 +444,4 @@ def test_a_guarded_worker_on_an_unlocked_pool_warns(deployed, tmp_path):
         assert "work pool 'unlocked' is not locked: any caller of the Prefect API can run code" in proc.log.read_text()
     finally:
         proc.stop(grace=5)
-    assert httpx.delete(f"{api}/work_pools/unlocked", timeout=10).status_code == 204
+    assert delete(f"{api}/work_pools/unlocked", timeout=10).status_code == 204
