@@ -27,7 +27,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from core.procs import parent_death_signal
 
@@ -171,3 +173,30 @@ def start_api(prefect_home: Path) -> TemporaryServer | None:
     # a dead link once this server stops. Empty: no such line; the summary says to open `trainflow ui`.
     os.environ.setdefault("PREFECT_UI_URL", "")
     return server
+
+
+def persistent_api_url() -> str | None:
+    """The Prefect API this process talks to when it is a persistent server, else None (Prefect's
+    ephemeral mode, or the temporary server ``start_api`` started). Call after Prefect's import."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().api.url
+    if not url or url.rstrip("/") == os.environ.get(TEMPORARY_API, "").rstrip("/"):
+        return None
+    return url
+
+
+@contextmanager
+def heartbeats_where_watched() -> Iterator[None]:
+    """Prefect's flow-run heartbeats let a server that outlives the run mark it crashed when its
+    process dies (a zombie-detection automation). A temporary or ephemeral server stops with the
+    run, so nothing can watch them there: they are turned off for the flow, which also spares
+    the flow's end its wait for the heartbeat thread's next one-second wake-up. Against a server
+    that outlives the run, Prefect's own setting (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``) holds."""
+    if persistent_api_url():
+        yield
+        return
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield

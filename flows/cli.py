@@ -345,7 +345,7 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         _write_summary(args.summary_json, summary)
         return EXIT_ERROR, summary, str(exc), exc
 
-    from flows.api_server import start_api
+    from flows.api_server import heartbeats_where_watched, start_api
 
     # The temporary Prefect API server boots on the other core while Prefect, torch and
     # MLflow import here (None: PREFECT_API_URL names a running server, or opted out).
@@ -388,7 +388,7 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
     params = RetrainParams(config=name, force=args.force) if which == "retrain" else PipelineParams(config=name)
     error = failure = None
     try:
-        with from_shell(shell):
+        with from_shell(shell), heartbeats_where_watched():
             summary = flow_fn(params)
         code = EXIT_OK
     except Exception as exc:  # noqa: BLE001 - every failure becomes an exit code and one line

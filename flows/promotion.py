@@ -16,10 +16,11 @@ Two layers, taken in this order by every promoter (so no two can deadlock):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+
+from flows.api_server import persistent_api_url
 
 # How long a promoter waits for the Prefect limit before failing with LockTimeoutError; the
 # lease then has its own wait (registry.lease.hold), and the register task its timeout.
@@ -29,19 +30,6 @@ PREFECT_WAIT_S = 240.0
 def limit_name(model_name: str) -> str:
     """The Prefect global concurrency limit that serialises ``model_name``'s promotions."""
     return f"promote-{model_name}"
-
-
-def persistent_api_url() -> str | None:
-    """The Prefect API this process talks to when it is a persistent server, else None (Prefect's
-    ephemeral mode, or the temporary server ``trainflow run`` started for itself)."""
-    from prefect.settings import get_current_settings
-
-    from flows.api_server import TEMPORARY_API
-
-    url = get_current_settings().api.url
-    if not url or url.rstrip("/") == os.environ.get(TEMPORARY_API, "").rstrip("/"):
-        return None
-    return url
 
 
 @contextmanager
