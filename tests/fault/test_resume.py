@@ -158,7 +158,7 @@ def test_a_run_without_failures_loses_only_start_up_and_checkpoint_stalls(uninte
     _parts_add_up(g)
 
 
-def test_a_sigkilled_worker_costs_restart_time_and_lowers_goodput(uninterrupted, killed):
+def test_a_sigkilled_worker_costs_restart_time_and_lowers_goodput(killed):
     g = killed["goodput"]
     assert killed["status"] == "completed" and killed["restarts"] == 1
     assert g["attempts"] == 2 and g["failures"] == 1 and g["jobs"] == 1
@@ -168,7 +168,10 @@ def test_a_sigkilled_worker_costs_restart_time_and_lowers_goodput(uninterrupted,
     # torchrun's share (death -> new worker process) and the worker's (process -> first step)
     assert restart["agent_s"] >= 0 and restart["worker_s"] > 0
     assert restart["restart_s"] == pytest.approx(restart["agent_s"] + restart["worker_s"], abs=0.01)
-    assert g["goodput"] < uninterrupted["goodput"]["goodput"]
+    # The restart is counted against goodput. (Comparing with the clean run's goodput would compare
+    # two runs' timings, which a loaded machine can invert.)
+    assert g["goodput"] == pytest.approx(g["productive_s"] / g["wall_s"], abs=0.01)
+    assert g["goodput"] <= 1 - g["restart_s"] / g["wall_s"] + 0.01
     _parts_add_up(g)
     # The ledger survived the kill: the first attempt's events are there, with no finish.
     events = read_events(Path(killed["out_dir"]) / LEDGER_FILE)
