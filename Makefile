@@ -32,10 +32,16 @@ PIP_QUIET = $$(test -t 1 || echo -q)
 # PYTHONDONTWRITEBYTECODE is not passed on (with it set, every process would compile its imports).
 unexport PYTHONDONTWRITEBYTECODE
 
-$(STAMP): pyproject.toml requirements/lock-dev.txt
+# trainflow's dependencies install at the versions requirements/lock.txt pins (its hashes dropped,
+# so that pip may take torch's CPU build where that is what this host offers, and the CUDA build
+# elsewhere): a release published after the lock cannot change what the suite runs against.
+CONSTRAINTS := $(VENV)/lock-constraints.txt
+
+$(STAMP): pyproject.toml requirements/lock.txt requirements/lock-dev.txt
 	@test -x $(PY) || { echo "trainflow: [1/4] creating $(VENV)/ (first run only)"; $(PYTHON) -m venv $(VENV); }
 	@echo "trainflow: [2/4] installing trainflow and its dependencies into $(VENV)/ (torch, Prefect, MLflow, DVC, GX: a few minutes the first time)"
-	@$(PY) -m pip install $(PIP_QUIET) --no-compile -e .
+	@sed -e '/^ *--hash/d' -e 's/ *\\$$//' requirements/lock.txt > $(CONSTRAINTS)
+	@$(PY) -m pip install $(PIP_QUIET) --no-compile -c $(CONSTRAINTS) -e .
 	@echo "trainflow: [3/4] installing the dev and test tools (hash-pinned requirements/lock-dev.txt)"
 	@$(PY) -m pip install $(PIP_QUIET) --no-compile --require-hashes --no-deps -r requirements/lock-dev.txt
 	@echo "trainflow: [4/4] checking that the installed packages fit together (pip check)"
@@ -79,7 +85,7 @@ test-suite: data
 test-image: data
 	TRAINFLOW_IMAGE_TEST=1 $(PY) -m pytest -m image $(PYTEST_ARGS)
 
-unit: $(STAMP)
+unit: data
 	$(PY) -m pytest tests/unit -q
 
 # The documentation site (mkdocs.yml, docs/) into build/site/. --strict: a broken link or anchor, or a
