@@ -83,6 +83,17 @@ def _config_arg(ap: argparse.ArgumentParser, required: bool = False) -> None:
                     help="override one config value, e.g. --set training.epochs=3 (repeatable)")
 
 
+def _flow_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options ``run`` and ``retrain`` share."""
+    _config_arg(ap)
+    ap.add_argument("--summary-json", type=Path, help="write the run summary here")
+    ap.add_argument("--image", help="container image ref (default: TRAINFLOW_IMAGE or 'local')")
+    ap.add_argument("--image-digest", help="container image digest (default: TRAINFLOW_IMAGE_DIGEST)")
+    ap.add_argument("--promotion", choices=["auto", "manual"], help="override registry.promotion")
+    ap.add_argument("--nproc", type=int, help="workers per node (default: GPUs, else training.cpu_workers)")
+    return ap
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(
         prog="trainflow", formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=16),
@@ -92,13 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action=_Version, help="print the installed version and exit")
     sub = ap.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
-    run = sub.add_parser("run", help="validate, train, evaluate, gate and register (Prefect flow)")
-    _config_arg(run)
-    run.add_argument("--summary-json", type=Path, help="write the run summary here")
-    run.add_argument("--image", help="container image ref (default: TRAINFLOW_IMAGE or 'local')")
-    run.add_argument("--image-digest", help="container image digest (default: TRAINFLOW_IMAGE_DIGEST)")
-    run.add_argument("--promotion", choices=["auto", "manual"], help="override registry.promotion")
-    run.add_argument("--nproc", type=int, help="workers per node (default: GPUs, else training.cpu_workers)")
+    _flow_args(sub.add_parser("run", help="validate, train, evaluate, gate and register (Prefect flow)"))
 
     train = sub.add_parser("train", help="train one config with torchrun, without Prefect")
     _config_arg(train, required=True)
@@ -117,14 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--force-resume", action="store_true",
                       help="resume from a checkpoint of another config or dataset")
 
-    retrain = sub.add_parser("retrain", help="run the pipeline only if data, config or code moved past the champion")
-    _config_arg(retrain)
+    retrain = _flow_args(sub.add_parser("retrain", help="run the pipeline only if data, config or code moved past "
+                                                        "the champion"))
     retrain.add_argument("--force", action="store_true", help="train even when the champion is up to date")
-    retrain.add_argument("--summary-json", type=Path, help="write the run summary here")
-    retrain.add_argument("--image", help="container image ref (default: TRAINFLOW_IMAGE or 'local')")
-    retrain.add_argument("--image-digest", help="container image digest (default: TRAINFLOW_IMAGE_DIGEST)")
-    retrain.add_argument("--promotion", choices=["auto", "manual"], help="override registry.promotion")
-    retrain.add_argument("--nproc", type=int, help="workers per node (default: GPUs, else training.cpu_workers)")
 
     repro = sub.add_parser("reproduce", help="retrain a registered model from its manifest and compare weights")
     repro.add_argument("ref", help="NAME@ALIAS, NAME/VERSION or an MLflow run id")
@@ -321,15 +321,28 @@ def _resolve_config_path(raw: str) -> Path:
     return path if path.is_absolute() or path.exists() else project_root() / path
 
 
+def _project(raw_config: str) -> tuple[Path, Path]:
+    """``(config path, repository root)``, with the offline environment set and the root importable (a
+    ``model.factory`` or task module in it imports here, in the flow and in torchrun's workers)."""
+    cfg_path = _resolve_config_path(raw_config)
+    root = project_root(cfg_path)
+    apply_offline_env(trainflow_home(root))
+    importable_root(root)
+    return cfg_path, root
+
+
+def _config_error(args: argparse.Namespace, exc: TrainflowError) -> tuple[int, dict, str, BaseException]:
+    summary = {"status": "config_error", "exit_code": EXIT_ERROR, "error": str(exc)}
+    _write_summary(args.summary_json, summary)
+    return EXIT_ERROR, summary, str(exc), exc
+
+
 def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | None, BaseException | None]:
     """Shared by ``run`` and ``retrain``: check the config, start the API server, import, run the
     flow. Returns ``(exit code, summary, error line or None, its exception)``; the summary file is
     written."""
     t0 = time.perf_counter()
-    cfg_path = _resolve_config_path(args.config)
-    root = project_root(cfg_path)
-    apply_offline_env(trainflow_home(root))
-    importable_root(root)  # a model.factory or task module in the repository root imports here too
+    cfg_path, root = _project(args.config)
     overrides = [*args.overrides, *([f"registry.promotion={args.promotion}"] if args.promotion else [])]
     try:  # fail on a bad config before paying for Prefect's start-up
         from flows.params import code_override
@@ -341,9 +354,7 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         if args.nproc is not None and args.nproc < 1:
             raise ConfigError(f"--nproc: must be >= 1, got {args.nproc}")
     except TrainflowError as exc:
-        summary = {"status": "config_error", "exit_code": EXIT_ERROR, "error": str(exc)}
-        _write_summary(args.summary_json, summary)
-        return EXIT_ERROR, summary, str(exc), exc
+        return _config_error(args, exc)
 
     from flows.api_server import heartbeats_where_watched, start_api
 
@@ -357,9 +368,7 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
     except TrainflowError as exc:
         if server is not None:
             server.stop()
-        summary = {"status": "config_error", "exit_code": EXIT_ERROR, "error": str(exc)}
-        _write_summary(args.summary_json, summary)
-        return EXIT_ERROR, summary, str(exc), exc
+        return _config_error(args, exc)
 
     from flows.params import CONFIG_NAME, DEFAULT_CONFIG, PipelineParams, RetrainParams, ShellInputs, from_shell
     from training import preemption
@@ -493,10 +502,7 @@ def gbdt_text(metrics: dict, g: dict) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    cfg_path = _resolve_config_path(args.config)
-    root = project_root(cfg_path)
-    apply_offline_env(trainflow_home(root))
-    importable_root(root)
+    cfg_path, root = _project(args.config)
     from training.launcher import make_spec, parse_nnodes, run_job
 
     try:
@@ -560,10 +566,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    cfg_path = _resolve_config_path(args.config)
-    root = project_root(cfg_path)
-    apply_offline_env(trainflow_home(root))
-    importable_root(root)
+    cfg_path, root = _project(args.config)
     try:
         _check_code(load_config(cfg_path, args.overrides), root)
         from flows import scale
