@@ -50,9 +50,8 @@ class RunContext:
 
 
 class _InputErrorsWithoutTraceback(logging.Filter):
-    """Prefect logs a failed task's and flow's exception with its traceback. An input error (bad
-    data, a rejected candidate, a bad config: ``TrainflowError``) is not a bug: its one line says
-    it all, so its record keeps the message and loses the traceback."""
+    """Drops the traceback Prefect logs with an input error (``TrainflowError``: bad data, config or a
+    rejected candidate): not a bug, its one line says it all."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
@@ -75,27 +74,23 @@ def _md(key: str, markdown: str, description: str) -> None:
 
 # -- tasks ------------------------------------------------------------------------------
 def load_inputs(inputs: RunInputs) -> tuple[PipelineConfig, Path, Path, Manifest]:
-    """``(config, project root, TRAINFLOW_HOME, manifest)`` of a run with ``inputs``, as ``resolve``
-    records them: "auto" strategy / workers made concrete, so the manifest names the real world.
-    Also used by the retrain flow to compare the next run with the champion's."""
+    """``(config, project root, TRAINFLOW_HOME, manifest)`` as ``resolve`` records them, "auto"
+    strategy and workers made concrete (the retrain flow compares them with the champion's)."""
+    from core.paths import importable_root
+    from tasks import task_for
     from training.advisor import resolve_for_launch
-    from training.layouts import choose_backend
     from training.launcher import default_nproc
+    from training.layouts import choose_backend
 
     cfg_path = inputs.config_path
     root = project_root(cfg_path if cfg_path.is_absolute() else Path.cwd() / cfg_path)
-    from core.paths import importable_root
-
     importable_root(root)  # a model.factory module in the repository root imports, also in a Prefect worker
     if not cfg_path.is_absolute() and not cfg_path.exists():
         cfg_path = root / cfg_path
     cfg = load_config(cfg_path, list(inputs.overrides))
-    from tasks import task_for
-
     task_for(cfg)  # the config fits its task, or a ConfigError names the key
     home = trainflow_home(root)
     apply_offline_env(home)  # before mlflow is imported: telemetry is decided at import
-    # strategy / cpu_workers "auto" become concrete here, so the manifest records the real world.
     cfg, reasons = resolve_for_launch(cfg, home, nproc=inputs.nproc_per_node, root=root)
     for reason in reasons:
         get_run_logger().info("auto: %s", reason)
@@ -136,10 +131,9 @@ def resolve(inputs: RunInputs) -> RunContext:
 
 
 def _continued_run(cfg: PipelineConfig, home: Path, manifest: Manifest, exp_id: str, tags: dict) -> str | None:
-    """The MLflow run of the interrupted training this run will resume, reopened (RUNNING, its
-    tags updated), or None. The training folder is the first unclaimed one holding an interrupted
-    job (``training.slots``); its run record is checked against the store
-    (``core.metrics_file.verify_recorded_run``) and must name a run of this experiment."""
+    """The MLflow run of the interrupted training this run will resume (the first unclaimed folder
+    holding one, ``training.slots``), reopened with ``tags``; None when there is none, or when its
+    run record does not name a run of this experiment that the store confirms."""
     from core.metrics_file import read_run_record, verify_recorded_run
     from registry import store
     from training.slots import unclaimed_resumable
@@ -166,11 +160,9 @@ def _continued_run(cfg: PipelineConfig, home: Path, manifest: Manifest, exp_id: 
 
 @task(name="run-expectations", timeout_seconds=300, **TASK)
 def run_expectations(plan, data_key: str, suite_key: str, report_dir: str, cache_file: str) -> dict:
-    """Run the task's validation plan with GX, unless ``cache_file`` holds the result of the same
-    data bytes (``data_key``) checked by the same suite (``suite_key``): then that, never validated
-    twice, whichever run asks. The cache is JSON (``validation.cache``): a file written there
-    cannot run code, and one that is not a result for these keys is ignored (validated again).
-    ``report["cached"]`` says which."""
+    """Run the task's validation plan with GX, unless ``cache_file`` holds the result for the same data
+    bytes and suite (JSON, ``validation.cache``: it cannot run code, and a mismatch is validated
+    again). ``report["cached"]`` says which."""
     from validation import cache
     from validation.gx_run import run_plan
 
@@ -248,8 +240,7 @@ def _data_docs(ctx: RunContext) -> str | None:
 
 @dataclass
 class TrainFolder:
-    """The training folder a run holds (its ``flock``, ``training.slots``) from ``train`` until the
-    flow ends: evaluate and register read its model.pt2."""
+    """The training folder a run holds (``flock``, ``training.slots``) from ``train`` to the flow's end."""
 
     folder: Path
     lock_fd: int | None
@@ -291,14 +282,12 @@ def train(ctx: RunContext, nproc: int, slot: TrainFolder) -> dict:
     from training.launcher import SCORE_ENV, make_spec, start_job
     from training.sink import RUN_ID_ENV
 
-    # No MLflow run id, so rank 0 only writes its metrics file and this process relays it; empty
-    # rather than absent, so a run id inherited from the caller's environment cannot switch direct
-    # logging back on. And rank 0 scores the exported program on the test split where it was made
-    # (torch is loaded there already), so this process never imports torch for a classifier.
+    # Empty, not absent: an inherited run id must not switch rank 0's direct MLflow logging on (this
+    # process relays its metrics file). Rank 0 scores the program where torch is loaded already.
     job_env = {RUN_ID_ENV: "", SCORE_ENV: "1"}
 
-    # Entered before the job trains, so the relay starts at this run's first record, or, when the
-    # folder records this very run (a preempted training this run resumes), where it stopped.
+    # Entered before the job starts: the relay begins at this run's first record (or where a resumed
+    # run of the same MLflow run stopped).
     with relay_metrics(ctx.run_id, slot.folder / METRICS_FILE, record=(slot.folder, ctx.cfg.config_id())):
         job = start_job(make_spec(ctx.cfg, slot.folder, ctx.root, ctx.manifest.data.md5, job_env, nproc),
                         lock_fd=slot.lock_fd)
@@ -308,15 +297,13 @@ def train(ctx: RunContext, nproc: int, slot: TrainFolder) -> dict:
 
 @task(name="log-training", timeout_seconds=120, retries=2, retry_delay_seconds=2, **TASK)
 def log_training(ctx: RunContext, result: dict) -> str | None:
-    """Log the finished job's result and its curves PNG into the pipeline's MLflow run; returns
-    the PNG's path (None when there was no history to draw). A task of its own, retried: a
-    transient MLflow error here must not fail ``train`` (which never retries) and so throw away the
-    trained folder, which the flow keeps claimed meanwhile."""
+    """Log the job's result and curves PNG into the pipeline's MLflow run; returns the PNG's path or
+    None. Its own retried task: a transient MLflow error must not fail ``train``, which never retries."""
     from registry import store
+    from training.goodput import headline
 
     store.log_file(ctx.run_id, Path(result["out_dir"]) / "result.json", "training")
     png = _training_curves(ctx, result)
-    from training.goodput import headline
 
     goodput = {("train/goodput" if k == "goodput" else f"goodput/{k}"): v
                for k, v in headline(result.get("goodput")).items() if v is not None}
@@ -327,9 +314,8 @@ def log_training(ctx: RunContext, result: dict) -> str | None:
 
 
 def _training_curves(ctx: RunContext, result: dict) -> str | None:
-    """Draw the per-epoch curves into the run folder, log them (MLflow artifact ``plots/``) and
-    publish them as the Prefect image artifact ``training-curves`` (a data URL: the UI shows it
-    offline, with no server to link to). A history that cannot be drawn is a warning, not a failure."""
+    """Draw the per-epoch curves, log them (MLflow ``plots/``) and publish them as the Prefect image
+    artifact ``training-curves`` (a data URL: shown offline). An undrawable history only warns."""
     import base64
 
     from evaluation.curves import curves_png
@@ -350,11 +336,8 @@ def _training_curves(ctx: RunContext, result: dict) -> str | None:
 @task(name="evaluate", timeout_seconds=300, retries=1, **TASK)
 def evaluate(ctx: RunContext, result: dict) -> dict:
     """Score the candidate, the current champion and the task's trivial baseline on the same split.
-
-    The champion's scores are the ones recorded on its version at registration when they were
-    measured on the same split bytes by the same metric code (``evaluation.recorded``); else it
-    is loaded through the registry and rescored. ``report["champion_scores"]`` says which.
-    """
+    The champion's recorded scores are used when they were measured on the same split bytes by the
+    same metric code (``evaluation.recorded``), else it is rescored; ``report["champion_scores"]``."""
     from evaluation.evaluate import evaluate as run_eval
     from registry import models, store
 
@@ -366,8 +349,7 @@ def evaluate(ctx: RunContext, result: dict) -> dict:
                       loaded, recorded)
     report["champion_version"] = champ["version"] if champ else None
     cand = report["candidate"]
-    # At step 0, the step registration logs the model at: MLflow links the run's metrics at that
-    # step to the LoggedModel, so its page and its registered version's show these.
+    # At step 0, where registration logs the model: MLflow links them to the LoggedModel's page.
     store.log_metrics(ctx.run_id, {f"test/{m.name}": cand[m.name] for m in ctx.task.metrics})
     if report["champion"]:
         store.log_metrics(ctx.run_id, {f"champion/{k}": report["champion"][k] for k in ctx.task.champion_metrics})
@@ -428,10 +410,8 @@ def gate(ctx: RunContext, report: dict) -> dict:
 
 @task(name="register", timeout_seconds=300, retries=2, retry_delay_seconds=2, **TASK)
 def register(ctx: RunContext, result: dict, report: dict) -> dict:
-    """Log the task's pyfunc model, register a version tagged with the manifest, set aliases.
-
-    Retried on transient errors, and idempotent: a retry reuses the version this MLflow run
-    registered already (``registry.models.log_version``), so a run never leaves two."""
+    """Log the task's pyfunc model, register a version tagged with the manifest, set aliases. Idempotent
+    (retries reuse the version this MLflow run registered), so a run never leaves two."""
     from registry import models
 
     reg = log_version(ctx, result, report)
@@ -470,13 +450,9 @@ def log_version(ctx: RunContext, result: dict, report: dict) -> dict:
 
 
 def _deserves(ctx: RunContext, report: dict, current: dict | None) -> tuple[bool, str]:
-    """Does the candidate beat ``current`` (the champion now, under the promotion lock)?
-
-    When the champion is still the one evaluated beside the candidate, those scores decide;
-    when another run promoted meanwhile, the new champion's recorded scores decide if they hold
-    for this run's evaluation split and metric code, else it is scored on that split.
-    The task's champion metrics are compared in order, each in its direction.
-    """
+    """Does the candidate beat ``current`` (the champion now, under the promotion lock)? The scores
+    evaluated beside it, or, when another run promoted meanwhile, the new champion's recorded (or
+    else rescored) ones on this split; the task's champion metrics in order, each in its direction."""
     from evaluation.gates import beats
     from evaluation.recorded import recorded_metrics
 
@@ -540,21 +516,25 @@ def _run_name() -> str:
 
 
 def stage_tag(status: str, stage: str) -> str:
-    """The ``trainflow.stage`` tag a pipeline run ends with, from its summary's ``status`` and the
-    stage it stopped in: ``done`` (registered), ``rejected`` (by the gate), ``validation_failed``,
-    else ``<status>: <stage>`` (``failed: train``, ``preempted: train``)."""
+    """The ``trainflow.stage`` tag a run ends with: ``done``, ``rejected``, ``validation_failed``, else
+    ``<status>: <stage>`` (``failed: train``, ``preempted: train``)."""
     final = {"registered": "done", "rejected": "rejected", "validation_failed": "validation_failed"}
     return final.get(status, f"{status}: {stage}")
+
+
+# A failed run's summary status, by its exception.
+ENDINGS = ((DataValidationError, "validation_failed"), (GateRejectedError, "rejected"), (PreemptedError, "preempted"))
+# The training result's fields the run summary carries.
+TRAINING_SUMMARY = ("world_size", "backend", "strategy", "restarts", "samples_per_s", "global_batch", "effective_lr",
+                    "weights_sha256", "wall_s", "resumed_from_step", "checkpoint_stall_frac")
 
 
 @flow(name="trainflow-pipeline", flow_run_name=_run_name, log_prints=True)
 def pipeline(params: PipelineParams = PipelineParams()) -> dict:
     """Validate, train, evaluate, gate and register one config. Returns the run summary.
 
-    ``params`` choose a config in ``configs/`` and a few training knobs (``flows/params.py``);
-    the CLI gives its own config path and ``--set`` through ``flows.params.from_shell`` instead.
-    Raises DataValidationError / GateRejectedError / other TrainflowError, each
-    carrying ``.summary`` (what was known when it stopped).
+    ``params`` choose a config in ``configs/`` and a few training knobs (``flows/params.py``); the CLI
+    passes its own through ``flows.params.from_shell``. A ``TrainflowError`` raised carries ``.summary``.
     """
     t0 = time.perf_counter()
     quiet_input_errors()
@@ -590,16 +570,11 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
         slot = TrainFolder(*_claim_train_dir(ctx, nproc))
         result = timed("train", train.with_options(timeout_seconds=ctx.cfg.training.timeout_s + 60), ctx, nproc, slot)
         summary["plots"] = {"training_curves": timed("log-training", log_training, ctx, result)}
-        summary["training"] = {k: result[k] for k in ("world_size", "backend", "strategy", "restarts", "samples_per_s",
-                                                       "global_batch", "effective_lr", "weights_sha256", "wall_s",
-                                                       "resumed_from_step", "checkpoint_stall_frac")}
         from training.goodput import headline
 
-        summary["training"]["goodput"] = headline(result.get("goodput"))  # the ledger's, across restarts
-        summary["training"]["checkpoint_interval"] = result.get("checkpoint_interval") or {}
-        # A resume on another layout: whose checkpoint it was, and what the batch policy kept or changed.
-        summary["training"]["resized_from"] = result.get("resized_from")
-        summary["training"]["batch_policy"] = result.get("batch_policy")
+        summary["training"] = {**{k: result[k] for k in TRAINING_SUMMARY}, "goodput": headline(result.get("goodput")),
+                               "checkpoint_interval": result.get("checkpoint_interval") or {},
+                               "resized_from": result.get("resized_from"), "batch_policy": result.get("batch_policy")}
         ev = timed("evaluate", evaluate, ctx, result)
         cand = ev["candidate"]
         if (ev.get("files") or {}).get("confusion_matrix"):
@@ -628,17 +603,10 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
         store.end_run(ctx.run_id, "FINISHED", stage_tag(summary["status"], stage[0]), monitor)
         return summary
     except BaseException as exc:
+        summary["status"] = next((status for kind, status in ENDINGS if isinstance(exc, kind)), "failed")
         if isinstance(exc, DataValidationError):
-            summary["status"] = "validation_failed"
-            summary["validation"] = {"success": False, "failures": exc.report.get("failures", []),
-                                     "warnings": exc.report.get("warnings", []),
-                                     "skipped": exc.report.get("skipped", []), "report": exc.report.get("report_md")}
-        elif isinstance(exc, GateRejectedError):
-            summary["status"] = "rejected"
-        elif isinstance(exc, PreemptedError):
-            summary["status"] = "preempted"
-        else:
-            summary["status"] = "failed"
+            summary["validation"] = {"success": False, "report": exc.report.get("report_md"),
+                                     **{k: exc.report.get(k, []) for k in ("failures", "warnings", "skipped")}}
         summary["error"] = str(exc)
         summary["exit_code"] = getattr(exc, "exit_code", 1)
         store.end_run(ctx.run_id, "FAILED", stage_tag(summary["status"], stage[0]), monitor)
