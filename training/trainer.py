@@ -1,18 +1,12 @@
 """The training loop: one ``Trainer`` that runs the same on 1 process or N (single | DDP | FSDP | TP | PP).
 
-The loop is an epoch loop around ``train_step``. Batches come from a ``training.batches``
-source as whole optimizer steps of a ``BatchPlan``: global batch G = per-rank batch x
-data-parallel ranks x grad_accum. Each epoch visits every training sample exactly once in
-an order fixed by (seed, epoch); the trainer's position is a global sample cursor into it,
-so a checkpoint resumes on another world size or strategy without skipping or repeating a
-sample (the batch policy keeps G where it divides, ``choose_plan``). The learning rate is
-scaled to G by ``training.lr_scaling``, warmed up linearly, then follows a cosine decay, as
-a function of samples consumed, so a resize does not jump it.
-
-Everything that decides control flow (preemption, early stopping) is agreed by an
-all-reduce, so all ranks take the same branch at the same step. The checkpointer decides
-when to save (``CheckpointManager.maybe_save``); what it saves is a ``TrainState``. A run
-resumed on the same layout ends, in deterministic mode, with bitwise-identical weights.
+An epoch loop around ``train_step``. Batches come from a ``training.batches`` source as whole
+optimizer steps of a ``BatchPlan``; the trainer's position is a global sample cursor, so a
+checkpoint resumes on another world size or strategy without skipping or repeating a sample. The
+LR follows warm-up then cosine decay as a function of samples consumed, so a resize does not jump
+it. Control flow (preemption, early stopping) is agreed by an all-reduce, so all ranks take the same
+branch at the same step. A run resumed on the same layout ends, in deterministic mode, with
+bitwise-identical weights.
 """
 
 from __future__ import annotations
@@ -45,12 +39,8 @@ log = logging.getLogger("trainflow.train")
 
 def lr_factor(done: float, step_samples: int, warmup: float, total: float) -> float:
     """LR multiplier of the step that consumes samples [done, done + step_samples) of a run of
-    ``total`` samples: linear warm-up over the first ``warmup`` samples, then cosine decay to 0.
-
-    In samples, not steps, so a resume with another global batch continues the same curve. With
-    G samples per step it is the classic per-step schedule: step s gets (s + 1) / warmup_steps
-    during warm-up, then 0.5 (1 + cos(pi (s - warmup_steps) / (total_steps - warmup_steps))).
-    """
+    ``total``: linear warm-up over the first ``warmup`` samples, then cosine decay to 0 (in samples,
+    so a resume with another global batch continues the same curve)."""
     if warmup and done < warmup:
         return min(1.0, (done + step_samples) / warmup)
     span = max(1.0, total - warmup)
@@ -120,17 +110,14 @@ class Trainer:
         self.strategy.task = self.task
         self.source = build_source(data.train, cfg.seed, t.loader)
         self.n_train = len(self.source)
-        # The configured plan; a resume may change it (the batch policy, ``_apply_plan``).
+        # The configured plan; a resume may change it (the batch policy).
         self._apply_plan(choose_plan(t.batch_size, t.grad_accum, self.strategy.dp_size, t.lr, t.base_batch,
                                      t.lr_scaling, None))
 
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
         self.model = self.strategy.wrap(build_model(cfg, data.info).to(ctx.device))
-        params = self.model.parameters()
-        if t.optimizer == "sgd":
-            self.opt = torch.optim.SGD(params, lr=self.lr, momentum=0.9, weight_decay=t.weight_decay)
-        else:
-            self.opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=t.weight_decay)
+        opt, kw = (torch.optim.SGD, {"momentum": 0.9}) if t.optimizer == "sgd" else (torch.optim.AdamW, {})
+        self.opt = opt(self.model.parameters(), lr=self.lr, weight_decay=t.weight_decay, **kw)
         self.ckpt = CheckpointManager(self.out / "checkpoints", ctx, self.strategy, keep=t.keep_checkpoints,
                                       every_steps=t.checkpoint_every_steps, every_epochs=t.checkpoint_every_epochs,
                                       enabled=t.checkpoints)
@@ -147,13 +134,11 @@ class Trainer:
         # This rank's part of the current epoch's train loss (only ranks that report add to it).
         self.epoch_loss, self.epoch_n = 0.0, 0
         self.resized_from: dict | None = None
-        # Rank 0's goodput ledger (deaths, restarts, stalls); the mid-epoch interval is chosen in fit().
         self.ledger = Ledger.for_rank(ctx.is_main, self.out)
         self.ledger.start(ctx.world_size)
         self.last_metrics: dict = {}
         self.flops = None
 
-    # -- where the run is (read by the worker's summary) ------------------------------------------
     @property
     def step(self) -> int:
         return self.state.step
@@ -162,24 +147,9 @@ class Trainer:
     def epoch(self) -> int:
         return self.state.epoch
 
-    @property
-    def global_batch(self) -> int:
-        return self.plan.global_batch
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.plan.steps(self.n_train)
-
-    @property
-    def raw_model(self) -> torch.nn.Module:
-        return self.strategy.unwrapped(self.model)
-
     def release(self) -> None:
-        """Drop the wrapped model before the process group is destroyed.
-
-        DDP's reducer holds the group; left to interpreter shutdown, gloo's threads
-        were seen to deadlock the exiting process after training had finished.
-        """
+        """Drop the wrapped model before the process group is destroyed: DDP's reducer holds the
+        group, and left to interpreter shutdown gloo's threads can deadlock the exiting process."""
         import gc
 
         self.model = None
@@ -189,15 +159,13 @@ class Trainer:
 
     def _apply_plan(self, choice) -> None:
         t = self.cfg.training
-        self.choice = choice
+        self.choice, self.lr = choice, choice.lr
         self.plan = BatchPlan.of(choice.micro_batch, choice.grad_accum, self.strategy.dp_size, self.strategy.dp_rank)
-        self.lr = choice.lr
         if t.strategy == "pp" and choice.micro_batch % t.parallel.microbatches:
             raise CheckpointMismatchError(
                 f"the batch policy chose {choice.micro_batch} samples per rank, which "
                 f"training.parallel.microbatches ({t.parallel.microbatches}) does not divide")
 
-    # -- checkpoint state ---------------------------------------------------------------------
     def checkpoint_state(self) -> TrainState:
         """COLLECTIVE. The state to checkpoint now: every rank's RNG and epoch loss sums gathered."""
         st = self.state
@@ -209,8 +177,8 @@ class Trainer:
         return st
 
     def resume(self) -> int | None:
-        """Restore the latest valid checkpoint, if any, and choose the batch plan for this world;
-        returns the checkpoint's step (None: a fresh start)."""
+        """Restore the latest valid checkpoint and choose the batch plan for this world; returns its
+        step (None: a fresh start)."""
         loaded = self.ckpt.load_state(self.model, self.opt)
         if loaded is None:
             return None
@@ -237,26 +205,23 @@ class Trainer:
             self.epoch_n = int(sum(s[1] for s in loaded.epoch_sums))
         if rank < len(loaded.rng):
             torch.set_rng_state(loaded.rng[rank])
-        resized = loaded.layout != self.strategy.layout() or choice.decision not in ("unchanged",)
-        self.resized_from = loaded.writer() if resized else None
+        resized = loaded.layout != self.strategy.layout() or choice.decision != "unchanged"
+        self.resized_from = w = loaded.writer() if resized else None
         log.info("rank %d resumed from step %d (epoch %d, sample %d of %d)", rank, st.step, st.epoch + 1,
                  st.cursor, self.n_train)
         if resized and self.ctx.is_main:
-            w = loaded.writer()
             log.warning("resize: checkpoint written by %s worker(s) (strategy %s, dp %s, %s per rank x %s "
                         "micro-steps = global batch %s); this run: %d worker(s), strategy %s: %s",
                         w["world_size"], w["strategy"], w["dp_size"], w["micro_batch"], w["grad_accum"],
                         w["global_batch"], self.ctx.world_size, t.strategy, choice.reason)
         return st.step
 
-    # -- one optimizer step ---------------------------------------------------------------------
     def train_step(self, batch: StepBatches) -> tuple[float, int]:
-        """Forward/backward over this rank's micro-batches, then one optimizer step.
+        """Forward/backward over this rank's micro-batches, then one optimizer step; returns (summed
+        per-sample loss, samples) of this rank's micro-batches.
 
-        The step's loss is the mean over its ``global_samples`` (over every rank): each rank
-        scales its summed loss by dp_size / global_samples and DDP/FSDP average gradients over
-        the dp ranks, so short or empty micro-batches of an epoch's last step stay exact.
-        Returns (summed per-sample loss, samples) of this rank's micro-batches.
+        The step's loss is the mean over its ``global_samples``: each rank scales its summed loss by
+        dp_size / global_samples and gradients are averaged over dp ranks, so a short last step is exact.
         """
         t, st = self.cfg.training, self.state
         scale = self.plan.dp_size / batch.global_samples
@@ -279,17 +244,11 @@ class Trainer:
         st.cursor += batch.global_samples
         return loss_sum, rows
 
-    # -- loop ---------------------------------------------------------------------------------
     def _evaluate(self) -> tuple[float, float]:
-        """(val loss, val accuracy) over the whole val split (accuracy per target: per token for
-        the LM), each data-parallel replica scoring a strided slice.
-
-        Runs the wrapped model (FSDP needs its own forward to gather shards; a pipeline its stages).
-        """
-        x, y = self.data.val.tensors
+        """(val loss, val accuracy per target) over the val split, each data-parallel replica scoring a
+        strided slice through the wrapped model (FSDP gathers shards in its forward; a pipeline stages)."""
         dp_rank, dp_size = self.strategy.dp_rank, self.strategy.dp_size
-        x = x[dp_rank::dp_size].to(self.ctx.device)
-        y = y[dp_rank::dp_size].to(self.ctx.device)
+        x, y = (t[dp_rank::dp_size].to(self.ctx.device) for t in self.data.val.tensors)
         self.model.eval()
         with torch.no_grad():
             loss_sum, correct, n = self.strategy.eval_sums(self.model, x, y)
@@ -354,7 +313,7 @@ class Trainer:
                 self.fault.fire(self.ctx.rank)
             if st.step % t.log_every_steps == 0:
                 self._log_window()
-            # Agreement is an all-reduce: every step it cost ~2 % of a small model's step.
+            # Agreement is an all-reduce: not every step.
             preempt = st.step % t.preempt_check_steps == 0 and any_rank(self.ctx, self.stop.requested)
             self._save_stall(self.ckpt.maybe_save(st.step, self.checkpoint_state, force=preempt))
             if preempt:
@@ -384,7 +343,6 @@ class Trainer:
         t = self.cfg.training
         result = FitResult()
         result.resumed_from_step = self.resume()
-        # What this attempt resumed, and the mid-epoch interval it checkpoints at.
         self.ledger.resumed(result.resumed_from_step)
         result.checkpoint_interval = agree_interval(self.ctx, self.ledger, t.checkpoint_every, t.checkpoint_every_steps)
         self.ckpt.every_steps = result.checkpoint_interval["steps"]
@@ -392,18 +350,15 @@ class Trainer:
         result.resized_from, result.batch_policy = self.resized_from, self.choice.record()
         # MFU needs one rank to run the whole model on a batch: not a pipeline stage.
         if self.ctx.device.type == "cuda" and t.peak_tflops and t.strategy != "pp":
-            b = self.plan.micro_batch
-            x0, y0 = self.data.train.tensors[0][:b], self.data.train.tensors[1][:b]
-            self.flops = flops_per_sample(self.raw_model, x0.to(self.ctx.device),
-                                          lambda out: self.task.loss(out, y0.to(self.ctx.device)))
+            x0, y0 = (t[:self.plan.micro_batch].to(self.ctx.device) for t in self.data.train.tensors[:2])
+            self.flops = flops_per_sample(self.strategy.unwrapped(self.model), x0, lambda out: self.task.loss(out, y0))
         params = {
             "global_batch": self.plan.global_batch, "effective_lr": self.lr, "world_size": self.ctx.world_size,
-            "steps_per_epoch": self.steps_per_epoch, "backend": self.ctx.backend or "none",
+            "steps_per_epoch": self.plan.steps(self.n_train), "backend": self.ctx.backend or "none",
             "strategy": t.strategy, "precision": t.precision,
         }
         if self.resized_from is not None:
-            # One MLflow run spans the restarts, and MLflow refuses a param a new value: the layout a
-            # resize chose goes under its own names (the first attempt's params stay as they were).
+            # One MLflow run spans the restarts and MLflow refuses a param a new value: own names.
             params = {f"resized_at_step_{result.resumed_from_step}.{k}": v for k, v in params.items()}
         self.sink.params(params)
         self.sink.start(total_epochs=t.epochs, done=self.state.epoch)
@@ -421,7 +376,6 @@ class Trainer:
     def _finish(self, result: FitResult, wall0: float) -> FitResult:
         self.ckpt.wait()  # the last checkpoint is on disk before anyone reports success
         result.train_wall_s = time.perf_counter() - wall0
-        # This attempt ended on its own; rank 0 sums up the training's ledger.
         self.ledger.finish(result.status, self.state.step)
         if self.ledger.enabled:
             result.goodput = summarise(self.ledger.events())
