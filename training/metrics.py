@@ -49,9 +49,9 @@ def compute_per_step_s(r: dict) -> float | None:
     return max(0.0, r["step_time_median_s"] - waits / steps)
 
 
-def find_straggler(per_rank: list[dict], ratio: float, min_lag_s: float = STRAGGLER_MIN_LAG_S) -> dict:
+def find_straggler(per_rank: list[dict], ratio: float) -> dict:
     """The straggler rule on ``compute_per_step_s``: the slowest rank is one when its compute exceeds
-    the median of the *other* ranks' by more than ``ratio`` (strictly) and by more than ``min_lag_s``.
+    the median of the *other* ranks' by more than ``ratio`` (strictly) and by more than ``STRAGGLER_MIN_LAG_S``.
     Returns ``straggler``, ``straggler_rank``, ``straggler_ratio``, ``straggler_lag_ms``."""
     compute = [(c, r["rank"]) for r in per_rank if (c := compute_per_step_s(r)) is not None]
     none = {"straggler": False, "straggler_rank": None, "straggler_ratio": None, "straggler_lag_ms": None}
@@ -61,7 +61,7 @@ def find_straggler(per_rank: list[dict], ratio: float, min_lag_s: float = STRAGG
     others = statistics.median([c for c, rk in compute if rk != rank])
     lag = slow - others
     measured = slow / others if others > 0 else math.inf
-    flagged = measured > ratio and lag > min_lag_s
+    flagged = measured > ratio and lag > STRAGGLER_MIN_LAG_S
     return {"straggler": bool(flagged), "straggler_rank": rank if flagged else None,
             "straggler_ratio": measured if math.isfinite(measured) else None, "straggler_lag_ms": lag * 1e3}
 

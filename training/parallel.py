@@ -24,19 +24,8 @@ import torch
 from torch import nn
 
 from training.distributed import DistContext
-from training.strategies import (
-    MODEL_PARALLEL,
-    DCPStrategy,
-    DDPStrategy,
-    FSDPStrategy,
-    SingleStrategy,
-    Strategy,
-    StrategyConfigError,
-    check_world,
-    fsdp_gradient_sync,
-    layout_for,
-    mismatch_error,
-)
+from training.strategies import (MODEL_PARALLEL, DCPStrategy, DDPStrategy, FSDPStrategy, SingleStrategy, Strategy,
+                                 StrategyConfigError, check_world, fsdp_gradient_sync, layout_for, mismatch_error)
 
 
 def grad_norm_clip_(params, max_norm: float, world_size: int, plain_replicas: int) -> float:

@@ -16,18 +16,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from core.metrics_file import (
-    METRICS_FILE,
-    RUN_FILE,
-    MetricsWriter,
-    latest_steps,
-    metrics_record,
-    params_record,
-    read_run_record,
-    run_tags,
-    verify_recorded_run,
-    write_run_record,
-)
+from core.metrics_file import (METRICS_FILE, RUN_FILE, MetricsWriter, latest_steps, metrics_record, params_record,
+                               read_run_record, run_tags, verify_recorded_run, write_run_record)
 
 log = logging.getLogger("trainflow.train")
 
@@ -35,8 +25,8 @@ RUN_ID_ENV = "TRAINFLOW_MLFLOW_RUN_ID"
 
 
 class MetricsSink:
-    def __init__(self, enabled: bool, run_id: str | None = None, progress: bool | None = None,
-                 out_dir: Path | None = None, config_id: str | None = None):
+    def __init__(self, enabled: bool, run_id: str | None = None, out_dir: Path | None = None,
+                 config_id: str | None = None):
         self.enabled = enabled
         self.run_id = run_id if enabled else None
         self.out_dir, self.config_id = out_dir, config_id
@@ -44,7 +34,7 @@ class MetricsSink:
         self._last_step: dict[str, int] = {}
         self._file = MetricsWriter(Path(out_dir) / METRICS_FILE) if enabled and out_dir is not None else None
         self._client = self._bar = self._task = None
-        self.progress = enabled and (sys.stderr.isatty() if progress is None else progress)
+        self.progress = enabled and sys.stderr.isatty()
 
     @classmethod
     def for_rank(cls, is_main: bool, out_dir: Path | None = None, config_id: str | None = None) -> "MetricsSink":

@@ -28,14 +28,8 @@ from torch import nn
 
 from training.distributed import DistContext
 # The launch-time checks live in a torch-free module (the pipeline process uses them without torch).
-from training.layouts import (  # noqa: F401  (re-exported)
-    MODEL_PARALLEL,
-    PRECISIONS,
-    StrategyConfigError,
-    check_world,
-    layout_for,
-    mismatch_error,
-)
+from training.layouts import (MODEL_PARALLEL, PRECISIONS, StrategyConfigError, check_world,  # noqa: F401
+                              layout_for, mismatch_error)
 
 
 def uncompiled(module: nn.Module) -> nn.Module:
