@@ -34,6 +34,11 @@ LEDGER_FILE = "goodput.jsonl"
 BEAT_S = 0.5
 
 
+def restart_count() -> int:
+    """How many times torchrun restarted this worker group (0 on a first attempt)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
 def process_start_time() -> float | None:
     """This process's start in epoch seconds (Linux ``/proc``; None elsewhere): a worker's start-up
     (interpreter, imports) is part of what a restart costs."""
@@ -73,8 +78,7 @@ class Ledger:
         """An attempt begins (call once per process, before resuming)."""
         if self.enabled:
             self._write("start", job=os.environ.get("TORCHELASTIC_RUN_ID") or f"local-{uuid.uuid4().hex[:12]}",
-                        attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), world=world_size,
-                        t0=process_start_time())
+                        attempt=restart_count(), world=world_size, t0=process_start_time())
 
     def resumed(self, step: int | None) -> None:
         self._write("resume", step=step)

@@ -64,7 +64,6 @@ def _mix(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-# -- the dataset's row groups ----------------------------------------------------------------
 @dataclass(frozen=True)
 class RowGroups:
     """A Parquet dataset's row groups in reading order; row group ``u`` holds global ids
@@ -119,23 +118,18 @@ class Holdout:
     in a seeded set of row groups of about ``max_rows / fraction`` rows (so about ``max_rows``)."""
 
     def __init__(self, groups: RowGroups, seed: int, fraction: float, max_rows: int):
-        if not 0 <= fraction < 1:
-            raise ValueError(f"fraction: must be in [0, 1), got {fraction}")
         order = np.random.default_rng([_u64(seed), _HOLDOUT]).permutation(len(groups))
-        need = max_rows / fraction if fraction else 0
-        k = int(np.searchsorted(np.cumsum(groups.rows[order]), need)) + 1 if fraction else 0
+        k = int(np.searchsorted(np.cumsum(groups.rows[order]), max_rows / fraction)) + 1 if fraction else 0
         self.units = frozenset(order[:k].tolist())
         self.key = np.uint64(_mix(np.asarray([_u64(seed)], dtype=np.uint64))[0])
         self.threshold = np.uint64(min(int(fraction * 2.0**64), (1 << 64) - 1))
 
     def mask(self, unit: int, ids: np.ndarray) -> np.ndarray:
-        """True where a row of ``unit`` (ids given) is held out."""
         if unit not in self.units:
             return np.zeros(len(ids), dtype=bool)
         return _mix(ids.astype(np.uint64) ^ self.key) < self.threshold
 
 
-# -- the source --------------------------------------------------------------------------------
 @dataclass
 class _Planned:
     """One step of this rank, as ids: what ``epoch_steps`` turns into tensors."""
@@ -156,8 +150,6 @@ class StreamSource:
 
     def __init__(self, groups: RowGroups, read: Reader, *, seed: int, window: int, holdout: Holdout,
                  n_features: int, y_dtype, prefetch: bool = True):
-        if window < 1:
-            raise ValueError(f"window: must be >= 1, got {window}")
         self.groups, self.read, self.seed, self.window = groups, read, _u64(seed), window
         self.holdout, self.prefetch = holdout, prefetch
         self._empty = (np.zeros((0, n_features), dtype=np.float32), np.zeros((0,), dtype=y_dtype))
@@ -407,17 +399,6 @@ def table_reader(groups: RowGroups, features: list[str], label: str,
     return read
 
 
-def data_bytes(cfg: "PipelineConfig", root: Path) -> int:
-    """Bytes on disk of the train split's files (what ``training.loader.kind: auto`` weighs)."""
-    from tasks.table import split_paths
-
-    paths = split_paths(cfg.dataset, root)
-    path = paths.get("train") or paths["all"]
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return path.stat().st_size if path.is_file() else 0
-
-
 def choose_loader(cfg: "PipelineConfig", root: Path) -> tuple[str, str]:
     """(the loader ``training.loader.kind`` means for this data: ``memory``, ``dataloader`` or
     ``stream``, why); ``auto`` streams a train split larger than ``stream_above_mb``."""
@@ -428,11 +409,13 @@ def choose_loader(cfg: "PipelineConfig", root: Path) -> tuple[str, str]:
         return lc.kind, f"training.loader.kind: {lc.kind}"
     if cfg.dataset.file is not None:
         return "memory", "auto: dataset.file is split by seed in memory (streaming needs train_file and test_file)"
-    size = data_bytes(cfg, root)
+    path = split_paths(cfg.dataset, root)["train"]
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path] if path.is_file() else []
+    size = sum(p.stat().st_size for p in files)
     mib = size / 2**20
     if size <= lc.stream_above_mb * 2**20:
         return "memory", f"auto: train split is {mib:.1f} MiB <= stream_above_mb {lc.stream_above_mb:g}"
-    if split_paths(cfg.dataset, root)["train"].suffix.lower() == ".csv" and mib <= lc.csv_parquet_above_mb:
+    if path.suffix.lower() == ".csv" and mib <= lc.csv_parquet_above_mb:
         return "memory", f"auto: a CSV train split of {mib:.1f} MiB <= csv_parquet_above_mb {lc.csv_parquet_above_mb:g}"
     return "stream", f"auto: train split is {mib:.1f} MiB > stream_above_mb {lc.stream_above_mb:g}"
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ from training.batches import BatchPlan, StepBatches, build_source, choose_plan, 
 from training.checkpoint import CheckpointManager, CheckpointMismatchError, TrainState, check_identity
 from tasks.splits import Splits
 from training.distributed import DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank
-from training.goodput import Ledger, agree_interval, describe, summarise
+from training.goodput import Ledger, agree_interval, describe, restart_count, summarise  # noqa: F401
 from training.metrics import StepMetrics, flops_per_sample, gpu_utilization, mfu, peak_memory_bytes
 from training.models import build_model
 from training.preemption import StopRequest
@@ -183,9 +182,7 @@ class Trainer:
         if loaded is None:
             return None
         if not self.force_resume:  # the launcher checked the same before torchrun started
-            check_identity({"step": loaded.step, "config_id": loaded.config_id, "resume_id": loaded.resume_id,
-                            "data_md5": loaded.data_md5}, self.config_id, self.data_md5, self.state.resume_id,
-                           where=str(self.ckpt.dir))
+            check_identity(vars(loaded), self.config_id, self.data_md5, self.state.resume_id, where=str(self.ckpt.dir))
         t = self.cfg.training
         choice = choose_plan(t.batch_size, t.grad_accum, self.strategy.dp_size, t.lr, t.base_batch, t.lr_scaling,
                              loaded.plan)
@@ -248,7 +245,7 @@ class Trainer:
         """(val loss, val accuracy per target) over the val split, each data-parallel replica scoring a
         strided slice through the wrapped model (FSDP gathers shards in its forward; a pipeline stages)."""
         dp_rank, dp_size = self.strategy.dp_rank, self.strategy.dp_size
-        x, y = (t[dp_rank::dp_size].to(self.ctx.device) for t in self.data.val.tensors)
+        x, y = (v[dp_rank::dp_size].to(self.ctx.device) for v in self.data.val.tensors)
         self.model.eval()
         with torch.no_grad():
             loss_sum, correct, n = self.strategy.eval_sums(self.model, x, y)
@@ -279,8 +276,7 @@ class Trainer:
         if self.flops is not None:
             values["perf/mfu"] = mfu(snap["samples_per_s"] / self.ctx.world_size, self.flops,
                                      self.cfg.training.peak_tflops * 1e12)
-            util = gpu_utilization(self.ctx.device)
-            if util is not None:
+            if (util := gpu_utilization(self.ctx.device)) is not None:
                 values["perf/gpu_util"] = util
         self.last_metrics = values
         self.sink.metrics(values, self.state.step)
@@ -350,13 +346,11 @@ class Trainer:
         result.resized_from, result.batch_policy = self.resized_from, self.choice.record()
         # MFU needs one rank to run the whole model on a batch: not a pipeline stage.
         if self.ctx.device.type == "cuda" and t.peak_tflops and t.strategy != "pp":
-            x0, y0 = (t[:self.plan.micro_batch].to(self.ctx.device) for t in self.data.train.tensors[:2])
+            x0, y0 = (v[:self.plan.micro_batch].to(self.ctx.device) for v in self.data.train.tensors[:2])
             self.flops = flops_per_sample(self.strategy.unwrapped(self.model), x0, lambda out: self.task.loss(out, y0))
-        params = {
-            "global_batch": self.plan.global_batch, "effective_lr": self.lr, "world_size": self.ctx.world_size,
-            "steps_per_epoch": self.plan.steps(self.n_train), "backend": self.ctx.backend or "none",
-            "strategy": t.strategy, "precision": t.precision,
-        }
+        params = {"global_batch": self.plan.global_batch, "effective_lr": self.lr, "world_size": self.ctx.world_size,
+                  "steps_per_epoch": self.plan.steps(self.n_train), "backend": self.ctx.backend or "none",
+                  "strategy": t.strategy, "precision": t.precision}
         if self.resized_from is not None:
             # One MLflow run spans the restarts and MLflow refuses a param a new value: own names.
             params = {f"resized_at_step_{result.resumed_from_step}.{k}": v for k, v in params.items()}
@@ -391,8 +385,3 @@ class Trainer:
         result.ranks = all_gather_object(self.ctx, mine)
         self.sink.finish()
         return result
-
-
-def restart_count() -> int:
-    """How many times torchrun restarted this worker group (0 on a first attempt)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
