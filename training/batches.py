@@ -202,8 +202,7 @@ def choose_plan(micro_batch: int, grad_accum: int, dp_size: int, lr: float, base
     configured_lr = scaled_lr(lr, configured_g, base_batch, rule)
     if writer is None:
         return BatchChoice(micro_batch, grad_accum, configured_g, configured_lr, "fresh", "no checkpoint: as configured")
-    w_micro, w_accum, w_dp = writer["micro_batch"], writer["grad_accum"], writer["dp_size"]
-    w_g = writer["global_batch"]
+    w_micro, w_accum, w_dp, w_g = (writer[k] for k in ("micro_batch", "grad_accum", "dp_size", "global_batch"))
     w_cfg = writer.get("configured") or [w_micro, w_accum]
     if [micro_batch, grad_accum] != list(w_cfg):
         return BatchChoice(micro_batch, grad_accum, configured_g, configured_lr, "configured",
@@ -215,14 +214,12 @@ def choose_plan(micro_batch: int, grad_accum: int, dp_size: int, lr: float, base
     if w_dp == dp_size:  # the writer was itself resized: go on with its plan
         return BatchChoice(w_micro, w_accum, w_g, scaled_lr(lr, w_g, base_batch, rule), "unchanged",
                            "same data-parallel size as the writer: its plan continues")
-    if micro_batch * dp_size * grad_accum == w_g:
-        split = (micro_batch, grad_accum)
-    else:
-        split = _split(w_g, dp_size, w_micro, w_accum, max(w_micro, micro_batch))
+    split = (micro_batch, grad_accum) if configured_g == w_g else _split(w_g, dp_size, w_micro, w_accum,
+                                                                         max(w_micro, micro_batch))
     if split is not None:
         b, a = split
-        kept_lr = scaled_lr(lr, w_g, base_batch, rule)  # the writer's, unless a forced resume changed training.lr
-        return BatchChoice(b, a, w_g, kept_lr, "kept_global_batch",
+        # The writer's LR, unless a forced resume changed training.lr.
+        return BatchChoice(b, a, w_g, scaled_lr(lr, w_g, base_batch, rule), "kept_global_batch",
                            f"dp_size {w_dp} -> {dp_size}: kept global batch {w_g} as {b} per rank x "
                            f"{dp_size} ranks x {a} micro-steps; lr unchanged",
                            _changes(writer, b, a, w_g, dp_size))

@@ -245,18 +245,13 @@ class CheckpointManager:
             # the auto interval is sized from.
             import torch.distributed.checkpoint.state_dict  # noqa: F401
 
-    def due(self, step: int, epoch_done: int | None = None) -> bool:
-        """Whether the policy saves at ``step``: inside an epoch (``epoch_done`` None) every
-        ``every_steps`` steps; at an epoch end every ``every_epochs`` epochs."""
-        if epoch_done is not None:
-            return epoch_done % self.every_epochs == 0
-        return bool(self.every_steps) and step % self.every_steps == 0
-
     def maybe_save(self, step: int, state, *, epoch_done: int | None = None, force: bool = False) -> float | None:
-        """COLLECTIVE. Save ``state`` (a ``TrainState``, or a callable making one: it gathers every
-        rank's RNG, so it is only called when saving) when ``force`` or ``due``; returns the stall
-        in seconds, None when nothing was saved. Every rank must call it at the same steps."""
-        if not self.enabled or not (force or self.due(step, epoch_done)):
+        """COLLECTIVE. Save ``state`` (a ``TrainState``, or a callable making one, only called when saving)
+        when ``force`` or due: inside an epoch (``epoch_done`` None) every ``every_steps`` steps, at an
+        epoch end every ``every_epochs`` epochs. Returns the stall in seconds, None when nothing was saved."""
+        due = (epoch_done % self.every_epochs == 0 if epoch_done is not None
+               else bool(self.every_steps) and step % self.every_steps == 0)
+        if not self.enabled or not (force or due):
             return None
         t0 = time.perf_counter()
         st = state() if callable(state) else state

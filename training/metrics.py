@@ -54,9 +54,8 @@ def find_straggler(per_rank: list[dict], ratio: float) -> dict:
     the median of the *other* ranks' by more than ``ratio`` (strictly) and by more than ``STRAGGLER_MIN_LAG_S``.
     Returns ``straggler``, ``straggler_rank``, ``straggler_ratio``, ``straggler_lag_ms``."""
     compute = [(c, r["rank"]) for r in per_rank if (c := compute_per_step_s(r)) is not None]
-    none = {"straggler": False, "straggler_rank": None, "straggler_ratio": None, "straggler_lag_ms": None}
     if len(compute) < 2:
-        return none
+        return {"straggler": False, "straggler_rank": None, "straggler_ratio": None, "straggler_lag_ms": None}
     slow, rank = max(compute)
     others = statistics.median([c for c, rk in compute if rk != rank])
     lag = slow - others
@@ -71,8 +70,7 @@ def rank_metrics(per_rank: list[dict]) -> dict[str, float]:
     out: dict[str, float] = {}
     for r in sorted(per_rank, key=lambda r: r["rank"]):
         p = f"rank/{r['rank']}/"
-        compute = compute_per_step_s(r)
-        if compute is not None:
+        if (compute := compute_per_step_s(r)) is not None:
             steps = r["steps"]
             out[p + "step_time_ms"] = r["step_time_median_s"] * 1e3
             out[p + "data_wait_ms"] = r["data_wait_s"] / steps * 1e3
@@ -85,12 +83,8 @@ def rank_metrics(per_rank: list[dict]) -> dict[str, float]:
 
 def node_metrics(per_rank: list[dict]) -> dict[str, float]:
     """The per-node system numbers some ranks carry (``node_stats``) as ``node/<n>/<name>``."""
-    out: dict[str, float] = {}
-    for r in per_rank:
-        node = r.get("node")
-        if node:
-            out.update({f"node/{node['node']}/{k}": float(v) for k, v in node.items() if k != "node" and v is not None})
-    return out
+    return {f"node/{node['node']}/{k}": float(v) for r in per_rank if (node := r.get("node"))
+            for k, v in node.items() if k != "node" and v is not None}
 
 
 def aggregate(per_rank: list[dict], straggler_ratio: float = 1.5) -> dict:

@@ -152,10 +152,6 @@ class HybridStrategy(TensorParallelStrategy):
     name = "hybrid"
 
 
-def _largest_divisor(n: int, most: int) -> int:
-    return max(d for d in range(1, min(n, most) + 1) if n % d == 0)
-
-
 class PipelineStrategy(_ModelParallel):
     """pp: rank r runs pipeline stage r; micro-batched GPipe or 1F1B schedules."""
 
@@ -172,13 +168,7 @@ class PipelineStrategy(_ModelParallel):
         self._scale = 1.0
         self._n_layers = 0
 
-    @property
-    def dp_rank(self) -> int:
-        return 0
-
-    @property
-    def dp_size(self) -> int:
-        return 1
+    dp_rank, dp_size = 0, 1  # every stage sees the same batches
 
     @property
     def reports(self) -> bool:
@@ -202,7 +192,7 @@ class PipelineStrategy(_ModelParallel):
         stages infer activation shapes from their first micro-batch."""
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        n = _largest_divisor(size, self.parallel.microbatches)
+        n = max(d for d in range(1, min(size, self.parallel.microbatches) + 1) if size % d == 0)
         key = (size, n, train)
         if key not in self._schedules:
             stage = PipelineStage(self.module, self.stage_index, self.pp, self.ctx.device)
