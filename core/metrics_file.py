@@ -1,14 +1,10 @@
-"""The metrics file: rank 0's params and metrics as JSON lines, one record per line.
-
-``training/`` appends it (``<out_dir>/metrics.jsonl``, flushed per record) and ``registry.relay``
-tails it into an MLflow run, so the worker never imports MLflow when a parent relays. A record::
+"""The metrics file: rank 0's params and metrics as JSON lines, which ``registry.relay`` tails into MLflow::
 
     {"time_ms": 1764460800123, "step": 40, "metrics": {"train/train_loss": 0.31, ...}}
     {"time_ms": 1764460800001, "params": {"train.global_batch": "64", ...}}
 
-Names are the MLflow keys; ``time_ms`` is the worker's wall clock and ``step`` the optimizer step.
-Beside it, ``mlflow_run.json`` records which MLflow run the folder's training logs into and how
-much of the file is already there, so a resumed training logs into the same run, nothing twice.
+Beside it, ``mlflow_run.json`` records which MLflow run the folder's training logs into and how much
+of the file that run already has, so a resumed training logs into the same run, nothing twice.
 """
 
 from __future__ import annotations

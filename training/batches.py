@@ -1,13 +1,9 @@
 """Which samples each rank trains on, as a function of a GLOBAL SAMPLE CURSOR (not a per-rank position).
 
-Every epoch has a global order, a permutation of the N sample ids from (seed, epoch, N) alone,
-never the world size or batch. The cursor counts the samples of that order already consumed and
-sits on step boundaries, where checkpoints are taken; from cursor c the steps consume, over all
-ranks, the slices [c, c+G), [c+G, c+2G), ... So a run resumed on another world size continues at
-c: no sample is skipped or repeated in an epoch. Every rank yields the same number of steps and
-exactly ``grad_accum`` micro-batches per step (possibly empty in the last), so no rank waits on a
-collective the others never reach.
-
+Each epoch's global order is a permutation of the N sample ids from (seed, epoch, N) alone; from
+cursor c the steps consume, over all ranks, [c, c+G), [c+G, c+2G), ... So a run resumed on another
+world size continues at c without skipping or repeating a sample. Every rank yields the same number
+of steps and ``grad_accum`` micro-batches each (possibly empty), so no rank waits alone on a collective.
 ``choose_plan`` is the batch policy on resume (docs/training.md, "Resume, resize and the sample cursor").
 """
 
@@ -188,16 +184,9 @@ def _split(global_batch: int, dp: int, prefer_micro: int, prefer_accum: int, max
 
 def choose_plan(micro_batch: int, grad_accum: int, dp_size: int, lr: float, base_batch: int, rule: str,
                 writer: dict | None) -> BatchChoice:
-    """The batch policy: this run's (micro_batch, grad_accum) and LR, given the checkpoint's writer
-    (``TrainState.plan``; None on a fresh start). Arguments otherwise: the configured values.
-
-    - fresh start, or the writer's plan fits this world: as configured / unchanged;
-    - the config changed the batch (a --force-resume): as configured, LR scaled to it;
-    - otherwise keep the writer's global batch G: the configured split if it makes G, else the
-      writer's per-rank batch with other micro-steps, else the fewest micro-steps with a per-rank
-      batch no larger than the writer's or configured one, LR unchanged;
-    - when dp_size does not divide G: as configured, LR rescaled to the new global batch by ``rule``.
-    """
+    """The batch policy: this run's (micro_batch, grad_accum) and LR, given the configured values and
+    the checkpoint's writer (``TrainState.plan``; None on a fresh start). Keeps the writer's global
+    batch where dp_size divides it (LR unchanged), else runs as configured with the LR rescaled."""
     configured_g = micro_batch * dp_size * grad_accum
     configured_lr = scaled_lr(lr, configured_g, base_batch, rule)
     if writer is None:

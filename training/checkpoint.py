@@ -1,15 +1,11 @@
 """Checkpoints behind one small API: ``maybe_save(step, state)``, ``load_state(...)``, ``prune(keep)``.
 
-The checkpointer alone decides when to save; what it saves is a ``TrainState``; ``check_identity``
-is the one check that a checkpoint may resume in a run.
-
-Layout: ``<dir>/step_00000123/`` holds ``torch.distributed.checkpoint`` files (``{"model", "optim"}``,
-FQN-keyed as ``get_state_dict`` gives them) and ``extra.pt`` (``TrainState.meta()``, rank 0). A
-folder is written under a temp name, fsynced, marked ``COMPLETE`` and renamed, so a crash or power
-loss never leaves a checkpoint that resume would trust. A strategy says only how its state is held:
-replicated (``async_save``: rank 0 writes alone from a CPU copy, in a background thread) or sharded
-(every rank its shards). DCP reshards on read, so a checkpoint resumes on another world size or
-strategy (model-parallel shards only into their own layout: the strategy's ``check_layout``).
+``<dir>/step_00000123/`` holds DCP files (``{"model", "optim"}``, FQN-keyed) and ``extra.pt``
+(``TrainState.meta()``); it is written under a temp name, fsynced, marked ``COMPLETE`` and renamed,
+so a crash or power loss never leaves one that resume would trust. Replicated state (``async_save``)
+is written by rank 0 from a CPU copy in a background thread, sharded state by every rank. DCP
+reshards on read: a checkpoint resumes on another world size or strategy (model-parallel shards
+only into their own layout). ``check_identity`` is the one check that it may resume in a run.
 """
 
 from __future__ import annotations

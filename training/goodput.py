@@ -1,18 +1,11 @@
 """The goodput ledger: how much of a training's wall time went into steps it kept.
 
-Rank 0 appends JSON events to ``<out>/goodput.jsonl`` (``Ledger``), each flushed as it happens, so
-the file survives SIGKILL; a torn last line is skipped on read. No fsync: a lost tail after a power
-cut costs a second of accounting, not a checkpoint.
-
-Events (``ev``), each with its wall-clock time ``t`` (epoch seconds):
-
-- ``start``: torchrun's run id (``job``), restart count (``attempt``), ``world`` size, and ``t0``,
-  when this worker process started;
-- ``resume``: the step restored from a checkpoint (``null``: a fresh start);
-- ``interval``: the checkpoint interval chosen for this attempt (``choose_interval``);
-- ``step``: the attempt's first optimizer step; ``beat``: a later one, at most every ``BEAT_S``;
-- ``ckpt``: a checkpoint at ``step`` stalled training ``stall_s`` seconds;
-- ``finish``: the attempt ended on its own (``status``: completed | preempted); without it, it died.
+Rank 0 appends JSON events to ``<out>/goodput.jsonl``, each flushed as it happens (survives SIGKILL;
+no fsync: a power cut costs a second of accounting). Events (``ev``), each at wall-clock ``t``:
+``start`` (``job``, ``attempt``: torchrun's run id and restart count, ``world``, ``t0``: the process's
+start), ``resume`` (``step``; null: fresh), ``interval`` (``choose_interval``'s answer), ``step`` (the
+attempt's first) and ``beat`` (later ones, at most every ``BEAT_S``), ``ckpt`` (``step``, ``stall_s``),
+``finish`` (``status``: completed | preempted; an attempt without it died).
 """
 
 from __future__ import annotations
@@ -210,16 +203,10 @@ def _attempts(events: list[dict]) -> list[_Attempt]:
 
 
 def summarise(events: list[dict]) -> dict:
-    """The goodput figures of the training whose ledger ``events`` are (pure).
-
-    - ``wall_s``: every job's span, start to last event (the gap between two jobs is not counted,
-      the one between two attempts of a job is);
-    - ``startup_s``: a job's start to its first step; ``restart_s``: within a job, from the last
-      event of the attempt that died to the first step of the next;
-    - ``lost_steps`` / ``lost_s``: steps done and then repeated after a resume;
-    - ``productive_s`` = wall - startup - restart - lost - checkpoint stall; ``goodput`` = productive / wall;
-    - for ``choose_interval``: ``failures``, ``mtbf_s``, ``checkpoint_cost_s`` (mean stall), ``step_time_s``.
-    """
+    """The goodput figures of the training whose ledger ``events`` are (pure): ``wall_s`` (each job's
+    span: the gap between jobs is not counted, between a job's attempts it is), ``startup_s``,
+    ``restart_s`` (a death's last event to the next first step), ``lost_s`` (steps repeated),
+    ``checkpoint_stall_s``, ``productive_s`` (the rest) and ``goodput`` = productive / wall."""
     attempts = _attempts(events)
     wall = startup = restart = lost_s = stall = 0.0
     lost_steps = failures = jobs = ckpts = 0
@@ -323,12 +310,8 @@ def young_daly_steps(checkpoint_cost_s: float, mtbf_s: float, step_time_s: float
 
 
 def choose_interval(mode: str, fixed_steps: int | None, events: list[dict]) -> dict:
-    """The mid-epoch checkpoint interval in steps for the attempt now starting (pure).
-
-    ``fixed``: ``fixed_steps`` (None: epoch ends only). ``auto``: Young-Daly from the ledger's
-    measured checkpoint cost, failure rate and step time; ``fixed_steps`` until a failure was seen
-    and those were measured. Returns ``{mode, rule, steps, reason}`` plus the inputs it used.
-    """
+    """The mid-epoch checkpoint interval in steps (pure): ``fixed_steps`` (None: epoch ends only), or
+    under ``auto`` Young-Daly from the ledger's measurements once a failure was seen."""
     if mode not in ("fixed", "auto"):
         raise ValueError(f"training.checkpoint_every: must be 'fixed' or 'auto', got {mode!r}")
     if fixed_steps is not None and (_step(fixed_steps) is None or fixed_steps == 0):

@@ -33,13 +33,8 @@ STRAGGLER_MIN_LAG_S = 1e-3
 
 
 def compute_per_step_s(r: dict) -> float | None:
-    """A rank's compute seconds per step (None when it ran no step): the median over its steps of
-    each step's time less its data wait, DDP buffer broadcast and gradient all-reduce; without
-    ``compute_median_s``, the median step less the mean waits per step.
-
-    Under DDP all ranks' step times come out equal; what differs is who waits for whom, so
-    subtracting the waits leaves each rank's own work.
-    """
+    """A rank's compute seconds per step (None: no step): its steps' median time less their own waits
+    (data, DDP buffer broadcast, all-reduce). Under DDP step times are equal; the waits tell ranks apart."""
     steps = r.get("steps") or 0
     if not steps or r.get("step_time_median_s") is None:
         return None
@@ -88,15 +83,9 @@ def node_metrics(per_rank: list[dict]) -> dict[str, float]:
 
 
 def aggregate(per_rank: list[dict], straggler_ratio: float = 1.5) -> dict:
-    """Combine each rank's window stats (``StepMetrics._local_stats``) into one summary.
-
-    ``window_s``: the longest window; ``samples_per_s``: all ranks' samples over it;
-    ``step_time_{min,median,max}_ms``: over each rank's median step; ``find_straggler``'s keys;
-    ``data_wait_frac``: the most input-bound rank's share of its window; ``allreduce_s``: the mean
-    over ranks of the time some gradient bucket was in flight (the union of the intervals: it
-    overlaps backward compute); ``ckpt_stall_s``: the longest over ranks; ``peak_mem_mb`` in rank
-    order; ``per_rank``: ``rank_metrics`` and ``node_metrics``, named as logged.
-    """
+    """Combine each rank's window stats (``StepMetrics._local_stats``) into one summary (``allreduce_s``:
+    the mean over ranks of the time some gradient bucket was in flight; ``data_wait_frac`` and
+    ``ckpt_stall_s``: the worst rank's; ``per_rank``: ``rank_metrics`` and ``node_metrics``)."""
     ranks = sorted(per_rank, key=lambda r: r["rank"])
     window = max((r["window_s"] for r in ranks), default=0.0)
     samples = sum(r["samples"] for r in ranks)
@@ -183,13 +172,8 @@ class StepMetrics:
         self._ckpt_stall += seconds
 
     def attach_comm_hook(self, ddp_model) -> None:
-        """Register a timing all-reduce comm hook on ``ddp_model`` (no-op when not distributed / not DDP);
-        before the first backward.
-
-        Bitwise the same as DDP without a hook: the bucket is multiplied by ``1 / world_size``
-        (``mul_``, as the hook-less reducer copies grads in; ``div_`` can differ in the last bit),
-        then all-reduced (SUM).
-        """
+        """Register a timing all-reduce comm hook on a DDP ``ddp_model`` before its first backward;
+        bitwise the same as none: ``mul_(1 / world_size)`` as the reducer does (``div_`` can differ)."""
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         if not self.ctx.distributed or not isinstance(ddp_model, DDP):

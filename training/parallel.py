@@ -1,17 +1,11 @@
-"""Model parallelism: tensor (``tp``), pipeline (``pp``) and data x tensor (``hybrid``), and
-``build_strategy``, which builds every strategy (these and ``training.strategies``' single / ddp / fsdp).
+"""Model parallelism (``tp``, ``pp``, ``hybrid``: data x tensor) and ``build_strategy``, which builds every
+strategy. How the model splits is the task's ``tasks.base.ParallelPlan``; each is a ``DCPStrategy``
+whose checkpoints resume only into the same layout.
 
-How the model splits is the task's (``tasks.base.ParallelPlan``: its blocks, a block's tp plan, the
-pipeline stages). Each is a ``DCPStrategy``: every rank checkpoints its own shards or stage, and
-resuming needs the same layout (``check_layout``).
-
-- ``tp``: each block's Linears split by column (q/k/v/up) or row (o/down) across all ranks (DTensor
-  ``parallelize_module`` on a 1-D mesh); the rest replicated; rank 0 of the group reports the loss.
+- ``tp``: each block's Linears split by column or row across all ranks (DTensor on a 1-D mesh).
 - ``hybrid``: a 2-D mesh ``(dp, tp)``, rank = dp_rank * tp + tp_rank: TP in each row, FSDP2 over ``dp``.
-- ``pp``: rank r runs stage r (``split_stage``) under ``torch.distributed.pipelining`` GPipe or 1F1B
-  over ``training.parallel.microbatches``; the last stage computes and reports the loss and eval sums.
-
-TP matches a one-device run to float rounding; dropout masks differ (each rank draws for its part).
+- ``pp``: rank r runs stage r under ``torch.distributed.pipelining`` GPipe or 1F1B; the last stage
+  computes and reports the loss and eval sums.
 """
 
 from __future__ import annotations
@@ -29,13 +23,8 @@ from training.strategies import (MODEL_PARALLEL, DCPStrategy, DDPStrategy, FSDPS
 
 
 def grad_norm_clip_(params, max_norm: float, world_size: int, plain_replicas: int) -> float:
-    """COLLECTIVE. Clip gradients to a global L2 norm of ``max_norm`` (as ``clip_grad_norm_``);
-    returns the norm before clipping.
-
-    Each local square sum is divided by how many ranks hold the same values (a DTensor: ranks
-    outside its mesh times its Replicate dimensions; a plain tensor: ``plain_replicas``), then
-    one all-reduce sums over all ranks.
-    """
+    """COLLECTIVE. Clip gradients to a global L2 norm of ``max_norm``; returns the norm before clipping.
+    Each local square sum counts once: divided by how many ranks hold the same values."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
@@ -90,10 +79,6 @@ class _ModelParallel(DCPStrategy):
 
     def clip_grad_norm(self, wrapped: nn.Module, max_norm: float) -> float:
         return grad_norm_clip_(wrapped.parameters(), max_norm, self.ctx.world_size, self._plain_replicas)
-
-    def compile(self, wrapped: nn.Module, mode: str = "default", backend: str = "inductor") -> nn.Module:
-        # The config refuses this at load; a strategy built by hand says it again.
-        raise StrategyConfigError(f"training.compile: not supported with strategy {self.name!r} (model parallel)")
 
 
 class TensorParallelStrategy(_ModelParallel):

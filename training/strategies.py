@@ -1,17 +1,10 @@
 """Data-parallel strategies behind one small API: single process, DDP, or FSDP2 (``fully_shard``).
 
-The trainer builds one ``Strategy`` (``training.parallel.build_strategy``, which also builds the
-model-parallel tp / pp / hybrid) and asks it to wrap the model, run a batch (``forward_backward``,
-``eval_sums``), skip gradient sync on micro-steps, clip gradients and cast for mixed precision.
-It also says which data each rank sees (``dp_rank``/``dp_size``) and whether this rank's loss and
-sample counts enter the all-reduced sums (``reports``: each batch counts once).
-
-- ``single``: one process, the model as is.
-- ``ddp``: every rank holds the full model, gradients all-reduced; without a process group, as ``single``.
-- ``fsdp``: parameters, gradients and optimizer state sharded on dim 0 across ranks (DTensors).
-
-Checkpoints are ``training.checkpoint``'s; a strategy says only how its state is held:
-``async_save``, ``checkpoint_module``, ``state_dict_options`` and ``check_layout``.
+A ``Strategy`` wraps the model, runs a batch (``forward_backward``, ``eval_sums``), skips gradient
+sync on micro-steps, clips and casts; it says which data a rank sees (``dp_rank``/``dp_size``),
+whether its sums count (``reports``: each batch once) and how its state is checkpointed
+(``async_save``, ``checkpoint_module``, ``state_dict_options``, ``check_layout``). ``ddp`` without a
+process group is ``single``; ``fsdp`` shards parameters, gradients and optimizer state on dim 0.
 Methods marked COLLECTIVE must be called by every rank, in the same order.
 """
 

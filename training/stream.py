@@ -1,20 +1,11 @@
-"""Streamed Parquet training data: a ``BatchSource`` (training/batches.py) over row groups.
+"""Streamed Parquet training data: a ``BatchSource`` (training/batches.py) over row groups, read on demand.
 
-A table larger than memory trains from its Parquet row groups, read on demand; a bounded number of
-them is in memory at a time. The epoch's global order comes from the row groups' sizes alone:
-
-1. the row groups are permuted by a generator seeded with (seed, epoch);
-2. that sequence is cut into windows of ``window`` row groups;
-3. the training rows of a window are shuffled by a generator seeded with (seed, epoch, window).
-
-So the position after ``cursor`` samples is rebuilt from (seed, epoch, cursor): nothing per rank is
-checkpointed. Inside a step the samples are sorted by row group and rank r takes the r-th run of
-``micro_batch * grad_accum``, so a rank reads few row groups of each window; a background thread
-reads the next ``PREFETCH_ROW_GROUPS`` while this step trains.
-
-Validation rows are held out by a seeded hash of each row's id inside a seeded set of row groups
-(``Holdout``): known from ids alone, bounded, not stratified. A CSV train file larger than
-``training.loader.csv_parquet_above_mb`` is converted once to Parquet in the cache and streamed.
+The epoch's global order comes from the row groups' sizes alone: the row groups are permuted by
+(seed, epoch), cut into windows of ``window`` row groups, and each window's training rows shuffled by
+(seed, epoch, window); so a cursor is all a resume needs. Inside a step the samples are sorted by
+row group and rank r takes the r-th run, so a rank reads few row groups of each window; a background
+thread reads ahead ``PREFETCH_ROW_GROUPS``. Validation rows are held out by a seeded hash of their
+ids (``Holdout``). A large CSV is converted once to Parquet in the cache and streamed from there.
 """
 
 from __future__ import annotations
@@ -142,11 +133,8 @@ class _Planned:
 
 
 class StreamSource:
-    """A ``BatchSource`` over a Parquet dataset's row groups (see the module's docstring).
-
-    ``read(u)``: row group ``u``'s (features float32 ``[rows, f]``, targets), held-out rows too, called
-    from one thread at a time. ``n_features``/``y_dtype`` shape an empty micro-batch.
-    """
+    """A ``BatchSource`` over a Parquet dataset's row groups. ``read(u)``: row group ``u``'s (features
+    float32 ``[rows, f]``, targets), held-out rows too, called from one thread at a time."""
 
     def __init__(self, groups: RowGroups, read: Reader, *, seed: int, window: int, holdout: Holdout,
                  n_features: int, y_dtype, prefetch: bool = True):
@@ -227,12 +215,8 @@ class StreamSource:
             pos += g
 
     def epoch_steps(self, epoch: int, cursor: int, plan: "BatchPlan") -> Iterator["StepBatches"]:
-        """This rank's steps of ``epoch`` from ``cursor`` (the contract in training/batches.py).
-
-        Plans steps ahead (ids only) to learn which row groups come next, keeps the reader
-        ``PREFETCH_ROW_GROUPS`` ahead, and drops a row group once this rank reads it no more: memory
-        holds this rank's share of one window plus the prefetched ones, whatever the number of rows.
-        """
+        """This rank's steps of ``epoch`` from ``cursor``. Plans ahead (ids only) and drops a row group once
+        this rank reads it no more: memory holds a share of one window plus the prefetched ones."""
         steps = self._plan(epoch, cursor, plan)
         seq, _ = self._layout(epoch)
         window_of = np.empty(len(seq), dtype=np.int64)

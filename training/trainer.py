@@ -1,12 +1,9 @@
 """The training loop: one ``Trainer`` that runs the same on 1 process or N (single | DDP | FSDP | TP | PP).
 
-An epoch loop around ``train_step``. Batches come from a ``training.batches`` source as whole
-optimizer steps of a ``BatchPlan``; the trainer's position is a global sample cursor, so a
-checkpoint resumes on another world size or strategy without skipping or repeating a sample. The
-LR follows warm-up then cosine decay as a function of samples consumed, so a resize does not jump
-it. Control flow (preemption, early stopping) is agreed by an all-reduce, so all ranks take the same
-branch at the same step. A run resumed on the same layout ends, in deterministic mode, with
-bitwise-identical weights.
+Batches come from a ``training.batches`` source as whole optimizer steps; the position is a global
+sample cursor and the LR a function of samples consumed, so a checkpoint resumes on another world
+size or strategy. Control flow (preemption, early stopping) is agreed by all-reduce. A run resumed on
+the same layout ends, in deterministic mode, with bitwise-identical weights.
 """
 
 from __future__ import annotations
@@ -214,12 +211,8 @@ class Trainer:
         return st.step
 
     def train_step(self, batch: StepBatches) -> tuple[float, int]:
-        """Forward/backward over this rank's micro-batches, then one optimizer step; returns (summed
-        per-sample loss, samples) of this rank's micro-batches.
-
-        The step's loss is the mean over its ``global_samples``: each rank scales its summed loss by
-        dp_size / global_samples and gradients are averaged over dp ranks, so a short last step is exact.
-        """
+        """One optimizer step over this rank's micro-batches; returns their (summed per-sample loss, samples).
+        Losses are scaled by dp_size / global_samples, so a short last step's mean is exact."""
         t, st = self.cfg.training, self.state
         scale = self.plan.dp_size / batch.global_samples
         loss_sum, rows = 0.0, 0
