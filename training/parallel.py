@@ -86,25 +86,11 @@ class TensorParallelStrategy(_ModelParallel):
 
     name = "tp"
 
-    @property
-    def dp_rank(self) -> int:
-        return self.ctx.rank // self.tp
-
-    @property
-    def dp_size(self) -> int:
-        return self.dp
-
-    @property
-    def tp_rank(self) -> int:
-        return self.ctx.rank % self.tp
-
-    @property
-    def reports(self) -> bool:
-        return self.tp_rank == 0
-
-    @property
-    def _plain_replicas(self) -> int:  # replicated modules: every rank holds the same grads
-        return self.ctx.world_size
+    def __init__(self, ctx: DistContext, precision: str, parallel, plan):
+        super().__init__(ctx, precision, parallel, plan)
+        self.tp_rank = ctx.rank % self.tp
+        self.dp_rank, self.dp_size, self.reports = ctx.rank // self.tp, self.dp, self.tp_rank == 0
+        self._plain_replicas = ctx.world_size  # replicated modules: every rank holds the same grads
 
     def rank_info(self) -> dict:
         return {"dp_rank": self.dp_rank, "tp_rank": self.tp_rank, "pp_stage": 0}
@@ -152,12 +138,7 @@ class PipelineStrategy(_ModelParallel):
         self._schedules: dict = {}
         self._scale = 1.0
         self._n_layers = 0
-
-    dp_rank, dp_size = 0, 1  # every stage sees the same batches
-
-    @property
-    def reports(self) -> bool:
-        return self.is_last
+        self.dp_rank, self.dp_size, self.reports = 0, 1, self.is_last  # every stage sees the same batches
 
     def rank_info(self) -> dict:
         return {"dp_rank": 0, "tp_rank": 0, "pp_stage": self.stage_index,

@@ -48,8 +48,10 @@ class Strategy:
         if precision not in PRECISIONS:
             raise StrategyConfigError(
                 f"training.precision: must be one of {', '.join(repr(p) for p in PRECISIONS)}, got {precision!r}")
-        self.ctx = ctx
-        self.precision = precision
+        self.ctx, self.precision = ctx, precision
+        # Which batches this rank trains on (its index among the data-parallel replicas), and whether
+        # its loss, accuracy and sample counts enter the all-reduced sums.
+        self.dp_rank, self.dp_size, self.reports = ctx.rank, ctx.world_size, True
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(world_size={self.ctx.world_size}, precision={self.precision!r})"
@@ -78,20 +80,6 @@ class Strategy:
     def autocast(self) -> ContextManager:
         """bf16 autocast on CUDA; nothing on CPU or in fp32."""
         return torch.autocast("cuda", dtype=torch.bfloat16) if self._bf16_cuda else nullcontext()
-
-    @property
-    def dp_rank(self) -> int:
-        """This rank's index among the data-parallel replicas (which batches it trains on)."""
-        return self.ctx.rank
-
-    @property
-    def dp_size(self) -> int:
-        return self.ctx.world_size
-
-    @property
-    def reports(self) -> bool:
-        """Whether this rank's loss, accuracy and sample counts enter the all-reduced sums."""
-        return True
 
     def layout(self) -> dict:
         """How the model is laid out over ranks; stored in checkpoints."""
