@@ -2,7 +2,7 @@
 
 ``StepMetrics`` is fed by the loop on every rank (clock reads and appends, no collectives) and
 aggregated to rank 0 once per logging window by ``snapshot()``, the only collective here; the
-aggregation is the pure function ``aggregate``. ``ctx`` is duck-typed (``DistContext``).
+aggregation is the pure function ``aggregate``.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:  # annotations only; no runtime import of the training package
-    from training.distributed import DistContext
+from training.distributed import DistContext, all_gather_object
 
 log = logging.getLogger("trainflow.train")
 
@@ -128,27 +127,20 @@ class StepMetrics:
     """Per-rank step timing over a logging window, aggregated to rank 0."""
 
     def __init__(self, ctx: DistContext, straggler_ratio: float = 1.5):
-        self.ctx = ctx
-        self.straggler_ratio = straggler_ratio
+        self.ctx, self.straggler_ratio = ctx, straggler_ratio
         self._cuda_timing = ctx.device.type == "cuda"
-        self._allreduce: list = []  # (start, end): perf_counter seconds, or CUDA events
         self._t_data: float | None = None
         self._node_reporter = os.environ.get("LOCAL_RANK", "0") == "0"
         self.reset()
 
     def reset(self) -> None:
         """Start a new window now (``snapshot`` does this; call it where the loop really starts)."""
-        now = _now()
-        self._window_t0 = now
-        self._last = now
+        now = self._window_t0 = self._last = _now()
         self._step_times: list[float] = []
         # At each step's end: (data wait, forward sync, all-reduce spans) so far (``_step_computes``).
         self._step_marks: list[tuple[float, float, int]] = []
-        self._samples = 0
-        self._data_wait = 0.0
-        self._ckpt_stall = 0.0
-        self._allreduce = []
-        self._fwd_sync = 0.0
+        self._allreduce: list = []  # (start, end): perf_counter seconds, or CUDA events
+        self._samples, self._data_wait, self._ckpt_stall, self._fwd_sync = 0, 0.0, 0.0, 0.0
         if self._t_data is not None:  # a batch wait spanning the reset counts from the reset
             self._t_data = now
 
@@ -156,9 +148,8 @@ class StepMetrics:
         self._t_data = _now()
 
     def data_end(self) -> None:
-        t = self._t_data
-        if t is not None:
-            self._data_wait += _now() - t
+        if self._t_data is not None:
+            self._data_wait += _now() - self._t_data
             self._t_data = None
 
     def step_end(self, n_samples: int) -> None:
@@ -247,43 +238,29 @@ class StepMetrics:
         spans = self._allreduce_spans()
         computes = self._step_computes(spans)
         return {
-            "rank": self.ctx.rank,
-            "window_s": _now() - self._window_t0,
-            "steps": len(self._step_times),
+            "rank": self.ctx.rank, "window_s": _now() - self._window_t0, "steps": len(self._step_times),
             "samples": self._samples,
             "step_time_median_s": statistics.median(self._step_times) if self._step_times else None,
-            "data_wait_s": self._data_wait,
-            "compute_median_s": statistics.median(computes) if computes else None,
-            "allreduce_s": busy_seconds(spans),
-            "forward_sync_s": self._fwd_sync,
-            "ckpt_stall_s": self._ckpt_stall,
+            "data_wait_s": self._data_wait, "compute_median_s": statistics.median(computes) if computes else None,
+            "allreduce_s": busy_seconds(spans), "forward_sync_s": self._fwd_sync, "ckpt_stall_s": self._ckpt_stall,
             "peak_mem_bytes": peak_memory_bytes(self.ctx.device),
             "node": node_stats(self.ctx.device) if self._node_reporter else None,
         }
 
     def snapshot(self) -> dict | None:
         """COLLECTIVE: every rank must call it at the same point. Rank 0 gets ``aggregate``'s dict."""
-        mine = self._local_stats()
-        if self.ctx.distributed:
-            import torch.distributed as dist
-
-            per_rank: list = [None] * self.ctx.world_size
-            dist.all_gather_object(per_rank, mine)
-        else:
-            per_rank = [mine]
+        per_rank = all_gather_object(self.ctx, self._local_stats())
         self.reset()
         if self.ctx.rank != 0:
             return None
         summary = aggregate(per_rank, self.straggler_ratio)
         if summary["straggler"]:
             r = summary["straggler_rank"]
-            log.warning(
-                "straggler: rank %s computes %.1f ms a step, %.1f ms more than the other ranks' median "
-                "(x%s > x%.2f); the others wait for it in their collectives",
-                r, summary["per_rank"][f"rank/{r}/compute_ms"], summary["straggler_lag_ms"],
-                "inf" if summary["straggler_ratio"] is None else f"{summary['straggler_ratio']:.2f}",
-                self.straggler_ratio,
-            )
+            log.warning("straggler: rank %s computes %.1f ms a step, %.1f ms more than the other ranks' median "
+                        "(x%s > x%.2f); the others wait for it in their collectives",
+                        r, summary["per_rank"][f"rank/{r}/compute_ms"], summary["straggler_lag_ms"],
+                        "inf" if summary["straggler_ratio"] is None else f"{summary['straggler_ratio']:.2f}",
+                        self.straggler_ratio)
         return summary
 
 
