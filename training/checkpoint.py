@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,10 +283,7 @@ class CheckpointManager:
             if self.ctx.is_main:
                 self.wait()  # one write in flight at a time; surfaces the previous one's error
                 state = snapshot(self.strategy, model, optimizer, extra)
-                if self._pool is None:
-                    from concurrent.futures import ThreadPoolExecutor
-
-                    self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+                self._pool = self._pool or ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
                 self._pending = self._pool.submit(self._write, step, state, tmp, final, _identity(extra))
             return final
         if self.ctx.is_main:

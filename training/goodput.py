@@ -111,15 +111,15 @@ def read_events(path: Path) -> list[dict]:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return []
-    events = []
-    for line in text.splitlines():
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(ev, dict) and isinstance(ev.get("ev"), str) and _num(ev.get("t")):
-            events.append(ev)
-    return events
+    return [ev for ev in map(_json, text.splitlines())
+            if isinstance(ev, dict) and isinstance(ev.get("ev"), str) and _num(ev.get("t"))]
+
+
+def _json(line: str):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def _num(v) -> bool:
@@ -135,7 +135,7 @@ class _Attempt:
 
     def __init__(self, ev: dict):
         self.job = ev.get("job")
-        self.attempt = ev.get("attempt") if _step(ev.get("attempt")) is not None else 0
+        self.attempt = _step(ev.get("attempt")) or 0
         self.t0 = ev["t0"] if _num(ev.get("t0")) and ev["t0"] <= ev["t"] else ev["t"]
         self.last_t = ev["t"]
         self.resumed: int | None = None

@@ -95,8 +95,7 @@ class Trainer:
     def __init__(self, cfg: PipelineConfig, ctx: DistContext, data: Splits, out_dir: Path,
                  sink: MetricsSink, config_id: str, data_md5: str, force_resume: bool = False):
         self.cfg, self.ctx, self.data, self.out = cfg, ctx, data, Path(out_dir)
-        self.sink, self.config_id, self.data_md5 = sink, config_id, data_md5
-        self.force_resume = force_resume
+        self.sink, self.config_id, self.data_md5, self.force_resume = sink, config_id, data_md5, force_resume
         t = cfg.training
         from tasks import get_task
 
@@ -118,22 +117,19 @@ class Trainer:
                                       every_steps=t.checkpoint_every_steps, every_epochs=t.checkpoint_every_epochs,
                                       enabled=t.checkpoints)
         self.metrics = StepMetrics(ctx, t.straggler_ratio) if t.metrics else _NoMetrics()
-        if t.metrics and t.strategy == "ddp" and ctx.distributed:
-            self.metrics.attach_comm_hook(self.model)
+        self.metrics.attach_comm_hook(self.model)  # DDP only
         if t.compile.enabled:  # after the comm hook: that goes on the DDP module itself
             self.model = self.strategy.compile(self.model, t.compile.mode, t.compile.backend)
-        self.fault = faults.from_env()
-        self.ids = faults.id_recorder_from_env()
-        self.stop = StopRequest()
+        self.fault, self.ids, self.stop = faults.from_env(), faults.id_recorder_from_env(), StopRequest()
         self.state = TrainState(model=self.model, optimizer=self.opt, config_id=config_id,
                                 resume_id=cfg.resume_id(), data_md5=data_md5, layout=self.strategy.layout())
         # This rank's part of the current epoch's train loss (only ranks that report add to it).
         self.epoch_loss, self.epoch_n = 0.0, 0
         self.resized_from: dict | None = None
+        self.last_metrics: dict = {}
+        self.flops: float | None = None
         self.ledger = Ledger.for_rank(ctx.is_main, self.out)
         self.ledger.start(ctx.world_size)
-        self.last_metrics: dict = {}
-        self.flops = None
 
     @property
     def step(self) -> int:
