@@ -65,11 +65,8 @@ def file_size(path: Path) -> int:
 
 
 def read_records(path: Path, offset: int) -> tuple[list[dict], int]:
-    """The complete records after byte ``offset`` and the offset just past the last of them.
-
-    A trailing line without its newline is left for the next read; a line that is not a record
-    is skipped with a warning; a missing file reads as empty, one shorter than ``offset`` from 0.
-    """
+    """The complete records after byte ``offset`` and the offset just past the last of them. A line
+    without its newline is left for the next read; a line that is not a record is skipped, warned."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -127,10 +124,8 @@ def write_run_record(out_dir: Path, run_id: str, config_id: str, relayed_bytes: 
 
 
 def read_run_record(out_dir: Path) -> dict | None:
-    """The folder's run record, or None when there is none or it is not one (a warning says why).
-
-    Untrusted: it only names a run to *check* (``verify_recorded_run``).
-    """
+    """The folder's run record, or None (with a warning when it is not one). Untrusted: it only names
+    a run to *check* (``verify_recorded_run``)."""
     path = Path(out_dir) / RUN_FILE
     try:
         if path.stat().st_size > _MAX_RECORD_BYTES:

@@ -192,11 +192,8 @@ def save_state(strategy, wrapped, optimizer, extra: dict, folder: Path) -> None:
 
 
 def load_state(strategy, wrapped, optimizer, folder: Path) -> dict:
-    """Restore model and optimizer in place from ``folder``; returns its ``extra``.
-
-    A replicated strategy's ranks each read alone (``no_dist``), a sharded one's together
-    (COLLECTIVE: if any rank fails, every rank raises); ``check_layout`` refuses another layout.
-    """
+    """Restore model and optimizer in place from ``folder``; returns its ``extra``. A replicated strategy's
+    ranks read alone, a sharded one's together (COLLECTIVE: if any rank fails, every rank raises)."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict

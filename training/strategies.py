@@ -90,11 +90,8 @@ class Strategy:
         return {}
 
     def forward_backward(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor, scale: float) -> float:
-        """Forward, then backward of the summed per-sample loss times ``scale``; returns that sum.
-
-        A sample's loss is the mean over its targets. ``x`` may have 0 rows (an epoch's last step):
-        forward and backward still run, so every rank joins the gradient collectives.
-        """
+        """Forward, then backward of the summed per-sample loss times ``scale``; returns that sum. ``x``
+        may have 0 rows (an epoch's last step): both still run, so every rank joins the collectives."""
         # A 0-row batch runs uncompiled (still through DDP/FSDP): inductor's CPU convolution
         # backward fails on 0 rows, and the shape would cost a recompile anyway.
         model = wrapped if len(x) else uncompiled(wrapped)

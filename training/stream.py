@@ -15,6 +15,7 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -227,7 +228,7 @@ class StreamSource:
         upcoming: deque = deque()  # row groups of planned steps not yet asked for, in order of first use
         asked: set = set()  # asked for, not yet used by a step
         more, planned_through = True, -1  # planned_through: the last planned step's first window
-        with _Loader(self.read, self.prefetch) as loader:
+        with closing(_Loader(self.read, self.prefetch)) as loader:
             while True:
                 # Plan ahead: enough to keep the reader ahead, and every step of the windows the next
                 # step reads, so a row group's last use by this rank is known.
@@ -344,10 +345,7 @@ class _Loader:
     def drop(self, unit: int) -> None:
         self.loaded.pop(unit, None)
 
-    def __enter__(self) -> "_Loader":
-        return self
-
-    def __exit__(self, *exc) -> None:
+    def close(self) -> None:
         if self.pool is not None:  # a generator closed early (preemption): no read outlives it
             self.pool.shutdown(wait=True, cancel_futures=True)
         self.loaded.clear()
