@@ -1,20 +1,10 @@
-"""The metrics file: rank 0's params and metrics as JSON lines, one record per line.
-
-``training/`` writes it (``<out_dir>/metrics.jsonl``, appended, flushed per record) and
-``registry.relay`` tails it into an MLflow run, so the worker never imports MLflow when a
-parent process relays. A record is one of::
+"""The metrics file: rank 0's params and metrics as JSON lines, which ``registry.relay`` tails into MLflow::
 
     {"time_ms": 1764460800123, "step": 40, "metrics": {"train/train_loss": 0.31, ...}}
     {"time_ms": 1764460800001, "params": {"train.global_batch": "64", ...}}
 
-Names are the MLflow keys as logged; ``time_ms`` is the worker's wall clock (ms since the
-epoch) and ``step`` the optimizer step, so the relayed curves are the ones the worker saw.
-A reader only takes complete lines: a line still being written is left for the next read.
-
-Beside it, ``mlflow_run.json`` records which MLflow run the folder's training logs into and
-how much of the file is already there, so a resumed training (another ``trainflow train``
-into the same ``--out``, the next ``trainflow run`` of a preempted one) logs into the same
-run and relays nothing twice.
+Beside it, ``mlflow_run.json`` records which MLflow run the folder's training logs into and how much
+of the file that run already has, so a resumed training logs into the same run, nothing twice.
 """
 
 from __future__ import annotations
@@ -41,37 +31,29 @@ def metrics_record(values: Mapping[str, Any], step: int, time_ms: int) -> dict:
 
 
 class MetricsWriter:
-    """Appends records to one metrics file; opened at the first write, flushed after each."""
+    """Appends JSON records to one file, a line each; opened at the first write, flushed after each
+    (in the kernel: survives the writer's SIGKILL). ``separators``: ``json.dumps``'."""
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
+    def __init__(self, path: Path, separators: tuple[str, str] | None = (",", ":")):
+        self.path, self.separators = Path(path), separators
         self._f = None
 
     def write(self, record: dict) -> None:
         if self._f is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._f = open(self.path, "a", encoding="utf-8")
-            if _ends_mid_line(self.path):
-                # A writer killed mid-line (a torchrun restart): end that line, so this record
-                # starts on its own and only the torn one is lost.
-                self._f.write("\n")
-        # One write of a whole line (short: one syscall), then out of Python's buffer.
-        self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
+            if self._f.tell() > 0:
+                with open(self.path, "rb") as f:
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":  # a writer killed mid-line: only the torn line is lost
+                        self._f.write("\n")
+        self._f.write(json.dumps(record, separators=self.separators) + "\n")
         self._f.flush()
 
     def close(self) -> None:
         if self._f is not None:
             self._f.close()
             self._f = None
-
-
-def _ends_mid_line(path: Path) -> bool:
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        if f.tell() == 0:
-            return False
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) != b"\n"
 
 
 def file_size(path: Path) -> int:
@@ -83,18 +65,12 @@ def file_size(path: Path) -> int:
 
 
 def read_records(path: Path, offset: int) -> tuple[list[dict], int]:
-    """The complete records after byte ``offset`` and the offset just past the last of them.
-
-    A trailing line without its newline is not consumed (the writer may be mid-write). A
-    complete line that is not a record (a torn line a killed writer left) is skipped with
-    a warning. A missing file reads as empty; a file shorter than ``offset`` (replaced) is
-    read from its start.
-    """
+    """The complete records after byte ``offset`` and the offset just past the last of them. A line
+    without its newline is left for the next read; a line that is not a record is skipped, warned."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
+            size = f.seek(0, os.SEEK_END)
             if size < offset:
                 log.warning("%s shrank below the %d bytes already read; reading it from the start", path, offset)
                 offset = 0
@@ -122,8 +98,7 @@ def read_records(path: Path, offset: int) -> tuple[list[dict], int]:
 
 # -- the run record: which MLflow run a training folder's metrics go to -------------------------
 RUN_FILE = "mlflow_run.json"
-# The tags that tie an MLflow run to one training: a recorded run id is only logged into again
-# when the run carries both, equal to this training's config id and (resolved) folder.
+# A recorded run is only logged into again when it carries both tags, equal to this training's.
 CONFIG_TAG = "trainflow.training.config_id"
 OUT_DIR_TAG = "trainflow.training.out_dir"
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")  # MLflow's run ids: a recorded one is never a path or a query
@@ -136,9 +111,8 @@ def run_tags(config_id: str, out_dir: Path) -> dict[str, str]:
 
 
 def write_run_record(out_dir: Path, run_id: str, config_id: str, relayed_bytes: int | None = None) -> None:
-    """Record in ``out_dir/mlflow_run.json`` that this folder's training logs into ``run_id``;
-    ``relayed_bytes``: how much of the metrics file is already in that run (a relay's offset).
-    Written to a temporary name and renamed, so a reader never sees half a record."""
+    """Record atomically in ``out_dir/mlflow_run.json`` that this folder's training logs into
+    ``run_id``; ``relayed_bytes``: how much of the metrics file that run already has."""
     out_dir = Path(out_dir)
     rec = {"run_id": run_id, "config_id": str(config_id), "out_dir": str(out_dir.resolve())}
     if relayed_bytes is not None:
@@ -150,11 +124,8 @@ def write_run_record(out_dir: Path, run_id: str, config_id: str, relayed_bytes: 
 
 
 def read_run_record(out_dir: Path) -> dict | None:
-    """The folder's run record, or None when there is none or it is not one (a warning says why).
-
-    Untrusted: it only names a run to *check* (``verify_recorded_run``); a run id that is not
-    32 hex digits, or a ``relayed_bytes`` that is not a non-negative int, is refused here.
-    """
+    """The folder's run record, or None (with a warning when it is not one). Untrusted: it only names
+    a run to *check* (``verify_recorded_run``)."""
     path = Path(out_dir) / RUN_FILE
     try:
         if path.stat().st_size > _MAX_RECORD_BYTES:
@@ -174,13 +145,8 @@ def read_run_record(out_dir: Path) -> dict | None:
 
 
 def verify_recorded_run(get_run: Callable[[str], Any], rec: dict, config_id: str, out_dir: Path) -> str | None:
-    """Why the recorded run may not be logged into (None: it may).
-
-    ``get_run``: an MLflow client's ``get_run`` (raises when the run is not in this tracking
-    store). The run must exist, not be deleted, and carry ``run_tags(config_id, out_dir)``:
-    a record copied from another folder or written for another config names a run that is
-    not this training's.
-    """
+    """Why the recorded run may not be logged into (None: it may): it must be in this tracking
+    store (``get_run``: an MLflow client's), not deleted, and carry ``run_tags(config_id, out_dir)``."""
     run_id = rec["run_id"]
     try:
         run = get_run(run_id)
@@ -188,17 +154,14 @@ def verify_recorded_run(get_run: Callable[[str], Any], rec: dict, config_id: str
         return f"run {run_id} is not in this tracking store ({type(exc).__name__})"
     if getattr(run.info, "lifecycle_stage", "active") != "active":
         return f"run {run_id} is deleted"
-    want = run_tags(config_id, out_dir)
     have = run.data.tags
-    for key, value in want.items():
+    for key, value in run_tags(config_id, out_dir).items():
         if have.get(key) != value:
             return f"run {run_id} has {key}={have.get(key)!r}, this training {value!r}"
     return None
 
 
 def latest_steps(run: Any) -> dict[str, int]:
-    """``{metric key: its last step}`` already in an MLflow run (duck-typed ``Run``): what a
-    resumed logger skips, so a step that a restarted attempt runs again is not logged twice.
-    Read from the run's latest values (one ``get_run``, no history), as MLflow's own system
-    metrics monitor resumes; empty when the run object does not carry them."""
+    """``{metric key: its last step}`` already in an MLflow run (one ``get_run``, no history): what a
+    resumed logger skips, so a step a restarted attempt runs again is not logged twice."""
     return {m.key: int(m.step) for m in getattr(run.data, "_metric_objs", None) or []}

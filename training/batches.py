@@ -1,23 +1,10 @@
 """Which samples each rank trains on, as a function of a GLOBAL SAMPLE CURSOR (not a per-rank position).
 
-Every epoch has a global order: a permutation of the N sample ids that depends only on
-(seed, epoch, N), never on the world size, the per-rank batch or gradient accumulation. The
-cursor counts the samples of that order already consumed (0..N) and only sits on an optimizer
-step boundary, which is where checkpoints are taken. From cursor c, the steps of
-``epoch_steps(epoch, c, plan)`` consume, over all ranks together, the consecutive slices
-[c, c+G), [c+G, c+2G), ... of the global order (the last one shorter). So the samples consumed
-up to c are the first c of the order whatever layouts consumed them, and a run resumed on
-another world size continues at c: no sample is skipped or repeated in an epoch.
-
-Every rank yields the same number of steps and exactly ``grad_accum`` micro-batches per step
-(some may hold fewer rows than ``micro_batch``, or none, in the epoch's last step), so no rank
-waits on a collective the others never reach. In-memory sources give micro-step k of a step
-to rank r as the slice positions ``(k * dp_size + r) * micro_batch ... + micro_batch``.
-
-``choose_plan`` is the batch policy on resume: keep the writer's global batch by changing the
-per-rank batch or gradient accumulation where it divides, otherwise keep the per-rank batch
-and rescale the learning rate. The contract is in docs/training.md ("Resume, resize and the sample
-cursor").
+Each epoch's global order is a permutation of the N sample ids from (seed, epoch, N) alone; from
+cursor c the steps consume, over all ranks, [c, c+G), [c+G, c+2G), ... So a run resumed on another
+world size continues at c without skipping or repeating a sample. Every rank yields the same number
+of steps and ``grad_accum`` micro-batches each (possibly empty), so no rank waits alone on a collective.
+``choose_plan`` is the batch policy on resume (docs/training.md, "Resume, resize and the sample cursor").
 """
 
 from __future__ import annotations
@@ -42,8 +29,8 @@ class BatchPlan:
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "micro_batch", "grad_accum", "dp_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"BatchPlan.{name}: must be >= 1, got {getattr(self, name)}")
+            if (v := getattr(self, name)) < 1:
+                raise ValueError(f"BatchPlan.{name}: must be >= 1, got {v}")
         if not 0 <= self.dp_rank < self.dp_size:
             raise ValueError(f"BatchPlan.dp_rank: must be in [0, {self.dp_size}), got {self.dp_rank}")
         if self.global_batch != self.micro_batch * self.dp_size * self.grad_accum:
@@ -55,7 +42,7 @@ class BatchPlan:
         return cls(micro_batch * dp_size * grad_accum, micro_batch, grad_accum, dp_size, dp_rank)
 
     def steps(self, n: int, cursor: int = 0) -> int:
-        """Optimizer steps left in an epoch of ``n`` samples from ``cursor`` (the last one may be short)."""
+        """Optimizer steps left in an epoch of ``n`` samples from ``cursor``."""
         return math.ceil(max(n - cursor, 0) / self.global_batch)
 
     def describe(self) -> dict:
@@ -84,45 +71,30 @@ class BatchSource(Protocol):
 
 
 def global_order(n: int, seed: int, epoch: int) -> "torch.Tensor":
-    """The epoch's global order: a permutation of ``range(n)`` from (seed, epoch) alone.
-
-    Its own generator: drawing from the global RNG (dropout's) would make a resumed run differ.
-    """
+    """The epoch's global order: a permutation of ``range(n)`` from (seed, epoch) alone (its own
+    generator: drawing from the global RNG, dropout's, would make a resumed run differ)."""
     import torch
 
-    g = torch.Generator()
-    g.manual_seed(seed + epoch)
-    return torch.randperm(n, generator=g)
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
 
 
 def step_slices(order: "torch.Tensor", cursor: int, plan: BatchPlan) -> Iterator[tuple[list, int]]:
-    """(this rank's ``grad_accum`` id slices, the step's global samples) for each step from ``cursor``.
-
-    Micro-step k of a step gives rank r the step-slice positions ``(k * dp + r) * b ... + b``:
-    a full step hands every rank b ids per micro-step; a short last step fills micro-step 0 of
-    rank 0, 1, ... first, and the ranks and micro-steps past its end get empty slices.
-    """
+    """(this rank's ``grad_accum`` id slices, the step's global samples) for each step from ``cursor``:
+    micro-step k gives rank r the step's positions ``(k * dp + r) * b ... + b`` (a short last step
+    fills rank 0's micro-step 0 first; the rest get empty slices)."""
     n, g, b, dp, r = len(order), plan.global_batch, plan.micro_batch, plan.dp_size, plan.dp_rank
     if not 0 <= cursor <= n:
         raise ValueError(f"cursor {cursor} is outside the epoch's {n} samples")
     for start in range(cursor, n, g):
         step = order[start:min(start + g, n)]
-        micro = []
-        for k in range(plan.grad_accum):
-            lo = (k * dp + r) * b
-            micro.append(step[lo:lo + b])
-        yield micro, len(step)
+        yield [step[(k * dp + r) * b:(k * dp + r + 1) * b] for k in range(plan.grad_accum)], len(step)
 
 
 class InMemorySource:
-    """Batches cut straight from in-memory tensors (a ``TensorDataset``'s): one index op per micro-batch.
-
-    No per-row fetch and collate (they were ~5 % of step time here), and no draw from the global RNG.
-    """
+    """Batches cut straight from a ``TensorDataset``'s tensors: one index op per micro-batch, no collate."""
 
     def __init__(self, dataset, seed: int):
-        self.tensors = dataset.tensors
-        self.seed = seed
+        self.tensors, self.seed = dataset.tensors, seed
 
     def __len__(self) -> int:
         return len(self.tensors[0])
@@ -134,17 +106,12 @@ class InMemorySource:
 
 
 class DataLoaderSource(InMemorySource):
-    """The same micro-batches through a torch ``DataLoader`` (workers, pinned memory, prefetch).
-
-    The loader's batch sampler is this rank's non-empty micro-batch id slices of the epoch from
-    the cursor, in order; an empty micro-batch (a short last step) is made here as 0-row tensors,
-    which a collate cannot. Same rows, same order, same values as ``InMemorySource``.
-    """
+    """The same micro-batches through a torch ``DataLoader`` (workers, pinned memory, prefetch): its
+    batch sampler is this rank's non-empty id slices; an empty micro-batch is made here (a collate cannot)."""
 
     def __init__(self, dataset, seed: int, loader_cfg):
         super().__init__(dataset, seed)
-        self.dataset = dataset
-        self.cfg = loader_cfg
+        self.dataset, self.cfg = dataset, loader_cfg
 
     def epoch_steps(self, epoch: int, cursor: int, plan: BatchPlan) -> Iterator[StepBatches]:
         import torch
@@ -164,8 +131,8 @@ class DataLoaderSource(InMemorySource):
 
 
 def build_source(dataset, seed: int, loader_cfg) -> BatchSource:
-    """The source ``training.loader.kind`` names, over a ``TensorDataset``; a ``dataset`` that is a
-    source already (``training.stream.StreamSource``, which ``load_splits`` chose) is used as it is."""
+    """The source ``training.loader.kind`` names, over a ``TensorDataset``; a source already
+    (``training.stream.StreamSource``) is used as it is."""
     if hasattr(dataset, "epoch_steps"):
         return dataset
     if loader_cfg.kind == "dataloader":
@@ -204,44 +171,27 @@ def scaled_lr(base_lr: float, global_batch: int, base_batch: int, rule: str) -> 
 
 def _split(global_batch: int, dp: int, prefer_micro: int, prefer_accum: int, max_micro: int) -> tuple[int, int] | None:
     """(micro, accum) with micro * dp * accum == global_batch: ``prefer_micro`` if it divides, else
-    ``prefer_accum`` if that gives a micro-batch no larger than ``max_micro``, else the fewest
-    micro-steps whose micro-batch is no larger than ``max_micro``. None when dp does not divide G."""
+    ``prefer_accum``, else the fewest micro-steps, with a micro-batch no larger than ``max_micro``.
+    None when dp does not divide G."""
     if global_batch % dp:
         return None
     per_rank = global_batch // dp
     if per_rank % prefer_micro == 0:
         return prefer_micro, per_rank // prefer_micro
-    if per_rank % prefer_accum == 0 and per_rank // prefer_accum <= max_micro:
-        return per_rank // prefer_accum, prefer_accum
-    for accum in range(1, per_rank + 1):
-        if per_rank % accum == 0 and per_rank // accum <= max_micro:
-            return per_rank // accum, accum
-    return None  # unreachable: accum == per_rank gives micro 1
+    accums = [prefer_accum, *range(1, per_rank + 1)]  # accum == per_rank always fits (micro 1)
+    return next((per_rank // a, a) for a in accums if per_rank % a == 0 and per_rank // a <= max_micro)
 
 
 def choose_plan(micro_batch: int, grad_accum: int, dp_size: int, lr: float, base_batch: int, rule: str,
                 writer: dict | None) -> BatchChoice:
-    """The batch policy: this run's (micro_batch, grad_accum) and LR, given the checkpoint's writer.
-
-    ``micro_batch``/``grad_accum``: the configured ones; ``lr``/``base_batch``/``rule``: the
-    configured LR, the batch it was tuned for and ``training.lr_scaling``. ``writer``: the plan
-    record of the checkpoint being resumed (``TrainState.plan``), None on a fresh start.
-
-    - fresh start, or the writer's plan fits this world: as configured / unchanged;
-    - the config itself changed the batch (its batch_size/grad_accum differ from the writer's
-      configured ones; a --force-resume): as configured, LR scaled to it;
-    - otherwise keep the writer's global batch G: the configured split if it makes G, else the
-      writer's per-rank batch with more or fewer micro-steps, else the fewest micro-steps with a
-      per-rank batch no larger than the writer's (memory per rank never grows), LR unchanged;
-    - when dp_size does not divide G: keep the configured per-rank batch and accumulation, and
-      rescale the LR to the new global batch by ``rule``.
-    """
+    """The batch policy: this run's (micro_batch, grad_accum) and LR, given the configured values and
+    the checkpoint's writer (``TrainState.plan``; None on a fresh start). Keeps the writer's global
+    batch where dp_size divides it (LR unchanged), else runs as configured with the LR rescaled."""
     configured_g = micro_batch * dp_size * grad_accum
     configured_lr = scaled_lr(lr, configured_g, base_batch, rule)
     if writer is None:
         return BatchChoice(micro_batch, grad_accum, configured_g, configured_lr, "fresh", "no checkpoint: as configured")
-    w_micro, w_accum, w_dp = writer["micro_batch"], writer["grad_accum"], writer["dp_size"]
-    w_g = writer["global_batch"]
+    w_micro, w_accum, w_dp, w_g = (writer[k] for k in ("micro_batch", "grad_accum", "dp_size", "global_batch"))
     w_cfg = writer.get("configured") or [w_micro, w_accum]
     if [micro_batch, grad_accum] != list(w_cfg):
         return BatchChoice(micro_batch, grad_accum, configured_g, configured_lr, "configured",
@@ -253,22 +203,19 @@ def choose_plan(micro_batch: int, grad_accum: int, dp_size: int, lr: float, base
     if w_dp == dp_size:  # the writer was itself resized: go on with its plan
         return BatchChoice(w_micro, w_accum, w_g, scaled_lr(lr, w_g, base_batch, rule), "unchanged",
                            "same data-parallel size as the writer: its plan continues")
-    if micro_batch * dp_size * grad_accum == w_g:
-        split = (micro_batch, grad_accum)
-    else:
-        split = _split(w_g, dp_size, w_micro, w_accum, max(w_micro, micro_batch))
+    split = (micro_batch, grad_accum) if configured_g == w_g else _split(w_g, dp_size, w_micro, w_accum,
+                                                                         max(w_micro, micro_batch))
     if split is not None:
         b, a = split
-        kept_lr = scaled_lr(lr, w_g, base_batch, rule)  # the writer's, unless a forced resume changed training.lr
-        return BatchChoice(b, a, w_g, kept_lr, "kept_global_batch",
+        # The writer's LR, unless a forced resume changed training.lr.
+        return BatchChoice(b, a, w_g, scaled_lr(lr, w_g, base_batch, rule), "kept_global_batch",
                            f"dp_size {w_dp} -> {dp_size}: kept global batch {w_g} as {b} per rank x "
                            f"{dp_size} ranks x {a} micro-steps; lr unchanged",
                            _changes(writer, b, a, w_g, dp_size))
-    new_lr = configured_lr
-    return BatchChoice(micro_batch, grad_accum, configured_g, new_lr, "rescaled_lr",
+    return BatchChoice(micro_batch, grad_accum, configured_g, configured_lr, "rescaled_lr",
                        f"dp_size {dp_size} does not divide the global batch {w_g}: kept {micro_batch} per rank "
                        f"x {grad_accum} micro-steps (global batch {configured_g}); lr rescaled by the "
-                       f"{rule!r} rule to {new_lr:.6g}",
+                       f"{rule!r} rule to {configured_lr:.6g}",
                        _changes(writer, micro_batch, grad_accum, configured_g, dp_size) + ["lr"])
 
 

@@ -1,56 +1,44 @@
 """Checkpoints behind one small API: ``maybe_save(step, state)``, ``load_state(...)``, ``prune(keep)``.
 
-The checkpointer alone decides when to save (``maybe_save``: every ``every_steps`` optimizer
-steps, at the end of every ``every_epochs``-th epoch, or when the trainer forces it: preemption,
-the last epoch, an early stop); what is saved is a ``TrainState`` (below), and the one check
-that a checkpoint may resume in a run is ``check_identity``.
-
-Layout: ``<dir>/step_00000123/{...,COMPLETE}``. A folder is written under a temp
-name and renamed, and is valid only with its completion marker, so a crash
-mid-write never leaves a checkpoint that resume would trust. Its files and folder
-are fsynced before the marker is written, and the marker and the rename after, so
-a marker that survives a power loss never vouches for data that did not. What goes inside
-is ``torch.distributed.checkpoint`` files for every strategy (``.metadata``, ``__<rank>_0.distcp``)
-holding ``{"model", "optim"}`` (FQN-keyed, as ``get_state_dict`` gives them), plus ``extra.pt`` (the
-``TrainState.meta()``, rank 0 writes). This module writes and reads them (``save_state``,
-``snapshot`` / ``write_snapshot``, ``load_state``); a strategy says only how its state is held:
-replicated (``async_save``: DDP's rank 0 writes alone, from a CPU copy, in a background thread)
-or sharded (FSDP, tp, pp: every rank its shards), which module holds it and its
-``StateDictOptions``. Model keys are the plain module's and DCP reshards on read, so a checkpoint
-resumes on another world size or strategy (tp / pp / hybrid shards only into their own layout:
-the strategy's ``check_layout``). ``save`` and ``load_latest`` are collective: every rank calls them.
+``<dir>/step_00000123/`` holds DCP files (``{"model", "optim"}``, FQN-keyed) and ``extra.pt``
+(``TrainState.meta()``); it is written under a temp name, fsynced, marked ``COMPLETE`` and renamed,
+so a crash or power loss never leaves one that resume would trust. Replicated state (``async_save``)
+is written by rank 0 from a CPU copy in a background thread, sharded state by every rank. DCP
+reshards on read: a checkpoint resumes on another world size or strategy (model-parallel shards
+only into their own layout). ``check_identity`` is the one check that it may resume in a run.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
 import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from typing import TYPE_CHECKING
-
-# Defined beside the layout checks (torch-free), which raise it too.
 from training.layouts import CheckpointMismatchError  # noqa: F401  (re-exported)
 
-if TYPE_CHECKING:  # torch (through training.distributed) only where ranks act together
+if TYPE_CHECKING:
     from training.distributed import DistContext
-
-
-def _dist():
-    """``training.distributed``, imported on first use: ``latest_identity`` is read by the
-    launcher in processes that never import torch."""
-    from training import distributed
-
-    return distributed
 
 log = logging.getLogger("trainflow.train")
 
 MARKER = "COMPLETE"
+EXTRA_FILE = "extra.pt"
+DCP_METADATA = ".metadata"
+
+
+def _dist():
+    """``training.distributed`` on first use: the launcher reads ``latest_identity`` without torch."""
+    from training import distributed
+
+    return distributed
 
 
 def _fsync(path: Path) -> None:
@@ -71,20 +59,14 @@ def _fsync_tree(folder: Path) -> None:
 
 
 def _identity(extra: dict) -> dict:
-    """What the completion marker records, so a launcher can check a folder without torch.load
-    (and, when the trainer recorded them, the resume id and the model's layout over ranks)."""
-    ident = {"config_id": extra.get("config_id"), "data_md5": extra.get("data_md5")}
-    if extra.get("resume_id") is not None:
-        ident["resume_id"] = extra["resume_id"]
-    if extra.get("layout") is not None:
-        ident["layout"] = extra["layout"]
-    return ident
+    """What the completion marker records, so a launcher can check a folder without torch.load."""
+    return {"config_id": extra.get("config_id"), "data_md5": extra.get("data_md5"),
+            **{k: extra[k] for k in ("resume_id", "layout") if extra.get(k) is not None}}
 
 
 def latest_identity(directory: Path) -> dict | None:
-    """``{step, config_id, data_md5}`` of the newest complete checkpoint under ``directory``."""
-    markers = sorted(Path(directory).glob(f"step_*/{MARKER}"))
-    for marker in reversed(markers):
+    """``{step, config_id, data_md5, ...}`` of the newest complete checkpoint under ``directory``."""
+    for marker in sorted(Path(directory).glob(f"step_*/{MARKER}"), reverse=True):
         try:
             return json.loads(marker.read_text())
         except (OSError, ValueError):
@@ -94,11 +76,9 @@ def latest_identity(directory: Path) -> dict | None:
 
 def check_identity(found: dict, config_id: str, data_md5: str, resume_id: str | None = None,
                    where: str = "") -> None:
-    """The one check that a checkpoint may resume in this run: raise CheckpointMismatchError naming
-    the key otherwise. ``found`` is what the checkpoint records (its completion marker, read by the
-    launcher before torchrun starts, or the state the trainer loaded): the resume id when both
-    sides have one (another world size or strategy may resume it), else the config id, and the
-    data's md5. A key the checkpoint does not record is not compared."""
+    """The one check that a checkpoint may resume in this run; raises CheckpointMismatchError naming
+    the key. ``found``: what the checkpoint records (its marker, or the loaded state). Compares the
+    resume id when both sides have one, else the config id, and the data md5; a key it lacks is not."""
     ident = ("resume_id", resume_id) if resume_id and found.get("resume_id") else ("config_id", config_id)
     for key, mine in (ident, ("data_md5", data_md5)):
         theirs = found.get(key)
@@ -106,10 +86,6 @@ def check_identity(found: dict, config_id: str, data_md5: str, resume_id: str | 
             raise CheckpointMismatchError(
                 f"{where}: its checkpoint (step {found.get('step')}) was written for {key}={theirs}, this run "
                 f"has {mine}; use a fresh output folder, or --force-resume to continue from it anyway")
-
-
-EXTRA_FILE = "extra.pt"
-DCP_METADATA = ".metadata"
 
 
 def _cpu_copy(obj):
@@ -139,10 +115,8 @@ def _atomic_save(obj, path: Path) -> None:
 
 @contextmanager
 def _dcp_errors(what: str, no_dist: bool = False) -> Iterator[None]:
-    """Turn DCP's ``CheckpointException`` into a ``RuntimeError`` (it derives from ``BaseException``:
-    an ``except Exception`` fallback would miss it). DCP gathers every rank's failure and raises on
-    all of them. ``no_dist``: DCP without a process group (one rank reads or writes alone), its
-    warning that torch.distributed is disabled silenced: that is the intent here."""
+    """Turn DCP's ``CheckpointException`` (a ``BaseException``: ``except Exception`` would miss it) into a
+    ``RuntimeError``. ``no_dist``: one rank alone, DCP's warning that torch.distributed is off silenced."""
     import warnings
 
     from torch.distributed.checkpoint.api import CheckpointException
@@ -168,9 +142,8 @@ def _agree(ctx: "DistContext", error: BaseException | None, what: str) -> None:
 
 
 def _state_dicts(strategy, wrapped, optimizer):
-    """(model, optimizer) state dicts as the strategy holds them, FQN-keyed; the optimizer left as
-    it was: ``get_state_dict`` initialises one that never stepped with a zero-lr step (AdamW:
-    step=1), which saving must not do to how training continues."""
+    """(model, optimizer) state dicts as the strategy holds them, FQN-keyed. ``get_state_dict``
+    initialises an optimizer that never stepped (AdamW: step=1); saving must not change training."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     fresh = not optimizer.state
@@ -182,8 +155,7 @@ def _state_dicts(strategy, wrapped, optimizer):
 
 
 def snapshot(strategy, wrapped, optimizer, extra: dict) -> dict:
-    """Rank 0 of a replicated strategy: a private CPU copy of the full state, safe to write while
-    training goes on (``write_snapshot``)."""
+    """Rank 0 of a replicated strategy: a CPU copy of the full state, to write while training goes on."""
     model_sd, optim_sd = _state_dicts(strategy, wrapped, optimizer)
     return {"model": _cpu_copy(model_sd), "optim": _cpu_copy(optim_sd), "extra": extra}
 
@@ -203,37 +175,25 @@ def save_state(strategy, wrapped, optimizer, extra: dict, folder: Path) -> None:
     0 alone, a sharded one's every rank its shards; every rank raises if any failed."""
     import torch.distributed.checkpoint as dcp
 
-    folder = Path(folder)
-    ctx = strategy.ctx
-    if strategy.async_save:
-        error = None
-        if ctx.is_main:
-            try:
-                write_snapshot(snapshot(strategy, wrapped, optimizer, extra), folder)
-            except Exception as exc:  # reported on every rank by _agree
-                error = exc
-        _agree(ctx, error, f"saving checkpoint {folder}")
-        return
-    error = None
-    if ctx.is_main:
+    folder, what, error = Path(folder), f"saving checkpoint {folder}", None
+    if strategy.ctx.is_main:
         try:
-            _atomic_save(extra, folder / EXTRA_FILE)
-        except Exception as exc:
+            if strategy.async_save:
+                write_snapshot(snapshot(strategy, wrapped, optimizer, extra), folder)
+            else:
+                _atomic_save(extra, folder / EXTRA_FILE)
+        except Exception as exc:  # reported on every rank by _agree
             error = exc
-    _agree(ctx, error, f"saving checkpoint {folder}")
-    model_sd, optim_sd = _state_dicts(strategy, wrapped, optimizer)
-    with _dcp_errors(f"saving checkpoint {folder}"):
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
+    _agree(strategy.ctx, error, what)
+    if not strategy.async_save:
+        model_sd, optim_sd = _state_dicts(strategy, wrapped, optimizer)
+        with _dcp_errors(what):
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
 
 
 def load_state(strategy, wrapped, optimizer, folder: Path) -> dict:
-    """Restore model and optimizer in place from ``folder``; returns its ``extra``.
-
-    DCP reshards on read. A replicated strategy's targets are full tensors: each rank reads every
-    shard that overlaps them, alone (``no_dist``: it raises on a missing or corrupt file by
-    itself). A sharded strategy's ranks read their shards together (COLLECTIVE: if any rank fails,
-    every rank raises). The strategy's ``check_layout`` refuses shards of another layout.
-    """
+    """Restore model and optimizer in place from ``folder``; returns its ``extra``. A replicated strategy's
+    ranks read alone, a sharded one's together (COLLECTIVE: if any rank fails, every rank raises)."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -252,9 +212,9 @@ def load_state(strategy, wrapped, optimizer, folder: Path) -> dict:
         error = exc
     if not replicated:
         _agree(strategy.ctx, error, f"loading checkpoint {folder}")
-    strategy.check_layout(extra, folder)  # sharded: every rank read the same extra, so all raise or none
+    strategy.check_layout(extra, folder)  # every rank read the same extra: all raise or none
     module, options = strategy.checkpoint_module(wrapped), strategy.state_dict_options()
-    model_sd, optim_sd = get_state_dict(module, optimizer, options=options)  # the targets, FQN-keyed
+    model_sd, optim_sd = get_state_dict(module, optimizer, options=options)  # the targets
     state = {"model": model_sd, "optim": optim_sd}
     with _dcp_errors(f"loading checkpoint {folder}", no_dist=replicated):
         dcp.load(state, checkpoint_id=folder, no_dist=replicated)
@@ -264,48 +224,29 @@ def load_state(strategy, wrapped, optimizer, folder: Path) -> dict:
 
 
 class CheckpointManager:
-    """Step folders of one run's checkpoints, and the policy of when to write one.
-
-    ``every_steps`` (None: only at epoch ends) and ``every_epochs`` are
-    ``training.checkpoint_every_steps`` / ``checkpoint_every_epochs``; ``enabled`` is
-    ``training.checkpoints`` (off: ``maybe_save`` and ``load_state`` do nothing).
-    """
+    """Step folders of one run's checkpoints, and the policy of when to write one (``training.
+    checkpoint_every_steps`` / ``checkpoint_every_epochs``; ``enabled`` off: nothing is saved or loaded)."""
 
     def __init__(self, directory: Path, ctx: DistContext, strategy, keep: int | None = None,
                  every_steps: int | None = None, every_epochs: int = 1, enabled: bool = True):
-        self.dir = Path(directory)
-        self.ctx = ctx
-        self.strategy = strategy
-        self.keep = keep
-        self.every_steps = every_steps
-        self.every_epochs = every_epochs
-        self.enabled = enabled
-        self.stall_s = 0.0  # seconds training waited on saves (the copy, or the collective write)
+        self.dir, self.ctx, self.strategy, self.keep = Path(directory), ctx, strategy, keep
+        self.every_steps, self.every_epochs, self.enabled = every_steps, every_epochs, enabled
+        self.stall_s = 0.0  # seconds training waited on saves
         self.saves = 0
-        self._pending = None  # the background write in flight (rank 0, replicated state)
-        self._pool = None
+        self._pending = self._pool = None  # the background write in flight (rank 0, replicated state)
         if enabled:
-            # At start-up, not in the first save: the import would count as that checkpoint's stall
-            # (and so as what a checkpoint costs, which the auto interval is sized from).
+            # Now, not in the first save: the import would count as that checkpoint's stall, which
+            # the auto interval is sized from.
             import torch.distributed.checkpoint.state_dict  # noqa: F401
 
-    # -- the policy ---------------------------------------------------------------------------
-    def due(self, step: int, epoch_done: int | None = None) -> bool:
-        """Whether the policy saves at ``step``: inside an epoch (``epoch_done`` None) every
-        ``every_steps`` steps; at an epoch end (``epoch_done`` = epochs now complete) every
-        ``every_epochs`` epochs. The same answer on every rank (it depends on counters only)."""
-        if epoch_done is not None:
-            return epoch_done % self.every_epochs == 0
-        return bool(self.every_steps) and step % self.every_steps == 0
-
     def maybe_save(self, step: int, state, *, epoch_done: int | None = None, force: bool = False) -> float | None:
-        """COLLECTIVE. Save ``state`` (a ``TrainState``, or a callable making one: it gathers every
-        rank's RNG, so it is only called when saving) when ``force`` or ``due``; returns the stall
-        in seconds, None when nothing was saved. Every rank must call it at the same steps."""
-        if not self.enabled or not (force or self.due(step, epoch_done)):
+        """COLLECTIVE. Save ``state`` (a ``TrainState``, or a callable making one, only called when saving)
+        when ``force`` or due: inside an epoch (``epoch_done`` None) every ``every_steps`` steps, at an
+        epoch end every ``every_epochs`` epochs. Returns the stall in seconds, None when nothing was saved."""
+        due = (epoch_done % self.every_epochs == 0 if epoch_done is not None
+               else bool(self.every_steps) and step % self.every_steps == 0)
+        if not self.enabled or not (force or due):
             return None
-        import time
-
         t0 = time.perf_counter()
         st = state() if callable(state) else state
         self.save(step, st.model, st.optimizer, st.meta())
@@ -319,7 +260,6 @@ class CheckpointManager:
         in place), or None when there is none or checkpoints are off."""
         if not self.enabled:
             return None
-
         meta = self.load_latest(model, optimizer)
         if meta is None:
             return None
@@ -332,22 +272,15 @@ class CheckpointManager:
         return self.dir / f"step_{step:08d}"
 
     def save(self, step: int, model, optimizer, extra: dict) -> Path:
-        """Checkpoint ``step`` (collective); returns its folder, complete once ``wait()`` returns.
-
-        Replicated state (single, DDP): rank 0 copies it and writes in a background
-        thread, so training stalls only for the copy. Sharded state (FSDP): every rank
-        writes its shards, then rank 0 marks the folder complete.
-        """
+        """COLLECTIVE. Checkpoint ``step``; returns its folder, complete once ``wait()`` returns
+        (replicated state: rank 0 copies it and writes in a background thread)."""
         final = self._folder(step)
         tmp = self.dir / f".tmp_{final.name}"
         if self.strategy.async_save:
             if self.ctx.is_main:
                 self.wait()  # one write in flight at a time; surfaces the previous one's error
                 state = snapshot(self.strategy, model, optimizer, extra)
-                if self._pool is None:
-                    from concurrent.futures import ThreadPoolExecutor
-
-                    self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+                self._pool = self._pool or ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
                 self._pending = self._pool.submit(self._write, step, state, tmp, final, _identity(extra))
             return final
         if self.ctx.is_main:
@@ -387,23 +320,12 @@ class CheckpointManager:
 
     def valid_steps(self) -> list[int]:
         """Steps with a completion marker, oldest first (this rank's view of the folder)."""
-        if not self.dir.is_dir():
-            return []
-        steps = []
-        for p in self.dir.glob("step_*"):
-            if (p / MARKER).is_file():
-                try:
-                    steps.append(int(p.name.split("_", 1)[1]))
-                except ValueError:
-                    continue
-        return sorted(steps)
+        names = [m.parent.name[5:] for m in self.dir.glob(f"step_*/{MARKER}") if m.is_file()]
+        return sorted(int(n) for n in names if n.isdecimal())
 
     def load_latest(self, model, optimizer) -> dict | None:
-        """Restore the newest checkpoint every rank can read; return its ``extra`` (None: none).
-
-        A truncated or corrupt checkpoint is skipped with a warning; ranks agree on
-        each attempt, so no rank resumes from a different step than its peers.
-        """
+        """COLLECTIVE. Restore the newest checkpoint every rank can read; return its ``extra`` (None:
+        none). An unreadable one is skipped with a warning; ranks agree on each attempt."""
         self.wait()  # a write still in flight is part of "latest"
         steps = _dist().broadcast_object(self.ctx, self.valid_steps())
         for step in reversed(steps):
@@ -432,22 +354,7 @@ class CheckpointManager:
 
 
 # -- TrainState: what one checkpoint holds, defined once -------------------------------------
-# The trainer keeps its progress in a ``TrainState``; the checkpointer (``CheckpointManager``)
-# decides when to save it and the strategy (``training.strategies``) only does the I/O: it writes
-# ``model`` and ``optimizer`` as DCP files (the full state from rank 0, or every rank's shards) and
-# ``meta()`` beside them, and reads both back. Nothing else is stored, so this is the full list:
-#
-# - model, optimizer: the live objects (the strategy reads/writes their state dicts);
-# - step (optimizer steps), epoch (epochs complete), cursor (samples of the epoch's global order
-#   consumed: ``training.batches``), the partial epoch's loss sums, early-stopping state, history;
-# - RNG: every rank's torch generator state (dropout streams);
-# - config id, resume id (``PipelineConfig.resume_id``) and data hash: what the run must match;
-# - the writer: ``layout`` (strategy, world size, model-parallel degrees) and ``plan``
-#   (dp_size, micro_batch, grad_accum, global_batch, lr, the configured batch).
-#
-# There is no scheduler state: the LR is a function of samples consumed (epoch + cursor / N,
-# ``training.trainer.lr_factor``) and the writer's LR, so a resize does not jump it.
-
+# No scheduler state: the LR is a function of samples consumed (``training.trainer.lr_factor``).
 # Version of ``meta()``: 2 has the global sample cursor (1 held a per-rank batch position).
 FORMAT = 2
 
@@ -481,23 +388,15 @@ class TrainState:
              "resume_id", "data_md5", "layout", "plan")
 
     def meta(self) -> dict:
-        """The plain part, as stored beside the model and optimizer (loadable with weights_only=True).
-
-        A copy: a background write (replicated strategies) pickles it while training goes on and
-        appends to the history.
-        """
-        import copy
-
+        """The plain part, stored beside model and optimizer (weights_only-loadable); a copy, as a
+        background write pickles it while training appends to the history."""
         plain = {k: copy.deepcopy(getattr(self, k)) for k in self._META if k != "rng"}
         return {"format": FORMAT, **plain, "rng": list(self.rng)}
 
     @classmethod
     def from_meta(cls, meta: dict, model=None, optimizer=None) -> "TrainState":
-        """The state a checkpoint's ``meta`` describes (its model/optimizer are already loaded in place).
-
-        Raises StateFormatError for metadata of another format (an older trainflow's checkpoint
-        held a per-rank position, which cannot be mapped onto the global sample order).
-        """
+        """The state a checkpoint's ``meta`` describes (model/optimizer already loaded in place);
+        StateFormatError for another format."""
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             got = meta.get("format", 1) if isinstance(meta, dict) else type(meta).__name__
             raise StateFormatError(
@@ -507,15 +406,6 @@ class TrainState:
         if missing:
             raise StateFormatError(f"checkpoint metadata lacks {', '.join(missing)}")
         return cls(model=model, optimizer=optimizer, **{k: meta[k] for k in cls._META})
-
-    def identity(self) -> dict:
-        """What the checkpoint's completion marker records (read by the launcher without torch)."""
-        ident = {"config_id": self.config_id, "data_md5": self.data_md5}
-        if self.resume_id is not None:
-            ident["resume_id"] = self.resume_id
-        if self.layout:
-            ident["layout"] = self.layout
-        return ident
 
     def writer(self) -> dict:
         """result.json's ``resized_from`` for a run that resumed this state on another layout."""

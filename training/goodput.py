@@ -1,23 +1,11 @@
 """The goodput ledger: how much of a training's wall time went into steps it kept.
 
-Rank 0 appends small JSON events to ``<out>/goodput.jsonl`` (``Ledger``); the file survives
-SIGKILL because every event is handed to the kernel (``write`` + ``flush``) as it happens,
-and a torn last line of a killed writer is skipped on read. No fsync: a lost tail after a
-power cut costs a second of accounting, not a checkpoint.
-
-Events (``ev``), each with its wall-clock time ``t`` (epoch seconds: attempts are processes):
-
-- ``start``: an attempt began: torchrun's run id (``job``) and restart count (``attempt``),
-  the world size, and ``t0``, when this worker process started (before torch was imported);
-- ``resume``: the step restored from a checkpoint (``null``: a fresh start);
-- ``interval``: the checkpoint interval chosen for this attempt (``choose_interval``);
-- ``step``: the first optimizer step of the attempt; ``beat``: a later one, at most one every
-  ``BEAT_S`` seconds (the heartbeat: the last step known to be reached, and when);
-- ``ckpt``: a checkpoint was taken at ``step``, stalling training ``stall_s`` seconds;
-- ``finish``: the attempt ended on its own (``status``: completed | preempted).
-
-An attempt with no ``finish`` died. ``summarise`` turns the events into the ledger's figures
-and ``choose_interval`` into ``training.checkpoint_every: auto``'s interval; both are pure.
+Rank 0 appends JSON events to ``<out>/goodput.jsonl``, each flushed as it happens (survives SIGKILL;
+no fsync: a power cut costs a second of accounting). Events (``ev``), each at wall-clock ``t``:
+``start`` (``job``, ``attempt``: torchrun's run id and restart count, ``world``, ``t0``: the process's
+start), ``resume`` (``step``; null: fresh), ``interval`` (``choose_interval``'s answer), ``step`` (the
+attempt's first) and ``beat`` (later ones, at most every ``BEAT_S``), ``ckpt`` (``step``, ``stall_s``),
+``finish`` (``status``: completed | preempted; an attempt without it died).
 """
 
 from __future__ import annotations
@@ -30,25 +18,27 @@ import time
 import uuid
 from pathlib import Path
 
+from core.metrics_file import MetricsWriter
+
 log = logging.getLogger("trainflow.train")
 
 LEDGER_FILE = "goodput.jsonl"
-# Heartbeat period: the restart time is over-, the lost steps under-estimated by at most this
-# much (the time between the last beat and a death). Two small appends a second cost nothing.
+# Heartbeat period: the restart time is over-, the lost steps under-estimated by at most this much.
 BEAT_S = 0.5
 
 
-def process_start_time() -> float | None:
-    """This process's start in epoch seconds (Linux ``/proc``, 10 ms resolution; None elsewhere).
+def restart_count() -> int:
+    """How many times torchrun restarted this worker group (0 on a first attempt)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
-    The ledger counts a worker's start-up (interpreter, imports) from here, not from when
-    the trainer first ran: after a death that time is part of what the restart cost.
-    """
+
+def process_start_time() -> float | None:
+    """This process's start in epoch seconds (Linux ``/proc``; None elsewhere): a worker's start-up
+    (interpreter, imports) is part of what a restart costs."""
     try:
         stat = Path("/proc/self/stat").read_text()
         ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, after the parenthesised name
-        # starttime counts from boot on the boot-time clock; /proc/stat's btime is whole seconds,
-        # so anchor on the clock itself instead.
+        # starttime counts from boot; /proc/stat's btime is whole seconds, so anchor on the clock itself.
         since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
         return time.time() - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError, AttributeError):
@@ -57,21 +47,16 @@ def process_start_time() -> float | None:
 
 class Ledger:
     """Rank 0's appender to ``<out>/goodput.jsonl``; other ranks get one that writes nothing.
-
-    ``step(n)`` is on the hot path (every optimizer step): a clock read and a comparison,
-    and an append only when ``BEAT_S`` has passed.
-    """
+    ``step(n)`` is on the hot path: an append only when ``BEAT_S`` has passed."""
 
     def __init__(self, path: Path | None, clock=time.time):
         self.path = Path(path) if path is not None else None
+        self._out = MetricsWriter(self.path, separators=None) if path is not None else None
         self._clock = clock
-        self._f = None
-        self._next_beat = 0.0
-        self._stepped = False
+        self._next_beat = None
 
     @classmethod
     def for_rank(cls, is_main: bool, out_dir: Path) -> "Ledger":
-        """Rank 0's ledger in ``out_dir``; a silent one elsewhere."""
         return cls(Path(out_dir) / LEDGER_FILE if is_main else None)
 
     @property
@@ -79,54 +64,31 @@ class Ledger:
         return self.path is not None
 
     def _write(self, ev: str, **fields) -> None:
-        if self.path is None:
-            return
-        if self._f is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(self.path, "a", encoding="utf-8")
-            # A writer SIGKILLed mid-line left a tail without newline: end it, so this attempt's
-            # first event is a line of its own (the torn one is skipped on read).
-            if self._f.tell() > 0:
-                with open(self.path, "rb") as f:
-                    f.seek(-1, os.SEEK_END)
-                    if f.read(1) != b"\n":
-                        self._f.write("\n")
-        self._f.write(json.dumps({"ev": ev, "t": round(self._clock(), 4), **fields}) + "\n")
-        self._f.flush()  # in the kernel now: survives this process's SIGKILL
+        if self._out is not None:
+            self._out.write({"ev": ev, "t": round(self._clock(), 4), **fields})
 
     def start(self, world_size: int) -> None:
         """An attempt begins (call once per process, before resuming)."""
-        if self.path is None:
-            return
-        job = os.environ.get("TORCHELASTIC_RUN_ID") or f"local-{uuid.uuid4().hex[:12]}"
-        t0 = process_start_time()
-        self._write("start", job=job, attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-                    world=world_size, t0=t0)
+        if self.enabled:
+            self._write("start", job=os.environ.get("TORCHELASTIC_RUN_ID") or f"local-{uuid.uuid4().hex[:12]}",
+                        attempt=restart_count(), world=world_size, t0=process_start_time())
 
     def resumed(self, step: int | None) -> None:
-        """The step restored from a checkpoint (None: training starts from scratch)."""
         self._write("resume", step=step)
 
     def interval(self, choice: dict) -> None:
-        """The checkpoint interval this attempt uses (``choose_interval``'s answer)."""
         self._write("interval", **choice)
 
     def step(self, step: int) -> None:
-        """Optimizer step ``step`` is done: the attempt's first is recorded, later ones as a
-        heartbeat at most every ``BEAT_S``."""
-        if self.path is None:
+        """Optimizer step ``step`` is done: the attempt's first is recorded, later ones as a beat."""
+        if not self.enabled:
             return
         now = self._clock()
-        if not self._stepped:
-            self._stepped = True
+        if self._next_beat is None or now >= self._next_beat:
+            self._write("step" if self._next_beat is None else "beat", step=step)
             self._next_beat = now + BEAT_S
-            self._write("step", step=step)
-        elif now >= self._next_beat:
-            self._next_beat = now + BEAT_S
-            self._write("beat", step=step)
 
     def checkpoint(self, step: int, stall_s: float) -> None:
-        """A checkpoint of ``step`` was taken; training stalled ``stall_s`` seconds for it."""
         self._write("ckpt", step=step, stall_s=round(stall_s, 6))
 
     def finish(self, status: str, step: int) -> None:
@@ -135,13 +97,12 @@ class Ledger:
         self.close()
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        if self._out is not None:
+            self._out.close()
 
     def events(self) -> list[dict]:
         """Every readable event so far (rank 0; [] elsewhere)."""
-        return read_events(self.path) if self.path is not None else []
+        return read_events(self.path) if self.enabled else []
 
 
 def read_events(path: Path) -> list[dict]:
@@ -150,15 +111,15 @@ def read_events(path: Path) -> list[dict]:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return []
-    events = []
-    for line in text.splitlines():
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(ev, dict) and isinstance(ev.get("ev"), str) and _num(ev.get("t")):
-            events.append(ev)
-    return events
+    return [ev for ev in map(_json, text.splitlines())
+            if isinstance(ev, dict) and isinstance(ev.get("ev"), str) and _num(ev.get("t"))]
+
+
+def _json(line: str):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def _num(v) -> bool:
@@ -174,7 +135,7 @@ class _Attempt:
 
     def __init__(self, ev: dict):
         self.job = ev.get("job")
-        self.attempt = ev.get("attempt") if _step(ev.get("attempt")) is not None else 0
+        self.attempt = _step(ev.get("attempt")) or 0
         self.t0 = ev["t0"] if _num(ev.get("t0")) and ev["t0"] <= ev["t"] else ev["t"]
         self.last_t = ev["t"]
         self.resumed: int | None = None
@@ -185,7 +146,6 @@ class _Attempt:
 
     @property
     def last_step(self) -> int:
-        """The last step this attempt is known to have reached."""
         return max([s for _, s in self.marks] + [self.resumed or 0])
 
     @property
@@ -193,8 +153,8 @@ class _Attempt:
         return self.marks[-1][0] if self.marks else self.last_t
 
     def time_at(self, step: int) -> float:
-        """When this attempt was done with ``step``: its last mark at that step, else interpolated
-        between the marks around it (its first mark when ``step`` lies before them all)."""
+        """When this attempt was done with ``step``: its last mark there, else interpolated between
+        the marks around it (its first mark when ``step`` lies before them all)."""
         exact = [t for t, s in self.marks if s == step]
         if exact:
             return exact[-1]
@@ -208,8 +168,7 @@ class _Attempt:
         return t0 + (t1 - t0) * (step - s0) / (s1 - s0)
 
     def restarts(self, prev: "_Attempt | None") -> bool:
-        """This attempt is a torchrun restart of ``prev`` (same job, a higher restart count): a job
-        rerun under the same rendezvous id counts from 0 again."""
+        """A torchrun restart of ``prev``: same job, a higher restart count (a rerun counts from 0)."""
         return prev is not None and prev.job == self.job and self.attempt > prev.attempt
 
     def add(self, ev: dict) -> None:
@@ -228,12 +187,8 @@ class _Attempt:
 
 
 def _attempts(events: list[dict]) -> list[_Attempt]:
-    """The attempts of the current training: from its last fresh start on.
-
-    A fresh start (nothing resumed) on a new job begins a new training in this folder (its
-    checkpoints were removed, or it never had any); a fresh start after a restart within one
-    job is that training's restart from scratch (it died before its first checkpoint).
-    """
+    """The attempts of the current training: from its last fresh start (nothing resumed) that is not
+    a restart within one job (that one died before its first checkpoint) on."""
     attempts: list[_Attempt] = []
     for ev in events:
         if ev["ev"] == "start":
@@ -248,22 +203,10 @@ def _attempts(events: list[dict]) -> list[_Attempt]:
 
 
 def summarise(events: list[dict]) -> dict:
-    """The goodput figures of the training whose ledger ``events`` are (pure).
-
-    - ``wall_s``: every job's span, from its first worker's start to its last event; the gap
-      between two jobs (a preempted run and its rerun) is not counted, the gap between two
-      attempts of one job (a torchrun restart) is;
-    - ``startup_s``: a job's start to its first step; ``restart_s``: within a job, from the
-      last event of the attempt that died to the first step of the next (lost work between
-      the last heartbeat and the death is counted here);
-    - ``lost_steps`` / ``lost_s``: steps done and then repeated after a resume (from the
-      last step an attempt is known to have reached back to the step the next one resumed);
-    - ``checkpoint_stall_s``: training stalled for checkpoints;
-    - ``productive_s`` = wall - startup - restart - lost - stall; ``goodput`` = productive / wall.
-
-    Also what ``choose_interval`` needs: ``failures`` (attempts that died), ``mtbf_s`` (wall /
-    failures), ``checkpoint_cost_s`` (mean stall) and ``step_time_s`` (wall per step while stepping).
-    """
+    """The goodput figures of the training whose ledger ``events`` are (pure): ``wall_s`` (each job's
+    span: the gap between jobs is not counted, between a job's attempts it is), ``startup_s``,
+    ``restart_s`` (a death's last event to the next first step), ``lost_s`` (steps repeated),
+    ``checkpoint_stall_s``, ``productive_s`` (the rest) and ``goodput`` = productive / wall."""
     attempts = _attempts(events)
     wall = startup = restart = lost_s = stall = 0.0
     lost_steps = failures = jobs = ckpts = 0
@@ -314,7 +257,7 @@ def summarise(events: list[dict]) -> dict:
     }
 
 
-# The ledger's figures a run summary shows (``summarise`` has more: the inputs of the interval rule).
+# The ledger's figures a run summary shows.
 HEADLINE = ("goodput", "productive_s", "wall_s", "startup_s", "restart_s", "lost_steps", "lost_s",
             "checkpoint_stall_s", "failures")
 
@@ -337,11 +280,7 @@ def describe(summary: dict | None) -> str:
 
 def brief(summary: dict | None) -> str:
     """The run summary's one line: ``goodput 91 %: 8 % start-up, 1 % checkpoint stalls``; "" for none.
-
-    After the colon, where the rest of the wall time went, largest first, only the parts that are
-    not zero: start-up (interpreter, imports, rendezvous), restarts (after a failure: the restart
-    and the steps repeated), checkpoint stalls. ``describe`` has the seconds behind it.
-    """
+    After the colon, where the rest of the wall time went, largest first, zeros left out."""
     g = summary or {}
     wall = g.get("wall_s") or 0
     if g.get("goodput") is None or wall <= 0:
@@ -356,7 +295,7 @@ def brief(summary: dict | None) -> str:
 
 def young_daly_seconds(checkpoint_cost_s: float, mtbf_s: float) -> float:
     """Young-Daly's checkpoint period sqrt(2 * C * MTBF): the first-order optimum of time lost to
-    checkpoints (C per checkpoint) plus work redone after a failure (half a period, on average)."""
+    checkpoints plus work redone after a failure."""
     for name, v in (("checkpoint_cost_s", checkpoint_cost_s), ("mtbf_s", mtbf_s)):
         if not _num(v) or v <= 0:
             raise ValueError(f"{name}: must be a finite number > 0, got {v!r}")
@@ -371,13 +310,8 @@ def young_daly_steps(checkpoint_cost_s: float, mtbf_s: float, step_time_s: float
 
 
 def choose_interval(mode: str, fixed_steps: int | None, events: list[dict]) -> dict:
-    """The mid-epoch checkpoint interval in steps for the attempt now starting (pure).
-
-    ``mode`` ``fixed``: ``fixed_steps`` (``training.checkpoint_every_steps``; None: epoch ends
-    only). ``auto``: Young-Daly from the ledger's measured checkpoint cost, failure rate and
-    step time; ``fixed_steps`` as long as no failure has been seen (or nothing was measured).
-    Returns ``{mode, rule, steps, reason}`` plus the measured inputs it used.
-    """
+    """The mid-epoch checkpoint interval in steps (pure): ``fixed_steps`` (None: epoch ends only), or
+    under ``auto`` Young-Daly from the ledger's measurements once a failure was seen."""
     if mode not in ("fixed", "auto"):
         raise ValueError(f"training.checkpoint_every: must be 'fixed' or 'auto', got {mode!r}")
     if fixed_steps is not None and (_step(fixed_steps) is None or fixed_steps == 0):
@@ -400,12 +334,8 @@ def choose_interval(mode: str, fixed_steps: int | None, events: list[dict]) -> d
 
 
 def agree_interval(ctx, ledger: Ledger, mode: str, fixed_steps: int | None) -> dict:
-    """COLLECTIVE under ``auto``: this attempt's ``choose_interval`` answer, the same on every rank.
-
-    Rank 0 decides from its ledger and broadcasts (checkpoints are collective: every rank must save
-    at the same steps); ``fixed`` needs no ledger and no collective. The choice is logged and
-    recorded in the ledger. ``ctx``: the ``training.distributed.DistContext``.
-    """
+    """COLLECTIVE under ``auto``: this attempt's ``choose_interval`` answer, rank 0's from its ledger,
+    broadcast (every rank must save at the same steps); recorded in the ledger."""
     if mode == "fixed":
         choice = choose_interval("fixed", fixed_steps, [])
     else:

@@ -1,21 +1,8 @@
 """Training-performance metrics: step timing, data wait, all-reduce time, memory, FLOPs.
 
-``StepMetrics`` is fed by the loop on every rank (a few ``perf_counter`` reads and
-list appends per step, no collectives) and aggregated to rank 0 once per logging
-window by ``snapshot()``, the only collective here. The aggregation itself is the
-pure function ``aggregate`` so the straggler rule can be tested with fixed inputs.
-
-The loop calls, per optimizer step (or micro-step)::
-
-    metrics.data_start(); x, y = next(it); metrics.data_end()
-    ... forward / backward / step ...
-    metrics.step_end(len(x))
-    if step % log_every == 0:
-        summary = metrics.snapshot()      # every rank calls it; a dict on rank 0, None elsewhere
-
-Imports only torch and the stdlib (nothing from ``training``), so the trainer can
-import it without cycles; ``ctx`` is duck-typed (``training.distributed.DistContext``:
-``distributed``, ``rank``, ``world_size``, ``device``).
+``StepMetrics`` is fed by the loop on every rank (clock reads and appends, no collectives) and
+aggregated to rank 0 once per logging window by ``snapshot()``, the only collective here; the
+aggregation is the pure function ``aggregate``.
 """
 
 from __future__ import annotations
@@ -27,12 +14,11 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:  # annotations only; no runtime import of the training package
-    from training.distributed import DistContext
+from training.distributed import DistContext, all_gather_object
 
 log = logging.getLogger("trainflow.train")
 
@@ -41,70 +27,44 @@ _MB = float(1 << 20)
 
 
 # -- aggregation (pure) -------------------------------------------------------------------
-# A rank is only called a straggler when it is also this much slower per step in absolute
-# terms: on steps of a few milliseconds, scheduler noise alone makes ratios of 1.5.
+# A straggler must also be this much slower per step: on steps of a few ms, noise alone makes ratios of 1.5.
 STRAGGLER_MIN_LAG_S = 1e-3
 
 
 def compute_per_step_s(r: dict) -> float | None:
-    """A rank's compute seconds per step: the median over its steps of each step's time less
-    what that step waited for a batch, for DDP's buffer broadcast before the forward and for
-    the gradient all-reduce (None when it ran no step). Stats without the per-step figure
-    (``compute_median_s``) fall back to the median step less the mean waits per step.
-
-    Under DDP every step syncs the ranks, so all ranks' *step times* come out equal and the
-    slow rank hides; what differs is who waits: the fast ranks wait for the slow one, in the
-    all-reduce for its gradients (or, for a model with buffers, in the broadcast at the next
-    forward). Subtracting those waits leaves each rank's own work.
-    """
+    """A rank's compute seconds per step (None: no step): its steps' median time less their own waits
+    (data, DDP buffer broadcast, all-reduce). Under DDP step times are equal; the waits tell ranks apart."""
     steps = r.get("steps") or 0
     if not steps or r.get("step_time_median_s") is None:
         return None
     if r.get("compute_median_s") is not None:
-        # Each step less its own waits: a long wait in one step (after a peer's epoch-end
-        # checkpoint, say) then cannot eat into the compute of the window's other steps.
         return r["compute_median_s"]
     waits = r.get("data_wait_s", 0.0) + r.get("allreduce_s", 0.0) + r.get("forward_sync_s", 0.0)
-    # The median step, not the mean: the step that spans an epoch's end also holds the
-    # evaluation and its collectives, the same on every rank, and would blur the ratio.
     return max(0.0, r["step_time_median_s"] - waits / steps)
 
 
-def find_straggler(per_rank: list[dict], ratio: float, min_lag_s: float = STRAGGLER_MIN_LAG_S) -> dict:
-    """The straggler rule, on ``compute_per_step_s`` of each rank.
-
-    The rank with the most compute per step is the straggler when its compute exceeds the
-    median of the *other* ranks' by more than ``ratio`` (strictly) and by more than
-    ``min_lag_s`` per step. The median of the others (not of all ranks): with 2 ranks, one
-    twice as slow is then 2x, not 1.33x. Returns ``straggler`` (bool), ``straggler_rank``
-    (int or None), ``straggler_ratio`` and ``straggler_lag_ms`` (None with fewer than 2
-    ranks that stepped).
-    """
+def find_straggler(per_rank: list[dict], ratio: float) -> dict:
+    """The straggler rule on ``compute_per_step_s``: the slowest rank is one when its compute exceeds
+    the median of the *other* ranks' by more than ``ratio`` (strictly) and by more than ``STRAGGLER_MIN_LAG_S``.
+    Returns ``straggler``, ``straggler_rank``, ``straggler_ratio``, ``straggler_lag_ms``."""
     compute = [(c, r["rank"]) for r in per_rank if (c := compute_per_step_s(r)) is not None]
-    none = {"straggler": False, "straggler_rank": None, "straggler_ratio": None, "straggler_lag_ms": None}
     if len(compute) < 2:
-        return none
+        return {"straggler": False, "straggler_rank": None, "straggler_ratio": None, "straggler_lag_ms": None}
     slow, rank = max(compute)
     others = statistics.median([c for c, rk in compute if rk != rank])
     lag = slow - others
     measured = slow / others if others > 0 else math.inf
-    flagged = measured > ratio and lag > min_lag_s
+    flagged = measured > ratio and lag > STRAGGLER_MIN_LAG_S
     return {"straggler": bool(flagged), "straggler_rank": rank if flagged else None,
             "straggler_ratio": measured if math.isfinite(measured) else None, "straggler_lag_ms": lag * 1e3}
 
 
 def rank_metrics(per_rank: list[dict]) -> dict[str, float]:
-    """Every rank's own numbers as flat metric names ``rank/<r>/<name>``.
-
-    ``step_time_ms`` (the median), ``data_wait_ms``, ``allreduce_wait_ms``, ``forward_sync_ms``
-    (DDP's buffer broadcast) and ``compute_ms`` (means per step), ``peak_mem_mb``; a rank that
-    ran no step has only ``peak_mem_mb``.
-    """
+    """Every rank's own numbers as ``rank/<r>/<name>``; a rank that ran no step has only ``peak_mem_mb``."""
     out: dict[str, float] = {}
     for r in sorted(per_rank, key=lambda r: r["rank"]):
         p = f"rank/{r['rank']}/"
-        compute = compute_per_step_s(r)
-        if compute is not None:
+        if (compute := compute_per_step_s(r)) is not None:
             steps = r["steps"]
             out[p + "step_time_ms"] = r["step_time_median_s"] * 1e3
             out[p + "data_wait_ms"] = r["data_wait_s"] / steps * 1e3
@@ -117,80 +77,48 @@ def rank_metrics(per_rank: list[dict]) -> dict[str, float]:
 
 def node_metrics(per_rank: list[dict]) -> dict[str, float]:
     """The per-node system numbers some ranks carry (``node_stats``) as ``node/<n>/<name>``."""
-    out: dict[str, float] = {}
-    for r in per_rank:
-        node = r.get("node")
-        if node:
-            out.update({f"node/{node['node']}/{k}": float(v) for k, v in node.items() if k != "node" and v is not None})
-    return out
+    return {f"node/{node['node']}/{k}": float(v) for r in per_rank if (node := r.get("node"))
+            for k, v in node.items() if k != "node" and v is not None}
 
 
 def aggregate(per_rank: list[dict], straggler_ratio: float = 1.5) -> dict:
-    """Combine each rank's window stats (``StepMetrics._local_stats``) into one summary.
-
-    Each entry holds: ``rank``, ``window_s``, ``steps``, ``samples``,
-    ``step_time_median_s`` and ``compute_median_s`` (None when the rank ran no step),
-    ``data_wait_s``, ``allreduce_s``, ``forward_sync_s``, ``ckpt_stall_s``, ``peak_mem_bytes`` and, on one rank
-    per node, ``node`` (``node_stats``).
-
-    * ``window_s``: the longest window over ranks; ``samples_per_s`` is all ranks'
-      samples over it.
-    * ``step_time_{min,median,max}_ms``: over ranks, of each rank's median step time.
-    * ``straggler``, ``straggler_rank``, ``straggler_ratio``, ``straggler_lag_ms``:
-      ``find_straggler`` on each rank's compute time per step (each step's time less its
-      data, forward-sync and all-reduce waits; the median over steps), which still tells ranks apart under DDP where step times are equal.
-    * ``data_wait_frac``: the largest per-rank fraction of its window spent waiting for
-      a batch (the most input-bound rank, which the others wait for at the all-reduce).
-    * ``allreduce_s``: mean over ranks of the wall seconds during which at least one
-      gradient bucket was between submission and its reduced result being ready (the
-      union of those intervals, not their sum, as buckets overlap each other). It
-      also overlaps backward compute, so not all of it is exposed: a fast rank's
-      includes waiting for a slow peer to submit.
-    * ``ckpt_stall_s``: the longest stall over ranks (everyone waits for the slowest).
-    * ``peak_mem_mb``: per rank, in rank order.
-    * ``per_rank``: ``rank_metrics`` and ``node_metrics``, already named as logged
-      (``rank/<r>/...``, ``node/<n>/...``).
-    """
+    """Combine each rank's window stats (``StepMetrics._local_stats``) into one summary (``allreduce_s``:
+    the mean over ranks of the time some gradient bucket was in flight; ``data_wait_frac`` and
+    ``ckpt_stall_s``: the worst rank's; ``per_rank``: ``rank_metrics`` and ``node_metrics``)."""
     ranks = sorted(per_rank, key=lambda r: r["rank"])
     window = max((r["window_s"] for r in ranks), default=0.0)
     samples = sum(r["samples"] for r in ranks)
     medians = [r["step_time_median_s"] for r in ranks if r["step_time_median_s"] is not None]
-    out: dict[str, Any] = {"samples_per_s": samples / window if window > 0 else 0.0}
-    if medians:
-        out.update(step_time_min_ms=min(medians) * 1e3, step_time_median_ms=statistics.median(medians) * 1e3,
-                   step_time_max_ms=max(medians) * 1e3)
-    else:
-        out.update(step_time_min_ms=None, step_time_median_ms=None, step_time_max_ms=None)
-    out.update(find_straggler(ranks, straggler_ratio))
     fracs = [min(1.0, r["data_wait_s"] / r["window_s"]) for r in ranks if r["window_s"] > 0]
     allreduce = statistics.fmean([r["allreduce_s"] for r in ranks]) if ranks else 0.0
     stall = max((r["ckpt_stall_s"] for r in ranks), default=0.0)
-    out.update(
-        data_wait_frac=max(fracs, default=0.0),
-        allreduce_s=allreduce,
-        allreduce_frac=allreduce / window if window > 0 else 0.0,
-        ckpt_stall_s=stall,
-        ckpt_stall_frac=stall / window if window > 0 else 0.0,
-        peak_mem_mb=[r["peak_mem_bytes"] / _MB for r in ranks],
-        steps=max((r["steps"] for r in ranks), default=0),
-        window_s=window,
-        per_rank={**rank_metrics(ranks), **node_metrics(ranks)},
-    )
-    return out
+
+    def per_window(v: float) -> float:
+        return v / window if window > 0 else 0.0
+
+    return {
+        "samples_per_s": per_window(samples),
+        "step_time_min_ms": min(medians) * 1e3 if medians else None,
+        "step_time_median_ms": statistics.median(medians) * 1e3 if medians else None,
+        "step_time_max_ms": max(medians) * 1e3 if medians else None,
+        **find_straggler(ranks, straggler_ratio),
+        "data_wait_frac": max(fracs, default=0.0),
+        "allreduce_s": allreduce, "allreduce_frac": per_window(allreduce),
+        "ckpt_stall_s": stall, "ckpt_stall_frac": per_window(stall),
+        "peak_mem_mb": [r["peak_mem_bytes"] / _MB for r in ranks],
+        "steps": max((r["steps"] for r in ranks), default=0),
+        "window_s": window,
+        "per_rank": {**rank_metrics(ranks), **node_metrics(ranks)},
+    }
 
 
 def busy_seconds(spans: Iterable[tuple[float, float]]) -> float:
     """Length of the union of ``(start, end)`` intervals."""
-    total, cur_start, cur_end = 0.0, None, None
+    total, reached = 0.0, -math.inf
     for start, end in sorted(spans):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None:
-        total += cur_end - cur_start
+        if end > reached:
+            total += end - max(start, reached)
+            reached = end
     return total
 
 
@@ -199,40 +127,29 @@ class StepMetrics:
     """Per-rank step timing over a logging window, aggregated to rank 0."""
 
     def __init__(self, ctx: DistContext, straggler_ratio: float = 1.5):
-        self.ctx = ctx
-        self.straggler_ratio = straggler_ratio
+        self.ctx, self.straggler_ratio = ctx, straggler_ratio
         self._cuda_timing = ctx.device.type == "cuda"
-        self._allreduce: list = []  # (start, end): perf_counter seconds, or CUDA events
         self._t_data: float | None = None
-        # One process per node reports the node's system numbers: local rank 0.
         self._node_reporter = os.environ.get("LOCAL_RANK", "0") == "0"
         self.reset()
 
     def reset(self) -> None:
         """Start a new window now (``snapshot`` does this; call it where the loop really starts)."""
-        now = _now()
-        self._window_t0 = now
-        self._last = now
+        now = self._window_t0 = self._last = _now()
         self._step_times: list[float] = []
-        # At each step's end: (data wait, forward sync, all-reduce spans) so far in the window,
-        # so that each step's own waits can be taken from its time (``_step_computes``).
+        # At each step's end: (data wait, forward sync, all-reduce spans) so far (``_step_computes``).
         self._step_marks: list[tuple[float, float, int]] = []
-        self._samples = 0
-        self._data_wait = 0.0
-        self._ckpt_stall = 0.0
-        self._allreduce = []
-        self._fwd_sync = 0.0
+        self._allreduce: list = []  # (start, end): perf_counter seconds, or CUDA events
+        self._samples, self._data_wait, self._ckpt_stall, self._fwd_sync = 0, 0.0, 0.0, 0.0
         if self._t_data is not None:  # a batch wait spanning the reset counts from the reset
             self._t_data = now
 
-    # per-step calls: a clock read and an append or two each
     def data_start(self) -> None:
         self._t_data = _now()
 
     def data_end(self) -> None:
-        t = self._t_data
-        if t is not None:
-            self._data_wait += _now() - t
+        if self._t_data is not None:
+            self._data_wait += _now() - self._t_data
             self._t_data = None
 
     def step_end(self, n_samples: int) -> None:
@@ -245,19 +162,9 @@ class StepMetrics:
     def add_checkpoint_stall(self, seconds: float) -> None:
         self._ckpt_stall += seconds
 
-    # DDP all-reduce timing
     def attach_comm_hook(self, ddp_model) -> None:
-        """Register a timing all-reduce comm hook on ``ddp_model`` (no-op when not distributed / not DDP).
-
-        Numerically the same as DDP without a hook: the reducer without a hook copies
-        each grad into the bucket multiplied by ``1 / world_size`` and then all-reduces
-        (SUM); this hook does exactly that to the bucket (``mul_(1 / world_size)``, not
-        ``div_``, which can differ in the last bit when the world size is not a power
-        of two). One caveat: with ``gradient_as_bucket_view=True`` the hook-less
-        reducer divides already-aliased grads with ``div_``, so bitwise equality then
-        holds only for power-of-two world sizes. Register before the first backward;
-        DDP accepts one hook per model.
-        """
+        """Register a timing all-reduce comm hook on a DDP ``ddp_model`` before its first backward;
+        bitwise the same as none: ``mul_(1 / world_size)`` as the reducer does (``div_`` can differ)."""
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         if not self.ctx.distributed or not isinstance(ddp_model, DDP):
@@ -266,29 +173,25 @@ class StepMetrics:
 
         group = ddp_model.process_group
         inv_world = 1.0 / group.size()
-        metrics = self
-        cuda = self._cuda_timing
+        metrics, cuda = self, self._cuda_timing
+
+        def mark():
+            if not cuda:
+                return _now()
+            # A CUDA event: the NCCL future completes at enqueue, so host time would read ~0.
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
 
         # No annotations: DDP checks them by identity, and postponed (string) annotations fail it.
         def timed_allreduce_hook(state, bucket):
             buf = bucket.buffer()
-            if cuda:
-                start = torch.cuda.Event(enable_timing=True)
-                start.record()
-            else:
-                t0 = _now()
+            start = mark()
             buf.mul_(inv_world)
             fut = dist.all_reduce(buf, group=state, async_op=True).get_future()
 
             def done(f):
-                if cuda:
-                    # Runs on a stream synchronized with the NCCL kernel; the NCCL future
-                    # itself completes at enqueue, so host time would read ~0 there.
-                    end = torch.cuda.Event(enable_timing=True)
-                    end.record()
-                    metrics._allreduce.append((start, end))
-                else:
-                    metrics._allreduce.append((t0, _now()))
+                metrics._allreduce.append((start, mark()))
                 return f.value()[0]
 
             return fut.then(done)
@@ -297,11 +200,8 @@ class StepMetrics:
         self._time_forward_sync(ddp_model)
 
     def _time_forward_sync(self, ddp_model) -> None:
-        """Time DDP's own work before the module's forward: the broadcast of buffers (BatchNorm
-        stats, a normalisation's constants) from rank 0, a collective on every training forward.
-        A slow rank's peers wait for it there when the model has buffers, rather than in the
-        gradient all-reduce. Host time: on CUDA the broadcast is asynchronous and reads ~0.
-        Two hook calls per forward (a clock read each)."""
+        """Time DDP's buffer broadcast before each training forward: with buffers, a slow rank's peers
+        wait for it there rather than in the all-reduce (host time: on CUDA it reads ~0)."""
         metrics = self
         entered: list[float] = []
 
@@ -334,57 +234,39 @@ class StepMetrics:
             prev = mark
         return out
 
-    # window aggregation
     def _local_stats(self) -> dict:
         spans = self._allreduce_spans()
         computes = self._step_computes(spans)
         return {
-            "rank": self.ctx.rank,
-            "window_s": _now() - self._window_t0,
-            "steps": len(self._step_times),
+            "rank": self.ctx.rank, "window_s": _now() - self._window_t0, "steps": len(self._step_times),
             "samples": self._samples,
             "step_time_median_s": statistics.median(self._step_times) if self._step_times else None,
-            "data_wait_s": self._data_wait,
-            "compute_median_s": statistics.median(computes) if computes else None,
-            "allreduce_s": busy_seconds(spans),
-            "forward_sync_s": self._fwd_sync,
-            "ckpt_stall_s": self._ckpt_stall,
+            "data_wait_s": self._data_wait, "compute_median_s": statistics.median(computes) if computes else None,
+            "allreduce_s": busy_seconds(spans), "forward_sync_s": self._fwd_sync, "ckpt_stall_s": self._ckpt_stall,
             "peak_mem_bytes": peak_memory_bytes(self.ctx.device),
             "node": node_stats(self.ctx.device) if self._node_reporter else None,
         }
 
     def snapshot(self) -> dict | None:
         """COLLECTIVE: every rank must call it at the same point. Rank 0 gets ``aggregate``'s dict."""
-        mine = self._local_stats()
-        if self.ctx.distributed:
-            import torch.distributed as dist
-
-            per_rank: list = [None] * self.ctx.world_size
-            dist.all_gather_object(per_rank, mine)
-        else:
-            per_rank = [mine]
+        per_rank = all_gather_object(self.ctx, self._local_stats())
         self.reset()
         if self.ctx.rank != 0:
             return None
         summary = aggregate(per_rank, self.straggler_ratio)
         if summary["straggler"]:
             r = summary["straggler_rank"]
-            log.warning(
-                "straggler: rank %s computes %.1f ms a step, %.1f ms more than the other ranks' median "
-                "(x%s > x%.2f); the others wait for it in their collectives",
-                r, summary["per_rank"][f"rank/{r}/compute_ms"], summary["straggler_lag_ms"],
-                "inf" if summary["straggler_ratio"] is None else f"{summary['straggler_ratio']:.2f}",
-                self.straggler_ratio,
-            )
+            log.warning("straggler: rank %s computes %.1f ms a step, %.1f ms more than the other ranks' median "
+                        "(x%s > x%.2f); the others wait for it in their collectives",
+                        r, summary["per_rank"][f"rank/{r}/compute_ms"], summary["straggler_lag_ms"],
+                        "inf" if summary["straggler_ratio"] is None else f"{summary['straggler_ratio']:.2f}",
+                        self.straggler_ratio)
         return summary
 
 
 # -- memory ------------------------------------------------------------------------------
 def peak_memory_bytes(device: torch.device) -> int:
-    """Peak memory of this process: CUDA ``max_memory_allocated`` or, on CPU, peak RSS.
-
-    Both are process-lifetime peaks (not reset per window): RSS cannot be reset.
-    """
+    """Peak memory of this process (lifetime, not per window): CUDA ``max_memory_allocated`` or peak RSS."""
     device = torch.device(device)
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
@@ -397,14 +279,9 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 def node_stats(device: torch.device) -> dict:
-    """This node's system numbers, read by one process per node (local rank 0) once a window.
-
-    ``node`` (torchrun's ``GROUP_RANK``, 0 outside torchrun), ``cpu_util_pct`` (all cores,
-    since the previous call: the first reads 0), ``mem_used_mb``; on CUDA also
-    ``gpu_util_pct`` (mean over the node's GPUs) and ``gpu_mem_used_mb`` (their sum), both from
-    NVML, which creates no CUDA context on the other GPUs. A number that cannot be read is
-    left out, never raised: these are for looking at, not for deciding.
-    """
+    """This node's system numbers (read by local rank 0 once a window): ``node`` (``GROUP_RANK``),
+    ``cpu_util_pct`` (since the previous call), ``mem_used_mb``; on CUDA ``gpu_util_pct`` (mean) and
+    ``gpu_mem_used_mb`` (sum) from NVML. A number that cannot be read is left out, never raised."""
     out: dict[str, Any] = {"node": int(os.environ.get("GROUP_RANK", "0"))}
     try:
         import psutil
@@ -423,50 +300,31 @@ def node_stats(device: torch.device) -> dict:
     return out
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    mod = sys.modules.get("torch.distributed.tensor")  # no DTensor can exist before it is imported
-    if mod is not None and isinstance(t, mod.DTensor):
-        return t.to_local()
-    return t
-
-
 def tensor_bytes(tensors: torch.Tensor | Iterable[Any]) -> int:
     """Sum of ``numel * element_size``; a DTensor counts its local shard; non-tensors (None) are skipped."""
-    if isinstance(tensors, torch.Tensor):
-        tensors = [tensors]
-    total = 0
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            t = _local(t)
-            total += t.numel() * t.element_size()
-    return total
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", ())  # none before its import
+    tensors = [tensors] if isinstance(tensors, torch.Tensor) else tensors
+    local = [t.to_local() if isinstance(t, dtensor) else t for t in tensors if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in local)
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
     """Bytes held on this rank by parameters, their grads and the optimizer state tensors."""
     params = list(model.parameters())
-    optim = 0
-    if optimizer is not None:
-        for state in optimizer.state.values():
-            optim += tensor_bytes(state.values() if isinstance(state, dict) else [state])
+    states = optimizer.state.values() if optimizer is not None else []
     return {
         "param_bytes": tensor_bytes(params),
         "grad_bytes": tensor_bytes(p.grad for p in params),
-        "optim_bytes": optim,
+        "optim_bytes": sum(tensor_bytes(st.values() if isinstance(st, dict) else [st]) for st in states),
     }
 
 
 # -- compute -----------------------------------------------------------------------------
 def flops_per_sample(model: torch.nn.Module, example_batch: torch.Tensor,
                      loss_fn: Callable[[torch.Tensor], torch.Tensor]) -> float:
-    """FLOPs of one forward + backward per sample, counted by ``FlopCounterMode``.
-
-    ``loss_fn(output) -> scalar``. Counts what the counter counts (matmul, conv,
-    attention; a multiply-add is 2 FLOPs; elementwise ops are 0). Leaves the model as
-    it was: grads, buffers (BatchNorm stats) and the RNG state are restored. A DDP
-    wrapper is unwrapped (its backward would all-reduce on this rank alone); pass an
-    unsharded module, not an FSDP one.
-    """
+    """FLOPs of one forward + backward per sample, counted by ``FlopCounterMode`` (``loss_fn(output)``:
+    a scalar). Grads, buffers and the RNG state are restored; a DDP wrapper is unwrapped (its
+    backward would all-reduce on this rank alone); not for an FSDP module."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -496,8 +354,7 @@ def flops_per_sample(model: torch.nn.Module, example_batch: torch.Tensor,
 
 
 def mfu(samples_per_s: float, flops_per_sample: float, peak_flops: float | None) -> float | None:
-    """Model FLOPs utilization: achieved FLOP/s over ``peak_flops`` (same scope: all ranks' peak
-    when ``samples_per_s`` is global). None without a peak."""
+    """Model FLOPs utilization: achieved FLOP/s over ``peak_flops`` (same scope); None without a peak."""
     if not peak_flops or peak_flops <= 0:
         return None
     return samples_per_s * flops_per_sample / peak_flops

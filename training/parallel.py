@@ -1,31 +1,11 @@
-"""Model parallelism: tensor (``tp``), pipeline (``pp``) and data x tensor (``hybrid``), and
-``build_strategy``, which builds every strategy (these and ``training.strategies``' single / ddp / fsdp).
+"""Model parallelism (``tp``, ``pp``, ``hybrid``: data x tensor) and ``build_strategy``, which builds every
+strategy. How the model splits is the task's ``tasks.base.ParallelPlan``; each is a ``DCPStrategy``
+whose checkpoints resume only into the same layout.
 
-How the model splits is the task's (``tasks.base.ParallelPlan``: its blocks, one block's tp plan,
-the pipeline stages); only a task with a plan (the byte LM) can use these strategies.
-Each is a ``training.strategies.Strategy`` (the trainer's loop is unchanged), with
-DCP checkpoints (``DCPStrategy``: every rank writes its own shards or stage, rank 0
-adds ``extra.pt``; resuming needs the same layout: ``check_layout``).
-
-- ``tp``: every block's q/k/v/up Linears are split by output column and o/down by
-  input row across all ranks (DTensor ``parallelize_module`` on a 1-D mesh, the plan's
-  ``block_plan``); embeddings, LayerNorms and the head are replicated.
-  Every rank sees the same batches; rank 0 of the group reports the loss.
-- ``hybrid``: a 2-D mesh ``(dp, tp)``, rank = dp_rank * tp + tp_rank; TP inside each
-  row as above, FSDP2 ``fully_shard`` across the ``dp`` dimension (parameters, grads
-  and optimizer state sharded over replicas; grads reduce-scattered).
-- ``pp``: rank r keeps pipeline stage r (the plan's ``split_stage``: contiguous
-  blocks, embeddings on the first stage, norm and head on the last) and runs
-  ``torch.distributed.pipelining`` GPipe or 1F1B over ``training.parallel.microbatches``
-  micro-batches. Only the last stage computes the loss; it reports the loss and the
-  eval sums, which the trainer all-reduces so every rank holds them.
-
-Loss equivalence with one device (dropout 0): TP computes the same sums in a different
-order (partial sums of o/down are all-reduced), so losses match to float rounding.
-A pipeline sums its micro-batches' summed losses scaled as the trainer asks (the step's
-mean; a batch that does not split into ``microbatches`` equal parts uses the largest
-divisor below it). Dropout masks differ
-from a one-device run (each rank draws for its own part of the model).
+- ``tp``: each block's Linears split by column or row across all ranks (DTensor on a 1-D mesh).
+- ``hybrid``: a 2-D mesh ``(dp, tp)``, rank = dp_rank * tp + tp_rank: TP in each row, FSDP2 over ``dp``.
+- ``pp``: rank r runs stage r under ``torch.distributed.pipelining`` GPipe or 1F1B; the last stage
+  computes and reports the loss and eval sums.
 """
 
 from __future__ import annotations
@@ -38,39 +18,18 @@ import torch
 from torch import nn
 
 from training.distributed import DistContext
-from training.strategies import (
-    MODEL_PARALLEL,
-    DCPStrategy,
-    DDPStrategy,
-    FSDPStrategy,
-    SingleStrategy,
-    Strategy,
-    StrategyConfigError,
-    check_world,
-    fsdp_gradient_sync,
-    layout_for,
-    mismatch_error,
-)
+from training.strategies import (MODEL_PARALLEL, DCPStrategy, DDPStrategy, FSDPStrategy, SingleStrategy, Strategy,
+                                 StrategyConfigError, check_world, fsdp_gradient_sync, layout_for, mismatch_error)
 
 
 def grad_norm_clip_(params, max_norm: float, world_size: int, plain_replicas: int) -> float:
     """COLLECTIVE. Clip gradients to a global L2 norm of ``max_norm``; returns the norm before clipping.
-
-    Each gradient's local part enters a sum of squares once per distinct value: a DTensor's
-    local square sum is divided by how many ranks hold the same values (ranks outside its
-    mesh, times its Replicate dimensions); a plain tensor's by ``plain_replicas`` (tp: every
-    rank holds it, pp: only its stage). One all-reduce sums over all ranks. Clipping follows
-    ``torch.nn.utils.clip_grad_norm_``: grads x min(1, max_norm / (norm + 1e-6)).
-    """
+    Each local square sum counts once: divided by how many ranks hold the same values."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    grads, sq = [], torch.zeros((), dtype=torch.float64)
-    for p in params:
-        g = p.grad
-        if g is None:
-            continue
-        grads.append(g)
+    grads, sq = [p.grad for p in params if p.grad is not None], torch.zeros((), dtype=torch.float64)
+    for g in grads:
         if isinstance(g, DTensor):
             mesh = g.device_mesh
             replicas = world_size // mesh.size()
@@ -98,16 +57,13 @@ class _ModelParallel(DCPStrategy):
         if plan is None:
             raise StrategyConfigError(f"training.strategy: {self.name!r} (model parallel) needs a task whose model "
                                       "splits across ranks (a tasks.base.ParallelPlan); this one has none")
-        self.plan = plan
-        self.tp, self.pp = parallel.tp, parallel.pp
+        self.plan, self.parallel, self.tp, self.pp = plan, parallel, parallel.tp, parallel.pp
         self.dp = ctx.world_size // (self.tp * self.pp)
-        self.parallel = parallel
 
     def layout(self) -> dict:
         return layout_for(self.name, self.ctx.world_size, self.parallel)
 
     def check_layout(self, extra: dict, folder: Path) -> None:
-        """Model-parallel shards (tensor-split or per stage) load only into the layout that wrote them."""
         theirs, mine = (extra or {}).get("layout"), self.layout()
         if theirs != mine:
             raise mismatch_error(folder, theirs, mine)
@@ -115,19 +71,14 @@ class _ModelParallel(DCPStrategy):
     def state_dict_options(self):
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        # Optimizer param groups keyed per parameter name: pipeline stages hold different
-        # parameters, and the nested default format ("param_groups.0.params") would be one
-        # key that DCP keeps from one rank only.
+        # Param groups keyed per parameter: stages hold different parameters, and the nested default
+        # ("param_groups.0.params") would be one key that DCP keeps from one rank only.
         return StateDictOptions(flatten_optimizer_state_dict=True)
+
+    _plain_replicas = 1  # a stage's parameters live on its rank only
 
     def clip_grad_norm(self, wrapped: nn.Module, max_norm: float) -> float:
         return grad_norm_clip_(wrapped.parameters(), max_norm, self.ctx.world_size, self._plain_replicas)
-
-    _plain_replicas = 1
-
-    def compile(self, wrapped: nn.Module, mode: str = "default", backend: str = "inductor") -> nn.Module:
-        # The config refuses this at load (training.compile); a strategy built by hand says it again.
-        raise StrategyConfigError(f"training.compile: not supported with strategy {self.name!r} (model parallel)")
 
 
 class TensorParallelStrategy(_ModelParallel):
@@ -135,25 +86,11 @@ class TensorParallelStrategy(_ModelParallel):
 
     name = "tp"
 
-    @property
-    def dp_rank(self) -> int:
-        return self.ctx.rank // self.tp
-
-    @property
-    def dp_size(self) -> int:
-        return self.dp
-
-    @property
-    def tp_rank(self) -> int:
-        return self.ctx.rank % self.tp
-
-    @property
-    def reports(self) -> bool:
-        return self.tp_rank == 0
-
-    @property
-    def _plain_replicas(self) -> int:  # replicated modules: every rank holds the same grads
-        return self.ctx.world_size
+    def __init__(self, ctx: DistContext, precision: str, parallel, plan):
+        super().__init__(ctx, precision, parallel, plan)
+        self.tp_rank = ctx.rank % self.tp
+        self.dp_rank, self.dp_size, self.reports = ctx.rank // self.tp, self.dp, self.tp_rank == 0
+        self._plain_replicas = ctx.world_size  # replicated modules: every rank holds the same grads
 
     def rank_info(self) -> dict:
         return {"dp_rank": self.dp_rank, "tp_rank": self.tp_rank, "pp_stage": 0}
@@ -164,8 +101,7 @@ class TensorParallelStrategy(_ModelParallel):
 
         dev = self.ctx.device.type
         if self.dp == 1:
-            tp_mesh = init_device_mesh(dev, (self.tp,), mesh_dim_names=("tp",))
-            dp_mesh = None
+            tp_mesh, dp_mesh = init_device_mesh(dev, (self.tp,), mesh_dim_names=("tp",)), None
         else:
             mesh = init_device_mesh(dev, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
             tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
@@ -175,27 +111,16 @@ class TensorParallelStrategy(_ModelParallel):
         if dp_mesh is not None:
             from torch.distributed.fsdp import fully_shard
 
-            for block in blocks:
-                fully_shard(block, mesh=dp_mesh)
-            fully_shard(model, mesh=dp_mesh)
+            for module in [*blocks, model]:
+                fully_shard(module, mesh=dp_mesh)
         return model
 
     def sync_context(self, wrapped: nn.Module, sync: bool) -> ContextManager:
         return fsdp_gradient_sync(wrapped, sync) if self.dp > 1 else nullcontext()
 
-    def full_state_dict(self, wrapped: nn.Module) -> dict | None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        sd = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return sd if self.ctx.is_main else None
-
 
 class HybridStrategy(TensorParallelStrategy):
     name = "hybrid"
-
-
-def _largest_divisor(n: int, most: int) -> int:
-    return max(d for d in range(1, min(n, most) + 1) if n % d == 0)
 
 
 class PipelineStrategy(_ModelParallel):
@@ -213,18 +138,7 @@ class PipelineStrategy(_ModelParallel):
         self._schedules: dict = {}
         self._scale = 1.0
         self._n_layers = 0
-
-    @property
-    def dp_rank(self) -> int:
-        return 0
-
-    @property
-    def dp_size(self) -> int:
-        return 1
-
-    @property
-    def reports(self) -> bool:
-        return self.is_last
+        self.dp_rank, self.dp_size, self.reports = 0, 1, self.is_last  # every stage sees the same batches
 
     def rank_info(self) -> dict:
         return {"dp_rank": 0, "tp_rank": 0, "pp_stage": self.stage_index,
@@ -236,19 +150,15 @@ class PipelineStrategy(_ModelParallel):
         return self.module
 
     def _loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        # Summed per-sample (per-window mean) loss x the trainer's scale: the stage's summed grads
-        # over pipeline micro-batches are then the step's mean, whatever their sizes.
+        # Summed per-sample loss x the trainer's scale: summed over micro-batches, the step's mean.
         return self.task.loss(out, target, reduction="sum") / target[0].numel() * self._scale
 
     def _schedule(self, size: int, train: bool):
-        """(schedule, micro-batches) for a batch of ``size`` rows; one stage + schedule per shape.
-
-        Stages infer the activation shapes from their first micro-batch, so a batch of
-        another size (an epoch's last, the eval chunks) gets its own stage object.
-        """
+        """(schedule, micro-batches) for a batch of ``size`` rows: one stage + schedule per shape, as
+        stages infer activation shapes from their first micro-batch."""
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        n = _largest_divisor(size, self.parallel.microbatches)
+        n = max(d for d in range(1, min(size, self.parallel.microbatches) + 1) if size % d == 0)
         key = (size, n, train)
         if key not in self._schedules:
             stage = PipelineStage(self.module, self.stage_index, self.pp, self.ctx.device)
@@ -295,10 +205,6 @@ class PipelineStrategy(_ModelParallel):
                     sched.eval()
         return loss_sum, correct, n_targets
 
-    @property
-    def _plain_replicas(self) -> int:  # a stage's parameters live on its rank only
-        return 1
-
     def full_state_dict(self, wrapped: nn.Module) -> dict | None:
         """COLLECTIVE. Every stage's state dict gathered to rank 0 and merged (same keys as a plain LM)."""
         import torch.distributed as dist
@@ -306,37 +212,20 @@ class PipelineStrategy(_ModelParallel):
         mine = {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
         gathered = [None] * self.ctx.world_size if self.ctx.is_main else None
         dist.gather_object(mine, gathered, dst=0)
-        if not self.ctx.is_main:
-            return None
-        full: dict = {}
-        for part in gathered:
-            full.update(part)
-        return full
+        return {k: v for part in gathered for k, v in part.items()} if self.ctx.is_main else None
 
     def release(self) -> None:
         self._schedules.clear()
         self.module = None
 
 
-_DATA_PARALLEL: dict[str, type[Strategy]] = {
-    "single": SingleStrategy,
-    "ddp": DDPStrategy,
-    "fsdp": FSDPStrategy,
-}
-
-
 def build_strategy(name: str, ctx: DistContext, precision: str = "fp32", parallel=None,
                    plan=None, batch_size: int = 0) -> Strategy:
     """The strategy ``name`` for this process; raises ValueError (a ConfigError) naming the key.
-
-    tp / pp / hybrid need ``parallel`` (``core.config.ParallelConfig``) and the task's ``plan``
-    (``tasks.base.ParallelPlan``).
-    """
+    tp / pp / hybrid need ``parallel`` (``ParallelConfig``) and the task's ``plan`` (``ParallelPlan``)."""
     check_world(name, ctx.world_size, parallel)
     if name == "pp":
         return PipelineStrategy(ctx, precision, parallel, plan, batch_size)
-    if name == "hybrid":
-        return HybridStrategy(ctx, precision, parallel, plan)
     if name in MODEL_PARALLEL:
-        return TensorParallelStrategy(ctx, precision, parallel, plan)
-    return _DATA_PARALLEL[name](ctx, precision)
+        return (HybridStrategy if name == "hybrid" else TensorParallelStrategy)(ctx, precision, parallel, plan)
+    return {"single": SingleStrategy, "ddp": DDPStrategy, "fsdp": FSDPStrategy}[name](ctx, precision)

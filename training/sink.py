@@ -1,18 +1,10 @@
 """Where rank 0's metrics go: ``<out_dir>/metrics.jsonl``, an MLflow run (optional), a progress bar or log lines.
 
-Other ranks get a sink that drops everything, so the loop never checks the rank.
-Rank 0 always appends its params and metrics to the metrics file (``core.metrics_file``;
-cheap, no MLflow import). The pipeline relays that file into its MLflow run from its own
-process (``registry.relay``), so training never waits on the tracking store. Only when
-``TRAINFLOW_MLFLOW_RUN_ID`` names a run (a pod or command with no relaying parent) does
-rank 0 also log into that run itself, synchronously; without it MLflow stays unused.
-
-One run for one training: rank 0 records the run it logs into in ``<out_dir>/mlflow_run.json``
-(``core.metrics_file``) and tags the run with the config id and the folder. A later training
-in the same folder (resumed after preemption, on another world size) without
-``TRAINFLOW_MLFLOW_RUN_ID`` logs into the recorded run again, once it has checked that the
-run is in this tracking store and carries those tags; otherwise it warns and logs to the file
-only. An empty ``TRAINFLOW_MLFLOW_RUN_ID`` (the pipeline's jobs: it relays) keeps MLflow off.
+Other ranks get a sink that drops everything, so the loop never checks the rank. The pipeline
+relays the metrics file into its MLflow run from its own process (``registry.relay``). Only when
+``TRAINFLOW_MLFLOW_RUN_ID`` names a run (no relaying parent) does rank 0 log into it itself;
+unset, it logs into the run ``<out_dir>/mlflow_run.json`` records once that run checks out
+(``core.metrics_file``); empty (the pipeline's jobs: it relays) keeps MLflow off.
 """
 
 from __future__ import annotations
@@ -24,17 +16,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from core.metrics_file import (
-    METRICS_FILE,
-    MetricsWriter,
-    latest_steps,
-    metrics_record,
-    params_record,
-    read_run_record,
-    run_tags,
-    verify_recorded_run,
-    write_run_record,
-)
+from core.metrics_file import (METRICS_FILE, RUN_FILE, MetricsWriter, latest_steps, metrics_record, params_record,
+                               read_run_record, run_tags, verify_recorded_run, write_run_record)
 
 log = logging.getLogger("trainflow.train")
 
@@ -42,26 +25,20 @@ RUN_ID_ENV = "TRAINFLOW_MLFLOW_RUN_ID"
 
 
 class MetricsSink:
-    def __init__(self, enabled: bool, run_id: str | None = None, progress: bool | None = None,
-                 out_dir: Path | None = None, config_id: str | None = None):
+    def __init__(self, enabled: bool, run_id: str | None = None, out_dir: Path | None = None,
+                 config_id: str | None = None):
         self.enabled = enabled
         self.run_id = run_id if enabled else None
         self.out_dir, self.config_id = out_dir, config_id
         self._record_pending = bool(self.run_id and out_dir is not None and config_id)
         self._last_step: dict[str, int] = {}
         self._file = MetricsWriter(Path(out_dir) / METRICS_FILE) if enabled and out_dir is not None else None
-        self._client = None
-        self._bar = None
-        self._task = None
-        self.progress = enabled and (sys.stderr.isatty() if progress is None else progress)
+        self._client = self._bar = self._task = None
+        self.progress = enabled and sys.stderr.isatty()
 
     @classmethod
     def for_rank(cls, is_main: bool, out_dir: Path | None = None, config_id: str | None = None) -> "MetricsSink":
-        """Rank 0's sink (``is_main``) writes ``out_dir/metrics.jsonl``; other ranks' drop everything.
-
-        Rank 0 logs into MLflow too when ``TRAINFLOW_MLFLOW_RUN_ID`` names a run or, unset, when
-        ``out_dir`` records a run of this training (``config_id``; see the module's doc).
-        """
+        """Rank 0's sink (``is_main``) writes ``out_dir/metrics.jsonl``; other ranks' drop everything."""
         env = os.environ.get(RUN_ID_ENV)
         run_id = env or None
         if is_main and env is None and out_dir is not None and config_id:
@@ -77,17 +54,16 @@ class MetricsSink:
         return self._client
 
     def _record(self) -> None:
-        """Once, before the first MLflow call: tag the run as this training's and record it here;
-        note each metric's last step in the run (a restarted attempt repeats the steps after
-        its checkpoint: those are in the run already)."""
+        """Once, before the first MLflow call: tag the run as this training's, record it here, and
+        note each metric's last step in it (a restarted attempt repeats steps already logged)."""
+        from mlflow.entities import RunTag
+
         self._record_pending = False
         self._last_step = latest_steps(self.client.get_run(self.run_id))
         before = read_run_record(self.out_dir)
         if before is not None and before["run_id"] != self.run_id:
             log.warning("%s named MLflow run %s; this training logs into %s (%s) from now on",
                         self.out_dir, before["run_id"], self.run_id, RUN_ID_ENV)
-        from mlflow.entities import RunTag
-
         tags = run_tags(self.config_id, self.out_dir)
         self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         write_run_record(self.out_dir, self.run_id, self.config_id)
@@ -154,8 +130,8 @@ class MetricsSink:
 
 
 def recorded_run(out_dir: Path, config_id: str) -> str | None:
-    """The MLflow run ``out_dir`` records for this training (``config_id``), once checked against
-    the tracking store (``MLFLOW_TRACKING_URI``); None, with a warning, when it fails a check."""
+    """The MLflow run ``out_dir`` records for this training, once checked against the tracking
+    store; None, with a warning, when it fails a check."""
     rec = read_run_record(out_dir)
     if rec is None:
         return None
@@ -164,7 +140,7 @@ def recorded_run(out_dir: Path, config_id: str) -> str | None:
     problem = verify_recorded_run(MlflowClient().get_run, rec, config_id, out_dir)
     if problem:
         log.warning("not resuming MLflow logging from %s: %s; metrics go to %s only",
-                    Path(out_dir) / "mlflow_run.json", problem, METRICS_FILE)
+                    Path(out_dir) / RUN_FILE, problem, METRICS_FILE)
         return None
     log.info("resuming MLflow run %s recorded in %s", rec["run_id"], out_dir)
     return rec["run_id"]

@@ -1,35 +1,17 @@
 """Data-parallel strategies behind one small API: single process, DDP, or FSDP2 (``fully_shard``).
 
-The trainer builds one ``Strategy`` from ``training.strategy`` and asks it to wrap
-the model, to run micro-steps without gradient sync, to clip gradients and to cast
-for mixed precision. The strategies differ only in
-how parameters live on each rank:
-
-- ``single``: one process, the model as is.
-- ``ddp``: every rank holds the full model, gradients are all-reduced
-  (``DistributedDataParallel``). Without a process group it behaves as ``single``.
-- ``fsdp``: parameters, gradients and optimizer state are sharded on dim 0 across
-  ranks (FSDP2, parameters become ``DTensor``s); checkpoints are sharded with
-  ``torch.distributed.checkpoint`` (each rank writes its own shard).
-- ``tp`` / ``pp`` / ``hybrid``: model parallelism, in ``training.parallel`` (tensor
-  parallel, pipeline stages, data x tensor parallel); DCP checkpoints. ``training.parallel.
-  build_strategy`` builds every strategy.
-
-Besides wrapping, a strategy owns how one batch runs (``forward_backward``,
-``eval_sums``: a pipeline runs micro-batches through its stages) and which data
-each rank sees (``dp_rank``/``dp_size``: ranks of one tensor-parallel group or one
-pipeline see the same batches; ``reports``: whether this rank's loss and sample
-counts enter the all-reduced sums, so each batch counts once).
-
+A ``Strategy`` wraps the model, runs a batch (``forward_backward``, ``eval_sums``), skips gradient
+sync on micro-steps, clips and casts; it says which data a rank sees (``dp_rank``/``dp_size``),
+whether its sums count (``reports``: each batch once) and how its state is checkpointed
+(``async_save``, ``checkpoint_module``, ``state_dict_options``, ``check_layout``). ``ddp`` without a
+process group is ``single``; ``fsdp`` shards parameters, gradients and optimizer state on dim 0.
 Methods marked COLLECTIVE must be called by every rank, in the same order.
-
-Checkpoints are ``training.checkpoint``'s (one format, DCP files, for every strategy); a strategy
-says only how its state is held: ``async_save`` (replicated: rank 0 writes alone, in the
-background), ``checkpoint_module``, ``state_dict_options`` and ``check_layout``.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import ContextManager, Iterator
@@ -39,54 +21,18 @@ from torch import nn
 
 from training.distributed import DistContext
 # The launch-time checks live in a torch-free module (the pipeline process uses them without torch).
-from training.layouts import (  # noqa: F401  (re-exported)
-    MODEL_PARALLEL,
-    mismatch_error,
-    PRECISIONS,
-    STRATEGIES,
-    StrategyConfigError,
-    check_world,
-    describe_layout,
-    layout_for,
-)
-
-
-
-def _check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise StrategyConfigError(
-            f"training.precision: must be one of {', '.join(repr(p) for p in PRECISIONS)}, got {precision!r}"
-        )
-
-
-def _is_dtensor(t) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
+from training.layouts import (MODEL_PARALLEL, PRECISIONS, StrategyConfigError, check_world,  # noqa: F401
+                              layout_for, mismatch_error)
 
 
 def uncompiled(module: nn.Module) -> nn.Module:
-    """``module`` without a ``torch.compile`` wrapper (its ``_orig_mod``); any other module as is.
-
-    A compiled module's own state dict prefixes every key with ``_orig_mod.``; checkpoints,
-    exports and registered weights always use the plain module's keys.
-    """
-    import sys
-
-    # A compile wrapper exists only once torch.compile imported dynamo: an eager run never pays
-    # dynamo's import here.
+    """``module`` without a ``torch.compile`` wrapper (its ``_orig_mod``): checkpoints, exports and
+    registered weights use the plain module's keys, not ``_orig_mod.``-prefixed ones."""
+    # A compile wrapper exists only once dynamo is imported: an eager run never pays for its import.
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     if eval_frame is not None and isinstance(module, eval_frame.OptimizedModule):
         return module._orig_mod
     return module
-
-
-def _targets_per_sample(y: torch.Tensor) -> int:
-    """Targets each sample holds (1 for a label, seq_len for next-token targets)."""
-    n = 1
-    for d in y.shape[1:]:
-        n *= d
-    return n
 
 
 class Strategy:
@@ -94,15 +40,18 @@ class Strategy:
 
     name: str = "base"
     # Replicated state: rank 0 writes it alone from a CPU snapshot, in the checkpointer's
-    # background thread (no collective); False: every rank writes its shards, together.
+    # background thread; False: every rank writes its shards, together.
     async_save: bool = True
-    # The task (``tasks.base.Task``) whose loss and accuracy count; the Trainer sets it.
-    task = None
+    task = None  # the ``tasks.base.Task`` whose loss and accuracy count; the Trainer sets it
 
     def __init__(self, ctx: DistContext, precision: str = "fp32"):
-        _check_precision(precision)
-        self.ctx = ctx
-        self.precision = precision
+        if precision not in PRECISIONS:
+            raise StrategyConfigError(
+                f"training.precision: must be one of {', '.join(repr(p) for p in PRECISIONS)}, got {precision!r}")
+        self.ctx, self.precision = ctx, precision
+        # Which batches this rank trains on (its index among the data-parallel replicas), and whether
+        # its loss, accuracy and sample counts enter the all-reduced sums.
+        self.dp_rank, self.dp_size, self.reports = ctx.rank, ctx.world_size, True
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(world_size={self.ctx.world_size}, precision={self.precision!r})"
@@ -111,7 +60,6 @@ class Strategy:
     def _bf16_cuda(self) -> bool:
         return self.precision == "bf16" and self.ctx.device.type == "cuda"
 
-    # -- model ----------------------------------------------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
 
@@ -119,14 +67,8 @@ class Strategy:
         return uncompiled(wrapped)
 
     def compile(self, wrapped: nn.Module, mode: str = "default", backend: str = "inductor") -> nn.Module:
-        """``torch.compile`` of what ``wrap`` returned (``training.compile``); call after ``wrap``.
-
-        The compiled wrapper is outermost: for DDP that is what torch's DDP notes ask (dynamo's
-        DDPOptimizer splits the graph at the gradient buckets so all-reduces still overlap the
-        backward), for FSDP2 the root is compiled after ``fully_shard`` (FSDP's hooks run between
-        the compiled pieces). Parameters are the same objects, so an optimizer built before or
-        after sees the same ones; ``unwrapped`` strips the wrapper again.
-        """
+        """``torch.compile`` of what ``wrap`` returned, outermost (after DDP / ``fully_shard``, as
+        torch's notes ask); parameters stay the same objects."""
         return torch.compile(wrapped, mode=None if mode == "default" else mode, backend=backend)
 
     def release(self) -> None:
@@ -137,50 +79,24 @@ class Strategy:
 
     def autocast(self) -> ContextManager:
         """bf16 autocast on CUDA; nothing on CPU or in fp32."""
-        if self._bf16_cuda:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return nullcontext()
-
-    # -- data layout and one batch ------------------------------------------------------------
-    @property
-    def dp_rank(self) -> int:
-        """This rank's index among the data-parallel replicas (which batches it trains on)."""
-        return self.ctx.rank
-
-    @property
-    def dp_size(self) -> int:
-        """How many data-parallel replicas there are (each sees a different shard of the data)."""
-        return self.ctx.world_size
-
-    @property
-    def reports(self) -> bool:
-        """Whether this rank's loss, accuracy and sample counts enter the all-reduced sums (once per batch)."""
-        return True
+        return torch.autocast("cuda", dtype=torch.bfloat16) if self._bf16_cuda else nullcontext()
 
     def layout(self) -> dict:
-        """How the model is laid out over ranks; stored in checkpoints (``layout_for``)."""
+        """How the model is laid out over ranks; stored in checkpoints."""
         return layout_for(self.name, self.ctx.world_size)
 
     def rank_info(self) -> dict:
-        """This rank's coordinates in the layout (for result.json's per-rank records)."""
+        """This rank's coordinates in the layout (result.json's per-rank records)."""
         return {}
 
     def forward_backward(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor, scale: float) -> float:
-        """Forward, then backward of the summed per-sample loss times ``scale``; returns that sum.
-
-        A sample's loss is the mean over its targets (one for a table row, one per token for the
-        LM). The trainer passes ``scale`` = dp_size / the step's samples over all ranks, so the
-        gradients, averaged over dp ranks, are those of the step's mean loss. ``x`` may have 0
-        rows (an epoch's last step): the forward and backward still run, so every rank joins
-        the gradient collectives, and the loss is 0.
-        """
-        # A 0-row batch runs the module uncompiled (still through DDP/FSDP, so the collectives
-        # happen): inductor's CPU convolution backward fails on 0 rows (a stride assertion), and
-        # the shape would cost a recompile anyway.
+        """Forward, then backward of the summed per-sample loss times ``scale``; returns that sum. ``x``
+        may have 0 rows (an epoch's last step): both still run, so every rank joins the collectives."""
+        # A 0-row batch runs uncompiled (still through DDP/FSDP): inductor's CPU convolution
+        # backward fails on 0 rows, and the shape would cost a recompile anyway.
         model = wrapped if len(x) else uncompiled(wrapped)
         with self.autocast():
-            per_sample = _targets_per_sample(y)
-            total = self.task.loss(model(x), y, reduction="sum") / per_sample
+            total = self.task.loss(model(x), y, reduction="sum") / math.prod(y.shape[1:])
             (total * scale).backward()
         return total.item()
 
@@ -194,8 +110,10 @@ class Strategy:
 
     def clip_grad_norm(self, wrapped: nn.Module, max_norm: float) -> float:
         """Clip all gradients to ``max_norm`` (global L2 norm over all ranks' shards); returns that norm."""
+        from torch.distributed.tensor import DTensor
+
         total = torch.nn.utils.clip_grad_norm_(wrapped.parameters(), max_norm)
-        if _is_dtensor(total):
+        if isinstance(total, DTensor):
             total = total.full_tensor()  # collective under fsdp: every rank calls clip_grad_norm
         return float(total)
 
@@ -205,15 +123,12 @@ class Strategy:
 
         return state_bytes(wrapped, optimizer)
 
-    # -- state ----------------------------------------------------------------------------
     def full_state_dict(self, wrapped: nn.Module) -> dict | None:
         """COLLECTIVE. Rank 0: a full CPU copy of the model's state dict; other ranks: None."""
         if not self.ctx.is_main:
             return None
         return {k: v.detach().to("cpu", copy=True) for k, v in self.unwrapped(wrapped).state_dict().items()}
 
-    # What the checkpointer (training.checkpoint) needs to save and load this strategy's state:
-    # ``async_save`` (above), ``checkpoint_module``, ``state_dict_options``, ``check_layout``.
     def checkpoint_module(self, wrapped: nn.Module) -> nn.Module:
         """The module whose state ``get_state_dict`` reads: the plain model (replicated state)."""
         return self.unwrapped(wrapped)
@@ -223,11 +138,8 @@ class Strategy:
         return None
 
     def check_layout(self, extra: dict, folder: Path) -> None:
-        """Raise a ``CheckpointMismatchError`` when ``folder``'s shards cannot load into this layout.
-
-        Replicated and FSDP checkpoints load into each other at any world size; tp / pp / hybrid
-        shards only into the layout that wrote them (``_ModelParallel.check_layout``).
-        """
+        """Raise a ``CheckpointMismatchError`` when ``folder``'s shards cannot load into this layout:
+        replicated and FSDP checkpoints load at any world size, tp / pp / hybrid only into their own."""
         theirs = (extra or {}).get("layout")
         if isinstance(theirs, dict) and theirs.get("strategy") in MODEL_PARALLEL and theirs != self.layout():
             raise mismatch_error(folder, theirs, self.layout())
@@ -247,8 +159,7 @@ class DDPStrategy(Strategy):
             return model
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
-        return DDP(model, device_ids=device_ids)
+        return DDP(model, device_ids=[self.ctx.device.index] if self.ctx.device.type == "cuda" else None)
 
     def unwrapped(self, wrapped: nn.Module) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -260,9 +171,7 @@ class DDPStrategy(Strategy):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         wrapped = uncompiled(wrapped)  # no_sync is DDP's, under a compile wrapper too
-        if sync or not isinstance(wrapped, DDP):
-            return nullcontext()
-        return wrapped.no_sync()
+        return nullcontext() if sync or not isinstance(wrapped, DDP) else wrapped.no_sync()
 
 
 def _shard_targets(model: nn.Module) -> list[nn.Module]:
@@ -270,9 +179,7 @@ def _shard_targets(model: nn.Module) -> list[nn.Module]:
     from torch.nn.modules.conv import _ConvNd
 
     layers = [m for m in model.modules() if m is not model and isinstance(m, (nn.Linear, _ConvNd))]
-    if layers:
-        return layers
-    return [c for c in model.children() if next(c.parameters(), None) is not None]
+    return layers or [c for c in model.children() if next(c.parameters(), None) is not None]
 
 
 @contextmanager
@@ -286,54 +193,45 @@ def fsdp_gradient_sync(wrapped: nn.Module, sync: bool) -> Iterator[None]:
 
 
 class DCPStrategy(Strategy):
-    """Base of the sharded strategies: every rank saves and loads its own shards (``async_save`` False)."""
+    """Base of the sharded strategies: every rank saves and loads its own shards."""
 
-    async_save = False  # every rank writes its shards: a collective save
+    async_save = False
 
     def __init__(self, ctx: DistContext, precision: str = "fp32"):
         super().__init__(ctx, precision)
         if not ctx.distributed:
             raise StrategyConfigError(
                 f"training.strategy: {self.name!r} needs a process group (launch with torchrun), "
-                "this process has none"
-            )
+                "this process has none")
 
     def checkpoint_module(self, wrapped: nn.Module) -> nn.Module:
         return wrapped  # its DTensor shards, which each rank writes
-
-
-class FSDPStrategy(DCPStrategy):
-    """FSDP2: ``fully_shard`` per Linear/Conv layer, then the root; DCP for checkpoints."""
-
-    name = "fsdp"
-
-    def _mp_policy(self):
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        if self._bf16_cuda:
-            return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        return MixedPrecisionPolicy()
-
-    def wrap(self, model: nn.Module) -> nn.Module:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
-        mp = self._mp_policy()
-        for module in _shard_targets(model):
-            fully_shard(module, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
-        return model
-
-    def autocast(self) -> ContextManager:
-        # bf16 on CUDA is FSDP's MixedPrecisionPolicy (module-level casts), not autocast.
-        return nullcontext()
-
-    def sync_context(self, wrapped: nn.Module, sync: bool) -> ContextManager:
-        return fsdp_gradient_sync(uncompiled(wrapped), sync)
 
     def full_state_dict(self, wrapped: nn.Module) -> dict | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return sd if self.ctx.is_main else None
+
+
+class FSDPStrategy(DCPStrategy):
+    """FSDP2: ``fully_shard`` per Linear/Conv layer, then the root."""
+
+    name = "fsdp"
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if self._bf16_cuda
+              else MixedPrecisionPolicy())
+        for module in [*_shard_targets(model), model]:
+            fully_shard(module, mesh=mesh, mp_policy=mp)
+        return model
+
+    def autocast(self) -> ContextManager:
+        return nullcontext()  # bf16 on CUDA is the MixedPrecisionPolicy's casts
+
+    def sync_context(self, wrapped: nn.Module, sync: bool) -> ContextManager:
+        return fsdp_gradient_sync(uncompiled(wrapped), sync)

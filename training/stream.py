@@ -1,30 +1,11 @@
-"""Streamed Parquet training data: a ``BatchSource`` (training/batches.py) over row groups.
+"""Streamed Parquet training data: a ``BatchSource`` (training/batches.py) over row groups, read on demand.
 
-A table larger than memory trains from its Parquet row groups (the shards), read on demand; a
-bounded number of them is in memory at a time, whatever the number of rows. The epoch's global
-order (the cursor contract) is built from the row groups' sizes alone, never from the world size:
-
-1. the row groups are permuted by a generator seeded with (seed, epoch);
-2. that sequence is cut into windows of ``window`` row groups;
-3. the training rows of a window are shuffled by a generator seeded with (seed, epoch, window).
-
-So a sample never moves further than its window (a bounded shuffle), and the position after
-``cursor`` samples is rebuilt from (seed, epoch, cursor) alone: nothing per rank is checkpointed.
-Each optimizer step takes the next G positions of the order; inside the step its samples are
-sorted by row group and rank r takes the r-th run of ``micro_batch * grad_accum`` of them, so a
-rank reads about ``window / dp_size + 1`` row groups of each window instead of all of them (when
-a step holds many rows of each). A background thread reads the next ``PREFETCH_ROW_GROUPS`` row
-groups the coming steps need while this one trains (reading overlaps compute); memory holds one
-window's share per rank plus those, whatever the number of rows.
-
-Per-epoch validation rows are held out by a seeded hash of each row's id, inside a seeded set of
-row groups large enough for ``training.loader.val_rows`` rows: known from ids alone (no data is
-read to know them) and bounded in memory. Unlike the in-memory split they are not stratified.
-
-A CSV train file larger than ``training.loader.csv_parquet_above_mb`` is converted once to
-Parquet in ``TRAINFLOW_HOME/cache/parquet/<DVC md5>/`` (never in the repository) and streamed
-from there; ``training.loader.kind: auto`` streams when the train split is larger than
-``training.loader.stream_above_mb`` and keeps the in-memory loader otherwise (``choose_loader``).
+The epoch's global order comes from the row groups' sizes alone: the row groups are permuted by
+(seed, epoch), cut into windows of ``window`` row groups, and each window's training rows shuffled by
+(seed, epoch, window); so a cursor is all a resume needs. Inside a step the samples are sorted by
+row group and rank r takes the r-th run, so a rank reads few row groups of each window; a background
+thread reads ahead ``PREFETCH_ROW_GROUPS``. Validation rows are held out by a seeded hash of their
+ids (``Holdout``). A large CSV is converted once to Parquet in the cache and streamed from there.
 """
 
 from __future__ import annotations
@@ -34,6 +15,7 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -49,16 +31,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainflow.stream")
 
-# Seeded streams of one source, kept apart: the row groups' order, the shuffle inside a window,
-# and which rows are held out for per-epoch validation.
+# Seeded streams of one source, kept apart: row-group order, window shuffle, held-out rows.
 _GROUPS, _WINDOW, _HOLDOUT = 0x67, 0x77, 0x68
-# Rows per row group of a CSV converted to Parquet. It fixes the row groups and so the global
-# order: it is part of the cache folder's name.
+# Rows per row group of a converted CSV: it fixes the global order, so it is in the cache folder's name.
 CONVERTED_ROW_GROUP_ROWS = 131072
-# Planned steps kept ahead at most (ids only): enough to see into the next window unless steps are tiny.
+# Planned steps kept ahead at most (ids only).
 MAX_STEPS_AHEAD = 4096
-# Row groups the reader thread reads ahead of those in use: enough to hide a read behind the steps
-# of one row group, few enough that memory does not grow with the data.
+# Row groups read ahead of those in use: hides a read, and memory does not grow with the data.
 PREFETCH_ROW_GROUPS = 2
 
 Reader = Callable[[int], tuple[np.ndarray, np.ndarray]]
@@ -77,13 +56,10 @@ def _mix(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-# -- the dataset's row groups ----------------------------------------------------------------
 @dataclass(frozen=True)
 class RowGroups:
-    """A Parquet dataset's row groups in reading order (files by name, each file's groups in order).
-
-    Global sample ids run through them: row group ``u`` holds ids ``start[u] .. start[u] + rows[u]``.
-    """
+    """A Parquet dataset's row groups in reading order; row group ``u`` holds global ids
+    ``start[u] .. start[u] + rows[u]``."""
 
     files: tuple[Path, ...]
     file_of: np.ndarray  # per row group: index into files
@@ -96,16 +72,13 @@ class RowGroups:
     def __len__(self) -> int:
         return len(self.rows)
 
-    @property
-    def n_rows(self) -> int:
-        return int(self.rows.sum())
+    def ids(self, unit: int) -> np.ndarray:
+        return self.start[unit] + np.arange(self.rows[unit], dtype=np.int64)
 
 
 def scan_row_groups(source: Path) -> RowGroups:
-    """The row groups of a Parquet file or folder, from the footers alone (no data is read).
-
-    Raises DataUnavailableError naming the file that is unreadable or lacks the first file's columns.
-    """
+    """The row groups of a Parquet file or folder, from the footers alone; DataUnavailableError names
+    a file that is unreadable or lacks the first file's columns."""
     import pyarrow.parquet as pq
 
     from tasks.columnar import parquet_files
@@ -133,31 +106,22 @@ def scan_row_groups(source: Path) -> RowGroups:
 
 
 class Holdout:
-    """The rows held out of training for per-epoch validation.
-
-    A row is held out when a seeded hash of its id falls below ``fraction``, and only in a seeded
-    set of row groups holding about ``max_rows / fraction`` rows: the held-out rows stay near
-    ``max_rows`` whatever the data's size, and are known from ids alone.
-    """
+    """The rows held out for per-epoch validation: those whose seeded id hash falls below ``fraction``,
+    in a seeded set of row groups of about ``max_rows / fraction`` rows (so about ``max_rows``)."""
 
     def __init__(self, groups: RowGroups, seed: int, fraction: float, max_rows: int):
-        if not 0 <= fraction < 1:
-            raise ValueError(f"fraction: must be in [0, 1), got {fraction}")
         order = np.random.default_rng([_u64(seed), _HOLDOUT]).permutation(len(groups))
-        need = max_rows / fraction if fraction else 0
-        k = int(np.searchsorted(np.cumsum(groups.rows[order]), need)) + 1 if fraction else 0
+        k = int(np.searchsorted(np.cumsum(groups.rows[order]), max_rows / fraction)) + 1 if fraction else 0
         self.units = frozenset(order[:k].tolist())
         self.key = np.uint64(_mix(np.asarray([_u64(seed)], dtype=np.uint64))[0])
         self.threshold = np.uint64(min(int(fraction * 2.0**64), (1 << 64) - 1))
 
     def mask(self, unit: int, ids: np.ndarray) -> np.ndarray:
-        """True where a row of ``unit`` (ids given) is held out."""
         if unit not in self.units:
             return np.zeros(len(ids), dtype=bool)
         return _mix(ids.astype(np.uint64) ^ self.key) < self.threshold
 
 
-# -- the source --------------------------------------------------------------------------------
 @dataclass
 class _Planned:
     """One step of this rank, as ids: what ``epoch_steps`` turns into tensors."""
@@ -170,18 +134,11 @@ class _Planned:
 
 
 class StreamSource:
-    """A ``BatchSource`` over a Parquet dataset's row groups (see the module's docstring).
-
-    ``read(u)`` returns row group ``u``'s (features float32 ``[rows, f]``, targets) for all its rows
-    (held-out ones too); it is called from one background thread at a time (or this one with
-    ``prefetch=False``). ``window``: row groups shuffled together. ``n_features``/``y_dtype`` shape
-    an empty micro-batch (a short last step).
-    """
+    """A ``BatchSource`` over a Parquet dataset's row groups. ``read(u)``: row group ``u``'s (features
+    float32 ``[rows, f]``, targets), held-out rows too, called from one thread at a time."""
 
     def __init__(self, groups: RowGroups, read: Reader, *, seed: int, window: int, holdout: Holdout,
                  n_features: int, y_dtype, prefetch: bool = True):
-        if window < 1:
-            raise ValueError(f"window: must be >= 1, got {window}")
         self.groups, self.read, self.seed, self.window = groups, read, _u64(seed), window
         self.holdout, self.prefetch = holdout, prefetch
         self._empty = (np.zeros((0, n_features), dtype=np.float32), np.zeros((0,), dtype=y_dtype))
@@ -196,10 +153,9 @@ class StreamSource:
 
     def train_ids(self, unit: int) -> np.ndarray:
         """The global ids of ``unit``'s training rows (not held out), ascending."""
-        ids = self.groups.start[unit] + np.arange(self.groups.rows[unit], dtype=np.int64)
+        ids = self.groups.ids(unit)
         return ids[~self.holdout.mask(unit, ids)]
 
-    # -- the global order -------------------------------------------------------------------
     def _layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(the epoch's row-group sequence, each window's first position; one more at the end)."""
         if self._layout_cache is None or self._layout_cache[0] != epoch:
@@ -220,7 +176,7 @@ class StreamSource:
         return ids[perm], keys[perm]
 
     def global_order(self, epoch: int) -> np.ndarray:
-        """The epoch's whole global order of ids (for tests and checks: it holds all N ids)."""
+        """The epoch's whole global order of ids (for tests: it holds all N ids)."""
         _, starts = self._layout(epoch)
         return np.concatenate([self._window(epoch, w)[0] for w in range(len(starts) - 1)])
 
@@ -259,15 +215,9 @@ class StreamSource:
             yield _Planned(mine, list(zip(run_units, starts_.tolist(), ends_.tolist())), g, first, tuple(run_units))
             pos += g
 
-    # -- batches ------------------------------------------------------------------------------
     def epoch_steps(self, epoch: int, cursor: int, plan: "BatchPlan") -> Iterator["StepBatches"]:
-        """This rank's steps of ``epoch`` from ``cursor`` (the contract in training/batches.py).
-
-        Plans steps ahead (ids only, at most ``MAX_STEPS_AHEAD``) to learn which row groups come
-        next, and keeps the reader thread ``PREFETCH_ROW_GROUPS`` row groups ahead of the ones in
-        use; a row group is dropped once the steps have left its window. So memory holds this
-        rank's share of one window plus the prefetched ones, whatever the number of rows.
-        """
+        """This rank's steps of ``epoch`` from ``cursor``. Plans ahead (ids only) and drops a row group once
+        this rank reads it no more: memory holds a share of one window plus the prefetched ones."""
         steps = self._plan(epoch, cursor, plan)
         seq, _ = self._layout(epoch)
         window_of = np.empty(len(seq), dtype=np.int64)
@@ -278,11 +228,10 @@ class StreamSource:
         upcoming: deque = deque()  # row groups of planned steps not yet asked for, in order of first use
         asked: set = set()  # asked for, not yet used by a step
         more, planned_through = True, -1  # planned_through: the last planned step's first window
-        with _Loader(self.read, self.prefetch) as loader:
+        with closing(_Loader(self.read, self.prefetch)) as loader:
             while True:
-                # Plan ahead (ids only): enough steps to keep the reader PREFETCH_ROW_GROUPS ahead, and
-                # every remaining step of the windows the next step reads, so that a row group's last
-                # use by this rank is known (a step starting in a later window reads none of them).
+                # Plan ahead: enough to keep the reader ahead, and every step of the windows the next
+                # step reads, so a row group's last use by this rank is known.
                 while more and len(ahead) < MAX_STEPS_AHEAD and (
                         not ahead or len(upcoming) < PREFETCH_ROW_GROUPS
                         or planned_through <= max((int(window_of[u]) for u in ahead[0].units), default=-1)):
@@ -302,15 +251,12 @@ class StreamSource:
                 planned = ahead.popleft()
                 for u in planned.units:
                     uses[u] -= 1
-                # Steps go window by window: no later step needs a row group of an earlier window
-                # than the first this rank's share of the step reads.
+                # No later step needs a row group of an earlier window than this step's first.
                 need = min((int(window_of[u]) for u in planned.units), default=planned.window)
                 for u in [u for u in loader.loaded if window_of[u] < need]:
                     loader.drop(u)
-                # A step that crosses into the next window needs row groups of both: the next
-                # window's are asked for (in _tensors) only once the rows of the one it leaves are
-                # copied out and those dropped, so a rank never holds two windows at once (otherwise the
-                # peak grows with the number of window boundaries, i.e. with the data).
+                # A step crossing into the next window asks for that window's row groups (in _tensors)
+                # only once the leaving ones are copied out and dropped: never two windows at once.
                 while upcoming and upcoming[0] in planned.units:  # needed now: ask (if not yet)
                     u = upcoming.popleft()
                     if window_of[u] == need:
@@ -323,10 +269,7 @@ class StreamSource:
                 leaving = ({u for u in planned.units if window_of[u] == need}
                            if any(window_of[u] != need for u in planned.units) else set())
                 batches = self._tensors(planned, loader, plan.micro_batch, plan.grad_accum, leaving)
-                # A row group this rank reads no more is dropped now, not when its window ends: a step
-                # crossing into a window reads a few rows of each of its row groups, of which this
-                # rank's later steps read only its share (otherwise a rank holds the whole next window
-                # until that window ends).
+                # Dropped now, not when its window ends: otherwise a rank holds the whole next window.
                 for u in planned.units:
                     if uses[u] == 0 and (not more or window_of[u] < planned_through):
                         del uses[u]
@@ -369,8 +312,7 @@ class StreamSource:
         """(features, targets) of every held-out row: the per-epoch validation split (bounded)."""
         xs, ys = [self._empty[0]], [self._empty[1]]
         for u in sorted(self.holdout.units):
-            ids = self.groups.start[u] + np.arange(self.groups.rows[u], dtype=np.int64)
-            mask = self.holdout.mask(u, ids)
+            mask = self.holdout.mask(u, self.groups.ids(u))
             if mask.any():
                 gx, gy = self.read(u)
                 xs.append(gx[mask])
@@ -379,8 +321,8 @@ class StreamSource:
 
 
 class _Loader:
-    """Row groups by index, read by one background thread in the order asked (``prefetch``) or
-    here on first use; ``drop`` forgets one (its memory goes with the last reference)."""
+    """Row groups by index, read by one background thread in the order asked (``prefetch``) or here
+    on first use; ``drop`` forgets one."""
 
     def __init__(self, read: Reader, prefetch: bool):
         self.read = read
@@ -403,22 +345,17 @@ class _Loader:
     def drop(self, unit: int) -> None:
         self.loaded.pop(unit, None)
 
-    def __enter__(self) -> "_Loader":
-        return self
-
-    def __exit__(self, *exc) -> None:
+    def close(self) -> None:
         if self.pool is not None:  # a generator closed early (preemption): no read outlives it
             self.pool.shutdown(wait=True, cancel_futures=True)
         self.loaded.clear()
 
 
-# -- tables --------------------------------------------------------------------------------------
 def table_reader(groups: RowGroups, features: list[str], label: str,
                  targets: Callable[["object"], np.ndarray],
                  encode: Callable[["object"], np.ndarray] | None = None) -> Reader:
-    """``read(u)`` for a table: ``encode(row group u's feature columns as a pandas frame)`` (the
-    task's encoding: float32 ``[rows, f]``, nulls as NaN, which the model's first layer imputes;
-    None: numeric columns as they are) and ``targets(the label column, a pyarrow ChunkedArray)``."""
+    """``read(u)`` for a table: ``encode(row group u's feature columns, a pandas frame)`` (float32
+    ``[rows, f]``; None: numeric columns as they are) and ``targets(the label column, pyarrow)``."""
     import pyarrow.parquet as pq
 
     files: dict[int, object] = {}
@@ -444,20 +381,9 @@ def table_reader(groups: RowGroups, features: list[str], label: str,
     return read
 
 
-def data_bytes(cfg: "PipelineConfig", root: Path) -> int:
-    """Bytes on disk of the train split's files (what ``training.loader.kind: auto`` weighs)."""
-    from tasks.table import split_paths
-
-    paths = split_paths(cfg.dataset, root)
-    path = paths.get("train") or paths["all"]
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return path.stat().st_size if path.is_file() else 0
-
-
 def choose_loader(cfg: "PipelineConfig", root: Path) -> tuple[str, str]:
-    """(the loader ``training.loader.kind`` means for this data, why): ``memory``, ``dataloader`` or
-    ``stream``. ``auto`` streams a train split larger than ``stream_above_mb``, else in-memory."""
+    """(the loader ``training.loader.kind`` means for this data: ``memory``, ``dataloader`` or
+    ``stream``, why); ``auto`` streams a train split larger than ``stream_above_mb``."""
     from tasks.table import split_paths
 
     lc = cfg.training.loader
@@ -465,20 +391,20 @@ def choose_loader(cfg: "PipelineConfig", root: Path) -> tuple[str, str]:
         return lc.kind, f"training.loader.kind: {lc.kind}"
     if cfg.dataset.file is not None:
         return "memory", "auto: dataset.file is split by seed in memory (streaming needs train_file and test_file)"
-    size = data_bytes(cfg, root)
+    path = split_paths(cfg.dataset, root)["train"]
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path] if path.is_file() else []
+    size = sum(p.stat().st_size for p in files)
     mib = size / 2**20
     if size <= lc.stream_above_mb * 2**20:
         return "memory", f"auto: train split is {mib:.1f} MiB <= stream_above_mb {lc.stream_above_mb:g}"
-    if split_paths(cfg.dataset, root)["train"].suffix.lower() == ".csv" and mib <= lc.csv_parquet_above_mb:
+    if path.suffix.lower() == ".csv" and mib <= lc.csv_parquet_above_mb:
         return "memory", f"auto: a CSV train split of {mib:.1f} MiB <= csv_parquet_above_mb {lc.csv_parquet_above_mb:g}"
     return "stream", f"auto: train split is {mib:.1f} MiB > stream_above_mb {lc.stream_above_mb:g}"
 
 
 def parquet_source(path: Path, root: Path, data_md5: str, csv_above_mb: float) -> Path:
     """The Parquet file or folder to stream ``path`` from: itself, or for a CSV larger than
-    ``csv_above_mb`` its Parquet copy in ``TRAINFLOW_HOME/cache/parquet/<data md5>/`` (converted
-    once, under a lock; never in the repository). A smaller CSV: DataUnavailableError (stream it
-    from memory instead: ``training.loader.kind: memory`` or ``auto``)."""
+    ``csv_above_mb`` its cached Parquet copy; a smaller CSV: DataUnavailableError."""
     from tasks.columnar import source_format
 
     path = Path(path)
@@ -493,9 +419,8 @@ def parquet_source(path: Path, root: Path, data_md5: str, csv_above_mb: float) -
 
 
 def csv_to_parquet(path: Path, root: Path, data_md5: str, row_group_rows: int = CONVERTED_ROW_GROUP_ROWS) -> Path:
-    """``path`` (a CSV) as Parquet in the run's cache, keyed by the data's DVC md5: converted once in
-    bounded memory (tasks.columnar's streaming CSV batches, written ``row_group_rows`` rows per row group),
-    written to a temporary name and renamed; other processes wait on a lock and reuse it."""
+    """``path`` (a CSV) as Parquet in ``TRAINFLOW_HOME/cache/parquet/``, keyed by the data's DVC md5:
+    converted once in bounded memory, ``row_group_rows`` rows per row group, under a lock."""
     import re
 
     import pyarrow as pa
@@ -518,21 +443,23 @@ def csv_to_parquet(path: Path, root: Path, data_md5: str, row_group_rows: int = 
         folder.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
         writer, pending, held = None, [], 0
+
+        def write(table) -> None:
+            nonlocal writer
+            writer = writer or pq.ParquetWriter(tmp, table.schema)
+            writer.write_table(table, row_group_size=row_group_rows)
+
         try:
             for batch in iter_batches(path, batch_rows=row_group_rows):
                 pending.append(batch)
                 held += batch.num_rows
                 while held >= row_group_rows:  # exactly row_group_rows per row group: a fixed layout
                     table = pa.Table.from_batches(pending)
-                    writer = writer or pq.ParquetWriter(tmp, table.schema)
-                    writer.write_table(table.slice(0, row_group_rows), row_group_size=row_group_rows)
+                    write(table.slice(0, row_group_rows))
                     rest = table.slice(row_group_rows)
                     pending, held = rest.to_batches(), rest.num_rows
-            if held or writer is None:
-                table = pa.Table.from_batches(pending) if pending else None
-                if table is not None:
-                    writer = writer or pq.ParquetWriter(tmp, table.schema)
-                    writer.write_table(table, row_group_size=row_group_rows)
+            if pending and (held or writer is None):
+                write(pa.Table.from_batches(pending))
         finally:
             if writer is not None:
                 writer.close()
@@ -544,10 +471,9 @@ def csv_to_parquet(path: Path, root: Path, data_md5: str, row_group_rows: int = 
 
 
 def stream_splits(cfg: "PipelineConfig", root: Path, seed: int, data_md5: str) -> "Splits":
-    """``Splits`` whose ``train`` is a ``StreamSource`` over the train split (a Parquet file or folder,
-    or a large CSV's Parquet copy), ``val`` the held-out rows as tensors and ``test`` empty (the
-    evaluation reads the test split itself). ``info`` comes from one streaming pass of column
-    statistics (``tasks.columnar.column_stats``), as the in-memory path fits it on the train split."""
+    """``Splits`` whose ``train`` is a ``StreamSource`` over the train split, ``val`` the held-out rows
+    and ``test`` empty (the evaluation reads the test split itself); ``info`` from the task's
+    ``stream_info`` pass."""
     from tasks import get_task
     from tasks.table import split_paths
     from tasks.splits import Splits, tensors
@@ -578,8 +504,7 @@ def stream_splits(cfg: "PipelineConfig", root: Path, seed: int, data_md5: str) -
 
 def _info_once(task, cfg: "PipelineConfig", root: Path, source: Path, groups: RowGroups, data_md5: str):
     """The task's ``stream_info`` (a pass over the whole train split) once per data, config and code:
-    kept as JSON in ``TRAINFLOW_HOME/cache/stream/`` and computed under a lock, so the other ranks
-    and later runs read it instead of each making the same pass. A read-only home: computed here."""
+    cached as JSON in ``TRAINFLOW_HOME/cache/stream/`` under a lock (a read-only home: computed here)."""
     import hashlib
     import json
 
@@ -591,8 +516,8 @@ def _info_once(task, cfg: "PipelineConfig", root: Path, source: Path, groups: Ro
         st = Path(path).stat()
         return [str(path), st.st_size, st.st_mtime_ns]
 
-    code = [Path(__file__), Path(__file__).parents[1] / "tasks" / "tabular.py",
-            Path(__file__).parents[1] / "tasks" / "columnar.py", Path(__file__).parents[1] / "tasks" / "encoding.py"]
+    tasks_dir = Path(__file__).parents[1] / "tasks"
+    code = [Path(__file__), *(tasks_dir / f for f in ("tabular.py", "columnar.py", "encoding.py"))]
     exp = cfg.dataset.expectations_file
     key = sha256_json({"task": task.name, "dataset": cfg.dataset.model_dump(mode="json"), "md5": data_md5,
                        "files": [ident(f) for f in groups.files],

@@ -1,18 +1,9 @@
 """The training loop: one ``Trainer`` that runs the same on 1 process or N (single | DDP | FSDP | TP | PP).
 
-The loop is an epoch loop around ``train_step``. Batches come from a ``training.batches``
-source as whole optimizer steps of a ``BatchPlan``: global batch G = per-rank batch x
-data-parallel ranks x grad_accum. Each epoch visits every training sample exactly once in
-an order fixed by (seed, epoch); the trainer's position is a global sample cursor into it,
-so a checkpoint resumes on another world size or strategy without skipping or repeating a
-sample (the batch policy keeps G where it divides, ``choose_plan``). The learning rate is
-scaled to G by ``training.lr_scaling``, warmed up linearly, then follows a cosine decay, as
-a function of samples consumed, so a resize does not jump it.
-
-Everything that decides control flow (preemption, early stopping) is agreed by an
-all-reduce, so all ranks take the same branch at the same step. The checkpointer decides
-when to save (``CheckpointManager.maybe_save``); what it saves is a ``TrainState``. A run
-resumed on the same layout ends, in deterministic mode, with bitwise-identical weights.
+Batches come from a ``training.batches`` source as whole optimizer steps; the position is a global
+sample cursor and the LR a function of samples consumed, so a checkpoint resumes on another world
+size or strategy. Control flow (preemption, early stopping) is agreed by all-reduce. A run resumed on
+the same layout ends, in deterministic mode, with bitwise-identical weights.
 """
 
 from __future__ import annotations
@@ -20,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,7 +23,7 @@ from training.batches import BatchPlan, StepBatches, build_source, choose_plan, 
 from training.checkpoint import CheckpointManager, CheckpointMismatchError, TrainState, check_identity
 from tasks.splits import Splits
 from training.distributed import DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank
-from training.goodput import Ledger, agree_interval, describe, summarise
+from training.goodput import Ledger, agree_interval, describe, restart_count, summarise  # noqa: F401
 from training.metrics import StepMetrics, flops_per_sample, gpu_utilization, mfu, peak_memory_bytes
 from training.models import build_model
 from training.preemption import StopRequest
@@ -45,12 +35,8 @@ log = logging.getLogger("trainflow.train")
 
 def lr_factor(done: float, step_samples: int, warmup: float, total: float) -> float:
     """LR multiplier of the step that consumes samples [done, done + step_samples) of a run of
-    ``total`` samples: linear warm-up over the first ``warmup`` samples, then cosine decay to 0.
-
-    In samples, not steps, so a resume with another global batch continues the same curve. With
-    G samples per step it is the classic per-step schedule: step s gets (s + 1) / warmup_steps
-    during warm-up, then 0.5 (1 + cos(pi (s - warmup_steps) / (total_steps - warmup_steps))).
-    """
+    ``total``: linear warm-up over the first ``warmup`` samples, then cosine decay to 0 (in samples,
+    so a resume with another global batch continues the same curve)."""
     if warmup and done < warmup:
         return min(1.0, (done + step_samples) / warmup)
     span = max(1.0, total - warmup)
@@ -109,8 +95,7 @@ class Trainer:
     def __init__(self, cfg: PipelineConfig, ctx: DistContext, data: Splits, out_dir: Path,
                  sink: MetricsSink, config_id: str, data_md5: str, force_resume: bool = False):
         self.cfg, self.ctx, self.data, self.out = cfg, ctx, data, Path(out_dir)
-        self.sink, self.config_id, self.data_md5 = sink, config_id, data_md5
-        self.force_resume = force_resume
+        self.sink, self.config_id, self.data_md5, self.force_resume = sink, config_id, data_md5, force_resume
         t = cfg.training
         from tasks import get_task
 
@@ -120,40 +105,32 @@ class Trainer:
         self.strategy.task = self.task
         self.source = build_source(data.train, cfg.seed, t.loader)
         self.n_train = len(self.source)
-        # The configured plan; a resume may change it (the batch policy, ``_apply_plan``).
+        # The configured plan; a resume may change it (the batch policy).
         self._apply_plan(choose_plan(t.batch_size, t.grad_accum, self.strategy.dp_size, t.lr, t.base_batch,
                                      t.lr_scaling, None))
 
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
         self.model = self.strategy.wrap(build_model(cfg, data.info).to(ctx.device))
-        params = self.model.parameters()
-        if t.optimizer == "sgd":
-            self.opt = torch.optim.SGD(params, lr=self.lr, momentum=0.9, weight_decay=t.weight_decay)
-        else:
-            self.opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=t.weight_decay)
+        opt, kw = (torch.optim.SGD, {"momentum": 0.9}) if t.optimizer == "sgd" else (torch.optim.AdamW, {})
+        self.opt = opt(self.model.parameters(), lr=self.lr, weight_decay=t.weight_decay, **kw)
         self.ckpt = CheckpointManager(self.out / "checkpoints", ctx, self.strategy, keep=t.keep_checkpoints,
                                       every_steps=t.checkpoint_every_steps, every_epochs=t.checkpoint_every_epochs,
                                       enabled=t.checkpoints)
         self.metrics = StepMetrics(ctx, t.straggler_ratio) if t.metrics else _NoMetrics()
-        if t.metrics and t.strategy == "ddp" and ctx.distributed:
-            self.metrics.attach_comm_hook(self.model)
+        self.metrics.attach_comm_hook(self.model)  # DDP only
         if t.compile.enabled:  # after the comm hook: that goes on the DDP module itself
             self.model = self.strategy.compile(self.model, t.compile.mode, t.compile.backend)
-        self.fault = faults.from_env()
-        self.ids = faults.id_recorder_from_env()
-        self.stop = StopRequest()
+        self.fault, self.ids, self.stop = faults.from_env(), faults.id_recorder_from_env(), StopRequest()
         self.state = TrainState(model=self.model, optimizer=self.opt, config_id=config_id,
                                 resume_id=cfg.resume_id(), data_md5=data_md5, layout=self.strategy.layout())
         # This rank's part of the current epoch's train loss (only ranks that report add to it).
         self.epoch_loss, self.epoch_n = 0.0, 0
         self.resized_from: dict | None = None
-        # Rank 0's goodput ledger (deaths, restarts, stalls); the mid-epoch interval is chosen in fit().
+        self.last_metrics: dict = {}
+        self.flops: float | None = None
         self.ledger = Ledger.for_rank(ctx.is_main, self.out)
         self.ledger.start(ctx.world_size)
-        self.last_metrics: dict = {}
-        self.flops = None
 
-    # -- where the run is (read by the worker's summary) ------------------------------------------
     @property
     def step(self) -> int:
         return self.state.step
@@ -162,24 +139,9 @@ class Trainer:
     def epoch(self) -> int:
         return self.state.epoch
 
-    @property
-    def global_batch(self) -> int:
-        return self.plan.global_batch
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.plan.steps(self.n_train)
-
-    @property
-    def raw_model(self) -> torch.nn.Module:
-        return self.strategy.unwrapped(self.model)
-
     def release(self) -> None:
-        """Drop the wrapped model before the process group is destroyed.
-
-        DDP's reducer holds the group; left to interpreter shutdown, gloo's threads
-        were seen to deadlock the exiting process after training had finished.
-        """
+        """Drop the wrapped model before the process group is destroyed: DDP's reducer holds the
+        group, and left to interpreter shutdown gloo's threads can deadlock the exiting process."""
         import gc
 
         self.model = None
@@ -189,15 +151,13 @@ class Trainer:
 
     def _apply_plan(self, choice) -> None:
         t = self.cfg.training
-        self.choice = choice
+        self.choice, self.lr = choice, choice.lr
         self.plan = BatchPlan.of(choice.micro_batch, choice.grad_accum, self.strategy.dp_size, self.strategy.dp_rank)
-        self.lr = choice.lr
         if t.strategy == "pp" and choice.micro_batch % t.parallel.microbatches:
             raise CheckpointMismatchError(
                 f"the batch policy chose {choice.micro_batch} samples per rank, which "
                 f"training.parallel.microbatches ({t.parallel.microbatches}) does not divide")
 
-    # -- checkpoint state ---------------------------------------------------------------------
     def checkpoint_state(self) -> TrainState:
         """COLLECTIVE. The state to checkpoint now: every rank's RNG and epoch loss sums gathered."""
         st = self.state
@@ -209,15 +169,13 @@ class Trainer:
         return st
 
     def resume(self) -> int | None:
-        """Restore the latest valid checkpoint, if any, and choose the batch plan for this world;
-        returns the checkpoint's step (None: a fresh start)."""
+        """Restore the latest valid checkpoint and choose the batch plan for this world; returns its
+        step (None: a fresh start)."""
         loaded = self.ckpt.load_state(self.model, self.opt)
         if loaded is None:
             return None
         if not self.force_resume:  # the launcher checked the same before torchrun started
-            check_identity({"step": loaded.step, "config_id": loaded.config_id, "resume_id": loaded.resume_id,
-                            "data_md5": loaded.data_md5}, self.config_id, self.data_md5, self.state.resume_id,
-                           where=str(self.ckpt.dir))
+            check_identity(vars(loaded), self.config_id, self.data_md5, self.state.resume_id, where=str(self.ckpt.dir))
         t = self.cfg.training
         choice = choose_plan(t.batch_size, t.grad_accum, self.strategy.dp_size, t.lr, t.base_batch, t.lr_scaling,
                              loaded.plan)
@@ -237,27 +195,20 @@ class Trainer:
             self.epoch_n = int(sum(s[1] for s in loaded.epoch_sums))
         if rank < len(loaded.rng):
             torch.set_rng_state(loaded.rng[rank])
-        resized = loaded.layout != self.strategy.layout() or choice.decision not in ("unchanged",)
-        self.resized_from = loaded.writer() if resized else None
+        resized = loaded.layout != self.strategy.layout() or choice.decision != "unchanged"
+        self.resized_from = w = loaded.writer() if resized else None
         log.info("rank %d resumed from step %d (epoch %d, sample %d of %d)", rank, st.step, st.epoch + 1,
                  st.cursor, self.n_train)
         if resized and self.ctx.is_main:
-            w = loaded.writer()
             log.warning("resize: checkpoint written by %s worker(s) (strategy %s, dp %s, %s per rank x %s "
                         "micro-steps = global batch %s); this run: %d worker(s), strategy %s: %s",
                         w["world_size"], w["strategy"], w["dp_size"], w["micro_batch"], w["grad_accum"],
                         w["global_batch"], self.ctx.world_size, t.strategy, choice.reason)
         return st.step
 
-    # -- one optimizer step ---------------------------------------------------------------------
     def train_step(self, batch: StepBatches) -> tuple[float, int]:
-        """Forward/backward over this rank's micro-batches, then one optimizer step.
-
-        The step's loss is the mean over its ``global_samples`` (over every rank): each rank
-        scales its summed loss by dp_size / global_samples and DDP/FSDP average gradients over
-        the dp ranks, so short or empty micro-batches of an epoch's last step stay exact.
-        Returns (summed per-sample loss, samples) of this rank's micro-batches.
-        """
+        """One optimizer step over this rank's micro-batches; returns their (summed per-sample loss, samples).
+        Losses are scaled by dp_size / global_samples, so a short last step's mean is exact."""
         t, st = self.cfg.training, self.state
         scale = self.plan.dp_size / batch.global_samples
         loss_sum, rows = 0.0, 0
@@ -279,17 +230,11 @@ class Trainer:
         st.cursor += batch.global_samples
         return loss_sum, rows
 
-    # -- loop ---------------------------------------------------------------------------------
     def _evaluate(self) -> tuple[float, float]:
-        """(val loss, val accuracy) over the whole val split (accuracy per target: per token for
-        the LM), each data-parallel replica scoring a strided slice.
-
-        Runs the wrapped model (FSDP needs its own forward to gather shards; a pipeline its stages).
-        """
-        x, y = self.data.val.tensors
+        """(val loss, val accuracy per target) over the val split, each data-parallel replica scoring a
+        strided slice through the wrapped model (FSDP gathers shards in its forward; a pipeline stages)."""
         dp_rank, dp_size = self.strategy.dp_rank, self.strategy.dp_size
-        x = x[dp_rank::dp_size].to(self.ctx.device)
-        y = y[dp_rank::dp_size].to(self.ctx.device)
+        x, y = (v[dp_rank::dp_size].to(self.ctx.device) for v in self.data.val.tensors)
         self.model.eval()
         with torch.no_grad():
             loss_sum, correct, n = self.strategy.eval_sums(self.model, x, y)
@@ -320,8 +265,7 @@ class Trainer:
         if self.flops is not None:
             values["perf/mfu"] = mfu(snap["samples_per_s"] / self.ctx.world_size, self.flops,
                                      self.cfg.training.peak_tflops * 1e12)
-            util = gpu_utilization(self.ctx.device)
-            if util is not None:
+            if (util := gpu_utilization(self.ctx.device)) is not None:
                 values["perf/gpu_util"] = util
         self.last_metrics = values
         self.sink.metrics(values, self.state.step)
@@ -354,7 +298,7 @@ class Trainer:
                 self.fault.fire(self.ctx.rank)
             if st.step % t.log_every_steps == 0:
                 self._log_window()
-            # Agreement is an all-reduce: every step it cost ~2 % of a small model's step.
+            # Agreement is an all-reduce: not every step.
             preempt = st.step % t.preempt_check_steps == 0 and any_rank(self.ctx, self.stop.requested)
             self._save_stall(self.ckpt.maybe_save(st.step, self.checkpoint_state, force=preempt))
             if preempt:
@@ -384,7 +328,6 @@ class Trainer:
         t = self.cfg.training
         result = FitResult()
         result.resumed_from_step = self.resume()
-        # What this attempt resumed, and the mid-epoch interval it checkpoints at.
         self.ledger.resumed(result.resumed_from_step)
         result.checkpoint_interval = agree_interval(self.ctx, self.ledger, t.checkpoint_every, t.checkpoint_every_steps)
         self.ckpt.every_steps = result.checkpoint_interval["steps"]
@@ -392,18 +335,13 @@ class Trainer:
         result.resized_from, result.batch_policy = self.resized_from, self.choice.record()
         # MFU needs one rank to run the whole model on a batch: not a pipeline stage.
         if self.ctx.device.type == "cuda" and t.peak_tflops and t.strategy != "pp":
-            b = self.plan.micro_batch
-            x0, y0 = self.data.train.tensors[0][:b], self.data.train.tensors[1][:b]
-            self.flops = flops_per_sample(self.raw_model, x0.to(self.ctx.device),
-                                          lambda out: self.task.loss(out, y0.to(self.ctx.device)))
-        params = {
-            "global_batch": self.plan.global_batch, "effective_lr": self.lr, "world_size": self.ctx.world_size,
-            "steps_per_epoch": self.steps_per_epoch, "backend": self.ctx.backend or "none",
-            "strategy": t.strategy, "precision": t.precision,
-        }
+            x0, y0 = (v[:self.plan.micro_batch].to(self.ctx.device) for v in self.data.train.tensors[:2])
+            self.flops = flops_per_sample(self.strategy.unwrapped(self.model), x0, lambda out: self.task.loss(out, y0))
+        params = {"global_batch": self.plan.global_batch, "effective_lr": self.lr, "world_size": self.ctx.world_size,
+                  "steps_per_epoch": self.plan.steps(self.n_train), "backend": self.ctx.backend or "none",
+                  "strategy": t.strategy, "precision": t.precision}
         if self.resized_from is not None:
-            # One MLflow run spans the restarts, and MLflow refuses a param a new value: the layout a
-            # resize chose goes under its own names (the first attempt's params stay as they were).
+            # One MLflow run spans the restarts and MLflow refuses a param a new value: own names.
             params = {f"resized_at_step_{result.resumed_from_step}.{k}": v for k, v in params.items()}
         self.sink.params(params)
         self.sink.start(total_epochs=t.epochs, done=self.state.epoch)
@@ -421,7 +359,6 @@ class Trainer:
     def _finish(self, result: FitResult, wall0: float) -> FitResult:
         self.ckpt.wait()  # the last checkpoint is on disk before anyone reports success
         result.train_wall_s = time.perf_counter() - wall0
-        # This attempt ended on its own; rank 0 sums up the training's ledger.
         self.ledger.finish(result.status, self.state.step)
         if self.ledger.enabled:
             result.goodput = summarise(self.ledger.events())
@@ -437,8 +374,3 @@ class Trainer:
         result.ranks = all_gather_object(self.ctx, mine)
         self.sink.finish()
         return result
-
-
-def restart_count() -> int:
-    """How many times torchrun restarted this worker group (0 on a first attempt)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
