@@ -70,30 +70,16 @@ def write_dataset(folder: Path, rows: int, cols: int, row_group: int) -> None:
     (data / "expectations.yaml").write_text("\n".join(lines) + "\n")
 
 
-def write_config(folder: Path, loader: str, batch: int, row_group: int) -> Path:
+def write_config(folder: Path, loader: str, batch: int) -> Path:
     cfg = folder / f"config-{loader}.yaml"
     cfg.write_text(f"""name: data-scale
 task: regression
 seed: 0
-dataset:
-  path: data
-  dvc_file: data.dvc
-  train_file: train.parquet
-  test_file: test.parquet
-  label: target
-  val_fraction: 0.01
-  expectations_file: data/expectations.yaml
+dataset: {{path: data, dvc_file: data.dvc, train_file: train.parquet, test_file: test.parquet, label: target,
+          val_fraction: 0.01, expectations_file: data/expectations.yaml}}
 model: {{kind: mlp, hidden: 64, dropout: 0.0}}
-training:
-  strategy: ddp
-  cpu_workers: 2
-  threads_per_worker: 1
-  epochs: 1
-  batch_size: {batch}
-  warmup_epochs: 0
-  checkpoints: false
-  timeout_s: 7200
-  loader: {{kind: {loader}, val_rows: 20000}}
+training: {{strategy: ddp, cpu_workers: 2, threads_per_worker: 1, epochs: 1, batch_size: {batch}, warmup_epochs: 0,
+           checkpoints: false, timeout_s: 7200, loader: {{kind: {loader}, val_rows: 20000}}}}
 """)
     return cfg
 
@@ -163,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             write_dataset(folder, rows, args.cols, args.row_group)
             gen = time.perf_counter() - t0
-            stream_cfg = write_config(folder, "stream", args.batch, args.row_group)
+            stream_cfg = write_config(folder, "stream", args.batch)
             v_s, v_rss = (0.0, 0) if args.skip_validation else measured([sys.executable, "-c", VALIDATE, str(stream_cfg), str(folder)], env, ROOT)[:2]
             r = train(folder, stream_cfg, env, "stream")
             r.update(rows=rows, valid_s=v_s, valid_rss=v_rss, folder=folder)
@@ -174,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         small, large = rows_out[sizes[0]], rows_out[sizes[-1]]
         # Side by side on the smallest size: streamed and in-memory epochs alternate, best of each.
         folder = small["folder"]
-        configs = {k: write_config(folder, k, args.batch, args.row_group) for k in ("stream", "memory")}
+        configs = {k: write_config(folder, k, args.batch) for k in ("stream", "memory")}
         best = {"stream": [small], "memory": []}
         for _ in range(args.repeats):
             for kind in ("memory", "stream"):

@@ -12,9 +12,7 @@ never fails the run; a failed run does. Last line: ``overhead_s=<x>``.
 * ``default``: what ``trainflow run`` does (its temporary API server, ``flows/api_server.py``);
 * ``ephemeral``: Prefect's own ephemeral mode (``TRAINFLOW_PREFECT_API=ephemeral``);
 * ``server``: one ``prefect server start`` started here, its start-up not charged to the runs
-  (a running ``PREFECT_API_URL`` is reused instead);
-* ``spawn``: the uvicorn command Prefect's ephemeral mode runs, started and stopped around each
-  run and charged to it.
+  (a running ``PREFECT_API_URL`` is reused instead).
 
     .venv/bin/python benchmarks/overhead.py --prefect-mode default,ephemeral,server --bare-torchrun --imports
 """
@@ -22,7 +20,6 @@ never fails the run; a failed run does. Last line: ``overhead_s=<x>``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -38,7 +35,7 @@ from common import ROOT, free_port, healthy, median, parser, wait_healthy
 from core.env import offline_env
 from core.procs import group_members, stop_group
 
-MODES = ("default", "ephemeral", "server", "spawn")
+MODES = ("default", "ephemeral", "server")
 STAGES = ("resolve", "validate", "train", "evaluate", "gate", "register")
 HEALTH_TIMEOUT_S = 180.0
 
@@ -116,58 +113,36 @@ def _run(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float) -> tu
     return rc, wall, left
 
 
-class ApiServer:
-    """A Prefect API server on 127.0.0.1 that this benchmark starts and stops: ``server`` is
-    ``prefect server start`` on its own database, ``spawn`` Prefect's ephemeral uvicorn on the runs'."""
+class PrefectServer:
+    """``prefect server start`` on 127.0.0.1 with its own database, started and stopped here."""
 
-    def __init__(self, kind: str, home: Path, base_env: dict[str, str], log: Path):
-        self.kind, self.log, self.port = kind, log, free_port()
-        self.api_url = f"http://127.0.0.1:{self.port}/api"
-        env = {**base_env, **offline_env(home)}
-        env.pop("PREFECT_API_URL", None)
-        if kind == "server":
-            env.update(PREFECT_HOME=str(home / "prefect-server"), PREFECT_SERVER_API_HOST="127.0.0.1",
-                       PREFECT_SERVER_API_PORT=str(self.port), PREFECT_UI_API_URL=self.api_url)
-            self.cmd = [*_venv_bin("prefect", "prefect"), "server", "start", "--host", "127.0.0.1",
-                        "--port", str(self.port), "--analytics-off"]
-        else:
-            env.update(PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1", PREFECT__SERVER_FINAL="1")
-            self.cmd = [_python(), "-m", "uvicorn", "--app-dir", _prefect_parent(), "--factory",
-                        "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-                        "--log-level", "error", "--lifespan", "on"]
-        Path(env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
-        self.env, self.proc = env, None
+    def __init__(self, home: Path, base_env: dict[str, str], log: Path):
+        self.log, port = log, free_port()
+        self.api_url = f"http://127.0.0.1:{port}/api"
+        self.env = {**base_env, **offline_env(home), "PREFECT_HOME": str(home / "prefect-server"),
+                    "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port),
+                    "PREFECT_UI_API_URL": self.api_url}
+        self.env.pop("PREFECT_API_URL", None)
+        Path(self.env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+        self.cmd = [*_venv_bin("prefect", "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
+                    "--analytics-off"]
         self.ready_s = self.stop_s = float("nan")
 
     def start(self) -> None:
         t0 = time.perf_counter()
-        self._out = open(self.log, "ab")
-        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, stdout=self._out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
         if not wait_healthy(self.api_url, self.proc, HEALTH_TIMEOUT_S):
             self.stop()
-            raise RuntimeError(f"{self.kind} API server did not become healthy within {HEALTH_TIMEOUT_S:.0f}s "
+            raise RuntimeError(f"server API server did not become healthy within {HEALTH_TIMEOUT_S:.0f}s "
                                f"(see {self.log})")
         self.ready_s = time.perf_counter() - t0
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
         t0 = time.perf_counter()
         _kill_tree(self.proc, grace_s=15.0)
         self.stop_s = time.perf_counter() - t0
-        self.proc = None
-        self._out.close()
-
-
-def _prefect_parent() -> str:
-    """Prefect's ``--app-dir`` (the folder holding the prefect package), without importing it."""
-    spec = importlib.util.find_spec("prefect")
-    if spec and spec.origin:
-        return str(Path(spec.origin).parent.parent)
-    return subprocess.run([_python(), "-c", "import importlib.util,pathlib;"
-                           "print(pathlib.Path(importlib.util.find_spec('prefect').origin).parent.parent)"],
-                          capture_output=True, text=True, check=True).stdout.strip()
 
 
 IMPORT_PROBE = r"""
@@ -224,35 +199,22 @@ def run_pipeline(mode: str, args, ctx: dict, tag: str) -> dict:
     n, base = _paths(ctx, f"pipeline-{mode}")
     summary_path, log = base.with_suffix(".json"), base.with_suffix(".log")
     env = dict(ctx["env"])
-    spawned = None
-    t0 = time.perf_counter()
     if mode == "ephemeral":
         env["TRAINFLOW_PREFECT_API"] = "ephemeral"
     elif mode == "server":
         env["PREFECT_API_URL"] = ctx["server_url"]
-    elif mode == "spawn":
-        spawned = ApiServer("spawn", ctx["home"], ctx["env"], ctx["tmp"] / f"spawn-{n:02d}.log")
-        spawned.start()
-        env["PREFECT_API_URL"] = spawned.api_url
-    try:
-        rc, wall, left = _run([*_venv_bin("trainflow", "flows.cli"), "run", "--config", args.config,
-                               "--summary-json", str(summary_path)], env, log, args.timeout)
-    finally:
-        if spawned:
-            spawned.stop()
+    rc, wall, left = _run([*_venv_bin("trainflow", "flows.cli"), "run", "--config", args.config,
+                           "--summary-json", str(summary_path)], env, log, args.timeout)
     try:
         s = json.loads(summary_path.read_text())
     except (OSError, ValueError):
         s = {}
     tr = s.get("training") or {}
-    rec = {"kind": "pipeline", "mode": mode, "tag": tag, "log": str(log), "rc": rc, "proc_wall": wall,
-           "left_behind": left, "wall": time.perf_counter() - t0, "status": s.get("status"),
+    return {"kind": "pipeline", "mode": mode, "tag": tag, "log": str(log), "rc": rc, "proc_wall": wall,
+           "left_behind": left, "wall": wall, "status": s.get("status"),
            "model_version": s.get("model_version"), "timings": s.get("timings") or {},
            "torchrun_wall": tr.get("wall_s"), "samples_per_s": tr.get("samples_per_s"),
            "ok": rc == 0 and s.get("status") == "registered"}
-    if spawned:
-        rec.update(server_ready_s=spawned.ready_s, server_stop_s=spawned.stop_s)
-    return rec
 
 
 def run_train(args, ctx: dict, tag: str, bare: bool = False) -> dict:
@@ -298,9 +260,6 @@ def _derived(rec: dict) -> dict:
         if t.get("total") is not None:
             d["  in-process: total - imports - flow"] = t["total"] - t["imports"] - t["flow"]
             d["  outside: wall - total"] = wall - t["total"]
-    if rec.get("mode") == "spawn":
-        d.update({"spawned server ready": rec.get("server_ready_s"), "spawned server stop": rec.get("server_stop_s"),
-                  "wall incl. spawned server": rec["wall"]})
     if t.get("flow") is not None:
         d["stages other than train"] = sum(t.get(st) or 0.0 for st in STAGES if st != "train")
     return d
@@ -328,7 +287,7 @@ def report(records: list[dict], modes: list[str], args, ctx: dict) -> float | No
         if mode == "default":
             p("  (default: 'imports' includes the later stages' imports and the wait for the server it started"
               " first; Prefect's start-up is then mostly hidden in that)")
-        pipe_med[mode] = median(r["wall" if mode == "spawn" else "proc_wall"] for r in runs)
+        pipe_med[mode] = median(r["proc_wall"] for r in runs)
 
     p("\n== training only ==")
     p(f"  trainflow train (subprocess wall)        {_fmt(train_med)}  " + " ".join(_fmt(r["proc_wall"]) for r in trains))
@@ -346,9 +305,8 @@ def report(records: list[dict], modes: list[str], args, ctx: dict) -> float | No
     overheads = {m: v - train_med for m, v in pipe_med.items() if v is not None and train_med is not None}
     p("\n== overhead = pipeline wall - training wall (medians) ==")
     for mode in [m for m in modes if m in overheads]:
-        extra = " (includes starting and stopping the spawned server)" if mode == "spawn" else ""
         p(f"  {mode:9s}: pipeline {pipe_med[mode]:6.2f} - training {train_med:6.2f} = overhead {overheads[mode]:6.2f} s"
-          f"  (pipeline/training {pipe_med[mode] / train_med if train_med else float('nan'):.2f}x){extra}")
+          f"  (pipeline/training {pipe_med[mode] / train_med if train_med else float('nan'):.2f}x)")
     if len(overheads) > 1 and modes[0] in overheads:
         for mode in [m for m in modes[1:] if m in overheads]:
             p(f"  {mode} vs {modes[0]}: {overheads[mode] - overheads[modes[0]]:+.2f} s")
@@ -377,8 +335,6 @@ def _show(rec: dict) -> None:
     extra = ""
     if rec["kind"] == "pipeline":
         extra = f" {rec.get('status')} v{rec.get('model_version')}"
-        if rec["mode"] == "spawn":
-            extra += f" (server ready {rec['server_ready_s']:.2f} s, stop {rec['server_stop_s']:.2f} s)"
     elif rec.get("loop_s") is not None:
         extra = f" loop {rec['loop_s']:.2f} s"
     if rec.get("left_behind"):
@@ -400,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1,
                     help="untimed pipeline runs per mode first, on the same TRAINFLOW_HOME (default 1)")
     ap.add_argument("--prefect-mode", type=_parse_modes, default=["default"],
-                    help="default | ephemeral | server | spawn, or several comma-separated (alternated; the first one "
+                    help="default | ephemeral | server, or several comma-separated (alternated; the first one "
                          "gives overhead_s)")
     ap.add_argument("--bare-torchrun", action="store_true",
                     help="also time `python -m torch.distributed.run --standalone ... -m training.worker`")
@@ -440,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  TRAINFLOW_HOME={home}  logs in {tmp}{'' if args.keep else ' (removed at the end)'}", flush=True)
 
     records: list[dict] = []
-    server: ApiServer | None = None
+    server: PrefectServer | None = None
     main_overhead, failed = None, False
     t_start = time.perf_counter()
 
@@ -455,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise RuntimeError(f"PREFECT_API_URL={preset_api} is set but {preset_api}/health does not answer")
                 ctx.update(server_url=preset_api, server_ready_s=0.0, server_reused=True)
             else:
-                server = ApiServer("server", home, env, tmp / "prefect-server.log")
+                server = PrefectServer(home, env, tmp / "prefect-server.log")
                 server.start()
                 ctx.update(server_url=server.api_url, server_ready_s=server.ready_s)
                 print(f"  prefect server on {server.api_url}: healthy after {server.ready_s:.2f} s", flush=True)
