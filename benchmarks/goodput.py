@@ -26,6 +26,7 @@ from pathlib import Path
 from common import ROOT, median, parser
 
 from core.config import load_config
+from core.procs import pid_alive
 from training.goodput import BEAT_S, LEDGER_FILE, Ledger, read_events
 from training.launcher import make_spec, start_job
 
@@ -37,13 +38,6 @@ def _children(pid: int) -> list[int]:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
-
-
-def _dead(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 class Watcher(threading.Thread):
@@ -60,7 +54,7 @@ class Watcher(threading.Thread):
             for pid in _children(self.agent_pid):
                 self.seen.setdefault(pid, now)
             for pid in self.seen:
-                if pid not in self.died and _dead(pid):
+                if pid not in self.died and not pid_alive(pid):
                     self.died[pid] = now
             time.sleep(0.01)
 

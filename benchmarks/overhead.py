@@ -189,6 +189,13 @@ def import_costs(args, ctx: dict) -> None:
     print(f"  {'all':55s} {_fmt(median(sum(r.values()) for r in runs))}", flush=True)
 
 
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def _paths(ctx: dict, kind: str) -> tuple[int, Path]:
     n = ctx["counter"]
     ctx["counter"] += 1
@@ -205,10 +212,7 @@ def run_pipeline(mode: str, args, ctx: dict, tag: str) -> dict:
         env["PREFECT_API_URL"] = ctx["server_url"]
     rc, wall, left = _run([*_venv_bin("trainflow", "flows.cli"), "run", "--config", args.config,
                            "--summary-json", str(summary_path)], env, log, args.timeout)
-    try:
-        s = json.loads(summary_path.read_text())
-    except (OSError, ValueError):
-        s = {}
+    s = _read_json(summary_path)
     tr = s.get("training") or {}
     return {"kind": "pipeline", "mode": mode, "tag": tag, "log": str(log), "rc": rc, "proc_wall": wall,
            "left_behind": left, "wall": wall, "status": s.get("status"),
@@ -229,10 +233,7 @@ def run_train(args, ctx: dict, tag: str, bare: bool = False) -> dict:
     else:
         cmd = [*_venv_bin("trainflow", "flows.cli"), "train", "--config", args.config, "--out", str(out)]
     rc, wall, left = _run(cmd, env, log, args.timeout)
-    try:
-        result = json.loads((out / "result.json").read_text())
-    except (OSError, ValueError):
-        result = {}
+    result = _read_json(out / "result.json")
     shutil.rmtree(out, ignore_errors=True)
     return {"kind": kind, "tag": tag, "rc": rc, "wall": wall, "proc_wall": wall, "left_behind": left, "log": str(log),
             "status": result.get("status"), "loop_s": result.get("train_wall_s"),

@@ -428,20 +428,21 @@ def up(team_dir: Path, pg_dir: Path, pg_port: int, mlflow_port: int, prefect_por
     return state
 
 
+def _export_lines(env: dict[str, str]) -> str:
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+
+
 def client_exports(state: dict, team_secrets: dict) -> str:
     """``DIR/env.sh``: every variable a client needs, credentials included (the file is 0600)."""
-    lines = [f"export {k}={shlex.quote(v)}" for k, v in client_env(state, team_secrets).items()]
-    return "# trainflow team mode: the servers and this team's credentials. Keep it private (0600).\n" + \
-        "\n".join(lines) + "\n"
+    return ("# trainflow team mode: the servers and this team's credentials. Keep it private (0600).\n"
+            + _export_lines(client_env(state, team_secrets)))
 
 
 def exports(state: dict) -> str:
     """What ``up`` and ``env`` print for ``eval``: the URLs, and the credentials by sourcing the 0600
     file rather than printing them (stdout may be a terminal, a log or a screen share)."""
-    env_file = Path(state["dir"]) / CLIENT_ENV_FILE
-    return (f"export MLFLOW_TRACKING_URI={shlex.quote(state['mlflow_url'])}\n"
-            f"export PREFECT_API_URL={shlex.quote(state['prefect_api_url'])}\n"
-            f". {shlex.quote(str(env_file))}\n")
+    return (_export_lines({"MLFLOW_TRACKING_URI": state["mlflow_url"], "PREFECT_API_URL": state["prefect_api_url"]})
+            + f". {shlex.quote(str(Path(state['dir']) / CLIENT_ENV_FILE))}\n")
 
 
 def _read_state(team_dir: Path) -> dict:
@@ -512,7 +513,7 @@ def add_user(team_dir: Path, name: str, models: list[str], experiments: list[str
     (team_dir / "users").mkdir(mode=0o700, exist_ok=True)
     path = team_dir / "users" / f"{name}.env"
     write_private(path, f"# trainflow team mode: MLflow user {name} (edits {', '.join(models + experiments)}). "
-                        "Keep it private (0600).\n" + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in user_env.items()))
+                        "Keep it private (0600).\n" + _export_lines(user_env))
     return path
 
 

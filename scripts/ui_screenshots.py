@@ -3,11 +3,9 @@ and the MLflow registered model version page of the latest finished run in a TRA
 
     TRAINFLOW_HOME=/tmp/ui-home python scripts/ui_screenshots.py --out /tmp/ui-shots
 
-Starts `trainflow ui` on free ports, finds the newest completed flow run and the newest model
-version through the two REST APIs, has Chromium render each page (``--virtual-time-budget``: the
-single-page apps fetch their data before the picture is taken), checks each PNG is not a blank
-page, and stops `trainflow ui` (which stops both servers). Needs Chromium (Debian: ``apt-get
-install chromium``); offline is fine. Prints one line per PNG; exit 1 with one line of cause.
+Starts `trainflow ui` on free ports, renders each page (virtual time lets the apps fetch their
+data first), checks each PNG is not blank and shows that run, and stops `trainflow ui`. Needs
+Chromium. Prints one line per PNG; exit 1 with one line of cause.
 """
 
 from __future__ import annotations
