@@ -84,19 +84,18 @@ training: {{strategy: ddp, cpu_workers: 2, threads_per_worker: 1, epochs: 1, bat
     return cfg
 
 
-def measured(cmd: list[str], env: dict, cwd: Path) -> tuple[float, int, str]:
-    """(wall seconds, the process's own peak RSS in bytes, its output); raises on a non-zero exit."""
+def measured(cmd: list[str], env: dict, cwd: Path) -> tuple[float, int]:
+    """(wall seconds, the process's own peak RSS in bytes); raises on a non-zero exit."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.perf_counter() - t0
-        log.seek(0)
-        out = log.read().decode(errors="replace")
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{out[-4000:]}")
-    return wall, usage.ru_maxrss * 1024, out
+        wall, rc = time.perf_counter() - t0, os.waitstatus_to_exitcode(status)
+        proc.returncode = rc  # reaped here: Popen must not wait for it again
+        if rc:
+            log.seek(0)
+            raise SystemExit(f"{' '.join(map(str, cmd))} exited {rc}:\n{log.read().decode(errors='replace')[-4000:]}")
+    return wall, usage.ru_maxrss * 1024
 
 
 VALIDATE = """
@@ -118,7 +117,7 @@ def train(folder: Path, cfg: Path, env: dict, name: str) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "training.worker", "--config", str(cfg), "--out", str(out), "--root", str(folder),
            "--data-md5", "0" * 32]
-    wall, _, _ = measured(cmd, env, ROOT)
+    wall = measured(cmd, env, ROOT)[0]
     result = json.loads((out / "result.json").read_text())
     epoch = result["history"][0]
     return {"job_s": wall, "epoch_s": epoch["epoch_time_s"], "samples_per_s": epoch["samples_per_s"],
@@ -150,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             write_dataset(folder, rows, args.cols, args.row_group)
             gen = time.perf_counter() - t0
             stream_cfg = write_config(folder, "stream", args.batch)
-            v_s, v_rss = (0.0, 0) if args.skip_validation else measured([sys.executable, "-c", VALIDATE, str(stream_cfg), str(folder)], env, ROOT)[:2]
+            v_s, v_rss = (0.0, 0) if args.skip_validation else measured([sys.executable, "-c", VALIDATE, str(stream_cfg), str(folder)], env, ROOT)
             r = train(folder, stream_cfg, env, "stream")
             r.update(rows=rows, valid_s=v_s, valid_rss=v_rss, folder=folder)
             rows_out[rows] = r

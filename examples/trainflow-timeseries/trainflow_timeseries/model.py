@@ -68,6 +68,4 @@ def conv_forecaster(n_in: int, n_out: int, channels: int = 16, kernel: int = 5, 
     return ConvForecaster(n_in, n_out, channels, kernel, hidden)
 
 
-def gru_forecaster(n_in: int, n_out: int, hidden: int = 32) -> nn.Module:
-    """``model.factory: "trainflow_timeseries.model:gru_forecaster"``: a recurrent alternative."""
-    return GRUForecaster(n_in, n_out, hidden)
+gru_forecaster = GRUForecaster  # ``model.factory: "trainflow_timeseries.model:gru_forecaster"``
