@@ -45,7 +45,6 @@ DERIVED = {
 # A line for keys that have no comment in core/config.py (their section's docstring may say more).
 NOTES = {
     "seed": "Seeds the split of one `dataset.file`, the initial weights, the epochs' sample order and dropout.",
-    "dataset.train_file": "Train split file inside `dataset.path` (`.csv` or `.parquet`; null: `train.csv`).",
     "dataset.test_file": "Test split file inside `dataset.path` (null: `test.csv`).",
     "dataset.file": "One file split into train and test with `test_fraction` and the seed.",
     "dataset.label": "The label (target) column.",
