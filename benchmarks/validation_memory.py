@@ -69,10 +69,10 @@ def generate(root: Path, rows: int, cols: int, rows_per_file: int = 1 << 20, row
     (root / "expectations.yaml").write_text("\n".join(lines) + "\n")
 
 
-def measure_validation(root: Path, batch_rows: int = 65536, env: dict | None = None) -> dict:
+def measure_validation(root: Path, batch_rows: int) -> dict:
     """Validate the table under ``root`` (:func:`generate`'s layout) in a fresh subprocess:
     ``{"seconds", "peak_rss_mb", "success", "rows", "n_failed"}`` (RSS of that process alone)."""
-    env = {**os.environ, "GX_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true", **(env or {}),
+    env = {**os.environ, "GX_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", CHILD, str(root), str(batch_rows)], cwd=ROOT, env=env,
                          capture_output=True, text=True, check=False)

@@ -110,12 +110,11 @@ def mmdebstrap_command(target: Path, packages: tuple[str, ...], mirror: str = DE
             f"--include={','.join(packages)}", "bookworm", str(target), mirror]
 
 
-def run_command(engine: str, image: str, digest: str, home: Path | None, command: list[str],
-                network: str = "none") -> list[str]:
+def run_command(engine: str, image: str, digest: str, home: Path | None, command: list[str]) -> list[str]:
     """The command line that runs ``image`` with its ref and digest in the environment (the run manifest
     records them), no network; ``home``: a host folder for TRAINFLOW_HOME, to outlive the container."""
     repo = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
-    cmd = [engine, "run", "--rm", "--network", network,
+    cmd = [engine, "run", "--rm", "--network", "none",
            "-e", f"TRAINFLOW_IMAGE={repo}@{digest}", "-e", f"TRAINFLOW_IMAGE_DIGEST={digest}"]
     if home is not None:
         cmd += ["-v", f"{home}:/var/lib/trainflow"]
