@@ -3,34 +3,22 @@
     .venv/bin/python benchmarks/auto_vs_best.py                 # digits CNN + a wide MLP, ~6 min
     .venv/bin/python benchmarks/auto_vs_best.py --shapes digits --repeats 3
 
-For each shape (a config plus overrides):
-
-1. the scaling sweep (``flows.scale.run_sweep``, the code behind ``trainflow scale``) measures
-   every fixed CPU layout (1 process x all cores, 1 x 1, N processes x 1 thread) in a
-   private ``TRAINFLOW_HOME``; its best layout is the reference;
-2. ``auto`` is resolved three ways: by the built-in rule (no sweep, no probe: small models
-   stay in one process), as the launcher resolves it with no sweep (a one-epoch probe of
-   each layout, ``training/probe.py``), and with the sweep just saved;
-3. each auto pick and the best fixed layout are then re-measured side by side, alternating
-   (``--repeats`` rounds), and the ratio of median samples/s is the figure:
-   ``auto / best``. The goal is >= 0.95.
-
-Every job is a real torchrun job through ``training.launcher`` (checkpoints off), so
-start-up is not in samples/s. The last line is ``auto_ratio=<worst ratio over shapes and
-picks>``.
+Per shape, the scaling sweep (``flows.scale.run_sweep``, behind ``trainflow scale``) measures every
+fixed CPU layout in a private ``TRAINFLOW_HOME``; ``auto`` is resolved by the built-in rule (shown
+only), as the launcher resolves it with no sweep (a one-epoch probe of each layout) and with the
+sweep just saved; each pick is re-measured beside the best fixed layout, alternating ``--repeats``
+rounds (real torchrun jobs, checkpoints off). The figure is the ratio of median samples/s, auto /
+best (goal >= 0.95); the last line is ``auto_ratio=<worst ratio over shapes and picks>``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT, median, parser
 
 SHAPES = {
     "digits": ("configs/digits.yaml", []),
@@ -47,12 +35,11 @@ def layout_of(cfg) -> dict:
 
 
 def median_rate(rows: list[dict], name: str) -> float | None:
-    vals = [r["samples_per_s"] for r in rows if r["layout"] == name and r.get("samples_per_s")]
-    return statistics.median(vals) if vals else None
+    return median(r["samples_per_s"] for r in rows if r["layout"] == name and r.get("samples_per_s"))
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated of {', '.join(SHAPES)}")
     ap.add_argument("--repeats", type=int, default=3, help="alternating rounds of best vs auto (default 3)")
     ap.add_argument("--epochs", type=int, default=3)
@@ -81,8 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep = run_sweep(cfg_path, sets, layouts=default_layouts(), epochs=args.epochs,
                           out_dir=home / f"sweep-{shape}", log=quiet)
         best_row = sweep["best"]
-        best = {"name": best_row["layout"], "nproc": best_row["nproc"], "threads": best_row["threads"],
-                "device": "cpu"}
+        best = {"name": best_row["layout"], "nproc": best_row["nproc"], "threads": best_row["threads"], "device": "cpu"}
         sweep_cfg, sweep_why = resolve_for_launch(load_config(cfg_path, auto_sets), home)
         picked = layout_of(sweep_cfg)
 

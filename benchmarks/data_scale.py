@@ -3,30 +3,19 @@
     .venv/bin/python benchmarks/data_scale.py                        # 1M, 5M and 20M rows x 32 columns
     .venv/bin/python benchmarks/data_scale.py --sizes 50k,200k        # a quick look (a shared machine)
 
-For each size it generates (never in the repository: under ``--workdir``, default a temporary
-folder it removes) a table: ``--cols`` float32 features, a string ``segment`` with ``SEGMENTS``
-values (a categorical feature: its vocabulary is counted and each row group encoded as training
-streams) and a float ``target`` (a noisy linear function of them), as Parquet with
-``--row-group`` rows per row group, plus a small test split and its expectations file. Then, each
-in its own process:
-
-* validation: the pipeline's validation stage (``task.validation_plan`` -> ``run_plan``, the table
-  suite over both splits) in one process; its seconds and peak RSS (the pipeline process's);
-* one epoch of training with the streamed loader (``training.loader.kind: stream``): real torchrun,
-  2 CPU workers, the regression MLP, ``training.worker`` as ``trainflow train`` runs it; the epoch's
-  seconds and samples/s and each worker's peak RSS (its ``result.json``);
-* on the smallest size, the in-memory loader's epoch and the streamed one again, alternating
-  ``--repeats`` times: the best samples/s of each side by side (the issue asks streamed >= 0.9x
-  in-memory on the 1 M table).
+Per size it generates, under ``--workdir`` (default a temporary folder it removes), a Parquet table
+of ``--cols`` float32 features, a string ``segment`` (``SEGMENTS`` values) and a float ``target``,
+plus a small test split and its expectations; then, each in its own process: the pipeline's
+validation (seconds, peak RSS) and one epoch of the regression MLP with the streamed loader under
+real torchrun (2 CPU workers; seconds, samples/s, each worker's peak RSS). On the smallest size the
+in-memory and streamed epochs alternate ``--repeats`` times, best of each side by side.
 
 Last line: ``rss_growth=x time_growth=y``: the largest worker peak RSS at the largest size over that
 at the smallest, and the epoch seconds at the largest size over (rows ratio x those at the smallest).
-Run it on a quiet machine for figures; on a shared one only the ratios of one run mean anything.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -38,18 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import ROOT, parse_rows, parser
+
 TEST_ROWS = 20_000
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().lower()
-    scale = {"k": 1_000, "m": 1_000_000}.get(text[-1:], 1)
-    return int(float(text[:-1] if scale > 1 else text) * scale)
-
-
-# Values of the string feature (a categorical column with an effect on the target).
-SEGMENTS = 50
+SEGMENTS = 50  # values of the string feature (a categorical column with an effect on the target)
 
 
 def write_table(path: Path, rows: int, cols: int, row_group: int, seed: int) -> None:
@@ -89,47 +70,32 @@ def write_dataset(folder: Path, rows: int, cols: int, row_group: int) -> None:
     (data / "expectations.yaml").write_text("\n".join(lines) + "\n")
 
 
-def write_config(folder: Path, loader: str, batch: int, row_group: int) -> Path:
+def write_config(folder: Path, loader: str, batch: int) -> Path:
     cfg = folder / f"config-{loader}.yaml"
     cfg.write_text(f"""name: data-scale
 task: regression
 seed: 0
-dataset:
-  path: data
-  dvc_file: data.dvc
-  train_file: train.parquet
-  test_file: test.parquet
-  label: target
-  val_fraction: 0.01
-  expectations_file: data/expectations.yaml
+dataset: {{path: data, dvc_file: data.dvc, train_file: train.parquet, test_file: test.parquet, label: target,
+          val_fraction: 0.01, expectations_file: data/expectations.yaml}}
 model: {{kind: mlp, hidden: 64, dropout: 0.0}}
-training:
-  strategy: ddp
-  cpu_workers: 2
-  threads_per_worker: 1
-  epochs: 1
-  batch_size: {batch}
-  warmup_epochs: 0
-  checkpoints: false
-  timeout_s: 7200
-  loader: {{kind: {loader}, val_rows: 20000}}
+training: {{strategy: ddp, cpu_workers: 2, threads_per_worker: 1, epochs: 1, batch_size: {batch}, warmup_epochs: 0,
+           checkpoints: false, timeout_s: 7200, loader: {{kind: {loader}, val_rows: 20000}}}}
 """)
     return cfg
 
 
-def measured(cmd: list[str], env: dict, cwd: Path) -> tuple[float, int, str]:
-    """(wall seconds, the process's own peak RSS in bytes, its output); raises on a non-zero exit."""
+def measured(cmd: list[str], env: dict, cwd: Path) -> tuple[float, int]:
+    """(wall seconds, the process's own peak RSS in bytes); raises on a non-zero exit."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.perf_counter() - t0
-        log.seek(0)
-        out = log.read().decode(errors="replace")
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{out[-4000:]}")
-    return wall, usage.ru_maxrss * 1024, out
+        wall, rc = time.perf_counter() - t0, os.waitstatus_to_exitcode(status)
+        proc.returncode = rc  # reaped here: Popen must not wait for it again
+        if rc:
+            log.seek(0)
+            raise SystemExit(f"{' '.join(map(str, cmd))} exited {rc}:\n{log.read().decode(errors='replace')[-4000:]}")
+    return wall, usage.ru_maxrss * 1024
 
 
 VALIDATE = """
@@ -145,18 +111,13 @@ print("VALIDATION", report.get("success"))
 """
 
 
-def validate(folder: Path, cfg: Path, env: dict) -> tuple[float, int]:
-    wall, rss, out = measured([sys.executable, "-c", VALIDATE, str(cfg), str(folder)], env, ROOT)
-    return wall, rss
-
-
 def train(folder: Path, cfg: Path, env: dict, name: str) -> dict:
     out = folder / f"out-{name}"
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "training.worker", "--config", str(cfg), "--out", str(out), "--root", str(folder),
            "--data-md5", "0" * 32]
-    wall, _, _ = measured(cmd, env, ROOT)
+    wall = measured(cmd, env, ROOT)[0]
     result = json.loads((out / "result.json").read_text())
     epoch = result["history"][0]
     return {"job_s": wall, "epoch_s": epoch["epoch_time_s"], "samples_per_s": epoch["samples_per_s"],
@@ -164,7 +125,7 @@ def train(folder: Path, cfg: Path, env: dict, name: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--sizes", default="1M,5M,20M", help="rows per table, comma-separated (k/M suffixes)")
     ap.add_argument("--cols", type=int, default=32)
     ap.add_argument("--row-group", type=int, default=131072, help="rows per Parquet row group")
@@ -173,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-validation", action="store_true")
     ap.add_argument("--repeats", type=int, default=2, help="alternating in-memory/streamed epochs on the smallest size")
     args = ap.parse_args(argv)
-    sizes = sorted(parse_size(s) for s in args.sizes.split(","))
+    sizes = sorted(parse_rows(s) for s in args.sizes.split(","))
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trainflow-data-scale-"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1", "TRAINFLOW_HOME": str(work / "home"), "DO_NOT_TRACK": "true",
@@ -187,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             write_dataset(folder, rows, args.cols, args.row_group)
             gen = time.perf_counter() - t0
-            stream_cfg = write_config(folder, "stream", args.batch, args.row_group)
-            v_s, v_rss = (0.0, 0) if args.skip_validation else validate(folder, stream_cfg, env)
+            stream_cfg = write_config(folder, "stream", args.batch)
+            v_s, v_rss = (0.0, 0) if args.skip_validation else measured([sys.executable, "-c", VALIDATE, str(stream_cfg), str(folder)], env, ROOT)
             r = train(folder, stream_cfg, env, "stream")
             r.update(rows=rows, valid_s=v_s, valid_rss=v_rss, folder=folder)
             rows_out[rows] = r
@@ -198,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         small, large = rows_out[sizes[0]], rows_out[sizes[-1]]
         # Side by side on the smallest size: streamed and in-memory epochs alternate, best of each.
         folder = small["folder"]
-        configs = {k: write_config(folder, k, args.batch, args.row_group) for k in ("stream", "memory")}
+        configs = {k: write_config(folder, k, args.batch) for k in ("stream", "memory")}
         best = {"stream": [small], "memory": []}
         for _ in range(args.repeats):
             for kind in ("memory", "stream"):

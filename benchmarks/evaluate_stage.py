@@ -1,20 +1,12 @@
 """How long does the pipeline's ``evaluate`` stage take? Two code trees side by side.
 
-Each measurement is a fresh Python process (one evaluate per process, as in ``trainflow run``)
-that imports what the CLI imports before the flow starts (``flows.api_server.LATER_STAGE_IMPORTS``;
-``--cold`` skips that), builds the run context, opens an MLflow run and times the
-``evaluate`` task's function on the newest trained model of ``--home``. Trees alternate in
-one invocation (the machine is shared and noisy: compare the medians printed together).
-
-``--home`` must be warm: a champion registered and a finished training folder. When it has
-no champion, ``trainflow run`` is run twice into it first (with this checkout's code, so
-the champion carries the recorded-score tags).
-
-Usage::
-
     git worktree add /tmp/trainflow-old <old commit>
     .venv/bin/python benchmarks/evaluate_stage.py --home /tmp/ef-home --tree old=/tmp/trainflow-old --repeats 5 --rescored
 
+Each measurement is a fresh process (one evaluate per process, as in ``trainflow run``) that
+imports what the CLI imports before the flow (``--cold`` skips that) and times the ``evaluate``
+task's function on the newest trained model of ``--home``; trees alternate. ``--home`` must hold a
+champion and a finished training folder; without one, ``trainflow run`` runs twice into it first.
 The last line is ``evaluate_s <label>=<median> ...``.
 """
 
@@ -28,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import ROOT
 
 CHILD = r"""
 import json, os, sys, time, importlib
@@ -72,11 +64,15 @@ print("RESULT " + json.dumps({"evaluate_s": wall, "champion_version": report.get
 """
 
 
-def measure(tree: Path, home: Path, cold: bool, rescore: bool = False) -> dict:
-    env = {**os.environ, "TRAINFLOW_HOME": str(home), "PYTHONPATH": str(tree)}
+def _env(home: Path, **extra) -> dict:
+    env = {**os.environ, "TRAINFLOW_HOME": str(home), **extra}
     env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(home), "1" if cold else "0", "1" if rescore else "0"], cwd=tree, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return env
+
+
+def measure(tree: Path, home: Path, cold: bool, rescore: bool = False) -> dict:
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(home), str(int(cold)), str(int(rescore))], cwd=tree,
+                          env=_env(home, PYTHONPATH=str(tree)), capture_output=True, text=True, timeout=600)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
         raise SystemExit(f"{tree}: evaluate failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -84,10 +80,8 @@ def measure(tree: Path, home: Path, cold: bool, rescore: bool = False) -> dict:
 
 
 def warm_up(home: Path) -> None:
-    env = {**os.environ, "TRAINFLOW_HOME": str(home)}
-    env.pop("MLFLOW_TRACKING_URI", None)
     for _ in range(2):
-        subprocess.run([str(Path(sys.executable).parent / "trainflow"), "run"], cwd=ROOT, env=env, check=True,
+        subprocess.run([str(Path(sys.executable).parent / "trainflow"), "run"], cwd=ROOT, env=_env(home), check=True,
                        capture_output=True, timeout=900)
 
 

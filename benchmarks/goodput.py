@@ -2,47 +2,33 @@
 
     .venv/bin/python benchmarks/goodput.py --repeats 2        # clean, killed, clean, killed
 
-Each repeat runs two real torchrun jobs side by side in time (alternating; the machine is
-shared, so read the ratios): ``tests/configs/digits-engine.yaml`` on 2 CPU processes (gloo),
-``--epochs`` epochs, a checkpoint every ``--every`` steps, ``max_restarts 1``; the second job's
-rank 1 SIGKILLs itself at ``--kill-step`` (``TRAINFLOW_FAULT=kill@step=N,rank=1``, first attempt
-only) and torchrun restarts the group, which resumes from the last checkpoint.
-
-While the killed job runs, a thread here polls the torchrun agent's worker processes every
-10 ms (``/proc``): the death is when a worker turns zombie or vanishes, the respawn is when the
-agent's first new worker appears. With the ledger (``<out>/goodput.jsonl``: the new attempt's
-process start and its first step) that splits the restart, death -> first step after resume, into
-
-* torchrun's own cost: death -> new worker processes (the agent notices the exit, stops the
-  surviving worker, re-rendezvous, spawns the group again);
-* the worker's: process start -> first step (interpreter and torch import, data, model, process
-  group, checkpoint load).
-
-The ledger's own ``restart_s`` runs from the last heartbeat before the death, so it reads up to
-``training.goodput.BEAT_S`` more than the watched figure. It also prints what the heartbeat costs
-rank 0 per optimizer step (``Ledger.step``, timed in this process). Last line:
+Each repeat runs two real torchrun jobs of ``tests/configs/digits-engine.yaml`` (2 CPU processes,
+a checkpoint every ``--every`` steps, ``max_restarts 1``); in the second, rank 1 SIGKILLs itself at
+``--kill-step`` and torchrun restarts the group from the last checkpoint. A thread polls the
+agent's workers every 10 ms (``/proc``), so with the ledger (``goodput.jsonl``) the restart, death
+-> first step after resume, splits into torchrun's own cost (death -> new workers) and the new
+worker's start-up (process start -> first step). The ledger's ``restart_s`` runs from the last
+heartbeat, up to ``BEAT_S`` more. Also prints what the heartbeat costs rank 0 per step. Last line:
 ``goodput_killed_over_clean=<median ratio>``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT, median, parser
 
-from core.config import load_config  # noqa: E402
-from training.goodput import BEAT_S, LEDGER_FILE, Ledger, read_events  # noqa: E402
-from training.launcher import make_spec, start_job  # noqa: E402
+from core.config import load_config
+from core.procs import pid_alive
+from training.goodput import BEAT_S, LEDGER_FILE, Ledger, read_events
+from training.launcher import make_spec, start_job
 
 CONFIG = ROOT / "tests" / "configs" / "digits-engine.yaml"
 
@@ -52,13 +38,6 @@ def _children(pid: int) -> list[int]:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
-
-
-def _dead(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 class Watcher(threading.Thread):
@@ -75,7 +54,7 @@ class Watcher(threading.Thread):
             for pid in _children(self.agent_pid):
                 self.seen.setdefault(pid, now)
             for pid in self.seen:
-                if pid not in self.died and _dead(pid):
+                if pid not in self.died and not pid_alive(pid):
                     self.died[pid] = now
             time.sleep(0.01)
 
@@ -136,7 +115,7 @@ def heartbeat_cost_us(n: int = 200_000) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--every", type=int, default=10, help="checkpoint every N steps")
@@ -179,12 +158,14 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
     hb = heartbeat_cost_us()
     steps = [k["result"]["goodput"]["step_time_s"] for _, k in pairs if k["result"]["goodput"]["step_time_s"]]
+
+    def med(xs):
+        return median(xs) if xs else float("nan")
+
     print("== medians ==", flush=True)
-    med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
     gc = med([c["result"]["goodput"]["goodput"] for c, _ in pairs])
     gk = med([k["result"]["goodput"]["goodput"] for _, k in pairs])
-    splits = [restart_split(k) for _, k in pairs]
-    splits = [s for s in splits if s]
+    splits = [s for s in (restart_split(k) for _, k in pairs) if s]
     print(f"  goodput clean {gc:.3f}, with one SIGKILL {gk:.3f}", flush=True)
     if splits:
         print(f"  restart (death -> first step after resume) {med([s['death_to_first_step_s'] for s in splits]):.2f} s;"

@@ -2,30 +2,15 @@
 
     python benchmarks/gpu_check.py --out /tmp/gpu          # on the GPU host, from the repo root
 
-What it covers, each as a real ``torchrun`` job of ``training.worker`` (the same entry
-point ``trainflow train`` launches), on every visible GPU (``--nproc-per-node`` = GPU count,
-so NCCL is the backend the worker picks by itself):
-
-* the environment: GPU name and memory, driver, torch / CUDA / NCCL versions;
-* a bf16 matrix-product probe (8192^3), the ceiling the MFU figures are read against;
-* the digits config as shipped (DDP, fp32), then bf16 autocast, then FSDP2 with the bf16
-  mixed-precision policy: samples/s, MFU, GPU utilisation, peak memory, checkpoint stall;
-* the largest digits-shaped config (a wide MLP, big batch) in fp32 and bf16: what the
-  GPU does when the model is not tiny;
-* with ``--lm`` and the LM config present: the byte-level transformer (``--lm-set`` makes it
-  bigger) in fp32, bf16, and FSDP2 bf16.
-* with ``--lm100m``: the ~100 M-parameter byte LM (``LM_100M``: 8 layers x d_model 1024 x d_ff 4096,
-  256-byte windows, batch 64) on ONE GPU in bf16, eager and then ``training.compile`` (inductor);
-  SDPA attention takes the fused causal path (``is_causal=True``, no mask). The last line gives
-  both MFUs, the speed-up and each run's data-wait fraction as ``name=value``.
-
-``--dry-run`` prints the plan (each job's torchrun command) and exits without touching CUDA: the
-check that the script and its arguments still fit the worker, runnable on any machine.
-
-A run that fails under ``training.deterministic=true`` (an op with no deterministic CUDA
-kernel) is reported with its error and repeated with ``deterministic=false``.
-
-It prints one markdown table and writes ``gpu_check.json`` to ``--out``.
+Each row is a real ``torchrun`` job of ``training.worker`` on every visible GPU (so the worker
+picks NCCL): the digits config as shipped, in bf16 and with FSDP2; a wide MLP in fp32 and bf16;
+with ``--lm`` the byte LM (``--lm-set`` makes it bigger) in fp32, bf16 and FSDP2; with
+``--lm100m`` the ~100 M-parameter LM on ONE GPU in bf16, eager and compiled (the last line gives
+both MFUs, the speed-up and the data-wait fractions as ``name=value``). It first prints the
+environment and a bf16 matmul probe, the ceiling MFU is read against. A run that fails under
+``training.deterministic=true`` (an op without a deterministic CUDA kernel) is repeated with it
+off. ``--dry-run`` prints each job's command without touching CUDA. Writes ``gpu_check.json`` to
+``--out`` and prints one markdown table.
 """
 
 from __future__ import annotations
@@ -40,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Dense per-GPU peaks used for MFU (H100/H200 SXM datasheet): bf16 tensor cores, fp32 (no TF32).
 PEAK_TFLOPS = {"bf16": 989.0, "fp32": 67.0}
-
-
+BF16 = ["training.precision=bf16", f"training.peak_tflops={PEAK_TFLOPS['bf16']}"]
+FP32 = [f"training.peak_tflops={PEAK_TFLOPS['fp32']}"]
 LM_CONFIG = "configs/stdlib-lm.yaml"
 # The ~100 M-parameter LM of BENCHMARKS.md's GPU section (``configs/stdlib-lm.yaml`` made bigger).
 LM_100M = ["model.d_model=1024", "model.n_layers=8", "model.n_heads=16", "model.d_ff=4096",
@@ -50,32 +35,22 @@ LM_100M = ["model.d_model=1024", "model.n_layers=8", "model.n_heads=16", "model.
 
 
 def job_cmd(config: str, sets: list[str], folder: Path, nproc: int) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "training.worker", "--config", config, "--out", str(folder)]
-    for s in sets:
-        cmd += ["--set", s]
-    return cmd
-
-
-def sh(cmd: list[str]) -> str:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout.strip()
-    except Exception as exc:  # a missing tool is a finding, not a crash
-        return f"unavailable: {exc}"
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "training.worker", "--config", config, "--out", str(folder), *(a for s in sets for a in ("--set", s))]
 
 
 def environment() -> dict:
     import torch
 
-    env = {
-        "nvidia_smi": sh(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "gpus": torch.cuda.device_count(),
-    }
+    try:  # a missing tool is a finding, not a crash
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=60).stdout.strip()
+    except Exception as exc:  # noqa: BLE001
+        smi = f"unavailable: {exc}"
+    env = {"nvidia_smi": smi, "torch": torch.__version__, "cuda": torch.version.cuda, "gpus": torch.cuda.device_count()}
     try:
         env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         env["nccl"] = f"unavailable: {exc}"
     return env
 
@@ -99,41 +74,35 @@ def matmul_tflops(n: int = 8192, reps: int = 10) -> float:
 
 def run_job(name: str, config: str, sets: list[str], out: Path, nproc: int, timeout: float) -> dict:
     folder = out / name
-    cmd = job_cmd(config, sets, folder, nproc)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    wall = time.perf_counter() - t0
-    row = {"name": name, "sets": sets, "rc": proc.returncode, "job_wall_s": round(wall, 1)}
+    proc = subprocess.run(job_cmd(config, sets, folder, nproc), cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    row = {"name": name, "sets": sets, "rc": proc.returncode, "job_wall_s": round(time.perf_counter() - t0, 1)}
     result_file = folder / "result.json"
     if proc.returncode != 0 or not result_file.exists():
-        row["error"] = (proc.stderr or proc.stdout)[-3000:]
-        return row
+        return {**row, "error": (proc.stderr or proc.stdout)[-3000:]}
     r = json.loads(result_file.read_text())
     perf = r.get("perf") or {}
-    row.update(
-        status=r["status"], backend=r["backend"], strategy=r["strategy"], world=r["world_size"],
-        samples_per_s=r["samples_per_s"], train_wall_s=r["train_wall_s"],
-        checkpoint_stall_frac=r["checkpoint_stall_frac"], final=r["final"],
-        mfu=perf.get("perf/mfu"), gpu_util=perf.get("perf/gpu_util"), data_wait_frac=perf.get("perf/data_wait_frac"),
-        peak_mem_mb=max((round(rk.get("peak_mem_mb") or 0, 1) for rk in r.get("ranks") or []), default=None),
-        perf=perf,
-    )
-    return row
+    return {**row, "status": r["status"], "backend": r["backend"], "strategy": r["strategy"], "world": r["world_size"],
+            "samples_per_s": r["samples_per_s"], "train_wall_s": r["train_wall_s"],
+            "checkpoint_stall_frac": r["checkpoint_stall_frac"], "final": r["final"], "mfu": perf.get("perf/mfu"),
+            "gpu_util": perf.get("perf/gpu_util"), "data_wait_frac": perf.get("perf/data_wait_frac"),
+            "peak_mem_mb": max((round(rk.get("peak_mem_mb") or 0, 1) for rk in r.get("ranks") or []), default=None),
+            "perf": perf}
 
 
 def run(name: str, config: str, sets: list[str], out: Path, nproc: int, timeout: float) -> list[dict]:
-    row = run_job(name, config, sets, out, nproc, timeout)
-    rows = [row]
-    if "error" in row:
-        print(f"[{name}] failed (rc {row['rc']}):\n{row['error'][-1500:]}", flush=True)
-        if not any(s.startswith("training.deterministic") for s in sets):
-            retry = run_job(name + "-nondet", config, [*sets, "training.deterministic=false"], out, nproc, timeout)
-            rows.append(retry)
-            if "error" in retry:
-                print(f"[{name}-nondet] failed too:\n{retry['error'][-1500:]}", flush=True)
-    else:
+    rows = [run_job(name, config, sets, out, nproc, timeout)]
+    row = rows[0]
+    if "error" not in row:
         print(f"[{name}] {row['samples_per_s']:.0f} samples/s, mfu {row['mfu']}, util {row['gpu_util']}, "
               f"peak {row['peak_mem_mb']} MB, final {row['final']}", flush=True)
+        return rows
+    print(f"[{name}] failed (rc {row['rc']}):\n{row['error'][-1500:]}", flush=True)
+    if not any(s.startswith("training.deterministic") for s in sets):
+        rows.append(run_job(name + "-nondet", config, [*sets, "training.deterministic=false"], out, nproc, timeout))
+        if "error" in rows[1]:
+            print(f"[{name}-nondet] failed too:\n{rows[1]['error'][-1500:]}", flush=True)
     return rows
 
 
@@ -183,9 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(env), flush=True)
     env["bf16_matmul_tflops"] = round(matmul_tflops(), 1)
     print(f"bf16 matmul 8192^3: {env['bf16_matmul_tflops']} TFLOP/s", flush=True)
-    rows: list[dict] = []
-    for name, config, sets, nproc in build_plan(args):
-        rows += run(name, config, sets, args.out, nproc or env["gpus"], args.timeout)
+    rows = [row for name, config, sets, nproc in build_plan(args)
+            for row in run(name, config, sets, args.out, nproc or env["gpus"], args.timeout)]
     (args.out / "gpu_check.json").write_text(json.dumps({"env": env, "runs": rows}, indent=2, default=str))
     print(table(rows))
     print(summary_line(rows))
@@ -197,33 +165,21 @@ def build_plan(args) -> list[tuple[str, str, list[str], int | None]]:
     digits = "configs/digits.yaml"
     wide = ["model.kind=mlp", "model.hidden=4096", "training.batch_size=1024", "training.base_batch=1024",
             "training.epochs=30", "training.log_every_steps=1"]
-    plan = [
-        ("digits-ddp-fp32", digits, [f"training.peak_tflops={PEAK_TFLOPS['fp32']}"]),
-        ("digits-ddp-bf16", digits, ["training.precision=bf16", f"training.peak_tflops={PEAK_TFLOPS['bf16']}"]),
-        ("digits-fsdp-bf16", digits, ["training.strategy=fsdp", "training.precision=bf16",
-                                      f"training.peak_tflops={PEAK_TFLOPS['bf16']}"]),
-        ("wide-mlp-fp32", digits, [*wide, f"training.peak_tflops={PEAK_TFLOPS['fp32']}"]),
-        ("wide-mlp-bf16", digits, [*wide, "training.precision=bf16", f"training.peak_tflops={PEAK_TFLOPS['bf16']}"]),
-    ]
-    plan.append(("wide-mlp-bf16-nockpt", digits, [*wide, "training.precision=bf16", "training.checkpoints=false",
-                                                  f"training.peak_tflops={PEAK_TFLOPS['bf16']}"]))
+    plan = [("digits-ddp-fp32", digits, FP32), ("digits-ddp-bf16", digits, BF16),
+            ("digits-fsdp-bf16", digits, ["training.strategy=fsdp", *BF16]),
+            ("wide-mlp-fp32", digits, [*wide, *FP32]), ("wide-mlp-bf16", digits, [*wide, *BF16]),
+            ("wide-mlp-bf16-nockpt", digits, [*wide, "training.checkpoints=false", *BF16])]
     if args.lm and (ROOT / args.lm).exists():
         lm = ["training.strategy=ddp", "training.checkpoint_every_epochs=1000", *args.lm_set]
-        plan += [
-            ("lm-ddp-fp32", args.lm, [*lm, f"training.peak_tflops={PEAK_TFLOPS['fp32']}"]),
-            ("lm-ddp-bf16", args.lm, [*lm, "training.precision=bf16", f"training.peak_tflops={PEAK_TFLOPS['bf16']}"]),
-            ("lm-fsdp-bf16", args.lm, [*lm, "training.strategy=fsdp", "training.precision=bf16",
-                                       f"training.peak_tflops={PEAK_TFLOPS['bf16']}"]),
-        ]
+        plan += [("lm-ddp-fp32", args.lm, [*lm, *FP32]), ("lm-ddp-bf16", args.lm, [*lm, *BF16]),
+                 ("lm-fsdp-bf16", args.lm, [*lm, "training.strategy=fsdp", *BF16])]
     plan = [(name, config, sets, None) for name, config, sets in plan]
     if args.lm100m:
         # One GPU, one process: the issue's figure is per device. Checkpoints only at the end.
         big = ["training.strategy=single", "training.cpu_workers=1", "training.checkpoint_every_epochs=1000",
-               "training.precision=bf16", f"training.peak_tflops={PEAK_TFLOPS['bf16']}", *LM_100M, *args.lm_set]
-        plan += [
-            ("lm100m-bf16", args.lm or LM_CONFIG, big, 1),
-            ("lm100m-bf16-compile", args.lm or LM_CONFIG, [*big, "training.compile=true"], 1),
-        ]
+               *BF16, *LM_100M, *args.lm_set]
+        plan += [("lm100m-bf16", args.lm or LM_CONFIG, big, 1),
+                 ("lm100m-bf16-compile", args.lm or LM_CONFIG, [*big, "training.compile=true"], 1)]
     if args.only:
         plan = [p for p in plan if any(p[0].startswith(o) for o in args.only.split(","))]
     return plan
@@ -234,14 +190,11 @@ def summary_line(rows: list[dict]) -> str:
     by = {r["name"].removesuffix("-nondet"): r for r in rows if "error" not in r}
     parts = []
     for name, key in (("lm100m-bf16", "eager"), ("lm100m-bf16-compile", "compile")):
-        r = by.get(name)
-        parts += [f"mfu_{key}={r['mfu'] if r and r.get('mfu') is not None else 'na'}",
-                  f"data_wait_frac_{key}={r['data_wait_frac'] if r and r.get('data_wait_frac') is not None else 'na'}"]
+        r = by.get(name) or {}
+        parts += [f"{field}_{key}={r[field] if r.get(field) is not None else 'na'}" for field in ("mfu", "data_wait_frac")]
     eager, comp = by.get("lm100m-bf16"), by.get("lm100m-bf16-compile")
     speedup = round(comp["samples_per_s"] / eager["samples_per_s"], 3) if eager and comp else "na"
-    parts.append(f"compile_speedup={speedup}")
-    parts.append(f"runs_failed={sum('error' in r for r in rows)}")
-    return " ".join(parts)
+    return " ".join([*parts, f"compile_speedup={speedup}", f"runs_failed={sum('error' in r for r in rows)}"])
 
 
 if __name__ == "__main__":

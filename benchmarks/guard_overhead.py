@@ -1,25 +1,21 @@
 """What the worker guard (flows/worker_guard.py) adds to a flow run, against a real ``prefect server``.
 
-* ``worker``: the guarded worker's check before it starts a process (two API reads, the comparison
-  with prefect.yaml, the parameters against the flow's signature), in this process, per run;
-  the first one also loads the flow's module.
-* ``process``: the locked pool's command, ``python -I -m flows.worker_guard``, on a run it refuses at
-  its last check (invalid parameters: every read and comparison is made), minus a process that
-  imports only what Prefect's engine imports before it loads a flow (``prefect.engine``,
-  ``prefect.flow_engine``), alternated ``--repeats`` times; medians.
-
-It starts its own server in a temp folder, creates the locked ``process`` pool there, and deploys
-``train`` from this checkout. The last line is ``guard_overhead_s=<process>``.
-
     .venv/bin/python benchmarks/guard_overhead.py [--repeats 5]
+
+* ``worker``: the guarded worker's check before it starts a process (two API reads, the comparison
+  with prefect.yaml, the parameters against the flow), per run; the first also loads the flow's module.
+* ``process``: the locked pool's command on a run it refuses at its last check (every read and
+  comparison made), minus a process that imports only what Prefect's engine imports before it loads
+  a flow; alternated ``--repeats`` times, medians.
+
+It starts its own server in a temp folder, creates the locked ``process`` pool there and deploys
+``train`` from this checkout. The last line is ``guard_overhead_s=<process>``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,20 +25,18 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import ROOT, free_port, parser, wait_healthy
+
 BIN = Path(sys.executable).parent
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
     from core.env import TELEMETRY_OFF
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     tmp = Path(tempfile.mkdtemp(prefix="guard-bench-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TRAINFLOW_"))}
@@ -51,16 +45,8 @@ def main() -> int:
     server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(f"{api}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the Prefect server did not start")
-            time.sleep(0.5)
+        if not wait_healthy(api, server, 180):
+            raise SystemExit("the Prefect server did not start")
         for cmd in ([str(BIN / "trainflow"), "pool", "create", "process"],
                     [str(BIN / "prefect"), "--no-prompt", "deploy", "--name", "train"]):
             subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)

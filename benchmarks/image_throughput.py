@@ -4,42 +4,21 @@
     .venv/bin/python benchmarks/image_throughput.py --size 32 32     # the same files, resized bigger
     python benchmarks/image_throughput.py --device cuda              # on a GPU host: + 1 GPU worker
 
-What it measures (``--config``, default ``configs/digit-images.yaml``; ``--size H W`` sets
-``dataset.images.size``, default the config's):
-
-* the input pipeline, over every train file, in this process, alternating ``--repeats`` times
-  (medians): (a) a cold decode, ``tasks.image_data.decode_files`` (Pillow: read, convert, resize;
-  no cache; the files themselves are in the OS page cache after the first pass), against (b) the
-  cached path, a second ``cached_pixels`` call: the key (a ``stat`` of every file) and the
-  memory-mapped ``.npy`` under ``TRAINFLOW_HOME/cache/images``, copied into memory (``np.array``),
-  which is what training's ``x[keep]`` does. The first ``cached_pixels`` call (decode + write the
-  ``.npy``) is shown once, beside them. images/s = train files / seconds.
-* training: the task trained for ``--epochs`` through ``training.launcher.make_spec`` + ``run_job``
-  (real torchrun, the agent forking the CPU workers) with 1 worker (``strategy: single``) and with
-  2 (``strategy: ddp``, gloo), ``training.threads_per_worker`` 1 as shipped, batch as in the config
-  per worker, ``checkpoints: false``; ``--train-repeats`` runs of each, alternating (1, 2, 2, 1, ...),
-  medians. The training images/s is the result's own ``samples_per_s``: the train images seen in an
-  epoch (each once, over all ranks) / that epoch's training-loop seconds, averaged over the epochs
-  (no validation, no start-up). Beside it: train images x epochs / ``train_wall_s`` (the whole fit,
-  per-epoch validation included) and the job's wall seconds (torchrun, start-up and data loading
-  included). The ratio is 2 workers / 1 on ``samples_per_s``; the script says so in a sentence when 2
-  workers lose to 1 on this machine.
-* ``--device cuda``: the config has no device key; a worker trains on CUDA when its backend is
-  nccl (``training.backend: auto`` picks nccl when CUDA is present, so the CPU runs here pin
-  ``training.backend=gloo``). With ``--device cuda`` the script asserts ``torch.cuda.is_available()``
-  (else it exits with code 2 and a message before doing anything) and also trains the 1-worker job
-  on one GPU (``strategy: single``, ``training.backend=nccl``, nproc 1).
-
-Everything it writes (the pixel cache, the jobs' output folders) goes to a temporary
-``TRAINFLOW_HOME`` it removes. The machine is shared: only ratios of one run mean anything.
-Last line: ``decode_images_per_s=... cached_images_per_s=... cached_vs_decode=...
-train_1w_images_per_s=... train_2w_images_per_s=... train_2w_vs_1w=...`` (+ ``train_cuda_images_per_s``
-and ``cuda_vs_1w`` with ``--device cuda``).
+The input pipeline over every train file, in this process, alternating ``--repeats`` times
+(medians): a cold Pillow decode (``decode_files``, no cache) against a second ``cached_pixels``
+call (the key's ``stat`` of every file, then the memory-mapped ``.npy`` copied into memory); the
+first ``cached_pixels`` call (decode + write) is shown once beside them. Training: ``--epochs``
+through ``make_spec`` + ``run_job`` (torchrun, forked gloo workers, checkpoints off) with 1 worker
+(``single``) and 2 (``ddp``), ``--train-repeats`` runs each, alternating, medians; images/s is the
+result's ``samples_per_s`` (training-loop time only). ``--device cuda`` also trains the 1-worker job
+on one GPU (nccl; it exits 2 when CUDA is unavailable). Everything goes to a temporary
+``TRAINFLOW_HOME`` it removes. Last line: ``decode_images_per_s=... cached_images_per_s=...
+cached_vs_decode=... train_1w_images_per_s=... train_2w_images_per_s=... train_2w_vs_1w=...``
+(+ ``train_cuda_images_per_s`` and ``cuda_vs_1w`` with ``--device cuda``).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -50,8 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT, parser, rounds, table
 
 
 def pipeline(cfg, home: Path, repeats: int) -> dict:
@@ -69,7 +47,7 @@ def pipeline(cfg, home: Path, repeats: int) -> dict:
     cached_pixels(cfg.dataset, ROOT, "test", [p for p, _ in entries["test"]], home)
     times: dict[str, list[float]] = {"decode": [], "cached": []}
     for i in range(repeats):
-        for kind in (("decode", "cached") if i % 2 == 0 else ("cached", "decode")):
+        for kind in rounds(("decode", "cached"), i):
             t0 = time.perf_counter()
             if kind == "decode":
                 x = decode_files(base, paths, size, channels)
@@ -119,7 +97,7 @@ def train(config: Path, base_sets: list[str], layout: str, work: Path, home: Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "digit-images.yaml")
     ap.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="dataset.images.size (default: the config's)")
     ap.add_argument("--epochs", type=int, default=3)
@@ -151,24 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     home = work / "home"
     saved_home = os.environ.get("TRAINFLOW_HOME")
     os.environ["TRAINFLOW_HOME"] = str(home)  # this process and the workers: the cache goes here
+    layouts = ["1 CPU worker", "2 CPU workers"]
+    runs: dict[str, list[dict]] = {k: [] for k in layouts + (["1 GPU (cuda)"] if args.device == "cuda" else [])}
     try:
         p = pipeline(cfg, home, args.repeats)
         images = n_train(cfg)
-        layouts = ["1 CPU worker", "2 CPU workers"]
-        runs: dict[str, list[dict]] = {k: [] for k in layouts}
-        for i in range(args.train_repeats):
-            for layout in (layouts if i % 2 == 0 else layouts[::-1]):
-                r = train(args.config, base_sets, layout, work, home, images)
-                runs[layout].append(r)
-                print(f"{layout}: {r['samples_per_s']:,.0f} images/s, train wall {r['train_wall_s']:.2f} s, "
-                      f"job {r['job_s']:.1f} s ({r['backend']}, world {r['world']})", flush=True)
-        if args.device == "cuda":
-            runs["1 GPU (cuda)"] = []
-            for _ in range(args.train_repeats):
-                r = train(args.config, base_sets, "1 GPU (cuda)", work, home, images)
-                runs["1 GPU (cuda)"].append(r)
-                print(f"1 GPU (cuda): {r['samples_per_s']:,.0f} images/s, train wall {r['train_wall_s']:.2f} s, "
-                      f"job {r['job_s']:.1f} s ({r['backend']})", flush=True)
+        order = [lay for i in range(args.train_repeats) for lay in rounds(layouts, i)]
+        order += ["1 GPU (cuda)"] * args.train_repeats if args.device == "cuda" else []
+        for layout in order:
+            r = train(args.config, base_sets, layout, work, home, images)
+            runs[layout].append(r)
+            print(f"{layout}: {r['samples_per_s']:,.0f} images/s, train wall {r['train_wall_s']:.2f} s, "
+                  f"job {r['job_s']:.1f} s ({r['backend']}, world {r['world']})", flush=True)
     finally:
         if saved_home is None:
             os.environ.pop("TRAINFLOW_HOME", None)
@@ -179,20 +151,16 @@ def main(argv: list[str] | None = None) -> int:
     med = {k: {f: statistics.median(r[f] for r in rs) for f in ("samples_per_s", "wall_images_per_s", "job_s")}
            for k, rs in runs.items()}
     rate = {"decode": p["n"] / p["decode"], "cached": p["n"] / p["cached"], "first": p["n"] / p["first_s"]}
-    print()
-    print(f"input pipeline: {p['n']} train files, {h}x{w}x{cfg.dataset.images.channels}, medians of {args.repeats}")
-    print("| path | images/s | ms per pass |")
-    print("|---|---|---|")
-    print(f"| cold decode (Pillow, `decode_files`) | {rate['decode']:,.0f} | {p['decode'] * 1e3:.1f} |")
-    print(f"| cached (`cached_pixels` again: mmap'd .npy, copied) | {rate['cached']:,.0f} | {p['cached'] * 1e3:.1f} |")
-    print(f"| first `cached_pixels` (decode + write .npy), once | {rate['first']:,.0f} | {p['first_s'] * 1e3:.1f} |")
+    print(f"\ninput pipeline: {p['n']} train files, {h}x{w}x{cfg.dataset.images.channels}, medians of {args.repeats}")
+    table(["path", "images/s", "ms per pass"], [
+        ["cold decode (Pillow, `decode_files`)", f"{rate['decode']:,.0f}", f"{p['decode'] * 1e3:.1f}"],
+        ["cached (`cached_pixels` again: mmap'd .npy, copied)", f"{rate['cached']:,.0f}", f"{p['cached'] * 1e3:.1f}"],
+        ["first `cached_pixels` (decode + write .npy), once", f"{rate['first']:,.0f}", f"{p['first_s'] * 1e3:.1f}"]])
     print(f"cached / cold decode: {rate['cached'] / rate['decode']:.1f}x")
-    print()
-    print(f"training: {images} train images x {args.epochs} epochs, medians of {args.train_repeats}")
-    print("| layout | images/s (samples_per_s) | images x epochs / train_wall_s | job wall s |")
-    print("|---|---|---|---|")
-    for k, v in med.items():
-        print(f"| {k} | {v['samples_per_s']:,.0f} | {v['wall_images_per_s']:,.0f} | {v['job_s']:.1f} |")
+    print(f"\ntraining: {images} train images x {args.epochs} epochs, medians of {args.train_repeats}")
+    table(["layout", "images/s (samples_per_s)", "images x epochs / train_wall_s", "job wall s"],
+          [[k, f"{v['samples_per_s']:,.0f}", f"{v['wall_images_per_s']:,.0f}", f"{v['job_s']:.1f}"]
+           for k, v in med.items()])
     one, two = med["1 CPU worker"]["samples_per_s"], med["2 CPU workers"]["samples_per_s"]
     ratio = two / one
     if ratio < 1:

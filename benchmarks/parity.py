@@ -2,98 +2,19 @@
 
     python benchmarks/parity.py --repeats 3          # hand, lean, default, hand, lean, default, ...
 
-Every run is a real ``torchrun --standalone --nproc-per-node 2`` job (gloo, CPU,
-``threads_per_worker`` threads each; this same file in ``--worker`` mode), so
-both loops pay the same start-up, and that start-up is not timed: rank 0 times
-the training loop inside the workers and writes a JSON the parent reads. Runs
-alternate between modes (the machine is shared, so absolute timings drift; the
-ratios of medians of interleaved runs are what to read).
+Every run is a real ``torchrun --standalone`` job (gloo, CPU; this file in ``--worker`` mode);
+rank 0 times the training loop only (no start-up, imports, data or model build) and writes a JSON
+the parent reads. Modes: ``hand`` (``_hand``: what one would write with nothing but torch, doing
+the Trainer's work in the same numerical order: its seeds, sample order, LR schedule, clipping,
+and a validation pass per epoch); ``lean`` (the Trainer with checkpoints and metrics off);
+``default`` (the Trainer as shipped, no MLflow run attached). Diagnostic modes: ``hand-agree``
+(plus the Trainer's per-step preemption all-reduce), ``lean-noagree`` (that agreement made local),
+``hand-nodet`` (without deterministic algorithms).
 
-Modes
------
-``hand``
-    The plain loop below (``_hand``).
-``lean``
-    ``Trainer`` driven as ``training/worker.py`` drives it, with
-    ``training.checkpoints=false training.metrics=false``.
-``default``
-    The same with checkpoints and metrics on at the config's intervals
-    (a checkpoint every epoch, a metrics window every ``log_every_steps``).
-    No MLflow run is attached (``TRAINFLOW_MLFLOW_RUN_ID`` is removed from the
-    workers' environment), so ``perf/*`` values are computed and gathered but not
-    sent anywhere.
-
-Diagnostic modes (not run by default; ``--modes hand,hand-agree,lean,lean-noagree``):
-
-``hand-agree``
-    ``hand`` plus one tiny all-reduce per optimizer step: what the Trainer does
-    to agree on preemption (``any_rank(ctx, stop.requested)``).
-``lean-noagree``
-    ``lean`` with that per-step agreement replaced by the local flag (patched
-    here, in the benchmark process, on ``training.trainer.any_rank``; nothing in
-    the Trainer changes). Not safe for preemption: a measurement only.
-``hand-nodet``
-    ``hand`` without ``torch.use_deterministic_algorithms(True)`` (the worker
-    turns it on when ``training.deterministic``, the default).
-
-What "plain" includes
----------------------
-The hand-written loop is what one would write for the same job with nothing
-but torch, doing the same work the Trainer does, in the same numerical order:
-
-* the same process settings as ``training/worker.py``: ``torch.set_num_threads
-  (threads_per_worker)`` and, with ``training.deterministic`` (the default),
-  ``torch.use_deterministic_algorithms(True)`` (a property of the run, not of
-  the loop; ``hand-nodet`` shows what it costs);
-* ``dist.init_process_group("gloo")``, the config's model from
-  ``training.models.build_model`` built right after ``torch.manual_seed(seed)``
-  (so initial weights and the dropout stream start where the Trainer's do),
-  ``DistributedDataParallel`` with default arguments;
-* ``AdamW`` (or SGD, per config) at ``training.trainer.scaled_lr``, its LR set
-  before each step to ``lr x training.trainer.lr_factor`` (warm-up, then cosine,
-  in samples consumed);
-* each epoch's order a ``torch.randperm(N)`` from a generator seeded with
-  seed + epoch, cut into steps of ``B x world`` samples (rank r takes positions
-  ``r*B ... +B`` of each; the last step is short and may leave a rank an empty
-  batch), straight from the in-memory tensors: what the Trainer's default
-  ``loader.kind: memory`` does (a DataLoader would draw its seed from the
-  global RNG, shifting every dropout mask after it);
-* per step: ``zero_grad`` / ``F.cross_entropy(model(x), y, reduction="sum") x
-  world / step samples`` / ``backward`` / ``clip_grad_norm_(params, grad_clip)``
-  / ``opt.step`` and ``loss.item()`` for the epoch's mean train loss;
-* per epoch: one all-reduce of (loss sum, samples) for the train loss over all
-  ranks, and a validation pass (every rank scores a strided slice of the val
-  split, one all-reduce), because the Trainer always runs one at the end of each
-  epoch and any training loop one would ship does too. It is timed separately
-  (``eval s/ep`` below), so the ratio without it can be read off.
-
-Not in it: checkpoints, step metrics, preemption agreement, fault hooks, the
-metrics sink, early stopping, gradient accumulation (``grad_accum`` must be 1).
-The Trainer's ``model(x).float()`` (a no-op in fp32) and ``loss / grad_accum``
-(division by 1) are left out: they change no bit.
-
-What is timed
--------------
-Rank 0, from just before the first batch of the first epoch to the end of the
-last epoch (the Trainer: ``FitResult.train_wall_s``, which also includes the
-wait for the final background checkpoint write). Not timed: interpreter and
-torch start-up, imports, process-group set-up, data loading, model build, the
-weights hash after training, teardown. ``samples/s`` is all ranks' samples
-(each sample once per epoch) over that wall time; the goals are judged on it.
-
-Two views less sensitive to other load on a shared machine, printed alongside:
-``step ms``, each run's median interval from one step's start to the next
-within an epoch (everything done per step, nothing done per epoch; the Trainer's
-``_train_step`` is wrapped on the instance to take the same clock reading the
-hand loop takes), and ``cpu ms/step``, the process CPU time of all ranks over
-the loop (``time.process_time``, all threads: gloo's and the checkpoint
-writer's included) per optimizer step. The final weights' sha256 is compared
-too: equal hashes mean the loops did bit for bit the same arithmetic.
-
-Output: per run one line, then a table of medians (samples/s, ratio vs hand,
-extra seconds per epoch, |final train loss - hand's|) and whether the goals are
-met (lean >= 0.98 with losses equal to 5 decimals; default >= 0.95). A missed
-goal is reported, not an error. The last line is ``parity_ratio=<lean/hand>``.
+Beside samples/s: each run's median step-to-step ms and the CPU ms of all ranks per step (less
+sensitive to other load), and the final weights' sha256 (equal: bit for bit the same arithmetic).
+Goals (reported, never an error): lean >= 0.98 with losses equal to 5 decimals; default >= 0.95.
+The last line is ``parity_ratio=<lean/hand>``.
 """
 
 from __future__ import annotations
@@ -108,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = ROOT / "configs" / "digits.yaml"
+from common import ROOT, parser
+
 MODES = ("hand", "lean", "default")
 DIAGNOSTIC = ("hand-agree", "hand-nodet", "lean-noagree")
 LEAN = ["training.checkpoints=false", "training.metrics=false"]
@@ -117,26 +38,15 @@ LOSS_DECIMALS = 5
 GOALS = {"lean": 0.98, "default": 0.95}
 
 
-# ---------------------------------------------------------------------------------------
-# worker side (one process of a torchrun job)
-# ---------------------------------------------------------------------------------------
-def _overrides(args) -> list[str]:
-    return [f"training.epochs={args.epochs}", f"training.batch_size={args.batch_size}"]
-
-
+# -- worker side (one process of a torchrun job) ------------------------------------------
 def _step_ms(stamps: list[tuple[int, float]]) -> float:
-    """Median milliseconds from one step's start to the next's, within an epoch.
-
-    Each interval holds everything done per step (batch, forward/backward/step,
-    ``loss.item()``, whatever the loop adds); a median of ~20 x epochs of them
-    shrugs off bursts of other work on a shared machine, which whole-run times don't.
-    """
+    """Median ms from one step's start to the next's within an epoch: shrugs off bursts of other load."""
     gaps = [(t1 - t0) * 1e3 for (e0, t0), (e1, t1) in zip(stamps, stamps[1:]) if e0 == e1]
     return statistics.median(gaps) if gaps else float("nan")
 
 
 def _hand(args, cfg) -> dict:
-    """The plain loop (see the module docstring); returns rank 0's measurements."""
+    """The plain loop; returns rank 0's measurements."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -148,12 +58,11 @@ def _hand(args, cfg) -> dict:
     t = cfg.training
     if t.grad_accum != 1:
         raise SystemExit("parity: the hand-written loop has no gradient accumulation; use grad_accum: 1")
-    agree = args.worker == "hand-agree"
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     data = load_splits(cfg, ROOT, cfg.seed)
 
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # initial weights and the dropout stream start where the Trainer's do
     model = DDP(build_model(cfg, data.info))
     lr = scaled_lr(t.lr, t.batch_size * world, t.base_batch, t.lr_scaling)
     if t.optimizer == "sgd":
@@ -172,6 +81,8 @@ def _hand(args, cfg) -> dict:
     model.train()
     for epoch in range(t.epochs):
         t0 = time.perf_counter()
+        # The Trainer's memory loader: a DataLoader would draw its seed from the global RNG,
+        # shifting every dropout mask after it.
         order = torch.randperm(n_all, generator=torch.Generator().manual_seed(cfg.seed + epoch))
         loss_sum, n = 0.0, 0
         for start in range(0, n_all, g_batch):
@@ -191,7 +102,7 @@ def _hand(args, cfg) -> dict:
             steps += 1
             loss_sum += loss.item()
             n += len(y)
-            if agree:
+            if args.worker == "hand-agree":  # the Trainer's per-step preemption agreement
                 flag = torch.tensor([0.0], dtype=torch.float64)
                 dist.all_reduce(flag)
                 _ = flag.tolist()[0] > 0
@@ -232,8 +143,6 @@ def _trainer(args, cfg) -> dict:
     """``Trainer`` as training/worker.py drives it (minus export); returns rank 0's measurements."""
     import logging
 
-    import torch
-
     from core.manifest import read_dvc_file
     from training import trainer as trainer_mod
     from training.data import load_splits
@@ -247,14 +156,13 @@ def _trainer(args, cfg) -> dict:
         # trainer module (early stopping) are off in this config; checkpoint.py keeps its own.
         trainer_mod.any_rank = lambda ctx, flag: bool(flag)
     t = cfg.training
-    data_md5 = read_dvc_file(ROOT, cfg.dataset.dvc_file).md5
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with process_group(t.backend, t.collective_timeout_s) as ctx:
-        trainer = Trainer(cfg, ctx, load_splits(cfg, ROOT, cfg.seed), out,
-                          MetricsSink.for_rank(ctx.is_main), cfg.config_id(), data_md5)
-        eval_s = []
-        evaluate = trainer._evaluate
+        trainer = Trainer(cfg, ctx, load_splits(cfg, ROOT, cfg.seed), out, MetricsSink.for_rank(ctx.is_main),
+                          cfg.config_id(), read_dvc_file(ROOT, cfg.dataset.dvc_file).md5)
+        eval_s, step_t = [], []
+        evaluate, train_step = trainer._evaluate, trainer.train_step
 
         def timed_evaluate():
             t1 = time.perf_counter()
@@ -263,26 +171,21 @@ def _trainer(args, cfg) -> dict:
             finally:
                 eval_s.append(time.perf_counter() - t1)
 
-        step_t = []
-        train_step = trainer.train_step
-
         def timed_train_step(batch):
             step_t.append((trainer.epoch, time.perf_counter()))
             return train_step(batch)
 
         # Instrumentation on this instance only (the hand loop takes the same two readings).
-        trainer._evaluate = timed_evaluate
-        trainer.train_step = timed_train_step
+        trainer._evaluate, trainer.train_step = timed_evaluate, timed_train_step
         try:
             cpu0 = time.process_time()
             fit = trainer.fit()
-            cpu = time.process_time() - cpu0
-            cpu_all = all_reduce_sum(ctx, [cpu])[0]
+            cpu_all = all_reduce_sum(ctx, [time.process_time() - cpu0])[0]
             full = trainer.strategy.full_state_dict(trainer.model) if fit.status == "completed" else None
         finally:
             trainer.release()
-    samples = trainer.n_train * len(fit.history)  # every sample once per epoch, as the hand loop counts
-    return {"rank": ctx.rank, "world_size": ctx.world_size, "wall_s": fit.train_wall_s, "samples": samples,
+    return {"rank": ctx.rank, "world_size": ctx.world_size, "wall_s": fit.train_wall_s,
+            "samples": trainer.n_train * len(fit.history),  # every sample once per epoch, as the hand loop counts
             "steps": trainer.step, "train_phase_s": [h.epoch_time_s for h in fit.history], "eval_s": eval_s,
             "checkpoint_stall_s": fit.checkpoint_stall_s,
             "history": [{"train_loss": h.train_loss, "val_loss": h.val_loss, "val_accuracy": h.val_accuracy}
@@ -297,43 +200,38 @@ def worker_main(args) -> int:
 
     from core.config import load_config
 
-    overrides = _overrides(args) + (LEAN if args.worker in ("lean", "lean-noagree") else [])
+    overrides = [f"training.epochs={args.epochs}", f"training.batch_size={args.batch_size}",
+                 *(LEAN if args.worker in ("lean", "lean-noagree") else [])]
     cfg = load_config(args.config, overrides)
+    # training/worker.py's process settings: a property of the run, not of the loop
     torch.set_num_threads(cfg.training.threads_per_worker)
     if cfg.training.deterministic and args.worker != "hand-nodet":
         torch.use_deterministic_algorithms(True)
     res = _hand(args, cfg) if args.worker.startswith("hand") else _trainer(args, cfg)
     if res["rank"] == 0:
-        res["mode"] = args.worker
-        res["epochs"] = cfg.training.epochs
-        res["samples_per_s"] = res["samples"] / res["wall_s"]
-        res["epoch_time_s"] = res["wall_s"] / cfg.training.epochs
+        res.update(mode=args.worker, epochs=cfg.training.epochs, samples_per_s=res["samples"] / res["wall_s"],
+                   epoch_time_s=res["wall_s"] / cfg.training.epochs)
         tmp = Path(args.result).with_suffix(".tmp")
         tmp.write_text(json.dumps(res))
         tmp.replace(args.result)
     return 0
 
 
-# ---------------------------------------------------------------------------------------
-# parent side
-# ---------------------------------------------------------------------------------------
+# -- parent side -----------------------------------------------------------------------------
 def run_one(mode: str, args, workdir: Path, i: int) -> dict:
     result = workdir / f"{i:03d}_{mode}.json"
-    out = workdir / f"{i:03d}_{mode}_out"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           str(Path(__file__).resolve()), "--worker", mode, "--result", str(result), "--out", str(out),
-           "--config", str(args.config), "--epochs", str(args.epochs), "--batch-size", str(args.batch_size)]
+           str(Path(__file__).resolve()), "--worker", mode, "--result", str(result),
+           "--out", str(workdir / f"{i:03d}_{mode}_out"), "--config", str(args.config),
+           "--epochs", str(args.epochs), "--batch-size", str(args.batch_size)]
     env = {k: v for k, v in os.environ.items() if k not in ("TRAINFLOW_MLFLOW_RUN_ID", "TRAINFLOW_FAULT")}
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.run_timeout)
     if p.returncode != 0 or not result.is_file():
-        tail = (p.stdout + p.stderr)[-4000:]
-        raise RuntimeError(f"{mode} run failed (exit {p.returncode}):\n{tail}")
-    res = json.loads(result.read_text())
-    res["job_s"] = time.perf_counter() - t0
-    return res
+        raise RuntimeError(f"{mode} run failed (exit {p.returncode}):\n{(p.stdout + p.stderr)[-4000:]}")
+    return {**json.loads(result.read_text()), "job_s": time.perf_counter() - t0}
 
 
 def _fmt_loss_diff(d: float | None) -> str:
@@ -342,15 +240,15 @@ def _fmt_loss_diff(d: float | None) -> str:
 
 def report(runs: dict[str, list[dict]], modes: list[str]) -> float | None:
     """Print the table of medians and the goals; returns lean/hand samples/s (None without both)."""
-    def med(m, key):
-        return statistics.median(key(r) for r in runs[m])
+    def med(key):
+        return {m: statistics.median(key(r) for r in runs[m]) for m in modes}
 
-    sps = {m: med(m, lambda r: r["samples_per_s"]) for m in modes}
-    ep = {m: med(m, lambda r: r["epoch_time_s"]) for m in modes}
-    step = {m: med(m, lambda r: r["step_ms"]) for m in modes}
-    ev = {m: med(m, lambda r: statistics.fmean(r["eval_s"])) for m in modes}
-    stall = {m: med(m, lambda r: r["checkpoint_stall_s"] / r["epochs"]) for m in modes}
-    cpu = {m: med(m, lambda r: 1e3 * r["cpu_s"] / r["steps"]) for m in modes}
+    sps = med(lambda r: r["samples_per_s"])
+    ep = med(lambda r: r["epoch_time_s"])
+    step = med(lambda r: r["step_ms"])
+    ev = med(lambda r: statistics.fmean(r["eval_s"]))
+    stall = med(lambda r: r["checkpoint_stall_s"] / r["epochs"])
+    cpu = med(lambda r: 1e3 * r["cpu_s"] / r["steps"])
     hand = runs.get("hand")
     base = hand[0]["history"] if hand else None
     base_sha = hand[0]["weights_sha256"] if hand else None
@@ -368,20 +266,17 @@ def report(runs: dict[str, list[dict]], modes: list[str]) -> float | None:
             return float("nan")
         return table["hand"] / table[m] if inverse else table[m] / table["hand"]
 
-    print()
-    print(f"{'mode':<13}{'samples/s':>10}{'ratio':>8}{'extra s/ep':>12}{'|dloss| final':>15}{'all epochs':>12}"
+    print(f"\n{'mode':<13}{'samples/s':>10}{'ratio':>8}{'extra s/ep':>12}{'|dloss| final':>15}{'all epochs':>12}"
           "  weights")
     for m in modes:
         final, every = loss_diff(m)
         extra = ep[m] - ep["hand"] if "hand" in ep else float("nan")
-        shas = {r["weights_sha256"] for r in runs[m]}
-        same = "-" if not base_sha else ("=hand" if shas == {base_sha} else "differ")
+        same = "-" if not base_sha else ("=hand" if {r["weights_sha256"] for r in runs[m]} == {base_sha} else "differ")
         print(f"{m:<13}{sps[m]:>10.0f}{ratio(m, sps):>8.3f}{extra:>+12.4f}{_fmt_loss_diff(final):>15}"
               f"{_fmt_loss_diff(every):>12}  {same}")
     print("medians over runs of the whole loop's wall time (per-epoch eval and checkpoints included); |dloss|: "
           "train loss vs hand's,\nfinal epoch and worst epoch; weights: final weights sha256 vs hand's")
-    print()
-    print(f"{'mode':<13}{'step ms':>9}{'step ratio':>12}{'cpu ms/step':>13}{'cpu ratio':>11}"
+    print(f"\n{'mode':<13}{'step ms':>9}{'step ratio':>12}{'cpu ms/step':>13}{'cpu ratio':>11}"
           f"{'eval s/ep':>11}{'ckpt s/ep':>11}")
     for m in modes:
         print(f"{m:<13}{step[m]:>9.3f}{ratio(m, step, True):>12.3f}{cpu[m]:>13.3f}{ratio(m, cpu, True):>11.3f}"
@@ -389,19 +284,18 @@ def report(runs: dict[str, list[dict]], modes: list[str]) -> float | None:
     print("step ms: each run's median step-to-step interval (median over runs; shrugs off bursts of other load);\n"
           "cpu ms/step: CPU time of all ranks over the loop per optimizer step (less sensitive to other load than "
           "wall time);\nratios: hand's / this mode's; eval s/ep: the validation pass; ckpt s/ep: checkpoint stall "
-          "(the copy;\nthe write runs in a background thread)")
-    print()
+          "(the copy;\nthe write runs in a background thread)\n")
     if "hand" not in sps:
         return None
     for m, goal in GOALS.items():
         if m not in sps:
             continue
         r = ratio(m, sps)
-        final, every = loss_diff(m)
         ok = r >= goal
         line = (f"goal {m}: ratio {r:.3f} >= {goal:.2f}: {'met' if ok else 'not met'} "
                 f"(step ratio {ratio(m, step, True):.3f}, cpu ratio {ratio(m, cpu, True):.3f})")
         if m == "lean":
+            every = loss_diff(m)[1]
             equal = every is not None and every < 0.5 * 10 ** -LOSS_DECIMALS
             line += f"; train losses equal to {LOSS_DECIMALS} decimals every epoch: {'yes' if equal else 'no'}"
             ok = ok and equal
@@ -410,21 +304,19 @@ def report(runs: dict[str, list[dict]], modes: list[str]) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--repeats", type=int, default=3, help="runs per mode, interleaved (default 3)")
     ap.add_argument("--epochs", type=int, default=12, help="epochs per run (default 12)")
     ap.add_argument("--batch-size", type=int, default=32, help="per-worker batch (default 32)")
     ap.add_argument("--modes", default=",".join(MODES),
                     help=f"comma-separated, run in this order each repeat (default {','.join(MODES)}; "
                          f"diagnostic: {', '.join(DIAGNOSTIC)})")
-    ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "digits.yaml")
     ap.add_argument("--nproc", type=int, default=2, help="processes (default 2)")
     ap.add_argument("--run-timeout", type=float, default=300.0, help="seconds per torchrun job")
     ap.add_argument("--json", type=Path, help="also write every run's measurements here")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--result", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    for hidden in ("--worker", "--result", "--out"):
+        ap.add_argument(hidden, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         return worker_main(args)
@@ -440,21 +332,20 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trainflow-parity-") as tmp:
-        i = 0
         for rep in range(args.repeats):
-            for m in modes:
+            for j, m in enumerate(modes):
                 try:
-                    r = run_one(m, args, Path(tmp), i)
+                    r = run_one(m, args, Path(tmp), rep * len(modes) + j)
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     print(f"parity: {exc}", file=sys.stderr)
                     return 1
-                i += 1
                 runs[m].append(r)
                 print(f"  [{rep + 1}/{args.repeats}] {m:<13} loop {r['wall_s']:6.3f} s  "
                       f"{r['samples_per_s']:7.0f} samples/s  final loss {r['history'][-1]['train_loss']:.7f}  "
                       f"(job {r['job_s']:.1f} s)", flush=True)
-    print(f"total {time.perf_counter() - t_all:.1f} s for {i} jobs; "
-          f"{runs[modes[0]][0]['steps']} steps x {runs[modes[0]][0]['world_size']} ranks per run")
+    first = runs[modes[0]][0]
+    print(f"total {time.perf_counter() - t_all:.1f} s for {args.repeats * len(modes)} jobs; "
+          f"{first['steps']} steps x {first['world_size']} ranks per run")
     if args.json:
         args.json.write_text(json.dumps(runs, indent=2))
     ratio = report(runs, modes)

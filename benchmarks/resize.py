@@ -3,32 +3,23 @@
     python benchmarks/resize.py                        # configs/digits.yaml, resize half-way
     python benchmarks/resize.py --config tests/configs/digits-quick.yaml --at 21
 
-Every run is a real torchrun job (CPU/gloo, deterministic mode), through the launcher as
-``trainflow train`` runs it. A resized run is two jobs on one ``--out``: the first is preempted
-(``TRAINFLOW_FAULT=sigterm@step=AT``, agreed at that very step) and the second resumes the
-checkpoint on another world size or strategy. Cases, each against the uninterrupted run with
-the writer's global batch (the batch policy keeps it):
-
-- ``2->1``: 2 ddp workers (32 per rank, G 64), then 1 worker (32 x 2 micro-steps);
-- ``1->2``: 1 worker (G 32), then 2 workers (16 per rank);
-- ``ddp->fsdp``: 2 ddp workers, then 2 fsdp workers.
-
-Printed per case: |test accuracy - uninterrupted's| (the weights scored on the test split) and
-the largest |train loss - uninterrupted's| and |val loss - uninterrupted's| over the epochs
-from the resize on. Not bitwise: reduction order and dropout streams change with the layout.
-The last line is ``resize_max_test_acc_delta=<worst case>``.
+Real torchrun jobs through the launcher (CPU/gloo, deterministic mode). A resized run is two jobs
+on one ``--out``: the first preempted at step ``--at`` (``TRAINFLOW_FAULT=sigterm@step=AT``), the
+second resuming on another layout: ``2->1`` and ``1->2`` workers (the batch policy keeps the
+writer's global batch), ``ddp->fsdp``. Each against the uninterrupted run at the writer's layout:
+|test accuracy delta| and the largest |train / val loss delta| from the resize on (not bitwise:
+reduction order and dropout streams change with the layout). Last line:
+``resize_max_test_acc_delta=<worst case>``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT, parser
 
 
 def _train(config: Path, out: Path, nproc: int, overrides: list[str], fault: str | None = None) -> dict:
@@ -63,7 +54,7 @@ def _test_accuracy(config: Path, out: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "digits.yaml")
     ap.add_argument("--at", type=int, default=None, help="step of the resize (default: half of the run's steps)")
     args = ap.parse_args(argv)

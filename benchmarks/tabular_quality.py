@@ -1,26 +1,18 @@
 """The registered model beside the one a user would try first: trainflow's candidate against
-scikit-learn's gradient-boosted trees, fitted on the same train split, on the bundled wine and
-digits and on the three table shapes of ``tests/tables.py``.
+scikit-learn's gradient-boosted trees on the same train split.
 
-    .venv/bin/python benchmarks/tabular_quality.py                    # all five
+    .venv/bin/python benchmarks/tabular_quality.py                    # wine, digits and tests/tables.py's shapes
     .venv/bin/python benchmarks/tabular_quality.py --only penguins,churn
 
-Each dataset runs the real pipeline as a user would (``trainflow run``: validation, torchrun with
-the config's workers, evaluation, registration), in a project of its own with its own state (a
-temporary folder, removed): the bundled configs as they ship (``configs/wine.yaml``: the tabular
-network; ``configs/digits.yaml``: the CNN over the 8x8 pixels), and each shape from a fresh
-``trainflow init`` with no edit. The pipeline's evaluation fits the trees itself
-(``HistGradientBoosting*``, default settings, one thread) and records both, so the figures are
-read from each run's summary: the primary metric (accuracy or R²) of both, the gap (trees minus
-candidate, in the metric's direction: positive means the trees are better), the candidate's
-training wall time and the trees' fitting time.
-
-Last line: ``worst_gap_to_gbdt=x`` (the largest gap; the aim is at most 0.02).
+Each dataset runs ``trainflow run`` in a temporary project of its own: the bundled configs as they
+ship, and each shape from a fresh ``trainflow init`` with no edit. The pipeline's evaluation fits
+the trees (``HistGradientBoosting*``, default settings, one thread) and records both, so the
+figures come from each run's summary; the gap is trees minus candidate in the metric's direction
+(positive: the trees are better). Last line: ``worst_gap_to_gbdt=x`` (the aim is at most 0.02).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -30,14 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT, parser, table
+
+from core.env import TELEMETRY_OFF
 
 BUNDLED = ("wine", "digits")
 SHAPES = ("penguins", "houses", "churn")
-ENV = {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-       "GX_ANALYTICS_ENABLED": "false", "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b",
-       "GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@b"}
+ENV = {**TELEMETRY_OFF, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b", "GIT_COMMITTER_NAME": "b",
+       "GIT_COMMITTER_EMAIL": "b@b"}
 
 
 def _run(cmd: list[str], cwd: Path, env: dict, timeout: float = 1800) -> subprocess.CompletedProcess:
@@ -94,7 +86,7 @@ def measure(work: Path, name: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--only", help="comma-separated datasets (default: " + ",".join(BUNDLED + SHAPES) + ")")
     ap.add_argument("--workdir", type=Path, help="keep the projects here (default: a temporary folder, removed)")
     args = ap.parse_args(argv)
@@ -110,11 +102,9 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
-    print("| dataset | metric | trainflow | GBDT | gap (GBDT - trainflow) | trainflow train s | GBDT fit s (1 thread) |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['dataset']} | {r['metric']} | {r['candidate']:.4f} | {r['gbdt']:.4f} | {r['gap']:+.4f} | "
-              f"{r['train_s']:.1f} | {r['gbdt_fit_s']:.2f} |")
+    table(["dataset", "metric", "trainflow", "GBDT", "gap (GBDT - trainflow)", "trainflow train s", "GBDT fit s (1 thread)"],
+          [[r["dataset"], r["metric"], f"{r['candidate']:.4f}", f"{r['gbdt']:.4f}", f"{r['gap']:+.4f}",
+            f"{r['train_s']:.1f}", f"{r['gbdt_fit_s']:.2f}"] for r in rows], ["---"] * 2 + ["---:"] * 5)
     print(f"worst_gap_to_gbdt={max(r['gap'] for r in rows):.4f}")
 
 

@@ -3,21 +3,16 @@
     .venv/bin/python benchmarks/validation_memory.py --rows 1M,4M --workdir /tmp/vm   # a few minutes
     .venv/bin/python benchmarks/validation_memory.py --rows 20M --workdir /tmp/vm     # the issue's figure
 
-For each size a float table (``--cols`` columns in [0, 1), an integer class label) is generated
-into ``--workdir`` as a folder of Parquet files per split (train, test: a tenth of the rows), with
-an expectations file that bounds every column. The pipeline's validation
-(``validation.gx_run.run_plan`` on the table suite, a Parquet folder: batch by batch) runs in a
-fresh subprocess, which reports its own peak RSS (``resource.getrusage``) and seconds. The tables
-are generated, never committed; ``--keep`` leaves them in ``--workdir``.
-
-:func:`measure_validation` is what ``benchmarks/data_scale.py`` can call for its validation column.
-The last line is ``validation_rss_mb=<peak MB at the largest size> validation_s=<its seconds>
+Per size, a float table (``--cols`` columns in [0, 1), an integer class label) is generated into
+``--workdir`` as a folder of Parquet files per split (test: a tenth of the rows) with an
+expectations file bounding every column, then validated batch by batch (``run_plan`` on the table
+suite) in a fresh subprocess that reports its own peak RSS and seconds. ``--keep`` leaves the
+tables. Last line: ``validation_rss_mb=<peak MB at the largest size> validation_s=<its seconds>
 rss_growth=<peak at largest / peak at smallest>``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -27,8 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT, parse_rows, parser
 
 # Run in the child: validate, then report this process's peak RSS (Linux: KiB) and seconds.
 CHILD = """
@@ -50,12 +44,6 @@ peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"seconds": time.perf_counter() - t, "peak_rss_mb": peak_mb,
                   "success": report["success"], "rows": report["rows"], "n_failed": report["n_failed"]}))
 """
-
-
-def rows_arg(text: str) -> int:
-    text = text.strip().upper()
-    scale = {"K": 10**3, "M": 10**6}.get(text[-1:], 1)
-    return int(float(text.rstrip("KM")) * scale)
 
 
 def generate(root: Path, rows: int, cols: int, rows_per_file: int = 1 << 20, row_group: int = 1 << 17) -> None:
@@ -81,10 +69,10 @@ def generate(root: Path, rows: int, cols: int, rows_per_file: int = 1 << 20, row
     (root / "expectations.yaml").write_text("\n".join(lines) + "\n")
 
 
-def measure_validation(root: Path, batch_rows: int = 65536, env: dict | None = None) -> dict:
+def measure_validation(root: Path, batch_rows: int) -> dict:
     """Validate the table under ``root`` (:func:`generate`'s layout) in a fresh subprocess:
     ``{"seconds", "peak_rss_mb", "success", "rows", "n_failed"}`` (RSS of that process alone)."""
-    env = {**os.environ, "GX_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true", **(env or {}),
+    env = {**os.environ, "GX_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", CHILD, str(root), str(batch_rows)], cwd=ROOT, env=env,
                          capture_output=True, text=True, check=False)
@@ -94,14 +82,14 @@ def measure_validation(root: Path, batch_rows: int = 65536, env: dict | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--rows", default="1M,4M", help="train rows per table, comma-separated (k/M suffixes)")
     ap.add_argument("--cols", type=int, default=32)
     ap.add_argument("--batch-rows", type=int, default=65536)
     ap.add_argument("--workdir", type=Path, help="where the tables go; default: a temporary folder")
     ap.add_argument("--keep", action="store_true", help="leave the generated tables in --workdir")
     args = ap.parse_args(argv)
-    sizes = [rows_arg(r) for r in args.rows.split(",")]
+    sizes = [parse_rows(r) for r in args.rows.split(",")]
     base = Path(args.workdir or tempfile.mkdtemp(prefix="validation-memory-"))
     results = []
     for rows in sizes:

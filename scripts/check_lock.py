@@ -1,11 +1,9 @@
 """Fail (exit 1) when requirements/lock*.txt no longer match pyproject.toml: ``make check-lock``.
 
-Offline: compares the dependency hash in each lock's header with pyproject.toml's
-and checks every top-level dependency is pinned inside its range, with hashes;
-the dev lock the same for the dev and team extras, on top of each runtime lock; and that
-each runtime lock with the dev lock holds on every CPython 3.11 release (core.lock.PYTHONS):
-each pinned package's requirements, read from this environment's installed metadata (pins
-installed at another version are not checked), are pinned for that release.
+Offline: each lock's header hash against pyproject.toml's, every top-level dependency pinned
+inside its range with hashes (the dev lock for the dev and team extras), and each runtime lock with
+the dev lock closed on every CPython 3.11 release (core.lock.PYTHONS), read from the installed
+packages' metadata.
 """
 
 from __future__ import annotations

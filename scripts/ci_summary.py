@@ -2,11 +2,9 @@
 
     python scripts/ci_summary.py out/summary.json [--exit-code N] [--markdown FILE]
 
-Exits with the run's own exit code (0 registered, 1 error, 2 data validation
-failed, 3 gate rejected, 4 preempted), so a CI step fails exactly when the
-pipeline did, and writes a short markdown report (GitHub: $GITHUB_STEP_SUMMARY).
-It also fails (1) when the summary is missing or lacks what a successful run
-must report, or when it disagrees with the exit code the command returned.
+Exits with the run's own exit code (0 registered, 1 error, 2 data validation failed, 3 gate
+rejected, 4 preempted), or 1 when the summary is missing, lacks what a registered run must report,
+or disagrees with ``--exit-code``; writes a short markdown report (GitHub: $GITHUB_STEP_SUMMARY).
 """
 
 from __future__ import annotations

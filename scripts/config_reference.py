@@ -3,13 +3,11 @@
     python scripts/config_reference.py            # rewrite docs/configuration.md
     python scripts/config_reference.py --check    # exit 1 when it differs from what the models say
 
-Every key of ``core.config.PipelineConfig``, walked recursively, becomes one row: its key path
-(``training.early_stopping.patience``), type, default, constraints and description. The
-description is the comment written above the field in ``core/config.py`` (read with ``ast``
-and ``tokenize``: the models carry no ``Field(description=...)``, and adding one would change
-nothing the config id hashes but everything a reviewer reads), else a line from ``NOTES`` below;
-each section opens with its class docstring. ``tests/unit/test_docs.py`` regenerates the page
-and compares, so the page cannot drift from the models.
+Every key of ``core.config.PipelineConfig`` becomes one row: key path, type, default, constraints
+and description. The description is the comment above the field in ``core/config.py`` (read from
+the source: a ``Field(description=...)`` would change what a reviewer reads), else a line from
+``NOTES``; each section opens with its class docstring. ``tests/unit/test_docs.py`` compares the
+page with a fresh render.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ import argparse
 import ast
 import inspect
 import io
+import json
 import sys
 import tokenize
 import types
@@ -46,7 +45,6 @@ DERIVED = {
 # A line for keys that have no comment in core/config.py (their section's docstring may say more).
 NOTES = {
     "seed": "Seeds the split of one `dataset.file`, the initial weights, the epochs' sample order and dropout.",
-    "dataset.train_file": "Train split file inside `dataset.path` (`.csv` or `.parquet`; null: `train.csv`).",
     "dataset.test_file": "Test split file inside `dataset.path` (null: `test.csv`).",
     "dataset.file": "One file split into train and test with `test_fraction` and the seed.",
     "dataset.label": "The label (target) column.",
@@ -142,22 +140,6 @@ def type_text(annotation: Any) -> str:
     return {str: "str", int: "int", float: "float", bool: "bool"}.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
 
-def _value_text(value: Any) -> str:
-    if isinstance(value, BaseModel):
-        return "(the keys below)"
-    if value is None:
-        return "`null`"
-    if isinstance(value, bool):
-        return f"`{str(value).lower()}`"
-    if isinstance(value, tuple):
-        value = list(value)
-    if isinstance(value, (list, dict)):
-        import json
-
-        return f"`{json.dumps(value)}`"
-    return f"`{value}`"
-
-
 def default_text(key: str, field: FieldInfo) -> str:
     if key in DERIVED:
         return DERIVED[key]
@@ -165,7 +147,12 @@ def default_text(key: str, field: FieldInfo) -> str:
         raise SystemExit(f"scripts/config_reference.py: {key} has a computed default; say what it is in DERIVED")
     if field.is_required():
         return "**required**"
-    return _value_text(field.default)
+    value = field.default
+    if isinstance(value, BaseModel):
+        return "(the keys below)"
+    if value is None or isinstance(value, (bool, list, tuple, dict)):
+        return f"`{json.dumps(value)}`"  # YAML's null, true, [..]
+    return f"`{value}`"
 
 
 def constraints_text(field: FieldInfo) -> str:
@@ -185,14 +172,11 @@ def constraints_text(field: FieldInfo) -> str:
 def field_comments(model: type[BaseModel]) -> dict[str, str]:
     """Field name -> the ``#`` comment lines written right above it in the class body, joined."""
     source = inspect.getsource(model)
-    comments: dict[int, str] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    comments = {tok.start[0]: tok.string.lstrip("#").strip()
+                for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
     lines = source.splitlines()
     out = {}
-    cls = ast.parse(source).body[0]
-    for stmt in cls.body:
+    for stmt in ast.parse(source).body[0].body:
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
             above, n = [], stmt.lineno - 1
             while n in comments and lines[n - 1].lstrip().startswith("#"):
@@ -208,14 +192,9 @@ def _md(text: str) -> str:
     return text.replace("``", "`")
 
 
-def _escape(text: str) -> str:
-    return _md(text).replace("|", "\\|")
-
-
 def walk(model: type[BaseModel], prefix: str = "") -> list[dict]:
     """Every key below ``model`` in order: {key, type, default, constraints, description, model}."""
-    rows = []
-    comments = field_comments(model)
+    rows, comments = [], field_comments(model)
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
         sub = _models_of(field.annotation)
@@ -270,15 +249,14 @@ def render() -> str:
                                                     and x["key"].count(".") == depth]))
     for key, model, members in sections:
         out += [f"## `{key}`" if key else "## Top level", ""]
-        doc = inspect.getdoc(model) if model.__doc__ else None
-        for paragraph in (doc or "").split("\n\n"):
-            if paragraph.strip():
-                out += [_md(" ".join(paragraph.split())), ""]
+        doc = inspect.getdoc(model) if model.__doc__ else ""
+        out += [line for paragraph in doc.split("\n\n") if paragraph.strip()
+                for line in (_md(" ".join(paragraph.split())), "")]
         out += ["| key | type | default | constraint | description |", "|---|---|---|---|---|"]
         for r in members:
             shown = f"[`{r['key']}`](#{r['key'].replace('.', '')})" if r["model"] is not None else f"`{r['key']}`"
-            out.append(f"| {shown} | {_escape(r['type'])} | {_escape(r['default'])} | {_escape(r['constraints'])} | "
-                       f"{_escape(r['description'] + _layout_note(r['key']))} |")
+            cells = [r["type"], r["default"], r["constraints"], r["description"] + _layout_note(r["key"])]
+            out.append(f"| {shown} | " + " | ".join(_md(c).replace("|", "\\|") for c in cells) + " |")
         out.append("")
     return "\n".join(out)
 

@@ -3,9 +3,8 @@
     python scripts/export_digit_images.py          # (re)write data/digit-images/{train,test}/<digit>/NNNN.png
     python scripts/export_digit_images.py --check  # export to a temp dir, prove the hash equals data/digit-images.dvc
 
-The same 1,797 8x8 digits and the same stratified split as ``data/digits`` (the table), written as
-grey PNG files in class folders (torchvision's ImageFolder layout): pixel values 0..16 scaled to
-0..255. Byte-stable: Pillow's PNG writer at a fixed compression level, no metadata chunks (the
+The table's digits and split (``export_digits``) as grey PNGs in class folders (ImageFolder
+layout), 0..16 scaled to 0..255. Byte-stable: a fixed compression level, no metadata chunks (the
 bytes also depend on zlib's version, which ``--check`` would show).
 """
 

@@ -3,11 +3,8 @@
     python scripts/export_digits.py            # (re)write data/digits/{train,test}.csv
     python scripts/export_digits.py --check    # export to a temp dir, prove the hash equals data/digits.dvc
 
-The export is byte-stable: a fixed stratified split from a seed, integer pixels
-written by hand (no float formatting, no library-version metadata). ``--check``
-recomputes DVC's directory hash (md5 of the sorted ``[{md5, relpath}]`` JSON,
-suffixed ``.dir``) of the ``digits`` folder and compares it with ``outs[0].md5`` of
-``data/digits.dvc``.
+Byte-stable: a fixed stratified split from a seed, integer pixels written by hand (no float
+formatting, no library-version metadata).
 """
 
 from __future__ import annotations

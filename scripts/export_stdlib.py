@@ -3,17 +3,12 @@
     python scripts/export_stdlib.py            # (re)write data-stdlib/{train,val}.jsonl + manifest.json
     python scripts/export_stdlib.py --check    # export to a temp dir, prove the hash equals data-stdlib.dvc
 
-Selection rule (fixed, sorted): the ``*.py`` files directly in ``sysconfig.get_paths()["stdlib"]``
-(no sub-packages, so no tests/, idlelib/ or site-packages/), whose name does not start with ``_``
-(private and generated modules such as ``_sysconfigdata_*``), whose size lies within
-``[MIN_BYTES, MAX_BYTES]`` and which decode as UTF-8. A file goes to ``val`` when the first 8 hex
-digits of sha256(its relative path) modulo 100 are below ``VAL_PERCENT``: the split depends on the
-path only, so it is stable when files come or go.
-
-Each split is JSON Lines, one document per line, sorted by path: ``{"path": ..., "text": ...}``
-(UTF-8, keys sorted). ``manifest.json`` records the Python version and the rule. The stdlib
-differs between Python versions, so ``--check`` is only meaningful on the recorded version
-and says so when the running one differs.
+The rule: the ``*.py`` files directly in the stdlib folder (no sub-packages), not starting with
+``_``, of ``MIN_BYTES`` to ``MAX_BYTES``, decoding as UTF-8, sorted by path; a file is ``val`` when
+sha256(its path)'s first 8 hex digits modulo 100 are below ``VAL_PERCENT`` (stable when files come
+or go). Each split is JSON Lines ``{"path", "text"}``; ``manifest.json`` records the Python version
+and the rule. The stdlib differs between Python versions, so ``--check`` holds only on the recorded
+one, and says so.
 """
 
 from __future__ import annotations
@@ -54,28 +49,22 @@ def select(stdlib: Path) -> list[tuple[str, str]]:
     """``[(relative path, text)]`` of the files the rule keeps, sorted by path."""
     out = []
     for path in sorted(Path(stdlib).glob("*.py")):
-        if path.name.startswith("_") or not path.is_file():
-            continue
-        raw = path.read_bytes()
-        if not MIN_BYTES <= len(raw) <= MAX_BYTES:
-            continue
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        out.append((path.name, text))
+        raw = path.read_bytes() if path.is_file() and not path.name.startswith("_") else b""
+        if MIN_BYTES <= len(raw) <= MAX_BYTES:
+            try:
+                out.append((path.name, raw.decode("utf-8")))
+            except UnicodeDecodeError:
+                pass
     return out
 
 
 def export(dest: Path, stdlib: Path | None = None) -> dict[str, Path]:
     """Write ``dest/data-stdlib/{train,val}.jsonl`` and ``manifest.json``; returns the paths."""
-    stdlib = Path(stdlib or sysconfig.get_paths()["stdlib"])
-    docs = select(stdlib)
     out = Path(dest) / FOLDER
     out.mkdir(parents=True, exist_ok=True)
     files = {s: out / f"{s}.jsonl" for s in SPLITS}
     lines: dict[str, list[str]] = {s: [] for s in SPLITS}
-    for rel, text in docs:
+    for rel, text in select(Path(stdlib or sysconfig.get_paths()["stdlib"])):
         lines[split_of(rel)].append(json.dumps({"path": rel, "text": text}, ensure_ascii=False, sort_keys=True))
     for s in SPLITS:
         files[s].write_bytes("".join(line + "\n" for line in lines[s]).encode("utf-8"))

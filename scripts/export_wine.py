@@ -4,11 +4,9 @@
     python scripts/export_wine.py --out data/mywine/wine.csv   # the same table anywhere else
     python scripts/export_wine.py --check    # export to a temp dir, prove the hash equals data/wine.dvc
 
-178 wines, 13 named chemical measurements (``alcohol`` ... ``proline``, scikit-learn's column
-names) and ``target``, the cultivar as a string (``class_0``/``class_1``/``class_2``): a table
-as a user would bring it, for ``trainflow init --data data/wine --label target --name wine``.
-One file, not split: the config splits it by seed. Byte-stable: rows in scikit-learn's order,
-each number written with ``repr`` (the shortest text that reads back as the same float).
+178 wines, 13 named measurements and ``target``, the cultivar as a string: a table as a user
+would bring it, one file, not split. Byte-stable: rows in scikit-learn's order, each number
+written with ``repr``.
 """
 
 from __future__ import annotations

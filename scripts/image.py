@@ -7,22 +7,14 @@
     python3 scripts/image.py repro [--variant cpu]                      # build twice, compare digests
     python3 scripts/image.py alongside -- COMMAND ...                   # COMMAND with the image test's build beside it
 
-``build`` always builds ``docker/Dockerfile`` itself; what differs between hosts goes in as build
-args. With a running Docker engine it uses docker; otherwise podman, which ``host`` installs and
-configures on a Debian host when it is missing (idempotent: it only adds what is absent). Where the
-registry of the Dockerfile's default base is unreachable (the CPU variant only), ``base`` first
-makes a Debian bookworm base (an mmdebstrap tarball built ``FROM scratch``); the build then
-names it by its local digest and installs bookworm's package names (``OS_PACKAGES``) and Debian's own
-``python3.11``. The torch wheel comes from a local folder (bind-mounted into the build, in no
-layer) when one holds the locked wheel; the host's CA bundle goes in as the build secret
-``ca_bundle`` (a TLS-intercepting proxy needs it; no layer keeps it). Builds are stamped with one
-fixed time (``SOURCE_DATE_EPOCH``, podman's ``--timestamp``; :data:`EPOCH`), so the same commit, lock
-and base give the same image digest, with or without the layer cache.
-
-The result (ref, digest, image id, seconds) is written to ``build/image-<variant>.json``; ``run``
-reads it and passes ``TRAINFLOW_IMAGE`` / ``TRAINFLOW_IMAGE_DIGEST``, so the run manifest (and the
-registered model version's tags) record the image. Standard library only (with the project's
-``core.procs``, itself standard library): it runs before any venv.
+``build`` always builds ``docker/Dockerfile``; what differs between hosts goes in as build args:
+docker when its engine runs, else podman (``host`` installs it on Debian); where the CPU base's
+registry is unreachable, a Debian bookworm base made here (``base``) with bookworm's package names;
+the locked torch wheel from a local folder (bind-mounted, in no layer); the host's CA bundle as the
+build secret ``ca_bundle``. One fixed ``SOURCE_DATE_EPOCH`` (:data:`EPOCH`) makes the same commit,
+lock and base give the same digest, with or without the layer cache. The result goes to
+``build/image-<variant>.json``, which ``run`` reads to record the image in the run manifest.
+Standard library only (with ``core.procs``): it runs before any venv.
 """
 
 from __future__ import annotations
@@ -50,12 +42,11 @@ DOCKERFILE = "docker/Dockerfile"
 CACHE = Path(os.environ.get("TRAINFLOW_IMAGE_CACHE", "/var/cache/trainflow-image"))
 BASE_TAG = "localhost/trainflow-base:bookworm"
 DEBIAN_MIRROR = os.environ.get("TRAINFLOW_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-# mmdebstrap, not debootstrap: apt resolves and downloads in parallel (33 s for the base here against
-# debootstrap's 3 min 47 s), and with SOURCE_DATE_EPOCH its tarball is the same bytes on every host.
+# mmdebstrap, not debootstrap: faster, and with SOURCE_DATE_EPOCH its tarball is the same bytes on every host.
 HOST_PACKAGES = ("podman", "runc", "mmdebstrap")
 CONTAINERS_CONF = Path("/etc/containers/containers.conf")
-# Written by `host` when no containers.conf exists. crun fails on this kind of host ("cgroups in
-# hybrid mode not supported"); the sandbox forbids raising nofile/nproc to podman's defaults.
+# Written by `host` where none exists: crun fails on hybrid cgroups here, and the sandbox forbids
+# raising nofile/nproc to podman's defaults.
 CONTAINERS_CONF_TEXT = """\
 # Written by trainflow's scripts/image.py host (delete to let it write it again).
 [containers]
@@ -64,14 +55,12 @@ default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
 [engine]
 runtime = "runc"
 """
-# Debian bookworm's names for what the Dockerfile's OS_PACKAGES holds under Ubuntu 24.04's (t64)
-# names, plus Debian's own CPython 3.11 (3.11.2; the lock holds for it) and its venv module.
+# The Dockerfile's OS_PACKAGES by bookworm's names (Ubuntu 24.04's are t64), plus Debian's CPython 3.11.
 BOOKWORM_PACKAGES = ("python3.11", "python3.11-venv", "libssl3", "libffi8", "libsqlite3-0", "libbz2-1.0",
                      "liblzma5", "zlib1g", "libexpat1", "libuuid1", "libncursesw6", "libreadline8")
 # What the Dockerfile installs on every base besides OS_PACKAGES; the bookworm base holds it already.
 DOCKERFILE_PACKAGES = ("ca-certificates", "git", "tini", "tzdata")
-# The base's own build file: the mmdebstrap tarball as its one layer. Built with --timestamp, so
-# the base's digest is a function of the tarball alone (podman import would stamp it with today).
+# The tarball as the base's one layer, built with --timestamp (podman import would stamp it with today).
 BASE_CONTAINERFILE = 'FROM scratch\nADD bookworm.tar /\nCMD ["/bin/bash"]\n'
 WHEELS_MOUNT = "/wheels"
 
@@ -82,7 +71,7 @@ class ImageError(RuntimeError):
 
 @dataclass
 class Plan:
-    """Everything one build needs; :func:`build_command` turns it into the engine's command line."""
+    """Everything one build needs."""
     engine: str                                  # docker | podman
     variant: str                                 # cpu | cuda
     tag: str
@@ -93,9 +82,7 @@ class Plan:
     no_cache: bool = False
 
 
-# ---------------------------------------------------------------------------------------------
-# Command lines (pure: unit-tested)
-
+# -- command lines (pure) -----------------------------------------------------------------------
 def build_command(plan: Plan) -> list[str]:
     """The docker/podman command line that builds ``plan`` from the repository root."""
     cmd = [plan.engine, "build", "-f", DOCKERFILE, "-t", plan.tag]
@@ -107,9 +94,7 @@ def build_command(plan: Plan) -> list[str]:
     if plan.ca_bundle:
         cmd += ["--secret", f"id=ca_bundle,src={plan.ca_bundle}"]
     if plan.engine == "podman":
-        # --layers: reuse each step's layer while its inputs are unchanged; --network host: the
-        # build's apt and pip use the host's network as they are (no container network to set up).
-        cmd += ["--layers", "--network", "host"]
+        cmd += ["--layers", "--network", "host"]  # host network: no container network to set up
         if plan.epoch is not None:
             cmd += ["--timestamp", str(plan.epoch)]   # created time and every file's time in the layers
         if plan.wheels:
@@ -120,20 +105,16 @@ def build_command(plan: Plan) -> list[str]:
 
 
 def mmdebstrap_command(target: Path, packages: tuple[str, ...], mirror: str = DEBIAN_MIRROR) -> list[str]:
-    """mmdebstrap's command line for the bookworm base: minbase (apt, dpkg and the essentials) plus
-    ``packages``, written as one tarball; run with SOURCE_DATE_EPOCH set, the same bytes on every host
-    while the mirror serves the same package versions."""
+    """mmdebstrap's command line for the bookworm base: minbase plus ``packages``, as one tarball."""
     return ["mmdebstrap", "--quiet", "--variant=minbase", "--mode=root", "--format=tar",
             f"--include={','.join(packages)}", "bookworm", str(target), mirror]
 
 
-def run_command(engine: str, image: str, digest: str, home: Path | None, command: list[str],
-                network: str = "none") -> list[str]:
-    """The command line that runs ``image`` with its ref and digest in the environment (the run
-    manifest records them) and no network (the pipeline needs none). ``home``: a host folder for
-    TRAINFLOW_HOME (MLflow database, artifacts, run folders), so they outlive the container."""
+def run_command(engine: str, image: str, digest: str, home: Path | None, command: list[str]) -> list[str]:
+    """The command line that runs ``image`` with its ref and digest in the environment (the run manifest
+    records them), no network; ``home``: a host folder for TRAINFLOW_HOME, to outlive the container."""
     repo = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
-    cmd = [engine, "run", "--rm", "--network", network,
+    cmd = [engine, "run", "--rm", "--network", "none",
            "-e", f"TRAINFLOW_IMAGE={repo}@{digest}", "-e", f"TRAINFLOW_IMAGE_DIGEST={digest}"]
     if home is not None:
         cmd += ["-v", f"{home}:/var/lib/trainflow"]
@@ -162,9 +143,7 @@ def dockerfile_args(path: Path | None = None) -> dict[str, str]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# The host
-
+# -- the host ----------------------------------------------------------------------------------
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     print("image: $ " + shlex.join(cmd), file=sys.stderr, flush=True)
     return subprocess.run(cmd, check=True, **kw)
@@ -187,12 +166,8 @@ def engine_available() -> str | None:
 
 
 def missing_debian_packages(names: tuple[str, ...]) -> list[str]:
-    missing = []
-    for name in names:
-        out = subprocess.run(["dpkg-query", "-W", "-f=${Status}", name], capture_output=True, text=True)
-        if out.returncode != 0 or "install ok installed" not in out.stdout:
-            missing.append(name)
-    return missing
+    return [name for name in names if "install ok installed" not in subprocess.run(
+        ["dpkg-query", "-W", "-f=${Status}", name], capture_output=True, text=True).stdout]
 
 
 def host_problem() -> str | None:
@@ -205,8 +180,8 @@ def host_problem() -> str | None:
 
 
 def setup_host() -> list[str]:
-    """Install podman, runc and mmdebstrap where missing and write containers.conf where absent.
-    Returns what it did (empty: nothing was needed). Raises ImageError when it cannot."""
+    """Install podman, runc and mmdebstrap where missing and write containers.conf where absent;
+    returns what it did. Raises ImageError when it cannot."""
     done = []
     missing = missing_debian_packages(HOST_PACKAGES)
     if missing:
@@ -216,7 +191,7 @@ def setup_host() -> list[str]:
         try:
             _run(apt_install_command(missing), env=env, stdout=subprocess.DEVNULL)
         except subprocess.CalledProcessError:
-            try:
+            try:  # stale package lists
                 _run(["apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL)
                 _run(apt_install_command(missing), env=env, stdout=subprocess.DEVNULL)
             except subprocess.CalledProcessError as exc:
@@ -232,9 +207,8 @@ def setup_host() -> list[str]:
 
 def registry_reachable(ref: str, timeout: float = 5.0) -> bool:
     """Whether the registry serving ``ref`` answers its API (401/200 with the registry header)."""
-    url = f"https://{registry_host(ref)}/v2/"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(f"https://{registry_host(ref)}/v2/", timeout=timeout) as resp:
             return "Docker-Distribution-Api-Version" in resp.headers or resp.status == 200
     except urllib.error.HTTPError as exc:
         return exc.code == 401 or "Docker-Distribution-Api-Version" in exc.headers
@@ -244,12 +218,12 @@ def registry_reachable(ref: str, timeout: float = 5.0) -> bool:
 
 def url_reachable(url: str, timeout: float = 5.0) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=timeout):
-            return True
+        urllib.request.urlopen(url, timeout=timeout).close()
     except urllib.error.HTTPError:
         return True
     except (OSError, ValueError):
         return False
+    return True
 
 
 def inspect(engine: str, ref: str, fmt: str) -> str | None:
@@ -267,9 +241,8 @@ def image_digest(engine: str, ref: str) -> str:
 
 
 def make_base(engine: str, epoch: int | None = None) -> str:
-    """The bookworm base, made once (mmdebstrap tarball, then a ``FROM scratch`` build of it stamped
-    with ``epoch``) and kept in the engine's storage; returns it as ``localhost/trainflow-base@sha256:...``
-    (its digest, as a registry base would be). Two hosts with the same mirror make the same digest."""
+    """The bookworm base, made once and kept in the engine's storage; returns it by digest
+    (``localhost/trainflow-base@sha256:...``), as a registry base would be named."""
     if engine != "podman":
         raise ImageError("the registry-free base is made with podman (run `scripts/image.py host`)")
     if inspect(engine, BASE_TAG, "{{.Id}}") is None:
@@ -280,7 +253,6 @@ def make_base(engine: str, epoch: int | None = None) -> str:
         shutil.rmtree(context, ignore_errors=True)
         context.mkdir(parents=True)
         try:
-            # apt inside mmdebstrap reads no package cache of the host's and leaves none in the tarball.
             _run(mmdebstrap_command(context / "bookworm.tar", (*DOCKERFILE_PACKAGES, *BOOKWORM_PACKAGES)),
                  env={**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}, stdout=subprocess.DEVNULL)
             (context / "Containerfile").write_text(BASE_CONTAINERFILE)
@@ -315,49 +287,41 @@ def torch_wheels(version: str) -> str | None:
     /opt/wheels), or None."""
     candidates = [os.environ.get("TRAINFLOW_TORCH_CPU_WHEELS"), *os.environ.get("PIP_FIND_LINKS", "").split(),
                   "/opt/wheels"]
-    for c in candidates:
-        if c and Path(c).is_dir() and any(Path(c).glob(f"torch-{version}-cp311-*.whl")):
-            return str(Path(c).resolve())
-    return None
+    return next((str(Path(c).resolve()) for c in candidates
+                 if c and Path(c).is_dir() and any(Path(c).glob(f"torch-{version}-cp311-*.whl"))), None)
 
 
 # SOURCE_DATE_EPOCH for every build: a constant, not the commit's time. podman reuses a cached step
-# whatever --timestamp says, so with a moving epoch a cached build kept the old times in its history
-# and differed from a clean build of the same commit (measured); with one epoch they are equal.
+# whatever --timestamp says, so with a moving epoch a cached build differed from a clean one.
 EPOCH = 1767225600  # 2026-01-01T00:00:00Z
 
 
 def build_epoch() -> int:
-    """SOURCE_DATE_EPOCH from the environment, else :data:`EPOCH`."""
     return int(os.environ.get("SOURCE_DATE_EPOCH") or EPOCH)
 
 
-def git_sha() -> str:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return out.stdout.strip() if out.returncode == 0 else "unknown"
-
-
-def plan_build(variant: str, tag: str | None = None, no_cache: bool = False, say=print) -> Plan:
+def plan_build(variant: str, tag: str | None = None, no_cache: bool = False) -> Plan:
     """Choose the engine, the base and the torch source for this host (may set up podman and the base)."""
     engine = engine_available()
     if engine is None:
-        say("image: [1/3] no docker engine and no podman: setting up podman (scripts/image.py host)")
+        print("image: [1/3] no docker engine and no podman: setting up podman (scripts/image.py host)")
         setup_host()
         engine = "podman"
     elif engine == "podman":
         setup_host()  # containers.conf, mmdebstrap: only what is missing
     plan = Plan(engine=engine, variant=variant, tag=tag or f"localhost/trainflow:{variant}",
                 ca_bundle=ca_bundle(), epoch=build_epoch(), no_cache=no_cache)
-    plan.build_args["GIT_SHA"] = git_sha()
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    plan.build_args["GIT_SHA"] = sha.stdout.strip() if sha.returncode == 0 else "unknown"
     defaults = dockerfile_args()
     if variant == "cpu":
         if registry_reachable(defaults["CPU_BASE"]):
-            say(f"image: [1/3] base: {defaults['CPU_BASE']} (registry reachable)")
+            print(f"image: [1/3] base: {defaults['CPU_BASE']} (registry reachable)")
         else:
-            say("image: [1/3] no registry reachable: the Debian bookworm base made here (mmdebstrap, once)")
+            print("image: [1/3] no registry reachable: the Debian bookworm base made here (mmdebstrap, once)")
             base = make_base(engine, plan.epoch)
             plan.build_args.update(CPU_BASE=base, PYTHON_IMAGE=base, OS_PACKAGES=" ".join(BOOKWORM_PACKAGES))
-            say(f"image:       base {base}")
+            print(f"image:       base {base}")
         version = locked_torch(ROOT / "requirements" / "lock-cpu.txt")
         wheels = torch_wheels(version) if version and engine == "podman" else None
         if wheels:
@@ -372,9 +336,7 @@ def plan_build(variant: str, tag: str | None = None, no_cache: bool = False, say
     return plan
 
 
-# ---------------------------------------------------------------------------------------------
-# Commands
-
+# -- commands ----------------------------------------------------------------------------------
 def record_path(variant: str) -> Path:
     return ROOT / "build" / f"image-{variant}.json"
 
@@ -416,8 +378,7 @@ def run(variant: str, home: Path | None, command: list[str]) -> int:
 
 
 def repro(variant: str) -> int:
-    """Build twice (the second without the layer cache) and compare the digests: the first may
-    reuse cached layers, so equal digests also say a cached build equals a clean one."""
+    """Build twice, the second without the layer cache, and compare the digests."""
     first = build(variant, record=ROOT / "build" / f"image-{variant}-repro1.json")
     second = build(variant, no_cache=True, record=ROOT / "build" / f"image-{variant}-repro2.json")
     same = first["digest"] == second["digest"]
@@ -427,15 +388,12 @@ def repro(variant: str) -> int:
     return 0 if same else 1
 
 
-# ---------------------------------------------------------------------------------------------
-# The image test's build, alongside the rest of `make test`
-
+# -- the image test's build, alongside the rest of `make test` ----------------------------------
 STATUS = ROOT / "build" / "image-test" / "status.json"
 
 
 def write_status(path: Path, state: str, **fields) -> None:
-    """The builder's outcome, written whole (rename) so a reader never sees half of it:
-    ``built`` (with the build record), ``skip`` (this host cannot build images: why) or ``failed``."""
+    """The builder's outcome (``built``, ``skip`` with why, ``failed``), written whole (rename)."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"state": state, **fields}, indent=2) + "\n")
     tmp.replace(path)
@@ -452,9 +410,8 @@ def smoke_problem(engine: str, ref: str) -> str | None:
 
 
 def build_for_test(status: Path, variant: str = "cpu") -> int:
-    """The image test's build: set the host up, build ``variant`` and record the outcome in ``status``.
-    A host that cannot have an engine (not Debian, not root, no apt, no containers) records ``skip``
-    with the reason; a build that fails records ``failed``: that is the image test failing."""
+    """The image test's build: set the host up, build ``variant`` and record the outcome in ``status``:
+    ``skip`` where the host cannot have an engine, ``failed`` (the image test failing) when a build fails."""
     status.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     try:
@@ -483,14 +440,9 @@ def build_for_test(status: Path, variant: str = "cpu") -> int:
 
 
 def _builder_preexec():
-    """For the builder, between fork and exec: nice 19 for what it runs on the host (apt, mmdebstrap,
-    podman itself), and SIGTERM when the process that started it dies, however it dies.
-
-    podman runs each RUN step in a cgroup of its own at the default weight, so the steps compete
-    with the suite as equals whatever this nice value says. A cgroup of the lowest weight for them
-    (cgroup v1 ``cpu.shares`` 2, tried) made the build drag through the whole suite (891 s instead of
-    292 s) and `make test` took 20 min 15 s instead of 15 min 32 s and 17 min 31 s: at equal weight
-    the build is done a few minutes into the suite, mostly on the core the venv install leaves idle."""
+    """For the builder, between fork and exec: nice 19 for what it runs on the host (podman's RUN steps
+    get cgroups of their own at the default weight: lowering that weight made `make test` slower), and
+    SIGTERM when the process that started it dies."""
     bind = parent_death_signal(signal.SIGTERM)
 
     def preexec() -> None:
@@ -503,20 +455,17 @@ def _builder_preexec():
 
 def alongside(command: list[str], status: Path = STATUS, variant: str = "cpu",
               builder_cmd: list[str] | None = None) -> int:
-    """Run ``command`` (the test suite) while the image test's build runs beside it from the start:
-    on a fresh machine the build overlaps the venv install (one core) and the suite's idle time
-    instead of adding its minutes after them. The command gets ``TRAINFLOW_IMAGE_STATUS`` (and
-    the builder's pid), which the image test waits on. The builder and all it started are stopped
-    when the command ends, however it ends; a Ctrl-C reaches the command, which ends first.
-    ``builder_cmd`` replaces the builder (tests)."""
+    """Run ``command`` (the test suite) with the image test's build beside it from the start, so its
+    minutes overlap the install and the suite. The command gets ``TRAINFLOW_IMAGE_STATUS`` and the
+    builder's pid, which the image test waits on; the builder and all it started stop when the command
+    ends, however it ends. ``builder_cmd`` replaces the builder (tests)."""
     status.parent.mkdir(parents=True, exist_ok=True)
     status.unlink(missing_ok=True)
     log = status.with_name("build.log")
+    builder_cmd = builder_cmd or [sys.executable, str(Path(__file__).resolve()), "test-build",
+                                  "--status", str(status), "--variant", variant]
     with log.open("w") as out:
-        builder_cmd = builder_cmd or [sys.executable, str(Path(__file__).resolve()), "test-build",
-                                      "--status", str(status), "--variant", variant]
-        builder = subprocess.Popen(builder_cmd,
-                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        builder = subprocess.Popen(builder_cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True, preexec_fn=_builder_preexec())
     print(f"image: the image test's build runs beside the suite, niced (log: {log})", flush=True)
     env = {**os.environ, "TRAINFLOW_IMAGE_STATUS": str(status), "TRAINFLOW_IMAGE_BUILDER": str(builder.pid)}
@@ -530,20 +479,17 @@ def alongside(command: list[str], status: Path = STATUS, variant: str = "cpu",
     try:
         while True:
             try:
-                rc = child.wait()
-                break
+                return child.wait()
             except KeyboardInterrupt:  # the terminal's SIGINT reached the command too: let it finish
                 continue
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         stop_builder(builder)
-    return rc
 
 
 def stop_builder(builder: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM to the builder's whole process group (podman, apt, mmdebstrap), SIGKILL to what is
-    left of it after ``grace`` seconds."""
+    """SIGTERM to the builder's whole process group, SIGKILL to what is left after ``grace`` seconds."""
     if builder.poll() is None:
         print("image: stopping the image build (the suite ended first)", file=sys.stderr, flush=True)
     stop_group(builder.pid, grace)
@@ -561,29 +507,28 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build docker/Dockerfile (docker or podman)")
-    b.add_argument("--variant", choices=("cpu", "cuda"), default="cpu")
     b.add_argument("--tag")
     b.add_argument("--no-cache", action="store_true")
     r = sub.add_parser("run", help="run the built image (default: trainflow run)")
-    r.add_argument("--variant", choices=("cpu", "cuda"), default="cpu")
     r.add_argument("--home", type=Path, help="host folder for TRAINFLOW_HOME (kept after the run)")
-    r.add_argument("command", nargs=argparse.REMAINDER)
     sub.add_parser("host", help="install and configure podman, runc, mmdebstrap (Debian, root)")
     sub.add_parser("base", help="make the bookworm base (mmdebstrap, FROM scratch)")
     p = sub.add_parser("repro", help="build twice, compare digests")
-    p.add_argument("--variant", choices=("cpu", "cuda"), default="cpu")
     a = sub.add_parser("alongside", help="run COMMAND (the test suite) with the image test's build beside it")
-    a.add_argument("--status", type=Path, default=STATUS)
-    a.add_argument("command", nargs=argparse.REMAINDER)
     t = sub.add_parser("test-build", help="the image test's build; its outcome goes to --status")
-    t.add_argument("--status", type=Path, default=STATUS)
-    t.add_argument("--variant", choices=("cpu", "cuda"), default="cpu")
+    for parser in (b, r, p, t):
+        parser.add_argument("--variant", choices=("cpu", "cuda"), default="cpu")
+    for parser in (a, t):
+        parser.add_argument("--status", type=Path, default=STATUS)
+    for parser in (r, a):
+        parser.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
+    command = getattr(args, "command", [])
+    command = command[1:] if command[:1] == ["--"] else command
     try:
         if args.cmd == "build":
             build(args.variant, args.tag, args.no_cache)
         elif args.cmd == "run":
-            command = args.command[1:] if args.command[:1] == ["--"] else args.command
             return run(args.variant, args.home, command)
         elif args.cmd == "host":
             done = setup_host()
@@ -593,7 +538,6 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "repro":
             return repro(args.variant)
         elif args.cmd == "alongside":
-            command = args.command[1:] if args.command[:1] == ["--"] else args.command
             if not command:
                 ap.error("alongside needs a command (after --)")
             return alongside(command, args.status.resolve())

@@ -1,38 +1,19 @@
 """Write the hash-pinned lock files from pyproject.toml: ``make lock``.
 
-    python scripts/lock.py            # both variants
+    python scripts/lock.py            # every variant
     python scripts/lock.py --variant cpu
 
-Resolution is ``pip lock`` (pip >= 25.1, PEP 751) for Linux x86_64 / CPython 3.11,
-the platform of docker/Dockerfile, then converted to pip-compile's format
-(``name==version --hash=sha256:...``) so ``pip install --require-hashes -r`` takes it.
-
-torch: PyPI's Linux wheel of torch is the CUDA build (≈530 MB, plus several GB of
-nvidia-* wheels). ``--use-feature=fast-deps`` reads each wheel's metadata with HTTP
-range requests and ``pip lock`` never downloads the wheels themselves; hashes come
-from the index. So:
-
-- ``requirements/lock.txt``: torch as on PyPI (CUDA 13 build with its nvidia-* wheels):
-  the GPU image.
-- ``requirements/lock-cpu.txt``: ``torch==X+cpu`` from the PyTorch CPU index
-  (https://download.pytorch.org/whl/cpu), nothing from nvidia: the CPU image and CI.
-  Where that index is unreachable, ``--torch-cpu-wheels DIR`` (default: $TRAINFLOW_TORCH_CPU_WHEELS,
-  else /opt/wheels when it holds the wheel) resolves against a local copy of the wheel.
-- ``requirements/lock-dev.txt``: what the ``dev`` and ``team`` extras add (test tools, MLflow's
-  auth app), resolved with every runtime package held at its ``lock-cpu.txt`` pin, so it installs
-  with ``--no-deps`` on top of either runtime lock. Written after ``lock-cpu.txt``.
-
-Other CPython 3.11 releases: ``pip lock`` resolves for the interpreter it runs on (3.11.7 here),
-but the locks must hold for every 3.11 release (core.lock.PYTHONS; the registry-free image runs
-Debian bookworm's 3.11.2). So each variant is resolved a second time on an older 3.11
-(``--python-also``, default Debian's /usr/bin/python3.11), with every package held at the first
-resolution's pin (``pip install --dry-run --report`` through ``pip --python``); what only that
-release needs is added with the marker its requirers declare
-(``async-timeout==5.0.1 ; python_full_version < "3.11.3"``). ``--keep-pins`` keeps the committed
-unconditional pins and only recomputes those additions (no re-resolution of the rest).
-
-Pip's own configuration is ignored (PIP_CONFIG_FILE=/dev/null) so a local mirror or
-find-links folder cannot leak into the lock; ``--index-url`` chooses another index.
+``pip lock`` (pip >= 25.1, PEP 751, ``--use-feature=fast-deps``: metadata by HTTP range requests,
+no wheel downloaded) resolves for Linux x86_64 / CPython 3.11, the Dockerfile's platform; the
+result is written in pip-compile's format (``name==version --hash=sha256:...``).
+``requirements/lock.txt`` holds torch as on PyPI (the CUDA build: the GPU image);
+``lock-cpu.txt`` ``torch==X+cpu`` from the PyTorch CPU index (or ``--torch-cpu-wheels DIR``, a
+local copy of the wheel): the CPU image and CI; ``lock-dev.txt`` what the ``dev`` and ``team``
+extras add, resolved with every runtime package held at its ``lock-cpu.txt`` pin, so it installs
+with ``--no-deps`` on top of either. The locks must hold on every 3.11 release (core.lock.PYTHONS),
+so each variant is resolved again on an older one (``--python-also``) with every package held at
+its pin; what only that release needs is added with its requirers' marker. ``--keep-pins`` keeps
+the committed unconditional pins and only recomputes those. Pip's own configuration is ignored.
 """
 
 from __future__ import annotations
@@ -40,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -85,42 +67,34 @@ def _torch_pin(deps: list[str]) -> str:
     sys.exit("scripts/lock.py: torch is not a dependency in pyproject.toml")
 
 
-def _cpu_wheels_dir(arg: str | None, version: str) -> Path | None:
-    candidates = [arg, os.environ.get("TRAINFLOW_TORCH_CPU_WHEELS"), "/opt/wheels"]
-    for c in candidates:
-        if c and any(Path(c).glob(f"torch-{version}+cpu-cp311-*.whl")):
-            return Path(c)
-    return None
+def _index_args(variant: str, deps: list[str], index_url: str | None, cpu_wheels: str | None) -> list[str]:
+    """The package sources: ``index_url`` (default PyPI), and torch's +cpu wheel for cpu and dev from a
+    local folder holding it, else the PyTorch CPU index."""
+    args = ["--index-url", index_url] if index_url else []
+    if variant in ("cpu", "dev"):
+        version = _torch_pin(deps)
+        wheels = next((c for c in (cpu_wheels, os.environ.get("TRAINFLOW_TORCH_CPU_WHEELS"), "/opt/wheels")
+                       if c and any(Path(c).glob(f"torch-{version}+cpu-cp311-*.whl"))), None)
+        args += ["--find-links", str(Path(wheels))] if wheels else ["--extra-index-url", TORCH_CPU_INDEX]
+    return args
 
 
 def pip_lock(variant: str, deps: list[str], index_url: str | None, cpu_wheels: str | None, work: Path,
              pins: dict[str, str] | None = None) -> Path:
-    """Run ``pip lock`` for one variant; return the pylock.toml it wrote.
-
-    ``pins`` (the dev variant): name -> version every runtime package is held at.
-    """
+    """Run ``pip lock`` for one variant; return the pylock.toml it wrote. ``pins`` (the dev variant):
+    name -> version every runtime package is held at."""
     reqs = work / f"requirements-{variant}.in"
     reqs.write_text("\n".join(deps) + "\n")
     out = work / f"pylock-{variant}.toml"
-    cmd = [sys.executable, "-m", "pip", "lock", "--use-feature=fast-deps", "-q", "-r", str(reqs), "-o", str(out)]
-    if index_url:
-        cmd += ["--index-url", index_url]
+    cmd = [sys.executable, "-m", "pip", "lock", "--use-feature=fast-deps", "-q", "-r", str(reqs), "-o", str(out),
+           *_index_args(variant, deps, index_url, cpu_wheels)]
     if variant in ("cpu", "dev"):
-        version = _torch_pin(deps)
         cons = work / f"constraints-{variant}.txt"
-        held = {**(pins or {}), "torch": f"{version}+cpu"}
+        held = {**(pins or {}), "torch": f"{_torch_pin(deps)}+cpu"}
         cons.write_text("".join(f"{name}=={v}\n" for name, v in sorted(held.items())))
         cmd += ["-c", str(cons)]
-        wheels = _cpu_wheels_dir(cpu_wheels, version)
-        cmd += ["--find-links", str(wheels)] if wheels else ["--extra-index-url", TORCH_CPU_INDEX]
     subprocess.run(cmd, check=True, env=_pip_env(), cwd=work)
     return out
-
-
-def python_full_version(python: str) -> str:
-    out = subprocess.run([python, "-c", "import platform; print(platform.python_version())"],
-                         capture_output=True, text=True, check=True)
-    return out.stdout.strip()
 
 
 def conditional_packages(variant: str, deps: list[str], pins: dict[str, str], python: str,
@@ -136,16 +110,11 @@ def conditional_packages(variant: str, deps: list[str], pins: dict[str, str], py
     cons.write_text("".join(f"{name}=={v}\n" for name, v in sorted(pins.items())))
     report = work / f"report-{variant}-also.json"
     cmd = [sys.executable, "-m", "pip", "--python", python, "install", "--dry-run", "--ignore-installed", "-q",
-           "--report", str(report), "-r", str(reqs), "-c", str(cons)]
-    if index_url:
-        cmd += ["--index-url", index_url]
-    if variant in ("cpu", "dev"):
-        wheels = _cpu_wheels_dir(cpu_wheels, _torch_pin(deps))
-        cmd += ["--find-links", str(wheels)] if wheels else ["--extra-index-url", TORCH_CPU_INDEX]
+           "--report", str(report), "-r", str(reqs), "-c", str(cons), *_index_args(variant, deps, index_url, cpu_wheels)]
     subprocess.run(cmd, check=True, env=_pip_env(), cwd=work)
     items = json.loads(report.read_text())["install"]
     requirers = [*deps, *(r for item in items for r in item["metadata"].get("requires_dist", []))]
-    here = python_full_version(sys.executable)
+    here = platform.python_version()
     out = []
     for item in items:
         name = _canonical(item["metadata"]["name"])
@@ -189,11 +158,8 @@ def lock_packages(path: Path) -> list[dict]:
 
 
 def to_requirements(packages: list[dict], variant: str, digest: str, leave_out: frozenset[str] = frozenset()) -> str:
-    """Packages -> pip-compile style text with a header that records the input hash; a package
-    with a marker is written ``name==version ; marker``.
-
-    ``leave_out``: canonical names another lock already pins (the dev lock only adds).
-    """
+    """Packages -> pip-compile style text with a header that records the input hash (a package with a
+    marker: ``name==version ; marker``); ``leave_out``: canonical names another lock pins already."""
     lines = [
         "# trainflow lock file: generated by `make lock` (scripts/lock.py) from pyproject.toml; do not edit.",
         f"# {HEADER_KEY}: {digest}",

@@ -6,29 +6,15 @@
     python scripts/team.py user NAME --model M [--model ...] [--experiment E ...] [--dir ...]
                                                 # an MLflow user who may edit only those models/experiments
 
-``up`` draws the team's secrets once into ``DIR/secrets.json`` (mode 0600): the PostgreSQL
-password, MLflow's admin password and Flask key, and Prefect's auth string. It initialises a
-PostgreSQL cluster in ``DIR/postgres`` with scram-sha-256 password authentication for every
-connection (listening on 127.0.0.1 and a unix socket inside DIR only) and one database each
-for MLflow, MLflow's users and Prefect; starts ``mlflow server --app-name basic-auth`` on it
-with served artifacts in ``DIR/mlartifacts`` (runs and workers upload through HTTP: nothing
-is shared but the URL) and ``prefect server start`` with ``PREFECT_SERVER_API_AUTH_STRING``;
-waits until all answer and accept the credentials, and writes ``DIR/team.json`` (pids with
-each process's start time and command line, ports, URLs) and ``DIR/env.sh`` (0600: the URLs
-and the client credentials). Secrets reach the servers through their environment, never
-their command line (which every local user can read) or a log. Port 0 picks a free one.
-Running ``up`` again while the servers live only prints the exports. A cluster made by an
-older team.py with trust authentication is switched to passwords in place.
-
-``down`` signals a recorded pid only while it is still the process ``up`` started (same
-start time since the same boot, same command line); a pid now used by anything else is left
-alone and named.
-
-PostgreSQL refuses to run as root; as root, its commands run as the ``postgres``
-user (or ``TRAINFLOW_PG_USER``), which must be able to reach ``DIR/postgres``
-(``--pg-dir`` moves it). ``make team-up`` runs it with the project's venv, whose
-``mlflow`` and ``prefect`` it starts (and whose ``core.env`` has the telemetry switches);
-MLflow's auth app needs the ``team`` extra (Flask-WTF), which ``make install`` installs.
+``up`` draws the secrets once into ``DIR/secrets.json`` (0600), starts PostgreSQL (scram-sha-256
+for every connection, 127.0.0.1 and a socket inside DIR), ``mlflow server --app-name basic-auth``
+(served artifacts) and ``prefect server start`` with an auth string, checks each refuses a request
+without credentials and takes ours, and writes ``DIR/team.json`` (pids with start time and command
+line, ports, URLs) and ``DIR/env.sh`` (0600). Secrets reach the servers through their environment,
+never a command line (every local user can read those) or a log. Port 0 picks a free one; ``up``
+again while the servers live only prints the exports. ``down`` signals a recorded pid only while it
+is still the process ``up`` started. As root, PostgreSQL runs as ``postgres`` (or
+``TRAINFLOW_PG_USER``), which must reach ``DIR/postgres`` (``--pg-dir`` moves it).
 """
 
 from __future__ import annotations
@@ -51,6 +37,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from unittest import mock
 
 from core.env import TELEMETRY_OFF  # the project's venv has trainflow installed
 from core.procs import group_members, pid_alive
@@ -149,13 +136,7 @@ def identity_mismatch(pid: int, recorded: dict | None) -> str | None:
     return None
 
 
-def same_process(pid: int, recorded: dict | None) -> bool:
-    """Whether ``pid`` is still the process ``recorded`` describes."""
-    return identity_mismatch(pid, recorded) is None
-
-
 def _group_alive(pgid: int) -> bool:
-    """Whether any live (not zombie) process is in process group ``pgid``."""
     return bool(group_members(pgid))
 
 
@@ -186,17 +167,19 @@ def pg_runas() -> pwd.struct_passwd | None:
                         "run as another user or set TRAINFLOW_PG_USER") from None
 
 
+def _as(runas) -> dict:
+    """subprocess's arguments that run a command as ``runas`` (None: as ourselves)."""
+    return {} if runas is None else {"user": runas.pw_uid, "group": runas.pw_gid, "extra_groups": []}
+
+
 def _pg(bindir: Path, args: list[str], runas, cwd: Path, check: bool = True, timeout: float = 120,
         password: str | None = None, stdin: str | None = None):
-    kw = {}
-    if runas is not None:
-        kw = dict(user=runas.pw_uid, group=runas.pw_gid, extra_groups=[])
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     env["LC_ALL"] = env["LANG"] = "C"
     if password is not None:
         env["PGPASSWORD"] = password  # the environment: a command line is readable by every local user
     proc = subprocess.run([str(bindir / args[0]), *args[1:]], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout, input=stdin, **kw)
+                          text=True, timeout=timeout, input=stdin, **_as(runas))
     if check and proc.returncode != 0:
         raise TeamError(f"{args[0]} failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()[-2000:]}")
     return proc
@@ -205,20 +188,16 @@ def _pg(bindir: Path, args: list[str], runas, cwd: Path, check: bool = True, tim
 def pg_up(pg_dir: Path, port: int, password: str) -> dict:
     """Initialise (first time) and start a cluster on 127.0.0.1:port, every connection by
     scram-sha-256 password; create the databases."""
-    bindir = pg_bindir()
-    runas = pg_runas()
+    bindir, runas = pg_bindir(), pg_runas()
     data, sock = pg_dir / "data", pg_dir / "run"
     for folder in (pg_dir, sock):
         folder.mkdir(parents=True, exist_ok=True)
         if runas is not None:
             os.chown(folder, runas.pw_uid, runas.pw_gid)
     os.chmod(pg_dir, 0o700)
-    if runas is not None:
-        probe = subprocess.run(["test", "-w", str(pg_dir)], user=runas.pw_uid, group=runas.pw_gid,
-                               extra_groups=[])
-        if probe.returncode != 0:
-            raise TeamError(f"user {runas.pw_name!r} cannot reach {pg_dir} (a parent folder is closed to it); "
-                            "pass --pg-dir somewhere it can, e.g. under /tmp or /var/lib/postgresql")
+    if runas is not None and subprocess.run(["test", "-w", str(pg_dir)], **_as(runas)).returncode != 0:
+        raise TeamError(f"user {runas.pw_name!r} cannot reach {pg_dir} (a parent folder is closed to it); "
+                        "pass --pg-dir somewhere it can, e.g. under /tmp or /var/lib/postgresql")
     if not (data / "PG_VERSION").is_file():
         pwfile = pg_dir / "initdb-password"
         write_private(pwfile, password + "\n")
@@ -242,8 +221,7 @@ def pg_up(pg_dir: Path, port: int, password: str) -> dict:
             hint = (f" (the cluster in {pg_dir} has another password than {SECRETS_FILE}: restore that file "
                     f"or move {pg_dir} away)" if "password authentication failed" in made.stderr else "")
             raise TeamError(f"createdb {db} failed: {made.stderr.strip()}{hint}")
-    return {"bindir": str(bindir), "data": str(data), "port": port,
-            "runas": runas.pw_name if runas else None}
+    return {"bindir": str(bindir), "data": str(data), "port": port, "runas": runas.pw_name if runas else None}
 
 
 _TRUST = re.compile(r"(?<=\s)trust(?=\s|$)")
@@ -295,16 +273,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(cmd: list[str], env: dict, log: Path, cwd: Path) -> tuple[int, dict | None]:
-    """Start ``cmd`` in its own session (so ``down`` can stop its whole process group); return its
-    pid and start time (its command line is read once it answers: before exec it is ours)."""
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+def _spawn(state: dict, name: str, cmd: list[str], env: dict) -> None:
+    """Start server ``name`` in its own session (so ``down`` can stop its whole process group), logging
+    to ``DIR/<name>.log``; record its pid and start time in ``team.json`` (its command line once it
+    answers: before exec it is ours)."""
+    team_dir = Path(state["dir"])
+    with open(team_dir / f"{name}.log", "ab") as out:
+        proc = subprocess.Popen(cmd, cwd=team_dir, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     identity = proc_identity(proc.pid)
     if identity is not None:
         del identity["cmdline"]
-    return proc.pid, identity
+    state["pids"][name], state["identity"][name] = proc.pid, identity
+    _write_state(team_dir / "team.json", state)
 
 
 def wait_http(url: str, pid: int, log: Path, timeout: float, name: str) -> None:
@@ -360,11 +341,9 @@ def stop_group(pid: int, identity: dict | None, grace: float = 20) -> str | None
     return None
 
 
-def server_env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "PG"))}
-    env.update(TELEMETRY_OFF)
-    env.update(extra or {})
-    return env
+def server_env(extra: dict) -> dict:
+    return {**{k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "PG"))},
+            **TELEMETRY_OFF, **extra}
 
 
 def _write_state(state_file: Path, state: dict) -> None:
@@ -373,7 +352,8 @@ def _write_state(state_file: Path, state: dict) -> None:
 
 def _all_ours(state: dict) -> bool:
     pids = state.get("pids") or {}
-    return bool(pids) and all(same_process(pid, state.get("identity", {}).get(name)) for name, pid in pids.items())
+    return bool(pids) and all(identity_mismatch(pid, state.get("identity", {}).get(name)) is None
+                              for name, pid in pids.items())
 
 
 def up(team_dir: Path, pg_dir: Path, pg_port: int, mlflow_port: int, prefect_port: int,
@@ -409,39 +389,32 @@ def up(team_dir: Path, pg_dir: Path, pg_port: int, mlflow_port: int, prefect_por
                                 # One worker: a password change through the API reaches its cache at once,
                                 # and a run's many requests skip the PBKDF2 check after the first.
                                 "auth_cache_ttl_seconds = 300\n")
-        mlflow_log = team_dir / "mlflow.log"
-        state["pids"]["mlflow"], state["identity"]["mlflow"] = _spawn(
-            [str(BIN / "mlflow"), "server", "--app-name", "basic-auth",
-             "--backend-store-uri", f"postgresql+psycopg2://{db}/mlflow",
-             "--serve-artifacts", "--artifacts-destination", str(artifacts.resolve()),
-             "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1"],
-            server_env({**pg_password, "MLFLOW_AUTH_CONFIG_PATH": str(auth_ini.resolve()),
-                        "MLFLOW_AUTH_ADMIN_PASSWORD": team_secrets["mlflow_password"],
-                        "MLFLOW_FLASK_SERVER_SECRET_KEY": team_secrets["mlflow_flask_secret_key"]}),
-            mlflow_log, team_dir)
-        _write_state(state_file, state)
-        prefect_log = team_dir / "prefect.log"
-        state["pids"]["prefect"], state["identity"]["prefect"] = _spawn(
-            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-            server_env({**pg_password,
-                        "PREFECT_HOME": str((team_dir / "prefect").resolve()),
-                        "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://{db}/prefect",
-                        "PREFECT_UI_API_URL": state["prefect_api_url"],
-                        "PREFECT_SERVER_API_PORT": str(prefect_port),
-                        "PREFECT_SERVER_API_AUTH_STRING": team_secrets["prefect_auth_string"],
-                        # the server's own client calls (UI settings, services) go through the same check
-                        "PREFECT_API_AUTH_STRING": team_secrets["prefect_auth_string"]}),
-            prefect_log, team_dir)
-        _write_state(state_file, state)
-        # Both servers migrate their database on first start; on a busy box that takes a while.
-        wait_http(f"{state['mlflow_url']}/health", state["pids"]["mlflow"], mlflow_log, timeout, "mlflow server")
-        wait_http(f"{state['prefect_api_url']}/health", state["pids"]["prefect"], prefect_log, timeout,
-                  "prefect server")
-        _check_auth(f"{state['mlflow_url']}/api/2.0/mlflow/experiments/search?max_results=1",
-                    _basic(team_secrets["mlflow_username"], team_secrets["mlflow_password"]), "mlflow server",
-                    mlflow_log)
-        user, _, password = team_secrets["prefect_auth_string"].partition(":")
-        _check_auth(f"{state['prefect_api_url']}/admin/version", _basic(user, password), "prefect server", prefect_log)
+        _spawn(state, "mlflow",
+               [str(BIN / "mlflow"), "server", "--app-name", "basic-auth",
+                "--backend-store-uri", f"postgresql+psycopg2://{db}/mlflow",
+                "--serve-artifacts", "--artifacts-destination", str(artifacts.resolve()),
+                "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1"],
+               server_env({**pg_password, "MLFLOW_AUTH_CONFIG_PATH": str(auth_ini.resolve()),
+                           "MLFLOW_AUTH_ADMIN_PASSWORD": team_secrets["mlflow_password"],
+                           "MLFLOW_FLASK_SERVER_SECRET_KEY": team_secrets["mlflow_flask_secret_key"]}))
+        _spawn(state, "prefect",
+               [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+               server_env({**pg_password, "PREFECT_HOME": str((team_dir / "prefect").resolve()),
+                           "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://{db}/prefect",
+                           "PREFECT_UI_API_URL": state["prefect_api_url"],
+                           "PREFECT_SERVER_API_PORT": str(prefect_port),
+                           "PREFECT_SERVER_API_AUTH_STRING": team_secrets["prefect_auth_string"],
+                           # the server's own client calls (UI settings, services) go through the same check
+                           "PREFECT_API_AUTH_STRING": team_secrets["prefect_auth_string"]}))
+        prefect_user, _, prefect_password = team_secrets["prefect_auth_string"].partition(":")
+        for name, base, authed, headers in (
+                ("mlflow", state["mlflow_url"], "/api/2.0/mlflow/experiments/search?max_results=1",
+                 _basic(team_secrets["mlflow_username"], team_secrets["mlflow_password"])),
+                ("prefect", state["prefect_api_url"], "/admin/version", _basic(prefect_user, prefect_password))):
+            # Each server migrates its database on first start; on a busy box that takes a while.
+            log = team_dir / f"{name}.log"
+            wait_http(f"{base}/health", state["pids"][name], log, timeout, f"{name} server")
+            _check_auth(base + authed, headers, f"{name} server", log)
         for name, pid in state["pids"].items():  # exec'd long ago: the servers' own command lines now
             now = proc_identity(pid)
             if now is None or state["identity"].get(name) is None or now["start"] != state["identity"][name]["start"]:
@@ -455,20 +428,28 @@ def up(team_dir: Path, pg_dir: Path, pg_port: int, mlflow_port: int, prefect_por
     return state
 
 
+def _export_lines(env: dict[str, str]) -> str:
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+
+
 def client_exports(state: dict, team_secrets: dict) -> str:
     """``DIR/env.sh``: every variable a client needs, credentials included (the file is 0600)."""
-    lines = [f"export {k}={shlex.quote(v)}" for k, v in client_env(state, team_secrets).items()]
-    return "# trainflow team mode: the servers and this team's credentials. Keep it private (0600).\n" + \
-        "\n".join(lines) + "\n"
+    return ("# trainflow team mode: the servers and this team's credentials. Keep it private (0600).\n"
+            + _export_lines(client_env(state, team_secrets)))
 
 
 def exports(state: dict) -> str:
     """What ``up`` and ``env`` print for ``eval``: the URLs, and the credentials by sourcing the 0600
     file rather than printing them (stdout may be a terminal, a log or a screen share)."""
-    env_file = Path(state["dir"]) / CLIENT_ENV_FILE
-    return (f"export MLFLOW_TRACKING_URI={shlex.quote(state['mlflow_url'])}\n"
-            f"export PREFECT_API_URL={shlex.quote(state['prefect_api_url'])}\n"
-            f". {shlex.quote(str(env_file))}\n")
+    return (_export_lines({"MLFLOW_TRACKING_URI": state["mlflow_url"], "PREFECT_API_URL": state["prefect_api_url"]})
+            + f". {shlex.quote(str(Path(state['dir']) / CLIENT_ENV_FILE))}\n")
+
+
+def _read_state(team_dir: Path) -> dict:
+    state_file = team_dir / "team.json"
+    if not state_file.is_file():
+        raise TeamError(f"team mode is not up ({state_file} missing); run `make team-up`")
+    return json.loads(state_file.read_text())
 
 
 def down(team_dir: Path) -> bool:
@@ -493,24 +474,17 @@ def down(team_dir: Path) -> bool:
 
 def add_user(team_dir: Path, name: str, models: list[str], experiments: list[str]) -> Path:
     """An MLflow user ``name`` (a fresh password) with EDIT on each of ``models`` and ``experiments``
-    (created when missing) and nothing else beyond the server's ``default_permission`` (READ): they
-    can register versions of and move aliases on those models only. Writes and returns
-    ``DIR/users/NAME.env`` (0600). Prefect's open-source server has one credential, the team's auth
-    string, which the file carries: what bounds the code a Prefect caller runs is the guarded
-    worker, not this user."""
+    (created when missing), READ elsewhere; writes and returns ``DIR/users/NAME.env`` (0600). It also
+    carries Prefect's one credential, the team's auth string: the guarded worker, not this user,
+    bounds what a Prefect caller runs."""
     if not re.fullmatch(r"[a-z][a-z0-9_-]{1,31}", name) or name == MLFLOW_USER:
         raise TeamError(f"user name {name!r}: use [a-z][a-z0-9_-]{{1,31}}, not {MLFLOW_USER!r}")
     if not models and not experiments:
         raise TeamError("name at least one --model or --experiment the user may edit")
-    state_file = team_dir / "team.json"
-    if not state_file.is_file():
-        raise TeamError(f"team mode is not up ({state_file} missing); run `make team-up`")
-    state, team_secrets = json.loads(state_file.read_text()), load_secrets(team_dir)
+    state, team_secrets = _read_state(team_dir), load_secrets(team_dir)
     admin = {"MLFLOW_TRACKING_USERNAME": team_secrets["mlflow_username"],
              "MLFLOW_TRACKING_PASSWORD": team_secrets["mlflow_password"]}
-    saved = {k: os.environ.get(k) for k in admin}
-    os.environ.update(admin)  # the MLflow clients read the admin's credentials from here only
-    try:
+    with mock.patch.dict(os.environ, admin):  # the MLflow clients read the admin's credentials from here only
         from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
         from mlflow.server import get_app_client
@@ -535,17 +509,11 @@ def add_user(team_dir: Path, name: str, models: list[str], experiments: list[str
             found = client.get_experiment_by_name(experiment)
             experiment_id = found.experiment_id if found else client.create_experiment(experiment)
             auth.grant_user_permission(name, "experiment", str(experiment_id), "EDIT")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     user_env = {**client_env(state, team_secrets), "MLFLOW_TRACKING_USERNAME": name, "MLFLOW_TRACKING_PASSWORD": password}
     (team_dir / "users").mkdir(mode=0o700, exist_ok=True)
     path = team_dir / "users" / f"{name}.env"
     write_private(path, f"# trainflow team mode: MLflow user {name} (edits {', '.join(models + experiments)}). "
-                        "Keep it private (0600).\n" + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in user_env.items()))
+                        "Keep it private (0600).\n" + _export_lines(user_env))
     return path
 
 
@@ -571,10 +539,7 @@ def main(argv: list[str] | None = None) -> int:
                   "in your shell:", file=sys.stderr)
             print(exports(state), end="")
         elif a.command == "env":
-            state_file = team_dir / "team.json"
-            if not state_file.is_file():
-                raise TeamError(f"team mode is not up ({state_file} missing); run `make team-up`")
-            print(exports(json.loads(state_file.read_text())), end="")
+            print(exports(_read_state(team_dir)), end="")
         elif a.command == "user":
             if not a.name:
                 raise TeamError("user: name the user (`team.py user NAME --model MODEL`)")

@@ -3,11 +3,9 @@ and the MLflow registered model version page of the latest finished run in a TRA
 
     TRAINFLOW_HOME=/tmp/ui-home python scripts/ui_screenshots.py --out /tmp/ui-shots
 
-Starts `trainflow ui` on free ports, finds the newest completed flow run and the newest model
-version through the two REST APIs, has Chromium render each page (``--virtual-time-budget``: the
-single-page apps fetch their data before the picture is taken), checks each PNG is not a blank
-page, and stops `trainflow ui` (which stops both servers). Needs Chromium (Debian: ``apt-get
-install chromium``); offline is fine. Prints one line per PNG; exit 1 with one line of cause.
+Starts `trainflow ui` on free ports, renders each page (virtual time lets the apps fetch their
+data first), checks each PNG is not blank and shows that run, and stops `trainflow ui`. Needs
+Chromium. Prints one line per PNG; exit 1 with one line of cause.
 """
 
 from __future__ import annotations
@@ -35,31 +33,30 @@ WINDOW = "1400,900"
 
 
 def find_chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if path := shutil.which(name):
-            return path
-    return None
+    return next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 
 
-def screenshot(chromium: str, url: str, png: Path, budget_ms: int = 15000, timeout_s: float = 120) -> Path:
-    """Render ``url`` headless at 1400x900 into ``png``; raise RuntimeError if no picture came out."""
+def _chromium(chromium: str, url: str, budget_ms: int, *flags: str) -> subprocess.CompletedProcess:
+    """Headless Chromium at 1400x900 on ``url``, given ``budget_ms`` of virtual time to render."""
+    return subprocess.run([chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                           "--disable-background-networking", "--no-first-run", f"--window-size={WINDOW}",
+                           f"--virtual-time-budget={budget_ms}", *flags, url],
+                          capture_output=True, text=True, timeout=120)
+
+
+def screenshot(chromium: str, url: str, png: Path, budget_ms: int = 15000) -> Path:
+    """Render ``url`` into ``png``; raise RuntimeError if no picture came out."""
     png.parent.mkdir(parents=True, exist_ok=True)
     png.unlink(missing_ok=True)
-    cmd = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-           "--disable-background-networking", "--hide-scrollbars", "--no-first-run",
-           f"--window-size={WINDOW}", f"--virtual-time-budget={budget_ms}", f"--screenshot={png}", url]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    proc = _chromium(chromium, url, budget_ms, "--hide-scrollbars", f"--screenshot={png}")
     if not png.is_file():
         raise RuntimeError(f"chromium wrote no {png} (exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
     return png
 
 
-def rendered_text(chromium: str, url: str, budget_ms: int = 15000, timeout_s: float = 120) -> str:
-    """The page's DOM after it rendered (``--dump-dom``): what the picture should show, as text."""
-    cmd = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-           "--disable-background-networking", "--no-first-run", f"--window-size={WINDOW}",
-           f"--virtual-time-budget={budget_ms}", "--dump-dom", url]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s).stdout
+def rendered_text(chromium: str, url: str, budget_ms: int = 15000) -> str:
+    """The page's DOM after it rendered: what the picture should show, as text."""
+    return _chromium(chromium, url, budget_ms, "--dump-dom").stdout
 
 
 def distinct_colours(png: Path) -> int:

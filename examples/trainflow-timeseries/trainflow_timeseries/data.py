@@ -1,21 +1,11 @@
-"""The example's own data: a deterministic synthetic set of "hourly load" time series, cut into
-windows of the last ``window`` values (columns ``t0`` .. ``t{window-1}``, oldest first) and the
-next value (``y``), written as ``train.csv`` and ``test.csv``.
+"""The example's own data: deterministic synthetic "hourly load" series (a level, a daily and a slower
+cycle, AR(1) noise: persistence is decent but beatable), cut into windows of the last ``window``
+values (``t0`` .. ``t{window-1}``, oldest first) and the next value ``y``, as ``train.csv`` and
+``test.csv``.
 
-Each series is a positive level plus a daily (24-step) and a slower cycle, each with its own
-amplitude and phase, plus AR(1) noise: a persistence forecast ("the next value is the last
-one") is decent but beatable, which is what a forecasting model should show.
-
-The split is by time, never by shuffled rows: overlapping windows of one series share 23 of
-24 values, so a random split would put near-copies of test rows into train. Every series'
-first ``1 - test_fraction`` targets are train, its last ones test. Rows are written in time
-order (target step, then series), so the tail of ``train.csv`` is its most recent part; the
-task holds that tail out for per-epoch validation.
-
-CSV, not Parquet or npz: the columns are named (the registered model takes a DataFrame with
-these names, the reviewed expectations file lists them), it reads with trainflow's own table
-reader and validation, and a reviewer can open it. Values are written to 4 decimals, so the
-file's bytes (its DVC md5) are the same on every platform.
+Split by time, never by shuffled rows (overlapping windows are near-copies): each series' last
+targets are test; rows are in time order, so the tail of ``train.csv`` is its most recent part.
+Values to 4 decimals: the same bytes (DVC md5) on every platform.
 
     python -m trainflow_timeseries.data --out data/timeseries
 """

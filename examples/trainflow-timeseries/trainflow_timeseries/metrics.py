@@ -1,9 +1,6 @@
-"""The example's own metrics of a one-step forecast, with numpy (torch-free).
-
-``smape``: symmetric mean absolute percentage error, in percent (0 perfect, 200 worst); scale-free,
-so one threshold fits series at any level. ``directional_accuracy``: the share of rows where the
-forecast moves the same way from the last observed value as the truth does (0..1); what a
-trader or a capacity planner asks first, and a persistence forecast ("no change") scores 0 on it.
+"""The example's own metrics of a one-step forecast, with numpy (torch-free): ``smape`` (percent,
+0 perfect, 200 worst; scale-free) and ``directional_accuracy`` (share of rows moving the same way
+from the last observed value as the truth; persistence scores 0).
 """
 
 from __future__ import annotations

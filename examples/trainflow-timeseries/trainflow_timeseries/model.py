@@ -1,10 +1,7 @@
-"""The example's own networks. torch is imported here, so import this module only where a model
-is built (trainflow's training worker), never from the task's torch-free parts.
-
-Every network is a factory ``f(n_inputs, n_outputs, **kwargs) -> nn.Module``, the signature of
-trainflow's ``model.factory``: the task wraps what it returns in ``WindowNorm``, so a network
-sees each window scaled to mean 0 and std 1 and answers in those units. Series at level 20 and
-at level 40 then look alike to it, and the exported program still takes and returns raw values.
+"""The example's own networks, each a ``model.factory`` ``f(n_inputs, n_outputs, **kwargs)``; the task
+wraps them in ``WindowNorm``, so they see each window scaled to mean 0 and std 1 while the exported
+program takes and returns raw values. torch is imported here: import this module only where a model
+is built.
 """
 
 from __future__ import annotations
@@ -71,6 +68,4 @@ def conv_forecaster(n_in: int, n_out: int, channels: int = 16, kernel: int = 5, 
     return ConvForecaster(n_in, n_out, channels, kernel, hidden)
 
 
-def gru_forecaster(n_in: int, n_out: int, hidden: int = 32) -> nn.Module:
-    """``model.factory: "trainflow_timeseries.model:gru_forecaster"``: a recurrent alternative."""
-    return GRUForecaster(n_in, n_out, hidden)
+gru_forecaster = GRUForecaster  # ``model.factory: "trainflow_timeseries.model:gru_forecaster"``

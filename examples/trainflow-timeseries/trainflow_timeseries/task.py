@@ -1,22 +1,12 @@
 """``sequence-forecast``: predict the next value of a series from a window of its last values.
 
-A row of the table is one window: feature columns in time order, oldest first (``t0`` ..
-``t{L-1}`` as ``trainflow_timeseries.data`` writes them), and the label, the value that came
-next. What trainflow's tabular regression already does is reused (reading the CSV with named
-columns, the table validation with a reviewed expectations file, the pyfunc that takes a
-DataFrame of those columns and returns one ``value`` per row); what is this task's own:
-
-* the data is split by time: pre-split ``train_file``/``test_file`` only (a seeded shuffle of
-  overlapping windows leaks), and the per-epoch validation rows are the *last* rows of the
-  train file (its most recent windows), not a random sample;
-* the network: ``model.factory`` (default: ``trainflow_timeseries.model:conv_forecaster``)
-  wrapped in per-window normalisation, trained on raw targets and exported as it is;
-* the metrics: ``smape`` (lower is better, primary; the champion's allowance is relative)
-  and ``directional_accuracy`` (higher is better), then rmse, mae and latency;
-* the trivial baseline is persistence (the next value is the last one), not the train mean.
-
-The evaluation targets are ``[n, 2]``: the next value and the last observed one, because
-``directional_accuracy`` needs both and ``score`` sees only the targets and the predictions.
+A row is one window (feature columns oldest first) and its label, the next value. Tabular
+regression's reading, validation and pyfunc are reused; this task's own: the split by time
+(pre-split files only; the per-epoch validation rows are the train file's *last* rows), the network
+(``model.factory``, default ``conv_forecaster``, wrapped in per-window normalisation), the metrics
+(``smape``, primary, lower is better; ``directional_accuracy``; rmse, mae, latency) and a
+persistence baseline. The evaluation targets are ``[n, 2]``: the next value and the last observed
+one, which ``directional_accuracy`` needs.
 """
 
 from __future__ import annotations
