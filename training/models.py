@@ -1,6 +1,4 @@
-"""What the engine asks of a model: the task's model and example input. Which model a run gets
-is the task's (``tasks``: the table networks are ``tasks/table_nets.py``, the byte-level LM
-``tasks/lm_net.py``, a user's ``model.factory`` is loaded by ``tasks.factory.load_factory``)."""
+"""What the engine asks of a model: the task's model and example input (``tasks``)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """SIGTERM as a request to stop cleanly, in the worker and in the launcher.
 
-Worker side: ``StopRequest`` turns SIGTERM into a flag; the trainer agrees on it
-across ranks at the next agreement check (every ``preempt_check_steps``), checkpoints and exits with status
-``preempted``. Launcher side: ``REQUESTED`` is an event any thread can wait on;
-``install_handler`` (main thread only) sets it on SIGTERM, so a launcher running
-in a worker thread (a Prefect task) still sees the signal its process received.
-The launcher treats SIGHUP (its terminal closed) the same way: the job checkpoints
-and the command exits as preempted, rather than dying and leaving the job behind.
+Worker side: ``StopRequest`` turns SIGTERM into a flag the trainer agrees on across ranks,
+then checkpoints and ends with status ``preempted``. Launcher side: ``install_handler`` (main
+thread only) sets ``REQUESTED``, which a launcher in a worker thread (a Prefect task) can see;
+SIGHUP (its terminal closed) counts too, so the job checkpoints rather than being left behind.
 """
 
 from __future__ import annotations
@@ -15,8 +12,7 @@ import signal
 import threading
 
 REQUESTED = threading.Event()
-# What the launcher takes as a request to preempt its job.
-SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # what the launcher takes as a request to preempt its job
 
 
 def install_handler() -> bool:
