@@ -72,8 +72,6 @@ def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
 
 def estimate_memory(cfg: PipelineConfig, world_size: int) -> dict:
     """Bytes per rank for ``cfg``'s model trained by ``world_size`` ranks (rules in the module doc)."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
     n_params, largest, act_elems = _count(cfg)
     t = cfg.training
     param = 4 * n_params
@@ -120,9 +118,14 @@ def choose_strategy(mem: dict, device_bytes: int, world_size: int,
 
 
 # -- layouts --------------------------------------------------------------------------------
+def _shape(row: dict) -> tuple[int, int]:
+    """(processes, threads per process) of a sweep row."""
+    return int(row["nproc"]), int(row.get("threads") or 1)
+
+
 def describe(row: dict, with_batch: bool = False) -> str:
     """``1 process x 2 threads`` / ``2 DDP processes x 1 thread`` (/ ``2 GPUs``)."""
-    n, t = int(row["nproc"]), int(row.get("threads") or 1)
+    n, t = _shape(row)
     if row.get("device") == "cuda":
         text = f"{n} GPU" + ("s" if n > 1 else "")
     else:
@@ -158,7 +161,7 @@ def choose_layout(measurements: list[dict]) -> dict:
         metric, sign, what = "samples_per_s", -1, "trained at {:,.0f} samples/s (no layout reached the target accuracy)"
         best_value = max(r[metric] for r in rows)
         close = [r for r in rows if r[metric] >= best_value * (1 - TIE_TOLERANCE)]
-    best = min(close, key=lambda r: (int(r["nproc"]), int(r.get("threads") or 1), sign * r[metric]))
+    best = min(close, key=lambda r: (*_shape(r), sign * r[metric]))
     with_batch = len({r.get("batch_size") for r in measurements}) > 1
     reason = f"{describe(best, with_batch)} {what.format(best[metric])}"
     if len(close) > 1:
@@ -166,10 +169,6 @@ def choose_layout(measurements: list[dict]) -> dict:
                    + ", ".join(describe(r, with_batch) for r in close if r is not best)
                    + ", so the one with fewer processes wins")
     return {**best, "metric": metric, "reason": reason}
-
-
-def _cores(row: dict) -> int:
-    return int(row["nproc"]) * int(row.get("threads") or 1)
 
 
 def recommendation(measurements: list[dict]) -> str:
@@ -200,7 +199,7 @@ def recommendation(measurements: list[dict]) -> str:
     if fewer:
         text += (" Fewer workers win here: adding processes costs more in communication and "
                  "per-process overhead than it gains for this model.")
-    elif _cores(best) < _cores(other):
+    elif math.prod(_shape(best)) < math.prod(_shape(other)):
         text += (" Fewer threads win here: intra-op threads wait on each other more than they help "
                  "for this model (worse on a busy, shared machine).")
     elif int(best["nproc"]) > 1:
@@ -289,7 +288,7 @@ def resolve_auto(cfg: PipelineConfig, nproc_available_gpus: int, device_bytes: i
         elif rows:
             mine = [r for r in rows if r.get("batch_size") == t.batch_size]
             best = choose_layout(mine or rows)
-            per_node, threads = int(best["nproc"]), int(best.get("threads") or 1)
+            per_node, threads = _shape(best)
             source = "probe" if any(r.get("source") == "probe" for r in rows) else "scale sweep"
             why = f"from the {source}: {best['reason']}"
             if not mine:

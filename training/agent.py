@@ -22,6 +22,7 @@ the agent bounds those stops by ``--shutdown-timeout`` (``_stop_within_shutdown_
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import signal
@@ -95,10 +96,8 @@ def _kill_workers_left() -> None:
     import multiprocessing
 
     for child in multiprocessing.active_children():
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         child.join(5)
 
 

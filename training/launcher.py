@@ -1,15 +1,11 @@
-"""Launch a training job with torchrun as a subprocess and collect its result.
-
-A subprocess (not ``elastic_launch`` in-process) keeps a crashed or hung job killable as one
-process group and torch's global state out of the caller. Failures come back as
-``TrainingFailedError`` naming the first failing rank with its traceback, read from torchrun's
-error files (the worker's main is wrapped in ``@record``). The job dies with this process
-(``training.agent``) and holds its training folder's lock until its last process has exited.
-"""
+"""Launch a training job with torchrun as a subprocess (killable as one process group, torch's
+state kept out of the caller) and collect its result, or a ``TrainingFailedError`` naming the
+first failing rank with its traceback. The job dies with this process (``training.agent``)."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import math
@@ -50,10 +46,8 @@ class JobSpec:
     """Everything needed to run (and rerun) one training job; written to ``<out>/job.json``.
 
     Multi-node: every node runs the same spec with its own ``node_rank``; the agents meet at
-    ``rdzv_endpoint`` (c10d) under ``rdzv_id``, which must not be guessable (the agents unpickle
-    what the store holds under it). ``nnodes`` is ``N`` or, elastic, ``"MIN:MAX"``. c10d hands
-    out global ranks by arrival, and rank 0 writes checkpoints into its ``out_dir``: resuming
-    needs one folder all nodes share (checked by the workers, ``training.multinode``).
+    ``rdzv_endpoint`` under ``rdzv_id``, which must not be guessable (the agents unpickle what
+    the c10d store holds under it).
     """
 
     config_path: str
@@ -72,9 +66,7 @@ class JobSpec:
     threads_per_worker: int = 1
     force_resume: bool = False
     env: dict[str, str] = field(default_factory=dict)
-    # The agent forks the workers from itself instead of starting a python per worker: CPU jobs
-    # only, as a CUDA process cannot be forked.
-    fork_workers: bool = False
+    fork_workers: bool = False  # the agent forks the workers (CPU only: a CUDA process cannot fork)
 
     @property
     def node_range(self) -> tuple[int, int]:
@@ -147,11 +139,10 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
               env: dict[str, str] | None = None, nproc: int | None = None, nnodes: int | str = 1,
               node_rank: int = 0, rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
               force_resume: bool = False) -> JobSpec:
-    """Write the resolved config into ``out_dir`` and describe the job that trains it.
+    """Write the resolved config (no ``auto`` left) into ``out_dir`` and describe the job that trains it.
 
-    ``cfg`` has no ``auto`` left (``training.advisor.resolve_for_launch``). ``nnodes``: N, or
-    "MIN:MAX" for an elastic job. Raises ConfigError when the parallel settings don't fit the
-    world, or several nodes come without the ``rdzv_id`` they share.
+    ``nnodes``: N, or "MIN:MAX" (elastic). Raises ConfigError when the parallel settings don't
+    fit the world, or several nodes come without the ``rdzv_id`` they share.
     """
     t = cfg.training
     for key, value in (("strategy", t.strategy), ("cpu_workers", t.cpu_workers)):
@@ -191,8 +182,8 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
 
 def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, layout: dict | None = None,
                      resume_id: str | None = None) -> None:
-    """Refuse before launching when ``out_dir`` holds checkpoints of another config, dataset or
-    (model-parallel) layout: milliseconds here instead of after torchrun's start and every restart."""
+    """Refuse before launching (not after every restart) when ``out_dir`` holds checkpoints of
+    another config, dataset or model-parallel layout."""
     from training.checkpoint import CheckpointMismatchError, check_identity, latest_identity
     from training.layouts import mismatch_error
 
@@ -254,19 +245,6 @@ def _workers(pid: int) -> list[int]:
         return []
 
 
-def _forward_preemption(proc: subprocess.Popen, done: set[int]) -> set[int]:
-    """SIGTERM the workers not yet signalled (never the agent, which would kill them at once);
-    returns those signalled. Workers still starting up are signalled on a later call."""
-    sent = set()
-    for pid in set(_workers(proc.pid)) - done:
-        try:
-            os.kill(pid, signal.SIGTERM)
-            sent.add(pid)
-        except ProcessLookupError:
-            pass
-    return sent
-
-
 def write_fatal(out: Path, rank: int, exc: BaseException) -> None:
     """Record ``exc`` (a TrainflowError on ``rank``) for the launcher; first writer wins."""
     import traceback
@@ -281,11 +259,8 @@ def write_fatal(out: Path, rank: int, exc: BaseException) -> None:
 
 
 def await_stop_after_fatal(limit_s: float = 10.0) -> None:
-    """After :func:`write_fatal`: wait (at most ``limit_s``) for the launcher to stop the job.
-
-    Exiting at once would let torchrun's agent see a failed worker first and restart into the
-    same error; the launcher's SIGTERM ends this worker instead. Returns at once without a launcher.
-    """
+    """After :func:`write_fatal`, wait (at most ``limit_s``) for the launcher's SIGTERM: exiting at
+    once would let torchrun restart into the same error. Returns at once without a launcher."""
     launcher = int(os.environ.get(LAUNCHER_PID_ENV) or 0)
     if not launcher:
         return
@@ -295,18 +270,9 @@ def await_stop_after_fatal(limit_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def _fatal(out: Path) -> dict | None:
-    try:
-        return json.loads((out / FATAL_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tuple[int | None, bool]:
-    """(exit code, preempted): wait for torchrun, forwarding one SIGTERM, within the time limits.
-
-    ``at_result``: return ``(None, False)`` once rank 0's completed result is written.
-    """
+    """(exit code, preempted): wait for torchrun within the time limits, forwarding a preemption.
+    ``at_result``: ``(None, False)`` once rank 0's completed result is written."""
     out = Path(spec.out_dir)
     deadline = time.monotonic() + spec.timeout_s
     preempted_at, signalled = None, set()
@@ -317,7 +283,9 @@ def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tup
             pass
         if at_result and preempted_at is None and completed(out):
             return None, False
-        fatal = _fatal(out)
+        fatal = None
+        with contextlib.suppress(OSError, ValueError):
+            fatal = json.loads((out / FATAL_FILE).read_text())
         if fatal is not None:  # deterministic: a restart would fail the same way
             _kill_group(proc, grace_s=5.0)
             raise TrainingFailedError(f"training failed on rank {fatal['rank']}: {fatal['error']} "
@@ -326,7 +294,11 @@ def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tup
         now = time.monotonic()
         if preemption.REQUESTED.is_set():
             preempted_at = preempted_at or now
-            signalled |= _forward_preemption(proc, signalled)
+            # The workers checkpoint and exit; signalling the agent would make it kill them at once.
+            for pid in set(_workers(proc.pid)) - signalled:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+                    signalled.add(pid)
         if preempted_at is not None and signalled and not _workers(proc.pid):
             # The workers checkpointed and exited; the agent may wait in torchrun's exit barrier
             # for agents that carry on without it (elastic): it has nothing left to do.
@@ -343,28 +315,21 @@ def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tup
             raise TrainingFailedError(f"training exceeded training.timeout_s={spec.timeout_s:g}s and was killed")
 
 
+@dataclass
 class Job:
     """A started torchrun job: ``finish()`` waits for it and returns ``result.json``."""
 
-    def __init__(self, spec: JobSpec, proc: subprocess.Popen):
-        self.spec = spec
-        self.proc = proc
-        self.started_at = time.perf_counter()  # wall_s counts from here
-
-    def kill(self) -> None:
-        """Stop the job's process group now (SIGTERM, then SIGKILL)."""
-        if self.proc.poll() is None:
-            _kill_group(self.proc)
+    spec: JobSpec
+    proc: subprocess.Popen
+    started_at: float = field(default_factory=time.perf_counter)  # wall_s counts from here
 
     def finish(self, at_result: bool = False) -> dict:
-        """Wait for the job; return ``result.json`` (plus ``wall_s``: since ``started_at``).
+        """Wait for the job; return ``result.json`` plus ``wall_s`` and ``out_dir``.
 
-        ``at_result``: return once rank 0 has written its completed result (weights, exported
-        program and result are final then); the exiting processes are reaped in the background
-        and before this process exits (``reap_exiting``).
-
-        Raises TrainingFailedError (naming the failing rank) or PreemptedError (SIGTERM:
-        the workers saved a checkpoint; rerunning with the same ``out_dir`` resumes).
+        ``at_result``: return once rank 0's completed result is written (everything is final
+        then); the exiting processes are reaped in the background, and at exit (``reap_exiting``).
+        Raises TrainingFailedError (naming the failing rank) or PreemptedError (SIGTERM: the
+        workers saved a checkpoint; rerunning with the same ``out_dir`` resumes).
         """
         spec, out = self.spec, Path(self.spec.out_dir)
         previous = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
@@ -407,14 +372,12 @@ def _reap_later(proc: subprocess.Popen) -> None:
     """Wait for a job that already wrote its completed result, in a thread; kill it if it hangs."""
     def reap() -> None:
         try:
-            rc = proc.wait(timeout=REAP_GRACE_S)
+            if rc := proc.wait(timeout=REAP_GRACE_S):
+                log.warning("torchrun (pid %s) exited %s after writing a completed result", proc.pid, rc)
         except subprocess.TimeoutExpired:
             log.warning("torchrun (pid %s) still running %.0f s after its completed result; killed",
                         proc.pid, REAP_GRACE_S)
             _kill_group(proc)
-            return
-        if rc:
-            log.warning("torchrun (pid %s) exited %s after writing a completed result", proc.pid, rc)
 
     thread = threading.Thread(target=reap, name=f"reap-torchrun-{proc.pid}", daemon=True)
     thread.start()
@@ -430,11 +393,10 @@ def reap_exiting() -> None:
 
 
 def start_job(spec: JobSpec, lock_fd: int | None = None) -> Job:
-    """Start torchrun for ``spec`` and return at once.
+    """Start torchrun for ``spec`` and return at once; the job dies with the *thread* that calls this.
 
-    ``lock_fd``: the training folder's ``flock`` (``training.slots``); torchrun inherits it, so
-    the folder stays locked until the job has exited. The job dies with the *thread* that calls
-    this (``training.agent``): call it from one that outlives the job, as ``finish`` does.
+    ``lock_fd``: the training folder's ``flock`` (``training.slots``), inherited by torchrun so
+    the folder stays locked until the job has exited.
     """
     if preemption.REQUESTED.is_set():  # SIGTERM arrived in an earlier stage: don't start at all
         preemption.REQUESTED.clear()

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable
 
 from core.config import PipelineConfig, config_from_dict
 from core.errors import TrainflowError
@@ -26,16 +24,13 @@ def cpu_layouts(cores: int) -> list[dict]:
     return [{"layout": f"{n}x{t}", "nproc": n, "threads": t} for n, t in pairs]
 
 
-def probe_layouts(cfg: PipelineConfig, root: Path, data_md5: str, save_to: Path | None = None,
-                  cores: int | None = None, log: Callable[[str], None] = lambda _m: None) -> list[dict]:
-    """Train one epoch per CPU layout; return sweep-shaped rows (and save them to ``save_to``)."""
+def probe_layouts(cfg: PipelineConfig, root: Path, data_md5: str, save_to: Path) -> list[dict]:
+    """Train one epoch per CPU layout; return sweep-shaped rows (saved to ``save_to`` when any trained)."""
     from training.launcher import make_spec, run_job
 
-    cores = cores or os.cpu_count() or 1
     rows: list[dict] = []
-    tmp = Path(tempfile.mkdtemp(prefix="trainflow-probe-"))
-    try:
-        for lay in cpu_layouts(cores):
+    with tempfile.TemporaryDirectory(prefix="trainflow-probe-", ignore_cleanup_errors=True) as tmp:
+        for lay in cpu_layouts(os.cpu_count() or 1):
             n, threads = lay["nproc"], lay["threads"]
             row = {**lay, "device": "cpu", "cores": n * threads, "batch_size": cfg.training.batch_size,
                    "time_to_target_s": None, "source": "probe"}
@@ -43,15 +38,12 @@ def probe_layouts(cfg: PipelineConfig, root: Path, data_md5: str, save_to: Path 
             data["training"].update(cpu_workers=n, threads_per_worker=threads, backend="gloo",
                                     strategy="single" if n == 1 else "ddp", epochs=1, checkpoints=False, metrics=False)
             try:
-                result = run_job(make_spec(config_from_dict(data), tmp / lay["layout"], root, data_md5, nproc=n))
+                result = run_job(make_spec(config_from_dict(data), Path(tmp, lay["layout"]), root, data_md5, nproc=n))
                 row.update(samples_per_s=float(result.get("samples_per_s") or 0.0), status=result.get("status"))
             except TrainflowError as exc:  # a layout that fails is not a candidate
                 row.update(samples_per_s=0.0, status="failed", error=str(exc))
-            log(f"probe: {n} process(es) x {threads} thread(s): {row['samples_per_s']:,.0f} samples/s")
             rows.append(row)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if save_to is not None and any(r["samples_per_s"] for r in rows):
+    if any(r["samples_per_s"] for r in rows):
         save_to.parent.mkdir(parents=True, exist_ok=True)
         save_to.write_text(json.dumps({"source": "probe", "epochs": 1, "rows": rows}, indent=2))
     return rows

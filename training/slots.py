@@ -58,25 +58,22 @@ def claim_train_dir(home: Path, cfg_name: str, config_id: str, data_md5: str, np
     logger = logger or log
     base = slot_base(home, cfg_name, config_id, data_md5, nproc)
     claimed: list[tuple[Path, int]] = []
+    fd = None
     try:
         for folder in _slots(base):
             if claimed and not folder.exists():
                 break  # past the last slot ever used, holding a free one already
-            fd = _lock(folder)
-            if fd is None:
+            if (lock := _lock(folder)) is None:
                 continue
-            claimed.append((folder, fd))
+            claimed.append((folder, lock))
             if resumable(folder) or not folder.exists():
                 break  # a free slot to resume, or the first never-used one: look no further
         # Keep the slot with an interrupted job if there is one, else the first free slot.
         folder, fd = next((c for c in claimed if resumable(c[0])), claimed[0])
+    finally:
         for _, other_fd in claimed:
             if other_fd != fd:
                 release(other_fd)
-    except BaseException:
-        for _, other_fd in claimed:
-            release(other_fd)
-        raise
     if completed(folder):
         shutil.rmtree(folder)
     elif (folder / "checkpoints").is_dir():

@@ -56,37 +56,24 @@ def write_result(out: Path, result: dict) -> None:
 
 def summarise(trainer: Trainer, fit: FitResult) -> dict:
     """result.json's content (rank 0), without the weight files."""
-    epochs = fit.history
+    epochs, t = fit.history, trainer.cfg.training
     last = epochs[-1] if epochs else None
     return {
-        "status": fit.status,
-        "world_size": trainer.ctx.world_size,
-        "backend": trainer.ctx.backend or "none",
-        "strategy": trainer.cfg.training.strategy,
-        "layout": trainer.strategy.layout(),
-        "restarts": restart_count(),
-        "epochs": trainer.cfg.training.epochs,
-        "epochs_run": trainer.epoch,
-        "steps": trainer.step,
+        "status": fit.status, "world_size": trainer.ctx.world_size, "backend": trainer.ctx.backend or "none",
+        "strategy": t.strategy, "layout": trainer.strategy.layout(), "restarts": restart_count(),
+        "epochs": t.epochs, "epochs_run": trainer.epoch, "steps": trainer.step,
         "resumed_from_step": fit.resumed_from_step,
         "resized_from": fit.resized_from,  # the checkpoint writer's layout and batch, when it was another
-        "batch_policy": fit.batch_policy,
-        "stopped_early_at_epoch": fit.stopped_early_at_epoch,
-        "global_batch": fit.global_batch,
-        "effective_lr": fit.effective_lr,
+        "batch_policy": fit.batch_policy, "stopped_early_at_epoch": fit.stopped_early_at_epoch,
+        "global_batch": fit.global_batch, "effective_lr": fit.effective_lr,
         "samples_per_s": (sum(h.samples_per_s for h in epochs) / len(epochs)) if epochs else 0.0,
-        "train_wall_s": fit.train_wall_s,
-        "checkpoint_stall_s": fit.checkpoint_stall_s,
+        "train_wall_s": fit.train_wall_s, "checkpoint_stall_s": fit.checkpoint_stall_s,
         "checkpoint_stall_frac": fit.checkpoint_stall_s / max(fit.train_wall_s, 1e-9),
         "goodput": fit.goodput,  # the whole training's, across restarts
-        "checkpoint_interval": fit.checkpoint_interval,
-        "perf": fit.last_metrics,
-        "ranks": fit.ranks,
+        "checkpoint_interval": fit.checkpoint_interval, "perf": fit.last_metrics, "ranks": fit.ranks,
         "final": {"train_loss": last.train_loss, "val_loss": last.val_loss, "val_accuracy": last.val_accuracy}
         if last else {},
-        "history": [asdict(h) for h in epochs],
-        "config_id": trainer.config_id,
-        "data_md5": trainer.data_md5,
+        "history": [asdict(h) for h in epochs], "config_id": trainer.config_id, "data_md5": trainer.data_md5,
     }
 
 
