@@ -1,14 +1,9 @@
 """The ``auto`` advisor: which strategy and which process/thread layout to train with.
 
-Pure functions on fixed inputs (testable without a launch), plus ``resolve_for_launch``,
-which the launcher's callers run before making a job.
-
-Memory rules (rough, fp32, so the numbers can be checked by hand): parameters 4 bytes each;
-gradients the same; optimizer state AdamW 2x parameters, SGD with momentum 1x; activations
-``batch_size x (output elements per sample of every leaf module) x 4`` -- what autograd keeps
-for backward (temporaries and allocator slack are not counted, hence ``HEADROOM``). DDP per
-rank: all of it. FSDP per rank: (parameters + gradients + optimizer) / world, plus the largest
-layer's full parameters (all-gathered while it runs), plus the same activations.
+Memory rules (rough, fp32): parameters 4 bytes each, gradients the same, optimizer state AdamW
+2x parameters (SGD 1x), activations ``batch_size x leaf-module outputs per sample x 4`` (what
+autograd keeps; slack is left to ``HEADROOM``). DDP per rank: all of it. FSDP per rank: the state
+/ world + the largest layer's parameters (all-gathered while it runs) + the same activations.
 """
 
 from __future__ import annotations
@@ -41,7 +36,6 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-# -- memory ---------------------------------------------------------------------------------
 def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
     """(parameters, largest leaf module's parameters, leaf output elements per sample)."""
     import torch
@@ -117,7 +111,6 @@ def choose_strategy(mem: dict, device_bytes: int, world_size: int,
         f"is {where}; use more devices or a smaller model/batch")
 
 
-# -- layouts --------------------------------------------------------------------------------
 def _shape(row: dict) -> tuple[int, int]:
     """(processes, threads per process) of a sweep row."""
     return int(row["nproc"]), int(row.get("threads") or 1)
@@ -222,7 +215,6 @@ def default_layout(cpu_count: int, replicated_bytes: int,
                            f"2 DDP processes x {cores // 2} threads; run `trainflow scale` to measure")
 
 
-# -- sweep results on disk ------------------------------------------------------------------
 def layout_key(cfg: PipelineConfig) -> str:
     """12 hex digits identifying everything but the layout: a sweep over layouts of one
     config and the same config with ``cpu_workers: auto`` share it."""
@@ -255,17 +247,12 @@ def device_bytes(use_cuda: bool) -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-# -- the resolver -----------------------------------------------------------------------------
 def resolve_auto(cfg: PipelineConfig, nproc_available_gpus: int, device_bytes: int,
                  sweep: list[dict] | None, *, cpu_count: int | None = None,
                  nproc: int | None = None, nnodes: int = 1) -> tuple[PipelineConfig, list[str]]:
-    """Replace ``training.strategy: auto`` and ``training.cpu_workers: auto`` with concrete values.
-
-    GPUs (and backend not gloo): one rank per GPU; ``cpu_workers`` becomes 1 (unused). CPU:
-    ``nproc`` when fixed, else the sweep's best layout (rows with this batch size preferred),
-    else ``default_layout``. The strategy then follows from the memory estimate for that world.
-    Returns the re-validated config and one reason per decision; unchanged when nothing is auto.
-    """
+    """Replace ``training.strategy: auto`` and ``training.cpu_workers: auto`` with concrete values:
+    one rank per GPU, else ``nproc``, the sweep's best layout or ``default_layout``; then the
+    strategy the memory estimate allows. Returns the new config and one reason per decision."""
     t = cfg.training
     if t.strategy != "auto" and t.cpu_workers != "auto":
         return cfg, []
@@ -312,12 +299,8 @@ def resolve_auto(cfg: PipelineConfig, nproc_available_gpus: int, device_bytes: i
 def resolve_for_launch(cfg: PipelineConfig, home: Path, nproc: int | None = None,
                        nnodes: int = 1, root: Path | None = None,
                        data_md5: str | None = None) -> tuple[PipelineConfig, list[str]]:
-    """``resolve_auto`` with this host's facts: GPU count, device memory, the saved sweep.
-
-    With ``root`` (so jobs can be launched) and ``cpu_workers: auto`` on a CPU host with nothing
-    else to go on (no sweep, no ``nproc``, one node, strategy not single), a short probe
-    (``training.probe``) measures the layouts first and is saved as the sweep.
-    """
+    """``resolve_auto`` with this host's facts: GPU count, device memory, the saved sweep. With
+    ``root``, a CPU ``cpu_workers: auto`` with nothing else to go on is probed first (``training.probe``)."""
     t = cfg.training
     if t.strategy != "auto" and t.cpu_workers != "auto":
         return cfg, []

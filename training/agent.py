@@ -2,22 +2,12 @@
 
     python -m training.agent <torchrun arguments>      (what ``training.launcher`` runs)
 
-torchrun and its exec'd workers run in sessions of their own, so none would notice the
-launcher or the agent dying: they would train on as orphans in a folder the next run takes. So:
-
-- the agent asks for SIGTERM when its launcher dies (``PR_SET_PDEATHSIG``); torchrun passes it
-  to the workers, which checkpoint as on a preemption, and kills those left after
-  ``--shutdown-timeout`` (``training.preempt_grace_s``);
-- each worker asks for SIGKILL when the agent dies (``bind_worker``).
-
-Both check after the request that their parent is still the one expected, so a parent that died
-a moment before is not missed. The kernel sends the parent-death signal again each time the
-orphan passes to another thread of its dying parent, so a killed launcher can SIGTERM the agent
-several times; torchrun raises at each, and one raised while it stops its workers broke off that
-stop before its SIGKILL, leaving agent and workers alive. So the agent takes the first
-termination signal only (``_stop_once``) and SIGKILLs any worker left when torchrun returns.
-torch also stops surviving workers with a fixed 30 s grace after a failure or before a restart;
-the agent bounds those stops by ``--shutdown-timeout`` (``_stop_within_shutdown_timeout``).
+torchrun and its exec'd workers run in sessions of their own and would train on as orphans when
+the launcher dies. So the agent asks for SIGTERM when its launcher dies (``PR_SET_PDEATHSIG``;
+torchrun passes it on, and the workers checkpoint as on a preemption), and each worker asks for
+SIGKILL when the agent dies (``bind_worker``). Both then check their parent is still the one
+expected, so a parent that died a moment before is not missed. The kernel may send the
+parent-death signal once per thread of a dying launcher: see ``_stop_once``.
 """
 
 from __future__ import annotations
@@ -30,16 +20,13 @@ import sys
 
 LAUNCHER_PID_ENV = "TRAINFLOW_LAUNCHER_PID"
 AGENT_PID_ENV = "TRAINFLOW_AGENT_PID"
-# "fork": the agent imports the worker module once and forks each worker from itself
-# (``_fork_workers``); anything else: torchrun execs ``python -u -m MODULE`` per worker.
+# "fork": the agent forks each worker from itself (``_fork_workers``); else torchrun execs each.
 WORKER_START_ENV = "TRAINFLOW_WORKER_START"
 
 
 def bind_worker() -> None:
     """Worker side: SIGKILL this worker when its torchrun agent exits; exit now if it has already.
-
-    Does nothing outside torchrun (a plain ``python -m training.worker`` keeps its usual life).
-    """
+    Does nothing outside torchrun."""
     agent = os.environ.get(AGENT_PID_ENV)
     if not agent and "TORCHELASTIC_RUN_ID" not in os.environ:
         return
@@ -76,8 +63,9 @@ def _stop_within_shutdown_timeout(argv: list[str]) -> None:
 
 
 def _stop_once() -> None:
-    """Take only the first termination signal: the first already shuts the agent down (no restart
-    follows), and a later one raised inside that stop would break it off before its SIGKILL."""
+    """Take only the first termination signal: torchrun raises at each, the first already shuts the
+    agent down, and a later one raised inside that stop broke it off before its SIGKILL, leaving
+    the agent waiting at exit for workers that ignored SIGTERM."""
     from torch.distributed.elastic.multiprocessing import api
 
     def wrap(handler):
@@ -110,10 +98,8 @@ def _fresh_store_per_round(argv: list[str]) -> None:
 
 
 def _forked_worker(module: str, *argv: str) -> int:
-    """A worker forked from the agent (torchrun's function entrypoint): ``MODULE.main(ARGV)``, as
-    ``python -u -m MODULE ARGV`` would run it, after undoing what the fork inherited: torchrun's
-    signal handlers (SIGTERM would raise before the worker's preemption handler is in place),
-    the agent's logging handlers (the worker's ``basicConfig`` would do nothing), buffered output."""
+    """A forked worker (torchrun's function entrypoint): ``MODULE.main(ARGV)`` as ``python -u -m``
+    runs it, after undoing torchrun's signal handlers, the agent's logging handlers and buffering."""
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -132,13 +118,9 @@ def _forked_worker(module: str, *argv: str) -> int:
 
 
 def _fork_workers() -> None:
-    """Start ``-m MODULE`` workers by fork (``start_method="fork"``) instead of a fresh ``python``
-    each, so torch and dynamo are imported once, not in every worker of every launch and restart.
-
-    CPU jobs only (the launcher marks them): a process that initialised CUDA cannot be forked.
-    The agent imports the module and dynamo once torchrun has parsed its arguments, before any
-    CUDA, thread pool or process group exists in it.
-    """
+    """Start ``-m MODULE`` workers by fork instead of a fresh ``python`` each, so torch and dynamo
+    are imported once per agent. CPU jobs only (a process that initialised CUDA cannot fork); the
+    imports happen once torchrun has parsed its arguments, before any thread pool exists."""
     import torch.distributed.run as run
 
     original = run.config_from_args

@@ -11,12 +11,8 @@ from tasks.splits import Splits
 
 
 def load_splits(cfg: PipelineConfig, root: Path, seed: int, data_md5: str | None = None) -> Splits:
-    """The train / val / test tensors of ``cfg``'s task. Raises DataUnavailableError.
-
-    With ``training.loader.kind`` ``stream`` (or ``auto`` on a train split above
-    ``stream_above_mb``) a table's ``train`` is a ``training.stream.StreamSource`` instead; the
-    choice is logged. ``data_md5`` (the DVC md5) keys a large CSV's Parquet copy in the cache.
-    """
+    """The train / val / test tensors of ``cfg``'s task (a table's ``train`` streamed when
+    ``training.loader.kind`` says so); raises DataUnavailableError. ``data_md5`` keys the stream's cache."""
     from tasks import get_task
 
     task = get_task(cfg.task)

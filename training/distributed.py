@@ -49,10 +49,8 @@ def _init(backend: str, rank: int, world: int, timeout: timedelta) -> None:
 def process_group(backend: str = "auto", timeout_s: float = 120.0) -> Iterator[DistContext]:
     """Join the torchrun world (env:// rendezvous), or run as one process outside torchrun.
 
-    ``timeout_s`` bounds every collective, so a stalled rank fails its peers instead of
-    blocking them for 30 minutes. When the body raises there is no collective teardown (peers
-    may be blocked in a collective this rank will never join): the process exits and torchrun
-    stops the others.
+    ``timeout_s`` bounds every collective. When the body raises there is no collective teardown
+    (peers may be blocked in a collective this rank will never join): torchrun stops them.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -66,8 +64,7 @@ def process_group(backend: str = "auto", timeout_s: float = 120.0) -> Iterator[D
         return
     _init(chosen, rank, world, timedelta(seconds=timeout_s))
     yield DistContext(rank, local_rank, world, chosen, device)
-    # Every rank reaches teardown together: destroying the group while a peer is still in
-    # flight can hang that peer at exit.
+    # Together: destroying the group while a peer is still in flight can hang that peer at exit.
     dist.barrier()
     dist.destroy_process_group()
 

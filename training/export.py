@@ -9,10 +9,8 @@ import torch
 
 def export_model(model: torch.nn.Module, n_features: int | torch.Tensor, path: Path) -> Path:
     """Save ``model`` (eval mode, CPU) as an ExportedProgram with a dynamic batch dimension.
-
-    ``n_features``: an int for float32 ``[batch, n_features]`` input, or the example input
-    itself; an int64 ``[batch, seq]`` token example also gets a dynamic sequence length, 1..seq.
-    """
+    ``n_features``: the example input, or an int for float32 ``[batch, n_features]``; an int64
+    ``[batch, seq]`` example also gets a dynamic sequence length, 1..seq."""
     model = model.to("cpu").eval()
     example = n_features if isinstance(n_features, torch.Tensor) else torch.zeros(2, n_features)
     dims = {0: torch.export.Dim("batch", min=1)}

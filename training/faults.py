@@ -1,10 +1,8 @@
 """Fault injection for tests and drills: ``TRAINFLOW_FAULT=<kind>@step=N[,rank=R]``; and
 ``TRAINFLOW_RECORD_IDS=<folder>``, which makes each rank record the sample ids it trained on.
 
-Kinds: ``kill`` (SIGKILL itself), ``raise`` (an exception), ``hang`` (sleep forever),
-``sigterm`` (SIGTERM to itself, as a preemption would), and ``slow@step=N,rank=R,ms=M``: from
-step N on, that rank sleeps M ms (default 50) after every step, a straggler. The others fire
-once. Every fault fires on the first attempt only (``TORCHELASTIC_RESTART_COUNT == 0``).
+Kinds: ``kill``, ``raise``, ``hang``, ``sigterm`` (fire once) and ``slow@step=N,rank=R,ms=M``
+(from step N on, sleep M ms after every step: a straggler). Faults fire on the first attempt only.
 """
 
 from __future__ import annotations
@@ -77,12 +75,8 @@ def from_env() -> Fault | None:
 
 
 class IdRecorder:
-    """Appends the global sample ids each optimizer step consumed to ``<folder>/ids-<pid>.jsonl``.
-
-    One JSON line per step and reporting rank: ``{"rank", "epoch", "step", "cursor", "ids"}``
-    (``cursor``: where the step started in the epoch's global order). A file per process, in
-    append mode, so restarts and resized runs add to one folder; it records on every attempt.
-    """
+    """Appends the global sample ids each optimizer step consumed to ``<folder>/ids-<pid>.jsonl``,
+    one JSON line per step: ``{"rank", "epoch", "step", "cursor", "ids"}``, on every attempt."""
 
     def __init__(self, folder: str):
         self.path = Path(folder) / f"ids-{os.getpid()}.jsonl"

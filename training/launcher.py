@@ -25,18 +25,16 @@ from core.procs import pid_alive
 from tasks.base import SCORES_FILE  # noqa: F401  (the file SCORE_ENV makes rank 0 write)
 from training import preemption
 from training.agent import LAUNCHER_PID_ENV, WORKER_START_ENV
-from training.layouts import MODEL_PARALLEL, check_world, layout_for, maybe_gpu
+from training.layouts import MODEL_PARALLEL, check_world, layout_for, maybe_gpu, mismatch_error
 from training.slots import completed
 
 log = logging.getLogger("trainflow.launcher")
 
-# The job's --nnodes ("N" or "MIN:MAX") for its workers: torchrun tells them the nodes present
-# (GROUP_WORLD_SIZE), not whether the job is elastic (training.multinode).
+# The job's --nnodes for its workers: torchrun tells them the nodes present, not whether it is elastic.
 NNODES_ENV = "TRAINFLOW_NNODES"
 # "1": rank 0 also scores the exported program on the test split into SCORES_FILE; the pipeline sets it.
 SCORE_ENV = "TRAINFLOW_SCORE_TEST"
-# Written by a worker that hit a deterministic input error (a TrainflowError): torchrun would
-# restart the group into the same error, so the launcher stops the job and reports that rank's.
+# A worker's input error (a TrainflowError): the launcher stops the job rather than let torchrun restart it.
 FATAL_FILE = "fatal.json"
 REAP_GRACE_S = 60.0
 
@@ -74,8 +72,7 @@ class JobSpec:
         return parse_nnodes(self.nnodes)
 
     def command(self, log_dir: Path) -> list[str]:
-        # training.agent is torchrun bound to this process; on SIGTERM it gives the workers
-        # preempt_grace_s to checkpoint before it kills them.
+        # training.agent: torchrun bound to this process, giving workers preempt_grace_s on SIGTERM.
         cmd = [sys.executable, "-m", "training.agent",
                f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}",
                f"--max-restarts={self.max_restarts}", f"--log-dir={log_dir}",
@@ -104,8 +101,8 @@ def parse_nnodes(value: int | str) -> tuple[int, int]:
     return lo, hi
 
 
-def _check_elastic(cfg: PipelineConfig, nproc: int, lo: int, hi: int) -> None:
-    """An elastic range must fit every world it can make, and torchrun must be allowed to restart."""
+def _check_elastic(cfg: PipelineConfig, lo: int, hi: int) -> None:
+    """torchrun must be allowed to restart an elastic job, and its layout to change world size."""
     t = cfg.training
     if t.max_restarts < 1:
         raise ConfigError(f"--nnodes {lo}:{hi}: an elastic job needs training.max_restarts >= 1 (when a node "
@@ -116,8 +113,6 @@ def _check_elastic(cfg: PipelineConfig, nproc: int, lo: int, hi: int) -> None:
                           "(its checkpoints load only into the layout that wrote them); use a fixed --nnodes N")
     if not t.checkpoints:
         log.warning("--nnodes %d:%d with training.checkpoints off: after a node leaves, the others start over", lo, hi)
-    for nodes in range(lo, hi + 1):
-        check_world(t.strategy, nproc * nodes, t.parallel)
 
 
 def surely_cpu(cfg: PipelineConfig) -> bool:
@@ -161,8 +156,9 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
 
         rdzv_id = secrets.token_hex(16)
     if lo < hi:
-        _check_elastic(cfg, nproc, lo, hi)
-    check_world(t.strategy, nproc * hi, t.parallel)
+        _check_elastic(cfg, lo, hi)
+    for nodes in range(lo, hi + 1):  # every world an elastic range can make
+        check_world(t.strategy, nproc * nodes, t.parallel)
     _check_resumable(out_dir, cfg.config_id(), data_md5, force_resume,
                      layout_for(t.strategy, nproc * hi, t.parallel), cfg.resume_id())
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -185,8 +181,6 @@ def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, 
     """Refuse before launching (not after every restart) when ``out_dir`` holds checkpoints of
     another config, dataset or model-parallel layout."""
     from training.checkpoint import CheckpointMismatchError, check_identity, latest_identity
-    from training.layouts import mismatch_error
-
     found = latest_identity(out_dir / "checkpoints")
     if not found:
         return
@@ -212,8 +206,7 @@ def _first_failure(log_dir: Path) -> tuple[int | None, str, str]:
                 msg = json.loads(msg)
             info = msg.get("extraInfo", {})
             attempt = int(path.parent.parent.name.split("_")[1])
-            # The stamp has whole seconds; the mtime orders errors within one: a crashing rank
-            # writes its file before it exits, and only its exit makes its peers fail.
+            # The stamp has whole seconds; the mtime orders errors within one (the crashing rank writes first).
             found.append((attempt, int(info.get("timestamp", 0)), path.stat().st_mtime_ns, int(path.parent.name),
                           msg.get("message", ""), info.get("py_callstack", "")))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
@@ -300,8 +293,7 @@ def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tup
                     os.kill(pid, signal.SIGTERM)
                     signalled.add(pid)
         if preempted_at is not None and signalled and not _workers(proc.pid):
-            # The workers checkpointed and exited; the agent may wait in torchrun's exit barrier
-            # for agents that carry on without it (elastic): it has nothing left to do.
+            # Done here; the agent may wait in the exit barrier for agents that carry on (elastic).
             _kill_group(proc, grace_s=5.0)
             return proc.returncode, True
         if preempted_at is not None and now - preempted_at > spec.preempt_grace_s:
@@ -324,13 +316,9 @@ class Job:
     started_at: float = field(default_factory=time.perf_counter)  # wall_s counts from here
 
     def finish(self, at_result: bool = False) -> dict:
-        """Wait for the job; return ``result.json`` plus ``wall_s`` and ``out_dir``.
-
-        ``at_result``: return once rank 0's completed result is written (everything is final
-        then); the exiting processes are reaped in the background, and at exit (``reap_exiting``).
-        Raises TrainingFailedError (naming the failing rank) or PreemptedError (SIGTERM: the
-        workers saved a checkpoint; rerunning with the same ``out_dir`` resumes).
-        """
+        """Wait for the job; return ``result.json`` plus ``wall_s`` and ``out_dir``. ``at_result``:
+        return once rank 0's completed result is written; the exiting processes are reaped later.
+        Raises TrainingFailedError (naming the failing rank) or PreemptedError (a checkpoint saved)."""
         spec, out = self.spec, Path(self.spec.out_dir)
         previous = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
         installed = preemption.install_handler()
@@ -406,8 +394,7 @@ def start_job(spec: JobSpec, lock_fd: int | None = None) -> Job:
     # An earlier run's result must not pass for this one's, on any node (c10d may put rank 0 anywhere).
     (out / "result.json").unlink(missing_ok=True)
     (out / FATAL_FILE).unlink(missing_ok=True)
-    # The repository root first on the workers' path, so a model.factory module there imports in
-    # every worker (not in job.json: it names this host's paths).
+    # The repository root first on the path, so a model.factory module there imports in every worker.
     env = {**os.environ, **spec.env}
     env.update(PYTHONPATH=python_path_with(spec.root, env.get("PYTHONPATH")),
                OMP_NUM_THREADS=str(spec.threads_per_worker),

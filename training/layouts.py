@@ -1,9 +1,5 @@
-"""What a launch needs to know about the world, without torch: the strategy names and their
-world-size checks, the layout recorded in checkpoints, and whether a GPU could be there.
-
-The pipeline process resolves and launches jobs with these but never trains, so it need not
-pay for ``import torch``; ``training.strategies`` re-exports them.
-"""
+"""What a launch needs to know about the world, without torch (the pipeline process launches
+but never trains): strategy names and world-size checks, checkpoint layouts, whether a GPU could be."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """A job over several agents (nodes): do they share the output folder, and does every node learn the outcome?
 
-c10d hands out global ranks by arrival, so which node hosts rank 0 (which writes checkpoints,
-weights and ``result.json`` into *its* ``--out``) is known only once the job runs. Hence:
-
-- **Resuming needs one folder every node sees**: after a restart every rank loads the newest
-  checkpoint from its own ``--out``. ``check_shared_out`` finds out at start and, where a
-  restart can happen, stops every rank with an error that says so.
-- **Every agent reports the real outcome**: rank 0's result goes to every rank
-  (``share_outcome``); a node that does not see rank 0's folder writes a copy (``node_copy``).
-
-A single node (``GROUP_WORLD_SIZE`` 1) skips both: no file, no extra collective.
+c10d hands out global ranks by arrival, so the node hosting rank 0 (which writes checkpoints and
+``result.json`` into *its* ``--out``) is known only once the job runs. Resuming needs one folder
+every node sees (``check_shared_out``), and a node that does not see rank 0's folder gets a copy
+of the result (``share_outcome``, ``node_copy``). A single node skips both.
 """
 
 from __future__ import annotations
@@ -55,15 +49,12 @@ def needs_shared_out(cfg) -> bool:
 
 class OutView(NamedTuple):
     mine: bool  # this rank's --out is rank 0's folder
-    everyone: bool  # every rank's is
+    everyone: bool
 
 
 def check_shared_out(ctx, out: Path, cfg) -> OutView:
     """COLLECTIVE (several nodes only): does this rank, and does every rank, see rank 0's ``out``?
-
-    Raises ConfigError on every rank, before any training, when some rank does not and resuming
-    needs it (``needs_shared_out``).
-    """
+    Raises ConfigError on every rank when some rank does not and resuming needs it."""
     if not ctx.distributed or not several_nodes():
         return OutView(True, True)
     nonce = None
@@ -97,10 +88,7 @@ def check_shared_out(ctx, out: Path, cfg) -> OutView:
 
 
 def share_outcome(ctx, result: dict | None, out: Path, view: OutView) -> dict | None:
-    """COLLECTIVE (several nodes only): rank 0's ``result``, with where it lives, on every rank.
-
-    One node: ``result`` unchanged (None on ranks other than 0).
-    """
+    """COLLECTIVE (several nodes only): rank 0's ``result``, with where it lives, on every rank."""
     if not ctx.distributed or not several_nodes():
         return result
     if ctx.is_main:
@@ -114,9 +102,8 @@ class PeerPreempted(RuntimeError):
 
 
 def carry_on_if_peer_preempted(status: str, signalled: bool, step: int) -> None:
-    """In an elastic job, raise ``PeerPreempted`` when this rank stopped for a SIGTERM another node
-    got (call it after the results are written): torchrun restarts this node's workers and the
-    nodes left resume from the checkpoint just written. A fixed ``--nnodes`` stops every node."""
+    """In an elastic job, raise ``PeerPreempted`` when this rank stopped for another node's SIGTERM
+    (after the results are written): torchrun restarts it into the smaller world, which resumes."""
     if status == "preempted" and not signalled and elastic() and several_nodes():
         raise PeerPreempted(f"another node was preempted at step {step} (checkpoint saved): "
                             "restarting to re-form the world without it")

@@ -1,10 +1,6 @@
-"""SIGTERM as a request to stop cleanly, in the worker and in the launcher.
-
-Worker side: ``StopRequest`` turns SIGTERM into a flag the trainer agrees on across ranks,
-then checkpoints and ends with status ``preempted``. Launcher side: ``install_handler`` (main
-thread only) sets ``REQUESTED``, which a launcher in a worker thread (a Prefect task) can see;
-SIGHUP (its terminal closed) counts too, so the job checkpoints rather than being left behind.
-"""
+"""SIGTERM as a request to stop cleanly: in the worker a flag the trainer agrees on across ranks
+(``StopRequest``); in the launcher an event any thread (a Prefect task) can see, set on SIGTERM
+and SIGHUP (a closed terminal checkpoints the job rather than leaving it behind)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The short probe ``cpu_workers: auto`` runs when no ``trainflow scale`` sweep exists.
-
-A rule cannot know this machine (on a busy one, one process with several intra-op threads can
-lose badly to as many processes: BENCHMARKS.md), so the first ``auto`` run of a config trains
-one epoch of each CPU layout (1 process x all cores, 1 x 1, all cores x 1 thread), checkpoints
-and metrics off, each a real torchrun job. The rows are saved where a sweep's are
-(``advisor.sweep_path``), marked ``source: probe``; ``trainflow scale`` replaces them.
-"""
+"""The short probe ``cpu_workers: auto`` runs when no ``trainflow scale`` sweep exists: no rule
+knows how busy this machine is, so one epoch of each CPU layout is measured, each a real torchrun
+job, and saved where a sweep's rows are (``advisor.sweep_path``), marked ``source: probe``."""
 
 from __future__ import annotations
 

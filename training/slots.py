@@ -1,11 +1,8 @@
 """Training folders a run holds exclusively: one per (config, data, world), under ``<home>/train``.
 
-A preempted run's checkpoints are resumed by the next run with the same inputs; a finished
-job's folder is cleared for a fresh start. A concurrent run with the same inputs takes the next
-free slot (``<key>.1``, ``<key>.2``, ...), preferring one that holds an interrupted job. The lock
-is a ``flock`` on ``<slot>.lock``, held by the claiming process and inherited by the torchrun job
-it starts (``start_job(lock_fd=...)``): a killed run never leaves a folder claimed, and a job
-still stopping never shares its folder with the next run's.
+A run resumes an interrupted job of the same inputs, or starts fresh; a concurrent run takes the
+next free slot (``<key>.1``, ...). The lock, a ``flock`` on ``<slot>.lock``, is inherited by the
+torchrun job (``start_job(lock_fd=...)``), so it is free only once both have exited.
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
     torchrun --nproc-per-node 2 -m training.worker --config configs/digits.yaml --out out/run1
 
-Rank 0 writes ``weights.pt``, ``model.pt2`` and ``result.json`` into ``--out``; checkpoints go
-to ``--out/checkpoints`` and a rerun with the same ``--out`` resumes from the latest one. On
-SIGTERM every rank checkpoints at the next agreement check and the job ends ``preempted``.
+Rank 0 writes ``weights.pt``, ``model.pt2`` and ``result.json`` into ``--out``; a rerun with the
+same ``--out`` resumes from the latest checkpoint in ``--out/checkpoints``.
 """
 
 from __future__ import annotations
@@ -80,12 +79,8 @@ def summarise(trainer: Trainer, fit: FitResult) -> dict:
 def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: str,
                      force_resume: bool = False, score_test: Path | None = None) -> dict | None:
     """Join the process group, train ``splits``, and on rank 0 write weights, ``model.pt2`` and
-    ``result.json`` into ``out``; returns the result (rank 0) or None (other ranks).
-
-    Probes and tests that build their own tensors go through it as a run does. ``score_test``
-    (the project root): rank 0 also scores the exported program on the test split
-    (``write_test_scores``) before ``result.json``.
-    """
+    ``result.json`` into ``out``; returns the result (rank 0) or None. ``score_test`` (the project
+    root): rank 0 also scores the exported program on the test split first."""
     t = cfg.training
     out.mkdir(parents=True, exist_ok=True)
     with process_group(t.backend, t.collective_timeout_s) as ctx:
