@@ -238,15 +238,6 @@ def load_sweep(home: Path, cfg: PipelineConfig) -> list[dict] | None:
     return rows if isinstance(rows, list) and rows else None
 
 
-def device_bytes(use_cuda: bool) -> int:
-    """Memory of one device: GPU 0's total memory, else the host's RAM."""
-    if use_cuda:
-        import torch
-
-        return int(torch.cuda.get_device_properties(0).total_memory)
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
 def resolve_auto(cfg: PipelineConfig, nproc_available_gpus: int, device_bytes: int,
                  sweep: list[dict] | None, *, cpu_count: int | None = None,
                  nproc: int | None = None, nnodes: int = 1) -> tuple[PipelineConfig, list[str]]:
@@ -321,5 +312,8 @@ def resolve_for_launch(cfg: PipelineConfig, home: Path, nproc: int | None = None
         sweep = rows if _valid(rows) else None
         probed = [f"no sweep for this config: probed {len(rows)} layouts for one epoch each "
                   f"(saved to {sweep_path(home, cfg)}; `trainflow scale` measures more)"]
-    cfg, reasons = resolve_auto(cfg, gpus, device_bytes(gpus > 0), sweep, nproc=nproc, nnodes=nnodes)
+    # One device's memory: GPU 0's, else the host's RAM.
+    device = (torch.cuda.get_device_properties(0).total_memory if gpus
+              else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    cfg, reasons = resolve_auto(cfg, gpus, int(device), sweep, nproc=nproc, nnodes=nnodes)
     return cfg, probed + reasons

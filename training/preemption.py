@@ -26,7 +26,4 @@ class StopRequest:
     def __init__(self) -> None:
         self.requested = False
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._on_signal)
-
-    def _on_signal(self, *_):
-        self.requested = True
+            signal.signal(signal.SIGTERM, lambda *_: setattr(self, "requested", True))

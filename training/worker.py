@@ -23,6 +23,7 @@ from core.config import PipelineConfig, load_config
 from core.errors import TrainflowError
 from core.manifest import read_dvc_file
 from core.paths import importable_root, project_root
+from tasks import task_for
 from tasks.splits import Splits
 from training import multinode
 from training.agent import bind_worker
@@ -140,8 +141,6 @@ def _main(args: argparse.Namespace) -> int:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     data_md5 = args.data_md5 or read_dvc_file(root, cfg.dataset.dvc_file).md5
-    from tasks import task_for
-
     task_for(cfg)  # a config that does not fit its task fails here, before any training
     splits = load_splits(cfg, root, cfg.seed, data_md5)
     score_test = root if os.environ.get(SCORE_ENV) == "1" else None
