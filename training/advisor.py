@@ -17,6 +17,10 @@ from typing import Any
 from core.config import PipelineConfig, config_from_dict
 from core.errors import ConfigError
 from core.hashing import sha256_json
+from core.manifest import read_dvc_file
+from core.paths import project_root
+from tasks import get_task
+from training.probe import probe_layouts
 
 HEADROOM = 0.8
 # CPU rule without a sweep: models whose replicated state is below this stay in one process.
@@ -40,8 +44,6 @@ def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
     """(parameters, largest leaf module's parameters, leaf output elements per sample)."""
     import torch
 
-    from core.paths import project_root
-    from tasks import get_task
     from training.models import build_model, example_input
 
     info = get_task(cfg.task).info(cfg, project_root())  # tables read their train split
@@ -302,11 +304,7 @@ def resolve_for_launch(cfg: PipelineConfig, home: Path, nproc: int | None = None
     probed: list[str] = []
     if (root is not None and sweep is None and t.cpu_workers == "auto" and not gpus and not nproc
             and nnodes == 1 and t.strategy != "single"):
-        from training.probe import probe_layouts
-
         if data_md5 is None:
-            from core.manifest import read_dvc_file
-
             data_md5 = read_dvc_file(root, cfg.dataset.dvc_file).md5
         rows = probe_layouts(cfg, root, data_md5, save_to=sweep_path(home, cfg))
         sweep = rows if _valid(rows) else None

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
+import multiprocessing
 import os
 import signal
 import sys
+
+from core.procs import die_with_parent
 
 LAUNCHER_PID_ENV = "TRAINFLOW_LAUNCHER_PID"
 AGENT_PID_ENV = "TRAINFLOW_AGENT_PID"
@@ -30,8 +34,6 @@ def bind_worker() -> None:
     agent = os.environ.get(AGENT_PID_ENV)
     if not agent and "TORCHELASTIC_RUN_ID" not in os.environ:
         return
-    from core.procs import die_with_parent
-
     if not die_with_parent(signal.SIGKILL, int(agent) if agent else None):
         print(f"training.worker: its torchrun agent {agent} exited before it started; exiting", file=sys.stderr)
         os._exit(1)
@@ -81,8 +83,6 @@ def _stop_once() -> None:
 def _kill_workers_left() -> None:
     """SIGKILL the forked workers still alive once torchrun is done (none, unless its stop was
     broken off): Python's exit would otherwise wait for them, and they for nothing."""
-    import multiprocessing
-
     for child in multiprocessing.active_children():
         with contextlib.suppress(ProcessLookupError):
             os.kill(child.pid, signal.SIGKILL)
@@ -103,8 +103,6 @@ def _forked_worker(module: str, *argv: str) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    import logging
-
     for handler in list(logging.root.handlers):
         logging.root.removeHandler(handler)
     for stream in (sys.stdout, sys.stderr):
@@ -139,8 +137,6 @@ def _fork_workers() -> None:
 
 
 def main() -> None:
-    from core.procs import die_with_parent
-
     launcher = os.environ.get(LAUNCHER_PID_ENV)
     if not die_with_parent(signal.SIGTERM, int(launcher) if launcher else None):
         print(f"training.agent: the launching process {launcher} exited before torchrun started", file=sys.stderr)

@@ -7,14 +7,13 @@ from pathlib import Path
 
 from core.config import PipelineConfig
 from core.errors import ConfigError
+from tasks import get_task
 from tasks.splits import Splits
 
 
 def load_splits(cfg: PipelineConfig, root: Path, seed: int, data_md5: str | None = None) -> Splits:
     """The train / val / test tensors of ``cfg``'s task (a table's ``train`` streamed when
     ``training.loader.kind`` says so); raises DataUnavailableError. ``data_md5`` keys the stream's cache."""
-    from tasks import get_task
-
     task = get_task(cfg.task)
     kind = cfg.training.loader.kind
     if kind in ("stream", "auto"):

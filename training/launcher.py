@@ -10,11 +10,13 @@ import json
 import logging
 import math
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -152,8 +154,6 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
         raise ConfigError("--nnodes > 1 needs --rdzv-id: a random id every node of the job shares, e.g. from "
                           "`python -c 'import secrets; print(secrets.token_hex(16))'` (trainflow k8s-job draws one)")
     if rdzv_endpoint and not rdzv_id:
-        import secrets
-
         rdzv_id = secrets.token_hex(16)
     if lo < hi:
         _check_elastic(cfg, lo, hi)
@@ -240,8 +240,6 @@ def _workers(pid: int) -> list[int]:
 
 def write_fatal(out: Path, rank: int, exc: BaseException) -> None:
     """Record ``exc`` (a TrainflowError on ``rank``) for the launcher; first writer wins."""
-    import traceback
-
     path = Path(out) / FATAL_FILE
     if path.exists():
         return

@@ -6,17 +6,14 @@ import torch
 from torch import nn
 
 from core.config import PipelineConfig
+from tasks import get_task
 
 
 def example_input(cfg: PipelineConfig, info: dict, batch: int = 2) -> torch.Tensor:
     """A batch of the task's input (float ``[batch, n_features]`` for a table, int64 tokens for the LM)."""
-    from tasks import get_task
-
     return get_task(cfg.task).example_input(cfg, info, batch)
 
 
 def build_model(cfg: PipelineConfig, info: dict) -> nn.Module:
     """The task's model for data described by ``info`` (``Splits.info``)."""
-    from tasks import get_task
-
     return get_task(cfg.task).build_model(cfg, info)
