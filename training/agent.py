@@ -103,8 +103,7 @@ def _forked_worker(module: str, *argv: str) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    for handler in list(logging.root.handlers):
-        logging.root.removeHandler(handler)
+    logging.root.handlers.clear()
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(write_through=True)

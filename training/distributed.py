@@ -47,11 +47,9 @@ def _init(backend: str, rank: int, world: int, timeout: timedelta) -> None:
 
 @contextmanager
 def process_group(backend: str = "auto", timeout_s: float = 120.0) -> Iterator[DistContext]:
-    """Join the torchrun world (env:// rendezvous), or run as one process outside torchrun.
-
-    ``timeout_s`` bounds every collective. When the body raises there is no collective teardown
-    (peers may be blocked in a collective this rank will never join): torchrun stops them.
-    """
+    """Join the torchrun world (env://), or run as one process outside torchrun; ``timeout_s`` bounds
+    every collective. No collective teardown when the body raises (peers may be blocked in a
+    collective this rank will never join): torchrun stops them."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -43,12 +43,9 @@ REAP_GRACE_S = 60.0
 
 @dataclass(frozen=True)
 class JobSpec:
-    """Everything needed to run (and rerun) one training job; written to ``<out>/job.json``.
-
-    Multi-node: every node runs the same spec with its own ``node_rank``; the agents meet at
-    ``rdzv_endpoint`` under ``rdzv_id``, which must not be guessable (the agents unpickle what
-    the c10d store holds under it).
-    """
+    """Everything needed to run (and rerun) one training job; written to ``<out>/job.json``. Every
+    node runs the same spec with its own ``node_rank``; ``rdzv_id`` must not be guessable (the
+    agents unpickle what the c10d store holds under it)."""
 
     config_path: str
     out_dir: str
@@ -136,11 +133,8 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
               env: dict[str, str] | None = None, nproc: int | None = None, nnodes: int | str = 1,
               node_rank: int = 0, rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
               force_resume: bool = False) -> JobSpec:
-    """Write the resolved config (no ``auto`` left) into ``out_dir`` and describe the job that trains it.
-
-    ``nnodes``: N, or "MIN:MAX" (elastic). Raises ConfigError when the parallel settings don't
-    fit the world, or several nodes come without the ``rdzv_id`` they share.
-    """
+    """Write the resolved config (no ``auto`` left) into ``out_dir`` and describe the job that trains it;
+    ``nnodes``: N, or "MIN:MAX" (elastic). ConfigError when the settings don't fit the world."""
     t = cfg.training
     for key, value in (("strategy", t.strategy), ("cpu_workers", t.cpu_workers)):
         if value == "auto":
@@ -380,10 +374,7 @@ def reap_exiting() -> None:
 
 def start_job(spec: JobSpec, lock_fd: int | None = None) -> Job:
     """Start torchrun for ``spec`` and return at once; the job dies with the *thread* that calls this.
-
-    ``lock_fd``: the training folder's ``flock`` (``training.slots``), inherited by torchrun so
-    the folder stays locked until the job has exited.
-    """
+    ``lock_fd``: the training folder's ``flock``, inherited so it stays locked until the job exits."""
     if preemption.REQUESTED.is_set():  # SIGTERM arrived in an earlier stage: don't start at all
         preemption.REQUESTED.clear()
         raise PreemptedError("preempted before training started; nothing to resume yet")
