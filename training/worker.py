@@ -137,7 +137,7 @@ def _main(args: argparse.Namespace) -> int:
     t = cfg.training
     torch.set_num_threads(t.threads_per_worker)
     if t.deterministic:
-        # cuBLAS reads this when its first handle is created, after this point.
+        # cuBLAS is deterministic only with a fixed workspace, read at its first handle (after this).
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     data_md5 = args.data_md5 or read_dvc_file(root, cfg.dataset.dvc_file).md5
