@@ -1,28 +1,9 @@
 """The ``auto`` advisor: which strategy and which process/thread layout to train with.
 
-Pure functions on fixed inputs (testable without a launch), plus one resolver the
-launcher calls before it checks the world:
-
-- ``estimate_memory(cfg, world_size)``: bytes per rank for parameters, gradients,
-  optimizer state and activations, replicated (DDP) and sharded (FSDP).
-- ``choose_strategy(mem, device_bytes, world_size)``: ``single`` / ``ddp`` / ``fsdp``
-  or a ``ConfigError`` naming the sizes when nothing fits.
-- ``choose_layout(rows)`` / ``recommendation(rows)``: the best row of a
-  ``trainflow scale`` sweep, and a sentence saying why (and when fewer workers win).
-- ``default_layout(cpu_count, replicated_bytes)``: the rule used when no sweep exists.
-- ``resolve_auto(cfg, gpus, device_bytes, sweep)``: a concrete config plus reasons.
-
-Memory rules (rough, fp32, documented so the numbers can be checked by hand):
-
-- parameters: 4 bytes x parameter count (the model is built to count them);
-- gradients: the same as parameters;
-- optimizer state: AdamW 2 x parameters (exp_avg, exp_avg_sq), SGD with momentum 1 x;
-- activations: ``batch_size x (sum over leaf modules of their output elements per
-  sample) x 4 bytes`` -- the forward outputs autograd keeps for backward; temporaries
-  and allocator slack are not counted, hence the 80% headroom in ``choose_strategy``;
-- DDP per rank: all of the above (every rank holds a replica);
-- FSDP per rank: (parameters + gradients + optimizer) / world, plus the largest layer's
-  full parameters (all-gathered while it runs), plus the same activations.
+Memory rules (rough, fp32): parameters 4 bytes each, gradients the same, optimizer state AdamW
+2x parameters (SGD 1x), activations ``batch_size x leaf-module outputs per sample x 4`` (what
+autograd keeps; slack is left to ``HEADROOM``). DDP per rank: all of it. FSDP per rank: the state
+/ world + the largest layer's parameters (all-gathered while it runs) + the same activations.
 """
 
 from __future__ import annotations
@@ -33,9 +14,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from core.config import PipelineConfig
+from core.config import PipelineConfig, config_from_dict
 from core.errors import ConfigError
 from core.hashing import sha256_json
+from core.manifest import read_dvc_file
+from core.paths import project_root
+from tasks import get_task
+from training.probe import probe_layouts
 
 HEADROOM = 0.8
 # CPU rule without a sweep: models whose replicated state is below this stay in one process.
@@ -48,91 +33,57 @@ LAYOUT_FIELDS = ("cpu_workers", "threads_per_worker", "strategy", "batch_size", 
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    return f"{n:.1f} TB"  # pragma: no cover
-
-
-# -- memory ---------------------------------------------------------------------------------
-def _leaf_outputs(model, cfg: PipelineConfig) -> dict[str, int]:
-    """Output elements per sample of each leaf module (by name) in one forward of one sample:
-    what autograd keeps for backward, the activation estimate's unit."""
-    import torch
-
-    from training.models import example_input
-
-    out_elems: dict[str, int] = {}
-
-    def hook_for(name):
-        def hook(_m, _inp, out):
-            if torch.is_tensor(out):
-                out_elems[name] = out_elems.get(name, 0) + out[0].numel()
-        return hook
-
-    leaves = {n: m for n, m in model.named_modules() if n and not list(m.children())}
-    handles = [m.register_forward_hook(hook_for(n)) for n, m in leaves.items()]
-    try:
-        with torch.no_grad():
-            model.eval()(example_input(cfg, _info(cfg), batch=1))
-    finally:
-        for h in handles:
-            h.remove()
-    return out_elems
-
-
-def _info(cfg: PipelineConfig) -> dict:
-    """The data facts a model is built from, for sizing it (the task's; tables read their train split)."""
-    from core.paths import project_root
-
-    from tasks import get_task
-
-    return get_task(cfg.task).info(cfg, project_root())
+    return f"{n:.1f} TB"
 
 
 def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
-    """(parameters, largest leaf module's parameters, activation elements per sample)."""
-    from training.models import build_model
+    """(parameters, largest leaf module's parameters, leaf output elements per sample)."""
+    import torch
 
-    model = build_model(cfg, _info(cfg))
-    n_params = sum(p.numel() for p in model.parameters())
+    from training.models import build_model, example_input
+
+    info = get_task(cfg.task).info(cfg, project_root())  # tables read their train split
+    model = build_model(cfg, info)
+    out_elems = [0]
+
+    def hook(_m, _inp, out):
+        if torch.is_tensor(out):
+            out_elems[0] += out[0].numel()
+
+    handles = [m.register_forward_hook(hook) for n, m in model.named_modules() if n and not list(m.children())]
+    try:
+        with torch.no_grad():
+            model.eval()(example_input(cfg, info, batch=1))
+    finally:
+        for h in handles:
+            h.remove()
     leaves = [m for m in model.modules() if not list(m.children())]
     largest = max((sum(p.numel() for p in m.parameters()) for m in leaves), default=0)
-    return n_params, largest, sum(_leaf_outputs(model, cfg).values())
+    return sum(p.numel() for p in model.parameters()), largest, out_elems[0]
 
 
 def estimate_memory(cfg: PipelineConfig, world_size: int) -> dict:
     """Bytes per rank for ``cfg``'s model trained by ``world_size`` ranks (rules in the module doc)."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
     n_params, largest, act_elems = _count(cfg)
+    t = cfg.training
     param = 4 * n_params
-    optim = param * (2 if cfg.training.optimizer == "adamw" else 1)
-    act = cfg.training.batch_size * act_elems * 4
-    mem = {
-        "n_params": n_params,
-        "param_bytes": param,
-        "grad_bytes": param,
-        "optim_bytes": optim,
-        "activation_bytes": act,
-        "largest_layer_param_bytes": 4 * largest,
-        "optimizer": cfg.training.optimizer,
-        "batch_size": cfg.training.batch_size,
-    }
+    mem = {"n_params": n_params, "param_bytes": param, "grad_bytes": param,
+           "optim_bytes": param * (2 if t.optimizer == "adamw" else 1),
+           "activation_bytes": t.batch_size * act_elems * 4, "largest_layer_param_bytes": 4 * largest,
+           "optimizer": t.optimizer, "batch_size": t.batch_size}
     return {**mem, **_per_rank(mem, world_size)}
 
 
 def _per_rank(mem: dict, world_size: int) -> dict:
     state = mem["param_bytes"] + mem["grad_bytes"] + mem["optim_bytes"]
     sharded = math.ceil(state / world_size) + (mem["largest_layer_param_bytes"] if world_size > 1 else 0)
-    return {
-        "world_size": world_size,
-        "replicated_state_bytes": state,
-        "ddp_total_bytes": state + mem["activation_bytes"],
-        "fsdp_state_bytes": sharded,
-        "fsdp_total_bytes": sharded + mem["activation_bytes"],
-    }
+    return {"world_size": world_size, "replicated_state_bytes": state,
+            "ddp_total_bytes": state + mem["activation_bytes"],
+            "fsdp_state_bytes": sharded, "fsdp_total_bytes": sharded + mem["activation_bytes"]}
 
 
 def choose_strategy(mem: dict, device_bytes: int, world_size: int,
@@ -145,16 +96,14 @@ def choose_strategy(mem: dict, device_bytes: int, world_size: int,
     where = f"{headroom:.0%} of {human_bytes(device_bytes)} per device = {human_bytes(budget)}"
     if world_size == 1:
         if ddp <= budget:
-            return "single", (f"one rank: single process; the model needs {human_bytes(ddp)}, "
-                              f"within {where}")
+            return "single", f"one rank: single process; the model needs {human_bytes(ddp)}, within {where}"
         raise ConfigError(
             f"training.strategy: auto: the model needs {human_bytes(ddp)} per rank "
             f"(params {human_bytes(mem['param_bytes'])}, grads {human_bytes(mem['grad_bytes'])}, "
             f"optimizer {human_bytes(mem['optim_bytes'])}, activations {human_bytes(mem['activation_bytes'])}) "
             f"but one device has {where}; use more devices (fsdp) or a smaller model/batch")
     if ddp <= budget:
-        return "ddp", (f"{world_size} ranks: ddp; a full replica needs {human_bytes(ddp)} per rank, "
-                       f"within {where}")
+        return "ddp", f"{world_size} ranks: ddp; a full replica needs {human_bytes(ddp)} per rank, within {where}"
     if fsdp <= budget:
         return "fsdp", (f"{world_size} ranks: fsdp; a replica needs {human_bytes(ddp)} per rank, over "
                         f"{where}, sharded it needs {human_bytes(fsdp)}")
@@ -164,10 +113,14 @@ def choose_strategy(mem: dict, device_bytes: int, world_size: int,
         f"is {where}; use more devices or a smaller model/batch")
 
 
-# -- layouts --------------------------------------------------------------------------------
+def _shape(row: dict) -> tuple[int, int]:
+    """(processes, threads per process) of a sweep row."""
+    return int(row["nproc"]), int(row.get("threads") or 1)
+
+
 def describe(row: dict, with_batch: bool = False) -> str:
     """``1 process x 2 threads`` / ``2 DDP processes x 1 thread`` (/ ``2 GPUs``)."""
-    n, t = int(row["nproc"]), int(row.get("threads") or 1)
+    n, t = _shape(row)
     if row.get("device") == "cuda":
         text = f"{n} GPU" + ("s" if n > 1 else "")
     else:
@@ -179,40 +132,31 @@ def _valid(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("samples_per_s")]
 
 
-def _metric(rows: list[dict]) -> str:
-    """``time_to_target_s`` when any row reached the target, else ``samples_per_s``."""
-    return "time_to_target_s" if any(r.get("time_to_target_s") is not None for r in rows) else "samples_per_s"
-
-
 def _speedup(best: dict, other: dict, metric: str) -> float | None:
     """How many times better ``best`` is than ``other`` on ``metric`` (None: other has no value)."""
-    if metric == "time_to_target_s":
-        if other.get(metric) is None:
-            return None
-        return other[metric] / max(best[metric], 1e-9)
-    return best["samples_per_s"] / max(other["samples_per_s"], 1e-9)
+    if metric == "samples_per_s":
+        return best[metric] / max(other[metric], 1e-9)
+    return None if other.get(metric) is None else other[metric] / max(best[metric], 1e-9)
 
 
 def choose_layout(measurements: list[dict]) -> dict:
-    """The best sweep row plus ``reason``: the fastest time-to-target when any row reached the
-    target (rows that did not are out), else the highest samples/s. Rows within TIE_TOLERANCE of
-    the best count as ties and go to the fewest processes (then the fewest threads)."""
+    """The best sweep row plus ``metric`` and ``reason``: the fastest time-to-target when any row
+    reached the target (rows that did not are out), else the highest samples/s. Rows within
+    TIE_TOLERANCE of the best tie and go to the fewest processes (then the fewest threads)."""
     rows = _valid(measurements)
     if not rows:
         raise ValueError("choose_layout: no measurement has samples_per_s (did every layout fail?)")
-    metric = _metric(rows)
-    if metric == "time_to_target_s":
+    to_target = any(r.get("time_to_target_s") is not None for r in rows)
+    if to_target:
+        metric, sign, what = "time_to_target_s", 1, "reached the target in {:.2f} s of training"
         rows = [r for r in rows if r.get(metric) is not None]
         best_value = min(r[metric] for r in rows)
         close = [r for r in rows if r[metric] <= best_value * (1 + TIE_TOLERANCE)]
-        order = lambda r: (int(r["nproc"]), int(r.get("threads") or 1), r[metric])  # noqa: E731
-        what = "reached the target in {:.2f} s of training"
     else:
+        metric, sign, what = "samples_per_s", -1, "trained at {:,.0f} samples/s (no layout reached the target accuracy)"
         best_value = max(r[metric] for r in rows)
         close = [r for r in rows if r[metric] >= best_value * (1 - TIE_TOLERANCE)]
-        order = lambda r: (int(r["nproc"]), int(r.get("threads") or 1), -r[metric])  # noqa: E731
-        what = "trained at {:,.0f} samples/s (no layout reached the target accuracy)"
-    best = min(close, key=order)
+    best = min(close, key=lambda r: (*_shape(r), sign * r[metric]))
     with_batch = len({r.get("batch_size") for r in measurements}) > 1
     reason = f"{describe(best, with_batch)} {what.format(best[metric])}"
     if len(close) > 1:
@@ -220,10 +164,6 @@ def choose_layout(measurements: list[dict]) -> dict:
                    + ", ".join(describe(r, with_batch) for r in close if r is not best)
                    + ", so the one with fewer processes wins")
     return {**best, "metric": metric, "reason": reason}
-
-
-def _cores(row: dict) -> int:
-    return int(row["nproc"]) * int(row.get("threads") or 1)
 
 
 def recommendation(measurements: list[dict]) -> str:
@@ -236,29 +176,25 @@ def recommendation(measurements: list[dict]) -> str:
     metric = best["metric"]
     with_batch = len({r.get("batch_size") for r in rows}) > 1
     name = describe(best, with_batch)
-    basis = "time to target accuracy" if metric == "time_to_target_s" else "samples/s"
     most = max(int(r["nproc"]) for r in rows)
-    same = lambda r: r["nproc"] == best["nproc"] and r.get("threads") == best.get("threads") and \
-        r.get("batch_size") == best.get("batch_size")  # noqa: E731
-    others = [r for r in rows if not same(r)]
+    others = [r for r in rows if any(r.get(k) != best.get(k) for k in ("nproc", "threads", "batch_size"))]
     if not others:
         return f"{name} is the only layout measured: use it."
-    if int(best["nproc"]) < most:
-        # The strongest layout with the most processes is the comparison that matters.
-        contenders = [r for r in others if int(r["nproc"]) == most]
-    else:
-        contenders = others
+    fewer = int(best["nproc"]) < most
+    # With fewer processes, the strongest layout with the most processes is the comparison that matters.
+    contenders = [r for r in others if int(r["nproc"]) == most] if fewer else others
     scored = [(s, r) for r in contenders if (s := _speedup(best, r, metric)) is not None]
     if scored:
         factor, other = min(scored, key=lambda x: x[0])
+        basis = "time to target accuracy" if metric == "time_to_target_s" else "samples/s"
         text = f"{name} is {factor:.1f}x faster ({basis}) than {describe(other, with_batch)} for this model: use it."
     else:
         other = contenders[0]
         text = f"{name} reached the target accuracy and {describe(other, with_batch)} did not: use it."
-    if int(best["nproc"]) < most:
+    if fewer:
         text += (" Fewer workers win here: adding processes costs more in communication and "
                  "per-process overhead than it gains for this model.")
-    elif _cores(best) < _cores(other):
+    elif math.prod(_shape(best)) < math.prod(_shape(other)):
         text += (" Fewer threads win here: intra-op threads wait on each other more than they help "
                  "for this model (worse on a busy, shared machine).")
     elif int(best["nproc"]) > 1:
@@ -268,25 +204,19 @@ def recommendation(measurements: list[dict]) -> str:
 
 def default_layout(cpu_count: int, replicated_bytes: int,
                    small_bytes: int = SMALL_MODEL_BYTES) -> tuple[int, int, str]:
-    """(processes, threads per process, reason) on CPU when no sweep exists.
-
-    Rule: on this machine small models stay in one process -- a model whose replicated
-    state is below ``small_bytes`` gets 1 process x all cores as threads (DDP on a few
-    CPU cores loses to one process's intra-op threads: BENCHMARKS.md). Bigger models
-    split the cores over 2 DDP processes as a starting point; ``trainflow scale`` measures.
-    """
+    """(processes, threads per process, reason) on CPU when no sweep exists: a model whose
+    replicated state is below ``small_bytes`` gets 1 process x all cores (DDP on a few CPU cores
+    loses to one process's intra-op threads); bigger ones 2 DDP processes to start with."""
     cores = max(1, int(cpu_count))
+    state = human_bytes(replicated_bytes)
     if replicated_bytes < small_bytes or cores < 2:
-        return 1, cores, (f"no sweep: the model's replicated state is {human_bytes(replicated_bytes)} "
+        return 1, cores, (f"no sweep: the model's replicated state is {state} "
                           f"(< {human_bytes(small_bytes)}): small models stay in one process, "
                           f"1 process x {cores} thread{'s' if cores > 1 else ''}")
-    return 2, max(1, cores // 2), (
-        f"no sweep: the model's replicated state is {human_bytes(replicated_bytes)} "
-        f"(>= {human_bytes(small_bytes)}): 2 DDP processes x {max(1, cores // 2)} threads; "
-        "run `trainflow scale` to measure")
+    return 2, cores // 2, (f"no sweep: the model's replicated state is {state} (>= {human_bytes(small_bytes)}): "
+                           f"2 DDP processes x {cores // 2} threads; run `trainflow scale` to measure")
 
 
-# -- sweep results on disk ------------------------------------------------------------------
 def layout_key(cfg: PipelineConfig) -> str:
     """12 hex digits identifying everything but the layout: a sweep over layouts of one
     config and the same config with ``cpu_workers: auto`` share it."""
@@ -302,36 +232,20 @@ def sweep_path(home: Path, cfg: PipelineConfig) -> Path:
 
 def load_sweep(home: Path, cfg: PipelineConfig) -> list[dict] | None:
     """Rows ``trainflow scale`` saved for this config (any layout), or None."""
-    path = sweep_path(home, cfg)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(sweep_path(home, cfg).read_text())
     except (OSError, ValueError):
         return None
     rows = data.get("rows") if isinstance(data, dict) else data
     return rows if isinstance(rows, list) and rows else None
 
 
-def device_bytes(use_cuda: bool) -> int:
-    """Memory of one device: GPU 0's total memory, else the host's RAM."""
-    if use_cuda:
-        import torch
-
-        return int(torch.cuda.get_device_properties(0).total_memory)
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
-# -- the resolver -----------------------------------------------------------------------------
 def resolve_auto(cfg: PipelineConfig, nproc_available_gpus: int, device_bytes: int,
                  sweep: list[dict] | None, *, cpu_count: int | None = None,
                  nproc: int | None = None, nnodes: int = 1) -> tuple[PipelineConfig, list[str]]:
-    """Replace ``training.strategy: auto`` and ``training.cpu_workers: auto`` with concrete values.
-
-    GPUs (and backend not gloo): one rank per GPU, as the launcher does; ``cpu_workers``
-    becomes 1 (unused). CPU: ``nproc`` when the caller fixed it, else the sweep's best
-    layout (rows with this batch size preferred), else ``default_layout``; threads come
-    along. The strategy then follows from the memory estimate for that world size.
-    Returns the re-validated config and one reason per decision; unchanged when nothing is auto.
-    """
+    """Replace ``training.strategy: auto`` and ``training.cpu_workers: auto`` with concrete values:
+    one rank per GPU, else ``nproc``, the sweep's best layout or ``default_layout``; then the
+    strategy the memory estimate allows. Returns the new config and one reason per decision."""
     t = cfg.training
     if t.strategy != "auto" and t.cpu_workers != "auto":
         return cfg, []
@@ -339,56 +253,47 @@ def resolve_auto(cfg: PipelineConfig, nproc_available_gpus: int, device_bytes: i
     gpus = nproc_available_gpus if t.backend != "gloo" else 0
     update: dict[str, Any] = {}
     reasons: list[str] = []
-    mem1 = None
     if gpus > 0:
         per_node = nproc or gpus
         if t.cpu_workers == "auto":
             update["cpu_workers"] = 1
             reasons.append(f"{gpus} GPU(s): one rank per GPU ({per_node} per node); cpu_workers is unused")
     elif t.cpu_workers == "auto":
+        rows = _valid(sweep or [])
         if t.strategy == "single":
             per_node, threads, why = 1, cores, f"strategy single: 1 process x {cores} threads"
         elif nproc:
             per_node, threads = nproc, max(1, cores // nproc)
             why = f"--nproc {nproc} given: {nproc} process(es) x {threads} thread(s)"
-        elif sweep and _valid(sweep):
-            rows = _valid(sweep)
+        elif rows:
             mine = [r for r in rows if r.get("batch_size") == t.batch_size]
             best = choose_layout(mine or rows)
-            per_node, threads = int(best["nproc"]), int(best.get("threads") or 1)
+            per_node, threads = _shape(best)
             source = "probe" if any(r.get("source") == "probe" for r in rows) else "scale sweep"
             why = f"from the {source}: {best['reason']}"
             if not mine:
                 why += f" (the sweep has no batch size {t.batch_size}; used all its rows)"
         else:
-            mem1 = estimate_memory(cfg, 1)
-            per_node, threads, why = default_layout(cores, mem1["replicated_state_bytes"])
+            per_node, threads, why = default_layout(cores, estimate_memory(cfg, 1)["replicated_state_bytes"])
         update.update(cpu_workers=per_node, threads_per_worker=threads)
         reasons.append(f"cpu_workers auto -> {per_node}, threads_per_worker -> {threads}: {why}")
     else:
         per_node = nproc or int(t.cpu_workers)
     if t.strategy == "auto":
         world = per_node * nnodes
-        mem = estimate_memory(cfg, world)
-        strategy, why = choose_strategy(mem, device_bytes, world)
+        strategy, why = choose_strategy(estimate_memory(cfg, world), device_bytes, world)
         update["strategy"] = strategy
         reasons.append(f"strategy auto -> {strategy}: {why}")
     data = cfg.model_dump(mode="json")
     data["training"].update(update)
-    from core.config import config_from_dict
-
     return config_from_dict(data), reasons
 
 
 def resolve_for_launch(cfg: PipelineConfig, home: Path, nproc: int | None = None,
                        nnodes: int = 1, root: Path | None = None,
                        data_md5: str | None = None) -> tuple[PipelineConfig, list[str]]:
-    """``resolve_auto`` with this host's facts: GPU count, device memory, the saved sweep.
-
-    With ``root`` (the project, so jobs can be launched) and ``cpu_workers: auto`` on a CPU
-    host with nothing else to go on (no sweep, no ``nproc``, one node, strategy not single),
-    a short probe (``training.probe``) measures the layouts first and is saved as the sweep.
-    """
+    """``resolve_auto`` with this host's facts: GPU count, device memory, the saved sweep. With
+    ``root``, a CPU ``cpu_workers: auto`` with nothing else to go on is probed first (``training.probe``)."""
     t = cfg.training
     if t.strategy != "auto" and t.cpu_workers != "auto":
         return cfg, []
@@ -399,17 +304,14 @@ def resolve_for_launch(cfg: PipelineConfig, home: Path, nproc: int | None = None
     probed: list[str] = []
     if (root is not None and sweep is None and t.cpu_workers == "auto" and not gpus and not nproc
             and nnodes == 1 and t.strategy != "single"):
-        from training.probe import probe_layouts
-
         if data_md5 is None:
-            from core.manifest import read_dvc_file
-
             data_md5 = read_dvc_file(root, cfg.dataset.dvc_file).md5
         rows = probe_layouts(cfg, root, data_md5, save_to=sweep_path(home, cfg))
         sweep = rows if _valid(rows) else None
         probed = [f"no sweep for this config: probed {len(rows)} layouts for one epoch each "
                   f"(saved to {sweep_path(home, cfg)}; `trainflow scale` measures more)"]
-    cfg, reasons = resolve_auto(cfg, gpus, device_bytes(gpus > 0), sweep, nproc=nproc, nnodes=nnodes)
-    if probed:
-        reasons = [*probed, *reasons]
-    return cfg, reasons
+    # One device's memory: GPU 0's, else the host's RAM.
+    device = (torch.cuda.get_device_properties(0).total_memory if gpus
+              else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    cfg, reasons = resolve_auto(cfg, gpus, int(device), sweep, nproc=nproc, nnodes=nnodes)
+    return cfg, probed + reasons

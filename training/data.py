@@ -1,39 +1,31 @@
-"""Loading the dataset splits: in memory by the task, or a table's train split streamed.
-
-What the tensors hold is the task's (``tasks``: ``load_data`` returns ``tasks.splits.Splits``).
-"""
+"""Loading the dataset splits: in memory by the task, or a table's train split streamed."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from core.config import PipelineConfig
+from core.errors import ConfigError
+from tasks import get_task
 from tasks.splits import Splits
 
 
 def load_splits(cfg: PipelineConfig, root: Path, seed: int, data_md5: str | None = None) -> Splits:
-    """The train / val / test tensors of ``cfg``'s task. Raises DataUnavailableError.
-
-    With ``training.loader.kind`` ``stream`` (or ``auto`` on a train split above
-    ``stream_above_mb``) a table's ``train`` is a ``training.stream.StreamSource`` instead; the
-    choice is logged. ``data_md5`` (the DVC md5) keys a large CSV's Parquet copy in the cache.
-    """
-    import logging
-
-    from core.errors import ConfigError
-    from tasks import get_task
-
+    """The train / val / test tensors of ``cfg``'s task (a table's ``train`` streamed when
+    ``training.loader.kind`` says so); raises DataUnavailableError. ``data_md5`` keys the stream's cache."""
     task = get_task(cfg.task)
-    if cfg.training.loader.kind in ("stream", "auto"):
+    kind = cfg.training.loader.kind
+    if kind in ("stream", "auto"):
         from training.stream import choose_loader, stream_splits
 
-        if not task.streams_table:  # a task that reads no table (the byte LM) loads in memory
-            if cfg.training.loader.kind == "stream":
-                raise ConfigError(f"training.loader.kind: 'stream' reads tables; task {cfg.task!r} has none "
-                                  "(use memory or auto)")
-            kind, why = "memory", f"auto: task {cfg.task!r} has no table to stream"
-        else:
+        if task.streams_table:
             kind, why = choose_loader(cfg, root)
+        elif kind == "stream":
+            raise ConfigError(f"training.loader.kind: 'stream' reads tables; task {cfg.task!r} has none "
+                              "(use memory or auto)")
+        else:  # a task that reads no table (the byte LM) loads in memory
+            kind, why = "memory", f"auto: task {cfg.task!r} has no table to stream"
         logging.getLogger("trainflow.train").info("training.loader: %s (%s)", kind, why)
         if kind == "stream":
             return stream_splits(cfg, root, seed, data_md5 or "")

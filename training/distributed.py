@@ -1,9 +1,4 @@
-"""The one owner of the process group: setup, teardown and the few collectives we use.
-
-No other module calls ``init_process_group``. Teardown (barrier, then destroy)
-runs when training ends; when it raises, the process exits without a collective
-teardown and torchrun stops its peers (see ``process_group``).
-"""
+"""The one owner of the process group: setup, teardown and the few collectives we use."""
 
 from __future__ import annotations
 
@@ -16,7 +11,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from training.layouts import choose_backend  # noqa: F401  (re-exported; torch-free)
+from training.layouts import choose_backend
 
 
 @dataclass(frozen=True)
@@ -36,16 +31,10 @@ class DistContext:
         return self.backend is not None
 
 
-
-
 def _init(backend: str, rank: int, world: int, timeout: timedelta) -> None:
-    """init_process_group, on a store namespaced by torchrun's restart count when under an agent.
-
-    torchrun keeps one agent TCPStore across restarts; gloo's rendezvous keys from a dead
-    attempt stay in it, and the restarted group sometimes connected to them ("Gloo
-    connectFullMesh failed ... Connection refused", or a hang). A prefix per attempt gives
-    every restart a clean namespace.
-    """
+    """init_process_group; under a torchrun agent, on its store namespaced by the restart count:
+    gloo's keys from a dead attempt stay in the agent's store, and a restarted group sometimes
+    connected to them ("Gloo connectFullMesh failed", or a hang)."""
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and addr and port:
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -58,38 +47,24 @@ def _init(backend: str, rank: int, world: int, timeout: timedelta) -> None:
 
 @contextmanager
 def process_group(backend: str = "auto", timeout_s: float = 120.0) -> Iterator[DistContext]:
-    """Join the torchrun world (env:// rendezvous) or run as one process when not launched by torchrun.
-
-    ``timeout_s`` bounds every collective, so a stalled rank fails its peers
-    instead of blocking them for the default 30 minutes.
-    """
+    """Join the torchrun world (env://), or run as one process outside torchrun; ``timeout_s`` bounds
+    every collective. No collective teardown when the body raises (peers may be blocked in a
+    collective this rank will never join): torchrun stops them."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    launched = "TORCHELASTIC_RUN_ID" in os.environ or world > 1
     chosen = choose_backend(backend)
     if chosen == "nccl":
         torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
-    if not launched:
+    device = torch.device("cuda", local_rank) if chosen == "nccl" else torch.device("cpu")
+    if "TORCHELASTIC_RUN_ID" not in os.environ and world <= 1:
         yield DistContext(0, 0, 1, None, device)
         return
     _init(chosen, rank, world, timedelta(seconds=timeout_s))
-    ok = False
-    try:
-        yield DistContext(rank, local_rank, world, chosen, device)
-        ok = True
-    finally:
-        if ok:
-            # Every rank reaches teardown together: a rank destroying the group while a
-            # peer is still in flight can hang that peer at exit.
-            dist.barrier()
-            dist.destroy_process_group()
-        # On an exception, no collective teardown: peers may be blocked in a collective
-        # this rank will never join, and a collective destroy would hang it too. The
-        # process exits, torchrun sees the failure and stops the other workers.
+    yield DistContext(rank, local_rank, world, chosen, device)
+    # Together: destroying the group while a peer is still in flight can hang that peer at exit.
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def all_reduce_sum(ctx: DistContext, values: list[float]) -> list[float]:

@@ -9,18 +9,14 @@ import torch
 
 def export_model(model: torch.nn.Module, n_features: int | torch.Tensor, path: Path) -> Path:
     """Save ``model`` (eval mode, CPU) as an ExportedProgram with a dynamic batch dimension.
-
-    ``n_features`` (int): float32 ``[batch, n_features]`` -> logits. A tensor instead is the
-    example input (``training.models.example_input``); an int64 ``[batch, seq]`` token example
-    (the LM) also gets a dynamic sequence length, 1..seq.
-    """
+    ``n_features``: the example input, or an int for float32 ``[batch, n_features]``; an int64
+    ``[batch, seq]`` example also gets a dynamic sequence length, 1..seq."""
     model = model.to("cpu").eval()
     example = n_features if isinstance(n_features, torch.Tensor) else torch.zeros(2, n_features)
     dims = {0: torch.export.Dim("batch", min=1)}
     if example.dtype == torch.long and example.dim() == 2:
         dims[1] = torch.export.Dim("seq", min=1, max=int(example.shape[1]))
-    program = torch.export.export(model, (example,), dynamic_shapes=(dims,))
-    torch.export.save(program, str(path))
+    torch.export.save(torch.export.export(model, (example,), dynamic_shapes=(dims,)), str(path))
     return path
 
 

@@ -1,12 +1,8 @@
 """Fault injection for tests and drills: ``TRAINFLOW_FAULT=<kind>@step=N[,rank=R]``; and
 ``TRAINFLOW_RECORD_IDS=<folder>``, which makes each rank record the sample ids it trained on.
 
-Kinds: ``kill`` (SIGKILL itself), ``raise`` (an exception), ``hang`` (sleep forever),
-``sigterm`` (SIGTERM to itself, as a preemption would), and ``slow@step=N,rank=R,ms=M``:
-from step N on, that rank sleeps M ms (default 50) after every step, a straggler (its
-peers then wait for it in the all-reduce). The others fire once. Every fault fires on the
-first attempt only (``TORCHELASTIC_RESTART_COUNT == 0``), so a restarted group runs clean.
-Unset, this costs one ``None`` check per step.
+Kinds: ``kill``, ``raise``, ``hang``, ``sigterm`` (fire once) and ``slow@step=N,rank=R,ms=M``
+(from step N on, sleep M ms after every step: a straggler). Faults fire on the first attempt only.
 """
 
 from __future__ import annotations
@@ -19,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENV = "TRAINFLOW_FAULT"
+IDS_ENV = "TRAINFLOW_RECORD_IDS"
 KINDS = ("kill", "raise", "hang", "sigterm", "slow")
 SLOW_MS = 50.0
 
@@ -39,12 +36,10 @@ class Fault:
         return hit and self.rank in (None, rank)
 
     def fire(self, rank: int) -> None:
-        if self.kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind in ("kill", "sigterm"):
+            os.kill(os.getpid(), signal.SIGKILL if self.kind == "kill" else signal.SIGTERM)
         elif self.kind == "raise":
             raise InjectedFault(f"injected fault on rank {rank} at step {self.step}")
-        elif self.kind == "sigterm":
-            os.kill(os.getpid(), signal.SIGTERM)
         elif self.kind == "slow":
             time.sleep(self.ms / 1e3)
         elif self.kind == "hang":
@@ -67,7 +62,7 @@ def parse(spec: str) -> Fault:
         extra = "[,ms=M]" if kind == "slow" else ""
         raise ValueError(f"{ENV}: expected {kind}@step=N[,rank=R]{extra}, got {spec!r}")
     rank, ms = fields.get("rank"), float(fields.get("ms", SLOW_MS))
-    if not (ms >= 0 and ms < 3.6e6):
+    if not 0 <= ms < 3.6e6:
         raise ValueError(f"{ENV}: ms must be >= 0 and under an hour, got {fields['ms']!r}")
     return Fault(kind, int(fields["step"]), int(rank) if rank is not None else None, ms)
 
@@ -79,18 +74,9 @@ def from_env() -> Fault | None:
     return parse(spec)
 
 
-# -- sample-id recording (tests and drills) ---------------------------------------------------
-IDS_ENV = "TRAINFLOW_RECORD_IDS"
-
-
 class IdRecorder:
-    """Appends the global sample ids each optimizer step consumed to ``<folder>/ids-<pid>.jsonl``.
-
-    One JSON line per step and reporting rank: ``{"rank", "epoch", "step", "cursor", "ids"}``
-    (``cursor``: where the step started in the epoch's global order). A file per process, opened
-    in append mode, so restarts and resized runs add to the same folder without interleaving.
-    Unlike a fault it records on every attempt: a test reads the whole story across restarts.
-    """
+    """Appends the global sample ids each optimizer step consumed to ``<folder>/ids-<pid>.jsonl``,
+    one JSON line per step: ``{"rank", "epoch", "step", "cursor", "ids"}``, on every attempt."""
 
     def __init__(self, folder: str):
         self.path = Path(folder) / f"ids-{os.getpid()}.jsonl"
@@ -98,9 +84,8 @@ class IdRecorder:
 
     def record(self, rank: int, epoch: int, step: int, cursor: int, ids) -> None:
         flat = [int(i) for part in ids for i in part.tolist()]
-        line = json.dumps({"rank": rank, "epoch": epoch, "step": step, "cursor": cursor, "ids": flat})
         with self.path.open("a") as f:
-            f.write(line + "\n")
+            f.write(json.dumps({"rank": rank, "epoch": epoch, "step": step, "cursor": cursor, "ids": flat}) + "\n")
 
 
 def id_recorder_from_env() -> IdRecorder | None:
@@ -111,7 +96,5 @@ def id_recorder_from_env() -> IdRecorder | None:
 
 def read_recorded_ids(folder) -> list[dict]:
     """Every line the ``IdRecorder``s wrote under ``folder`` (any order)."""
-    lines = []
-    for path in sorted(Path(folder).glob("ids-*.jsonl")):
-        lines += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return lines
+    return [json.loads(line) for path in sorted(Path(folder).glob("ids-*.jsonl"))
+            for line in path.read_text().splitlines() if line.strip()]

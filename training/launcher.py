@@ -1,26 +1,22 @@
-"""Launch a training job with torchrun as a subprocess and collect its result.
-
-A subprocess (not ``elastic_launch`` in-process) keeps a crashed or hung job
-killable as one process group, and keeps torch's global state out of the
-caller (a Prefect worker, a test). Failures come back as ``TrainingFailedError``
-naming the first failing rank with its traceback, read from torchrun's error
-files (the worker's main is wrapped in ``@record``). The job dies with this
-process, however it ends (``training.agent``), and holds its training folder's
-lock until its last process has exited.
-"""
+"""Launch a training job with torchrun as a subprocess (killable as one process group, torch's
+state kept out of the caller) and collect its result, or a ``TrainingFailedError`` naming the
+first failing rank with its traceback. The job dies with this process (``training.agent``)."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import math
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,24 +27,25 @@ from core.procs import pid_alive
 from tasks.base import SCORES_FILE  # noqa: F401  (the file SCORE_ENV makes rank 0 write)
 from training import preemption
 from training.agent import LAUNCHER_PID_ENV, WORKER_START_ENV
-from training.layouts import maybe_gpu
+from training.layouts import MODEL_PARALLEL, check_world, layout_for, maybe_gpu, mismatch_error
+from training.slots import completed
 
 log = logging.getLogger("trainflow.launcher")
+
+# The job's --nnodes for its workers: torchrun tells them the nodes present, not whether it is elastic.
+NNODES_ENV = "TRAINFLOW_NNODES"
+# "1": rank 0 also scores the exported program on the test split into SCORES_FILE; the pipeline sets it.
+SCORE_ENV = "TRAINFLOW_SCORE_TEST"
+# A worker's input error (a TrainflowError): the launcher stops the job rather than let torchrun restart it.
+FATAL_FILE = "fatal.json"
+REAP_GRACE_S = 60.0
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """Everything needed to run (and rerun) one training job; written to ``<out>/job.json``.
-
-    Multi-node: every node runs the same spec with its own ``node_rank``; the agents
-    meet at ``rdzv_endpoint`` (c10d rendezvous) under ``rdzv_id``. ``nnodes`` is ``N`` or,
-    elastic, ``"MIN:MAX"`` (``parse_nnodes``): the job starts with MIN to MAX agents, and when
-    one leaves the others re-form a smaller world and resume from the last checkpoint.
-    c10d hands out global ranks by arrival, not by ``node_rank``, and rank 0 writes the
-    checkpoints into its ``out_dir``: resuming needs one folder all nodes share (the workers
-    check that at start, ``training.multinode``). The agents unpickle what the store holds
-    under ``rdzv_id``: it must not be guessable.
-    """
+    """Everything needed to run (and rerun) one training job; written to ``<out>/job.json``. Every
+    node runs the same spec with its own ``node_rank``; ``rdzv_id`` must not be guessable (the
+    agents unpickle what the c10d store holds under it)."""
 
     config_path: str
     out_dir: str
@@ -60,16 +57,13 @@ class JobSpec:
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None  # make_spec draws one when a single node meets at an endpoint
     max_restarts: int = 0
-    # torchrun's --rdzv-conf for c10d (training.rendezvous): join/last-call timeouts, keep-alive.
-    rdzv_conf: str = ""
+    rdzv_conf: str = ""  # torchrun's --rdzv-conf for c10d (training.rendezvous)
     timeout_s: float = 900.0
     preempt_grace_s: float = 30.0
     threads_per_worker: int = 1
     force_resume: bool = False
     env: dict[str, str] = field(default_factory=dict)
-    # The agent forks the workers from itself (training.agent._fork_workers) instead of starting a
-    # fresh python per worker: CPU jobs only (make_spec), as a CUDA process cannot be forked.
-    fork_workers: bool = False
+    fork_workers: bool = False  # the agent forks the workers (CPU only: a CUDA process cannot fork)
 
     @property
     def node_range(self) -> tuple[int, int]:
@@ -77,8 +71,7 @@ class JobSpec:
         return parse_nnodes(self.nnodes)
 
     def command(self, log_dir: Path) -> list[str]:
-        # training.agent is torchrun bound to this process (it dies with it, and its workers with it);
-        # on SIGTERM it gives the workers preempt_grace_s to checkpoint before it kills them.
+        # training.agent: torchrun bound to this process, giving workers preempt_grace_s on SIGTERM.
         cmd = [sys.executable, "-m", "training.agent",
                f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc_per_node}",
                f"--max-restarts={self.max_restarts}", f"--log-dir={log_dir}",
@@ -96,10 +89,7 @@ class JobSpec:
 
 
 def parse_nnodes(value: int | str) -> tuple[int, int]:
-    """``N`` or ``"N"`` -> (N, N); ``"MIN:MAX"`` -> (MIN, MAX): torchrun's node range.
-
-    Raises ConfigError naming ``--nnodes`` unless 1 <= MIN <= MAX.
-    """
+    """``N`` -> (N, N); ``"MIN:MAX"`` -> (MIN, MAX). Raises ConfigError unless 1 <= MIN <= MAX."""
     text = str(value).strip()
     parts = text.split(":")
     if isinstance(value, bool) or len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
@@ -110,17 +100,8 @@ def parse_nnodes(value: int | str) -> tuple[int, int]:
     return lo, hi
 
 
-def rdzv_conf(rendezvous) -> str:
-    """torchrun's ``--rdzv-conf`` for c10d from ``training.rendezvous`` (core.config.RendezvousConfig)."""
-    r = rendezvous
-    return (f"join_timeout={r.join_timeout_s},last_call_timeout={r.last_call_s},"
-            f"keep_alive_interval={r.keep_alive_s},keep_alive_max_attempt=3")
-
-
-def _check_elastic(cfg: PipelineConfig, nproc: int, lo: int, hi: int) -> None:
-    """An elastic range must fit every world it can make, and torchrun must be allowed to restart."""
-    from training.layouts import MODEL_PARALLEL, check_world
-
+def _check_elastic(cfg: PipelineConfig, lo: int, hi: int) -> None:
+    """torchrun must be allowed to restart an elastic job, and its layout to change world size."""
     t = cfg.training
     if t.max_restarts < 1:
         raise ConfigError(f"--nnodes {lo}:{hi}: an elastic job needs training.max_restarts >= 1 (when a node "
@@ -131,8 +112,6 @@ def _check_elastic(cfg: PipelineConfig, nproc: int, lo: int, hi: int) -> None:
                           "(its checkpoints load only into the layout that wrote them); use a fixed --nnodes N")
     if not t.checkpoints:
         log.warning("--nnodes %d:%d with training.checkpoints off: after a node leaves, the others start over", lo, hi)
-    for nodes in range(lo, hi + 1):
-        check_world(t.strategy, nproc * nodes, t.parallel)
 
 
 def surely_cpu(cfg: PipelineConfig) -> bool:
@@ -142,12 +121,11 @@ def surely_cpu(cfg: PipelineConfig) -> bool:
 
 def default_nproc(cfg: PipelineConfig) -> int:
     """One worker per GPU when CUDA is present, else ``training.cpu_workers``."""
-    if surely_cpu(cfg):
-        return cfg.training.cpu_workers
-    import torch
+    if not surely_cpu(cfg):
+        import torch
 
-    if torch.cuda.is_available():
-        return torch.cuda.device_count()
+        if torch.cuda.is_available():
+            return torch.cuda.device_count()
     return cfg.training.cpu_workers
 
 
@@ -155,26 +133,14 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
               env: dict[str, str] | None = None, nproc: int | None = None, nnodes: int | str = 1,
               node_rank: int = 0, rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
               force_resume: bool = False) -> JobSpec:
-    """Write the resolved config into ``out_dir`` and describe the job that trains it.
-
-    ``cfg`` has no ``auto`` left (``training.advisor.resolve_for_launch`` makes strategy and
-    cpu_workers concrete first), so making a job never measures or launches anything itself.
-
-    ``nnodes``: N, or "MIN:MAX" for an elastic job (needs training.max_restarts >= 1, and a
-    strategy that fits every world in the range).
-
-    Raises ConfigError when the parallel settings don't fit the world this job makes, or when
-    several nodes come without the ``rdzv_id`` they share (one node with an endpoint draws one).
-    """
-    from training.layouts import check_world, layout_for
-
+    """Write the resolved config (no ``auto`` left) into ``out_dir`` and describe the job that trains it;
+    ``nnodes``: N, or "MIN:MAX" (elastic). ConfigError when the settings don't fit the world."""
     t = cfg.training
     for key, value in (("strategy", t.strategy), ("cpu_workers", t.cpu_workers)):
         if value == "auto":
             raise ConfigError(f"training.{key}: 'auto' must be resolved before a job is made "
                               "(training.advisor.resolve_for_launch)")
     lo, hi = parse_nnodes(nnodes)
-    nnodes = hi if lo == hi else f"{lo}:{hi}"
     nproc = nproc or default_nproc(cfg)
     if hi > 1 and not rdzv_endpoint:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
@@ -182,45 +148,39 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
         raise ConfigError("--nnodes > 1 needs --rdzv-id: a random id every node of the job shares, e.g. from "
                           "`python -c 'import secrets; print(secrets.token_hex(16))'` (trainflow k8s-job draws one)")
     if rdzv_endpoint and not rdzv_id:
-        import secrets
-
         rdzv_id = secrets.token_hex(16)
     if lo < hi:
-        _check_elastic(cfg, nproc, lo, hi)
-    check_world(cfg.training.strategy, nproc * hi, cfg.training.parallel)
+        _check_elastic(cfg, lo, hi)
+    for nodes in range(lo, hi + 1):  # every world an elastic range can make
+        check_world(t.strategy, nproc * nodes, t.parallel)
     _check_resumable(out_dir, cfg.config_id(), data_md5, force_resume,
-                     layout_for(cfg.training.strategy, nproc * hi, cfg.training.parallel), cfg.resume_id())
+                     layout_for(t.strategy, nproc * hi, t.parallel), cfg.resume_id())
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"
     config_path.write_text(cfg.to_yaml())
+    r = t.rendezvous
     return JobSpec(
         config_path=str(config_path), out_dir=str(out_dir), root=str(root), data_md5=data_md5,
-        nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
-        rdzv_id=rdzv_id, max_restarts=t.max_restarts, rdzv_conf=rdzv_conf(t.rendezvous), timeout_s=t.timeout_s,
-        preempt_grace_s=t.preempt_grace_s, threads_per_worker=t.threads_per_worker,
-        force_resume=force_resume, env=dict(env or {}),
-        fork_workers=surely_cpu(cfg),
+        nproc_per_node=nproc, nnodes=hi if lo == hi else f"{lo}:{hi}", node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=t.max_restarts,
+        rdzv_conf=(f"join_timeout={r.join_timeout_s},last_call_timeout={r.last_call_s},"
+                   f"keep_alive_interval={r.keep_alive_s},keep_alive_max_attempt=3"),
+        timeout_s=t.timeout_s, preempt_grace_s=t.preempt_grace_s, threads_per_worker=t.threads_per_worker,
+        force_resume=force_resume, env=dict(env or {}), fork_workers=surely_cpu(cfg),
     )
 
 
 def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, layout: dict | None = None,
                      resume_id: str | None = None) -> None:
-    """Refuse before launching when ``out_dir`` holds checkpoints of another config or dataset.
-
-    The worker checks the same on load; checking here fails in milliseconds instead of
-    after torchrun's start-up and every restart attempt. A checkpoint that records a resume id
-    (``PipelineConfig.resume_id``) is compared on it: another world size or strategy may resume it.
-    """
+    """Refuse before launching (not after every restart) when ``out_dir`` holds checkpoints of
+    another config, dataset or model-parallel layout."""
     from training.checkpoint import CheckpointMismatchError, check_identity, latest_identity
-    from training.layouts import MODEL_PARALLEL, mismatch_error
-
     found = latest_identity(out_dir / "checkpoints")
     if not found:
         return
     theirs = found.get("layout")
     if layout and theirs and theirs != layout and set(MODEL_PARALLEL) & {layout["strategy"], theirs.get("strategy")}:
-        # Sharded (tp/hybrid) or staged (pp) checkpoints only load into the layout that wrote them:
-        # --force-resume cannot help, so this is checked first (the strategy's check_layout on load).
+        # Sharded or staged checkpoints load only into the layout that wrote them: --force-resume cannot help.
         raise ConfigError(str(mismatch_error(out_dir / "checkpoints", theirs, layout)))
     if force:
         return
@@ -230,40 +190,35 @@ def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, 
         raise ConfigError(str(exc)) from None
 
 
-def _first_failure(log_dir: Path, nproc: int) -> tuple[int | None, str, str]:
-    """(rank, message, traceback) of the earliest error file torchrun's workers wrote."""
+def _first_failure(log_dir: Path) -> tuple[int | None, str, str]:
+    """(local rank, message, traceback) of the earliest error file of torchrun's last attempt."""
     found = []
     for path in log_dir.glob("*/attempt_*/*/error.json"):
         try:
-            data = json.loads(path.read_text())
-            msg = data["message"]
+            msg = json.loads(path.read_text())["message"]
             if isinstance(msg, str):  # some versions store the payload as a JSON string
                 msg = json.loads(msg)
             info = msg.get("extraInfo", {})
-            stamp = int(info.get("timestamp", 0))
             attempt = int(path.parent.parent.name.split("_")[1])
-            # The stamp has whole seconds; the file's mtime orders errors within one: a crashing
-            # rank writes its file before it exits, and only its exit makes its peers fail.
-            found.append((attempt, stamp, path.stat().st_mtime_ns, int(path.parent.name), msg.get("message", ""),
-                          info.get("py_callstack", "")))
+            # The stamp has whole seconds; the mtime orders errors within one (the crashing rank writes first).
+            found.append((attempt, int(info.get("timestamp", 0)), path.stat().st_mtime_ns, int(path.parent.name),
+                          msg.get("message", ""), info.get("py_callstack", "")))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
             continue
     if not found:
         return None, "", ""
     last_attempt = max(f[0] for f in found)
-    _, _, _, local_rank, message, tb = min(f for f in found if f[0] == last_attempt)
-    return local_rank, message, tb
+    return min(f for f in found if f[0] == last_attempt)[3:]
 
 
-def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0,
-                signals: tuple = (signal.SIGTERM, signal.SIGKILL)) -> None:
-    for sig in signals:
+def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the job's process group, then SIGKILL it after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
             proc.wait(timeout=grace_s)
+            return
+        except ProcessLookupError:
             return
         except subprocess.TimeoutExpired:
             continue
@@ -277,34 +232,8 @@ def _workers(pid: int) -> list[int]:
         return []
 
 
-def _forward_preemption(proc: subprocess.Popen, done: set[int]) -> set[int]:
-    """Pass SIGTERM to workers not yet signalled (not the agent); returns those signalled.
-
-    Workers checkpoint and exit cleanly; signalling the agent would make it kill them
-    straight away. Workers still starting up are signalled once they exist.
-    """
-    sent = set()
-    for pid in _workers(proc.pid):
-        if pid in done:
-            continue
-        try:
-            os.kill(pid, signal.SIGTERM)
-            sent.add(pid)
-        except ProcessLookupError:
-            pass
-    return sent
-
-
-# A worker that hit a deterministic input error (a TrainflowError: bad config, bad data) writes
-# this before it exits: torchrun would restart the group into the same error, so the launcher
-# stops the job at once and reports that rank's error instead.
-FATAL_FILE = "fatal.json"
-
-
 def write_fatal(out: Path, rank: int, exc: BaseException) -> None:
     """Record ``exc`` (a TrainflowError on ``rank``) for the launcher; first writer wins."""
-    import traceback
-
     path = Path(out) / FATAL_FILE
     if path.exists():
         return
@@ -315,10 +244,8 @@ def write_fatal(out: Path, rank: int, exc: BaseException) -> None:
 
 
 def await_stop_after_fatal(limit_s: float = 10.0) -> None:
-    """After :func:`write_fatal`, before this worker exits: wait (at most ``limit_s``) for the launcher,
-    which polls for the file every 0.2 s, to stop the job. Exiting at once lets torchrun's agent see a
-    failed worker first and start a restart into the same error (forked workers restart within a
-    fraction of a second). The launcher's SIGTERM then ends this worker at once. Without a launcher (torchrun typed by hand) it returns at once."""
+    """After :func:`write_fatal`, wait (at most ``limit_s``) for the launcher's SIGTERM: exiting at
+    once would let torchrun restart into the same error. Returns at once without a launcher."""
     launcher = int(os.environ.get(LAUNCHER_PID_ENV) or 0)
     if not launcher:
         return
@@ -328,27 +255,10 @@ def await_stop_after_fatal(limit_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def _fatal(out: Path) -> dict | None:
-    try:
-        return json.loads((out / FATAL_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _completed(out: Path) -> bool:
-    """Rank 0 wrote a completed ``result.json`` (atomically: written aside, then renamed)."""
-    try:
-        return json.loads((out / "result.json").read_text()).get("status") == "completed"
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tuple[int | None, bool]:
-    """(exit code, preempted): wait for torchrun, forwarding one SIGTERM, within the time limits.
-
-    ``at_result``: return ``(None, False)`` as soon as rank 0's completed result is written,
-    while the processes are still exiting.
-    """
+    """(exit code, preempted): wait for torchrun within the time limits, forwarding a preemption.
+    ``at_result``: ``(None, False)`` once rank 0's completed result is written."""
+    out = Path(spec.out_dir)
     deadline = time.monotonic() + spec.timeout_s
     preempted_at, signalled = None, set()
     while True:
@@ -356,9 +266,11 @@ def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tup
             return proc.wait(timeout=0.2), preempted_at is not None
         except subprocess.TimeoutExpired:
             pass
-        if at_result and preempted_at is None and _completed(Path(spec.out_dir)):
+        if at_result and preempted_at is None and completed(out):
             return None, False
-        fatal = _fatal(Path(spec.out_dir))
+        fatal = None
+        with contextlib.suppress(OSError, ValueError):
+            fatal = json.loads((out / FATAL_FILE).read_text())
         if fatal is not None:  # deterministic: a restart would fail the same way
             _kill_group(proc, grace_s=5.0)
             raise TrainingFailedError(f"training failed on rank {fatal['rank']}: {fatal['error']} "
@@ -367,11 +279,13 @@ def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tup
         now = time.monotonic()
         if preemption.REQUESTED.is_set():
             preempted_at = preempted_at or now
-            signalled |= _forward_preemption(proc, signalled)
+            # The workers checkpoint and exit; signalling the agent would make it kill them at once.
+            for pid in set(_workers(proc.pid)) - signalled:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+                    signalled.add(pid)
         if preempted_at is not None and signalled and not _workers(proc.pid):
-            # This node's workers checkpointed and exited. Its agent may wait in torchrun's exit
-            # barrier for agents that carry on without it (elastic), which in turn wait for its
-            # heartbeats to stop: it has nothing left to do.
+            # Done here; the agent may wait in the exit barrier for agents that carry on (elastic).
             _kill_group(proc, grace_s=5.0)
             return proc.returncode, True
         if preempted_at is not None and now - preempted_at > spec.preempt_grace_s:
@@ -385,48 +299,26 @@ def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tup
             raise TrainingFailedError(f"training exceeded training.timeout_s={spec.timeout_s:g}s and was killed")
 
 
-# The job's --nnodes ("N" or "MIN:MAX") for its workers: torchrun tells them the nodes present
-# (GROUP_WORLD_SIZE), not whether the job is elastic (training.multinode).
-NNODES_ENV = "TRAINFLOW_NNODES"
-
-# "1": rank 0 also scores the exported program on the test split, into SCORES_FILE
-# (training/worker.py ``write_test_scores``); the pipeline's jobs set it.
-SCORE_ENV = "TRAINFLOW_SCORE_TEST"
-
-
+@dataclass
 class Job:
     """A started torchrun job: ``finish()`` waits for it and returns ``result.json``."""
 
-    def __init__(self, spec: JobSpec, proc: subprocess.Popen):
-        self.spec = spec
-        self.proc = proc
-        self.started_at = time.perf_counter()  # wall_s counts from here
-
-    def kill(self) -> None:
-        """Stop the job's process group now (SIGTERM, then SIGKILL)."""
-        if self.proc.poll() is None:
-            _kill_group(self.proc, signals=(signal.SIGTERM, signal.SIGKILL))
+    spec: JobSpec
+    proc: subprocess.Popen
+    started_at: float = field(default_factory=time.perf_counter)  # wall_s counts from here
 
     def finish(self, at_result: bool = False) -> dict:
-        """Wait for the job; return ``result.json`` (plus ``wall_s``: since ``started_at``).
-
-        ``at_result``: return once rank 0 has written its completed result (the weights, the
-        exported program and the result are final then), while torchrun and its workers are
-        still shutting down (seconds); they are reaped in the background, and before this
-        process exits (``reap_exiting``), so the caller's next step overlaps their exit.
-
-        Raises TrainingFailedError (naming the failing rank) or PreemptedError (SIGTERM:
-        the workers saved a checkpoint; rerunning with the same ``out_dir`` resumes).
-        """
+        """Wait for the job; return ``result.json`` plus ``wall_s`` and ``out_dir``. ``at_result``:
+        return once rank 0's completed result is written; the exiting processes are reaped later.
+        Raises TrainingFailedError (naming the failing rank) or PreemptedError (a checkpoint saved)."""
         spec, out = self.spec, Path(self.spec.out_dir)
         previous = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
         installed = preemption.install_handler()
         try:
-            try:
-                rc, preempted = _wait(self.proc, spec, at_result)
-            except BaseException:  # timeout, Ctrl-C, task cancellation: leave no worker behind
-                _kill_group(self.proc)
-                raise
+            rc, preempted = _wait(self.proc, spec, at_result)
+        except BaseException:  # timeout, Ctrl-C, task cancellation: leave no worker behind
+            _kill_group(self.proc)
+            raise
         finally:
             if installed:
                 for sig, handler in previous.items():
@@ -435,46 +327,37 @@ class Job:
         if rc is None:  # completed; the processes are still exiting
             _reap_later(self.proc)
             rc = 0
-        log_dir = out / "torchrun"
-        result_path = out / "result.json"
+        log_dir, result_path = out / "torchrun", out / "result.json"
         result = json.loads(result_path.read_text()) if result_path.is_file() else None
         if rc != 0 and not (preempted and result and result.get("status") == "preempted"):
-            rank, message, tb = _first_failure(log_dir, spec.nproc_per_node)
-            # torchrun's error files name local ranks; c10d numbers the nodes by arrival, so only
-            # one node's local rank is also its global rank.
+            rank, message, tb = _first_failure(log_dir)
+            # Error files name local ranks; c10d numbers nodes by arrival, so only on one node is it global.
             where = "a worker" if rank is None else f"rank {rank}" if spec.node_range[1] == 1 \
                 else f"local rank {rank} of this node"
             detail = f": {message}" if message else f" (torchrun exit code {rc}; see {log_dir})"
             raise TrainingFailedError(f"training failed on {where}{detail}", rank=rank, traceback=tb)
-        if result is None:
-            # Every node writes one (rank 0, or a node copy where --out is not rank 0's folder:
-            # training.multinode), so a missing result is a failure on any node.
+        if result is None:  # every node writes one (rank 0's, or a node copy: training.multinode)
             raise TrainingFailedError(f"torchrun exited {rc} but wrote no {result_path}")
         if result.get("status") == "preempted":
             preemption.REQUESTED.clear()  # handled: this request ends here
             raise PreemptedError(f"preempted at step {result['steps']}: checkpoint saved in {out / 'checkpoints'}; "
                                  "rerun with the same output folder to resume")
-        result["wall_s"] = wall
-        result["out_dir"] = str(out)
-        return result
+        return {**result, "wall_s": wall, "out_dir": str(out)}
 
 
 _EXITING: list[threading.Thread] = []
-REAP_GRACE_S = 60.0
 
 
 def _reap_later(proc: subprocess.Popen) -> None:
     """Wait for a job that already wrote its completed result, in a thread; kill it if it hangs."""
     def reap() -> None:
         try:
-            rc = proc.wait(timeout=REAP_GRACE_S)
+            if rc := proc.wait(timeout=REAP_GRACE_S):
+                log.warning("torchrun (pid %s) exited %s after writing a completed result", proc.pid, rc)
         except subprocess.TimeoutExpired:
             log.warning("torchrun (pid %s) still running %.0f s after its completed result; killed",
                         proc.pid, REAP_GRACE_S)
             _kill_group(proc)
-            return
-        if rc:
-            log.warning("torchrun (pid %s) exited %s after writing a completed result", proc.pid, rc)
 
     thread = threading.Thread(target=reap, name=f"reap-torchrun-{proc.pid}", daemon=True)
     thread.start()
@@ -490,40 +373,27 @@ def reap_exiting() -> None:
 
 
 def start_job(spec: JobSpec, lock_fd: int | None = None) -> Job:
-    """Start torchrun for ``spec`` and return at once.
-
-    ``lock_fd``: the open ``flock`` on the training folder (``training.slots``); torchrun
-    inherits it, so the folder stays locked until the job has exited, even when the caller
-    dies or closes its own copy first (``core.locks.release`` only closes).
-
-    The job dies with the *thread* that calls this (``training.agent``): call it from a thread
-    that outlives the job, as ``finish`` does by waiting in it.
-    """
+    """Start torchrun for ``spec`` and return at once; the job dies with the *thread* that calls this.
+    ``lock_fd``: the training folder's ``flock``, inherited so it stays locked until the job exits."""
     if preemption.REQUESTED.is_set():  # SIGTERM arrived in an earlier stage: don't start at all
         preemption.REQUESTED.clear()
         raise PreemptedError("preempted before training started; nothing to resume yet")
     out = Path(spec.out_dir)
     (out / "job.json").write_text(json.dumps(asdict(spec), indent=2))
-    # A result from an earlier run must not pass for this one. Every node: c10d may put rank 0 on
-    # any of them, and a node that does not see rank 0's folder writes a copy of the result here.
+    # An earlier run's result must not pass for this one's, on any node (c10d may put rank 0 anywhere).
     (out / "result.json").unlink(missing_ok=True)
     (out / FATAL_FILE).unlink(missing_ok=True)
+    # The repository root first on the path, so a model.factory module there imports in every worker.
     env = {**os.environ, **spec.env}
-    # The repository root first on the workers' path: a model.factory module there imports in every
-    # worker, wherever torchrun starts them from (not recorded in job.json: it names this host's paths).
-    env = {**env, "PYTHONPATH": python_path_with(spec.root, env.get("PYTHONPATH")),
-           "OMP_NUM_THREADS": str(spec.threads_per_worker),
-           LAUNCHER_PID_ENV: str(os.getpid()), NNODES_ENV: str(spec.nnodes),
-           WORKER_START_ENV: "fork" if spec.fork_workers else "exec"}
+    env.update(PYTHONPATH=python_path_with(spec.root, env.get("PYTHONPATH")),
+               OMP_NUM_THREADS=str(spec.threads_per_worker),
+               **{LAUNCHER_PID_ENV: str(os.getpid()), NNODES_ENV: str(spec.nnodes),
+                  WORKER_START_ENV: "fork" if spec.fork_workers else "exec"})
     proc = subprocess.Popen(spec.command(out / "torchrun"), cwd=spec.root, env=env, start_new_session=True,
                             pass_fds=() if lock_fd is None else (lock_fd,))
     return Job(spec, proc)
 
 
 def run_job(spec: JobSpec) -> dict:
-    """Run torchrun for ``spec``; return ``result.json`` (plus ``wall_s``).
-
-    Raises TrainingFailedError (naming the failing rank) or PreemptedError (SIGTERM:
-    the workers saved a checkpoint; rerunning with the same ``out_dir`` resumes).
-    """
+    """Run torchrun for ``spec``; return ``result.json`` (plus ``wall_s``); raises as ``Job.finish``."""
     return start_job(spec).finish()

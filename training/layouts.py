@@ -1,9 +1,5 @@
-"""What a launch needs to know about the world, without torch: the strategy names and their
-world-size checks, the layout recorded in checkpoints, and whether a GPU could be there.
-
-The pipeline process (flows/) resolves and launches jobs with these but never trains, so it
-need not pay for ``import torch``; ``training.strategies`` re-exports them.
-"""
+"""What a launch needs to know about the world, without torch (the pipeline process launches
+but never trains): strategy names and world-size checks, checkpoint layouts, whether a GPU could be."""
 
 from __future__ import annotations
 
@@ -11,9 +7,11 @@ import os
 
 from core.errors import ConfigError
 
-# Device nodes a CUDA (or ROCm, or WSL's CUDA) GPU shows up as. With none of them, torch would
-# find no GPU either, and deciding so costs no `import torch`.
+# Device nodes a CUDA (or ROCm, or WSL's CUDA) GPU shows up as: with none, torch finds no GPU either.
 GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
+STRATEGIES = ("single", "ddp", "fsdp", "tp", "pp", "hybrid")
+MODEL_PARALLEL = ("tp", "pp", "hybrid")
+PRECISIONS = ("fp32", "bf16")
 
 
 def maybe_gpu() -> bool:
@@ -32,33 +30,27 @@ def choose_backend(requested: str = "auto") -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-STRATEGIES = ("single", "ddp", "fsdp", "tp", "pp", "hybrid")
-MODEL_PARALLEL = ("tp", "pp", "hybrid")
-PRECISIONS = ("fp32", "bf16")
-
-
 class StrategyConfigError(ConfigError, ValueError):
-    """A strategy that cannot run with this world size or precision.
+    """A strategy that cannot run with this world size or precision: a ``ConfigError`` for the
+    CLI, and the ``ValueError`` ``build_strategy`` promises."""
 
-    Both a ``ConfigError`` (the CLI maps it to a clean message and exit code) and a
-    ``ValueError`` (what ``build_strategy`` promises).
-    """
+
+class CheckpointMismatchError(RuntimeError):
+    """The checkpoint was written for another config, dataset or layout."""
 
 
 def check_world(strategy: str, world_size: int, parallel=None) -> None:
     """The up-front check of ``training.strategy`` (and ``training.parallel``, a
-    ``core.config.ParallelConfig``, for tp/pp/hybrid) against the world size (config/launch time)."""
+    ``core.config.ParallelConfig``, for tp/pp/hybrid) against the world size."""
     if strategy not in STRATEGIES:
         raise StrategyConfigError(
-            f"training.strategy: must be one of {', '.join(repr(s) for s in STRATEGIES)}, got {strategy!r}"
-        )
+            f"training.strategy: must be one of {', '.join(repr(s) for s in STRATEGIES)}, got {strategy!r}")
     if world_size < 1:
         raise StrategyConfigError(f"training.strategy: world size must be >= 1, got {world_size}")
     if strategy == "single" and world_size > 1:
         raise StrategyConfigError(
             f"training.strategy: 'single' runs one process, but the world size is {world_size}; "
-            "use 'ddp' or 'fsdp', or launch one worker"
-        )
+            "use 'ddp' or 'fsdp', or launch one worker")
     if strategy in MODEL_PARALLEL:
         from core.config import ParallelConfig, check_parallel
 
@@ -76,10 +68,6 @@ def layout_for(strategy: str, world_size: int, parallel=None) -> dict:
     return {"strategy": strategy, "world_size": world_size, "dp": world_size // (tp * pp), "tp": tp, "pp": pp}
 
 
-class CheckpointMismatchError(RuntimeError):
-    """The checkpoint was written for another config, dataset or layout."""
-
-
 def describe_layout(layout) -> str:
     if not isinstance(layout, dict):
         return "an unknown layout"
@@ -89,22 +77,17 @@ def describe_layout(layout) -> str:
     return text
 
 
-
-
-def needed_for(layout) -> str:
-    """What a launch must say to recreate ``layout`` (for refusals that name the way out)."""
-    if not isinstance(layout, dict):
-        return "the layout that wrote it"
-    text = f"{layout.get('world_size')} worker(s) (--nproc) with training.strategy={layout.get('strategy')}"
-    if "tp" in layout:
-        text += f", training.parallel.tp={layout.get('tp')}, training.parallel.pp={layout.get('pp')}"
-    return text
-
-
 def mismatch_error(folder, theirs, mine):
-    """The ``CheckpointMismatchError`` for a model-parallel checkpoint that cannot load into ``mine``."""
+    """The ``CheckpointMismatchError`` for a model-parallel checkpoint that cannot load into ``mine``,
+    naming what a launch must say to recreate ``theirs``."""
+    if not isinstance(theirs, dict):
+        needed = "the layout that wrote it"
+    else:
+        needed = f"{theirs.get('world_size')} worker(s) (--nproc) with training.strategy={theirs.get('strategy')}"
+        if "tp" in theirs:
+            needed += f", training.parallel.tp={theirs.get('tp')}, training.parallel.pp={theirs.get('pp')}"
     return CheckpointMismatchError(
         f"checkpoint {folder} was written with {describe_layout(theirs)}; this run has {describe_layout(mine)}. "
         "Tensor-parallel and pipeline shards load only into the layout that wrote them (resharding them is "
         f"not supported; data-parallel ddp/fsdp checkpoints resume on any world size): resume with "
-        f"{needed_for(theirs)}, or use a fresh --out")
+        f"{needed}, or use a fresh --out")

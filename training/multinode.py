@@ -1,20 +1,9 @@
 """A job over several agents (nodes): do they share the output folder, and does every node learn the outcome?
 
-c10d rendezvous hands out global ranks by arrival, not by ``--node-rank``, so
-which node hosts rank 0 is known only once the job runs, and rank 0 writes the checkpoints,
-the weights and ``result.json`` into *its* ``--out``. Two consequences, handled here:
-
-- **Resuming needs one folder every node sees.** After a restart (or an elastic re-form) every
-  rank loads the newest checkpoint from its own ``--out``; on a node that does not see rank 0's
-  folder the ranks find nothing and the job silently starts over. ``check_shared_out`` finds
-  out at start (rank 0 writes a fresh nonce, every rank reads its own folder) and, where a
-  restart can happen, stops every rank at once with an error that says so.
-- **Every agent reports the real outcome.** Rank 0's result goes to every rank over the
-  process group (``share_outcome``); the first worker of a node that does not see rank 0's
-  folder writes it there (``node_copy``: no weights, and where they are). Without it that
-  node's launcher had nothing to read, and failed a job that had succeeded.
-
-A single node (``GROUP_WORLD_SIZE`` 1) skips both: no file, no extra collective.
+c10d hands out global ranks by arrival, so the node hosting rank 0 (which writes checkpoints and
+``result.json`` into *its* ``--out``) is known only once the job runs. Resuming needs one folder
+every node sees (``check_shared_out``), and a node that does not see rank 0's folder gets a copy
+of the result (``share_outcome``, ``node_copy``). A single node skips both.
 """
 
 from __future__ import annotations
@@ -53,22 +42,19 @@ def max_restarts(cfg) -> int:
 
 
 def needs_shared_out(cfg) -> bool:
-    """Whether every rank must read rank 0's checkpoints: checkpoints on, and torchrun may restart
-    the workers (``training.max_restarts`` > 0, or an elastic range, whose joins restart them)."""
+    """Every rank must read rank 0's checkpoints: checkpoints on, and torchrun may restart the
+    workers (``training.max_restarts`` > 0, or an elastic range, whose joins restart them)."""
     return bool(cfg.training.checkpoints) and (max_restarts(cfg) > 0 or elastic())
 
 
 class OutView(NamedTuple):
     mine: bool  # this rank's --out is rank 0's folder
-    everyone: bool  # every rank's is
+    everyone: bool
 
 
 def check_shared_out(ctx, out: Path, cfg) -> OutView:
     """COLLECTIVE (several nodes only): does this rank, and does every rank, see rank 0's ``out``?
-
-    Raises ConfigError on every rank, before any training, when some rank does not and resuming
-    needs it (``needs_shared_out``): the message names rank 0's host and folder and the others.
-    """
+    Raises ConfigError on every rank when some rank does not and resuming needs it."""
     if not ctx.distributed or not several_nodes():
         return OutView(True, True)
     nonce = None
@@ -102,11 +88,7 @@ def check_shared_out(ctx, out: Path, cfg) -> OutView:
 
 
 def share_outcome(ctx, result: dict | None, out: Path, view: OutView) -> dict | None:
-    """COLLECTIVE (several nodes only): rank 0's ``result``, with where it lives, on every rank.
-
-    ``view``: what ``check_shared_out`` found. One node: returns ``result`` unchanged (None on
-    ranks other than 0).
-    """
+    """COLLECTIVE (several nodes only): rank 0's ``result``, with where it lives, on every rank."""
     if not ctx.distributed or not several_nodes():
         return result
     if ctx.is_main:
@@ -120,22 +102,15 @@ class PeerPreempted(RuntimeError):
 
 
 def carry_on_if_peer_preempted(status: str, signalled: bool, step: int) -> None:
-    """Raise ``PeerPreempted`` when this rank stopped (``status`` preempted) for a SIGTERM another
-    node got, in an elastic job; call it after the results are written.
-
-    The error makes torchrun restart this node's workers (one of ``training.max_restarts``), and
-    the nodes left re-form a smaller world that resumes from the checkpoint all ranks just wrote.
-    With a fixed ``--nnodes`` every node stops instead (exit 4), as on one node.
-    """
+    """In an elastic job, raise ``PeerPreempted`` when this rank stopped for another node's SIGTERM
+    (after the results are written): torchrun restarts it into the smaller world, which resumes."""
     if status == "preempted" and not signalled and elastic() and several_nodes():
         raise PeerPreempted(f"another node was preempted at step {step} (checkpoint saved): "
                             "restarting to re-form the world without it")
 
 
 def node_copy(result: dict) -> dict:
-    """What a node that does not see rank 0's folder writes as its ``result.json``: the job's
-    outcome (status, steps, world, metrics, ``weights_sha256``), marked as a copy, without the
-    weight files (they are in ``rank0.out_dir`` on ``rank0.host``)."""
-    copy = {k: v for k, v in result.items() if k not in ("weights", "model_pt2")}
-    copy["node_copy"] = {"host": socket.gethostname(), "group_rank": int(os.environ.get("GROUP_RANK", "0"))}
-    return copy
+    """The ``result.json`` of a node that does not see rank 0's folder: the outcome, marked as a
+    copy, without the weight files (they are in ``rank0.out_dir`` on ``rank0.host``)."""
+    return {**{k: v for k, v in result.items() if k not in ("weights", "model_pt2")},
+            "node_copy": {"host": socket.gethostname(), "group_rank": int(os.environ.get("GROUP_RANK", "0"))}}

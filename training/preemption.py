@@ -1,13 +1,6 @@
-"""SIGTERM as a request to stop cleanly, in the worker and in the launcher.
-
-Worker side: ``StopRequest`` turns SIGTERM into a flag; the trainer agrees on it
-across ranks at the next agreement check (every ``preempt_check_steps``), checkpoints and exits with status
-``preempted``. Launcher side: ``REQUESTED`` is an event any thread can wait on;
-``install_handler`` (main thread only) sets it on SIGTERM, so a launcher running
-in a worker thread (a Prefect task) still sees the signal its process received.
-The launcher treats SIGHUP (its terminal closed) the same way: the job checkpoints
-and the command exits as preempted, rather than dying and leaving the job behind.
-"""
+"""SIGTERM as a request to stop cleanly: in the worker a flag the trainer agrees on across ranks
+(``StopRequest``); in the launcher an event any thread (a Prefect task) can see, set on SIGTERM
+and SIGHUP (a closed terminal checkpoints the job rather than leaving it behind)."""
 
 from __future__ import annotations
 
@@ -15,8 +8,7 @@ import signal
 import threading
 
 REQUESTED = threading.Event()
-# What the launcher takes as a request to preempt its job.
-SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # what the launcher takes as a request to preempt its job
 
 
 def install_handler() -> bool:
@@ -34,7 +26,4 @@ class StopRequest:
     def __init__(self) -> None:
         self.requested = False
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._on_signal)
-
-    def _on_signal(self, *_):
-        self.requested = True
+            signal.signal(signal.SIGTERM, lambda *_: setattr(self, "requested", True))

@@ -1,14 +1,8 @@
 """Training folders a run holds exclusively: one per (config, data, world), under ``<home>/train``.
 
-A preempted run's checkpoints are found and resumed by the next run with the same inputs;
-a finished job's folder is cleared for a fresh start. A concurrent run with the same inputs
-finds that folder locked and takes the next free slot (``<key>.1``, ``<key>.2``, ...),
-preferring a free slot that holds an interrupted job to resume. The lock is a ``flock`` on
-``<slot>.lock``, held by the claiming process and inherited by the torchrun job it starts
-(``start_job(lock_fd=...)``): it is free once both have exited, so a killed run never leaves a
-folder claimed, and a job still stopping never shares its folder with the next run's job.
-
-Used by the pipeline's ``train`` task; no Prefect here.
+A run resumes an interrupted job of the same inputs, or starts fresh; a concurrent run takes the
+next free slot (``<key>.1``, ...). The lock, a ``flock`` on ``<slot>.lock``, is inherited by the
+torchrun job (``start_job(lock_fd=...)``), so it is free only once both have exited.
 """
 
 from __future__ import annotations
@@ -18,6 +12,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 from core.hashing import sha256_json
 from core.locks import release, try_lock
@@ -33,16 +28,25 @@ def slot_base(home: Path, cfg_name: str, config_id: str, data_md5: str, nproc: i
     return under_home(home, "train", f"{cfg_name}-{key}")
 
 
+def _slots(base: Path) -> Iterator[Path]:
+    return (base if i == 0 else base.with_name(f"{base.name}.{i}") for i in itertools.count())
+
+
+def _lock(folder: Path) -> int | None:
+    return try_lock(folder.with_name(folder.name + ".lock"))
+
+
+def completed(folder: Path) -> bool:
+    """``folder`` holds a completed ``result.json`` (rank 0 writes it aside, then renames it)."""
+    try:
+        return json.loads((folder / "result.json").read_text()).get("status") == "completed"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def resumable(folder: Path) -> bool:
     """The folder holds checkpoints of a job that did not complete."""
-    result = folder / "result.json"
-    if result.is_file():
-        try:
-            if json.loads(result.read_text()).get("status") == "completed":
-                return False
-        except ValueError:
-            pass
-    return any((folder / "checkpoints").glob("step_*"))
+    return not completed(folder) and any((folder / "checkpoints").glob("step_*"))
 
 
 def claim_train_dir(home: Path, cfg_name: str, config_id: str, data_md5: str, nproc: int,
@@ -50,29 +54,24 @@ def claim_train_dir(home: Path, cfg_name: str, config_id: str, data_md5: str, np
     """A training folder this process holds exclusively: ``(folder, lock fd)``; ``release`` the fd after."""
     logger = logger or log
     base = slot_base(home, cfg_name, config_id, data_md5, nproc)
-    slots = (base if i == 0 else base.with_name(f"{base.name}.{i}") for i in itertools.count())
     claimed: list[tuple[Path, int]] = []
+    fd = None
     try:
-        for folder in slots:
+        for folder in _slots(base):
             if claimed and not folder.exists():
                 break  # past the last slot ever used, holding a free one already
-            fd = try_lock(folder.with_name(folder.name + ".lock"))
-            if fd is None:
+            if (lock := _lock(folder)) is None:
                 continue
-            claimed.append((folder, fd))
+            claimed.append((folder, lock))
             if resumable(folder) or not folder.exists():
                 break  # a free slot to resume, or the first never-used one: look no further
         # Keep the slot with an interrupted job if there is one, else the first free slot.
         folder, fd = next((c for c in claimed if resumable(c[0])), claimed[0])
-        for other, other_fd in claimed:
+    finally:
+        for _, other_fd in claimed:
             if other_fd != fd:
                 release(other_fd)
-    except BaseException:
-        for _, other_fd in claimed:
-            release(other_fd)
-        raise
-    result = folder / "result.json"
-    if result.is_file() and json.loads(result.read_text()).get("status") == "completed":
+    if completed(folder):
         shutil.rmtree(folder)
     elif (folder / "checkpoints").is_dir():
         logger.warning("resuming an interrupted training job from %s", folder / "checkpoints")
@@ -82,18 +81,11 @@ def claim_train_dir(home: Path, cfg_name: str, config_id: str, data_md5: str, np
 
 
 def unclaimed_resumable(home: Path, cfg_name: str, config_id: str, data_md5: str, nproc: int) -> list[Path]:
-    """The slots of these inputs that hold an interrupted job and that no process holds now, in
-    slot order: the folder ``claim_train_dir`` would pick next, looked at without claiming it."""
-    base = slot_base(home, cfg_name, config_id, data_md5, nproc)
+    """The slots of these inputs that hold an interrupted job no process holds now, in slot
+    order: the folder ``claim_train_dir`` would pick next, looked at without claiming it."""
     found = []
-    for i in itertools.count():
-        folder = base if i == 0 else base.with_name(f"{base.name}.{i}")
-        if not folder.exists():
-            break
-        if not resumable(folder):
-            continue
-        fd = try_lock(folder.with_name(folder.name + ".lock"))
-        if fd is not None:
+    for folder in itertools.takewhile(Path.exists, _slots(slot_base(home, cfg_name, config_id, data_md5, nproc))):
+        if resumable(folder) and (fd := _lock(folder)) is not None:
             release(fd)
             found.append(folder)
     return found

@@ -2,10 +2,8 @@
 
     torchrun --nproc-per-node 2 -m training.worker --config configs/digits.yaml --out out/run1
 
-Parses, builds, trains, tears down. Rank 0 writes ``weights.pt``, ``model.pt2``
-and ``result.json`` into ``--out``; checkpoints go to ``--out/checkpoints`` and a
-rerun with the same ``--out`` resumes from the latest one. On SIGTERM every rank
-checkpoints at the next agreement check and the job ends with ``status: preempted``.
+Rank 0 writes ``weights.pt``, ``model.pt2`` and ``result.json`` into ``--out``; a rerun with the
+same ``--out`` resumes from the latest checkpoint in ``--out/checkpoints``.
 """
 
 from __future__ import annotations
@@ -25,13 +23,14 @@ from core.config import PipelineConfig, load_config
 from core.errors import TrainflowError
 from core.manifest import read_dvc_file
 from core.paths import importable_root, project_root
+from tasks import task_for
+from tasks.splits import Splits
 from training import multinode
 from training.agent import bind_worker
-from tasks.splits import Splits
 from training.data import load_splits
 from training.distributed import process_group
 from training.export import export_model
-from training.launcher import SCORE_ENV
+from training.launcher import SCORE_ENV, await_stop_after_fatal, write_fatal
 from training.models import build_model, example_input
 from training.sink import MetricsSink
 from training.trainer import FitResult, Trainer, restart_count, state_dict_sha256
@@ -57,63 +56,41 @@ def write_result(out: Path, result: dict) -> None:
 
 def summarise(trainer: Trainer, fit: FitResult) -> dict:
     """result.json's content (rank 0), without the weight files."""
-    epochs = fit.history
+    epochs, t = fit.history, trainer.cfg.training
     last = epochs[-1] if epochs else None
-    wall = max(fit.train_wall_s, 1e-9)
     return {
-        "status": fit.status,
-        "world_size": trainer.ctx.world_size,
-        "backend": trainer.ctx.backend or "none",
-        "strategy": trainer.cfg.training.strategy,
-        "layout": trainer.strategy.layout(),
-        "restarts": restart_count(),
-        "epochs": trainer.cfg.training.epochs,
-        "epochs_run": trainer.epoch,
-        "steps": trainer.step,
+        "status": fit.status, "world_size": trainer.ctx.world_size, "backend": trainer.ctx.backend or "none",
+        "strategy": t.strategy, "layout": trainer.strategy.layout(), "restarts": restart_count(),
+        "epochs": t.epochs, "epochs_run": trainer.epoch, "steps": trainer.step,
         "resumed_from_step": fit.resumed_from_step,
-        # The checkpoint writer's {world_size, strategy, dp_size, micro_batch, grad_accum, global_batch}
-        # when this run resumed it on another layout (else null), and what the batch policy did.
-        "resized_from": fit.resized_from,
-        "batch_policy": fit.batch_policy,
-        "stopped_early_at_epoch": fit.stopped_early_at_epoch,
-        "global_batch": fit.global_batch,
-        "effective_lr": fit.effective_lr,
+        "resized_from": fit.resized_from,  # the checkpoint writer's layout and batch, when it was another
+        "batch_policy": fit.batch_policy, "stopped_early_at_epoch": fit.stopped_early_at_epoch,
+        "global_batch": fit.global_batch, "effective_lr": fit.effective_lr,
         "samples_per_s": (sum(h.samples_per_s for h in epochs) / len(epochs)) if epochs else 0.0,
-        "train_wall_s": fit.train_wall_s,
-        "checkpoint_stall_s": fit.checkpoint_stall_s,
-        "checkpoint_stall_frac": fit.checkpoint_stall_s / wall,
-        "goodput": fit.goodput,  # the whole training's, across restarts (training/goodput.py)
-        "checkpoint_interval": fit.checkpoint_interval,
-        "perf": fit.last_metrics,
-        "ranks": fit.ranks,
+        "train_wall_s": fit.train_wall_s, "checkpoint_stall_s": fit.checkpoint_stall_s,
+        "checkpoint_stall_frac": fit.checkpoint_stall_s / max(fit.train_wall_s, 1e-9),
+        "goodput": fit.goodput,  # the whole training's, across restarts
+        "checkpoint_interval": fit.checkpoint_interval, "perf": fit.last_metrics, "ranks": fit.ranks,
         "final": {"train_loss": last.train_loss, "val_loss": last.val_loss, "val_accuracy": last.val_accuracy}
         if last else {},
-        "history": [asdict(h) for h in epochs],
-        "config_id": trainer.config_id,
-        "data_md5": trainer.data_md5,
+        "history": [asdict(h) for h in epochs], "config_id": trainer.config_id, "data_md5": trainer.data_md5,
     }
 
 
 def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: str,
                      force_resume: bool = False, score_test: Path | None = None) -> dict | None:
     """Join the process group, train ``splits``, and on rank 0 write weights, ``model.pt2`` and
-    ``result.json`` into ``out``; returns the result (rank 0) or None (other ranks).
-
-    The part of ``main`` after the data is loaded: probes and tests that build their own
-    tensors (e.g. LM token windows) go through the same training and export as a run.
-    ``score_test`` (the project root): rank 0 also scores the exported program on the test
-    split into ``test_scores.json`` (``write_test_scores``), before ``result.json``.
-    """
+    ``result.json`` into ``out``; returns the result (rank 0) or None. ``score_test`` (the project
+    root): rank 0 also scores the exported program on the test split first."""
     t = cfg.training
     out.mkdir(parents=True, exist_ok=True)
     with process_group(t.backend, t.collective_timeout_s) as ctx:
-        # Several nodes: refused here, at start, when resuming would need a folder they don't share.
         view = multinode.check_shared_out(ctx, out, cfg)
         sink = MetricsSink.for_rank(ctx.is_main, out, cfg.config_id())  # rank 0: resumes out's MLflow run
         trainer = Trainer(cfg, ctx, splits, out, sink, cfg.config_id(), data_md5, force_resume)
         try:
             fit = trainer.fit()
-            # COLLECTIVE: sharded (fsdp, tp, hybrid) and staged (pp) models are gathered to rank 0.
+            # COLLECTIVE: sharded and staged models are gathered to rank 0.
             full = trainer.strategy.full_state_dict(trainer.model) if fit.status == "completed" else None
         finally:
             trainer.release()
@@ -123,23 +100,20 @@ def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: s
             model = build_model(cfg, splits.info)
             model.load_state_dict(full)
             result["weights_sha256"] = state_dict_sha256(model.state_dict())
-        # COLLECTIVE (several nodes): every node learns the outcome, and one without rank 0's folder keeps a copy.
-        result = multinode.share_outcome(ctx, result, out, view)
-    if not ctx.is_main:
-        if not view.mine and ctx.local_rank == 0:
-            write_result(out, multinode.node_copy(result))
-        multinode.carry_on_if_peer_preempted(fit.status, trainer.stop.requested, trainer.step)
-        return None
-    if model is not None:
+        result = multinode.share_outcome(ctx, result, out, view)  # COLLECTIVE (several nodes)
+    if ctx.is_main and model is not None:
         torch.save(model.state_dict(), out / "weights.pt")
         export_model(trainer.task.export_module(model, splits.info), example_input(cfg, splits.info),
                      out / "model.pt2")
         result.update(weights="weights.pt", model_pt2="model.pt2")
         if score_test is not None:  # before result.json: the pipeline reads both once that exists
             trainer.task.write_test_scores(cfg, score_test, out)
-    write_result(out, result)
+    if ctx.is_main:
+        write_result(out, result)
+    elif not view.mine and ctx.local_rank == 0:
+        write_result(out, multinode.node_copy(result))
     multinode.carry_on_if_peer_preempted(fit.status, trainer.stop.requested, trainer.step)
-    return result
+    return result if ctx.is_main else None
 
 
 @record
@@ -149,8 +123,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(args)
     except TrainflowError as exc:  # bad config or data: the launcher stops the job, no restart
-        from training.launcher import await_stop_after_fatal, write_fatal
-
         args.out.mkdir(parents=True, exist_ok=True)
         write_fatal(args.out, int(os.environ.get("RANK", "0")), exc)
         await_stop_after_fatal()
@@ -165,16 +137,12 @@ def _main(args: argparse.Namespace) -> int:
     t = cfg.training
     torch.set_num_threads(t.threads_per_worker)
     if t.deterministic:
-        # cuBLAS is only deterministic with a fixed workspace; it reads this when its first
-        # handle is created, which is after this point (no CUDA work has happened yet).
+        # cuBLAS is deterministic only with a fixed workspace, read at its first handle (after this).
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     data_md5 = args.data_md5 or read_dvc_file(root, cfg.dataset.dvc_file).md5
-    from tasks import task_for
-
     task_for(cfg)  # a config that does not fit its task fails here, before any training
     splits = load_splits(cfg, root, cfg.seed, data_md5)
-    # The pipeline asks rank 0 to score the exported program on the test split too.
     score_test = root if os.environ.get(SCORE_ENV) == "1" else None
     train_and_report(cfg, splits, args.out, data_md5, args.force_resume, score_test)
     return 0

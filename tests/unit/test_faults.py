@@ -59,7 +59,7 @@ def test_the_first_failure_is_the_rank_that_failed_first_within_one_second(tmp_p
 
     error(1, "InjectedFault: injected fault on rank 1 at step 5", 1_796_005_474_100_000_000)
     error(0, "RuntimeError: Connection closed by peer", 1_796_005_474_300_000_000)
-    assert _first_failure(tmp_path, 2) == (1, "InjectedFault: injected fault on rank 1 at step 5",
+    assert _first_failure(tmp_path) == (1, "InjectedFault: injected fault on rank 1 at step 5",
                                            "Traceback of rank 1")
 
 
