@@ -24,8 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from core.errors import ConfigError
 
-COLUMN_TYPES = ("integer", "float", "string", "boolean")
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -96,14 +94,11 @@ class TableExpectations(_Strict):
     def to_yaml(self, header: str = "") -> str:
         import yaml
 
-        def tidy(v):  # 16.0 -> 16: the reviewer reads the bound as written
-            return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**53 else v
-
         data = self.model_dump(mode="json", exclude_none=True)
         for col in data["columns"]:
-            for key in ("min", "max"):
-                if key in col:
-                    col[key] = tidy(col[key])
+            for key in set(col) & {"min", "max"}:  # 16.0 -> 16: the reviewer reads the bound as written
+                v = col[key]
+                col[key] = int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**53 else v
         rows = data.pop("rows", {})
         share = data.pop("class_share", None)
         # One flow-style line per column and range: a reviewer reads a table, not a tree.

@@ -1,23 +1,16 @@
 """The hash-pinned lock files and whether they still match ``pyproject.toml``.
 
-``requirements/lock.txt`` (CUDA torch from PyPI, what the GPU image installs) and
-``requirements/lock-cpu.txt`` (torch's CPU build) are written by ``make lock``
-(``scripts/lock.py``) in pip-compile's format: ``name==version`` followed by
-``--hash=sha256:...`` lines, installable with ``pip install --require-hashes``.
-Each starts with a header naming the sha256 of the dependency lists it was
-resolved from; :func:`check_lock` compares that with the current
-``pyproject.toml`` and also checks every top-level requirement is pinned inside
-its range, so an edit to the dependencies without ``make lock`` is caught.
+``requirements/lock.txt`` (CUDA torch) and ``requirements/lock-cpu.txt`` (torch's CPU build) are
+written by ``make lock`` (``scripts/lock.py``) in pip-compile's format (``name==version`` then
+``--hash=sha256:...`` lines). Each header names the sha256 of the dependency lists it was resolved
+from: :func:`check_lock` compares it with the current ``pyproject.toml`` and checks every top-level
+requirement is pinned inside its range. ``requirements/lock-dev.txt`` adds the ``dev`` and ``team``
+extras on top of either (:func:`check_dev_lock`).
 
-``requirements/lock-dev.txt`` holds what the ``dev`` and ``team`` extras add on top of
-either of those (test tools, MLflow's auth app), resolved against their pins, with
-hashes too; :func:`check_dev_lock` checks it the same way.
-
-A lock is resolved on one interpreter, but it claims every CPython 3.11 patch release
-(:data:`PYTHONS`): a package that only some releases need (redis needs ``async-timeout`` below
-3.11.3, e.g. Debian bookworm's 3.11.2) is pinned with its marker
-(``async-timeout==5.0.1 ; python_full_version < "3.11.3"``). :func:`closure_problems` checks,
-from the installed packages' metadata, that each claimed release finds every requirement pinned.
+A lock claims every CPython 3.11 patch release (:data:`PYTHONS`): a package only some releases need
+(redis needs ``async-timeout`` below 3.11.3, Debian bookworm's is 3.11.2) is pinned with its marker;
+:func:`closure_problems` checks, from the installed packages' metadata, that each release finds
+every requirement pinned.
 """
 
 from __future__ import annotations
@@ -128,11 +121,8 @@ def check_lock(pyproject_path: Path, lock_path: Path) -> list[str]:
         return [f"{lock_path}: missing; run `make lock`"]
     lock = parse_lock(lock_path)
     deps = tomllib.loads(pyproject_path.read_text())["project"].get("dependencies", [])
-    problems = _header_problems(lock, pyproject_path, ())
-    problems += _pin_problems(lock_path, deps, lock.pins) + _hash_problems(lock)
-    if problems:
-        problems.append("regenerate with `make lock` (scripts/lock.py) and commit requirements/")
-    return problems
+    return _regenerate(_header_problems(lock, pyproject_path, ()) + _pin_problems(lock_path, deps, lock.pins)
+                       + _hash_problems(lock))
 
 
 def check_dev_lock(pyproject_path: Path, dev_lock_path: Path, base_lock_path: Path) -> list[str]:
@@ -146,15 +136,16 @@ def check_dev_lock(pyproject_path: Path, dev_lock_path: Path, base_lock_path: Pa
     if not dev_lock_path.is_file():
         return [f"{dev_lock_path}: missing; run `make lock`"]
     dev, base = parse_lock(dev_lock_path), parse_lock(base_lock_path)
-    problems = _header_problems(dev, pyproject_path, DEV_EXTRAS)
-    problems += _pin_problems(dev_lock_path, extra_requirements(pyproject_path), {**base.pins, **dev.pins})
-    problems += _hash_problems(dev)
-    for name in sorted(set(dev.pins) & set(base.pins)):
-        problems.append(f"{dev_lock_path}: {name}=={dev.pins[name]} repins {base_lock_path.name}'s "
-                        f"{name}=={base.pins[name]}")
-    if problems:
-        problems.append("regenerate with `make lock` (scripts/lock.py) and commit requirements/")
-    return problems
+    problems = (_header_problems(dev, pyproject_path, DEV_EXTRAS)
+                + _pin_problems(dev_lock_path, extra_requirements(pyproject_path), {**base.pins, **dev.pins})
+                + _hash_problems(dev))
+    problems += [f"{dev_lock_path}: {name}=={dev.pins[name]} repins {base_lock_path.name}'s {name}=={base.pins[name]}"
+                 for name in sorted(set(dev.pins) & set(base.pins))]
+    return _regenerate(problems)
+
+
+def _regenerate(problems: list[str]) -> list[str]:
+    return [*problems, "regenerate with `make lock` (scripts/lock.py) and commit requirements/"] if problems else []
 
 
 def _header_problems(lock: LockFile, pyproject_path: Path, extras: tuple[str, ...]) -> list[str]:
@@ -188,9 +179,9 @@ def _hash_problems(lock: LockFile) -> list[str]:
     return problems + [f"{lock.path}: {name} is pinned more than once" for name in lock.duplicates]
 
 
-def marker_env(python_full_version: str, extra: str = "") -> dict[str, str]:
+def marker_env(python_full_version: str) -> dict[str, str]:
     """The marker environment of the lock's platform on one CPython release."""
-    return {**LOCK_PLATFORM, "python_full_version": python_full_version, "extra": extra}
+    return {**LOCK_PLATFORM, "python_full_version": python_full_version, "extra": ""}
 
 
 def marker_holds(marker: str, python_full_version: str) -> bool:
