@@ -1,13 +1,7 @@
-"""Typed pipeline configuration: YAML -> pydantic models that fail at load.
-
-Every error names the key path (``training.lr: must be > 0, got -1``). The
-canonical JSON of a loaded config hashes to the config id.
-
-The defaults here hold for any task and dataset; what one pipeline is (its data, the model
-kind, the registered name) comes from its YAML in ``configs/``. Required: ``name`` and
-``dataset.path``; ``dataset.dvc_file`` defaults to ``<path>.dvc`` (what ``dvc add <path>``
-writes), ``registry.model_name`` to ``name`` and ``registry.experiment`` to ``trainflow-<name>``;
-the task requires what only it needs (e.g. ``dataset.expectations_file`` for a table).
+"""Typed pipeline configuration: YAML -> pydantic models that fail at load, every error naming the
+key path (``training.lr: must be > 0, got -1``). The canonical JSON of a loaded config hashes to
+the config id. The defaults hold for any task and dataset; what one pipeline is comes from its
+YAML in ``configs/`` (required: ``name`` and ``dataset.path``; the task requires what only it needs).
 """
 
 from __future__ import annotations
@@ -614,9 +608,8 @@ class PipelineConfig(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-# (section, key) added to the schema after configs were first hashed. Left out of the config id
-# while at their default. (The task API changed the dataset and gates sections, so every config
-# got a new id then; keys added since go here.)
+# (section, key) added to the schema after configs were first hashed: left out of the config id
+# while at their default.
 ID_LATER_KEYS = (
     ("dataset", "text"),
     ("model", "vocab_size"), ("model", "seq_len"), ("model", "d_model"), ("model", "n_layers"),
@@ -633,16 +626,14 @@ ID_LATER_KEYS = (
 )
 
 
-def _jsonable_default(value: Any) -> Any:
-    return value.model_dump(mode="json") if isinstance(value, BaseModel) else (
-        list(value) if isinstance(value, tuple) else value)
-
-
 def _later_default(*path: str) -> Any:
+    """The default of the key at ``path``, as a config dumped to JSON holds it."""
     cls = PipelineConfig
     for part in path[:-1]:
         cls = cls.model_fields[part].annotation
-    return _jsonable_default(cls.model_fields[path[-1]].get_default(call_default_factory=True))
+    value = cls.model_fields[path[-1]].get_default(call_default_factory=True)
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else (
+        list(value) if isinstance(value, tuple) else value)
 
 
 def config_id_of(dumped: dict) -> str:

@@ -62,23 +62,12 @@ class Manifest:
 
     def tags(self) -> dict[str, str]:
         """Flat string tags for an MLflow model version / run."""
-        return {
-            "git_sha": self.git_sha,
-            "git_dirty": str(self.git_dirty).lower(),
-            "config_name": self.config_name,
-            "config_sha256": self.config_sha256,
-            "data_dvc_path": self.data.dvc_path,
-            "data_md5": self.data.md5,
-            "data_rev": self.data.rev,
-            "image_ref": self.image.ref,
-            "image_digest": self.image.digest,
-            "packages_sha256": self.packages_sha256,
-            "seed": str(self.seed),
-            "world_size": str(self.world.size),
-            "nnodes": str(self.world.nnodes),
-            "nproc_per_node": str(self.world.nproc_per_node),
-            "backend": self.world.backend,
-        }
+        data, image, world = self.data, self.image, self.world
+        return {"git_sha": self.git_sha, "git_dirty": str(self.git_dirty).lower(), "config_name": self.config_name,
+                "config_sha256": self.config_sha256, "data_dvc_path": data.dvc_path, "data_md5": data.md5,
+                "data_rev": data.rev, "image_ref": image.ref, "image_digest": image.digest,
+                "packages_sha256": self.packages_sha256, "seed": str(self.seed), "world_size": str(world.size),
+                "nnodes": str(world.nnodes), "nproc_per_node": str(world.nproc_per_node), "backend": world.backend}
 
 
 def _git(root: Path, *args: str) -> str | None:
