@@ -653,14 +653,9 @@ def config_id_of(dumped: dict) -> str:
 
 
 _MESSAGES = {
-    "greater_than": "must be > {gt}",
-    "greater_than_equal": "must be >= {ge}",
-    "less_than": "must be < {lt}",
-    "less_than_equal": "must be <= {le}",
-    "extra_forbidden": "unknown key",
-    "missing": "required key is missing",
-    "literal_error": "must be one of {expected}",
-    "finite_number": "must be a finite number",
+    "greater_than": "must be > {gt}", "greater_than_equal": "must be >= {ge}", "less_than": "must be < {lt}",
+    "less_than_equal": "must be <= {le}", "extra_forbidden": "unknown key", "missing": "required key is missing",
+    "literal_error": "must be one of {expected}", "finite_number": "must be a finite number",
 }
 
 

@@ -108,9 +108,10 @@ def validate(suite, params: dict, splits: dict, report_dir: Path) -> dict:
     raises on bad data.
 
     The suite gives ``plan(params, splits)``: ``[{name, split, frame, checks: [(check name,
-    expectation)], result_format}]``; ``failure(check, entry, kwargs, result, records)``: a failed
-    result's entry (from :func:`derived_failure`) completed in place; ``message_column(entry)``;
-    ``CHECK_ORDER``, the report's order within a split; ``NOUN``, what a row is ("images").
+    expectation)], result_format}]``; ``failure(check, entry, kwargs, result, records)``: completes
+    a failed result's entry in place (``records``: the unexpected rows as dicts of the index
+    columns); ``message_column(entry)``; ``CHECK_ORDER``, the report's order within a split; and
+    ``NOUN``, what a row is ("images").
     """
     started = time.perf_counter()
     need_splits(suite.NAME, suite.SPLITS, splits)
@@ -128,27 +129,15 @@ def validate(suite, params: dict, splits: dict, report_dir: Path) -> dict:
                 continue
             config = evr.get("expectation_config") or {}
             check = checks.get((config.get("type"), (config.get("kwargs") or {}).get("column")), "other")
-            f, kwargs, result, records, evaluated = derived_failure(item.split, check, evr)
-            if evaluated and check == "row_count":
-                observed = result.get("observed_value")
-                f.update(column=None, examples=[observed], detail=f"{observed} {suite.NOUN}, expected "
-                         f"{fmt_bound(kwargs.get('min_value'))}..{fmt_bound(kwargs.get('max_value'))}")
-            elif evaluated:
-                suite.failure(check, f, kwargs, result, records)
-            f = jsonable(f)
-            f["message"] = f"{where(f['split'], suite.message_column(f))}: {f['detail']}"
-            failures.append(f)
+            failures.append(_derived_failure(suite, item.split, check, evr))
     order = (*suite.SPLITS, "cross")
     failures.sort(key=lambda f: (order.index(f["split"]), suite.CHECK_ORDER.index(f["check"])))
     return write_report(run, items, report_dir, failures=failures, rows={s: int(len(splits[s])) for s in suite.SPLITS},
                         skipped=[])
 
 
-def derived_failure(split: str, check: str, evr: dict) -> tuple[dict, dict, dict, list[dict], bool]:
-    """The start of a derived-frame suite's report entry (see ``validation.report``) for a failed
-    expectation result: ``(entry, kwargs, result, records, evaluated)``, ``records`` the unexpected
-    rows as dicts of the index columns; not ``evaluated``: GX could not evaluate it (a missing
-    column, a wrong type) and the entry's detail says why."""
+def _derived_failure(suite, split: str, check: str, evr: dict) -> dict:
+    """A derived-frame suite's report entry (see ``validation.report``) for a failed result."""
     config = evr.get("expectation_config") or {}
     kwargs = config.get("kwargs") or {}
     result = evr.get("result") or {}
@@ -158,10 +147,17 @@ def derived_failure(split: str, check: str, evr: dict) -> tuple[dict, dict, dict
            "detail": "failed"}
     info = evr.get("exception_info") or {}
     errors = [v.get("exception_message") for v in info.values() if isinstance(v, dict) and v.get("raised_exception")]
-    if info.get("raised_exception") or errors:
+    if info.get("raised_exception") or errors:  # GX could not evaluate it (a missing column, a wrong type)
         out.update(unexpected_count=None, detail=f"could not be evaluated: {info.get('exception_message') or errors[0]}")
-        return out, kwargs, result, [], False
-    return out, kwargs, result, [r for r in index_records(result) if isinstance(r, dict)], True
+    elif check == "row_count":
+        observed = result.get("observed_value")
+        out.update(column=None, examples=[observed], detail=f"{observed} {suite.NOUN}, expected "
+                   f"{fmt_bound(kwargs.get('min_value'))}..{fmt_bound(kwargs.get('max_value'))}")
+    else:
+        suite.failure(check, out, kwargs, result, [r for r in index_records(result) if isinstance(r, dict)])
+    out = jsonable(out)
+    out["message"] = f"{where(split, suite.message_column(out))}: {out['detail']}"
+    return out
 
 
 def leak_failure(out: dict, records: list[dict], key: str, splits: tuple[str, str], fields: tuple[str, ...],
