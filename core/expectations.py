@@ -123,10 +123,8 @@ def load_expectations(path: str | Path) -> TableExpectations:
         raise ConfigError(f"cannot read expectations file {path}: {exc.strerror or exc}; "
                           "`trainflow init` writes one") from None
     try:
-        raw = load_yaml(text)
+        return TableExpectations.model_validate(load_yaml(text))
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    try:
-        return TableExpectations.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(f"{path}: {_format_errors(err, TableExpectations)}") from None

@@ -10,7 +10,8 @@ from typing import Any
 
 def sha256_json(obj: Any) -> str:
     """sha256 of canonical JSON (sorted keys, no whitespace): the same data always hashes the same."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()).hexdigest()
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:

@@ -148,7 +148,8 @@ def _derived_failure(suite, split: str, check: str, evr: dict) -> dict:
     info = evr.get("exception_info") or {}
     errors = [v.get("exception_message") for v in info.values() if isinstance(v, dict) and v.get("raised_exception")]
     if info.get("raised_exception") or errors:  # GX could not evaluate it (a missing column, a wrong type)
-        out.update(unexpected_count=None, detail=f"could not be evaluated: {info.get('exception_message') or errors[0]}")
+        error = info.get("exception_message") or errors[0]
+        out.update(unexpected_count=None, detail=f"could not be evaluated: {error}")
     elif check == "row_count":
         observed = result.get("observed_value")
         out.update(column=None, examples=[observed], detail=f"{observed} {suite.NOUN}, expected "
@@ -237,9 +238,9 @@ class Run:
         return [(item, evr) for item in items for evr in self.raw[item.name].get("results", [])]
 
 
-def start_run(started: float | None = None) -> Run:
-    """An ephemeral GX context with the pandas data source items are validated in (progress bars off)."""
-    started = time.perf_counter() if started is None else started
+def start_run(started: float) -> Run:
+    """An ephemeral GX context with the pandas data source items are validated in (progress bars off);
+    ``started``: the ``time.perf_counter()`` the report's duration counts from."""
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
@@ -336,10 +337,8 @@ class ItemBatches:
         """Store the merged result into ``run.raw``. ``whole``: ``{expectation index: frame}`` for
         the expectations that need the whole table (a row count), each validated by GX on its own
         frame (one with the table's N rows and no columns costs no memory) instead of per batch."""
-        from great_expectations.data_context.types.resource_identifiers import (
-            ExpectationSuiteIdentifier,
-            ValidationResultIdentifier,
-        )
+        from great_expectations.data_context.types.resource_identifiers import (ExpectationSuiteIdentifier,
+                                                                                 ValidationResultIdentifier)
 
         run, item, merged = self.run, self.item, self.merged
         try:
@@ -407,7 +406,7 @@ def _merge_suite_results(acc, part, result_format: dict, keep: int, group_by: st
         for key in ("element_count", "missing_count", "unexpected_count"):
             if key in ra or key in rb:
                 ra[key] = (ra.get(key) or 0) + (rb.get(key) or 0)
-        grouped = group_by is not None and BY_GROUP in rb
+        grouped = BY_GROUP in rb  # only a grouped merge's batches count groups
         for key in ("partial_unexpected_list", "partial_unexpected_index_list", "unexpected_list",
                     "unexpected_index_list"):
             if key not in rb:

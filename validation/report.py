@@ -111,9 +111,7 @@ def index_records(result: dict) -> list:
     raw = result.get("unexpected_index_list")
     raw = list((raw if raw is not None else result.get("partial_unexpected_index_list")) or [])
     if len(raw) == 1 and isinstance(raw[0], dict) and all(isinstance(v, list) for v in raw[0].values()):
-        cols = raw[0]
-        n = min((len(v) for v in cols.values()), default=0)
-        return [{k: v[i] for k, v in cols.items()} for i in range(n)]
+        return [dict(zip(raw[0], values)) for values in zip(*raw[0].values())]
     return raw
 
 
@@ -122,10 +120,8 @@ def _plural(n: int | None, word: str, plural: str | None = None) -> str:
 
 
 def _rows_text(rows: list, count: int | None) -> str:
-    if not rows:
-        return ""
     more = _more(rows, count or 0)
-    return f" (row{'s' if len(rows) > 1 or more else ''} {_fmt_values(rows)}{more})"
+    return f" (row{'s' if len(rows) > 1 or more else ''} {_fmt_values(rows)}{more})" if rows else ""
 
 
 def _shown(values: list, counts: list | None = None) -> str:

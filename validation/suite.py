@@ -692,9 +692,10 @@ def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
             run_item(run, by_name[f"{s}_balance"])
         # Table-level checks on the split's columns with no rows, the row count on N rows and no
         # columns (a RangeIndex: no memory).
-        batched[s]["split"].finish({
-            i: pd.DataFrame(index=pd.RangeIndex(rows[s])) if isinstance(e, gxe.ExpectTableRowCountToBeBetween)
-            else source.empties[s] for i, e in enumerate(by_name[s].expectations) if e.expectation_type in _TABLE_LEVEL})
+        batched[s]["split"].finish({i: pd.DataFrame(index=pd.RangeIndex(rows[s]))
+                                    if isinstance(e, gxe.ExpectTableRowCountToBeBetween) else source.empties[s]
+                                    for i, e in enumerate(by_name[s].expectations)
+                                    if e.expectation_type in _TABLE_LEVEL})
         if "cells" in batched[s]:
             batched[s]["cells"].finish()
     if cross_columns:
