@@ -318,11 +318,8 @@ MODEL_PARALLEL = ("tp", "pp", "hybrid")
 
 
 def check_parallel(strategy: str, parallel: ParallelConfig, world_size: int) -> None:
-    """Raise ValueError naming the keys when ``training.parallel`` does not fit ``strategy`` and the world.
-
-    tp: tensor parallel over all ranks (tp == world, pp 1); pp: pipeline stages over all ranks
-    (pp == world, tp 1); hybrid: dp x tp, a 2-D mesh (pp 1, tp > 1, dp = world / tp > 1).
-    """
+    """ValueError naming the keys when ``training.parallel`` does not fit ``strategy`` and the world
+    (tp: tp == world, pp 1; pp: pp == world, tp 1; hybrid: a dp x tp mesh, pp 1, tp > 1, dp > 1)."""
     if strategy not in MODEL_PARALLEL:
         return
     tp, pp = parallel.tp, parallel.pp

@@ -110,12 +110,8 @@ def parse_lock(path: Path) -> LockFile:
 
 
 def check_lock(pyproject_path: Path, lock_path: Path) -> list[str]:
-    """Every way ``lock_path`` disagrees with ``pyproject_path``; empty when in sync.
-
-    Checked: the header's input hash equals the current one, each top-level
-    dependency is pinned to a version inside its specifier, every pin carries at
-    least one sha256 hash, and no package is pinned twice.
-    """
+    """Every way ``lock_path`` disagrees with ``pyproject_path`` (header hash, each dependency pinned
+    inside its range, every pin hashed, none pinned twice); empty when in sync."""
     lock_path, pyproject_path = Path(lock_path), Path(pyproject_path)
     if not lock_path.is_file():
         return [f"{lock_path}: missing; run `make lock`"]
@@ -126,12 +122,9 @@ def check_lock(pyproject_path: Path, lock_path: Path) -> list[str]:
 
 
 def check_dev_lock(pyproject_path: Path, dev_lock_path: Path, base_lock_path: Path) -> list[str]:
-    """Every way the dev lock disagrees with ``pyproject_path``'s dev extras; empty when in sync.
-
-    The dev lock only adds to ``base_lock_path``: each extra's requirement is pinned inside its
-    range in one of the two, every added pin is hashed, and none repins a package of the base
-    (installing both with ``--no-deps`` must not fight over a version).
-    """
+    """Every way the dev lock disagrees with ``pyproject_path``'s dev extras; empty when in sync. It
+    only adds to ``base_lock_path``: none of its pins may repin a package of the base (installed
+    together with ``--no-deps``, they must not fight over a version)."""
     dev_lock_path, pyproject_path = Path(dev_lock_path), Path(pyproject_path)
     if not dev_lock_path.is_file():
         return [f"{dev_lock_path}: missing; run `make lock`"]
@@ -204,10 +197,9 @@ def installed_metadata() -> dict[str, tuple[str, str | None, list[str]]]:
 
 def closure_problems(locks: list[LockFile], pythons: tuple[str, ...],
                      metadata: dict[str, tuple[str, str | None, list[str]]]) -> tuple[list[str], int]:
-    """Whether ``locks`` (installed together) hold on each CPython release in ``pythons``: every
-    pinned package a release takes accepts it (Requires-Python) and finds each of its requirements
-    (markers evaluated for that release) pinned inside its range. Read from ``metadata`` (see
-    :func:`installed_metadata`); a pin whose installed version differs is not checked.
+    """Whether ``locks`` (installed together) hold on each CPython release in ``pythons``: every pin a
+    release takes accepts it (Requires-Python) and finds each of its requirements pinned inside its
+    range, read from ``metadata`` (a pin whose installed version differs is not checked).
     Returns (problems, how many pins were checked, summed over the releases)."""
     from packaging.requirements import Requirement
     from packaging.specifiers import SpecifierSet
