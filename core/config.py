@@ -1,23 +1,17 @@
-"""Typed pipeline configuration: YAML -> pydantic models that fail at load.
-
-Every error names the key path (``training.lr: must be > 0, got -1``). The
-canonical JSON of a loaded config hashes to the config id.
-
-The defaults here hold for any task and dataset; what one pipeline is (its data, the model
-kind, the registered name) comes from its YAML in ``configs/``. Required: ``name`` and
-``dataset.path``; ``dataset.dvc_file`` defaults to ``<path>.dvc`` (what ``dvc add <path>``
-writes), ``registry.model_name`` to ``name`` and ``registry.experiment`` to ``trainflow-<name>``;
-the task requires what only it needs (e.g. ``dataset.expectations_file`` for a table).
+"""Typed pipeline configuration: YAML -> pydantic models that fail at load, every error naming the
+key path (``training.lr: must be > 0, got -1``). The canonical JSON of a loaded config hashes to
+the config id. The defaults hold for any task and dataset; what one pipeline is comes from its
+YAML in ``configs/`` (required: ``name`` and ``dataset.path``; the task requires what only it needs).
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from core.errors import ConfigError
 from core.hashing import sha256_json
@@ -40,6 +34,9 @@ def check_slug(value: str) -> str:
     return value
 
 
+Slug = Annotated[str, AfterValidator(check_slug)]
+
+
 class TextExpectations(_Strict):
     """Data-quality bounds of a text corpus (``dataset.kind: text``)."""
 
@@ -50,13 +47,18 @@ class TextExpectations(_Strict):
 
     @model_validator(mode="after")
     def _ordered(self) -> "TextExpectations":
-        for name in ("doc_bytes", "train_docs", "eval_docs"):
-            lo, hi = getattr(self, name)
-            if lo < 0:
-                raise ValueError(f"{name}: lower bound must be >= 0, got {lo}")
-            if lo > hi:
-                raise ValueError(f"{name}: lower bound {lo} is above upper bound {hi}")
-        return self
+        return _check_ranges(self, ("doc_bytes", "train_docs", "eval_docs"))
+
+
+def _check_ranges(model: BaseModel, names: tuple[str, ...]) -> Any:
+    """``model``, unless one of its ``(lower, upper)`` fields ``names`` is negative or reversed."""
+    for name in names:
+        lo, hi = getattr(model, name)
+        if lo < 0:
+            raise ValueError(f"{name}: lower bound must be >= 0, got {lo}")
+        if lo > hi:
+            raise ValueError(f"{name}: lower bound {lo} is above upper bound {hi}")
+    return model
 
 
 class TextConfig(_Strict):
@@ -95,12 +97,7 @@ class ImageExpectations(_Strict):
 
     @model_validator(mode="after")
     def _ordered(self) -> "ImageExpectations":
-        for name in ("width", "height", "train_images", "test_images", "class_share", "file_bytes"):
-            lo, hi = getattr(self, name)
-            if lo < 0:
-                raise ValueError(f"{name}: lower bound must be >= 0, got {lo}")
-            if lo > hi:
-                raise ValueError(f"{name}: lower bound {lo} is above upper bound {hi}")
+        _check_ranges(self, ("width", "height", "train_images", "test_images", "class_share", "file_bytes"))
         if self.class_share[1] > 1:
             raise ValueError(f"class_share: upper bound must be <= 1, got {self.class_share[1]}")
         if not self.modes:
@@ -321,11 +318,8 @@ MODEL_PARALLEL = ("tp", "pp", "hybrid")
 
 
 def check_parallel(strategy: str, parallel: ParallelConfig, world_size: int) -> None:
-    """Raise ValueError naming the keys when ``training.parallel`` does not fit ``strategy`` and the world.
-
-    tp: tensor parallel over all ranks (tp == world, pp 1); pp: pipeline stages over all ranks
-    (pp == world, tp 1); hybrid: dp x tp, a 2-D mesh (pp 1, tp > 1, dp = world / tp > 1).
-    """
+    """ValueError naming the keys when ``training.parallel`` does not fit ``strategy`` and the world
+    (tp: tp == world, pp 1; pp: pp == world, tp 1; hybrid: a dp x tp mesh, pp 1, tp > 1, dp > 1)."""
     if strategy not in MODEL_PARALLEL:
         return
     tp, pp = parallel.tp, parallel.pp
@@ -522,14 +516,9 @@ class RegistryConfig(_Strict):
     ``experiment`` is ``trainflow-<name>`` (``PipelineConfig``)."""
 
     # A slug: it names the registered model, its promotion lock file and (with `name`) folders.
-    model_name: str = Field(min_length=1)
+    model_name: Slug = Field(min_length=1)
     experiment: str = Field(min_length=1)
     promotion: Literal["auto", "manual"] = "auto"
-
-    @field_validator("model_name")
-    @classmethod
-    def _slug(cls, v: str) -> str:
-        return check_slug(v)
 
 
 class RetrainConfig(_Strict):
@@ -579,7 +568,7 @@ LAYOUT_KEYS = frozenset({
 
 class PipelineConfig(_Strict):
     # A slug: it names this pipeline's training folders under TRAINFLOW_HOME (training/slots.py).
-    name: str = Field(min_length=1)
+    name: Slug = Field(min_length=1)
     # The kind of problem: a built-in task (classification, regression, lm) or one a package
     # registers under the ``trainflow.tasks`` entry-point group. The task checks the rest.
     task: str = Field("classification", pattern=r"^[a-z][a-z0-9_\-]*$")
@@ -591,11 +580,6 @@ class PipelineConfig(_Strict):
     registry: RegistryConfig = Field(default_factory=lambda data: _default_registry(data.get("name")))
     retrain: RetrainConfig = RetrainConfig()
 
-    @field_validator("name")
-    @classmethod
-    def _slug(cls, v: str) -> str:
-        return check_slug(v)
-
     @model_validator(mode="before")
     @classmethod
     def _registry_names_of_name(cls, data: Any) -> Any:
@@ -605,22 +589,14 @@ class PipelineConfig(_Strict):
         return data  # no section (the field's default), a RegistryConfig, or a wrong type pydantic names
 
     def config_id(self) -> str:
-        """sha256 of the canonical JSON: equal configs hash equal, whatever the YAML looked like.
-
-        Keys added after configs were first hashed (``ID_LATER_KEYS``) are left out while they
-        hold their default, so a config that does not use them keeps the id it always had; the
-        ``retrain`` section (when to train, not what) is always left out. See ``config_id_of``.
-        """
+        """sha256 of the canonical JSON (``config_id_of``): equal configs hash equal, whatever the
+        YAML looked like."""
         return config_id_of(self.model_dump(mode="json"))
 
     def resume_id(self) -> str:
-        """The config id without the keys that say how a run is laid out and operated
-        (``LAYOUT_KEYS``): what a checkpoint must match to be resumed without --force-resume.
-
-        A checkpoint resumes on another world size or strategy (the batch policy keeps the global
-        batch, ``training.batches.choose_plan``), so those keys may change between attempts; what
-        is learned (model, data, optimizer, LR, epochs, the configured batch) may not.
-        """
+        """The config id without ``LAYOUT_KEYS``: what a checkpoint must match to be resumed without
+        --force-resume (a checkpoint resumes on another world size or strategy; what is learned may
+        not change)."""
         dumped = self.model_dump(mode="json")
         training = {k: v for k, v in dumped["training"].items() if k not in LAYOUT_KEYS}
         return config_id_of({**dumped, "training": training})
@@ -629,9 +605,8 @@ class PipelineConfig(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-# (section, key) added to the schema after configs were first hashed. Left out of the config id
-# while at their default. (The task API changed the dataset and gates sections, so every config
-# got a new id then; keys added since go here.)
+# (section, key) added to the schema after configs were first hashed: left out of the config id
+# while at their default.
 ID_LATER_KEYS = (
     ("dataset", "text"),
     ("model", "vocab_size"), ("model", "seq_len"), ("model", "d_model"), ("model", "n_layers"),
@@ -648,20 +623,20 @@ ID_LATER_KEYS = (
 )
 
 
-def _jsonable_default(value: Any) -> Any:
+def _later_default(*path: str) -> Any:
+    """The default of the key at ``path``, as a config dumped to JSON holds it."""
+    cls = PipelineConfig
+    for part in path[:-1]:
+        cls = cls.model_fields[part].annotation
+    value = cls.model_fields[path[-1]].get_default(call_default_factory=True)
     return value.model_dump(mode="json") if isinstance(value, BaseModel) else (
         list(value) if isinstance(value, tuple) else value)
 
 
-def _later_default(*path: str) -> Any:
-    cls = PipelineConfig
-    for part in path[:-1]:
-        cls = cls.model_fields[part].annotation
-    return _jsonable_default(cls.model_fields[path[-1]].get_default(call_default_factory=True))
-
-
 def config_id_of(dumped: dict) -> str:
-    """The config id of a config dumped to JSON (e.g. a run's ``config.json``), of any age."""
+    """The config id of a config dumped to JSON (e.g. a run's ``config.json``), of any age: keys
+    added later (``ID_LATER_KEYS``) are left out while they hold their default, so a config that does
+    not use them keeps the id it always had; ``NOT_IN_CONFIG_ID`` sections are always left out."""
     import copy
 
     data = {k: copy.deepcopy(v) for k, v in dumped.items() if k not in NOT_IN_CONFIG_ID}
@@ -675,14 +650,9 @@ def config_id_of(dumped: dict) -> str:
 
 
 _MESSAGES = {
-    "greater_than": "must be > {gt}",
-    "greater_than_equal": "must be >= {ge}",
-    "less_than": "must be < {lt}",
-    "less_than_equal": "must be <= {le}",
-    "extra_forbidden": "unknown key",
-    "missing": "required key is missing",
-    "literal_error": "must be one of {expected}",
-    "finite_number": "must be a finite number",
+    "greater_than": "must be > {gt}", "greater_than_equal": "must be >= {ge}", "less_than": "must be < {lt}",
+    "less_than_equal": "must be <= {le}", "extra_forbidden": "unknown key", "missing": "required key is missing",
+    "literal_error": "must be one of {expected}", "finite_number": "must be a finite number",
 }
 
 

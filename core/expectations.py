@@ -24,8 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from core.errors import ConfigError
 
-COLUMN_TYPES = ("integer", "float", "string", "boolean")
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -96,14 +94,11 @@ class TableExpectations(_Strict):
     def to_yaml(self, header: str = "") -> str:
         import yaml
 
-        def tidy(v):  # 16.0 -> 16: the reviewer reads the bound as written
-            return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**53 else v
-
         data = self.model_dump(mode="json", exclude_none=True)
         for col in data["columns"]:
-            for key in ("min", "max"):
-                if key in col:
-                    col[key] = tidy(col[key])
+            for key in set(col) & {"min", "max"}:  # 16.0 -> 16: the reviewer reads the bound as written
+                v = col[key]
+                col[key] = int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**53 else v
         rows = data.pop("rows", {})
         share = data.pop("class_share", None)
         # One flow-style line per column and range: a reviewer reads a table, not a tree.
@@ -128,10 +123,8 @@ def load_expectations(path: str | Path) -> TableExpectations:
         raise ConfigError(f"cannot read expectations file {path}: {exc.strerror or exc}; "
                           "`trainflow init` writes one") from None
     try:
-        raw = load_yaml(text)
+        return TableExpectations.model_validate(load_yaml(text))
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    try:
-        return TableExpectations.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(f"{path}: {_format_errors(err, TableExpectations)}") from None

@@ -8,13 +8,10 @@ from pathlib import Path
 from typing import Any
 
 
-def canonical_json(obj: Any) -> str:
-    """JSON with sorted keys and no whitespace: the same data always gives the same text."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
 def sha256_json(obj: Any) -> str:
-    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()
+    """sha256 of canonical JSON (sorted keys, no whitespace): the same data always hashes the same."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -27,14 +24,8 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
 
 def dvc_dir_md5(folder: Path) -> str:
     """DVC 3's hash of a tracked directory (the ``md5`` in its .dvc file), computed without DVC."""
-    entries = sorted(
-        (
-            {"md5": hashlib.md5(p.read_bytes()).hexdigest(), "relpath": p.relative_to(folder).as_posix()}
-            for p in Path(folder).rglob("*")
-            if p.is_file()
-        ),
-        key=lambda e: e["relpath"],
-    )
+    entries = sorted(({"md5": hashlib.md5(p.read_bytes()).hexdigest(), "relpath": p.relative_to(folder).as_posix()}
+                      for p in Path(folder).rglob("*") if p.is_file()), key=lambda e: e["relpath"])
     return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"
 
 

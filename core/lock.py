@@ -1,23 +1,16 @@
 """The hash-pinned lock files and whether they still match ``pyproject.toml``.
 
-``requirements/lock.txt`` (CUDA torch from PyPI, what the GPU image installs) and
-``requirements/lock-cpu.txt`` (torch's CPU build) are written by ``make lock``
-(``scripts/lock.py``) in pip-compile's format: ``name==version`` followed by
-``--hash=sha256:...`` lines, installable with ``pip install --require-hashes``.
-Each starts with a header naming the sha256 of the dependency lists it was
-resolved from; :func:`check_lock` compares that with the current
-``pyproject.toml`` and also checks every top-level requirement is pinned inside
-its range, so an edit to the dependencies without ``make lock`` is caught.
+``requirements/lock.txt`` (CUDA torch) and ``requirements/lock-cpu.txt`` (torch's CPU build) are
+written by ``make lock`` (``scripts/lock.py``) in pip-compile's format (``name==version`` then
+``--hash=sha256:...`` lines). Each header names the sha256 of the dependency lists it was resolved
+from: :func:`check_lock` compares it with the current ``pyproject.toml`` and checks every top-level
+requirement is pinned inside its range. ``requirements/lock-dev.txt`` adds the ``dev`` and ``team``
+extras on top of either (:func:`check_dev_lock`).
 
-``requirements/lock-dev.txt`` holds what the ``dev`` and ``team`` extras add on top of
-either of those (test tools, MLflow's auth app), resolved against their pins, with
-hashes too; :func:`check_dev_lock` checks it the same way.
-
-A lock is resolved on one interpreter, but it claims every CPython 3.11 patch release
-(:data:`PYTHONS`): a package that only some releases need (redis needs ``async-timeout`` below
-3.11.3, e.g. Debian bookworm's 3.11.2) is pinned with its marker
-(``async-timeout==5.0.1 ; python_full_version < "3.11.3"``). :func:`closure_problems` checks,
-from the installed packages' metadata, that each claimed release finds every requirement pinned.
+A lock claims every CPython 3.11 patch release (:data:`PYTHONS`): a package only some releases need
+(redis needs ``async-timeout`` below 3.11.3, Debian bookworm's is 3.11.2) is pinned with its marker;
+:func:`closure_problems` checks, from the installed packages' metadata, that each release finds
+every requirement pinned.
 """
 
 from __future__ import annotations
@@ -117,44 +110,35 @@ def parse_lock(path: Path) -> LockFile:
 
 
 def check_lock(pyproject_path: Path, lock_path: Path) -> list[str]:
-    """Every way ``lock_path`` disagrees with ``pyproject_path``; empty when in sync.
-
-    Checked: the header's input hash equals the current one, each top-level
-    dependency is pinned to a version inside its specifier, every pin carries at
-    least one sha256 hash, and no package is pinned twice.
-    """
+    """Every way ``lock_path`` disagrees with ``pyproject_path`` (header hash, each dependency pinned
+    inside its range, every pin hashed, none pinned twice); empty when in sync."""
     lock_path, pyproject_path = Path(lock_path), Path(pyproject_path)
     if not lock_path.is_file():
         return [f"{lock_path}: missing; run `make lock`"]
     lock = parse_lock(lock_path)
     deps = tomllib.loads(pyproject_path.read_text())["project"].get("dependencies", [])
-    problems = _header_problems(lock, pyproject_path, ())
-    problems += _pin_problems(lock_path, deps, lock.pins) + _hash_problems(lock)
-    if problems:
-        problems.append("regenerate with `make lock` (scripts/lock.py) and commit requirements/")
-    return problems
+    return _regenerate(_header_problems(lock, pyproject_path, ()) + _pin_problems(lock_path, deps, lock.pins)
+                       + _hash_problems(lock))
 
 
 def check_dev_lock(pyproject_path: Path, dev_lock_path: Path, base_lock_path: Path) -> list[str]:
-    """Every way the dev lock disagrees with ``pyproject_path``'s dev extras; empty when in sync.
-
-    The dev lock only adds to ``base_lock_path``: each extra's requirement is pinned inside its
-    range in one of the two, every added pin is hashed, and none repins a package of the base
-    (installing both with ``--no-deps`` must not fight over a version).
-    """
+    """Every way the dev lock disagrees with ``pyproject_path``'s dev extras; empty when in sync. It
+    only adds to ``base_lock_path``: none of its pins may repin a package of the base (installed
+    together with ``--no-deps``, they must not fight over a version)."""
     dev_lock_path, pyproject_path = Path(dev_lock_path), Path(pyproject_path)
     if not dev_lock_path.is_file():
         return [f"{dev_lock_path}: missing; run `make lock`"]
     dev, base = parse_lock(dev_lock_path), parse_lock(base_lock_path)
-    problems = _header_problems(dev, pyproject_path, DEV_EXTRAS)
-    problems += _pin_problems(dev_lock_path, extra_requirements(pyproject_path), {**base.pins, **dev.pins})
-    problems += _hash_problems(dev)
-    for name in sorted(set(dev.pins) & set(base.pins)):
-        problems.append(f"{dev_lock_path}: {name}=={dev.pins[name]} repins {base_lock_path.name}'s "
-                        f"{name}=={base.pins[name]}")
-    if problems:
-        problems.append("regenerate with `make lock` (scripts/lock.py) and commit requirements/")
-    return problems
+    problems = (_header_problems(dev, pyproject_path, DEV_EXTRAS)
+                + _pin_problems(dev_lock_path, extra_requirements(pyproject_path), {**base.pins, **dev.pins})
+                + _hash_problems(dev))
+    problems += [f"{dev_lock_path}: {name}=={dev.pins[name]} repins {base_lock_path.name}'s {name}=={base.pins[name]}"
+                 for name in sorted(set(dev.pins) & set(base.pins))]
+    return _regenerate(problems)
+
+
+def _regenerate(problems: list[str]) -> list[str]:
+    return [*problems, "regenerate with `make lock` (scripts/lock.py) and commit requirements/"] if problems else []
 
 
 def _header_problems(lock: LockFile, pyproject_path: Path, extras: tuple[str, ...]) -> list[str]:
@@ -188,9 +172,9 @@ def _hash_problems(lock: LockFile) -> list[str]:
     return problems + [f"{lock.path}: {name} is pinned more than once" for name in lock.duplicates]
 
 
-def marker_env(python_full_version: str, extra: str = "") -> dict[str, str]:
+def marker_env(python_full_version: str) -> dict[str, str]:
     """The marker environment of the lock's platform on one CPython release."""
-    return {**LOCK_PLATFORM, "python_full_version": python_full_version, "extra": extra}
+    return {**LOCK_PLATFORM, "python_full_version": python_full_version, "extra": ""}
 
 
 def marker_holds(marker: str, python_full_version: str) -> bool:
@@ -213,10 +197,9 @@ def installed_metadata() -> dict[str, tuple[str, str | None, list[str]]]:
 
 def closure_problems(locks: list[LockFile], pythons: tuple[str, ...],
                      metadata: dict[str, tuple[str, str | None, list[str]]]) -> tuple[list[str], int]:
-    """Whether ``locks`` (installed together) hold on each CPython release in ``pythons``: every
-    pinned package a release takes accepts it (Requires-Python) and finds each of its requirements
-    (markers evaluated for that release) pinned inside its range. Read from ``metadata`` (see
-    :func:`installed_metadata`); a pin whose installed version differs is not checked.
+    """Whether ``locks`` (installed together) hold on each CPython release in ``pythons``: every pin a
+    release takes accepts it (Requires-Python) and finds each of its requirements pinned inside its
+    range, read from ``metadata`` (a pin whose installed version differs is not checked).
     Returns (problems, how many pins were checked, summed over the releases)."""
     from packaging.requirements import Requirement
     from packaging.specifiers import SpecifierSet

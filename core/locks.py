@@ -1,11 +1,9 @@
 """Advisory file locks (``flock``) between pipeline runs on one host or one shared filesystem.
 
-A lock lives as long as its open file: a run that dies (SIGKILL, OOM, preemption) releases
-it with the process, so no stale lock is ever left to clean up. Two threads of one process
-that each open the lock file exclude each other too (``flock`` locks belong to the open file
-description). A child process given the descriptor (``pass_fds``) shares the lock: it is held
-until the last of them closes it. POSIX only; NFS honours ``flock`` only on Linux >= 2.6.12
-with lock support.
+A lock lives as long as its open file description: a run that dies releases it, so no stale lock
+is left; two threads that each open the file exclude each other; a child given the descriptor
+(``pass_fds``) shares the lock until the last holder closes it. POSIX only; NFS honours ``flock``
+only on Linux >= 2.6.12 with lock support.
 """
 
 from __future__ import annotations
@@ -23,11 +21,8 @@ class LockTimeoutError(TimeoutError):
 
 
 def try_lock(path: Path) -> int | None:
-    """Take the exclusive lock on ``path`` (created if missing) without waiting.
-
-    Returns the open file descriptor that holds it (``release`` it), or None when another
-    holder has it.
-    """
+    """Take the exclusive lock on ``path`` (created if missing) without waiting: the descriptor that
+    holds it (``release`` it), or None when another holder has it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -45,20 +40,16 @@ def try_lock(path: Path) -> int | None:
 
 
 def release(fd: int | None) -> None:
-    """Close this holder's descriptor; the lock is free once no process shares it any more.
-
-    Not ``LOCK_UN``: that would also unlock it for a child that inherited it (a training job).
-    """
+    """Close this holder's descriptor; the lock is free once no process shares it any more (not
+    ``LOCK_UN``: that would also unlock it for a child that inherited it, a training job)."""
     if fd is not None:
         os.close(fd)
 
 
 @contextmanager
 def exclusive(path: Path, timeout_s: float = 300.0, poll_s: float = 0.05) -> Iterator[None]:
-    """Hold the exclusive lock on ``path`` for the ``with`` block, waiting up to ``timeout_s``.
-
-    Raises LockTimeoutError naming the file when it stays taken.
-    """
+    """Hold the exclusive lock on ``path`` for the ``with`` block, waiting up to ``timeout_s``;
+    LockTimeoutError naming the file when it stays taken."""
     deadline = time.monotonic() + timeout_s
     while (fd := try_lock(path)) is None:
         if time.monotonic() > deadline:

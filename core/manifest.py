@@ -62,48 +62,32 @@ class Manifest:
 
     def tags(self) -> dict[str, str]:
         """Flat string tags for an MLflow model version / run."""
-        return {
-            "git_sha": self.git_sha,
-            "git_dirty": str(self.git_dirty).lower(),
-            "config_name": self.config_name,
-            "config_sha256": self.config_sha256,
-            "data_dvc_path": self.data.dvc_path,
-            "data_md5": self.data.md5,
-            "data_rev": self.data.rev,
-            "image_ref": self.image.ref,
-            "image_digest": self.image.digest,
-            "packages_sha256": self.packages_sha256,
-            "seed": str(self.seed),
-            "world_size": str(self.world.size),
-            "nnodes": str(self.world.nnodes),
-            "nproc_per_node": str(self.world.nproc_per_node),
-            "backend": self.world.backend,
-        }
+        data, image, world = self.data, self.image, self.world
+        return {"git_sha": self.git_sha, "git_dirty": str(self.git_dirty).lower(), "config_name": self.config_name,
+                "config_sha256": self.config_sha256, "data_dvc_path": data.dvc_path, "data_md5": data.md5,
+                "data_rev": data.rev, "image_ref": image.ref, "image_digest": image.digest,
+                "packages_sha256": self.packages_sha256, "seed": str(self.seed), "world_size": str(world.size),
+                "nnodes": str(world.nnodes), "nproc_per_node": str(world.nproc_per_node), "backend": world.backend}
 
 
 def _git(root: Path, *args: str) -> str | None:
     try:
-        out = subprocess.run(
-            ["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=True
-        )
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip()
 
 
 def git_state(root: Path) -> tuple[str, bool]:
     """(HEAD sha or "unknown", dirty flag). Untracked files do not count as dirty."""
-    sha = _git(root, "rev-parse", "HEAD") or "unknown"
-    status = _git(root, "status", "--porcelain", "--untracked-files=no")
-    return sha, bool(status)
+    return _git(root, "rev-parse", "HEAD") or "unknown", bool(_git(root, "status", "--porcelain",
+                                                                     "--untracked-files=no"))
 
 
 def read_dvc_file(root: Path, dvc_file: str) -> DataRef:
     """The data version from a ``.dvc`` file: its first output's md5 and the git rev that last changed it."""
-    path = root / dvc_file
     try:
-        meta = yaml.safe_load(path.read_text())
-        out = meta["outs"][0]
+        out = yaml.safe_load((root / dvc_file).read_text())["outs"][0]
         md5 = out["md5"]
     except OSError:
         raise DataUnavailableError(f"{dvc_file}: not found under {root}") from None
@@ -120,10 +104,9 @@ _PACKAGES_MEMO: dict[str, str] = {}
 def packages_hash(cache_dir: Path | None = None) -> str:
     """sha256 over the sorted ``name==version`` of every installed distribution.
 
-    Reading ~500 distributions' metadata costs ~0.8 s. The hash is kept, keyed on the import
-    path's folders and their modification times (installing, upgrading or removing a
-    distribution adds or removes a ``*.dist-info`` entry in one of them, which changes that
-    folder's mtime and so the key): in this process, and with ``cache_dir`` in a file there.
+    Kept (reading every distribution's metadata is slow), keyed on the import path's folders and
+    their modification times (an install or removal adds or removes a ``*.dist-info`` entry, which
+    changes its folder's mtime): in this process, and with ``cache_dir`` in a file there.
     """
     import json
     import sys
@@ -148,10 +131,7 @@ def packages_hash(cache_dir: Path | None = None) -> str:
     if digest is None:
         from importlib.metadata import distributions
 
-        pins = sorted(
-            {f"{(d.metadata['Name'] or '').lower()}=={d.version}" for d in distributions()}
-        )
-        digest = sha256_json(pins)
+        digest = sha256_json(sorted({f"{(d.metadata['Name'] or '').lower()}=={d.version}" for d in distributions()}))
     _PACKAGES_MEMO[key] = digest
     if cached is not None and file_key != key:
         try:
@@ -167,33 +147,15 @@ def packages_hash(cache_dir: Path | None = None) -> str:
 def image_from_env(ref: str | None = None, digest: str | None = None) -> ImageRef:
     """The image this run executes in: explicit values, else TRAINFLOW_IMAGE[_DIGEST], else ``local``."""
     ref = ref or os.environ.get("TRAINFLOW_IMAGE") or LOCAL_IMAGE
-    digest = digest or os.environ.get("TRAINFLOW_IMAGE_DIGEST")
-    if not digest:
-        # A ref pinned by digest carries it: repo/name@sha256:...
-        digest = ref.split("@", 1)[1] if "@" in ref else LOCAL_IMAGE
+    # A ref pinned by digest carries it: repo/name@sha256:...
+    digest = digest or os.environ.get("TRAINFLOW_IMAGE_DIGEST") or (ref.split("@", 1)[1] if "@" in ref else LOCAL_IMAGE)
     return ImageRef(ref=ref, digest=digest)
 
 
-def build_manifest(
-    root: Path,
-    config_name: str,
-    config_sha256: str,
-    dvc_file: str,
-    seed: int,
-    world: World,
-    image: ImageRef,
-    cache_dir: Path | None = None,
-) -> Manifest:
+def build_manifest(root: Path, config_name: str, config_sha256: str, dvc_file: str, seed: int, world: World,
+                   image: ImageRef, cache_dir: Path | None = None) -> Manifest:
     """What this run is made of. ``cache_dir``: where ``packages_hash`` may keep its result."""
     sha, dirty = git_state(root)
-    return Manifest(
-        git_sha=sha,
-        git_dirty=dirty,
-        config_name=config_name,
-        config_sha256=config_sha256,
-        data=read_dvc_file(root, dvc_file),
-        image=image,
-        packages_sha256=packages_hash(cache_dir),
-        seed=seed,
-        world=world,
-    )
+    return Manifest(git_sha=sha, git_dirty=dirty, config_name=config_name, config_sha256=config_sha256,
+                    data=read_dvc_file(root, dvc_file), image=image, packages_sha256=packages_hash(cache_dir),
+                    seed=seed, world=world)

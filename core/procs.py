@@ -33,12 +33,10 @@ def _prctl():
 def die_with_parent(sig: int, parent: int | None = None) -> bool:
     """Have the kernel send ``sig`` to this process when its parent exits (Linux ``PR_SET_PDEATHSIG``).
 
-    "Its parent" is the *thread* that started this process: the signal comes when that thread
-    ends, and again each time the process passes to another thread of the dying parent (a
-    killed multi-threaded process can send it several times): a handler must expect repeats.
-    ``parent``: the pid that started this process. Returns False when it is no longer this
-    process's parent, i.e. it exited before the request was made and the signal will never come:
-    the caller should exit. True otherwise, and on platforms without the request (non-Linux).
+    "Its parent" is the *thread* that started this process, and the signal may come again as the
+    process passes to other threads of a dying parent: a handler must expect repeats. ``parent``:
+    the pid that started this process. False when it is no longer the parent (it exited before
+    the request: the signal will never come, the caller should exit); True otherwise and off Linux.
     """
     if sys.platform != "linux":
         return True
@@ -48,11 +46,9 @@ def die_with_parent(sig: int, parent: int | None = None) -> bool:
 
 
 def parent_death_signal(sig: int) -> Callable[[], None] | None:
-    """A ``preexec_fn`` for ``subprocess.Popen``: the child gets ``sig`` when the calling thread ends.
-
-    libc's ``prctl`` is looked up here, in the parent, so the child only calls it between fork and
-    exec; a child whose parent is gone already exits at once. None off Linux.
-    """
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child gets ``sig`` when the calling thread ends
+    (a child whose parent is gone already exits at once). None off Linux. libc's ``prctl`` is looked
+    up here, in the parent: between fork and exec the child only calls it."""
     if sys.platform != "linux":
         return None
     prctl, parent = _prctl(), os.getpid()
@@ -70,10 +66,10 @@ def group_members(pgid: int) -> list[int]:
     pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
+        if int(group) == pgid and state != "Z":
             pids.append(int(stat.parent.name))
     return pids
 

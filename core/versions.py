@@ -2,12 +2,9 @@
 
 ``read_tracked_file`` reads one file of a DVC data version by its md5 (the champion's training
 data, for the drift check) without touching the workspace. ``checkout_commit`` and
-``restore_data`` rebuild the workspace a model was trained in (for ``reproduce``): a clone of
-the repository at the recorded git sha, with the recorded data version checked out of the
-DVC cache or remote. Both refuse with a message that says what is missing and where it was
-looked for (``SourceUnavailableError`` / ``DataUnavailableError``).
-
-DVC is imported inside the functions; git and dvc commands run as subprocesses.
+``restore_data`` rebuild the workspace a model was trained in (for ``reproduce``). Each refuses
+with a message that says what is missing and where it was looked for. DVC is imported inside
+the functions; git and dvc run as subprocesses.
 """
 
 from __future__ import annotations
@@ -50,8 +47,8 @@ def _run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.Complete
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
-def _dvc(*args: str) -> list[str]:
-    return [sys.executable, "-m", "dvc", *args]
+def _dvc(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return _run([sys.executable, "-m", "dvc", *args], cwd, timeout)
 
 
 def cache_dir(root: Path) -> Path:
@@ -63,12 +60,12 @@ def cache_dir(root: Path) -> Path:
         return Path(repo.cache.local.path).parents[1]
 
 
-def _cached_object(root: Path, md5: str) -> Path | None:
+def _cached_object(root: Path, md5: str) -> bytes | None:
     from dvc.repo import Repo
 
     with Repo(str(root)) as repo:
         path = Path(repo.cache.local.oid_to_path(md5))
-    return path if path.is_file() else None
+    return path.read_bytes() if path.is_file() else None
 
 
 def read_tracked_file(root: Path, md5: str, relpath: str = "", rev: str | None = None,
@@ -85,25 +82,22 @@ def read_tracked_file(root: Path, md5: str, relpath: str = "", rev: str | None =
     where = [f"the DVC cache of {root}"]
     obj = _cached_object(root, md5)
     if obj is not None and md5.endswith(".dir"):
-        entries = {e["relpath"]: e["md5"] for e in json.loads(obj.read_text())}
+        entries = {e["relpath"]: e["md5"] for e in json.loads(obj)}
         if relpath not in entries:
             raise DataUnavailableError(f"data version {md5} has no file {relpath!r} "
                                        f"(it holds {', '.join(sorted(entries)[:5])})")
-        file_obj = _cached_object(root, check_md5(entries[relpath], f"{md5}/{relpath}"))
-        if file_obj is not None:
-            return file_obj.read_bytes()
-    elif obj is not None:
-        return obj.read_bytes()
+        obj = _cached_object(root, check_md5(entries[relpath], f"{md5}/{relpath}"))
+    if obj is not None:
+        return obj
     if rev and dvc_file and path_in_repo and not is_git_sha(rev):
         where.append(f"the DVC remote (not tried: data_rev must be a hex git commit sha, got {rev!r})")
     elif rev and dvc_file and path_in_repo:
         shown = _run(["git", "show", f"{rev}:{dvc_file}"], root)
         recorded = None
-        if shown.returncode == 0:
-            try:
-                recorded = yaml.safe_load(shown.stdout)["outs"][0]["md5"]
-            except (yaml.YAMLError, KeyError, IndexError, TypeError):
-                recorded = None
+        try:
+            recorded = yaml.safe_load(shown.stdout)["outs"][0]["md5"] if shown.returncode == 0 else None
+        except (yaml.YAMLError, KeyError, IndexError, TypeError):
+            pass
         if recorded == md5:
             import dvc.api
 
@@ -149,10 +143,9 @@ def restore_data(checkout: Path, dvc_file: str, md5: str, cache: Path) -> list[s
     When ``dvc_file`` at that commit records another md5 (the model was trained from an
     uncommitted ``dvc add``), the file is pointed at ``md5`` first, and a warning says so.
     """
-    checkout = Path(checkout)
     check_md5(md5)
     warnings: list[str] = []
-    path = checkout / dvc_file
+    path = Path(checkout) / dvc_file
     try:
         meta = yaml.safe_load(path.read_text())
         out = meta["outs"][0]
@@ -165,12 +158,12 @@ def restore_data(checkout: Path, dvc_file: str, md5: str, cache: Path) -> list[s
         for stale in ("size", "nfiles"):
             out.pop(stale, None)
         path.write_text(yaml.safe_dump(meta, sort_keys=False))
-    config = _run(_dvc("config", "--local", "cache.dir", str(Path(cache).resolve())), checkout, timeout=60)
+    config = _dvc(checkout, "config", "--local", "cache.dir", str(Path(cache).resolve()), timeout=60)
     if config.returncode != 0:
         raise DataUnavailableError(f"cannot point the checkout at the DVC cache {cache}: {config.stderr.strip()}")
-    done = _run(_dvc("checkout", "-q", dvc_file), checkout)
+    done = _dvc(checkout, "checkout", "-q", dvc_file)
     if done.returncode != 0:
-        done = _run(_dvc("pull", "-q", dvc_file), checkout)
+        done = _dvc(checkout, "pull", "-q", dvc_file)
     if done.returncode != 0:
         detail = (done.stderr or done.stdout).strip().splitlines()
         raise DataUnavailableError(

@@ -1,11 +1,9 @@
 """The validation result cache: one JSON file per (data hash, suite hash), never a pickle.
 
-A cached result is read with ``json.loads`` and nothing else (no object hooks, no classes named
-in the file), so a file someone wrote there can at worst claim a result, never run code; one
-that is not a result for these very keys is ignored, with a warning, and the data is validated
-again. Prefect's own result persistence is not used for this: a Prefect result record names
-its serializer inside the file, so a record written under a predictable key is unpickled
-whatever the task asked for.
+A cached result is read with ``json.loads`` alone, so a file someone wrote there can at worst
+claim a result, never run code; one that is not a result for these very keys is ignored, with a
+warning. Not Prefect's result persistence: its record names its serializer inside the file, so a
+record written under a predictable key would be unpickled whatever the task asked for.
 """
 
 from __future__ import annotations
@@ -38,10 +36,10 @@ def read(path: Path, data_key: str, suite_key: str) -> dict | None:
         problem = _problem(record, data_key, suite_key)
     except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         problem = f"not JSON ({type(exc).__name__})"
-    if problem:
-        log.warning("validation cache %s ignored (%s): validating again", path, problem)
-        return None
-    return record["report"]
+    if not problem:
+        return record["report"]
+    log.warning("validation cache %s ignored (%s): validating again", path, problem)
+    return None
 
 
 def _problem(record, data_key: str, suite_key: str) -> str | None:
@@ -52,10 +50,8 @@ def _problem(record, data_key: str, suite_key: str) -> str | None:
     report = record.get("report")
     if not isinstance(report, dict):
         return "no report"
-    for key, kind in _FIELDS.items():
-        if not isinstance(report.get(key), kind) or (kind is int and isinstance(report.get(key), bool)):
-            return f"report.{key} is not a {kind.__name__}"
-    return None
+    return next((f"report.{key} is not a {kind.__name__}" for key, kind in _FIELDS.items()
+                 if not isinstance(report.get(key), kind) or (kind is int and isinstance(report.get(key), bool))), None)
 
 
 def write(path: Path, data_key: str, suite_key: str, report: dict) -> None:

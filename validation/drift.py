@@ -3,23 +3,16 @@
 Two measures per feature, thresholds from the config's ``retrain`` section:
 
 * **PSI** (population stability index) over bins cut at the reference's quantiles:
-  ``sum((q - p) * ln(q / p))`` with ``p``/``q`` the reference/new share of each bin, both
-  floored at ``PSI_FLOOR`` so an empty bin counts as a large, finite shift. Digit pixels take
-  only 17 integer values and many are almost always 0, so quantile edges repeat: repeated
-  edges are merged, so each value of the reference gets one bin at most, and values below or
-  above the reference's range get a bin of their own. A feature that is constant in the
-  reference has three bins: below, that value, above.
-* **KS**: scipy's two-sample Kolmogorov-Smirnov test; a small p-value says the two samples
-  are unlikely to come from one distribution.
-
-A categorical feature (text or booleans) is compared by its categories instead: PSI over the
-reference's categories (missing and unseen values each a bin of their own), and a chi-square
-test of the two samples' category counts in place of KS (``test: chi2``).
+  ``sum((q - p) * ln(q / p))`` with ``p``/``q`` the reference/new share of each bin, both floored
+  at ``PSI_FLOOR`` so an empty bin counts as a large, finite shift. Repeated quantile edges (digit
+  pixels take 17 values, mostly 0) are merged, and values below or above the reference's range
+  get a bin of their own.
+* **KS**: scipy's two-sample Kolmogorov-Smirnov test. A categorical feature (text or booleans)
+  gets PSI over the reference's categories (missing and unseen values a bin each) and a
+  chi-square test of the category counts instead (``test: chi2``).
 
 A feature drifts when PSI > ``psi_threshold`` or the test's p-value < ``ks_pvalue``; the data
 drifts when the drifted share of features exceeds ``max_drifted_fraction``.
-
-numpy and scipy are imported inside the functions.
 """
 
 from __future__ import annotations
@@ -42,8 +35,15 @@ def bin_edges(reference: np.ndarray, n_bins: int) -> np.ndarray:
     import numpy as np
 
     qs = np.quantile(reference, np.linspace(0, 1, n_bins + 1)[1:-1], method="higher")
-    low, high = reference.min(), reference.max()
-    return np.unique(np.concatenate([[np.nextafter(low, -np.inf)], qs, [high]]))
+    return np.unique(np.concatenate([[np.nextafter(reference.min(), -np.inf)], qs, [reference.max()]]))
+
+
+def _psi_of_counts(a: np.ndarray, b: np.ndarray) -> float:
+    import numpy as np
+
+    p = np.maximum(a / max(a.sum(), 1), PSI_FLOOR)
+    q = np.maximum(b / max(b.sum(), 1), PSI_FLOOR)
+    return float(np.sum((q - p) * np.log(q / p)))
 
 
 def psi(reference: np.ndarray, current: np.ndarray, n_bins: int = 10) -> float:
@@ -52,11 +52,8 @@ def psi(reference: np.ndarray, current: np.ndarray, n_bins: int = 10) -> float:
 
     edges = bin_edges(reference, n_bins)
     # Right-closed bins: (-inf, e0], (e0, e1], ..., (ek, inf)
-    ref_counts = np.bincount(np.searchsorted(edges, reference, side="left"), minlength=edges.size + 1)
-    cur_counts = np.bincount(np.searchsorted(edges, current, side="left"), minlength=edges.size + 1)
-    p = np.maximum(ref_counts / max(len(reference), 1), PSI_FLOOR)
-    q = np.maximum(cur_counts / max(len(current), 1), PSI_FLOOR)
-    return float(np.sum((q - p) * np.log(q / p)))
+    return _psi_of_counts(*(np.bincount(np.searchsorted(edges, x, side="left"), minlength=edges.size + 1)
+                            for x in (reference, current)))
 
 
 def drift_report(reference: pd.DataFrame, current: pd.DataFrame, features: list[str],
@@ -65,7 +62,7 @@ def drift_report(reference: pd.DataFrame, current: pd.DataFrame, features: list[
 
         {"drifted": bool, "n_features": int, "n_drifted": int, "drifted_fraction": float,
          "thresholds": {...}, "rows": {"reference": n, "current": n},
-         "features": [{"feature", "psi", "ks_statistic", "ks_pvalue", "drifted", "by"}]}
+         "features": [{"feature", "psi", "ks_statistic", "ks_pvalue", "drifted", "by", "test"}]}
 
     ``features`` missing from either frame are a ValueError naming them.
     """
@@ -81,21 +78,15 @@ def drift_report(reference: pd.DataFrame, current: pd.DataFrame, features: list[
         if not _numeric(reference[name]) or not _numeric(current[name]):
             rows.append(_categorical_row(name, reference[name], current[name], cfg))
             continue
-        ref = reference[name].to_numpy(dtype=np.float64)
-        cur = current[name].to_numpy(dtype=np.float64)
+        ref, cur = (frame[name].to_numpy(dtype=np.float64) for frame in (reference, current))
         ref, cur = ref[np.isfinite(ref)], cur[np.isfinite(cur)]
-        value = psi(ref, cur, cfg.psi_bins)
         ks = ks_2samp(ref, cur)
-        pvalue = float(ks.pvalue) if not math.isnan(ks.pvalue) else 1.0
-        by = [m for m, hit in (("psi", value > cfg.psi_threshold), ("ks", pvalue < cfg.ks_pvalue)) if hit]
-        rows.append({"feature": name, "psi": round(value, 6), "ks_statistic": round(float(ks.statistic), 6),
-                     "ks_pvalue": pvalue, "drifted": bool(by), "by": by, "test": "ks"})
+        rows.append(_row(name, psi(ref, cur, cfg.psi_bins), float(ks.statistic),
+                         float(ks.pvalue) if not math.isnan(ks.pvalue) else 1.0, "ks", cfg))
     n_drifted = sum(r["drifted"] for r in rows)
     fraction = n_drifted / len(rows) if rows else 0.0
     return {
-        "drifted": fraction > cfg.max_drifted_fraction,
-        "n_features": len(rows),
-        "n_drifted": n_drifted,
+        "drifted": fraction > cfg.max_drifted_fraction, "n_features": len(rows), "n_drifted": n_drifted,
         "drifted_fraction": round(fraction, 6),
         "thresholds": {"psi_threshold": cfg.psi_threshold, "ks_pvalue": cfg.ks_pvalue,
                        "max_drifted_fraction": cfg.max_drifted_fraction, "psi_bins": cfg.psi_bins},
@@ -104,13 +95,19 @@ def drift_report(reference: pd.DataFrame, current: pd.DataFrame, features: list[
     }
 
 
-def _numeric(s: "pd.Series") -> bool:
+def _row(name: str, value: float, stat: float, pvalue: float, test: str, cfg: RetrainConfig) -> dict:
+    by = [m for m, hit in (("psi", value > cfg.psi_threshold), (test, pvalue < cfg.ks_pvalue)) if hit]
+    return {"feature": name, "psi": round(value, 6), "ks_statistic": round(stat, 6), "ks_pvalue": pvalue,
+            "drifted": bool(by), "by": by, "test": test}
+
+
+def _numeric(s: pd.Series) -> bool:
     import pandas as pd
 
     return pd.api.types.is_numeric_dtype(s.dtype) and not pd.api.types.is_bool_dtype(s.dtype)
 
 
-def _categorical_row(name: str, reference: "pd.Series", current: "pd.Series", cfg: RetrainConfig) -> dict:
+def _categorical_row(name: str, reference: pd.Series, current: pd.Series, cfg: RetrainConfig) -> dict:
     """PSI over the reference's categories (missing, and values the reference lacks, a bin each)
     and a chi-square test of the two samples' counts; ``ks_*`` hold the test's statistic and p-value."""
     import numpy as np
@@ -119,34 +116,26 @@ def _categorical_row(name: str, reference: "pd.Series", current: "pd.Series", cf
     from tasks.encoding import category_keys
 
     ref, cur = category_keys(reference), category_keys(current)
-    cats = sorted({k for k in ref.tolist() if k is not None})
-    index = {c: i for i, c in enumerate(cats)}
-    other, missing = len(cats), len(cats) + 1
+    index = {c: i for i, c in enumerate(sorted({k for k in ref.tolist() if k is not None}))}
+    other, missing = len(index), len(index) + 1
 
     def counts(keys: np.ndarray) -> np.ndarray:
         codes = [missing if k is None else index.get(k, other) for k in keys.tolist()]
-        return np.bincount(np.asarray(codes, dtype=np.int64), minlength=len(cats) + 2).astype(np.float64)
+        return np.bincount(np.asarray(codes, dtype=np.int64), minlength=len(index) + 2).astype(np.float64)
 
     a, b = counts(ref), counts(cur)
-    p = np.maximum(a / max(a.sum(), 1), PSI_FLOOR)
-    q = np.maximum(b / max(b.sum(), 1), PSI_FLOOR)
-    value = float(np.sum((q - p) * np.log(q / p)))
     used = (a + b) > 0
+    stat, pvalue = 0.0, 1.0
     if used.sum() > 1:
         stat, pvalue = (float(x) for x in chi2_contingency(np.vstack([a[used], b[used]]))[:2])
-    else:
-        stat, pvalue = 0.0, 1.0
-    by = [m for m, hit in (("psi", value > cfg.psi_threshold), ("chi2", pvalue < cfg.ks_pvalue)) if hit]
-    return {"feature": name, "psi": round(value, 6), "ks_statistic": round(stat, 6), "ks_pvalue": pvalue,
-            "drifted": bool(by), "by": by, "test": "chi2"}
+    return _row(name, _psi_of_counts(a, b), stat, pvalue, "chi2", cfg)
 
 
 def drift_markdown(report: dict, title: str = "Data drift") -> str:
     """The report as markdown: a verdict line, then one row per feature, most shifted first."""
     t = report["thresholds"]
-    verdict = "DRIFT" if report["drifted"] else "no drift"
     lines = [
-        f"# {title}: {verdict}",
+        f"# {title}: {'DRIFT' if report['drifted'] else 'no drift'}",
         "",
         f"{report['n_drifted']} of {report['n_features']} features drifted "
         f"({report['drifted_fraction']:.1%}; the data drifts above {t['max_drifted_fraction']:.1%}). "

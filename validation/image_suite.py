@@ -1,19 +1,18 @@
 """The image suite the GX runner (``validation.gx_run``) runs: an image folder (the
 ``image_classification`` task's ``dataset.images``), the same report shape as tables.
 
-GX runs on derived frames with one row per file (``tasks.image_data.profile``), so a suite is a
-handful of expectations whatever the number of images:
+GX runs on derived frames with one row per file (``tasks.image_data.profile``), a handful of
+expectations whatever the number of images:
 
-* ``<split>`` (train, test), columns ``file, path, label, n_bytes, sha256, decodes, error, width,
-  height, mode``: the image count lies in ``expectations.{train,test}_images``; every file decodes
-  with Pillow (``decode``); its width and height lie in ``expectations.width`` / ``height``
-  (``size``), its mode in ``expectations.modes`` (``mode``), its byte size in
+* ``<split>`` (train, test): the image count lies in ``expectations.{train,test}_images``; every
+  file decodes with Pillow (``decode``); its width and height lie in ``expectations.width`` /
+  ``height`` (``size``), its mode in ``expectations.modes`` (``mode``), its byte size in
   ``expectations.file_bytes`` (``file_bytes``); its class is one of ``images.classes``
   (``label_set``); no path repeats (``duplicate``, a manifest's).
 * ``<split>_classes``: one row per reviewed class (``label, count, fraction``); each share lies in
   ``expectations.class_share`` (``class_balance``; a class missing from a split has share 0).
-* ``cross``: each split's distinct content hashes, concatenated; a hash seen twice is a file in
-  both train and test (``leak``), named by both paths.
+* ``cross``: each split's distinct content hashes; a hash seen twice is a file in both train and
+  test (``leak``), named by both paths.
 
 Failures name the files: ``examples`` are ``{path, <value>}`` and ``rows`` their positions.
 """
@@ -24,19 +23,18 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from validation.gx_run import (Item, Run, complete, derived_failure, plan_failures, plan_items, sort_failures,
-                               validate)
-from validation.report import MAX_EXAMPLES, fmt_bound, jsonable
+from validation.gx_run import complete, cross_frame, leak_failure, validate
+from validation.report import MAX_EXAMPLES, fmt_bound
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from core.config import DatasetConfig
 
-NAME = "image"
+NAME, NOUN = "image", "images"
 SPLITS = ("train", "test")
-_CHECK_ORDER = ("row_count", "decode", "size", "mode", "file_bytes", "label_set", "duplicate", "class_balance",
-                "leak", "other")
+CHECK_ORDER = ("row_count", "decode", "size", "mode", "file_bytes", "label_set", "duplicate", "class_balance",
+               "leak", "other")
 
 
 def load_splits(cfg: DatasetConfig, root: Path, seed: int) -> dict[str, pd.DataFrame]:
@@ -50,101 +48,63 @@ def load_splits(cfg: DatasetConfig, root: Path, seed: int) -> dict[str, pd.DataF
 def _class_frame(frame: pd.DataFrame, classes: list[str]) -> pd.DataFrame:
     import pandas as pd
 
-    counts = frame["label"].value_counts()
-    n = max(len(frame), 1)
+    counts, n = frame["label"].value_counts(), max(len(frame), 1)
     return pd.DataFrame({"label": list(classes), "count": [int(counts.get(c, 0)) for c in classes],
                          "fraction": [float(counts.get(c, 0)) / n for c in classes]})
 
 
-def _cross_frame(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    import pandas as pd
-
-    parts = []
-    for split in SPLITS:
-        df = frames[split]
-        df = df[df["sha256"].notna()].drop_duplicates("sha256", keep="first")
-        parts.append(pd.DataFrame({"sha256": df["sha256"].to_numpy(dtype=object), "split": split,
-                                   "path": df["path"].to_numpy(dtype=object)}))
-    return pd.concat(parts, ignore_index=True)
-
-
-def _plan(cfg: DatasetConfig, frames: dict[str, pd.DataFrame]) -> list[dict]:
+def plan(params: dict, frames: dict[str, pd.DataFrame]) -> list[dict]:
     import great_expectations.expectations as gxe
 
-    images = cfg.images
+    images = params["dataset"].images
     exp = images.expectations
-    plan = []
+
+    def between(column: str, bounds: tuple):
+        return gxe.ExpectColumnValuesToBeBetween(column=column, min_value=bounds[0], max_value=bounds[1])
+
+    out = []
     for split in SPLITS:
-        rlo, rhi = exp.train_images if split == "train" else exp.test_images
-        checks = [
+        rlo, rhi = getattr(exp, f"{split}_images")
+        out.append(dict(name=split, split=split, frame=frames[split], checks=[
             ("row_count", gxe.ExpectTableRowCountToBeBetween(min_value=rlo, max_value=rhi)),
             ("decode", gxe.ExpectColumnValuesToBeInSet(column="decodes", value_set=[True])),
-            ("size", gxe.ExpectColumnValuesToBeBetween(column="width", min_value=exp.width[0], max_value=exp.width[1])),
-            ("size", gxe.ExpectColumnValuesToBeBetween(column="height", min_value=exp.height[0],
-                                                       max_value=exp.height[1])),
+            ("size", between("width", exp.width)),
+            ("size", between("height", exp.height)),
             ("mode", gxe.ExpectColumnValuesToBeInSet(column="mode", value_set=list(exp.modes))),
-            ("file_bytes", gxe.ExpectColumnValuesToBeBetween(column="n_bytes", min_value=exp.file_bytes[0],
-                                                             max_value=exp.file_bytes[1])),
+            ("file_bytes", between("n_bytes", exp.file_bytes)),
             ("label_set", gxe.ExpectColumnValuesToBeInSet(column="label", value_set=list(images.classes))),
             ("duplicate", gxe.ExpectColumnValuesToBeUnique(column="path")),
-        ]
-        plan.append(dict(name=split, split=split, frame=frames[split], checks=checks,
-                         result_format=complete("file", "path", "error", "width", "height", "mode", "n_bytes",
-                                                "label")))
-        lo, hi = exp.class_share
-        plan.append(dict(name=f"{split}_classes", split=split, frame=_class_frame(frames[split], images.classes),
-                         checks=[("class_balance", gxe.ExpectColumnValuesToBeBetween(column="fraction", min_value=lo,
-                                                                                      max_value=hi))],
-                         result_format=complete("label", "count", "fraction")))
-    plan.append(dict(name="cross", split="cross", frame=_cross_frame(frames),
-                     checks=[("leak", gxe.ExpectColumnValuesToBeUnique(column="sha256"))],
-                     result_format=complete("sha256", "split", "path")))
-    return plan
+        ], result_format=complete("file", "path", "error", "width", "height", "mode", "n_bytes", "label")))
+        out.append(dict(name=f"{split}_classes", split=split, frame=_class_frame(frames[split], images.classes),
+                        checks=[("class_balance", between("fraction", exp.class_share))],
+                        result_format=complete("label", "count", "fraction")))
+    out.append(dict(name="cross", split="cross", frame=cross_frame(frames, SPLITS, "sha256", "path"),
+                    checks=[("leak", gxe.ExpectColumnValuesToBeUnique(column="sha256"))],
+                    result_format=complete("sha256", "split", "path")))
+    return out
 
 
-def _where(records: list[dict], value=None) -> str:
-    shown = records[:MAX_EXAMPLES]
-    text = ", ".join(f"{r.get('path')}" + (f" ({value(r)})" if value else "") for r in shown)
-    return text + (" ..." if len(records) > MAX_EXAMPLES else "")
-
-
-def failure(split: str, check: str, evr: dict) -> dict:
-    """One report entry (see ``validation.report``) from a failed expectation result."""
-    out, kwargs, result, records, evaluated = derived_failure(split, check, evr)
-    if not evaluated:
-        return jsonable(out)
-    column, count = out["column"], out["unexpected_count"]
+def failure(check: str, out: dict, kwargs: dict, result: dict, records: list[dict]) -> None:
+    """Complete a failed check's report entry (see ``validation.report``)."""
+    column, count, shown = out["column"], out["unexpected_count"], records[:MAX_EXAMPLES]
     lo, hi = fmt_bound(kwargs.get("min_value")), fmt_bound(kwargs.get("max_value"))
-    if check == "row_count":
-        observed = result.get("observed_value")
-        out.update(column=None, examples=[observed], detail=f"{observed} images, expected {lo}..{hi}")
-        return jsonable(out)
     if check == "leak":
-        by_hash: dict = {}
-        for r in records:
-            by_hash.setdefault(r.get("sha256"), {}).setdefault(r.get("split"), r.get("path"))
-        pairs = [{"train_path": v.get("train"), "test_path": v.get("test")} for v in by_hash.values()]
-        out.update(column=None, unexpected_count=len(pairs), examples=pairs[:MAX_EXAMPLES],
-                   detail=f"{len(pairs)} image(s) with the same content in train and test: "
-                   + ", ".join(f"train {p['train_path']} = test {p['test_path']}" for p in pairs[:MAX_EXAMPLES])
-                   + (" ..." if len(pairs) > MAX_EXAMPLES else ""))
-        return jsonable(out)
+        out["column"] = None
+        return leak_failure(out, records, "sha256", SPLITS, ("path",), "image(s) with the same content")
     if check == "class_balance":
         out.update(examples=[{"class": r.get("label"), "count": r.get("count"), "fraction": r.get("fraction")}
-                             for r in records[:MAX_EXAMPLES]],
+                             for r in shown],
                    detail=f"{count} class(es) with a share outside [{lo}, {hi}]: "
                    + ", ".join(f"{r.get('label')} {float(r.get('fraction') or 0):.3f} ({r.get('count')} images)"
-                               for r in records[:MAX_EXAMPLES]))
-        return jsonable(out)
-    out["rows"] = [r.get("file") for r in records[:MAX_EXAMPLES]]
+                               for r in shown))
+        return
+    out["rows"] = [r.get("file") for r in shown]
     value = {"decode": lambda r: r.get("error") or "does not decode",
              "size": lambda r: f"{r.get('width')} x {r.get('height')}",
              "mode": lambda r: f"mode {r.get('mode')}",
              "file_bytes": lambda r: f"{r.get('n_bytes')} B",
-             "label_set": lambda r: f"class {r.get('label')!r}",
-             "duplicate": None}.get(check)
-    out["examples"] = [{"path": r.get("path"), **({column: r.get(column)} if column else {})}
-                       for r in records[:MAX_EXAMPLES]]
+             "label_set": lambda r: f"class {r.get('label')!r}"}.get(check)
+    out["examples"] = [{"path": r.get("path"), **({column: r.get(column)} if column else {})} for r in shown]
     what = {
         "decode": "file(s) Pillow cannot decode",
         "size": f"image(s) with a {column} outside [{lo}, {hi}] pixels",
@@ -153,8 +113,12 @@ def failure(split: str, check: str, evr: dict) -> dict:
         "label_set": f"image(s) of a class not in the reviewed classes {kwargs.get('value_set')}",
         "duplicate": "path(s) listed more than once",
     }.get(check, "failed")
-    out["detail"] = f"{count} {what}: {_where(records, value)}"
-    return jsonable(out)
+    where = ", ".join(f"{r.get('path')}" + (f" ({value(r)})" if value else "") for r in shown)
+    out["detail"] = f"{count} {what}: {where}" + (" ..." if len(records) > MAX_EXAMPLES else "")
+
+
+def message_column(f: dict):
+    return f["column"] if f["check"] == "size" else None
 
 
 # --------------------------------------------------------------------------- the suite protocol (gx_run)
@@ -171,15 +135,6 @@ def identity(params: dict) -> dict:
 
 def load(params: dict) -> dict[str, pd.DataFrame]:
     return load_splits(params["dataset"], params["root"], params.get("seed", 0))
-
-
-def items(params: dict, splits: dict[str, pd.DataFrame]) -> tuple[list[Item], list[dict]]:
-    return plan_items(_plan(params["dataset"], splits), "image"), []
-
-
-def failures(params: dict, run: Run, items: list[Item]) -> list[dict]:
-    return sort_failures(plan_failures(run, items, failure, lambda f: f["column"] if f["check"] == "size" else None),
-                         SPLITS, _CHECK_ORDER)
 
 
 def validate_images(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_dir: Path) -> dict:

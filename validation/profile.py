@@ -1,10 +1,9 @@
 """Profile a table into the content of its expectations file (``core.expectations``).
 
-``trainflow init`` calls ``profile_table`` once, on the data the user brings; the user reviews
-and commits what it wrote, and validation checks every later data version against it. The
-bounds are therefore the data seen, widened a little: tight enough to catch a broken export
-(a column in other units, a flipped sign, a lost class, half the rows), loose enough that the
-next honest version of the data still passes. Torch-free; pandas loads inside the function.
+``trainflow init`` profiles the data the user brings once; the user reviews and commits the file,
+and validation checks every later data version against it. The bounds are the data seen, widened
+a little: tight enough to catch a broken export (other units, a flipped sign, a lost class, half
+the rows), loose enough that the next honest version of the data still passes.
 """
 
 from __future__ import annotations

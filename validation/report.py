@@ -1,7 +1,5 @@
-"""Turn Great Expectations results into trainflow's report: pure functions, no GX import.
-
-Everything here works on the JSON form of GX results (``ExpectationValidationResult.to_json_dict()``),
-so it can be tested with hand-written dicts.
+"""Turn Great Expectations results into trainflow's report: pure functions on the JSON form of GX
+results (``ExpectationValidationResult.to_json_dict()``), no GX import.
 
 A failure entry (one per failed expectation; a stacked-cells expectation gives one per column)::
 
@@ -16,9 +14,6 @@ A failure entry (one per failed expectation; a stacked-cells expectation gives o
      "detail": "1 null value (row 3)",
      "message": "train.pixel_5: 1 null value (row 3)"}   # one line for a person: where, then what
 
-``message`` names the split and the column (``train.sex``; a table-level check names the split
-alone, the leak check ``train/test``), says the expectation in words and shows up to five
-offending values with their counts (``11 values not in {female, male}: unknown ×9, F ×2``).
 A failure with ``"severity": "warning"`` (rows in both splits under ``dataset.leak_policy: warn``)
 is reported, not failed.
 """
@@ -26,6 +21,7 @@ is reported, not failed.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -47,34 +43,32 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple, set)):
         return [jsonable(v) for v in value]
     # numpy scalars and arrays, pandas NA / Timestamp, Path, ...
-    item = getattr(value, "item", None)
-    if callable(item):
+    if callable(getattr(value, "item", None)):
         try:
-            return jsonable(item())
+            return jsonable(value.item())
         except (TypeError, ValueError):
             pass
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist):
-        return jsonable(tolist())
+    if callable(getattr(value, "tolist", None)):
+        return jsonable(value.tolist())
     text = str(value)
     return None if text in ("<NA>", "NaT", "nan") else text
 
 
+def _tidy_number(v: Any) -> Any:
+    """99.0 -> 99 for examples and bounds (a stacked frame with nulls holds floats)."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
 def fmt_bound(x: Any) -> str:
-    if isinstance(x, float) and x.is_integer():
-        return str(int(x))
-    return str(x)
+    return str(_tidy_number(x))
 
 
 def _fmt_values(values: Iterable[Any]) -> str:
-    return ", ".join(str(v) for v in values)
+    return ", ".join(map(str, values))
 
 
-def _value_text(v: Any) -> str:
-    """A data value as a person reads it in a message: null for a missing one."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "null"
-    return str(_tidy_number(v))
+def _more(shown: list, total: int) -> str:
+    return " ..." if total > len(shown) else ""
 
 
 def counted(values: list, counts: list[dict] | None = None) -> str:
@@ -84,10 +78,13 @@ def counted(values: list, counts: list[dict] | None = None) -> str:
     if not pairs:
         seen: dict[str, list] = {}
         for v in values:
-            key = repr(v)
-            seen.setdefault(key, [v, 0])[1] += 1
-        pairs = sorted(((v, n) for v, n in seen.values()), key=lambda p: -p[1])
-    return ", ".join(f"{_value_text(v)} ×{n}" for v, n in pairs[:MAX_EXAMPLES])
+            seen.setdefault(repr(v), [v, 0])[1] += 1
+        pairs = sorted(seen.values(), key=lambda p: -p[1])
+
+    def text(v: Any) -> str:  # null for a missing value
+        return "null" if v is None or (isinstance(v, float) and math.isnan(v)) else str(_tidy_number(v))
+
+    return ", ".join(f"{text(v)} ×{n}" for v, n in pairs[:MAX_EXAMPLES])
 
 
 def where(split: Any, column: Any) -> str:
@@ -109,19 +106,12 @@ def _exception_message(evr: dict) -> str | None:
 
 
 def index_records(result: dict) -> list:
-    """GX's unexpected index list as one entry per unexpected row.
-
-    GX gives a list of row indices, a list of dicts (one per row), or, with
-    ``exclude_unexpected_values``, a list holding one dict of parallel lists.
-    """
+    """GX's unexpected index list as one entry per unexpected row: GX gives a list of row indices,
+    a list of dicts (one per row), or (``exclude_unexpected_values``) one dict of parallel lists."""
     raw = result.get("unexpected_index_list")
-    if raw is None:
-        raw = result.get("partial_unexpected_index_list")
-    raw = list(raw or [])
+    raw = list((raw if raw is not None else result.get("partial_unexpected_index_list")) or [])
     if len(raw) == 1 and isinstance(raw[0], dict) and all(isinstance(v, list) for v in raw[0].values()):
-        cols = raw[0]
-        n = min((len(v) for v in cols.values()), default=0)
-        return [{k: v[i] for k, v in cols.items()} for i in range(n)]
+        return [dict(zip(raw[0], values)) for values in zip(*raw[0].values())]
     return raw
 
 
@@ -130,10 +120,13 @@ def _plural(n: int | None, word: str, plural: str | None = None) -> str:
 
 
 def _rows_text(rows: list, count: int | None) -> str:
-    if not rows:
-        return ""
-    more = " ..." if (count or 0) > len(rows) else ""
-    return f" (row{'s' if len(rows) > 1 or more else ''} {_fmt_values(rows)}{more})"
+    more = _more(rows, count or 0)
+    return f" (row{'s' if len(rows) > 1 or more else ''} {_fmt_values(rows)}{more})" if rows else ""
+
+
+def _shown(values: list, counts: list | None = None) -> str:
+    shown = counted(values, counts)
+    return f": {shown}" if shown else ""
 
 
 @dataclass(frozen=True)
@@ -150,17 +143,17 @@ class _Facts:
     records: list  # the unexpected rows of a derived frame, one dict each
     label_column: str
 
+    def span(self) -> str:
+        return f"[{fmt_bound(self.kwargs.get('min_value'))}, {fmt_bound(self.kwargs.get('max_value'))}]"
+
 
 def _columns(f: _Facts) -> dict:
     expected = list(f.kwargs.get("column_list") or [])
     observed = list(f.result.get("observed_value") or [])
     missing = [c for c in expected if c not in observed]
     extra = [c for c in observed if c not in expected]
-    parts = [
-        f"{label} {_fmt_values(names[:MAX_EXAMPLES])}" + (" ..." if len(names) > MAX_EXAMPLES else "")
-        for label, names in (("missing", missing), ("unexpected", extra))
-        if names
-    ]
+    parts = [f"{label} {_fmt_values(names[:MAX_EXAMPLES])}{_more(names[:MAX_EXAMPLES], len(names))}"
+             for label, names in (("missing", missing), ("unexpected", extra)) if names]
     moved: list = []
     if not missing and not extra:
         moved = [o for o, e in zip(observed, expected) if o != e]
@@ -189,55 +182,47 @@ def _in_set(f: _Facts) -> dict:
     vset = list(f.kwargs.get("value_set") or [])
     contiguous = (bool(vset) and all(isinstance(v, int) for v in vset)
                   and vset == list(range(vset[0], vset[0] + len(vset))))
-    span = f"{vset[0]}..{vset[-1]}" if contiguous else _fmt_values(vset[:20]) + (" ..." if len(vset) > 20 else "")
+    span = f"{vset[0]}..{vset[-1]}" if contiguous else _fmt_values(vset[:20]) + _more(vset[:20], len(vset))
     what = "the class set " if f.column == f.label_column else ""
-    shown = counted(f.values, f.counts)
-    return {"detail": f"{_plural(f.count, 'value')} not in {what}{{{span}}}" + (f": {shown}" if shown else "")
+    return {"detail": f"{_plural(f.count, 'value')} not in {what}{{{span}}}{_shown(f.values, f.counts)}"
             + _rows_text(f.rows, f.count)}
 
 
 def _between(f: _Facts) -> dict:
-    lo, hi = fmt_bound(f.kwargs.get("min_value")), fmt_bound(f.kwargs.get("max_value"))
-    shown = counted(f.values, f.counts)
-    return {"detail": f"{_plural(f.count, 'value')} outside [{lo}, {hi}]" + (f": {shown}" if shown else "")
+    return {"detail": f"{_plural(f.count, 'value')} outside {f.span()}{_shown(f.values, f.counts)}"
             + _rows_text(f.rows, f.count)}
 
 
-def _bad_columns(f: _Facts) -> tuple[list[dict], dict]:
-    """The schema frame's failing rows (column, dtype, expected, found), and the failure's column:
-    the one bad column, else None."""
-    bad = [{"column": p.get("column"), "dtype": p.get("dtype"), "expected": p.get("expected"),
-            "found": p.get("found")} for p in f.records]
+def _bad_columns(f: _Facts) -> tuple[list[dict], dict, str]:
+    """The schema frame's failing rows (column, dtype, expected, found, at most MAX_EXAMPLES), the
+    failure's column (the one bad column, else None) and the "..." when more failed."""
+    bad = [{k: p.get(k) for k in ("column", "dtype", "expected", "found")} for p in f.records]
     if not bad:  # no index columns in the result: fall back to the values
         bad = [{"column": None, "dtype": v, "expected": None, "found": None} for v in f.values]
-    return bad, {"column": bad[0]["column"] if len(bad) == 1 else None}
+    return bad[:MAX_EXAMPLES], {"column": bad[0]["column"] if len(bad) == 1 else None}, _more(bad[:MAX_EXAMPLES],
+                                                                                             len(bad))
 
 
 def _dtype(f: _Facts) -> dict:
-    bad, out = _bad_columns(f)
-    shown = ", ".join(f"{b['column']} holds {b['found']} ({b['dtype']}), expected {b['expected']}"
-                      for b in bad[:MAX_EXAMPLES])
-    more = " ..." if len(bad) > MAX_EXAMPLES else ""
-    return {**out, "examples": bad[:MAX_EXAMPLES],
-            "detail": f"{_plural(f.count, 'column')} of the wrong type: {shown}{more}"}
+    bad, out, more = _bad_columns(f)
+    shown = ", ".join(f"{b['column']} holds {b['found']} ({b['dtype']}), expected {b['expected']}" for b in bad)
+    return {**out, "examples": bad, "detail": f"{_plural(f.count, 'column')} of the wrong type: {shown}{more}"}
 
 
 def _feature_type(f: _Facts) -> dict:
-    bad, out = _bad_columns(f)
-    shown = ", ".join(f"{b['column']} is {b['dtype']}" for b in bad[:MAX_EXAMPLES])
-    more = " ..." if len(bad) > MAX_EXAMPLES else ""
-    return {**out, "examples": [{"column": b["column"], "dtype": b["dtype"]} for b in bad[:MAX_EXAMPLES]],
+    bad, out, more = _bad_columns(f)
+    shown = ", ".join(f"{b['column']} is {b['dtype']}" for b in bad)
+    return {**out, "examples": [{"column": b["column"], "dtype": b["dtype"]} for b in bad],
             "detail": f"{_plural(f.count, 'feature column')} of a type a model cannot take (numbers, "
                       f"text or booleans): {shown}{more}"}
 
 
 def _class_balance(f: _Facts) -> dict:
-    lo, hi = fmt_bound(f.kwargs.get("min_value")), fmt_bound(f.kwargs.get("max_value"))
     shares = [{"label": p.get("label"), "fraction": round(float(p["fraction"]), 4)}
-              for p in f.records if isinstance(p.get("fraction"), (int, float))]
-    shown = ", ".join(f"{e['label']} ({e['fraction']:.3f})" for e in shares[:MAX_EXAMPLES])
-    return {"column": f.label_column, "examples": shares[:MAX_EXAMPLES] or f.values,
-            "detail": f"{_plural(f.count, 'class', 'classes')} with a share outside [{lo}, {hi}]"
+              for p in f.records if isinstance(p.get("fraction"), (int, float))][:MAX_EXAMPLES]
+    shown = ", ".join(f"{e['label']} ({e['fraction']:.3f})" for e in shares)
+    return {"column": f.label_column, "examples": shares or f.values,
+            "detail": f"{_plural(f.count, 'class', 'classes')} with a share outside {f.span()}"
                       + (f": {shown}" if shown else "")}
 
 
@@ -252,7 +237,7 @@ def _leak(f: _Facts) -> dict:
     shown = ", ".join(f"train[{p['train_row']}] = test[{p['test_row']}]" for p in pairs[:MAX_EXAMPLES])
     return {"column": None, "examples": pairs[:MAX_EXAMPLES],
             "detail": f"{_plural(n_rows, 'row')} of test also in train"
-                      + (f": {shown}" + (" ..." if len(pairs) > MAX_EXAMPLES else "") if shown else "")}
+                      + (f": {shown}{_more(pairs[:MAX_EXAMPLES], len(pairs))}" if shown else "")}
 
 
 @dataclass(frozen=True)
@@ -287,9 +272,9 @@ def failure_from_result(evr: dict, split: str, frame: str = "split", *, label_co
     """One failure entry from a failed ExpectationValidationResult (JSON dict form).
 
     ``split``: the report's split ("train", "test", "cross"). ``frame``: the frame the result
-    came from: "split" (the data itself), "schema" (column, dtype, expected, found, feature),
-    "balance" (label, count, fraction) or "cross" (row_hash, split, row). An expectation with no
-    wording in :data:`_WORDING` is check "other": its count, examples and rows as GX gives them.
+    came from: "split" (the data itself), "schema", "balance" or "cross" (see ``validation.suite``).
+    An expectation with no wording in :data:`_WORDING` is check "other": its count, examples and
+    rows as GX gives them.
     """
     config = evr.get("expectation_config") or {}
     etype = config.get("type") or config.get("expectation_type") or "unknown"
@@ -304,13 +289,8 @@ def failure_from_result(evr: dict, split: str, frame: str = "split", *, label_co
         counts=[c for c in (result.get("partial_unexpected_counts") or []) if isinstance(c, dict)],
         records=[p for p in index_list if isinstance(p, dict)], label_column=label_column)
     failure: dict[str, Any] = {
-        "split": split,
-        "check": "other",
-        "expectation": etype,
-        "column": facts.column,
-        "unexpected_count": facts.count,
-        "examples": facts.values,
-        "rows": facts.rows,
+        "split": split, "check": "other", "expectation": etype, "column": facts.column,
+        "unexpected_count": facts.count, "examples": facts.values, "rows": facts.rows,
         "detail": _plural(facts.count, "unexpected value") if facts.count is not None else "failed",
     }
     wording = _WORDING.get((frame, etype))
@@ -320,23 +300,11 @@ def failure_from_result(evr: dict, split: str, frame: str = "split", *, label_co
         if not wording.rows:
             failure["rows"] = []
         failure.update(wording.word(facts))
-
     error = _exception_message(evr)
-    if error is not None:
-        # GX could not evaluate the expectation (e.g. the column is missing, or holds strings).
-        failure["unexpected_count"] = None
-        failure["examples"] = []
-        failure["rows"] = []
-        failure["detail"] = f"could not be evaluated: {error}"
+    if error is not None:  # GX could not evaluate it (e.g. the column is missing, or holds strings)
+        failure.update(unexpected_count=None, examples=[], rows=[], detail=f"could not be evaluated: {error}")
     failure["message"] = f"{where(split, failure['column'])}: {failure['detail']}"
     return jsonable(failure)
-
-
-def _tidy_number(v: Any) -> Any:
-    """99.0 -> 99 for examples (a stacked frame with nulls holds floats)."""
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    return v
 
 
 # Failing cells per column whose values are counted: as many as a cells result keeps per column
@@ -350,23 +318,22 @@ def _cells_values(group: list[dict], count: int) -> str:
     values = [_tidy_number(c.get("value")) for c in group[:CELLS_COUNTED]]
     if len(values) >= count:
         return f": {counted(values)}"
-    ranked = counted(values).split(", ")
-    return ", e.g. " + ", ".join(v.rsplit(" ×", 1)[0] for v in ranked)
+    return ", e.g. " + ", ".join(v.rsplit(" ×", 1)[0] for v in counted(values).split(", "))
 
 
 def cells_failures(evr: dict, split: str) -> list[dict]:
-    """Per-column failures from a stacked-cells result (frame ``column, row, value``).
+    """Per-column failures from a stacked-cells result (``validation.suite``'s cells frame).
 
-    GX's COMPLETE result lists every unexpected cell as ``{"column", "row", "value", "min", "max"}``
-    (index names prefixed ``cell_``); they are grouped by column so each column gets its own
-    entry with its exact count and its own bound. The range checks are GX pair expectations:
-    ``value >= min`` (column_A "value") and ``max >= value``. A result GX could not evaluate, or
-    one without the cell list, becomes a single entry with column None.
+    GX's COMPLETE result lists every unexpected cell (index names prefixed ``cell_``); they are
+    grouped by column so each column gets its own entry with its exact count and its own bound
+    (the range checks are GX pair expectations: ``value >= min``, column_A "value", and ``max >=
+    value``). A result GX could not evaluate, or one without the cell list, is one entry with
+    column None.
     """
     config = evr.get("expectation_config") or {}
     kwargs = config.get("kwargs") or {}
     side = None
-    if (config.get("type") or "") == "expect_column_pair_values_a_to_be_greater_than_b":
+    if config.get("type") == "expect_column_pair_values_a_to_be_greater_than_b":
         side = "min" if kwargs.get("column_A") == "value" else "max"
     base = failure_from_result(evr, split, "split")
     if side is not None:
@@ -375,8 +342,7 @@ def cells_failures(evr: dict, split: str) -> list[dict]:
     cells = [p for p in index_records(result) if isinstance(p, dict)]
     if base["detail"].startswith("could not be evaluated") or not cells:
         # The stacked frame's own column ("value") means nothing to a reader: no column.
-        base.update(column=None, rows=[])
-        base["message"] = f"{where(split, None)}: {base['detail']}"
+        base.update(column=None, rows=[], message=f"{where(split, None)}: {base['detail']}")
         return [base]
     by_column: dict[Any, list[dict]] = {}
     for cell in cells:
@@ -389,37 +355,25 @@ def cells_failures(evr: dict, split: str) -> list[dict]:
     for column, group in by_column.items():
         count = int(exact.get(str(column), len(group)))
         rows = [c.get("row") for c in group[:MAX_EXAMPLES]]
-        values = [_tidy_number(c.get("value")) for c in group[:MAX_EXAMPLES]]
-        f = dict(base, column=column, unexpected_count=count, rows=rows)
+        f = dict(base, column=column, unexpected_count=count, rows=rows,
+                 examples=[_tidy_number(c.get("value")) for c in group[:MAX_EXAMPLES]])
         if base["check"] == "nulls":
-            f["examples"] = [f"row {r}" for r in rows]
-            f["detail"] = _plural(count, "null value") + _rows_text(rows, count)
+            f.update(examples=[f"row {r}" for r in rows], detail=_plural(count, "null value"))
         elif side is not None:
-            bound = group[0].get(side)
-            f["examples"] = values
-            f["detail"] = (
-                f"{_plural(count, 'value')} {'below min' if side == 'min' else 'above max'} "
-                f"{fmt_bound(_tidy_number(bound))}{_cells_values(group, count)}" + _rows_text(rows, count)
-            )
+            f["detail"] = (f"{_plural(count, 'value')} {'below min' if side == 'min' else 'above max'} "
+                           f"{fmt_bound(group[0].get(side))}{_cells_values(group, count)}")
         else:
-            kwargs = (evr.get("expectation_config") or {}).get("kwargs") or {}
-            lo, hi = fmt_bound(kwargs.get("min_value")), fmt_bound(kwargs.get("max_value"))
-            f["examples"] = values
-            f["detail"] = (
-                f"{_plural(count, 'value')} outside [{lo}, {hi}]{_cells_values(group, count)}" + _rows_text(rows, count)
-            )
+            f["detail"] = (f"{_plural(count, 'value')} outside [{fmt_bound(kwargs.get('min_value'))}, "
+                           f"{fmt_bound(kwargs.get('max_value'))}]{_cells_values(group, count)}")
+        f["detail"] += _rows_text(rows, count)
         f["message"] = f"{where(split, column)}: {f['detail']}"
         out.append(jsonable(f))
     return out
 
 
-def failures_from_results(
-    results: Iterable[tuple[str, str, dict]], *, label_column: str = "label"
-) -> list[dict]:
-    """Failure entries for every unsuccessful result among ``(split, frame, evr)`` triples.
-
-    One entry per failed expectation, except stacked-cells results: one entry per failing column.
-    """
+def failures_from_results(results: Iterable[tuple[str, str, dict]], *, label_column: str = "label") -> list[dict]:
+    """Failure entries for every unsuccessful result among ``(split, frame, evr)`` triples: one per
+    failed expectation, except stacked-cells results: one per failing column."""
     out: list[dict] = []
     for split, frame, evr in results:
         if evr.get("success"):
@@ -431,10 +385,8 @@ def failures_from_results(
     return out
 
 
-_CHECK_ORDER = (
-    "columns", "label_column", "row_count", "dtype", "feature_type",
-    "nulls", "range", "label_set", "value_set", "other", "class_balance", "leak",
-)
+_CHECK_ORDER = ("columns", "label_column", "row_count", "dtype", "feature_type",
+                "nulls", "range", "label_set", "value_set", "other", "class_balance", "leak")
 _TABLE_CHECKS = {"columns", "label_column", "row_count", "dtype", "feature_type"}
 _COLUMN_CHECKS = {"nulls", "range", "label_set", "value_set", "other"}
 
@@ -445,21 +397,16 @@ def sort_failures(failures: list[dict], columns: list[str]) -> list[dict]:
 
     def key(f: dict) -> tuple:
         check = f.get("check", "other")
-        rank = _CHECK_ORDER.index(check) if check in _CHECK_ORDER else len(_CHECK_ORDER)
         group = 0 if check in _TABLE_CHECKS else (1 if check in _COLUMN_CHECKS else 2)
-        return (
-            SPLIT_ORDER.index(f["split"]) if f.get("split") in SPLIT_ORDER else len(SPLIT_ORDER),
-            group,
-            col_rank.get(f.get("column"), len(col_rank)) if group == 1 else 0,
-            rank,
-        )
+        return (SPLIT_ORDER.index(f["split"]) if f.get("split") in SPLIT_ORDER else len(SPLIT_ORDER), group,
+                col_rank.get(f.get("column"), len(col_rank)) if group == 1 else 0,
+                _CHECK_ORDER.index(check) if check in _CHECK_ORDER else len(_CHECK_ORDER))
 
     return sorted(failures, key=key)
 
 
 def _cell(value: Any) -> str:
-    text = "" if value is None else str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
+    return ("" if value is None else str(value)).replace("|", "\\|").replace("\n", " ")
 
 
 def _example_text(example: Any, limit: int = 40) -> str:
@@ -475,66 +422,39 @@ def summary_markdown(report: dict) -> str:
     failures = list(report.get("failures") or [])
     n_exp = report.get("n_expectations", 0)
     n_failed = report.get("n_failed", len(failures))
-    ok = bool(report.get("success"))
     gx_counts = report.get("gx") or {}
     extra = []
     if gx_counts.get("expectations") is not None:
-        extra.append(
-            f"{gx_counts['expectations']} GX expectations, {gx_counts.get('failed', 0)} failed"
-        )
+        extra.append(f"{gx_counts['expectations']} GX expectations, {gx_counts.get('failed', 0)} failed")
     if isinstance(report.get("duration_s"), (int, float)):
         extra.append(f"{report['duration_s']:.2f} s")
-    lines = [
-        f"# Data validation {'PASSED' if ok else 'FAILED'}",
-        "",
-        f"{max(n_exp - n_failed, 0)} of {n_exp} checks passed, {n_failed} failed"
-        + (f" ({'; '.join(extra)})" if extra else "")
-        + ".",
-    ]
+    lines = [f"# Data validation {'PASSED' if report.get('success') else 'FAILED'}", "",
+             f"{max(n_exp - n_failed, 0)} of {n_exp} checks passed, {n_failed} failed"
+             + (f" ({'; '.join(extra)})" if extra else "") + "."]
     rows = report.get("rows")
     if isinstance(rows, dict) and rows:
         lines += ["", "Rows: " + ", ".join(f"{k} {v}" for k, v in rows.items()) + "."]
     if failures:
-        lines += ["", "## What failed", ""]
-        lines += [f"- {f.get('message') or f.get('detail')}" for f in failures]
-        lines += [
-            "",
-            "## Failures",
-            "",
-            "| split | check | expectation | column | unexpected | examples | detail |",
-            "|---|---|---|---|---:|---|---|",
-        ]
+        lines += ["", "## What failed", "", *(f"- {f.get('message') or f.get('detail')}" for f in failures),
+                  "", "## Failures", "", "| split | check | expectation | column | unexpected | examples | detail |",
+                  "|---|---|---|---|---:|---|---|"]
         for f in failures:
             examples = "; ".join(_example_text(e) for e in (f.get("examples") or [])[:MAX_EXAMPLES])
-            count = f.get("unexpected_count")
-            lines.append(
-                "| "
-                + " | ".join(
-                    _cell(v)
-                    for v in (
-                        f.get("split"),
-                        f.get("check", ""),
-                        f"`{f.get('expectation')}`",
-                        f.get("column") if f.get("column") is not None else "—",
-                        count if count is not None else "—",
-                        examples,
-                        f.get("detail", ""),
-                    )
-                )
-                + " |"
-            )
+            count, column = f.get("unexpected_count"), f.get("column")
+            cells = (f.get("split"), f.get("check", ""), f"`{f.get('expectation')}`",
+                     column if column is not None else "—", count if count is not None else "—",
+                     examples, f.get("detail", ""))
+            lines.append("| " + " | ".join(_cell(v) for v in cells) + " |")
     warnings = report.get("warnings") or []
     if warnings:
-        lines += ["", "## Warnings (reported, not failed)", ""]
-        lines += [f"- {w.get('message') or w.get('detail')}" for w in warnings]
+        lines += ["", "## Warnings (reported, not failed)", "", *(f"- {w.get('message') or w.get('detail')}"
+                                                                   for w in warnings)]
     skipped = report.get("skipped") or []
     if skipped:
-        lines += ["", "## Checks not run", ""]
-        lines += [f"- {s.get('split')}: {s.get('check')}: {s.get('reason')}" for s in skipped]
+        lines += ["", "## Checks not run", "", *(f"- {s.get('split')}: {s.get('check')}: {s.get('reason')}"
+                                                 for s in skipped)]
     files = report.get("files") or {}
     if files:
-        lines += ["", "## Files", ""]
-        for key in ("result_json", "summary_md", "data_docs"):
-            if key in files:
-                lines.append(f"- {key}: {files[key] if files[key] is not None else 'not built'}")
+        lines += ["", "## Files", "", *(f"- {k}: {files[k] if files[k] is not None else 'not built'}"
+                                        for k in ("result_json", "summary_md", "data_docs") if k in files)]
     return "\n".join(lines) + "\n"

@@ -1,49 +1,32 @@
 """The table suite the GX runner (``validation.gx_run``) runs: a table's train and test splits
-against its reviewed expectations file.
-
-The suite is a function of the ``TableExpectations`` (``core.expectations``), the feature and
-label columns the config reads and whether the task classifies. Nothing heavy at import; the
-caller sets ``GX_ANALYTICS_ENABLED=false`` (``core.env``).
+against its reviewed expectations file (``core.expectations``).
 
 The checks are written once, over Arrow record batches: a table read whole (frames in memory,
 files up to ``STREAM_ABOVE_BYTES``) is one batch a split; a larger one, or a folder of Parquet
-files, is read batch by batch (``tasks.columnar.iter_batches``) in bounded memory. Either way GX
-gives one result per derived frame, as if it had validated that frame whole
-(``gx_run.ItemBatches`` merges the batches' results).
+files, is read batch by batch (``tasks.columnar.iter_batches``) in bounded memory, and
+``gx_run.ItemBatches`` merges the batches' results into one, as if GX had validated the whole frame.
 
-GX spends milliseconds of Python per expectation whatever the data size, so one expectation per
-column and split adds up to seconds on a wide table. Per-column checks therefore run on
-derived frames, one GX data asset, suite and validation definition each (on digits, 21
-expectations hold 655 checks):
+GX costs milliseconds per expectation whatever the data size, so per-column checks run on
+derived frames (on digits, 21 expectations hold 655 checks):
 
-* ``<split>``: the split itself. Columns exactly ``exp.names`` in order, the label column
-  exists, the row count in ``exp.rows[split]``, not-null for the columns not stacked below,
-  and every column with ``values`` (the classification label: the class set) in its set. GX
-  validates each batch on the columns these read; the column list on the split's columns with
-  no rows, the row count on N rows and no columns.
-* ``<split>_schema``: one row per expected column present (``column, dtype, expected, found``
-  with ``found`` the type the data holds: integer | float | string | boolean | null | other);
-  the (expected, found) pair must be compatible (a float column may hold integers), and a
-  feature column must be found integer or float (``feature``: null for other columns). Built
-  once the batches are read (``tasks.columnar.ColumnStats``: which columns are all null, which
-  float columns hold only whole numbers).
-* ``<split>_cells``: the numeric columns stacked long (``column, row, value, min, max``) with
-  each cell's own column bounds beside it: ``value`` not null, ``value >= min``, ``max >= value``
-  (a null bound is no bound). A column that allows nulls has its nulls left out. Only the cells
-  that can fail (numpy finds them in each batch) are given to GX, with the batch's element and
-  missing counts; the unexpected ``(column, row)`` pairs are split back into one failure per
-  column with its exact count.
-* ``<split>_balance`` (a class label): one row per class of ``exp.classes`` with its share of
-  the split (``label, count, fraction``); ``fraction`` in ``exp.class_share``; a dropped class
-  has share 0 and fails. The classes are counted across batches.
-* ``cross``: row hashes of train and of test (8 bytes kept per row: the one part that grows with
-  the rows); ``row_hash`` unique over the rows whose hash both splits hold (first occurrence in
-  each), with the counts of the whole de-duplicated frame, so a row present in both splits fails.
+* ``<split>``: the split itself: columns exactly ``exp.names`` in order, the label column exists,
+  the row count in ``exp.rows[split]``, not-null for the columns not stacked below, and each
+  column's ``values`` (a class label: the class set).
+* ``<split>_schema``: one row per expected column present (``column, dtype, expected, found,
+  feature``, ``found``: integer | float | string | boolean | null | other); (expected, found) must
+  be compatible, and a feature column must hold numbers, text or booleans.
+* ``<split>_cells``: the numeric columns stacked long (``column, row, value, min, max``): ``value``
+  not null (unless the column allows nulls), ``value >= min``, ``max >= value``. Only the cells
+  that can fail are given to GX, with the batch's counts; the unexpected cells are split back into
+  one failure per column with its exact count.
+* ``<split>_balance`` (a class label): one row per class of ``exp.classes`` with its share of the
+  split; ``fraction`` in ``exp.class_share`` (a dropped class has share 0).
+* ``cross``: the rows whose hash both splits hold (first occurrence in each); ``row_hash`` unique,
+  so a row present in both splits fails.
 
-A float column whose non-null values are all whole numbers is an integer column: the schema
-check finds it ``integer`` (dtype ``Int64``), and GX sees it cast to pandas' nullable ``Int64``:
-a null turns an int CSV column into float64, and that null is then reported once, as a null, not
-a second time as a wrong type. Rows are 0-based positions in the split (CSV line = row + 2).
+A float column whose values are all whole numbers is an integer column (found ``integer``, dtype
+``Int64``, and GX sees it cast so): a null turns an int CSV column into float64, and that null is
+reported once, as a null. Rows are 0-based positions in the split (CSV line = row + 2).
 """
 
 from __future__ import annotations
@@ -54,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from validation.gx_run import (SUMMARY, Item, ItemBatches, Run, complete, run_item, start_run, suite_identity,
-                               write_report)
-from validation.report import failures_from_results, sort_failures
+from validation.gx_run import (SUMMARY, Item, ItemBatches, Run, complete, need_splits, run_item, start_run,
+                               suite_identity, write_report)
+from validation.report import failures_from_results, fmt_bound, sort_failures
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -72,21 +55,17 @@ SPLITS = ("train", "test")
 CELL_INDEX = ("cell_column", "cell_row", "cell_value", "cell_min", "cell_max")
 # (expected type, type found in the data) pairs that pass; "null": an all-null column (its
 # nulls are the nulls check's business).
-TYPE_PAIRS = [
-    *(("integer", "integer"), ("float", "float"), ("float", "integer"),
-      ("string", "string"), ("boolean", "boolean")),
-    *((t, "null") for t in ("integer", "float", "string", "boolean")),
-]
+TYPE_PAIRS = [("integer", "integer"), ("float", "float"), ("float", "integer"), ("string", "string"),
+              ("boolean", "boolean"), *((t, "null") for t in ("integer", "float", "string", "boolean"))]
 NUMERIC = ("integer", "float", "null")
-# The types a feature column may hold: numbers, and text or booleans (categories). "other" (a mix
-# of kinds in one column, dates as objects, ...) cannot be encoded.
+# What a feature column may hold: numbers, and text or booleans (categories). "other" (mixed kinds,
+# dates as objects, ...) cannot be encoded.
 FEATURE_TYPES = ("integer", "float", "string", "boolean", "null")
 
 
 def table_suite_hash(exp: TableExpectations, features: list[str], label: str, class_label: bool) -> str:
-    """Identity of the suite :func:`validate_table` builds: the expectations, the columns it reads,
-    this module's, the runner's and ``validation.report``'s code and the GX version (GX is not
-    imported). Any change to a bound, a column or the suite code gives a new hash."""
+    """Identity of the suite :func:`validate_table` builds (``gx_run.suite_identity``): any change to
+    a bound, a column or the suite's code gives a new hash."""
     return suite_identity(sys.modules[__name__], _parts(exp, features, label, class_label))
 
 
@@ -97,12 +76,11 @@ def _parts(exp: TableExpectations, features: list[str], label: str, class_label:
 
 # --------------------------------------------------------------------------- the suite protocol (gx_run)
 # A table plan's params (``tasks.tabular``): dataset, root, seed, stratify (how one file is split),
-# expectations (``TableExpectations``), features, label, class_label (the label is a class set: its classes and their shares are checked).
+# expectations, features, label, class_label (the label is a class set), leak_policy.
 
 
 def identity(params: dict) -> dict:
-    """What makes this suite's result: its parts and, for one file split by seed, how it is cut
-    (another seed or fraction is other data)."""
+    """What makes this suite's result: its parts and, for one file split by seed, how it is cut."""
     ds = params["dataset"]
     split = {"file": ds.file, "seed": params["seed"], "test_fraction": ds.test_fraction,
              "stratify": params["stratify"]} if ds.file is not None else None
@@ -112,11 +90,10 @@ def identity(params: dict) -> dict:
 
 
 def run(params: dict, report_dir: Path) -> dict:
-    """Validate the plan's splits and write the report files into ``report_dir`` (the runner's
-    entry, ``validation.gx_run.run_plan``). Files up to ``STREAM_ABOVE_BYTES`` are read whole as
-    training reads them (``tasks.table.load_frames``), so the report names the dtypes training
-    gets; larger ones batch by batch (:func:`validate_streamed`). Raises ValueError when the
-    plan's columns contradict its expectations file, DataUnavailableError for unreadable data."""
+    """Validate the plan's splits and write the report files into ``report_dir``. Files up to
+    ``STREAM_ABOVE_BYTES`` are read whole as training reads them (``tasks.table.load_frames``), so
+    the report names the dtypes training gets; larger ones batch by batch. Raises ValueError when
+    the plan's columns contradict its expectations file, DataUnavailableError for unreadable data."""
     if streamed(params):
         return validate_streamed(params, report_dir)
     from tasks.table import load_frames
@@ -138,15 +115,13 @@ def _checked(params: dict) -> tuple:
 
 def failures(params: dict, run: Run, items: list[Item]) -> list[dict]:
     """One report entry per failed check, in split, table, column, balance, leak order. Rows found
-    in both splits are a warning instead (``"severity": "warning"``: reported, not failed) when
-    the plan's ``leak_policy`` is ``warn``."""
+    in both splits are a warning instead (``"severity": "warning"``) under ``leak_policy: warn``."""
     triples = [(item.split, item.kind, evr) for item, evr in run.results(items)]
     out = sort_failures(failures_from_results(triples, label_column=params["label"]), params["expectations"].names)
     if params.get("leak_policy", "fail") == "warn":
-        for f in out:
-            if f["check"] == "leak":
-                f["severity"] = "warning"
-                f["message"] += " (dataset.leak_policy: warn)"
+        for f in (f for f in out if f["check"] == "leak"):
+            f["severity"] = "warning"
+            f["message"] += " (dataset.leak_policy: warn)"
     return out
 
 
@@ -159,8 +134,8 @@ class _Source:
 
     schemas: dict[str, Any]  # split -> pyarrow.Schema of its batches (each column name once)
     empties: dict[str, Any]  # split -> its columns as read, no rows (pandas: names, repeats, dtypes)
-    # split -> {column: found type} the source knows before its batches are read, where the
-    # Arrow type would say otherwise (a frame's all-null and mixed-kind columns).
+    # split -> {column: found type} known before the batches are read, where the Arrow type would
+    # say otherwise (a frame's all-null and mixed-kind columns).
     found: dict[str, dict[str, str]]
     # (sizes) -> (split, RecordBatch, offset, the batch's pandas frame or None); fills ``sizes``
     # with each split's rows where they are known before the first batch.
@@ -169,9 +144,7 @@ class _Source:
 
 def _frame_source(frames: dict[str, pd.DataFrame]) -> _Source:
     """Frames in memory (every one of SPLITS), one batch a split. ValueError when a split is missing."""
-    missing = [s for s in SPLITS if s not in frames]
-    if missing:
-        raise ValueError(f"the {NAME} suite needs splits {list(SPLITS)}; missing {missing}")
+    need_splits(NAME, SPLITS, frames)
     batches, found = {}, {}
     for s in SPLITS:
         batches[s], found[s] = _frame_batch(frames[s])
@@ -187,10 +160,9 @@ def _frame_source(frames: dict[str, pd.DataFrame]) -> _Source:
 def _frame_batch(df: pd.DataFrame) -> tuple[Any, dict[str, str]]:
     """``df`` as one RecordBatch (a repeated name: its first column), and the found type of the
     columns whose Arrow type would say otherwise: "null" for an all-null column, "other" for an
-    object column holding anything but text (numbers or booleans as objects, mixed kinds: what
-    a model cannot be given as such). A column Arrow cannot hold (mixed kinds) is held as its
-    values' text forms: of an "other" column the checks take from the batch only whether each
-    value is there, its class (``_class_key``) and its row hash; GX reads the frame itself."""
+    object column holding anything but text. A column Arrow cannot hold (mixed kinds) is held as
+    its values' text forms: the checks take from it only presence, class (``_class_key``) and row
+    hash; GX reads the frame itself."""
     import pandas as pd
     import pyarrow as pa
 
@@ -230,10 +202,9 @@ def sources(params: dict) -> dict[str, Path]:
     return split_paths(params["dataset"], params["root"])
 
 
-# Split files larger than this together are read batch by batch: read whole, a split is held as
-# its pandas frame (as training reads it) and its one Arrow batch at once, several times a Parquet
-# file's size on disk; the bundled datasets are read whole (benchmarks/validation_memory.py
-# measures a table read in batches).
+# Split files larger than this together are read batch by batch: read whole, a split is held as its
+# pandas frame and its Arrow batch at once, several times a Parquet file's size on disk
+# (benchmarks/validation_memory.py measures a table read in batches).
 STREAM_ABOVE_BYTES = 32 << 20
 
 
@@ -243,16 +214,13 @@ def streamed(params: dict) -> bool:
     paths = list(sources(params).values())
     if any(p.is_dir() for p in paths):
         return True
-    limit = params.get("stream_above_bytes", STREAM_ABOVE_BYTES)
-    return sum(p.stat().st_size for p in paths if p.is_file()) > limit
+    return sum(p.stat().st_size for p in paths if p.is_file()) > params.get("stream_above_bytes", STREAM_ABOVE_BYTES)
 
 
 def _batches(params: dict, paths: dict[str, Path], batch_rows: int, sizes: dict):
-    """``(split, RecordBatch, offset, None)`` in each split's row order; one file is split by seed as
-    ``tasks.table.load_frames`` splits it (its label column read whole for the stratification, the
-    rows' hashes in one pass for the duplicates). ``sizes`` is filled with each split's rows
-    before the first batch where they are known without reading the data (Parquet footers, the
-    seeded split), else None."""
+    """``(split, RecordBatch, offset, None)`` in each split's row order; one file is split by seed
+    as ``tasks.table.load_frames`` splits it. ``sizes`` gets each split's rows before the first
+    batch where they are known without reading the data (Parquet footers, the seeded split)."""
     import numpy as np
     import pyarrow as pa
 
@@ -270,8 +238,7 @@ def _batches(params: dict, paths: dict[str, Path], batch_rows: int, sizes: dict)
 
     ds, src = params["dataset"], paths["all"]
     # Equal rows stay on one side, as load_frames splits them: one pass of row hashes (8 bytes a
-    # row), and of the label's presence; the label itself read whole as load_frames reads it (its
-    # dtype sets the stratification's groups).
+    # row); the label read whole as load_frames reads it (its dtype sets the stratification's groups).
     hashes = [row_hashes(batch.to_pandas()) for batch in iter_batches(src, batch_rows=batch_rows)]
     groups = np.concatenate(hashes or [np.zeros(0, dtype=np.uint64)])
     del hashes
@@ -315,17 +282,22 @@ def _first_positions(df: pd.DataFrame) -> dict[str, int]:
 
 def _coerce_integral(df: pd.DataFrame) -> pd.DataFrame:
     """A copy with 0..n-1 row labels, whole-number float columns cast to nullable Int64."""
-    import numpy as np
     import pandas as pd
 
     out = df.reset_index(drop=True)  # a copy; rows are positions from here on
     for i in range(out.shape[1]):
         s = out.iloc[:, i]
-        if pd.api.types.is_float_dtype(s.dtype):
-            v = s.dropna().to_numpy(dtype="float64")
-            if len(v) and np.isfinite(v).all() and (v == np.round(v)).all() and (np.abs(v) < 2**53).all():
-                out.isetitem(i, s.astype("Int64"))
+        if pd.api.types.is_float_dtype(s.dtype) and _whole(s.dropna().to_numpy(dtype="float64"), empty=False):
+            out.isetitem(i, s.astype("Int64"))
     return out
+
+
+def _whole(v, empty: bool = True) -> bool:
+    """Every value of the float array ``v`` is a whole number an int64 holds exactly."""
+    import numpy as np
+
+    return (bool(len(v)) or empty) and bool(np.isfinite(v).all() and (v == np.round(v)).all()
+                                            and (np.abs(v) < 2**53).all())
 
 
 def _float_column(batch, name: str):
@@ -343,36 +315,31 @@ def _row_hash_array(batch, columns: list[str]):
     import pandas as pd
     import pyarrow as pa
 
-    canon = {}
-    for c in columns:
+    def canon(c: str):
         t = batch.schema.field(c).type
         if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t):
-            canon[c] = _float_column(batch, c)
-        else:
-            canon[c] = batch.column(c).to_pandas().astype("string")
-    return pd.util.hash_pandas_object(pd.DataFrame(canon), index=False).to_numpy(dtype="uint64")
+            return _float_column(batch, c)
+        return batch.column(c).to_pandas().astype("string")
+
+    frame = pd.DataFrame({c: canon(c) for c in columns})
+    return pd.util.hash_pandas_object(frame, index=False).to_numpy(dtype="uint64")
 
 
 def _cell_suspects(batch, columns: list, offset: int, expectations: list):
     """The cells of ``batch`` that can fail the stacked checks (null where not allowed, below its
     min, above its max: exactly the cells GX reports), as a cells frame, and the counts GX would
     give on the whole stacked batch: ``{expectation index: {"element_count", "missing_count"}}``.
-
-    Every other cell passes each stacked check by construction, so GX validates only these; the
-    stacked frame of a whole batch (five values and an index entry per cell) is never built.
-    """
+    Every other cell passes by construction: the stacked frame of a whole batch is never built."""
     import numpy as np
 
-    k, n = len(columns), batch.num_rows
-    block = np.empty((k, n), dtype="float64")
+    block = np.empty((len(columns), batch.num_rows), dtype="float64")
     for j, c in enumerate(columns):
         block[j] = _float_column(batch, c.name)
     nan = float("nan")
     lo = np.array([[nan if c.min is None else c.min] for c in columns], dtype="float64")
     hi = np.array([[nan if c.max is None else c.max] for c in columns], dtype="float64")
-    nullable = np.array([[c.nulls] for c in columns], dtype=bool)
     null = np.isnan(block)
-    keep = ~(nullable & null)
+    keep = ~(np.array([[c.nulls] for c in columns], dtype=bool) & null)
     with np.errstate(invalid="ignore"):
         suspect = keep & (null | (block < lo) | (block > hi))
     kept = int(keep.sum())
@@ -391,11 +358,9 @@ def _cell_suspects(batch, columns: list, offset: int, expectations: list):
 
 def _cells_from(column, row, values, lo, hi) -> pd.DataFrame:
     """The cells frame of parallel arrays (column name, row, value, min, max)."""
-    import numpy as np
     import pandas as pd
 
-    # int64 keeps examples as 99 rather than 99.0; GX compares int64/float64 vectorised.
-    if not np.isnan(values).any() and (values == np.round(values)).all() and (np.abs(values) < 2**53).all():
+    if _whole(values):  # int64 keeps examples as 99 rather than 99.0
         values = values.astype("int64")
     # The identifying columns are a named index too: GX then reads an unexpected cell's
     # (column, row, value, bounds) from the index tuple instead of one ``.at`` lookup per cell.
@@ -415,51 +380,37 @@ def _arrow_found(arrow_type, stats, known: str | None = None) -> str:
         return "null"
     if known is not None:
         return known
-    if pa.types.is_null(arrow_type):
-        return "null"
-    if pa.types.is_boolean(arrow_type):
-        return "boolean"
-    if pa.types.is_integer(arrow_type):
-        return "integer"
     if pa.types.is_floating(arrow_type):
-        return "integer" if stats is not None and stats.count and stats.integral else "float"
-    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
-        return "string"
+        return "integer" if stats is not None and stats.integral else "float"
+    for kind, test in (("null", pa.types.is_null), ("boolean", pa.types.is_boolean), ("integer", pa.types.is_integer),
+                       ("string", pa.types.is_string), ("string", pa.types.is_large_string)):
+        if test(arrow_type):
+            return kind
     return "other"
 
 
-def _schema_info(exp: TableExpectations, schema, dtypes: dict[str, str], known: dict[str, str],
-                 stats: dict | None) -> dict:
-    """``{column: (dtype text, found type)}`` for _schema_rows; a float column of whole numbers
+def _schema_rows(exp: TableExpectations, features: list[str], schema, dtypes: dict[str, str],
+                 known: dict[str, str], stats: dict | None) -> pd.DataFrame:
+    """The schema frame of the expected columns ``schema`` holds; a float column of whole numbers
     reads Int64, as GX sees it cast (``_coerce_integral``)."""
-    out = {}
-    for f in schema:
-        if f.name not in exp.names or f.name in out:
-            continue
-        found = _arrow_found(f.type, stats.get(f.name) if stats else None, known.get(f.name))
-        dtype = "Int64" if found == "integer" and dtypes[f.name].lower().startswith("float") else dtypes[f.name]
-        out[f.name] = (dtype, found)
-    return out
-
-
-def _schema_rows(exp: TableExpectations, features: list[str], columns: dict[str, tuple[str, str]]) -> pd.DataFrame:
-    """The schema frame from ``{column: (dtype text, found type)}`` of the columns present."""
     import pandas as pd
 
-    present = [c for c in exp.columns if c.name in columns]
-    feats = set(features)
+    info = {}
+    for f in schema:
+        if f.name in exp.names and f.name not in info:
+            found = _arrow_found(f.type, stats.get(f.name) if stats else None, known.get(f.name))
+            integral = found == "integer" and dtypes[f.name].lower().startswith("float")
+            info[f.name] = ("Int64" if integral else dtypes[f.name], found)
+    present = [c for c in exp.columns if c.name in info]
     return pd.DataFrame({
-        "column": pd.Series([c.name for c in present], dtype="object"),
-        "dtype": pd.Series([columns[c.name][0] for c in present], dtype="object"),
-        "expected": pd.Series([c.type for c in present], dtype="object"),
-        "found": pd.Series([columns[c.name][1] for c in present], dtype="object"),
-        "feature": pd.Series([columns[c.name][1] if c.name in feats else None for c in present], dtype="object"),
-    })
+        "column": [c.name for c in present], "dtype": [info[c.name][0] for c in present],
+        "expected": [c.type for c in present], "found": [info[c.name][1] for c in present],
+        "feature": [info[c.name][1] if c.name in features else None for c in present],
+    }, dtype=object)
 
 
 def _stacked_columns(exp: TableExpectations, schema: pd.DataFrame) -> list:
-    """The expected integer/float columns the data holds as numbers (or only nulls): they are
-    checked stacked."""
+    """The expected integer/float columns the data holds as numbers (or only nulls): checked stacked."""
     found = dict(zip(schema["column"], schema["found"]))
     return [c for c in exp.columns if c.type in ("integer", "float") and found.get(c.name) in NUMERIC]
 
@@ -483,75 +434,58 @@ def _balance_rows(classes: list, counts: dict[str, int], n: int) -> pd.DataFrame
 
 def _cross_from_hashes(hashes: dict[str, list]) -> tuple[pd.DataFrame, int]:
     """The cross frame of the rows whose hash both splits hold (first occurrence in each split):
-    the only rows the uniqueness check can fail on, the rest being unique by construction; and
-    the number of rows of the whole cross frame (de-duplicated rows of both splits).
-
-    Memory: the hashes (8 bytes a row) plus a sorted copy of the smaller split's; the larger
-    split is looked up in chunks, then sorted in place to count its distinct rows."""
+    the only rows the uniqueness check can fail on; and the row count of the whole cross frame
+    (de-duplicated rows of both splits). Memory: the hashes plus a sorted copy of the smaller
+    split's; the larger split is looked up in chunks, then sorted in place to count its rows."""
     import numpy as np
     import pandas as pd
 
     h = {}
     for s in SPLITS:  # a preallocated array, or the batches' arrays when the rows were not known
         part = hashes[s]
-        h[s] = part if isinstance(part, np.ndarray) else (
-            np.concatenate(part) if part else np.zeros(0, dtype="uint64"))
+        h[s] = part if isinstance(part, np.ndarray) else (np.concatenate(part) if part else np.zeros(0, dtype="uint64"))
         hashes[s] = None
     small, large = sorted(SPLITS, key=lambda s: len(h[s]))
     probe = np.sort(h[small])
     hits = []
-    for start in range(0, len(h[large]), 1 << 20):
-        part = h[large][start:start + (1 << 20)]
-        idx = np.minimum(np.searchsorted(probe, part), max(len(probe) - 1, 0))
-        if len(probe):
+    if len(probe):
+        for start in range(0, len(h[large]), 1 << 20):
+            part = h[large][start:start + (1 << 20)]
+            idx = np.minimum(np.searchsorted(probe, part), len(probe) - 1)
             hits.append(np.flatnonzero(probe[idx] == part) + start)
     leaked = np.unique(h[large][np.concatenate(hits)]) if hits else np.zeros(0, dtype="uint64")
-    parts = {}
+    parts, total = [], 0
     for s in SPLITS:
         pos = np.flatnonzero(np.isin(h[s], leaked))  # leaked is small: a short scan
         u, first = np.unique(h[s][pos], return_index=True)
         rows = pos[first]
         order = np.argsort(rows, kind="stable")
-        parts[s] = pd.DataFrame({"row_hash": np.array([f"{x:016x}" for x in u[order]], dtype=object),
-                                 "split": s, "row": rows[order].astype("int64")})
-    total = 0
-    for s in SPLITS:
+        parts.append(pd.DataFrame({"row_hash": np.array([f"{x:016x}" for x in u[order]], dtype=object),
+                                   "split": s, "row": rows[order].astype("int64")}))
         h[s].sort()  # in place: no copy of the larger split
         total += int(len(h[s]) and 1 + np.count_nonzero(h[s][1:] != h[s][:-1]))
-    return pd.concat([parts[s] for s in SPLITS], ignore_index=True), total
+    return pd.concat(parts, ignore_index=True), total
 
 
 # --------------------------------------------------------------------------- the plan
 
 
 def _names_text(names: list[str]) -> str:
-    """``pixel_0 … pixel_63`` for a run of numbered names, else the names, comma-separated."""
+    """``pixel_0 … pixel_63`` for a run of (3 or more) numbered names, else the names, comma-separated."""
     parts: list[str] = []
-    run: list[tuple[str, int, str]] = []
-
-    def flush() -> None:
-        if len(run) > 2:
-            parts.append(f"{run[0][2]} … {run[-1][2]}")
+    run: list[str] = []
+    last = None  # (prefix, number) of run's last name
+    for name in [*names, None]:
+        m = re.fullmatch(r"(.*?)(\d+)", name) if name is not None else None
+        key = (m.group(1), int(m.group(2))) if m else None
+        if key and last and key == (last[0], last[1] + 1):
+            run.append(name)
         else:
-            parts.extend(r[2] for r in run)
-        run.clear()
-
-    for name in names:
-        m = re.fullmatch(r"(.*?)(\d+)", name)
-        if m and run and run[-1][0] == m.group(1) and run[-1][1] + 1 == int(m.group(2)):
-            run.append((m.group(1), int(m.group(2)), name))
-            continue
-        flush()
-        if m:
-            run.append((m.group(1), int(m.group(2)), name))
-        else:
-            parts.append(name)
-    flush()
+            parts += [f"{run[0]} … {run[-1]}"] if len(run) > 2 else run
+            run = [name] if key else []
+            parts += [name] if name is not None and not key else []
+        last = key
     return ", ".join(parts)
-
-
-def _fmt(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
 
 
 def _bound_text(columns: list, key: str) -> str:
@@ -560,100 +494,73 @@ def _bound_text(columns: list, key: str) -> str:
     for c in columns:
         if getattr(c, key) is not None:
             groups.setdefault(getattr(c, key), []).append(c.name)
-    return "; ".join(f"{key} {_fmt(b)}: {_names_text(n)}" for b, n in groups.items())
+    return "; ".join(f"{key} {fmt_bound(b)}: {_names_text(n)}" for b, n in groups.items())
 
 
 def _cells_expectations(columns: list) -> tuple[list, list[int]]:
+    """The stacked cells' expectations and how many columns each covers."""
     import great_expectations.expectations as gxe
 
     not_null = [c.name for c in columns if not c.nulls]
     with_min = [c for c in columns if c.min is not None]
     with_max = [c for c in columns if c.max is not None]
-    out, covers = [], []
+    pair = dict(or_equal=True, ignore_row_if="either_value_is_missing")
     # ``description`` is what Data Docs show: the user's column names, not the stacked "value".
-    if not_null:
-        out.append(gxe.ExpectColumnValuesToNotBeNull(
-            column="value", description=f"not null: {_names_text(not_null)}"))
-        covers.append(len(not_null))
-    if with_min:
-        out.append(gxe.ExpectColumnPairValuesAToBeGreaterThanB(
-            column_A="value", column_B="min", or_equal=True, ignore_row_if="either_value_is_missing",
-            description=f"each value at least its column's {_bound_text(with_min, 'min')}"))
-        covers.append(len(with_min))
-    if with_max:
-        out.append(gxe.ExpectColumnPairValuesAToBeGreaterThanB(
-            column_A="max", column_B="value", or_equal=True, ignore_row_if="either_value_is_missing",
-            description=f"each value at most its column's {_bound_text(with_max, 'max')}"))
-        covers.append(len(with_max))
-    return out, covers
-
-
-def _cross_items(cross: pd.DataFrame | None, skipped: list[dict]) -> list[Item]:
-    import great_expectations.expectations as gxe
-
-    if cross is None:
-        skipped.append({"split": "cross", "check": "leak", "reason": "train and test share no expected column"})
-        return []
-    # Every duplicated hash is listed, so each leaked row is paired train <-> test.
-    return [Item("cross", "cross", "cross", cross, [gxe.ExpectColumnValuesToBeUnique(column="row_hash")],
-                 complete("row_hash", "split", "row"))]
+    out = [(not_null, lambda: gxe.ExpectColumnValuesToNotBeNull(
+               column="value", description=f"not null: {_names_text(not_null)}")),
+           (with_min, lambda: gxe.ExpectColumnPairValuesAToBeGreaterThanB(
+               column_A="value", column_B="min", **pair,
+               description=f"each value at least its column's {_bound_text(with_min, 'min')}")),
+           (with_max, lambda: gxe.ExpectColumnPairValuesAToBeGreaterThanB(
+               column_A="max", column_B="value", **pair,
+               description=f"each value at most its column's {_bound_text(with_max, 'max')}"))]
+    return [make() for cols, make in out if cols], [len(cols) for cols, _ in out if cols]
 
 
 def _split_items(exp: TableExpectations, features: list[str], label: str, class_label: bool, s: str,
                  names: list[str], schema: pd.DataFrame, skipped: list[dict]) -> list[Item]:
-    """One split's items: the split itself, its schema (``schema``: as known before the batches
-    are read; it decides which columns are stacked), its stacked cells and class balance.
-    ``names``: the split's columns. The frames are the batches' and those built once they are read."""
+    """One split's items: the split itself, its schema (``schema``: as known before the batches are
+    read; it decides which columns are stacked), its stacked cells and class balance. ``names``:
+    the split's columns. The frames are the batches' and those built once they are read."""
     import great_expectations.expectations as gxe
 
-    classes = exp.classes if class_label else None
-    items: list[Item] = []
     pos = set(names)
     stacked = _stacked_columns(exp, schema)
     stacked_names = {c.name for c in stacked}
-
-    split = [gxe.ExpectTableColumnsToMatchOrderedList(column_list=exp.names),
-             gxe.ExpectColumnToExist(column=label)]
+    split = [gxe.ExpectTableColumnsToMatchOrderedList(column_list=exp.names), gxe.ExpectColumnToExist(column=label)]
     if s in exp.rows:
-        lo, hi = exp.rows[s]
-        split.append(gxe.ExpectTableRowCountToBeBetween(min_value=lo, max_value=hi))
-    for c in exp.columns:
-        if c.name not in pos:
-            continue
-        if c.name not in stacked_names and (not c.nulls):
+        split.append(gxe.ExpectTableRowCountToBeBetween(min_value=exp.rows[s][0], max_value=exp.rows[s][1]))
+    for c in (c for c in exp.columns if c.name in pos):
+        if c.name not in stacked_names and not c.nulls:
             split.append(gxe.ExpectColumnValuesToNotBeNull(column=c.name))
         if c.values is not None:
             split.append(gxe.ExpectColumnValuesToBeInSet(column=c.name, value_set=list(c.values)))
-    items.append(Item(s, s, "split", None, split, SUMMARY))
+    items = [Item(s, s, "split", None, split, SUMMARY)]
 
     present_features = [f for f in features if f in pos]
     schema_exp = [gxe.ExpectColumnPairValuesToBeInSet(
         column_A="expected", column_B="found", value_pairs_set=TYPE_PAIRS,
         description="each column holds its expected type (integer | float | string | boolean)")]
-    covers = [len(schema)]
     if present_features:
         schema_exp.append(gxe.ExpectColumnValuesToBeInSet(
             column="feature", value_set=list(FEATURE_TYPES),
             description=f"features hold numbers, text or booleans: {_names_text(present_features)}"))
-        covers.append(len(present_features))
-    items.append(Item(f"{s}_schema", s, "schema", schema, schema_exp,
-                      complete("column", "dtype", "expected", "found"), covers))
+    items.append(Item(f"{s}_schema", s, "schema", schema, schema_exp, complete("column", "dtype", "expected", "found"),
+                      [len(schema), len(present_features)][:len(schema_exp)]))
 
-    numeric_expected = [c.name for c in exp.columns if c.type in ("integer", "float") and c.name in pos]
-    not_numeric = [n for n in numeric_expected if n not in stacked_names]
+    not_numeric = [c.name for c in exp.columns
+                   if c.type in ("integer", "float") and c.name in pos and c.name not in stacked_names]
     if not_numeric:
         skipped.append({"split": s, "check": "range", "reason": f"not numeric: {', '.join(not_numeric)}"})
-    if stacked:
-        cells_exp, covers = _cells_expectations(stacked)
-        if cells_exp:
-            items.append(Item(f"{s}_cells", s, "cells", None, cells_exp, complete(*CELL_INDEX), covers))
+    cells_exp, covers = _cells_expectations(stacked)
+    if cells_exp:
+        items.append(Item(f"{s}_cells", s, "cells", None, cells_exp, complete(*CELL_INDEX), covers))
 
     if not class_label:
         return items
     if label not in pos:
-        skipped.append({"split": s, "check": "nulls, label_set, class_balance",
-                        "reason": f"no {label!r} column"})
-    elif classes is None:
+        skipped.append({"split": s, "check": "nulls, label_set, class_balance", "reason": f"no {label!r} column"})
+    elif exp.classes is None:
         skipped.append({"split": s, "check": "label_set, class_balance",
                         "reason": f"the expectations file lists no values (class set) for {label!r}"})
     elif exp.class_share is not None:
@@ -669,12 +576,6 @@ _TABLE_LEVEL = ("expect_table_columns_to_match_ordered_list", "expect_column_to_
                 "expect_table_row_count_to_be_between")
 
 
-def _row_level_columns(item: Item, names: list[str]) -> list[str]:
-    """The columns the split item's row-level expectations read, in the split's order."""
-    used = {e.column for e in item.expectations if e.expectation_type not in _TABLE_LEVEL}
-    return [n for n in names if n in used]
-
-
 # --------------------------------------------------------------------------- validation
 
 
@@ -684,9 +585,8 @@ def validate_table(exp: TableExpectations, features: list[str], label: str, spli
     against ``exp``; write ``gx_result.json``, ``summary.md`` and Data Docs into ``report_dir``.
 
     Never raises on bad data: every problem is a failure in the returned report (shape in
-    ``validation.gx_run.write_report``, failures in ``validation.report``). Raises ValueError
-    when a split is missing or the caller's columns contradict ``exp`` (a feature or the label
-    not in the file).
+    ``validation.gx_run.write_report``). Raises ValueError when a split is missing or the caller's
+    columns contradict ``exp`` (a feature or the label not in the file).
     """
     params = {"expectations": exp, "features": list(features), "label": label, "class_label": class_label}
     return _validate(params, _frame_source(splits), Path(report_dir))
@@ -695,19 +595,17 @@ def validate_table(exp: TableExpectations, features: list[str], label: str, spli
 def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = None) -> dict:
     """Validate the plan's files batch by batch in bounded memory, whatever their size, and write
     the report files as :func:`validate_table` does. ``batch_rows``: rows per batch (default
-    ``params["batch_rows"]`` or ``tasks.columnar.BATCH_ROWS``). Raises ValueError when the plan's
-    columns contradict its expectations file, DataUnavailableError for unreadable data."""
+    ``params["batch_rows"]`` or ``tasks.columnar.BATCH_ROWS``). Raises as :func:`run`."""
     return _validate(params, _file_source(params, batch_rows), Path(report_dir))
 
 
 def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
     """Every check of the suite over ``source``'s batches; the report files into ``report_dir``.
 
-    Per batch: GX validates the split item's row-level expectations (nulls, value sets) on the
-    columns they read, and the stacked cells' checks on the batch's cells that can fail them;
-    the column statistics, class counts and row hashes are folded in. Then, once per split, GX
-    validates what needs the whole split on small frames: the schema, the class balance, the
-    column list and row count; and the leak check on the rows both splits hold.
+    Per batch, GX validates the split item's row-level expectations on the columns they read and
+    the cells that can fail the stacked checks; the column statistics, class counts and row hashes
+    are folded in. Then, per split, GX validates on small frames what needs the whole split: the
+    schema, the class balance, the column list and row count; and the leak check.
     """
     import time
 
@@ -719,7 +617,6 @@ def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
     from tasks.columnar import ColumnStats
 
     exp, features, label = _checked(params)
-    class_label = params["class_label"]
     schemas = source.schemas
     dtypes = {s: {str(n): str(source.empties[s].dtypes.iloc[i])
                   for n, i in _first_positions(source.empties[s]).items()} for s in SPLITS}
@@ -728,9 +625,9 @@ def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
     items: list[Item] = []
     stacked: dict[str, list] = {}
     for s in SPLITS:
-        schema = _schema_rows(exp, features, _schema_info(exp, schemas[s], dtypes[s], source.found[s], None))
+        schema = _schema_rows(exp, features, schemas[s], dtypes[s], source.found[s], None)
         stacked[s] = _stacked_columns(exp, schema)
-        items += _split_items(exp, features, label, class_label, s, schemas[s].names, schema, skipped)
+        items += _split_items(exp, features, label, params["class_label"], s, schemas[s].names, schema, skipped)
     by_name = {item.name: item for item in items}
 
     run = start_run(started)
@@ -738,20 +635,19 @@ def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
     batched = {s: {kind: ItemBatches(run, by_name[name], group_by="cell_column" if kind == "cells" else None)
                    for kind, name in (("split", s), ("cells", f"{s}_cells")) if name in by_name} for s in SPLITS}
     # Value counts only for a balance check's label: a regression target's (continuous) values
-    # would each get a dict entry, ~90 bytes a row: most of the peak on a large table.
+    # would each get a dict entry, most of the peak memory on a large table.
     stats = {s: {n: ColumnStats(n, values={} if n == label and f"{s}_balance" in by_name else None)
                  for n in schemas[s].names} for s in SPLITS}
     cross_columns = [c for c in exp.names if all(c in schemas[s].names for s in SPLITS)]
     hashes: dict = {}
     sizes: dict = {}
     rows = {s: 0 for s in SPLITS}
-    read: set[str] = set()
-
-    row_level = {s: _row_level_columns(by_name[s], schemas[s].names) for s in SPLITS}
+    # The columns the split item's row-level expectations read, in the split's order.
+    used = {s: {e.column for e in by_name[s].expectations if e.expectation_type not in _TABLE_LEVEL} for s in SPLITS}
+    row_level = {s: [n for n in schemas[s].names if n in used[s]] for s in SPLITS}
 
     def feed(s: str, batch, offset: int, frame=None) -> None:
-        # The split item gets only the columns its row-level expectations read: the batch's, or
-        # the frame's where it came from one (it may hold what Arrow cannot: a column of mixed kinds).
+        # The frame's columns where the batch came from one (it may hold what Arrow cannot: mixed kinds).
         if frame is None:
             df = batch.select(row_level[s]).to_pandas()
         else:
@@ -761,9 +657,9 @@ def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
         df.index = pd.RangeIndex(offset, offset + batch.num_rows)
         batched[s]["split"].add(df)
         if "cells" in batched[s]:
-            cells, counts = _cell_suspects(batch, stacked[s], offset, by_name[f"{s}_cells"].expectations)
-            batched[s]["cells"].add(cells, counts)
+            batched[s]["cells"].add(*_cell_suspects(batch, stacked[s], offset, by_name[f"{s}_cells"].expectations))
 
+    read: set[str] = set()
     for s, batch, offset, frame in source.batches(sizes):
         for i, name in enumerate(batch.schema.names):
             if name in stats[s]:
@@ -783,39 +679,35 @@ def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
 
     for s in SPLITS:
         if s not in read:  # a split with no batch (an empty file): its checks on no rows
-            feed(s, _empty_batch(schemas[s]), 0)
-        by_name[f"{s}_schema"].frame = _schema_rows(
-            exp, features, _schema_info(exp, schemas[s], dtypes[s], source.found[s], stats[s]))
+            import pyarrow as pa
+
+            feed(s, pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schemas[s]], schema=schemas[s]), 0)
+        by_name[f"{s}_schema"].frame = _schema_rows(exp, features, schemas[s], dtypes[s], source.found[s], stats[s])
         run_item(run, by_name[f"{s}_schema"])
         if f"{s}_balance" in by_name:
-            values = stats[s][label].values or {}
             counts: dict[str, int] = {}
-            for v, k in values.items():
+            for v, k in (stats[s][label].values or {}).items():
                 counts[_class_key(v)] = counts.get(_class_key(v), 0) + k
             by_name[f"{s}_balance"].frame = _balance_rows(exp.classes, counts, stats[s][label].count)
             run_item(run, by_name[f"{s}_balance"])
-        split_item = by_name[s]
         # Table-level checks on the split's columns with no rows, the row count on N rows and no
         # columns (a RangeIndex: no memory).
-        whole = {i: pd.DataFrame(index=pd.RangeIndex(rows[s])) if isinstance(e, gxe.ExpectTableRowCountToBeBetween)
-                 else source.empties[s] for i, e in enumerate(split_item.expectations)
-                 if e.expectation_type in _TABLE_LEVEL}
-        batched[s]["split"].finish(whole)
+        batched[s]["split"].finish({i: pd.DataFrame(index=pd.RangeIndex(rows[s]))
+                                    if isinstance(e, gxe.ExpectTableRowCountToBeBetween) else source.empties[s]
+                                    for i, e in enumerate(by_name[s].expectations)
+                                    if e.expectation_type in _TABLE_LEVEL})
         if "cells" in batched[s]:
             batched[s]["cells"].finish()
-    frame, total = _cross_from_hashes({s: hashes.get(s, []) for s in SPLITS}) if cross_columns else (None, 0)
-    cross = _cross_items(frame, skipped)
-    for item in cross:  # GX's counts as on the whole cross frame
-        leaks = ItemBatches(run, item)
+    if cross_columns:
+        # Every duplicated hash is listed, so each leaked row is paired train <-> test.
+        frame, total = _cross_from_hashes({s: hashes.get(s, []) for s in SPLITS})
+        item = Item("cross", "cross", "cross", frame, [gxe.ExpectColumnValuesToBeUnique(column="row_hash")],
+                    complete("row_hash", "split", "row"))
+        leaks = ItemBatches(run, item)  # GX's counts as on the whole cross frame
         leaks.add(item.frame, {0: {"element_count": total, "missing_count": 0}})
         leaks.finish()
-    items += cross
+        items.append(item)
+    else:
+        skipped.append({"split": "cross", "check": "leak", "reason": "train and test share no expected column"})
     return write_report(run, items, Path(report_dir), failures=failures(params, run, items), rows=rows,
                         skipped=skipped)
-
-
-def _empty_batch(schema):
-    """A RecordBatch of ``schema`` with no rows."""
-    import pyarrow as pa
-
-    return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schema], schema=schema)

@@ -1,18 +1,16 @@
-"""The text suite the GX runner (``validation.gx_run``) runs: a corpus (the ``lm`` task's
-``dataset.text``), the same report shape as tables.
+"""The text suite the GX runner (``validation.gx_run``) runs: a JSON Lines corpus (the ``lm`` task's
+``dataset.text``, one ``{"path", "text"}`` document per line), the same report shape as tables.
 
-The corpus is JSON Lines, one ``{"path", "text"}`` document per line. GX runs on derived frames
-with one row per document, so a suite costs a handful of expectations whatever the corpus size:
+GX runs on derived frames with one row per document, a handful of expectations whatever the size:
 
-* ``<split>`` (``train``: ``text.train_file``, ``eval``: ``text.eval_file``), columns
-  ``doc, line, path, parsed, utf8, nonblank, n_bytes, sha256``: the document count lies in
-  ``expectations.{train,eval}_docs``; every line parses as a ``{"path": str, "text": str}`` object
-  (``format``); every document is valid UTF-8 (``utf8``: the raw line decodes strictly and the
-  text holds no lone surrogate); no document is empty or whitespace only (``empty``); every
-  document's UTF-8 size lies in ``expectations.doc_bytes`` (``length``); no path repeats within
-  the split (``duplicate``).
-* ``cross_path`` / ``cross_content``: each split's distinct paths / content hashes,
-  concatenated; a value seen twice is a document in both splits (``leak``).
+* ``<split>`` (``train``: ``text.train_file``, ``eval``: ``text.eval_file``), columns ``COLUMNS``:
+  the document count lies in ``expectations.{train,eval}_docs``; every line parses as a
+  ``{"path": str, "text": str}`` object (``format``); every document is valid UTF-8 (``utf8``: the
+  raw line decodes strictly and the text holds no lone surrogate); none is empty or whitespace
+  only (``empty``); each one's UTF-8 size lies in ``expectations.doc_bytes`` (``length``); no path
+  repeats within the split (``duplicate``).
+* ``cross_path`` / ``cross_content``: each split's distinct paths / content hashes; a value seen
+  twice is a document in both splits (``leak``).
 
 Failures carry the document's 0-based position in its split (``rows``) and examples
 ``{line, path, <value>}``; ``line`` is the 1-based line in the file.
@@ -27,23 +25,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import DataUnavailableError
-from validation.gx_run import (Item, Run, complete, derived_failure, plan_failures, plan_items, sort_failures,
-                               validate)
-from validation.report import MAX_EXAMPLES, fmt_bound, jsonable
+from validation.gx_run import complete, cross_frame, leak_failure, validate
+from validation.report import MAX_EXAMPLES, fmt_bound
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from core.config import DatasetConfig
 
-NAME = "text"
+NAME, NOUN = "text", "documents"
 SPLITS = ("train", "eval")
 COLUMNS = ["doc", "line", "path", "parsed", "utf8", "nonblank", "n_bytes", "sha256"]
-_CHECK_ORDER = ("row_count", "format", "utf8", "empty", "length", "duplicate", "leak", "other")
-
-
-def _split_file(cfg: DatasetConfig, split: str) -> str:
-    return cfg.text.train_file if split == "train" else cfg.text.eval_file
+CHECK_ORDER = ("row_count", "format", "utf8", "empty", "length", "duplicate", "leak", "other")
 
 
 def document_frame(lines: list[bytes]) -> pd.DataFrame:
@@ -58,7 +51,7 @@ def document_frame(lines: list[bytes]) -> pd.DataFrame:
             decoded, utf8 = raw.decode("utf-8"), True
         except UnicodeDecodeError:
             decoded, utf8 = raw.decode("utf-8", "surrogateescape"), False
-        path, text = None, None
+        path = text = None
         try:
             obj = json.loads(decoded)
             if isinstance(obj, dict) and isinstance(obj.get("path"), str) and isinstance(obj.get("text"), str):
@@ -86,7 +79,7 @@ def load_splits(cfg: DatasetConfig, root: Path) -> dict[str, pd.DataFrame]:
     """``{"train": frame, "eval": frame}`` of the corpus files. Raises DataUnavailableError."""
     frames = {}
     for split in SPLITS:
-        path = Path(root) / cfg.path / _split_file(cfg, split)
+        path = Path(root) / cfg.path / getattr(cfg.text, f"{split}_file")
         if not path.is_file():
             raise DataUnavailableError(
                 f"{split} split not found: {path} does not exist. The DVC-tracked data "
@@ -99,29 +92,15 @@ def load_splits(cfg: DatasetConfig, root: Path) -> dict[str, pd.DataFrame]:
     return frames
 
 
-def _cross_frame(frames: dict[str, pd.DataFrame], column: str) -> pd.DataFrame:
-    """Each split's distinct values of ``column`` (first document kept), concatenated."""
-    import pandas as pd
-
-    parts = []
-    for split in SPLITS:
-        df = frames[split]
-        df = df[df[column].notna()].drop_duplicates(column, keep="first")
-        parts.append(pd.DataFrame({column: df[column].astype(object).to_numpy(), "split": split,
-                                   "doc": df["doc"].to_numpy(dtype="int64"),
-                                   "path": df["path"].astype(object).to_numpy()}))
-    return pd.concat(parts, ignore_index=True)
-
-
-def _plan(cfg: DatasetConfig, frames: dict[str, pd.DataFrame]) -> list[dict]:
+def plan(params: dict, frames: dict[str, pd.DataFrame]) -> list[dict]:
     import great_expectations.expectations as gxe
 
-    exp = cfg.text.expectations
+    exp = params["dataset"].text.expectations
     lo, hi = exp.doc_bytes
-    plan = []
+    out = []
     for split in SPLITS:
-        rlo, rhi = exp.train_docs if split == "train" else exp.eval_docs
-        plan.append(dict(name=split, split=split, frame=frames[split], checks=[
+        rlo, rhi = getattr(exp, f"{split}_docs")
+        out.append(dict(name=split, split=split, frame=frames[split], checks=[
             ("row_count", gxe.ExpectTableRowCountToBeBetween(min_value=rlo, max_value=rhi)),
             ("format", gxe.ExpectColumnValuesToBeInSet(column="parsed", value_set=[True])),
             ("utf8", gxe.ExpectColumnValuesToBeInSet(column="utf8", value_set=[True])),
@@ -130,38 +109,18 @@ def _plan(cfg: DatasetConfig, frames: dict[str, pd.DataFrame]) -> list[dict]:
             ("duplicate", gxe.ExpectColumnValuesToBeUnique(column="path")),
         ], result_format=complete("doc", "line", "path", "n_bytes")))
     for column in ("path", "sha256"):
-        plan.append(dict(name=f"cross_{column}", split="cross", frame=_cross_frame(frames, column), checks=[
-            ("leak", gxe.ExpectColumnValuesToBeUnique(column=column)),
-        ], result_format=complete(*dict.fromkeys((column, "split", "doc", "path")))))
-    return plan
+        out.append(dict(name=f"cross_{column}", split="cross", frame=cross_frame(frames, SPLITS, column, "doc", "path"),
+                        checks=[("leak", gxe.ExpectColumnValuesToBeUnique(column=column))],
+                        result_format=complete(*dict.fromkeys((column, "split", "doc", "path")))))
+    return out
 
 
-def failure(split: str, check: str, evr: dict) -> dict:
-    """One report entry (see ``validation.report``) from a failed expectation result."""
-    out, kwargs, result, records, evaluated = derived_failure(split, check, evr)
-    if not evaluated:
-        return jsonable(out)
-    column, count = out["column"], out["unexpected_count"]
-    if check == "row_count":
-        observed = result.get("observed_value")
-        out.update(column=None, examples=[observed],
-                   detail=f"{observed} documents, expected {kwargs.get('min_value')}..{kwargs.get('max_value')}")
-        return jsonable(out)
-    shown = records[:MAX_EXAMPLES]
-    more = " ..." if len(records) > MAX_EXAMPLES else ""
+def failure(check: str, out: dict, kwargs: dict, result: dict, records: list[dict]) -> None:
+    """Complete a failed check's report entry (see ``validation.report``)."""
     if check == "leak":
-        by_value: dict = {}
-        for r in records:
-            by_value.setdefault(r.get(column), {}).setdefault(r.get("split"), r)
-        pairs = [{"train_path": v.get("train", {}).get("path"), "eval_path": v.get("eval", {}).get("path"),
-                  "train_doc": v.get("train", {}).get("doc"), "eval_doc": v.get("eval", {}).get("doc")}
-                 for v in by_value.values()]
-        what = "path" if column == "path" else "content"
-        out.update(unexpected_count=len(pairs), examples=pairs[:MAX_EXAMPLES],
-                   detail=f"{len(pairs)} document(s) with the same {what} in train and eval: "
-                   + ", ".join(f"train {p['train_path']} = eval {p['eval_path']}" for p in pairs[:MAX_EXAMPLES])
-                   + (" ..." if len(pairs) > MAX_EXAMPLES else ""))
-        return jsonable(out)
+        what = "path" if out["column"] == "path" else "content"
+        return leak_failure(out, records, out["column"], SPLITS, ("path", "doc"), f"document(s) with the same {what}")
+    shown, more = records[:MAX_EXAMPLES], " ..." if len(records) > MAX_EXAMPLES else ""
     out["rows"] = [r.get("doc") for r in shown]
     out["examples"] = [{"line": r.get("line"), "path": r.get("path")} for r in shown]
     where = ", ".join(f"{r.get('path') or '?'} (line {r.get('line')})" for r in shown) + more
@@ -175,10 +134,13 @@ def failure(split: str, check: str, evr: dict) -> dict:
         for e, r in zip(out["examples"], shown):
             e["n_bytes"] = r.get("n_bytes")
         where = ", ".join(f"{r.get('path') or '?'} ({r.get('n_bytes')} B, line {r.get('line')})" for r in shown) + more
-        lo, hi = fmt_bound(kwargs.get("min_value")), fmt_bound(kwargs.get("max_value"))
-        what = f"document(s) with a UTF-8 size outside [{lo}, {hi}] bytes"
-    out["detail"] = f"{count} {what}: {where}"
-    return jsonable(out)
+        what = f"document(s) with a UTF-8 size outside [{fmt_bound(kwargs.get('min_value'))}, " \
+               f"{fmt_bound(kwargs.get('max_value'))}] bytes"
+    out["detail"] = f"{out['unexpected_count']} {what}: {where}"
+
+
+def message_column(f: dict):
+    return f["column"]
 
 
 # --------------------------------------------------------------------------- the suite protocol (gx_run)
@@ -195,16 +157,7 @@ def load(params: dict) -> dict[str, pd.DataFrame]:
     return load_splits(params["dataset"], params["root"])
 
 
-def items(params: dict, splits: dict[str, pd.DataFrame]) -> tuple[list[Item], list[dict]]:
-    return plan_items(_plan(params["dataset"], splits), "text"), []
-
-
-def failures(params: dict, run: Run, items: list[Item]) -> list[dict]:
-    return sort_failures(plan_failures(run, items, failure, lambda f: f["column"]), SPLITS, _CHECK_ORDER)
-
-
 def validate_text(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_dir: Path) -> dict:
     """Run the text suite on ``splits`` (from :func:`load_splits`) and write the report files into
-    ``report_dir``; the same report shape as the tabular suite (``validation.gx_run.write_report``).
-    Never raises on bad data."""
+    ``report_dir``; the same report shape as the table suite. Never raises on bad data."""
     return validate(sys.modules[__name__], {"dataset": cfg}, splits, Path(report_dir))
