@@ -1,19 +1,10 @@
 """Tables read in bounded memory: Arrow record batches and per-column statistics merged across them.
 
-Torch-free and pandas-free (pyarrow and numpy, imported inside the functions). Used where a table
-may not fit in memory: validation of large splits (``validation.suite``), the tabular task's
-standardisation statistics (``tasks.tabular``) and the streamed loader (``training.stream``).
-
-* :func:`iter_batches` yields ``pyarrow.RecordBatch`` objects of at most ``batch_rows`` rows from a
-  Parquet file, a folder of Parquet files (files in name order, each file's row groups in order) or
-  a CSV file (pyarrow's streaming CSV reader). Memory is one Parquet row group or one CSV block
-  plus the batch, whatever the number of rows.
-* :func:`column_stats` folds batches into :class:`ColumnStats` per column: count, nulls, min, max,
-  mean and std (float64, Chan et al.'s pairwise merge of per-batch moments, so the order of the
-  batches changes the result only by rounding) and, for the columns asked, the count of each value.
-
-A null is an Arrow null or, in a float column, NaN (as pandas reads both). ``std`` is the
-population standard deviation (ddof 0, as ``numpy.nanstd``); :meth:`ColumnStats.var` takes ddof.
+Torch-free and pandas-free (pyarrow and numpy, imported inside the functions); used where a table
+may not fit in memory (validation, the tabular task's statistics, the streamed loader).
+:func:`iter_batches` yields batches of a Parquet file, a folder of them or a CSV file, holding one
+row group or CSV block at a time; :func:`column_stats` folds them into :class:`ColumnStats`.
+A null is an Arrow null or, in a float column, NaN (as pandas reads both).
 """
 
 from __future__ import annotations
@@ -62,8 +53,7 @@ def parquet_files(source: Path) -> list[Path]:
     if source.is_file():
         return [source]
     if not source.is_dir():
-        raise DataUnavailableError(f"{source} does not exist. The DVC-tracked data is missing from the "
-                                   "workspace; run `dvc pull` (or check dataset.path)")
+        raise _not_pulled(source)
     files = sorted(p for p in source.iterdir() if p.is_file() and p.suffix.lower() in PARQUET_SUFFIXES)
     if not files:
         raise DataUnavailableError(f"{source}: a folder with no .parquet files")
@@ -74,30 +64,19 @@ def source_rows(source: Path) -> int | None:
     """Rows of a Parquet source from its footers (no data read); None for a CSV (unknown until read)."""
     if source_format(source) != "parquet":
         return None
-    import pyarrow.parquet as pq
-
-    total = 0
-    for path in parquet_files(source):
-        try:
-            total += pq.ParquetFile(path).metadata.num_rows
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds; all mean "unreadable"
-            raise DataUnavailableError(f"{path} cannot be read as parquet: {type(exc).__name__}: {exc}") from None
-    return total
+    return sum(_parquet(path).metadata.num_rows for path in parquet_files(source))
 
 
 def iter_batches(source: Path, columns: list[str] | None = None, batch_rows: int = BATCH_ROWS,
                  types: dict[str, Any] | None = None) -> Iterator[pa.RecordBatch]:
     """``pyarrow.RecordBatch`` objects of at most ``batch_rows`` rows, in file order, read lazily.
 
-    ``source``: a ``.parquet``/``.pq`` file, a folder of them (name order; every file must hold
-    ``columns``) or a ``.csv`` file. ``columns``: the columns to read, in this order (None: all).
-    ``types``: CSV only, ``{column: pyarrow type}`` forced instead of inferred.
-
-    A CSV's types are inferred from its first block, with integer columns widened to float64 and
-    all-null ones read as float64: a later block may hold 1.5 in a column that began with whole
-    numbers, or values in one that began empty. A later value that still does not convert (text in
-    a numeric column) raises DataUnavailableError naming the column; pass ``types`` for it.
-    Raises DataUnavailableError for a missing or unreadable file or a missing column.
+    ``source``: a ``.parquet``/``.pq`` file, a folder of them (name order) or a ``.csv`` file;
+    ``columns``: the columns to read, in this order (None: all); ``types``: CSV only, ``{column:
+    pyarrow type}`` forced instead of inferred. A CSV's types come from its first block, integer and
+    all-null columns widened to float64 (a later block may hold 1.5, or values in a column that
+    began empty). DataUnavailableError for a missing or unreadable file, a missing column, or a
+    later CSV value that does not convert (naming the column; pass ``types`` for it).
     """
     if batch_rows < 1:
         raise ValueError(f"batch_rows: must be >= 1, got {batch_rows}")
@@ -109,23 +88,31 @@ def iter_batches(source: Path, columns: list[str] | None = None, batch_rows: int
         yield from _parquet_batches(path, columns, batch_rows)
 
 
-def _parquet_batches(path: Path, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
+def _not_pulled(path: Path) -> DataUnavailableError:
+    return DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the "
+                                "workspace; run `dvc pull` (or check dataset.path)")
+
+
+def _parquet(path: Path, columns: list[str] | None = None):
+    """``pyarrow.parquet.ParquetFile`` of ``path``; DataUnavailableError when unreadable or lacking ``columns``."""
     import pyarrow.parquet as pq
 
     try:
         pf = pq.ParquetFile(path)
-        missing = [c for c in columns or [] if c not in pf.schema_arrow.names]
+        names = pf.schema_arrow.names
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds; all mean "unreadable"
         raise DataUnavailableError(f"{path} cannot be read as parquet: {type(exc).__name__}: {exc}") from None
+    missing = [c for c in columns or [] if c not in names]
     if missing:
-        raise DataUnavailableError(f"{path} lacks column(s) {missing}; found {pf.schema_arrow.names}")
-    # One row group at a time: iter_batches reads row group by row group, not the whole file.
-    for i in range(pf.num_row_groups):
+        raise DataUnavailableError(f"{path} lacks column(s) {missing}; found {names}")
+    return pf
+
+
+def _parquet_batches(path: Path, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    pf = _parquet(path, columns)
+    for i in range(pf.num_row_groups):  # one row group at a time, not the whole file
         try:
-            batches = pf.iter_batches(batch_size=batch_rows, row_groups=[i], columns=columns,
-                                      use_threads=False)
-            for batch in batches:
-                yield batch
+            yield from pf.iter_batches(batch_size=batch_rows, row_groups=[i], columns=columns, use_threads=False)
         except OSError as exc:
             raise DataUnavailableError(f"{path} row group {i} cannot be read: {exc}") from None
 
@@ -164,8 +151,7 @@ def _csv_schema(path: Path, types: dict[str, Any]) -> pa.Schema:
     import pyarrow.csv as pcsv
 
     if not path.is_file():
-        raise DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the "
-                                   "workspace; run `dvc pull` (or check dataset.path)")
+        raise _not_pulled(path)
     read = pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False)
     try:
         with pcsv.open_csv(path, read_options=read) as probe:
@@ -183,18 +169,11 @@ def _csv_schema(path: Path, types: dict[str, Any]) -> pa.Schema:
 
 
 def source_schema(source: Path, types: dict[str, Any] | None = None) -> pa.Schema:
-    """The Arrow schema :func:`iter_batches` yields for ``source`` (its first Parquet file's, or a
-    CSV's first block's, widened), without reading the data."""
+    """The Arrow schema :func:`iter_batches` yields for ``source``, without reading the data."""
     source = Path(source)
     if source_format(source) == "csv":
         return _csv_schema(source, types or {})
-    import pyarrow.parquet as pq
-
-    path = parquet_files(source)[0]
-    try:
-        return pq.ParquetFile(path).schema_arrow
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds; all mean "unreadable"
-        raise DataUnavailableError(f"{path} cannot be read as parquet: {type(exc).__name__}: {exc}") from None
+    return _parquet(parquet_files(source)[0]).schema_arrow
 
 
 def _csv_error(path: Path, names: list[str], exc: Exception) -> str:
@@ -211,12 +190,12 @@ def _csv_error(path: Path, names: list[str], exc: Exception) -> str:
 
 @dataclass
 class ColumnStats:
-    """Running statistics of one column; fold batches with :meth:`update`, parts with :meth:`merge`.
+    """Running statistics of one column; fold batches with :meth:`update`, parts with :meth:`merge`
+    (Chan et al.'s pairwise update: the batches' order changes the result only by rounding).
 
-    ``count``: non-null values; ``nulls``: nulls (and NaN); ``min``/``max``: of the non-null values
-    (Python numbers; None for a non-numeric column or when there is none); ``mean``, ``m2`` (sum of
-    squared deviations): float64, numeric columns only; ``values``: value -> count, only for a
-    column asked for in ``column_stats(categories=...)`` (None otherwise).
+    ``count``: non-null values; ``nulls``: nulls and NaN; ``min``/``max``: Python numbers (None for
+    a non-numeric column); ``mean``, ``m2`` (sum of squared deviations): float64, numeric columns
+    only; ``values``: value -> count, for the columns ``column_stats(categories=...)`` names.
     """
 
     name: str
@@ -339,9 +318,8 @@ class ColumnStats:
 
 def column_stats(batches: Iterable[pa.RecordBatch], columns: list[str],
                  categories: Iterable[str] = ()) -> dict[str, ColumnStats]:
-    """``{column: ColumnStats}`` over every batch (any iterable of RecordBatch or Table, e.g.
-    :func:`iter_batches`), counting each value of the ``categories`` columns. Memory: one batch
-    plus the value counts. KeyError naming a column a batch lacks."""
+    """``{column: ColumnStats}`` over every batch (RecordBatch or Table), counting each value of the
+    ``categories`` columns. KeyError naming a column a batch lacks."""
     cats = set(categories)
     unknown = cats - set(columns)
     if unknown:
