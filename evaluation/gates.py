@@ -87,6 +87,7 @@ def beats(task, candidate: dict, champion: dict | None, min_improvement: float =
         m, c, p = task.metric(name), candidate[name], champion[name]
         if abs(c - p) > (min_improvement * abs(p) if m.relative else min_improvement):
             ok = (c > p) == m.higher_is_better
-            return ok, f"{names} {shown(candidate)} {'beats' if ok else 'does not beat'} the champion's {shown(champion)}"
+            verb = "beats" if ok else "does not beat"
+            return ok, f"{names} {shown(candidate)} {verb} the champion's {shown(champion)}"
     return False, (f"{names} {shown(candidate)} ties the champion's {shown(champion)} (no difference above "
                    f"gates.min_improvement {min_improvement:g}): the champion stays")

@@ -71,6 +71,21 @@ def write_program_scores(out: Path, x, decode: Callable, split_sha256: str) -> N
     tmp.replace(Path(out) / SCORES_FILE)
 
 
+def cache_write(path: Path, write: Callable) -> None:
+    """``write(binary file)`` into ``path`` through a temporary name, so a reader sees all of it or
+    nothing; an unwritable cache (a read-only home) is left alone: the value is made again next time."""
+    import os
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            write(fh)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 def fit_gbdt(root: Path, key: dict, arrays: Callable, seed: int, max_rows: int, what: str) -> dict:
     """scikit-learn's gradient-boosted trees beside a task's network (``Task.gbdt``), cached as JSON
     in ``TRAINFLOW_HOME/cache/gbdt`` by ``key`` and scikit-learn's version (``fit_s`` is the first
@@ -78,7 +93,6 @@ def fit_gbdt(root: Path, key: dict, arrays: Callable, seed: int, max_rows: int, 
     the estimator's input; at most ``max_rows`` of x (a seeded sample) are fitted, on one thread.
     Returns ``{"predictor", "pred", "fit_s", "predict_s", "cached"}``."""
     import json
-    import os
     import time
     from importlib.metadata import version
 
@@ -114,13 +128,7 @@ def fit_gbdt(root: Path, key: dict, arrays: Callable, seed: int, max_rows: int, 
                         + (f", fitted on {max_rows:,} sampled train {what}" if sampled else "")
                         + (f", on the {x.shape[1]} resized pixels" if what == "images" else "") + ")",
            "pred": pred.tolist(), "fit_s": round(t1 - t0, 3), "predict_s": round(t2 - t1, 3)}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(out))
-        os.replace(tmp, path)
-    except OSError:  # a read-only home: fitted again next time
-        pass
+    cache_write(path, lambda fh: fh.write(json.dumps(out).encode()))
     return {**out, "pred": pred, "cached": False}
 
 

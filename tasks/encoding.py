@@ -250,7 +250,7 @@ class TableFit:
             part.update(frame[name])
 
     def columns(self) -> list[dict]:
-        """One JSON-able dict per feature, in order (``name``, ``kind``, ``count``, ``nulls`` and the kind's statistics)."""
+        """One JSON-able dict per feature, in order: ``name``, ``kind``, ``count``, ``nulls``, statistics."""
         return [part.result() for part in self.parts.values()]
 
 

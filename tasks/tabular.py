@@ -21,8 +21,8 @@ import numpy as np
 
 from core.errors import ConfigError, DataUnavailableError
 from core.expectations import load_expectations
-from tasks.base import (Classifier, InitFit, Metric, ModelSpec, Task, ValidationPlan, fit_gbdt, label_key,
-                        load_program, write_program_scores)
+from tasks.base import (Classifier, InitFit, Metric, ModelSpec, Task, ValidationPlan, cache_write, fit_gbdt,
+                        label_key, load_program, write_program_scores)
 from tasks.encoding import (FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, numeric_dtype,
                             kinds_from_frame)
 from tasks.info import DataInfo
@@ -292,8 +292,6 @@ class _Table(Task):
         """``{"x", "y", "xt", "yt", "info"}``: both splits encoded (targets not yet standardised) and
         ``info``, cached in ``TRAINFLOW_HOME/cache/tables`` as ``.npz`` + JSON (never pickle) by
         ``prepared_key``: training ranks then skip reading the table with pandas."""
-        import os
-
         from core.paths import trainflow_home
 
         key = self.prepared_key(cfg, root)
@@ -310,16 +308,8 @@ class _Table(Task):
         # A missing value stays NaN: the model's first layer imputes it, in training and in the export.
         (x, y), (xt, yt) = [(self.features_of(f, info), self.targets(f[cfg.dataset.label], info))
                             for f in (frames["train"], frames["test"])]
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            tag = f".{os.getpid()}.tmp"
-            with open(str(npz) + tag, "wb") as fh:
-                np.savez(fh, x=x, y=y, xt=xt, yt=yt)
-            Path(str(meta) + tag).write_text(json.dumps(info.to_json()))
-            os.replace(str(meta) + tag, meta)  # the JSON first: an .npz is only read beside its info
-            os.replace(str(npz) + tag, npz)
-        except OSError:  # a read-only home: no cache, same arrays
-            pass
+        cache_write(meta, lambda fh: fh.write(json.dumps(info.to_json()).encode()))  # the info first:
+        cache_write(npz, lambda fh: np.savez(fh, x=x, y=y, xt=xt, yt=yt))  # an .npz is only read beside it
         return {"x": x, "y": y, "xt": xt, "yt": yt, "info": info}
 
     def prepared_key(self, cfg: "PipelineConfig", root: Path) -> str:
