@@ -48,9 +48,8 @@ def load_program(path: Path):
 
 
 def write_program_scores(out: Path, x, decode: Callable, split_sha256: str) -> None:
-    """Rank 0, after export: ``out/model.pt2``'s predictions on ``x`` (``decode``d into what the
-    task's ``score`` takes), its one-row latencies and the hashes of the program and the split,
-    into ``test_scores.json`` (the evaluation reads it back only while both hashes hold)."""
+    """Rank 0, after export: ``out/model.pt2``'s ``decode``d predictions on ``x``, one-row latencies and
+    the hashes of the program and the split into ``test_scores.json`` (read back while both hold)."""
     import json
 
     import torch
@@ -248,8 +247,7 @@ class Task:
         return None
 
     def init_fit(self, label: str, labels, ctype: str) -> InitFit:
-        """Can ``trainflow init`` set this task up for a table whose label column ``label`` holds
-        ``labels`` (its non-null values, a pandas Series) of type ``ctype`` (``core.expectations``)?"""
+        """Can ``trainflow init`` set this task up for a table's label column ``labels`` (non-null, of ``ctype``)?"""
         return InitFit(False, False, f"task {self.name!r} is not set up by init from a table's label")
 
     def init_defaults(self) -> dict:
@@ -257,14 +255,12 @@ class Task:
         return {}
 
     def init_reads(self, target: Path) -> InitFit:
-        """Can ``trainflow init`` set this task up for the folder ``target`` without a table's label?
-        Such a task also answers ``init_folder``."""
+        """Can ``trainflow init`` set this task up for the folder ``target`` (then it answers ``init_folder``)?"""
         return InitFit(False, False, f"task {self.name!r} is set up by init from a table's label, not a folder")
 
     def init_folder(self, root: Path, target: Path, rel: str) -> dict:
-        """What ``trainflow init`` writes for the data folder ``target`` (``rel`` to ``root``), torch-free:
-        ``{"dataset", "training", "rows": {split: n}, "classes", "lines": [one line per decision],
-        "problems": [what validation will refuse], "choices": [key paths kept on a re-run], "review"}``."""
+        """What ``trainflow init`` writes for the data folder ``target``: ``{"dataset", "training", "rows",
+        "classes", "lines", "problems", "choices" (key paths kept on a re-run), "review"}``."""
         raise NotImplementedError(f"task {self.name!r} is not set up by init from a folder")
 
     # -- validation (torch-free) -------------------------------------------------------------
@@ -273,8 +269,7 @@ class Task:
         raise NotImplementedError
 
     def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:
-        """``{split: (file relative to the project root, MLflow context "training" | "testing")}``,
-        from the config alone; the base: the whole dataset, training."""
+        """``{split: (file relative to the project root, MLflow context "training" | "testing")}``."""
         return {"data": (cfg.dataset.path, "training")}
 
     # -- training (torch inside) -------------------------------------------------------------
@@ -312,8 +307,7 @@ class Task:
         return model
 
     def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
-        """Rank 0, after export, optional: score ``out/model.pt2`` on the test split into
-        ``test_scores.json`` so the pipeline process need not import torch."""
+        """Rank 0, after export, optional: ``write_program_scores`` (the pipeline then needs no torch)."""
 
     # -- evaluation ----------------------------------------------------------------------------
     def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
@@ -321,13 +315,11 @@ class Task:
         raise NotImplementedError
 
     def gbdt(self, cfg: "PipelineConfig", root: Path) -> dict | None:
-        """The conventional strong model a user would try first, fitted on the same train split:
-        ``{"predictor", "pred" (as ``score`` takes them), "fit_s", "predict_s"}``; None: none."""
+        """The strong conventional model a user would try first, on the same train split (``fit_gbdt``)."""
         return None
 
     def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
-        """A loaded registry model (it takes what a serving client sends) scored on this run's
-        evaluation split, as ``score`` returns it ("predictions" tasks)."""
+        """A loaded registry model (taking what a serving client sends) scored on the evaluation split."""
         raise NotImplementedError
 
     def class_names(self, info: DataInfo) -> list[str] | None:
@@ -339,9 +331,8 @@ class Task:
         return tuple(m.name for m in self.metrics if m.name != "latency_p95_ms")
 
     def drift_frames(self, cfg: "PipelineConfig", root: Path, reference, read: Callable[[Path], bytes]) -> tuple:
-        """``(then, now, features)`` for ``retrain.policy: drift``: frames of the champion's training
-        split (``reference``: its DatasetConfig; ``read(path)`` gives a file of its data version) and
-        the workspace's. The base has none: DataUnavailableError (the retrain trains, saying why)."""
+        """``(then, now, features)`` for ``retrain.policy: drift``: frames of the champion's training split
+        (``reference``: its DatasetConfig, ``read``: a file of its data version) and the workspace's."""
         from core.errors import DataUnavailableError
 
         raise DataUnavailableError(f"task {self.name!r} has no drift check (retrain.policy: drift compares a "
@@ -352,8 +343,7 @@ class Task:
         raise NotImplementedError
 
     def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
-        """Before registration, when the worker did not score the program: run it on the spec's
-        example and raise ValueError when its output does not fit the task."""
+        """Before registration: ValueError when the program's output on the spec's example does not fit."""
 
     def describe(self, cfg: "PipelineConfig", candidate: dict) -> str:
         """One line for the model version's description."""

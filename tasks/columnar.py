@@ -122,18 +122,13 @@ def _csv_batches(path: Path, columns: list[str] | None, batch_rows: int,
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    read = pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False)
     schema = _csv_schema(path, types)
     missing = [c for c in columns or [] if c not in schema.names]
     if missing:
         raise DataUnavailableError(f"{path} lacks column(s) {missing}; found {schema.names}")
     convert = pcsv.ConvertOptions(column_types={f.name: f.type for f in schema},
                                   include_columns=list(columns) if columns else None)
-    try:
-        reader = pcsv.open_csv(path, read_options=read, convert_options=convert)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise DataUnavailableError(f"{path} cannot be read as csv: {type(exc).__name__}: {exc}") from None
-    with reader:
+    with _open_csv(path, convert) as reader:
         while True:
             try:
                 block = reader.read_next_batch()
@@ -145,27 +140,29 @@ def _csv_batches(path: Path, columns: list[str] | None, batch_rows: int,
                 yield block.slice(start, batch_rows)
 
 
-def _csv_schema(path: Path, types: dict[str, Any]) -> pa.Schema:
-    """The first block's inferred schema, widened (see iter_batches), ``types`` forced."""
+def _open_csv(path: Path, convert=None):
+    """pyarrow's streaming CSV reader over ``path``; DataUnavailableError when it cannot start."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    if not path.is_file():
-        raise _not_pulled(path)
-    read = pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False)
     try:
-        with pcsv.open_csv(path, read_options=read) as probe:
-            inferred = probe.schema
+        return pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False),
+                             convert_options=convert)
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataUnavailableError(f"{path} cannot be read as csv: {type(exc).__name__}: {exc}") from None
-    fields = []
-    for f in inferred:
-        if f.name in types:
-            f = f.with_type(types[f.name])
-        elif pa.types.is_integer(f.type) or pa.types.is_null(f.type):
-            f = f.with_type(pa.float64())
-        fields.append(f)
-    return pa.schema(fields)
+
+
+def _csv_schema(path: Path, types: dict[str, Any]) -> pa.Schema:
+    """The first block's inferred schema, widened (see iter_batches), ``types`` forced."""
+    import pyarrow as pa
+
+    if not path.is_file():
+        raise _not_pulled(path)
+    with _open_csv(path) as probe:
+        inferred = probe.schema
+    return pa.schema([f.with_type(types[f.name]) if f.name in types
+                      else f.with_type(pa.float64()) if pa.types.is_integer(f.type) or pa.types.is_null(f.type)
+                      else f for f in inferred])
 
 
 def source_schema(source: Path, types: dict[str, Any] | None = None) -> pa.Schema:
@@ -321,9 +318,8 @@ def column_stats(batches: Iterable[pa.RecordBatch], columns: list[str],
     """``{column: ColumnStats}`` over every batch (RecordBatch or Table), counting each value of the
     ``categories`` columns. KeyError naming a column a batch lacks."""
     cats = set(categories)
-    unknown = cats - set(columns)
-    if unknown:
-        raise ValueError(f"categories {sorted(unknown)} are not among columns {columns}")
+    if cats - set(columns):
+        raise ValueError(f"categories {sorted(cats - set(columns))} are not among columns {columns}")
     stats = {c: ColumnStats(c, values={} if c in cats else None) for c in columns}
     for batch in batches:
         names = batch.schema.names
