@@ -81,33 +81,19 @@ def summarise(loss_sum: np.ndarray, n_tokens: np.ndarray) -> dict:
             "n_docs": int(len(n_tokens))}
 
 
-def latency_p95_ms(module, seq_len: int, n: int = 100, warmup: int = 10, seed: int = 0) -> float:
-    """p95 wall time of scoring one random window ``[1, seq_len]``, in milliseconds."""
-    import torch
-
-    from tasks.metrics import latency_p95_ms as p95
-
-    x = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, (1, seq_len), dtype=np.int64))
-    with torch.inference_mode():
-        return p95(module, x, n, warmup)
-
-
 def _documents(cfg, root: Path) -> list[tuple[str, bytes]]:
     from tasks.text import read_documents
 
     return read_documents(Path(root) / cfg.dataset.path / cfg.dataset.text.eval_file)
 
 
-def _champion_summary(scorer, docs: list[tuple[str, bytes]]) -> dict:
-    """A registry scorer's (``texts -> (loss [n], n_tokens [n])``) figures on ``docs``."""
+def score_documents_champion(task, cfg, root: Path, scorer, docs: list[tuple[str, bytes]] | None = None) -> dict:
+    """A registered language model's figures (``scorer``: texts -> (loss [n], n_tokens [n])) on this
+    run's eval documents."""
+    docs = _documents(cfg, root) if docs is None else docs
     loss, n_tok = scorer([d.decode("utf-8") for _, d in docs])
     n_tok = np.asarray(n_tok, dtype=np.int64)
     return summarise(np.nan_to_num(np.asarray(loss, dtype=np.float64)) * n_tok, n_tok)
-
-
-def score_documents_champion(task, cfg, root: Path, scorer) -> dict:
-    """A registered language model's figures on this run's eval documents."""
-    return _champion_summary(scorer, _documents(cfg, root))
 
 
 def evaluate_documents(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,
@@ -118,6 +104,7 @@ def evaluate_documents(task, cfg, root: Path, train_dir: Path, out_dir: Path, ch
     import torch
 
     from tasks.base import load_program
+    from tasks.metrics import latency_p95_ms
 
     key = task.scoring_key(cfg, root)
     torch.set_num_threads(1)
@@ -127,14 +114,16 @@ def evaluate_documents(task, cfg, root: Path, train_dir: Path, out_dir: Path, ch
     module = load_program(Path(train_dir) / "model.pt2")
     loss_sum, n_tok = score_documents(module, [d for _, d in docs], seq_len)
     cand = summarise(loss_sum, n_tok)
-    cand["latency_p95_ms"] = latency_p95_ms(module, seq_len)
+    window = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (1, seq_len), dtype=np.int64))
+    with torch.inference_mode():  # one random window, 100 timed calls after 10
+        cand["latency_p95_ms"] = latency_p95_ms(module, window, 100, 10)
     per_doc = [{"path": p, "n_tokens": int(k), "loss": float(s / k) if k else None}
                for (p, _), s, k in zip(docs, loss_sum, n_tok)]
     champ, how = None, None
     if champion_metrics is not None:
         champ, how = champion_metrics, "recorded"
     elif champion is not None:
-        champ, how = _champion_summary(champion, docs), "rescored"
+        champ, how = score_documents_champion(task, cfg, root, champion, docs), "rescored"
     report = {"candidate": cand, "champion": champ, "champion_scores": how, "scoring_key": key,
               "baseline": None, "per_document": per_doc, "files": {}}
     (out_dir / "metrics.json").write_text(json.dumps(report, indent=2))

@@ -363,9 +363,6 @@ class Classifier:
     def recorded_keys(self) -> tuple[str, ...]:
         return ("accuracy", "macro_f1", "min_class_recall", "class_recall", "confusion_matrix", "n")
 
-    def n_classes(self, info) -> int:
-        return len(info.classes)
-
     def loss(self, out, y, reduction: str = "mean"):
         import torch.nn.functional as F
 
@@ -392,7 +389,7 @@ class Classifier:
     def score(self, y, pred, info) -> dict:
         from tasks.metrics import classification_metrics
 
-        return classification_metrics(y, pred, self.n_classes(info))
+        return classification_metrics(y, pred, len(info.classes))
 
     def majority(self, y, info, n: int) -> tuple[str, Any]:
         """The trivial predictor: the most frequent class of the train targets ``y``, for ``n`` rows."""

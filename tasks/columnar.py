@@ -25,11 +25,9 @@ if TYPE_CHECKING:
 __all__ = ["BATCH_ROWS", "ColumnStats", "column_stats", "iter_batches", "parquet_files", "source_format",
            "source_rows", "source_schema"]
 
-# Rows per batch when the caller does not say: 64 Ki rows x 32 float64 columns is 16 MiB.
-BATCH_ROWS = 65536
+BATCH_ROWS = 65536  # rows per batch when the caller does not say
 PARQUET_SUFFIXES = (".parquet", ".pq")
-# Bytes per streaming CSV block (each block is parsed whole, then sliced into batches).
-CSV_BLOCK_BYTES = 8 << 20
+CSV_BLOCK_BYTES = 8 << 20  # bytes per streaming CSV block (parsed whole, then sliced into batches)
 
 
 def source_format(source: Path) -> str:
@@ -226,15 +224,12 @@ class ColumnStats:
 
         if isinstance(array, pa.ChunkedArray):
             array = array.combine_chunks()
-        numeric = pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
-        if pa.types.is_null(array.type):
-            numeric = self.numeric  # an all-null batch says nothing of the column's kind
-        elif self.numeric is None:
-            self.numeric = numeric
-        elif self.numeric != numeric:
-            self.numeric = False  # a kind that changes between files: no numeric statistics
+        # An all-null batch says nothing of the column's kind; a kind that changes between files makes
+        # the column non-numeric (``merge``).
+        null = pa.types.is_null(array.type)
+        numeric = self.numeric if null else pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
         part = ColumnStats(self.name, values={} if self.values is not None else None)
-        if numeric and not pa.types.is_null(array.type):
+        if numeric and not null:
             part._numeric_part(array)
         else:
             part.nulls = array.null_count

@@ -28,12 +28,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 MISSING_CODE, OTHER_CODE, FIRST_CODE = 0, 1, 2
-# Quantile probabilities fitted per numeric column (0, 1/(K-1), ..., 1).
-QUANTILE_KNOTS = 64
-# Values kept per numeric column for its quantiles (a seeded reservoir sample beyond that).
-SAMPLE_ROWS = 65536
-# The normal scores of the quantiles are cut at these probabilities (+-3.09 standard deviations).
-SCORE_CLIP = 1e-3
+QUANTILE_KNOTS = 64  # quantile probabilities fitted per numeric column (0, 1/(K-1), ..., 1)
+SAMPLE_ROWS = 65536  # values kept per numeric column for its quantiles (a seeded reservoir sample)
+SCORE_CLIP = 1e-3  # the quantiles' normal scores are cut at these probabilities (+-3.09 sd)
 CATEGORICAL_TYPES = ("string", "boolean")
 
 

@@ -131,3 +131,13 @@ def load_factory(ref: str):
     if not callable(fn):
         raise ValueError(f"model.factory: {ref!r} is not callable")
     return fn
+
+
+def factory_module(ref: str, *args, **kwargs):
+    """The network ``model.factory`` returns for ``args`` and ``kwargs``; ValueError when it is no nn.Module."""
+    from torch import nn
+
+    net = load_factory(ref)(*args, **kwargs)
+    if not isinstance(net, nn.Module):
+        raise ValueError(f"model.factory: {ref} returned {type(net).__name__}, not an nn.Module")
+    return net

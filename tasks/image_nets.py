@@ -144,12 +144,16 @@ def load_weights(core: nn.Module, path: Path) -> list[str]:
 
 def image_network(model: ModelConfig, images: ImagesConfig, n_classes: int, mean: list[float], std: list[float],
                   root: Path) -> nn.Sequential:
-    kind = model.kind or "image_cnn"
-    channels = images.channels
-    if kind == "resnet18":
-        core = ResNet18(channels, n_classes)
+    """``Sequential(ImageInput, Augment, core)``: ``core`` from ``model.factory(channels, n_classes,
+    **model.kwargs)``, or ``model.kind``'s network with ``model.weights`` loaded (a factory loads its own)."""
+    if model.factory is not None:
+        from tasks.factory import factory_module
+
+        core = factory_module(model.factory, images.channels, n_classes, **model.kwargs)
+    elif model.kind == "resnet18":
+        core = ResNet18(images.channels, n_classes)
     else:
-        core = image_cnn(channels, n_classes, tuple(model.channels), model.hidden, model.dropout)
-    if model.weights is not None:
+        core = image_cnn(images.channels, n_classes, tuple(model.channels), model.hidden, model.dropout)
+    if model.weights is not None and model.factory is None:
         load_weights(core, Path(root) / model.weights)
     return nn.Sequential(ImageInput(mean, std), Augment(images.augment.hflip, images.augment.shift), core)

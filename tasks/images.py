@@ -30,8 +30,7 @@ if TYPE_CHECKING:
 METRICS_VERSION = 1
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_image.py")
 IMAGE_KINDS = (None, "image_cnn", "resnet18")
-# The trees beside the network fit on at most this many train images (a seeded sample): on
-# thousands of pixel columns each, more would take the evaluation minutes.
+# The trees beside the network fit on at most this many train images (a seeded sample).
 GBDT_MAX_ROWS = 10_000
 # The longer side of the input `trainflow init` picks at most (larger images are scaled down).
 INIT_MAX_SIDE = 64
@@ -228,18 +227,6 @@ class ImageClassification(Classifier, Task):
     # -- model ----------------------------------------------------------------------------------
     def build_model(self, cfg: "PipelineConfig", info: ImageInfo):
         from core.paths import project_root
-
-        if cfg.model.factory is not None:
-            from torch import nn
-
-            from tasks.factory import load_factory
-            from tasks.image_nets import Augment, ImageInput
-
-            core = load_factory(cfg.model.factory)(info.channels, len(info.classes), **cfg.model.kwargs)
-            if not isinstance(core, nn.Module):
-                raise ValueError(f"model.factory: {cfg.model.factory} returned {type(core).__name__}, not an nn.Module")
-            augment = cfg.dataset.images.augment
-            return nn.Sequential(ImageInput(info.mean, info.std), Augment(augment.hflip, augment.shift), core)
         from tasks.image_nets import image_network
 
         return image_network(cfg.model, cfg.dataset.images, len(info.classes), info.mean, info.std, project_root())
@@ -273,8 +260,7 @@ class ImageClassification(Classifier, Task):
         return self.majority(self._pixels(cfg, root, "train")[1], info, n)
 
     def _files_key(self, cfg: "PipelineConfig", root: Path, split: str) -> list:
-        """``[path, class, sha256]`` of a split's files; the hashes remembered by size and mtime, as
-        the stages ask for them several times in one process."""
+        """``[path, class, sha256]`` of a split's files, the hashes remembered by size and mtime."""
         from core.hashing import file_sha256
 
         base, known, out = Path(root) / cfg.dataset.path, self.__dict__.setdefault("_hashes", {}), []
@@ -296,8 +282,7 @@ class ImageClassification(Classifier, Task):
         return {"key": sha256_json(parts), "split_sha256": split, "metrics_version": METRICS_VERSION}
 
     def gbdt(self, cfg: "PipelineConfig", root: Path) -> dict | None:
-        """scikit-learn's HistGradientBoostingClassifier (default settings, one thread) on the same
-        resized pixels, flattened: what a user might try before a network."""
+        """scikit-learn's HistGradientBoostingClassifier (default settings) on the flattened pixels."""
         from core.hashing import sha256_json
 
         def arrays():

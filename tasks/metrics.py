@@ -25,14 +25,9 @@ def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, n_classes: in
     recall = np.divide(tp, support, out=np.zeros(n_classes), where=support > 0)
     denom = 2 * tp + (predicted - tp) + (support - tp)
     f1 = np.divide(2 * tp, denom, out=np.zeros(n_classes), where=denom > 0)
-    return {
-        "accuracy": float(np.mean(y_true == y_pred)),
-        "macro_f1": float(np.mean(f1)),
-        "class_recall": {str(c): float(r) for c, r in enumerate(recall)},
-        "min_class_recall": float(recall.min()),
-        "confusion_matrix": cm.tolist(),
-        "n": int(len(y_true)),
-    }
+    return {"accuracy": float(np.mean(y_true == y_pred)), "macro_f1": float(np.mean(f1)),
+            "class_recall": {str(c): float(r) for c, r in enumerate(recall)}, "min_class_recall": float(recall.min()),
+            "confusion_matrix": cm.tolist(), "n": int(len(y_true))}
 
 
 def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict:

@@ -149,12 +149,9 @@ def build_core(model: ModelConfig, n_in: int, n_out: int) -> nn.Module:
     """The network between the input layer's ``n_in`` features and the ``n_out`` outputs."""
     kind, _, _ = resolved(model)
     if kind == "factory":
-        from tasks.factory import load_factory
+        from tasks.factory import factory_module
 
-        net = load_factory(model.factory)(n_in, n_out, **model.kwargs)
-        if not isinstance(net, nn.Module):
-            raise ValueError(f"model.factory: {model.factory} returned {type(net).__name__}, not an nn.Module")
-        return net
+        return factory_module(model.factory, n_in, n_out, **model.kwargs)
     if kind in ("tabular", "mlp"):
         return _mlp(n_in, n_out, model.hidden, model.layers, model.dropout, every=kind == "tabular")
     side = math.isqrt(n_in)

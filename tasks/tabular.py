@@ -33,8 +33,7 @@ if TYPE_CHECKING:
 
     from core.config import PipelineConfig
 
-# Bump when a metric's definition or computation changes: recorded champion scores then stop matching
-# (a task's ``metrics_version``; a subclass with metrics of its own sets its own).
+# Bump when a metric's definition or computation changes: recorded champion scores then stop matching.
 METRICS_VERSION = 2
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_table.py")
 # Optimizer steps per epoch (on 2 workers) `trainflow init` sizes the batch for.
@@ -64,9 +63,8 @@ def _mlflow_type(dtype, nullable: bool = False) -> str:
 
 @dataclass(frozen=True)
 class TableInfo(DataInfo):
-    """A table task's ``info``, fitted on the train split: the feature columns, each one's fitted
-    encoding and MLflow type, per-feature mean and std, and the class set (classification) or the
-    target's mean and std (regression)."""
+    """A table task's ``info``, fitted on the train split: the features' encodings and MLflow types, and
+    the class set (classification) or the target's mean and std (regression)."""
 
     features: list[str]
     columns: list[dict]
@@ -112,8 +110,8 @@ class _Table(Task):
             raise ConfigError("dataset.categorical: model.kind cnn takes numeric pixels only; use model.kind tabular")
 
     def _cached(self, key, make):
-        """One remembered value per kind of key (``key[0]``; the last one): the stages ask for the same
-        frames and expectations several times; the key holds the files' identity."""
+        """The last value made for each kind of key (``key[0]``): the stages ask for the same frames and
+        expectations several times; the key holds the files' identity."""
         cache = self.__dict__.setdefault("_cache", {})
         if cache.get(key[0], (None,))[0] != key:
             cache[key[0]] = (key, make())
@@ -144,11 +142,9 @@ class _Table(Task):
         return load_frames(cfg.dataset, root, cfg.seed, stratify=self.classification)
 
     def init_choices(self, frames: dict[str, "pd.DataFrame"], label: str, presplit: bool) -> dict:
-        """What ``trainflow init`` decides from the data, each with its reason: ``exclude``
-        (identifier columns), ``categorical`` (integer columns with 3 to ``MAX_INTEGER_CATEGORIES``
-        values), ``imputed`` / ``missing_category`` (``{column: missing count}`` of numeric /
-        categorical features), ``duplicates`` (within the data, and test rows in train when
-        ``presplit``), ``leak_policy``, ``training`` (batch and epochs) and ``class_label``."""
+        """What ``trainflow init`` decides from the data, with reasons: ``exclude`` (identifiers),
+        ``categorical`` (integer columns with few values), ``imputed`` / ``missing_category`` (missing
+        counts), ``duplicates``, ``leak_policy``, ``training`` (batch and epochs), ``class_label``."""
         import pandas as pd
 
         from tasks.table import row_hashes
@@ -175,8 +171,7 @@ class _Table(Task):
         dup = {"within": int(len(both) - len(np.unique(row_hashes(both))))}
         if presplit and {"train", "test"} <= set(frames):
             dup["test_in_train"] = int(np.isin(row_hashes(frames["test"]), row_hashes(frames["train"])).sum())
-        # The batch per worker grows with the table (a power of two from 32 to 1024) so that an epoch
-        # is about INIT_STEPS_PER_EPOCH optimizer steps on 2 workers, and the lr (tuned at base_batch) stays put.
+        # A power of two from 32 to 1024 making an epoch about INIT_STEPS_PER_EPOCH steps on 2 workers.
         train_rows = len(frames.get("train", both))
         batch = int(min(1024, max(32, 2 ** math.ceil(math.log2(max(train_rows, 1) / (2 * INIT_STEPS_PER_EPOCH))))))
         return {"exclude": exclude, "categorical": categorical, "imputed": imputed,
@@ -202,8 +197,7 @@ class _Table(Task):
 
     # -- data ---------------------------------------------------------------------------------
     def frames(self, cfg: "PipelineConfig", root: Path) -> dict[str, "pd.DataFrame"]:
-        """``{"train", "test"}`` frames as the files hold them, unlabeled rows left out (shared: callers
-        must not modify them)."""
+        """``{"train", "test"}`` frames without unlabeled rows (shared: callers must not modify them)."""
         key = ("frames", tuple(_file_id(p) for p in split_paths(cfg.dataset, root).values()),
                cfg.dataset.model_dump_json(), cfg.seed, self.classification)
         return self._cached(key, lambda: load_frames(cfg.dataset, root, cfg.seed, stratify=self.classification,
@@ -257,8 +251,8 @@ class _Table(Task):
                 "std": [c["std"] if c["kind"] == "numeric" else 1.0 for c in columns]}
 
     def stream_info(self, cfg: "PipelineConfig", root: Path, source: Path, names: tuple, types: dict) -> TableInfo:
-        """``info`` of a train split too large to load, fitted in one pass over ``source`` (a Parquet
-        file or folder; ``names`` / ``types``: its columns and pyarrow types), one batch at a time."""
+        """``info`` of a train split too large to load, fitted batch by batch over ``source`` (Parquet;
+        ``names`` / ``types``: its columns and pyarrow types)."""
         import pandas as pd
 
         from tasks.columnar import ColumnStats, iter_batches
@@ -289,9 +283,8 @@ class _Table(Task):
             raise DataUnavailableError(str(exc)) from None
 
     def prepared(self, cfg: "PipelineConfig", root: Path) -> dict:
-        """``{"x", "y", "xt", "yt", "info"}``: both splits encoded (targets not yet standardised) and
-        ``info``, cached in ``TRAINFLOW_HOME/cache/tables`` as ``.npz`` + JSON (never pickle) by
-        ``prepared_key``: training ranks then skip reading the table with pandas."""
+        """``{"x", "y", "xt", "yt", "info"}``: both splits encoded (targets not yet standardised), cached in
+        ``TRAINFLOW_HOME/cache/tables`` as ``.npz`` + JSON (no pickle): ranks then skip pandas."""
         from core.paths import trainflow_home
 
         key = self.prepared_key(cfg, root)
@@ -343,7 +336,7 @@ class _Table(Task):
 
     def holdout(self, y: np.ndarray, cfg: "PipelineConfig", seed: int) -> tuple[np.ndarray, np.ndarray]:
         """Train-split row indices ``(keep, held out for per-epoch validation)``: a seeded
-        ``val_fraction``, stratified by class for a classifier (a time series overrides it)."""
+        ``val_fraction``, stratified by class for a classifier."""
         from tasks.splits import stratified_holdout
 
         groups = y if self.classification else np.zeros(len(y), dtype=np.int64)
@@ -368,8 +361,8 @@ class _Table(Task):
 
     # -- evaluation hooks (the "predictions" evaluator) ----------------------------------------
     def eval_data(self, cfg: "PipelineConfig", root: Path) -> tuple["pd.DataFrame", np.ndarray, np.ndarray, dict]:
-        """(test frame, features float32, targets, info) of the evaluation split. The evaluator only
-        hands the targets to ``score``, so a task may pack in what its metrics need besides the truth."""
+        """(test frame, features float32, targets, info) of the evaluation split; the targets only go to
+        ``score``, so a task may pack in what its metrics need besides the truth."""
         p = self.prepared(cfg, root)
         return self.frames(cfg, root)["test"], p["xt"], p["yt"], p["info"]
 
@@ -392,8 +385,7 @@ class _Table(Task):
         return {}
 
     def gbdt(self, cfg: "PipelineConfig", root: Path) -> dict | None:
-        """scikit-learn's HistGradientBoosting (default settings, native categories and missing values)
-        on the network's encoded columns (``_gbdt_matrix``), cached by ``prepared_key``."""
+        """scikit-learn's HistGradientBoosting (default settings) on the network's encoded columns."""
         def arrays():
             from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 
@@ -594,8 +586,8 @@ class Regression(_Table):
 
 
 def _id_like(name: str, s: "pd.Series") -> str | None:
-    """Why column ``name`` is an identifier rather than a feature (unique and complete, and a running
-    number, text different in every row, or named like an id), or None."""
+    """Why a unique, complete column is an identifier (a running number, a different text in every row,
+    or named like one), or None."""
     import pandas as pd
 
     n = len(s)

@@ -78,8 +78,7 @@ def load_text_splits(cfg, root: Path, seed: int) -> Splits:
     stride = t.stride or t.seq_len
 
     def ds(docs: list[bytes], step: int):
-        x, y = cut_windows(docs, t.seq_len, step)
-        return tensors(x, y)
+        return tensors(*cut_windows(docs, t.seq_len, step))
 
     # Validation and test windows never overlap: each target byte is scored once (bar the tail).
     return Splits(train=ds([train_docs[i] for i in keep], stride),
