@@ -1,9 +1,5 @@
-"""Score the candidate, the champion and the trivial baseline on the same held-out split.
-
-The task's ``evaluator`` picks the runner: ``predictions`` (here: one prediction per row, through
-the task's hooks) or ``documents`` (``evaluation.lm``). No MLflow here: the champion arrives as a
-loaded predictor.
-"""
+"""Score the candidate, the champion and the trivial baseline on the same held-out split, with the
+task's ``evaluator``: ``predictions`` (here) or ``documents`` (``evaluation.lm``). No MLflow here."""
 
 from __future__ import annotations
 

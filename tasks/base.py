@@ -11,8 +11,7 @@
 | ``model_spec``: the pyfunc file, its metadata, signature and input example | ``registry`` |
 | ``init_fit`` / ``init_defaults`` / ``init_reads`` / ``init_folder``: what ``trainflow init`` writes | ``flows.init`` |
 
-Gating and promotion are generic (``evaluation.gates``), each metric in its direction. torch is
-imported only inside the functions that need it.
+torch is imported only inside the functions that need it.
 """
 
 from __future__ import annotations

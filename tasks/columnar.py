@@ -1,11 +1,6 @@
-"""Tables read in bounded memory: Arrow record batches and per-column statistics merged across them.
-
-Torch-free and pandas-free (pyarrow and numpy, imported inside the functions); used where a table
-may not fit in memory (validation, the tabular task's statistics, the streamed loader).
-:func:`iter_batches` yields batches of a Parquet file, a folder of them or a CSV file, holding one
-row group or CSV block at a time; :func:`column_stats` folds them into :class:`ColumnStats`.
-A null is an Arrow null or, in a float column, NaN (as pandas reads both).
-"""
+"""Tables read in bounded memory, torch- and pandas-free: Arrow record batches of a Parquet file,
+a folder of them or a CSV file (:func:`iter_batches`, one row group or CSV block at a time), and
+per-column statistics merged across them (:class:`ColumnStats`; NaN counts as a null)."""
 
 from __future__ import annotations
 
@@ -67,14 +62,11 @@ def source_rows(source: Path) -> int | None:
 
 def iter_batches(source: Path, columns: list[str] | None = None, batch_rows: int = BATCH_ROWS,
                  types: dict[str, Any] | None = None) -> Iterator[pa.RecordBatch]:
-    """``pyarrow.RecordBatch`` objects of at most ``batch_rows`` rows, in file order, read lazily.
+    """``pyarrow.RecordBatch`` objects of at most ``batch_rows`` rows of ``columns`` (None: all), lazily.
 
-    ``source``: a ``.parquet``/``.pq`` file, a folder of them (name order) or a ``.csv`` file;
-    ``columns``: the columns to read, in this order (None: all); ``types``: CSV only, ``{column:
-    pyarrow type}`` forced instead of inferred. A CSV's types come from its first block, integer and
-    all-null columns widened to float64 (a later block may hold 1.5, or values in a column that
-    began empty). DataUnavailableError for a missing or unreadable file, a missing column, or a
-    later CSV value that does not convert (naming the column; pass ``types`` for it).
+    A CSV's types come from its first block, integer and all-null columns widened to float64;
+    ``types`` (``{column: pyarrow type}``) forces some. DataUnavailableError for a missing or
+    unreadable file, a missing column, or a later CSV value that does not convert.
     """
     if batch_rows < 1:
         raise ValueError(f"batch_rows: must be >= 1, got {batch_rows}")
@@ -185,13 +177,9 @@ def _csv_error(path: Path, names: list[str], exc: Exception) -> str:
 
 @dataclass
 class ColumnStats:
-    """Running statistics of one column; fold batches with :meth:`update`, parts with :meth:`merge`
-    (Chan et al.'s pairwise update: the batches' order changes the result only by rounding).
-
-    ``count``: non-null values; ``nulls``: nulls and NaN; ``min``/``max``: Python numbers (None for
-    a non-numeric column); ``mean``, ``m2`` (sum of squared deviations): float64, numeric columns
-    only; ``values``: value -> count, for the columns ``column_stats(categories=...)`` names.
-    """
+    """Running statistics of one column: batches folded in with :meth:`update`, parts with :meth:`merge`
+    (Chan et al.'s update). ``mean``/``m2``/``min``/``max`` for numeric columns only; ``values``:
+    value -> count, for the columns ``column_stats(categories=...)`` names."""
 
     name: str
     count: int = 0

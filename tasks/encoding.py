@@ -1,19 +1,12 @@
 """A table's feature columns as a model's input, torch-free: fitted on the train split in one
-streaming pass with bounded memory (:class:`TableFit`), applied to any frame of those columns
-(:func:`encode`), float32 ``[rows, features]``.
+bounded-memory pass (:class:`TableFit`), applied to any frame (:func:`encode`) as float32.
 
-* **categorical** (a string or boolean column, or one named in ``dataset.categorical``): values
-  compare by their text form (:func:`category_keys`: ``3``, ``3.0`` and ``"3"`` are one category).
-  The vocabulary is the train split's ``max_categories`` most frequent values, in text order; a
-  value is encoded as ``FIRST_CODE + its index``, a missing one as ``MISSING_CODE``, any other as
-  ``OTHER_CODE``. The registered pyfunc (``tasks/pyfunc_table.py``) encodes the same way
-  (``tests/unit/test_table_encoding.py`` checks that both agree).
-* **numeric**: the value itself (NaN where missing), with the statistics the model's first layer
-  (``tasks.table_nets.TableInput``) maps it by: quantile knots and normal scores (from a reservoir of
-  ``SAMPLE_ROWS`` values), median and interquartile range, mean and std.
-
-A categorical column's counts hold at most ``tracked(max_categories)`` values (the rarest dropped
-beyond: the vocabulary is then approximate near the cut).
+* **categorical** (string, boolean, or named in ``dataset.categorical``): values compare by their
+  text form (:func:`category_keys`); the vocabulary is the train split's ``max_categories`` most
+  frequent values, a value encoded as ``FIRST_CODE + its index``, a missing one as ``MISSING_CODE``,
+  any other as ``OTHER_CODE``. The registered pyfunc (``tasks/pyfunc_table.py``) encodes the same way.
+* **numeric**: the value itself (NaN where missing), with the statistics ``tasks.table_nets.TableInput``
+  maps it by (quantiles from a reservoir of ``SAMPLE_ROWS`` values, median, IQR, mean, std).
 """
 
 from __future__ import annotations

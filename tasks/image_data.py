@@ -1,13 +1,8 @@
 """Image folders as people have them, torch-free: listing, profiling and decoding.
 
-A dataset is ``train/<class>/*`` and ``test/<class>/*`` under ``dataset.path`` (the ImageFolder
-layout; nested folders of a class count too), or a manifest table with columns ``path``,
-``label`` and optionally ``split``. Every path stays inside ``dataset.path`` (``../x``, an absolute
-path or a symbolic link leading out is refused).
-
-Decoding is Pillow's ``convert`` to L or RGB, then a bilinear ``resize`` to ``images.size``; 16-bit
-grey is scaled to 8 bits first. The registered model decodes the same way (``tasks/pyfunc_image.py``;
-``tests/unit/test_image_task.py`` checks that the two agree).
+A dataset is ``train/<class>/*`` and ``test/<class>/*`` under ``dataset.path``, or a manifest table
+(``path``, ``label``, optionally ``split``); no path may lead outside ``dataset.path``. Decoding is
+Pillow's, as in the registered model (``tasks/pyfunc_image.py``; a unit test checks that they agree).
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The image classification task: a folder of images -> a CNN -> a pyfunc taking encoded files.
-
-The data is an image folder or a manifest (``tasks.image_data``), validated by the image suite
-against ``dataset.images.expectations``. Every image is converted to ``images.channels`` and
-resized to ``images.size``; the network (``tasks.image_nets``) takes those pixels (0..255) and
-holds the normalisation. The registered model takes a DataFrame with a column ``image`` of
-PNG/JPEG/WebP bytes, decodes them as training did (``tasks/pyfunc_image.py``) and returns the
-class names.
-"""
+"""The image classification task: a folder of images (``tasks.image_data``) -> a CNN over pixels
+0..255 of ``images.size`` (``tasks.image_nets``) -> a pyfunc taking encoded files and returning class
+names (``tasks/pyfunc_image.py``)."""
 
 from __future__ import annotations
 
@@ -40,8 +34,8 @@ INIT_MARGIN = 0.1
 
 @dataclass(frozen=True)
 class ImageInfo(DataInfo):
-    """The image task's ``info``: the class names (the model's output order), the input's channels
-    and [height, width], and the train split's per-channel mean and std of pixel / 255."""
+    """The image task's ``info``: class names in output order, input channels and [height, width], and
+    the train split's per-channel mean and std of pixel / 255."""
 
     classes: list
     channels: int

@@ -28,9 +28,8 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         q, k, v = self.q(x), self.k(x), self.v(x)
-        # The heads from the width: under tensor parallelism q/k/v return this rank's n_heads / tp
-        # heads. Not -1: a 0-row batch (an epoch's last step on some data-parallel rank) has no
-        # size to infer it from.
+        # The heads from the width (under tensor parallelism, this rank's n_heads / tp). Not -1: a 0-row
+        # batch (an epoch's last step on some data-parallel rank) has no size to infer it from.
         heads = q.shape[-1] // self.head_dim
         q, k, v = (z.view(b, t, heads, self.head_dim).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,

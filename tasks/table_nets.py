@@ -1,18 +1,11 @@
 """The table tasks' networks (torch): ``Sequential(TableInput, core)``.
 
-``TableInput`` takes the encoded row (``tasks.encoding``), float32 ``[batch, columns]``, so the
-exported program needs nothing fitted outside itself:
-
-* a numeric column is mapped with its train-split statistics: ``quantile`` (piecewise linear
-  through its quantiles onto normal scores), ``robust`` ((x - median) / IQR) or ``standard``
-  ((x - mean) / std). A missing value (NaN) becomes 0, and a column that had missing values in
-  train gets a missing-indicator input. With ``periodic`` each value is embedded as PLR
-  (Gorishniy et al. 2022): ``ReLU(Linear([cos 2 pi c x, sin 2 pi c x]))`` with learned ``c``;
-* a categorical column's code (missing, other, or a vocabulary index) selects a learned embedding.
-
-``model.kind``: ``tabular`` (the default: an MLP over quantile + PLR numerics and embeddings),
-``mlp`` (standardised inputs), ``cnn`` (a small CNN over the square image all-numeric features
-form) or the user's ``model.factory(n_inputs, n_outputs, **model.kwargs)``.
+``TableInput`` takes the encoded row, so the exported program needs nothing fitted outside itself:
+a numeric column is mapped by its train statistics (``quantile``: piecewise linear onto normal
+scores, ``robust`` or ``standard``), NaN becomes 0 with a missing-indicator input, and with
+``periodic`` each value is embedded as PLR (Gorishniy et al. 2022); a category's code selects an
+embedding. ``model.kind``: ``tabular`` (an MLP, the default), ``mlp``, ``cnn`` (over the square
+image all-numeric features form) or ``model.factory(n_inputs, n_outputs, **model.kwargs)``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""Tabular tasks: classification and regression of a table's named columns.
+"""Tabular tasks: classification and regression of a table's named columns (``tasks.table``).
 
-The data is a CSV or Parquet table (``tasks.table``); the features are numeric or categorical
-columns by name, with missing values where the expectations allow them. Their encoding is fitted
-on the train split in one pass (``tasks.encoding``) and baked into the model's first layer
-(``tasks.table_nets.TableInput``): the exported program takes the encoded row, the registered
-pyfunc the raw columns by name. The class set comes from the reviewed expectations file, in the
-order of the model's outputs; a regression trains on standardised targets and is exported with
-the de-scaling inside.
+The features' encoding is fitted on the train split (``tasks.encoding``) and baked into the model's
+first layer: the exported program takes the encoded row, the registered pyfunc the raw columns by
+name. The class set comes from the reviewed expectations file, in the order of the model's outputs;
+a regression trains on standardised targets and is exported with the de-scaling inside.
 """
 
 from __future__ import annotations
