@@ -1,8 +1,5 @@
-"""Training curves as one PNG: loss (train and validation) and validation accuracy per epoch.
-
-Drawn with Pillow like the confusion matrix (``tasks.metrics.confusion_png``): milliseconds,
-where matplotlib costs about a second to import and draw.
-"""
+"""Training curves as one PNG, drawn with Pillow (matplotlib's import alone costs more): loss
+(train and validation) and validation accuracy per epoch."""
 
 from __future__ import annotations
 
@@ -15,12 +12,9 @@ PANEL_W, PANEL_H, LEFT, TOP, BOTTOM = 340, 240, 52, 46, 40
 
 
 def curves_png(history: list[dict], path: Path, title: str) -> Path:
-    """Render ``history`` (the training result's per-epoch records: ``epoch``, ``train_loss``,
-    ``val_loss``, ``val_accuracy`` or None) as a PNG at ``path``: a loss panel with the train
-    and validation series and, when the task has an accuracy, a validation-accuracy panel.
-
-    Raises ValueError for an empty history (nothing was trained). Returns ``path``.
-    """
+    """Render ``history`` (per-epoch ``epoch``, ``train_loss``, ``val_loss``, ``val_accuracy`` or None)
+    as a PNG at ``path``: a loss panel and, when there is an accuracy, an accuracy panel. ValueError
+    for an empty history."""
     from PIL import Image, ImageDraw, ImageFont
 
     if not history:

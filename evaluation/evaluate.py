@@ -1,9 +1,5 @@
-"""Score the candidate, the champion and the trivial baseline on the same held-out split.
-
-Which evaluator runs is the task's (``task.evaluator``): ``predictions`` (here: one prediction
-per row of a table, through the task's hooks) or ``documents`` (``evaluation.lm``: a language
-model's per-byte loss). No MLflow here: the champion arrives as a loaded predictor.
-"""
+"""Score the candidate, the champion and the trivial baseline on the same held-out split, with the
+task's ``evaluator``: ``predictions`` (here) or ``documents`` (``evaluation.lm``). No MLflow here."""
 
 from __future__ import annotations
 
@@ -17,9 +13,8 @@ from tasks.metrics import confusion_png, latency_p95_ms, torch_predictor
 
 
 def worker_scores(task, cfg, root: Path, train_dir: Path) -> dict | None:
-    """The training worker's scores of ``train_dir/model.pt2`` (``task.write_test_scores``), when
-    they are provably of this program and this split: the recorded hashes equal both now.
-    Else None: the caller scores the program itself."""
+    """The training worker's scores of ``train_dir/model.pt2`` (``task.write_test_scores``) when
+    their recorded hashes of the program and the split still hold; else None."""
     from core.hashing import file_sha256
 
     try:
@@ -34,16 +29,13 @@ def worker_scores(task, cfg, root: Path, train_dir: Path) -> dict | None:
 
 def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,
                          champion_metrics: dict | None = None) -> dict:
-    """The ``predictions`` evaluator: metrics of the exported candidate, the champion, the task's
-    trivial baseline and its gradient-boosted trees (``task.gbdt``; None for a task without) on the
-    test split.
+    """The ``predictions`` evaluator: the candidate's, the champion's, the trivial baseline's and the
+    gradient-boosted trees' (``task.gbdt``) metrics on the test split.
 
-    The champion's are ``champion_metrics`` when given (its recorded scores, see
-    ``evaluation.recorded``), else ``champion``'s predictions (a registry predictor taking the
-    raw columns) scored here, else None; ``report["champion_scores"]`` says which. The candidate's
-    predictions come from the training worker when they provably match (``worker_scores``), else
-    the program is loaded here; ``report["candidate_scored_in"]`` says where.
-    Writes ``metrics.json`` (and ``confusion_matrix.png`` for a classifier) into ``out_dir``.
+    The champion's are ``champion_metrics`` when given (recorded), else ``champion`` rescored here
+    (``report["champion_scores"]``); the candidate's come from the worker when they provably match
+    (``report["candidate_scored_in"]``). Writes ``metrics.json`` (and a classifier's
+    ``confusion_matrix.png``) into ``out_dir``.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     key = task.scoring_key(cfg, root)
@@ -69,11 +61,9 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
     if champion_metrics is not None:
         champ, how = champion_metrics, "recorded"
     elif champion is not None:
-        champ, how = score_predictions(task, cfg, root, champion), "rescored"
+        champ, how = task.score_champion(cfg, root, champion), "rescored"
     what, base_pred = task.baseline(cfg, root, info, len(y))
     baseline = {"predictor": what, **task.score(y, base_pred, info)}
-    # The model a user would try first, fitted on the same train split: its score and time beside
-    # the candidate's say whether the network earned its cost (``gates.max_gap_to_gbdt`` gates on it).
     ref = task.gbdt(cfg, root)
     gbdt = None if ref is None else {"predictor": ref["predictor"], "fit_s": ref["fit_s"], "predict_s": ref["predict_s"],
                                      "cached": ref.get("cached", False), **task.score(y, ref["pred"], info)}
@@ -89,15 +79,9 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
     return report
 
 
-def score_predictions(task, cfg, root: Path, predictor) -> dict:
-    """A loaded registry model's metrics on this run's test split (the champion, rescored): the
-    task knows what its model takes."""
-    return task.score_champion(cfg, root, predictor)
-
-
 def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,
              champion_metrics: dict | None = None) -> dict:
-    """The task's evaluator on the candidate in ``train_dir`` (see the module docstring)."""
+    """The task's evaluator on the candidate in ``train_dir``."""
     from evaluation import lm
 
     runners = {"predictions": evaluate_predictions, "documents": lm.evaluate_documents}
@@ -108,5 +92,5 @@ def score_champion(task, cfg, root: Path, predictor) -> dict:
     """The current champion (a loaded registry model) scored on this run's evaluation split."""
     from evaluation import lm
 
-    runners = {"predictions": score_predictions, "documents": lm.score_documents_champion}
+    runners = {"predictions": lambda t, *a: t.score_champion(*a), "documents": lm.score_documents_champion}
     return runners[task.evaluator](task, cfg, root, predictor)

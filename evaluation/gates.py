@@ -1,7 +1,6 @@
 """The gate: absolute thresholds plus "no worse than the champion by more than delta".
 
-``decide`` returns every check with its measured value and threshold, never just
-"failed", so a rejected candidate carries all of its reasons.
+``decide`` returns every check with its measured value and threshold, never just "failed".
 """
 
 from __future__ import annotations
@@ -37,12 +36,8 @@ class GateDecision:
         return [c.reason() for c in self.failures]
 
     def to_dict(self) -> dict:
-        return {
-            "passed": self.passed,
-            "champion_version": self.champion_version,
-            "checks": [asdict(c) for c in self.checks],
-            "reasons": self.reasons(),
-        }
+        return {"passed": self.passed, "champion_version": self.champion_version,
+                "checks": [asdict(c) for c in self.checks], "reasons": self.reasons()}
 
 
 def _check(name: str, value: float, threshold: float, op: str) -> Check:
@@ -56,58 +51,43 @@ def decide(task, candidate: dict, gates: GatesConfig, champion: dict | None = No
     """Apply every gate to ``candidate`` metrics, each in the direction the task gives it.
 
     * ``gates.thresholds``: ``metric >= bound`` where higher is better, ``<=`` where lower is;
-    * ``gates.baseline_margin``: the task's primary metric beats the trivial ``baseline`` by the margin;
-    * ``gates.max_gap_to_gbdt`` (with the task's ``gbdt`` scores): the primary metric trails the
-      gradient-boosted trees' by at most the gap;
+    * ``gates.baseline_margin``: the primary metric beats the trivial ``baseline`` by the margin;
+    * ``gates.max_gap_to_gbdt``: the primary metric trails the ``gbdt`` scores by at most the gap;
     * with a champion: each of ``task.champion_metrics`` trails the champion's by at most
       ``gates.max_regression`` (a factor of the champion's value for a ``relative`` metric).
     """
-    checks = []
-    for name, bound in gates.thresholds.items():
+    checks = [_check(name, candidate[name], bound, task.metric(name).op) for name, bound in gates.thresholds.items()]
+    if task.primary is not None:
+        m = task.metric(task.primary)
+        sign = 1 if m.higher_is_better else -1
+        for what, ref, amount in (("baseline", baseline, gates.baseline_margin),
+                                  ("gbdt", gbdt, None if gates.max_gap_to_gbdt is None else -gates.max_gap_to_gbdt)):
+            if amount is not None and ref is not None:
+                checks.append(_check(f"{m.name}_vs_{what}", candidate[m.name], ref[m.name] + sign * amount, m.op))
+    for name in task.champion_metrics if champion is not None else ():
         m = task.metric(name)
-        checks.append(_check(name, candidate[name], bound, m.op))
-    if gates.baseline_margin is not None and baseline is not None and task.primary is not None:
-        m = task.metric(task.primary)
-        sign = 1 if m.higher_is_better else -1
-        checks.append(_check(f"{m.name}_vs_baseline", candidate[m.name],
-                             baseline[m.name] + sign * gates.baseline_margin, m.op))
-    if gates.max_gap_to_gbdt is not None and gbdt is not None and task.primary is not None:
-        m = task.metric(task.primary)
-        sign = 1 if m.higher_is_better else -1
-        checks.append(_check(f"{m.name}_vs_gbdt", candidate[m.name], gbdt[m.name] - sign * gates.max_gap_to_gbdt,
-                             m.op))
-    if champion is not None:
-        for name in task.champion_metrics:
-            m = task.metric(name)
-            delta = gates.max_regression * abs(champion[name]) if m.relative else gates.max_regression
-            bound = champion[name] - delta if m.higher_is_better else champion[name] + delta
-            checks.append(_check(f"{name}_vs_champion", candidate[name], bound, m.op))
+        delta = gates.max_regression * abs(champion[name]) if m.relative else gates.max_regression
+        bound = champion[name] - delta if m.higher_is_better else champion[name] + delta
+        checks.append(_check(f"{name}_vs_champion", candidate[name], bound, m.op))
     return GateDecision(all(c.passed for c in checks), tuple(checks), champion_version)
 
 
 def beats(task, candidate: dict, champion: dict | None, min_improvement: float = 0.0) -> tuple[bool, str]:
-    """Promotion rule: does ``candidate`` deserve ``@champion`` over ``champion``?
+    """Promotion rule: does ``candidate`` deserve ``@champion`` over ``champion`` (same split)?
 
-    Both sets of metrics must come from the same evaluation split. ``task.champion_metrics`` are
-    compared in order, each in its direction: the first that differs by more than
-    ``min_improvement`` (``gates.min_improvement``; a factor of the champion's value for a
-    ``relative`` metric) decides. Closer than that on every one is a tie, and a tie keeps the
-    champion: an identical retrain is not an improvement. Stricter than the gate, which lets a
-    candidate trail the champion by ``max_regression`` and still be registered (as ``@challenger``).
+    ``task.champion_metrics`` are compared in order, each in its direction: the first that differs
+    by more than ``min_improvement`` (a factor of the champion's value for a ``relative`` metric)
+    decides. A tie keeps the champion: an identical retrain is not an improvement.
     """
     if champion is None:
         return True, "there is no champion"
-    ok, decided = False, False
-    for name in task.champion_metrics:
-        m = task.metric(name)
-        c, p = candidate[name], champion[name]
-        margin = min_improvement * abs(p) if m.relative else min_improvement
-        if abs(c - p) > margin:
-            ok, decided = (c > p) == m.higher_is_better, True
-            break
     shown = lambda d: " / ".join(f"{d[n]:.4f}" for n in task.champion_metrics)  # noqa: E731
     names = " / ".join(task.champion_metrics)
-    if not decided:
-        return False, (f"{names} {shown(candidate)} ties the champion's {shown(champion)} (no difference above "
-                       f"gates.min_improvement {min_improvement:g}): the champion stays")
-    return ok, f"{names} {shown(candidate)} {'beats' if ok else 'does not beat'} the champion's {shown(champion)}"
+    for name in task.champion_metrics:
+        m, c, p = task.metric(name), candidate[name], champion[name]
+        if abs(c - p) > (min_improvement * abs(p) if m.relative else min_improvement):
+            ok = (c > p) == m.higher_is_better
+            verb = "beats" if ok else "does not beat"
+            return ok, f"{names} {shown(candidate)} {verb} the champion's {shown(champion)}"
+    return False, (f"{names} {shown(candidate)} ties the champion's {shown(champion)} (no difference above "
+                   f"gates.min_improvement {min_improvement:g}): the champion stays")

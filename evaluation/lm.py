@@ -1,30 +1,24 @@
 """Evaluating a byte-level language model on the eval documents: loss, perplexity, bits per byte.
 
 Every target byte of a document is scored exactly once, in windows of ``seq_len`` tokens:
-non-overlapping windows from the start, the last one shifted back to end at the document's
-end (its already-scored targets masked out), and a document shorter than one window padded
-on the right (padding is never a target; a causal model cannot see it). A document of n bytes
-has n - 1 targets. The registered pyfunc (``tasks/pyfunc_lm.py``) scores with the same
-rule, so the candidate's figures and the champion's (scored through the registry) compare.
+non-overlapping windows from the start, the last one shifted back to end at the document's end
+(its already-scored targets masked out), and a document shorter than one window padded on the
+right. A document of n bytes has n - 1 targets. The registered pyfunc (``tasks/pyfunc_lm.py``)
+scores with the same rule, so the candidate's figures and the champion's compare.
 
-Metrics are token-weighted over all documents: ``loss`` is the mean cross-entropy per target
-byte in nats, ``perplexity = exp(loss)``, ``bits_per_byte = loss / ln 2``.
+Metrics are token-weighted over all documents: ``loss`` is the mean cross-entropy per target byte
+in nats, ``perplexity = exp(loss)``, ``bits_per_byte = loss / ln 2``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from core.config import DatasetConfig
-
-# Texts -> per-document (loss, n_tokens) arrays, e.g. a registry TextScorer.
-DocScorer = Callable[[list[str]], tuple[np.ndarray, np.ndarray]]
 BATCH_WINDOWS = 64
 
 
@@ -55,18 +49,17 @@ def windows(doc: bytes, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def score_documents(module, docs: Sequence[bytes], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-document (summed cross-entropy in nats, number of targets) under ``module``.
-
-    ``module`` maps int64 ``[batch, seq_len]`` tokens to logits ``[batch, seq_len, vocab]``.
-    """
+    """Per-document (summed cross-entropy in nats, number of targets) under ``module`` (int64
+    ``[batch, seq_len]`` tokens -> logits ``[batch, seq_len, vocab]``)."""
     import torch
     import torch.nn.functional as F
 
     parts = [windows(d, seq_len) for d in docs]
-    owner = np.concatenate([np.full(len(p[0]), i, dtype=np.int64) for i, p in enumerate(parts)] or [np.zeros(0, np.int64)])
-    x = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, seq_len), np.int64)
-    y = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, seq_len), np.int64)
-    mask = np.concatenate([p[2] for p in parts]) if parts else np.zeros((0, seq_len), bool)
+    owner = np.repeat(np.arange(len(parts)), [len(p[0]) for p in parts])
+    empty = np.zeros((0, seq_len), dtype=np.int64)
+    x = np.concatenate([p[0] for p in parts] + [empty])
+    y = np.concatenate([p[1] for p in parts] + [empty])
+    mask = np.concatenate([p[2] for p in parts] + [empty.astype(bool)])
     per_window = np.zeros(len(x), dtype=np.float64)
     with torch.inference_mode():
         for s in range(0, len(x), BATCH_WINDOWS):
@@ -88,76 +81,51 @@ def summarise(loss_sum: np.ndarray, n_tokens: np.ndarray) -> dict:
             "n_docs": int(len(n_tokens))}
 
 
-def latency_p95_ms(module, seq_len: int, n: int = 100, warmup: int = 10, seed: int = 0) -> float:
-    """p95 wall time of scoring one window ``[1, seq_len]``, in milliseconds."""
-    import torch
-
-    x = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, (1, seq_len), dtype=np.int64))
-    times = []
-    with torch.inference_mode():
-        for i in range(n + warmup):
-            t0 = time.perf_counter()
-            module(x)
-            if i >= warmup:
-                times.append((time.perf_counter() - t0) * 1000)
-    return float(np.percentile(times, 95))
-
-
-def load_eval_documents(cfg: DatasetConfig, root: Path) -> list[tuple[str, bytes]]:
-    """``[(path, UTF-8 bytes)]`` of the gate's documents (``dataset.text.eval_file``)."""
+def _documents(cfg, root: Path) -> list[tuple[str, bytes]]:
     from tasks.text import read_documents
 
-    return read_documents(Path(root) / cfg.path / cfg.text.eval_file)
+    return read_documents(Path(root) / cfg.dataset.path / cfg.dataset.text.eval_file)
 
 
-def evaluate_documents(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion: DocScorer | None = None,
+def score_documents_champion(task, cfg, root: Path, scorer, docs: list[tuple[str, bytes]] | None = None) -> dict:
+    """A registered language model's figures (``scorer``: texts -> (loss [n], n_tokens [n])) on this
+    run's eval documents."""
+    docs = _documents(cfg, root) if docs is None else docs
+    loss, n_tok = scorer([d.decode("utf-8") for _, d in docs])
+    n_tok = np.asarray(n_tok, dtype=np.int64)
+    return summarise(np.nan_to_num(np.asarray(loss, dtype=np.float64)) * n_tok, n_tok)
+
+
+def evaluate_documents(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,
                        champion_metrics: dict | None = None) -> dict:
-    """The ``documents`` evaluator (the lm task): ``evaluate_lm`` on ``train_dir/model.pt2``."""
-    report = evaluate_lm(Path(train_dir) / "model.pt2", cfg.dataset, root, out_dir, champion,
-                         champion_metrics=champion_metrics, key=task.scoring_key(cfg, root))
-    report["candidate_scored_in"] = "pipeline"
-    return report
-
-
-def score_documents_champion(task, cfg, root: Path, scorer: DocScorer) -> dict:
-    """A registered language model's figures on this run's eval documents."""
-    loss, n_tok = scorer([d.decode("utf-8") for _, d in load_eval_documents(cfg.dataset, root)])
-    return summarise(np.nan_to_num(loss) * n_tok, n_tok)
-
-
-def evaluate_lm(model_pt2: Path, cfg: DatasetConfig, root: Path, out_dir: Path,
-                champion: DocScorer | None = None, threads: int = 1, champion_metrics: dict | None = None,
-                key: dict | None = None) -> dict:
-    """Loss / perplexity / bits per byte of the exported candidate (and the champion) on the eval docs.
-
-    The champion's figures are ``champion_metrics`` when given (its recorded scores, see
-    ``evaluation.recorded``), else ``champion``'s scored here; ``report["champion_scores"]`` says
-    which ("recorded", "rescored" or None) and ``report["scoring_key"]`` what the candidate's
-    figures hold for. Writes ``metrics.json`` (with per-document figures) into ``out_dir``.
-    """
+    """The ``documents`` evaluator (the lm task): loss / perplexity / bits per byte of
+    ``train_dir/model.pt2`` and of the champion (``champion_metrics`` when recorded, else the
+    ``champion`` scorer's) on the eval documents; writes ``metrics.json`` into ``out_dir``."""
     import torch
 
     from tasks.base import load_program
+    from tasks.metrics import latency_p95_ms
 
-    torch.set_num_threads(threads)
+    key = task.scoring_key(cfg, root)
+    torch.set_num_threads(1)
     out_dir.mkdir(parents=True, exist_ok=True)
-    seq_len = cfg.text.seq_len
-    docs = load_eval_documents(cfg, root)
-    module = load_program(model_pt2)
+    seq_len = cfg.dataset.text.seq_len
+    docs = _documents(cfg, root)
+    module = load_program(Path(train_dir) / "model.pt2")
     loss_sum, n_tok = score_documents(module, [d for _, d in docs], seq_len)
     cand = summarise(loss_sum, n_tok)
-    cand["latency_p95_ms"] = latency_p95_ms(module, seq_len)
+    window = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (1, seq_len), dtype=np.int64))
+    with torch.inference_mode():  # one random window, 100 timed calls after 10
+        cand["latency_p95_ms"] = latency_p95_ms(module, window, 100, 10)
     per_doc = [{"path": p, "n_tokens": int(k), "loss": float(s / k) if k else None}
                for (p, _), s, k in zip(docs, loss_sum, n_tok)]
     champ, how = None, None
     if champion_metrics is not None:
         champ, how = champion_metrics, "recorded"
     elif champion is not None:
-        how = "rescored"
-        c_loss, c_tok = champion([d.decode("utf-8") for _, d in docs])
-        champ_tokens = np.asarray(c_tok, dtype=np.int64)
-        champ = summarise(np.nan_to_num(np.asarray(c_loss, dtype=np.float64)) * champ_tokens, champ_tokens)
+        champ, how = score_documents_champion(task, cfg, root, champion, docs), "rescored"
     report = {"candidate": cand, "champion": champ, "champion_scores": how, "scoring_key": key,
               "baseline": None, "per_document": per_doc, "files": {}}
     (out_dir / "metrics.json").write_text(json.dumps(report, indent=2))
+    report["candidate_scored_in"] = "pipeline"
     return report

@@ -1,14 +1,9 @@
 """Reusing a registered version's own test scores instead of loading and rescoring it.
 
-When a version is registered, the pipeline tags it with the scores it just measured
-(``eval_metrics``, JSON) and with the *scoring key* they hold for (``eval_key``, the task's
-``scoring_key``): a hash of the evaluation split's bytes, the metric code's version and the
-labels the metrics are taken over. A later run whose own scoring key is equal would compute exactly those
-figures by loading the version and scoring it again, so it takes the recorded ones.
-Anything missing, unparsable or different (an older champion, other test data, changed
-metric code) means: load and rescore.
-
-No MLflow here: the tags arrive as a plain mapping.
+A version is tagged with the scores it was registered with (``eval_metrics``, JSON) and the task's
+*scoring key* they hold for (``eval_key``: the evaluation split's bytes, the metric code's version,
+the labels). A later run with an equal key takes the recorded figures; anything missing,
+unparsable or different means: load and rescore. No MLflow here: the tags are a plain mapping.
 """
 
 from __future__ import annotations
@@ -24,8 +19,8 @@ VERSION_TAG = "eval_metrics_version"
 
 
 def record_tags(key: Mapping, metrics: Mapping, required: tuple[str, ...]) -> dict[str, str]:
-    """Model-version tags recording ``metrics`` (the candidate's, latency left out) under ``key``.
-    ``required``: what the task needs of a record (``task.recorded_keys()``)."""
+    """Model-version tags recording ``metrics`` (latency left out) under ``key``; ``required``:
+    ``task.recorded_keys()``."""
     kept = {k: v for k, v in metrics.items() if k != "latency_p95_ms"}
     missing = [k for k in required if k not in kept]
     if missing:

@@ -7,8 +7,8 @@ from evaluation.gates import GateDecision
 
 def gate_markdown(task, decision: GateDecision, candidate: dict, champion: dict | None,
                   baseline: dict | None = None, gbdt: dict | None = None) -> str:
-    """The gate's decision: every check with its value and bound, the figures it compared (the
-    gradient-boosted trees' beside the candidate's), and a classifier's per-class recall."""
+    """The gate's decision: every check with its value and bound, the figures it compared, and a
+    classifier's per-class recall."""
     head = "PASSED" if decision.passed else f"REJECTED ({len(decision.failures)} reason(s))"
     lines = [f"# Gate: {head}", ""]
 
@@ -33,13 +33,11 @@ def gate_markdown(task, decision: GateDecision, candidate: dict, champion: dict 
     return "\n".join(lines) + "\n"
 
 
-def gbdt_line(task, candidate: dict, gbdt: dict, train_s: float | None = None) -> str:
-    """How the candidate stands beside gradient-boosted trees fitted on the same train split: both
-    primary metrics, the gap in the metric's direction (positive: the candidate is better) and the
-    trees' fitting time (and the candidate's training time, when given)."""
+def gbdt_line(task, candidate: dict, gbdt: dict) -> str:
+    """The candidate beside gradient-boosted trees fitted on the same train split: both primary
+    metrics, the gap in the metric's direction (positive: the candidate is better), the trees' time."""
     m = task.metric(task.primary)
     gap = (candidate[m.name] - gbdt[m.name]) * (1 if m.higher_is_better else -1)
-    time = f"; trees fitted in {gbdt['fit_s']:.1f} s on 1 thread" + (
-        f", the candidate trained in {train_s:.1f} s" if train_s is not None else "")
     return (f"Gradient-boosted trees ({gbdt.get('predictor')}): {m.name} {gbdt[m.name]:.4f}, the candidate "
-            f"{candidate[m.name]:.4f} ({'+' if gap >= 0 else ''}{gap:.4f} {'better' if gap >= 0 else 'worse'}){time}")
+            f"{candidate[m.name]:.4f} ({'+' if gap >= 0 else ''}{gap:.4f} {'better' if gap >= 0 else 'worse'}); "
+            f"trees fitted in {gbdt['fit_s']:.1f} s on 1 thread")

@@ -1,10 +1,9 @@
 """Tasks: the one place that knows a kind of problem (see ``tasks.base``).
 
-Built in: ``classification`` and ``regression`` of a table's named columns, ``lm`` (a
-byte-level language model of a text corpus) and ``image_classification`` (a folder of images).
-A package adds its own under the entry-point group ``trainflow.tasks`` (``name =
-"module:TaskClass"``). A task is chosen once, by the config's ``task`` key; configs are
-committed files, never deployment parameters.
+Built in: ``classification`` and ``regression`` of a table's named columns, ``lm`` (a byte-level
+language model of a text corpus) and ``image_classification`` (a folder of images). A package adds
+its own under the entry-point group ``trainflow.tasks`` (``name = "module:TaskClass"``). A task is
+chosen once, by the config's ``task`` key; configs are committed files, never deployment parameters.
 """
 
 from __future__ import annotations
@@ -23,11 +22,6 @@ BUILTIN = {
 }
 
 
-def _load(ref: str):
-    module, _, attr = ref.partition(":")
-    return getattr(import_module(module), attr)
-
-
 def _plugins() -> dict:
     from importlib.metadata import entry_points
 
@@ -39,19 +33,16 @@ def names() -> list[str]:
     return [*BUILTIN, *sorted(set(_plugins()) - set(BUILTIN))]
 
 
-def get_task(name: str):
-    """The task called ``name``: a built-in, else one registered under ``trainflow.tasks``.
-    Raises ConfigError (``task: ...``) naming what is available. One instance per name in a
-    process, so what it has read (frames, the expectations file) serves every stage."""
-    return _instance(name)
-
-
 @functools.cache
-def _instance(name: str):
+def get_task(name: str):
+    """The task called ``name``: a built-in, else one registered under ``trainflow.tasks``; ConfigError
+    (``task: ...``) naming what is available. One instance per name in a process, so what it has read
+    serves every stage."""
     from tasks.base import Task
 
     if name in BUILTIN:
-        obj = _load(BUILTIN[name])
+        module, _, attr = BUILTIN[name].partition(":")
+        obj = getattr(import_module(module), attr)
     else:
         plugins = _plugins()
         if name not in plugins:

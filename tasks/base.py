@@ -1,22 +1,17 @@
-"""The task API: the one place that knows a kind of problem.
-
-A task answers everything that differs between kinds of problem, and the rooms ask it:
+"""The task API: the one place that knows a kind of problem; the rooms ask it.
 
 | the task answers | asked by |
 |---|---|
-| ``check_config``: the keys that must hold for this kind (raises ConfigError naming them) | ``flows`` at load |
+| ``check_config``: the keys that must hold for this kind (ConfigError naming them) | ``flows`` at load |
 | ``validation_plan``: what to validate, torch-free | ``validation`` |
 | ``data_splits``: the data's splits by name, each a file and an MLflow context | ``flows`` (MLflow datasets) |
 | ``load_data`` / ``build_model`` / ``example_input`` / ``loss`` / ``val_correct`` / ``export_module`` | ``training`` |
 | ``parallel_plan``: how its model splits for tensor / pipeline parallelism, if it does | ``training.parallel`` |
 | ``metrics`` (each with a direction), ``evaluator`` and its hooks, ``scoring_key``, ``gbdt`` | ``evaluation`` |
 | ``model_spec``: the pyfunc file, its metadata, signature and input example | ``registry`` |
-| ``init_fit``: whether ``trainflow init`` can set it up for a table's label, and why | ``flows.init`` |
-| ``init_defaults``: the gates and model ``trainflow init`` writes | ``flows.init`` |
+| ``init_fit`` / ``init_defaults`` / ``init_reads`` / ``init_folder``: what ``trainflow init`` writes | ``flows.init`` |
 
-Gating and promotion are generic (``evaluation.gates``): a threshold on a metric is ``>=`` where
-higher is better and ``<=`` where lower is; "beats the champion" compares ``champion_metrics``
-in order, each in its direction. torch is imported only inside the functions that need it.
+torch is imported only inside the functions that need it.
 """
 
 from __future__ import annotations
@@ -36,6 +31,8 @@ if TYPE_CHECKING:
 # MLflow's models-from-code loader hands models back through another: every load of a program or
 # a logged model in this process (the registry's too) takes this lock.
 PROGRAM_LOCK = threading.RLock()
+# Rank 0's scores of the exported program on the evaluation split (``Task.write_test_scores``).
+SCORES_FILE = "test_scores.json"
 
 
 def load_program(path: Path):
@@ -49,32 +46,21 @@ def load_program(path: Path):
         raise ValueError(f"{path}: not a loadable torch.export program: {exc}") from exc
 
 
-# Rank 0's scores of the exported program on the evaluation split (``Task.write_test_scores``).
-SCORES_FILE = "test_scores.json"
-
-
 def write_program_scores(out: Path, x, decode: Callable, split_sha256: str) -> None:
-    """Rank 0, after export: ``out/model.pt2``'s predictions on ``x`` (the evaluation split's model
-    input, ``decode`` turning the outputs into what the task's ``score`` takes) and its one-row
-    latency, with the hashes of the program and the split, into ``test_scores.json`` (read back by
-    the evaluation only when both still match)."""
+    """Rank 0, after export: ``out/model.pt2``'s ``decode``d predictions on ``x``, one-row latencies and
+    the hashes of the program and the split into ``test_scores.json`` (read back while both hold)."""
     import json
-    import time
 
     import torch
 
     from core.hashing import file_sha256
+    from tasks.metrics import timings_ms
 
     program = load_program(Path(out) / "model.pt2")
     xt = torch.as_tensor(x)
-    times = []
     with torch.no_grad():
         outputs = program(xt).numpy()
-        for i in range(220):  # 20 warm-up calls, then 200 timed one-row calls
-            t0 = time.perf_counter()
-            program(xt[i % len(xt)][None]).numpy()
-            if i >= 20:
-                times.append((time.perf_counter() - t0) * 1000)
+        times = timings_ms(lambda row: program(row).numpy(), xt)
     scores = {"pred": decode(outputs).tolist(), "outputs_shape": list(outputs.shape), "latency_ms": times,
               "threads": torch.get_num_threads(), "model_sha256": file_sha256(Path(out) / "model.pt2"),
               "split_sha256": split_sha256}
@@ -83,15 +69,28 @@ def write_program_scores(out: Path, x, decode: Callable, split_sha256: str) -> N
     tmp.replace(Path(out) / SCORES_FILE)
 
 
+def cache_write(path: Path, write: Callable) -> None:
+    """``write(binary file)`` into ``path`` through a temporary name, so a reader sees all of it or
+    nothing; an unwritable cache (a read-only home) is left alone: the value is made again next time."""
+    import os
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            write(fh)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 def fit_gbdt(root: Path, key: dict, arrays: Callable, seed: int, max_rows: int, what: str) -> dict:
-    """scikit-learn's gradient-boosted trees beside a task's network (``Task.gbdt``), kept as JSON in
-    ``TRAINFLOW_HOME/cache/gbdt`` by ``key`` (what the arrays are made of) and scikit-learn's version:
-    the same data and config are fitted once (``cached``; ``fit_s`` is that fit's). ``arrays()``
-    gives ``(estimator, x, y, xt, matrix)``, ``matrix`` turning x or xt into what the estimator
-    takes; at most ``max_rows`` of x (a seeded sample) are fitted, on one thread, and xt predicted.
+    """scikit-learn's gradient-boosted trees beside a task's network (``Task.gbdt``), cached as JSON
+    in ``TRAINFLOW_HOME/cache/gbdt`` by ``key`` and scikit-learn's version (``fit_s`` is the first
+    fit's). ``arrays()`` gives ``(estimator, x, y, xt, matrix)``, ``matrix`` turning x or xt into
+    the estimator's input; at most ``max_rows`` of x (a seeded sample) are fitted, on one thread.
     Returns ``{"predictor", "pred", "fit_s", "predict_s", "cached"}``."""
     import json
-    import os
     import time
     from importlib.metadata import version
 
@@ -127,14 +126,15 @@ def fit_gbdt(root: Path, key: dict, arrays: Callable, seed: int, max_rows: int, 
                         + (f", fitted on {max_rows:,} sampled train {what}" if sampled else "")
                         + (f", on the {x.shape[1]} resized pixels" if what == "images" else "") + ")",
            "pred": pred.tolist(), "fit_s": round(t1 - t0, 3), "predict_s": round(t2 - t1, 3)}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(out))
-        os.replace(tmp, path)
-    except OSError:  # a read-only home: fitted again next time
-        pass
+    cache_write(path, lambda fh: fh.write(json.dumps(out).encode()))
     return {**out, "pred": pred, "cached": False}
+
+
+def label_key(value) -> str:
+    """Labels compare as text: 3 in a CSV and 3 in the YAML class set are the same class."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -155,10 +155,9 @@ class Metric:
 class ModelSpec:
     """What the registry logs: a models-from-code pyfunc file over the exported program.
 
-    ``inputs``: ``[(column, mlflow type)]`` (double | long | string | boolean); ``outputs`` the
-    same (a None name for one unnamed output); ``meta``: written beside the program as
-    ``meta.json``; ``example``: a pandas DataFrame; ``metadata``: MLflow model metadata.
-    ``checked``: the program was already run on whole splits by the worker (no reload needed).
+    ``inputs`` / ``outputs``: ``[(column, mlflow type)]`` (a None name for one unnamed output);
+    ``meta``: written beside the program as ``meta.json``; ``example``: a pandas DataFrame;
+    ``checked``: the worker already ran the program on whole splits (no reload needed).
     """
 
     python_model: Path
@@ -172,9 +171,8 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class InitFit:
-    """A task's answer when ``trainflow init`` asks whether it can learn a table's label column:
-    ``fits`` (it can), ``preferred`` (the natural reading, which init picks when no ``--task`` is
-    given) and ``why`` (said to the user either way)."""
+    """Whether ``trainflow init`` can set a task up for some data: ``fits``, ``preferred`` (the
+    natural reading, picked when no ``--task`` is given) and ``why`` (said to the user either way)."""
 
     fits: bool
     preferred: bool
@@ -183,14 +181,12 @@ class InitFit:
 
 @dataclass(frozen=True)
 class ParallelPlan:
-    """How a task's model splits across ranks (like torchtitan's parallelize and pipeline
-    functions): the engine's tp / pp / hybrid strategies apply it and know nothing of the model.
+    """How a task's model splits across ranks; the engine's tp / pp / hybrid strategies apply it.
 
-    - ``blocks(model)``: the repeated blocks, in order; ``block_plan()`` is the
-      ``parallelize_module`` plan for one block (submodule name -> ParallelStyle);
-    - ``stage_layers(n_blocks, n_stages)``: block indices per pipeline stage;
-    - ``split_stage(model, stage, n_stages)``: the model cut down to one stage, in place, with
-      the full model's parameter names (the stages' state dicts merge into one).
+    ``blocks(model)``: the repeated blocks, in order; ``block_plan()``: the ``parallelize_module``
+    plan of one block; ``stage_layers(n_blocks, n_stages)``: block indices per pipeline stage;
+    ``split_stage(model, stage, n_stages)``: the model cut to one stage in place, keeping the full
+    model's parameter names (the stages' state dicts merge into one).
     """
 
     blocks: Callable[[Any], list]
@@ -208,12 +204,16 @@ class Task:
     champion_metrics: ClassVar[tuple[str, ...]] = ()
     # The metric a trivial baseline must be beaten on (``gates.baseline_margin``), or None.
     primary: ClassVar[str | None] = None
-    # Which evaluator in ``evaluation`` scores it: "predictions" (one prediction per row, the
-    # table hooks ``eval_data`` / ``decode`` / ``encode`` / ``score`` / ``baseline`` /
-    # ``check_program_output``) or "documents".
+    # Which evaluator scores it: "predictions" (one per row, through the hooks ``eval_data`` /
+    # ``decode`` / ``encode`` / ``score`` / ``baseline`` / ``check_program_output``) or "documents".
     evaluator: ClassVar[str] = "predictions"
     # Whether per-epoch validation reports an accuracy (``val_correct``).
     has_accuracy: ClassVar[bool] = True
+    # The type of ``info``: the caches read it back from JSON with ``info_type.from_json``.
+    info_type: ClassVar[type[DataInfo]] = DataInfo
+    # Whether the engine can stream the train split from Parquet row groups (``training.stream``):
+    # such a task also answers ``stream_info`` and ``target_dtype``.
+    streams_table: ClassVar[bool] = False
 
     # -- config --------------------------------------------------------------------------
     def metric(self, name: str) -> Metric:
@@ -223,8 +223,7 @@ class Task:
         raise KeyError(name)
 
     def check_config(self, cfg: "PipelineConfig") -> None:
-        """Raise ConfigError naming the key when ``cfg`` does not fit this task. The base checks
-        the gates against the task's metrics and early stopping against ``has_accuracy``."""
+        """Raise ConfigError naming the key when ``cfg`` does not fit this task."""
         names = [m.name for m in self.metrics]
         for key in cfg.gates.thresholds:
             if key not in names:
@@ -243,12 +242,11 @@ class Task:
                               "no tp/pp plan: use ddp or fsdp for it")
 
     def parallel_plan(self, cfg: "PipelineConfig") -> ParallelPlan | None:
-        """How this task's model splits for tp / pp / hybrid; None: it does not (ddp and fsdp only)."""
+        """How this task's model splits for tp / pp / hybrid; None: ddp and fsdp only."""
         return None
 
     def init_fit(self, label: str, labels, ctype: str) -> InitFit:
-        """Can ``trainflow init`` set this task up for a table whose label column ``label`` holds
-        ``labels`` (its non-null values, a pandas Series) of type ``ctype`` (``core.expectations``)?"""
+        """Can ``trainflow init`` set this task up for a table's label column ``labels`` (non-null, of ``ctype``)?"""
         return InitFit(False, False, f"task {self.name!r} is not set up by init from a table's label")
 
     def init_defaults(self) -> dict:
@@ -256,40 +254,27 @@ class Task:
         return {}
 
     def init_reads(self, target: Path) -> InitFit:
-        """Can ``trainflow init`` set this task up for the data at ``target`` by itself, without a
-        table's label (an image folder)? Such a task also answers ``init_folder``."""
+        """Can ``trainflow init`` set this task up for the folder ``target`` (then it answers ``init_folder``)?"""
         return InitFit(False, False, f"task {self.name!r} is set up by init from a table's label, not a folder")
 
     def init_folder(self, root: Path, target: Path, rel: str) -> dict:
-        """What ``trainflow init`` writes for the data folder ``target`` (``rel`` to ``root``):
-        ``{"dataset": {...}, "training": {...}, "rows": {split: n}, "classes": [...], "lines":
-        [what it decided, one line each], "problems": [what validation will refuse], "choices": [key
-        paths the user chooses, kept from an existing config on a re-run], "review": "the keys to
-        review"}``. Torch-free."""
+        """What ``trainflow init`` writes for the data folder ``target``: ``{"dataset", "training", "rows",
+        "classes", "lines", "problems", "choices" (key paths kept on a re-run), "review"}``."""
         raise NotImplementedError(f"task {self.name!r} is not set up by init from a folder")
 
     # -- validation (torch-free) -------------------------------------------------------------
     def validation_plan(self, cfg: "PipelineConfig", root: Path):
-        """A ``ValidationPlan``: the suite the GX runner (``validation.gx_run``) runs, the files to hash, its params."""
+        """The ``ValidationPlan`` the GX runner (``validation.gx_run``) runs."""
         raise NotImplementedError
 
     def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:
-        """``{split name: (file relative to the project root, MLflow context)}``, the context
-        ``"training"`` or ``"testing"`` (the split the evaluation scores). Logged as the run's MLflow
-        datasets, from the config alone (no data is read). The base: the whole dataset, training."""
+        """``{split: (file relative to the project root, MLflow context "training" | "testing")}``."""
         return {"data": (cfg.dataset.path, "training")}
 
     # -- training (torch inside) -------------------------------------------------------------
-    # The type of ``info``: the caches read it back from JSON with ``info_type.from_json``.
-    info_type: ClassVar[type[DataInfo]] = DataInfo
-
     def info(self, cfg: "PipelineConfig", root: Path) -> DataInfo:
         """What a model of this data is built from (``Splits.info``), fitted on the train split; torch-free."""
         return DataInfo()
-
-    # Whether the train split is a table the engine can stream from Parquet row groups
-    # (``training.stream``): such a task also answers ``stream_info`` and ``target_dtype``.
-    streams_table: ClassVar[bool] = False
 
     def stream_info(self, cfg: "PipelineConfig", root: Path, source: Path, names: tuple, types: dict) -> DataInfo:
         """``info`` fitted in one pass over a streamed train split (``streams_table`` tasks)."""
@@ -300,7 +285,7 @@ class Task:
         raise NotImplementedError(f"task {self.name!r} does not stream a table")
 
     def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
-        """``training.data.Splits`` (train / val / test tensors and a JSON-able ``info``)."""
+        """``tasks.splits.Splits`` (train / val / test tensors and ``info``)."""
         raise NotImplementedError
 
     def build_model(self, cfg: "PipelineConfig", info: DataInfo):
@@ -321,8 +306,7 @@ class Task:
         return model
 
     def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
-        """Rank 0, after export: score ``out/model.pt2`` on the test split into ``test_scores.json``
-        so the pipeline process need not import torch. Optional."""
+        """Rank 0, after export, optional: ``write_program_scores`` (the pipeline then needs no torch)."""
 
     # -- evaluation ----------------------------------------------------------------------------
     def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
@@ -330,19 +314,15 @@ class Task:
         raise NotImplementedError
 
     def gbdt(self, cfg: "PipelineConfig", root: Path) -> dict | None:
-        """A conventional strong model fitted on the same train split, the one a user would try
-        first (a table: gradient-boosted trees), as ``{"predictor", "pred", "fit_s", "predict_s"}``
-        with ``pred`` as the task's ``score`` takes them for the evaluation split; None: none."""
+        """The strong conventional model a user would try first, on the same train split (``fit_gbdt``)."""
         return None
 
     def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
-        """A loaded registry model (``registry.models.load_predictor``: it takes what a serving
-        client sends) scored on this run's evaluation split, as ``score`` returns it. Tasks whose
-        ``evaluator`` is "predictions" answer it."""
+        """A loaded registry model (taking what a serving client sends) scored on the evaluation split."""
         raise NotImplementedError
 
     def class_names(self, info: DataInfo) -> list[str] | None:
-        """The names of a classifier's classes, in its output order (the confusion matrix's axes); None otherwise."""
+        """A classifier's class names in output order (the confusion matrix's axes); None otherwise."""
         return None
 
     def recorded_keys(self) -> tuple[str, ...]:
@@ -350,10 +330,8 @@ class Task:
         return tuple(m.name for m in self.metrics if m.name != "latency_p95_ms")
 
     def drift_frames(self, cfg: "PipelineConfig", root: Path, reference, read: Callable[[Path], bytes]) -> tuple:
-        """``(then, now, features)`` for ``retrain.policy: drift``: the champion's training split
-        (``reference``: its DatasetConfig; ``read(path in the repository)`` gives a file of its
-        data version) and the workspace's, as frames of the named feature columns. The base has
-        none: DataUnavailableError, and the retrain trains on the changed data, saying why."""
+        """``(then, now, features)`` for ``retrain.policy: drift``: frames of the champion's training split
+        (``reference``: its DatasetConfig, ``read``: a file of its data version) and the workspace's."""
         from core.errors import DataUnavailableError
 
         raise DataUnavailableError(f"task {self.name!r} has no drift check (retrain.policy: drift compares a "
@@ -364,8 +342,7 @@ class Task:
         raise NotImplementedError
 
     def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
-        """Before registration, when the worker did not already score the program: run it on the
-        spec's example and raise ValueError when its output does not fit the task."""
+        """Before registration: ValueError when the program's output on the spec's example does not fit."""
 
     def describe(self, cfg: "PipelineConfig", candidate: dict) -> str:
         """One line for the model version's description."""
@@ -374,9 +351,8 @@ class Task:
 
 
 class Classifier:
-    """What every classifier task shares (mixed in before ``Task``): its metrics and their order
-    against the champion, the cross-entropy loss on fp32 logits, accuracy per batch, argmax
-    decoding and the scores. ``n_classes(info)`` says how many classes ``info`` holds."""
+    """What every classifier task shares (mixed in before ``Task``): metrics, cross-entropy on fp32
+    logits, accuracy, argmax decoding, labels compared as text, the majority-class baseline."""
 
     metrics = (Metric("accuracy", True), Metric("macro_f1", True), Metric("min_class_recall", True),
                Metric("latency_p95_ms", False))
@@ -386,13 +362,10 @@ class Classifier:
     def recorded_keys(self) -> tuple[str, ...]:
         return ("accuracy", "macro_f1", "min_class_recall", "class_recall", "confusion_matrix", "n")
 
-    def n_classes(self, info) -> int:
-        return len(info.classes)
-
     def loss(self, out, y, reduction: str = "mean"):
         import torch.nn.functional as F
 
-        return F.cross_entropy(out.float(), y.reshape(-1), reduction=reduction)  # fp32 logits
+        return F.cross_entropy(out.float(), y.reshape(-1), reduction=reduction)
 
     def val_correct(self, out, y) -> float:
         return (out.argmax(-1) == y).sum().item()
@@ -402,17 +375,33 @@ class Classifier:
 
         return np.asarray(outputs).argmax(1)
 
+    def encode(self, labels, info):
+        """A registered model's predicted labels -> class indices (-1: not a known class)."""
+        import numpy as np
+
+        index = {label_key(c): i for i, c in enumerate(info.classes)}
+        return np.asarray([index.get(label_key(v), -1) for v in np.asarray(labels).tolist()], dtype=np.int64)
+
+    def class_names(self, info) -> list[str]:
+        return [label_key(c) for c in info.classes]
+
     def score(self, y, pred, info) -> dict:
         from tasks.metrics import classification_metrics
 
-        return classification_metrics(y, pred, self.n_classes(info))
+        return classification_metrics(y, pred, len(info.classes))
+
+    def majority(self, y, info, n: int) -> tuple[str, Any]:
+        """The trivial predictor: the most frequent class of the train targets ``y``, for ``n`` rows."""
+        import numpy as np
+
+        top = int(np.bincount(y, minlength=len(info.classes)).argmax())
+        return f"majority class {info.classes[top]!r}", np.full(n, top, dtype=np.int64)
 
 
 @dataclass
 class ValidationPlan:
-    """What validation runs for a config, as data: ``runner`` names the suite the one GX runner
-    runs (``validation.gx_run.SUITES``: table | text), ``files`` are hashed for the cache key,
-    ``params`` go to the suite (torch-free values: configs, paths, the expectations file)."""
+    """What validation runs for a config: ``runner`` names the suite (``validation.gx_run.SUITES``),
+    ``files`` are hashed for the cache key, ``params`` go to the suite (torch-free values)."""
 
     runner: str
     files: list[Path]

@@ -1,20 +1,6 @@
-"""Tables read in bounded memory: Arrow record batches and per-column statistics merged across them.
-
-Torch-free and pandas-free (pyarrow and numpy, imported inside the functions). Used where a table
-may not fit in memory: validation of large splits (``validation.suite``), the tabular task's
-standardisation statistics (``tasks.tabular``) and the streamed loader (``training.stream``).
-
-* :func:`iter_batches` yields ``pyarrow.RecordBatch`` objects of at most ``batch_rows`` rows from a
-  Parquet file, a folder of Parquet files (files in name order, each file's row groups in order) or
-  a CSV file (pyarrow's streaming CSV reader). Memory is one Parquet row group or one CSV block
-  plus the batch, whatever the number of rows.
-* :func:`column_stats` folds batches into :class:`ColumnStats` per column: count, nulls, min, max,
-  mean and std (float64, Chan et al.'s pairwise merge of per-batch moments, so the order of the
-  batches changes the result only by rounding) and, for the columns asked, the count of each value.
-
-A null is an Arrow null or, in a float column, NaN (as pandas reads both). ``std`` is the
-population standard deviation (ddof 0, as ``numpy.nanstd``); :meth:`ColumnStats.var` takes ddof.
-"""
+"""Tables read in bounded memory, torch- and pandas-free: Arrow record batches of a Parquet file,
+a folder of them or a CSV file (:func:`iter_batches`, one row group or CSV block at a time), and
+per-column statistics merged across them (:class:`ColumnStats`; NaN counts as a null)."""
 
 from __future__ import annotations
 
@@ -34,11 +20,9 @@ if TYPE_CHECKING:
 __all__ = ["BATCH_ROWS", "ColumnStats", "column_stats", "iter_batches", "parquet_files", "source_format",
            "source_rows", "source_schema"]
 
-# Rows per batch when the caller does not say: 64 Ki rows x 32 float64 columns is 16 MiB.
-BATCH_ROWS = 65536
+BATCH_ROWS = 65536  # rows per batch when the caller does not say
 PARQUET_SUFFIXES = (".parquet", ".pq")
-# Bytes per streaming CSV block (each block is parsed whole, then sliced into batches).
-CSV_BLOCK_BYTES = 8 << 20
+CSV_BLOCK_BYTES = 8 << 20  # bytes per streaming CSV block (parsed whole, then sliced into batches)
 
 
 def source_format(source: Path) -> str:
@@ -62,8 +46,7 @@ def parquet_files(source: Path) -> list[Path]:
     if source.is_file():
         return [source]
     if not source.is_dir():
-        raise DataUnavailableError(f"{source} does not exist. The DVC-tracked data is missing from the "
-                                   "workspace; run `dvc pull` (or check dataset.path)")
+        raise _not_pulled(source)
     files = sorted(p for p in source.iterdir() if p.is_file() and p.suffix.lower() in PARQUET_SUFFIXES)
     if not files:
         raise DataUnavailableError(f"{source}: a folder with no .parquet files")
@@ -74,30 +57,16 @@ def source_rows(source: Path) -> int | None:
     """Rows of a Parquet source from its footers (no data read); None for a CSV (unknown until read)."""
     if source_format(source) != "parquet":
         return None
-    import pyarrow.parquet as pq
-
-    total = 0
-    for path in parquet_files(source):
-        try:
-            total += pq.ParquetFile(path).metadata.num_rows
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds; all mean "unreadable"
-            raise DataUnavailableError(f"{path} cannot be read as parquet: {type(exc).__name__}: {exc}") from None
-    return total
+    return sum(_parquet(path).metadata.num_rows for path in parquet_files(source))
 
 
 def iter_batches(source: Path, columns: list[str] | None = None, batch_rows: int = BATCH_ROWS,
                  types: dict[str, Any] | None = None) -> Iterator[pa.RecordBatch]:
-    """``pyarrow.RecordBatch`` objects of at most ``batch_rows`` rows, in file order, read lazily.
+    """``pyarrow.RecordBatch`` objects of at most ``batch_rows`` rows of ``columns`` (None: all), lazily.
 
-    ``source``: a ``.parquet``/``.pq`` file, a folder of them (name order; every file must hold
-    ``columns``) or a ``.csv`` file. ``columns``: the columns to read, in this order (None: all).
-    ``types``: CSV only, ``{column: pyarrow type}`` forced instead of inferred.
-
-    A CSV's types are inferred from its first block, with integer columns widened to float64 and
-    all-null ones read as float64: a later block may hold 1.5 in a column that began with whole
-    numbers, or values in one that began empty. A later value that still does not convert (text in
-    a numeric column) raises DataUnavailableError naming the column; pass ``types`` for it.
-    Raises DataUnavailableError for a missing or unreadable file or a missing column.
+    A CSV's types come from its first block, integer and all-null columns widened to float64;
+    ``types`` (``{column: pyarrow type}``) forces some. DataUnavailableError for a missing or
+    unreadable file, a missing column, or a later CSV value that does not convert.
     """
     if batch_rows < 1:
         raise ValueError(f"batch_rows: must be >= 1, got {batch_rows}")
@@ -109,23 +78,31 @@ def iter_batches(source: Path, columns: list[str] | None = None, batch_rows: int
         yield from _parquet_batches(path, columns, batch_rows)
 
 
-def _parquet_batches(path: Path, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
+def _not_pulled(path: Path) -> DataUnavailableError:
+    return DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the "
+                                "workspace; run `dvc pull` (or check dataset.path)")
+
+
+def _parquet(path: Path, columns: list[str] | None = None):
+    """``pyarrow.parquet.ParquetFile`` of ``path``; DataUnavailableError when unreadable or lacking ``columns``."""
     import pyarrow.parquet as pq
 
     try:
         pf = pq.ParquetFile(path)
-        missing = [c for c in columns or [] if c not in pf.schema_arrow.names]
+        names = pf.schema_arrow.names
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds; all mean "unreadable"
         raise DataUnavailableError(f"{path} cannot be read as parquet: {type(exc).__name__}: {exc}") from None
+    missing = [c for c in columns or [] if c not in names]
     if missing:
-        raise DataUnavailableError(f"{path} lacks column(s) {missing}; found {pf.schema_arrow.names}")
-    # One row group at a time: iter_batches reads row group by row group, not the whole file.
-    for i in range(pf.num_row_groups):
+        raise DataUnavailableError(f"{path} lacks column(s) {missing}; found {names}")
+    return pf
+
+
+def _parquet_batches(path: Path, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    pf = _parquet(path, columns)
+    for i in range(pf.num_row_groups):  # one row group at a time, not the whole file
         try:
-            batches = pf.iter_batches(batch_size=batch_rows, row_groups=[i], columns=columns,
-                                      use_threads=False)
-            for batch in batches:
-                yield batch
+            yield from pf.iter_batches(batch_size=batch_rows, row_groups=[i], columns=columns, use_threads=False)
         except OSError as exc:
             raise DataUnavailableError(f"{path} row group {i} cannot be read: {exc}") from None
 
@@ -135,18 +112,13 @@ def _csv_batches(path: Path, columns: list[str] | None, batch_rows: int,
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    read = pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False)
     schema = _csv_schema(path, types)
     missing = [c for c in columns or [] if c not in schema.names]
     if missing:
         raise DataUnavailableError(f"{path} lacks column(s) {missing}; found {schema.names}")
     convert = pcsv.ConvertOptions(column_types={f.name: f.type for f in schema},
                                   include_columns=list(columns) if columns else None)
-    try:
-        reader = pcsv.open_csv(path, read_options=read, convert_options=convert)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise DataUnavailableError(f"{path} cannot be read as csv: {type(exc).__name__}: {exc}") from None
-    with reader:
+    with _open_csv(path, convert) as reader:
         while True:
             try:
                 block = reader.read_next_batch()
@@ -158,43 +130,37 @@ def _csv_batches(path: Path, columns: list[str] | None, batch_rows: int,
                 yield block.slice(start, batch_rows)
 
 
-def _csv_schema(path: Path, types: dict[str, Any]) -> pa.Schema:
-    """The first block's inferred schema, widened (see iter_batches), ``types`` forced."""
+def _open_csv(path: Path, convert=None):
+    """pyarrow's streaming CSV reader over ``path``; DataUnavailableError when it cannot start."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    if not path.is_file():
-        raise DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the "
-                                   "workspace; run `dvc pull` (or check dataset.path)")
-    read = pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False)
     try:
-        with pcsv.open_csv(path, read_options=read) as probe:
-            inferred = probe.schema
+        return pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False),
+                             convert_options=convert)
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataUnavailableError(f"{path} cannot be read as csv: {type(exc).__name__}: {exc}") from None
-    fields = []
-    for f in inferred:
-        if f.name in types:
-            f = f.with_type(types[f.name])
-        elif pa.types.is_integer(f.type) or pa.types.is_null(f.type):
-            f = f.with_type(pa.float64())
-        fields.append(f)
-    return pa.schema(fields)
+
+
+def _csv_schema(path: Path, types: dict[str, Any]) -> pa.Schema:
+    """The first block's inferred schema, widened (see iter_batches), ``types`` forced."""
+    import pyarrow as pa
+
+    if not path.is_file():
+        raise _not_pulled(path)
+    with _open_csv(path) as probe:
+        inferred = probe.schema
+    return pa.schema([f.with_type(types[f.name]) if f.name in types
+                      else f.with_type(pa.float64()) if pa.types.is_integer(f.type) or pa.types.is_null(f.type)
+                      else f for f in inferred])
 
 
 def source_schema(source: Path, types: dict[str, Any] | None = None) -> pa.Schema:
-    """The Arrow schema :func:`iter_batches` yields for ``source`` (its first Parquet file's, or a
-    CSV's first block's, widened), without reading the data."""
+    """The Arrow schema :func:`iter_batches` yields for ``source``, without reading the data."""
     source = Path(source)
     if source_format(source) == "csv":
         return _csv_schema(source, types or {})
-    import pyarrow.parquet as pq
-
-    path = parquet_files(source)[0]
-    try:
-        return pq.ParquetFile(path).schema_arrow
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds; all mean "unreadable"
-        raise DataUnavailableError(f"{path} cannot be read as parquet: {type(exc).__name__}: {exc}") from None
+    return _parquet(parquet_files(source)[0]).schema_arrow
 
 
 def _csv_error(path: Path, names: list[str], exc: Exception) -> str:
@@ -211,13 +177,9 @@ def _csv_error(path: Path, names: list[str], exc: Exception) -> str:
 
 @dataclass
 class ColumnStats:
-    """Running statistics of one column; fold batches with :meth:`update`, parts with :meth:`merge`.
-
-    ``count``: non-null values; ``nulls``: nulls (and NaN); ``min``/``max``: of the non-null values
-    (Python numbers; None for a non-numeric column or when there is none); ``mean``, ``m2`` (sum of
-    squared deviations): float64, numeric columns only; ``values``: value -> count, only for a
-    column asked for in ``column_stats(categories=...)`` (None otherwise).
-    """
+    """Running statistics of one column: batches folded in with :meth:`update`, parts with :meth:`merge`
+    (Chan et al.'s update). ``mean``/``m2``/``min``/``max`` for numeric columns only; ``values``:
+    value -> count, for the columns ``column_stats(categories=...)`` names."""
 
     name: str
     count: int = 0
@@ -250,15 +212,12 @@ class ColumnStats:
 
         if isinstance(array, pa.ChunkedArray):
             array = array.combine_chunks()
-        numeric = pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
-        if pa.types.is_null(array.type):
-            numeric = self.numeric  # an all-null batch says nothing of the column's kind
-        elif self.numeric is None:
-            self.numeric = numeric
-        elif self.numeric != numeric:
-            self.numeric = False  # a kind that changes between files: no numeric statistics
+        # An all-null batch says nothing of the column's kind; a kind that changes between files makes
+        # the column non-numeric (``merge``).
+        null = pa.types.is_null(array.type)
+        numeric = self.numeric if null else pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
         part = ColumnStats(self.name, values={} if self.values is not None else None)
-        if numeric and not pa.types.is_null(array.type):
+        if numeric and not null:
             part._numeric_part(array)
         else:
             part.nulls = array.null_count
@@ -339,13 +298,11 @@ class ColumnStats:
 
 def column_stats(batches: Iterable[pa.RecordBatch], columns: list[str],
                  categories: Iterable[str] = ()) -> dict[str, ColumnStats]:
-    """``{column: ColumnStats}`` over every batch (any iterable of RecordBatch or Table, e.g.
-    :func:`iter_batches`), counting each value of the ``categories`` columns. Memory: one batch
-    plus the value counts. KeyError naming a column a batch lacks."""
+    """``{column: ColumnStats}`` over every batch (RecordBatch or Table), counting each value of the
+    ``categories`` columns. KeyError naming a column a batch lacks."""
     cats = set(categories)
-    unknown = cats - set(columns)
-    if unknown:
-        raise ValueError(f"categories {sorted(unknown)} are not among columns {columns}")
+    if cats - set(columns):
+        raise ValueError(f"categories {sorted(cats - set(columns))} are not among columns {columns}")
     stats = {c: ColumnStats(c, values={} if c in cats else None) for c in columns}
     for batch in batches:
         names = batch.schema.names

@@ -1,28 +1,12 @@
 """A table's feature columns as a model's input, torch-free: fitted on the train split in one
-streaming pass with bounded memory (:class:`TableFit`), applied to any frame of those columns
-(:func:`encode`).
+bounded-memory pass (:class:`TableFit`), applied to any frame (:func:`encode`) as float32.
 
-Each feature column is one of two kinds, decided by the reviewed expectations file:
-
-* **categorical**: a string or boolean column, or a numeric one named in ``dataset.categorical``.
-  Its values compare by their text form (:func:`category_keys`: ``3``, ``3.0`` and ``"3"`` are one
-  category). The vocabulary is the train split's ``max_categories`` most frequent values, kept in
-  text order; a value is encoded as ``FIRST_CODE + its index``, a missing value (null, NaN) as
-  ``MISSING_CODE`` and any other value (unseen in training, or too rare to be kept) as
-  ``OTHER_CODE``: each has an embedding of its own in the model.
-* **numeric**: the value itself (NaN where missing). The model's first layer
-  (``training.models.TableInput``) maps it with the statistics fitted here: quantile knots and
-  normal scores, median and interquartile range, mean and std.
-
-The encoded frame is float32 ``[rows, features]`` in feature order (a category code is exact in
-float32). The registered model's pyfunc (``tasks/pyfunc_table.py``) encodes a serving client's
-DataFrame the same way from the vocabularies alone; ``tests/unit/test_table_encoding.py`` checks
-that both agree.
-
-Memory of a fit: per numeric column a reservoir of ``SAMPLE_ROWS`` values (the quantiles come
-from it: exact up to that many rows), per categorical column the counts of at most
-``tracked(max_categories)`` values (beyond that the rarest are dropped: the kept vocabulary is
-then approximate for values near the cut, exact for the frequent ones).
+* **categorical** (string, boolean, or named in ``dataset.categorical``): values compare by their
+  text form (:func:`category_keys`); the vocabulary is the train split's ``max_categories`` most
+  frequent values, a value encoded as ``FIRST_CODE + its index``, a missing one as ``MISSING_CODE``,
+  any other as ``OTHER_CODE``. The registered pyfunc (``tasks/pyfunc_table.py``) encodes the same way.
+* **numeric**: the value itself (NaN where missing), with the statistics ``tasks.table_nets.TableInput``
+  maps it by (quantiles from a reservoir of ``SAMPLE_ROWS`` values, median, IQR, mean, std).
 """
 
 from __future__ import annotations
@@ -37,12 +21,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 MISSING_CODE, OTHER_CODE, FIRST_CODE = 0, 1, 2
-# Quantile probabilities fitted per numeric column (0, 1/(K-1), ..., 1).
-QUANTILE_KNOTS = 64
-# Values kept per numeric column for its quantiles (a seeded reservoir sample beyond that).
-SAMPLE_ROWS = 65536
-# The normal scores of the quantiles are cut at these probabilities (+-3.09 standard deviations).
-SCORE_CLIP = 1e-3
+QUANTILE_KNOTS = 64  # quantile probabilities fitted per numeric column (0, 1/(K-1), ..., 1)
+SAMPLE_ROWS = 65536  # values kept per numeric column for its quantiles (a seeded reservoir sample)
+SCORE_CLIP = 1e-3  # the quantiles' normal scores are cut at these probabilities (+-3.09 sd)
 CATEGORICAL_TYPES = ("string", "boolean")
 
 
@@ -56,15 +37,12 @@ def _text(v) -> str:
         return "True" if v else "False"
     if isinstance(v, (float, np.floating)) and float(v).is_integer() and abs(v) < 2**53:
         return str(int(v))
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
     return str(v)
 
 
 def category_keys(values: "pd.Series") -> np.ndarray:
-    """Each value's text form (object array; None where missing): how categories compare, so
-    that 3 in an integer column, 3.0 in the same column with a null and "3" in a CSV's text
-    column are one category; True/False as ``"True"``/``"False"``."""
+    """Each value's text form (object array; None where missing): how categories compare (3, 3.0
+    and "3" are one category; booleans as ``"True"``/``"False"``)."""
     import pandas as pd
 
     s = values if isinstance(values, pd.Series) else pd.Series(values)
@@ -106,9 +84,8 @@ def numeric_values(values: "pd.Series", name: str, dtype=np.float32) -> np.ndarr
 
 
 def encode(frame: "pd.DataFrame", columns: list[dict]) -> np.ndarray:
-    """float32 ``[rows, len(columns)]``: each fitted column (:meth:`TableFit.columns`) of ``frame``,
-    numeric values as they are (NaN where missing) and categories as codes. ValueError naming a
-    missing column or text in a numeric one."""
+    """float32 ``[rows, len(columns)]``: each fitted column of ``frame``, numeric values as they are
+    and categories as codes. ValueError naming a missing column or text in a numeric one."""
     missing = [c["name"] for c in columns if c["name"] not in frame.columns]
     if missing:
         raise ValueError(f"missing feature column(s) {missing[:5]}; the frame has {list(frame.columns)[:10]}")
@@ -121,18 +98,22 @@ def encode(frame: "pd.DataFrame", columns: list[dict]) -> np.ndarray:
 
 
 def column_kinds(features: list[str], types: dict[str, str], categorical: Iterable[str] = ()) -> dict[str, str]:
-    """``{feature: "categorical" | "numeric"}``: categorical for a string or boolean column (by its
-    expectations type, ``types``) or one named in ``categorical``; numeric otherwise."""
+    """``{feature: "categorical" | "numeric"}``: categorical for a string or boolean expectations
+    type (``types``) or a column named in ``categorical``."""
     named = set(categorical)
     return {f: "categorical" if f in named or types.get(f) in CATEGORICAL_TYPES else "numeric" for f in features}
 
 
-def kinds_from_frame(frame: "pd.DataFrame", features: list[str], categorical: Iterable[str] = ()) -> dict[str, str]:
-    """:func:`column_kinds` from a frame's dtypes, for data without an expectations file."""
+def numeric_dtype(dtype) -> bool:
+    """A numeric dtype that is not boolean."""
     import pandas as pd
 
-    types = {f: "float" if pd.api.types.is_numeric_dtype(frame[f].dtype)
-             and not pd.api.types.is_bool_dtype(frame[f].dtype) else "string" for f in features}
+    return pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)
+
+
+def kinds_from_frame(frame: "pd.DataFrame", features: list[str], categorical: Iterable[str] = ()) -> dict[str, str]:
+    """:func:`column_kinds` from a frame's dtypes, for data without an expectations file."""
+    types = {f: "float" if numeric_dtype(frame[f].dtype) else "string" for f in features}
     return column_kinds(features, types, categorical)
 
 
@@ -165,8 +146,8 @@ class _Numeric:
         self._reservoir(v)
 
     def _reservoir(self, v: np.ndarray) -> None:
-        """Algorithm R over the finite values, vectorised: value t (0-based) of the stream
-        replaces slot j ~ U{0..t} when j < SAMPLE_ROWS (later ones win, as one at a time)."""
+        """Algorithm R, vectorised: value t (0-based) of the stream replaces slot j ~ U{0..t} when
+        j < SAMPLE_ROWS (later ones win, as one at a time)."""
         room = SAMPLE_ROWS - len(self.sample)
         if room > 0:
             self.sample = np.concatenate([self.sample, v[:room]])
@@ -194,10 +175,9 @@ class _Numeric:
 
 
 def quantile_knots(sample: np.ndarray, k: int = QUANTILE_KNOTS) -> tuple[list[float], list[float]]:
-    """(knots, normal scores) of a piecewise-linear quantile transform: the sample's quantiles at
-    ``k`` probabilities and the standard normal's quantiles there (cut at ``SCORE_CLIP``). A value
-    repeated across several quantiles (a spike: many zeros) is one knot whose score is the mean of
-    theirs, so it maps to the middle of its share, not its edge. No values: one knot at 0 -> 0."""
+    """(knots, normal scores) of a piecewise-linear quantile transform: the sample's quantiles at ``k``
+    probabilities and the standard normal's there (cut at ``SCORE_CLIP``). A value repeated across
+    quantiles (many zeros) is one knot scored by their mean, the middle of its share. No values: 0 -> 0."""
     if not len(sample):
         return [0.0], [0.0]
     probs = np.linspace(0.0, 1.0, k)
@@ -247,9 +227,8 @@ class _Categorical:
 
 
 class TableFit:
-    """Fold train-split batches (:meth:`update`, pandas frames of at least the feature columns)
-    into the fitted columns (:meth:`columns`). ``kinds``: ``{feature: "numeric" | "categorical"}``
-    (:func:`column_kinds`), in feature order; ``seed`` seeds the numeric reservoirs."""
+    """Fold train-split frames (:meth:`update`) into the fitted columns (:meth:`columns`). ``kinds``:
+    ``{feature: "numeric" | "categorical"}`` in feature order; ``seed`` seeds the numeric reservoirs."""
 
     def __init__(self, kinds: dict[str, str], max_categories: int, seed: int = 0):
         rng = np.random.default_rng([seed, 0x7AB])
@@ -261,10 +240,7 @@ class TableFit:
             part.update(frame[name])
 
     def columns(self) -> list[dict]:
-        """One JSON-able dict per feature, in order: ``name``, ``kind``, ``count`` (values), ``nulls``;
-        numeric: ``mean``, ``std``, ``min``, ``max``, ``median``, ``iqr``, ``knots``, ``scores``;
-        categorical: ``values`` (the vocabulary), ``other`` (train values encoded as other),
-        ``distinct`` and ``approximate`` (the counts were pruned)."""
+        """One JSON-able dict per feature, in order: ``name``, ``kind``, ``count``, ``nulls``, statistics."""
         return [part.result() for part in self.parts.values()]
 
 

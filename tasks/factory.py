@@ -1,11 +1,10 @@
 """``model.factory: "module.path:function"`` checked at config load, without importing the module.
 
-Importing a user's model module imports torch (seconds), which the CLI must not pay before it
-knows the config is good; a misspelt function name found only inside torchrun is hundreds of
-lines of tracebacks away from its cause. So the module's file is found the way ``import`` would
-find it (the repository root first, as ``core.paths.importable_root`` puts it on ``sys.path``,
-then the installed packages) and its source is read with ``ast``: the name must be bound at its
-top level (``def``, ``async def``, ``class``, an assignment, an import). Stdlib only.
+Importing a user's model module imports torch, which the CLI must not pay before it knows the
+config is good, and a misspelt name found only inside torchrun is far from its cause. So the
+module's file is found the way ``import`` would find it (the repository root first, as
+``core.paths.importable_root`` puts it on ``sys.path``, then the installed packages) and its
+source is read with ``ast``: the name must be bound at its top level. Stdlib only.
 """
 
 from __future__ import annotations
@@ -23,13 +22,9 @@ KEY = "model.factory"
 
 def check_factory(ref: str, root: Path) -> None:
     """Raise ConfigError (one line, naming ``model.factory``) unless ``ref`` = ``"module:function"``
-    names a module found in ``root`` or an installed package that binds ``function`` at its top level.
-
-    Nothing is imported from the repository root (a dotted module's parent packages are found, not
-    run); an installed package's parents may be imported by ``importlib.util.find_spec``. A module
-    without Python source (an extension module) is accepted once found: its names cannot be read.
-    ``sys.path`` is not changed.
-    """
+    names a module in ``root`` or an installed package that binds ``function`` at its top level.
+    Nothing is imported from ``root`` (an installed package's parents may be); a module without
+    Python source is accepted once found."""
     module, sep, name = ref.partition(":")
     if not sep or not module or not name:
         raise ConfigError(f"{KEY}: expected 'module.path:function', got {ref!r}")
@@ -63,9 +58,7 @@ def check_factory(ref: str, root: Path) -> None:
 
 
 def _find(module: str, root: Path):
-    """The module's spec as ``import`` finds it with ``root`` first on ``sys.path``: from ``root``
-    when its top-level package or module is there (nothing imported), else from ``sys.path`` and
-    the installed packages; None when neither has it."""
+    """The module's spec as ``import`` finds it with ``root`` first on ``sys.path``; None when not found."""
     here = [str(root.resolve())]
     top = _find_in(module.partition(".")[0], here)
     if top is not None and top.origin is not None:  # a regular package or module: import stops here
@@ -79,13 +72,10 @@ def _find(module: str, root: Path):
 
 def _find_in(module: str, path: list[str]):
     """``module``'s spec under the folders ``path``, walking the dotted name part by part."""
-    spec = None
-    parts = module.split(".")
+    spec, parts = None, module.split(".")
     for i in range(len(parts)):
-        if spec is not None:
-            path = list(spec.submodule_search_locations or [])
-            if not path:
-                return None  # a module, not a package: it has no submodules
+        if spec is not None and not (path := list(spec.submodule_search_locations or [])):
+            return None  # a module, not a package: it has no submodules
         try:
             spec = PathFinder.find_spec(".".join(parts[: i + 1]), path)
         except (ImportError, ValueError):
@@ -96,24 +86,12 @@ def _find_in(module: str, path: list[str]):
 
 
 def _top_level(tree: ast.Module) -> tuple[set[str], list[str], bool]:
-    """(every name the module binds at its top level, its functions and classes, whether it may
-    bind names no statement shows: ``from x import *`` or a module ``__getattr__``).
-
-    Statements nested in top-level ``if``/``try``/``with`` blocks count (``try: from fast import f
-    except ImportError: def f(...)``); function and class bodies do not.
-    """
+    """(every name the module binds at its top level, its functions and classes, whether it may bind
+    names no statement shows: ``from x import *`` or a module ``__getattr__``). Statements nested in
+    top-level ``if``/``try``/``with`` blocks count; function and class bodies do not."""
     names: set[str] = set()
     functions: list[str] = []
     open_ended = False
-
-    def bind(target: ast.AST) -> None:
-        if isinstance(target, ast.Name):
-            names.add(target.id)
-        elif isinstance(target, (ast.Tuple, ast.List)):
-            for elt in target.elts:
-                bind(elt)
-        elif isinstance(target, ast.Starred):
-            bind(target.value)
 
     def visit(body: list[ast.stmt]) -> None:
         nonlocal open_ended
@@ -122,28 +100,19 @@ def _top_level(tree: ast.Module) -> tuple[set[str], list[str], bool]:
                 names.add(node.name)
                 functions.append(node.name)
                 open_ended |= node.name == "__getattr__"
-            elif isinstance(node, ast.Assign):
-                for target in node.targets:
-                    bind(target)
-            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
-                names.add(node.target.id)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    names.update(n.id for n in ast.walk(target)
+                                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                for alias in node.names:
-                    if alias.name == "*":
-                        open_ended = True
-                    else:
-                        names.add(alias.asname or alias.name.partition(".")[0])
-            elif isinstance(node, ast.If):
+                open_ended |= any(alias.name == "*" for alias in node.names)
+                names.update(alias.asname or alias.name.partition(".")[0] for alias in node.names if alias.name != "*")
+            elif isinstance(node, (ast.If, ast.Try, ast.TryStar, ast.With, ast.AsyncWith)):
                 visit(node.body)
-                visit(node.orelse)
-            elif isinstance(node, (ast.Try, ast.TryStar)):
-                visit(node.body)
-                for handler in node.handlers:
+                for handler in getattr(node, "handlers", []):
                     visit(handler.body)
-                visit(node.orelse)
-                visit(node.finalbody)
-            elif isinstance(node, (ast.With, ast.AsyncWith)):
-                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                visit(getattr(node, "finalbody", []))
 
     visit(tree.body)
     return names, functions, open_ended
@@ -162,3 +131,13 @@ def load_factory(ref: str):
     if not callable(fn):
         raise ValueError(f"model.factory: {ref!r} is not callable")
     return fn
+
+
+def factory_module(ref: str, *args, **kwargs):
+    """The network ``model.factory`` returns for ``args`` and ``kwargs``; ValueError when it is no nn.Module."""
+    from torch import nn
+
+    net = load_factory(ref)(*args, **kwargs)
+    if not isinstance(net, nn.Module):
+        raise ValueError(f"model.factory: {ref} returned {type(net).__name__}, not an nn.Module")
+    return net

@@ -1,24 +1,14 @@
 """Image folders as people have them, torch-free: listing, profiling and decoding.
 
-A dataset is ``train/<class>/*`` and ``test/<class>/*`` under ``dataset.path`` (torchvision's and
-Hugging Face's ImageFolder layout; files in nested folders of a class count too), or a manifest
-table with columns ``path`` (relative to ``dataset.path``), ``label`` and optionally ``split``.
-Every path stays inside ``dataset.path``: a manifest row naming ``../x`` or ``/etc/passwd`` is
-refused, and so is a symbolic link leading out.
-
-Decoding is Pillow's: ``convert`` to L (1 channel) or RGB (3), then a bilinear ``resize`` to
-``images.size``; 16-bit grey (modes I;16, I) is scaled to 8 bits first (65535 -> 255). The registered model does the same (``tasks/pyfunc_image.py``, which may import
-no project code; ``tests/unit/test_image_task.py`` checks that the two agree). Training decodes
-every file once into a uint8 array ``[n, channels, height, width]`` kept as ``.npy`` in
-``TRAINFLOW_HOME/cache/images`` (no pickle), keyed by the files' sizes and modification times and
-the decoding settings: each rank and each later run maps it instead of decoding again.
+A dataset is ``train/<class>/*`` and ``test/<class>/*`` under ``dataset.path``, or a manifest table
+(``path``, ``label``, optionally ``split``); no path may lead outside ``dataset.path``. Decoding is
+Pillow's, as in the registered model (``tasks/pyfunc_image.py``; a unit test checks that they agree).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,7 +42,7 @@ def _inside(base: Path, rel: str, where: str) -> Path:
 
 def list_images(cfg: "DatasetConfig", root: Path, seed: int) -> dict[str, list[tuple[str, str]]]:
     """``{"train": [(path, label)], "test": [...]}``, paths relative to ``dataset.path``, sorted by
-    class then path. Raises DataUnavailableError for a missing folder or a bad manifest."""
+    class then path; DataUnavailableError for a missing folder or a bad manifest."""
     images = cfg.images
     base = Path(root) / cfg.path
     if not base.is_dir():
@@ -78,6 +68,7 @@ def list_images(cfg: "DatasetConfig", root: Path, seed: int) -> dict[str, list[t
 
 
 def _from_manifest(cfg: "DatasetConfig", base: Path, seed: int) -> dict[str, list[tuple[str, str]]]:
+    from tasks.base import label_key
     from tasks.table import read_table, seeded_split
 
     where = f"dataset.images.manifest {cfg.images.manifest}"
@@ -88,7 +79,7 @@ def _from_manifest(cfg: "DatasetConfig", base: Path, seed: int) -> dict[str, lis
     if df["path"].isna().any() or df["label"].isna().any():
         row = int(np.flatnonzero((df["path"].isna() | df["label"].isna()).to_numpy())[0])
         raise DataUnavailableError(f"{where}: row {row + 2} has no path or no label")
-    rows = [(str(p), _label_text(v)) for p, v in zip(df["path"], df["label"])]
+    rows = [(str(p), label_key(v)) for p, v in zip(df["path"], df["label"])]
     for i, (p, _) in enumerate(rows):
         _inside(base, p, f"{where} row {i + 2}")
     if "split" in df.columns:
@@ -105,15 +96,9 @@ def _from_manifest(cfg: "DatasetConfig", base: Path, seed: int) -> dict[str, lis
             "test": sorted((rows[i] for i in held), key=lambda r: (r[1], r[0]))}
 
 
-def _label_text(v) -> str:
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    return str(v)
-
-
 def profile(base: Path, entries: list[tuple[str, str]]) -> "pd.DataFrame":
-    """One row per file (``COLUMNS``): its size, content hash, whether Pillow decodes it (and why
-    not), its width, height and mode. ``file``: its position in the split."""
+    """One row per file (``COLUMNS``): size, content hash, whether Pillow decodes it (or why not),
+    width, height and mode; ``file``: its position in the split."""
     import pandas as pd
     from PIL import Image
 
@@ -140,8 +125,8 @@ def profile(base: Path, entries: list[tuple[str, str]]) -> "pd.DataFrame":
 
 
 def decode(data: bytes, size: tuple[int, int], channels: int) -> np.ndarray:
-    """One encoded image -> uint8 ``[channels, height, width]``: converted to L or RGB, then a
-    bilinear resize to ``size`` = (height, width). Raises ValueError when Pillow cannot decode it."""
+    """One encoded image -> uint8 ``[channels, height, width]`` of ``size`` = (height, width);
+    ValueError when Pillow cannot decode it."""
     from PIL import Image
 
     try:
@@ -170,10 +155,11 @@ def decode_files(base: Path, paths: list[str], size: tuple[int, int], channels: 
 
 
 def cached_pixels(cfg: "DatasetConfig", root: Path, split: str, paths: list[str], home: Path) -> np.ndarray:
-    """:func:`decode_files` of a split, through the ``.npy`` cache under ``home/cache/images``
-    (memory-mapped, read-only). A file written by another rank meanwhile is taken as it is: the
-    key holds every file's size and modification time and the decoding settings."""
+    """:func:`decode_files` of a split through a ``.npy`` cache under ``home/cache/images``
+    (memory-mapped, read-only), keyed by every file's size and mtime and the decoding settings:
+    each rank and each later run maps it instead of decoding again."""
     from core.hashing import sha256_json
+    from tasks.base import cache_write
 
     base = Path(root) / cfg.path
     stats = []
@@ -193,12 +179,5 @@ def cached_pixels(cfg: "DatasetConfig", root: Path, split: str, paths: list[str]
     except (OSError, ValueError):
         pass
     x = decode_files(base, paths, size, channels)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            np.save(fh, x, allow_pickle=False)
-        os.replace(tmp, path)
-    except OSError:  # a read-only home: decoded again next time
-        pass
+    cache_write(path, lambda fh: np.save(fh, x, allow_pickle=False))
     return x

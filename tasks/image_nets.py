@@ -1,17 +1,12 @@
 """The image task's networks: ``Sequential(ImageInput, Augment, core)``.
 
-``ImageInput`` takes the pixel values as decoded (0..255, ``[n, channels, height, width]``, any
-dtype) and normalises them with the train split's per-channel mean and std, so the exported
-program and the registered model get pixels, not statistics. On CUDA it hands the convolutions a
-channels-last tensor. ``Augment`` (``dataset.images.augment``) mirrors and shifts images while the
-model trains and does nothing in eval mode, which is what is exported; its draws come from
-torch's CPU generator, whose state every checkpoint holds, so a resumed run draws what the
-uninterrupted one would have.
+``ImageInput`` normalises the decoded pixels (0..255, ``[n, c, h, w]``) with the train split's
+per-channel mean and std, so the exported program takes pixels. ``Augment`` mirrors and shifts
+images in training only; its draws come from torch's CPU generator, whose state every checkpoint
+holds, so a resumed run draws what the uninterrupted one would have.
 
-``model.kind``: ``image_cnn`` (the default: two conv blocks per width in ``model.channels``,
-batch norm, global average pooling) or ``resnet18`` (He et al.'s ResNet-18 with torchvision's
-parameter names, so ``model.weights`` may be a torchvision state dict: its ``fc`` is replaced
-when the class count differs, and its first convolution summed over colour for grey images).
+``model.kind``: ``image_cnn`` (two conv blocks per width in ``model.channels``) or ``resnet18``
+(torchvision's parameter names, so ``model.weights`` may be a torchvision state dict).
 """
 
 from __future__ import annotations
@@ -115,11 +110,10 @@ class ResNet18(nn.Module):
 
 
 def load_weights(core: nn.Module, path: Path) -> list[str]:
-    """Initial weights from a local state-dict file (``torch.load(weights_only=True)``: tensors and
-    plain containers only, nothing else is unpickled). A tensor whose shape differs is left as
-    initialised (a classifier head for another class count), except a colour first convolution
-    for a grey model, which is summed over its input channels. Returns the keys left out.
-    Raises ValueError for an unreadable file or one that fits none of the model's keys."""
+    """Initial weights from a local state-dict file (``weights_only``: nothing else is unpickled).
+    A tensor of another shape is left as initialised (a head for another class count), except a colour
+    first convolution for a grey model, summed over its input channels. Returns the keys left out;
+    ValueError for an unreadable file or one that fits none of the model's keys."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch raises many kinds; all mean "not a state dict"
@@ -150,12 +144,16 @@ def load_weights(core: nn.Module, path: Path) -> list[str]:
 
 def image_network(model: ModelConfig, images: ImagesConfig, n_classes: int, mean: list[float], std: list[float],
                   root: Path) -> nn.Sequential:
-    kind = model.kind or "image_cnn"
-    channels = images.channels
-    if kind == "resnet18":
-        core = ResNet18(channels, n_classes)
+    """``Sequential(ImageInput, Augment, core)``: ``core`` from ``model.factory(channels, n_classes,
+    **model.kwargs)``, or ``model.kind``'s network with ``model.weights`` loaded (a factory loads its own)."""
+    if model.factory is not None:
+        from tasks.factory import factory_module
+
+        core = factory_module(model.factory, images.channels, n_classes, **model.kwargs)
+    elif model.kind == "resnet18":
+        core = ResNet18(images.channels, n_classes)
     else:
-        core = image_cnn(channels, n_classes, tuple(model.channels), model.hidden, model.dropout)
-    if model.weights is not None:
+        core = image_cnn(images.channels, n_classes, tuple(model.channels), model.hidden, model.dropout)
+    if model.weights is not None and model.factory is None:
         load_weights(core, Path(root) / model.weights)
     return nn.Sequential(ImageInput(mean, std), Augment(images.augment.hflip, images.augment.shift), core)

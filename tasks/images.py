@@ -1,15 +1,6 @@
-"""The image classification task: a folder of images -> a CNN -> a pyfunc taking encoded files.
-
-The data is an image folder or a manifest (``tasks.image_data``), validated by the image suite
-(``validation.image_suite``) against the reviewed bounds in ``dataset.images.expectations``. Every
-image is converted to ``images.channels`` and resized to ``images.size``; the network
-(``tasks.image_nets``) takes those pixels (0..255) and holds the normalisation, the exported
-program too. The registered model takes what a serving client sends, a DataFrame with a column
-``image`` of PNG/JPEG/WebP bytes, decodes them as training did (``tasks/pyfunc_image.py``) and
-returns the class names. Metrics and gates are a classifier's (accuracy, macro-F1, per-class
-recall, the confusion matrix with class names, latency); beside the trivial baseline, the
-evaluation fits scikit-learn's gradient-boosted trees on the same resized pixels (``gbdt``).
-"""
+"""The image classification task: a folder of images (``tasks.image_data``) -> a CNN over pixels
+0..255 of ``images.size`` (``tasks.image_nets``) -> a pyfunc taking encoded files and returning class
+names (``tasks/pyfunc_image.py``)."""
 
 from __future__ import annotations
 
@@ -33,15 +24,18 @@ if TYPE_CHECKING:
 METRICS_VERSION = 1
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_image.py")
 IMAGE_KINDS = (None, "image_cnn", "resnet18")
-# The trees beside the network are fitted on at most this many train images (a seeded sample): on
-# thousands of pixel columns each, more would take the evaluation minutes.
+# The trees beside the network fit on at most this many train images (a seeded sample).
 GBDT_MAX_ROWS = 10_000
+# The longer side of the input `trainflow init` picks at most (larger images are scaled down).
+INIT_MAX_SIDE = 64
+# Size bounds are widened by this share of the profiled range; class shares by this factor.
+INIT_MARGIN = 0.1
 
 
 @dataclass(frozen=True)
 class ImageInfo(DataInfo):
-    """The image task's ``info``: the class names (the model's output order), the input's
-    channels and [height, width], and the train split's per-channel mean and std of pixel / 255."""
+    """The image task's ``info``: class names in output order, input channels and [height, width], and
+    the train split's per-channel mean and std of pixel / 255."""
 
     classes: list
     channels: int
@@ -52,7 +46,6 @@ class ImageInfo(DataInfo):
 
 class ImageClassification(Classifier, Task):
     name = "image_classification"
-    evaluator: ClassVar[str] = "predictions"
     info_type: ClassVar[type[DataInfo]] = ImageInfo
 
     # -- config ---------------------------------------------------------------------------------
@@ -84,7 +77,6 @@ class ImageClassification(Classifier, Task):
             check_factory(cfg.model.factory, project_root())
 
     def init_reads(self, target: Path) -> InitFit:
-        """Whether ``trainflow init`` can set this task up for the folder ``target``."""
         from tasks.image_data import SUFFIXES
 
         if not target.is_dir():
@@ -97,18 +89,70 @@ class ImageClassification(Classifier, Task):
         if found["train"] and found["test"]:
             return InitFit(True, True, f"train/<class>/ and test/<class>/ hold {found['train']} and {found['test']} "
                                        "images")
-        manifests = [p for p in target.iterdir() if p.name.lower().startswith("manifest")
-                     and p.suffix.lower() in (".csv", ".parquet", ".pq")]
+        manifests = _manifests(target)
         if manifests:
             return InitFit(True, True, f"{manifests[0].name} lists the images (path, label)")
         return InitFit(False, False, "no train/<class>/ and test/<class>/ image folders and no manifest.csv")
 
-    def init_folder(self, root: Path, target: Path, rel: str) -> dict:
-        return init_folder(self, root, target, rel)
-
     def init_defaults(self) -> dict:
         return {"model": {"kind": "image_cnn", "channels": [32, 64], "hidden": 128, "dropout": 0.1},
                 "gates": {"baseline_margin": 0.05, "thresholds": {"latency_p95_ms": 50}}}
+
+    def init_folder(self, root: Path, target: Path, rel: str) -> dict:
+        import pandas as pd
+
+        from core.config import DatasetConfig, ImagesConfig
+        from tasks.image_data import list_images, profile
+
+        manifests = _manifests(target)
+        layout = {"manifest": manifests[0].name} if not (target / "train").is_dir() and manifests else {}
+        entries = list_images(DatasetConfig(path=rel, images=ImagesConfig(**layout)), root, 0)
+        frames = {s: profile(target, entries[s]) for s in ("train", "test")}
+        both = pd.concat(frames.values(), ignore_index=True)
+        if frames["train"].empty or frames["test"].empty:
+            empty = [s for s in frames if frames[s].empty]
+            raise DataUnavailableError(f"{rel}: no images in {' and '.join(empty)} (.png, .jpg, .jpeg, .webp)")
+        classes = _class_order(set(both["label"]))
+        if len(classes) < 2:
+            raise DataUnavailableError(f"{rel}: one class {classes}: nothing to classify")
+        ok, bad = both[both["decodes"]], both[~both["decodes"]]
+        problems = [f"{p}: {e}" for p, e in zip(bad["path"], bad["error"])]
+        if ok.empty:
+            raise DataUnavailableError(f"{rel}: none of the {len(both)} files decodes as an image ({problems[0]})")
+        size, size_why = _init_size(pd.Series(list(zip(ok["height"].astype(int), ok["width"].astype(int)))))
+        modes = sorted(set(ok["mode"]))
+        channels = 1 if set(modes) <= {"1", "L", "LA", "I", "I;16", "F"} else 3
+        shares = [frames[s]["label"].value_counts(normalize=True).reindex(classes, fill_value=0.0) for s in frames]
+        lo_share, hi_share = min(float(s.min()) for s in shares), max(float(s.max()) for s in shares)
+        n = {s: len(f) for s, f in frames.items()}
+        w, h = (int(ok["width"].min()), int(ok["width"].max())), (int(ok["height"].min()), int(ok["height"].max()))
+        expectations = {
+            "width": list(_widened(*w, INIT_MARGIN)), "height": list(_widened(*h, INIT_MARGIN)), "modes": modes,
+            "train_images": [n["train"] // 2, n["train"] * 2], "test_images": [n["test"] // 2, n["test"] * 2],
+            "class_share": [round(max(0.0, lo_share - INIT_MARGIN * lo_share), 4),
+                            round(min(1.0, hi_share * (1 + INIT_MARGIN)), 4)],
+            "file_bytes": [max(1, int(both["n_bytes"].min()) // 2), int(both["n_bytes"].max()) * 2],
+        }
+        counts = both["label"].value_counts()
+        lines = [
+            f"classes:      {len(classes)}: " + ", ".join(f"{c} ({int(counts.get(c, 0))})" for c in classes[:12])
+            + (" ..." if len(classes) > 12 else ""),
+            f"images:       {n['train']} train, {n['test']} test; sizes {w[0]}..{w[1]} x {h[0]}..{h[1]} (w x h); "
+            f"modes {', '.join(modes)}",
+            f"input:        {size[0]} x {size[1]} (h x w): {size_why}; {channels} channel(s) "
+            f"({'grey' if channels == 1 else 'RGB'}) (dataset.images.size, .channels)",
+            "augment:      none (dataset.images.augment: hflip for photos, shift for small offsets)",
+        ]
+        if problems:
+            lines.append(f"undecodable:  {len(problems)} file(s) Pillow cannot decode; validation refuses them until "
+                         f"they are fixed or removed: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}")
+        # About 40 optimizer steps per epoch on 2 workers: a batch of a power of two from 16 to 256.
+        batch = int(min(256, max(16, 2 ** math.ceil(math.log2(max(n["train"], 1) / 80)))))
+        return {"dataset": {"images": {**layout, "size": size, "channels": channels, "classes": classes,
+                                       "expectations": expectations}},
+                "training": {"epochs": 15, "batch_size": batch, "base_batch": batch}, "rows": n, "classes": classes,
+                "lines": lines, "problems": problems, "review": "dataset.images.classes and .expectations",
+                "choices": [("dataset", "images", key) for key in ("size", "channels", "augment")]}
 
     # -- data -------------------------------------------------------------------------------------
     def entries(self, cfg: "PipelineConfig", root: Path) -> dict[str, list[tuple[str, str]]]:
@@ -146,6 +190,11 @@ class ImageClassification(Classifier, Task):
         x = cached_pixels(cfg.dataset, root, split, [p for p, _ in rows], trainflow_home(Path(root)))
         return x, np.asarray([index[label] for _, label in rows], dtype=np.int64)
 
+    def _info(self, cfg: "PipelineConfig", mean: list, std: list) -> ImageInfo:
+        images = cfg.dataset.images
+        return ImageInfo(classes=list(images.classes), channels=images.channels, size=list(images.size),
+                         mean=mean, std=std)
+
     def info(self, cfg: "PipelineConfig", root: Path) -> ImageInfo:
         images = cfg.dataset.images
         x, _ = self._pixels(cfg, root, "train")
@@ -158,8 +207,7 @@ class ImageClassification(Classifier, Task):
             n += part.shape[0] * part.shape[2]
         mean = total / max(n, 1)
         std = np.sqrt(np.maximum(squares / max(n, 1) - mean ** 2, 0.0))
-        return ImageInfo(classes=list(images.classes), channels=images.channels, size=list(images.size),
-                         mean=mean.tolist(), std=std.tolist())
+        return self._info(cfg, mean.tolist(), std.tolist())
 
     def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
         from tasks.splits import Splits, stratified_holdout, tensors
@@ -173,18 +221,6 @@ class ImageClassification(Classifier, Task):
     # -- model ----------------------------------------------------------------------------------
     def build_model(self, cfg: "PipelineConfig", info: ImageInfo):
         from core.paths import project_root
-
-        if cfg.model.factory is not None:
-            from torch import nn
-
-            from tasks.factory import load_factory
-            from tasks.image_nets import Augment, ImageInput
-
-            core = load_factory(cfg.model.factory)(info.channels, len(info.classes), **cfg.model.kwargs)
-            if not isinstance(core, nn.Module):
-                raise ValueError(f"model.factory: {cfg.model.factory} returned {type(core).__name__}, not an nn.Module")
-            augment = cfg.dataset.images.augment
-            return nn.Sequential(ImageInput(info.mean, info.std), Augment(augment.hflip, augment.shift), core)
         from tasks.image_nets import image_network
 
         return image_network(cfg.model, cfg.dataset.images, len(info.classes), info.mean, info.std, project_root())
@@ -206,43 +242,43 @@ class ImageClassification(Classifier, Task):
 
         rows = self.entries(cfg, root)["test"]
         x, y = self._pixels(cfg, root, "test")
-        info = ImageInfo(classes=list(cfg.dataset.images.classes), channels=cfg.dataset.images.channels,
-                         size=list(cfg.dataset.images.size), mean=[], std=[])
         return (pd.DataFrame({"path": [p for p, _ in rows], "label": [c for _, c in rows]}),
-                np.asarray(x, dtype=np.float32), y, info)
+                np.asarray(x, dtype=np.float32), y, self._info(cfg, [], []))
 
     def check_program_output(self, out: np.ndarray, info: ImageInfo) -> None:
         if out.ndim != 2 or out.shape[1] != len(info.classes):
             raise ValueError(f"the program gives outputs of shape {list(out.shape)}, expected [images, "
                              f"{len(info.classes)}]")
 
-    def encode(self, labels, info: ImageInfo) -> np.ndarray:
-        index = {str(c): i for i, c in enumerate(info.classes)}
-        return np.asarray([index.get(str(v), -1) for v in np.asarray(labels).tolist()], dtype=np.int64)
-
-    def class_names(self, info: ImageInfo) -> list[str]:
-        return [str(c) for c in info.classes]
-
     def baseline(self, cfg, root, info: ImageInfo, n: int) -> tuple[str, np.ndarray]:
-        """The trivial predictor: the train split's majority class."""
-        _, y = self._pixels(cfg, root, "train")
-        majority = int(np.bincount(y, minlength=len(info.classes)).argmax())
-        return f"majority class {info.classes[majority]!r}", np.full(n, majority, dtype=np.int64)
+        return self.majority(self._pixels(cfg, root, "train")[1], info, n)
+
+    def _files_key(self, cfg: "PipelineConfig", root: Path, split: str) -> list:
+        """``[path, class, sha256]`` of a split's files, the hashes remembered by size and mtime."""
+        from core.hashing import file_sha256
+
+        base, known, out = Path(root) / cfg.dataset.path, self.__dict__.setdefault("_hashes", {}), []
+        for p, c in self.entries(cfg, root)[split]:
+            st = (base / p).stat()
+            key = (str(base / p), st.st_size, st.st_mtime_ns)
+            if key not in known:
+                known[key] = file_sha256(base / p)
+            out.append([p, c, known[key]])
+        return out
 
     def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
         from core.hashing import sha256_json
 
-        base = Path(root) / cfg.dataset.path
-        rows = self.entries(cfg, root)["test"]
-        split = sha256_json({"files": [[p, c, self._sha256(base / p)] for p, c in rows]})
+        split = sha256_json({"files": self._files_key(cfg, root, "test")})
         images = cfg.dataset.images
         parts = {"task": self.name, "split_sha256": split, "metrics_version": METRICS_VERSION,
                  "classes": list(images.classes), "size": list(images.size), "channels": images.channels}
         return {"key": sha256_json(parts), "split_sha256": split, "metrics_version": METRICS_VERSION}
 
     def gbdt(self, cfg: "PipelineConfig", root: Path) -> dict | None:
-        """scikit-learn's HistGradientBoostingClassifier (default settings, one thread) on the same
-        resized pixels, flattened: what a user might try before a network."""
+        """scikit-learn's HistGradientBoostingClassifier (default settings) on the flattened pixels."""
+        from core.hashing import sha256_json
+
         def arrays():
             from sklearn.ensemble import HistGradientBoostingClassifier
 
@@ -251,27 +287,9 @@ class ImageClassification(Classifier, Task):
             return (HistGradientBoostingClassifier(random_state=cfg.seed), x, y, xt,
                     lambda a: np.asarray(a).reshape(len(a), -1))
 
-        key = {"task": self.name, "split": self.scoring_key(cfg, root)["key"], "train": self._train_key(cfg, root),
-               "seed": cfg.seed}
+        key = {"task": self.name, "split": self.scoring_key(cfg, root)["key"],
+               "train": sha256_json(self._files_key(cfg, root, "train")), "seed": cfg.seed}
         return fit_gbdt(root, key, arrays, cfg.seed, GBDT_MAX_ROWS, "images")
-
-    def _train_key(self, cfg: "PipelineConfig", root: Path) -> str:
-        from core.hashing import sha256_json
-
-        base = Path(root) / cfg.dataset.path
-        return sha256_json([[p, c, self._sha256(base / p)] for p, c in self.entries(cfg, root)["train"]])
-
-    def _sha256(self, path: Path) -> str:
-        """A file's sha256, remembered by its size and modification time: the stages ask for the same
-        files' hashes several times in one process (the scoring key, the trees' key)."""
-        from core.hashing import file_sha256
-
-        st = path.stat()
-        key = (str(path), st.st_size, st.st_mtime_ns)
-        known = self.__dict__.setdefault("_hashes", {})
-        if key not in known:
-            known[key] = file_sha256(path)
-        return known[key]
 
     def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
         """The predictor gets the test files' bytes, as a serving client sends them."""
@@ -311,11 +329,9 @@ class ImageClassification(Classifier, Task):
             raise ValueError(f"{model_pt2}: maps {list(x.shape)} images to {list(out.shape)}, expected [{len(x)}, {n}]")
 
 
-def init_choices(n_train: int) -> dict:
-    """Batch size and epochs ``trainflow init`` writes for ``n_train`` training images: about 40
-    optimizer steps per epoch on 2 workers, a power of two from 16 to 256."""
-    batch = int(min(256, max(16, 2 ** math.ceil(math.log2(max(n_train, 1) / 80)))))
-    return {"epochs": 15, "batch_size": batch, "base_batch": batch}
+def _manifests(target: Path) -> list[Path]:
+    return sorted(p for p in target.iterdir() if p.name.lower().startswith("manifest")
+                  and p.suffix.lower() in (".csv", ".parquet", ".pq"))
 
 
 def _init_size(sizes: "pd.Series") -> tuple[list[int], str]:
@@ -340,72 +356,3 @@ def _class_order(classes: set[str]) -> list[str]:
 def _widened(lo: float, hi: float, margin: float) -> tuple[int, int]:
     pad = (hi - lo) * margin
     return max(0, math.floor(lo - pad)), math.ceil(hi + pad)
-
-
-def init_folder(task: ImageClassification, root: Path, target: Path, rel: str) -> dict:
-    """The image task's ``init_folder`` (see ``tasks.base.Task.init_folder``)."""
-    import pandas as pd
-
-    from core.config import DatasetConfig, ImagesConfig
-    from tasks.image_data import list_images, profile
-
-    manifests = sorted(p for p in target.iterdir() if p.name.lower().startswith("manifest")
-                       and p.suffix.lower() in (".csv", ".parquet", ".pq"))
-    layout = {"manifest": manifests[0].name} if not (target / "train").is_dir() and manifests else {}
-    cfg = DatasetConfig(path=rel, images=ImagesConfig(**layout))
-    entries = list_images(cfg, root, 0)
-    frames = {s: profile(target, entries[s]) for s in ("train", "test")}
-    both = pd.concat(frames.values(), ignore_index=True)
-    if frames["train"].empty or frames["test"].empty:
-        empty = [s for s in frames if frames[s].empty]
-        raise DataUnavailableError(f"{rel}: no images in {' and '.join(empty)} (.png, .jpg, .jpeg, .webp)")
-    classes = _class_order(set(both["label"]))
-    if len(classes) < 2:
-        raise DataUnavailableError(f"{rel}: one class {classes}: nothing to classify")
-    ok = both[both["decodes"]]
-    bad = both[~both["decodes"]]
-    problems = [f"{p}: {e}" for p, e in zip(bad["path"], bad["error"])]
-    if ok.empty:
-        raise DataUnavailableError(f"{rel}: none of the {len(both)} files decodes as an image ({problems[0]})")
-    sizes = pd.Series(list(zip(ok["height"].astype(int), ok["width"].astype(int))))
-    size, size_why = _init_size(sizes)
-    modes = sorted(set(ok["mode"]))
-    channels = 1 if set(modes) <= {"1", "L", "LA", "I", "I;16", "F"} else 3
-    margin = INIT_MARGIN
-    shares = [frames[s]["label"].value_counts(normalize=True).reindex(classes, fill_value=0.0) for s in frames]
-    lo_share, hi_share = min(float(s.min()) for s in shares), max(float(s.max()) for s in shares)
-    n = {s: len(f) for s, f in frames.items()}
-    expectations = {
-        "width": list(_widened(int(ok["width"].min()), int(ok["width"].max()), margin)),
-        "height": list(_widened(int(ok["height"].min()), int(ok["height"].max()), margin)),
-        "modes": modes,
-        "train_images": [n["train"] // 2, n["train"] * 2],
-        "test_images": [n["test"] // 2, n["test"] * 2],
-        "class_share": [round(max(0.0, lo_share - margin * lo_share), 4), round(min(1.0, hi_share * (1 + margin)), 4)],
-        "file_bytes": [max(1, int(both["n_bytes"].min()) // 2), int(both["n_bytes"].max()) * 2],
-    }
-    counts = both["label"].value_counts()
-    lines = [
-        f"classes:      {len(classes)}: " + ", ".join(f"{c} ({int(counts.get(c, 0))})" for c in classes[:12])
-        + (" ..." if len(classes) > 12 else ""),
-        f"images:       {n['train']} train, {n['test']} test; sizes "
-        f"{int(ok['width'].min())}..{int(ok['width'].max())} x "
-        f"{int(ok['height'].min())}..{int(ok['height'].max())} (w x h); modes {', '.join(modes)}",
-        f"input:        {size[0]} x {size[1]} (h x w): {size_why}; {channels} channel(s) "
-        f"({'grey' if channels == 1 else 'RGB'}) (dataset.images.size, .channels)",
-        "augment:      none (dataset.images.augment: hflip for photos, shift for small offsets)",
-    ]
-    if problems:
-        lines.append(f"undecodable:  {len(problems)} file(s) Pillow cannot decode; validation refuses them until "
-                     f"they are fixed or removed: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}")
-    return {"dataset": {"images": {**layout, "size": size, "channels": channels, "classes": classes,
-                                   "expectations": expectations}},
-            "training": init_choices(n["train"]), "rows": n, "classes": classes, "lines": lines,
-            "problems": problems, "review": "dataset.images.classes and .expectations",
-            "choices": [("dataset", "images", key) for key in ("size", "channels", "augment")]}
-
-
-# The longer side of the input `trainflow init` picks at most (larger images are scaled down).
-INIT_MAX_SIDE = 64
-# Size bounds are widened by this share of the profiled range; class shares by this factor.
-INIT_MARGIN = 0.1

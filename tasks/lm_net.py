@@ -1,21 +1,11 @@
-"""A small byte-level decoder-only transformer (``model.kind: lm``).
+"""A small byte-level decoder-only transformer (``model.kind: lm``): int64 ``[batch, seq]`` byte
+tokens -> logits ``[batch, seq, vocab]`` for the next byte at every position. Pre-LN blocks, causal
+``scaled_dot_product_attention``, a GELU MLP, a final LayerNorm and an untied head.
 
-Input: int64 ``[batch, seq]`` byte tokens (0..vocab-1), ``seq <= seq_len``;
-output: float logits ``[batch, seq, vocab]`` predicting the next byte at every
-position. Pre-LN blocks, causal ``scaled_dot_product_attention``, a GELU MLP,
-a final LayerNorm and an untied LM head.
-
-The layout is chosen for model parallelism (``training.parallel`` applies ``tp_plan``,
-``stage_layers`` and ``split_stage`` through the task's ``tasks.base.ParallelPlan``):
-
-- separate ``q``/``k``/``v``/``o`` and ``up``/``down`` Linears, so a tensor-parallel
-  plan shards ``q, k, v, up`` by output column and ``o, down`` by input row; the
-  attention reshape uses ``-1`` heads, so a rank holding ``n_heads / tp`` heads runs
-  the same code;
-- blocks live in a ``ModuleDict`` keyed ``"0".."n-1"``: a pipeline stage deletes the
-  blocks it does not own (and the embeddings / head it does not own, set to None),
-  and its state-dict keys stay those of the full model, so the stages' state dicts
-  merge back into one plain LM.
+The layout serves model parallelism (``tp_plan``, ``stage_layers``, ``split_stage`` through the
+task's ``ParallelPlan``): separate ``q``/``k``/``v``/``o`` and ``up``/``down`` Linears (column /
+row sharded), and blocks in a ``ModuleDict`` keyed by index, so a pipeline stage deletes what it
+does not own and keeps the full model's state-dict keys.
 """
 
 from __future__ import annotations
@@ -28,8 +18,6 @@ from torch import nn
 class CausalSelfAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, dropout: float):
         super().__init__()
-        if d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         self.head_dim = d_model // n_heads
         self.dropout = dropout
         self.q = nn.Linear(d_model, d_model)
@@ -40,9 +28,8 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         q, k, v = self.q(x), self.k(x), self.v(x)
-        # The heads from the width: under tensor parallelism q/k/v return this rank's n_heads / tp
-        # heads. Not -1: a 0-row batch (an epoch's last step on some data-parallel rank) has no
-        # size to infer it from.
+        # The heads from the width (under tensor parallelism, this rank's n_heads / tp). Not -1: a 0-row
+        # batch (an epoch's last step on some data-parallel rank) has no size to infer it from.
         heads = q.shape[-1] // self.head_dim
         q, k, v = (z.view(b, t, heads, self.head_dim).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
@@ -131,49 +118,27 @@ def stage_layers(n_layers: int, n_stages: int) -> list[list[int]]:
     if not 1 <= n_stages <= n_layers:
         raise ValueError(f"cannot split {n_layers} layers into {n_stages} pipeline stages")
     base, extra = divmod(n_layers, n_stages)
-    out, start = [], 0
-    for s in range(n_stages):
-        size = base + (1 if s < extra else 0)
-        out.append(list(range(start, start + size)))
-        start += size
-    return out
+    return [list(range(s * base + min(s, extra), (s + 1) * base + min(s + 1, extra))) for s in range(n_stages)]
 
 
 def split_stage(model: ByteLM, stage: int, n_stages: int) -> ByteLM:
-    """Keep only what pipeline stage ``stage`` of ``n_stages`` runs (in place); returns ``model``.
-
-    Stage 0 keeps the embeddings, the last stage the final norm and head; every stage
-    keeps its contiguous blocks. Parameter names are unchanged (a ModuleDict keyed by
-    the block's index in the full model).
-    """
+    """Keep only what pipeline stage ``stage`` of ``n_stages`` runs (in place; parameter names
+    unchanged): its blocks, and the embeddings on the first stage, the norm and head on the last."""
     keep = set(stage_layers(len(model.layers), n_stages)[stage])
     for name in list(model.layers.keys()):
         if int(name) not in keep:
             del model.layers[name]
     if stage != 0:
-        model.tok_emb = None
-        model.pos_emb = None
+        model.tok_emb = model.pos_emb = None
     if stage != n_stages - 1:
-        model.norm = None
-        model.head = None
+        model.norm = model.head = None
     return model
 
 
 def tp_plan() -> dict:
-    """``parallelize_module`` plan for one ``Block``: Megatron-style column/row pairs.
+    """``parallelize_module`` plan for one ``Block``, Megatron-style: q/k/v and up split by output
+    features, o and down by input features (two all-reduces each way per block); LayerNorms and
+    embeddings replicated. No SequenceParallel: it needs reduce-scatter."""
+    from torch.distributed.tensor.parallel import ColwiseParallel as Col, RowwiseParallel as Row
 
-    q/k/v and up are split by output features (each rank computes n_heads/tp heads,
-    d_ff/tp hidden units), o and down by input features and all-reduce their partial
-    sums; so each block costs two all-reduces forward and two backward. LayerNorms and
-    embeddings stay replicated. No SequenceParallel: it needs reduce-scatter.
-    """
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    return {
-        "attn.q": ColwiseParallel(),
-        "attn.k": ColwiseParallel(),
-        "attn.v": ColwiseParallel(),
-        "attn.o": RowwiseParallel(),
-        "mlp.up": ColwiseParallel(),
-        "mlp.down": RowwiseParallel(),
-    }
+    return {"attn.q": Col(), "attn.k": Col(), "attn.v": Col(), "attn.o": Row(), "mlp.up": Col(), "mlp.down": Row()}

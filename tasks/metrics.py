@@ -12,13 +12,9 @@ Predictor = Callable[[np.ndarray], np.ndarray]  # features [n, f] -> labels [n]
 
 
 def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> dict:
-    """accuracy, macro-F1, per-class recall and the confusion matrix (rows: true, cols: predicted).
-
-    Computed from the confusion matrix with numpy, as scikit-learn's ``recall_score`` /
-    ``f1_score(average="macro", zero_division=0)`` define them (a class with no true or
-    predicted samples scores 0), without importing scikit-learn (about a second).
-    A label outside ``0..n_classes-1`` is ignored, as with scikit-learn's ``labels=``.
-    """
+    """accuracy, macro-F1, per-class recall and the confusion matrix (rows: true, cols: predicted),
+    as scikit-learn's ``recall_score`` / ``f1_score(average="macro", zero_division=0)`` define them
+    (without importing it). A label outside ``0..n_classes-1`` is ignored, as with ``labels=``."""
     y_true = np.asarray(y_true).astype(np.int64, copy=False).ravel()
     y_pred = np.asarray(y_pred).astype(np.int64, copy=False).ravel()
     inside = (y_true >= 0) & (y_true < n_classes) & (y_pred >= 0) & (y_pred < n_classes)
@@ -29,14 +25,9 @@ def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, n_classes: in
     recall = np.divide(tp, support, out=np.zeros(n_classes), where=support > 0)
     denom = 2 * tp + (predicted - tp) + (support - tp)
     f1 = np.divide(2 * tp, denom, out=np.zeros(n_classes), where=denom > 0)
-    return {
-        "accuracy": float(np.mean(y_true == y_pred)),
-        "macro_f1": float(np.mean(f1)),
-        "class_recall": {str(c): float(r) for c, r in enumerate(recall)},
-        "min_class_recall": float(recall.min()),
-        "confusion_matrix": cm.tolist(),
-        "n": int(len(y_true)),
-    }
+    return {"accuracy": float(np.mean(y_true == y_pred)), "macro_f1": float(np.mean(f1)),
+            "class_recall": {str(c): float(r) for c, r in enumerate(recall)}, "min_class_recall": float(recall.min()),
+            "confusion_matrix": cm.tolist(), "n": int(len(y_true))}
 
 
 def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict:
@@ -51,16 +42,22 @@ def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict:
             "mae": float(np.mean(np.abs(err))) if len(err) else 0.0, "n": int(len(y_true))}
 
 
-def latency_p95_ms(predict: Predictor, x: np.ndarray, n: int = 200, warmup: int = 20) -> float:
-    """p95 wall time of one-row predictions, in milliseconds, cycling through ``x``'s rows."""
-    rows = [x[i % len(x)][None, :] for i in range(n + warmup)]
+def timings_ms(predict: Callable, x, n: int = 200, warmup: int = 20) -> list[float]:
+    """Wall times (ms) of ``n`` one-row calls of ``predict`` after ``warmup`` untimed ones, cycling
+    through ``x``'s rows (a numpy array or a tensor)."""
     times = []
-    for i, row in enumerate(rows):
+    for i in range(n + warmup):
+        row = x[i % len(x)][None]
         t0 = time.perf_counter()
         predict(row)
         if i >= warmup:
             times.append((time.perf_counter() - t0) * 1000)
-    return float(np.percentile(times, 95))
+    return times
+
+
+def latency_p95_ms(predict: Predictor, x: np.ndarray, n: int = 200, warmup: int = 20) -> float:
+    """p95 wall time of one-row predictions, in milliseconds, cycling through ``x``'s rows."""
+    return float(np.percentile(timings_ms(predict, x, n, warmup), 95))
 
 
 def torch_predictor(module, threads: int = 1) -> Predictor:
@@ -89,12 +86,9 @@ def confusion_layout(n: int) -> tuple[int, int, int]:
 
 
 def confusion_png(matrix: list[list[int]], path: Path, title: str, names: list[str] | None = None) -> Path:
-    """Render the confusion matrix as a PNG: one shaded cell per (true, predicted) pair with its
-    count, rows true and columns predicted, the class names (``names``; else their indices) on
-    both axes (a name longer than ``MAX_NAME`` characters cut with "...").
-
-    Drawn with Pillow (milliseconds) rather than matplotlib (about a second to import and draw).
-    """
+    """Render the confusion matrix as a PNG (rows true, columns predicted), the class names
+    (``names``; else their indices, cut at ``MAX_NAME`` characters) on both axes. Drawn with Pillow:
+    matplotlib's import alone would cost more than the drawing."""
     from PIL import Image, ImageDraw, ImageFont
 
     m = np.asarray(matrix, dtype=np.int64)
@@ -103,8 +97,8 @@ def confusion_png(matrix: list[list[int]], path: Path, title: str, names: list[s
         [s if len(s) <= MAX_NAME else s[:MAX_NAME - 1] + "\u2026" for s in map(str, names)]
     cell, left, top = confusion_layout(n)
     font = ImageFont.load_default(size=max(8, min(12, cell // 3)))
-    left = max(left, 12 + max(int(font.getlength(s)) for s in labels))
     longest = max(int(font.getlength(s)) for s in labels)
+    left = max(left, 12 + longest)
     bottom = 34 if longest <= cell else longest + 24
     width, height = left + n * cell + 12, top + n * cell + bottom
     img = Image.new("RGB", (width, height), "white")

@@ -1,13 +1,9 @@
 """MLflow pyfunc wrapper around an image classifier's ``torch.export`` program (models-from-code file).
 
-MLflow copies this file into the logged model and runs it at load time, so it imports only
-mlflow, torch, pandas, numpy and Pillow: no project code. ``predict`` takes what a serving client
-sends, a DataFrame with a column ``image`` of encoded files (PNG, JPEG, WebP bytes; MLflow's
-scoring server turns the base64 text of a JSON request into those bytes), decodes each one as
-training did (``tasks/image_data.py``: Pillow ``convert`` to L or RGB, a bilinear resize to
-``meta.json``'s size; ``tests/unit/test_image_task.py`` checks that the two agree) and returns
-the class names. The program takes the pixels (0..255, float32 ``[n, c, h, w]``) and holds the
-normalisation.
+MLflow copies this file into the logged model, so it imports no project code. ``predict`` takes a
+DataFrame with a column ``image`` of encoded files (bytes, or base64 text), decodes each one as
+``tasks/image_data.py`` does (``tests/unit/test_image_task.py`` checks that the two agree) and
+returns the class names. The program takes pixels (0..255, float32 ``[n, c, h, w]``).
 """
 
 import io

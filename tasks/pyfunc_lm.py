@@ -1,15 +1,9 @@
 """MLflow pyfunc wrapper scoring text with a byte-level language model (models-from-code file).
 
-MLflow copies this file into the logged model and runs it at load time, so it imports only
-mlflow, torch, pandas and numpy: no project code. The program (``model.pt2``) maps int64
-``[batch, seq_len]`` byte tokens to logits ``[batch, seq_len, 256]``; ``meta.json`` holds
-``seq_len``.
-
-Input: a DataFrame with a ``text`` column (or a list of strings). Output: one row per document,
-``loss`` (mean cross-entropy per target byte, nats), ``perplexity`` (exp of it) and
-``n_tokens`` (targets scored: UTF-8 bytes - 1; NaN loss for a text under two bytes).
-Windows follow ``evaluation.lm.windows`` (kept in step by a test): every target once,
-non-overlapping, the last window shifted back, short texts padded on the right.
+MLflow copies this file into the logged model, so it imports no project code. Input: a DataFrame
+with a ``text`` column (or a list of strings). Output per document: ``loss`` (mean cross-entropy
+per target byte, nats; NaN under two bytes), ``perplexity`` and ``n_tokens``, in the windows of
+``evaluation.lm.windows`` (kept in step by a test).
 """
 
 import json

@@ -1,19 +1,11 @@
-"""MLflow pyfunc wrapper around a ``torch.export`` program (models-from-code file).
+"""MLflow pyfunc wrapper around a table's ``torch.export`` program (models-from-code file).
 
-MLflow copies this file into the logged model and runs it at load time, so it
-imports only mlflow, torch, pandas and numpy: no project code. MLflow also runs it
-when the model is *logged*; torch is imported in ``load_context`` so that logging
-costs no torch import (the pipeline process has no other use for torch). The program
-(``model.pt2``) maps float32 ``[batch, n_features]`` encoded rows (the transforms and the
-imputation are inside it) to ``[batch, n_outputs]``; ``meta.json`` holds the feature columns in
-order with their kind (numeric, or categorical with its vocabulary of text forms) and what the
-outputs mean: ``output: label`` (one logit per class; ``class_labels`` in order, ints or strings)
-or ``output: value`` (a regression's prediction, in the target's units).
-
-``predict`` takes the raw DataFrame a client has: numbers, strings, booleans, missing values
-(NaN/None). A category is encoded as trainflow's ``tasks/encoding.py`` does (the same text
-form: 3, 3.0 and "3" are one category; an unseen value is "other", a missing one "missing");
-``tests/unit/test_table_encoding.py`` checks that the two agree.
+MLflow copies this file into the logged model, so it imports no project code; it also runs it when
+the model is logged, so torch is imported in ``load_context`` only. The program maps float32
+encoded rows to ``[batch, n_outputs]``; ``meta.json`` holds the feature columns with their kind
+(categorical ones with their vocabulary) and ``output``: ``label`` (``class_labels`` in order) or
+``value`` (a regression's, in the target's units). ``predict`` takes the raw DataFrame a client
+has and encodes it as ``tasks/encoding.py`` does (``tests/unit/test_table_encoding.py`` checks it).
 """
 
 import json
@@ -44,8 +36,7 @@ class ExportedTable(mlflow.pyfunc.PythonModel):
             isinstance(c, str) for c in labels) else np.int64)
         self.program = torch.export.load(context.artifacts["model"]).module()
 
-    # The pd.DataFrame hint only tells MLflow not to infer a schema from type
-    # hints (the signature comes from log time); arrays are accepted too.
+    # The pd.DataFrame hint keeps MLflow from inferring a schema from type hints; arrays are accepted too.
     def predict(self, context, model_input: pd.DataFrame, params=None):
         if isinstance(model_input, pd.DataFrame):
             missing = [c for c in self.feature_columns if c not in model_input.columns]
@@ -64,9 +55,7 @@ class ExportedTable(mlflow.pyfunc.PythonModel):
         else:
             values = np.asarray(model_input, dtype=np.float32)
         if values.ndim != 2 or values.shape[1] != len(self.feature_columns):
-            raise ValueError(
-                f"expected [rows, {len(self.feature_columns)}] features, got {list(values.shape)}"
-            )
+            raise ValueError(f"expected [rows, {len(self.feature_columns)}] features, got {list(values.shape)}")
         if values.shape[0] == 0:
             return np.empty(0, dtype=np.float64 if self.class_labels is None else self.class_labels.dtype)
         if np.isinf(values).any():
@@ -104,8 +93,6 @@ def _text(v) -> str:
     if isinstance(v, (bool, np.bool_)):
         return "True" if v else "False"
     if isinstance(v, (float, np.floating)) and float(v).is_integer() and abs(v) < 2**53:
-        return str(int(v))
-    if isinstance(v, (int, np.integer)):
         return str(int(v))
     return str(v)
 

@@ -1,9 +1,6 @@
-"""What a task's loader returns: the train / val / test splits and the facts the model is built from,
-and the seeded per-class hold-out that makes ``val``.
-
-``train`` is a ``TensorDataset`` (in memory) or a ``training.batches.BatchSource`` (a streamed
-source); ``val`` and ``test`` are always tensors. torch is imported where tensors are made.
-"""
+"""What a task's loader returns (``Splits``) and the seeded per-class hold-out that makes ``val``.
+``train`` is a ``TensorDataset`` or a streamed ``training.batches.BatchSource``; ``val`` and ``test``
+are tensors."""
 
 from __future__ import annotations
 

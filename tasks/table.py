@@ -1,9 +1,6 @@
-"""Tables as people have them: CSV or Parquet with named columns, torch-free.
-
-Read by validation (the whole files, as pandas frames) and by the tabular tasks' training
-data (the same frames, then tensors). One file split into train and test is split here, the
-same way for both: a seeded permutation, stratified by class for a classification label.
-"""
+"""Tables as people have them: CSV or Parquet with named columns, torch-free, read the same way
+for validation and training. One file is split into train and test here, by a seeded permutation
+(stratified by class for a classification label)."""
 
 from __future__ import annotations
 
@@ -39,9 +36,7 @@ def read_table(path: Path) -> "pd.DataFrame":
         raise DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the workspace; "
                                    f"run `dvc pull` (or check dataset.path)")
     try:
-        if fmt == "parquet":
-            return pd.read_parquet(path)
-        return pd.read_csv(path)
+        return pd.read_parquet(path) if fmt == "parquet" else pd.read_csv(path)
     except Exception as exc:  # noqa: BLE001 - pandas raises many kinds; all mean "unreadable"
         raise DataUnavailableError(f"{path} cannot be read as {fmt}: {type(exc).__name__}: {exc}") from None
 
@@ -56,9 +51,8 @@ def feature_columns(cfg: DatasetConfig, columns: list[str]) -> list[str]:
 
 
 def row_hashes(frame: "pd.DataFrame") -> np.ndarray:
-    """uint64 per row over all its columns, equal for rows with equal values: numbers by their text
-    form (``tasks.encoding.category_keys``: 3, 3.0 and Int64 3 alike), a missing value as missing.
-    The same for a whole table and for its batches (a streamed file), whatever dtypes they got."""
+    """uint64 per row over all its columns, equal for rows with equal values (numbers by their text
+    form, ``tasks.encoding.category_keys``), whatever dtypes a table or its batches got."""
     import pandas as pd
 
     from tasks.encoding import category_keys
@@ -76,12 +70,9 @@ def row_hashes(frame: "pd.DataFrame") -> np.ndarray:
 def seeded_split(labels: "pd.Series | None", n: int, fraction: float, seed: int,
                  stratify: bool, groups: np.ndarray | None = None) -> tuple[list[int], list[int]]:
     """Row positions (keep, held) of ``n`` rows: a seeded permutation sends ceil(n*f) rows to held,
-    within each class when ``stratify`` (labels as given; nulls form their own group).
-
-    ``groups``: a group id per row (equal rows, e.g. by :func:`row_hashes`): a group's rows go to
-    one side together, so an exact duplicate never ends up in both splits. Groups are taken in
-    the permuted order of their first rows until the held rows reach ceil(n*f); with every row its
-    own group the split is exactly the one without ``groups``."""
+    within each class when ``stratify`` (nulls form their own class). ``groups`` (a group id per
+    row, e.g. :func:`row_hashes`) go to one side whole, taken in the permuted order of their first
+    rows until the held rows reach ceil(n*f): a duplicate never ends up in both splits."""
     import math
 
     rng = np.random.default_rng(seed)
@@ -101,8 +92,7 @@ def seeded_split(labels: "pd.Series | None", n: int, fraction: float, seed: int,
         gs = np.unique(group_of[rows])  # ascending: first-row order
         gs = gs[rng.permutation(len(gs))]
         filled = np.cumsum(sizes[gs])
-        count = int(np.searchsorted(filled, k)) + 1 if k > 0 else 0
-        count = min(count, len(gs))
+        count = min(int(np.searchsorted(filled, k)) + 1 if k > 0 else 0, len(gs))
         if limit is not None:
             while count and filled[count - 1] > limit:
                 count -= 1
@@ -113,20 +103,16 @@ def seeded_split(labels: "pd.Series | None", n: int, fraction: float, seed: int,
         held_groups = take(np.arange(n), k, limit=max(n - 1, 0))
     else:
         keys = labels.astype("string").fillna("<null>").to_numpy()
-        held_groups = []
-        for value in sorted(set(keys)):
-            idx = np.flatnonzero(keys == value)
-            held_groups.append(take(idx, int(math.ceil(len(idx) * fraction))))
-        held_groups = np.concatenate(held_groups) if held_groups else np.zeros(0, dtype=np.int64)
+        classes = [np.flatnonzero(keys == value) for value in sorted(set(keys))]
+        held_groups = np.concatenate([take(idx, math.ceil(len(idx) * fraction)) for idx in classes]
+                                     or [np.zeros(0, dtype=np.int64)])
     is_held = np.zeros(len(order), dtype=bool)
     is_held[held_groups] = True
-    held = np.flatnonzero(is_held[group_of])
-    keep = np.flatnonzero(~is_held[group_of])
-    return keep.tolist(), held.tolist()
+    return np.flatnonzero(~is_held[group_of]).tolist(), np.flatnonzero(is_held[group_of]).tolist()
 
 
 def labeled(df: "pd.DataFrame", label: str) -> "pd.DataFrame":
-    """``df`` without its rows whose ``label`` is missing (as it is when the label is complete or absent)."""
+    """``df`` without its rows whose ``label`` is missing (``df`` itself when there are none)."""
     if label not in df.columns:
         return df
     missing = df[label].isna()
@@ -135,14 +121,9 @@ def labeled(df: "pd.DataFrame", label: str) -> "pd.DataFrame":
 
 def load_frames(cfg: DatasetConfig, root: Path, seed: int, stratify: bool,
                 labeled_only: bool = False) -> dict[str, "pd.DataFrame"]:
-    """``{"train": df, "test": df}`` as the files hold them (no column is dropped or cast).
-
-    One ``dataset.file`` is split here with ``test_fraction`` and ``seed`` (stratified by the
-    label when ``stratify`` and the label column exists), exact duplicate rows kept on one side:
-    validation and training get the same rows. ``labeled_only``: without the rows whose label is
-    missing (what training and evaluation take: nothing can be learned from or scored on them),
-    left out after the split, so the rows they keep are the ones validation checked.
-    """
+    """``{"train": df, "test": df}`` as the files hold them; one ``dataset.file`` split with
+    ``test_fraction`` and ``seed`` (:func:`seeded_split`, duplicates on one side). ``labeled_only``:
+    unlabeled rows left out after the split (what training and evaluation take)."""
     paths = split_paths(cfg, root)
     if "all" not in paths:
         frames = {s: read_table(paths[s]) for s in SPLITS}

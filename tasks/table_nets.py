@@ -1,23 +1,11 @@
-"""The table tasks' networks (torch): the input layer that turns encoded columns (``tasks.encoding``)
-into features, and the networks behind it (``model.kind``).
+"""The table tasks' networks (torch): ``Sequential(TableInput, core)``.
 
-``TableInput`` takes the raw encoded row, float32 ``[batch, columns]``, so the exported program
-(and the registered pyfunc over it) needs nothing fitted outside itself:
-
-* a numeric column is transformed with its train-split statistics: ``quantile`` (piecewise
-  linear through its quantiles onto normal scores: robust to skew and outliers, the input of the
-  strong tabular MLPs in the literature), ``robust`` ((x - median) / IQR) or ``standard``
-  ((x - mean) / std). A missing value (NaN) becomes 0, the centre, and a column that had missing
-  values in the train split gets a missing-indicator input beside it. With ``periodic`` each
-  transformed value is embedded as PLR (Gorishniy et al. 2022, "On Embeddings for Numerical
-  Features in Tabular Deep Learning"): ``ReLU(Linear([cos 2 pi c x, sin 2 pi c x]))`` with learned
-  frequencies ``c`` per column;
-* a categorical column's code (missing, other, or a vocabulary index) selects a learned embedding.
-
-Networks (``model.kind``): ``tabular`` (the default: an MLP of ``model.layers`` blocks over
-quantile + PLR numerics and category embeddings), ``mlp`` (standardised inputs, two hidden
-layers), ``cnn`` (a small CNN over the square image that all-numeric features form) or the
-user's ``model.factory(n_inputs, n_outputs, **model.kwargs)`` behind the input layer.
+``TableInput`` takes the encoded row, so the exported program needs nothing fitted outside itself:
+a numeric column is mapped by its train statistics (``quantile``: piecewise linear onto normal
+scores, ``robust`` or ``standard``), NaN becomes 0 with a missing-indicator input, and with
+``periodic`` each value is embedded as PLR (Gorishniy et al. 2022); a category's code selects an
+embedding. ``model.kind``: ``tabular`` (an MLP, the default), ``mlp``, ``cnn`` (over the square
+image all-numeric features form) or ``model.factory(n_inputs, n_outputs, **model.kwargs)``.
 """
 
 from __future__ import annotations
@@ -32,9 +20,8 @@ from tasks.encoding import FIRST_CODE
 
 
 def resolved(model: ModelConfig) -> tuple[str, str, bool]:
-    """(network kind, numeric transform, periodic embeddings) that ``model`` means for a table:
-    kind left out is ``tabular``; ``numeric: auto`` is quantile for tabular, standard otherwise;
-    ``periodic`` left out is on for tabular only."""
+    """(network kind, numeric transform, periodic embeddings) that ``model`` means for a table: by
+    default ``tabular``, with quantile transforms and PLR; standard and no PLR for the others."""
     kind = "factory" if model.factory is not None else (model.kind or "tabular")
     numeric = model.numeric if model.numeric != "auto" else ("quantile" if kind == "tabular" else "standard")
     periodic = model.periodic if model.periodic is not None else kind == "tabular"
@@ -54,8 +41,7 @@ class Affine(nn.Module):
 
 
 class Periodic(nn.Module):
-    """PLR: per column, ``ReLU(W [cos(2 pi c x), sin(2 pi c x)] + b)`` with ``frequencies`` learned
-    ``c`` (initialised N(0, ``scale``)) and a linear map to ``dim`` values: ``[B, F] -> [B, F * dim]``."""
+    """PLR per column, ``frequencies`` learned ``c`` (initialised N(0, ``scale``)): ``[B, F] -> [B, F * dim]``."""
 
     def __init__(self, n: int, frequencies: int, scale: float, dim: int):
         super().__init__()
@@ -71,18 +57,13 @@ class Periodic(nn.Module):
 
 
 class TableInput(nn.Module):
-    """Encoded columns ``[B, len(columns)]`` -> features ``[B, out_features]`` (see the module docstring).
-
-    ``columns``: the fitted columns (``tasks.encoding.TableFit.columns``); ``numeric``: quantile |
-    robust | standard; ``indicators``: a missing-indicator input per numeric column that had nulls
-    in train; ``periodic``: ``{"frequencies", "scale", "dim"}`` for PLR embeddings, or None;
-    ``embedding_dim``: the size of a category's embedding."""
+    """Encoded columns ``[B, len(columns)]`` -> features ``[B, out_features]``. ``columns``: the fitted
+    columns; ``indicators``: a missing-indicator per numeric column with nulls in train; ``periodic``:
+    ``{"frequencies", "scale", "dim"}`` for PLR embeddings, or None."""
 
     def __init__(self, columns: list[dict], numeric: str = "standard", indicators: bool = True,
                  periodic: dict | None = None, embedding_dim: int = 16):
         super().__init__()
-        if numeric not in ("quantile", "robust", "standard"):
-            raise ValueError(f"model.numeric: quantile, robust or standard, got {numeric!r}")
         num = [i for i, c in enumerate(columns) if c["kind"] == "numeric"]
         cat = [i for i, c in enumerate(columns) if c["kind"] == "categorical"]
         self.numeric = numeric
@@ -161,12 +142,9 @@ def build_core(model: ModelConfig, n_in: int, n_out: int) -> nn.Module:
     """The network between the input layer's ``n_in`` features and the ``n_out`` outputs."""
     kind, _, _ = resolved(model)
     if kind == "factory":
-        from tasks.factory import load_factory
+        from tasks.factory import factory_module
 
-        net = load_factory(model.factory)(n_in, n_out, **model.kwargs)
-        if not isinstance(net, nn.Module):
-            raise ValueError(f"model.factory: {model.factory} returned {type(net).__name__}, not an nn.Module")
-        return net
+        return factory_module(model.factory, n_in, n_out, **model.kwargs)
     if kind in ("tabular", "mlp"):
         return _mlp(n_in, n_out, model.hidden, model.layers, model.dropout, every=kind == "tabular")
     side = math.isqrt(n_in)
@@ -175,19 +153,10 @@ def build_core(model: ModelConfig, n_in: int, n_out: int) -> nn.Module:
                          f"(an image), got {n_in} inputs; use tabular or mlp")
     c1, c2 = model.channels
     pooled = c2 * (side // 2) * (side // 2)
-    return nn.Sequential(
-        nn.Unflatten(1, (1, side, side)),
-        nn.Conv2d(1, c1, 3, padding=1),
-        nn.ReLU(),
-        nn.Conv2d(c1, c2, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Dropout(model.dropout),
-        nn.Linear(pooled, model.hidden),
-        nn.ReLU(),
-        nn.Linear(model.hidden, n_out),
-    )
+    return nn.Sequential(nn.Unflatten(1, (1, side, side)), nn.Conv2d(1, c1, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Dropout(model.dropout), nn.Linear(pooled, model.hidden), nn.ReLU(),
+                         nn.Linear(model.hidden, n_out))
 
 
 def table_network(model: ModelConfig, columns: list[dict], n_out: int) -> nn.Sequential:

@@ -1,17 +1,9 @@
-"""Tabular tasks: classification and regression of a table's named columns.
+"""Tabular tasks: classification and regression of a table's named columns (``tasks.table``).
 
-The data is a CSV or Parquet table (``tasks.table``); the features are columns by name, numeric
-or categorical (strings, booleans, and integer columns named in ``dataset.categorical``), with
-missing values where the expectations allow them; the label a class (integer or string) or a
-float target. The columns' encoding (category vocabularies, numeric quantiles and moments) is
-fitted on the train split in one pass (``tasks.encoding``) and baked into the model's first layer
-(``tasks.table_nets.TableInput``), so the exported program takes the encoded row and the
-registered pyfunc the raw columns by name, as the user's DataFrame holds them (strings, NaN).
-The class set comes from the reviewed expectations file (its label's ``values``), in the order of
-the model's outputs; ``predict`` returns the original labels. A regression model is trained on
-standardised targets and exported with the de-scaling inside. Beside the trivial baseline, the
-evaluation fits scikit-learn's gradient-boosted trees on the same train split (``gbdt``): the
-model a user would try first, reported next to the candidate and optionally gated on.
+The features' encoding is fitted on the train split (``tasks.encoding``) and baked into the model's
+first layer: the exported program takes the encoded row, the registered pyfunc the raw columns by
+name. The class set comes from the reviewed expectations file, in the order of the model's outputs;
+a regression trains on standardised targets and is exported with the de-scaling inside.
 """
 
 from __future__ import annotations
@@ -26,10 +18,11 @@ import numpy as np
 
 from core.errors import ConfigError, DataUnavailableError
 from core.expectations import load_expectations
-from tasks.base import (Classifier, InitFit, Metric, ModelSpec, Task, ValidationPlan, fit_gbdt, load_program,
-                        write_program_scores)
+from tasks.base import (Classifier, InitFit, Metric, ModelSpec, Task, ValidationPlan, cache_write, fit_gbdt,
+                        label_key, load_program, write_program_scores)
+from tasks.encoding import (FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, numeric_dtype,
+                            kinds_from_frame)
 from tasks.info import DataInfo
-from tasks.encoding import FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, kinds_from_frame
 from tasks.table import feature_columns, load_frames, split_paths
 
 if TYPE_CHECKING:
@@ -37,38 +30,38 @@ if TYPE_CHECKING:
 
     from core.config import PipelineConfig
 
-# Bump when a metric's definition or computation changes: recorded champion scores then stop matching
-# (a task's ``metrics_version``; a subclass with metrics of its own sets its own).
+# Bump when a metric's definition or computation changes: recorded champion scores then stop matching.
 METRICS_VERSION = 2
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_table.py")
+# Optimizer steps per epoch (on 2 workers) `trainflow init` sizes the batch for.
+INIT_STEPS_PER_EPOCH = 40
+# The gradient-boosted trees beside the candidate fit on at most this many train rows (a seeded sample).
+GBDT_MAX_ROWS = 200_000
+# An integer feature with this many distinct values at most (and 3 at least) is taken for categories.
+MAX_INTEGER_CATEGORIES = 10
+# An integer label with at most this many distinct values is taken for classes, not a quantity.
+MAX_INFERRED_CLASSES = 20
+# Names of identifier columns (lower case), when their values are unique.
+ID_NAMES = ("id", "rownames", "row_names", "rowname", "index", "unnamed: 0", "row", "rowid", "row_id", "key",
+            "uuid", "guid", "record_id")
 
 
 def _mlflow_type(dtype, nullable: bool = False) -> str:
-    """The MLflow signature type of a column of ``dtype``; ``nullable``: it may hold missing values,
-    so an integer column is ``double`` (MLflow refuses NaN in a ``long`` column)."""
+    """The MLflow signature type of a column of ``dtype``; a ``nullable`` integer column is ``double``
+    (MLflow refuses NaN in a ``long`` column)."""
     import pandas as pd
 
     if pd.api.types.is_bool_dtype(dtype):
         return "boolean"
     if pd.api.types.is_integer_dtype(dtype):
         return "double" if nullable else "long"
-    if pd.api.types.is_numeric_dtype(dtype):
-        return "double"
-    return "string"
-
-
-def _label_key(value) -> str:
-    """Labels compare as text: 3 in a CSV and 3 in the YAML class set are the same class."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return str(value)
+    return "double" if pd.api.types.is_numeric_dtype(dtype) else "string"
 
 
 @dataclass(frozen=True)
 class TableInfo(DataInfo):
-    """A table task's ``info``, fitted on the train split: the feature columns, each one's fitted
-    encoding (``tasks.encoding``) and MLflow type, per-feature mean and std, and the class set
-    (classification) or the target's mean and std (regression)."""
+    """A table task's ``info``, fitted on the train split: the features' encodings and MLflow types, and
+    the class set (classification) or the target's mean and std (regression)."""
 
     features: list[str]
     columns: list[dict]
@@ -85,7 +78,6 @@ class _Table(Task):
 
     classification: ClassVar[bool] = True
     streams_table: ClassVar[bool] = True
-    evaluator: ClassVar[str] = "predictions"
     info_type: ClassVar[type[DataInfo]] = TableInfo
     metrics_version: ClassVar[int] = METRICS_VERSION
 
@@ -115,9 +107,8 @@ class _Table(Task):
             raise ConfigError("dataset.categorical: model.kind cnn takes numeric pixels only; use model.kind tabular")
 
     def _cached(self, key, make):
-        """One remembered value per kind of key (the last one): the flow's stages ask for the same
-        frames and expectations file several times (~0.1 s each for a CSV); the key holds the
-        files' identity, so an edited file is read again."""
+        """The last value made for each kind of key (``key[0]``): the stages ask for the same frames and
+        expectations several times; the key holds the files' identity."""
         cache = self.__dict__.setdefault("_cache", {})
         if cache.get(key[0], (None,))[0] != key:
             cache[key[0]] = (key, make())
@@ -130,13 +121,10 @@ class _Table(Task):
         path = Path(root) / cfg.dataset.expectations_file
         return self._cached(("expectations", _file_id(path)), lambda: load_expectations(path))
 
-    def _features(self, cfg: "PipelineConfig", columns: list[str]) -> list[str]:
-        return feature_columns(cfg.dataset, columns)
-
     # -- trainflow init (torch-free) ------------------------------------------------------------
     def _label_facts(self, label: str, labels, ctype: str) -> tuple[str, bool | None]:
-        """(why, few) of a label column: ``few`` says whether an integer label has few enough
-        distinct values to be classes (None for other types)."""
+        """(why, few) of a label column: ``few``: an integer label has few enough distinct values to
+        be classes (None for other types)."""
         n = int(labels.nunique(dropna=True))
         if ctype in ("string", "boolean"):
             return f"label {label!r} is a {ctype} column with {n} distinct values", None
@@ -148,26 +136,12 @@ class _Table(Task):
 
     def init_frames(self, cfg: "PipelineConfig", root: Path) -> dict[str, "pd.DataFrame"]:
         """Every row of the data, unlabeled ones too, split as the runs split it: what init profiles."""
-        from tasks.table import load_frames
-
         return load_frames(cfg.dataset, root, cfg.seed, stratify=self.classification)
 
     def init_choices(self, frames: dict[str, "pd.DataFrame"], label: str, presplit: bool) -> dict:
-        """What ``trainflow init`` decides from the data it profiles, each with its reason:
-
-        * ``exclude``: identifier columns (a running number 1..n, a text different in every row,
-          or a unique column named like an id): a model would only memorise them;
-        * ``categorical``: integer columns with 3 to ``MAX_INTEGER_CATEGORIES`` distinct values,
-          taken as categories (one embedding per value) rather than quantities;
-        * ``imputed``: numeric features with missing values (the model's input layer fills in the
-          train median and adds a missing-indicator input), ``missing_category``: categorical ones
-          (missing is a category of its own) - ``{column: missing count}``;
-        * ``duplicates``: rows repeated within the data, and (``presplit``: train and test files)
-          test rows also in train; ``leak_policy``: ``warn`` when there are such rows in given
-          splits (they are reported by validation, not refused);
-        * ``training``: batch size and epochs for the number of rows;
-        * ``class_label``: whether the label is a class set (its classes and shares are profiled).
-        """
+        """What ``trainflow init`` decides from the data, with reasons: ``exclude`` (identifiers),
+        ``categorical`` (integer columns with few values), ``imputed`` / ``missing_category`` (missing
+        counts), ``duplicates``, ``leak_policy``, ``training`` (batch and epochs), ``class_label``."""
         import pandas as pd
 
         from tasks.table import row_hashes
@@ -183,7 +157,7 @@ class _Table(Task):
                 exclude[name] = why
                 continue
             nulls = int(s.isna().sum())
-            numeric = _numeric_dtype(s.dtype)
+            numeric = numeric_dtype(s.dtype)
             values = s.dropna()
             whole = numeric and len(values) > 0 and bool((values == values.round()).all())
             distinct = int(values.nunique())
@@ -191,13 +165,10 @@ class _Table(Task):
                 categorical[name] = f"an integer column with {distinct} distinct values: learned as categories"
             if nulls:
                 (imputed if numeric and name not in categorical else missing_category)[name] = nulls
-        rows = len(both)
-        dup = {"within": int(rows - len(np.unique(row_hashes(both))))}
+        dup = {"within": int(len(both) - len(np.unique(row_hashes(both))))}
         if presplit and {"train", "test"} <= set(frames):
             dup["test_in_train"] = int(np.isin(row_hashes(frames["test"]), row_hashes(frames["train"])).sum())
-        # The batch per worker grows with the table (a power of two from 32 to 1024) so that an
-        # epoch is about INIT_STEPS_PER_EPOCH optimizer steps on 2 workers: 30 epochs of a large
-        # table then take minutes, not an hour, and the lr (tuned at base_batch) stays put.
+        # A power of two from 32 to 1024 making an epoch about INIT_STEPS_PER_EPOCH steps on 2 workers.
         train_rows = len(frames.get("train", both))
         batch = int(min(1024, max(32, 2 ** math.ceil(math.log2(max(train_rows, 1) / (2 * INIT_STEPS_PER_EPOCH))))))
         return {"exclude": exclude, "categorical": categorical, "imputed": imputed,
@@ -212,7 +183,7 @@ class _Table(Task):
         files = [*split_paths(cfg.dataset, root).values(), Path(root) / cfg.dataset.expectations_file]
         return ValidationPlan("table", files, {
             "dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed, "stratify": self.classification, "expectations": exp,
-            "features": self._features(cfg, exp.names), "label": cfg.dataset.label,
+            "features": feature_columns(cfg.dataset, exp.names), "label": cfg.dataset.label,
             "class_label": self.classification, "leak_policy": cfg.dataset.effective_leak_policy})
 
     def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:
@@ -223,21 +194,15 @@ class _Table(Task):
 
     # -- data ---------------------------------------------------------------------------------
     def frames(self, cfg: "PipelineConfig", root: Path) -> dict[str, "pd.DataFrame"]:
-        """``{"train", "test"}`` frames as the files hold them, rows without a label left out (shared:
-        callers must not modify them)."""
-        return self._cached(self._frames_key(cfg, root),
-                            lambda: load_frames(cfg.dataset, root, cfg.seed, stratify=self.classification,
-                                                labeled_only=True))
-
-    def _frames_key(self, cfg: "PipelineConfig", root: Path) -> tuple:
-        paths = split_paths(cfg.dataset, root)
-        return ("frames", tuple(_file_id(p) for p in paths.values()), cfg.dataset.model_dump_json(), cfg.seed,
-                self.classification)
+        """``{"train", "test"}`` frames without unlabeled rows (shared: callers must not modify them)."""
+        key = ("frames", tuple(_file_id(p) for p in split_paths(cfg.dataset, root).values()),
+               cfg.dataset.model_dump_json(), cfg.seed, self.classification)
+        return self._cached(key, lambda: load_frames(cfg.dataset, root, cfg.seed, stratify=self.classification,
+                                                     labeled_only=True))
 
     def kinds(self, cfg: "PipelineConfig", root: Path, features: list[str], frame=None) -> dict[str, str]:
-        """``{feature: "numeric" | "categorical"}``: by the reviewed expectations file's types (string
-        and boolean columns are categories) and ``dataset.categorical``; without an expectations file
-        (a sizing probe), by ``frame``'s dtypes."""
+        """``{feature: "numeric" | "categorical"}`` by the expectations file's types and
+        ``dataset.categorical``; without an expectations file (a sizing probe), by ``frame``'s dtypes."""
         missing = [c for c in cfg.dataset.categorical if c not in features]
         if missing:
             raise ConfigError(f"dataset.categorical: {missing[0]!r} is not a feature column; the features are "
@@ -248,21 +213,25 @@ class _Table(Task):
         types = {c.name: c.type for c in exp.columns} if exp is not None else {}
         return column_kinds(features, types, cfg.dataset.categorical)
 
+    def _features(self, cfg: "PipelineConfig", names) -> list[str]:
+        """The feature columns among the train split's ``names``; DataUnavailableError when it lacks one."""
+        features = feature_columns(cfg.dataset, [str(c) for c in names])
+        missing = [c for c in [*features, cfg.dataset.label] if c not in names]
+        if missing:
+            raise DataUnavailableError(f"train split lacks column(s) {missing}; found {list(names)}")
+        return features
+
     def info(self, cfg: "PipelineConfig", root: Path, frames: dict | None = None) -> TableInfo:
-        """What the model and the registry need to know of the data, fitted on the train split
-        (``TableInfo``)."""
+        """What the model and the registry need to know of the data, fitted on the train split."""
         if frames is None:
             return self.prepared(cfg, root)["info"]
         from tasks.encoding import fit_columns
 
         train = frames["train"]
-        features = self._features(cfg, [str(c) for c in train.columns])
-        missing = [c for c in [*features, cfg.dataset.label] if c not in train.columns]
-        if missing:
-            raise DataUnavailableError(f"train split lacks column(s) {missing}; found {list(train.columns)}")
-        kinds = self.kinds(cfg, root, features, train)
+        features = self._features(cfg, train.columns)
         try:
-            columns = fit_columns([train[features]], kinds, cfg.dataset.max_categories, cfg.seed)
+            columns = fit_columns([train[features]], self.kinds(cfg, root, features, train),
+                                  cfg.dataset.max_categories, cfg.seed)
         except ValueError as exc:
             raise DataUnavailableError(str(exc)) from None
         return TableInfo(**self._info(cfg, root, features, columns, {c: train[c].dtype for c in features}),
@@ -272,31 +241,21 @@ class _Table(Task):
         """The feature part of ``info`` from the fitted columns and the columns' pandas dtypes."""
         exp = self.expectations(cfg, root)
         nullable = {c.name for c in exp.columns if c.nulls} if exp is not None else set()
-        types = {}
-        for c in columns:
-            name = c["name"]
-            if c["kind"] == "categorical" and not _numeric_dtype(dtypes[name]):
-                types[name] = _mlflow_type(dtypes[name])
-            else:
-                types[name] = _mlflow_type(dtypes[name], nullable=name in nullable or c["nulls"] > 0)
+        types = {c["name"]: _mlflow_type(dtypes[c["name"]], nullable=c["name"] in nullable or c["nulls"] > 0)
+                 for c in columns}
         return {"features": features, "columns": columns, "dtypes": types,
                 "mean": [c["mean"] if c["kind"] == "numeric" else 0.0 for c in columns],
                 "std": [c["std"] if c["kind"] == "numeric" else 1.0 for c in columns]}
 
     def stream_info(self, cfg: "PipelineConfig", root: Path, source: Path, names: tuple, types: dict) -> TableInfo:
-        """``info`` of a train split too large to load (the streamed loader's): the same keys as
-        ``info``, fitted in one pass over ``source`` (a Parquet file or folder; ``names``/``types``:
-        its columns and their pyarrow types), holding one batch at a time."""
+        """``info`` of a train split too large to load, fitted batch by batch over ``source`` (Parquet;
+        ``names`` / ``types``: its columns and pyarrow types)."""
+        import pandas as pd
+
         from tasks.columnar import ColumnStats, iter_batches
         from tasks.encoding import TableFit
 
-        features = self._features(cfg, [str(c) for c in names])
-        missing = [c for c in [*features, cfg.dataset.label] if c not in names]
-        if missing:
-            raise DataUnavailableError(f"train split lacks column(s) {missing}; found {list(names)}")
-        label = cfg.dataset.label
-        import pandas as pd
-
+        features, label = self._features(cfg, names), cfg.dataset.label
         dtypes = {c: types[c].to_pandas_dtype() for c in features}
         empty = pd.DataFrame({c: pd.Series(dtype=dtypes[c]) for c in features})  # the kinds by dtype, no rows
         fit = TableFit(self.kinds(cfg, root, features, empty), cfg.dataset.max_categories, cfg.seed)
@@ -313,10 +272,6 @@ class _Table(Task):
     def target_dtype(self):
         return np.int64 if self.classification else np.float32
 
-    def arrays(self, frame: "pd.DataFrame", info: TableInfo, label: str) -> tuple[np.ndarray, np.ndarray]:
-        """(encoded features float32 [n, f], targets) of a frame: class indices int64 or float32 values."""
-        return self.features_of(frame, info), self.targets(frame[label], info)
-
     def features_of(self, frame: "pd.DataFrame", info: TableInfo) -> np.ndarray:
         """The encoded feature columns of ``frame`` (``tasks.encoding.encode``), float32 [n, f]."""
         try:
@@ -325,13 +280,8 @@ class _Table(Task):
             raise DataUnavailableError(str(exc)) from None
 
     def prepared(self, cfg: "PipelineConfig", root: Path) -> dict:
-        """``{"x", "y", "xt", "yt", "info"}``: both splits as arrays (targets encoded, not yet
-        standardised) and ``info``, cached in ``TRAINFLOW_HOME/cache/tables`` as ``.npz`` + JSON
-        (numpy only, never pickle). Saves each training worker reading the table with pandas (its
-        import alone costs each rank a share of its start-up) on every
-        run of the same data; the key holds the files' bytes, the config's dataset, seed and code."""
-        import os
-
+        """``{"x", "y", "xt", "yt", "info"}``: both splits encoded (targets not yet standardised), cached in
+        ``TRAINFLOW_HOME/cache/tables`` as ``.npz`` + JSON (no pickle): ranks then skip pandas."""
         from core.paths import trainflow_home
 
         key = self.prepared_key(cfg, root)
@@ -345,25 +295,16 @@ class _Table(Task):
             pass
         frames = self.frames(cfg, root)
         info = self.info(cfg, root, frames)
-        # A missing value stays NaN (a category's code says "missing"): the model's first layer
-        # (``tasks.table_nets.TableInput``) imputes it, in training and in the exported program.
-        x, y = self.arrays(frames["train"], info, cfg.dataset.label)
-        xt, yt = self.arrays(frames["test"], info, cfg.dataset.label)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            tag = f".{os.getpid()}.tmp"
-            with open(str(npz) + tag, "wb") as fh:
-                np.savez(fh, x=x, y=y, xt=xt, yt=yt)
-            Path(str(meta) + tag).write_text(json.dumps(info.to_json()))
-            os.replace(str(meta) + tag, meta)  # the JSON first: an .npz is only read beside its info
-            os.replace(str(npz) + tag, npz)
-        except OSError:  # a read-only home: no cache, same arrays
-            pass
+        # A missing value stays NaN: the model's first layer imputes it, in training and in the export.
+        (x, y), (xt, yt) = [(self.features_of(f, info), self.targets(f[cfg.dataset.label], info))
+                            for f in (frames["train"], frames["test"])]
+        cache_write(meta, lambda fh: fh.write(json.dumps(info.to_json()).encode()))  # the info first:
+        cache_write(npz, lambda fh: np.savez(fh, x=x, y=y, xt=xt, yt=yt))  # an .npz is only read beside it
         return {"x": x, "y": y, "xt": xt, "yt": yt, "info": info}
 
     def prepared_key(self, cfg: "PipelineConfig", root: Path) -> str:
-        """What ``prepared``'s arrays are a function of: the files' bytes, the config's dataset, the
-        seed and this code (sha256 hex)."""
+        """What ``prepared``'s arrays are a function of (sha256 hex): the files' bytes, the config's
+        dataset, the seed and this code."""
         import hashlib
         import inspect
 
@@ -392,8 +333,7 @@ class _Table(Task):
 
     def holdout(self, y: np.ndarray, cfg: "PipelineConfig", seed: int) -> tuple[np.ndarray, np.ndarray]:
         """Train-split row indices ``(keep, held out for per-epoch validation)``: a seeded
-        ``val_fraction``, stratified by class for a classifier. A task with ordered rows (a time
-        series) overrides it."""
+        ``val_fraction``, stratified by class for a classifier."""
         from tasks.splits import stratified_holdout
 
         groups = y if self.classification else np.zeros(len(y), dtype=np.int64)
@@ -418,11 +358,8 @@ class _Table(Task):
 
     # -- evaluation hooks (the "predictions" evaluator) ----------------------------------------
     def eval_data(self, cfg: "PipelineConfig", root: Path) -> tuple["pd.DataFrame", np.ndarray, np.ndarray, dict]:
-        """(test frame, features float32, targets, info) of the evaluation split.
-
-        The targets are opaque to the evaluator: it only hands them to ``score`` (with the
-        candidate's, the champion's or the baseline's predictions), so a task may pack in what
-        its metrics need besides the truth (a forecaster: each row's last observed value)."""
+        """(test frame, features float32, targets, info) of the evaluation split; the targets only go to
+        ``score``, so a task may pack in what its metrics need besides the truth."""
         p = self.prepared(cfg, root)
         return self.frames(cfg, root)["test"], p["xt"], p["yt"], p["info"]
 
@@ -445,14 +382,7 @@ class _Table(Task):
         return {}
 
     def gbdt(self, cfg: "PipelineConfig", root: Path) -> dict | None:
-        """scikit-learn's HistGradientBoosting (classifier or regressor, default settings, native
-        categories and missing values) fitted on the train split (at most ``GBDT_MAX_ROWS`` of its
-        rows, a seeded sample beyond) on one thread, predicting the test split: ``{"predictor",
-        "pred" (as ``decode`` gives), "fit_s", "predict_s", "cached"}``. The same encoded columns as
-        the network's: a category code is one of its categories (codes past the 254 it takes
-        become "other"), a missing value NaN. The result is kept as JSON in
-        ``TRAINFLOW_HOME/cache/gbdt`` by the prepared arrays' key and scikit-learn's version: the
-        same data and config are fitted once (``cached``; ``fit_s`` is that fit's)."""
+        """scikit-learn's HistGradientBoosting (default settings) on the network's encoded columns."""
         def arrays():
             from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 
@@ -539,7 +469,7 @@ class Classification(Classifier, _Table):
         exp = self.expectations(cfg, root)
         classes = exp.classes if exp is not None else None
         if classes is None:  # no reviewed class set: the train split's, sorted
-            classes = sorted({v for v in labels.dropna().tolist()}, key=_label_key)
+            classes = sorted(set(labels.dropna().tolist()), key=label_key)
         if len(classes) < 2:
             raise ConfigError(f"{cfg.dataset.expectations_file}: the label {cfg.dataset.label!r} needs at least "
                               f"two classes, got {classes}")
@@ -548,38 +478,26 @@ class Classification(Classifier, _Table):
     def _stream_target_info(self, cfg, root, stats) -> dict:
         import pandas as pd
 
-        return self._target_info(cfg, root, pd.Series(sorted(stats.values or {}, key=_label_key)))
+        return self._target_info(cfg, root, pd.Series(sorted(stats.values or {}, key=label_key)))
 
     def n_outputs(self, info: TableInfo) -> int:
         return len(info.classes)
 
     def targets(self, labels, info: TableInfo) -> np.ndarray:
         _no_missing_labels(labels)
-        index = {_label_key(c): i for i, c in enumerate(info.classes)}
-        keys = [_label_key(v) for v in labels.tolist()]
+        index = {label_key(c): i for i, c in enumerate(info.classes)}
+        keys = [label_key(v) for v in labels.tolist()]
         bad = sorted({k for k in keys if k not in index})
         if bad:
             raise DataUnavailableError(f"label values {bad[:5]} are outside the recorded class set "
                                        f"{info.classes}")
         return np.asarray([index[k] for k in keys], dtype=np.int64)
 
-    def encode(self, labels, info: TableInfo) -> np.ndarray:
-        """A registered model's predicted labels -> class indices (-1: not a known class)."""
-        index = {_label_key(c): i for i, c in enumerate(info.classes)}
-        return np.asarray([index.get(_label_key(v), -1) for v in np.asarray(labels).tolist()], dtype=np.int64)
-
     def baseline(self, cfg, root, info: TableInfo, n: int) -> tuple[str, np.ndarray]:
-        """The trivial predictor: the train split's majority class, for ``n`` rows."""
-        train = self.frames(cfg, root)["train"]
-        y = self.targets(train[cfg.dataset.label], info)
-        majority = int(np.bincount(y, minlength=len(info.classes)).argmax())
-        return f"majority class {info.classes[majority]!r}", np.full(n, majority, dtype=np.int64)
-
-    def class_names(self, info: TableInfo) -> list[str]:
-        return [_label_key(c) for c in info.classes]
+        return self.majority(self.targets(self.frames(cfg, root)["train"][cfg.dataset.label], info), info, n)
 
     def _key_parts(self, cfg, root) -> dict:
-        return {"classes": [_label_key(c) for c in self.prepared(cfg, root)["info"].classes]}
+        return {"classes": [label_key(c) for c in self.prepared(cfg, root)["info"].classes]}
 
     def _meta(self, info: TableInfo) -> dict:
         return {"output": "label", "class_labels": info.classes}
@@ -664,28 +582,15 @@ class Regression(_Table):
         return "double"
 
 
-# Optimizer steps per epoch (on 2 workers) `trainflow init` sizes the batch for.
-INIT_STEPS_PER_EPOCH = 40
-# The gradient-boosted trees beside the candidate fit on at most this many train rows (a seeded sample).
-GBDT_MAX_ROWS = 200_000
-# An integer feature with this many distinct values at most (and 3 at least) is taken for categories.
-MAX_INTEGER_CATEGORIES = 10
-# An integer label with at most this many distinct values is taken for classes, not a quantity.
-MAX_INFERRED_CLASSES = 20
-# Names of identifier columns (lower case), when their values are unique.
-ID_NAMES = ("id", "rownames", "row_names", "rowname", "index", "unnamed: 0", "row", "rowid", "row_id", "key",
-            "uuid", "guid", "record_id")
-
-
 def _id_like(name: str, s: "pd.Series") -> str | None:
-    """Why column ``name`` is an identifier rather than a feature, or None: unique and complete,
-    and a running number, text different in every row, or named like an id."""
+    """Why a unique, complete column is an identifier (a running number, a different text in every row,
+    or named like one), or None."""
     import pandas as pd
 
     n = len(s)
     if n < 10 or s.isna().any() or s.nunique() != n:
         return None
-    if _numeric_dtype(s.dtype):
+    if numeric_dtype(s.dtype):
         v = s.to_numpy(dtype=np.float64)
         if (v == np.round(v)).all() and v.max() - v.min() == n - 1:
             return f"a running number {int(v.min())}..{int(v.max())}, one per row: a row id, not a feature"
@@ -697,8 +602,7 @@ def _id_like(name: str, s: "pd.Series") -> str | None:
 
 
 def _no_missing_labels(labels) -> None:
-    """DataUnavailableError when labels are missing (the streamed loader reads the files as they are;
-    the in-memory one leaves unlabeled rows out, ``tasks.table.labeled``)."""
+    """DataUnavailableError when labels are missing (the streamed loader reads the files as they are)."""
     missing = int(labels.isna().sum())
     if missing:
         raise DataUnavailableError(f"{missing} row(s) have no label: a streamed train split must be labeled in "
@@ -715,12 +619,6 @@ def _gbdt_matrix(x: np.ndarray, categorical: np.ndarray) -> np.ndarray:
         codes[codes > 254] = 0
         out[:, categorical] = codes
     return out
-
-
-def _numeric_dtype(dtype) -> bool:
-    import pandas as pd
-
-    return pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)
 
 
 def _file_id(path: Path) -> tuple:

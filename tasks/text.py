@@ -1,11 +1,5 @@
-"""A text corpus as JSON Lines (``{"path": ..., "text": ...}`` per line), and its byte windows.
-
-Each document's UTF-8 bytes are cut into windows; ``x`` is int64 ``[n, seq_len]`` (bytes
-0..255) and ``y`` the same window shifted by one byte (next-token targets). ``train`` holds
-windows of the train file's documents minus a seeded ``holdout_fraction`` of them, which form
-``val`` (per-epoch validation); ``test`` holds the eval file's documents. torch is imported only
-where tensors are made.
-"""
+"""A text corpus as JSON Lines (``{"path": ..., "text": ...}`` per line), cut into byte windows:
+``x`` int64 ``[n, seq_len]`` and ``y`` the same window shifted by one byte (next-byte targets)."""
 
 from __future__ import annotations
 
@@ -20,11 +14,8 @@ from tasks.splits import Splits, tensors
 
 
 def read_documents(path: Path) -> list[tuple[str, bytes]]:
-    """``[(doc path, UTF-8 bytes)]`` from a JSON Lines corpus file, in file order.
-
-    Raises DataUnavailableError when the file is missing or a line is not a
-    ``{"path", "text"}`` object (the validation suite reports content problems in detail).
-    """
+    """``[(doc path, UTF-8 bytes)]`` of a JSON Lines corpus file, in file order; DataUnavailableError
+    when the file is missing or a line is not a ``{"path", "text"}`` object."""
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
@@ -43,11 +34,8 @@ def read_documents(path: Path) -> list[tuple[str, bytes]]:
 
 
 def window_starts(n_tokens: int, seq_len: int, stride: int) -> list[int]:
-    """Starts of full windows over a document of ``n_tokens`` bytes (a window needs seq_len + 1).
-
-    Every ``stride`` bytes, plus one final window ending at the document's last byte when the
-    strided ones stop short of it, so no tail is lost. Shorter documents give none.
-    """
+    """Starts of full windows (seq_len + 1 bytes) over a document of ``n_tokens`` bytes: every ``stride``
+    bytes, plus one ending at its last byte when the strided ones stop short of it."""
     last = n_tokens - seq_len - 1
     if last < 0:
         return []
@@ -80,7 +68,8 @@ def holdout_documents(n: int, fraction: float, seed: int) -> tuple[np.ndarray, n
 
 
 def load_text_splits(cfg, root: Path, seed: int) -> Splits:
-    """Byte windows of the corpus: train / val (held-out train documents) / test (eval file)."""
+    """Byte windows of the corpus: train, val (a seeded ``holdout_fraction`` of the train file's
+    documents) and test (the eval file)."""
     t = cfg.text
     base = root / cfg.path
     train_docs = [b for _, b in read_documents(base / t.train_file)]
@@ -89,8 +78,7 @@ def load_text_splits(cfg, root: Path, seed: int) -> Splits:
     stride = t.stride or t.seq_len
 
     def ds(docs: list[bytes], step: int):
-        x, y = cut_windows(docs, t.seq_len, step)
-        return tensors(x, y)
+        return tensors(*cut_windows(docs, t.seq_len, step))
 
     # Validation and test windows never overlap: each target byte is scored once (bar the tail).
     return Splits(train=ds([train_docs[i] for i in keep], stride),
