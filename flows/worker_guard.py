@@ -199,44 +199,6 @@ def is_locked(template: dict) -> bool:
     return isinstance(command, str) and "{{" not in command and f"-m {GUARD_MODULE}" in command
 
 
-def _guarded_worker_class():
-    import warnings
-
-    from prefect.exceptions import Abort
-    from prefect.states import Failed
-    from prefect.utilities.engine import propose_state
-    from prefect.workers.process import ProcessWorker, ProcessWorkerResult
-
-    warnings.filterwarnings("ignore", message="Type 'GuardedProcessWorker'", category=UserWarning)
-
-    class GuardedProcessWorker(ProcessWorker):
-        """Prefect's process worker that runs nothing of a flow run the :class:`Guard` refuses."""
-
-        guard: Guard
-
-        async def run(self, flow_run, configuration, task_status=None):
-            started = time.perf_counter()
-            deployment = None
-            if flow_run.deployment_id:
-                deployment = (await self.client.read_deployment(flow_run.deployment_id)).model_dump(mode="json")
-            reason = self.guard.check(flow_run.model_dump(mode="json"), deployment)
-            logger = self.get_flow_run_logger(flow_run)
-            if reason is None:
-                logger.info(f"Worker guard: the run matches {self.guard.source} "
-                            f"({(time.perf_counter() - started) * 1000:.0f} ms)")
-                return await super().run(flow_run, configuration, task_status)
-            logger.error(f"Worker guard refused the run: {reason}")
-            try:
-                await propose_state(self.client, Failed(message=REFUSED + reason), flow_run_id=flow_run.id)
-            except Abort:  # the run ended already
-                pass
-            if task_status is not None:
-                task_status.started(-1)
-            return ProcessWorkerResult(status_code=0, identifier="refused")
-
-    return GuardedProcessWorker
-
-
 def placeholders(prefect_file: Path) -> list[str]:
     """The ``{{ $NAME }}`` variables a deployments file names, in order of first use."""
     return list(dict.fromkeys(_PLACEHOLDER.findall(prefect_file.read_text())))
@@ -272,10 +234,39 @@ async def create_pool(name: str, template: dict, kind: str = "process") -> None:
 async def serve(pool: str, guard: Guard, limit: int | None = None) -> None:
     """Run a guarded process worker on ``pool`` until stopped, warning when the pool is not locked."""
     import logging
+    import warnings
 
-    worker_class = _guarded_worker_class()
-    worker_class.guard = guard
-    async with worker_class(work_pool_name=pool, limit=limit, create_pool_if_not_found=False) as worker:
+    from prefect.exceptions import Abort
+    from prefect.states import Failed
+    from prefect.utilities.engine import propose_state
+    from prefect.workers.process import ProcessWorker, ProcessWorkerResult
+
+    warnings.filterwarnings("ignore", message="Type 'GuardedProcessWorker'", category=UserWarning)
+
+    class GuardedProcessWorker(ProcessWorker):
+        """Prefect's process worker that runs nothing of a flow run the :class:`Guard` refuses."""
+
+        async def run(self, flow_run, configuration, task_status=None):
+            started = time.perf_counter()
+            deployment = None
+            if flow_run.deployment_id:
+                deployment = (await self.client.read_deployment(flow_run.deployment_id)).model_dump(mode="json")
+            reason = guard.check(flow_run.model_dump(mode="json"), deployment)
+            logger = self.get_flow_run_logger(flow_run)
+            if reason is None:
+                logger.info(f"Worker guard: the run matches {guard.source} "
+                            f"({(time.perf_counter() - started) * 1000:.0f} ms)")
+                return await super().run(flow_run, configuration, task_status)
+            logger.error(f"Worker guard refused the run: {reason}")
+            try:
+                await propose_state(self.client, Failed(message=REFUSED + reason), flow_run_id=flow_run.id)
+            except Abort:  # the run ended already
+                pass
+            if task_status is not None:
+                task_status.started(-1)
+            return ProcessWorkerResult(status_code=0, identifier="refused")
+
+    async with GuardedProcessWorker(work_pool_name=pool, limit=limit, create_pool_if_not_found=False) as worker:
         await worker.sync_with_backend()
         if worker.work_pool is not None and not is_locked(worker.work_pool.base_job_template):
             logging.getLogger("trainflow").warning(

@@ -92,18 +92,6 @@ def _registration(model_name: str, version, run_id: str, model_id: str | None, r
             "run_id": run_id, "model_id": model_id, "reused": reused}
 
 
-def registered_for_run(model_name: str, run_id: str, program_sha256: str):
-    """The (lowest) version of ``model_name`` that ``run_id`` registered for this program, else None."""
-    try:
-        found = client().search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
-    except Exception as exc:
-        if is_not_found(exc):
-            return None
-        raise
-    same = [mv for mv in found if mv.tags.get(HASH_TAG + PROGRAM_FILE) == program_sha256]
-    return min(same, key=lambda mv: int(mv.version), default=None)
-
-
 def log_version(run_id: str, model_pt2: Path, model_name: str, spec, manifest_tags: Mapping[str, Any],
                 description: str = "") -> dict:
     """Log the task's pyfunc (``spec``: a ``tasks.base.ModelSpec``) over ``model_pt2`` to ``run_id``,
@@ -113,6 +101,7 @@ def log_version(run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
     Idempotent per (run, program): a retry after a failure that came after the version was created
     reuses that version. Returns ``{"name", "version", "model_uri", "run_id", "model_id", "reused"}``.
     """
+    import mlflow
     from mlflow.models import Model
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import ColSpec, Schema
@@ -124,7 +113,14 @@ def log_version(run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
         raise FileNotFoundError(f"model program not found: {model_pt2}")
     c = client()
     hashes = {PROGRAM_FILE: file_sha256(model_pt2), Path(spec.python_model).name: file_sha256(spec.python_model)}
-    done = registered_for_run(model_name, run_id, hashes[PROGRAM_FILE])
+    try:
+        found = c.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
+    except Exception as exc:
+        if not is_not_found(exc):
+            raise
+        found = []
+    done = min((mv for mv in found if mv.tags.get(HASH_TAG + PROGRAM_FILE) == hashes[PROGRAM_FILE]),
+               key=lambda mv: int(mv.version), default=None)
     if done is not None:
         log.info("%s v%s was registered by run %s already (a retried registration): reused",
                  model_name, done.version, run_id)
@@ -157,7 +153,9 @@ def log_version(run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
                       metadata=spec.metadata or None,
                       validate_serving_input=not spec.checked)  # checked: the same program file ran already
         # MLflow writes MLmodel (naming the code file, the loader, the artifacts) as it logs: hashed as stored.
-        hashes["MLmodel"] = _stored_sha256(f"{logged.artifact_location.rstrip('/')}/MLmodel", Path(tmp, "stored"))
+        Path(tmp, "stored").mkdir()
+        hashes["MLmodel"] = file_sha256(mlflow.artifacts.download_artifacts(
+            artifact_uri=f"{logged.artifact_location.rstrip('/')}/MLmodel", dst_path=str(Path(tmp, "stored"))))
     ensure_registered_model(c, model_name)
     version = c.create_model_version(
         name=model_name, source=f"models:/{logged.model_id}", run_id=run_id, description=description or None,
@@ -177,15 +175,6 @@ def _link_version(c, model_id: str, model_name: str, version) -> None:
     if not any(v.get("name") == model_name and str(v.get("version")) == str(version) for v in listed):
         c.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(
             [*listed, {"name": model_name, "version": str(version)}])})
-
-
-def _stored_sha256(artifact_uri: str, dst: Path) -> str:
-    import mlflow
-
-    from core.hashing import file_sha256
-
-    dst.mkdir(parents=True, exist_ok=True)
-    return file_sha256(mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=str(dst)))
 
 
 def verify_files(folder: Path, model_name: str, mv, alias: str | None = None) -> None:
@@ -333,21 +322,19 @@ def requirement_mismatches(requirements: Sequence[str]) -> list[str]:
     out = []
     for line in requirements:
         line = line.split("#", 1)[0].strip()
-        if not line or line.startswith("-"):
-            continue
         try:
             req = Requirement(line)
-        except InvalidRequirement:
+        except InvalidRequirement:  # blank, an option, a path or a URL
             continue
         if req.marker and not req.marker.evaluate():
             continue
         try:
             installed = version(req.name)
         except PackageNotFoundError:
-            out.append(f"{req.name} (current: uninstalled, required: {line})")
-            continue
-        if req.specifier and not req.specifier.contains(Version(installed).public, prereleases=True):
-            out.append(f"{req.name} (current: {installed}, required: {line})")
+            installed = None
+        if installed is None or (req.specifier and not req.specifier.contains(Version(installed).public,
+                                                                              prereleases=True)):
+            out.append(f"{req.name} (current: {installed or 'uninstalled'}, required: {line})")
     return out
 
 
@@ -359,6 +346,9 @@ def load_predictor(model_name: str, alias: str = CHAMPION) -> Callable | None:
     the sha256 recorded at registration (``verify_files``: IntegrityError) before anything in them runs.
     """
     import mlflow
+
+    from core.errors import ConfigError
+    from tasks import get_task
 
     mv = version_by_alias(model_name, alias)
     if mv is None:
@@ -372,18 +362,9 @@ def load_predictor(model_name: str, alias: str = CHAMPION) -> Callable | None:
         if (local / "requirements.txt").is_file():
             _warn_mismatches((local / "requirements.txt").read_text().splitlines(),
                              f"{uri} was logged with other package versions than this environment has")
-    cls = TextScorer if _scores_documents((model.metadata.metadata or {}).get(KIND_KEY)) else Predictor
-    return cls(model, model_name, alias, str(mv.version), mv.run_id, uri)
-
-
-def _scores_documents(task_name) -> bool:
-    """Whether the task a model's metadata names scores documents (its pyfunc takes a text column)."""
-    from core.errors import ConfigError
-    from tasks import get_task
-
-    if not isinstance(task_name, str):
-        return False
-    try:
-        return get_task(task_name).evaluator == "documents"
-    except ConfigError:
-        return False
+    kind = (model.metadata.metadata or {}).get(KIND_KEY)
+    try:  # a task that scores documents: its pyfunc takes a text column
+        documents = isinstance(kind, str) and get_task(kind).evaluator == "documents"
+    except ConfigError:  # a task unknown here: a plain Predictor
+        documents = False
+    return (TextScorer if documents else Predictor)(model, model_name, alias, str(mv.version), mv.run_id, uri)

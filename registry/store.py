@@ -49,16 +49,12 @@ def client():
     return MlflowClient()
 
 
-def _error_code(exc: Exception) -> str:
-    return str(getattr(exc, "error_code", ""))
-
-
 def is_not_found(exc: Exception) -> bool:
-    return _error_code(exc) in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND")
+    return str(getattr(exc, "error_code", "")) in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND")
 
 
 def is_already_exists(exc: Exception) -> bool:
-    return _error_code(exc) in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS")
+    return str(getattr(exc, "error_code", "")) in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS")
 
 
 def ensure_registered_model(c, name: str, **kwargs) -> None:
@@ -256,9 +252,9 @@ def load_recorded(run_id: str, artifact_file: str, unrecorded_ok: bool = False) 
         data = Path(local).read_bytes()
     want = client().get_run(run_id).data.tags.get(RECORDED_TAG + artifact_file)
     got = hashlib.sha256(data).hexdigest()
-    if want is None and unrecorded_ok:
-        return None
     if want is None:
+        if unrecorded_ok:
+            return None
         raise IntegrityError(f"run {run_id}: no sha256 of {artifact_file} was recorded (not logged by this version "
                              f"of trainflow), so the artifact store's copy cannot be checked; refusing to use it")
     if got != want:
