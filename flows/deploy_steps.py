@@ -18,8 +18,7 @@ def missing(names: list[str]) -> list[str]:
 def require_env(deployment: str, names: list[str]) -> dict:
     """Stop ``prefect deploy`` of ``deployment`` (one line on stderr, exit 1) unless every one of ``names``
     is set and non-blank. SystemExit: Prefect wraps a step's exception in two tracebacks."""
-    gone = missing(names)
-    if gone:
+    if gone := missing(names):
         placeholders = ", ".join("{{ $" + n + " }}" for n in gone)
         print(f"error: prefect deploy {deployment}: {', '.join(gone)} {'is' if len(gone) == 1 else 'are'} not set "
               f"(the deployment's {placeholders}); export {'it' if len(gone) == 1 else 'them'} and deploy again",

@@ -39,17 +39,14 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
                  test_fraction: float | None = None) -> dict[str, Any]:
     """Track ``data`` with DVC, profile it into an expectations file and write a pipeline config.
 
-    ``root``: the git + DVC repository; ``data`` (relative to ``root`` unless absolute): a folder holding
-    ``train`` + ``test`` tables (.csv or .parquet) or one table, or one table file; or, with no ``label``,
-    a folder a task reads by itself (``Task.init_reads``, set up by ``_init_folder``). ``task``/``name``
-    default to what the data suggests or, on a re-run, to the existing config's. ``test_fraction``: the
-    test share when one table is split (default: the existing config's, else 0.2). Side effects:
-    ``dvc add`` (local cache, no push) and the files under ``configs/``. Returns what was done; raises
-    InitError (bad input) before any side effect.
+    ``data`` (relative to the repository ``root`` unless absolute): a folder of ``train`` + ``test`` tables
+    or of one table, one table file, or (no ``label``) a folder a task reads by itself (``Task.init_reads``).
+    ``task``/``name``/``test_fraction`` default to what the data suggests or the existing config's. Side
+    effects: ``dvc add`` (local cache) and the files under ``configs/``; InitError (bad input) comes first.
     """
     import yaml
 
-    from core.config import DatasetConfig, config_from_dict
+    from core.config import DatasetConfig
     from core.expectations import TableExpectations
     from tasks import get_task
     from tasks.table import read_table
@@ -60,26 +57,24 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
         raise InitError(f"{root} is not a DVC repository (no .dvc/ folder); run `git init && dvc init` there first")
     target = _inside(root, data)
     rel = target.relative_to(root).as_posix()
-    folder = _folder_task(task, target, label)
-    if folder is not None:
+    if (folder := _folder_task(task, target, label)) is not None:
         return _init_folder(root, target, rel, *folder, name)
     layout, table_paths = _layout(target, rel)
     name, config_rel, before, old = _existing(root, target, name, ".expectations.yaml")
     exp_rel = f"configs/{name}.expectations.yaml"
     old_columns = _old_columns(root / exp_rel) if exp_rel in before else None
 
-    first = read_table(table_paths[0])
+    first, first_rel = read_table(table_paths[0]), _rel(root, table_paths[0])
     columns = [str(c) for c in first.columns]
     if label not in columns:
         close = difflib.get_close_matches(label, columns, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise InitError(f"--label {label!r} is not a column of {_rel(root, table_paths[0])}{hint}; "
-                        f"its columns are {columns}")
+        raise InitError(f"--label {label!r} is not a column of {first_rel}{hint}; its columns are {columns}")
     if len(first) == 0:
-        raise InitError(f"{_rel(root, table_paths[0])} has no rows")
+        raise InitError(f"{first_rel} has no rows")
     labels = first[label].dropna()
     if labels.empty:
-        raise InitError(f"label {label!r} has no value in {_rel(root, table_paths[0])}: nothing to learn from")
+        raise InitError(f"label {label!r} has no value in {first_rel}: nothing to learn from")
     if task is None and old is not None and isinstance(old.get("task"), str):
         _task(old["task"], labels, label, column_type(labels))  # still fits the data
         task, task_reason, inferred, others = old["task"], "kept from the existing config", False, []
@@ -87,7 +82,8 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
         task, task_reason, inferred, others = _task(task, labels, label, column_type(labels))
     chosen = get_task(task)
 
-    dataset: dict[str, Any] = {"dvc_file": f"{rel}.dvc", "path": rel if target.is_dir() else _parent(rel), **layout}
+    dataset: dict[str, Any] = {"dvc_file": f"{rel}.dvc", **layout,
+                               "path": rel if target.is_dir() else Path(rel).parent.as_posix()}
     if "file" in layout:
         kept = ((old or {}).get("dataset") or {}).get("test_fraction")
         dataset["test_fraction"] = test_fraction if test_fraction is not None else (
@@ -98,10 +94,7 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
         raise InitError(f"--test-fraction: must be between 0 and 1, got {test_fraction}")
     dataset.update(label=label, expectations_file=exp_rel)
     raw = _raw_config(name, task, dataset, {"epochs": EPOCHS, "strategy": "ddp"}, chosen.init_defaults())
-    try:
-        cfg = config_from_dict(raw)
-    except TrainflowError as exc:
-        raise InitError(f"the config init would write is invalid: {exc}") from None
+    cfg = _checked(raw, "the config init would write is invalid: {}")
 
     # Every row, unlabeled ones too: the expectations describe the data validation will check.
     frames = chosen.init_frames(cfg, root)
@@ -125,11 +118,7 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
         raise InitError(f"label {label!r} has a single class {expectations.classes}: nothing to classify")
     if old is not None:
         raw = _updated(old, raw, old_columns, columns)
-    try:
-        config_from_dict(raw)
-    except TrainflowError as exc:
-        raise InitError(f"{config_rel}: the updated config is invalid: {exc}; fix that key in it, "
-                        "then run init again") from None
+    _checked(raw, config_rel + ": the updated config is invalid: {}; fix that key in it, then run init again")
 
     made = choice_lines(choices, unlabeled)
     intro = "# Choices made from the data (edit the keys named; init run again keeps your edits):\n" if made else ""
@@ -155,8 +144,7 @@ def _ask(task: str, ask: Callable[[Any], Any]):
 
 
 def _answers(ask: Callable[[Any], Any]) -> Iterator[tuple[str, Any]]:
-    """``(name, ask(task))`` for each registered task (entry points too); a plugin that cannot be loaded
-    is not a candidate."""
+    """``(name, ask(task))`` for each registered task; a plugin that cannot be loaded is not a candidate."""
     from tasks import get_task, names
 
     for name in names():
@@ -168,9 +156,8 @@ def _answers(ask: Callable[[Any], Any]) -> Iterator[tuple[str, Any]]:
 
 
 def _folder_task(task: str | None, target: Path, label: str | None) -> tuple[str, str, bool] | None:
-    """(task, why, inferred) when ``target`` is data a task sets up by itself (``Task.init_reads``), else
-    None (a table: ``label`` names its column). ``task`` given: that one, when it reads folders; none and
-    no ``label``: the first registered task that reads ``target``."""
+    """(task, why, inferred) when ``target`` is data a task sets up by itself (``Task.init_reads``): the
+    given ``task``, or with no ``label`` the first that reads it; else None (a table)."""
     if task is not None:
         fit = _ask(task, lambda t: t.init_reads(target))
         if fit.fits:
@@ -191,11 +178,10 @@ def _folder_task(task: str | None, target: Path, label: str | None) -> tuple[str
 
 def _init_folder(root: Path, target: Path, rel: str, task: str, task_reason: str, inferred: bool,
                  name: str | None) -> dict[str, Any]:
-    """``init_project`` for data a task sets up by itself (``Task.init_folder``): the reviewed bounds are
-    in the config itself. Run again, it keeps the user's keys."""
+    """``init_project`` for data a task sets up by itself (``Task.init_folder``); no expectations file."""
     import yaml
 
-    from core.config import config_from_dict, merge_config
+    from core.config import merge_config
     from core.errors import DataUnavailableError
     from tasks import get_task
 
@@ -214,13 +200,9 @@ def _init_folder(root: Path, target: Path, rel: str, task: str, task_reason: str
         raw = merge_config(fresh, old)
         raw["dataset"] = {**(old.get("dataset") or {}), **fresh["dataset"]}
         for path in facts["choices"]:
-            kept = _get(old, path)
-            if kept is not None:
+            if (kept := _get(old, path)) is not None:
                 _set(raw, path, kept)
-    try:
-        config_from_dict(raw)
-    except TrainflowError as exc:
-        raise InitError(f"{config_rel}: the config init would write is invalid: {exc}") from None
+    _checked(raw, config_rel + ": the config init would write is invalid: {}")
     intro = (f"# Review {facts['review']}, then commit this file:\n"
              "# validation checks every later version of the data against them. Decided from the data:\n")
     return {
@@ -233,8 +215,7 @@ def _init_folder(root: Path, target: Path, rel: str, task: str, task_reason: str
 
 
 def _existing(root: Path, target: Path, name: str | None, *suffixes: str) -> tuple[str, str, dict, dict | None]:
-    """The pipeline's name, its config's path, the texts of its files (config, ``configs/NAME<suffix>``)
-    that exist, the config's YAML; refuses data inside a tracked folder."""
+    """(name, config path, texts of its existing files, the config's YAML); refuses tracked data."""
     name = _name(name, target)
     config_rel = f"configs/{name}.yaml"
     before = {p: (root / p).read_text() for p in (config_rel, *(f"configs/{name}{s}" for s in suffixes))
@@ -244,6 +225,16 @@ def _existing(root: Path, target: Path, name: str | None, *suffixes: str) -> tup
     return name, config_rel, before, old
 
 
+def _checked(raw: dict, message: str):
+    """The config ``raw`` is; InitError ``message`` (``{}``: the error) when it is invalid."""
+    from core.config import config_from_dict
+
+    try:
+        return config_from_dict(raw)
+    except TrainflowError as exc:
+        raise InitError(message.format(exc)) from None
+
+
 def _raw_config(name: str, task: str, dataset: dict, training: dict, defaults: dict) -> dict[str, Any]:
     return {"name": name, "task": task, "dataset": dataset, "model": defaults["model"], "training": training,
             "gates": defaults["gates"], "registry": {"model_name": name, "experiment": f"trainflow-{name}"}}
@@ -251,8 +242,7 @@ def _raw_config(name: str, task: str, dataset: dict, training: dict, defaults: d
 
 def _write(root: Path, target: Path, rel: str, name: str, task: str, before: dict[str, str],
            render: Callable[[str], dict[str, str]]) -> dict[str, Any]:
-    """``dvc add`` the data, write the files ``render(md5)`` gives (the config first); the result's keys
-    both kinds of data share, with the diff of each file that existed."""
+    """``dvc add`` the data, write the files ``render(md5)`` gives (the config first); the shared result."""
     md5 = _dvc_add(root, rel)
     (root / "configs").mkdir(exist_ok=True)
     texts = render(md5)
@@ -262,7 +252,8 @@ def _write(root: Path, target: Path, rel: str, name: str, task: str, before: dic
     gitignore = _rel(root, target.parent / ".gitignore")
     return {"name": name, "task": task, "data": rel, "dvc_file": f"{rel}.dvc", "md5": md5, "config": config_rel,
             "updated": [p for p in texts if p in before],
-            "diff": {p: _diff(p, before[p], texts[p]) for p in texts if p in before},
+            "diff": {p: "".join(difflib.unified_diff(before[p].splitlines(True), texts[p].splitlines(True),
+                                                     f"{p} (before)", f"{p} (now)", n=1)) for p in texts if p in before},
             "git_add": [f"{rel}.dvc", *([gitignore] if (root / gitignore).is_file() else []), *texts],
             "next": f"trainflow run --config {config_rel}"}
 
@@ -334,15 +325,8 @@ def _updated(old: dict, fresh: dict, old_columns: set[str] | None, columns: list
     return out
 
 
-def _diff(path: str, before: str, after: str) -> str:
-    """A unified diff of a file init rewrote ("" when nothing changed)."""
-    return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
-                                        fromfile=f"{path} (before)", tofile=f"{path} (now)", n=1))
-
-
 def format_report(r: dict[str, Any]) -> str:
-    """What ``trainflow init`` prints: what it did, the choices it made from the data (each with its
-    reason), what to review, what changed on a re-run, what to run next."""
+    """What ``trainflow init`` prints: what it did and chose, what to review and commit, what to run next."""
     table = "lines" not in r
     rows = ", ".join(f"{k} {v}" for k, v in r["rows"].items())
     task = f"task:         {r['task']} ({'inferred: ' if r['task_inferred'] else ''}{r['task_reason']})"
@@ -359,7 +343,8 @@ def format_report(r: dict[str, Any]) -> str:
                  f"config:       {r['config']}"]
     else:
         lines = [f"data:         {r['data']} ({rows} files)", task, f"name:         {r['name']}", *r["lines"], dvc,
-                 f"config:       {r['config']}  <- review {r['review']}: validation checks every data version against them"]
+                 f"config:       {r['config']}  <- review {r['review']}: validation checks every data version "
+                 "against them"]
     if r.get("updated"):
         facts = "the data facts and the expectations are" if table else "the data facts are"
         lines += ["", f"Updated {' and '.join(r['updated'])}: {facts} new, every other key of yours is kept. "
@@ -388,8 +373,7 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def choice_lines(choices: dict, unlabeled: int = 0) -> list[str]:
-    """The choices init made from the data, one line each with its reason (for its output and, as
-    comments, for the config it writes)."""
+    """The choices init made from the data, one line each with its reason (output and config comments)."""
     out = [f"excluded:     {col}: {why} (dataset.exclude)" for col, why in choices.get("exclude", {}).items()]
     out += [f"categorical:  {col}: {why} (dataset.categorical)" for col, why in choices.get("categorical", {}).items()]
     for key, what in (("imputed", "the model fills in the train median and gets a missing-indicator input"),
@@ -464,8 +448,7 @@ def _name(name: str | None, target: Path) -> str:
 
 
 def _task(task: str | None, labels, label: str, ctype: str) -> tuple[str, str, bool, list[str]]:
-    """(task, why, inferred, the other tasks that fit) for a label column of type ``ctype``: each
-    registered task says whether it can learn it (``Task.init_fit``); with ``task`` given, that one must."""
+    """(task, why, inferred, other tasks that fit) for a label column of type ``ctype`` (``Task.init_fit``)."""
     if task is not None:
         fit = _ask(task, lambda t: t.init_fit(label, labels, ctype))
         if not fit.fits:
@@ -546,6 +529,3 @@ def _rel(root: Path, path: Path) -> str:
     except ValueError:
         return str(path)
 
-
-def _parent(rel: str) -> str:
-    return Path(rel).parent.as_posix()

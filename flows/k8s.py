@@ -24,11 +24,6 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _RDZV_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
-
-def new_rdzv_id() -> str:
-    """A rendezvous id nobody can guess (128 random bits)."""
-    return secrets.token_hex(16)
-
 # One shell line per pod: fetch the code and data version, then become the torchrun agent.
 # "$@" are trainflow train's arguments; the node rank comes from the Job's completion index.
 NODE_SCRIPT = (
@@ -61,7 +56,8 @@ class MultiNodeJob:
     shm_size: str = "16Gi"                # NCCL and DataLoader workers use /dev/shm
     service_account: str | None = None
     backoff_limit: int = 0                # torchrun restarts workers inside a pod (training.max_restarts)
-    rdzv_id: str = field(default_factory=new_rdzv_id)  # drawn once per job: every pod gets the same
+    # Drawn once per job (every pod gets the same), 128 random bits nobody can guess.
+    rdzv_id: str = field(default_factory=lambda: secrets.token_hex(16))
     mlflow_secret: str | None = None      # a Secret with MLFLOW_TRACKING_USERNAME/PASSWORD (an auth'd server)
 
 

@@ -75,8 +75,7 @@ class PipelineParams(BaseModel):
     def _only_knobs(cls, data: Any) -> Any:
         # Say which key, and what may be set instead, before pydantic's generic "extra" error.
         if isinstance(data, dict):
-            extra = [k for k in data if k not in cls.model_fields]
-            if extra:
+            if extra := [k for k in data if k not in cls.model_fields]:
                 raise ValueError(f"{extra[0]}: not a run parameter; a run chooses 'config' (a file in configs/) "
                                  f"and may set only {', '.join(k for k in cls.model_fields if k != 'config')}; "
                                  "everything else comes from the committed config")
@@ -120,8 +119,7 @@ _SHELL: ContextVar[ShellInputs | None] = ContextVar("trainflow_shell_inputs", de
 @contextmanager
 def from_shell(shell: ShellInputs) -> Iterator[None]:
     """Within this block (the CLI's in-process flow call), runs take ``shell``'s inputs."""
-    problem = code_override(list(shell.overrides))
-    if problem:
+    if problem := code_override(list(shell.overrides)):
         raise ConfigError(problem)
     token = _SHELL.set(shell)
     try:
@@ -147,8 +145,7 @@ def config_file(name: str, start: Path | None = None) -> Path:
 def run_inputs(params: PipelineParams) -> RunInputs:
     """The run's inputs: the shell's when the CLI runs the flow (its knobs come last), else the
     deployment's ``params`` only (a config in ``configs/`` of the project around the cwd)."""
-    shell = _SHELL.get()
-    if shell is not None:
+    if (shell := _SHELL.get()) is not None:
         return RunInputs(Path(shell.config_path), (*shell.overrides, *params.overrides()),
                          params.nproc_per_node or shell.nproc_per_node, shell.image, shell.image_digest)
     return RunInputs(config_file(params.config), tuple(params.overrides()), params.nproc_per_node, None, None)

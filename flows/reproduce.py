@@ -69,11 +69,8 @@ def _resolve(ref: str) -> tuple[str, object | None]:
 
 
 def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], None] = lambda m: None) -> dict:
-    """Reproduce ``ref`` in the git + DVC repository ``root``; returns the comparison summary.
-
-    Raises ReproduceRefusedError (exit 6) when the recorded commit, data version or run
-    artifacts are unavailable; TrainflowError for a failed training.
-    """
+    """Reproduce ``ref`` in the git + DVC repository ``root``; returns the comparison summary. Raises
+    ReproduceRefusedError (exit 6) when what it needs is unavailable, TrainflowError for a failed training."""
     import mlflow
 
     from registry import store
@@ -145,7 +142,8 @@ def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], Non
     model_label = f"{mv.name}/{mv.version}" if mv is not None else source_run
     run_id = store.start_run(exp_id, f"reproduce-{model_label.replace('/', '-v')}", {
         "trainflow.stage": "reproduce", "trainflow.reproduces": source_run, "trainflow.reproduces_model": model_label,
-        "git_sha": manifest["git_sha"], "data_md5": manifest["data"]["md5"], "config_sha256": manifest["config_sha256"]})
+        "git_sha": manifest["git_sha"], "data_md5": manifest["data"]["md5"],
+        "config_sha256": manifest["config_sha256"]})
     try:
         result = _train(src, out, config, size, run_id, uri, warnings, log)
     except BaseException:

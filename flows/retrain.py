@@ -111,7 +111,8 @@ def decide(inputs: RunInputs, force: bool) -> dict:
                                          description=f"Drift of data {current['data_md5']} vs the champion's")
                 counted = f"{drift['n_drifted']} of {drift['n_features']} features"
             if cfg.retrain.policy == "any_change":
-                verdict = f"drifted: {counted}" if drift and drift["drifted"] else "no drift" if drift else "drift unknown"
+                verdict = (f"drifted: {counted}" if drift and drift["drifted"] else "no drift" if drift
+                           else "drift unknown")
                 reasons.append(f"data changed: {change} ({verdict})")
             elif drift is None:
                 reasons.append(f"data changed: {change}, and the drift check could not run ({drift_error})")
@@ -179,12 +180,9 @@ def _run_name() -> str:
 
 @flow(name="retrain", flow_run_name=_run_name, log_prints=True)
 def retrain(params: RetrainParams = RetrainParams()) -> dict:
-    """Run the pipeline when data, config or code moved past the champion (or ``force``).
-
-    Returns ``{"status": "up-to-date" | "no-drift", "exit_code": 0, "retrain": decision, ...}``
-    when it skips, else the pipeline's summary plus ``retrain``. A failing pipeline raises as
-    ``pipeline`` does, its ``.summary`` carrying the decision too.
-    """
+    """Run the pipeline when data, config or code moved past the champion (or ``force``). Returns a
+    ``{"status": "up-to-date" | "no-drift", "exit_code": 0, ...}`` summary when it skips, else the
+    pipeline's; either (and a failing pipeline's ``.summary``) carries the decision as ``retrain``."""
     t0 = time.perf_counter()
     d = decide(run_inputs(params), params.force)
     log = get_run_logger()
@@ -198,8 +196,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict:
     try:
         summary = pipeline(params.pipeline_params())
     except BaseException as exc:
-        partial = getattr(exc, "summary", None)
-        if partial is not None:
+        if (partial := getattr(exc, "summary", None)) is not None:
             partial["retrain"] = d
             _log_decision(partial.get("mlflow_run_id"), d)
         raise

@@ -54,19 +54,15 @@ def parse_layout(text: str) -> dict:
     return {"name": text, "nproc": int(n), "threads": int(t), "device": "cpu"}
 
 
-def time_to_target(history: list[dict], target: float) -> tuple[float | None, int | None]:
-    """(training seconds, epoch) until val_accuracy first reaches ``target``; (None, None) if never."""
-    total = 0.0
-    for h in history:
-        total += float(h["epoch_time_s"])
-        if float(h["val_accuracy"]) >= target:
-            return total, int(h["epoch"])
-    return None, None
-
-
 def _row(layout: dict, batch: int, result: dict, target: float) -> dict:
     cores = layout["nproc"] * (1 if layout["device"] == "cuda" else layout["threads"])
-    ttt, epoch = time_to_target(result.get("history", []), target)
+    ttt = epoch = None  # training seconds until val_accuracy first reaches ``target``, and that epoch
+    total = 0.0
+    for h in result.get("history", []):
+        total += float(h["epoch_time_s"])
+        if float(h["val_accuracy"]) >= target:
+            ttt, epoch = total, int(h["epoch"])
+            break
     ranks = result.get("ranks") or [{}]
     return {
         "layout": layout["name"], "device": layout["device"], "nproc": layout["nproc"],
@@ -84,14 +80,6 @@ def _row(layout: dict, batch: int, result: dict, target: float) -> dict:
         "scaling_efficiency": None,
         "error": None,
     }
-
-
-def _efficiency(rows: list[dict]) -> None:
-    for row in rows:
-        base = next((r for r in rows if r["nproc"] == 1 and r["threads"] == 1 and r["device"] == row["device"]
-                     and r["batch_size"] == row["batch_size"] and r["samples_per_s"]), None)
-        if base and row["samples_per_s"]:
-            row["scaling_efficiency"] = row["samples_per_s"] / (base["samples_per_s"] * row["cores"])
 
 
 def run_sweep(cfg_path: str | Path, overrides: list[str] = (), layouts: list[dict] | None = None,
@@ -137,7 +125,11 @@ def run_sweep(cfg_path: str | Path, overrides: list[str] = (), layouts: list[dic
             log(f"scale:   failed: {row['error']}" if row.get("error") else f"scale:   {row['samples_per_s']:,.0f} "
                 f"samples/s, time to target " + ("not reached" if ttt is None else f"{ttt:.2f} s"))
             rows.append(row)
-    _efficiency(rows)
+    for row in rows:
+        base = next((r for r in rows if r["nproc"] == 1 and r["threads"] == 1 and r["device"] == row["device"]
+                     and r["batch_size"] == row["batch_size"] and r["samples_per_s"]), None)
+        if base and row["samples_per_s"]:
+            row["scaling_efficiency"] = row["samples_per_s"] / (base["samples_per_s"] * row["cores"])
     ok = [r for r in rows if r["samples_per_s"]]
     best = advisor.choose_layout(ok) if ok else None
     report = {
@@ -174,14 +166,11 @@ def markdown(report: dict) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["rows"]:
-        if r.get("error"):
-            lines.append(f"| {r['layout']} | {r['nproc']} | {r['threads']} | {r['batch_size']} | failed: "
-                         f"{r['error'][:80]} | | | | |")
-            continue
-        lines.append(
-            f"| {r['layout']} | {r['nproc']} | {r['threads']} | {r['batch_size']} | {r['samples_per_s']:,.0f} | "
-            f"{_fmt(r['scaling_efficiency'], '.2f')} | {_fmt(r['time_to_target_s'], '.2f')} | "
-            f"{_fmt(r['cost_core_s'], '.2f')} | {_fmt(r.get('final_val_accuracy'), '.4f')} |")
+        cells = (f"failed: {r['error'][:80]} | | | |" if r.get("error") else
+                 f"{r['samples_per_s']:,.0f} | {_fmt(r['scaling_efficiency'], '.2f')} | "
+                 f"{_fmt(r['time_to_target_s'], '.2f')} | {_fmt(r['cost_core_s'], '.2f')} | "
+                 f"{_fmt(r.get('final_val_accuracy'), '.4f')}")
+        lines.append(f"| {r['layout']} | {r['nproc']} | {r['threads']} | {r['batch_size']} | {cells} |")
     lines += ["", f"**Recommendation:** {report['recommendation']}", ""]
     if report.get("best"):
         lines.append(f"Best: {report['best']['reason']}.")

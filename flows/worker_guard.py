@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import logging
 import os
 import re
 import shlex
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -66,9 +68,8 @@ def committed_deployments(prefect_file: Path, values: dict[str, str]) -> dict[st
 
 def refusal(flow_run: dict, deployment: dict | None, committed: dict[str, dict], source: str,
             allow_env: tuple[str, ...] = ALLOWED_RUN_ENV, home_root: Path | None = None) -> str | None:
-    """Why this run may not execute here, in one line naming the field; ``None`` when it matches.
-    ``flow_run`` and ``deployment`` are the API's JSON; the parameters are checked separately
-    (:func:`parameter_refusal`), once the entrypoint is known to be a committed one."""
+    """Why this run (the API's JSON) may not execute here, in one line naming the field; ``None`` when it
+    matches. Parameters: :func:`parameter_refusal`, once the entrypoint is known to be a committed one."""
     if deployment is None:
         return f"flow run has no deployment; only the deployments in {source} run on this worker"
     name = deployment.get("name")
@@ -147,8 +148,7 @@ class Guard:
                 or parameter_refusal(flow_run, deployment["entrypoint"], self.repo))
 
     def command(self, python: str = sys.executable, repo: str | None = None) -> str:
-        """The locked pool's command: this check in the flow-run process (its checkout at ``repo``, this
-        one by default), then Prefect's engine."""
+        """The locked pool's command: this check in the flow-run process (checkout ``repo``), then Prefect's."""
         args = [python, "-I", "-m", GUARD_MODULE, "--repo", repo or str(self.repo), "--prefect-file", self.source]
         args += [a for n, v in sorted(self.values.items()) if n != "TRAINFLOW_REPO_DIR" for a in ("--set", f"{n}={v}")]
         args += [a for n in self.allow_env for a in ("--allow-env", n)]
@@ -159,11 +159,9 @@ class Guard:
 
 def locked_template(guard: Guard, base: dict | None = None, python: str = sys.executable, repo: str | None = None,
                     image: str | None = None) -> dict:
-    """``base`` (a worker's base job template; Prefect's process one by default) with its ``{{ command }}``,
-    ``{{ working_dir }}`` and ``{{ image }}`` slots written as fixed text: the guard's command (``python``
-    and ``repo`` as the flow-run process sees them), the checkout, the image. A run's job variables of
-    those names then fill nothing. ``env`` stays a variable (Prefect merges a run's in any case): the
-    guard checks it."""
+    """``base`` (Prefect's process template by default) with its ``{{ command }}``, ``{{ working_dir }}`` and
+    ``{{ image }}`` slots fixed to the guard's command, the checkout and the image: a run's job variables of
+    those names fill nothing. ``env`` stays a variable (Prefect merges a run's anyway): the guard checks it."""
     if base is None:
         from prefect.workers.process import ProcessWorker
 
@@ -233,9 +231,6 @@ async def create_pool(name: str, template: dict, kind: str = "process") -> None:
 
 async def serve(pool: str, guard: Guard, limit: int | None = None) -> None:
     """Run a guarded process worker on ``pool`` until stopped, warning when the pool is not locked."""
-    import logging
-    import warnings
-
     from prefect.exceptions import Abort
     from prefect.states import Failed
     from prefect.utilities.engine import propose_state
@@ -325,9 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(flow_run_id)
         deployment = client.read_deployment(flow_run.deployment_id) if flow_run.deployment_id else None
-        reason = guard.check(flow_run.model_dump(mode="json"), deployment.model_dump(mode="json") if deployment else None)
+        reason = guard.check(flow_run.model_dump(mode="json"),
+                             deployment.model_dump(mode="json") if deployment else None)
         if reason is not None:
-            return _fail(client, flow_run_id, reason, f"trainflow worker guard refused flow run {flow_run_id}: {reason}")
+            return _fail(client, flow_run_id, reason,
+                         f"trainflow worker guard refused flow run {flow_run_id}: {reason}")
         # The committed pull steps and entrypoint, from the file: a deployment changed after the check changes nothing.
         want = guard.committed[deployment.name]
         try:

@@ -76,11 +76,8 @@ def _holder(tags: dict) -> str:
 @contextmanager
 def hold(model_name: str, *, lease_s: float = 60.0, timeout_s: float = 300.0, poll_s: float = 0.25,
          note: str = "", tracking_uri: str | None = None) -> Iterator[None]:
-    """Hold the promotion lease of ``model_name`` for the ``with`` block.
-
-    Waits up to ``timeout_s`` for the tickets ahead (then LockTimeoutError naming the holder). ``note``
-    is shown to whoever waits. ``tracking_uri``: the registry (default: the one ``configure`` set).
-    """
+    """Hold the promotion lease of ``model_name`` for the block: LockTimeoutError naming the holder after
+    ``timeout_s``. ``note`` is shown to whoever waits; ``tracking_uri`` defaults to ``configure``'s."""
     from mlflow import MlflowClient
 
     c = MlflowClient(tracking_uri, tracking_uri) if tracking_uri else client()

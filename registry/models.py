@@ -7,6 +7,7 @@ Versions are addressed by alias only (``@challenger``: the newest registered, ``
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import shutil
@@ -39,11 +40,8 @@ PROGRAM_FILE = "artifacts/model.pt2"
 
 
 def pip_requirements() -> list[str]:
-    """Exact pins of what the pyfunc file imports, from this environment's distribution metadata.
-
-    Explicit pins skip MLflow's requirement inference (it loads the model in a subprocess). torch's
-    local suffix (``+cpu``) is dropped so a GPU host resolves its own build of the same version.
-    """
+    """Exact pins of what the pyfunc imports (skipping MLflow's inference, which loads the model in a
+    subprocess). torch's local suffix (``+cpu``) is dropped: a GPU host resolves its own build."""
     from importlib.metadata import version
 
     return [f"mlflow=={version('mlflow')}", f"torch=={version('torch').split('+')[0]}",
@@ -53,9 +51,8 @@ def pip_requirements() -> list[str]:
 class _Pyfunc:
     """``mlflow.pyfunc`` as ``Model.log``'s flavor, dropping the serving-check switch its ``save_model`` refuses.
 
-    MLflow checks the pins against the environment by mapping every installed distribution to its modules
-    (the slowest part of registering); the pins here are this environment's own, so the same check is made
-    on them directly (``requirement_mismatches``) and still warns on a mismatch.
+    MLflow checks pins by mapping every installed distribution to its modules (the slowest part of
+    registering); the same check is made on the pins directly (``requirement_mismatches``).
     """
 
     __name__ = "mlflow.pyfunc"
@@ -64,8 +61,6 @@ class _Pyfunc:
 
     @staticmethod
     def save_model(*args, validate_serving_input: bool = True, **kwargs):
-        import importlib
-
         import mlflow.pyfunc
 
         module, name = importlib.import_module(_Pyfunc.CHECK[0]), _Pyfunc.CHECK[1]
@@ -82,30 +77,17 @@ class _Pyfunc:
 
 def _warn_mismatches(requirements: Sequence[str], intro: str = "the model's pins differ from this environment"):
     """Warn naming the pins this environment does not satisfy."""
-    mismatches = requirement_mismatches(requirements)
-    if mismatches:
+    if mismatches := requirement_mismatches(requirements):
         log.warning("%s:\n - %s", intro, "\n - ".join(mismatches))
-
-
-def _registration(model_name: str, version, run_id: str, model_id: str | None, reused: bool) -> dict:
-    return {"name": model_name, "version": str(version), "model_uri": f"models:/{model_name}/{version}",
-            "run_id": run_id, "model_id": model_id, "reused": reused}
 
 
 def log_version(run_id: str, model_pt2: Path, model_name: str, spec, manifest_tags: Mapping[str, Any],
                 description: str = "") -> dict:
-    """Log the task's pyfunc (``spec``: a ``tasks.base.ModelSpec``) over ``model_pt2`` to ``run_id``,
-    register it as a version of ``model_name`` tagged with the manifest and the sha256 of the files a
-    load runs (``HASH_TAG``), alias it ``@challenger``.
-
-    Idempotent per (run, program): a retry after a failure that came after the version was created
-    reuses that version. Returns ``{"name", "version", "model_uri", "run_id", "model_id", "reused"}``.
+    """Log the task's pyfunc (``spec``: a ``tasks.base.ModelSpec``) over ``model_pt2`` to ``run_id``, register
+    it as a version of ``model_name`` tagged with the manifest and the files' sha256 (``HASH_TAG``), alias it
+    ``@challenger``. A retry reuses the version ``run_id`` registered for this program already.
+    Returns ``{"name", "version", "model_uri", "run_id", "model_id", "reused"}``.
     """
-    import mlflow
-    from mlflow.models import Model
-    from mlflow.models.signature import ModelSignature
-    from mlflow.types.schema import ColSpec, Schema
-
     from core.hashing import file_sha256
 
     model_pt2 = Path(model_pt2)
@@ -124,12 +106,27 @@ def log_version(run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
     if done is not None:
         log.info("%s v%s was registered by run %s already (a retried registration): reused",
                  model_name, done.version, run_id)
-        c.set_registered_model_alias(model_name, CHALLENGER, str(done.version))
         source = str(done.source or "")
-        model_id = source.split("/", 1)[1] if source.startswith("models:/") else None
-        if model_id:
-            _link_version(c, model_id, model_name, done.version)
-        return _registration(model_name, done.version, run_id, model_id, True)
+        version, model_id = done.version, source.split("/", 1)[1] if source.startswith("models:/") else None
+    else:
+        version, model_id = _log_new(c, run_id, model_pt2, model_name, spec, manifest_tags, description, hashes)
+    if model_id:
+        _link_version(c, model_id, model_name, version)
+    c.set_registered_model_alias(model_name, CHALLENGER, str(version))
+    return {"name": model_name, "version": str(version), "model_uri": f"models:/{model_name}/{version}",
+            "run_id": run_id, "model_id": model_id, "reused": done is not None}
+
+
+def _log_new(c, run_id: str, model_pt2: Path, model_name: str, spec, manifest_tags: Mapping[str, Any],
+             description: str, hashes: dict[str, str]) -> tuple[str, str]:
+    """Log the pyfunc and register it as a new version: ``(version, LoggedModel id)``."""
+    import mlflow
+    from mlflow.models import Model
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types.schema import ColSpec, Schema
+
+    from core.hashing import file_sha256
+
     run = c.get_run(run_id)
     with tempfile.TemporaryDirectory(prefix="trainflow-model-") as tmp:
         meta_file = Path(tmp, "meta.json")
@@ -157,13 +154,10 @@ def log_version(run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
         hashes["MLmodel"] = file_sha256(mlflow.artifacts.download_artifacts(
             artifact_uri=f"{logged.artifact_location.rstrip('/')}/MLmodel", dst_path=str(Path(tmp, "stored"))))
     ensure_registered_model(c, model_name)
-    version = c.create_model_version(
+    return c.create_model_version(
         name=model_name, source=f"models:/{logged.model_id}", run_id=run_id, description=description or None,
         tags=clean_tags({**manifest_tags, **{HASH_TAG + k: v for k, v in hashes.items()}}, MAX_MODEL_TAG_VALUE_LENGTH),
-        model_id=logged.model_id)
-    _link_version(c, logged.model_id, model_name, version.version)
-    c.set_registered_model_alias(model_name, CHALLENGER, str(version.version))
-    return _registration(model_name, version.version, run_id, logged.model_id, False)
+        model_id=logged.model_id).version, logged.model_id
 
 
 def _link_version(c, model_id: str, model_name: str, version) -> None:
@@ -240,11 +234,8 @@ def aliases_of(model_name: str, version: str) -> list[str]:
 
 
 def version_by_alias(model_name: str, alias: str):
-    """The ModelVersion behind ``name@alias``, or None when the model or the alias is missing.
-
-    Read through the registered model's alias map: ``get_model_version_by_alias`` reports a missing alias
-    as INVALID_PARAMETER_VALUE on the sqlite store, which cannot be told apart from a real error.
-    """
+    """The ModelVersion behind ``name@alias``, or None when the model or the alias is missing (read through
+    the alias map: the sqlite store reports a missing alias as INVALID_PARAMETER_VALUE, like a real error)."""
     c = client()
     try:
         version = c.get_registered_model(model_name).aliases.get(alias)
@@ -272,10 +263,8 @@ class _Loaded:
 
 
 class Predictor(_Loaded):
-    """A loaded registry model of a table: ``predictor(features) -> predictions`` (class labels or values).
-
-    ``features``: a DataFrame of the feature columns, or a ``[rows, n_features]`` array in their order.
-    """
+    """A loaded registry model of a table: ``predictor(features) -> predictions`` (class labels or values);
+    ``features``: a DataFrame of the feature columns, or a ``[rows, n_features]`` array in their order."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -293,11 +282,8 @@ class Predictor(_Loaded):
 
 
 class TextScorer(_Loaded):
-    """A loaded registry language model: ``scorer(texts) -> (loss [n], n_tokens [n])``.
-
-    ``texts``: strings or a DataFrame with a ``text`` column; ``.frame(texts)`` gives the pyfunc's whole
-    output (``loss, perplexity, n_tokens`` per document).
-    """
+    """A loaded registry language model: ``scorer(texts) -> (loss [n], n_tokens [n])`` for strings or a
+    DataFrame with a ``text`` column; ``.frame(texts)``: the whole output (loss, perplexity, n_tokens)."""
 
     def frame(self, texts):
         import pandas as pd
@@ -339,12 +325,9 @@ def requirement_mismatches(requirements: Sequence[str]) -> list[str]:
 
 
 def load_predictor(model_name: str, alias: str = CHAMPION) -> Callable | None:
-    """Load ``models:/<name>@<alias>`` as a :class:`Predictor` (a :class:`TextScorer` for a task that
-    scores documents); None when there is no such alias.
-
-    The alias is resolved once, so ``.version`` names exactly what predicts. The files are checked against
-    the sha256 recorded at registration (``verify_files``: IntegrityError) before anything in them runs.
-    """
+    """Load ``models:/<name>@<alias>`` as a :class:`Predictor` (a :class:`TextScorer` for a task that scores
+    documents); None without the alias. ``.version`` names what the alias held when resolved; the files are
+    checked against the sha256 recorded at registration (``verify_files``) before anything in them runs."""
     import mlflow
 
     from core.errors import ConfigError

@@ -37,13 +37,13 @@ MAX_ATTEMPTS = 3
 
 
 class MetricsRelay:
-    """Tails ``path`` from byte ``start`` into run ``run_id``; ``flush()`` sends what is complete so far."""
+    """Tails ``path`` from byte ``offset`` into run ``run_id``; ``flush()`` sends what is complete so far."""
 
-    def __init__(self, run_id: str, path: Path, start: int = 0, client=None, record: tuple[Path, str] | None = None):
-        self.run_id, self.path, self.offset = run_id, Path(path), start
-        self._client = client
+    def __init__(self, run_id: str, path: Path, record: tuple[Path, str] | None = None):
+        self.run_id, self.path, self.offset = run_id, Path(path), 0
+        self._client = None
         self._record = record  # (out_dir, config_id): keep its mlflow_run.json at what was sent
-        self._recorded = start
+        self._recorded = 0
         self._last_step: dict[str, int] = {}
         self._pending: list[tuple[str, list]] = []  # ("params" | "metrics", batch), in file order
         self._attempts = 0
@@ -147,14 +147,11 @@ def resume_offset(relay: MetricsRelay, out_dir: Path, config_id: str) -> int:
 
 @contextmanager
 def relay_metrics(run_id: str, path: Path, interval_s: float = 0.5, start: int | None = None,
-                  client=None, record: tuple[Path, str] | None = None) -> Iterator[MetricsRelay]:
-    """Relay ``path`` into ``run_id`` while the block runs, then once more completely after it.
-
-    ``start``: the byte offset to read from; by default the file's size on entry (an earlier job's
-    records in the same folder are not logged again), or with ``record=(out_dir, config_id)`` where the
-    last relay into this same run stopped (``resume_offset``).
-    """
-    relay = MetricsRelay(run_id, path, 0, client, record)
+                  record: tuple[Path, str] | None = None) -> Iterator[MetricsRelay]:
+    """Relay ``path`` into ``run_id`` while the block runs, then once more completely after it. ``start``:
+    the byte offset to read from; by default the file's size on entry, or with ``record=(out_dir,
+    config_id)`` where the last relay into this same run stopped (``resume_offset``)."""
+    relay = MetricsRelay(run_id, path, record)
     if start is None and record is not None:
         try:
             start = resume_offset(relay, record[0], record[1])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import tempfile
 import threading
@@ -86,12 +87,9 @@ def is_server(tracking_uri: str) -> bool:
 
 
 def configure(tracking_uri: str, experiment: str, artifact_root: Path) -> str:
-    """Point MLflow at ``tracking_uri``; get or create ``experiment``; return its id.
-
-    Against a database URI a new experiment stores its artifacts under ``artifact_root/<experiment>``
-    (not ``./mlruns`` of whatever the working directory is); against a tracking server, where the server
-    says. An existing experiment keeps its location (with a warning if it differs); a deleted one is restored.
-    """
+    """Point MLflow at ``tracking_uri``; get or create ``experiment`` (restored if deleted); return its id.
+    A new experiment keeps artifacts under ``artifact_root/<experiment>`` (not ``./mlruns`` of the cwd), or
+    where a tracking server says; an existing one keeps its location (a warning says if it differs)."""
     import mlflow
 
     db = sqlite_path(tracking_uri)
@@ -150,13 +148,8 @@ def end_run(run_id: str, status: str = "FINISHED", stage: str | None = None, mon
 
 
 def system_metrics(run_id: str, interval_s: float = SYSTEM_METRICS_INTERVAL_S, resume: bool = False):
-    """Start MLflow's system metrics monitor (a daemon thread) on ``run_id`` and return it for ``end_run``.
-
-    None (and a warning) when it cannot start, or when ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is false:
-    a run never fails for want of it. ``resume``: a reopened run goes on after its last ``system/`` step.
-    """
-    import os
-
+    """Start MLflow's system metrics monitor (a daemon thread) on ``run_id``, for ``end_run`` to stop; None
+    when it cannot start or ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is false. ``resume``: after the last step."""
     if os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "").strip().lower() in ("false", "0"):
         return None
     try:
