@@ -11,6 +11,7 @@ shows the diff. Bad input is refused before anything changes.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
@@ -44,10 +45,8 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
     ``task``/``name``/``test_fraction`` default to what the data suggests or the existing config's. Side
     effects: ``dvc add`` (local cache) and the files under ``configs/``; InitError (bad input) comes first.
     """
-    import yaml
-
     from core.config import DatasetConfig
-    from core.expectations import TableExpectations
+    from core.expectations import TableExpectations, load_expectations
     from tasks import get_task
     from tasks.table import read_table
     from validation.profile import column_type, profile_table
@@ -62,7 +61,10 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
     layout, table_paths = _layout(target, rel)
     name, config_rel, before, old = _existing(root, target, name, ".expectations.yaml")
     exp_rel = f"configs/{name}.expectations.yaml"
-    old_columns = _old_columns(root / exp_rel) if exp_rel in before else None
+    old_columns = None  # the columns the existing expectations file lists, if it can be read
+    if exp_rel in before:
+        with contextlib.suppress(TrainflowError):
+            old_columns = set(load_expectations(root / exp_rel).names)
 
     first, first_rel = read_table(table_paths[0]), _rel(root, table_paths[0])
     columns = [str(c) for c in first.columns]
@@ -126,10 +128,8 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
         "task_inferred": inferred, "task_reason": task_reason, "other_tasks": others, "layout": layout,
         "rows": {s: len(df) for s, df in frames.items()}, "columns": len(expectations.columns),
         "classes": expectations.classes, "choices": choices, "unlabeled": unlabeled, "expectations": exp_rel,
-        **_write(root, target, rel, name, task, before, lambda md5: {
-            config_rel: _header(rel, md5, config_rel, task, task_reason, inferred, intro, made)
-            + yaml.safe_dump(raw, sort_keys=False, default_flow_style=False),
-            exp_rel: expectations.to_yaml(_expectations_header(rel, md5))}),
+        **_write(root, target, rel, name, raw, (task, task_reason, inferred, intro, made), before,
+                 {exp_rel: lambda md5: expectations.to_yaml(_expectations_header(rel, md5))}),
     }
 
 
@@ -179,8 +179,6 @@ def _folder_task(task: str | None, target: Path, label: str | None) -> tuple[str
 def _init_folder(root: Path, target: Path, rel: str, task: str, task_reason: str, inferred: bool,
                  name: str | None) -> dict[str, Any]:
     """``init_project`` for data a task sets up by itself (``Task.init_folder``); no expectations file."""
-    import yaml
-
     from core.config import merge_config
     from core.errors import DataUnavailableError
     from tasks import get_task
@@ -208,9 +206,7 @@ def _init_folder(root: Path, target: Path, rel: str, task: str, task_reason: str
     return {
         "task_inferred": inferred, "task_reason": task_reason, "rows": facts["rows"], "classes": facts["classes"],
         "lines": facts["lines"], "problems": facts["problems"], "review": facts["review"], "expectations": None,
-        **_write(root, target, rel, name, task, before, lambda md5: {
-            config_rel: _header(rel, md5, config_rel, task, task_reason, inferred, intro, facts["lines"])
-            + yaml.safe_dump(raw, sort_keys=False, default_flow_style=False)}),
+        **_write(root, target, rel, name, raw, (task, task_reason, inferred, intro, facts["lines"]), before),
     }
 
 
@@ -240,15 +236,25 @@ def _raw_config(name: str, task: str, dataset: dict, training: dict, defaults: d
             "gates": defaults["gates"], "registry": {"model_name": name, "experiment": f"trainflow-{name}"}}
 
 
-def _write(root: Path, target: Path, rel: str, name: str, task: str, before: dict[str, str],
-           render: Callable[[str], dict[str, str]]) -> dict[str, Any]:
-    """``dvc add`` the data, write the files ``render(md5)`` gives (the config first); the shared result."""
+def _write(root: Path, target: Path, rel: str, name: str, raw: dict, why: tuple[str, str, bool, str, list[str]],
+           before: dict[str, str], more: dict[str, Callable[[str], str]] | None = None) -> dict[str, Any]:
+    """``dvc add`` the data, write ``configs/NAME.yaml`` (``raw`` under a header: ``why`` = the task, its
+    reason, whether inferred, an intro to the ``lines`` listed) and the ``more`` files (``path: text(md5)``);
+    the result's shared keys, with the diff of each file that existed."""
+    import yaml
+
     md5 = _dvc_add(root, rel)
     (root / "configs").mkdir(exist_ok=True)
-    texts = render(md5)
+    task, reason, inferred, intro, lines = why
+    config_rel = f"configs/{name}.yaml"
+    header = (f"# Written by `trainflow init` for {rel} (DVC md5 {md5}).\n"
+              f"# task: {task} ({'inferred: ' if inferred else ''}{reason}).\n"
+              + intro + "".join(f"#   {line}\n" for line in lines)
+              + f"# Every key not here keeps its default (core/config.py). Run: trainflow run --config {config_rel}\n")
+    texts = {config_rel: header + yaml.safe_dump(raw, sort_keys=False, default_flow_style=False),
+             **{path: text(md5) for path, text in (more or {}).items()}}
     for path, text in texts.items():
         (root / path).write_text(text)
-    config_rel = next(iter(texts))
     gitignore = _rel(root, target.parent / ".gitignore")
     return {"name": name, "task": task, "data": rel, "dvc_file": f"{rel}.dvc", "md5": md5, "config": config_rel,
             "updated": [p for p in texts if p in before],
@@ -284,16 +290,6 @@ def _old_config(config_rel: str, text: str | None) -> dict | None:
     if not isinstance(data, dict):
         raise InitError(f"{config_rel} exists but is not a mapping of keys; fix it or move it away")
     return data
-
-
-def _old_columns(path: Path) -> set[str] | None:
-    """The columns the existing expectations file lists (None when it cannot be read)."""
-    from core.expectations import load_expectations
-
-    try:
-        return set(load_expectations(path).names)
-    except TrainflowError:
-        return None
 
 
 def _updated(old: dict, fresh: dict, old_columns: set[str] | None, columns: list[str]) -> dict:
@@ -513,14 +509,6 @@ def _expectations_header(rel: str, md5: str) -> str:
             f"# {pct} of the range (a column never below 0 stays >= 0), the values of few-valued text columns and\n"
             f"# of a classification label (in the model's output order), rows per split from half to double the\n"
             f"# profiled count, and class_share: the smallest and largest share of a class in a split, +-{pct}.\n")
-
-
-def _header(rel: str, md5: str, config_rel: str, task: str, why: str, inferred: bool, intro: str,
-            lines: list[str]) -> str:
-    return (f"# Written by `trainflow init` for {rel} (DVC md5 {md5}).\n"
-            f"# task: {task} ({'inferred: ' if inferred else ''}{why}).\n"
-            + intro + "".join(f"#   {line}\n" for line in lines)
-            + f"# Every key not here keeps its default (core/config.py). Run: trainflow run --config {config_rel}\n")
 
 
 def _rel(root: Path, path: Path) -> str:

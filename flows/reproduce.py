@@ -140,10 +140,11 @@ def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], Non
     experiment = config.get("registry", {}).get("experiment", "trainflow")
     exp_id = store.configure(uri, experiment, under_home(home, "mlartifacts"))
     model_label = f"{mv.name}/{mv.version}" if mv is not None else source_run
+    recorded = {"git_sha": manifest["git_sha"], "data_md5": manifest["data"]["md5"],
+                "config_sha256": manifest["config_sha256"]}
     run_id = store.start_run(exp_id, f"reproduce-{model_label.replace('/', '-v')}", {
         "trainflow.stage": "reproduce", "trainflow.reproduces": source_run, "trainflow.reproduces_model": model_label,
-        "git_sha": manifest["git_sha"], "data_md5": manifest["data"]["md5"],
-        "config_sha256": manifest["config_sha256"]})
+        **recorded})
     try:
         result = _train(src, out, config, size, run_id, uri, warnings, log)
     except BaseException:
@@ -159,9 +160,7 @@ def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], Non
         "exit_code": 0 if reproduced else EXIT_NOT_REPRODUCED, "ref": ref,
         "model_name": getattr(mv, "name", None), "model_version": str(mv.version) if mv is not None else None,
         "source_run_id": source_run, "reproduce_run_id": run_id, "tracking_uri": uri,
-        "expected_weights_sha256": expected, "weights_sha256": got,
-        "git_sha": manifest["git_sha"], "data_md5": manifest["data"]["md5"],
-        "config_sha256": manifest["config_sha256"], "config_restored": config_restored,
+        "expected_weights_sha256": expected, "weights_sha256": got, **recorded, "config_restored": config_restored,
         "world_size": result.get("world_size"), "recorded_world_size": size,
         "backend": result.get("backend"), "recorded_backend": world.get("backend"),
         "image": {"recorded": recorded_image, "current": {"ref": image.ref, "digest": image.digest}},
