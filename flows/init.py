@@ -84,8 +84,8 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
         task, task_reason, inferred, others = _task(task, labels, label, column_type(labels))
     chosen = get_task(task)
 
-    dataset: dict[str, Any] = {"dvc_file": f"{rel}.dvc", **layout,
-                               "path": rel if target.is_dir() else Path(rel).parent.as_posix()}
+    path = rel if target.is_dir() else Path(rel).parent.as_posix()
+    dataset: dict[str, Any] = {"dvc_file": f"{rel}.dvc", "path": path, **layout}
     if "file" in layout:
         kept = ((old or {}).get("dataset") or {}).get("test_fraction")
         dataset["test_fraction"] = test_fraction if test_fraction is not None else (
