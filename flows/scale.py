@@ -125,11 +125,11 @@ def run_sweep(cfg_path: str | Path, overrides: list[str] = (), layouts: list[dic
             log(f"scale:   failed: {row['error']}" if row.get("error") else f"scale:   {row['samples_per_s']:,.0f} "
                 f"samples/s, time to target " + ("not reached" if ttt is None else f"{ttt:.2f} s"))
             rows.append(row)
-    for row in rows:
-        base = next((r for r in rows if r["nproc"] == 1 and r["threads"] == 1 and r["device"] == row["device"]
-                     and r["batch_size"] == row["batch_size"] and r["samples_per_s"]), None)
-        if base and row["samples_per_s"]:
-            row["scaling_efficiency"] = row["samples_per_s"] / (base["samples_per_s"] * row["cores"])
+    for row in rows:  # against 1 process x 1 thread at the same batch size
+        one = next((r for r in rows if r["nproc"] == 1 and r["threads"] == 1 and r["device"] == row["device"]
+                    and r["batch_size"] == row["batch_size"] and r["samples_per_s"]), None)
+        if one and row["samples_per_s"]:
+            row["scaling_efficiency"] = row["samples_per_s"] / (one["samples_per_s"] * row["cores"])
     ok = [r for r in rows if r["samples_per_s"]]
     best = advisor.choose_layout(ok) if ok else None
     report = {
