@@ -1,25 +1,23 @@
-"""``trainflow init``: turn a table the user brings into a runnable, reviewed pipeline.
+"""``trainflow init``: turn data the user brings into a runnable, reviewed pipeline.
 
     trainflow init --data data/mine --label price [--task regression] [--name mine]
 
-It tracks the data with DVC (``<data>.dvc`` beside it, in the local cache only: the user's data
-never goes to the bundled remote), profiles it into ``configs/NAME.expectations.yaml`` (for the
-user to review and commit) and writes a short ``configs/NAME.yaml``; every key it leaves out
-keeps its default. What it decides from the data (identifier columns left out, integer columns
-taken as categories, how missing values are handled, duplicate rows) it says, in its output and
-in the config's comments. Run again on changed data, it updates the config's data facts and the
-expectations and keeps the user's own keys, showing the diff. It refuses, before changing
-anything, data outside the repository, data inside a folder another .dvc file tracks and an
-unknown label.
+It tracks the data with DVC (local cache only: the user's data never goes to the bundled remote),
+profiles it into ``configs/NAME.expectations.yaml`` (for the user to review and commit) and writes a short
+``configs/NAME.yaml``; what it decides from the data it says, in its output and in the config's comments.
+Run again on changed data, it updates the data facts and the expectations, keeps the user's own keys and
+shows the diff. Bad input is refused before anything changes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +25,11 @@ from core.errors import TrainflowError
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
-# What init writes besides the task's own defaults (model, gates: ``Task.init_defaults``); the
-# rest of the config keeps core/config.py's defaults.
+# What init writes besides the task's own defaults (``Task.init_defaults``).
 EPOCHS = 30
 PROFILE_MARGIN = 0.1
+# The dataset keys init takes from the data on every run (the rest of an existing config is the user's).
+DATA_FACTS = ("dvc_file", "path", "file", "train_file", "test_file", "test_fraction", "label", "expectations_file")
 
 
 class InitError(TrainflowError):
@@ -41,24 +40,14 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
                  test_fraction: float | None = None) -> dict[str, Any]:
     """Track ``data`` with DVC, profile it into an expectations file and write a pipeline config.
 
-    ``root``: the git + DVC repository; ``data`` (relative to ``root`` unless absolute): a folder
-    holding train + test tables (``train.csv|parquet``, ``test.csv|parquet``) or one table, or
-    one table file; or, with no ``label``, a folder a task reads by itself (``Task.init_reads``:
-    images in ``train/<class>/`` and ``test/<class>/``), set up by ``_init_folder``.
-    ``task``/``name`` default to what the data suggests (see the result's ``task_reason``) or, on a
-    re-run, to the existing config's. ``test_fraction``: the test share when one table is split
-    (default: the existing config's, else 0.2). Side effects: ``dvc add`` (local cache, no push) and
-    the two files under ``configs/``.
-
-    Run again on changed data (a schema change: columns added, removed or retyped), it updates
-    the existing config's data facts (files, label, identifier and categorical columns) and
-    rewrites the expectations, keeping every other key the user set; the result's ``diff`` shows
-    what changed. Returns what was done; raises InitError (bad input) before any side effect.
+    ``data`` (relative to the repository ``root`` unless absolute): a folder of ``train`` + ``test`` tables
+    or of one table, one table file, or (no ``label``) a folder a task reads by itself (``Task.init_reads``).
+    ``task``/``name``/``test_fraction`` default to what the data suggests or the existing config's. Side
+    effects: ``dvc add`` (local cache) and the files under ``configs/``; InitError (bad input) comes first.
     """
-    import yaml
-
-    from core.config import DatasetConfig, config_from_dict
-    from core.expectations import TableExpectations
+    from core.config import DatasetConfig
+    from core.expectations import TableExpectations, load_expectations
+    from tasks import get_task
     from tasks.table import read_table
     from validation.profile import column_type, profile_table
 
@@ -67,41 +56,36 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
         raise InitError(f"{root} is not a DVC repository (no .dvc/ folder); run `git init && dvc init` there first")
     target = _inside(root, data)
     rel = target.relative_to(root).as_posix()
-    folder = _folder_task(task, target, label)
-    if folder is not None:
+    if (folder := _folder_task(task, target, label)) is not None:
         return _init_folder(root, target, rel, *folder, name)
     layout, table_paths = _layout(target, rel)
-    name = _name(name, target)
-    config_rel, exp_rel = f"configs/{name}.yaml", f"configs/{name}.expectations.yaml"
-    before = {p: (root / p).read_text() for p in (config_rel, exp_rel) if (root / p).is_file()}
-    old = _old_config(config_rel, before.get(config_rel))
-    old_columns = _old_columns(root / exp_rel) if exp_rel in before else None
-    _check_not_inside_tracked(root, target)
+    name, config_rel, before, old = _existing(root, target, name, ".expectations.yaml")
+    exp_rel = f"configs/{name}.expectations.yaml"
+    old_columns = None  # the columns the existing expectations file lists, if it can be read
+    if exp_rel in before:
+        with contextlib.suppress(TrainflowError):
+            old_columns = set(load_expectations(root / exp_rel).names)
 
-    first = read_table(table_paths[0])
+    first, first_rel = read_table(table_paths[0]), _rel(root, table_paths[0])
     columns = [str(c) for c in first.columns]
     if label not in columns:
         close = difflib.get_close_matches(label, columns, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise InitError(f"--label {label!r} is not a column of {_rel(root, table_paths[0])}{hint}; "
-                        f"its columns are {columns}")
+        raise InitError(f"--label {label!r} is not a column of {first_rel}{hint}; its columns are {columns}")
     if len(first) == 0:
-        raise InitError(f"{_rel(root, table_paths[0])} has no rows")
+        raise InitError(f"{first_rel} has no rows")
     labels = first[label].dropna()
     if labels.empty:
-        raise InitError(f"label {label!r} has no value in {_rel(root, table_paths[0])}: nothing to learn from")
+        raise InitError(f"label {label!r} has no value in {first_rel}: nothing to learn from")
     if task is None and old is not None and isinstance(old.get("task"), str):
         _task(old["task"], labels, label, column_type(labels))  # still fits the data
         task, task_reason, inferred, others = old["task"], "kept from the existing config", False, []
     else:
         task, task_reason, inferred, others = _task(task, labels, label, column_type(labels))
-    from tasks import get_task
-
     chosen = get_task(task)
-    defaults = chosen.init_defaults()
 
-    dataset: dict[str, Any] = {"dvc_file": f"{rel}.dvc", "path": rel if target.is_dir() else _parent(rel)}
-    dataset.update(layout)
+    path = rel if target.is_dir() else Path(rel).parent.as_posix()
+    dataset: dict[str, Any] = {"dvc_file": f"{rel}.dvc", "path": path, **layout}
     if "file" in layout:
         kept = ((old or {}).get("dataset") or {}).get("test_fraction")
         dataset["test_fraction"] = test_fraction if test_fraction is not None else (
@@ -111,19 +95,8 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
     if test_fraction is not None and not 0 < test_fraction < 1:
         raise InitError(f"--test-fraction: must be between 0 and 1, got {test_fraction}")
     dataset.update(label=label, expectations_file=exp_rel)
-    raw = {
-        "name": name,
-        "task": task,
-        "dataset": dataset,
-        "model": defaults["model"],
-        "training": {"epochs": EPOCHS, "strategy": "ddp"},
-        "gates": defaults["gates"],
-        "registry": {"model_name": name, "experiment": f"trainflow-{name}"},
-    }
-    try:
-        cfg = config_from_dict(raw)
-    except TrainflowError as exc:
-        raise InitError(f"the config init would write is invalid: {exc}") from None
+    raw = _raw_config(name, task, dataset, {"epochs": EPOCHS, "strategy": "ddp"}, chosen.init_defaults())
+    cfg = _checked(raw, "the config init would write is invalid: {}")
 
     # Every row, unlabeled ones too: the expectations describe the data validation will check.
     frames = chosen.init_frames(cfg, root)
@@ -147,44 +120,46 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
         raise InitError(f"label {label!r} has a single class {expectations.classes}: nothing to classify")
     if old is not None:
         raw = _updated(old, raw, old_columns, columns)
-    try:
-        config_from_dict(raw)
-    except TrainflowError as exc:
-        raise InitError(f"{config_rel}: the updated config is invalid: {exc}; fix that key in it, "
-                        "then run init again") from None
+    _checked(raw, config_rel + ": the updated config is invalid: {}; fix that key in it, then run init again")
 
-    md5 = _dvc_add(root, rel)
-    (root / "configs").mkdir(exist_ok=True)
-    texts = {exp_rel: expectations.to_yaml(_expectations_header(rel, md5)),
-             config_rel: _config_header(rel, md5, config_rel, task, task_reason, inferred, choices, unlabeled)
-             + yaml.safe_dump(raw, sort_keys=False, default_flow_style=False)}
-    for path, text in texts.items():
-        (root / path).write_text(text)
-    gitignore = _rel(root, target.parent / ".gitignore")
+    made = choice_lines(choices, unlabeled)
+    intro = "# Choices made from the data (edit the keys named; init run again keeps your edits):\n" if made else ""
     return {
-        "name": name, "task": task, "task_inferred": inferred, "task_reason": task_reason, "other_tasks": others,
-        "data": rel, "layout": layout, "rows": {s: len(df) for s, df in frames.items()},
-        "columns": len(expectations.columns), "classes": expectations.classes,
-        "choices": choices, "unlabeled": unlabeled,
-        "dvc_file": f"{rel}.dvc", "md5": md5, "config": config_rel, "expectations": exp_rel,
-        "updated": [p for p in (config_rel, exp_rel) if p in before],
-        "diff": {p: _diff(p, before[p], texts[p]) for p in (config_rel, exp_rel) if p in before},
-        "git_add": [f"{rel}.dvc", *([gitignore] if (root / gitignore).is_file() else []), config_rel, exp_rel],
-        "next": f"trainflow run --config {config_rel}",
+        "task_inferred": inferred, "task_reason": task_reason, "other_tasks": others, "layout": layout,
+        "rows": {s: len(df) for s, df in frames.items()}, "columns": len(expectations.columns),
+        "classes": expectations.classes, "choices": choices, "unlabeled": unlabeled, "expectations": exp_rel,
+        **_write(root, target, rel, name, raw, (task, task_reason, inferred, intro, made), before,
+                 {exp_rel: lambda md5: expectations.to_yaml(_expectations_header(rel, md5))}),
     }
 
 
-def _folder_task(task: str | None, target: Path, label: str | None) -> tuple[str, str, bool] | None:
-    """(task, why, inferred) when ``target`` is data a task sets up by itself (``Task.init_reads``),
-    else None (a table: ``label`` names its column). ``task`` given: that one, when it reads
-    folders; none and no ``label``: the first registered task that reads ``target``."""
+def _ask(task: str, ask: Callable[[Any], Any]):
+    """``ask(the task named task)``; InitError naming ``--task`` when it cannot be loaded."""
+    from tasks import get_task
+
+    try:
+        return ask(get_task(task))
+    except TrainflowError as exc:
+        raise InitError(f"--task {task!r}: {exc}") from None
+
+
+def _answers(ask: Callable[[Any], Any]) -> Iterator[tuple[str, Any]]:
+    """``(name, ask(task))`` for each registered task; a plugin that cannot be loaded is not a candidate."""
     from tasks import get_task, names
 
-    if task is not None:
+    for name in names():
         try:
-            fit = get_task(task).init_reads(target)
-        except TrainflowError as exc:
-            raise InitError(f"--task {task!r}: {exc}") from None
+            answer = ask(get_task(name))
+        except TrainflowError:
+            continue
+        yield name, answer
+
+
+def _folder_task(task: str | None, target: Path, label: str | None) -> tuple[str, str, bool] | None:
+    """(task, why, inferred) when ``target`` is data a task sets up by itself (``Task.init_reads``): the
+    given ``task``, or with no ``label`` the first that reads it; else None (a table)."""
+    if task is not None:
+        fit = _ask(task, lambda t: t.init_reads(target))
         if fit.fits:
             return task, fit.why, False
         if label is None:
@@ -193,11 +168,7 @@ def _folder_task(task: str | None, target: Path, label: str | None) -> tuple[str
     if label is not None:
         return None
     why = []
-    for name in names():
-        try:
-            fit = get_task(name).init_reads(target)
-        except TrainflowError:  # a plugin that cannot be loaded is not a candidate
-            continue
+    for name, fit in _answers(lambda t: t.init_reads(target)):
         if fit.fits and fit.preferred:
             return name, fit.why, True
         why.append(f"{name}: {fit.why}")
@@ -207,66 +178,90 @@ def _folder_task(task: str | None, target: Path, label: str | None) -> tuple[str
 
 def _init_folder(root: Path, target: Path, rel: str, task: str, task_reason: str, inferred: bool,
                  name: str | None) -> dict[str, Any]:
-    """``init_project`` for data a task sets up by itself: the task profiles it
-    (``Task.init_folder``), init tracks it with DVC and writes ``configs/NAME.yaml`` (the reviewed
-    bounds are in the config itself). Run again, it keeps the user's keys."""
-    import yaml
-
-    from core.config import config_from_dict, merge_config
+    """``init_project`` for data a task sets up by itself (``Task.init_folder``); no expectations file."""
+    from core.config import merge_config
     from core.errors import DataUnavailableError
     from tasks import get_task
 
     if not target.is_dir():
         raise InitError(f"--data {rel}: task {task} reads a folder, not a file")
-    name = _name(name, target)
-    config_rel = f"configs/{name}.yaml"
-    before = (root / config_rel).read_text() if (root / config_rel).is_file() else None
-    old = _old_config(config_rel, before)
-    _check_not_inside_tracked(root, target)
+    name, config_rel, before, old = _existing(root, target, name)
     chosen = get_task(task)
     try:
         facts = chosen.init_folder(root, target, rel)
     except DataUnavailableError as exc:
         raise InitError(str(exc)) from None
-    defaults = chosen.init_defaults()
-    raw: dict[str, Any] = {
-        "name": name, "task": task, "dataset": {"dvc_file": f"{rel}.dvc", "path": rel, **facts["dataset"]},
-        "model": defaults["model"], "training": {"strategy": "ddp", **facts["training"]}, "gates": defaults["gates"],
-        "registry": {"model_name": name, "experiment": f"trainflow-{name}"},
-    }
+    raw = _raw_config(name, task, {"dvc_file": f"{rel}.dvc", "path": rel, **facts["dataset"]},
+                      {"strategy": "ddp", **facts["training"]}, chosen.init_defaults())
     if old is not None:  # the user's keys stay; the data's facts (``dataset``) are new but for the user's choices
         fresh = raw
         raw = merge_config(fresh, old)
         raw["dataset"] = {**(old.get("dataset") or {}), **fresh["dataset"]}
         for path in facts["choices"]:
-            kept = _get(old, path)
-            if kept is not None:
+            if (kept := _get(old, path)) is not None:
                 _set(raw, path, kept)
+    _checked(raw, config_rel + ": the config init would write is invalid: {}")
+    intro = (f"# Review {facts['review']}, then commit this file:\n"
+             "# validation checks every later version of the data against them. Decided from the data:\n")
+    return {
+        "task_inferred": inferred, "task_reason": task_reason, "rows": facts["rows"], "classes": facts["classes"],
+        "lines": facts["lines"], "problems": facts["problems"], "review": facts["review"], "expectations": None,
+        **_write(root, target, rel, name, raw, (task, task_reason, inferred, intro, facts["lines"]), before),
+    }
+
+
+def _existing(root: Path, target: Path, name: str | None, *suffixes: str) -> tuple[str, str, dict, dict | None]:
+    """(name, config path, texts of its existing files, the config's YAML); refuses tracked data."""
+    name = _name(name, target)
+    config_rel = f"configs/{name}.yaml"
+    before = {p: (root / p).read_text() for p in (config_rel, *(f"configs/{name}{s}" for s in suffixes))
+              if (root / p).is_file()}
+    old = _old_config(config_rel, before.get(config_rel))
+    _check_not_inside_tracked(root, target)
+    return name, config_rel, before, old
+
+
+def _checked(raw: dict, message: str):
+    """The config ``raw`` is; InitError ``message`` (``{}``: the error) when it is invalid."""
+    from core.config import config_from_dict
+
     try:
-        config_from_dict(raw)
+        return config_from_dict(raw)
     except TrainflowError as exc:
-        raise InitError(f"{config_rel}: the config init would write is invalid: {exc}") from None
+        raise InitError(message.format(exc)) from None
+
+
+def _raw_config(name: str, task: str, dataset: dict, training: dict, defaults: dict) -> dict[str, Any]:
+    return {"name": name, "task": task, "dataset": dataset, "model": defaults["model"], "training": training,
+            "gates": defaults["gates"], "registry": {"model_name": name, "experiment": f"trainflow-{name}"}}
+
+
+def _write(root: Path, target: Path, rel: str, name: str, raw: dict, why: tuple[str, str, bool, str, list[str]],
+           before: dict[str, str], more: dict[str, Callable[[str], str]] | None = None) -> dict[str, Any]:
+    """``dvc add`` the data, write ``configs/NAME.yaml`` (``raw`` under a header: ``why`` = the task, its
+    reason, whether inferred, an intro to the ``lines`` listed) and the ``more`` files (``path: text(md5)``);
+    the result's shared keys, with the diff of each file that existed."""
+    import yaml
+
     md5 = _dvc_add(root, rel)
     (root / "configs").mkdir(exist_ok=True)
+    task, reason, inferred, intro, lines = why
+    config_rel = f"configs/{name}.yaml"
     header = (f"# Written by `trainflow init` for {rel} (DVC md5 {md5}).\n"
-              f"# task: {task} ({'inferred: ' if inferred else ''}{task_reason}).\n"
-              f"# Review {facts['review']}, then commit this file:\n"
-              "# validation checks every later version of the data against them. Decided from the data:\n"
-              + "".join(f"#   {line}\n" for line in facts["lines"])
+              f"# task: {task} ({'inferred: ' if inferred else ''}{reason}).\n"
+              + intro + "".join(f"#   {line}\n" for line in lines)
               + f"# Every key not here keeps its default (core/config.py). Run: trainflow run --config {config_rel}\n")
-    text = header + yaml.safe_dump(raw, sort_keys=False, default_flow_style=False)
-    (root / config_rel).write_text(text)
+    texts = {config_rel: header + yaml.safe_dump(raw, sort_keys=False, default_flow_style=False),
+             **{path: text(md5) for path, text in (more or {}).items()}}
+    for path, text in texts.items():
+        (root / path).write_text(text)
     gitignore = _rel(root, target.parent / ".gitignore")
-    return {
-        "name": name, "task": task, "task_inferred": inferred, "task_reason": task_reason, "data": rel,
-        "rows": facts["rows"], "classes": facts["classes"], "lines": facts["lines"], "problems": facts["problems"],
-        "review": facts["review"],
-        "dvc_file": f"{rel}.dvc", "md5": md5, "config": config_rel, "expectations": None,
-        "updated": [config_rel] if before is not None else [],
-        "diff": {config_rel: _diff(config_rel, before, text)} if before is not None else {},
-        "git_add": [f"{rel}.dvc", *([gitignore] if (root / gitignore).is_file() else []), config_rel],
-        "next": f"trainflow run --config {config_rel}",
-    }
+    return {"name": name, "task": task, "data": rel, "dvc_file": f"{rel}.dvc", "md5": md5, "config": config_rel,
+            "updated": [p for p in texts if p in before],
+            "diff": {p: "".join(difflib.unified_diff(before[p].splitlines(True), texts[p].splitlines(True),
+                                                     f"{p} (before)", f"{p} (now)", n=1)) for p in texts if p in before},
+            "git_add": [f"{rel}.dvc", *([gitignore] if (root / gitignore).is_file() else []), *texts],
+            "next": f"trainflow run --config {config_rel}"}
 
 
 def _get(data: dict, path: tuple[str, ...]):
@@ -279,10 +274,6 @@ def _set(data: dict, path: tuple[str, ...], value) -> None:
     for key in path[:-1]:
         data = data.setdefault(key, {})
     data[path[-1]] = value
-
-
-# The dataset keys init takes from the data on every run (the rest of an existing config is the user's).
-DATA_FACTS = ("dvc_file", "path", "file", "train_file", "test_file", "test_fraction", "label", "expectations_file")
 
 
 def _old_config(config_rel: str, text: str | None) -> dict | None:
@@ -301,21 +292,10 @@ def _old_config(config_rel: str, text: str | None) -> dict | None:
     return data
 
 
-def _old_columns(path: Path) -> set[str] | None:
-    """The columns the existing expectations file lists (None when it cannot be read)."""
-    from core.expectations import load_expectations
-
-    try:
-        return set(load_expectations(path).names)
-    except TrainflowError:
-        return None
-
-
 def _updated(old: dict, fresh: dict, old_columns: set[str] | None, columns: list[str]) -> dict:
-    """The existing config ``old`` with the data facts of ``fresh``: every key the user has keeps its
-    value, the files and label come from the data, ``exclude``/``categorical`` keep the user's
-    entries still in the data and add init's choices for columns that are new, ``features`` loses
-    columns that are gone; keys ``old`` lacks come from ``fresh``."""
+    """The existing config ``old`` with the data facts of ``fresh``: every key the user has keeps its value,
+    the files and label come from the data, ``exclude``/``categorical`` keep the user's entries still in
+    the data and add init's choices for new columns, ``features`` loses columns that are gone."""
     from core.config import merge_config
 
     out = merge_config(fresh, old)
@@ -341,53 +321,26 @@ def _updated(old: dict, fresh: dict, old_columns: set[str] | None, columns: list
     return out
 
 
-def _diff(path: str, before: str, after: str) -> str:
-    """A unified diff of a file init rewrote ("" when nothing changed)."""
-    lines = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
-                                 fromfile=f"{path} (before)", tofile=f"{path} (now)", n=1)
-    return "".join(lines)
-
-
 def format_report(r: dict[str, Any]) -> str:
-    """What ``trainflow init`` prints: what it did, the choices it made from the data (each with
-    its reason), what to review, what changed on a re-run, what to run next."""
-    if "lines" in r:
-        return _format_folder_report(r)
-    split = (f"one table {r['layout']['file']}, split into train/test by seed" if "file" in r["layout"]
-             else f"{r['layout']['train_file']} + {r['layout']['test_file']}")
+    """What ``trainflow init`` prints: what it did and chose, what to review and commit, what to run next."""
+    table = "lines" not in r
     rows = ", ".join(f"{k} {v}" for k, v in r["rows"].items())
-    how = "inferred: " if r["task_inferred"] else ""
-    lines = [
-        f"data:         {r['data']} ({split}; {rows} rows, {r['columns']} columns)",
-        f"task:         {r['task']} ({how}{r['task_reason']})" + (
-            f"; pass --task {' or --task '.join(r['other_tasks'])} to change it"
-            if r["task_inferred"] and r.get("other_tasks") else ""),
-        *([f"classes:      {r['classes']}"] if r["classes"] else []),
-        f"name:         {r['name']}",
-        *choice_lines(r["choices"], r.get("unlabeled", 0)),
-        f"dvc add:      {r['dvc_file']} (md5 {r['md5']}), in the local DVC cache",
-        f"expectations: {r['expectations']}  <- review it: validation checks every data version against it",
-        f"config:       {r['config']}",
-    ]
-    return "\n".join(lines + _closing_lines(r, table=True))
-
-
-def _format_folder_report(r: dict[str, Any]) -> str:
-    rows = ", ".join(f"{k} {v}" for k, v in r["rows"].items())
-    lines = [
-        f"data:         {r['data']} ({rows} files)",
-        f"task:         {r['task']} ({'inferred: ' if r['task_inferred'] else ''}{r['task_reason']})",
-        f"name:         {r['name']}",
-        *r["lines"],
-        f"dvc add:      {r['dvc_file']} (md5 {r['md5']}), in the local DVC cache",
-        f"config:       {r['config']}  <- review {r['review']}: validation checks every data version against them",
-    ]
-    return "\n".join(lines + _closing_lines(r, table=False))
-
-
-def _closing_lines(r: dict[str, Any], table: bool) -> list[str]:
-    """The re-run diff, how to share the data, what to commit and run next."""
-    lines = []
+    task = f"task:         {r['task']} ({'inferred: ' if r['task_inferred'] else ''}{r['task_reason']})"
+    dvc = f"dvc add:      {r['dvc_file']} (md5 {r['md5']}), in the local DVC cache"
+    if table:
+        split = (f"one table {r['layout']['file']}, split into train/test by seed" if "file" in r["layout"]
+                 else f"{r['layout']['train_file']} + {r['layout']['test_file']}")
+        if r["task_inferred"] and r.get("other_tasks"):
+            task += f"; pass --task {' or --task '.join(r['other_tasks'])} to change it"
+        lines = [f"data:         {r['data']} ({split}; {rows} rows, {r['columns']} columns)", task,
+                 *([f"classes:      {r['classes']}"] if r["classes"] else []), f"name:         {r['name']}",
+                 *choice_lines(r["choices"], r.get("unlabeled", 0)), dvc,
+                 f"expectations: {r['expectations']}  <- review it: validation checks every data version against it",
+                 f"config:       {r['config']}"]
+    else:
+        lines = [f"data:         {r['data']} ({rows} files)", task, f"name:         {r['name']}", *r["lines"], dvc,
+                 f"config:       {r['config']}  <- review {r['review']}: validation checks every data version "
+                 "against them"]
     if r.get("updated"):
         facts = "the data facts and the expectations are" if table else "the data facts are"
         lines += ["", f"Updated {' and '.join(r['updated'])}: {facts} new, every other key of yours is kept. "
@@ -412,23 +365,17 @@ def _closing_lines(r: dict[str, Any], table: bool) -> list[str]:
         "Next:",
         f"    {r['next']}",
     ]
-    return lines
+    return "\n".join(lines)
 
 
 def choice_lines(choices: dict, unlabeled: int = 0) -> list[str]:
-    """The choices init made from the data, one line each with its reason (for its output and,
-    as comments, for the config it writes)."""
-    out = []
-    for col, why in choices.get("exclude", {}).items():
-        out.append(f"excluded:     {col}: {why} (dataset.exclude)")
-    for col, why in choices.get("categorical", {}).items():
-        out.append(f"categorical:  {col}: {why} (dataset.categorical)")
-    if choices.get("imputed"):
-        shown = ", ".join(f"{c} ({n})" for c, n in choices["imputed"].items())
-        out.append(f"missing:      {shown}: the model fills in the train median and gets a missing-indicator input")
-    if choices.get("missing_category"):
-        shown = ", ".join(f"{c} ({n})" for c, n in choices["missing_category"].items())
-        out.append(f"missing:      {shown}: \"missing\" is a category of its own")
+    """The choices init made from the data, one line each with its reason (output and config comments)."""
+    out = [f"excluded:     {col}: {why} (dataset.exclude)" for col, why in choices.get("exclude", {}).items()]
+    out += [f"categorical:  {col}: {why} (dataset.categorical)" for col, why in choices.get("categorical", {}).items()]
+    for key, what in (("imputed", "the model fills in the train median and gets a missing-indicator input"),
+                      ("missing_category", "\"missing\" is a category of its own")):
+        if choices.get(key):
+            out.append(f"missing:      {', '.join(f'{c} ({n})' for c, n in choices[key].items())}: {what}")
     dup = choices.get("duplicates") or {}
     if dup.get("within"):
         out.append(f"duplicates:   {dup['within']} repeated row(s): each stays on one side of a split trainflow makes")
@@ -442,8 +389,7 @@ def choice_lines(choices: dict, unlabeled: int = 0) -> list[str]:
 
 def slugify(text: str) -> str:
     """A pipeline name from a file or folder name: lower case, [a-z0-9_-], starting with a letter."""
-    slug = re.sub(r"[^a-z0-9_-]+", "-", text.lower()).strip("-_")
-    slug = re.sub(r"-{2,}", "-", slug)
+    slug = re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9_-]+", "-", text.lower()).strip("-_"))
     return slug if slug[:1].isalpha() else f"data-{slug}".rstrip("-")
 
 
@@ -471,13 +417,11 @@ def _layout(target: Path, rel: str) -> tuple[dict[str, str], list[Path]]:
             raise InitError(f"--data {rel}: not a table; use a .csv or .parquet file (or a folder of them)")
         return {"file": target.name}, [target]
     tables = sorted(p for p in target.iterdir() if p.is_file() and p.suffix.lower() in TABLE_SUFFIXES)
-    by_stem: dict[str, list[Path]] = {}
-    for p in tables:
-        by_stem.setdefault(p.stem.lower(), []).append(p)
-    for stem in ("train", "test"):
-        if len(by_stem.get(stem, [])) > 1:
-            raise InitError(f"--data {rel}: more than one {stem} table ({[p.name for p in by_stem[stem]]}); keep one")
-    train, test = by_stem.get("train", [None])[0], by_stem.get("test", [None])[0]
+    split = {stem: [p for p in tables if p.stem.lower() == stem] for stem in ("train", "test")}
+    for stem, found in split.items():
+        if len(found) > 1:
+            raise InitError(f"--data {rel}: more than one {stem} table ({[p.name for p in found]}); keep one")
+    train, test = (found[0] if found else None for found in split.values())
     if train and test:
         return {"train_file": train.name, "test_file": test.name}, [train, test]
     if train or test:
@@ -500,25 +444,13 @@ def _name(name: str | None, target: Path) -> str:
 
 
 def _task(task: str | None, labels, label: str, ctype: str) -> tuple[str, str, bool, list[str]]:
-    """(task, why, inferred, the other tasks that fit) for a label column of type ``ctype``
-    (core.expectations types): each registered task (entry points too) says whether it can learn
-    it (``Task.init_fit``); with ``task`` given, that one must."""
-    from tasks import get_task, names
-
+    """(task, why, inferred, other tasks that fit) for a label column of type ``ctype`` (``Task.init_fit``)."""
     if task is not None:
-        try:
-            fit = get_task(task).init_fit(label, labels, ctype)
-        except TrainflowError as exc:
-            raise InitError(f"--task {task!r}: {exc}") from None
+        fit = _ask(task, lambda t: t.init_fit(label, labels, ctype))
         if not fit.fits:
             raise InitError(f"--task {task}: {fit.why}")
         return task, fit.why, False, []
-    fits = {}
-    for name in names():
-        try:
-            fits[name] = get_task(name).init_fit(label, labels, ctype)
-        except TrainflowError:  # a plugin that cannot be loaded is not a candidate
-            continue
+    fits = dict(_answers(lambda t: t.init_fit(label, labels, ctype)))
     preferred = [n for n, f in fits.items() if f.fits and f.preferred]
     if not preferred:
         raise InitError(f"no task can learn label {label!r} ({ctype}): "
@@ -554,8 +486,7 @@ def _dvc_add(root: Path, rel: str) -> str:
 
     from core.env import TELEMETRY_OFF
 
-    env = {**TELEMETRY_OFF, **os.environ}
-    done = subprocess.run([sys.executable, "-m", "dvc", "add", rel], cwd=root, env=env,
+    done = subprocess.run([sys.executable, "-m", "dvc", "add", rel], cwd=root, env={**TELEMETRY_OFF, **os.environ},
                           capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         out = (done.stderr.strip() or done.stdout.strip()).splitlines()
@@ -580,23 +511,9 @@ def _expectations_header(rel: str, md5: str) -> str:
             f"# profiled count, and class_share: the smallest and largest share of a class in a split, +-{pct}.\n")
 
 
-def _config_header(rel: str, md5: str, config_rel: str, task: str, why: str, inferred: bool,
-                   choices: dict | None = None, unlabeled: int = 0) -> str:
-    made = choice_lines(choices or {}, unlabeled)
-    return (f"# Written by `trainflow init` for {rel} (DVC md5 {md5}).\n"
-            f"# task: {task} ({'inferred: ' if inferred else ''}{why}).\n"
-            + ("# Choices made from the data (edit the keys named; init run again keeps your edits):\n"
-               + "".join(f"#   {line}\n" for line in made) if made else "")
-            + f"# Every key not here keeps its default (core/config.py). Run: trainflow run --config {config_rel}\n")
-
-
 def _rel(root: Path, path: Path) -> str:
     try:
         return Path(path).resolve().relative_to(root).as_posix()
     except ValueError:
         return str(path)
 
-
-def _parent(rel: str) -> str:
-    parent = Path(rel).parent.as_posix()
-    return parent if parent != "." else "."

@@ -1,23 +1,15 @@
-"""Multi-node training on Kubernetes: an indexed Job of N pods plus a headless Service.
+"""Multi-node training on Kubernetes: an indexed Job of N pods, a headless Service and a NetworkPolicy.
 
-Each pod is one torchrun agent (``trainflow train --nnodes N --node-rank
-$JOB_COMPLETION_INDEX --rdzv-endpoint <job>-0.<job>.<ns>.svc:29400 --rdzv-id <random>``):
-the launcher turns that into ``torchrun --rdzv-backend=c10d`` with the same flags, so
-the pods meet at pod 0, which hosts the c10d store. The store's agents unpickle what
-they read under the rendezvous id, so the id is random per job (drawn once, rendered into
-every pod's arguments) and a NetworkPolicy admits only the job's own pods to them. Every pod checks out the
-same git commit, pulls the data version with DVC, and trains into a shared
-volume (rank 0 writes checkpoints and results there). The image is referenced
-by digest and its ref/digest are passed in TRAINFLOW_IMAGE /
-TRAINFLOW_IMAGE_DIGEST (what core/manifest.py records). MLflow must be a
-tracking *server*: ranks on different nodes cannot share a sqlite file.
+Each pod is one torchrun agent (``trainflow train --nnodes N --node-rank $JOB_COMPLETION_INDEX
+--rdzv-endpoint <job>-0.<job>.<ns>.svc:29400 --rdzv-id <random>``); the pods meet at pod 0, which hosts
+the c10d store. The store's agents unpickle what they read under the rendezvous id, so the id is random
+per job and only the job's own pods may connect. Every pod checks out the same git commit, pulls the data
+version with DVC and trains into a shared volume. The image is pinned by digest (recorded through
+TRAINFLOW_IMAGE / TRAINFLOW_IMAGE_DIGEST); MLflow must be a tracking server (nodes share no sqlite file).
 
     trainflow k8s-job --nnodes 2 --gpus-per-node 8 --image REPO/trainflow@sha256:... \\
         --git-repo https://git.example/trainflow.git --git-ref <sha> \\
         --mlflow-uri http://mlflow.ml:5000 | kubectl apply -f -
-
-Rendering needs nothing but PyYAML; ``tests/unit/test_k8s.py`` validates the
-output against the Kubernetes JSON schemas (kubernetes-validate, strict).
 """
 
 from __future__ import annotations
@@ -31,11 +23,6 @@ PREEMPTED_EXIT = 4  # flows/cli.py EXIT_PREEMPTED (not imported: this module sta
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _RDZV_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-
-
-def new_rdzv_id() -> str:
-    """A rendezvous id nobody can guess (128 random bits)."""
-    return secrets.token_hex(16)
 
 # One shell line per pod: fetch the code and data version, then become the torchrun agent.
 # "$@" are trainflow train's arguments; the node rank comes from the Job's completion index.
@@ -69,7 +56,8 @@ class MultiNodeJob:
     shm_size: str = "16Gi"                # NCCL and DataLoader workers use /dev/shm
     service_account: str | None = None
     backoff_limit: int = 0                # torchrun restarts workers inside a pod (training.max_restarts)
-    rdzv_id: str = field(default_factory=new_rdzv_id)  # drawn once per job: every pod gets the same
+    # Drawn once per job (every pod gets the same), 128 random bits nobody can guess.
+    rdzv_id: str = field(default_factory=lambda: secrets.token_hex(16))
     mlflow_secret: str | None = None      # a Secret with MLFLOW_TRACKING_USERNAME/PASSWORD (an auth'd server)
 
 
@@ -115,12 +103,10 @@ def rdzv_endpoint(job: MultiNodeJob) -> str:
 
 def train_args(job: MultiNodeJob) -> list[str]:
     """``trainflow train`` arguments shared by every node (the node rank is added per pod)."""
-    args = ["--config", job.config, "--out", job.out_dir or f"/shared/{job.name}",
+    return ["--config", job.config, "--out", job.out_dir or f"/shared/{job.name}",
             "--nnodes", str(job.nnodes), "--nproc", str(job.gpus_per_node),
-            "--rdzv-endpoint", rdzv_endpoint(job), "--rdzv-id", job.rdzv_id]
-    for item in job.overrides:
-        args += ["--set", item]
-    return args
+            "--rdzv-endpoint", rdzv_endpoint(job), "--rdzv-id", job.rdzv_id,
+            *(a for item in job.overrides for a in ("--set", item))]
 
 
 def render(job: MultiNodeJob) -> list[dict]:
@@ -131,32 +117,23 @@ def render(job: MultiNodeJob) -> list[dict]:
     pinned, ref, digest = _image_by_digest(job.image, job.image_digest)
     labels = {"app.kubernetes.io/name": "trainflow", "app.kubernetes.io/component": "train",
               "trainflow/job": job.name}
+
     def meta() -> dict:  # fresh copies: no shared objects, so the YAML has no anchors
         return {"name": job.name, "namespace": job.namespace, "labels": dict(labels)}
 
     def own_pods() -> dict:
         return {"matchLabels": {"trainflow/job": job.name}}
 
-    # Only the job's own pods may connect to its pods: the c10d store (whose values agents
-    # unpickle) and the collectives, which use ephemeral ports between ranks, so peers get every
-    # port and nobody else any. Applied first, before a pod exists.
-    policy = {
-        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta(),
-        "spec": {
-            "podSelector": own_pods(),
-            "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"podSelector": own_pods()}]}],
-        },
-    }
-    service = {
-        "apiVersion": "v1", "kind": "Service", "metadata": meta(),
-        "spec": {
-            "clusterIP": "None",  # headless: DNS gives each pod <job>-<i>.<job>
-            "publishNotReadyAddresses": True,  # the rendezvous happens before any pod is "ready"
-            "selector": {"trainflow/job": job.name},
-            "ports": [{"name": "c10d", "port": RDZV_PORT, "targetPort": RDZV_PORT, "protocol": "TCP"}],
-        },
-    }
+    # Only the job's own pods may connect to its pods (the c10d store, whose values agents unpickle, and
+    # the collectives on ephemeral ports): peers get every port, nobody else any. Applied first.
+    policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta(),
+              "spec": {"podSelector": own_pods(), "policyTypes": ["Ingress"],
+                       "ingress": [{"from": [{"podSelector": own_pods()}]}]}}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": meta(), "spec": {
+        "clusterIP": "None",  # headless: DNS gives each pod <job>-<i>.<job>
+        "publishNotReadyAddresses": True,  # the rendezvous happens before any pod is "ready"
+        "selector": {"trainflow/job": job.name},
+        "ports": [{"name": "c10d", "port": RDZV_PORT, "targetPort": RDZV_PORT, "protocol": "TCP"}]}}
     env = [
         {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
             "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},

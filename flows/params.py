@@ -1,23 +1,18 @@
-"""What a pipeline run may be given, and by whom.
+"""What a pipeline run may be given, and by whom. Two channels, on purpose:
 
-Two channels, on purpose:
-
-* ``PipelineParams`` is the flow's one parameter: the Prefect UI form and the API of every
-  deployment, i.e. input from anyone who may trigger a run. It chooses a config file in
-  ``configs/`` by name and may override only ``KNOBS`` (typed training knobs) and promotion to
-  manual. Paths, names, gates, the model factory and the task come only from the committed
-  config. Anything else is refused when the parameters are validated (the server's schema check,
-  then pydantic in the flow run), before any file is read, with a message naming the key.
-* ``ShellInputs`` is what the person at the shell gave ``trainflow run`` / ``retrain``: any
-  config path and every ``--set`` (but code keys, ``CODE_KEYS``). It is never a flow parameter:
-  the CLI sets it in a context variable around its in-process flow call (``from_shell``), so no
-  deployment form or API call can reach it.
+* ``PipelineParams``, the flow's one parameter (the Prefect UI form, every deployment's API): input from
+  anyone who may trigger a run. It names a config file in ``configs/`` and may override only ``KNOBS`` and
+  promotion to manual; anything else is refused when the parameters are validated, naming the key.
+* ``ShellInputs``, what the person at the shell gave ``trainflow run`` / ``retrain``: any config path and
+  every ``--set`` but code keys (``CODE_KEYS``). Never a flow parameter: the CLI sets it in a context
+  variable around its in-process flow call (``from_shell``), so no deployment form or API call reaches it.
 
 ``run_inputs`` turns the two into what a run uses (``RunInputs``).
 """
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -36,8 +31,7 @@ CODE_KEYS = ("task", "model.factory", "model.kwargs")
 CONFIG_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\.ya?ml$"
 DEFAULT_CONFIG = "digits.yaml"
 
-# Deployment parameter -> the config key it overrides. Nothing else of a config can be changed
-# by a run's parameters.
+# Deployment parameter -> the config key it overrides: nothing else of a config is a run's to change.
 KNOBS = {
     "epochs": "training.epochs",
     "lr": "training.lr",
@@ -81,8 +75,7 @@ class PipelineParams(BaseModel):
     def _only_knobs(cls, data: Any) -> Any:
         # Say which key, and what may be set instead, before pydantic's generic "extra" error.
         if isinstance(data, dict):
-            extra = [k for k in data if k not in cls.model_fields]
-            if extra:
+            if extra := [k for k in data if k not in cls.model_fields]:
                 raise ValueError(f"{extra[0]}: not a run parameter; a run chooses 'config' (a file in configs/) "
                                  f"and may set only {', '.join(k for k in cls.model_fields if k != 'config')}; "
                                  "everything else comes from the committed config")
@@ -116,15 +109,8 @@ class ShellInputs:
     image_digest: str | None = None
 
 
-@dataclass(frozen=True)
-class RunInputs:
+class RunInputs(ShellInputs):
     """What one run uses: the config file, its overrides, the world and the image it records."""
-
-    config_path: Path
-    overrides: tuple[str, ...]
-    nproc_per_node: int | None
-    image: str | None
-    image_digest: str | None
 
 
 _SHELL: ContextVar[ShellInputs | None] = ContextVar("trainflow_shell_inputs", default=None)
@@ -133,8 +119,7 @@ _SHELL: ContextVar[ShellInputs | None] = ContextVar("trainflow_shell_inputs", de
 @contextmanager
 def from_shell(shell: ShellInputs) -> Iterator[None]:
     """Within this block (the CLI's in-process flow call), runs take ``shell``'s inputs."""
-    problem = code_override(list(shell.overrides))
-    if problem:
+    if problem := code_override(list(shell.overrides)):
         raise ConfigError(problem)
     token = _SHELL.set(shell)
     try:
@@ -146,8 +131,6 @@ def from_shell(shell: ShellInputs) -> Iterator[None]:
 def config_file(name: str, start: Path | None = None) -> Path:
     """``configs/<name>`` of the project around ``start`` (default: the cwd); ConfigError naming
     ``config`` unless it is a file name there that resolves inside ``configs/``."""
-    import re
-
     from core.paths import project_root
 
     if not re.match(CONFIG_NAME, name):
@@ -162,8 +145,7 @@ def config_file(name: str, start: Path | None = None) -> Path:
 def run_inputs(params: PipelineParams) -> RunInputs:
     """The run's inputs: the shell's when the CLI runs the flow (its knobs come last), else the
     deployment's ``params`` only (a config in ``configs/`` of the project around the cwd)."""
-    shell = _SHELL.get()
-    if shell is not None:
+    if (shell := _SHELL.get()) is not None:
         return RunInputs(Path(shell.config_path), (*shell.overrides, *params.overrides()),
                          params.nproc_per_node or shell.nproc_per_node, shell.image, shell.image_digest)
     return RunInputs(config_file(params.config), tuple(params.overrides()), params.nproc_per_node, None, None)

@@ -2,16 +2,11 @@
 
 Two layers, taken in this order by every promoter (so no two can deadlock):
 
-1. **A Prefect global concurrency limit** ``promote-<model>`` (limit 1), only when the run talks to
-   a persistent Prefect server: ``PREFECT_API_URL`` set by the user, or by the worker that runs a
-   deployment. The Prefect UI (Concurrency) then shows who holds the promotion and who waits.
-   The limit is created on first use; an operator's own settings of it are kept.
-2. **The registry lease** (``registry.lease``), always, underneath. MLflow has no compare-and-set
-   on aliases, and two hosts that share the MLflow server need not share a Prefect server (or any):
-   the lease, kept in that registry itself, is what protects the aliases. In ephemeral mode (the
-   temporary server ``trainflow run`` starts, marked by ``flows.api_server.TEMPORARY_API``, or
-   Prefect's own) it is the only layer: a limit on a server no other run talks to would
-   serialise nothing.
+1. A Prefect global concurrency limit ``promote-<model>`` (limit 1), only against a persistent Prefect
+   server (``PREFECT_API_URL`` set by the user or by a deployment's worker): the Prefect UI then shows who
+   holds the promotion and who waits. Created on first use; an operator's own settings of it are kept.
+2. The registry lease (``registry.lease``), always: hosts that share the MLflow server need not share a
+   Prefect server, and MLflow has no compare-and-set on aliases. In ephemeral mode it is the only layer.
 """
 
 from __future__ import annotations
@@ -22,8 +17,7 @@ from pathlib import Path
 
 from flows.api_server import persistent_api_url
 
-# How long a promoter waits for the Prefect limit before failing with LockTimeoutError; the
-# lease then has its own wait (registry.lease.hold), and the register task its timeout.
+# How long a promoter waits for the Prefect limit (the lease then has its own wait).
 PREFECT_WAIT_S = 240.0
 
 
@@ -34,11 +28,8 @@ def limit_name(model_name: str) -> str:
 
 @contextmanager
 def promotion_lock(tracking_uri: str, home: Path, model_name: str) -> Iterator[None]:
-    """Hold every layer of ``model_name``'s promotion lock (see the module docstring) for the block.
-
-    ``home`` is only named to whoever waits. Raises LockTimeoutError (naming the limit or the
-    holder) when a layer stays taken too long.
-    """
+    """Hold every layer of ``model_name``'s promotion lock for the block (``home``: named to whoever
+    waits). Raises LockTimeoutError, naming the limit or the holder, when a layer stays taken too long."""
     from registry.lease import hold
 
     with ExitStack() as stack:

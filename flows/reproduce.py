@@ -1,22 +1,13 @@
 """``trainflow reproduce``: train a registered model again from what its run recorded, and compare.
 
-1. Resolve ``NAME@ALIAS``, ``NAME/VERSION`` or an MLflow run id to the pipeline run that
-   trained it; read its ``manifest.json`` and ``config.json`` artifacts (the resolved config,
-   whatever the config schema was then) and the expected ``weights_sha256``.
-2. Restore the code: a clone of the repository at the manifest's git sha (refused when that
-   commit is not in the repository). Restore the data: the manifest's DVC md5 checked out of
-   the repository's DVC cache, or pulled from the DVC remote recorded at that commit (refused
-   when neither has it).
-3. Train with the code of that commit (``python -m flows.cli train`` inside the clone, so its
-   own ``training`` package and config schema run) and the recorded world size; a repository
-   that holds data and configs only is trained with the installed trainflow, with a warning.
-4. Compare the new ``weights_sha256`` with the recorded one. On CPU with the same world size
-   the two are bitwise equal (deterministic kernels, seeded data order).
-
-Nothing is registered: the rerun is logged as its own MLflow run (tag ``trainflow.stage =
-reproduce``, ``trainflow.reproduces = <run id>``, ``reproduced = true/false``) in the model's
-experiment. A different image, package set, backend, or a dirty workspace at training time
-are warnings, not refusals. No Prefect: this is a check a person runs, not a pipeline stage.
+``NAME@ALIAS``, ``NAME/VERSION`` or a run id resolves to the pipeline run that trained it; its recorded
+``manifest.json`` and ``config.json`` (sha256-checked) give the git sha, the DVC md5 and the world size.
+The code is cloned at that commit (refused when the repository lacks it), the data restored from the DVC
+cache or remote (refused when neither has it), and ``python -m flows.cli train`` runs inside the clone, so
+that commit's own code trains (a data + config repository: the installed trainflow, with a warning). The
+new ``weights_sha256`` is compared with the recorded one: on CPU with the same world size they are bitwise
+equal. Nothing is registered: the rerun is its own MLflow run (``trainflow.stage = reproduce``). A different
+image, package set or backend, or a dirty workspace at training time, are warnings, not refusals.
 """
 
 from __future__ import annotations
@@ -77,21 +68,9 @@ def _resolve(ref: str) -> tuple[str, object | None]:
     return ref, (found[0] if found else None)
 
 
-def _load_artifact(run_id: str, name: str) -> dict | None:
-    import mlflow
-
-    try:
-        return mlflow.artifacts.load_dict(f"runs:/{run_id}/{name}")
-    except Exception:  # noqa: BLE001 - missing artifact: the caller says what that means
-        return None
-
-
 def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], None] = lambda m: None) -> dict:
-    """Reproduce ``ref`` in the git + DVC repository ``root``; returns the comparison summary.
-
-    Raises ReproduceRefusedError (exit 6) when the recorded commit, data version or run
-    artifacts are unavailable; TrainflowError for a failed training.
-    """
+    """Reproduce ``ref`` in the git + DVC repository ``root``; returns the comparison summary. Raises
+    ReproduceRefusedError (exit 6) when what it needs is unavailable, TrainflowError for a failed training."""
     import mlflow
 
     from registry import store
@@ -113,9 +92,12 @@ def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], Non
     if EXTENDS_KEY in config:  # an artifact store's answer must not make this host read another file
         raise ReproduceRefusedError(f"config.json of run {source_run} names another config file ({EXTENDS_KEY}: "
                                     f"{config[EXTENDS_KEY]!r}): a recorded config is the merged one and names none")
-    tags = dict(mv.tags) if mv is not None else {}
-    expected = tags.get("weights_sha256") or (_load_artifact(source_run, "training/result.json") or {}).get(
-        "weights_sha256")
+    expected = (mv.tags if mv is not None else {}).get("weights_sha256")
+    if not expected:
+        try:
+            expected = mlflow.artifacts.load_dict(f"runs:/{source_run}/training/result.json").get("weights_sha256")
+        except Exception:  # noqa: BLE001 - no such artifact: refused below
+            pass
     if not expected:
         raise ReproduceRefusedError(f"run {source_run} recorded no weights_sha256 (training never finished): "
                                     "nothing to compare against")
@@ -158,10 +140,11 @@ def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], Non
     experiment = config.get("registry", {}).get("experiment", "trainflow")
     exp_id = store.configure(uri, experiment, under_home(home, "mlartifacts"))
     model_label = f"{mv.name}/{mv.version}" if mv is not None else source_run
+    recorded = {"git_sha": manifest["git_sha"], "data_md5": manifest["data"]["md5"],
+                "config_sha256": manifest["config_sha256"]}
     run_id = store.start_run(exp_id, f"reproduce-{model_label.replace('/', '-v')}", {
         "trainflow.stage": "reproduce", "trainflow.reproduces": source_run, "trainflow.reproduces_model": model_label,
-        **{k: v for k, v in (("git_sha", manifest["git_sha"]), ("data_md5", manifest["data"]["md5"]),
-                             ("config_sha256", manifest["config_sha256"]))}})
+        **recorded})
     try:
         result = _train(src, out, config, size, run_id, uri, warnings, log)
     except BaseException:
@@ -177,9 +160,7 @@ def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], Non
         "exit_code": 0 if reproduced else EXIT_NOT_REPRODUCED, "ref": ref,
         "model_name": getattr(mv, "name", None), "model_version": str(mv.version) if mv is not None else None,
         "source_run_id": source_run, "reproduce_run_id": run_id, "tracking_uri": uri,
-        "expected_weights_sha256": expected, "weights_sha256": got,
-        "git_sha": manifest["git_sha"], "data_md5": manifest["data"]["md5"],
-        "config_sha256": manifest["config_sha256"], "config_restored": config_restored,
+        "expected_weights_sha256": expected, "weights_sha256": got, **recorded, "config_restored": config_restored,
         "world_size": result.get("world_size"), "recorded_world_size": size,
         "backend": result.get("backend"), "recorded_backend": world.get("backend"),
         "image": {"recorded": recorded_image, "current": {"ref": image.ref, "digest": image.digest}},

@@ -3,16 +3,12 @@
     decide ──► (up-to-date: log the reason, exit 0)
            └─► pipeline (validate ► train ► evaluate ► gate ► register, race-safe promotion)
 
-``decide`` compares what the next run would record with the ``@champion``'s version tags:
-
-* data md5 (DVC), config id and code (the files changed since the champion's git sha, leaving
-  out data, configs, docs and tests) all equal: **up-to-date**, nothing runs;
-* the data changed: the new training split is checked for drift against the champion's
-  training data (read from the DVC cache or remote by its md5): per-feature PSI and KS with
-  the thresholds of the config's ``retrain`` section, reported as a markdown table (a Prefect
-  artifact, and files in the pipeline's MLflow run). ``retrain.policy: any_change`` trains on
-  any new data version; ``drift`` trains only on drifted data (otherwise: **no-drift**, exit 0);
-* the config or the code changed, there is no champion, or ``force``: trains.
+``decide`` compares what the next run would record with the ``@champion``'s version tags. Data md5,
+config id and code (files changed since the champion's git sha, but data, configs, docs and tests) all
+equal: **up-to-date**, nothing runs. Changed data is checked for drift against the champion's training
+split (per-feature PSI and KS, thresholds from the config's ``retrain`` section): ``retrain.policy:
+any_change`` trains on any new data version, ``drift`` only on drifted data (otherwise **no-drift**). A
+changed config or code, no champion, or ``force``: trains.
 
 Deployment entrypoint: ``flows/retrain.py:retrain`` (one parameter, ``RetrainParams``).
 """
@@ -34,13 +30,12 @@ from flows.pipeline import TASK, load_inputs, pipeline
 def _champion_dataset(run_id: str | None, fallback):
     """The dataset section the champion was trained with (its run's config.json), else ``fallback``."""
     from core.config import DatasetConfig
+    from registry import store
 
     if not run_id:
         return fallback
-    from registry import store
-
-    # IntegrityError: changed since it was logged; a champion logged before hashes were recorded:
-    # this config's dataset section, not an unchecked file.
+    # IntegrityError: changed since it was logged; a champion logged before hashes were recorded gives
+    # None: this config's dataset section, not an unchecked file.
     dumped = store.load_recorded(run_id, "config.json", unrecorded_ok=True)
     try:
         return DatasetConfig.model_validate(dumped["dataset"])
@@ -87,14 +82,11 @@ def decide(inputs: RunInputs, force: bool) -> dict:
     champ = models.champion_version(cfg.registry.model_name)
     current = {"data_md5": manifest.data.md5, "config_sha256": manifest.config_sha256,
                "git_sha": manifest.git_sha, "git_dirty": manifest.git_dirty}
-    reasons: list[str] = []
-    skip_reason = None
-    drift, drift_error, changes = None, None, []
-    if force:
-        reasons.append("forced")
+    reasons = ["forced"] if force else []
+    skip_reason = champion = drift = drift_error = None
+    changes: list[str] | None = []
     if champ is None:
         reasons.append(f"{cfg.registry.model_name} has no @champion yet")
-        champion = None
     else:
         tags = champ["tags"]
         champion = {"version": champ["version"], "data_md5": tags.get("data_md5"),
@@ -117,17 +109,17 @@ def decide(inputs: RunInputs, force: bool) -> dict:
             if drift is not None:
                 create_markdown_artifact(markdown=drift_markdown(drift), key="drift-report",
                                          description=f"Drift of data {current['data_md5']} vs the champion's")
-            verdict = ("drifted: " + f"{drift['n_drifted']} of {drift['n_features']} features" if drift and drift["drifted"]
-                       else "no drift" if drift else "drift unknown")
+                counted = f"{drift['n_drifted']} of {drift['n_features']} features"
             if cfg.retrain.policy == "any_change":
+                verdict = (f"drifted: {counted}" if drift and drift["drifted"] else "no drift" if drift
+                           else "drift unknown")
                 reasons.append(f"data changed: {change} ({verdict})")
             elif drift is None:
                 reasons.append(f"data changed: {change}, and the drift check could not run ({drift_error})")
             elif drift["drifted"]:
-                reasons.append(f"data drifted: {change}, {drift['n_drifted']} of {drift['n_features']} features")
+                reasons.append(f"data drifted: {change}, {counted}")
             else:
-                skip_reason = (f"data changed ({change}) but did not drift ({drift['n_drifted']} of "
-                               f"{drift['n_features']} features; retrain.policy: drift)")
+                skip_reason = f"data changed ({change}) but did not drift ({counted}; retrain.policy: drift)"
     train = bool(reasons)
     status = "train" if train else ("no-drift" if skip_reason else "up-to-date")
     if not train and skip_reason is None:
@@ -188,12 +180,9 @@ def _run_name() -> str:
 
 @flow(name="retrain", flow_run_name=_run_name, log_prints=True)
 def retrain(params: RetrainParams = RetrainParams()) -> dict:
-    """Run the pipeline when data, config or code moved past the champion (or ``force``).
-
-    Returns ``{"status": "up-to-date" | "no-drift", "exit_code": 0, "retrain": decision, ...}``
-    when it skips, else the pipeline's summary plus ``retrain``. A failing pipeline raises as
-    ``pipeline`` does, its ``.summary`` carrying the decision too.
-    """
+    """Run the pipeline when data, config or code moved past the champion (or ``force``). Returns a
+    ``{"status": "up-to-date" | "no-drift", "exit_code": 0, ...}`` summary when it skips, else the
+    pipeline's; either (and a failing pipeline's ``.summary``) carries the decision as ``retrain``."""
     t0 = time.perf_counter()
     d = decide(run_inputs(params), params.force)
     log = get_run_logger()
@@ -207,8 +196,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict:
     try:
         summary = pipeline(params.pipeline_params())
     except BaseException as exc:
-        partial = getattr(exc, "summary", None)
-        if partial is not None:
+        if (partial := getattr(exc, "summary", None)) is not None:
             partial["retrain"] = d
             _log_decision(partial.get("mlflow_run_id"), d)
         raise

@@ -1,31 +1,16 @@
-"""The scaling sweep: train one config under several process/thread layouts and batch sizes,
-measure, and say which layout to use.
+"""The scaling sweep: train one config under several process/thread layouts and batch sizes, measure,
+and say which layout to use.
 
     trainflow scale --config configs/digits.yaml --batch-sizes 32,128 --epochs 3
 
-``run_sweep`` is a plain function (no Prefect, no MLflow): each layout x batch size is one
-real training job through ``training.launcher`` (torchrun), checkpoints off. It writes into
-``out_dir``:
-
-- ``scale.json``: every row (layout, nproc, threads, batch_size, samples_per_s,
-  scaling_efficiency, time_to_target_s, cost_core_s, ...), the best row, the recommendation;
-- ``scale.md``: the same as a markdown table plus the recommendation;
-- ``scale.png``: samples/s per layout, annotated with efficiency and time to target;
-
-and saves the rows to ``<TRAINFLOW_HOME>/scale/<layout key>.json``, where
-``training.cpu_workers: auto`` finds them (``training.advisor.load_sweep``).
-
-Definitions (per row):
-
-- ``samples_per_s``: the job's mean over epochs of global training samples/s (worker's result.json);
-- ``scaling_efficiency``: samples/s / (samples/s of 1 process x 1 thread at the same batch
-  size x cores used); None without that baseline row. GPUs: against 1 GPU, per GPU;
-- ``time_to_target_s``: sum of ``epoch_time_s`` (training time only: no start-up, no
-  validation) up to the first epoch whose ``val_accuracy >= target_accuracy``; None if never;
-- ``cost_core_s``: time_to_target_s x cores used (GPUs used on CUDA).
-
-``scale_flow`` wraps it as a Prefect flow that logs the three files and the rows' metrics to
-MLflow (experiment ``<registry.experiment>-scale``) and leaves a markdown artifact.
+``run_sweep`` (no Prefect, no MLflow) runs each layout x batch size as one real training job
+(``training.launcher``, checkpoints off), writes ``scale.json`` (every row, the best, the recommendation),
+``scale.md`` and ``scale.png`` into ``out_dir`` and saves the rows where ``training.cpu_workers: auto``
+finds them (``training.advisor.load_sweep``). Per row: ``samples_per_s`` is the mean over epochs of global
+training samples/s; ``scaling_efficiency`` is that / (1 process x 1 thread's at the same batch size x cores
+used; GPUs: 1 GPU's, per GPU); ``time_to_target_s`` sums ``epoch_time_s`` up to the first epoch whose
+``val_accuracy`` reaches the target; ``cost_core_s`` is that x cores (GPUs) used.
+``scale_flow`` wraps it as a Prefect flow that logs to MLflow (experiment ``<registry.experiment>-scale``).
 """
 
 from __future__ import annotations
@@ -54,11 +39,8 @@ def default_layouts(cpu_count: int | None = None, gpus: int | None = None) -> li
     if gpus:
         return [{"name": f"{n}gpu", "nproc": n, "threads": 1, "device": "cuda"} for n in range(1, gpus + 1)]
     cores = cpu_count or os.cpu_count() or 1
-    out: list[dict] = []
-    for n, t in ((1, cores), (1, 1), (cores, 1)):
-        if not any(l["nproc"] == n and l["threads"] == t for l in out):
-            out.append({"name": f"{n}x{t}", "nproc": n, "threads": t, "device": "cpu"})
-    return out
+    return [{"name": f"{n}x{t}", "nproc": n, "threads": t, "device": "cpu"}
+            for n, t in dict.fromkeys(((1, cores), (1, 1), (cores, 1)))]
 
 
 def parse_layout(text: str) -> dict:
@@ -72,19 +54,15 @@ def parse_layout(text: str) -> dict:
     return {"name": text, "nproc": int(n), "threads": int(t), "device": "cpu"}
 
 
-def time_to_target(history: list[dict], target: float) -> tuple[float | None, int | None]:
-    """(training seconds, epoch) until val_accuracy first reaches ``target``; (None, None) if never."""
-    total = 0.0
-    for h in history:
-        total += float(h["epoch_time_s"])
-        if float(h["val_accuracy"]) >= target:
-            return total, int(h["epoch"])
-    return None, None
-
-
 def _row(layout: dict, batch: int, result: dict, target: float) -> dict:
     cores = layout["nproc"] * (1 if layout["device"] == "cuda" else layout["threads"])
-    ttt, epoch = time_to_target(result.get("history", []), target)
+    ttt = epoch = None  # training seconds until val_accuracy first reaches ``target``, and that epoch
+    total = 0.0
+    for h in result.get("history", []):
+        total += float(h["epoch_time_s"])
+        if float(h["val_accuracy"]) >= target:
+            ttt, epoch = total, int(h["epoch"])
+            break
     ranks = result.get("ranks") or [{}]
     return {
         "layout": layout["name"], "device": layout["device"], "nproc": layout["nproc"],
@@ -102,14 +80,6 @@ def _row(layout: dict, batch: int, result: dict, target: float) -> dict:
         "scaling_efficiency": None,
         "error": None,
     }
-
-
-def _efficiency(rows: list[dict]) -> None:
-    for row in rows:
-        base = next((r for r in rows if r["nproc"] == 1 and r["threads"] == 1 and r["device"] == row["device"]
-                     and r["batch_size"] == row["batch_size"] and r["samples_per_s"]), None)
-        if base and row["samples_per_s"]:
-            row["scaling_efficiency"] = row["samples_per_s"] / (base["samples_per_s"] * row["cores"])
 
 
 def run_sweep(cfg_path: str | Path, overrides: list[str] = (), layouts: list[dict] | None = None,
@@ -151,14 +121,15 @@ def run_sweep(cfg_path: str | Path, overrides: list[str] = (), layouts: list[dic
                        "threads": layout["threads"], "cores": n * layout["threads"], "batch_size": batch,
                        "samples_per_s": 0.0, "time_to_target_s": None, "cost_core_s": None,
                        "scaling_efficiency": None, "status": "failed", "error": str(exc)}
-            if row.get("error"):
-                log(f"scale:   failed: {row['error']}")
-            else:
-                ttt = row["time_to_target_s"]
-                log(f"scale:   {row['samples_per_s']:,.0f} samples/s, time to target "
-                    + ("not reached" if ttt is None else f"{ttt:.2f} s"))
+            ttt = row["time_to_target_s"]
+            log(f"scale:   failed: {row['error']}" if row.get("error") else f"scale:   {row['samples_per_s']:,.0f} "
+                f"samples/s, time to target " + ("not reached" if ttt is None else f"{ttt:.2f} s"))
             rows.append(row)
-    _efficiency(rows)
+    for row in rows:  # against 1 process x 1 thread at the same batch size
+        one = next((r for r in rows if r["nproc"] == 1 and r["threads"] == 1 and r["device"] == row["device"]
+                    and r["batch_size"] == row["batch_size"] and r["samples_per_s"]), None)
+        if one and row["samples_per_s"]:
+            row["scaling_efficiency"] = row["samples_per_s"] / (one["samples_per_s"] * row["cores"])
     ok = [r for r in rows if r["samples_per_s"]]
     best = advisor.choose_layout(ok) if ok else None
     report = {
@@ -175,8 +146,7 @@ def run_sweep(cfg_path: str | Path, overrides: list[str] = (), layouts: list[dic
     saved.parent.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps({"config": str(cfg_path), "layout_key": key, "rows": rows,
                                  "target_accuracy": target_accuracy, "epochs": epochs}, indent=2))
-    report["files"] = {"json": str(out / "scale.json"), "md": str(out / "scale.md"),
-                       "png": str(out / "scale.png"), "saved_rows": str(saved)}
+    report["files"] = {**{k: str(out / f"scale.{k}") for k in ("json", "md", "png")}, "saved_rows": str(saved)}
     return report
 
 
@@ -196,14 +166,11 @@ def markdown(report: dict) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["rows"]:
-        if r.get("error"):
-            lines.append(f"| {r['layout']} | {r['nproc']} | {r['threads']} | {r['batch_size']} | failed: "
-                         f"{r['error'][:80]} | | | | |")
-            continue
-        lines.append(
-            f"| {r['layout']} | {r['nproc']} | {r['threads']} | {r['batch_size']} | {r['samples_per_s']:,.0f} | "
-            f"{_fmt(r['scaling_efficiency'], '.2f')} | {_fmt(r['time_to_target_s'], '.2f')} | "
-            f"{_fmt(r['cost_core_s'], '.2f')} | {_fmt(r.get('final_val_accuracy'), '.4f')} |")
+        cells = (f"failed: {r['error'][:80]} | | | |" if r.get("error") else
+                 f"{r['samples_per_s']:,.0f} | {_fmt(r['scaling_efficiency'], '.2f')} | "
+                 f"{_fmt(r['time_to_target_s'], '.2f')} | {_fmt(r['cost_core_s'], '.2f')} | "
+                 f"{_fmt(r.get('final_val_accuracy'), '.4f')}")
+        lines.append(f"| {r['layout']} | {r['nproc']} | {r['threads']} | {r['batch_size']} | {cells} |")
     lines += ["", f"**Recommendation:** {report['recommendation']}", ""]
     if report.get("best"):
         lines.append(f"Best: {report['best']['reason']}.")
@@ -239,11 +206,6 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-# -- Prefect ----------------------------------------------------------------------------------
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in text)
-
-
 @flow(name="scale")
 def scale_flow(cfg_path: str, overrides: list[str] | None = None, layouts: list[dict] | None = None,
                 batch_sizes: list[int] | None = None, epochs: int = 3, target_accuracy: float = 0.95,
@@ -268,7 +230,7 @@ def scale_flow(cfg_path: str, overrides: list[str] | None = None, layouts: list[
                              {"trainflow.stage": "scale", "layout_key": report["layout_key"]})
     try:
         for r in report["rows"]:
-            name = _slug(f"{r['layout']}_b{r['batch_size']}")
+            name = "".join(c if c.isalnum() else "_" for c in f"{r['layout']}_b{r['batch_size']}")
             store.log_metrics(run_id, {f"{name}/{k}": r[k] for k in
                                        ("samples_per_s", "scaling_efficiency", "time_to_target_s", "cost_core_s")
                                        if r.get(k) is not None})

@@ -1,16 +1,14 @@
 """``trainflow ui``: the Prefect UI and the MLflow UI on the local state, and where a run's pages are.
 
-``trainflow run`` records its flow run in the database of a temporary Prefect API server
-(``PREFECT_HOME``, by default ``TRAINFLOW_HOME/prefect/prefect.db``) and its MLflow run in
-``TRAINFLOW_HOME/mlflow.db`` (artifacts in ``mlartifacts/``). Both servers here are started on
-those same files, bound to 127.0.0.1, each in a session of its own (so a Ctrl-C reaches only this
-process, which then stops each server's whole process group) and with ``PR_SET_PDEATHSIG`` (so a
-SIGKILL of this process takes them down too). Stdlib and ``core`` only: the servers are the
-``prefect`` and ``mlflow`` commands of this environment, started as subprocesses.
+Both servers run on the files ``trainflow run`` recorded into (``PREFECT_HOME``, by default
+``TRAINFLOW_HOME/prefect/prefect.db``; ``TRAINFLOW_HOME/mlflow.db``), bound to 127.0.0.1, each in a
+session of its own (a Ctrl-C reaches only this process, which then stops each server's process group)
+and with ``PR_SET_PDEATHSIG`` (a SIGKILL of this process takes them down too).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -38,26 +36,23 @@ class UIError(TrainflowError):
     """A server could not be started or stopped answering (one line: which, why, its log)."""
 
 
-def _port_free(port: int) -> bool:
+def _bind(port: int) -> int | None:
+    """The port bound on ``HOST`` (0: a free one the system picks), None when it is taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((HOST, port))
         except OSError:
-            return False
-        return True
+            return None
+        return s.getsockname()[1]
 
 
 def choose_port(asked: int | None, default: int, option: str) -> int:
     """``asked`` if free (0: any free port); no ask: ``default`` if free, else any free port."""
-    if asked is not None and asked != 0:
-        if not _port_free(asked):
+    if asked:
+        if _bind(asked) is None:
             raise UIError(f"{option} {asked}: the port is in use (0 picks a free one)")
         return asked
-    if asked is None and _port_free(default):
-        return default
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    return (asked is None and _bind(default)) or _bind(0)
 
 
 @dataclass
@@ -91,13 +86,10 @@ class Server:
 
     def stop(self) -> None:
         """SIGTERM the process group, SIGKILL what is left of it after a grace period; reap the leader."""
-        if self.proc is None:
-            return
-        stop_group(self.proc.pid, grace=15)
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
+        if self.proc is not None:
+            stop_group(self.proc.pid, grace=15)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5)
 
 
 def prefect_server(port: int, env: dict[str, str], log: Path) -> Server:
@@ -214,9 +206,8 @@ def where_to_look(summary: dict, prefect_ui: str | None = None, mlflow_ui: str |
     """Rows for the end-of-run summary: the run's pages in both UIs (through ``trainflow ui`` where
     a base is None), then the files on disk (plots, Data Docs). No link to a server that is gone."""
     rows = []
-    local = prefect_ui is None or mlflow_ui is None
     prefect, mlflow = prefect_ui or LOCAL_PREFECT_UI, mlflow_ui or LOCAL_MLFLOW_UI
-    if local:
+    if prefect_ui is None or mlflow_ui is None:
         rows.append(("look at", "run `trainflow ui` (the UIs on the local state; other ports if these are taken):"))
     if summary.get("prefect_flow_run_id"):
         rows.append(("prefect", f"{prefect}/runs/flow-run/{summary['prefect_flow_run_id']}"))

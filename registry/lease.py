@@ -1,17 +1,15 @@
 """A lease on one model's promotion, kept in the MLflow registry, so every promoter that uses the same
 tracking server or database waits for the same one, whichever host or ``TRAINFLOW_HOME`` it has.
 
-MLflow has no lock and no compare-and-set on aliases. It does have an atomic, ordered counter: a
-registered model's version numbers, each created in one transaction and never reused (a deleted
-version is only marked deleted). A promoter takes a *ticket*, a new version of
-``<model>.promotion-lock``, and holds the lease once no live ticket with a lower number is left;
-it deletes its ticket when done. First come, first served; no promoter can overtake another.
+MLflow has no lock and no compare-and-set on aliases, but a registered model's version numbers are an
+atomic, ordered counter (each created in one transaction, never reused). A promoter takes a *ticket*, a
+new version of ``<model>.promotion-lock``, holds the lease once no live ticket with a lower number is
+left, and deletes its ticket when done: first come, first served.
 
-A ticket is live while its expiry (renewed every ``lease_s / 4`` by a heartbeat thread from the
-moment it is taken) has not passed and, on the host that took it, while its process exists. A
-waiter deletes a dead ticket ahead of it, so a promoter killed on this host frees the lease at
-once and one killed elsewhere after ``lease_s``. Hosts' clocks must agree to well within
-``lease_s``. The lock model shows in the registry beside the model; its versions point at nothing.
+A ticket is live while its expiry (renewed every ``lease_s / 4`` by a heartbeat thread) has not passed
+and, on the host that took it, while its process exists. A waiter deletes a dead ticket ahead of it, so a
+promoter killed on this host frees the lease at once, one killed elsewhere after ``lease_s``. Hosts'
+clocks must agree to well within ``lease_s``.
 """
 
 from __future__ import annotations
@@ -26,13 +24,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from core.locks import LockTimeoutError
-from registry.store import client, is_already_exists, is_not_found
+from core.procs import pid_alive
+from registry.store import client, ensure_registered_model, is_not_found
 
 log = logging.getLogger(__name__)
 
 SUFFIX = ".promotion-lock"
-# A ticket's source. Not a model (nothing loads it), and in a scheme an MLflow server's
-# model-version source checks accept (no local path; an absolute path part).
+# A ticket's source: not a model (nothing loads it), in a scheme an MLflow server's source checks accept.
 TICKET_SOURCE = "trainflow-lease:/promotion"
 
 
@@ -42,8 +40,8 @@ def lock_name(model_name: str) -> str:
 
 
 def host_id() -> str:
-    """This host and PID namespace (hostname, boot id, pid namespace): a pid means the same process
-    only where this is equal. Containers on one kernel differ in their pid namespace."""
+    """This host and PID namespace (hostname, boot id, pid namespace): a pid means the same process only
+    where this is equal. Containers on one kernel differ in their pid namespace."""
     parts = [socket.gethostname()]
     try:
         parts.append(Path("/proc/sys/kernel/random/boot_id").read_text().strip())
@@ -53,19 +51,8 @@ def host_id() -> str:
     return "/".join(parts)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: it exists
-        return True
-    return True
-
-
 def dead_reason(tags: dict, here: str, now: float) -> str | None:
-    """Why a ticket with ``tags`` no longer counts (expired, or its holder on this host is gone),
-    else None."""
+    """Why a ticket with ``tags`` no longer counts (expired, or its holder on this host is gone), else None."""
     try:
         expires = float(tags.get("expires", "0"))
     except ValueError:
@@ -77,7 +64,7 @@ def dead_reason(tags: dict, here: str, now: float) -> str | None:
             pid = int(tags.get("pid", ""))
         except ValueError:
             return None
-        if not _alive(pid):
+        if not pid_alive(pid):
             return f"its process (pid {pid} on this host) is gone"
     return None
 
@@ -89,21 +76,18 @@ def _holder(tags: dict) -> str:
 @contextmanager
 def hold(model_name: str, *, lease_s: float = 60.0, timeout_s: float = 300.0, poll_s: float = 0.25,
          note: str = "", tracking_uri: str | None = None) -> Iterator[None]:
-    """Hold the promotion lease of ``model_name`` for the ``with`` block.
-
-    Waits up to ``timeout_s`` for the tickets ahead (then LockTimeoutError naming the holder).
-    ``note`` is shown to whoever waits (what is being promoted, from where). ``tracking_uri``:
-    the registry to use (default: the one ``registry.store.configure`` set).
-    """
+    """Hold the promotion lease of ``model_name`` for the block: LockTimeoutError naming the holder after
+    ``timeout_s``. ``note`` is shown to whoever waits; ``tracking_uri`` defaults to ``configure``'s."""
     from mlflow import MlflowClient
 
     c = MlflowClient(tracking_uri, tracking_uri) if tracking_uri else client()
-    name = lock_name(model_name)
-    here = host_id()
+    name, here = lock_name(model_name), host_id()
     tags = {"holder": f"{socket.gethostname()} pid {os.getpid()}", "host_id": here, "pid": str(os.getpid()),
             "note": note}
-    _ensure_lock_model(c, name, model_name)
-    ticket = _take(c, name, tags, lease_s)
+    ensure_registered_model(c, name, tags={"trainflow.lock": "promotion"},
+                            description=f"Promotion lease of {model_name} (trainflow): each version is "
+                                        "a promoter waiting or holding it; they point at no model.")
+    ticket = [_take(c, name, tags, lease_s)]  # a list: the heartbeat reads a ticket taken again
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(c, name, ticket, lease_s, stop),
                             name="trainflow-promotion-lease", daemon=True)
@@ -122,22 +106,10 @@ def hold(model_name: str, *, lease_s: float = 60.0, timeout_s: float = 300.0, po
                             ticket[0], name, lease_s, exc)
 
 
-def _ensure_lock_model(c, name: str, model_name: str) -> None:
-    try:
-        c.create_registered_model(name, tags={"trainflow.lock": "promotion"},
-                                  description=f"Promotion lease of {model_name} (trainflow): each version is "
-                                              "a promoter waiting or holding it; they point at no model.")
-    except Exception as exc:
-        if not is_already_exists(exc):
-            raise
-
-
-def _take(c, name: str, tags: dict, lease_s: float) -> list[int]:
-    """A new ticket (its number in a one-item list the heartbeat reads)."""
-    # A ticket is READY when created: no waiting (nor MLflow's "Waiting up to 300 seconds" line).
-    mv = c.create_model_version(name, TICKET_SOURCE, tags={**tags, "expires": f"{time.time() + lease_s:.3f}"},
-                                await_creation_for=0)
-    return [int(mv.version)]
+def _take(c, name: str, tags: dict, lease_s: float) -> int:
+    """A new ticket's number. READY when created: no waiting (nor MLflow's "Waiting up to 300 seconds")."""
+    return int(c.create_model_version(name, TICKET_SOURCE, tags={**tags, "expires": f"{time.time() + lease_s:.3f}"},
+                                      await_creation_for=0).version)
 
 
 def _heartbeat(c, name: str, ticket: list[int], lease_s: float, stop: threading.Event) -> None:
@@ -150,12 +122,11 @@ def _heartbeat(c, name: str, ticket: list[int], lease_s: float, stop: threading.
 
 def _wait_turn(c, name: str, ticket: list[int], tags: dict, here: str, lease_s: float, timeout_s: float,
                poll_s: float, model_name: str) -> None:
-    """Poll until no live ticket is ahead of ``ticket[0]``. Should another waiter have removed it as
-    dead (only a clock far off or a heartbeat stalled for ``lease_s`` does that), a new one is taken."""
+    """Poll until no live ticket is ahead of ``ticket[0]``. Should another waiter have removed it as dead
+    (a clock far off or a heartbeat stalled for ``lease_s``), a new one is taken."""
     deadline = time.monotonic() + timeout_s
     while True:
-        mine = ticket[0]
-        now = time.time()
+        mine, now = ticket[0], time.time()
         ahead, present = [], False
         for mv in sorted(c.search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version)):
             if int(mv.version) >= mine:
@@ -175,7 +146,7 @@ def _wait_turn(c, name: str, ticket: list[int], tags: dict, here: str, lease_s: 
         if not present:
             log.warning("promotion lock of %s: ticket %s was removed by another promoter; taking a new one",
                         model_name, mine)
-            ticket[0] = _take(c, name, tags, lease_s)[0]
+            ticket[0] = _take(c, name, tags, lease_s)
             continue
         if not ahead:
             return

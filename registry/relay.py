@@ -1,22 +1,14 @@
 """Relay a training job's metrics file into an MLflow run, live, from the process that waits on the job.
 
-Rank 0 appends its params and metrics to ``<out_dir>/metrics.jsonl`` (``core.metrics_file``)
-and never talks to MLflow; this side tails the file from a byte offset in a background
-thread and sends what is new with ``log_batch`` every ``interval_s``. Leaving the
-``with relay_metrics(...)`` block does a last, complete pass after the job has ended, so
-every complete record is logged exactly once. Timestamps and steps are the worker's.
+Rank 0 appends params and metrics to ``<out_dir>/metrics.jsonl`` (``core.metrics_file``) and never talks
+to MLflow; a background thread here tails it from a byte offset and sends what is new every
+``interval_s``; leaving ``relay_metrics`` does a last, complete pass, so every complete record is logged
+once. Relaying never fails training: an MLflow error is a warning and the batch is tried again (up to
+``MAX_ATTEMPTS`` times, then dropped with a warning).
 
-Relaying never fails training: an MLflow error is a warning, and the records that were not
-sent are tried again on the next pass (up to ``MAX_ATTEMPTS`` times, then dropped with a
-warning that says how many).
-
-Nothing is relayed twice into one run. Given the training folder (``record=``), the relay
-tags the run as that training's and keeps ``<out_dir>/mlflow_run.json`` up to date with the
-bytes already sent, so the next relay of the same run (a preempted training resumed by the
-next ``trainflow run``) starts where this one stopped, not at the start of the file, nor at
-its end (which would lose what a stopping job wrote after the last pass). Within one relay, a
-metric at a step its key already has (a restarted worker group re-running the steps after its
-last checkpoint) is skipped: a run's history has one value per step.
+Given the training folder (``record=``), the relay keeps ``<out_dir>/mlflow_run.json`` at the bytes
+already sent, so the next relay into the same run (a preempted training resumed) starts where this one
+stopped. A metric at a step its key already has (a restarted worker group) is skipped.
 """
 
 from __future__ import annotations
@@ -45,20 +37,19 @@ MAX_ATTEMPTS = 3
 
 
 class MetricsRelay:
-    """Tails ``path`` from byte ``start`` into run ``run_id``; ``flush()`` sends what is complete so far."""
+    """Tails ``path`` from byte ``offset`` into run ``run_id``; ``flush()`` sends what is complete so far."""
 
-    def __init__(self, run_id: str, path: Path, start: int = 0, client=None, record: tuple[Path, str] | None = None):
-        self.run_id, self.path, self.offset = run_id, Path(path), start
-        self._client = client
+    def __init__(self, run_id: str, path: Path, record: tuple[Path, str] | None = None):
+        self.run_id, self.path, self.offset = run_id, Path(path), 0
+        self._client = None
         self._record = record  # (out_dir, config_id): keep its mlflow_run.json at what was sent
-        self._recorded = start
+        self._recorded = 0
         self._last_step: dict[str, int] = {}
-        self.skipped = 0
         self._pending: list[tuple[str, list]] = []  # ("params" | "metrics", batch), in file order
         self._attempts = 0
         self._lock = threading.Lock()
         self.logged = {"params": 0, "metrics": 0}
-        self.dropped = 0
+        self.skipped = self.dropped = 0
 
     @property
     def client(self):
@@ -75,7 +66,7 @@ class MetricsRelay:
                 self._read()
             except Exception as exc:  # relaying must never stop the job or the pipeline
                 log.warning("reading %s to relay into MLflow run %s: %s", self.path, self.run_id, exc)
-            self._send()  # catches and counts each batch's failure
+            self._send()
             if self._record is not None and not self._pending and self._recorded != self.offset:
                 try:
                     write_run_record(self._record[0], self.run_id, self._record[1], self.offset)
@@ -134,13 +125,14 @@ class MetricsRelay:
 
 
 def resume_offset(relay: MetricsRelay, out_dir: Path, config_id: str) -> int:
-    """Where ``relay`` starts: the bytes ``out_dir``'s run record says were sent when it records
-    this very run (checked: ``verify_recorded_run``; each metric's last step in the run is then
-    skipped too), else the file's size now (what is there was another run's). Tags the run as
-    this training's and records it."""
-    run_id, path, client = relay.run_id, relay.path, relay.client
+    """Where ``relay`` starts: the bytes ``out_dir``'s run record says were sent when it records this very
+    run (``verify_recorded_run``; each metric's last step in the run is then skipped too), else the file's
+    size now (what is there was another run's). Tags the run as this training's and records it."""
+    from mlflow.entities import RunTag
+
+    run_id, client = relay.run_id, relay.client
     rec = read_run_record(out_dir)
-    start = file_size(path)
+    start = file_size(relay.path)
     if rec is not None and rec["run_id"] == run_id:
         problem = verify_recorded_run(client.get_run, rec, config_id, out_dir)
         if problem is None:
@@ -148,8 +140,6 @@ def resume_offset(relay: MetricsRelay, out_dir: Path, config_id: str) -> int:
             relay._last_step = latest_steps(client.get_run(run_id))
         else:
             log.warning("%s: %s; relaying only what is written from now on", out_dir, problem)
-    from mlflow.entities import RunTag
-
     client.log_batch(run_id, tags=[RunTag(k, v) for k, v in run_tags(config_id, out_dir).items()])
     write_run_record(out_dir, run_id, config_id, start)
     return start
@@ -157,19 +147,11 @@ def resume_offset(relay: MetricsRelay, out_dir: Path, config_id: str) -> int:
 
 @contextmanager
 def relay_metrics(run_id: str, path: Path, interval_s: float = 0.5, start: int | None = None,
-                  client=None, record: tuple[Path, str] | None = None) -> Iterator[MetricsRelay]:
-    """Relay ``path`` into ``run_id`` while the block runs, then once more completely after it.
-
-    ``start`` is the byte offset to read from; by default the file's size on entry, so the
-    records of an earlier job in the same folder (a resumed run's, logged by its own run)
-    are not logged again. A caller that starts the job before entering passes the size it
-    took before launching (``core.metrics_file.file_size``).
-
-    ``record=(out_dir, config_id)``: the training folder whose run record the relay keeps; then,
-    without ``start``, it starts where the last relay into this same run stopped
-    (``resume_offset``).
-    """
-    relay = MetricsRelay(run_id, path, 0, client, record)
+                  record: tuple[Path, str] | None = None) -> Iterator[MetricsRelay]:
+    """Relay ``path`` into ``run_id`` while the block runs, then once more completely after it. ``start``:
+    the byte offset to read from; by default the file's size on entry, or with ``record=(out_dir,
+    config_id)`` where the last relay into this same run stopped (``resume_offset``)."""
+    relay = MetricsRelay(run_id, path, record)
     if start is None and record is not None:
         try:
             start = resume_offset(relay, record[0], record[1])

@@ -1,16 +1,17 @@
 """MLflow tracking set-up and run logging, through ``MlflowClient`` only.
 
-Flow tasks run in threads, so nothing here uses MLflow's fluent active-run
-state: every call names its run id. ``configure`` sets the process-wide
-tracking and registry URI once; later calls use it.
-
-MLflow is imported inside the functions, never at module import.
+Flow tasks run in threads, so nothing here uses MLflow's fluent active-run state: every call names
+its run id. ``configure`` sets the process-wide tracking and registry URI once.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import re
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -36,8 +37,10 @@ _CONFIGURE_LOCK = threading.Lock()
 
 # The run tag that says where a pipeline run is, and at its end how it ended (``flows.pipeline``).
 STAGE_TAG = "trainflow.stage"
-# Seconds between system metric samples: a 20 s run still records several.
 SYSTEM_METRICS_INTERVAL_S = 2.0
+# A run's recorded inputs (manifest.json, config.json): the sha256 of each, as a run tag in the
+# tracking database, checked by every reader (``load_recorded``) before it acts on the file.
+RECORDED_TAG = "trainflow.sha256/"
 
 
 def client():
@@ -47,27 +50,29 @@ def client():
     return MlflowClient()
 
 
-def _error_code(exc: Exception) -> str:
-    return str(getattr(exc, "error_code", ""))
-
-
 def is_not_found(exc: Exception) -> bool:
-    return _error_code(exc) in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND")
+    return str(getattr(exc, "error_code", "")) in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND")
 
 
 def is_already_exists(exc: Exception) -> bool:
-    return _error_code(exc) in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS")
+    return str(getattr(exc, "error_code", "")) in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS")
+
+
+def ensure_registered_model(c, name: str, **kwargs) -> None:
+    """Create the registered model ``name`` unless it exists."""
+    try:
+        c.create_registered_model(name, **kwargs)
+    except Exception as exc:
+        if not is_already_exists(exc):
+            raise
 
 
 def sqlite_path(tracking_uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI (absolute with four slashes), else None."""
-    prefix = "sqlite:///"
-    if not tracking_uri.startswith(prefix):
+    if not tracking_uri.startswith("sqlite:///"):
         return None
-    rest = tracking_uri[len(prefix):].split("?", 1)[0]
-    if not rest or rest == ":memory:":
-        return None
-    return Path(rest)
+    rest = tracking_uri.removeprefix("sqlite:///").split("?", 1)[0]
+    return Path(rest) if rest and rest != ":memory:" else None
 
 
 def experiment_artifact_location(artifact_root: Path, experiment: str) -> str:
@@ -82,17 +87,9 @@ def is_server(tracking_uri: str) -> bool:
 
 
 def configure(tracking_uri: str, experiment: str, artifact_root: Path) -> str:
-    """Point MLflow at ``tracking_uri``; get or create ``experiment``; return its id.
-
-    Against a database URI, a new experiment gets
-    ``artifact_location=<artifact_root as file URI>/<experiment>`` explicitly:
-    otherwise a database-backed store would put artifacts under ``./mlruns``
-    relative to whatever the working directory is. Against a tracking server
-    (``http(s)://``) the server's default root is used (``mlflow-artifacts:/``
-    with ``--serve-artifacts``), so every host uploads through the server and
-    ``artifact_root`` is not touched. An existing experiment keeps its location
-    (a warning says so if it differs); a deleted one is restored.
-    """
+    """Point MLflow at ``tracking_uri``; get or create ``experiment`` (restored if deleted); return its id.
+    A new experiment keeps artifacts under ``artifact_root/<experiment>`` (not ``./mlruns`` of the cwd), or
+    where a tracking server says; an existing one keeps its location (a warning says if it differs)."""
     import mlflow
 
     db = sqlite_path(tracking_uri)
@@ -100,31 +97,24 @@ def configure(tracking_uri: str, experiment: str, artifact_root: Path) -> str:
         if not db.is_absolute():
             log.warning("sqlite tracking URI %s is relative to the working directory; "
                         "use sqlite:////abs/path.db (four slashes)", tracking_uri)
-        # sqlite creates the file but not its folder.
-        db.parent.mkdir(parents=True, exist_ok=True)
+        db.parent.mkdir(parents=True, exist_ok=True)  # sqlite creates the file but not its folder
     location = None
     if not is_server(tracking_uri):
         Path(artifact_root).mkdir(parents=True, exist_ok=True)
         location = experiment_artifact_location(artifact_root, experiment)
-
-    # Two processes opening a new sqlite database at once both run MLflow's schema creation and
-    # one fails ("table ... already exists"): the first open is serialised by a lock beside it.
+    # Two processes opening a new sqlite database at once both create the schema and one fails: the
+    # first open is serialised by a lock beside it.
     init_lock = exclusive(db.parent / f"{db.name}.init.lock") if db is not None else nullcontext()
     with _CONFIGURE_LOCK, init_lock:
         mlflow.set_tracking_uri(tracking_uri)
-        # A sqlite/file tracking store is also the registry; say so rather than
-        # depending on MLFLOW_REGISTRY_URI or MLflow's default for the scheme.
-        mlflow.set_registry_uri(tracking_uri)
+        mlflow.set_registry_uri(tracking_uri)  # not left to MLFLOW_REGISTRY_URI or the scheme's default
         c = client()
         exp = c.get_experiment_by_name(experiment)
         if exp is None:
             try:
                 return c.create_experiment(experiment, artifact_location=location)
             except Exception as exc:  # another thread or process created it first
-                if not is_already_exists(exc):
-                    raise
-                exp = c.get_experiment_by_name(experiment)
-                if exp is None:
+                if not is_already_exists(exc) or (exp := c.get_experiment_by_name(experiment)) is None:
                     raise
         if exp.lifecycle_stage == "deleted":
             c.restore_experiment(exp.experiment_id)
@@ -141,15 +131,12 @@ def start_run(experiment_id: str, run_name: str, tags: Mapping[str, Any]) -> str
 
     run_tags = clean_tags(tags or {})
     run_tags.setdefault(MLFLOW_RUN_NAME, run_name)
-    run = client().create_run(str(experiment_id), run_name=run_name, tags=run_tags)
-    return run.info.run_id
+    return client().create_run(str(experiment_id), run_name=run_name, tags=run_tags).info.run_id
 
 
 def end_run(run_id: str, status: str = "FINISHED", stage: str | None = None, monitor=None) -> None:
-    """Terminate a run as ``FINISHED``, ``FAILED`` or ``KILLED``; with ``stage``, first set its
-    ``trainflow.stage`` tag to it (how the run ended). ``monitor`` (``system_metrics``'s) is stopped
-    first, so its last samples land while the run still takes metrics, and is stopped even when
-    setting the tag fails."""
+    """Terminate a run as ``FINISHED``, ``FAILED`` or ``KILLED``, first setting its ``trainflow.stage`` tag
+    to ``stage`` when given. ``monitor`` (``system_metrics``'s) is stopped before both, even when they fail."""
     status = check_run_status(status)
     try:
         if monitor is not None:
@@ -161,26 +148,16 @@ def end_run(run_id: str, status: str = "FINISHED", stage: str | None = None, mon
 
 
 def system_metrics(run_id: str, interval_s: float = SYSTEM_METRICS_INTERVAL_S, resume: bool = False):
-    """Start MLflow's system metrics monitor on ``run_id`` (``system/cpu_utilization_percentage``,
-    memory, disk, network, GPU where ``nvidia-ml-py`` is installed; one sample every ``interval_s``,
-    or ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL``) and return it: ``end_run(..., monitor=)`` stops it.
-    Its thread is a daemon and also stops by itself once the run is no longer RUNNING, so it never
-    keeps the process alive. None (and a warning) when it cannot start, or when
-    ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is false: a run never fails for want of it.
-    ``resume``: a run reopened after preemption goes on after its last ``system/`` step, so
-    its history has no step twice."""
-    import os
-
+    """Start MLflow's system metrics monitor (a daemon thread) on ``run_id``, for ``end_run`` to stop; None
+    when it cannot start or ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is false. ``resume``: after the last step."""
     if os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "").strip().lower() in ("false", "0"):
         return None
     try:
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-        # Its start / skip-GPU / stop lines are INFO on every run; warnings still show.
-        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its start/stop lines are INFO
         monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, resume_logging=resume)
-        # Samples count from step 1: registration logs the model at step 0, and MLflow links the run's
-        # step-0 metrics (the evaluation's) to it; a CPU sample is not a property of the model.
+        # From step 1: MLflow links the run's step-0 metrics (the evaluation's) to the model logged at step 0.
         monitor._logging_step = max(getattr(monitor, "_logging_step", 0), 1)
         monitor.start()
     except Exception as exc:  # psutil missing, a store error: the run goes on without them
@@ -190,10 +167,8 @@ def system_metrics(run_id: str, interval_s: float = SYSTEM_METRICS_INTERVAL_S, r
 
 
 def log_datasets(run_id: str, splits: Mapping[str, tuple[str, str]], digest: str, rev: str) -> None:
-    """Log each split as an MLflow dataset input of ``run_id``: ``splits`` is ``{name: (file
-    relative to the project root, context)}`` (``Task.data_splits``), ``digest`` the DVC md5 of the
-    data and ``rev`` the git rev of its ``.dvc`` file; the source is ``dvc://<file>@<rev>``
-    (``source_type`` "dvc"). Nothing is read: the DVC file already names the data version."""
+    """Log each split ``{name: (file relative to the project root, context)}`` as a dataset input of
+    ``run_id`` with source ``dvc://<file>@<rev>`` and the DVC md5 ``digest``. Nothing is read."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
@@ -204,44 +179,37 @@ def log_datasets(run_id: str, splits: Mapping[str, tuple[str, str]], digest: str
         client().log_inputs(run_id, datasets=inputs)
 
 
+def _log_batches(run_id: str, size: int, **items: list) -> None:
+    (kind, values), = items.items()
+    c = client()
+    for batch in chunks(values, size):
+        c.log_batch(run_id, **{kind: batch})
+
+
 def set_tags(run_id: str, tags: Mapping[str, Any]) -> None:
     from mlflow.entities import RunTag
 
-    items = [RunTag(k, v) for k, v in clean_tags(tags).items()]
-    c = client()
-    for batch in chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
-        c.log_batch(run_id, tags=batch)
+    _log_batches(run_id, MAX_PARAMS_TAGS_PER_BATCH, tags=[RunTag(k, v) for k, v in clean_tags(tags).items()])
 
 
 def log_params(run_id: str, params: Mapping[str, Any]) -> dict[str, str]:
-    """Log ``params`` flattened to dotted keys, values as strings cut to MLflow's limit.
-
-    Returns what was logged. MLflow params are write-once: logging a key again
-    with a different value raises; the same value is accepted.
-    """
+    """Log ``params`` flattened to dotted keys, values as strings cut to MLflow's limit; return them.
+    MLflow params are write-once: a key logged again with a different value raises."""
     from mlflow.entities import Param
 
     flat = flatten_params(params)
-    items = [Param(k, v) for k, v in flat.items()]
-    c = client()
-    for batch in chunks(items, MAX_PARAMS_TAGS_PER_BATCH):
-        c.log_batch(run_id, params=batch)
+    _log_batches(run_id, MAX_PARAMS_TAGS_PER_BATCH, params=[Param(k, v) for k, v in flat.items()])
     return flat
 
 
 def log_metrics(run_id: str, metrics: Mapping[str, Any], step: int | None = None) -> dict[str, float]:
-    """Log numeric ``metrics`` (nested mappings flattened to dotted names) at ``step``.
-
-    Raises TypeError for a non-numeric value before anything is logged.
-    """
+    """Log numeric ``metrics`` (nested mappings flattened to dotted names) at ``step``; return them.
+    Raises TypeError for a non-numeric value before anything is logged."""
     from mlflow.entities import Metric
 
     flat = flatten_metrics(metrics)
     now = int(time.time() * 1000)
-    items = [Metric(k, v, now, int(step or 0)) for k, v in flat.items()]
-    c = client()
-    for batch in chunks(items, MAX_METRICS_PER_BATCH):
-        c.log_batch(run_id, metrics=batch)
+    _log_batches(run_id, MAX_METRICS_PER_BATCH, metrics=[Metric(k, v, now, int(step or 0)) for k, v in flat.items()])
     return flat
 
 
@@ -250,18 +218,8 @@ def log_json(run_id: str, obj: Any, artifact_file: str) -> None:
     client().log_dict(run_id, obj, artifact_file)
 
 
-# A run's recorded inputs (manifest.json, config.json): the sha256 of each, as a run tag in the
-# tracking database, checked by every reader (``load_recorded``) before it acts on the file.
-RECORDED_TAG = "trainflow.sha256/"
-
-
 def log_recorded(run_id: str, obj: Any, artifact_file: str) -> None:
-    """Log ``obj`` as JSON to ``artifact_file`` and tag the run with the file's sha256, so what an
-    artifact-store writer changes afterwards is refused by ``load_recorded``."""
-    import hashlib
-    import json
-    import tempfile
-
+    """Log ``obj`` as JSON to ``artifact_file`` and tag the run with the file's sha256 (``load_recorded``)."""
     data = json.dumps(obj, indent=2, sort_keys=True).encode()
     c = client()
     with tempfile.TemporaryDirectory() as tmp:
@@ -275,10 +233,6 @@ def load_recorded(run_id: str, artifact_file: str, unrecorded_ok: bool = False) 
     """``artifact_file`` of the run as ``log_recorded`` wrote it; None when the run has no such file.
     Raises IntegrityError when its sha256 differs from the run's tag, or none was recorded (with
     ``unrecorded_ok``, a run logged before hashes were recorded gives None: its file is not used)."""
-    import hashlib
-    import json
-    import tempfile
-
     import mlflow
 
     from core.errors import IntegrityError
@@ -291,9 +245,9 @@ def load_recorded(run_id: str, artifact_file: str, unrecorded_ok: bool = False) 
         data = Path(local).read_bytes()
     want = client().get_run(run_id).data.tags.get(RECORDED_TAG + artifact_file)
     got = hashlib.sha256(data).hexdigest()
-    if want is None and unrecorded_ok:
-        return None
     if want is None:
+        if unrecorded_ok:
+            return None
         raise IntegrityError(f"run {run_id}: no sha256 of {artifact_file} was recorded (not logged by this version "
                              f"of trainflow), so the artifact store's copy cannot be checked; refusing to use it")
     if got != want:
@@ -308,8 +262,4 @@ def log_file(run_id: str, path: Path, artifact_path: str | None = None) -> None:
     if not path.exists():
         raise FileNotFoundError(f"cannot log {path}: no such file or folder")
     c = client()
-    if path.is_dir():
-        c.log_artifacts(run_id, str(path), artifact_path)
-    else:
-        c.log_artifact(run_id, str(path), artifact_path)
-
+    (c.log_artifacts if path.is_dir() else c.log_artifact)(run_id, str(path), artifact_path)

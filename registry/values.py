@@ -1,7 +1,7 @@
 """Pure helpers that shape params, metrics and tags to fit MLflow's limits.
 
-No MLflow import here: the limits are copied from ``mlflow.utils.validation``
-(3.17) and an integration test checks that they still match.
+No MLflow import: the limits are copied from ``mlflow.utils.validation`` and an integration test
+checks that they still match.
 """
 
 from __future__ import annotations
@@ -31,41 +31,28 @@ def truncate(value: str, limit: int) -> str:
     """``value`` cut to ``limit`` characters, ending in a visible mark when cut."""
     if len(value) <= limit:
         return value
-    keep = max(limit - len(TRUNCATION_MARK), 0)
-    return (value[:keep] + TRUNCATION_MARK)[:limit]
+    return (value[:max(limit - len(TRUNCATION_MARK), 0)] + TRUNCATION_MARK)[:limit]
 
 
 def clean_key(key: Any, limit: int = MAX_KEY_LENGTH) -> str:
-    """A key MLflow accepts: bad characters become ``_``; a key too long is cut and made unique.
-
-    A cut key ends in ``~<8 hex of sha256 of the full key>`` so two long keys
-    sharing a prefix stay distinct. Slashes are kept but not at either end and
-    never doubled, since MLflow rejects keys that are not normalised paths.
-    """
-    text = _BAD_KEY_CHARS.sub("_", str(key))
-    text = re.sub(r"/{2,}", "/", text).strip("/")
+    """A key MLflow accepts: bad characters become ``_``, slashes neither doubled nor at either end
+    (MLflow wants normalised paths); a key too long ends in ``~<8 hex of the full key's sha256>``."""
+    text = re.sub(r"/{2,}", "/", _BAD_KEY_CHARS.sub("_", str(key))).strip("/")
     # "a/./b" or "a/../b" would not normalise to itself either.
-    text = "/".join("_" if part in (".", "..") else part for part in text.split("/"))
-    if not text:
-        text = "_"
+    text = "/".join("_" if part in (".", "..") else part for part in text.split("/")) or "_"
     if len(text) > limit:
-        digest = hashlib.sha256(str(key).encode()).hexdigest()[:8]
-        text = text[: limit - 9] + "~" + digest
+        text = text[: limit - 9] + "~" + hashlib.sha256(str(key).encode()).hexdigest()[:8]
     return text
 
 
 def _param_text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if value is None or isinstance(value, (bool, int, float)):
-        return str(value)
     if isinstance(value, (list, tuple, set, frozenset)):
         items = sorted(value, key=str) if isinstance(value, (set, frozenset)) else list(value)
         try:
             return json.dumps(items, separators=(",", ":"), default=str)
         except (TypeError, ValueError):
             return str(items)
-    return str(value)
+    return value if isinstance(value, str) else str(value)
 
 
 def flatten(obj: Mapping[str, Any], sep: str = ".", prefix: str = "") -> dict[str, Any]:
@@ -81,33 +68,21 @@ def flatten(obj: Mapping[str, Any], sep: str = ".", prefix: str = "") -> dict[st
 
 
 def flatten_params(params: Mapping[str, Any]) -> dict[str, str]:
-    """Params as MLflow wants them: flat dotted keys, string values within the length limits.
-
-    Lists and tuples become compact JSON; an empty mapping becomes ``{}``.
-    """
-    out: dict[str, str] = {}
-    for key, value in flatten(params).items():
-        text = "{}" if isinstance(value, Mapping) else _param_text(value)
-        out[clean_key(key)] = truncate(text, MAX_PARAM_VALUE_LENGTH)
-    return out
+    """Flat dotted keys, string values within the limits; lists become compact JSON, ``{}`` stays ``{}``."""
+    return {clean_key(k): truncate("{}" if isinstance(v, Mapping) else _param_text(v), MAX_PARAM_VALUE_LENGTH)
+            for k, v in flatten(params).items()}
 
 
 def clean_tags(tags: Mapping[str, Any], value_limit: int = MAX_TAG_VALUE_LENGTH) -> dict[str, str]:
     """Flat string tags within the key and value limits (``None`` becomes ``""``)."""
-    return {
-        clean_key(k): truncate("" if v is None else _param_text(v), value_limit)
-        for k, v in tags.items()
-    }
+    return {clean_key(k): truncate("" if v is None else _param_text(v), value_limit) for k, v in tags.items()}
 
 
 def metric_value(key: str, value: Any) -> float:
     """A metric value as a float; bools count as 0/1. Raises TypeError on anything else."""
-    if isinstance(value, bool):
+    if isinstance(value, numbers.Real):  # bools and numpy scalars too
         return float(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    # numpy scalars are numbers.Real already; 0-d arrays and tensors expose item().
-    item = getattr(value, "item", None)
+    item = getattr(value, "item", None)  # 0-d arrays and tensors
     if callable(item) and getattr(value, "ndim", 1) == 0:
         return metric_value(key, item())
     raise TypeError(f"metric {key!r}: expected a number, got {type(value).__name__}")
@@ -115,10 +90,7 @@ def metric_value(key: str, value: Any) -> float:
 
 def flatten_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     """Flat dotted metric names to floats (NaN and inf pass through: MLflow stores them)."""
-    out = {}
-    for key, value in flatten(metrics).items():
-        out[clean_key(key)] = metric_value(key, value)
-    return out
+    return {clean_key(k): metric_value(k, v) for k, v in flatten(metrics).items()}
 
 
 def chunks(items: list, size: int) -> list[list]:
@@ -133,6 +105,5 @@ def check_run_status(status: str) -> str:
 
 
 def dataset_source(path: str, rev: str) -> str:
-    """``dvc://<path>@<git rev>``: a file of a run's DVC-tracked data, relative to the project root,
-    at the commit that recorded its ``.dvc`` file (``dvc.api.open(path, rev=rev)`` reads it back)."""
+    """``dvc://<path>@<git rev>``: a file of a run's DVC data at the commit that recorded its ``.dvc`` file."""
     return f"dvc://{str(path).strip('/')}@{rev}"
