@@ -95,8 +95,9 @@ def refusal(flow_run: dict, deployment: dict | None, committed: dict[str, dict],
         for var in value:
             if var not in allow_env:
                 return f"job variable env.{var} {allowed}"
-        if HOME_VAR in value:
-            return _home_refusal(str(value[HOME_VAR]), home_root)
+        # Not a return on a good state folder: the job variables after ``env`` are still to be checked.
+        if HOME_VAR in value and (reason := _home_refusal(str(value[HOME_VAR]), home_root)):
+            return reason
     return None
 
 

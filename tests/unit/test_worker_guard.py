@@ -71,6 +71,14 @@ def test_a_run_s_own_job_variables_are_allow_listed(guard, job_variables, reason
     assert guard.check(run(**job_variables), deployed(guard)).startswith(reason)
 
 
+def test_an_allowed_state_folder_does_not_let_the_job_variables_after_it_through(guard):
+    # env first, with a TRAINFLOW_HOME inside --home-root: the command after it is still refused.
+    job_variables = {"env": {"TRAINFLOW_HOME": "/srv/state"}, "command": "touch /tmp/x"}
+    assert list(job_variables) == ["env", "command"]
+    assert guard.check(run(**job_variables), deployed(guard)).startswith(
+        "job variable 'command' is not allowed in a flow run")
+
+
 @pytest.mark.parametrize("home, reason", [
     ("/srv/teams/a/state", None),
     ("/srv/../etc/state", "job variable env.TRAINFLOW_HOME '/srv/../etc/state' is not inside the worker's --home-root"),
