@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from validation.report import MAX_EXAMPLES, fmt_bound, index_records, jsonable, summary_markdown, where
+from validation.report import CELLS_COUNTED, MAX_EXAMPLES, fmt_bound, index_records, jsonable, summary_markdown, where
 
 log = logging.getLogger(__name__)
 
@@ -286,14 +286,14 @@ class ItemBatches:
 
     Each batch frame's index holds the rows' positions in the whole table. Per expectation the
     batches' counts are summed, percents and success recomputed (``mostly`` honoured), example
-    lists joined and cut (complete index lists at ``keep`` entries, ``unexpected_count`` staying
+    lists joined and cut (complete index lists at ``CELLS_COUNTED`` entries, ``unexpected_count`` staying
     exact). ``group_by``: an index column (a stacked frame's ``cell_column``) each of whose values
-    keeps up to ``keep`` entries and its exact count, in ``result[BY_GROUP]``. Only the merged
+    keeps up to ``CELLS_COUNTED`` entries and its exact count, in ``result[BY_GROUP]``. Only the merged
     result is stored: one Data Docs page per item.
     """
 
-    def __init__(self, run: Run, item: Item, keep: int = 1000, group_by: str | None = None):
-        self.run, self.item, self.keep, self.group_by = run, item, keep, group_by
+    def __init__(self, run: Run, item: Item, group_by: str | None = None):
+        self.run, self.item, self.group_by = run, item, group_by
         self.definition = _definition(run, item)
         self.merged = self.batch_id = None
         self.error: Exception | None = None
@@ -327,9 +327,9 @@ class ItemBatches:
                 if keys and evr.result is not None and _key(evr.expectation_config) in keys:
                     evr.result.update(keys[_key(evr.expectation_config)])
                 if self.group_by:
-                    _count_groups(evr.result, self.group_by, self.keep)
+                    _count_groups(evr.result, self.group_by, CELLS_COUNTED)
             self.merged = part if self.merged is None else _merge_suite_results(
-                self.merged, part, self.item.result_format, self.keep, self.group_by)
+                self.merged, part, self.item.result_format, self.group_by)
         except Exception as exc:  # noqa: BLE001 - report, never crash on data GX chokes on
             self.error = exc
 
@@ -389,7 +389,7 @@ def _cut_groups(raw: list, group_by: str, keep: int) -> list:
     return raw if len(take) == len(raw[0][group_by]) else [{k: [v[i] for i in take] for k, v in raw[0].items()}]
 
 
-def _merge_suite_results(acc, part, result_format: dict, keep: int, group_by: str | None = None):
+def _merge_suite_results(acc, part, result_format: dict, group_by: str | None):
     """``acc`` with ``part`` (the same suite on the next batch) added in; ``acc`` is changed."""
     limit = int(result_format.get("partial_unexpected_count", 20))
     # Matched by expectation, not position: GX orders results its own way (failed metrics last).
@@ -412,9 +412,9 @@ def _merge_suite_results(acc, part, result_format: dict, keep: int, group_by: st
             if key not in rb:
                 continue
             if grouped and key == "unexpected_index_list":
-                ra[key] = _cut_groups(_join_complete(ra.get(key), rb[key], 1 << 62), group_by, keep)
+                ra[key] = _cut_groups(_join_complete(ra.get(key), rb[key], 1 << 62), group_by, CELLS_COUNTED)
             else:
-                ra[key] = _join_complete(ra.get(key), rb[key], limit if key.startswith("partial") else keep)
+                ra[key] = _join_complete(ra.get(key), rb[key], limit if key.startswith("partial") else CELLS_COUNTED)
         if grouped:
             ra[BY_GROUP] = dict(Counter(ra.get(BY_GROUP) or {}) + Counter(rb[BY_GROUP]))
         if "partial_unexpected_counts" in rb:

@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 MAX_EXAMPLES = 5
+# Unexpected entries a result merged from batches keeps (per column of a stacked cells result, beside
+# its exact count: ``validation.gx_run.ItemBatches``); the failing values counted are among these.
+CELLS_COUNTED = 1000
 
 SPLIT_ORDER = ("train", "test", "cross")
 
@@ -305,11 +308,6 @@ def failure_from_result(evr: dict, split: str, frame: str = "split", *, label_co
         failure.update(unexpected_count=None, examples=[], rows=[], detail=f"could not be evaluated: {error}")
     failure["message"] = f"{where(split, failure['column'])}: {failure['detail']}"
     return jsonable(failure)
-
-
-# Failing cells per column whose values are counted: as many as a cells result keeps per column
-# (``validation.gx_run.ItemBatches``, beside the column's exact count).
-CELLS_COUNTED = 1000
 
 
 def _cells_values(group: list[dict], count: int) -> str:
