@@ -187,19 +187,13 @@ def _frame_batch(df: pd.DataFrame) -> tuple[Any, dict[str, str]]:
 def _file_source(params: dict, batch_rows: int | None) -> _Source:
     """The plan's files, read batch by batch (``tasks.columnar.iter_batches``)."""
     from tasks.columnar import BATCH_ROWS, source_schema
+    from tasks.table import split_paths
 
     batch_rows = int(batch_rows or params.get("batch_rows") or BATCH_ROWS)
-    paths = sources(params)
+    paths = split_paths(params["dataset"], params["root"])  # {"train", "test"}, or {"all"}: one file split by seed
     schemas = {s: source_schema(paths.get(s, paths.get("all"))) for s in SPLITS}
     return _Source(schemas, {s: schemas[s].empty_table().to_pandas() for s in SPLITS}, {s: {} for s in SPLITS},
                    lambda sizes: _batches(params, paths, batch_rows, sizes))
-
-
-def sources(params: dict) -> dict[str, Path]:
-    """``{"train", "test"}`` paths, or ``{"all"}`` for one file split by seed."""
-    from tasks.table import split_paths
-
-    return split_paths(params["dataset"], params["root"])
 
 
 # Split files larger than this together are read batch by batch: read whole, a split is held as its
@@ -211,7 +205,9 @@ STREAM_ABOVE_BYTES = 32 << 20
 def streamed(params: dict) -> bool:
     """Read the files batch by batch: a split is a folder (of Parquet files), or the split files
     hold more than ``params.get("stream_above_bytes", STREAM_ABOVE_BYTES)`` bytes."""
-    paths = list(sources(params).values())
+    from tasks.table import split_paths
+
+    paths = list(split_paths(params["dataset"], params["root"]).values())
     if any(p.is_dir() for p in paths):
         return True
     return sum(p.stat().st_size for p in paths if p.is_file()) > params.get("stream_above_bytes", STREAM_ABOVE_BYTES)
