@@ -99,20 +99,19 @@ def failure(check: str, out: dict, kwargs: dict, result: dict, records: list[dic
                                for r in shown))
         return
     out["rows"] = [r.get("file") for r in shown]
-    value = {"decode": lambda r: r.get("error") or "does not decode",
-             "size": lambda r: f"{r.get('width')} x {r.get('height')}",
-             "mode": lambda r: f"mode {r.get('mode')}",
-             "file_bytes": lambda r: f"{r.get('n_bytes')} B",
-             "label_set": lambda r: f"class {r.get('label')!r}"}.get(check)
     out["examples"] = [{"path": r.get("path"), **({column: r.get(column)} if column else {})} for r in shown]
-    what = {
-        "decode": "file(s) Pillow cannot decode",
-        "size": f"image(s) with a {column} outside [{lo}, {hi}] pixels",
-        "mode": f"image(s) with a mode not in {kwargs.get('value_set')}",
-        "file_bytes": f"file(s) with a size outside [{lo}, {hi}] bytes",
-        "label_set": f"image(s) of a class not in the reviewed classes {kwargs.get('value_set')}",
-        "duplicate": "path(s) listed more than once",
-    }.get(check, "failed")
+    values = kwargs.get("value_set")
+    # check -> (what failed, the file's value shown beside its path)
+    what, value = {
+        "decode": ("file(s) Pillow cannot decode", lambda r: r.get("error") or "does not decode"),
+        "size": (f"image(s) with a {column} outside [{lo}, {hi}] pixels",
+                 lambda r: f"{r.get('width')} x {r.get('height')}"),
+        "mode": (f"image(s) with a mode not in {values}", lambda r: f"mode {r.get('mode')}"),
+        "file_bytes": (f"file(s) with a size outside [{lo}, {hi}] bytes", lambda r: f"{r.get('n_bytes')} B"),
+        "label_set": (f"image(s) of a class not in the reviewed classes {values}",
+                      lambda r: f"class {r.get('label')!r}"),
+        "duplicate": ("path(s) listed more than once", None),
+    }.get(check, ("failed", None))
     where = ", ".join(f"{r.get('path')}" + (f" ({value(r)})" if value else "") for r in shown)
     out["detail"] = f"{count} {what}: {where}" + (" ..." if len(records) > MAX_EXAMPLES else "")
 
