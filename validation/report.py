@@ -383,10 +383,9 @@ def failures_from_results(results: Iterable[tuple[str, str, dict]], *, label_col
     return out
 
 
-_CHECK_ORDER = ("columns", "label_column", "row_count", "dtype", "feature_type",
-                "nulls", "range", "label_set", "value_set", "other", "class_balance", "leak")
-_TABLE_CHECKS = {"columns", "label_column", "row_count", "dtype", "feature_type"}
-_COLUMN_CHECKS = {"nulls", "range", "label_set", "value_set", "other"}
+_TABLE_CHECKS = ("columns", "label_column", "row_count", "dtype", "feature_type")
+_COLUMN_CHECKS = ("nulls", "range", "label_set", "value_set", "other")
+_CHECK_ORDER = (*_TABLE_CHECKS, *_COLUMN_CHECKS, "class_balance", "leak")
 
 
 def sort_failures(failures: list[dict], columns: list[str]) -> list[dict]:
