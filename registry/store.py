@@ -179,8 +179,9 @@ def log_datasets(run_id: str, splits: Mapping[str, tuple[str, str]], digest: str
         client().log_inputs(run_id, datasets=inputs)
 
 
-def _log_batches(run_id: str, size: int, **items: list) -> None:
-    (kind, values), = items.items()
+def _log_batches(run_id: str, kind: str, values: list) -> None:
+    """``values`` logged as ``kind`` ("params", "tags" or "metrics") in batches MLflow accepts."""
+    size = MAX_METRICS_PER_BATCH if kind == "metrics" else MAX_PARAMS_TAGS_PER_BATCH
     c = client()
     for batch in chunks(values, size):
         c.log_batch(run_id, **{kind: batch})
@@ -189,7 +190,7 @@ def _log_batches(run_id: str, size: int, **items: list) -> None:
 def set_tags(run_id: str, tags: Mapping[str, Any]) -> None:
     from mlflow.entities import RunTag
 
-    _log_batches(run_id, MAX_PARAMS_TAGS_PER_BATCH, tags=[RunTag(k, v) for k, v in clean_tags(tags).items()])
+    _log_batches(run_id, "tags", [RunTag(k, v) for k, v in clean_tags(tags).items()])
 
 
 def log_params(run_id: str, params: Mapping[str, Any]) -> dict[str, str]:
@@ -198,7 +199,7 @@ def log_params(run_id: str, params: Mapping[str, Any]) -> dict[str, str]:
     from mlflow.entities import Param
 
     flat = flatten_params(params)
-    _log_batches(run_id, MAX_PARAMS_TAGS_PER_BATCH, params=[Param(k, v) for k, v in flat.items()])
+    _log_batches(run_id, "params", [Param(k, v) for k, v in flat.items()])
     return flat
 
 
@@ -209,7 +210,7 @@ def log_metrics(run_id: str, metrics: Mapping[str, Any], step: int | None = None
 
     flat = flatten_metrics(metrics)
     now = int(time.time() * 1000)
-    _log_batches(run_id, MAX_METRICS_PER_BATCH, metrics=[Metric(k, v, now, int(step or 0)) for k, v in flat.items()])
+    _log_batches(run_id, "metrics", [Metric(k, v, now, int(step or 0)) for k, v in flat.items()])
     return flat
 
 
