@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from validation.report import CELLS_COUNTED, MAX_EXAMPLES, fmt_bound, index_records, jsonable, summary_markdown, where
+from validation.report import (BY_GROUP, CELLS_COUNTED, MAX_EXAMPLES, fmt_bound, index_records, jsonable,
+                               summary_markdown, where)
 
 log = logging.getLogger(__name__)
 
@@ -284,12 +285,10 @@ class ItemBatches:
     """``item``'s suite validated batch by batch (:meth:`add`) and kept as ONE result (:meth:`finish`):
     what :func:`run_item` gives on the whole table, in bounded memory.
 
-    Each batch frame's index holds the rows' positions in the whole table. Per expectation the
-    batches' counts are summed, percents and success recomputed (``mostly`` honoured), example
-    lists joined and cut (complete index lists at ``CELLS_COUNTED`` entries, ``unexpected_count`` staying
-    exact). ``group_by``: an index column (a stacked frame's ``cell_column``) each of whose values
-    keeps up to ``CELLS_COUNTED`` entries and its exact count, in ``result[BY_GROUP]``. Only the merged
-    result is stored: one Data Docs page per item.
+    Each batch frame's index holds the rows' positions in the whole table. Counts are summed, percents
+    and success recomputed (``mostly`` honoured), example lists cut (index lists at ``CELLS_COUNTED``
+    entries; with ``group_by``, an index column such as ``cell_column``, per value, each value's exact
+    count in ``result[BY_GROUP]``). Only the merged result is stored: one Data Docs page per item.
     """
 
     def __init__(self, run: Run, item: Item, group_by: str | None = None):
@@ -363,10 +362,6 @@ class ItemBatches:
         except Exception as exc:  # noqa: BLE001 - report, never crash on data GX chokes on
             _errored(run, item, exc)
         self.merged = None
-
-
-# Result key of a grouped merge (ItemBatches(group_by=...)): {group value: exact unexpected count}.
-BY_GROUP = "trainflow_unexpected_by_group"
 
 
 def _count_groups(result: dict | None, group_by: str, keep: int) -> None:

@@ -29,6 +29,8 @@ MAX_EXAMPLES = 5
 # Unexpected entries a result merged from batches keeps (per column of a stacked cells result, beside
 # its exact count: ``validation.gx_run.ItemBatches``); the failing values counted are among these.
 CELLS_COUNTED = 1000
+# Result key of a grouped merge (``ItemBatches(group_by=...)``): {group value: exact unexpected count}.
+BY_GROUP = "trainflow_unexpected_by_group"
 
 SPLIT_ORDER = ("train", "test", "cross")
 
@@ -346,9 +348,8 @@ def cells_failures(evr: dict, split: str) -> list[dict]:
     for cell in cells:
         cell = {k.removeprefix("cell_"): v for k, v in cell.items()}
         by_column.setdefault(cell.get("column"), []).append(cell)
-    # A result merged from batches lists a bounded number of cells per column and gives each
-    # column's exact count beside them (validation.gx_run.ItemBatches, group_by).
-    exact = result.get("trainflow_unexpected_by_group") or {}
+    # A result merged from batches lists at most CELLS_COUNTED cells a column, with its exact count.
+    exact = result.get(BY_GROUP) or {}
     out = []
     for column, group in by_column.items():
         count = int(exact.get(str(column), len(group)))
