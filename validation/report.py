@@ -76,9 +76,10 @@ def _more(shown: list, total: int) -> str:
     return " ..." if total > len(shown) else ""
 
 
-def counted(values: list, counts: list[dict] | None = None) -> str:
+def counted(values: list, counts: list[dict] | None = None, show_counts: bool = True) -> str:
     """``a ×3, b ×1``: up to MAX_EXAMPLES values with how often each occurs, most frequent first
-    (GX's ``partial_unexpected_counts``, exact for these values), else the example values counted."""
+    (GX's ``partial_unexpected_counts``, exact for these values), else the example values counted.
+    ``show_counts=False``: the values alone, ``a, b``."""
     pairs = [(c.get("value"), int(c.get("count") or 0)) for c in (counts or []) if "value" in c]
     if not pairs:
         seen: dict[str, list] = {}
@@ -89,7 +90,7 @@ def counted(values: list, counts: list[dict] | None = None) -> str:
     def text(v: Any) -> str:  # null for a missing value
         return "null" if v is None or (isinstance(v, float) and math.isnan(v)) else str(_tidy_number(v))
 
-    return ", ".join(f"{text(v)} ×{n}" for v, n in pairs[:MAX_EXAMPLES])
+    return ", ".join(text(v) + (f" ×{n}" if show_counts else "") for v, n in pairs[:MAX_EXAMPLES])
 
 
 def where(split: Any, column: Any) -> str:
@@ -318,7 +319,7 @@ def _cells_values(group: list[dict], count: int) -> str:
     values = [_tidy_number(c.get("value")) for c in group[:CELLS_COUNTED]]
     if len(values) >= count:
         return f": {counted(values)}"
-    return ", e.g. " + ", ".join(v.rsplit(" ×", 1)[0] for v in counted(values).split(", "))
+    return ", e.g. " + counted(values, show_counts=False)
 
 
 def cells_failures(evr: dict, split: str) -> list[dict]:
