@@ -131,11 +131,11 @@ def _categorical_row(name: str, reference: pd.Series, current: pd.Series, cfg: R
     return _row(name, _psi_of_counts(a, b), stat, pvalue, "chi2", cfg)
 
 
-def drift_markdown(report: dict, title: str = "Data drift") -> str:
+def drift_markdown(report: dict) -> str:
     """The report as markdown: a verdict line, then one row per feature, most shifted first."""
     t = report["thresholds"]
     lines = [
-        f"# {title}: {'DRIFT' if report['drifted'] else 'no drift'}",
+        f"# Data drift: {'DRIFT' if report['drifted'] else 'no drift'}",
         "",
         f"{report['n_drifted']} of {report['n_features']} features drifted "
         f"({report['drifted_fraction']:.1%}; the data drifts above {t['max_drifted_fraction']:.1%}). "
