@@ -283,7 +283,7 @@ def failure_from_result(evr: dict, split: str, frame: str = "split", *, label_co
     rows as GX gives them.
     """
     config = evr.get("expectation_config") or {}
-    etype = config.get("type") or config.get("expectation_type") or "unknown"
+    etype = config.get("type") or "unknown"
     kwargs = config.get("kwargs") or {}
     result = evr.get("result") or {}
     count = result.get("unexpected_count")
