@@ -21,7 +21,6 @@ is reported, not failed.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
