@@ -739,10 +739,8 @@ def load_yaml(text: str, key: str = "") -> Any:
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """``training.epochs=3`` -> (["training", "epochs"], 3); the value is parsed as YAML.
-
-    Raises ConfigError naming the key for a value that is not YAML (``training.lr=[``).
-    """
+    """``training.epochs=3`` -> (["training", "epochs"], 3), the value parsed as YAML; ConfigError
+    naming the key for a value that is not YAML (``training.lr=[``)."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {item!r}: expected KEY.PATH=VALUE")
@@ -805,10 +803,7 @@ def _read_config_text(path: Path) -> str:
 
 def read_config_data(path: str | Path, _chain: tuple[Path, ...] = ()) -> Any:
     """The YAML of the config at ``path`` with its ``extends`` chain merged in (not validated).
-
-    Raises ConfigError in one line: an unreadable file, bad YAML, or an ``extends`` that is not a
-    relative ``.yaml`` path, that leads back to a file of the chain, or that is deeper than 5.
-    """
+    ConfigError in one line for an unreadable file, bad YAML or a bad ``extends``."""
     path = Path(path)
     return _merged(path, _read_config_text(path), _chain)
 
