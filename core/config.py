@@ -451,15 +451,13 @@ class TrainingConfig(_Strict):
 
     @model_validator(mode="after")
     def _single_is_one_process(self) -> "TrainingConfig":
-        if self.compile.enabled and self.strategy in ("tp", "pp", "hybrid"):
+        if self.compile.enabled and self.strategy in MODEL_PARALLEL:
             # DTensor-parallel layers and pipeline stages are not compiled here: refuse rather than
             # run a layout nobody tested under torch.compile.
             raise ValueError(f"compile: supported with strategy single, ddp, fsdp or auto, "
                              f"not {self.strategy!r} (set training.compile: false)")
         if self.strategy == "single" and isinstance(self.cpu_workers, int) and self.cpu_workers != 1:
-            raise ValueError(
-                f"strategy: 'single' runs one process, but training.cpu_workers is {self.cpu_workers}"
-            )
+            raise ValueError(f"strategy: 'single' runs one process, but training.cpu_workers is {self.cpu_workers}")
         if isinstance(self.cpu_workers, int):
             try:
                 check_parallel(self.strategy, self.parallel, self.cpu_workers)

@@ -95,7 +95,8 @@ def read_tracked_file(root: Path, md5: str, relpath: str = "", rev: str | None =
         else:
             where.append(f"the DVC remote (not tried: {dvc_file} at git {rev[:12]} records {recorded}, not {md5})")
     raise DataUnavailableError(f"data version {md5} ({relpath or 'file'}) is not available: looked in "
-                               + " and ".join(where) + "; `dvc push` after each `dvc add` keeps every version fetchable")
+                               + " and ".join(where)
+                               + "; `dvc push` after each `dvc add` keeps every version fetchable")
 
 
 def commit_exists(root: Path, sha: str) -> bool:
