@@ -22,7 +22,7 @@ class SourceUnavailableError(TrainflowError):
 # tracking server wrote them, so they are checked before git, DVC or a path join sees them.
 _GIT_SHA = re.compile(r"^[0-9a-f]{7,64}$")
 _DVC_MD5 = re.compile(r"^[0-9a-f]{32}(\.dir)?$")
-DVC = (sys.executable, "-m", "dvc")
+_DVC = (sys.executable, "-m", "dvc")
 
 
 def is_git_sha(value: object) -> bool:
@@ -143,12 +143,12 @@ def restore_data(checkout: Path, dvc_file: str, md5: str, cache: Path) -> list[s
         for stale in ("size", "nfiles"):
             out.pop(stale, None)
         path.write_text(yaml.safe_dump(meta, sort_keys=False))
-    config = _run([*DVC, "config", "--local", "cache.dir", str(Path(cache).resolve())], checkout, timeout=60)
+    config = _run([*_DVC, "config", "--local", "cache.dir", str(Path(cache).resolve())], checkout, timeout=60)
     if config.returncode != 0:
         raise DataUnavailableError(f"cannot point the checkout at the DVC cache {cache}: {config.stderr.strip()}")
-    done = _run([*DVC, "checkout", "-q", dvc_file], checkout)
+    done = _run([*_DVC, "checkout", "-q", dvc_file], checkout)
     if done.returncode != 0:
-        done = _run([*DVC, "pull", "-q", dvc_file], checkout)
+        done = _run([*_DVC, "pull", "-q", dvc_file], checkout)
     if done.returncode != 0:
         detail = (done.stderr or done.stdout).strip().splitlines()
         raise DataUnavailableError(
