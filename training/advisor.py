@@ -54,13 +54,11 @@ def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
         if torch.is_tensor(out):
             out_elems[0] += out[0].numel()
 
-    handles = [m.register_forward_hook(hook) for n, m in model.named_modules() if n and not list(m.children())]
-    try:
-        with torch.no_grad():
-            model.eval()(example_input(cfg, info, batch=1))
-    finally:
-        for h in handles:
-            h.remove()
+    for name, module in model.named_modules():
+        if name and not list(module.children()):
+            module.register_forward_hook(hook)  # the model is thrown away after this count
+    with torch.no_grad():
+        model.eval()(example_input(cfg, info, batch=1))
     leaves = [m for m in model.modules() if not list(m.children())]
     largest = max((sum(p.numel() for p in m.parameters()) for m in leaves), default=0)
     return sum(p.numel() for p in model.parameters()), largest, out_elems[0]
