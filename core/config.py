@@ -6,9 +6,11 @@ YAML in ``configs/`` (required: ``name`` and ``dataset.path``; the task requires
 
 from __future__ import annotations
 
+import copy
+import difflib
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -141,10 +143,6 @@ class ImagesConfig(_Strict):
         return self
 
 
-def _dvc_file_of(path: str | None) -> str | None:
-    return None if path is None else path.rstrip("/") + ".dvc"
-
-
 class DatasetConfig(_Strict):
     """Where the DVC-tracked data lives and which of its columns the task reads.
 
@@ -157,7 +155,7 @@ class DatasetConfig(_Strict):
     # The data folder, relative to the repository root.
     path: str = Field(min_length=1)
     # The DVC file whose md5 is the data version; left out: ``<path>.dvc``, what ``dvc add <path>`` writes.
-    dvc_file: str = Field(default_factory=lambda data: _dvc_file_of(data.get("path")), min_length=1)
+    dvc_file: str = Field(default_factory=lambda data: data["path"].rstrip("/") + ".dvc", min_length=1)
     # Pre-split files (null: train.csv / test.csv), or one ``file`` split by seed.
     train_file: str | None = None
     test_file: str | None = None
@@ -453,15 +451,13 @@ class TrainingConfig(_Strict):
 
     @model_validator(mode="after")
     def _single_is_one_process(self) -> "TrainingConfig":
-        if self.compile.enabled and self.strategy in ("tp", "pp", "hybrid"):
+        if self.compile.enabled and self.strategy in MODEL_PARALLEL:
             # DTensor-parallel layers and pipeline stages are not compiled here: refuse rather than
             # run a layout nobody tested under torch.compile.
             raise ValueError(f"compile: supported with strategy single, ddp, fsdp or auto, "
                              f"not {self.strategy!r} (set training.compile: false)")
         if self.strategy == "single" and isinstance(self.cpu_workers, int) and self.cpu_workers != 1:
-            raise ValueError(
-                f"strategy: 'single' runs one process, but training.cpu_workers is {self.cpu_workers}"
-            )
+            raise ValueError(f"strategy: 'single' runs one process, but training.cpu_workers is {self.cpu_workers}")
         if isinstance(self.cpu_workers, int):
             try:
                 check_parallel(self.strategy, self.parallel, self.cpu_workers)
@@ -500,16 +496,6 @@ class GatesConfig(_Strict):
     # fitted on the same train split, by more than this (null: reported, not gated).
     max_gap_to_gbdt: float | None = Field(None, ge=0)
 
-    @field_validator("thresholds")
-    @classmethod
-    def _finite(cls, v: dict[str, float]) -> dict[str, float]:
-        import math
-
-        for k, x in v.items():
-            if not math.isfinite(x):
-                raise ValueError(f"{k}: must be a finite number, got {x!r}")
-        return v
-
 
 class RegistryConfig(_Strict):
     """Where the model is registered. Left out, ``model_name`` is the pipeline's ``name`` and
@@ -547,10 +533,6 @@ def _registry_of(name: Any, given: dict) -> dict | None:
     return {"model_name": name, "experiment": f"trainflow-{name}", **given}
 
 
-def _default_registry(name: Any) -> RegistryConfig | None:
-    return RegistryConfig(**_registry_of(name, {})) if isinstance(name, str) else None
-
-
 # Sections that say when to train, not what to train: left out of the config id, so tuning them
 # neither makes the champion look stale nor orphans a resumable training folder.
 NOT_IN_CONFIG_ID = frozenset({"retrain"})
@@ -577,7 +559,7 @@ class PipelineConfig(_Strict):
     model: ModelConfig = ModelConfig()
     training: TrainingConfig = TrainingConfig()
     gates: GatesConfig = GatesConfig()
-    registry: RegistryConfig = Field(default_factory=lambda data: _default_registry(data.get("name")))
+    registry: RegistryConfig = Field(default_factory=lambda data: RegistryConfig(**_registry_of(data["name"], {})))
     retrain: RetrainConfig = RetrainConfig()
 
     @model_validator(mode="before")
@@ -637,8 +619,6 @@ def config_id_of(dumped: dict) -> str:
     """The config id of a config dumped to JSON (e.g. a run's ``config.json``), of any age: keys
     added later (``ID_LATER_KEYS``) are left out while they hold their default, so a config that does
     not use them keeps the id it always had; ``NOT_IN_CONFIG_ID`` sections are always left out."""
-    import copy
-
     data = {k: copy.deepcopy(v) for k, v in dumped.items() if k not in NOT_IN_CONFIG_ID}
     for *sections, key in ID_LATER_KEYS:  # (section, key) or (section, subsection, key)
         part = data
@@ -693,19 +673,15 @@ def _format_errors(err: ValidationError, model: type[BaseModel] | None = None) -
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
     """The pydantic models an annotation can hold (``X``, ``X | None``, ``list[X]``, ...)."""
-    import typing
-
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
-    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
 
 
 def _did_you_mean(model: type[BaseModel], loc: list[str]) -> str:
     """`` (did you mean training.epochs?)`` for the unknown key at ``loc``, or "" when no key of
     its section is close. Walks the schema along ``loc``; a part that is no field (a list index)
     stays in the same section."""
-    import difflib
-
     section: list[type[BaseModel]] = [model]
     for part in loc[:-1]:
         below = [m for s in section if part in s.model_fields for m in _models_in(s.model_fields[part].annotation)]
@@ -761,10 +737,8 @@ def load_yaml(text: str, key: str = "") -> Any:
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """``training.epochs=3`` -> (["training", "epochs"], 3); the value is parsed as YAML.
-
-    Raises ConfigError naming the key for a value that is not YAML (``training.lr=[``).
-    """
+    """``training.epochs=3`` -> (["training", "epochs"], 3), the value parsed as YAML; ConfigError
+    naming the key for a value that is not YAML (``training.lr=[``)."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {item!r}: expected KEY.PATH=VALUE")
@@ -774,8 +748,6 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Set each dotted key in a copy of ``data``; unknown keys fail later, at validation."""
-    import copy
-
     out = copy.deepcopy(data)
     for item in overrides:
         path, value = parse_override(item)
@@ -829,10 +801,7 @@ def _read_config_text(path: Path) -> str:
 
 def read_config_data(path: str | Path, _chain: tuple[Path, ...] = ()) -> Any:
     """The YAML of the config at ``path`` with its ``extends`` chain merged in (not validated).
-
-    Raises ConfigError in one line: an unreadable file, bad YAML, or an ``extends`` that is not a
-    relative ``.yaml`` path, that leads back to a file of the chain, or that is deeper than 5.
-    """
+    ConfigError in one line for an unreadable file, bad YAML or a bad ``extends``."""
     path = Path(path)
     return _merged(path, _read_config_text(path), _chain)
 

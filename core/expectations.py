@@ -17,6 +17,7 @@ No torch, pandas or YAML work at import.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,8 +40,6 @@ class ColumnExpectation(_Strict):
 
     @model_validator(mode="after")
     def _bounds(self) -> "ColumnExpectation":
-        import math
-
         for key in ("min", "max"):
             v = getattr(self, key)
             if v is not None and not math.isfinite(v):
@@ -63,7 +62,7 @@ class TableExpectations(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "TableExpectations":
-        names = [c.name for c in self.columns]
+        names = self.names
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"columns: duplicate names {dup}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,6 @@ def check_export(root: Path, dvc_file: str, export_into) -> int:
     """A bundled dataset's ``--check``: ``export_into(folder)`` writes a fresh export into a temporary
     folder and returns the exported dataset's folder; 0 (and OK) when its DVC hash equals
     ``outs[0].md5`` of ``root/dvc_file``, else 1 (and MISMATCH on stderr)."""
-    import sys
-    import tempfile
-
     import yaml
 
     recorded = yaml.safe_load((Path(root) / dvc_file).read_text())["outs"][0]["md5"]

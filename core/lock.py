@@ -1,26 +1,18 @@
-"""The hash-pinned lock files and whether they still match ``pyproject.toml``.
-
-``requirements/lock.txt`` (CUDA torch) and ``requirements/lock-cpu.txt`` (torch's CPU build) are
-written by ``make lock`` (``scripts/lock.py``) in pip-compile's format (``name==version`` then
-``--hash=sha256:...`` lines). Each header names the sha256 of the dependency lists it was resolved
-from: :func:`check_lock` compares it with the current ``pyproject.toml`` and checks every top-level
-requirement is pinned inside its range. ``requirements/lock-dev.txt`` adds the ``dev`` and ``team``
-extras on top of either (:func:`check_dev_lock`).
-
-A lock claims every CPython 3.11 patch release (:data:`PYTHONS`): a package only some releases need
-(redis needs ``async-timeout`` below 3.11.3, Debian bookworm's is 3.11.2) is pinned with its marker;
-:func:`closure_problems` checks, from the installed packages' metadata, that each release finds
-every requirement pinned.
+"""The hash-pinned lock files (``make lock`` writes them in pip-compile's format) and whether they
+still match ``pyproject.toml``: each header names the sha256 of the dependency lists it was
+resolved from. A lock holds for every CPython 3.11 patch release (:data:`PYTHONS`): a package only
+some releases need (redis needs ``async-timeout`` below 3.11.3, Debian bookworm's is 3.11.2) is
+pinned with its marker.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from core.hashing import sha256_json
 
 HEADER_KEY = "pyproject-sha256"
 LOCK_FILES = {"cuda": "requirements/lock.txt", "cpu": "requirements/lock-cpu.txt"}
@@ -57,9 +49,7 @@ def locked_inputs(pyproject: dict, extras: tuple[str, ...] = ()) -> dict:
 
 def inputs_sha256(pyproject_path: Path, extras: tuple[str, ...] = ()) -> str:
     """sha256 of :func:`locked_inputs` as canonical JSON: the value recorded in a lock's header."""
-    data = tomllib.loads(Path(pyproject_path).read_text())
-    blob = json.dumps(locked_inputs(data, extras), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return sha256_json(locked_inputs(tomllib.loads(Path(pyproject_path).read_text()), extras))
 
 
 def extra_requirements(pyproject_path: Path, extras: tuple[str, ...] = DEV_EXTRAS) -> list[str]:

@@ -1,9 +1,8 @@
 """Advisory file locks (``flock``) between pipeline runs on one host or one shared filesystem.
 
-A lock lives as long as its open file description: a run that dies releases it, so no stale lock
-is left; two threads that each open the file exclude each other; a child given the descriptor
-(``pass_fds``) shares the lock until the last holder closes it. POSIX only; NFS honours ``flock``
-only on Linux >= 2.6.12 with lock support.
+A lock lives as long as its open file description: a run that dies leaves no stale lock, and a
+child given the descriptor (``pass_fds``) shares it. POSIX only; NFS honours ``flock`` only on
+Linux >= 2.6.12 with lock support.
 """
 
 from __future__ import annotations

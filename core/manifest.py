@@ -1,14 +1,12 @@
-"""The run manifest: everything needed to repeat a run, recorded before training.
-
-``{git_sha, git_dirty, config_sha256, data: {dvc_path, md5, rev}, image: {ref,
-digest}, packages_sha256, seed, world: {nnodes, nproc_per_node, backend}}``.
-It is logged to the MLflow run and set as tags on the registered model version.
-"""
+"""The run manifest: everything needed to repeat a run, recorded before training, logged to the
+MLflow run and set as tags on the registered model version."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -108,9 +106,6 @@ def packages_hash(cache_dir: Path | None = None) -> str:
     their modification times (an install or removal adds or removes a ``*.dist-info`` entry, which
     changes its folder's mtime): in this process, and with ``cache_dir`` in a file there.
     """
-    import json
-    import sys
-
     stamps = []
     for entry in sys.path:
         try:

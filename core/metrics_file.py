@@ -31,8 +31,8 @@ def metrics_record(values: Mapping[str, Any], step: int, time_ms: int) -> dict:
 
 
 class MetricsWriter:
-    """Appends JSON records to one file, a line each; opened at the first write, flushed after each
-    (in the kernel: survives the writer's SIGKILL). ``separators``: ``json.dumps``'."""
+    """Appends JSON records to one file, a line each, flushed after each (in the kernel: survives
+    the writer's SIGKILL). ``separators``: ``json.dumps``'."""
 
     def __init__(self, path: Path, separators: tuple[str, str] | None = (",", ":")):
         self.path, self.separators = Path(path), separators

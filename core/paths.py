@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from core.errors import ConfigError
@@ -25,14 +26,9 @@ def python_path_with(root: str | Path, current: str | None = None) -> str:
 
 
 def importable_root(root: str | Path) -> str:
-    """Put the project root first on ``sys.path`` (once) and return this process's ``PYTHONPATH``
-    with it first, for a subprocess's ``env=`` (``os.environ`` is not changed).
-
-    A ``model.factory`` or a user's own task names a module in the repository root, which is not
-    on the path of the ``trainflow`` script (the venv's ``bin/``) or of a Prefect worker.
-    """
-    import sys
-
+    """Put the project root first on ``sys.path`` (once: a ``model.factory`` or a user's task lives
+    there, off the path of the ``trainflow`` script and of a Prefect worker) and return this
+    process's ``PYTHONPATH`` with it first, for a subprocess's ``env=``."""
     first = str(Path(root).resolve())
     if first not in sys.path:
         sys.path.insert(0, first)
@@ -47,12 +43,9 @@ def trainflow_home(root: Path | None = None) -> Path:
 
 
 def under_home(home: Path, *parts: str | Path) -> Path:
-    """``home / parts``, refused unless it stays inside ``home`` (TRAINFLOW_HOME).
-
-    The parts come from a config or a record (a pipeline name, a run id): a ``..`` or an absolute
-    part is a ConfigError naming the path, never a write or an ``rmtree`` elsewhere. The check is
-    on the normalised path, not on symlinks: a folder the user links elsewhere stays usable.
-    """
+    """``home / parts``; ConfigError naming the path unless it stays inside ``home`` (the parts come
+    from a config or a record: never a write or an ``rmtree`` elsewhere). The check is on the
+    normalised path, not on symlinks: a folder the user links elsewhere stays usable."""
     base = Path(os.path.abspath(home))
     path = Path(os.path.normpath(base.joinpath(*parts)))
     if path != base and base not in path.parents:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -78,9 +80,6 @@ def stop_group(pgid: int, grace: float = 15.0) -> bool:
     """SIGTERM process group ``pgid``, SIGKILL what is left of it after ``grace`` seconds; True once
     no live process is left in it. The caller must own the group: its leader is its child, not yet
     reaped (until reaped, no other process can take the group id)."""
-    import signal
-    import time
-
     for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pgid, sig)

@@ -1,11 +1,5 @@
-"""Older versions of the code and the data, back from git and DVC.
-
-``read_tracked_file`` reads one file of a DVC data version by its md5 (the champion's training
-data, for the drift check) without touching the workspace. ``checkout_commit`` and
-``restore_data`` rebuild the workspace a model was trained in (for ``reproduce``). Each refuses
-with a message that says what is missing and where it was looked for. DVC is imported inside
-the functions; git and dvc run as subprocesses.
-"""
+"""Older versions of the code and the data, back from git and DVC (for the drift check and
+``reproduce``). DVC is imported inside the functions; git and dvc run as subprocesses."""
 
 from __future__ import annotations
 
@@ -28,6 +22,7 @@ class SourceUnavailableError(TrainflowError):
 # tracking server wrote them, so they are checked before git, DVC or a path join sees them.
 _GIT_SHA = re.compile(r"^[0-9a-f]{7,64}$")
 _DVC_MD5 = re.compile(r"^[0-9a-f]{32}(\.dir)?$")
+_DVC = (sys.executable, "-m", "dvc")
 
 
 def is_git_sha(value: object) -> bool:
@@ -45,10 +40,6 @@ def check_md5(md5: object, key: str = "data_md5") -> str:
 
 def _run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-
-
-def _dvc(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return _run([sys.executable, "-m", "dvc", *args], cwd, timeout)
 
 
 def cache_dir(root: Path) -> Path:
@@ -70,13 +61,9 @@ def _cached_object(root: Path, md5: str) -> bytes | None:
 
 def read_tracked_file(root: Path, md5: str, relpath: str = "", rev: str | None = None,
                       dvc_file: str | None = None, path_in_repo: str | None = None) -> bytes:
-    """The bytes of ``relpath`` inside the DVC output whose md5 is ``md5`` (a ``.dir`` md5 for a
-    folder; ``relpath`` empty for a single-file output).
-
-    Looks in the local cache first; otherwise, when ``rev`` (a git commit whose ``dvc_file``
-    records this md5) and ``path_in_repo`` are given, asks DVC to fetch it from the remote.
-    Raises DataUnavailableError when neither has it.
-    """
+    """The bytes of ``relpath`` inside the DVC output ``md5`` (``relpath`` empty for a single-file
+    output), from the local cache, else from the remote when ``rev`` (a commit whose ``dvc_file``
+    records ``md5``) and ``path_in_repo`` are given. Raises DataUnavailableError when neither has it."""
     root = Path(root)
     check_md5(md5)
     where = [f"the DVC cache of {root}"]
@@ -108,7 +95,8 @@ def read_tracked_file(root: Path, md5: str, relpath: str = "", rev: str | None =
         else:
             where.append(f"the DVC remote (not tried: {dvc_file} at git {rev[:12]} records {recorded}, not {md5})")
     raise DataUnavailableError(f"data version {md5} ({relpath or 'file'}) is not available: looked in "
-                               + " and ".join(where) + "; `dvc push` after each `dvc add` keeps every version fetchable")
+                               + " and ".join(where)
+                               + "; `dvc push` after each `dvc add` keeps every version fetchable")
 
 
 def commit_exists(root: Path, sha: str) -> bool:
@@ -137,12 +125,9 @@ def checkout_commit(root: Path, sha: str, dest: Path) -> Path:
 
 
 def restore_data(checkout: Path, dvc_file: str, md5: str, cache: Path) -> list[str]:
-    """Check the data version ``md5`` out into ``checkout`` from the DVC cache ``cache`` or
-    the checkout's DVC remote. Returns warnings; raises DataUnavailableError.
-
-    When ``dvc_file`` at that commit records another md5 (the model was trained from an
-    uncommitted ``dvc add``), the file is pointed at ``md5`` first, and a warning says so.
-    """
+    """Check the data version ``md5`` out into ``checkout`` from the DVC cache ``cache`` or the
+    checkout's DVC remote. Returns warnings (``dvc_file`` repointed at ``md5`` when the commit
+    records another: an uncommitted ``dvc add``); raises DataUnavailableError."""
     check_md5(md5)
     warnings: list[str] = []
     path = Path(checkout) / dvc_file
@@ -158,12 +143,12 @@ def restore_data(checkout: Path, dvc_file: str, md5: str, cache: Path) -> list[s
         for stale in ("size", "nfiles"):
             out.pop(stale, None)
         path.write_text(yaml.safe_dump(meta, sort_keys=False))
-    config = _dvc(checkout, "config", "--local", "cache.dir", str(Path(cache).resolve()), timeout=60)
+    config = _run([*_DVC, "config", "--local", "cache.dir", str(Path(cache).resolve())], checkout, timeout=60)
     if config.returncode != 0:
         raise DataUnavailableError(f"cannot point the checkout at the DVC cache {cache}: {config.stderr.strip()}")
-    done = _dvc(checkout, "checkout", "-q", dvc_file)
+    done = _run([*_DVC, "checkout", "-q", dvc_file], checkout)
     if done.returncode != 0:
-        done = _dvc(checkout, "pull", "-q", dvc_file)
+        done = _run([*_DVC, "pull", "-q", dvc_file], checkout)
     if done.returncode != 0:
         detail = (done.stderr or done.stdout).strip().splitlines()
         raise DataUnavailableError(
@@ -180,10 +165,8 @@ NOT_CODE = ("*.dvc", ".dvc/*", "dvc-store/*", "configs/*", "*.md", "tests/*", "b
 
 def code_changes(root: Path, since: str | None) -> list[str] | None:
     """Code files changed from commit ``since`` to the workspace (committed or not), leaving out
-    ``NOT_CODE``. None when ``since`` is unknown or not a commit of ``root``.
-
-    A git sha alone would call every data commit (``data/*.dvc``) a code change.
-    """
+    ``NOT_CODE`` (a git sha alone would call every data commit a code change). None when ``since``
+    is unknown or not a commit of ``root``."""
     import fnmatch
 
     root = Path(root)

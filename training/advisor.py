@@ -54,13 +54,11 @@ def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
         if torch.is_tensor(out):
             out_elems[0] += out[0].numel()
 
-    handles = [m.register_forward_hook(hook) for n, m in model.named_modules() if n and not list(m.children())]
-    try:
-        with torch.no_grad():
-            model.eval()(example_input(cfg, info, batch=1))
-    finally:
-        for h in handles:
-            h.remove()
+    for name, module in model.named_modules():
+        if name and not list(module.children()):
+            module.register_forward_hook(hook)  # the model is thrown away after this count
+    with torch.no_grad():
+        model.eval()(example_input(cfg, info, batch=1))
     leaves = [m for m in model.modules() if not list(m.children())]
     largest = max((sum(p.numel() for p in m.parameters()) for m in leaves), default=0)
     return sum(p.numel() for p in model.parameters()), largest, out_elems[0]
@@ -86,14 +84,13 @@ def _per_rank(mem: dict, world_size: int) -> dict:
             "fsdp_state_bytes": sharded, "fsdp_total_bytes": sharded + mem["activation_bytes"]}
 
 
-def choose_strategy(mem: dict, device_bytes: int, world_size: int,
-                    headroom: float = HEADROOM) -> tuple[str, str]:
+def choose_strategy(mem: dict, device_bytes: int, world_size: int) -> tuple[str, str]:
     """(strategy, reason): ``single`` for one rank, ``ddp`` when a replica fits in
-    ``headroom x device_bytes``, ``fsdp`` when only the sharded state fits; else ConfigError."""
+    ``HEADROOM x device_bytes``, ``fsdp`` when only the sharded state fits; else ConfigError."""
     sizes = _per_rank(mem, world_size)
-    budget = headroom * device_bytes
+    budget = HEADROOM * device_bytes
     ddp, fsdp = sizes["ddp_total_bytes"], sizes["fsdp_total_bytes"]
-    where = f"{headroom:.0%} of {human_bytes(device_bytes)} per device = {human_bytes(budget)}"
+    where = f"{HEADROOM:.0%} of {human_bytes(device_bytes)} per device = {human_bytes(budget)}"
     if world_size == 1:
         if ddp <= budget:
             return "single", f"one rank: single process; the model needs {human_bytes(ddp)}, within {where}"
@@ -202,18 +199,17 @@ def recommendation(measurements: list[dict]) -> str:
     return text
 
 
-def default_layout(cpu_count: int, replicated_bytes: int,
-                   small_bytes: int = SMALL_MODEL_BYTES) -> tuple[int, int, str]:
+def default_layout(cpu_count: int, replicated_bytes: int) -> tuple[int, int, str]:
     """(processes, threads per process, reason) on CPU when no sweep exists: a model whose
-    replicated state is below ``small_bytes`` gets 1 process x all cores (DDP on a few CPU cores
-    loses to one process's intra-op threads); bigger ones 2 DDP processes to start with."""
+    replicated state is below ``SMALL_MODEL_BYTES`` gets 1 process x all cores (DDP on a few CPU
+    cores loses to one process's intra-op threads); bigger ones 2 DDP processes to start with."""
     cores = max(1, int(cpu_count))
-    state = human_bytes(replicated_bytes)
-    if replicated_bytes < small_bytes or cores < 2:
+    state, small = human_bytes(replicated_bytes), human_bytes(SMALL_MODEL_BYTES)
+    if replicated_bytes < SMALL_MODEL_BYTES or cores < 2:
         return 1, cores, (f"no sweep: the model's replicated state is {state} "
-                          f"(< {human_bytes(small_bytes)}): small models stay in one process, "
+                          f"(< {small}): small models stay in one process, "
                           f"1 process x {cores} thread{'s' if cores > 1 else ''}")
-    return 2, cores // 2, (f"no sweep: the model's replicated state is {state} (>= {human_bytes(small_bytes)}): "
+    return 2, cores // 2, (f"no sweep: the model's replicated state is {state} (>= {small}): "
                            f"2 DDP processes x {cores // 2} threads; run `trainflow scale` to measure")
 
 

@@ -1,13 +1,9 @@
-"""The torchrun agent of a launched job: ``torch.distributed.run``, bound to the process that launched it.
+"""``python -m training.agent <torchrun arguments>``: torchrun, bound to the launcher that runs it.
 
-    python -m training.agent <torchrun arguments>      (what ``training.launcher`` runs)
-
-torchrun and its exec'd workers run in sessions of their own and would train on as orphans when
-the launcher dies. So the agent asks for SIGTERM when its launcher dies (``PR_SET_PDEATHSIG``;
-torchrun passes it on, and the workers checkpoint as on a preemption), and each worker asks for
-SIGKILL when the agent dies (``bind_worker``). Both then check their parent is still the one
-expected, so a parent that died a moment before is not missed. The kernel may send the
-parent-death signal once per thread of a dying launcher: see ``_stop_once``.
+torchrun and its workers run in sessions of their own and would train on as orphans when the
+launcher dies. So the agent asks for SIGTERM when its launcher dies (``PR_SET_PDEATHSIG``; the
+workers then checkpoint as on a preemption), and each worker for SIGKILL when the agent dies
+(``bind_worker``); both then check their parent is still the expected one, in case it died first.
 """
 
 from __future__ import annotations
@@ -40,7 +36,7 @@ def bind_worker() -> None:
 
 
 def _bound(owner, name: str, wrap) -> None:
-    """Replace ``owner.name`` with ``wrap(original)`` once (another torch without it: nothing)."""
+    """Replace ``owner.name`` with ``wrap(original)`` once (a torch without it: nothing)."""
     original = getattr(owner, name, None)
     if original is None or getattr(original, "_trainflow", False):
         return
@@ -65,9 +61,9 @@ def _stop_within_shutdown_timeout(argv: list[str]) -> None:
 
 
 def _stop_once() -> None:
-    """Take only the first termination signal: torchrun raises at each, the first already shuts the
-    agent down, and a later one raised inside that stop broke it off before its SIGKILL, leaving
-    the agent waiting at exit for workers that ignored SIGTERM."""
+    """Take only the first termination signal (the kernel may send the parent-death signal once per
+    thread of a dying launcher): a later one, raised inside torchrun's stop, broke it off before
+    its SIGKILL, leaving the agent waiting at exit for workers that ignored SIGTERM."""
     from torch.distributed.elastic.multiprocessing import api
 
     def wrap(handler):
@@ -81,8 +77,8 @@ def _stop_once() -> None:
 
 
 def _kill_workers_left() -> None:
-    """SIGKILL the forked workers still alive once torchrun is done (none, unless its stop was
-    broken off): Python's exit would otherwise wait for them, and they for nothing."""
+    """SIGKILL the forked workers still alive once torchrun is done: Python's exit would otherwise
+    wait for them, and they for nothing."""
     for child in multiprocessing.active_children():
         with contextlib.suppress(ProcessLookupError):
             os.kill(child.pid, signal.SIGKILL)
@@ -115,9 +111,9 @@ def _forked_worker(module: str, *argv: str) -> int:
 
 
 def _fork_workers() -> None:
-    """Start ``-m MODULE`` workers by fork instead of a fresh ``python`` each, so torch and dynamo
-    are imported once per agent. CPU jobs only (a process that initialised CUDA cannot fork); the
-    imports happen once torchrun has parsed its arguments, before any thread pool exists."""
+    """Start ``-m MODULE`` workers by fork, so torch and dynamo are imported once per agent (after
+    torchrun parsed its arguments, before any thread pool exists). CPU jobs only: a process that
+    initialised CUDA cannot fork."""
     import torch.distributed.run as run
 
     original = run.config_from_args

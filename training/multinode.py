@@ -1,9 +1,8 @@
 """A job over several agents (nodes): do they share the output folder, and does every node learn the outcome?
 
-c10d hands out global ranks by arrival, so the node hosting rank 0 (which writes checkpoints and
-``result.json`` into *its* ``--out``) is known only once the job runs. Resuming needs one folder
-every node sees (``check_shared_out``), and a node that does not see rank 0's folder gets a copy
-of the result (``share_outcome``, ``node_copy``). A single node skips both.
+c10d hands out global ranks by arrival, so which node's ``--out`` rank 0 writes into is known only
+once the job runs: resuming needs one folder every node sees, and a node that does not see rank
+0's folder gets a copy of the result. A single node skips both.
 """
 
 from __future__ import annotations
