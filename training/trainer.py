@@ -21,11 +21,11 @@ from core.config import PipelineConfig
 from training import faults
 from training.batches import BatchPlan, StepBatches, build_source, choose_plan, scaled_lr  # noqa: F401
 from training.checkpoint import CheckpointManager, CheckpointMismatchError, TrainState, check_identity
+from tasks import get_task
 from tasks.splits import Splits
 from training.distributed import DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank
 from training.goodput import Ledger, agree_interval, describe, restart_count, summarise  # noqa: F401
 from training.metrics import StepMetrics, flops_per_sample, gpu_utilization, mfu, peak_memory_bytes
-from training.models import build_model
 from training.preemption import StopRequest
 from training.sink import MetricsSink
 from training.parallel import build_strategy
@@ -97,8 +97,6 @@ class Trainer:
         self.cfg, self.ctx, self.data, self.out = cfg, ctx, data, Path(out_dir)
         self.sink, self.config_id, self.data_md5, self.force_resume = sink, config_id, data_md5, force_resume
         t = cfg.training
-        from tasks import get_task
-
         self.task = get_task(cfg.task)
         self.strategy = build_strategy(t.strategy, ctx, t.precision, t.parallel, self.task.parallel_plan(cfg),
                                        t.batch_size)
@@ -110,7 +108,7 @@ class Trainer:
                                      t.lr_scaling, None))
 
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
-        self.model = self.strategy.wrap(build_model(cfg, data.info).to(ctx.device))
+        self.model = self.strategy.wrap(self.task.build_model(cfg, data.info).to(ctx.device))
         opt, kw = (torch.optim.SGD, {"momentum": 0.9}) if t.optimizer == "sgd" else (torch.optim.AdamW, {})
         self.opt = opt(self.model.parameters(), lr=self.lr, weight_decay=t.weight_decay, **kw)
         self.ckpt = CheckpointManager(self.out / "checkpoints", ctx, self.strategy, keep=t.keep_checkpoints,
@@ -326,8 +324,7 @@ class Trainer:
 
     def fit(self) -> FitResult:
         t = self.cfg.training
-        result = FitResult()
-        result.resumed_from_step = self.resume()
+        result = FitResult(resumed_from_step=self.resume())
         self.ledger.resumed(result.resumed_from_step)
         result.checkpoint_interval = agree_interval(self.ctx, self.ledger, t.checkpoint_every, t.checkpoint_every_steps)
         self.ckpt.every_steps = result.checkpoint_interval["steps"]
