@@ -534,7 +534,8 @@ def _info_once(task, cfg: "PipelineConfig", root: Path, source: Path, groups: Ro
                 return task.info_type.from_json(json.loads(path.read_text()))
             except (OSError, ValueError, TypeError):  # TypeError: written with other fields
                 info = compute()
-                cache_write(path, lambda fh: fh.write(json.dumps(info.to_json()).encode()))
+                data = json.dumps(info.to_json()).encode()
+                cache_write(path, lambda fh: fh.write(data))
                 return info
     except OSError:
         return compute()

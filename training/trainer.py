@@ -104,8 +104,7 @@ class Trainer:
         self.source = build_source(data.train, cfg.seed, t.loader)
         self.n_train = len(self.source)
         # The configured plan; a resume may change it (the batch policy).
-        self._apply_plan(choose_plan(t.batch_size, t.grad_accum, self.strategy.dp_size, t.lr, t.base_batch,
-                                     t.lr_scaling, None))
+        self._apply_plan(None)
 
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
         self.model = self.strategy.wrap(self.task.build_model(cfg, data.info).to(ctx.device))
@@ -147,8 +146,11 @@ class Trainer:
         self.strategy.release()
         gc.collect()
 
-    def _apply_plan(self, choice) -> None:
+    def _apply_plan(self, writer: dict | None) -> None:
+        """Choose the batch plan and LR given the checkpoint writer's plan (None: a fresh start)."""
         t = self.cfg.training
+        choice = choose_plan(t.batch_size, t.grad_accum, self.strategy.dp_size, t.lr, t.base_batch, t.lr_scaling,
+                             writer)
         self.choice, self.lr = choice, choice.lr
         self.plan = BatchPlan.of(choice.micro_batch, choice.grad_accum, self.strategy.dp_size, self.strategy.dp_rank)
         if t.strategy == "pp" and choice.micro_batch % t.parallel.microbatches:
@@ -174,10 +176,7 @@ class Trainer:
             return None
         if not self.force_resume:  # the launcher checked the same before torchrun started
             check_identity(vars(loaded), self.config_id, self.data_md5, self.state.resume_id, where=str(self.ckpt.dir))
-        t = self.cfg.training
-        choice = choose_plan(t.batch_size, t.grad_accum, self.strategy.dp_size, t.lr, t.base_batch, t.lr_scaling,
-                             loaded.plan)
-        self._apply_plan(choice)
+        self._apply_plan(loaded.plan)
         st = self.state
         for k in ("step", "epoch", "cursor", "best", "bad_epochs", "history"):
             setattr(st, k, getattr(loaded, k))
@@ -193,7 +192,7 @@ class Trainer:
             self.epoch_n = int(sum(s[1] for s in loaded.epoch_sums))
         if rank < len(loaded.rng):
             torch.set_rng_state(loaded.rng[rank])
-        resized = loaded.layout != self.strategy.layout() or choice.decision != "unchanged"
+        resized = loaded.layout != self.strategy.layout() or self.choice.decision != "unchanged"
         self.resized_from = w = loaded.writer() if resized else None
         log.info("rank %d resumed from step %d (epoch %d, sample %d of %d)", rank, st.step, st.epoch + 1,
                  st.cursor, self.n_train)
@@ -201,7 +200,7 @@ class Trainer:
             log.warning("resize: checkpoint written by %s worker(s) (strategy %s, dp %s, %s per rank x %s "
                         "micro-steps = global batch %s); this run: %d worker(s), strategy %s: %s",
                         w["world_size"], w["strategy"], w["dp_size"], w["micro_batch"], w["grad_accum"],
-                        w["global_batch"], self.ctx.world_size, t.strategy, choice.reason)
+                        w["global_batch"], self.ctx.world_size, self.cfg.training.strategy, self.choice.reason)
         return st.step
 
     def train_step(self, batch: StepBatches) -> tuple[float, int]:
