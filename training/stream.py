@@ -181,11 +181,10 @@ class StreamSource:
 
     def _plan(self, epoch: int, cursor: int, plan: "BatchPlan") -> Iterator[_Planned]:
         """This rank's steps from ``cursor``, as ids (no data read)."""
-        n, G, b, a = self._n, plan.global_batch, plan.micro_batch, plan.grad_accum
+        n, G, share = self._n, plan.global_batch, plan.micro_batch * plan.grad_accum
         if not 0 <= cursor <= n:
             raise ValueError(f"cursor {cursor} is outside the epoch's {n} samples")
         units, starts = self._layout(epoch)
-        share = b * a
         lo = plan.dp_rank * share
         windows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for pos in range(cursor, n, G):
