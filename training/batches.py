@@ -197,7 +197,7 @@ def choose_plan(micro_batch: int, grad_accum: int, dp_size: int, lr: float, base
         return BatchChoice(micro_batch, grad_accum, configured_g, configured_lr, "configured",
                            f"training.batch_size/grad_accum changed from {w_cfg[0]}/{w_cfg[1]} to "
                            f"{micro_batch}/{grad_accum}: as configured",
-                           _changes(writer, micro_batch, grad_accum, configured_g, dp_size))
+                           _changes(writer, micro_batch, grad_accum, dp_size))
     if (w_dp, w_micro, w_accum) == (dp_size, micro_batch, grad_accum):
         return BatchChoice(micro_batch, grad_accum, w_g, configured_lr, "unchanged", "same data-parallel layout")
     if w_dp == dp_size:  # the writer was itself resized: go on with its plan
@@ -211,14 +211,13 @@ def choose_plan(micro_batch: int, grad_accum: int, dp_size: int, lr: float, base
         return BatchChoice(b, a, w_g, scaled_lr(lr, w_g, base_batch, rule), "kept_global_batch",
                            f"dp_size {w_dp} -> {dp_size}: kept global batch {w_g} as {b} per rank x "
                            f"{dp_size} ranks x {a} micro-steps; lr unchanged",
-                           _changes(writer, b, a, w_g, dp_size))
+                           _changes(writer, b, a, dp_size))
     return BatchChoice(micro_batch, grad_accum, configured_g, configured_lr, "rescaled_lr",
                        f"dp_size {dp_size} does not divide the global batch {w_g}: kept {micro_batch} per rank "
                        f"x {grad_accum} micro-steps (global batch {configured_g}); lr rescaled by the "
                        f"{rule!r} rule to {configured_lr:.6g}",
-                       _changes(writer, micro_batch, grad_accum, configured_g, dp_size) + ["lr"])
+                       _changes(writer, micro_batch, grad_accum, dp_size) + ["lr"])
 
 
-def _changes(writer: dict, micro: int, accum: int, global_batch: int, dp: int) -> list[str]:
-    now = {"dp_size": dp, "micro_batch": micro, "grad_accum": accum, "global_batch": global_batch}
-    return [k for k, v in now.items() if writer.get(k) != v]
+def _changes(writer: dict, micro: int, accum: int, dp: int) -> list[str]:
+    return [k for k, v in BatchPlan.of(micro, accum, dp).describe().items() if writer.get(k) != v]

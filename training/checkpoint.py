@@ -51,7 +51,6 @@ def _fsync(path: Path) -> None:
 
 
 def _fsync_tree(folder: Path) -> None:
-    """fsync every file under ``folder``, then each folder, deepest first."""
     for parent, dirs, files in os.walk(folder, topdown=False):
         for name in files:
             _fsync(Path(parent) / name)
@@ -89,7 +88,6 @@ def check_identity(found: dict, config_id: str, data_md5: str, resume_id: str | 
 
 
 def _cpu_copy(obj):
-    """``obj`` (a state dict: nested dicts and lists of tensors and numbers) with every tensor copied to CPU."""
     import torch
 
     if isinstance(obj, torch.Tensor):
@@ -258,9 +256,7 @@ class CheckpointManager:
     def load_state(self, model, optimizer):
         """COLLECTIVE. The newest readable checkpoint as a ``TrainState`` (model and optimizer restored
         in place), or None when there is none or checkpoints are off."""
-        if not self.enabled:
-            return None
-        meta = self.load_latest(model, optimizer)
+        meta = self.load_latest(model, optimizer) if self.enabled else None
         if meta is None:
             return None
         try:

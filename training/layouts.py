@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 
+from core.config import MODEL_PARALLEL, ParallelConfig, check_parallel
 from core.errors import ConfigError
 
 # Device nodes a CUDA (or ROCm, or WSL's CUDA) GPU shows up as: with none, torch finds no GPU either.
 GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
 STRATEGIES = ("single", "ddp", "fsdp", "tp", "pp", "hybrid")
-MODEL_PARALLEL = ("tp", "pp", "hybrid")
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -52,8 +52,6 @@ def check_world(strategy: str, world_size: int, parallel=None) -> None:
             f"training.strategy: 'single' runs one process, but the world size is {world_size}; "
             "use 'ddp' or 'fsdp', or launch one worker")
     if strategy in MODEL_PARALLEL:
-        from core.config import ParallelConfig, check_parallel
-
         try:
             check_parallel(strategy, parallel or ParallelConfig(), world_size)
         except ValueError as exc:

@@ -22,33 +22,6 @@ from training.strategies import (MODEL_PARALLEL, DCPStrategy, DDPStrategy, FSDPS
                                  StrategyConfigError, check_world, fsdp_gradient_sync, layout_for, mismatch_error)
 
 
-def grad_norm_clip_(params, max_norm: float, world_size: int, plain_replicas: int) -> float:
-    """COLLECTIVE. Clip gradients to a global L2 norm of ``max_norm``; returns the norm before clipping.
-    Each local square sum counts once: divided by how many ranks hold the same values."""
-    import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
-
-    grads, sq = [p.grad for p in params if p.grad is not None], torch.zeros((), dtype=torch.float64)
-    for g in grads:
-        if isinstance(g, DTensor):
-            mesh = g.device_mesh
-            replicas = world_size // mesh.size()
-            for dim, placement in enumerate(g.placements):
-                if placement.is_replicate():
-                    replicas *= mesh.size(dim)
-            local = g.to_local()
-        else:
-            replicas, local = plain_replicas, g
-        sq += local.detach().double().pow(2).sum() / replicas
-    dist.all_reduce(sq)
-    total = float(sq.sqrt().float())
-    coef = min(1.0, max_norm / (total + 1e-6))
-    with torch.no_grad():
-        for g in grads:
-            (g.to_local() if isinstance(g, DTensor) else g).mul_(coef)
-    return total
-
-
 class _ModelParallel(DCPStrategy):
     """What tp, pp and hybrid share: degrees, layout, layout check, global-norm clipping."""
 
@@ -78,7 +51,31 @@ class _ModelParallel(DCPStrategy):
     _plain_replicas = 1  # a stage's parameters live on its rank only
 
     def clip_grad_norm(self, wrapped: nn.Module, max_norm: float) -> float:
-        return grad_norm_clip_(wrapped.parameters(), max_norm, self.ctx.world_size, self._plain_replicas)
+        """COLLECTIVE. Clip gradients to a global L2 norm of ``max_norm``; returns the norm before clipping.
+        Each local square sum counts once: divided by how many ranks hold the same values."""
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        grads = [p.grad for p in wrapped.parameters() if p.grad is not None]
+        sq = torch.zeros((), dtype=torch.float64)
+        for g in grads:
+            if isinstance(g, DTensor):
+                mesh = g.device_mesh
+                replicas = self.ctx.world_size // mesh.size()
+                for dim, placement in enumerate(g.placements):
+                    if placement.is_replicate():
+                        replicas *= mesh.size(dim)
+                local = g.to_local()
+            else:
+                replicas, local = self._plain_replicas, g
+            sq += local.detach().double().pow(2).sum() / replicas
+        dist.all_reduce(sq)
+        total = float(sq.sqrt().float())
+        coef = min(1.0, max_norm / (total + 1e-6))
+        with torch.no_grad():
+            for g in grads:
+                (g.to_local() if isinstance(g, DTensor) else g).mul_(coef)
+        return total
 
 
 class TensorParallelStrategy(_ModelParallel):

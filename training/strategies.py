@@ -1,11 +1,7 @@
 """Data-parallel strategies behind one small API: single process, DDP, or FSDP2 (``fully_shard``).
 
-A ``Strategy`` wraps the model, runs a batch (``forward_backward``, ``eval_sums``), skips gradient
-sync on micro-steps, clips and casts; it says which data a rank sees (``dp_rank``/``dp_size``),
-whether its sums count (``reports``: each batch once) and how its state is checkpointed
-(``async_save``, ``checkpoint_module``, ``state_dict_options``, ``check_layout``). ``ddp`` without a
-process group is ``single``; ``fsdp`` shards parameters, gradients and optimizer state on dim 0.
-Methods marked COLLECTIVE must be called by every rank, in the same order.
+``ddp`` without a process group is ``single``; ``fsdp`` shards parameters, gradients and optimizer
+state on dim 0. Methods marked COLLECTIVE must be called by every rank, in the same order.
 """
 
 from __future__ import annotations

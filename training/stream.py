@@ -100,9 +100,8 @@ def scan_row_groups(source: Path) -> RowGroups:
             if n:
                 file_of.append(i), group_of.append(g), rows.append(n)
     rows_a = np.asarray(rows, dtype=np.int64)
-    start = np.concatenate([[0], np.cumsum(rows_a)[:-1]]).astype(np.int64) if len(rows_a) else rows_a
     return RowGroups(tuple(files), np.asarray(file_of, dtype=np.int64), np.asarray(group_of, dtype=np.int64),
-                     rows_a, start, names, types)
+                     rows_a, np.cumsum(rows_a) - rows_a, names, types)
 
 
 class Holdout:
@@ -182,15 +181,13 @@ class StreamSource:
 
     def _plan(self, epoch: int, cursor: int, plan: "BatchPlan") -> Iterator[_Planned]:
         """This rank's steps from ``cursor``, as ids (no data read)."""
-        n, G, b, a = self._n, plan.global_batch, plan.micro_batch, plan.grad_accum
+        n, G, share = self._n, plan.global_batch, plan.micro_batch * plan.grad_accum
         if not 0 <= cursor <= n:
             raise ValueError(f"cursor {cursor} is outside the epoch's {n} samples")
         units, starts = self._layout(epoch)
-        share = b * a
         lo = plan.dp_rank * share
         windows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        pos = cursor
-        while pos < n:
+        for pos in range(cursor, n, G):
             g = min(G, n - pos)
             first = int(np.searchsorted(starts, pos, side="right")) - 1
             for old in [w for w in windows if w < first]:
@@ -213,7 +210,6 @@ class StreamSource:
             starts_, ends_ = np.concatenate([[0], cuts]), np.concatenate([cuts, [len(mine)]])
             run_units = units[mine_keys[starts_]].tolist() if len(mine) else []
             yield _Planned(mine, list(zip(run_units, starts_.tolist(), ends_.tolist())), g, first, tuple(run_units))
-            pos += g
 
     def epoch_steps(self, epoch: int, cursor: int, plan: "BatchPlan") -> Iterator["StepBatches"]:
         """This rank's steps of ``epoch`` from ``cursor``. Plans ahead (ids only) and drops a row group once
@@ -511,6 +507,7 @@ def _info_once(task, cfg: "PipelineConfig", root: Path, source: Path, groups: Ro
     from core.hashing import sha256_json
     from core.locks import exclusive
     from core.paths import trainflow_home, under_home
+    from tasks.base import cache_write
 
     def ident(path: Path) -> list:
         st = Path(path).stat()
@@ -536,9 +533,8 @@ def _info_once(task, cfg: "PipelineConfig", root: Path, source: Path, groups: Ro
                 return task.info_type.from_json(json.loads(path.read_text()))
             except (OSError, ValueError, TypeError):  # TypeError: written with other fields
                 info = compute()
-                tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(info.to_json()))
-                os.replace(tmp, path)
+                data = json.dumps(info.to_json()).encode()
+                cache_write(path, lambda fh: fh.write(data))
                 return info
     except OSError:
         return compute()

@@ -21,11 +21,11 @@ from core.config import PipelineConfig
 from training import faults
 from training.batches import BatchPlan, StepBatches, build_source, choose_plan, scaled_lr  # noqa: F401
 from training.checkpoint import CheckpointManager, CheckpointMismatchError, TrainState, check_identity
+from tasks import get_task
 from tasks.splits import Splits
 from training.distributed import DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank
 from training.goodput import Ledger, agree_interval, describe, restart_count, summarise  # noqa: F401
 from training.metrics import StepMetrics, flops_per_sample, gpu_utilization, mfu, peak_memory_bytes
-from training.models import build_model
 from training.preemption import StopRequest
 from training.sink import MetricsSink
 from training.parallel import build_strategy
@@ -97,8 +97,6 @@ class Trainer:
         self.cfg, self.ctx, self.data, self.out = cfg, ctx, data, Path(out_dir)
         self.sink, self.config_id, self.data_md5, self.force_resume = sink, config_id, data_md5, force_resume
         t = cfg.training
-        from tasks import get_task
-
         self.task = get_task(cfg.task)
         self.strategy = build_strategy(t.strategy, ctx, t.precision, t.parallel, self.task.parallel_plan(cfg),
                                        t.batch_size)
@@ -106,11 +104,10 @@ class Trainer:
         self.source = build_source(data.train, cfg.seed, t.loader)
         self.n_train = len(self.source)
         # The configured plan; a resume may change it (the batch policy).
-        self._apply_plan(choose_plan(t.batch_size, t.grad_accum, self.strategy.dp_size, t.lr, t.base_batch,
-                                     t.lr_scaling, None))
+        self._apply_plan(None)
 
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
-        self.model = self.strategy.wrap(build_model(cfg, data.info).to(ctx.device))
+        self.model = self.strategy.wrap(self.task.build_model(cfg, data.info).to(ctx.device))
         opt, kw = (torch.optim.SGD, {"momentum": 0.9}) if t.optimizer == "sgd" else (torch.optim.AdamW, {})
         self.opt = opt(self.model.parameters(), lr=self.lr, weight_decay=t.weight_decay, **kw)
         self.ckpt = CheckpointManager(self.out / "checkpoints", ctx, self.strategy, keep=t.keep_checkpoints,
@@ -149,8 +146,11 @@ class Trainer:
         self.strategy.release()
         gc.collect()
 
-    def _apply_plan(self, choice) -> None:
+    def _apply_plan(self, writer: dict | None) -> None:
+        """Choose the batch plan and LR given the checkpoint writer's plan (None: a fresh start)."""
         t = self.cfg.training
+        choice = choose_plan(t.batch_size, t.grad_accum, self.strategy.dp_size, t.lr, t.base_batch, t.lr_scaling,
+                             writer)
         self.choice, self.lr = choice, choice.lr
         self.plan = BatchPlan.of(choice.micro_batch, choice.grad_accum, self.strategy.dp_size, self.strategy.dp_rank)
         if t.strategy == "pp" and choice.micro_batch % t.parallel.microbatches:
@@ -176,10 +176,7 @@ class Trainer:
             return None
         if not self.force_resume:  # the launcher checked the same before torchrun started
             check_identity(vars(loaded), self.config_id, self.data_md5, self.state.resume_id, where=str(self.ckpt.dir))
-        t = self.cfg.training
-        choice = choose_plan(t.batch_size, t.grad_accum, self.strategy.dp_size, t.lr, t.base_batch, t.lr_scaling,
-                             loaded.plan)
-        self._apply_plan(choice)
+        self._apply_plan(loaded.plan)
         st = self.state
         for k in ("step", "epoch", "cursor", "best", "bad_epochs", "history"):
             setattr(st, k, getattr(loaded, k))
@@ -195,7 +192,7 @@ class Trainer:
             self.epoch_n = int(sum(s[1] for s in loaded.epoch_sums))
         if rank < len(loaded.rng):
             torch.set_rng_state(loaded.rng[rank])
-        resized = loaded.layout != self.strategy.layout() or choice.decision != "unchanged"
+        resized = loaded.layout != self.strategy.layout() or self.choice.decision != "unchanged"
         self.resized_from = w = loaded.writer() if resized else None
         log.info("rank %d resumed from step %d (epoch %d, sample %d of %d)", rank, st.step, st.epoch + 1,
                  st.cursor, self.n_train)
@@ -203,7 +200,7 @@ class Trainer:
             log.warning("resize: checkpoint written by %s worker(s) (strategy %s, dp %s, %s per rank x %s "
                         "micro-steps = global batch %s); this run: %d worker(s), strategy %s: %s",
                         w["world_size"], w["strategy"], w["dp_size"], w["micro_batch"], w["grad_accum"],
-                        w["global_batch"], self.ctx.world_size, t.strategy, choice.reason)
+                        w["global_batch"], self.ctx.world_size, self.cfg.training.strategy, self.choice.reason)
         return st.step
 
     def train_step(self, batch: StepBatches) -> tuple[float, int]:
@@ -326,8 +323,7 @@ class Trainer:
 
     def fit(self) -> FitResult:
         t = self.cfg.training
-        result = FitResult()
-        result.resumed_from_step = self.resume()
+        result = FitResult(resumed_from_step=self.resume())
         self.ledger.resumed(result.resumed_from_step)
         result.checkpoint_interval = agree_interval(self.ctx, self.ledger, t.checkpoint_every, t.checkpoint_every_steps)
         self.ckpt.every_steps = result.checkpoint_interval["steps"]
