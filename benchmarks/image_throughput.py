@@ -4,17 +4,13 @@
     .venv/bin/python benchmarks/image_throughput.py --size 32 32     # the same files, resized bigger
     python benchmarks/image_throughput.py --device cuda              # on a GPU host: + 1 GPU worker
 
-The input pipeline over every train file, in this process, alternating ``--repeats`` times
-(medians): a cold Pillow decode (``decode_files``, no cache) against a second ``cached_pixels``
-call (the key's ``stat`` of every file, then the memory-mapped ``.npy`` copied into memory); the
-first ``cached_pixels`` call (decode + write) is shown once beside them. Training: ``--epochs``
-through ``make_spec`` + ``run_job`` (torchrun, forked gloo workers, checkpoints off) with 1 worker
-(``single``) and 2 (``ddp``), ``--train-repeats`` runs each, alternating, medians; images/s is the
-result's ``samples_per_s`` (training-loop time only). ``--device cuda`` also trains the 1-worker job
-on one GPU (nccl; it exits 2 when CUDA is unavailable). Everything goes to a temporary
-``TRAINFLOW_HOME`` it removes. Last line: ``decode_images_per_s=... cached_images_per_s=...
-cached_vs_decode=... train_1w_images_per_s=... train_2w_images_per_s=... train_2w_vs_1w=...``
-(+ ``train_cuda_images_per_s`` and ``cuda_vs_1w`` with ``--device cuda``).
+The input pipeline in this process: a cold Pillow decode (``decode_files``) against a second
+``cached_pixels`` call (the key's ``stat`` of every file, then the memory-mapped ``.npy`` copied into
+memory). Training through ``make_spec`` + ``run_job`` with checkpoints off; images/s is the result's
+``samples_per_s`` (training-loop time only). Everything goes to a temporary ``TRAINFLOW_HOME`` it
+removes. Last line: ``decode_images_per_s=... cached_images_per_s=... cached_vs_decode=...
+train_1w_images_per_s=... train_2w_images_per_s=... train_2w_vs_1w=...`` (+ ``train_cuda_images_per_s``
+and ``cuda_vs_1w`` with ``--device cuda``).
 """
 
 from __future__ import annotations

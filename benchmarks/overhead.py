@@ -1,18 +1,14 @@
 """How much does the pipeline cost on top of its training job?
 
-Alternates, in one invocation, ``trainflow run --summary-json`` (one ``TRAINFLOW_HOME`` kept
-across the runs, so later runs are warm) with ``trainflow train`` (a fresh ``--out`` each), and
-with ``--bare-torchrun`` the worker under plain ``torch.distributed.run``. ``overhead = median
-pipeline wall - median training wall``; the summary's ``timings`` say where the pipeline's time
-goes, Prefect's start-up and teardown being ``process wall - (imports + flow)``. A missed goal
-never fails the run; a failed run does. Last line: ``overhead_s=<x>``.
+Alternates ``trainflow run --summary-json`` (one ``TRAINFLOW_HOME`` kept across the runs, so later
+runs are warm) with ``trainflow train`` (a fresh ``--out`` each), and with ``--bare-torchrun`` the
+worker under plain ``torch.distributed.run``. Prefect's start-up and teardown are ``process wall -
+(imports + flow)`` of the summary's ``timings``. A missed goal never fails the run; a failed run
+does. Last line: ``overhead_s=<median pipeline wall - median training wall>``.
 
-``--prefect-mode`` (several, comma-separated, alternate):
-
-* ``default``: what ``trainflow run`` does (its temporary API server, ``flows/api_server.py``);
-* ``ephemeral``: Prefect's own ephemeral mode (``TRAINFLOW_PREFECT_API=ephemeral``);
-* ``server``: one ``prefect server start`` started here, its start-up not charged to the runs
-  (a running ``PREFECT_API_URL`` is reused instead).
+``--prefect-mode`` (several, comma-separated, alternate): ``default`` (``trainflow run``'s temporary
+API server), ``ephemeral`` (``TRAINFLOW_PREFECT_API=ephemeral``), ``server`` (one ``prefect server
+start`` started here, its start-up not charged to the runs; a running ``PREFECT_API_URL`` is reused).
 
     .venv/bin/python benchmarks/overhead.py --prefect-mode default,ephemeral,server --bare-torchrun --imports
 """
