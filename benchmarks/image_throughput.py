@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -123,25 +124,20 @@ def main(argv: list[str] | None = None) -> int:
     h, w = cfg.dataset.images.size
     work = Path(tempfile.mkdtemp(prefix="trainflow-image-throughput-"))
     home = work / "home"
-    saved_home = os.environ.get("TRAINFLOW_HOME")
-    os.environ["TRAINFLOW_HOME"] = str(home)  # this process and the workers: the cache goes here
     layouts = ["1 CPU worker", "2 CPU workers"]
     runs: dict[str, list[dict]] = {k: [] for k in layouts + (["1 GPU (cuda)"] if args.device == "cuda" else [])}
     try:
-        p = pipeline(cfg, home, args.repeats)
-        images = n_train(cfg)
-        order = [lay for i in range(args.train_repeats) for lay in rounds(layouts, i)]
-        order += ["1 GPU (cuda)"] * args.train_repeats if args.device == "cuda" else []
-        for layout in order:
-            r = train(args.config, base_sets, layout, work, home, images)
-            runs[layout].append(r)
-            print(f"{layout}: {r['samples_per_s']:,.0f} images/s, train wall {r['train_wall_s']:.2f} s, "
-                  f"job {r['job_s']:.1f} s ({r['backend']}, world {r['world']})", flush=True)
+        with mock.patch.dict(os.environ, TRAINFLOW_HOME=str(home)):  # this process and the workers: the cache goes here
+            p = pipeline(cfg, home, args.repeats)
+            images = n_train(cfg)
+            order = [lay for i in range(args.train_repeats) for lay in rounds(layouts, i)]
+            order += ["1 GPU (cuda)"] * args.train_repeats if args.device == "cuda" else []
+            for layout in order:
+                r = train(args.config, base_sets, layout, work, home, images)
+                runs[layout].append(r)
+                print(f"{layout}: {r['samples_per_s']:,.0f} images/s, train wall {r['train_wall_s']:.2f} s, "
+                      f"job {r['job_s']:.1f} s ({r['backend']}, world {r['world']})", flush=True)
     finally:
-        if saved_home is None:
-            os.environ.pop("TRAINFLOW_HOME", None)
-        else:
-            os.environ["TRAINFLOW_HOME"] = saved_home
         shutil.rmtree(work, ignore_errors=True)
 
     med = {k: {f: statistics.median(r[f] for r in rs) for f in ("samples_per_s", "wall_images_per_s", "job_s")}
