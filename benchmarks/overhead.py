@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, free_port, healthy, median, parser, wait_healthy
+from common import ROOT, free_port, healthy, median, parser, rounds, wait_healthy
 
 from core.env import offline_env
 from core.procs import group_members, stop_group
@@ -192,14 +192,14 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _paths(ctx: dict, kind: str) -> tuple[int, Path]:
+def _next_path(ctx: dict, kind: str) -> Path:
     n = ctx["counter"]
     ctx["counter"] += 1
-    return n, ctx["tmp"] / f"{kind}-{n:02d}"
+    return ctx["tmp"] / f"{kind}-{n:02d}"
 
 
 def run_pipeline(mode: str, args, ctx: dict, tag: str) -> dict:
-    n, base = _paths(ctx, f"pipeline-{mode}")
+    base = _next_path(ctx, f"pipeline-{mode}")
     summary_path, log = base.with_suffix(".json"), base.with_suffix(".log")
     env = dict(ctx["env"])
     if mode == "ephemeral":
@@ -219,7 +219,7 @@ def run_pipeline(mode: str, args, ctx: dict, tag: str) -> dict:
 
 def run_train(args, ctx: dict, tag: str, bare: bool = False) -> dict:
     kind = "bare" if bare else "train"
-    _, out = _paths(ctx, kind)  # fresh: a reused folder would resume from its checkpoints
+    out = _next_path(ctx, kind)  # fresh: a reused folder would resume from its checkpoints
     log = out.with_suffix(".log")
     env = dict(ctx["env"])
     if bare:
@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds = [*modes, "train", *(["bare"] if args.bare_torchrun else [])]
         for i in range(args.repeats):
             tag = f"{i + 1}/{args.repeats}"
-            for kind in (kinds if i % 2 == 0 else kinds[::-1]):  # ABBA: load drift hits every kind alike
+            for kind in rounds(kinds, i):
                 if kind in ("train", "bare"):
                     record(run_train(args, ctx, tag, bare=kind == "bare"))
                 else:
