@@ -7,10 +7,10 @@
 The input pipeline in this process: a cold Pillow decode (``decode_files``) against a second
 ``cached_pixels`` call (the key's ``stat`` of every file, then the memory-mapped ``.npy`` copied into
 memory). Training through ``make_spec`` + ``run_job`` with checkpoints off; images/s is the result's
-``samples_per_s`` (training-loop time only). Everything goes to a temporary ``TRAINFLOW_HOME`` it
-removes. Last line: ``decode_images_per_s=... cached_images_per_s=... cached_vs_decode=...
-train_1w_images_per_s=... train_2w_images_per_s=... train_2w_vs_1w=...`` (+ ``train_cuda_images_per_s``
-and ``cuda_vs_1w`` with ``--device cuda``).
+``samples_per_s`` (training-loop time only); ``--device cuda`` exits 2 where CUDA is unavailable.
+Everything goes to a temporary ``TRAINFLOW_HOME`` it removes. Last line: ``decode_images_per_s=...
+cached_images_per_s=... cached_vs_decode=... train_1w_images_per_s=... train_2w_images_per_s=...
+train_2w_vs_1w=...`` (+ ``train_cuda_images_per_s`` and ``cuda_vs_1w`` with ``--device cuda``).
 """
 
 from __future__ import annotations
