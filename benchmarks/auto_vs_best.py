@@ -3,12 +3,10 @@
     .venv/bin/python benchmarks/auto_vs_best.py                 # digits CNN + a wide MLP, ~6 min
     .venv/bin/python benchmarks/auto_vs_best.py --shapes digits --repeats 3
 
-Per shape, the scaling sweep (``flows.scale.run_sweep``, behind ``trainflow scale``) measures every
-fixed CPU layout in a private ``TRAINFLOW_HOME``; ``auto`` is resolved by the built-in rule (shown
-only), as the launcher resolves it with no sweep (a one-epoch probe of each layout) and with the
-sweep just saved; each pick is re-measured beside the best fixed layout, alternating ``--repeats``
-rounds (real torchrun jobs, checkpoints off). The figure is the ratio of median samples/s, auto /
-best (goal >= 0.95); the last line is ``auto_ratio=<worst ratio over shapes and picks>``.
+Per shape, the scaling sweep (``flows.scale.run_sweep``) measures every fixed CPU layout in a private
+``TRAINFLOW_HOME``; ``auto`` is resolved as the launcher resolves it, with no sweep and with the sweep
+just saved (the built-in rule is shown only); each pick is re-measured beside the best fixed layout.
+The last line is ``auto_ratio=<worst median samples/s ratio, auto / best, over shapes and picks>``.
 """
 
 from __future__ import annotations

@@ -3,12 +3,10 @@
     .venv/bin/python benchmarks/data_scale.py                        # 1M, 5M and 20M rows x 32 columns
     .venv/bin/python benchmarks/data_scale.py --sizes 50k,200k        # a quick look (a shared machine)
 
-Per size it generates, under ``--workdir`` (default a temporary folder it removes), a Parquet table
-of ``--cols`` float32 features, a string ``segment`` (``SEGMENTS`` values) and a float ``target``,
-plus a small test split and its expectations; then, each in its own process: the pipeline's
-validation (seconds, peak RSS) and one epoch of the regression MLP with the streamed loader under
-real torchrun (2 CPU workers; seconds, samples/s, each worker's peak RSS). On the smallest size the
-in-memory and streamed epochs alternate ``--repeats`` times, best of each side by side.
+Per size it writes a Parquet table under ``--workdir`` (default a temporary folder it removes), then,
+each in its own process: the pipeline's validation and one epoch of the regression MLP with the
+streamed loader under real torchrun. On the smallest size the in-memory and streamed epochs
+alternate ``--repeats`` times, best of each side by side.
 
 Last line: ``rss_growth=x time_growth=y``: the largest worker peak RSS at the largest size over that
 at the smallest, and the epoch seconds at the largest size over (rows ratio x those at the smallest).

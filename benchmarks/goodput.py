@@ -2,13 +2,11 @@
 
     .venv/bin/python benchmarks/goodput.py --repeats 2        # clean, killed, clean, killed
 
-Each repeat runs two real torchrun jobs of ``tests/configs/digits-engine.yaml`` (2 CPU processes,
-a checkpoint every ``--every`` steps, ``max_restarts 1``); in the second, rank 1 SIGKILLs itself at
-``--kill-step`` and torchrun restarts the group from the last checkpoint. A thread polls the
-agent's workers every 10 ms (``/proc``), so with the ledger (``goodput.jsonl``) the restart, death
--> first step after resume, splits into torchrun's own cost (death -> new workers) and the new
-worker's start-up (process start -> first step). The ledger's ``restart_s`` runs from the last
-heartbeat, up to ``BEAT_S`` more. Also prints what the heartbeat costs rank 0 per step. Last line:
+Each repeat runs two torchrun jobs of ``tests/configs/digits-engine.yaml``; in the second, rank 1
+SIGKILLs itself at ``--kill-step`` and torchrun restarts the group from the last checkpoint. A
+thread polls the agent's workers every 10 ms (``/proc``), so with the ledger the restart splits into
+torchrun's own cost (death -> new workers) and the new worker's start-up (process start -> first
+step). The ledger's ``restart_s`` runs from the last heartbeat, up to ``BEAT_S`` more. Last line:
 ``goodput_killed_over_clean=<median ratio>``.
 """
 

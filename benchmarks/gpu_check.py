@@ -2,15 +2,11 @@
 
     python benchmarks/gpu_check.py --out /tmp/gpu          # on the GPU host, from the repo root
 
-Each row is a real ``torchrun`` job of ``training.worker`` on every visible GPU (so the worker
-picks NCCL): the digits config as shipped, in bf16 and with FSDP2; a wide MLP in fp32 and bf16;
-with ``--lm`` the byte LM (``--lm-set`` makes it bigger) in fp32, bf16 and FSDP2; with
-``--lm100m`` the ~100 M-parameter LM on ONE GPU in bf16, eager and compiled (the last line gives
-both MFUs, the speed-up and the data-wait fractions as ``name=value``). It first prints the
+Each row is a real ``torchrun`` job of ``training.worker`` (see BENCHMARKS.md, "GPU"), after the
 environment and a bf16 matmul probe, the ceiling MFU is read against. A run that fails under
 ``training.deterministic=true`` (an op without a deterministic CUDA kernel) is repeated with it
 off. ``--dry-run`` prints each job's command without touching CUDA. Writes ``gpu_check.json`` to
-``--out`` and prints one markdown table.
+``--out``, prints one markdown table, and last the ``--lm100m`` figures as ``name=value``.
 """
 
 from __future__ import annotations

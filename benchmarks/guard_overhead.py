@@ -2,14 +2,11 @@
 
     .venv/bin/python benchmarks/guard_overhead.py [--repeats 5]
 
-* ``worker``: the guarded worker's check before it starts a process (two API reads, the comparison
-  with prefect.yaml, the parameters against the flow), per run; the first also loads the flow's module.
-* ``process``: the locked pool's command on a run it refuses at its last check (every read and
-  comparison made), minus a process that imports only what Prefect's engine imports before it loads
-  a flow; alternated ``--repeats`` times, medians.
-
 It starts its own server in a temp folder, creates the locked ``process`` pool there and deploys
-``train`` from this checkout. The last line is ``guard_overhead_s=<process>``.
+``train`` from this checkout; then times the guarded worker's check per run (the first also loads
+the flow's module) and the pool's command on a run it refuses at its last check, minus a process
+that imports only what Prefect's engine imports before it loads a flow, alternated. The last line
+is ``guard_overhead_s=<process>``.
 """
 
 from __future__ import annotations

@@ -4,17 +4,13 @@
     .venv/bin/python benchmarks/image_throughput.py --size 32 32     # the same files, resized bigger
     python benchmarks/image_throughput.py --device cuda              # on a GPU host: + 1 GPU worker
 
-The input pipeline over every train file, in this process, alternating ``--repeats`` times
-(medians): a cold Pillow decode (``decode_files``, no cache) against a second ``cached_pixels``
-call (the key's ``stat`` of every file, then the memory-mapped ``.npy`` copied into memory); the
-first ``cached_pixels`` call (decode + write) is shown once beside them. Training: ``--epochs``
-through ``make_spec`` + ``run_job`` (torchrun, forked gloo workers, checkpoints off) with 1 worker
-(``single``) and 2 (``ddp``), ``--train-repeats`` runs each, alternating, medians; images/s is the
-result's ``samples_per_s`` (training-loop time only). ``--device cuda`` also trains the 1-worker job
-on one GPU (nccl; it exits 2 when CUDA is unavailable). Everything goes to a temporary
-``TRAINFLOW_HOME`` it removes. Last line: ``decode_images_per_s=... cached_images_per_s=...
-cached_vs_decode=... train_1w_images_per_s=... train_2w_images_per_s=... train_2w_vs_1w=...``
-(+ ``train_cuda_images_per_s`` and ``cuda_vs_1w`` with ``--device cuda``).
+The input pipeline in this process: a cold Pillow decode (``decode_files``) against a second
+``cached_pixels`` call (the key's ``stat`` of every file, then the memory-mapped ``.npy`` copied into
+memory). Training through ``make_spec`` + ``run_job`` with checkpoints off; images/s is the result's
+``samples_per_s`` (training-loop time only); ``--device cuda`` exits 2 where CUDA is unavailable.
+Everything goes to a temporary ``TRAINFLOW_HOME`` it removes. Last line: ``decode_images_per_s=...
+cached_images_per_s=... cached_vs_decode=... train_1w_images_per_s=... train_2w_images_per_s=...
+train_2w_vs_1w=...`` (+ ``train_cuda_images_per_s`` and ``cuda_vs_1w`` with ``--device cuda``).
 """
 
 from __future__ import annotations
@@ -26,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -127,25 +124,20 @@ def main(argv: list[str] | None = None) -> int:
     h, w = cfg.dataset.images.size
     work = Path(tempfile.mkdtemp(prefix="trainflow-image-throughput-"))
     home = work / "home"
-    saved_home = os.environ.get("TRAINFLOW_HOME")
-    os.environ["TRAINFLOW_HOME"] = str(home)  # this process and the workers: the cache goes here
     layouts = ["1 CPU worker", "2 CPU workers"]
     runs: dict[str, list[dict]] = {k: [] for k in layouts + (["1 GPU (cuda)"] if args.device == "cuda" else [])}
     try:
-        p = pipeline(cfg, home, args.repeats)
-        images = n_train(cfg)
-        order = [lay for i in range(args.train_repeats) for lay in rounds(layouts, i)]
-        order += ["1 GPU (cuda)"] * args.train_repeats if args.device == "cuda" else []
-        for layout in order:
-            r = train(args.config, base_sets, layout, work, home, images)
-            runs[layout].append(r)
-            print(f"{layout}: {r['samples_per_s']:,.0f} images/s, train wall {r['train_wall_s']:.2f} s, "
-                  f"job {r['job_s']:.1f} s ({r['backend']}, world {r['world']})", flush=True)
+        with mock.patch.dict(os.environ, TRAINFLOW_HOME=str(home)):  # this process and the workers: the cache goes here
+            p = pipeline(cfg, home, args.repeats)
+            images = n_train(cfg)
+            order = [lay for i in range(args.train_repeats) for lay in rounds(layouts, i)]
+            order += ["1 GPU (cuda)"] * args.train_repeats if args.device == "cuda" else []
+            for layout in order:
+                r = train(args.config, base_sets, layout, work, home, images)
+                runs[layout].append(r)
+                print(f"{layout}: {r['samples_per_s']:,.0f} images/s, train wall {r['train_wall_s']:.2f} s, "
+                      f"job {r['job_s']:.1f} s ({r['backend']}, world {r['world']})", flush=True)
     finally:
-        if saved_home is None:
-            os.environ.pop("TRAINFLOW_HOME", None)
-        else:
-            os.environ["TRAINFLOW_HOME"] = saved_home
         shutil.rmtree(work, ignore_errors=True)
 
     med = {k: {f: statistics.median(r[f] for r in rs) for f in ("samples_per_s", "wall_images_per_s", "job_s")}

@@ -1,18 +1,14 @@
 """How much does the pipeline cost on top of its training job?
 
-Alternates, in one invocation, ``trainflow run --summary-json`` (one ``TRAINFLOW_HOME`` kept
-across the runs, so later runs are warm) with ``trainflow train`` (a fresh ``--out`` each), and
-with ``--bare-torchrun`` the worker under plain ``torch.distributed.run``. ``overhead = median
-pipeline wall - median training wall``; the summary's ``timings`` say where the pipeline's time
-goes, Prefect's start-up and teardown being ``process wall - (imports + flow)``. A missed goal
-never fails the run; a failed run does. Last line: ``overhead_s=<x>``.
+Alternates ``trainflow run --summary-json`` (one ``TRAINFLOW_HOME`` kept across the runs, so later
+runs are warm) with ``trainflow train`` (a fresh ``--out`` each), and with ``--bare-torchrun`` the
+worker under plain ``torch.distributed.run``. Prefect's start-up and teardown are ``process wall -
+(imports + flow)`` of the summary's ``timings``. A missed goal never fails the run; a failed run
+does. Last line: ``overhead_s=<median pipeline wall - median training wall>``.
 
-``--prefect-mode`` (several, comma-separated, alternate):
-
-* ``default``: what ``trainflow run`` does (its temporary API server, ``flows/api_server.py``);
-* ``ephemeral``: Prefect's own ephemeral mode (``TRAINFLOW_PREFECT_API=ephemeral``);
-* ``server``: one ``prefect server start`` started here, its start-up not charged to the runs
-  (a running ``PREFECT_API_URL`` is reused instead).
+``--prefect-mode`` (several, comma-separated, alternate): ``default`` (``trainflow run``'s temporary
+API server), ``ephemeral`` (``TRAINFLOW_PREFECT_API=ephemeral``), ``server`` (one ``prefect server
+start`` started here, its start-up not charged to the runs; a running ``PREFECT_API_URL`` is reused).
 
     .venv/bin/python benchmarks/overhead.py --prefect-mode default,ephemeral,server --bare-torchrun --imports
 """
@@ -30,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, free_port, healthy, median, parser, wait_healthy
+from common import ROOT, free_port, healthy, median, parser, rounds, wait_healthy
 
 from core.env import offline_env
 from core.procs import group_members, stop_group
@@ -196,14 +192,14 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _paths(ctx: dict, kind: str) -> tuple[int, Path]:
+def _next_path(ctx: dict, kind: str) -> Path:
     n = ctx["counter"]
     ctx["counter"] += 1
-    return n, ctx["tmp"] / f"{kind}-{n:02d}"
+    return ctx["tmp"] / f"{kind}-{n:02d}"
 
 
 def run_pipeline(mode: str, args, ctx: dict, tag: str) -> dict:
-    n, base = _paths(ctx, f"pipeline-{mode}")
+    base = _next_path(ctx, f"pipeline-{mode}")
     summary_path, log = base.with_suffix(".json"), base.with_suffix(".log")
     env = dict(ctx["env"])
     if mode == "ephemeral":
@@ -223,7 +219,7 @@ def run_pipeline(mode: str, args, ctx: dict, tag: str) -> dict:
 
 def run_train(args, ctx: dict, tag: str, bare: bool = False) -> dict:
     kind = "bare" if bare else "train"
-    _, out = _paths(ctx, kind)  # fresh: a reused folder would resume from its checkpoints
+    out = _next_path(ctx, kind)  # fresh: a reused folder would resume from its checkpoints
     log = out.with_suffix(".log")
     env = dict(ctx["env"])
     if bare:
@@ -422,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds = [*modes, "train", *(["bare"] if args.bare_torchrun else [])]
         for i in range(args.repeats):
             tag = f"{i + 1}/{args.repeats}"
-            for kind in (kinds if i % 2 == 0 else kinds[::-1]):  # ABBA: load drift hits every kind alike
+            for kind in rounds(kinds, i):
                 if kind in ("train", "bare"):
                     record(run_train(args, ctx, tag, bare=kind == "bare"))
                 else:

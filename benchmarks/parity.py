@@ -2,19 +2,13 @@
 
     python benchmarks/parity.py --repeats 3          # hand, lean, default, hand, lean, default, ...
 
-Every run is a real ``torchrun --standalone`` job (gloo, CPU; this file in ``--worker`` mode);
-rank 0 times the training loop only (no start-up, imports, data or model build) and writes a JSON
-the parent reads. Modes: ``hand`` (``_hand``: what one would write with nothing but torch, doing
-the Trainer's work in the same numerical order: its seeds, sample order, LR schedule, clipping,
-and a validation pass per epoch); ``lean`` (the Trainer with checkpoints and metrics off);
-``default`` (the Trainer as shipped, no MLflow run attached). Diagnostic modes: ``hand-agree``
-(plus the Trainer's per-step preemption all-reduce), ``lean-noagree`` (that agreement made local),
-``hand-nodet`` (without deterministic algorithms).
-
-Beside samples/s: each run's median step-to-step ms and the CPU ms of all ranks per step (less
-sensitive to other load), and the final weights' sha256 (equal: bit for bit the same arithmetic).
-Goals (reported, never an error): lean >= 0.98 with losses equal to 5 decimals; default >= 0.95.
-The last line is ``parity_ratio=<lean/hand>``.
+Every run is a real ``torchrun --standalone`` job (this file in ``--worker`` mode); rank 0 times the
+training loop only (no start-up, imports, data or model build) and writes a JSON the parent reads.
+``hand`` (``_hand``) does the Trainer's work in the same numerical order (its seeds, sample order,
+LR schedule, clipping, a validation pass per epoch), so equal final weights' sha256 means bit for
+bit the same arithmetic. Modes and goals: BENCHMARKS.md; diagnostic modes: ``hand-agree`` (plus the
+Trainer's per-step preemption all-reduce), ``lean-noagree`` (that agreement made local),
+``hand-nodet`` (without deterministic algorithms). The last line is ``parity_ratio=<lean/hand>``.
 """
 
 from __future__ import annotations

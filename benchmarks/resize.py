@@ -3,12 +3,9 @@
     python benchmarks/resize.py                        # configs/digits.yaml, resize half-way
     python benchmarks/resize.py --config tests/configs/digits-quick.yaml --at 21
 
-Real torchrun jobs through the launcher (CPU/gloo, deterministic mode). A resized run is two jobs
-on one ``--out``: the first preempted at step ``--at`` (``TRAINFLOW_FAULT=sigterm@step=AT``), the
-second resuming on another layout: ``2->1`` and ``1->2`` workers (the batch policy keeps the
-writer's global batch), ``ddp->fsdp``. Each against the uninterrupted run at the writer's layout:
-|test accuracy delta| and the largest |train / val loss delta| from the resize on (not bitwise:
-reduction order and dropout streams change with the layout). Last line:
+A resized run is two launcher jobs on one ``--out``: the first preempted at step ``--at``
+(``TRAINFLOW_FAULT=sigterm@step=AT``), the second resuming on another layout. Deltas are not
+bitwise: reduction order and dropout streams change with the layout. Last line:
 ``resize_max_test_acc_delta=<worst case>``.
 """
 

@@ -4,11 +4,9 @@ scikit-learn's gradient-boosted trees on the same train split.
     .venv/bin/python benchmarks/tabular_quality.py                    # wine, digits and tests/tables.py's shapes
     .venv/bin/python benchmarks/tabular_quality.py --only penguins,churn
 
-Each dataset runs ``trainflow run`` in a temporary project of its own: the bundled configs as they
-ship, and each shape from a fresh ``trainflow init`` with no edit. The pipeline's evaluation fits
-the trees (``HistGradientBoosting*``, default settings, one thread) and records both, so the
-figures come from each run's summary; the gap is trees minus candidate in the metric's direction
-(positive: the trees are better). Last line: ``worst_gap_to_gbdt=x`` (the aim is at most 0.02).
+Each dataset runs ``trainflow run`` in a temporary project of its own; the pipeline's evaluation fits
+the trees and records both, so the figures come from each run's summary. Last line:
+``worst_gap_to_gbdt=x`` (trees minus candidate in the metric's direction; the aim is at most 0.02).
 """
 
 from __future__ import annotations

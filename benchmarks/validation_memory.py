@@ -3,12 +3,9 @@
     .venv/bin/python benchmarks/validation_memory.py --rows 1M,4M --workdir /tmp/vm   # a few minutes
     .venv/bin/python benchmarks/validation_memory.py --rows 20M --workdir /tmp/vm     # the issue's figure
 
-Per size, a float table (``--cols`` columns in [0, 1), an integer class label) is generated into
-``--workdir`` as a folder of Parquet files per split (test: a tenth of the rows) with an
-expectations file bounding every column, then validated batch by batch (``run_plan`` on the table
-suite) in a fresh subprocess that reports its own peak RSS and seconds. ``--keep`` leaves the
-tables. Last line: ``validation_rss_mb=<peak MB at the largest size> validation_s=<its seconds>
-rss_growth=<peak at largest / peak at smallest>``.
+Per size, :func:`generate` writes a table, then ``run_plan`` validates it batch by batch in a fresh
+subprocess that reports its own peak RSS and seconds. Last line: ``validation_rss_mb=<peak MB at the
+largest size> validation_s=<its seconds> rss_growth=<peak at largest / peak at smallest>``.
 """
 
 from __future__ import annotations

@@ -3,10 +3,8 @@ against forking them from the agent (``training/agent.py``, what CPU jobs do)?
 
     .venv/bin/python benchmarks/worker_start.py [--repeats 3] [--nproc 2]
 
-One 1-epoch digits job (``tests/configs/digits-engine.yaml``) per launch through
-``training.launcher.run_job``, ``exec`` and ``fork`` alternating: the job's wall seconds, the CPU
-seconds of the agent and its workers (this process's reaped children) and ``goodput.startup_s``.
-The last line is ``fork_cpu_ratio=<fork / exec CPU>``.
+CPU seconds are this process's reaped children's: the agent and its workers. The last line is
+``fork_cpu_ratio=<fork / exec CPU>``.
 """
 
 from __future__ import annotations

@@ -10,16 +10,15 @@ bytes also depend on zlib's version, which ``--check`` would show).
 
 from __future__ import annotations
 
-import argparse
 import io
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from core.hashing import check_export, dvc_dir_md5
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from export_digits import SEED, TEST_FRACTION, export_main, split_indices  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 DVC_FILE = "data/digit-images.dvc"
 NAME = "digit-images"
 
@@ -35,15 +34,11 @@ def png(pixels: np.ndarray) -> bytes:
 def export(dest: Path) -> Path:
     from sklearn.datasets import load_digits
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from export_digits import SEED, TEST_FRACTION, split_indices
-
     digits = load_digits()
     labels = digits.target.astype(np.int64)
     images = np.round(digits.images * (255 / 16)).astype(np.uint8)
-    train_idx, test_idx = split_indices(labels, SEED, TEST_FRACTION)
     out = dest / NAME
-    for split, idx in (("train", train_idx), ("test", test_idx)):
+    for split, idx in zip(("train", "test"), split_indices(labels, SEED, TEST_FRACTION)):
         for i in idx:
             path = out / split / str(labels[i]) / f"{i:04d}.png"
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -51,16 +46,5 @@ def export(dest: Path) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help=f"export to a temp dir and compare with {DVC_FILE}")
-    ap.add_argument("--dest", type=Path, default=ROOT / "data")
-    args = ap.parse_args(argv)
-    if not args.check:
-        out = export(args.dest)
-        print(f"wrote {out} ({dvc_dir_md5(out)})")
-        return 0
-    return check_export(ROOT, DVC_FILE, export)
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(export_main(__doc__, DVC_FILE, export))

@@ -43,31 +43,33 @@ def write_csv(path: Path, pixels: np.ndarray, labels: np.ndarray) -> None:
     path.write_bytes(("\n".join([header, *rows]) + "\n").encode("ascii"))
 
 
-def export(dest: Path) -> dict[str, Path]:
+def export(dest: Path) -> Path:
+    """Write ``dest/digits/{train,test}.csv``; returns that folder."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
     pixels = digits.data.astype(np.int64)
     labels = digits.target.astype(np.int64)
-    train_idx, test_idx = split_indices(labels, SEED, TEST_FRACTION)
     out = dest / "digits"
     out.mkdir(parents=True, exist_ok=True)
-    files = {"train": out / "train.csv", "test": out / "test.csv"}
-    write_csv(files["train"], pixels[train_idx], labels[train_idx])
-    write_csv(files["test"], pixels[test_idx], labels[test_idx])
-    return files
+    for split, idx in zip(("train", "test"), split_indices(labels, SEED, TEST_FRACTION)):
+        write_csv(out / f"{split}.csv", pixels[idx], labels[idx])
+    return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help=f"export to a temp dir and compare with {DVC_FILE}")
+def export_main(doc: str, dvc_file: str, export, argv: list[str] | None = None) -> int:
+    """The CLI of a bundled dataset's export: ``export(dest)`` writes it and returns its folder;
+    ``--check`` compares a fresh export's DVC hash with ``dvc_file``'s."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help=f"export to a temp dir and compare with {dvc_file}")
     ap.add_argument("--dest", type=Path, default=ROOT / "data")
     args = ap.parse_args(argv)
-    if not args.check:
-        export(args.dest)
-        print(f"wrote {args.dest / 'digits'} ({dvc_dir_md5(args.dest / 'digits')})")
-        return 0
-    return check_export(ROOT, DVC_FILE, lambda tmp: export(tmp)["train"].parent)
+    if args.check:
+        return check_export(ROOT, dvc_file, export)
+    out = export(args.dest)
+    print(f"wrote {out} ({dvc_dir_md5(out)})")
+    return 0
+
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(export_main(__doc__, DVC_FILE, export))

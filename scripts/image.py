@@ -7,14 +7,9 @@
     python3 scripts/image.py repro [--variant cpu]                      # build twice, compare digests
     python3 scripts/image.py alongside -- COMMAND ...                   # COMMAND with the image test's build beside it
 
-``build`` always builds ``docker/Dockerfile``; what differs between hosts goes in as build args:
-docker when its engine runs, else podman (``host`` installs it on Debian); where the CPU base's
-registry is unreachable, a Debian bookworm base made here (``base``) with bookworm's package names;
-the locked torch wheel from a local folder (bind-mounted, in no layer); the host's CA bundle as the
-build secret ``ca_bundle``. One fixed ``SOURCE_DATE_EPOCH`` (:data:`EPOCH`) makes the same commit,
-lock and base give the same digest, with or without the layer cache. The result goes to
-``build/image-<variant>.json``, which ``run`` reads to record the image in the run manifest.
-Standard library only (with ``core.procs``): it runs before any venv.
+``build`` always builds ``docker/Dockerfile``; what differs between hosts goes in as build args
+(docs/image.md). The result goes to ``build/image-<variant>.json``, which ``run`` reads to record
+the image in the run manifest. Standard library only (with ``core.procs``): it runs before any venv.
 """
 
 from __future__ import annotations

@@ -5,15 +5,9 @@
 
 ``pip lock`` (pip >= 25.1, PEP 751, ``--use-feature=fast-deps``: metadata by HTTP range requests,
 no wheel downloaded) resolves for Linux x86_64 / CPython 3.11, the Dockerfile's platform; the
-result is written in pip-compile's format (``name==version --hash=sha256:...``).
-``requirements/lock.txt`` holds torch as on PyPI (the CUDA build: the GPU image);
-``lock-cpu.txt`` ``torch==X+cpu`` from the PyTorch CPU index (or ``--torch-cpu-wheels DIR``, a
-local copy of the wheel): the CPU image and CI; ``lock-dev.txt`` what the ``dev`` and ``team``
-extras add, resolved with every runtime package held at its ``lock-cpu.txt`` pin, so it installs
-with ``--no-deps`` on top of either. The locks must hold on every 3.11 release (core.lock.PYTHONS),
-so each variant is resolved again on an older one (``--python-also``) with every package held at
-its pin; what only that release needs is added with its requirers' marker. ``--keep-pins`` keeps
-the committed unconditional pins and only recomputes those. Pip's own configuration is ignored.
+result is written in pip-compile's format (``name==version --hash=sha256:...``). What each lock
+holds and why each variant is resolved again on an older 3.11: docs/image.md, "The lock". Pip's
+own configuration is ignored.
 """
 
 from __future__ import annotations

@@ -6,15 +6,10 @@
     python scripts/team.py user NAME --model M [--model ...] [--experiment E ...] [--dir ...]
                                                 # an MLflow user who may edit only those models/experiments
 
-``up`` draws the secrets once into ``DIR/secrets.json`` (0600), starts PostgreSQL (scram-sha-256
-for every connection, 127.0.0.1 and a socket inside DIR), ``mlflow server --app-name basic-auth``
-(served artifacts) and ``prefect server start`` with an auth string, checks each refuses a request
-without credentials and takes ours, and writes ``DIR/team.json`` (pids with start time and command
-line, ports, URLs) and ``DIR/env.sh`` (0600). Secrets reach the servers through their environment,
-never a command line (every local user can read those) or a log. Port 0 picks a free one; ``up``
-again while the servers live only prints the exports. ``down`` signals a recorded pid only while it
-is still the process ``up`` started. As root, PostgreSQL runs as ``postgres`` (or
-``TRAINFLOW_PG_USER``), which must reach ``DIR/postgres`` (``--pg-dir`` moves it).
+What ``up`` starts and where each secret goes: docs/team-mode.md. Secrets reach the servers through
+their environment, never a command line (every local user can read those) or a log. ``DIR/team.json``
+records each server's pid with its start time and command line: ``down`` signals a pid only while it
+is still the process ``up`` started.
 """
 
 from __future__ import annotations
@@ -40,7 +35,7 @@ from pathlib import Path
 from unittest import mock
 
 from core.env import TELEMETRY_OFF  # the project's venv has trainflow installed
-from core.procs import group_members, pid_alive
+from core.procs import pid_alive
 from core.procs import stop_group as stop_process_group
 
 DB_USER = "trainflow"
@@ -134,10 +129,6 @@ def identity_mismatch(pid: int, recorded: dict | None) -> str | None:
     if "cmdline" in recorded and now["cmdline"] != recorded["cmdline"]:
         return f"its command line is {shlex.join(now['cmdline'])!r}, not {shlex.join(recorded['cmdline'])!r}"
     return None
-
-
-def _group_alive(pgid: int) -> bool:
-    return bool(group_members(pgid))
 
 
 # -- PostgreSQL -----------------------------------------------------------------------
@@ -285,7 +276,7 @@ def _spawn(state: dict, name: str, cmd: list[str], env: dict) -> None:
     if identity is not None:
         del identity["cmdline"]
     state["pids"][name], state["identity"][name] = proc.pid, identity
-    _write_state(team_dir / "team.json", state)
+    (team_dir / "team.json").write_text(json.dumps(state, indent=2))
 
 
 def wait_http(url: str, pid: int, log: Path, timeout: float, name: str) -> None:
@@ -329,9 +320,8 @@ def _basic(user: str, password: str) -> dict[str, str]:
 
 
 def stop_group(pid: int, identity: dict | None, grace: float = 20) -> str | None:
-    """SIGTERM the process group led by ``pid``, SIGKILL what is left of it after ``grace`` seconds,
-    but only while ``pid`` is still the process ``identity`` recorded. Returns None once signalled,
-    else why nothing was: the number now belongs to another process, or nothing proves it is ours."""
+    """``core.procs.stop_group`` on the group led by ``pid``, only while ``pid`` is still the process
+    ``identity`` recorded; None once signalled, else why not (see :func:`identity_mismatch`)."""
     refused = identity_mismatch(pid, identity)
     if refused is not None:
         return refused
@@ -344,10 +334,6 @@ def stop_group(pid: int, identity: dict | None, grace: float = 20) -> str | None
 def server_env(extra: dict) -> dict:
     return {**{k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "PG"))},
             **TELEMETRY_OFF, **extra}
-
-
-def _write_state(state_file: Path, state: dict) -> None:
-    state_file.write_text(json.dumps(state, indent=2))
 
 
 def _all_ours(state: dict) -> bool:
@@ -374,7 +360,7 @@ def up(team_dir: Path, pg_dir: Path, pg_port: int, mlflow_port: int, prefect_por
              "mlflow_url": f"http://127.0.0.1:{mlflow_port}", "prefect_api_url": f"http://127.0.0.1:{prefect_port}/api"}
     try:
         state["pg"] = pg_up(pg_dir, pg_port, team_secrets["postgres_password"])
-        _write_state(state_file, state)
+        state_file.write_text(json.dumps(state, indent=2))
         # No password in these URLs: the servers' libpq/asyncpg take it from PGPASSWORD.
         db = f"{DB_USER}@127.0.0.1:{pg_port}"
         pg_password = {"PGPASSWORD": team_secrets["postgres_password"]}
@@ -420,7 +406,7 @@ def up(team_dir: Path, pg_dir: Path, pg_port: int, mlflow_port: int, prefect_por
             if now is None or state["identity"].get(name) is None or now["start"] != state["identity"][name]["start"]:
                 raise TeamError(f"{name} server (pid {pid}) is gone after answering")
             state["identity"][name] = now
-        _write_state(state_file, state)
+        state_file.write_text(json.dumps(state, indent=2))
     except BaseException:
         down(team_dir)
         raise

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from core.procs import group_members
 from tests.conftest import load_script
 
 
@@ -63,14 +64,14 @@ def test_down_stops_the_process_it_started_and_its_group(team, tmp_path):
         # Popen returns once exec closed its pipe, before the kernel set the new command line; once
         # sh has forked its sleep, its exec is long done (up reads the command line after an answer).
         deadline = time.monotonic() + 10
-        while len(team.group_members(leader.pid)) < 2 and time.monotonic() < deadline:
+        while len(group_members(leader.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         identity = team.proc_identity(leader.pid)
         assert identity["cmdline"] == ["sh", "-c", "sleep 300 & wait"]
         _stale_state(tmp_path / "team", leader.pid, identity)
         assert team.main(["down", "--dir", str(tmp_path / "team")]) == 0
         assert leader.wait(timeout=10) is not None
-        assert not team._group_alive(leader.pid)  # the child sleep went with it
+        assert not group_members(leader.pid)  # the child sleep went with it
     finally:
         leader.kill()
 

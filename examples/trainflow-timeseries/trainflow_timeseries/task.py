@@ -1,12 +1,9 @@
 """``sequence-forecast``: predict the next value of a series from a window of its last values.
 
 A row is one window (feature columns oldest first) and its label, the next value. Tabular
-regression's reading, validation and pyfunc are reused; this task's own: the split by time
-(pre-split files only; the per-epoch validation rows are the train file's *last* rows), the network
-(``model.factory``, default ``conv_forecaster``, wrapped in per-window normalisation), the metrics
-(``smape``, primary, lower is better; ``directional_accuracy``; rmse, mae, latency) and a
-persistence baseline. The evaluation targets are ``[n, 2]``: the next value and the last observed
-one, which ``directional_accuracy`` needs.
+regression's reading, validation and pyfunc are reused; what this task replaces, and why, is the
+README's table. The evaluation targets are ``[n, 2]``: the next value and the last observed one,
+which ``directional_accuracy`` needs.
 """
 
 from __future__ import annotations
