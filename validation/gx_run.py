@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from validation.report import (BY_GROUP, CELLS_COUNTED, MAX_EXAMPLES, fmt_bound, index_records, jsonable,
-                               summary_markdown, where)
+from validation.report import (BY_GROUP, CELLS_COUNTED, MAX_EXAMPLES, exception_message, fmt_bound, index_records,
+                               jsonable, summary_markdown, where)
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +146,7 @@ def _derived_failure(suite, split: str, check: str, evr: dict) -> dict:
     out = {"split": split, "check": check, "expectation": config.get("type", "unknown"), "column": kwargs.get("column"),
            "unexpected_count": int(count) if count is not None else None, "examples": [], "rows": [],
            "detail": "failed"}
-    info = evr.get("exception_info") or {}
-    errors = [v.get("exception_message") for v in info.values() if isinstance(v, dict) and v.get("raised_exception")]
-    if info.get("raised_exception") or errors:  # GX could not evaluate it (a missing column, a wrong type)
-        error = info.get("exception_message") or errors[0]
+    if (error := exception_message(evr)) is not None:  # GX could not evaluate it (a missing column, a wrong type)
         out.update(unexpected_count=None, detail=f"could not be evaluated: {error}")
     elif check == "row_count":
         observed = result.get("observed_value")

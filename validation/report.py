@@ -98,7 +98,7 @@ def where(split: Any, column: Any) -> str:
     return f"{split}.{column}" if column is not None else split
 
 
-def _exception_message(evr: dict) -> str | None:
+def exception_message(evr: dict) -> str | None:
     """GX records a failed metric computation per metric; return the first message."""
     info = evr.get("exception_info") or {}
     if info.get("raised_exception"):
@@ -305,7 +305,7 @@ def failure_from_result(evr: dict, split: str, frame: str = "split", *, label_co
         if not wording.rows:
             failure["rows"] = []
         failure.update(wording.word(facts))
-    error = _exception_message(evr)
+    error = exception_message(evr)
     if error is not None:  # GX could not evaluate it (e.g. the column is missing, or holds strings)
         failure.update(unexpected_count=None, examples=[], rows=[], detail=f"could not be evaluated: {error}")
     failure["message"] = f"{where(split, failure['column'])}: {failure['detail']}"
