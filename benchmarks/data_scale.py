@@ -25,7 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common import ROOT, parse_rows, parser
+from common import ROOT, import_path, parse_rows, parser
+
+from core.env import TELEMETRY_OFF
 
 TEST_ROWS = 20_000
 SEGMENTS = 50  # values of the string feature (a categorical column with an effect on the target)
@@ -134,9 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sizes = sorted(parse_rows(s) for s in args.sizes.split(","))
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trainflow-data-scale-"))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "TRAINFLOW_HOME": str(work / "home"), "DO_NOT_TRACK": "true",
-           "MLFLOW_DISABLE_TELEMETRY": "true", "GX_ANALYTICS_ENABLED": "false"}
+    env = {**os.environ, **TELEMETRY_OFF, "PYTHONPATH": import_path(), "OMP_NUM_THREADS": "1",
+           "TRAINFLOW_HOME": str(work / "home")}
     rows_out = {}
     try:
         print(f"{'rows':>10} {'gen_s':>6} {'valid_s':>8} {'valid_rss_mb':>12} {'epoch_s':>8} {'samples/s':>10} "

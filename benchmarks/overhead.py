@@ -131,7 +131,7 @@ class PrefectServer:
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         if not wait_healthy(self.api_url, self.proc, HEALTH_TIMEOUT_S):
             self.stop()
-            raise RuntimeError(f"server API server did not become healthy within {HEALTH_TIMEOUT_S:.0f}s "
+            raise RuntimeError(f"prefect server did not become healthy within {HEALTH_TIMEOUT_S:.0f}s "
                                f"(see {self.log})")
         self.ready_s = time.perf_counter() - t0
 

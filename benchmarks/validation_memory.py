@@ -19,7 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, parse_rows, parser
+from common import ROOT, import_path, parse_rows, parser
+
+from core.env import TELEMETRY_OFF
 
 # Run in the child: validate, then report this process's peak RSS (Linux: KiB) and seconds.
 CHILD = """
@@ -69,8 +71,7 @@ def generate(root: Path, rows: int, cols: int, rows_per_file: int = 1 << 20, row
 def measure_validation(root: Path, batch_rows: int) -> dict:
     """Validate the table under ``root`` (:func:`generate`'s layout) in a fresh subprocess:
     ``{"seconds", "peak_rss_mb", "success", "rows", "n_failed"}`` (RSS of that process alone)."""
-    env = {**os.environ, "GX_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, **TELEMETRY_OFF, "PYTHONPATH": import_path()}
     out = subprocess.run([sys.executable, "-c", CHILD, str(root), str(batch_rows)], cwd=ROOT, env=env,
                          capture_output=True, text=True, check=False)
     if out.returncode:
