@@ -46,7 +46,7 @@ def _hand(args, cfg) -> dict:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
     from training.data import load_splits
-    from training.models import build_model
+    from tasks import get_task
     from training.trainer import lr_factor, scaled_lr, state_dict_sha256
 
     t = cfg.training
@@ -57,7 +57,7 @@ def _hand(args, cfg) -> dict:
     data = load_splits(cfg, ROOT, cfg.seed)
 
     torch.manual_seed(cfg.seed)  # initial weights and the dropout stream start where the Trainer's do
-    model = DDP(build_model(cfg, data.info))
+    model = DDP(get_task(cfg.task).build_model(cfg, data.info))
     lr = scaled_lr(t.lr, t.batch_size * world, t.base_batch, t.lr_scaling)
     if t.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=t.weight_decay)

@@ -38,11 +38,11 @@ def _test_accuracy(config: Path, out: Path) -> float:
 
     from core.config import load_config
     from training.data import load_splits
-    from training.models import build_model
+    from tasks import get_task
 
     cfg = load_config(config)
     splits = load_splits(cfg, ROOT, cfg.seed)
-    model = build_model(cfg, splits.info)
+    model = get_task(cfg.task).build_model(cfg, splits.info)
     model.load_state_dict(torch.load(out / "weights.pt", weights_only=True))
     model.eval()
     x, y = splits.test.tensors

@@ -44,10 +44,9 @@ def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
     """(parameters, largest leaf module's parameters, leaf output elements per sample)."""
     import torch
 
-    from training.models import build_model, example_input
-
-    info = get_task(cfg.task).info(cfg, project_root())  # tables read their train split
-    model = build_model(cfg, info)
+    task = get_task(cfg.task)
+    info = task.info(cfg, project_root())  # tables read their train split
+    model = task.build_model(cfg, info)
     out_elems = [0]
 
     def hook(_m, _inp, out):
@@ -58,7 +57,7 @@ def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
         if name and not list(module.children()):
             module.register_forward_hook(hook)  # the model is thrown away after this count
     with torch.no_grad():
-        model.eval()(example_input(cfg, info, batch=1))
+        model.eval()(task.example_input(cfg, info, batch=1))
     leaves = [m for m in model.modules() if not list(m.children())]
     largest = max((sum(p.numel() for p in m.parameters()) for m in leaves), default=0)
     return sum(p.numel() for p in model.parameters()), largest, out_elems[0]

@@ -31,7 +31,6 @@ from training.data import load_splits
 from training.distributed import process_group
 from training.export import export_model
 from training.launcher import SCORE_ENV, await_stop_after_fatal, write_fatal
-from training.models import build_model, example_input
 from training.sink import MetricsSink
 from training.trainer import FitResult, Trainer, restart_count, state_dict_sha256
 
@@ -97,13 +96,13 @@ def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: s
         result, model = (summarise(trainer, fit), None) if ctx.is_main else (None, None)
         if full is not None and ctx.is_main:
             # A plain, unwrapped copy: what gets exported, hashed and registered.
-            model = build_model(cfg, splits.info)
+            model = trainer.task.build_model(cfg, splits.info)
             model.load_state_dict(full)
             result["weights_sha256"] = state_dict_sha256(model.state_dict())
         result = multinode.share_outcome(ctx, result, out, view)  # COLLECTIVE (several nodes)
     if ctx.is_main and model is not None:
         torch.save(model.state_dict(), out / "weights.pt")
-        export_model(trainer.task.export_module(model, splits.info), example_input(cfg, splits.info),
+        export_model(trainer.task.export_module(model, splits.info), trainer.task.example_input(cfg, splits.info),
                      out / "model.pt2")
         result.update(weights="weights.pt", model_pt2="model.pt2")
         if score_test is not None:  # before result.json: the pipeline reads both once that exists

@@ -94,12 +94,12 @@ def test_gathered_weights_load_into_a_plain_lm_and_the_export_matches(runs, name
     from core.config import config_from_dict
     from tests.integration.probes.lm_probe import BASE, lm_splits
     from training.export import load_exported
-    from training.models import build_model
+    from tasks import get_task
     from training.trainer import state_dict_sha256
 
     result, out = runs(name)
     cfg = config_from_dict(BASE)
-    model = build_model(cfg, {})
+    model = get_task(cfg.task).build_model(cfg, {})
     model.load_state_dict(torch.load(out / "weights.pt", weights_only=True))  # strict: every key, no extra
     assert state_dict_sha256(model.state_dict()) == result["weights_sha256"]
     x = lm_splits(cfg.model.seq_len, 64, 16, 8).test.tensors[0][:3]

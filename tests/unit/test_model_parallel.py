@@ -11,7 +11,7 @@ from core.config import config_from_dict
 from core.errors import ConfigError
 from tasks import task_for
 from tasks.lm_net import split_stage, stage_layers, token_loss
-from training.models import build_model
+from tasks import get_task
 from training.strategies import StrategyConfigError, check_world
 
 LM = {"kind": "lm", "seq_len": 16, "d_model": 32, "n_layers": 4, "n_heads": 4, "d_ff": 64, "dropout": 0.0}
@@ -31,7 +31,7 @@ def lm_cfg(training=None, model=None):
 def test_lm_is_causal_and_predicts_every_position():
     cfg = lm_cfg()
     torch.manual_seed(0)
-    model = build_model(cfg, {}).eval()
+    model = get_task(cfg.task).build_model(cfg, {}).eval()
     x = torch.randint(0, 256, (2, 16))
     y = x.clone()
     y[:, 10:] = (y[:, 10:] + 1) % 256  # change the future only
@@ -50,7 +50,7 @@ def test_token_loss_is_plain_cross_entropy_for_classifiers():
 def test_stages_compose_to_the_full_model_and_keep_its_parameter_names():
     cfg = lm_cfg()
     torch.manual_seed(0)
-    full = build_model(cfg, {}).eval()
+    full = get_task(cfg.task).build_model(cfg, {}).eval()
     x = torch.randint(0, 256, (3, 16))
     stages = [split_stage(copy.deepcopy(full), s, 3) for s in range(3)]
     h = x
@@ -61,7 +61,7 @@ def test_stages_compose_to_the_full_model_and_keep_its_parameter_names():
     keys = [list(s.state_dict()) for s in stages]
     assert sum(len(k) for k in keys) == len(full.state_dict())
     merged = {k: v for s in stages for k, v in s.state_dict().items()}
-    fresh = build_model(cfg, {})
+    fresh = get_task(cfg.task).build_model(cfg, {})
     fresh.load_state_dict(merged)  # strict: the stages together are exactly one plain LM
     assert keys[0][0] == "tok_emb.weight" and keys[-1][-1] == "head.weight"
 
