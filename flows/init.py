@@ -1,12 +1,8 @@
 """``trainflow init``: turn data the user brings into a runnable, reviewed pipeline.
 
-    trainflow init --data data/mine --label price [--task regression] [--name mine]
-
-It tracks the data with DVC (local cache only: the user's data never goes to the bundled remote),
-profiles it into ``configs/NAME.expectations.yaml`` (for the user to review and commit) and writes a short
-``configs/NAME.yaml``; what it decides from the data it says, in its output and in the config's comments.
-Run again on changed data, it updates the data facts and the expectations, keeps the user's own keys and
-shows the diff. Bad input is refused before anything changes.
+The data is tracked with DVC in the local cache only (the user's data never goes to the bundled remote);
+a re-run on changed data updates the data facts and the expectations, keeps the user's own keys and shows
+the diff. Bad input is refused before anything changes.
 """
 
 from __future__ import annotations

@@ -6,10 +6,6 @@ the c10d store. The store's agents unpickle what they read under the rendezvous 
 per job and only the job's own pods may connect. Every pod checks out the same git commit, pulls the data
 version with DVC and trains into a shared volume. The image is pinned by digest (recorded through
 TRAINFLOW_IMAGE / TRAINFLOW_IMAGE_DIGEST); MLflow must be a tracking server (nodes share no sqlite file).
-
-    trainflow k8s-job --nnodes 2 --gpus-per-node 8 --image REPO/trainflow@sha256:... \\
-        --git-repo https://git.example/trainflow.git --git-ref <sha> \\
-        --mlflow-uri http://mlflow.ml:5000 | kubectl apply -f -
 """
 
 from __future__ import annotations

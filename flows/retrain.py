@@ -1,16 +1,10 @@
-"""The retrain flow: train a new candidate only when the champion is stale.
+"""The retrain flow: run the pipeline only when the champion is stale.
 
-    decide ──► (up-to-date: log the reason, exit 0)
-           └─► pipeline (validate ► train ► evaluate ► gate ► register, race-safe promotion)
-
-``decide`` compares what the next run would record with the ``@champion``'s version tags. Data md5,
-config id and code (files changed since the champion's git sha, but data, configs, docs and tests) all
-equal: **up-to-date**, nothing runs. Changed data is checked for drift against the champion's training
-split (per-feature PSI and KS, thresholds from the config's ``retrain`` section): ``retrain.policy:
-any_change`` trains on any new data version, ``drift`` only on drifted data (otherwise **no-drift**). A
-changed config or code, no champion, or ``force``: trains.
-
-Deployment entrypoint: ``flows/retrain.py:retrain`` (one parameter, ``RetrainParams``).
+Data md5, config id and code (files changed since the champion's git sha, but data, configs, docs and
+tests) all equal the ``@champion``'s tags: **up-to-date**, nothing runs. Changed data is checked for drift
+against the champion's training split (``retrain`` config section): ``retrain.policy: any_change`` trains
+on any new data version, ``drift`` only on drifted data (otherwise **no-drift**). A changed config or
+code, no champion, or ``force``: trains.
 """
 
 from __future__ import annotations
