@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
@@ -46,7 +46,6 @@ class RunContext:
     run_id: str
     manifest: Manifest
     out_dir: Path
-    timings: dict[str, float] = field(default_factory=dict)
 
 
 class _InputErrorsWithoutTraceback(logging.Filter):
@@ -68,7 +67,6 @@ def quiet_input_errors() -> None:
             logger.addFilter(_InputErrorsWithoutTraceback())
 
 
-# -- tasks ------------------------------------------------------------------------------
 def load_inputs(inputs: RunInputs) -> tuple[PipelineConfig, Path, Path, Manifest]:
     """``(config, project root, TRAINFLOW_HOME, manifest)`` as ``resolve`` records them, "auto"
     strategy and workers made concrete (the retrain flow compares them with the champion's)."""
@@ -270,8 +268,7 @@ def _logger():
 
 @task(name="train", retries=0, **TASK)
 def train(ctx: RunContext, nproc: int, slot: TrainFolder) -> dict:
-    """torchrun the worker in ``slot``; its metrics file is relayed into the pipeline's MLflow run
-    meanwhile."""
+    """torchrun the worker in ``slot``, relaying its metrics file into the pipeline's MLflow run."""
     from core.metrics_file import METRICS_FILE
     from registry.relay import relay_metrics
     from training.launcher import SCORE_ENV, make_spec, start_job
@@ -469,7 +466,6 @@ def _training_md(r: dict) -> str:
             f"| epoch | train loss | val loss | val acc | samples/s |\n|---|---|---|---|---|\n{rows}\n")
 
 
-# -- the flow ---------------------------------------------------------------------------
 def _run_name() -> str:
     """``<config name>-<data md5[:8]>``, read cheaply from the config and the DVC file."""
     from prefect.runtime import flow_run
@@ -508,11 +504,8 @@ TRAINING_SUMMARY = ("world_size", "backend", "strategy", "restarts", "samples_pe
 
 @flow(name="trainflow-pipeline", flow_run_name=_run_name, log_prints=True)
 def pipeline(params: PipelineParams = PipelineParams()) -> dict:
-    """Validate, train, evaluate, gate and register one config. Returns the run summary.
-
-    ``params`` choose a config in ``configs/`` and a few training knobs (``flows/params.py``); the CLI
-    passes its own through ``flows.params.from_shell``. A ``TrainflowError`` raised carries ``.summary``.
-    """
+    """Validate, train, evaluate, gate and register one config; returns the run summary, and an exception
+    raised carries it as ``.summary``. The CLI passes its inputs through ``flows.params.from_shell``."""
     t0 = time.perf_counter()
     quiet_input_errors()
     timings: dict[str, float] = {}
