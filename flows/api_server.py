@@ -74,21 +74,17 @@ class TemporaryServer:
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
-        self.started_at = 0.0
-
-    def _cmd(self) -> list[str]:
-        return [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(__file__).resolve().parent.parent),
-                "--factory", "flows.api_server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-                "--log-level", "error", "--lifespan", "on"]
 
     def start(self) -> "TemporaryServer":
+        cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(__file__).resolve().parent.parent),
+               "--factory", "flows.api_server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+               "--log-level", "error", "--lifespan", "on"]
         env = {**os.environ, **SERVER_ENV}
         env.pop("PREFECT_API_URL", None)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self._cmd(), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                          start_new_session=True, preexec_fn=parent_death_signal(signal.SIGTERM))
-        self.started_at = time.perf_counter()
         atexit.register(self.stop)
         return self
 
