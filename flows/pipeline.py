@@ -16,12 +16,13 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
 
 from core.config import PipelineConfig, load_config
 from core.env import apply_offline_env
 from core.errors import DataValidationError, GateRejectedError, PreemptedError, TrainflowError
 from core.manifest import Manifest, World, build_manifest, image_from_env
-from core.paths import project_root, tracking_uri, trainflow_home, under_home
+from core.paths import importable_root, project_root, tracking_uri, trainflow_home, under_home
 from flows.params import PipelineParams, RunInputs, run_inputs
 from flows.promotion import promotion_lock
 
@@ -70,7 +71,6 @@ def quiet_input_errors() -> None:
 def load_inputs(inputs: RunInputs) -> tuple[PipelineConfig, Path, Path, Manifest]:
     """``(config, project root, TRAINFLOW_HOME, manifest)`` as ``resolve`` records them, "auto"
     strategy and workers made concrete (the retrain flow compares them with the champion's)."""
-    from core.paths import importable_root
     from tasks import task_for
     from training.advisor import resolve_for_launch
     from training.launcher import default_nproc
@@ -258,8 +258,6 @@ def _claim_train_dir(ctx: RunContext, nproc: int) -> tuple[Path, int]:
 
 def _logger():
     """The Prefect run logger inside a flow or task, else this module's (a caller outside Prefect)."""
-    from prefect.exceptions import MissingContextError
-
     try:
         return get_run_logger()
     except MissingContextError:

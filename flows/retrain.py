@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from core.errors import DataUnavailableError
+from core.paths import tracking_uri, under_home
 from flows.params import RetrainParams, RunInputs, run_inputs
 from flows.pipeline import TASK, load_inputs, pipeline
 
@@ -65,7 +66,6 @@ def _drift_check(cfg, root: Path, champ: dict) -> dict:
 @task(name="decide", timeout_seconds=300, **TASK)
 def decide(inputs: RunInputs, force: bool) -> dict:
     """Should this run train? Returns the decision with every reason (see the module docstring)."""
-    from core.paths import tracking_uri, under_home
     from core.versions import code_changes
     from registry import models, store
     from validation.drift import drift_markdown
@@ -196,8 +196,6 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict:
         raise
     summary["retrain"] = d
     _log_decision(summary.get("mlflow_run_id"), d)
-    from core.paths import under_home
-
     out = under_home(Path(d["home"]), "runs", summary["mlflow_run_id"], "retrain.json")
     out.write_text(json.dumps(d, indent=2, default=str))
     return summary
