@@ -129,8 +129,7 @@ def decide(inputs: RunInputs, force: bool) -> dict:
 
 
 def decision_markdown(d: dict) -> str:
-    head = "train" if d["train"] else d["status"]
-    lines = [f"# Retrain: {head}", ""]
+    lines = [f"# Retrain: {d['status']}", ""]
     lines += [f"- {r}" for r in d["reasons"]] or [f"- {d['skip_reason']}"]
     if d["champion"]:
         c = d["champion"]
