@@ -386,7 +386,9 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
     summary["ui"] = dict(zip(("prefect", "mlflow"), ui_bases(
         os.environ.get("PREFECT_API_URL"), server is not None, summary.get("tracking_uri"),
         os.environ.get("PREFECT_UI_URL"))))
-    _write_summary(args.summary_json, summary, t_import, t0)
+    summary.setdefault("timings", {})["imports"] = round(t_import, 3)
+    summary["timings"]["total"] = round(time.perf_counter() - t0, 3)
+    _write_summary(args.summary_json, summary)
     return code, summary, error, failure
 
 
@@ -397,10 +399,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _fail(error, code, exc) if error else code
 
 
-def _write_summary(path: Path | None, summary: dict, t_import: float | None = None, t0: float | None = None) -> None:
-    if t_import is not None:
-        summary.setdefault("timings", {})["imports"] = round(t_import, 3)
-        summary["timings"]["total"] = round(time.perf_counter() - t0, 3)
+def _write_summary(path: Path | None, summary: dict) -> None:
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summary, indent=2, default=str))
