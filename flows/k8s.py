@@ -14,8 +14,9 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
+from core.errors import PreemptedError
+
 RDZV_PORT = 29400
-PREEMPTED_EXIT = 4  # flows/cli.py EXIT_PREEMPTED (not imported: this module stays light)
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _RDZV_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -176,7 +177,7 @@ def render(job: MultiNodeJob) -> list[dict]:
             "podFailurePolicy": {"rules": [
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
                 {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In",
-                                                     "values": [PREEMPTED_EXIT]}},
+                                                     "values": [PreemptedError.exit_code]}},
             ]},
             "ttlSecondsAfterFinished": 7 * 24 * 3600,
             "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
