@@ -1,20 +1,13 @@
-"""The Prefect API a ``trainflow run`` talks to, started before Prefect is imported: all of the
-CLI's start-up that is not the flow itself.
+"""The Prefect API a ``trainflow run`` talks to, started before Prefect is imported.
 
-With ``PREFECT_API_URL`` set, that server is used as it is. Without it, Prefect 3's
-ephemeral mode would start a temporary API server (uvicorn in a subprocess) when the
-flow starts, i.e. after the CLI has paid for every import, and wait for it.
-``TemporaryServer`` starts the same server (Prefect's app in ephemeral mode, served by
-uvicorn as Prefect's ``SubprocessASGIServer`` does) *first*, so its boot runs on another
-core while this process imports Prefect, MLflow and the later stages (``import_while_booting``);
-``wait()`` is called just before the flow starts. ``TRAINFLOW_PREFECT_API=ephemeral`` turns
-this off (Prefect's own mode).
+With ``PREFECT_API_URL`` set, that server is used as it is. Otherwise Prefect 3's ephemeral mode would
+start its temporary server when the flow starts, after every import, and wait for it; ``TemporaryServer``
+starts the same server first, so it boots on another core while this process imports Prefect, MLflow
+and the later stages. ``TRAINFLOW_PREFECT_API=ephemeral`` turns this off.
 
-It is stopped at exit after Prefect's own exit handlers have flushed logs and events
-(registered before Prefect is imported; atexit runs last-in first-out), and it dies with
-this process (``PR_SET_PDEATHSIG``) if this process is killed. It runs in a session of its
-own, so a closed terminal's SIGHUP or a Ctrl-C reaches only this process, which stops the
-job and then the server, in that order.
+It is stopped at exit after Prefect's own exit handlers flushed logs and events (atexit runs last-in
+first-out), dies with this process (``PR_SET_PDEATHSIG``), and runs in a session of its own, so a
+SIGHUP or Ctrl-C reaches only this process, which stops the job and then the server.
 """
 
 from __future__ import annotations
@@ -38,13 +31,10 @@ OPT_OUT = "TRAINFLOW_PREFECT_API"
 # server (flows.promotion takes a Prefect concurrency limit only on the latter).
 TEMPORARY_API = "TRAINFLOW_TEMPORARY_PREFECT_API"
 
-# The environment of the temporary server (public Prefect settings only): no UI, and two
-# start-up costs a server that lives for one run does not need: registering the installed
-# block types (it imports every Prefect collection, prefect-kubernetes and prefect-docker
-# here, only to hash them; a real `prefect server start` on the same database registers
-# them), and the automation services (reactive
-# triggers and their actions; no automation can be defined against a server that exists
-# only while one run does). Task-run recording, event persistence and logs stay on.
+# The temporary server's environment (public Prefect settings only): no UI, no block type registration
+# (it imports every Prefect collection only to hash them; a real `prefect server start` on the same
+# database registers them) and no automation services (no automation can be defined against a server
+# that lives for one run). Task-run recording, event persistence and logs stay on.
 SERVER_ENV = {
     "PREFECT_UI_ENABLED": "0",
     "PREFECT_API_BLOCKS_REGISTER_ON_START": "false",
@@ -69,14 +59,8 @@ def _free_port() -> int:
 
 
 def create_app():
-    """uvicorn's factory for the temporary server (runs in the server's process).
-
-    Prefect's app in ephemeral mode (no UI; only the services Prefect marks for ephemeral
-    servers, e.g. task-run recording and event persistence) and ``final`` (its last app in this
-    process: frees the routers' copies). Given as ``create_app``'s public arguments: Prefect's
-    own ``SubprocessASGIServer`` passes them through the private ``PREFECT__SERVER_EPHEMERAL`` /
-    ``PREFECT__SERVER_FINAL`` variables, for which no public setting exists.
-    """
+    """uvicorn's factory for the temporary server: Prefect's app as its ``SubprocessASGIServer`` makes it,
+    but through ``create_app``'s public arguments instead of private ``PREFECT__SERVER_*`` variables."""
     from prefect.server.api.server import create_app as prefect_app
 
     return prefect_app(ephemeral=True, final=True)
@@ -90,28 +74,24 @@ class TemporaryServer:
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
-        self.started_at = 0.0
-
-    def _cmd(self) -> list[str]:
-        return [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(__file__).resolve().parent.parent),
-                "--factory", "flows.api_server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-                "--log-level", "error", "--lifespan", "on"]
 
     def start(self) -> "TemporaryServer":
+        cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(__file__).resolve().parent.parent),
+               "--factory", "flows.api_server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+               "--log-level", "error", "--lifespan", "on"]
         env = {**os.environ, **SERVER_ENV}
         env.pop("PREFECT_API_URL", None)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self._cmd(), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                          start_new_session=True, preexec_fn=parent_death_signal(signal.SIGTERM))
-        self.started_at = time.perf_counter()
         atexit.register(self.stop)
         return self
 
-    def ready(self) -> bool:
-        """Whether ``/api/health`` answers now (no waiting)."""
+    def ready(self, timeout: float = 0.5) -> bool:
+        """Whether ``/api/health`` answers within ``timeout`` seconds."""
         try:
-            with urllib.request.urlopen(self.api_url + "/health", timeout=0.5) as r:
+            with urllib.request.urlopen(self.api_url + "/health", timeout=timeout) as r:
                 return r.status == 200
         except OSError:
             return False
@@ -133,12 +113,8 @@ class TemporaryServer:
             if self.proc is None or self.proc.poll() is not None:
                 code = None if self.proc is None else self.proc.returncode
                 raise RuntimeError(f"the temporary Prefect API server exited ({code}); see {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.api_url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return time.perf_counter() - t0
-            except OSError:
-                pass
+            if self.ready(timeout=2):
+                return time.perf_counter() - t0
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the temporary Prefect API server did not answer within {timeout_s:.0f} s; "
                                    f"see {self.log_path}")
@@ -157,12 +133,8 @@ class TemporaryServer:
 
 
 def start_api(prefect_home: Path) -> TemporaryServer | None:
-    """Start a temporary API server and point ``PREFECT_API_URL`` at it, unless one is set.
-
-    Call before anything imports Prefect (its settings are read from the environment).
-    Returns None when an existing server (``PREFECT_API_URL``) or Prefect's own ephemeral
-    mode (``TRAINFLOW_PREFECT_API=ephemeral``) is to be used.
-    """
+    """Start a temporary API server and point ``PREFECT_API_URL`` at it; call before Prefect is imported.
+    None when ``PREFECT_API_URL`` is set or ``TRAINFLOW_PREFECT_API=ephemeral`` asks for Prefect's own mode."""
     if os.environ.get("PREFECT_API_URL") or os.environ.get(OPT_OUT, "").lower() == "ephemeral":
         return None
     if "prefect" in sys.modules:  # too late: Prefect has read its settings already
@@ -188,11 +160,9 @@ def persistent_api_url() -> str | None:
 
 @contextmanager
 def heartbeats_where_watched() -> Iterator[None]:
-    """Prefect's flow-run heartbeats let a server that outlives the run mark it crashed when its
-    process dies (a zombie-detection automation). A temporary or ephemeral server stops with the
-    run, so nothing can watch them there: they are turned off for the flow, which also spares
-    the flow's end its wait for the heartbeat thread's next one-second wake-up. Against a server
-    that outlives the run, Prefect's own setting (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``) holds."""
+    """Flow-run heartbeats only where a server outlives the run and can mark it crashed: against a
+    temporary or ephemeral server they are off (which also spares the flow's end its wait for the
+    heartbeat thread); elsewhere ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` holds."""
     if persistent_api_url():
         yield
         return

@@ -1,20 +1,4 @@
-"""``trainflow``: the command line.
-
-    trainflow run   [--config PATH] [--set K=V ...] [--summary-json PATH]   # the whole pipeline (Prefect flow)
-    trainflow train --config PATH --out DIR [--set K=V ...]                 # training only, no Prefect
-    trainflow k8s-job --nnodes N --gpus-per-node G --image REF@DIGEST ...    # multi-node Kubernetes Job YAML
-    trainflow retrain [--config PATH] [--set K=V ...] [--force]             # the pipeline, only if the champion is stale
-    trainflow reproduce NAME@ALIAS|NAME/VERSION|RUN_ID [--summary-json PATH] # retrain from the manifest, compare weights
-    trainflow init --data PATH [--label COLUMN] [--task T] [--name NAME]    # track a table or images, write a config
-    trainflow ui [--prefect-port P] [--mlflow-port P]                       # the Prefect and MLflow UIs on .trainflow/
-    trainflow pool create NAME                                              # a locked process work pool for prefect.yaml
-    trainflow worker --pool NAME [--limit N]                                # a worker that runs only prefect.yaml's runs
-
-Exit codes: ``EXIT_CODES`` below, which ``trainflow --help`` prints. ``train`` exits 0, 4 or 1
-as ``run`` does; ``retrain`` exits 0 when the champion is up to date (nothing ran) and
-otherwise as ``run``; 5 and 6 are ``reproduce``'s; 64 (sysexits' EX_USAGE) is a bad command line,
-for every command (argparse's own 2 would read as "data validation failed").
-"""
+"""``trainflow``: the command line; ``trainflow --help`` lists the commands and the exit codes (``EXIT_CODES``)."""
 
 from __future__ import annotations
 
@@ -51,8 +35,7 @@ EXIT_CODES = (
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with its own exit code for a bad command line (every subparser is one too: argparse
-    makes them of the parent's class)."""
+    """argparse exiting ``EXIT_USAGE`` on a bad command line (its subparsers are of this class too)."""
 
     def error(self, message: str):
         self.print_usage(sys.stderr)
@@ -289,20 +272,12 @@ def cmd_k8s_job(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# TRAINFLOW_DEBUG values that turn the traceback on (case-insensitive); anything else ("0", "") is off.
-DEBUG_ON = ("1", "true", "yes", "on")
-
-
-def _debug() -> bool:
-    return os.environ.get("TRAINFLOW_DEBUG", "").strip().lower() in DEBUG_ON
-
-
 def _fail(msg: str, code: int, exc: BaseException | None = None) -> int:
     """One line of cause on stderr; with TRAINFLOW_DEBUG on, also the traceback of ``exc`` (default:
     the exception being handled), when there is one."""
     print(f"trainflow: error: {msg}", file=sys.stderr)
     exc = exc if exc is not None else sys.exception()
-    if _debug() and exc is not None:
+    if exc is not None and os.environ.get("TRAINFLOW_DEBUG", "").strip().lower() in ("1", "true", "yes", "on"):
         traceback.print_exception(exc, file=sys.stderr)
     return code
 
@@ -331,8 +306,9 @@ def _project(raw_config: str) -> tuple[Path, Path]:
     return cfg_path, root
 
 
-def _config_error(args: argparse.Namespace, exc: TrainflowError) -> tuple[int, dict, str, BaseException]:
-    summary = {"status": "config_error", "exit_code": EXIT_ERROR, "error": str(exc)}
+def _early_error(args: argparse.Namespace, exc: Exception, status: str) -> tuple[int, dict, str, Exception]:
+    """A run that failed before its flow started: the summary file says so; the result of ``_run_flow``."""
+    summary = {"status": status, "exit_code": EXIT_ERROR, "error": str(exc)}
     _write_summary(args.summary_json, summary)
     return EXIT_ERROR, summary, str(exc), exc
 
@@ -354,7 +330,7 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         if args.nproc is not None and args.nproc < 1:
             raise ConfigError(f"--nproc: must be >= 1, got {args.nproc}")
     except TrainflowError as exc:
-        return _config_error(args, exc)
+        return _early_error(args, exc, "config_error")
 
     from flows.api_server import heartbeats_where_watched, start_api
 
@@ -368,7 +344,7 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
     except TrainflowError as exc:
         if server is not None:
             server.stop()
-        return _config_error(args, exc)
+        return _early_error(args, exc, "config_error")
 
     from flows.params import CONFIG_NAME, DEFAULT_CONFIG, PipelineParams, RetrainParams, ShellInputs, from_shell
     from training import preemption
@@ -387,9 +363,7 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         try:
             t_import += server.wait()
         except RuntimeError as exc:
-            summary = {"status": "failed", "exit_code": EXIT_ERROR, "error": str(exc)}
-            _write_summary(args.summary_json, summary)
-            return EXIT_ERROR, summary, str(exc), exc
+            return _early_error(args, exc, "failed")
     # The shell's inputs reach the flow through from_shell, never as flow parameters (those are
     # what a deployment's form may set); the parameters only name the config for the Prefect UI.
     shell = ShellInputs(cfg_path, tuple(overrides), args.nproc, args.image, args.image_digest)
@@ -412,7 +386,9 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
     summary["ui"] = dict(zip(("prefect", "mlflow"), ui_bases(
         os.environ.get("PREFECT_API_URL"), server is not None, summary.get("tracking_uri"),
         os.environ.get("PREFECT_UI_URL"))))
-    _write_summary(args.summary_json, summary, t_import, t0)
+    summary.setdefault("timings", {})["imports"] = round(t_import, 3)
+    summary["timings"]["total"] = round(time.perf_counter() - t0, 3)
+    _write_summary(args.summary_json, summary)
     return code, summary, error, failure
 
 
@@ -423,10 +399,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _fail(error, code, exc) if error else code
 
 
-def _write_summary(path: Path | None, summary: dict, t_import: float | None = None, t0: float | None = None) -> None:
-    if t_import is not None:
-        summary.setdefault("timings", {})["imports"] = round(t_import, 3)
-        summary["timings"]["total"] = round(time.perf_counter() - t0, 3)
+def _write_summary(path: Path | None, summary: dict) -> None:
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summary, indent=2, default=str))
@@ -453,8 +426,8 @@ def _print_summary(s: dict) -> None:
         from training.goodput import brief
 
         # One line: the share lost and to what; the seconds are in the summary JSON (training.goodput).
-        if brief(t.get("goodput")):
-            table.add_row("goodput", brief(t.get("goodput")))
+        if goodput := brief(t.get("goodput")):
+            table.add_row("goodput", goodput)
     if s.get("metrics"):
         table.add_row("test", ", ".join(f"{k} {v:.4f}" for k, v in s["metrics"].items()))
     if s.get("gbdt") and s["gbdt"].get("primary") in (s.get("metrics") or {}):
@@ -617,8 +590,8 @@ def main(argv: list[str] | None = None) -> int:
     code = {"run": cmd_run, "train": cmd_train, "scale": cmd_scale, "k8s-job": cmd_k8s_job, "retrain": cmd_retrain,
             "reproduce": cmd_reproduce, "init": cmd_init, "ui": cmd_ui,
             "pool": cmd_pool, "worker": cmd_worker}[args.command](args)
-    # Everything alive now lives until exit: moving it out of the collector's reach saves the
-    # 3-4 s that interpreter shutdown spent traversing Prefect's, MLflow's and torch's objects.
+    # Everything alive now lives until exit: out of the collector's reach, interpreter shutdown does
+    # not traverse Prefect's, MLflow's and torch's objects.
     gc.freeze()
     return code
 

@@ -1,12 +1,8 @@
 """``trainflow init``: turn data the user brings into a runnable, reviewed pipeline.
 
-    trainflow init --data data/mine --label price [--task regression] [--name mine]
-
-It tracks the data with DVC (local cache only: the user's data never goes to the bundled remote),
-profiles it into ``configs/NAME.expectations.yaml`` (for the user to review and commit) and writes a short
-``configs/NAME.yaml``; what it decides from the data it says, in its output and in the config's comments.
-Run again on changed data, it updates the data facts and the expectations, keeps the user's own keys and
-shows the diff. Bad input is refused before anything changes.
+The data is tracked with DVC in the local cache only (the user's data never goes to the bundled remote);
+a re-run on changed data updates the data facts and the expectations, keeps the user's own keys and shows
+the diff. Bad input is refused before anything changes.
 """
 
 from __future__ import annotations
@@ -40,9 +36,8 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
                  test_fraction: float | None = None) -> dict[str, Any]:
     """Track ``data`` with DVC, profile it into an expectations file and write a pipeline config.
 
-    ``data`` (relative to the repository ``root`` unless absolute): a folder of ``train`` + ``test`` tables
-    or of one table, one table file, or (no ``label``) a folder a task reads by itself (``Task.init_reads``).
-    ``task``/``name``/``test_fraction`` default to what the data suggests or the existing config's. Side
+    ``data`` (relative to ``root`` unless absolute): a folder of ``train`` + ``test`` tables or of one
+    table, one table file, or (no ``label``) a folder a task reads by itself (``Task.init_reads``). Side
     effects: ``dvc add`` (local cache) and the files under ``configs/``; InitError (bad input) comes first.
     """
     from core.config import DatasetConfig
@@ -211,12 +206,23 @@ def _init_folder(root: Path, target: Path, rel: str, task: str, task_reason: str
 
 
 def _existing(root: Path, target: Path, name: str | None, *suffixes: str) -> tuple[str, str, dict, dict | None]:
-    """(name, config path, texts of its existing files, the config's YAML); refuses tracked data."""
+    """(name, config path, texts of its existing files, the config's YAML as written or None); refuses
+    tracked data and a config that cannot be read as a mapping."""
+    from core.config import load_yaml
+
     name = _name(name, target)
     config_rel = f"configs/{name}.yaml"
     before = {p: (root / p).read_text() for p in (config_rel, *(f"configs/{name}{s}" for s in suffixes))
               if (root / p).is_file()}
-    old = _old_config(config_rel, before.get(config_rel))
+    old = None
+    if config_rel in before:
+        try:
+            old = load_yaml(before[config_rel])
+        except TrainflowError as exc:
+            raise InitError(f"{config_rel} exists but cannot be read ({exc}); fix it or move it away, then run "
+                            "init again") from None
+        if not isinstance(old, dict):
+            raise InitError(f"{config_rel} exists but is not a mapping of keys; fix it or move it away")
     _check_not_inside_tracked(root, target)
     return name, config_rel, before, old
 
@@ -274,22 +280,6 @@ def _set(data: dict, path: tuple[str, ...], value) -> None:
     for key in path[:-1]:
         data = data.setdefault(key, {})
     data[path[-1]] = value
-
-
-def _old_config(config_rel: str, text: str | None) -> dict | None:
-    """The existing config's YAML as written (not validated), or None; InitError if it is no mapping."""
-    if text is None:
-        return None
-    from core.config import load_yaml
-
-    try:
-        data = load_yaml(text)
-    except TrainflowError as exc:
-        raise InitError(f"{config_rel} exists but cannot be read ({exc}); fix it or move it away, then run init "
-                        "again") from None
-    if not isinstance(data, dict):
-        raise InitError(f"{config_rel} exists but is not a mapping of keys; fix it or move it away")
-    return data
 
 
 def _updated(old: dict, fresh: dict, old_columns: set[str] | None, columns: list[str]) -> dict:

@@ -6,10 +6,6 @@ the c10d store. The store's agents unpickle what they read under the rendezvous 
 per job and only the job's own pods may connect. Every pod checks out the same git commit, pulls the data
 version with DVC and trains into a shared volume. The image is pinned by digest (recorded through
 TRAINFLOW_IMAGE / TRAINFLOW_IMAGE_DIGEST); MLflow must be a tracking server (nodes share no sqlite file).
-
-    trainflow k8s-job --nnodes 2 --gpus-per-node 8 --image REPO/trainflow@sha256:... \\
-        --git-repo https://git.example/trainflow.git --git-ref <sha> \\
-        --mlflow-uri http://mlflow.ml:5000 | kubectl apply -f -
 """
 
 from __future__ import annotations
@@ -18,8 +14,9 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
+from core.errors import PreemptedError
+
 RDZV_PORT = 29400
-PREEMPTED_EXIT = 4  # flows/cli.py EXIT_PREEMPTED (not imported: this module stays light)
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _RDZV_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -49,13 +46,7 @@ class MultiNodeJob:
     config: str = "configs/digits.yaml"
     overrides: list[str] = field(default_factory=list)
     shared_pvc: str = "trainflow-shared"  # a ReadWriteMany claim every node mounts
-    out_dir: str | None = None            # default: /shared/<name>
     mlflow_run_id: str | None = None
-    cpu: str = "8"
-    memory: str = "64Gi"
-    shm_size: str = "16Gi"                # NCCL and DataLoader workers use /dev/shm
-    service_account: str | None = None
-    backoff_limit: int = 0                # torchrun restarts workers inside a pod (training.max_restarts)
     # Drawn once per job (every pod gets the same), 128 random bits nobody can guess.
     rdzv_id: str = field(default_factory=lambda: secrets.token_hex(16))
     mlflow_secret: str | None = None      # a Secret with MLFLOW_TRACKING_USERNAME/PASSWORD (an auth'd server)
@@ -103,7 +94,7 @@ def rdzv_endpoint(job: MultiNodeJob) -> str:
 
 def train_args(job: MultiNodeJob) -> list[str]:
     """``trainflow train`` arguments shared by every node (the node rank is added per pod)."""
-    return ["--config", job.config, "--out", job.out_dir or f"/shared/{job.name}",
+    return ["--config", job.config, "--out", f"/shared/{job.name}",
             "--nnodes", str(job.nnodes), "--nproc", str(job.gpus_per_node),
             "--rdzv-endpoint", rdzv_endpoint(job), "--rdzv-id", job.rdzv_id,
             *(a for item in job.overrides for a in ("--set", item))]
@@ -146,7 +137,7 @@ def render(job: MultiNodeJob) -> list[dict]:
         {"name": "TRAINFLOW_HOME", "value": "/workspace/state"},
         *({"name": k, "value": v} for k, v in TELEMETRY_OFF.items()),
     ]
-    resources = {"cpu": job.cpu, "memory": job.memory, "nvidia.com/gpu": str(job.gpus_per_node)}
+    resources = {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": str(job.gpus_per_node)}
     pod_spec = {
         "subdomain": job.name,
         "restartPolicy": "Never",
@@ -169,25 +160,24 @@ def render(job: MultiNodeJob) -> list[dict]:
         "volumes": [
             {"name": "shared", "persistentVolumeClaim": {"claimName": job.shared_pvc}},
             {"name": "workspace", "emptyDir": {}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.shm_size}},
+            # NCCL and DataLoader workers use /dev/shm.
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
         ],
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     }
-    if job.service_account:
-        pod_spec["serviceAccountName"] = job.service_account
     job_manifest = {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": meta(),
         "spec": {
             "completionMode": "Indexed",
             "completions": job.nnodes,
             "parallelism": job.nnodes,  # all agents at once: the rendezvous waits for nnodes
-            "backoffLimit": job.backoff_limit,
+            "backoffLimit": 0,  # torchrun restarts workers inside a pod (training.max_restarts)
             # A node taken away (eviction, preemption) or a preempted agent (exit 4: it checkpointed)
             # does not count as a failure: the pod is recreated and training resumes from /shared.
             "podFailurePolicy": {"rules": [
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
                 {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In",
-                                                     "values": [PREEMPTED_EXIT]}},
+                                                     "values": [PreemptedError.exit_code]}},
             ]},
             "ttlSecondsAfterFinished": 7 * 24 * 3600,
             "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},

@@ -1,13 +1,11 @@
 """What a pipeline run may be given, and by whom. Two channels, on purpose:
 
 * ``PipelineParams``, the flow's one parameter (the Prefect UI form, every deployment's API): input from
-  anyone who may trigger a run. It names a config file in ``configs/`` and may override only ``KNOBS`` and
-  promotion to manual; anything else is refused when the parameters are validated, naming the key.
+  anyone who may trigger a run. It names a config file in ``configs/`` and may override only ``KNOBS``
+  and promotion to manual.
 * ``ShellInputs``, what the person at the shell gave ``trainflow run`` / ``retrain``: any config path and
-  every ``--set`` but code keys (``CODE_KEYS``). Never a flow parameter: the CLI sets it in a context
-  variable around its in-process flow call (``from_shell``), so no deployment form or API call reaches it.
-
-``run_inputs`` turns the two into what a run uses (``RunInputs``).
+  every ``--set`` but code keys. The CLI sets it in a context variable around its in-process flow call
+  (``from_shell``), so no deployment form or API call reaches it.
 """
 
 from __future__ import annotations

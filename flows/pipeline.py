@@ -10,18 +10,19 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
 
 from core.config import PipelineConfig, load_config
 from core.env import apply_offline_env
 from core.errors import DataValidationError, GateRejectedError, PreemptedError, TrainflowError
 from core.manifest import Manifest, World, build_manifest, image_from_env
-from core.paths import project_root, tracking_uri, trainflow_home, under_home
+from core.paths import importable_root, project_root, tracking_uri, trainflow_home, under_home
 from flows.params import PipelineParams, RunInputs, run_inputs
 from flows.promotion import promotion_lock
 
@@ -46,7 +47,6 @@ class RunContext:
     run_id: str
     manifest: Manifest
     out_dir: Path
-    timings: dict[str, float] = field(default_factory=dict)
 
 
 class _InputErrorsWithoutTraceback(logging.Filter):
@@ -68,15 +68,9 @@ def quiet_input_errors() -> None:
             logger.addFilter(_InputErrorsWithoutTraceback())
 
 
-def _md(key: str, markdown: str, description: str) -> None:
-    create_markdown_artifact(markdown=markdown, key=key, description=description)
-
-
-# -- tasks ------------------------------------------------------------------------------
 def load_inputs(inputs: RunInputs) -> tuple[PipelineConfig, Path, Path, Manifest]:
     """``(config, project root, TRAINFLOW_HOME, manifest)`` as ``resolve`` records them, "auto"
     strategy and workers made concrete (the retrain flow compares them with the champion's)."""
-    from core.paths import importable_root
     from tasks import task_for
     from training.advisor import resolve_for_launch
     from training.launcher import default_nproc
@@ -208,7 +202,8 @@ def validate(ctx: RunContext) -> dict:
     store.log_metrics(ctx.run_id, {"validation/n_failed": report["n_failed"],
                                    "validation/n_expectations": report["n_expectations"],
                                    "validation/cached": report["cached"]})
-    _md("validation-report", summary_markdown(report), "Great Expectations result")
+    create_markdown_artifact(markdown=summary_markdown(report), key="validation-report",
+                             description="Great Expectations result")
     for w in report.get("warnings") or []:
         get_run_logger().warning("validation: %s", w.get("message") or w.get("detail"))
     report["report_md"] = str(report_dir / "summary.md")
@@ -263,10 +258,6 @@ def _claim_train_dir(ctx: RunContext, nproc: int) -> tuple[Path, int]:
 
 def _logger():
     """The Prefect run logger inside a flow or task, else this module's (a caller outside Prefect)."""
-    import logging
-
-    from prefect.exceptions import MissingContextError
-
     try:
         return get_run_logger()
     except MissingContextError:
@@ -275,8 +266,7 @@ def _logger():
 
 @task(name="train", retries=0, **TASK)
 def train(ctx: RunContext, nproc: int, slot: TrainFolder) -> dict:
-    """torchrun the worker in ``slot``; its metrics file is relayed into the pipeline's MLflow run
-    meanwhile."""
+    """torchrun the worker in ``slot``, relaying its metrics file into the pipeline's MLflow run."""
     from core.metrics_file import METRICS_FILE
     from registry.relay import relay_metrics
     from training.launcher import SCORE_ENV, make_spec, start_job
@@ -309,7 +299,8 @@ def log_training(ctx: RunContext, result: dict) -> str | None:
                for k, v in headline(result.get("goodput")).items() if v is not None}
     store.log_metrics(ctx.run_id, {"train/samples_per_s_mean": result["samples_per_s"],
                                    "train/wall_s": result["wall_s"], "train/restarts": result["restarts"], **goodput})
-    _md("training-result", _training_md(result), "torchrun training result")
+    create_markdown_artifact(markdown=_training_md(result), key="training-result",
+                             description="torchrun training result")
     return png
 
 
@@ -339,12 +330,15 @@ def evaluate(ctx: RunContext, result: dict) -> dict:
     The champion's recorded scores are used when they were measured on the same split bytes by the
     same metric code (``evaluation.recorded``), else it is rescored; ``report["champion_scores"]``."""
     from evaluation.evaluate import evaluate as run_eval
+    from evaluation.recorded import recorded_metrics
     from registry import models, store
 
-    champ, recorded = _champion_and_record(ctx)
-    loaded = None
-    if champ is not None and recorded is None:
-        loaded = models.load_predictor(ctx.cfg.registry.model_name, "champion")
+    champ = models.champion_version(ctx.cfg.registry.model_name)
+    recorded = loaded = None
+    if champ is not None:
+        recorded = recorded_metrics(champ["tags"], ctx.task.scoring_key(ctx.cfg, ctx.root), ctx.task.recorded_keys())
+        if recorded is None:  # not measured on this split by this metric code: rescore it
+            loaded = models.load_predictor(ctx.cfg.registry.model_name, "champion")
     report = run_eval(ctx.task, ctx.cfg, ctx.root, Path(result["out_dir"]), ctx.out_dir / "evaluation",
                       loaded, recorded)
     report["champion_version"] = champ["version"] if champ else None
@@ -360,32 +354,13 @@ def evaluate(ctx: RunContext, result: dict) -> dict:
         store.log_metrics(ctx.run_id, {**{f"gbdt/{m.name}": g[m.name] for m in ctx.task.metrics if m.name in g},
                                        "gbdt/fit_s": g["fit_s"]})
         store.set_tags(ctx.run_id, {"trainflow.gbdt": g["predictor"]})
-    _log_champion_scores(ctx, report)
+    if report["champion_version"] is not None:
+        store.set_tags(ctx.run_id, {"trainflow.champion_scores": report["champion_scores"]})
+        _logger().info("champion v%s: %s", report["champion_version"],
+                       "its recorded scores (same test split bytes and metric code)"
+                       if report["champion_scores"] == "recorded" else "loaded and rescored on this test split")
     store.log_file(ctx.run_id, ctx.out_dir / "evaluation", "evaluation")
     return report
-
-
-def _champion_and_record(ctx: RunContext) -> tuple[dict | None, dict | None]:
-    """The champion (``champion_version``'s dict or None) and its recorded scores when they hold for
-    this run's evaluation split and metric code (else None: rescore it)."""
-    from evaluation.recorded import recorded_metrics
-    from registry import models
-
-    champ = models.champion_version(ctx.cfg.registry.model_name)
-    if champ is None:
-        return None, None
-    return champ, recorded_metrics(champ["tags"], ctx.task.scoring_key(ctx.cfg, ctx.root), ctx.task.recorded_keys())
-
-
-def _log_champion_scores(ctx: RunContext, report: dict) -> None:
-    from registry import store
-
-    if report["champion_version"] is None:
-        return
-    store.set_tags(ctx.run_id, {"trainflow.champion_scores": report["champion_scores"]})
-    _logger().info("champion v%s: %s", report["champion_version"],
-                   "its recorded scores (same test split bytes and metric code)"
-                   if report["champion_scores"] == "recorded" else "loaded and rescored on this test split")
 
 
 @task(name="gate", timeout_seconds=60, **TASK)
@@ -402,7 +377,7 @@ def gate(ctx: RunContext, report: dict) -> dict:
     (ctx.out_dir / "evaluation" / "gate.md").write_text(md)
     store.log_json(ctx.run_id, decision.to_dict(), "evaluation/gate.json")
     store.log_file(ctx.run_id, ctx.out_dir / "evaluation" / "gate.md", "evaluation")
-    _md("gate-decision", md, "Evaluation gates")
+    create_markdown_artifact(markdown=md, key="gate-decision", description="Evaluation gates")
     if not decision.passed:
         raise GateRejectedError("gate rejected the candidate: " + "; ".join(decision.reasons()), decision.to_dict())
     return decision.to_dict()
@@ -425,8 +400,10 @@ def register(ctx: RunContext, result: dict, report: dict) -> dict:
                               "promoted" if promo["promoted"] else "not promoted", promo["reason"])
     reg["promotion"] = promo
     reg["aliases"] = models.aliases_of(reg["name"], reg["version"])
-    _md("registration", f"# Registered {reg['name']} v{reg['version']}\n\naliases: {', '.join(reg['aliases'])}\n"
-        + (f"\npromotion: {promo['reason']}\n" if promo else ""), "MLflow model version")
+    md = f"# Registered {reg['name']} v{reg['version']}\n\naliases: {', '.join(reg['aliases'])}\n"
+    if promo:
+        md += f"\npromotion: {promo['reason']}\n"
+    create_markdown_artifact(markdown=md, key="registration", description="MLflow model version")
     return reg
 
 
@@ -453,8 +430,10 @@ def _deserves(ctx: RunContext, report: dict, current: dict | None) -> tuple[bool
     """Does the candidate beat ``current`` (the champion now, under the promotion lock)? The scores
     evaluated beside it, or, when another run promoted meanwhile, the new champion's recorded (or
     else rescored) ones on this split; the task's champion metrics in order, each in its direction."""
+    from evaluation.evaluate import score_champion
     from evaluation.gates import beats
     from evaluation.recorded import recorded_metrics
+    from registry import models
 
     task, margin = ctx.task, ctx.cfg.gates.min_improvement
     if current is None:
@@ -465,17 +444,10 @@ def _deserves(ctx: RunContext, report: dict, current: dict | None) -> tuple[bool
              if report.get("scoring_key") else None)
     how = "its recorded scores"
     if champ is None:
-        champ, how = _score_champion(ctx), "rescored"
+        predictor = models.load_predictor(ctx.cfg.registry.model_name, "champion")
+        champ, how = score_champion(ctx.task, ctx.cfg, ctx.root, predictor), "rescored"
     ok, reason = beats(task, report["candidate"], champ, margin)
     return ok, f"champion moved to v{current['version']} since evaluation ({how}); {reason}"
-
-
-def _score_champion(ctx: RunContext) -> dict:
-    """The current champion's scores on this run's evaluation split, loaded through the registry."""
-    from evaluation.evaluate import score_champion
-    from registry import models
-
-    return score_champion(ctx.task, ctx.cfg, ctx.root, models.load_predictor(ctx.cfg.registry.model_name, "champion"))
 
 
 def _training_md(r: dict) -> str:
@@ -492,7 +464,6 @@ def _training_md(r: dict) -> str:
             f"| epoch | train loss | val loss | val acc | samples/s |\n|---|---|---|---|---|\n{rows}\n")
 
 
-# -- the flow ---------------------------------------------------------------------------
 def _run_name() -> str:
     """``<config name>-<data md5[:8]>``, read cheaply from the config and the DVC file."""
     from prefect.runtime import flow_run
@@ -531,11 +502,8 @@ TRAINING_SUMMARY = ("world_size", "backend", "strategy", "restarts", "samples_pe
 
 @flow(name="trainflow-pipeline", flow_run_name=_run_name, log_prints=True)
 def pipeline(params: PipelineParams = PipelineParams()) -> dict:
-    """Validate, train, evaluate, gate and register one config. Returns the run summary.
-
-    ``params`` choose a config in ``configs/`` and a few training knobs (``flows/params.py``); the CLI
-    passes its own through ``flows.params.from_shell``. A ``TrainflowError`` raised carries ``.summary``.
-    """
+    """Validate, train, evaluate, gate and register one config; returns the run summary, and an exception
+    raised carries it as ``.summary``. The CLI passes its inputs through ``flows.params.from_shell``."""
     t0 = time.perf_counter()
     quiet_input_errors()
     timings: dict[str, float] = {}

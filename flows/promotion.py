@@ -1,12 +1,9 @@
 """The lock a promoter of a model holds while it reads ``@champion``, decides and moves it.
 
-Two layers, taken in this order by every promoter (so no two can deadlock):
-
-1. A Prefect global concurrency limit ``promote-<model>`` (limit 1), only against a persistent Prefect
-   server (``PREFECT_API_URL`` set by the user or by a deployment's worker): the Prefect UI then shows who
-   holds the promotion and who waits. Created on first use; an operator's own settings of it are kept.
-2. The registry lease (``registry.lease``), always: hosts that share the MLflow server need not share a
-   Prefect server, and MLflow has no compare-and-set on aliases. In ephemeral mode it is the only layer.
+Two layers, taken in this order by every promoter (so no two can deadlock): a Prefect global
+concurrency limit, only against a persistent Prefect server (its UI then shows who holds and who waits),
+then the registry lease, always: hosts that share the MLflow server need not share a Prefect server,
+and MLflow has no compare-and-set on aliases.
 """
 
 from __future__ import annotations

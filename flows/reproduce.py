@@ -1,13 +1,10 @@
 """``trainflow reproduce``: train a registered model again from what its run recorded, and compare.
 
-``NAME@ALIAS``, ``NAME/VERSION`` or a run id resolves to the pipeline run that trained it; its recorded
-``manifest.json`` and ``config.json`` (sha256-checked) give the git sha, the DVC md5 and the world size.
-The code is cloned at that commit (refused when the repository lacks it), the data restored from the DVC
-cache or remote (refused when neither has it), and ``python -m flows.cli train`` runs inside the clone, so
-that commit's own code trains (a data + config repository: the installed trainflow, with a warning). The
-new ``weights_sha256`` is compared with the recorded one: on CPU with the same world size they are bitwise
-equal. Nothing is registered: the rerun is its own MLflow run (``trainflow.stage = reproduce``). A different
-image, package set or backend, or a dirty workspace at training time, are warnings, not refusals.
+The recorded ``manifest.json`` and ``config.json`` (sha256-checked) give the git sha, the DVC md5 and the
+world size; the code is cloned at that commit and the data restored (refused when either is unavailable),
+and that commit's own code trains. On CPU with the same world size the weights are bitwise equal. Nothing
+is registered. A different image, package set or backend, or a dirty workspace at training time, are
+warnings, not refusals.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""The retrain flow: train a new candidate only when the champion is stale.
+"""The retrain flow: run the pipeline only when the champion is stale.
 
-    decide ──► (up-to-date: log the reason, exit 0)
-           └─► pipeline (validate ► train ► evaluate ► gate ► register, race-safe promotion)
-
-``decide`` compares what the next run would record with the ``@champion``'s version tags. Data md5,
-config id and code (files changed since the champion's git sha, but data, configs, docs and tests) all
-equal: **up-to-date**, nothing runs. Changed data is checked for drift against the champion's training
-split (per-feature PSI and KS, thresholds from the config's ``retrain`` section): ``retrain.policy:
-any_change`` trains on any new data version, ``drift`` only on drifted data (otherwise **no-drift**). A
-changed config or code, no champion, or ``force``: trains.
-
-Deployment entrypoint: ``flows/retrain.py:retrain`` (one parameter, ``RetrainParams``).
+Data md5, config id and code (files changed since the champion's git sha, but data, configs, docs and
+tests) all equal the ``@champion``'s tags: **up-to-date**, nothing runs. Changed data is checked for drift
+against the champion's training split (``retrain`` config section): ``retrain.policy: any_change`` trains
+on any new data version, ``drift`` only on drifted data (otherwise **no-drift**). A changed config or
+code, no champion, or ``force``: trains.
 """
 
 from __future__ import annotations
@@ -23,6 +17,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from core.errors import DataUnavailableError
+from core.paths import tracking_uri, under_home
 from flows.params import RetrainParams, RunInputs, run_inputs
 from flows.pipeline import TASK, load_inputs, pipeline
 
@@ -71,7 +66,6 @@ def _drift_check(cfg, root: Path, champ: dict) -> dict:
 @task(name="decide", timeout_seconds=300, **TASK)
 def decide(inputs: RunInputs, force: bool) -> dict:
     """Should this run train? Returns the decision with every reason (see the module docstring)."""
-    from core.paths import tracking_uri, under_home
     from core.versions import code_changes
     from registry import models, store
     from validation.drift import drift_markdown
@@ -135,8 +129,7 @@ def decide(inputs: RunInputs, force: bool) -> dict:
 
 
 def decision_markdown(d: dict) -> str:
-    head = "train" if d["train"] else d["status"]
-    lines = [f"# Retrain: {head}", ""]
+    lines = [f"# Retrain: {d['status']}", ""]
     lines += [f"- {r}" for r in d["reasons"]] or [f"- {d['skip_reason']}"]
     if d["champion"]:
         c = d["champion"]
@@ -202,8 +195,6 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict:
         raise
     summary["retrain"] = d
     _log_decision(summary.get("mlflow_run_id"), d)
-    from core.paths import under_home
-
     out = under_home(Path(d["home"]), "runs", summary["mlflow_run_id"], "retrain.json")
     out.write_text(json.dumps(d, indent=2, default=str))
     return summary

@@ -1,16 +1,10 @@
 """The scaling sweep: train one config under several process/thread layouts and batch sizes, measure,
-and say which layout to use.
+and say which layout to use (``trainflow scale``).
 
-    trainflow scale --config configs/digits.yaml --batch-sizes 32,128 --epochs 3
-
-``run_sweep`` (no Prefect, no MLflow) runs each layout x batch size as one real training job
-(``training.launcher``, checkpoints off), writes ``scale.json`` (every row, the best, the recommendation),
-``scale.md`` and ``scale.png`` into ``out_dir`` and saves the rows where ``training.cpu_workers: auto``
-finds them (``training.advisor.load_sweep``). Per row: ``samples_per_s`` is the mean over epochs of global
-training samples/s; ``scaling_efficiency`` is that / (1 process x 1 thread's at the same batch size x cores
-used; GPUs: 1 GPU's, per GPU); ``time_to_target_s`` sums ``epoch_time_s`` up to the first epoch whose
-``val_accuracy`` reaches the target; ``cost_core_s`` is that x cores (GPUs) used.
-``scale_flow`` wraps it as a Prefect flow that logs to MLflow (experiment ``<registry.experiment>-scale``).
+Per row: ``samples_per_s`` is the mean over epochs of global training samples/s; ``scaling_efficiency``
+is that / (1 process x 1 thread's at the same batch size x cores used; GPUs: 1 GPU's, per GPU);
+``time_to_target_s`` sums ``epoch_time_s`` up to the first epoch whose ``val_accuracy`` reaches the
+target; ``cost_core_s`` is that x cores (GPUs) used.
 """
 
 from __future__ import annotations
@@ -29,16 +23,15 @@ from core.paths import project_root, trainflow_home
 from training import advisor
 
 
-def default_layouts(cpu_count: int | None = None, gpus: int | None = None) -> list[dict]:
+def default_layouts() -> list[dict]:
     """CPU: 1 process x all cores, 1 x 1, N processes x 1 thread (N = cores), duplicates dropped.
     CUDA: 1..n GPUs."""
-    if gpus is None:
-        import torch
+    import torch
 
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus:
         return [{"name": f"{n}gpu", "nproc": n, "threads": 1, "device": "cuda"} for n in range(1, gpus + 1)]
-    cores = cpu_count or os.cpu_count() or 1
+    cores = os.cpu_count() or 1
     return [{"name": f"{n}x{t}", "nproc": n, "threads": t, "device": "cpu"}
             for n, t in dict.fromkeys(((1, cores), (1, 1), (cores, 1)))]
 
@@ -85,7 +78,8 @@ def _row(layout: dict, batch: int, result: dict, target: float) -> dict:
 def run_sweep(cfg_path: str | Path, overrides: list[str] = (), layouts: list[dict] | None = None,
               batch_sizes: list[int] | None = None, epochs: int = 3, target_accuracy: float = 0.95,
               out_dir: str | Path | None = None, log=print) -> dict:
-    """Train ``cfg_path`` once per layout x batch size; write scale.json/.md/.png; return the report."""
+    """Train ``cfg_path`` once per layout x batch size (no Prefect, no MLflow, checkpoints off); write
+    scale.json/.md/.png into ``out_dir`` and the rows where ``training.cpu_workers: auto`` finds them."""
     from core.manifest import read_dvc_file
     from training.launcher import make_spec, run_job
 
@@ -210,7 +204,8 @@ def plot(report: dict, path: Path) -> None:
 def scale_flow(cfg_path: str, overrides: list[str] | None = None, layouts: list[dict] | None = None,
                 batch_sizes: list[int] | None = None, epochs: int = 3, target_accuracy: float = 0.95,
                 out_dir: str | None = None) -> dict:
-    """run_sweep, then log the report files and per-row metrics to MLflow and a markdown artifact."""
+    """run_sweep, then log the report files and per-row metrics to MLflow (experiment
+    ``<registry.experiment>-scale``) and a markdown artifact."""
     from prefect import get_run_logger
     from prefect.artifacts import create_markdown_artifact
 

@@ -190,7 +190,6 @@ def serve(servers: list[Server], elsewhere: list[str], out: Callable[[str], None
             out("stopped" if not left else f"could not stop pids {left}")
 
 
-# -- where a run's pages are ------------------------------------------------------------
 def ui_bases(prefect_api: str | None, temporary: bool, tracking: str | None,
              prefect_ui: str | None = None) -> tuple[str | None, str | None]:
     """``(Prefect UI, MLflow UI)`` that show a finished run now, None where only ``trainflow ui``

@@ -16,6 +16,7 @@ differs goes to Failed with a one-line reason. Two places check:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import logging
 import os
@@ -254,10 +255,8 @@ async def serve(pool: str, guard: Guard, limit: int | None = None) -> None:
                             f"({(time.perf_counter() - started) * 1000:.0f} ms)")
                 return await super().run(flow_run, configuration, task_status)
             logger.error(f"Worker guard refused the run: {reason}")
-            try:
+            with contextlib.suppress(Abort):  # the run ended already
                 await propose_state(self.client, Failed(message=REFUSED + reason), flow_run_id=flow_run.id)
-            except Abort:  # the run ended already
-                pass
             if task_status is not None:
                 task_status.started(-1)
             return ProcessWorkerResult(status_code=0, identifier="refused")
@@ -293,10 +292,8 @@ def _fail(client, flow_run_id, reason: str, line: str, prefix: str = REFUSED) ->
     from prefect.utilities.engine import propose_state_sync
 
     print(line, file=sys.stderr)
-    try:
+    with contextlib.suppress(Abort):  # the run ended already
         propose_state_sync(client, Failed(message=prefix + reason), flow_run_id=flow_run_id)
-    except Abort:
-        pass
     return 1
 
 
