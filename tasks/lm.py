@@ -69,9 +69,11 @@ class LanguageModel(Task):
         return load_text_splits(cfg.dataset, root, seed)
 
     def build_model(self, cfg: "PipelineConfig", info):
-        from tasks.lm_net import build_lm
+        from tasks.lm_net import ByteLM
 
-        return build_lm(cfg.model)
+        m = cfg.model
+        return ByteLM(vocab_size=m.vocab_size, seq_len=m.seq_len, d_model=m.d_model, n_layers=m.n_layers,
+                      n_heads=m.n_heads, d_ff=m.d_ff, dropout=m.dropout)
 
     def example_input(self, cfg: "PipelineConfig", info, batch: int = 2):
         import torch

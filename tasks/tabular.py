@@ -20,8 +20,7 @@ from core.errors import ConfigError, DataUnavailableError
 from core.expectations import load_expectations
 from tasks.base import (Classifier, InitFit, Metric, ModelSpec, Task, ValidationPlan, cache_write, fit_gbdt,
                         label_key, load_program, write_program_scores)
-from tasks.encoding import (FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, numeric_dtype,
-                            kinds_from_frame)
+from tasks.encoding import FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, numeric_dtype
 from tasks.info import DataInfo
 from tasks.table import feature_columns, load_frames, split_paths
 
@@ -208,9 +207,12 @@ class _Table(Task):
             raise ConfigError(f"dataset.categorical: {missing[0]!r} is not a feature column; the features are "
                               f"{features[:10]}")
         exp = self.expectations(cfg, root)
-        if exp is None and frame is not None:
-            return kinds_from_frame(frame, features, cfg.dataset.categorical)
-        types = {c.name: c.type for c in exp.columns} if exp is not None else {}
+        if exp is not None:
+            types = {c.name: c.type for c in exp.columns}
+        elif frame is not None:
+            types = {f: "float" if numeric_dtype(frame[f].dtype) else "string" for f in features}
+        else:
+            types = {}
         return column_kinds(features, types, cfg.dataset.categorical)
 
     def _features(self, cfg: "PipelineConfig", names) -> list[str]:
@@ -375,11 +377,10 @@ class _Table(Task):
         split = sha256_json({"files": files, **({"seed": cfg.seed, "test_fraction": cfg.dataset.test_fraction}
                                                  if "all" in files else {})})
         parts = {"task": self.name, "split_sha256": split, "metrics_version": self.metrics_version,
-                 "label": cfg.dataset.label, **self._key_parts(cfg, root)}
+                 "label": cfg.dataset.label}
+        if self.classification:
+            parts["classes"] = [label_key(c) for c in self.prepared(cfg, root)["info"].classes]
         return {"key": sha256_json(parts), "split_sha256": split, "metrics_version": self.metrics_version}
-
-    def _key_parts(self, cfg, root) -> dict:
-        return {}
 
     def gbdt(self, cfg: "PipelineConfig", root: Path) -> dict | None:
         """scikit-learn's HistGradientBoosting (default settings) on the network's encoded columns."""
@@ -495,9 +496,6 @@ class Classification(Classifier, _Table):
 
     def baseline(self, cfg, root, info: TableInfo, n: int) -> tuple[str, np.ndarray]:
         return self.majority(self.targets(self.frames(cfg, root)["train"][cfg.dataset.label], info), info, n)
-
-    def _key_parts(self, cfg, root) -> dict:
-        return {"classes": [label_key(c) for c in self.prepared(cfg, root)["info"].classes]}
 
     def _meta(self, info: TableInfo) -> dict:
         return {"output": "label", "class_labels": info.classes}
