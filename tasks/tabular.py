@@ -420,13 +420,14 @@ class _Table(Task):
     def model_spec(self, cfg: "PipelineConfig", root: Path, train_dir: Path, report: dict) -> ModelSpec:
         frame, _, _, info = self.eval_data(cfg, root)
         example = frame[info.features].head(5).reset_index(drop=True)
+        output, output_type = self._output(info)
         meta = {"format": "torch.export", "input_dtype": "float32", "feature_columns": info.features,
                 "columns": [{"name": c["name"], "kind": c["kind"], **({"values": c["values"]}
                                                                       if c["kind"] == "categorical" else {})}
                             for c in info.columns],
-                "codes": {"missing": MISSING_CODE, "other": OTHER_CODE, "first": FIRST_CODE}, **self._meta(info)}
+                "codes": {"missing": MISSING_CODE, "other": OTHER_CODE, "first": FIRST_CODE}, **output}
         return ModelSpec(PYFUNC_FILE, meta, [(c, info.dtypes[c]) for c in info.features],
-                         [(None, self._output_type(info))], example,
+                         [(None, output_type)], example,
                          checked=report.get("candidate_scored_in") == "worker")
 
     def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
@@ -497,11 +498,9 @@ class Classification(Classifier, _Table):
     def baseline(self, cfg, root, info: TableInfo, n: int) -> tuple[str, np.ndarray]:
         return self.majority(self.targets(self.frames(cfg, root)["train"][cfg.dataset.label], info), info, n)
 
-    def _meta(self, info: TableInfo) -> dict:
-        return {"output": "label", "class_labels": info.classes}
-
-    def _output_type(self, info: TableInfo) -> str:
-        return "string" if any(isinstance(c, str) for c in info.classes) else "long"
+    def _output(self, info: TableInfo) -> tuple[dict, str]:
+        output_type = "string" if any(isinstance(c, str) for c in info.classes) else "long"
+        return {"output": "label", "class_labels": info.classes}, output_type
 
 
 class Regression(_Table):
@@ -573,11 +572,8 @@ class Regression(_Table):
         """The trivial predictor: the train split's mean, for ``n`` rows."""
         return f"the train mean {info.y_mean:.4g}", np.full(n, info.y_mean)
 
-    def _meta(self, info: TableInfo) -> dict:
-        return {"output": "value"}
-
-    def _output_type(self, info: TableInfo) -> str:
-        return "double"
+    def _output(self, info: TableInfo) -> tuple[dict, str]:
+        return {"output": "value"}, "double"
 
 
 def _id_like(name: str, s: "pd.Series") -> str | None:
