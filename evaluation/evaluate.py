@@ -68,8 +68,9 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
     what, base_pred = task.baseline(cfg, root, info, len(y))
     baseline = {"predictor": what, **task.score(y, base_pred, info)}
     ref = task.gbdt(cfg, root)
-    gbdt = None if ref is None else {"predictor": ref["predictor"], "fit_s": ref["fit_s"], "predict_s": ref["predict_s"],
-                                     "cached": ref.get("cached", False), **task.score(y, ref["pred"], info)}
+    gbdt = None if ref is None else {"predictor": ref["predictor"], "fit_s": ref["fit_s"],
+                                     "predict_s": ref["predict_s"], "cached": ref.get("cached", False),
+                                     **task.score(y, ref["pred"], info)}
     files = {}
     if "confusion_matrix" in cand:
         primary = task.primary or task.champion_metrics[0]

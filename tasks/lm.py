@@ -61,7 +61,8 @@ class LanguageModel(Task):
         return {"train": (f"{base}/{text.train_file}", "training"), "eval": (f"{base}/{text.eval_file}", "testing")}
 
     def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
-        return ValidationPlan("text", list(self._files(cfg, root).values()), {"dataset": cfg.dataset, "root": Path(root)})
+        files = list(self._files(cfg, root).values())
+        return ValidationPlan("text", files, {"dataset": cfg.dataset, "root": Path(root)})
 
     def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
         from tasks.text import load_text_splits

@@ -181,8 +181,8 @@ class _Table(Task):
         exp = self.expectations(cfg, root)
         files = [*split_paths(cfg.dataset, root).values(), Path(root) / cfg.dataset.expectations_file]
         return ValidationPlan("table", files, {
-            "dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed, "stratify": self.classification, "expectations": exp,
-            "features": feature_columns(cfg.dataset, exp.names), "label": cfg.dataset.label,
+            "dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed, "stratify": self.classification,
+            "expectations": exp, "features": feature_columns(cfg.dataset, exp.names), "label": cfg.dataset.label,
             "class_label": self.classification, "leak_policy": cfg.dataset.effective_leak_policy})
 
     def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:
