@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks.base import SCORES_FILE
-from tasks.metrics import confusion_png, latency_p95_ms, torch_predictor
+from tasks.metrics import confusion_png, latency_p95_ms
 
 
 def worker_scores(task, cfg, root: Path, train_dir: Path) -> dict | None:
@@ -30,13 +30,10 @@ def worker_scores(task, cfg, root: Path, train_dir: Path) -> dict | None:
 def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,
                          champion_metrics: dict | None = None) -> dict:
     """The ``predictions`` evaluator: the candidate's, the champion's, the trivial baseline's and the
-    gradient-boosted trees' (``task.gbdt``) metrics on the test split.
-
-    The champion's are ``champion_metrics`` when given (recorded), else ``champion`` rescored here
-    (``report["champion_scores"]``); the candidate's come from the worker when they provably match
-    (``report["candidate_scored_in"]``). Writes ``metrics.json`` (and a classifier's
-    ``confusion_matrix.png``) into ``out_dir``.
-    """
+    gradient-boosted trees' (``task.gbdt``) metrics on the test split. The champion's are
+    ``champion_metrics`` when given (recorded), else ``champion`` rescored here (``report["champion_scores"]``);
+    the candidate's come from the worker when they provably match (``report["candidate_scored_in"]``).
+    Writes ``metrics.json`` (and a classifier's ``confusion_matrix.png``) into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     key = task.scoring_key(cfg, root)
     _, x, y, info = task.eval_data(cfg, root)
@@ -55,7 +52,13 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
             outputs = module(torch.as_tensor(x)).numpy()
         task.check_program_output(outputs, info)
         cand = task.score(y, task.decode(outputs), info)
-        cand["latency_p95_ms"] = latency_p95_ms(torch_predictor(module), x)
+        torch.set_num_threads(1)
+
+        def predict(row: np.ndarray) -> np.ndarray:
+            with torch.no_grad():
+                return module(torch.as_tensor(row, dtype=torch.float32)).argmax(1).numpy()
+
+        cand["latency_p95_ms"] = latency_p95_ms(predict, x)
         where = "pipeline"
     champ, how = None, None
     if champion_metrics is not None:
@@ -65,8 +68,9 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
     what, base_pred = task.baseline(cfg, root, info, len(y))
     baseline = {"predictor": what, **task.score(y, base_pred, info)}
     ref = task.gbdt(cfg, root)
-    gbdt = None if ref is None else {"predictor": ref["predictor"], "fit_s": ref["fit_s"], "predict_s": ref["predict_s"],
-                                     "cached": ref.get("cached", False), **task.score(y, ref["pred"], info)}
+    gbdt = None if ref is None else {"predictor": ref["predictor"], "fit_s": ref["fit_s"],
+                                     "predict_s": ref["predict_s"], "cached": ref.get("cached", False),
+                                     **task.score(y, ref["pred"], info)}
     files = {}
     if "confusion_matrix" in cand:
         primary = task.primary or task.champion_metrics[0]

@@ -22,8 +22,12 @@ def gate_markdown(task, decision: GateDecision, candidate: dict, champion: dict 
         lines += [f"Champion v{decision.champion_version}: {figures(champion, task.champion_metrics)}", ""]
     if baseline:
         lines += [f"Trivial baseline ({baseline.get('predictor')}): {figures(baseline, [task.primary])}", ""]
-    if gbdt:
-        lines += [gbdt_line(task, candidate, gbdt), ""]
+    if gbdt:  # the primary metric's gap in its direction: positive, the candidate is better
+        m = task.metric(task.primary)
+        gap = (candidate[m.name] - gbdt[m.name]) * (1 if m.higher_is_better else -1)
+        lines += [f"Gradient-boosted trees ({gbdt.get('predictor')}): {m.name} {gbdt[m.name]:.4f}, the candidate "
+                  f"{candidate[m.name]:.4f} ({'+' if gap >= 0 else ''}{gap:.4f} {'better' if gap >= 0 else 'worse'}); "
+                  f"trees fitted in {gbdt['fit_s']:.1f} s on 1 thread", ""]
     lines += ["| check | value | threshold | result |", "|---|---|---|---|"]
     for c in decision.checks:
         lines.append(f"| {c.name} | {c.value:.4f} | {c.op} {c.threshold:.4f} | {'pass' if c.passed else '**FAIL**'} |")
@@ -32,12 +36,3 @@ def gate_markdown(task, decision: GateDecision, candidate: dict, champion: dict 
         lines += [f"| {k} | {v:.4f} |" for k, v in candidate["class_recall"].items()]
     return "\n".join(lines) + "\n"
 
-
-def gbdt_line(task, candidate: dict, gbdt: dict) -> str:
-    """The candidate beside gradient-boosted trees fitted on the same train split: both primary
-    metrics, the gap in the metric's direction (positive: the candidate is better), the trees' time."""
-    m = task.metric(task.primary)
-    gap = (candidate[m.name] - gbdt[m.name]) * (1 if m.higher_is_better else -1)
-    return (f"Gradient-boosted trees ({gbdt.get('predictor')}): {m.name} {gbdt[m.name]:.4f}, the candidate "
-            f"{candidate[m.name]:.4f} ({'+' if gap >= 0 else ''}{gap:.4f} {'better' if gap >= 0 else 'worse'}); "
-            f"trees fitted in {gbdt['fit_s']:.1f} s on 1 thread")

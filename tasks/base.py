@@ -153,12 +153,10 @@ class Metric:
 
 @dataclass
 class ModelSpec:
-    """What the registry logs: a models-from-code pyfunc file over the exported program.
-
-    ``inputs`` / ``outputs``: ``[(column, mlflow type)]`` (a None name for one unnamed output);
-    ``meta``: written beside the program as ``meta.json``; ``example``: a pandas DataFrame;
-    ``checked``: the worker already ran the program on whole splits (no reload needed).
-    """
+    """What the registry logs: a models-from-code pyfunc file over the exported program. ``inputs`` /
+    ``outputs``: ``[(column, mlflow type)]`` (a None name for one unnamed output); ``meta``: written
+    beside the program as ``meta.json``; ``example``: a pandas DataFrame; ``checked``: the worker
+    already ran the program on whole splits (no reload needed)."""
 
     python_model: Path
     meta: dict
@@ -182,12 +180,10 @@ class InitFit:
 @dataclass(frozen=True)
 class ParallelPlan:
     """How a task's model splits across ranks; the engine's tp / pp / hybrid strategies apply it.
-
     ``blocks(model)``: the repeated blocks, in order; ``block_plan()``: the ``parallelize_module``
     plan of one block; ``stage_layers(n_blocks, n_stages)``: block indices per pipeline stage;
     ``split_stage(model, stage, n_stages)``: the model cut to one stage in place, keeping the full
-    model's parameter names (the stages' state dicts merge into one).
-    """
+    model's parameter names (the stages' state dicts merge into one)."""
 
     blocks: Callable[[Any], list]
     block_plan: Callable[[], dict]

@@ -63,11 +63,9 @@ def source_rows(source: Path) -> int | None:
 def iter_batches(source: Path, columns: list[str] | None = None, batch_rows: int = BATCH_ROWS,
                  types: dict[str, Any] | None = None) -> Iterator[pa.RecordBatch]:
     """``pyarrow.RecordBatch`` objects of at most ``batch_rows`` rows of ``columns`` (None: all), lazily.
-
     A CSV's types come from its first block, integer and all-null columns widened to float64;
     ``types`` (``{column: pyarrow type}``) forces some. DataUnavailableError for a missing or
-    unreadable file, a missing column, or a later CSV value that does not convert.
-    """
+    unreadable file, a missing column, or a later CSV value that does not convert."""
     if batch_rows < 1:
         raise ValueError(f"batch_rows: must be >= 1, got {batch_rows}")
     source = Path(source)

@@ -111,12 +111,6 @@ def numeric_dtype(dtype) -> bool:
     return pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)
 
 
-def kinds_from_frame(frame: "pd.DataFrame", features: list[str], categorical: Iterable[str] = ()) -> dict[str, str]:
-    """:func:`column_kinds` from a frame's dtypes, for data without an expectations file."""
-    types = {f: "float" if numeric_dtype(frame[f].dtype) else "string" for f in features}
-    return column_kinds(features, types, categorical)
-
-
 class _Numeric:
     """Count, nulls, mean and m2 (Chan's merge), min, max and a seeded reservoir sample."""
 

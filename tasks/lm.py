@@ -61,7 +61,8 @@ class LanguageModel(Task):
         return {"train": (f"{base}/{text.train_file}", "training"), "eval": (f"{base}/{text.eval_file}", "testing")}
 
     def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
-        return ValidationPlan("text", list(self._files(cfg, root).values()), {"dataset": cfg.dataset, "root": Path(root)})
+        files = list(self._files(cfg, root).values())
+        return ValidationPlan("text", files, {"dataset": cfg.dataset, "root": Path(root)})
 
     def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
         from tasks.text import load_text_splits
@@ -69,9 +70,11 @@ class LanguageModel(Task):
         return load_text_splits(cfg.dataset, root, seed)
 
     def build_model(self, cfg: "PipelineConfig", info):
-        from tasks.lm_net import build_lm
+        from tasks.lm_net import ByteLM
 
-        return build_lm(cfg.model)
+        m = cfg.model
+        return ByteLM(vocab_size=m.vocab_size, seq_len=m.seq_len, d_model=m.d_model, n_layers=m.n_layers,
+                      n_heads=m.n_heads, d_ff=m.d_ff, dropout=m.dropout)
 
     def example_input(self, cfg: "PipelineConfig", info, batch: int = 2):
         import torch

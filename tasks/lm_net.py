@@ -107,12 +107,6 @@ def _init_weights(m: nn.Module) -> None:
         nn.init.zeros_(m.bias)
 
 
-def build_lm(cfg) -> ByteLM:
-    """A ``ByteLM`` from ``core.config.ModelConfig`` (kind ``lm``)."""
-    return ByteLM(vocab_size=cfg.vocab_size, seq_len=cfg.seq_len, d_model=cfg.d_model, n_layers=cfg.n_layers,
-                  n_heads=cfg.n_heads, d_ff=cfg.d_ff, dropout=cfg.dropout)
-
-
 def stage_layers(n_layers: int, n_stages: int) -> list[list[int]]:
     """Block indices per pipeline stage: contiguous, sizes differ by at most one (earlier stages larger)."""
     if not 1 <= n_stages <= n_layers:

@@ -60,19 +60,6 @@ def latency_p95_ms(predict: Predictor, x: np.ndarray, n: int = 200, warmup: int 
     return float(np.percentile(timings_ms(predict, x, n, warmup), 95))
 
 
-def torch_predictor(module, threads: int = 1) -> Predictor:
-    """Wrap a torch module (e.g. a loaded ``model.pt2``) as features -> labels on CPU."""
-    import torch
-
-    torch.set_num_threads(threads)
-
-    def predict(x: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return module(torch.as_tensor(x, dtype=torch.float32)).argmax(1).numpy()
-
-    return predict
-
-
 # Class names longer than this are cut on the confusion matrix's axes.
 MAX_NAME = 14
 # Cell colours run from light to dark blue with the count (matplotlib's "Blues" end points).

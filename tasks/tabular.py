@@ -20,8 +20,7 @@ from core.errors import ConfigError, DataUnavailableError
 from core.expectations import load_expectations
 from tasks.base import (Classifier, InitFit, Metric, ModelSpec, Task, ValidationPlan, cache_write, fit_gbdt,
                         label_key, load_program, write_program_scores)
-from tasks.encoding import (FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, numeric_dtype,
-                            kinds_from_frame)
+from tasks.encoding import FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, numeric_dtype
 from tasks.info import DataInfo
 from tasks.table import feature_columns, load_frames, split_paths
 
@@ -182,8 +181,8 @@ class _Table(Task):
         exp = self.expectations(cfg, root)
         files = [*split_paths(cfg.dataset, root).values(), Path(root) / cfg.dataset.expectations_file]
         return ValidationPlan("table", files, {
-            "dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed, "stratify": self.classification, "expectations": exp,
-            "features": feature_columns(cfg.dataset, exp.names), "label": cfg.dataset.label,
+            "dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed, "stratify": self.classification,
+            "expectations": exp, "features": feature_columns(cfg.dataset, exp.names), "label": cfg.dataset.label,
             "class_label": self.classification, "leak_policy": cfg.dataset.effective_leak_policy})
 
     def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:
@@ -208,9 +207,12 @@ class _Table(Task):
             raise ConfigError(f"dataset.categorical: {missing[0]!r} is not a feature column; the features are "
                               f"{features[:10]}")
         exp = self.expectations(cfg, root)
-        if exp is None and frame is not None:
-            return kinds_from_frame(frame, features, cfg.dataset.categorical)
-        types = {c.name: c.type for c in exp.columns} if exp is not None else {}
+        if exp is not None:
+            types = {c.name: c.type for c in exp.columns}
+        elif frame is not None:
+            types = {f: "float" if numeric_dtype(frame[f].dtype) else "string" for f in features}
+        else:
+            types = {}
         return column_kinds(features, types, cfg.dataset.categorical)
 
     def _features(self, cfg: "PipelineConfig", names) -> list[str]:
@@ -375,11 +377,10 @@ class _Table(Task):
         split = sha256_json({"files": files, **({"seed": cfg.seed, "test_fraction": cfg.dataset.test_fraction}
                                                  if "all" in files else {})})
         parts = {"task": self.name, "split_sha256": split, "metrics_version": self.metrics_version,
-                 "label": cfg.dataset.label, **self._key_parts(cfg, root)}
+                 "label": cfg.dataset.label}
+        if self.classification:
+            parts["classes"] = [label_key(c) for c in self.prepared(cfg, root)["info"].classes]
         return {"key": sha256_json(parts), "split_sha256": split, "metrics_version": self.metrics_version}
-
-    def _key_parts(self, cfg, root) -> dict:
-        return {}
 
     def gbdt(self, cfg: "PipelineConfig", root: Path) -> dict | None:
         """scikit-learn's HistGradientBoosting (default settings) on the network's encoded columns."""
@@ -419,13 +420,14 @@ class _Table(Task):
     def model_spec(self, cfg: "PipelineConfig", root: Path, train_dir: Path, report: dict) -> ModelSpec:
         frame, _, _, info = self.eval_data(cfg, root)
         example = frame[info.features].head(5).reset_index(drop=True)
+        output, output_type = self._output(info)
         meta = {"format": "torch.export", "input_dtype": "float32", "feature_columns": info.features,
                 "columns": [{"name": c["name"], "kind": c["kind"], **({"values": c["values"]}
                                                                       if c["kind"] == "categorical" else {})}
                             for c in info.columns],
-                "codes": {"missing": MISSING_CODE, "other": OTHER_CODE, "first": FIRST_CODE}, **self._meta(info)}
+                "codes": {"missing": MISSING_CODE, "other": OTHER_CODE, "first": FIRST_CODE}, **output}
         return ModelSpec(PYFUNC_FILE, meta, [(c, info.dtypes[c]) for c in info.features],
-                         [(None, self._output_type(info))], example,
+                         [(None, output_type)], example,
                          checked=report.get("candidate_scored_in") == "worker")
 
     def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
@@ -496,14 +498,9 @@ class Classification(Classifier, _Table):
     def baseline(self, cfg, root, info: TableInfo, n: int) -> tuple[str, np.ndarray]:
         return self.majority(self.targets(self.frames(cfg, root)["train"][cfg.dataset.label], info), info, n)
 
-    def _key_parts(self, cfg, root) -> dict:
-        return {"classes": [label_key(c) for c in self.prepared(cfg, root)["info"].classes]}
-
-    def _meta(self, info: TableInfo) -> dict:
-        return {"output": "label", "class_labels": info.classes}
-
-    def _output_type(self, info: TableInfo) -> str:
-        return "string" if any(isinstance(c, str) for c in info.classes) else "long"
+    def _output(self, info: TableInfo) -> tuple[dict, str]:
+        output_type = "string" if any(isinstance(c, str) for c in info.classes) else "long"
+        return {"output": "label", "class_labels": info.classes}, output_type
 
 
 class Regression(_Table):
@@ -575,11 +572,8 @@ class Regression(_Table):
         """The trivial predictor: the train split's mean, for ``n`` rows."""
         return f"the train mean {info.y_mean:.4g}", np.full(n, info.y_mean)
 
-    def _meta(self, info: TableInfo) -> dict:
-        return {"output": "value"}
-
-    def _output_type(self, info: TableInfo) -> str:
-        return "double"
+    def _output(self, info: TableInfo) -> tuple[dict, str]:
+        return {"output": "value"}, "double"
 
 
 def _id_like(name: str, s: "pd.Series") -> str | None:
