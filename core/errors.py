@@ -45,6 +45,13 @@ class TrainingFailedError(TrainflowError):
 class DataUnavailableError(TrainflowError):
     """The DVC-tracked data is missing from the workspace."""
 
+    @classmethod
+    def not_pulled(cls, path, dvc_file: str | None = None) -> "DataUnavailableError":
+        """``path`` (a file or folder the dataset needs) is not there: most likely never pulled."""
+        tracked = f"The DVC-tracked data ({dvc_file})" if dvc_file else "The DVC-tracked data"
+        return cls(f"{path} does not exist. {tracked} is missing from the workspace; run `dvc pull` "
+                   "(or check dataset.path)")
+
 
 class PreemptedError(TrainflowError):
     """Training stopped on SIGTERM after saving a checkpoint; the next run resumes from it."""

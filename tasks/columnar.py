@@ -46,7 +46,7 @@ def parquet_files(source: Path) -> list[Path]:
     if source.is_file():
         return [source]
     if not source.is_dir():
-        raise _not_pulled(source)
+        raise DataUnavailableError.not_pulled(source)
     files = sorted(p for p in source.iterdir() if p.is_file() and p.suffix.lower() in PARQUET_SUFFIXES)
     if not files:
         raise DataUnavailableError(f"{source}: a folder with no .parquet files")
@@ -74,11 +74,6 @@ def iter_batches(source: Path, columns: list[str] | None = None, batch_rows: int
         return
     for path in parquet_files(source):
         yield from _parquet_batches(path, columns, batch_rows)
-
-
-def _not_pulled(path: Path) -> DataUnavailableError:
-    return DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the "
-                                "workspace; run `dvc pull` (or check dataset.path)")
 
 
 def _parquet(path: Path, columns: list[str] | None = None):
@@ -145,7 +140,7 @@ def _csv_schema(path: Path, types: dict[str, Any]) -> pa.Schema:
     import pyarrow as pa
 
     if not path.is_file():
-        raise _not_pulled(path)
+        raise DataUnavailableError.not_pulled(path)
     with _open_csv(path) as probe:
         inferred = probe.schema
     return pa.schema([f.with_type(types[f.name]) if f.name in types

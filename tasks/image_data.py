@@ -46,8 +46,7 @@ def list_images(cfg: "DatasetConfig", root: Path, seed: int) -> dict[str, list[t
     images = cfg.images
     base = Path(root) / cfg.path
     if not base.is_dir():
-        raise DataUnavailableError(f"{base} does not exist. The DVC-tracked data ({cfg.dvc_file}) is missing from "
-                                   f"the workspace; run `dvc pull` (or check dataset.path)")
+        raise DataUnavailableError.not_pulled(base, cfg.dvc_file)
     if images.manifest is not None:
         return _from_manifest(cfg, base, seed)
     out = {}

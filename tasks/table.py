@@ -33,8 +33,7 @@ def read_table(path: Path) -> "pd.DataFrame":
     if fmt is None:
         raise DataUnavailableError(f"{path}: unknown table format {path.suffix!r}; use .csv or .parquet")
     if not path.is_file():
-        raise DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the workspace; "
-                                   f"run `dvc pull` (or check dataset.path)")
+        raise DataUnavailableError.not_pulled(path)
     try:
         return pd.read_parquet(path) if fmt == "parquet" else pd.read_csv(path)
     except Exception as exc:  # noqa: BLE001 - pandas raises many kinds; all mean "unreadable"

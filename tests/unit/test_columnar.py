@@ -13,6 +13,7 @@ import pytest
 
 from core.errors import DataUnavailableError
 from tasks.columnar import column_stats, iter_batches, parquet_files, source_rows
+from tasks.table import read_table
 
 
 def _table(n: int = 1000, seed: int = 0) -> pd.DataFrame:
@@ -101,8 +102,10 @@ def test_csv_text_in_a_numeric_column_names_the_column(tmp_path, monkeypatch):
 
 
 def test_missing_source_column_and_bad_format_name_the_path(tmp_path):
-    with pytest.raises(DataUnavailableError, match="does not exist"):
+    with pytest.raises(DataUnavailableError, match=r"nope.parquet does not exist.*run `dvc pull`"):
         list(iter_batches(tmp_path / "nope.parquet"))
+    with pytest.raises(DataUnavailableError, match=r"nope.csv does not exist.*run `dvc pull`"):
+        read_table(tmp_path / "nope.csv")
     pd.DataFrame({"a": [1.0]}).to_parquet(tmp_path / "t.parquet")
     with pytest.raises(DataUnavailableError, match=r"lacks column\(s\) \['b'\]"):
         list(iter_batches(tmp_path / "t.parquet", columns=["a", "b"]))

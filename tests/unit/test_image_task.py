@@ -420,3 +420,11 @@ def test_sixteen_bit_grey_is_scaled_to_eight_bits_not_clipped(tmp_path, exported
     obj.size, obj.mode = (8, 8), "L"
     assert np.array_equal(obj._pixels(data, 0), decode(data, (8, 8), 1))
     assert np.array_equal(decode(data, (4, 4), 3)[0], decode(data, (4, 4), 3)[2])  # grey into RGB: equal channels
+
+
+def test_a_missing_image_folder_names_it_and_its_dvc_file_and_says_dvc_pull(tmp_path):
+    cfg = DatasetConfig(path="data/gone", images=ImagesConfig())
+    with pytest.raises(DataUnavailableError) as err:
+        list_images(cfg, tmp_path, seed=0)
+    assert str(err.value) == (f"{tmp_path / 'data/gone'} does not exist. The DVC-tracked data (data/gone.dvc) is "
+                              "missing from the workspace; run `dvc pull` (or check dataset.path)")
