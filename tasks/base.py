@@ -16,6 +16,7 @@ torch is imported only inside the functions that need it.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +83,12 @@ def cache_write(path: Path, write: Callable) -> None:
         os.replace(tmp, path)
     except OSError:
         pass
+
+
+def init_batch(train_rows: int, smallest: int, largest: int) -> int:
+    """``trainflow init``'s batch size: the power of two in ``[smallest, largest]`` that makes an
+    epoch of ``train_rows`` about 40 optimizer steps on 2 workers."""
+    return int(min(largest, max(smallest, 2 ** math.ceil(math.log2(max(train_rows, 1) / 80)))))
 
 
 def fit_gbdt(root: Path, key: dict, arrays: Callable, seed: int, max_rows: int, what: str) -> dict:

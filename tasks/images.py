@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from core.errors import ConfigError, DataUnavailableError
-from tasks.base import (Classifier, InitFit, ModelSpec, Task, ValidationPlan, fit_gbdt, load_program,
-                        write_program_scores)
+from tasks.base import (Classifier, InitFit, ModelSpec, Task, ValidationPlan, fit_gbdt, init_batch,
+                        load_program, write_program_scores)
 from tasks.info import DataInfo
 
 if TYPE_CHECKING:
@@ -146,8 +146,7 @@ class ImageClassification(Classifier, Task):
         if problems:
             lines.append(f"undecodable:  {len(problems)} file(s) Pillow cannot decode; validation refuses them until "
                          f"they are fixed or removed: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}")
-        # About 40 optimizer steps per epoch on 2 workers: a batch of a power of two from 16 to 256.
-        batch = int(min(256, max(16, 2 ** math.ceil(math.log2(max(n["train"], 1) / 80)))))
+        batch = init_batch(n["train"], 16, 256)
         return {"dataset": {"images": {**layout, "size": size, "channels": channels, "classes": classes,
                                        "expectations": expectations}},
                 "training": {"epochs": 15, "batch_size": batch, "base_batch": batch}, "rows": n, "classes": classes,

@@ -9,7 +9,6 @@ a regression trains on standardised targets and is exported with the de-scaling 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -19,7 +18,7 @@ import numpy as np
 from core.errors import ConfigError, DataUnavailableError
 from core.expectations import load_expectations
 from tasks.base import (Classifier, InitFit, Metric, ModelSpec, Task, ValidationPlan, cache_write, fit_gbdt,
-                        label_key, load_program, write_program_scores)
+                        init_batch, label_key, load_program, write_program_scores)
 from tasks.encoding import FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, numeric_dtype
 from tasks.info import DataInfo
 from tasks.table import feature_columns, load_frames, split_paths
@@ -32,8 +31,6 @@ if TYPE_CHECKING:
 # Bump when a metric's definition or computation changes: recorded champion scores then stop matching.
 METRICS_VERSION = 2
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_table.py")
-# Optimizer steps per epoch (on 2 workers) `trainflow init` sizes the batch for.
-INIT_STEPS_PER_EPOCH = 40
 # The gradient-boosted trees beside the candidate fit on at most this many train rows (a seeded sample).
 GBDT_MAX_ROWS = 200_000
 # An integer feature with this many distinct values at most (and 3 at least) is taken for categories.
@@ -167,9 +164,7 @@ class _Table(Task):
         dup = {"within": int(len(both) - len(np.unique(row_hashes(both))))}
         if presplit and {"train", "test"} <= set(frames):
             dup["test_in_train"] = int(np.isin(row_hashes(frames["test"]), row_hashes(frames["train"])).sum())
-        # A power of two from 32 to 1024 making an epoch about INIT_STEPS_PER_EPOCH steps on 2 workers.
-        train_rows = len(frames.get("train", both))
-        batch = int(min(1024, max(32, 2 ** math.ceil(math.log2(max(train_rows, 1) / (2 * INIT_STEPS_PER_EPOCH))))))
+        batch = init_batch(len(frames.get("train", both)), 32, 1024)
         return {"exclude": exclude, "categorical": categorical, "imputed": imputed,
                 "missing_category": missing_category, "duplicates": dup,
                 "leak_policy": "warn" if dup.get("test_in_train") else None,

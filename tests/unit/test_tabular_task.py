@@ -176,3 +176,15 @@ def test_the_trees_see_categories_as_categories_and_missing_as_missing():
     out = _gbdt_matrix(x, np.array([False, True]))
     assert np.isnan(out[0, 1]) and out[1, 1] == 0 and out[2, 1] == 1 and out[3, 1] == 0  # 300: past 254 -> other
     assert np.isnan(out[1, 0]) and out[0, 0] == 1.5
+
+
+@pytest.mark.parametrize("rows, smallest, largest, batch", [
+    (0, 32, 1024, 32), (1_000, 32, 1024, 32), (6_000, 32, 1024, 128), (50_000, 32, 1024, 1024),
+    (10_000_000, 32, 1024, 1024), (1_438, 16, 256, 32), (100_000, 16, 256, 256),
+])
+def test_init_sizes_the_batch_for_about_forty_steps_per_epoch_on_two_workers(rows, smallest, largest, batch):
+    from tasks.base import init_batch
+
+    assert init_batch(rows, smallest, largest) == batch
+    if smallest < batch < largest:  # not clamped: between 20 and 40 steps per worker
+        assert 20 < rows / (2 * batch) <= 40
