@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import statistics
 import sys
@@ -14,12 +13,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
-
-def import_path() -> str:
-    """A child's PYTHONPATH: the repository, then this process's own (no empty entry, which would
-    put the child's working folder on its path)."""
-    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 
 def parser(doc: str) -> argparse.ArgumentParser:

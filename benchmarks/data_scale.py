@@ -25,9 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common import ROOT, import_path, parse_rows, parser
+from common import ROOT, parse_rows, parser
 
 from core.env import TELEMETRY_OFF
+from core.paths import python_path_with
 
 TEST_ROWS = 20_000
 SEGMENTS = 50  # values of the string feature (a categorical column with an effect on the target)
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sizes = sorted(parse_rows(s) for s in args.sizes.split(","))
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trainflow-data-scale-"))
-    env = {**os.environ, **TELEMETRY_OFF, "PYTHONPATH": import_path(), "OMP_NUM_THREADS": "1",
+    env = {**os.environ, **TELEMETRY_OFF, "PYTHONPATH": python_path_with(ROOT, os.environ.get("PYTHONPATH")), "OMP_NUM_THREADS": "1",
            "TRAINFLOW_HOME": str(work / "home")}
     rows_out = {}
     try:

@@ -23,7 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, import_path, parser
+from common import ROOT, parser
+
+from core.paths import python_path_with
 
 MODES = ("hand", "lean", "default")
 DIAGNOSTIC = ("hand-agree", "hand-nodet", "lean-noagree")
@@ -220,7 +222,7 @@ def run_one(mode: str, args, workdir: Path, i: int) -> dict:
            "--epochs", str(args.epochs), "--batch-size", str(args.batch_size)]
     env = {k: v for k, v in os.environ.items() if k not in ("TRAINFLOW_MLFLOW_RUN_ID", "TRAINFLOW_FAULT")}
     env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = import_path()
+    env["PYTHONPATH"] = python_path_with(ROOT, env.get("PYTHONPATH"))
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.run_timeout)
     if p.returncode != 0 or not result.is_file():

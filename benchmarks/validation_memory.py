@@ -19,9 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, import_path, parse_rows, parser
+from common import ROOT, parse_rows, parser
 
 from core.env import TELEMETRY_OFF
+from core.paths import python_path_with
 
 # Run in the child: validate, then report this process's peak RSS (Linux: KiB) and seconds.
 CHILD = """
@@ -71,7 +72,7 @@ def generate(root: Path, rows: int, cols: int, rows_per_file: int = 1 << 20, row
 def measure_validation(root: Path, batch_rows: int) -> dict:
     """Validate the table under ``root`` (:func:`generate`'s layout) in a fresh subprocess:
     ``{"seconds", "peak_rss_mb", "success", "rows", "n_failed"}`` (RSS of that process alone)."""
-    env = {**os.environ, **TELEMETRY_OFF, "PYTHONPATH": import_path()}
+    env = {**os.environ, **TELEMETRY_OFF, "PYTHONPATH": python_path_with(ROOT, os.environ.get("PYTHONPATH"))}
     out = subprocess.run([sys.executable, "-c", CHILD, str(root), str(batch_rows)], cwd=ROOT, env=env,
                          capture_output=True, text=True, check=False)
     if out.returncode:
