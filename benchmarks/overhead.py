@@ -201,13 +201,8 @@ def _next_path(ctx: dict, kind: str) -> Path:
 def run_pipeline(mode: str, args, ctx: dict, tag: str) -> dict:
     base = _next_path(ctx, f"pipeline-{mode}")
     summary_path, log = base.with_suffix(".json"), base.with_suffix(".log")
-    env = dict(ctx["env"])
-    if mode == "ephemeral":
-        env["TRAINFLOW_PREFECT_API"] = "ephemeral"
-    elif mode == "server":
-        env["PREFECT_API_URL"] = ctx["server_url"]
     rc, wall, left = _run([*_venv_bin("trainflow", "flows.cli"), "run", "--config", args.config,
-                           "--summary-json", str(summary_path)], env, log, args.timeout)
+                           "--summary-json", str(summary_path)], _mode_env(mode, ctx), log, args.timeout)
     s = _read_json(summary_path)
     tr = s.get("training") or {}
     return {"kind": "pipeline", "mode": mode, "tag": tag, "log": str(log), "rc": rc, "proc_wall": wall,
@@ -215,6 +210,25 @@ def run_pipeline(mode: str, args, ctx: dict, tag: str) -> dict:
            "model_version": s.get("model_version"), "timings": s.get("timings") or {},
            "torchrun_wall": tr.get("wall_s"), "samples_per_s": tr.get("samples_per_s"),
            "ok": rc == 0 and s.get("status") == "registered"}
+
+
+def _mode_env(mode: str, ctx: dict) -> dict[str, str]:
+    env = dict(ctx["env"])
+    if mode == "ephemeral":
+        env["TRAINFLOW_PREFECT_API"] = "ephemeral"
+    elif mode == "server":
+        env["PREFECT_API_URL"] = ctx["server_url"]
+    return env
+
+
+def run_floor(mode: str, args, ctx: dict, tag: str) -> dict:
+    """``benchmarks/empty_flow.py``: the pipeline's Prefect and MLflow start-up around empty stages."""
+    log = _next_path(ctx, f"floor-{mode}").with_suffix(".log")
+    rc, wall, left = _run([_python(), str(ROOT / "benchmarks" / "empty_flow.py")], _mode_env(mode, ctx), log,
+                          args.timeout)
+    found = [json.loads(x[6:]) for x in log.read_text(errors="replace").splitlines() if x.startswith("FLOOR ")]
+    return {"kind": "floor", "mode": mode, "tag": tag, "log": str(log), "rc": rc, "proc_wall": wall, "wall": wall,
+            "left_behind": left, "timings": found[0] if found else {}, "ok": rc == 0 and bool(found)}
 
 
 def run_train(args, ctx: dict, tag: str, bare: bool = False) -> dict:
@@ -314,6 +328,19 @@ def report(records: list[dict], modes: list[str], args, ctx: dict) -> float | No
     for i, r in enumerate(warm):
         first = " (the first run on this TRAINFLOW_HOME)" if i == 0 and not args.home else ""
         p(f"  warm-up run [{r['mode']}]{first}: wall {r['wall']:.2f} s, not in the medians")
+    floors = {m: median(r["proc_wall"] for r in timed if r["kind"] == "floor" and r["mode"] == m) for m in modes}
+    if any(v is not None for v in floors.values()):
+        p("\n== the floor: benchmarks/empty_flow.py, the same Prefect and MLflow start-up around empty stages ==")
+        for mode in [m for m in modes if floors[m] is not None]:
+            inside = median(r.get("torchrun_wall") for r in timed if r["kind"] == "pipeline" and r["mode"] == mode)
+            p(f"  {mode:9s}: empty flow wall {floors[mode]:6.2f}  "
+              + " ".join(_fmt(r["proc_wall"]) for r in timed if r["kind"] == "floor" and r["mode"] == mode))
+            if inside is not None and train_med is not None and mode in pipe_med:
+                least = floors[mode] - (train_med - inside)
+                p(f"    pipeline wall - its torchrun job {pipe_med[mode] - inside:6.2f}  (the stages' own work: "
+                  f"{pipe_med[mode] - inside - floors[mode]:+.2f})")
+                p(f"    least overhead without overlapping the job: empty flow - (trainflow train - torchrun job)"
+                  f" = {floors[mode]:.2f} - {train_med - inside:.2f} = {least:.2f} s")
     main = overheads.get(modes[0])
     if main is not None:
         p(f"goal: overhead <= {args.goal:.1f} s [{modes[0]}]: {'met' if main <= args.goal else 'NOT met'} ({main:.1f} s)")
@@ -328,7 +355,7 @@ def _parse_modes(raw: str) -> list[str]:
 
 
 def _show(rec: dict) -> None:
-    what = rec["kind"] + (f"/{rec['mode']}" if rec["kind"] == "pipeline" else "")
+    what = rec["kind"] + (f"/{rec['mode']}" if rec["kind"] in ("pipeline", "floor") else "")
     extra = ""
     if rec["kind"] == "pipeline":
         extra = f" {rec.get('status')} v{rec.get('model_version')}"
@@ -357,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
                          "gives overhead_s)")
     ap.add_argument("--bare-torchrun", action="store_true",
                     help="also time `python -m torch.distributed.run --standalone ... -m training.worker`")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time benchmarks/empty_flow.py in each mode: the least a run costs without overlap")
     ap.add_argument("--imports", action="store_true",
                     help="also time, in a fresh process, the imports each stage pays (cheap: ~15 s a repeat)")
     ap.add_argument("--home", type=Path, help="TRAINFLOW_HOME to use and keep (default: a temp folder)")
@@ -415,12 +444,17 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             for _ in range(args.warmup):
                 record(run_pipeline(mode, args, ctx, "warm-up"))
-        kinds = [*modes, "train", *(["bare"] if args.bare_torchrun else [])]
+                if args.floor:
+                    record(run_floor(mode, args, ctx, "warm-up"))
+        kinds = [*modes, "train", *(["bare"] if args.bare_torchrun else []),
+                 *([f"floor-{m}" for m in modes] if args.floor else [])]
         for i in range(args.repeats):
             tag = f"{i + 1}/{args.repeats}"
             for kind in rounds(kinds, i):
                 if kind in ("train", "bare"):
                     record(run_train(args, ctx, tag, bare=kind == "bare"))
+                elif kind.startswith("floor-"):
+                    record(run_floor(kind[len("floor-"):], args, ctx, tag))
                 else:
                     record(run_pipeline(kind, args, ctx, tag))
         if args.imports:
