@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import time
+from pathlib import Path
 
 from common import ROOT  # noqa: F401  (the repository on sys.path)
 
@@ -29,7 +31,7 @@ def main() -> None:
     apply_offline_env(home)
     from flows.api_server import heartbeats_where_watched, start_api
 
-    server = start_api(home / "prefect")
+    server = start_api(Path(os.environ["PREFECT_HOME"]))
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
 
