@@ -186,7 +186,7 @@ class PipelineStrategy(_ModelParallel):
     def eval_sums(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
         """COLLECTIVE. Forward-only pipeline over chunks of the eval slice; sums on the last stage."""
         loss_sum, correct, n_targets = 0.0, 0.0, 0
-        chunk = self.eval_chunk or len(x)
+        chunk = self.eval_chunk or max(len(x), 1)  # an empty slice: no chunk, no collective
         for start in range(0, len(x), chunk):
             xb, yb = x[start:start + chunk], y[start:start + chunk]
             sched, _ = self._schedule(len(xb), train=False)

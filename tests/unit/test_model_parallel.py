@@ -150,3 +150,14 @@ def test_data_parallel_checkpoints_still_resume_on_another_world_size(tmp_path):
 
     _marker(tmp_path, layout_for("ddp", 2))
     _check_resumable(tmp_path, "c", "d", False, layout_for("ddp", 4))  # DDP state is replicated: no refusal
+
+
+def test_pipeline_eval_of_an_empty_slice_without_a_chunk_size_sums_nothing():
+    """A rank whose eval slice is empty, on a strategy built without a batch size (``eval_chunk``
+    0), returns zero sums instead of looping with step 0."""
+    from types import SimpleNamespace
+
+    from training.parallel import PipelineStrategy
+
+    stub = SimpleNamespace(eval_chunk=0)
+    assert PipelineStrategy.eval_sums(stub, None, torch.empty(0, 4), torch.empty(0)) == (0.0, 0.0, 0)
