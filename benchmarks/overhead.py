@@ -308,10 +308,12 @@ def report(records: list[dict], modes: list[str], args, ctx: dict) -> float | No
         p(f"  bare torchrun -m training.worker         {_fmt(bare_med)}  " + " ".join(_fmt(r["proc_wall"]) for r in bares))
         if train_med is not None and bare_med is not None:
             p(f"    trainflow train - bare torchrun        {_fmt(train_med - bare_med)}  (CLI: imports, config, spec)")
+    # The torchrun job's wall inside each mode's pipeline runs (median).
+    jobs = {m: median(r.get("torchrun_wall") for r in timed if r["kind"] == "pipeline" and r["mode"] == m) for m in modes}
     for mode in modes:
-        inside = median(r.get("torchrun_wall") for r in timed if r["kind"] == "pipeline" and r["mode"] == mode)
-        if inside is not None and train_med is not None:
-            p(f"  torchrun job inside pipeline [{mode}]  {_fmt(inside)}  (vs trainflow train: {inside - train_med:+.2f})")
+        if jobs[mode] is not None and train_med is not None:
+            p(f"  torchrun job inside pipeline [{mode}]  {_fmt(jobs[mode])}  (vs trainflow train: "
+              f"{jobs[mode] - train_med:+.2f})")
 
     overheads = {m: v - train_med for m, v in pipe_med.items() if v is not None and train_med is not None}
     p("\n== overhead = pipeline wall - training wall (medians) ==")
@@ -332,7 +334,7 @@ def report(records: list[dict], modes: list[str], args, ctx: dict) -> float | No
     if any(v is not None for v in floors.values()):
         p("\n== the floor: benchmarks/empty_flow.py, the same Prefect and MLflow start-up around empty stages ==")
         for mode in [m for m in modes if floors[m] is not None]:
-            inside = median(r.get("torchrun_wall") for r in timed if r["kind"] == "pipeline" and r["mode"] == mode)
+            inside = jobs[mode]
             p(f"  {mode:9s}: empty flow wall {floors[mode]:6.2f}  "
               + " ".join(_fmt(r["proc_wall"]) for r in timed if r["kind"] == "floor" and r["mode"] == mode))
             if inside is not None and train_med is not None and mode in pipe_med:
