@@ -62,3 +62,10 @@ class PreemptedError(TrainflowError):
 class IntegrityError(TrainflowError):
     """A file about to be loaded is not the one recorded at registration (its sha256 differs, or
     none was recorded): it is refused before anything in it runs."""
+
+
+class WorkspaceChangedError(TrainflowError):
+    """A DVC-tracked folder differs from its ``.dvc`` file: the recorded data version would not be the
+    data trained on. The message names the path, ``dvc add`` and ``dvc checkout``."""
+
+    exit_code = 2

@@ -23,6 +23,7 @@ from core.env import apply_offline_env
 from core.errors import DataValidationError, GateRejectedError, PreemptedError, TrainflowError
 from core.manifest import Manifest, World, build_manifest, image_from_env
 from core.paths import importable_root, project_root, tracking_uri, trainflow_home, under_home
+from core.workspace import check_tracked
 from flows.params import PipelineParams, RunInputs, run_inputs
 from flows.promotion import promotion_lock
 
@@ -94,6 +95,7 @@ def load_inputs(inputs: RunInputs) -> tuple[PipelineConfig, Path, Path, Manifest
         World(nnodes=1, nproc_per_node=nproc, backend=choose_backend(cfg.training.backend)),
         image_from_env(inputs.image, inputs.image_digest), cache_dir=under_home(home, "cache"),
     )
+    check_tracked(root, [cfg.dataset.dvc_file])  # the md5 just recorded is the data that will train
     return cfg, root, home, manifest
 
 
