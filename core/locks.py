@@ -45,15 +45,22 @@ def release(fd: int | None) -> None:
         os.close(fd)
 
 
-@contextmanager
-def exclusive(path: Path, timeout_s: float = 300.0, poll_s: float = 0.05) -> Iterator[None]:
-    """Hold the exclusive lock on ``path`` for the ``with`` block, waiting up to ``timeout_s``;
-    LockTimeoutError naming the file when it stays taken."""
+def wait_lock(path: Path, timeout_s: float = 300.0, poll_s: float = 0.05) -> int:
+    """Take the exclusive lock on ``path``, waiting up to ``timeout_s``: the descriptor that holds it
+    (``release`` it); LockTimeoutError naming the file when it stays taken."""
     deadline = time.monotonic() + timeout_s
     while (fd := try_lock(path)) is None:
         if time.monotonic() > deadline:
             raise LockTimeoutError(f"{path}: still locked by another run after {timeout_s:g}s")
         time.sleep(poll_s)
+    return fd
+
+
+@contextmanager
+def exclusive(path: Path, timeout_s: float = 300.0, poll_s: float = 0.05) -> Iterator[None]:
+    """Hold the exclusive lock on ``path`` for the ``with`` block, waiting up to ``timeout_s``;
+    LockTimeoutError naming the file when it stays taken."""
+    fd = wait_lock(path, timeout_s, poll_s)
     try:
         yield
     finally:

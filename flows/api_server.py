@@ -40,6 +40,7 @@ SERVER_ENV = {
     "PREFECT_API_BLOCKS_REGISTER_ON_START": "false",
     "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
     "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
+    "PREFECT_SERVER_DATABASE_MIGRATE_ON_START": "false",  # create_app migrates, under the home's lock
 }
 
 
@@ -58,12 +59,48 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# The lock file, in PREFECT_HOME, under which a temporary server creates and migrates the database.
+DATABASE_LOCK = "database.lock"
+
+
+async def migrate_database() -> None:
+    """Create and migrate Prefect's database under the home's lock: servers that start together on a
+    new home (concurrent first runs) would otherwise each run the migrations at once and fail on one
+    another's half-made tables. On a database already at the head revision this is a check."""
+    import asyncio
+
+    from prefect.server.database import provide_database_interface
+    from prefect.settings import get_current_settings
+
+    from core.locks import release, wait_lock
+
+    fd = await asyncio.to_thread(wait_lock, Path(get_current_settings().home) / DATABASE_LOCK, 600.0)
+    try:
+        await provide_database_interface().create_db()
+    finally:
+        release(fd)
+
+
 def create_app():
     """uvicorn's factory for the temporary server: Prefect's app as its ``SubprocessASGIServer`` makes it,
-    but through ``create_app``'s public arguments instead of private ``PREFECT__SERVER_*`` variables."""
+    but through ``create_app``'s public arguments instead of private ``PREFECT__SERVER_*`` variables.
+    Its start-up first migrates the database under the home's lock (``SERVER_ENV`` turns the app's
+    own, unlocked migration off)."""
+    from contextlib import asynccontextmanager
+
     from prefect.server.api.server import create_app as prefect_app
 
-    return prefect_app(ephemeral=True, final=True)
+    app = prefect_app(ephemeral=True, final=True)
+    prefect_lifespan = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app_):
+        await migrate_database()
+        async with prefect_lifespan(app_) as state:
+            yield state
+
+    app.router.lifespan_context = lifespan
+    return app
 
 
 class TemporaryServer:
@@ -112,13 +149,24 @@ class TemporaryServer:
         while True:
             if self.proc is None or self.proc.poll() is not None:
                 code = None if self.proc is None else self.proc.returncode
-                raise RuntimeError(f"the temporary Prefect API server exited ({code}); see {self.log_path}")
+                raise RuntimeError(f"the temporary Prefect API server exited ({code}){self._last_line()}; "
+                                   f"see {self.log_path}")
             if self.ready(timeout=2):
                 return time.perf_counter() - t0
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the temporary Prefect API server did not answer within {timeout_s:.0f} s; "
                                    f"see {self.log_path}")
             time.sleep(0.05)
+
+    def _last_line(self) -> str:
+        """``: <the log's last line>`` (where a server's exception ends up), or "" without one."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - 2000))
+                lines = [line for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return ""
+        return f": {lines[-1].strip()[:300]}" if lines else ""
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None

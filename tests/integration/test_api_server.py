@@ -124,3 +124,23 @@ def test_cli_run_starts_its_own_server_and_stops_it(cli_run):
     assert f"/#/models/{s['model_name']}/versions/{s['model_version']}" in cli_run.proc.stderr
     for path in (s["plots"]["training_curves"], s["plots"]["confusion_matrix"], s["validation"]["data_docs"]):
         assert path in cli_run.proc.stderr and os.path.isfile(path), path
+
+
+def test_four_servers_started_together_on_a_new_home_all_answer(monkeypatch, tmp_path):
+    """Four first runs at once on an empty PREFECT_HOME: each creates and migrates the one
+    ``prefect.db``; under the home's lock they take turns, and every server comes up."""
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("PREFECT_API_DATABASE_CONNECTION_URL", raising=False)
+    servers = [TemporaryServer(tmp_path / f"server-{i}.log").start() for i in range(4)]
+    try:
+        failed = []
+        for server in servers:
+            try:
+                server.wait(timeout_s=240)
+            except RuntimeError as exc:
+                failed.append(f"{exc}: {server.log_path.read_text()[-400:]}")
+        assert failed == []
+    finally:
+        for server in servers:
+            server.stop()
