@@ -836,6 +836,13 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> PipelineConfig:
     path = Path(path)
     text = _read_config_text(path)  # its error names the path itself; the others get it below
     try:
-        return config_from_dict(_merged(path, text), overrides)
+        data = _merged(path, text)
+        cfg = config_from_dict(data, overrides)
+        if overrides:  # a path from an override stays inside the repository
+            from core.override_paths import check_override_paths
+            from core.paths import project_root
+
+            check_override_paths(data, apply_overrides(data, list(overrides)), cfg, project_root(path))
+        return cfg
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
