@@ -437,7 +437,7 @@ def _print_summary(s: dict) -> None:
         table.add_row("gates", "passed" if not failed else "; ".join(
             f"{g['name']} {g['value']:.4f} (needs {g['op']} {g['threshold']:.4f})" for g in failed))
     if s.get("model_version"):
-        table.add_row("registered", f"{s['model_name']} v{s['model_version']} @{', @'.join(s['aliases'])}")
+        table.add_row("registered", registered_text(s))
         promo = s.get("promotion") or {}
         if promo and not promo.get("promoted"):
             table.add_row("promotion", f"not promoted: {promo.get('reason')}")
@@ -458,6 +458,15 @@ def _print_summary(s: dict) -> None:
     ui = s.get("ui") or {}
     for label, value in where_to_look(s, ui.get("prefect"), ui.get("mlflow")):
         print(f"{label:<13} {value}", file=sys.stderr)
+
+
+def registered_text(s: dict) -> str:
+    """``name vN @alias, ...``; a version left with no alias (a run registered after it, concurrently,
+    took ``@challenger`` before this one read its aliases) says so instead of ending in a bare ``@``."""
+    head = f"{s['model_name']} v{s['model_version']}"
+    if s.get("aliases"):
+        return f"{head} @{', @'.join(s['aliases'])}"
+    return f"{head} (no alias: a version registered after it holds @challenger)"
 
 
 # Validation failures listed under the summary table (all of them are in the report).
