@@ -110,10 +110,13 @@ def resolve(inputs: RunInputs) -> RunContext:
     task_ = get_task(cfg.task)
     uri = tracking_uri(home)
     exp_id = store.configure(uri, cfg.registry.experiment, under_home(home, "mlartifacts"))
-    tags = {**manifest.tags(), store.STAGE_TAG: "resolve"}
+    from registry.orphans import mark_orphans_killed, owner_tags
+
+    tags = {**manifest.tags(), store.STAGE_TAG: "resolve", **owner_tags()}
     # A preempted training of these inputs is resumed by `train`: its run goes on in this one.
     run_id = _continued_run(cfg, home, manifest, exp_id, tags)
     run_id = run_id or store.start_run(exp_id, f"{cfg.name}-{manifest.data.md5[:8]}", tags)
+    mark_orphans_killed(exp_id, run_id)  # runs whose process died before ending them
     store.log_recorded(run_id, manifest.to_dict(), "manifest.json")
     store.log_recorded(run_id, cfg.model_dump(mode="json"), "config.json")
     store.log_params(run_id, cfg.model_dump(mode="json"))

@@ -133,3 +133,10 @@ def test_the_next_run_after_the_kills_registers_the_champion(killed, repo_root):
     assert summary["status"] == "registered" and "champion" in summary["aliases"]
     assert _aliases(home)["champion"] == summary["model_version"]
     assert _gone(marker, within=10) == {}
+    # The killed runs' MLflow runs do not stay RUNNING: the next run on the home marked each KILLED.
+    with sqlite3.connect(f"file:{home / 'mlflow.db'}?mode=ro", uri=True, timeout=5) as conn:
+        status = dict(conn.execute("SELECT run_uuid, status FROM runs").fetchall())
+        orphaned = dict(conn.execute("SELECT run_uuid, value FROM tags WHERE key = 'trainflow.orphaned'").fetchall())
+    assert status.pop(summary["mlflow_run_id"]) == "FINISHED"
+    assert sorted(status.values()) == ["KILLED", "KILLED"], status
+    assert set(orphaned) == set(status) and all("is gone" in why for why in orphaned.values()), orphaned
