@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 NAME, NOUN = "image", "images"
 SPLITS = ("train", "test")
-CHECK_ORDER = ("row_count", "decode", "size", "mode", "file_bytes", "label_set", "duplicate", "class_balance",
+CHECK_ORDER = ("hidden", "row_count", "decode", "size", "mode", "file_bytes", "label_set", "duplicate", "class_balance",
                "leak", "other")
 
 
@@ -114,6 +114,22 @@ def failure(check: str, out: dict, kwargs: dict, result: dict, records: list[dic
     }.get(check, ("failed", None))
     where = ", ".join(f"{r.get('path')}" + (f" ({value(r)})" if value else "") for r in shown)
     out["detail"] = f"{count} {what}: {where}" + (" ..." if len(records) > MAX_EXAMPLES else "")
+
+
+def warnings(params: dict, splits: dict) -> list[dict]:
+    """A warning for each hidden folder or file the listing skipped (``tasks.image_data.hidden_paths``)."""
+    from tasks.image_data import hidden_paths
+
+    out = []
+    if params.get("root") is None:
+        return out
+    for path in hidden_paths(params["dataset"], params["root"]):
+        split = "test" if path.startswith(params["dataset"].images.test_dir.rstrip("/") + "/") else "train"
+        detail = f"skipped {path}: hidden (its name starts with '.'); rename it to use it"
+        out.append({"split": split, "check": "hidden", "expectation": None, "column": None,
+                    "unexpected_count": None, "examples": [path], "rows": [], "detail": detail,
+                    "message": f"{split}: {detail}", "severity": "warning"})
+    return out
 
 
 def message_column(f: dict):
