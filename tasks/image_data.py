@@ -181,7 +181,11 @@ def _check_pixels(img) -> None:
 
 def _error_text(exc: Exception, buf: io.BytesIO, name: str) -> str:
     """Pillow's message with the file's name where Pillow names only the buffer it was given."""
+    from PIL import Image
+
     text = str(exc).replace(repr(buf), repr(name))
+    if isinstance(exc, Image.DecompressionBombError):  # Pillow's check at open: more than twice MAX_PIXELS
+        text += "; refused before decoding"
     return text if isinstance(exc, _TooLarge) else f"{type(exc).__name__}: {text}"
 
 

@@ -114,7 +114,8 @@ class Trainer:
             raise ZeroStepsError(
                 f"an epoch has zero steps: {self.n_train} train rows, {self.n_train / self.strategy.dp_size:g} per "
                 f"rank on {self.strategy.dp_size} rank(s), for a batch of {self.plan.micro_batch} per rank; the "
-                "train split is empty (look at the data's size, dataset.test_fraction and the label's classes)")
+                "train split is empty (look at the data's size, dataset.test_fraction, dataset.val_fraction and "
+                "the label: a class of one row goes whole to a held-out split)")
 
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
         self.model = self.strategy.wrap(self.task.build_model(cfg, data.info).to(ctx.device))
