@@ -185,7 +185,7 @@ def _error_text(exc: Exception, buf: io.BytesIO, name: str) -> str:
 
     text = str(exc).replace(repr(buf), repr(name))
     if isinstance(exc, Image.DecompressionBombError):  # Pillow's check at open: more than twice MAX_PIXELS
-        text += "; refused before decoding"
+        text = text.rstrip(".") + "; refused before decoding"
     return text if isinstance(exc, _TooLarge) else f"{type(exc).__name__}: {text}"
 
 

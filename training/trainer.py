@@ -93,6 +93,13 @@ class FitResult:
 class ZeroStepsError(TrainflowError):
     """The train split gives no optimizer step: a run of it would train nothing and say completed."""
 
+    @staticmethod
+    def message(rows: int, ranks: int, batch: int) -> str:
+        return (f"an epoch has zero steps: {rows} train rows, {rows / ranks:g} per rank on {ranks} rank(s), for a "
+                f"batch of {batch} per rank; the train split is empty (look at the data's size, "
+                "dataset.test_fraction, dataset.val_fraction and the label: a class of one row goes whole to a "
+                "held-out split)")
+
 
 class Trainer:
     """Builds model/optimizer/batch source from the config and runs epochs of ``train_step``."""
@@ -111,11 +118,7 @@ class Trainer:
         # The configured plan; a resume may change it (the batch policy).
         self._apply_plan(None)
         if self.plan.steps(self.n_train) == 0:  # epochs of nothing would report "completed"
-            raise ZeroStepsError(
-                f"an epoch has zero steps: {self.n_train} train rows, {self.n_train / self.strategy.dp_size:g} per "
-                f"rank on {self.strategy.dp_size} rank(s), for a batch of {self.plan.micro_batch} per rank; the "
-                "train split is empty (look at the data's size, dataset.test_fraction, dataset.val_fraction and "
-                "the label: a class of one row goes whole to a held-out split)")
+            raise ZeroStepsError(ZeroStepsError.message(self.n_train, self.strategy.dp_size, self.plan.micro_batch))
 
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
         self.model = self.strategy.wrap(self.task.build_model(cfg, data.info).to(ctx.device))
