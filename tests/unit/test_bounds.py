@@ -132,14 +132,27 @@ def test_a_column_named_twice_is_refused_naming_it(tmp_path):
 
 
 # -- images ------------------------------------------------------------------------------------------
+def _png_header(path: Path, width: int, height: int) -> None:
+    """A PNG whose header says ``width`` x ``height`` and whose pixel data is empty: a reader that decoded
+    before checking the size would fail on the data, not refuse the size."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+
+
 def test_a_huge_image_is_refused_from_its_header_before_decoding(tmp_path):
-    Image.new("L", (13_000, 13_000)).save(tmp_path / "big.png")  # a few hundred KB on disk
+    _png_header(tmp_path / "big.png", 13_000, 13_000)
     row = profile(tmp_path, [("big.png", "a")]).iloc[0]
     assert not row["decodes"]
     assert row["error"].endswith("refused before decoding") and "169000000 pixels" in row["error"]
     with pytest.raises(ValueError, match="refused before decoding"):
         decode((tmp_path / "big.png").read_bytes(), (8, 8), 1, "big.png")
-    Image.new("L", (9_000, 9_000)).save(tmp_path / "large.png")  # over the bound, under Pillow's own check
+    _png_header(tmp_path / "large.png", 9_000, 9_000)  # over the bound, under Pillow's own check
     row = profile(tmp_path, [("large.png", "a")]).iloc[0]
     assert row["error"] == ("9000 x 9000 pixels, more than the 67,108,864 an image may have; refused before "
                             "decoding") and not row["decodes"]
