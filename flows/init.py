@@ -513,7 +513,8 @@ def _dvc_add(root: Path, rel: str) -> str:
 
 def _expectations_header(rel: str, md5: str) -> str:
     pct = f"{PROFILE_MARGIN:.0%}"
-    return (f"# Expectations of {printable(rel)} (DVC md5 {md5}), written by `trainflow init` from a profile of the data.\n"
+    return (f"# Expectations of {printable(rel)} (DVC md5 {md5}), written by `trainflow init` from a profile of "
+            "the data.\n"
             f"# Review every line, then commit this file: validation checks every later version of the data\n"
             f"# against it. Profiled: each column's type, nulls (true only if seen), numeric min/max widened by\n"
             f"# {pct} of the range (a column never below 0 stays >= 0), the values of few-valued text columns and\n"

@@ -61,6 +61,7 @@ def _tables(tmp: Path) -> list[tuple[str, str, str]]:
     from core.config import DatasetConfig
     from flows.init import init_project
     from tasks.bounds import MAX_CELL_BYTES, MAX_NAME_CHARS
+    from tasks.columnar import iter_batches
     from tasks.table import read_table
     from validation.profile import profile_table
     from validation.suite import run
@@ -85,8 +86,11 @@ def _tables(tmp: Path) -> list[tuple[str, str, str]]:
 
     lines = ["f1,label"] + [f"{i},x{i % 2}" for i in range(40)] + ["1," + "a" * (MAX_CELL_BYTES + 100)]
     (data / "long.csv").write_text("\n".join(lines) + "\n")
+    pandas, arrow = (_refusal(lambda: read_table(data / "long.csv")),
+                     _refusal(lambda: list(iter_batches(data / "long.csv"))))
+    assert pandas == arrow, (pandas, arrow)  # init's reader and a streamed run's say the same
     rows.append((f"a CSV cell over {MAX_CELL_BYTES // 1024} KiB (here the last label cell; a 200 MB one the same)",
-                 "`trainflow init` and `trainflow run` (both readers)", _refusal(lambda: read_table(data / "long.csv"))))
+                 "`trainflow init` and `trainflow run` (both readers)", pandas))
     pd.DataFrame({"f1": [1, 2], "label": ["a", "b" * (MAX_CELL_BYTES + 1)]}).to_parquet(data / "long.parquet")
     rows.append(("a Parquet text cell over the same bound", "`trainflow init` and `trainflow run`",
                  _refusal(lambda: read_table(data / "long.parquet"))))

@@ -92,6 +92,25 @@ def test_a_cell_over_the_bound_is_refused_alike_by_both_readers(tmp_path, quoted
         list(iter_batches(path))  # Arrow: a run's streamed validation and training
 
 
+def test_a_streamed_validation_refuses_the_long_cell_with_the_same_line(tmp_path):
+    """A table above the streaming size is validated by Arrow in batches: the same refusal, not Arrow's
+    'straddling object straddles two block boundaries'."""
+    from validation.suite import run
+
+    (tmp_path / "data").mkdir()
+    n = _long_cell_csv(tmp_path / "data" / "t.csv")
+    exp = TableExpectations(label="label", columns=[{"name": "f1", "type": "integer", "nulls": False},
+                                                    {"name": "f2", "type": "integer", "nulls": False},
+                                                    {"name": "label", "type": "string", "nulls": False}],
+                            rows={"train": (1, 100), "test": (1, 100)})
+    ds = DatasetConfig(path="data", file="t.csv", label="label", expectations_file="configs/t.expectations.yaml")
+    params = {"dataset": ds, "root": tmp_path, "seed": 0, "stratify": False, "expectations": exp,
+              "features": ["f1", "f2"], "label": "label", "class_label": False, "leak_policy": "warn",
+              "stream_above_bytes": 0}
+    with pytest.raises(DataRefusedError, match=rf"t.csv: column 'label', row 40: a cell of {n:,} bytes"):
+        run(params, tmp_path / "report")
+
+
 def test_init_refuses_a_long_label_cell_and_writes_no_expectations(tmp_path):
     root = _project(tmp_path)
     _long_cell_csv(root / "data" / "t.csv")
