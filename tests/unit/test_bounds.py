@@ -293,3 +293,18 @@ def test_the_trees_baseline_is_skipped_when_it_cannot_fit_its_budget(tmp_path, m
     out = fit_gbdt(tmp_path, {"t": 1}, arrays, 0, 200_000, "rows")
     assert set(out) == {"skipped"}
     assert out["skipped"].startswith("the gradient-boosted trees' baseline is skipped: 4,800 rows x 2 features")
+
+
+def test_init_prints_names_from_the_data_escaped():
+    from flows.init import format_report
+
+    r = {"rows": {"train": 40, "test": 10}, "task": "classification", "task_inferred": True,
+         "task_reason": "text label", "other_tasks": [], "dvc_file": "data/t.csv.dvc", "md5": "0" * 32,
+         "layout": {"file": "t\n  FAILED.csv"}, "data": "data/t\n  FAILED.csv", "columns": 3,
+         "classes": ["a", "b\x1b[2J"], "name": "t", "unlabeled": 0, "expectations": "configs/t.expectations.yaml",
+         "config": "configs/t.yaml", "git_add": ["data/t\n  FAILED.csv.dvc"], "next": "trainflow run --config x",
+         "choices": {"exclude": {"id\nnext": "a unique id"}, "categorical": {}}}
+    text = format_report(r)
+    assert "\x1b" not in text and "b\\x1b[2J" in text
+    assert not any(line.lstrip().startswith("FAILED") or line.startswith("next") for line in text.splitlines())
+    assert "excluded:     id\\nnext: a unique id" in text
