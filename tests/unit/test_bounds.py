@@ -308,3 +308,23 @@ def test_init_prints_names_from_the_data_escaped():
     assert "\x1b" not in text and "b\\x1b[2J" in text
     assert not any(line.lstrip().startswith("FAILED") or line.startswith("next") for line in text.splitlines())
     assert "excluded:     id\\nnext: a unique id" in text
+
+
+def test_the_served_model_refuses_a_huge_image_and_names_the_row(tmp_path):
+    import importlib.util
+
+    from tasks import image_data
+
+    spec = importlib.util.spec_from_file_location("trainflow_pyfunc_image_bounds",
+                                                  Path(image_data.__file__).parent / "pyfunc_image.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.MAX_PIXELS == image_data.MAX_PIXELS
+    obj = module.ExportedImageClassifier()
+    obj.size, obj.mode = (8, 8), "L"
+    _png_header(tmp_path / "large.png", 9_000, 9_000)
+    with pytest.raises(ValueError, match="row 3: column 'image' is not a decodable image: ValueError: 9000 x 9000"):
+        obj._pixels((tmp_path / "large.png").read_bytes(), 3)
+    with pytest.raises(ValueError, match="cannot identify image file row 4") as err:
+        obj._pixels(b"not an image", 4)
+    assert "BytesIO" not in str(err.value)
