@@ -149,7 +149,15 @@ def identity(params: dict) -> dict:
 
 
 def load(params: dict) -> dict[str, pd.DataFrame]:
-    return load_splits(params["dataset"], params["root"], params.get("seed", 0))
+    """The splits' profiles; ``tasks.bounds.DataRefusedError`` when there are more classes (the
+    reviewed ones and those found) than the images can teach, before any check runs."""
+    from tasks.bounds import check_classes
+
+    frames = load_splits(params["dataset"], params["root"], params.get("seed", 0))
+    found = set().union(*(set(f["label"]) for f in frames.values()))
+    classes = found | set(params["dataset"].images.classes or [])
+    check_classes(len(classes), sum(len(f) for f in frames.values()), "label", params["dataset"].path)
+    return frames
 
 
 def validate_images(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_dir: Path) -> dict:

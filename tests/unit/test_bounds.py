@@ -328,3 +328,15 @@ def test_the_served_model_refuses_a_huge_image_and_names_the_row(tmp_path):
     with pytest.raises(ValueError, match="cannot identify image file row 4") as err:
         obj._pixels(b"not an image", 4)
     assert "BytesIO" not in str(err.value)
+
+
+def test_image_validation_refuses_more_classes_than_its_images_can_teach(tmp_path):
+    from validation import image_suite
+
+    for split in ("train", "test"):
+        for cls in ("a", "b"):
+            _png(tmp_path / "data" / split / cls / "0.png", hash((split, cls)) % 100)
+    params = {"dataset": DatasetConfig(path="data", images=ImagesConfig(classes=[f"c{i}" for i in range(20)])),
+              "root": tmp_path, "seed": 0}  # a config written by hand
+    with pytest.raises(DataRefusedError, match=r"data: label 'label' has 22 distinct values in 4 labeled rows"):
+        image_suite.load(params)
