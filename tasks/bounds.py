@@ -130,20 +130,55 @@ def _csv_header(path: Path) -> list[str]:
 def _check_csv_cells(path: Path) -> None:
     """Every cell of a CSV file measured on its bytes, a chunk at a time: separators (``,`` and a
     newline) outside double quotes end a cell. DataRefusedError at the first cell over MAX_CELL_BYTES."""
-    import numpy as np
-
     size = path.stat().st_size
     if size <= MAX_CELL_BYTES:
         return
-    quotes, last, record, col, offset = 0, -1, 0, 0, 0  # quotes seen, last separator, records ended, cells
 
     def refuse(rec: int, c: int, n: int) -> None:
+        # A quote inside an unquoted cell (12" as inches) is a literal to the parsers, but it turns the
+        # byte count's quote parity: where the file has quotes, the csv module has the last word.
+        if has_quotes and not _csv_has_long_field(path):
+            raise _Fits
         if rec == 0:
             raise DataRefusedError(f"{printable(path)}: the header's column {c + 1} is {n:,} bytes long; a column "
                                    f"name may have at most {MAX_NAME_CHARS} characters")
         header = _csv_header(path)
         _refuse_cell(str(path), header[c] if c < len(header) else f"#{c + 1}", rec - 1, n)
 
+    with open(path, "rb") as fh:
+        has_quotes = any(b'"' in block for block in iter(lambda: fh.read(SCAN_CHUNK_BYTES), b""))
+    try:
+        _scan(path, size, has_quotes, refuse)
+    except _Fits:
+        return
+
+
+class _Fits(Exception):
+    """The byte count's suspicion was wrong: every cell fits."""
+
+
+def _csv_has_long_field(path: Path) -> bool:
+    """Whether Python's csv module finds a field over MAX_CELL_BYTES characters in ``path``."""
+    import csv
+
+    old = csv.field_size_limit()
+    csv.field_size_limit(MAX_CELL_BYTES)
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+            for _ in csv.reader(fh):
+                pass
+    except csv.Error as exc:
+        return "field larger than field limit" in str(exc)
+    finally:
+        csv.field_size_limit(old)
+    return False
+
+
+def _scan(path: Path, size: int, has_quotes: bool, refuse) -> None:
+    """The byte count of :func:`_check_csv_cells`; ``refuse(record, column, bytes)`` at the first long cell."""
+    import numpy as np
+
+    quotes, last, record, col, offset = 0, -1, 0, 0, 0  # quotes seen, last separator, records ended, cells
     with open(path, "rb") as fh:
         while chunk := fh.read(SCAN_CHUNK_BYTES):
             a = np.frombuffer(chunk, dtype=np.uint8)

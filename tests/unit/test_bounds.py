@@ -111,6 +111,14 @@ def test_a_streamed_validation_refuses_the_long_cell_with_the_same_line(tmp_path
         run(params, tmp_path / "report")
 
 
+def test_a_stray_quote_in_an_unquoted_cell_is_no_long_cell(tmp_path):
+    path = tmp_path / "inches.csv"
+    # One 12" (inches) opens no quoted cell for a parser; counted as a quote, it would swallow every row after.
+    path.write_text('size,label\n12",x0\n' + "".join(f"{i % 30},x{i % 2}\n" for i in range(19_999)))
+    assert path.stat().st_size > MAX_CELL_BYTES
+    assert len(read_table(path)) == 20_000 and sum(b.num_rows for b in iter_batches(path)) == 20_000
+
+
 def test_init_refuses_a_long_label_cell_and_writes_no_expectations(tmp_path):
     root = _project(tmp_path)
     _long_cell_csv(root / "data" / "t.csv")
