@@ -4,12 +4,15 @@ task's ``evaluator``: ``predictions`` (here) or ``documents`` (``evaluation.lm``
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
 
 from tasks.base import SCORES_FILE
 from tasks.metrics import confusion_png, latency_p95_ms
+
+log = logging.getLogger(__name__)
 
 
 def worker_scores(task, cfg, root: Path, train_dir: Path) -> dict | None:
@@ -68,6 +71,10 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
     what, base_pred = task.baseline(cfg, root, info, len(y))
     baseline = {"predictor": what, **task.score(y, base_pred, info)}
     ref = task.gbdt(cfg, root)
+    gbdt_skipped = ref.get("skipped") if ref is not None else None
+    if gbdt_skipped:
+        log.warning("%s", gbdt_skipped)
+        ref = None
     gbdt = None if ref is None else {"predictor": ref["predictor"], "fit_s": ref["fit_s"],
                                      "predict_s": ref["predict_s"], "cached": ref.get("cached", False),
                                      **task.score(y, ref["pred"], info)}
@@ -78,6 +85,7 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
                                                       f"candidate: {primary} {cand[primary]:.4f}",
                                                       names=task.class_names(info)))
     report = {"candidate": cand, "champion": champ, "champion_scores": how, "baseline": baseline, "gbdt": gbdt,
+              **({"gbdt_skipped": gbdt_skipped} if gbdt_skipped else {}),
               "scoring_key": key, "candidate_scored_in": where, "files": files}
     (out_dir / "metrics.json").write_text(json.dumps(report, indent=2, default=str))
     return report

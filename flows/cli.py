@@ -15,6 +15,7 @@ from pathlib import Path
 from core.config import load_config
 from core.env import apply_offline_env
 from core.errors import ConfigError, TrainflowError
+from core.printable import printable
 from core.paths import importable_root, project_root, trainflow_home
 
 EXIT_OK, EXIT_ERROR, EXIT_DATA, EXIT_GATE, EXIT_PREEMPTED = 0, 1, 2, 3, 4
@@ -275,7 +276,8 @@ def cmd_k8s_job(args: argparse.Namespace) -> int:
 def _fail(msg: str, code: int, exc: BaseException | None = None) -> int:
     """One line of cause on stderr; with TRAINFLOW_DEBUG on, also the traceback of ``exc`` (default:
     the exception being handled), when there is one."""
-    print(f"trainflow: error: {msg}", file=sys.stderr)
+    # Terminal controls from names in the data are shown escaped (the sources escape their newlines).
+    print("trainflow: error: " + "\n".join(printable(line) for line in str(msg).split("\n")), file=sys.stderr)
     exc = exc if exc is not None else sys.exception()
     if exc is not None and os.environ.get("TRAINFLOW_DEBUG", "").strip().lower() in ("1", "true", "yes", "on"):
         traceback.print_exception(exc, file=sys.stderr)
@@ -447,11 +449,11 @@ def _print_summary(s: dict) -> None:
     v = s.get("validation") or {}
     # What failed, one line each (split.column: what, with the offending values), then the report.
     for f in (v.get("failures") or [])[:MAX_SHOWN]:
-        print(f"  FAILED  {f.get('message') or f.get('detail')}", file=sys.stderr)
+        print(f"  FAILED  {printable(f.get('message') or f.get('detail'))}", file=sys.stderr)
     if len(v.get("failures") or []) > MAX_SHOWN:
         print(f"  ... and {len(v['failures']) - MAX_SHOWN} more in the report", file=sys.stderr)
     for w in v.get("warnings") or []:
-        print(f"  warning {w.get('message') or w.get('detail')}", file=sys.stderr)
+        print(f"  warning {printable(w.get('message') or w.get('detail'))}", file=sys.stderr)
     from flows.ui import where_to_look
 
     # Below the table, one line each: a URL or a path is copied whole, never wrapped.

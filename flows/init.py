@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import TrainflowError
+from core.printable import printable
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
@@ -109,6 +110,8 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
         dataset["leak_policy"] = choices["leak_policy"]
     raw["training"].update(choices["training"])
     class_label = choices["class_label"]
+    if class_label:
+        _check_label_bounds(frames, label, first_rel)
     expectations: TableExpectations = profile_table(frames, label, class_label, PROFILE_MARGIN,
                                                     categorical=tuple(dataset.get("categorical", ())))
     if class_label and len(expectations.classes or []) < 2:
@@ -126,6 +129,22 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
         **_write(root, target, rel, name, raw, (task, task_reason, inferred, intro, made), before,
                  {exp_rel: lambda md5: expectations.to_yaml(_expectations_header(rel, md5))}),
     }
+
+
+def _check_label_bounds(frames: dict, label: str, where: str) -> None:
+    """InitError when a classification label has more classes than its rows can teach, or a class
+    name longer than a name may be (``tasks.bounds``)."""
+    import pandas as pd
+
+    from tasks.bounds import DataRefusedError, check_class_names, check_classes
+
+    values = pd.concat([df[label] for df in frames.values()], ignore_index=True).dropna()
+    classes = pd.unique(values.astype(str))
+    try:
+        check_class_names(classes, label, where)
+        check_classes(len(classes), len(values), label, where)
+    except DataRefusedError as exc:
+        raise InitError(str(exc)) from None
 
 
 def _ask(task: str, ask: Callable[[Any], Any]):
@@ -253,9 +272,9 @@ def _write(root: Path, target: Path, rel: str, name: str, raw: dict, why: tuple[
     (root / "configs").mkdir(exist_ok=True)
     task, reason, inferred, intro, lines = why
     config_rel = f"configs/{name}.yaml"
-    header = (f"# Written by `trainflow init` for {rel} (DVC md5 {md5}).\n"
-              f"# task: {task} ({'inferred: ' if inferred else ''}{reason}).\n"
-              + intro + "".join(f"#   {line}\n" for line in lines)
+    header = (printable(f"# Written by `trainflow init` for {rel} (DVC md5 {md5}).") + "\n"
+              + printable(f"# task: {task} ({'inferred: ' if inferred else ''}{reason}).") + "\n"
+              + intro + "".join(printable(f"#   {line}") + "\n" for line in lines)
               + f"# Every key not here keeps its default (core/config.py). Run: trainflow run --config {config_rel}\n")
     texts = {config_rel: header + yaml.safe_dump(raw, sort_keys=False, default_flow_style=False),
              **{path: text(md5) for path, text in (more or {}).items()}}
@@ -331,6 +350,7 @@ def format_report(r: dict[str, Any]) -> str:
         lines = [f"data:         {r['data']} ({rows} files)", task, f"name:         {r['name']}", *r["lines"], dvc,
                  f"config:       {r['config']}  <- review {r['review']}: validation checks every data version "
                  "against them"]
+    lines = [printable(line) for line in lines]
     if r.get("updated"):
         facts = "the data facts and the expectations are" if table else "the data facts are"
         lines += ["", f"Updated {' and '.join(r['updated'])}: {facts} new, every other key of yours is kept. "
@@ -350,7 +370,7 @@ def format_report(r: dict[str, Any]) -> str:
         "files; with no default remote, `dvc push` refuses rather than put your data in git.)",
         "",
         "Commit:",
-        f"    git add {' '.join(r['git_add'])}",
+        printable(f"    git add {' '.join(r['git_add'])}"),
         f"    git commit -m 'trainflow init: {r['name']}'",
         "Next:",
         f"    {r['next']}",
@@ -493,7 +513,8 @@ def _dvc_add(root: Path, rel: str) -> str:
 
 def _expectations_header(rel: str, md5: str) -> str:
     pct = f"{PROFILE_MARGIN:.0%}"
-    return (f"# Expectations of {rel} (DVC md5 {md5}), written by `trainflow init` from a profile of the data.\n"
+    return (f"# Expectations of {printable(rel)} (DVC md5 {md5}), written by `trainflow init` from a profile of "
+            "the data.\n"
             f"# Review every line, then commit this file: validation checks every later version of the data\n"
             f"# against it. Profiled: each column's type, nulls (true only if seen), numeric min/max widened by\n"
             f"# {pct} of the range (a column never below 0 stays >= 0), the values of few-valued text columns and\n"

@@ -359,6 +359,8 @@ def evaluate(ctx: RunContext, result: dict) -> dict:
         store.log_metrics(ctx.run_id, {**{f"gbdt/{m.name}": g[m.name] for m in ctx.task.metrics if m.name in g},
                                        "gbdt/fit_s": g["fit_s"]})
         store.set_tags(ctx.run_id, {"trainflow.gbdt": g["predictor"]})
+    elif report.get("gbdt_skipped"):
+        store.set_tags(ctx.run_id, {"trainflow.gbdt": report["gbdt_skipped"]})
     if report["champion_version"] is not None:
         store.set_tags(ctx.run_id, {"trainflow.champion_scores": report["champion_scores"]})
         _logger().info("champion v%s: %s", report["champion_version"],

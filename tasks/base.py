@@ -91,12 +91,39 @@ def init_batch(train_rows: int, smallest: int, largest: int) -> int:
     return int(min(largest, max(smallest, 2 ** math.ceil(math.log2(max(train_rows, 1) / 80)))))
 
 
+# The trees' baseline's budget. Multiclass gradient boosting grows one tree per class per iteration,
+# holds the raw predictions, gradients and hessians of every row for every class, and keeps every
+# tree: a label with thousands of classes costs tens of GB. Beyond either bound the baseline is
+# skipped (``gbdt_budget``), saying why; the network is still trained, scored and gated.
+GBDT_MAX_BYTES = 1 << 30  # estimated peak memory of one fit
+GBDT_MAX_WORK = 2e10  # rows x features x trees (iterations x trees per iteration): the fit's time
+GBDT_TREE_BYTES = 8 << 10  # one fitted tree (31 leaves: 61 nodes) and its Python objects
+
+
+def gbdt_budget(rows: int, features: int, classes: int, iterations: int) -> str | None:
+    """Why the trees' baseline cannot fit the budget for this data (None: it fits). ``classes``: 0 or
+    1 for a regression, 2 for binary classification (one tree per iteration), K > 2 for K trees."""
+    per_iteration = classes if classes > 2 else 1
+    trees = iterations * per_iteration
+    memory = rows * features + 3 * 8 * rows * per_iteration + trees * GBDT_TREE_BYTES
+    work = float(rows) * features * trees
+    shape = f"{rows:,} rows x {features:,} features x {per_iteration:,} tree(s) per iteration x {iterations} iterations"
+    if memory > GBDT_MAX_BYTES:
+        return (f"the gradient-boosted trees' baseline is skipped: {shape} needs about {memory / 2**30:.1f} GiB, "
+                f"over its budget of {GBDT_MAX_BYTES / 2**30:.0f} GiB")
+    if work > GBDT_MAX_WORK:
+        return (f"the gradient-boosted trees' baseline is skipped: {shape} is {work:.1e} units of work, over its "
+                f"budget of {GBDT_MAX_WORK:.0e}")
+    return None
+
+
 def fit_gbdt(root: Path, key: dict, arrays: Callable, seed: int, max_rows: int, what: str) -> dict:
     """scikit-learn's gradient-boosted trees beside a task's network (``Task.gbdt``), cached as JSON
     in ``TRAINFLOW_HOME/cache/gbdt`` by ``key`` and scikit-learn's version (``fit_s`` is the first
     fit's). ``arrays()`` gives ``(estimator, x, y, xt, matrix)``, ``matrix`` turning x or xt into
     the estimator's input; at most ``max_rows`` of x (a seeded sample) are fitted, on one thread.
-    Returns ``{"predictor", "pred", "fit_s", "predict_s", "cached"}``."""
+    Returns ``{"predictor", "pred", "fit_s", "predict_s", "cached"}``, or ``{"skipped": why}`` when the
+    fit would break its budget (``gbdt_budget``)."""
     import json
     import time
     from importlib.metadata import version
@@ -122,6 +149,9 @@ def fit_gbdt(root: Path, key: dict, arrays: Callable, seed: int, max_rows: int, 
         rows = np.sort(np.random.default_rng(seed).choice(len(x), max_rows, replace=False))
         x, y = x[rows], y[rows]
     x, xt = matrix(x), matrix(xt)
+    classes = len(np.unique(y)) if hasattr(est, "classes_") or hasattr(est, "predict_proba") else 1
+    if (why := gbdt_budget(x.shape[0], x.shape[1], classes, int(est.get_params().get("max_iter", 100)))):
+        return {"skipped": why}
     with threadpool_limits(1):
         t0 = time.perf_counter()
         est.fit(x, y)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import DataUnavailableError
+from tasks.bounds import check_batch_cells, check_names, check_table
 
 if TYPE_CHECKING:
     import numpy as np
@@ -85,6 +86,7 @@ def _parquet(path: Path, columns: list[str] | None = None):
         names = pf.schema_arrow.names
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds; all mean "unreadable"
         raise DataUnavailableError(f"{path} cannot be read as parquet: {type(exc).__name__}: {exc}") from None
+    check_names(names, str(path))
     missing = [c for c in columns or [] if c not in names]
     if missing:
         raise DataUnavailableError(f"{path} lacks column(s) {missing}; found {names}")
@@ -93,9 +95,13 @@ def _parquet(path: Path, columns: list[str] | None = None):
 
 def _parquet_batches(path: Path, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
     pf = _parquet(path, columns)
+    offset = 0
     for i in range(pf.num_row_groups):  # one row group at a time, not the whole file
         try:
-            yield from pf.iter_batches(batch_size=batch_rows, row_groups=[i], columns=columns, use_threads=False)
+            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[i], columns=columns, use_threads=False):
+                check_batch_cells(batch, str(path), offset)
+                offset += batch.num_rows
+                yield batch
         except OSError as exc:
             raise DataUnavailableError(f"{path} row group {i} cannot be read: {exc}") from None
 
@@ -141,6 +147,7 @@ def _csv_schema(path: Path, types: dict[str, Any]) -> pa.Schema:
 
     if not path.is_file():
         raise DataUnavailableError.not_pulled(path)
+    check_table(path)  # the bounds tasks.table.read_table holds too: what init reads, a run reads
     with _open_csv(path) as probe:
         inferred = probe.schema
     return pa.schema([f.with_type(types[f.name]) if f.name in types
@@ -159,6 +166,10 @@ def source_schema(source: Path, types: dict[str, Any] | None = None) -> pa.Schem
 def _csv_error(path: Path, names: list[str], exc: Exception) -> str:
     """A conversion error with the column's name (pyarrow gives only its position)."""
     text = str(exc)
+    if "straddl" in text:  # Arrow's word for a row longer than its block
+        return (f"{path} cannot be read as csv: a row is longer than {CSV_BLOCK_BYTES:,} bytes (each of its cells "
+                "is within bounds, but together they are not); split its text over rows or convert the file to "
+                "Parquet")
     m = re.search(r"CSV column #(\d+)", text)
     where = f" (column {names[int(m.group(1))]!r})" if m and int(m.group(1)) < len(names) else ""
     return (f"{path} cannot be read as csv{where}: {type(exc).__name__}: {text}; a value there does not fit "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
 SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 SPLITS = ("train", "test")
 MODES = {1: "L", 3: "RGB"}
+# Pixels (width x height) an image may have: its size is read from the header and a larger image
+# is refused before it is decoded (a 13,000 x 13,000 PNG of a few hundred KB decodes to about a GB).
+# A 48-megapixel photo fits. Pillow's own bomb check is set to the same bound where we decode.
+MAX_PIXELS = 64 * 2**20
 # Columns of the per-file profile (``profile``): what validation's expectations look at.
 COLUMNS = ["file", "path", "label", "n_bytes", "sha256", "decodes", "error", "width", "height", "mode"]
 
@@ -56,13 +61,41 @@ def list_images(cfg: "DatasetConfig", root: Path, seed: int) -> dict[str, list[t
             raise DataUnavailableError(f"{split} split not found: {top} is not a folder (expected "
                                        f"{folder}/<class>/*.png|jpg|jpeg|webp)")
         entries = []
+        # Hidden folders and files (a name that starts with ".": .ipynb_checkpoints, ._x.png) are not
+        # data; init and validation name each one skipped (``hidden_paths``, docs/images.md).
         for cls in sorted(p for p in top.iterdir() if p.is_dir() and not p.name.startswith(".")):
             for f in sorted(cls.rglob("*")):
-                if f.is_file() and f.suffix.lower() in SUFFIXES and not f.name.startswith("."):
+                if f.is_file() and f.suffix.lower() in SUFFIXES and not _hidden(f.relative_to(cls)):
                     rel = f.relative_to(base).as_posix()
                     _inside(base, rel, f"{split}/{cls.name}")  # a symbolic link may lead out
                     entries.append((rel, cls.name))
         out[split] = entries
+    return out
+
+
+def _hidden(rel: Path) -> bool:
+    return any(part.startswith(".") for part in rel.parts)
+
+
+def hidden_paths(cfg: "DatasetConfig", root: Path) -> list[str]:
+    """The hidden folders (``train/.cache/``) and image files (``train/a/.x.png``) that
+    :func:`list_images` skips, relative to ``dataset.path``: what init and validation say they skipped."""
+    images, base = cfg.images, Path(root) / cfg.path
+    if images.manifest is not None or not base.is_dir():
+        return []
+    out = []
+    for folder in (images.train_dir, images.test_dir):
+        top = base / folder
+        if not top.is_dir():
+            continue
+        for cls in sorted(p for p in top.iterdir() if p.is_dir()):
+            if cls.name.startswith("."):
+                out.append(cls.relative_to(base).as_posix() + "/")
+                continue
+            for f in sorted(cls.rglob("*")):
+                rel = f.relative_to(cls)
+                if _hidden(rel) and not _hidden(rel.parent) and (f.is_dir() or f.suffix.lower() in SUFFIXES):
+                    out.append(f.relative_to(base).as_posix() + ("/" if f.is_dir() else ""))
     return out
 
 
@@ -111,25 +144,60 @@ def profile(base: Path, entries: list[tuple[str, str]]) -> "pd.DataFrame":
             rows.append({**row, "error": f"unreadable: {exc.strerror or exc}"})
             continue
         row.update(n_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+        buf = io.BytesIO(data)
         try:
-            with Image.open(io.BytesIO(data)) as img:
+            with _opened(buf) as img:
+                _check_pixels(img)
                 img.load()
                 row.update(decodes=True, width=img.width, height=img.height, mode=img.mode)
         except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds; all mean "does not decode"
-            row["error"] = f"{type(exc).__name__}: {exc}"
+            row["error"] = _error_text(exc, buf, rel)
         rows.append(row)
     df = pd.DataFrame(rows, columns=COLUMNS)
     return df.astype({"file": "int64", "n_bytes": "Int64", "decodes": "bool", "width": "Int64", "height": "Int64",
                       "path": object, "label": object, "sha256": object, "error": object, "mode": object})
 
 
-def decode(data: bytes, size: tuple[int, int], channels: int) -> np.ndarray:
-    """One encoded image -> uint8 ``[channels, height, width]`` of ``size`` = (height, width);
-    ValueError when Pillow cannot decode it."""
+def _opened(buf: io.BytesIO):
+    """``PIL.Image.open`` (it reads the header only) with Pillow's bomb check at MAX_PIXELS."""
     from PIL import Image
 
+    Image.MAX_IMAGE_PIXELS = MAX_PIXELS
+    with warnings.catch_warnings():  # between one and two times the bound: _check_pixels refuses it
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        return Image.open(buf)
+
+
+class _TooLarge(ValueError):
+    """An image whose header says it is larger than MAX_PIXELS."""
+
+
+def _check_pixels(img) -> None:
+    """_TooLarge for an image larger than MAX_PIXELS, from its header, before anything is decoded."""
+    if img.width * img.height > MAX_PIXELS:
+        raise _TooLarge(f"{img.width} x {img.height} pixels, more than the {MAX_PIXELS:,} an image may have; "
+                         "refused before decoding")
+
+
+def _error_text(exc: Exception, buf: io.BytesIO, name: str) -> str:
+    """Pillow's message with the file's name where Pillow names only the buffer it was given."""
+    from PIL import Image
+
+    text = str(exc).replace(repr(buf), repr(name))
+    if isinstance(exc, Image.DecompressionBombError):  # Pillow's check at open: more than twice MAX_PIXELS
+        text = text.rstrip(".") + "; refused before decoding"
+    return text if isinstance(exc, _TooLarge) else f"{type(exc).__name__}: {text}"
+
+
+def decode(data: bytes, size: tuple[int, int], channels: int, name: str = "the file") -> np.ndarray:
+    """One encoded image -> uint8 ``[channels, height, width]`` of ``size`` = (height, width);
+    ValueError (naming ``name``) when Pillow cannot decode it or it is larger than MAX_PIXELS."""
+    from PIL import Image
+
+    buf = io.BytesIO(data)
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with _opened(buf) as img:
+            _check_pixels(img)
             if img.mode.startswith("I"):  # 16-bit grey: Pillow's convert would clip at 255, not scale
                 img = Image.fromarray((np.asarray(img).astype(np.float64).clip(0, 65535) / 257).round()
                                       .astype(np.uint8), "L")
@@ -138,7 +206,7 @@ def decode(data: bytes, size: tuple[int, int], channels: int) -> np.ndarray:
                 img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
             a = np.asarray(img, dtype=np.uint8)
     except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"not a decodable image: {type(exc).__name__}: {exc}") from None
+        raise ValueError(f"not a decodable image: {_error_text(exc, buf, name)}") from None
     return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 
 
@@ -147,7 +215,7 @@ def decode_files(base: Path, paths: list[str], size: tuple[int, int], channels: 
     out = np.empty((len(paths), channels, size[0], size[1]), dtype=np.uint8)
     for i, rel in enumerate(paths):
         try:
-            out[i] = decode((base / rel).read_bytes(), size, channels)
+            out[i] = decode((base / rel).read_bytes(), size, channels, rel)
         except (OSError, ValueError) as exc:
             raise DataUnavailableError(f"{rel}: {getattr(exc, 'strerror', None) or exc}") from None
     return out

@@ -102,7 +102,8 @@ class ImageClassification(Classifier, Task):
         import pandas as pd
 
         from core.config import DatasetConfig, ImagesConfig
-        from tasks.image_data import list_images, profile
+        from tasks.bounds import check_classes
+        from tasks.image_data import hidden_paths, list_images, profile
 
         manifests = _manifests(target)
         layout = {"manifest": manifests[0].name} if not (target / "train").is_dir() and manifests else {}
@@ -115,6 +116,7 @@ class ImageClassification(Classifier, Task):
         classes = _class_order(set(both["label"]))
         if len(classes) < 2:
             raise DataUnavailableError(f"{rel}: one class {classes}: nothing to classify")
+        check_classes(len(classes), len(both), "label", rel)
         ok, bad = both[both["decodes"]], both[~both["decodes"]]
         problems = [f"{p}: {e}" for p, e in zip(bad["path"], bad["error"])]
         if ok.empty:
@@ -143,6 +145,10 @@ class ImageClassification(Classifier, Task):
             f"({'grey' if channels == 1 else 'RGB'}) (dataset.images.size, .channels)",
             "augment:      none (dataset.images.augment: hflip for photos, shift for small offsets)",
         ]
+        hidden = hidden_paths(DatasetConfig(path=rel, images=ImagesConfig(**layout)), root)
+        lines += [f"skipped:      {p}: hidden (its name starts with '.'); rename it to use it" for p in hidden[:10]]
+        if len(hidden) > 10:
+            lines.append(f"skipped:      ... and {len(hidden) - 10} more hidden folder(s) or file(s)")
         if problems:
             lines.append(f"undecodable:  {len(problems)} file(s) Pillow cannot decode; validation refuses them until "
                          f"they are fixed or removed: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}")

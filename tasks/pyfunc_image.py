@@ -8,10 +8,14 @@ returns the class names. The program takes pixels (0..255, float32 ``[n, c, h, w
 
 import io
 import json
+import warnings
 
 import mlflow
 import numpy as np
 import pandas as pd
+
+# tasks/image_data.py's MAX_PIXELS (this file imports no project code; a unit test checks they agree).
+MAX_PIXELS = 64 * 2**20
 
 
 class ExportedImageClassifier(mlflow.pyfunc.PythonModel):
@@ -35,8 +39,16 @@ class ExportedImageClassifier(mlflow.pyfunc.PythonModel):
             import base64
 
             data = base64.b64decode(data)
+        buf = io.BytesIO(bytes(data))
         try:
-            with Image.open(io.BytesIO(bytes(data))) as img:
+            Image.MAX_IMAGE_PIXELS = MAX_PIXELS
+            with warnings.catch_warnings():  # between one and two times the bound: refused just below
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                img = Image.open(buf)
+            with img:
+                if img.width * img.height > MAX_PIXELS:  # from the header, before a pixel is decoded
+                    raise ValueError(f"{img.width} x {img.height} pixels, more than the {MAX_PIXELS:,} an image "
+                                     "may have")
                 if img.mode.startswith("I"):  # 16-bit grey: scaled to 8 bits, as in training
                     img = Image.fromarray((np.asarray(img).astype(np.float64).clip(0, 65535) / 257).round()
                                           .astype(np.uint8), "L")
@@ -46,7 +58,7 @@ class ExportedImageClassifier(mlflow.pyfunc.PythonModel):
                 a = np.asarray(img, dtype=np.uint8)
         except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds; all mean "not an image"
             raise ValueError(f"row {row}: column 'image' is not a decodable image: "
-                             f"{type(exc).__name__}: {exc}") from None
+                             f"{type(exc).__name__}: {str(exc).replace(repr(buf), f'row {row}')}") from None
         return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 
     def predict(self, context, model_input: pd.DataFrame, params=None):

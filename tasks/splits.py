@@ -42,4 +42,5 @@ def stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[
         n = int(np.ceil(len(idx) * fraction))
         hold.append(idx[:n])
         keep.append(idx[n:])
-    return np.sort(np.concatenate(keep)), np.sort(np.concatenate(hold))
+    none = [np.zeros(0, dtype=np.int64)]  # no labels: nothing to keep or hold
+    return np.sort(np.concatenate(keep or none)), np.sort(np.concatenate(hold or none))

@@ -11,6 +11,7 @@ import numpy as np
 
 from core.config import DatasetConfig
 from core.errors import DataUnavailableError
+from tasks.bounds import check_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -25,7 +26,8 @@ def split_paths(cfg: DatasetConfig, root: Path) -> dict[str, Path]:
 
 
 def read_table(path: Path) -> "pd.DataFrame":
-    """One CSV or Parquet file as a DataFrame. Raises DataUnavailableError naming the file."""
+    """One CSV or Parquet file as a DataFrame. Raises DataUnavailableError naming the file
+    (``tasks.bounds.DataRefusedError`` naming the column and row of a cell or a name out of bounds)."""
     import pandas as pd
 
     path = Path(path)
@@ -34,6 +36,7 @@ def read_table(path: Path) -> "pd.DataFrame":
         raise DataUnavailableError(f"{path}: unknown table format {path.suffix!r}; use .csv or .parquet")
     if not path.is_file():
         raise DataUnavailableError.not_pulled(path)
+    check_table(path)  # the bounds tasks.columnar holds too: what init reads, a run reads
     try:
         return pd.read_parquet(path) if fmt == "parquet" else pd.read_csv(path)
     except Exception as exc:  # noqa: BLE001 - pandas raises many kinds; all mean "unreadable"

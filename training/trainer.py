@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from core.config import PipelineConfig
+from core.errors import TrainflowError
 from training import faults
 from training.batches import BatchPlan, StepBatches, build_source, choose_plan, scaled_lr  # noqa: F401
 from training.checkpoint import CheckpointManager, CheckpointMismatchError, TrainState, check_identity
@@ -89,6 +90,17 @@ class FitResult:
     checkpoint_interval: dict = field(default_factory=dict)  # this attempt's choose_interval answer
 
 
+class ZeroStepsError(TrainflowError):
+    """The train split gives no optimizer step: a run of it would train nothing and say completed."""
+
+    @staticmethod
+    def message(rows: int, ranks: int, batch: int) -> str:
+        return (f"an epoch has zero steps: {rows} train rows, {rows / ranks:g} per rank on {ranks} rank(s), for a "
+                f"batch of {batch} per rank; the train split is empty (look at the data's size, "
+                "dataset.test_fraction, dataset.val_fraction and the label: a class of one row goes whole to a "
+                "held-out split)")
+
+
 class Trainer:
     """Builds model/optimizer/batch source from the config and runs epochs of ``train_step``."""
 
@@ -105,6 +117,8 @@ class Trainer:
         self.n_train = len(self.source)
         # The configured plan; a resume may change it (the batch policy).
         self._apply_plan(None)
+        if self.plan.steps(self.n_train) == 0:  # epochs of nothing would report "completed"
+            raise ZeroStepsError(ZeroStepsError.message(self.n_train, self.strategy.dp_size, self.plan.micro_batch))
 
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
         self.model = self.strategy.wrap(self.task.build_model(cfg, data.info).to(ctx.device))

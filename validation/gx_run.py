@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.printable import printable
 from validation.report import (BY_GROUP, CELLS_COUNTED, MAX_EXAMPLES, exception_message, fmt_bound, index_records,
                                jsonable, summary_markdown, where)
 
@@ -131,6 +132,8 @@ def validate(suite, params: dict, splits: dict, report_dir: Path) -> dict:
             config = evr.get("expectation_config") or {}
             check = checks.get((config.get("type"), (config.get("kwargs") or {}).get("column")), "other")
             failures.append(_derived_failure(suite, item.split, check, evr))
+    if hasattr(suite, "warnings"):  # what the suite reports without failing (skipped hidden files)
+        failures += suite.warnings(params, splits)
     order = (*suite.SPLITS, "cross")
     failures.sort(key=lambda f: (order.index(f["split"]), suite.CHECK_ORDER.index(f["check"])))
     return write_report(run, items, report_dir, failures=failures, rows={s: int(len(splits[s])) for s in suite.SPLITS},
@@ -508,6 +511,9 @@ def write_report(run: Run, items: list[Item], report_dir: Path, *, failures: lis
     files = {"result_json": str(report_dir / RESULT_JSON), "summary_md": str(report_dir / SUMMARY_MD),
              "data_docs": build_data_docs(run.context, report_dir)}
     results = run.results(items)
+    # A message names files, columns and classes from the data: each stays one line wherever it is shown.
+    failures = [{**f, **{k: printable(f[k]) for k in ("message", "detail") if isinstance(f.get(k), str)}}
+                for f in failures]
     warnings = [f for f in failures if f.get("severity") == "warning"]
     failures = [f for f in failures if f.get("severity") != "warning"]
     report = jsonable({

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 NAME, NOUN = "image", "images"
 SPLITS = ("train", "test")
-CHECK_ORDER = ("row_count", "decode", "size", "mode", "file_bytes", "label_set", "duplicate", "class_balance",
+CHECK_ORDER = ("hidden", "row_count", "decode", "size", "mode", "file_bytes", "label_set", "duplicate", "class_balance",
                "leak", "other")
 
 
@@ -116,6 +116,22 @@ def failure(check: str, out: dict, kwargs: dict, result: dict, records: list[dic
     out["detail"] = f"{count} {what}: {where}" + (" ..." if len(records) > MAX_EXAMPLES else "")
 
 
+def warnings(params: dict, splits: dict) -> list[dict]:
+    """A warning for each hidden folder or file the listing skipped (``tasks.image_data.hidden_paths``)."""
+    from tasks.image_data import hidden_paths
+
+    out = []
+    if params.get("root") is None:
+        return out
+    for path in hidden_paths(params["dataset"], params["root"]):
+        split = "test" if path.startswith(params["dataset"].images.test_dir.rstrip("/") + "/") else "train"
+        detail = f"skipped {path}: hidden (its name starts with '.'); rename it to use it"
+        out.append({"split": split, "check": "hidden", "expectation": None, "column": None,
+                    "unexpected_count": None, "examples": [path], "rows": [], "detail": detail,
+                    "message": f"{split}: {detail}", "severity": "warning"})
+    return out
+
+
 def message_column(f: dict):
     return f["column"] if f["check"] == "size" else None
 
@@ -133,7 +149,15 @@ def identity(params: dict) -> dict:
 
 
 def load(params: dict) -> dict[str, pd.DataFrame]:
-    return load_splits(params["dataset"], params["root"], params.get("seed", 0))
+    """The splits' profiles; ``tasks.bounds.DataRefusedError`` when there are more classes (the
+    reviewed ones and those found) than the images can teach, before any check runs."""
+    from tasks.bounds import check_classes
+
+    frames = load_splits(params["dataset"], params["root"], params.get("seed", 0))
+    found = set().union(*(set(f["label"]) for f in frames.values()))
+    classes = found | set(params["dataset"].images.classes or [])
+    check_classes(len(classes), sum(len(f) for f in frames.values()), "label", params["dataset"].path)
+    return frames
 
 
 def validate_images(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_dir: Path) -> dict:

@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from core.printable import printable
+
 MAX_EXAMPLES = 5
 # Unexpected entries a result merged from batches keeps (per column of a stacked cells result, beside
 # its exact count: ``validation.gx_run.ItemBatches``); the failing values counted are among these.
@@ -404,7 +406,7 @@ def sort_failures(failures: list[dict], columns: list[str]) -> list[dict]:
 
 
 def _cell(value: Any) -> str:
-    return ("" if value is None else str(value)).replace("|", "\\|").replace("\n", " ")
+    return printable("" if value is None else value).replace("|", "\\|")
 
 
 def _example_text(example: Any, limit: int = 40) -> str:
@@ -433,7 +435,7 @@ def summary_markdown(report: dict) -> str:
     if isinstance(rows, dict) and rows:
         lines += ["", "Rows: " + ", ".join(f"{k} {v}" for k, v in rows.items()) + "."]
     if failures:
-        lines += ["", "## What failed", "", *(f"- {f.get('message') or f.get('detail')}" for f in failures),
+        lines += ["", "## What failed", "", *(f"- {printable(f.get('message') or f.get('detail'))}" for f in failures),
                   "", "## Failures", "", "| split | check | expectation | column | unexpected | examples | detail |",
                   "|---|---|---|---|---:|---|---|"]
         for f in failures:
@@ -445,11 +447,11 @@ def summary_markdown(report: dict) -> str:
             lines.append("| " + " | ".join(_cell(v) for v in cells) + " |")
     warnings = report.get("warnings") or []
     if warnings:
-        lines += ["", "## Warnings (reported, not failed)", "", *(f"- {w.get('message') or w.get('detail')}"
+        lines += ["", "## Warnings (reported, not failed)", "", *(f"- {printable(w.get('message') or w.get('detail'))}"
                                                                    for w in warnings)]
     skipped = report.get("skipped") or []
     if skipped:
-        lines += ["", "## Checks not run", "", *(f"- {s.get('split')}: {s.get('check')}: {s.get('reason')}"
+        lines += ["", "## Checks not run", "", *(printable(f"- {s.get('split')}: {s.get('check')}: {s.get('reason')}")
                                                  for s in skipped)]
     files = report.get("files") or {}
     if files:

@@ -95,11 +95,40 @@ def run(params: dict, report_dir: Path) -> dict:
     the report names the dtypes training gets; larger ones batch by batch. Raises ValueError when
     the plan's columns contradict its expectations file, DataUnavailableError for unreadable data."""
     if streamed(params):
+        _check_label_bounds(params, None)
         return validate_streamed(params, report_dir)
     from tasks.table import load_frames
 
     frames = load_frames(params["dataset"], params["root"], params["seed"], params["stratify"])
+    _check_label_bounds(params, frames)
     return _validate(params, _frame_source(frames), Path(report_dir))
+
+
+def _check_label_bounds(params: dict, frames: dict | None) -> None:
+    """``tasks.bounds``' limits on a class label, before any suite is built: the classes are the
+    expectations file's and those in ``frames``; the rows, the labeled rows of ``frames`` (None: the
+    files' rows where their footers tell, else only the class count is bounded)."""
+    import pandas as pd
+
+    from tasks.bounds import MIN_ROWS_PER_CLASS, check_class_names, check_classes
+    from tasks.columnar import source_rows
+    from tasks.table import split_paths
+
+    label, exp = params["label"], params["expectations"]
+    if not params["class_label"]:
+        return
+    classes = {_class_key(c) for c in exp.classes or []}
+    where = f"{params['dataset'].expectations_file or 'the expectations'} and the data"
+    if frames is not None:
+        values = pd.concat([f[label] for f in frames.values() if label in f.columns], ignore_index=True).dropna()
+        classes |= set(values.astype(str).unique())
+        rows = len(values)
+    else:
+        counts = [source_rows(p) for p in split_paths(params["dataset"], params["root"]).values()]
+        # A CSV's rows are unknown before it is read: then only the number of classes is bounded.
+        rows = sum(counts) if None not in counts else MIN_ROWS_PER_CLASS * len(classes)
+    check_class_names(sorted(classes), label, where)
+    check_classes(len(classes), rows, label, where)
 
 
 def _checked(params: dict) -> tuple:
