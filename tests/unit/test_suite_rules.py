@@ -283,3 +283,12 @@ def test_a_unit_test_cannot_start_a_process():
         finally:
             if child._popen is not None:
                 child.join()
+
+
+def test_wait_for_returns_the_first_answer_and_names_what_it_waited_for():
+    from tests.waiting import wait_for
+
+    answers = iter([None, [], ["step_4"]])
+    assert wait_for(lambda: next(answers), 60, "a checkpoint", poll_s=0) == ["step_4"]
+    with pytest.raises(AssertionError, match=r"gave up after 0 s waiting for the first checkpoint \(last answer: \[\]\)"):
+        wait_for(list, 0, "the first checkpoint")
