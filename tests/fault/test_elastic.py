@@ -10,13 +10,13 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import VENV_BIN
 from tests.engine_helpers import free_port
+from tests.waiting import wait_for
 from training.checkpoint import latest_identity
 
 pytestmark = pytest.mark.fault
@@ -67,11 +67,11 @@ class _Pair:
         The agent that bound the endpoint first hosts the store that holds the rendezvous; the
         survivor needs it to re-form (a job over c10d survives any agent but that one).
         """
-        deadline = time.monotonic() + 180
-        while ((latest_identity(self.out / "checkpoints") or {}).get("layout") or {}).get("world_size") != 2:
+        def checkpoint_of_two() -> bool:
             assert all(a.poll() is None for a in self.agents), "an agent ended before a checkpoint of the world of 2"
-            assert time.monotonic() < deadline, "no checkpoint of the world of 2 within 180 s"
-            time.sleep(0.05)
+            return ((latest_identity(self.out / "checkpoints") or {}).get("layout") or {}).get("world_size") == 2
+
+        wait_for(checkpoint_of_two, 180, "a checkpoint of the world of 2", poll_s=0.05)
         store = _listening_inodes(self.port)
         hosts = [_holds_socket(_agent(a), store) for a in self.agents]
         assert sorted(hosts) == [False, True], hosts

@@ -9,13 +9,13 @@ registry (written by ``register``, before ``@challenger`` and the promotion)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import sqlite3
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import VENV_BIN
 from tests.integration.live import marked_processes
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.fault
 
@@ -67,19 +68,22 @@ def _aliases(home: Path) -> dict[str, str]:
 
 
 def _kill_when(proc: subprocess.Popen, log: Path, ready, what: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert proc.poll() is None, f"the run ended before {what}:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s:\n{log.read_text()[-3000:]}"
-        time.sleep(0.01)
+    def seen() -> bool:
+        assert proc.poll() is None, f"the run ended before {what}"
+        return ready()
+
+    try:
+        wait_for(seen, timeout, what, poll_s=0.01)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{log.read_text()[-3000:]}") from None
     proc.send_signal(signal.SIGKILL)
     proc.wait()
 
 
 def _gone(marker: str, within: float = 30) -> dict[int, str]:
-    deadline = time.monotonic() + within
-    while (left := marked_processes(MARK, marker)) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    with contextlib.suppress(AssertionError):  # the caller names what is left
+        wait_for(lambda: not marked_processes(MARK, marker), within, "the killed run's processes to end", poll_s=0.2)
+    left = marked_processes(MARK, marker)
     for pid in left:  # only ever needed where the run left orphans behind
         try:
             os.kill(pid, signal.SIGKILL)

@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 from core.errors import ConfigError, PreemptedError
 from tests.conftest import VENV_BIN
 from tests.engine_helpers import ENGINE_CONFIG, ROOT, train
+from tests.waiting import wait_for
 from training.faults import IDS_ENV, read_recorded_ids
 from training.goodput import LEDGER_FILE, read_events, young_daly_steps
 
@@ -85,10 +85,11 @@ def test_sigterm_checkpoints_exits_4_and_the_next_run_resumes(repo_root, bundled
     # the resumed attempt runs at full speed.
     slowed = {**os.environ, "TRAINFLOW_FAULT": "slow@step=1,ms=250"}
     proc = subprocess.Popen(cmd, cwd=repo_root, env=slowed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not list((out / "checkpoints").glob("step_*/COMPLETE")):  # training is under way
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.2)
+    def checkpointed() -> bool:  # training is under way
+        assert proc.poll() is None, proc.communicate()
+        return bool(list((out / "checkpoints").glob("step_*/COMPLETE")))
+
+    wait_for(checkpointed, 120, "the first checkpoint", poll_s=0.2)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == 4, err

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import time
 
 import pytest
 
@@ -29,7 +28,6 @@ def test_an_input_error_in_a_worker_names_the_rank_and_traceback_and_is_not_retr
     cfg = load_config(repo_root / "configs" / "digits.yaml",
                       ["dataset.path=data", "training.timeout_s=120", "training.max_restarts=3"])
     spec = make_spec(cfg, tmp_path / "out", root, "md5-of-test", nproc=2)
-    t0 = time.monotonic()
     with pytest.raises(TrainingFailedError) as err:
         run_job(spec)
     assert err.value.rank in (0, 1)
@@ -37,26 +35,25 @@ def test_an_input_error_in_a_worker_names_the_rank_and_traceback_and_is_not_retr
     assert "train split lacks column(s) ['label']" in str(err.value) and "not retried" in str(err.value)
     assert "Traceback" in err.value.traceback and "load_data" in err.value.traceback
     assert not list((tmp_path / "out" / "torchrun").glob("*/attempt_1"))  # no restart was attempted
-    assert time.monotonic() - t0 < 60
+    assert "exceeded training.timeout_s" not in str(err.value)  # stopped at the error, not at the job's limit
     assert processes_mentioning(spec.out_dir) == []
 
 
-def test_rank_crash_fails_the_job_fast_naming_that_rank(bundled_data, tmp_path):
-    t0 = time.monotonic()
+def test_rank_crash_fails_the_job_naming_that_rank(bundled_data, tmp_path):
     with pytest.raises(TrainingFailedError) as err:
         train(tmp_path / "out", ["training.max_restarts=0"], env={"TRAINFLOW_FAULT": "raise@step=5,rank=1"})
-    assert time.monotonic() - t0 < 150  # bounded: it fails, it does not hang
+    assert "exceeded training.timeout_s" not in str(err.value)  # it fails at the crash, it does not hang
     assert err.value.rank == 1 and "rank 1" in str(err.value)
     assert "InjectedFault" in str(err.value) and "Traceback" in err.value.traceback
     assert processes_mentioning(str(tmp_path / "out")) == []
 
 
-def test_hung_rank_fails_within_the_collective_timeout(bundled_data, tmp_path):
-    t0 = time.monotonic()
+def test_hung_rank_fails_at_the_collective_timeout(bundled_data, tmp_path):
     with pytest.raises(TrainingFailedError) as err:
         train(tmp_path / "out", ["training.max_restarts=0", "training.collective_timeout_s=8", "training.preempt_grace_s=2"],
               env={"TRAINFLOW_FAULT": "hang@step=5,rank=1"})
-    assert time.monotonic() - t0 < 150  # bounded: it fails, it does not hang
+    # The collective timeout ended it, not the job's own limit (timeout_s in tests/configs/digits-engine.yaml).
+    assert "exceeded training.timeout_s" not in str(err.value)
     assert err.value.rank == 0  # the peer that waited is the one that reports the timeout
     assert processes_mentioning(str(tmp_path / "out")) == []
 

@@ -7,12 +7,12 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 
 from tests.conftest import ROOT, VENV_BIN, load_script
+from tests.waiting import wait_for
 
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
@@ -61,40 +61,46 @@ def call(method: str, url: str, timeout: float = 10, **kw) -> httpx.Response:
     """One HTTP request, made again while the server answers 503: Prefect's answer when its sqlite
     database was busy (a worker polls it every second, the scheduler writes every 2 s), where nothing was
     done and a client retries (Prefect's own client does). Any other answer is the caller's to judge."""
-    for _ in range(15):
-        answer = httpx.request(method, url, timeout=timeout, **kw)
-        if answer.status_code != 503:
-            return answer
-        time.sleep(2)
-    return answer
+    answers: list[httpx.Response] = []
+
+    def answered() -> httpx.Response | None:
+        answers.append(httpx.request(method, url, timeout=timeout, **kw))
+        return answers[-1] if answers[-1].status_code != 503 else None
+
+    return wait_for(answered, 30, f"{method} {url} to answer other than 503 (database busy)", poll_s=1)
 
 
 def wait_http(url: str, proc: Proc, timeout: float) -> None:
     """Until ``url`` answers 200; fails early (with the log) if ``proc`` exits."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def up() -> bool:
         if proc.popen.poll() is not None:
             raise AssertionError(f"{proc.cmd[:3]} exited ({proc.popen.returncode}):\n{proc.tail()}")
         try:
-            if httpx.get(url, timeout=5).status_code == 200:
-                return
+            return httpx.get(url, timeout=5).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"{url} did not answer within {timeout:.0f} s:\n{proc.tail()}")
+            return False
+
+    try:
+        wait_for(up, timeout, f"{url} to answer 200", poll_s=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{proc.tail()}") from None
 
 
 def wait_flow_run(api: str, flow_run_id: str, timeout: float, worker: Proc | None = None) -> dict:
     """Poll the REST API until the flow run reaches a terminal state; return it."""
-    deadline = time.monotonic() + timeout
-    run = {}
-    while time.monotonic() < deadline:
-        run = call("GET", f"{api}/flow_runs/{flow_run_id}").json()
-        if (run.get("state") or {}).get("type") in TERMINAL:
-            return run
-        time.sleep(1)
-    extra = f"\nworker log:\n{worker.tail()}" if worker else ""
-    raise AssertionError(f"flow run {flow_run_id} still {run.get('state', {}).get('type')} after {timeout:.0f} s{extra}")
+    run: dict = {}
+
+    def ended() -> dict | None:
+        run.clear()
+        run.update(call("GET", f"{api}/flow_runs/{flow_run_id}").json())
+        return dict(run) if (run.get("state") or {}).get("type") in TERMINAL else None
+
+    try:
+        return wait_for(ended, timeout, f"flow run {flow_run_id} to end", poll_s=1)
+    except AssertionError:
+        extra = f"\nworker log:\n{worker.tail()}" if worker else ""
+        raise AssertionError(f"flow run {flow_run_id} still {run.get('state', {}).get('type')} "
+                             f"after {timeout:.0f} s{extra}") from None
 
 
 def marked_processes(name: str, value: str) -> dict[int, str]:

@@ -7,12 +7,12 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 
 from flows.api_server import TemporaryServer, start_api
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -26,12 +26,8 @@ def _alive(pid: int) -> bool:
 
 
 def _wait_gone(pid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
+    wait_for(lambda: not _alive(pid), timeout_s, f"process {pid} to exit")
+    return True
 
 
 def _processes_with(needle: str) -> list[int]:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import signal
 import subprocess
-import time
 import uuid
 from zoneinfo import ZoneInfo
 
@@ -18,6 +18,7 @@ import yaml
 from tests.conftest import ROOT, VENV_BIN
 from tests.integration.live import (TERMINAL, Proc, call, clean_env, copy_repo, marked_processes, team_script,
                                     wait_flow_run, wait_http)
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -194,11 +195,13 @@ def test_a_run_pointing_the_dataset_outside_the_repository_is_refused_and_leaks_
     assert created.status_code == 201, created.text
     run_id = created.json()["id"]
     run = wait_flow_run(api, run_id, timeout=300, worker=worker)
-    logs, deadline = [], time.monotonic() + 30
-    while time.monotonic() < deadline and not any("not a run parameter" in e["message"] for e in logs):
-        time.sleep(1)  # the flow run's last log lines reach the server after its final state
-        logs = post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}},
-                          timeout=10).json()
+    logs: list[dict] = []
+
+    def refusal_logged() -> bool:  # the flow run's last log lines reach the server after its final state
+        logs[:] = post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}}, timeout=10).json()
+        return any("not a run parameter" in e["message"] for e in logs)
+
+    wait_for(refusal_logged, 30, "the guard's refusal in the flow run's logs", poll_s=1)
     assert run["state"]["type"] == "FAILED", f"{run['state']}\n{worker.tail(80)}"
     assert run["state"]["message"].startswith("Refused by the trainflow worker guard: parameters: ")
     assert any("overrides: not a run parameter" in e["message"] for e in logs), [e["message"] for e in logs]
@@ -230,26 +233,27 @@ def test_cancelling_a_deployment_run_mid_training_leaves_no_process_of_it(deploy
                 if pid != worker.popen.pid and "worker start" not in cmd}
 
     try:
-        deadline = time.monotonic() + 240
         # Training: the agent and its 2 workers, each with "training.worker" in its command line (an exec'd
         # worker's own; a forked one's is its agent's, ``python -m training.agent ... -m training.worker ...``).
-        while sum("training.worker" in cmd for cmd in of_run().values()) < 3:
+        def training_started() -> bool:
             state = get(f"{api}/flow_runs/{run_id}", timeout=10).json()["state"]["type"]
-            assert state not in TERMINAL and time.monotonic() < deadline, f"{state} before training\n{worker.tail()}"
-            time.sleep(1)
+            assert state not in TERMINAL, f"{state} before training\n{worker.tail()}"
+            return sum("training.worker" in cmd for cmd in of_run().values()) >= 3
+
+        wait_for(training_started, 240, f"the run's agent and 2 workers\n{worker.tail()}", poll_s=1)
         training = of_run()
         cancel = post(f"{api}/flow_runs/{run_id}/set_state",
                             json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}, timeout=10)
         assert cancel.status_code in (200, 201) and cancel.json()["status"] == "ACCEPT", cancel.text
-        cancelled_at = time.monotonic()
         run = wait_flow_run(api, run_id, timeout=90, worker=worker)
-        while (left := of_run()) and time.monotonic() - cancelled_at < GRACE_S:
-            time.sleep(0.5)
+        with contextlib.suppress(AssertionError):  # what is left after the grace is named below
+            wait_for(lambda: not of_run(), GRACE_S, "the cancelled run's processes to end", poll_s=0.5)
+        left = of_run()
     finally:
         for pid in of_run():  # only ever needed where the cancelled run left processes behind
             os.kill(pid, signal.SIGKILL)
     assert run["state"]["type"] == "CANCELLED", f"{run['state']}\n{worker.tail(80)}"
-    assert left == {}, f"alive {GRACE_S} s after the cancel: {left}\n(training was {training})"
+    assert left == {}, f"alive {GRACE_S} s after the cancelled run ended: {left}\n(training was {training})"
 
 
 @pytest.fixture(scope="module")
@@ -292,14 +296,10 @@ def test_retrain_nightly_is_deployed_with_its_schedule_and_the_server_plans_runs
     assert schedule["schedule"]["timezone"] == declared.get("timezone", "UTC")
 
     # The server's scheduler turns the cron into upcoming runs of this deployment, on its pool.
-    deadline = time.monotonic() + 60
-    planned = []
-    while time.monotonic() < deadline and not planned:
-        planned = post(f"{api}/flow_runs/filter", timeout=10, json={
-            "deployments": {"id": {"any_": [deployment["id"]]}},
-            "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}}).json()
-        time.sleep(1)
-    assert planned, "the scheduler planned no run of retrain-nightly within 60 s"
+    planned = wait_for(lambda: post(f"{api}/flow_runs/filter", timeout=10, json={
+        "deployments": {"id": {"any_": [deployment["id"]]}},
+        "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}}).json(),
+        60, "the scheduler to plan a run of retrain-nightly", poll_s=1)
     tz = ZoneInfo(declared.get("timezone", "UTC"))
     for run in planned:
         start = datetime.fromisoformat(run["expected_start_time"]).astimezone(tz)
@@ -437,10 +437,11 @@ def test_a_guarded_worker_on_an_unlocked_pool_warns(deployed, tmp_path):
     assert made.status_code == 201, made.text
     proc = Proc([str(VENV_BIN / "trainflow"), "worker", "--pool", "unlocked"], env, repo, tmp_path / "worker.log")
     try:
-        deadline = time.monotonic() + 90
-        while "is not locked" not in proc.log.read_text() and time.monotonic() < deadline:
+        def warned() -> bool:
             assert proc.popen.poll() is None, proc.tail()
-            time.sleep(0.5)
+            return "is not locked" in proc.log.read_text()
+
+        wait_for(warned, 90, "the worker's warning that the pool is not locked", poll_s=0.5)
         assert "work pool 'unlocked' is not locked: any caller of the Prefect API can run code" in proc.log.read_text()
     finally:
         proc.stop(grace=5)

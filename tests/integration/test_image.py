@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import load_script
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.image]
 
@@ -48,13 +48,15 @@ def _wait_for_build(status: Path, builder: int, limit_s: float = 1800) -> dict:
     """The outcome `scripts/image.py test-build` writes when it ends: built, skip (why) or failed."""
     from core.procs import pid_alive
 
-    deadline = time.monotonic() + limit_s
-    while not status.exists():
+    def outcome_written() -> bool:
         if builder and not pid_alive(builder) and not status.exists():
             pytest.fail(f"the image build (pid {builder}) ended without an outcome; log:\n{_log_tail(status)}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"the image build gave no outcome in {limit_s:.0f} s; log:\n{_log_tail(status)}")
-        time.sleep(2)
+        return status.exists()
+
+    try:
+        wait_for(outcome_written, limit_s, "the image build's outcome", poll_s=2)
+    except AssertionError:
+        pytest.fail(f"the image build gave no outcome in {limit_s:.0f} s; log:\n{_log_tail(status)}")
     outcome = json.loads(status.read_text())
     if outcome["state"] == "skip":
         pytest.skip(outcome["reason"])

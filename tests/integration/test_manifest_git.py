@@ -1,11 +1,12 @@
-"""The manifest read from a real git repository."""
+"""The manifest and recorded versions read with real git."""
 
 import subprocess
 
 import pytest
 
 from core.hashing import sha256_json
-from core.manifest import ImageRef, World, build_manifest
+from core.manifest import ImageRef, World, build_manifest, read_dvc_file
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -28,3 +29,19 @@ def test_manifest_records_git_state_and_tags(tmp_path):
     assert all(isinstance(v, str) for v in tags.values())
     (tmp_path / "data.dvc").write_text(DVC.replace("abc123", "def456"))
     assert build_manifest(tmp_path, "d", "x", "data.dvc", 0, World(1, 1, "gloo"), ImageRef()).git_dirty is True
+
+
+def test_dvc_file_gives_md5_path_and_rev(tmp_path):
+    (tmp_path / "data.dvc").write_text(DVC)
+    ref = read_dvc_file(tmp_path, "data.dvc")
+    assert (ref.md5, ref.dvc_path) == ("abc123.dir", "data")
+    assert ref.rev == "uncommitted"  # not a git repository
+
+
+def test_a_recorded_git_sha_that_is_not_hex_is_refused_before_git_runs_it(tmp_path):
+    from core.versions import SourceUnavailableError, checkout_commit, code_changes
+
+    with pytest.raises(SourceUnavailableError, match="git_sha: must be a hex git commit sha"):
+        checkout_commit(ROOT, "--upload-pack=touch x", tmp_path / "clone")
+    assert code_changes(ROOT, "HEAD~1..") is None
+    assert not (tmp_path / "clone").exists()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 
 import pytest
 
 from core.metrics_file import METRICS_FILE, MetricsWriter, metrics_record, params_record
+from tests import waiting
 from training.sink import RUN_ID_ENV, MetricsSink
 
 pytestmark = pytest.mark.integration
@@ -48,10 +48,7 @@ def history(run_id, key):
 
 
 def wait_for(predicate):
-    deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        assert time.monotonic() < deadline, "the relay did not log within the wait"
-        time.sleep(0.05)
+    waiting.wait_for(predicate, WAIT_S, "the relay to log", poll_s=0.05)
 
 
 def test_relay_logs_live_and_completely_with_the_workers_steps_and_times(run_id, tmp_path):

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
 from tests.conftest import ROOT, VENV_BIN
 from tests.integration.live import Proc, assert_the_better_promotion_won, clean_env, team_script, wait_http
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -92,11 +92,12 @@ def test_two_homes_promoting_at_once_through_one_server_leave_the_better_model_c
         procs[version] = (home, subprocess.Popen(
             [sys.executable, "-c", PROMOTER, url, str(home), version, str(go), json.dumps(SCORES)],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    deadline = time.monotonic() + 120
-    while not all((home / "ready").exists() for home, _ in procs.values()):
-        assert time.monotonic() < deadline and all(p.poll() is None for _, p in procs.values()), \
+    def both_ready() -> bool:
+        assert all(p.poll() is None for _, p in procs.values()), \
             "\n".join(p.stderr.read()[-3000:] for _, p in procs.values() if p.poll() is not None)
-        time.sleep(0.05)
+        return all((home / "ready").exists() for home, _ in procs.values())
+
+    wait_for(both_ready, 120, "both promoters to be ready", poll_s=0.05)
     go.write_text("go")
     results = {}
     for version, (_, proc) in procs.items():

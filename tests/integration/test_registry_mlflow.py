@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_for
+
 pytestmark = pytest.mark.integration
 
 N_FEATURES = 64
@@ -172,7 +174,8 @@ def test_system_metrics_are_sampled_until_the_run_ends_and_stop_with_it(store):
     run_id = new_run(store, "monitored")
     monitor = system_metrics(run_id, interval_s=0.2)
     assert monitor is not None
-    time.sleep(1.5)
+    wait_for(lambda: MlflowClient().get_metric_history(run_id, "system/cpu_utilization_percentage"), 60,
+             "the monitor's first sample of the run")
     end_run(run_id, "FAILED", "failed: train", monitor)  # a failed run stops it too
     assert not [t for t in threading.enumerate() if t.name == "SystemMetricsMonitor"]
     run = MlflowClient().get_run(run_id)

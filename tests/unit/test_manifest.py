@@ -9,13 +9,6 @@ from core.manifest import ImageRef, World, build_manifest, image_from_env, packa
 DVC = "outs:\n- md5: abc123.dir\n  size: 10\n  nfiles: 2\n  hash: md5\n  path: data\n"
 
 
-def test_dvc_file_gives_md5_path_and_rev(tmp_path):
-    (tmp_path / "data.dvc").write_text(DVC)
-    ref = read_dvc_file(tmp_path, "data.dvc")
-    assert (ref.md5, ref.dvc_path) == ("abc123.dir", "data")
-    assert ref.rev == "uncommitted"  # not a git repository
-
-
 def test_missing_or_malformed_dvc_file_is_a_clear_error(tmp_path):
     with pytest.raises(DataUnavailableError, match="data.dvc: not found"):
         read_dvc_file(tmp_path, "data.dvc")

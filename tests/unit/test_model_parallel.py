@@ -149,7 +149,10 @@ def test_data_parallel_checkpoints_still_resume_on_another_world_size(tmp_path):
     from training.strategies import layout_for
 
     _marker(tmp_path, layout_for("ddp", 2))
-    _check_resumable(tmp_path, "c", "d", False, layout_for("ddp", 4))  # DDP state is replicated: no refusal
+    assert _check_resumable(tmp_path, "c", "d", False, layout_for("ddp", 4)) is None  # replicated: no refusal
+    # The same checkpoint is still checked for what it was trained on: another config is refused.
+    with pytest.raises(ConfigError, match="config"):
+        _check_resumable(tmp_path, "other-config", "d", False, layout_for("ddp", 4))
 
 
 def test_pipeline_eval_of_an_empty_slice_without_a_chunk_size_sums_nothing():

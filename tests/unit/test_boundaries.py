@@ -1,48 +1,11 @@
-"""What each room may import, checked in a fresh interpreter (pytest's own is polluted)."""
+"""DESIGN.md's rooms, read from the source: what each room may import, no import circles, no branch
+on a task kind's name outside tasks/. (What importing a room loads, in a fresh interpreter:
+tests/integration/test_import_weight.py.)"""
 
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
-
-import pytest
-
-pytestmark = pytest.mark.integration
-
-
-def loaded_after(imports: str) -> set[str]:
-    code = f"import sys; {imports}; print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return set(out.stdout.split())
-
-
-def test_core_imports_no_torch_mlflow_or_prefect():
-    mods = loaded_after("import core.config, core.manifest, core.paths, core.env, core.hashing, core.errors, "
-                        "core.lock, core.metrics_file")
-    assert not mods & {"torch", "mlflow", "prefect", "great_expectations"}
-
-
-def test_training_runs_without_prefect_and_mlflow():
-    mods = loaded_after("import training.worker, training.launcher, training.trainer")
-    assert "torch" in mods
-    assert not mods & {"prefect", "mlflow", "great_expectations"}
-
-
-def test_importing_the_flow_touches_no_backend(tmp_path):
-    # Importing the flow module must not create MLflow or Prefect state anywhere.
-    code = ("import os; os.chdir(%r); import flows.pipeline, flows.cli, flows.k8s; "
-            "print(sorted(os.listdir('.')))") % str(tmp_path)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
-
-
-def test_validation_and_registry_defer_heavy_imports():
-    mods = loaded_after("import validation.suite, validation.report, registry.store, registry.models, "
-                        "registry.values, registry.relay")
-    assert not mods & {"great_expectations", "pandas", "mlflow", "torch", "numpy"}
-
 
 # -- DESIGN.md's rooms, read from the source (every import, also those inside functions) ---------
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,14 +43,14 @@ def _imports(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def room_violations(modules: dict[str, Path]) -> list[str]:
+def room_violations(modules: dict[str, Path], root: Path = ROOT) -> list[str]:
     bad = []
     for name, path in modules.items():
         room = name.split(".")[0]
         for line, imported in _imports(path):
             top = imported.split(".")[0]
             if top in ROOMS and top not in MAY_IMPORT[room]:
-                bad.append(f"{path.relative_to(ROOT)}:{line} imports {imported} ({room}/ may import "
+                bad.append(f"{path.relative_to(root)}:{line} imports {imported} ({room}/ may import "
                            f"{', '.join(sorted(MAY_IMPORT[room]))})")
     return bad
 
@@ -126,7 +89,7 @@ def import_circles(modules: dict[str, Path]) -> list[list[str]]:
     return circles
 
 
-def kind_branches(path: Path) -> list[str]:
+def kind_branches(path: Path, root: Path = ROOT) -> list[str]:
     """Where ``path`` compares with a built-in task's name, or tests a task's attributes by name."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -135,12 +98,12 @@ def kind_branches(path: Path) -> list[str]:
                 values = ([side] if isinstance(side, ast.Constant) else
                           list(side.elts) if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [])
                 if any(isinstance(v, ast.Constant) and v.value in KIND_NAMES for v in values):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr")
               and node.args and "task" in ast.unparse(node.args[0])):
-            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+            found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
         elif isinstance(node, ast.Attribute) and node.attr == "classification":
-            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+            found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
     return found
 
 
@@ -162,11 +125,6 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     fake["tasks.x"].write_text("def f():\n    from training.y import g\n")
     fake["training.y"].write_text("from training.z import h\n")
     fake["training.z"].write_text("def h():\n    import training.y\n    return task.name == 'lm'\n")
-    global ROOT
-    saved, ROOT = ROOT, tmp_path
-    try:
-        assert [v.split(" (")[0] for v in room_violations(fake)] == ["x.py:2 imports training.y.g"]
-        assert import_circles(fake) == [["training.y", "training.z"]]
-        assert kind_branches(fake["training.z"]) == ["z.py:3: task.name == 'lm'"]
-    finally:
-        ROOT = saved
+    assert [v.split(" (")[0] for v in room_violations(fake, tmp_path)] == ["x.py:2 imports training.y.g"]
+    assert import_circles(fake) == [["training.y", "training.z"]]
+    assert kind_branches(fake["training.z"], tmp_path) == ["z.py:3: task.name == 'lm'"]
