@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from core.errors import WorkspaceChangedError
-from core.workspace import check_tracked
+from core.workspace import check_tracked, first_change, workspace_statuses
 from flows.cli import main
 from tests.integration.conftest import DVC_BIN, GIT_ID, run
 
@@ -42,6 +42,7 @@ def test_an_unchanged_project_passes_without_reading_its_files(make_project):
         f.write(data)
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
     check_tracked(proj, ["data/digits.dvc"])
+    assert first_change(workspace_statuses(proj, ["data/digits.dvc"])) is None
 
 
 def test_a_changed_image_is_refused_naming_the_folder_and_both_remedies(tmp_path, repo_root, bundled_data):
