@@ -47,8 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TRAINFLOW_HOME"] = str(home)  # the sweep saves its rows here; auto reads them
     from core.config import load_config
     from core.env import apply_offline_env
-    from flows.scale import default_layouts, run_sweep
-    from training.advisor import resolve_for_launch
+    from core.manifest import read_dvc_file
+    from flows.scale import run_sweep
+    from training.plan import host_facts, plan_launch
+    from training.probe import default_layouts, measured_plan
+
+    def resolve(cfg, probe=False):
+        plan = plan_launch(cfg, host_facts(cfg, home))
+        if probe and plan.measure:
+            plan = measured_plan(plan, ROOT, read_dvc_file(ROOT, cfg.dataset.dvc_file).md5, home, quiet)
+        return plan.cfg, list(plan.reasons)
 
     apply_offline_env(home)
     quiet = lambda _m: None  # noqa: E731
@@ -58,16 +66,16 @@ def main(argv: list[str] | None = None) -> int:
         cfg_path, sets = SHAPES[shape]
         cfg_path = str(ROOT / cfg_path)
         auto_sets = [*sets, "training.strategy=auto", "training.cpu_workers=auto"]
-        rule_cfg, rule_why = resolve_for_launch(load_config(cfg_path, auto_sets), home)
+        rule_cfg, rule_why = resolve(load_config(cfg_path, auto_sets))
         rule = layout_of(rule_cfg)
-        probe_cfg, _ = resolve_for_launch(load_config(cfg_path, auto_sets), home, root=ROOT)
+        probe_cfg, _ = resolve(load_config(cfg_path, auto_sets), probe=True)
         probe = layout_of(probe_cfg)
 
         sweep = run_sweep(cfg_path, sets, layouts=default_layouts(), epochs=args.epochs,
                           out_dir=home / f"sweep-{shape}", log=quiet)
         best_row = sweep["best"]
         best = {"name": best_row["layout"], "nproc": best_row["nproc"], "threads": best_row["threads"], "device": "cpu"}
-        sweep_cfg, sweep_why = resolve_for_launch(load_config(cfg_path, auto_sets), home)
+        sweep_cfg, sweep_why = resolve(load_config(cfg_path, auto_sets))
         picked = layout_of(sweep_cfg)
 
         print(f"\n== {shape} ==", flush=True)

@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
-from typing import Any
 
-from core.config import PipelineConfig, config_from_dict
+from core.config import PipelineConfig
 from core.errors import ConfigError
 from core.hashing import sha256_json
-from core.manifest import read_dvc_file
 from core.paths import project_root
 from tasks import get_task
-from training.probe import probe_layouts
 
 HEADROOM = 0.8
 # CPU rule without a sweep: models whose replicated state is below this stay in one process.
@@ -63,8 +59,9 @@ def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
     return sum(p.numel() for p in model.parameters()), largest, out_elems[0]
 
 
-def estimate_memory(cfg: PipelineConfig, world_size: int) -> dict:
-    """Bytes per rank for ``cfg``'s model trained by ``world_size`` ranks (rules in the module doc)."""
+def model_size(cfg: PipelineConfig) -> dict:
+    """Bytes of ``cfg``'s model by kind (parameters, gradients, optimizer state, activations of one
+    batch, the largest layer's parameters): what ``per_rank`` divides among ranks."""
     n_params, largest, act_elems = _count(cfg)
     t = cfg.training
     param = 4 * n_params
@@ -72,10 +69,16 @@ def estimate_memory(cfg: PipelineConfig, world_size: int) -> dict:
            "optim_bytes": param * (2 if t.optimizer == "adamw" else 1),
            "activation_bytes": t.batch_size * act_elems * 4, "largest_layer_param_bytes": 4 * largest,
            "optimizer": t.optimizer, "batch_size": t.batch_size}
-    return {**mem, **_per_rank(mem, world_size)}
+    return mem
 
 
-def _per_rank(mem: dict, world_size: int) -> dict:
+def estimate_memory(cfg: PipelineConfig, world_size: int) -> dict:
+    """Bytes per rank for ``cfg``'s model trained by ``world_size`` ranks (rules in the module doc)."""
+    mem = model_size(cfg)
+    return {**mem, **per_rank(mem, world_size)}
+
+
+def per_rank(mem: dict, world_size: int) -> dict:
     state = mem["param_bytes"] + mem["grad_bytes"] + mem["optim_bytes"]
     sharded = math.ceil(state / world_size) + (mem["largest_layer_param_bytes"] if world_size > 1 else 0)
     return {"world_size": world_size, "replicated_state_bytes": state,
@@ -86,7 +89,7 @@ def _per_rank(mem: dict, world_size: int) -> dict:
 def choose_strategy(mem: dict, device_bytes: int, world_size: int) -> tuple[str, str]:
     """(strategy, reason): ``single`` for one rank, ``ddp`` when a replica fits in
     ``HEADROOM x device_bytes``, ``fsdp`` when only the sharded state fits; else ConfigError."""
-    sizes = _per_rank(mem, world_size)
+    sizes = per_rank(mem, world_size)
     budget = HEADROOM * device_bytes
     ddp, fsdp = sizes["ddp_total_bytes"], sizes["fsdp_total_bytes"]
     where = f"{HEADROOM:.0%} of {human_bytes(device_bytes)} per device = {human_bytes(budget)}"
@@ -124,7 +127,7 @@ def describe(row: dict, with_batch: bool = False) -> str:
     return text + (f", batch {row['batch_size']}" if with_batch else "")
 
 
-def _valid(rows: list[dict]) -> list[dict]:
+def valid_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("samples_per_s")]
 
 
@@ -139,7 +142,7 @@ def choose_layout(measurements: list[dict]) -> dict:
     """The best sweep row plus ``metric`` and ``reason``: the fastest time-to-target when any row
     reached the target (rows that did not are out), else the highest samples/s. Rows within
     TIE_TOLERANCE of the best tie and go to the fewest processes (then the fewest threads)."""
-    rows = _valid(measurements)
+    rows = valid_rows(measurements)
     if not rows:
         raise ValueError("choose_layout: no measurement has samples_per_s (did every layout fail?)")
     to_target = any(r.get("time_to_target_s") is not None for r in rows)
@@ -165,7 +168,7 @@ def choose_layout(measurements: list[dict]) -> dict:
 def recommendation(measurements: list[dict]) -> str:
     """Plain words: which layout to use, how much faster it is than the one with the most
     processes (or the runner-up), and, explicitly, when fewer workers win."""
-    rows = _valid(measurements)
+    rows = valid_rows(measurements)
     if not rows:
         return "No layout produced a measurement; nothing to recommend."
     best = choose_layout(rows)
@@ -233,80 +236,3 @@ def load_sweep(home: Path, cfg: PipelineConfig) -> list[dict] | None:
         return None
     rows = data.get("rows") if isinstance(data, dict) else data
     return rows if isinstance(rows, list) and rows else None
-
-
-def resolve_auto(cfg: PipelineConfig, nproc_available_gpus: int, device_bytes: int,
-                 sweep: list[dict] | None, *, cpu_count: int | None = None,
-                 nproc: int | None = None, nnodes: int = 1) -> tuple[PipelineConfig, list[str]]:
-    """Replace ``training.strategy: auto`` and ``training.cpu_workers: auto`` with concrete values:
-    one rank per GPU, else ``nproc``, the sweep's best layout or ``default_layout``; then the
-    strategy the memory estimate allows. Returns the new config and one reason per decision."""
-    t = cfg.training
-    if t.strategy != "auto" and t.cpu_workers != "auto":
-        return cfg, []
-    cores = cpu_count or os.cpu_count() or 1
-    gpus = nproc_available_gpus if t.backend != "gloo" else 0
-    update: dict[str, Any] = {}
-    reasons: list[str] = []
-    if gpus > 0:
-        per_node = nproc or gpus
-        if t.cpu_workers == "auto":
-            update["cpu_workers"] = 1
-            reasons.append(f"{gpus} GPU(s): one rank per GPU ({per_node} per node); cpu_workers is unused")
-    elif t.cpu_workers == "auto":
-        rows = _valid(sweep or [])
-        if t.strategy == "single":
-            per_node, threads, why = 1, cores, f"strategy single: 1 process x {cores} threads"
-        elif nproc:
-            per_node, threads = nproc, max(1, cores // nproc)
-            why = f"--nproc {nproc} given: {nproc} process(es) x {threads} thread(s)"
-        elif rows:
-            mine = [r for r in rows if r.get("batch_size") == t.batch_size]
-            best = choose_layout(mine or rows)
-            per_node, threads = _shape(best)
-            source = "probe" if any(r.get("source") == "probe" for r in rows) else "scale sweep"
-            why = f"from the {source}: {best['reason']}"
-            if not mine:
-                why += f" (the sweep has no batch size {t.batch_size}; used all its rows)"
-        else:
-            per_node, threads, why = default_layout(cores, estimate_memory(cfg, 1)["replicated_state_bytes"])
-        update.update(cpu_workers=per_node, threads_per_worker=threads)
-        reasons.append(f"cpu_workers auto -> {per_node}, threads_per_worker -> {threads}: {why}")
-    else:
-        per_node = nproc or int(t.cpu_workers)
-    if t.strategy == "auto":
-        world = per_node * nnodes
-        strategy, why = choose_strategy(estimate_memory(cfg, world), device_bytes, world)
-        update["strategy"] = strategy
-        reasons.append(f"strategy auto -> {strategy}: {why}")
-    data = cfg.model_dump(mode="json")
-    data["training"].update(update)
-    return config_from_dict(data), reasons
-
-
-def resolve_for_launch(cfg: PipelineConfig, home: Path, nproc: int | None = None,
-                       nnodes: int = 1, root: Path | None = None,
-                       data_md5: str | None = None) -> tuple[PipelineConfig, list[str]]:
-    """``resolve_auto`` with this host's facts: GPU count, device memory, the saved sweep. With
-    ``root``, a CPU ``cpu_workers: auto`` with nothing else to go on is probed first (``training.probe``)."""
-    t = cfg.training
-    if t.strategy != "auto" and t.cpu_workers != "auto":
-        return cfg, []
-    import torch
-
-    gpus = torch.cuda.device_count() if t.backend != "gloo" and torch.cuda.is_available() else 0
-    sweep = load_sweep(home, cfg) if t.cpu_workers == "auto" else None
-    probed: list[str] = []
-    if (root is not None and sweep is None and t.cpu_workers == "auto" and not gpus and not nproc
-            and nnodes == 1 and t.strategy != "single"):
-        if data_md5 is None:
-            data_md5 = read_dvc_file(root, cfg.dataset.dvc_file).md5
-        rows = probe_layouts(cfg, root, data_md5, save_to=sweep_path(home, cfg))
-        sweep = rows if _valid(rows) else None
-        probed = [f"no sweep for this config: probed {len(rows)} layouts for one epoch each "
-                  f"(saved to {sweep_path(home, cfg)}; `trainflow scale` measures more)"]
-    # One device's memory: GPU 0's, else the host's RAM.
-    device = (torch.cuda.get_device_properties(0).total_memory if gpus
-              else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    cfg, reasons = resolve_auto(cfg, gpus, int(device), sweep, nproc=nproc, nnodes=nnodes)
-    return cfg, probed + reasons
