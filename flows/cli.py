@@ -356,8 +356,6 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         from flows.pipeline import pipeline as flow_fn
     import mlflow  # noqa: F401  (resolve's imports, also overlapping the server's boot)
 
-    if server is not None:
-        server.import_while_booting()
     t_import = time.perf_counter() - t0
     if server is not None:
         try:
