@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def resolve(cfg, probe=False):
         plan = plan_launch(cfg, host_facts(cfg, home))
-        if probe and plan.measure:
+        if probe and plan.unmeasured:
             plan = measured_plan(plan, ROOT, read_dvc_file(ROOT, cfg.dataset.dvc_file).md5, home, quiet)
         return plan.cfg, list(plan.reasons)
 

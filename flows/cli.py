@@ -484,9 +484,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = load_config(cfg_path, args.overrides)
         _check_code(cfg, root)
         task_for(cfg)
-        plan = plan_launch(cfg, host_facts(cfg, trainflow_home(root)), args.nproc, args.nnodes)
         md5 = read_dvc_file(root, cfg.dataset.dvc_file).md5
-        if plan.measure:  # nothing measured for this config yet: train each layout for an epoch first
+        facts = host_facts(cfg, trainflow_home(root))
+        plan = plan_launch(cfg, facts, args.nproc, args.nnodes)
+        if plan.unmeasured:  # nothing measured for this config yet: train each layout for an epoch first
             plan = measured_plan(plan, root, md5, trainflow_home(root), lambda m: print(m, file=sys.stderr))
         for reason in plan.reasons:
             print(f"trainflow: plan: {reason}", file=sys.stderr)

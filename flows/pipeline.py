@@ -83,13 +83,16 @@ def load_inputs(inputs: RunInputs) -> tuple[LaunchPlan, Path, Path, Manifest]:
     root = project_root(cfg_path if cfg_path.is_absolute() else Path.cwd() / cfg_path)
     importable_root(root)  # a model.factory module in the repository root imports, also in a Prefect worker
     home = trainflow_home(root)
+    cache = under_home(home, "cache")
     apply_offline_env(home)  # before mlflow is imported: telemetry is decided at import
     cfg = load_config(cfg_path if cfg_path.is_absolute() or cfg_path.exists() else root / cfg_path,
                       list(inputs.overrides))
     task_for(cfg)  # the config fits its task, or a ConfigError names the key
-    plan = plan_launch(cfg, host_facts(cfg, home), inputs.nproc_per_node)
+    facts = host_facts(cfg, home)
+    plan = plan_launch(cfg, facts, inputs.nproc_per_node)
+    image = image_from_env(inputs.image, inputs.image_digest)
     manifest = build_manifest(root, cfg.name, plan.cfg.config_id(), cfg.dataset.dvc_file, cfg.seed, plan.world,
-                              image_from_env(inputs.image, inputs.image_digest), cache_dir=under_home(home, "cache"))
+                              image, cache)
     return plan, root, home, manifest
 
 
@@ -109,7 +112,7 @@ def resolve(inputs: RunInputs) -> RunContext:
     exp_id = store.configure(uri, cfg.registry.experiment, under_home(home, "mlartifacts"))
     tags = {**manifest.tags(), store.STAGE_TAG: "resolve"}
     # A preempted training of these inputs is resumed by `train`: its run goes on in this one.
-    run_id = None if plan.measure else _continued_run(cfg, home, manifest, exp_id, tags)
+    run_id = None if plan.unmeasured else _continued_run(cfg, home, manifest, exp_id, tags)
     run_id = run_id or store.start_run(exp_id, f"{cfg.name}-{manifest.data.md5[:8]}", tags)
     task_ = get_task(cfg.task)
     store.log_datasets(run_id, task_.data_splits(cfg), manifest.data.md5, manifest.data.rev)
@@ -118,7 +121,7 @@ def resolve(inputs: RunInputs) -> RunContext:
     get_run_logger().info("config %s (%s), data %s, mlflow run %s", cfg.name, cfg.config_id()[:12],
                           manifest.data.md5, run_id)
     ctx = RunContext(cfg, task_, root, home, uri, run_id, manifest, out, plan)
-    if not plan.measure:
+    if not plan.unmeasured:
         _record(ctx)
     return ctx
 
@@ -561,7 +564,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
         summary["validation"] = {"success": True, "n_expectations": report["n_expectations"],
                                  "cached": report["cached"], "data_docs": _data_docs(ctx),
                                  "warnings": report.get("warnings", []), "report": report.get("report_md")}
-        if ctx.plan.measure:
+        if ctx.plan.unmeasured:
             ctx = timed("measure", measure, ctx)
             summary["manifest"] = ctx.manifest.to_dict()
         stage[0] = "train"

@@ -14,7 +14,7 @@ from prefect import flow
 
 from core.config import load_config
 from core.paths import project_root, trainflow_home
-from training import advisor
+from training import plan
 
 
 def run_sweep(cfg_path: str | Path, overrides: list[str] = (), layouts: list[dict] | None = None,
@@ -29,7 +29,7 @@ def run_sweep(cfg_path: str | Path, overrides: list[str] = (), layouts: list[dic
     root = project_root(cfg_path)
     home = trainflow_home(root)
     base = load_config(cfg_path, list(overrides))
-    key = advisor.layout_key(base)
+    key = plan.layout_key(base)
     out = Path(out_dir) if out_dir else home / "scale" / key
     out.mkdir(parents=True, exist_ok=True)
     layouts = layouts or default_layouts()
@@ -43,18 +43,18 @@ def run_sweep(cfg_path: str | Path, overrides: list[str] = (), layouts: list[dic
         if one and row["samples_per_s"]:
             row["scaling_efficiency"] = row["samples_per_s"] / (one["samples_per_s"] * row["cores"])
     ok = [r for r in rows if r["samples_per_s"]]
-    best = advisor.choose_layout(ok) if ok else None
+    best = plan.choose_layout(ok) if ok else None
     report = {
         "config": str(cfg_path), "config_name": base.name, "layout_key": key, "overrides": list(overrides),
         "epochs": epochs, "target_accuracy": target_accuracy, "batch_sizes": batch_sizes,
         "machine": {"cpu_count": os.cpu_count(), "gpus": sum(1 for l in layouts if l["device"] == "cuda")},
         "sweep_wall_s": time.perf_counter() - t0,
-        "rows": rows, "best": best, "recommendation": advisor.recommendation(rows),
+        "rows": rows, "best": best, "recommendation": plan.recommendation(rows),
     }
     (out / "scale.json").write_text(json.dumps(report, indent=2))
     (out / "scale.md").write_text(markdown(report))
     plot(report, out / "scale.png")
-    saved = advisor.sweep_path(home, base)
+    saved = plan.sweep_path(home, base)
     saved.parent.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps({"config": str(cfg_path), "layout_key": key, "rows": rows,
                                  "target_accuracy": target_accuracy, "epochs": epochs}, indent=2))
@@ -96,7 +96,7 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = report["rows"]
-    labels = [f"{advisor.describe(r)}\nbatch {r['batch_size']}" for r in rows]
+    labels = [f"{plan.describe(r)}\nbatch {r['batch_size']}" for r in rows]
     values = [r["samples_per_s"] for r in rows]
     best = report.get("best")
     colors = ["tab:green" if best and r["layout"] == best["layout"] and r["batch_size"] == best["batch_size"]

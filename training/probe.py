@@ -1,7 +1,7 @@
 """Measuring layouts: one real torchrun job per process/thread layout (and batch size), one sweep row
 each. ``trainflow scale`` measures what it is asked; the probe, one epoch of each CPU layout, is
 what a run of ``cpu_workers: auto`` measures when nothing was measured for its config (no rule
-knows how busy this machine is). Both save their rows where ``advisor.load_sweep`` finds them.
+knows how busy this machine is). Both save their rows where ``plan.load_sweep`` finds them.
 
 Per row: ``samples_per_s`` is the mean over epochs of global training samples/s;
 ``time_to_target_s`` sums ``epoch_time_s`` up to the first epoch whose ``val_accuracy`` reaches the
@@ -19,8 +19,7 @@ from typing import Callable
 
 from core.config import PipelineConfig, config_from_dict
 from core.errors import TrainflowError
-from training import advisor
-from training.plan import HostFacts, LaunchPlan, host_facts, plan_launch
+from training.plan import HostFacts, LaunchPlan, describe, host_facts, plan_launch, sweep_path, valid_rows
 
 
 def cpu_layouts(cores: int) -> list[dict]:
@@ -94,7 +93,7 @@ def measure(cfg: PipelineConfig, layouts: list[dict], batch_sizes: list[int], ep
                                     **({"backend": "gloo"} if cpu else {}))  # a CPU layout stays on CPU
             run_dir = runs_dir / f"{layout['name']}-b{batch}"
             shutil.rmtree(run_dir, ignore_errors=True)
-            log(f"scale: {advisor.describe(layout)}, batch {batch}, {epochs} epoch(s) ...")
+            log(f"scale: {describe(layout)}, batch {batch}, {epochs} epoch(s) ...")
             try:
                 plan = plan_launch(config_from_dict(data), HostFacts(gpus=0 if cpu else n), nproc=n)
                 row = _row(layout, batch, launch(plan, run_dir, root, data_md5).finish(), target)
@@ -111,15 +110,15 @@ def measure(cfg: PipelineConfig, layouts: list[dict], batch_sizes: list[int], ep
 
 def probe(cfg: PipelineConfig, root: Path, data_md5: str, home: Path, log: Callable[[str], None] = print) -> list[dict]:
     """One epoch of each CPU layout of this host (metrics off), marked ``source: probe``; saved
-    where ``advisor.load_sweep`` finds them when any trained."""
+    where ``plan.load_sweep`` finds them when any trained."""
     data = cfg.model_dump(mode="json")
     data["training"]["metrics"] = False
     with tempfile.TemporaryDirectory(prefix="trainflow-probe-", ignore_cleanup_errors=True) as tmp:
         rows = measure(config_from_dict(data), cpu_layouts(os.cpu_count() or 1), [cfg.training.batch_size], 1,
                        root, data_md5, Path(tmp), log=log)
     rows = [{**r, "source": "probe"} for r in rows]
-    if advisor.valid_rows(rows):
-        save_to = advisor.sweep_path(home, cfg)
+    if valid_rows(rows):
+        save_to = sweep_path(home, cfg)
         save_to.parent.mkdir(parents=True, exist_ok=True)
         save_to.write_text(json.dumps({"source": "probe", "epochs": 1, "rows": rows}, indent=2))
     return rows
@@ -127,5 +126,5 @@ def probe(cfg: PipelineConfig, root: Path, data_md5: str, home: Path, log: Calla
 
 def measured_plan(plan: LaunchPlan, root: Path, data_md5: str, home: Path, log: Callable[[str], None] = print) -> LaunchPlan:
     """``plan`` made again from its config as given, after the probe measured this host's layouts."""
-    rows = probe(plan.given, root, data_md5, home, log)
-    return plan_launch(plan.given, host_facts(plan.given, home, rows))
+    cfg = plan.unmeasured
+    return plan_launch(cfg, host_facts(cfg, home, probe(cfg, root, data_md5, home, log)))

@@ -305,7 +305,7 @@ def test_auto_layout_with_nothing_measured_is_probed_only_after_validation(first
     from pathlib import Path
 
     from core.config import load_config
-    from training.advisor import choose_layout, load_sweep, sweep_path
+    from training.plan import choose_layout, load_sweep, sweep_path
 
     sets = [*QUICK, "--set", "training.strategy=auto", "--set", "training.cpu_workers=auto",
             "--set", "registry.model_name=auto-digits"]

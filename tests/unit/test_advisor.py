@@ -1,5 +1,5 @@
-"""The auto advisor on fixed inputs: memory rules, strategy choice, layout choice; the launch plan
-(``training.plan.plan_launch``) on given host facts."""
+"""The launch plan on given host facts (``training.plan.plan_launch``) and its rules for auto:
+memory, strategy choice, layout choice."""
 
 from pathlib import Path
 
@@ -7,10 +7,9 @@ import pytest
 
 from core.config import config_from_dict, load_config
 from core.errors import ConfigError
-from training import advisor
-from training.advisor import (choose_layout, choose_strategy, default_layout, estimate_memory, model_size,
-                              recommendation)
-from training.plan import HostFacts, plan_launch
+from training import plan as advisor
+from training.plan import (HostFacts, choose_layout, choose_strategy, default_layout, estimate_memory, model_size,
+                           plan_launch, recommendation)
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "configs" / "digits.yaml"
@@ -127,13 +126,13 @@ def test_plan_on_two_cpu_cores_without_sweep_takes_the_rule_and_asks_to_measure(
     t = plan.cfg.training
     assert (t.strategy, t.cpu_workers, t.threads_per_worker) == ("single", 1, 2)
     assert (plan.nproc_per_node, plan.nnodes, plan.backend, plan.world.size) == (1, 1, "gloo", 1)
-    assert plan.measure and plan.given == cfg  # the probe measures after validation, from the config as given
+    assert plan.unmeasured == cfg  # the probe measures after validation, from the config as given
     assert any("small models stay in one process" in r for r in plan.reasons)
     assert any(r.startswith("strategy auto -> single") for r in plan.reasons)
     assert plan.cfg.model.kind == cfg.model.kind and plan.cfg.training.lr == cfg.training.lr  # the rest is kept
     # Told the workers, or on several nodes, there is nothing to measure.
-    assert not plan_launch(cfg, _facts(cfg), nproc=2).measure
-    assert not plan_launch(cfg, _facts(cfg), nproc=1, nnodes=2).measure
+    assert not plan_launch(cfg, _facts(cfg), nproc=2).unmeasured
+    assert not plan_launch(cfg, _facts(cfg), nproc=1, nnodes=2).unmeasured
 
 
 def test_plan_takes_the_sweeps_best():
@@ -143,7 +142,7 @@ def test_plan_takes_the_sweeps_best():
     # Rows with the config's batch size (32) decide: 2 x 1 at 2,500 samples/s.
     assert (plan.cfg.training.cpu_workers, plan.cfg.training.threads_per_worker, plan.cfg.training.strategy) == \
         (2, 1, "ddp")
-    assert plan.nproc_per_node == 2 and not plan.measure
+    assert plan.nproc_per_node == 2 and not plan.unmeasured
     assert "from the scale sweep" in plan.reasons[0]
 
 
