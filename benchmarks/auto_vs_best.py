@@ -52,10 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     from training.plan import host_facts, plan_launch
     from training.probe import default_layouts, measured_plan
 
-    def resolve(cfg, probe=False):
+    def resolve(cfg, probe=False):  # the plan, measured first with the probe when it asks to be
         plan = plan_launch(cfg, host_facts(cfg, home))
-        if probe and plan.unmeasured:
-            plan = measured_plan(plan, ROOT, read_dvc_file(ROOT, cfg.dataset.dvc_file).md5, home, quiet)
+        plan = measured_plan(plan, ROOT, read_dvc_file(ROOT, cfg.dataset.dvc_file).md5, home, quiet) \
+            if probe and plan.unmeasured else plan
         return plan.cfg, list(plan.reasons)
 
     apply_offline_env(home)

@@ -54,10 +54,8 @@ def run_sweep(cfg_path: str | Path, overrides: list[str] = (), layouts: list[dic
     (out / "scale.json").write_text(json.dumps(report, indent=2))
     (out / "scale.md").write_text(markdown(report))
     plot(report, out / "scale.png")
-    saved = plan.sweep_path(home, base)
-    saved.parent.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps({"config": str(cfg_path), "layout_key": key, "rows": rows,
-                                 "target_accuracy": target_accuracy, "epochs": epochs}, indent=2))
+    saved = plan.save_sweep(home, base, rows, config=str(cfg_path), layout_key=key, target_accuracy=target_accuracy,
+                            epochs=epochs)
     report["files"] = {**{k: str(out / f"scale.{k}") for k in ("json", "md", "png")}, "saved_rows": str(saved)}
     return report
 

@@ -1,6 +1,7 @@
-"""Launch a training job with torchrun as a subprocess (killable as one process group, torch's
-state kept out of the caller) and collect its result, or a ``TrainingFailedError`` naming the
-first failing rank with its traceback. The job dies with this process (``training.agent``)."""
+"""Launch a training plan (``training.plan``) on this host: torchrun as a subprocess (killable as
+one process group, torch's state kept out of the caller), and collect its result, or a
+``TrainingFailedError`` naming the first failing rank with its traceback. The job dies with this
+process (``training.agent``)."""
 
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ def make_spec(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, env: d
               force_resume: bool = False) -> JobSpec:
     """The torchrun job that runs ``plan`` on this host, with its config written into ``out_dir``
     (what the workers read). ConfigError when several nodes lack a rendezvous."""
-    lo, hi = plan.node_range
+    hi = plan.node_range[1]
     if hi > 1 and not rdzv_endpoint:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
     if hi > 1 and not rdzv_id:

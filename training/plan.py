@@ -374,6 +374,14 @@ def sweep_path(home: Path, cfg: PipelineConfig) -> Path:
     return Path(home) / "scale" / f"{layout_key(cfg)}.json"
 
 
+def save_sweep(home: Path, cfg: PipelineConfig, rows: list[dict], **about) -> Path:
+    """Keep ``rows`` measured for ``cfg`` (any layout) where ``load_sweep`` finds them."""
+    path = sweep_path(home, cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**about, "rows": rows}, indent=2))
+    return path
+
+
 def load_sweep(home: Path, cfg: PipelineConfig) -> list[dict] | None:
     """Rows ``trainflow scale`` saved for this config (any layout), or None."""
     try:

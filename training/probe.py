@@ -10,7 +10,6 @@ target; ``cost_core_s`` is that x cores (GPUs) used.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -19,7 +18,7 @@ from typing import Callable
 
 from core.config import PipelineConfig, config_from_dict
 from core.errors import TrainflowError
-from training.plan import HostFacts, LaunchPlan, describe, host_facts, plan_launch, sweep_path, valid_rows
+from training.plan import HostFacts, LaunchPlan, describe, host_facts, plan_launch, save_sweep, valid_rows
 
 
 def cpu_layouts(cores: int) -> list[dict]:
@@ -98,9 +97,7 @@ def measure(cfg: PipelineConfig, layouts: list[dict], batch_sizes: list[int], ep
                 plan = plan_launch(config_from_dict(data), HostFacts(gpus=0 if cpu else n), nproc=n)
                 row = _row(layout, batch, launch(plan, run_dir, root, data_md5).finish(), target)
             except TrainflowError as exc:
-                row = {"layout": layout["name"], "device": layout["device"], "nproc": n, "threads": threads,
-                       "cores": n * threads, "batch_size": batch, "samples_per_s": 0.0, "time_to_target_s": None,
-                       "cost_core_s": None, "scaling_efficiency": None, "status": "failed", "error": str(exc)}
+                row = {**_row(layout, batch, {}, None), "status": "failed", "error": str(exc)}
             ttt = row["time_to_target_s"]
             log(f"scale:   failed: {row['error']}" if row.get("error") else f"scale:   {row['samples_per_s']:,.0f} "
                 "samples/s, time to target " + ("not reached" if ttt is None else f"{ttt:.2f} s"))
@@ -108,9 +105,11 @@ def measure(cfg: PipelineConfig, layouts: list[dict], batch_sizes: list[int], ep
     return rows
 
 
-def probe(cfg: PipelineConfig, root: Path, data_md5: str, home: Path, log: Callable[[str], None] = print) -> list[dict]:
-    """One epoch of each CPU layout of this host (metrics off), marked ``source: probe``; saved
-    where ``plan.load_sweep`` finds them when any trained."""
+def measured_plan(plan: LaunchPlan, root: Path, data_md5: str, home: Path, log: Callable[[str], None] = print) -> LaunchPlan:
+    """The probe: one epoch of each CPU layout of this host for the plan's config as given (metrics
+    off), saved where ``plan.load_sweep`` finds them (``source: probe``); then the plan made again
+    from what was measured."""
+    cfg = plan.unmeasured
     data = cfg.model_dump(mode="json")
     data["training"]["metrics"] = False
     with tempfile.TemporaryDirectory(prefix="trainflow-probe-", ignore_cleanup_errors=True) as tmp:
@@ -118,13 +117,5 @@ def probe(cfg: PipelineConfig, root: Path, data_md5: str, home: Path, log: Calla
                        root, data_md5, Path(tmp), log=log)
     rows = [{**r, "source": "probe"} for r in rows]
     if valid_rows(rows):
-        save_to = sweep_path(home, cfg)
-        save_to.parent.mkdir(parents=True, exist_ok=True)
-        save_to.write_text(json.dumps({"source": "probe", "epochs": 1, "rows": rows}, indent=2))
-    return rows
-
-
-def measured_plan(plan: LaunchPlan, root: Path, data_md5: str, home: Path, log: Callable[[str], None] = print) -> LaunchPlan:
-    """``plan`` made again from its config as given, after the probe measured this host's layouts."""
-    cfg = plan.unmeasured
-    return plan_launch(cfg, host_facts(cfg, home, probe(cfg, root, data_md5, home, log)))
+        save_sweep(home, cfg, rows, source="probe", epochs=1)
+    return plan_launch(cfg, host_facts(cfg, home, rows))
