@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact
@@ -26,9 +25,7 @@ from core.manifest import Manifest, build_manifest, image_from_env
 from core.paths import importable_root, project_root, tracking_uri, trainflow_home, under_home
 from flows.params import PipelineParams, RunInputs, run_inputs
 from flows.promotion import promotion_lock
-
-if TYPE_CHECKING:
-    from training.plan import LaunchPlan
+from training.plan import LaunchPlan
 
 
 def _transient(task_, task_run, state) -> bool:
@@ -140,8 +137,6 @@ def _record(ctx: RunContext) -> None:
 def measure(ctx: RunContext) -> RunContext:
     """Probe this host's layouts (``training.probe``) and plan again with what was measured; record
     that plan. It trains, so it runs only after validation passed."""
-    from dataclasses import replace
-
     from registry import store
     from training.probe import measured_plan
 

@@ -43,7 +43,7 @@ class HostFacts:
     device_bytes: int = 0  # one device's memory: GPU 0's, else this host's RAM
     cpu_count: int = 1
     sweep: list[dict] | None = None  # rows `trainflow scale` or the probe measured for this config
-    model: dict | None = None  # model_size, where a rule for "auto" needs it
+    model: dict | None = None  # estimate_memory, where a rule for "auto" needs it
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def host_facts(cfg: PipelineConfig, home: Path, sweep: list[dict] | None = None)
     if sweep is None and t.cpu_workers == "auto":
         sweep = load_sweep(home, cfg)
     needs_size = t.strategy == "auto" or (t.cpu_workers == "auto" and not gpus and not sweep)
-    return HostFacts(gpus, int(device), os.cpu_count() or 1, sweep, model_size(cfg) if needs_size else None)
+    return HostFacts(gpus, int(device), os.cpu_count() or 1, sweep, estimate_memory(cfg) if needs_size else None)
 
 
 def plan_launch(cfg: PipelineConfig, facts: HostFacts, nproc: int | None = None, nnodes: int | str = 1) -> LaunchPlan:
@@ -137,7 +137,7 @@ def plan_launch(cfg: PipelineConfig, facts: HostFacts, nproc: int | None = None,
             if not mine:
                 why += f" (the sweep has no batch size {t.batch_size}; used all its rows)"
         else:
-            per_node, threads, why = default_layout(cores, _per_rank(facts.model, 1)["replicated_state_bytes"])
+            per_node, threads, why = default_layout(cores, facts.model["replicated_state_bytes"])
             unmeasured = given if hi == 1 else None
             if unmeasured:
                 why += "; the probe measures each layout for one epoch after validation, and the plan follows it"
@@ -182,14 +182,16 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
-    """(parameters, largest leaf module's parameters, leaf output elements per sample)."""
+def estimate_memory(cfg: PipelineConfig, world_size: int = 1) -> dict:
+    """Bytes of ``cfg``'s model by kind (parameters, gradients, optimizer state, activations of one
+    batch, the largest layer's parameters) and per rank when ``world_size`` ranks train it (rules in
+    the module doc). Builds the model (tables read their train split)."""
     import torch
 
     task = get_task(cfg.task)
-    info = task.info(cfg, project_root())  # tables read their train split
+    info = task.info(cfg, project_root())
     model = task.build_model(cfg, info)
-    out_elems = [0]
+    out_elems = [0]  # leaf outputs per sample
 
     def hook(_m, _inp, out):
         if torch.is_tensor(out):
@@ -202,25 +204,12 @@ def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
         model.eval()(task.example_input(cfg, info, batch=1))
     leaves = [m for m in model.modules() if not list(m.children())]
     largest = max((sum(p.numel() for p in m.parameters()) for m in leaves), default=0)
-    return sum(p.numel() for p in model.parameters()), largest, out_elems[0]
-
-
-def model_size(cfg: PipelineConfig) -> dict:
-    """Bytes of ``cfg``'s model by kind (parameters, gradients, optimizer state, activations of one
-    batch, the largest layer's parameters): what ``per_rank`` divides among ranks."""
-    n_params, largest, act_elems = _count(cfg)
-    t = cfg.training
+    n_params, t = sum(p.numel() for p in model.parameters()), cfg.training
     param = 4 * n_params
     mem = {"n_params": n_params, "param_bytes": param, "grad_bytes": param,
            "optim_bytes": param * (2 if t.optimizer == "adamw" else 1),
-           "activation_bytes": t.batch_size * act_elems * 4, "largest_layer_param_bytes": 4 * largest,
+           "activation_bytes": t.batch_size * out_elems[0] * 4, "largest_layer_param_bytes": 4 * largest,
            "optimizer": t.optimizer, "batch_size": t.batch_size}
-    return mem
-
-
-def estimate_memory(cfg: PipelineConfig, world_size: int) -> dict:
-    """Bytes per rank for ``cfg``'s model trained by ``world_size`` ranks (rules in the module doc)."""
-    mem = model_size(cfg)
     return {**mem, **_per_rank(mem, world_size)}
 
 

@@ -21,20 +21,17 @@ from core.errors import TrainflowError
 from training.plan import HostFacts, LaunchPlan, describe, host_facts, plan_launch, save_sweep, valid_rows
 
 
-def cpu_layouts(cores: int) -> list[dict]:
-    """1 process x all cores, 1 x 1, N processes x 1 thread (N = cores), duplicates dropped."""
+def default_layouts(gpus: bool = True) -> list[dict]:
+    """CUDA (``gpus``): 1..n GPUs; else 1 process x all cores, 1 x 1, N processes x 1 thread
+    (N = cores), duplicates dropped."""
+    if gpus:
+        import torch
+
+        if n_gpus := torch.cuda.device_count() if torch.cuda.is_available() else 0:
+            return [{"name": f"{n}gpu", "nproc": n, "threads": 1, "device": "cuda"} for n in range(1, n_gpus + 1)]
+    cores = os.cpu_count() or 1
     return [{"name": f"{n}x{t}", "nproc": n, "threads": t, "device": "cpu"}
             for n, t in dict.fromkeys(((1, cores), (1, 1), (cores, 1)))]
-
-
-def default_layouts() -> list[dict]:
-    """CUDA: 1..n GPUs; else ``cpu_layouts`` of this host."""
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus:
-        return [{"name": f"{n}gpu", "nproc": n, "threads": 1, "device": "cuda"} for n in range(1, gpus + 1)]
-    return cpu_layouts(os.cpu_count() or 1)
 
 
 def parse_layout(text: str) -> dict:
@@ -113,7 +110,7 @@ def measured_plan(plan: LaunchPlan, root: Path, data_md5: str, home: Path, log: 
     data = cfg.model_dump(mode="json")
     data["training"]["metrics"] = False
     with tempfile.TemporaryDirectory(prefix="trainflow-probe-", ignore_cleanup_errors=True) as tmp:
-        rows = measure(config_from_dict(data), cpu_layouts(os.cpu_count() or 1), [cfg.training.batch_size], 1,
+        rows = measure(config_from_dict(data), default_layouts(gpus=False), [cfg.training.batch_size], 1,
                        root, data_md5, Path(tmp), log=log)
     rows = [{**r, "source": "probe"} for r in rows]
     if valid_rows(rows):

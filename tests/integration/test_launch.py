@@ -27,7 +27,8 @@ def plain(tmp_path_factory):
     from training.launcher import SCORE_ENV
 
     out = tmp_path_factory.mktemp("plain") / "job"
-    job = start_job(make_spec(plan_launch(load_config(QUICK), HostFacts(), 2), out, ROOT, "test-data-md5", env={SCORE_ENV: "1"}))
+    plan = plan_launch(load_config(QUICK), HostFacts(), 2)
+    job = start_job(make_spec(plan, out, ROOT, "test-data-md5", env={SCORE_ENV: "1"}))
     return job, job.finish(at_result=True), out
 
 

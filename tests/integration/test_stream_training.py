@@ -67,7 +67,8 @@ def test_streamed_job_killed_on_two_ranks_resumes_on_one(root, tmp_path):
     ids = tmp_path / "ids"
     env = {"TRAINFLOW_RECORD_IDS": str(ids), "TRAINFLOW_HOME": str(tmp_path / "home")}
     with pytest.raises(TrainingFailedError):
-        run_job(make_spec(plan_launch(cfg, HostFacts(), 2), tmp_path / "out", root, MD5, env={**env, "TRAINFLOW_FAULT": "kill@step=47,rank=0"}))
+        run_job(make_spec(plan_launch(cfg, HostFacts(), 2), tmp_path / "out", root, MD5,
+                          env={**env, "TRAINFLOW_FAULT": "kill@step=47,rank=0"}))
     result = run_job(make_spec(plan_launch(cfg, HostFacts(), 1), tmp_path / "out", root, MD5, env=env))
     assert result["status"] == "completed" and result["world_size"] == 1
     # In epoch 2 (steps of 32 samples, a checkpoint every 5): 45, or 40 when rank 0's background

@@ -8,8 +8,8 @@ import pytest
 from core.config import config_from_dict, load_config
 from core.errors import ConfigError
 from training import plan as advisor
-from training.plan import (HostFacts, choose_layout, choose_strategy, default_layout, estimate_memory, model_size,
-                           plan_launch, recommendation)
+from training.plan import (HostFacts, choose_layout, choose_strategy, default_layout, estimate_memory, plan_launch,
+                           recommendation)
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "configs" / "digits.yaml"
@@ -117,7 +117,7 @@ AUTO = ["training.strategy=auto", "training.cpu_workers=auto"]
 
 
 def _facts(cfg, gpus=0, device=16 * GB, sweep=None, cores=2):
-    return HostFacts(gpus, device, cores, sweep, model_size(cfg))
+    return HostFacts(gpus, device, cores, sweep, estimate_memory(cfg))
 
 
 def test_plan_on_two_cpu_cores_without_sweep_takes_the_rule_and_asks_to_measure():
