@@ -52,12 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     from training.plan import host_facts, plan_launch
     from training.probe import default_layouts, measured_plan
 
-    def resolve(cfg, probe=False):  # the plan, measured first with the probe when it asks to be
-        plan = plan_launch(cfg, host_facts(cfg, home))
-        plan = measured_plan(plan, ROOT, read_dvc_file(ROOT, cfg.dataset.dvc_file).md5, home, quiet) \
-            if probe and plan.unmeasured else plan
-        return plan.cfg, list(plan.reasons)
-
     apply_offline_env(home)
     quiet = lambda _m: None  # noqa: E731
     worst: float | None = None
@@ -65,17 +59,18 @@ def main(argv: list[str] | None = None) -> int:
     for shape in args.shapes.split(","):
         cfg_path, sets = SHAPES[shape]
         cfg_path = str(ROOT / cfg_path)
-        auto_sets = [*sets, "training.strategy=auto", "training.cpu_workers=auto"]
-        rule_cfg, rule_why = resolve(load_config(cfg_path, auto_sets))
-        rule = layout_of(rule_cfg)
-        probe_cfg, _ = resolve(load_config(cfg_path, auto_sets), probe=True)
+        auto = load_config(cfg_path, [*sets, "training.strategy=auto", "training.cpu_workers=auto"])
+        ruled = plan_launch(auto, host_facts(auto, home))  # nothing measured yet: the rule's plan
+        rule_cfg, rule_why, rule = ruled.cfg, ruled.reasons, layout_of(ruled.cfg)
+        probe_cfg = measured_plan(ruled, ROOT, read_dvc_file(ROOT, auto.dataset.dvc_file).md5, home, quiet).cfg
         probe = layout_of(probe_cfg)
 
         sweep = run_sweep(cfg_path, sets, layouts=default_layouts(), epochs=args.epochs,
                           out_dir=home / f"sweep-{shape}", log=quiet)
         best_row = sweep["best"]
         best = {"name": best_row["layout"], "nproc": best_row["nproc"], "threads": best_row["threads"], "device": "cpu"}
-        sweep_cfg, sweep_why = resolve(load_config(cfg_path, auto_sets))
+        swept = plan_launch(auto, host_facts(auto, home))
+        sweep_cfg, sweep_why = swept.cfg, swept.reasons
         picked = layout_of(sweep_cfg)
 
         print(f"\n== {shape} ==", flush=True)

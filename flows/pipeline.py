@@ -103,8 +103,6 @@ def resolve(inputs: RunInputs) -> RunContext:
 
     plan, root, home, manifest = load_inputs(inputs)
     cfg = plan.cfg
-    for reason in plan.reasons:
-        get_run_logger().info("plan: %s", reason)
     uri = tracking_uri(home)
     exp_id = store.configure(uri, cfg.registry.experiment, under_home(home, "mlartifacts"))
     tags = {**manifest.tags(), store.STAGE_TAG: "resolve"}
@@ -124,9 +122,13 @@ def resolve(inputs: RunInputs) -> RunContext:
 
 
 def _record(ctx: RunContext) -> None:
-    """Log the run's manifest, config and parameters (MLflow parameters are written once: only a final plan)."""
+    """Log the run's plan, manifest, config and parameters (MLflow parameters are written once: only
+    a final plan)."""
     from registry import store
 
+    for reason in ctx.plan.reasons:
+        get_run_logger().info("plan: %s", reason)
+    store.set_tags(ctx.run_id, ctx.manifest.tags())
     store.log_recorded(ctx.run_id, ctx.manifest.to_dict(), "manifest.json")
     store.log_recorded(ctx.run_id, ctx.cfg.model_dump(mode="json"), "config.json")
     store.log_params(ctx.run_id, ctx.cfg.model_dump(mode="json"))
@@ -137,15 +139,11 @@ def _record(ctx: RunContext) -> None:
 def measure(ctx: RunContext) -> RunContext:
     """Probe this host's layouts (``training.probe``) and plan again with what was measured; record
     that plan. It trains, so it runs only after validation passed."""
-    from registry import store
     from training.probe import measured_plan
 
     plan = measured_plan(ctx.plan, ctx.root, ctx.manifest.data.md5, ctx.home, get_run_logger().info)
-    for reason in plan.reasons:
-        get_run_logger().info("plan: %s", reason)
     manifest = replace(ctx.manifest, config_sha256=plan.cfg.config_id(), world=plan.world)
     ctx = replace(ctx, cfg=plan.cfg, plan=plan, manifest=manifest)
-    store.set_tags(ctx.run_id, manifest.tags())
     _record(ctx)
     return ctx
 

@@ -111,9 +111,7 @@ def plan_launch(cfg: PipelineConfig, facts: HostFacts, nproc: int | None = None,
         raise ConfigError("--nnodes > 1 needs --nproc (workers per node) so every node agrees on the world size")
     given, t = cfg, cfg.training
     gpus = facts.gpus if t.backend != "gloo" else 0
-    update: dict = {}
-    reasons: list[str] = []
-    unmeasured = None
+    update, reasons, unmeasured = {}, [], None
     if gpus:
         per_node = nproc or gpus
         if t.cpu_workers == "auto":

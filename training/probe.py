@@ -1,12 +1,8 @@
-"""Measuring layouts: one real torchrun job per process/thread layout (and batch size), one sweep row
-each. ``trainflow scale`` measures what it is asked; the probe, one epoch of each CPU layout, is
-what a run of ``cpu_workers: auto`` measures when nothing was measured for its config (no rule
-knows how busy this machine is). Both save their rows where ``plan.load_sweep`` finds them.
-
-Per row: ``samples_per_s`` is the mean over epochs of global training samples/s;
-``time_to_target_s`` sums ``epoch_time_s`` up to the first epoch whose ``val_accuracy`` reaches the
-target; ``cost_core_s`` is that x cores (GPUs) used.
-"""
+"""Measuring layouts, one real torchrun job per process/thread layout (and batch size): what
+``trainflow scale`` is asked, and the probe (``measured_plan``) a ``cpu_workers: auto`` plan asks
+for when nothing was measured for its config (no rule knows how busy this machine is). A row's
+``samples_per_s`` is the mean over epochs of global training samples/s; ``time_to_target_s`` sums
+``epoch_time_s`` until ``val_accuracy`` first reaches the target; ``cost_core_s`` is that x cores."""
 
 from __future__ import annotations
 
