@@ -273,12 +273,11 @@ class TrainFolder:
             release(fd)
 
 
-def _claim_train_dir(ctx: RunContext) -> tuple[Path, int]:
+def _claim_train_dir(ctx: RunContext, nproc: int) -> tuple[Path, int]:
     """This run's training folder, held exclusively: ``(folder, lock fd)`` (``training.slots``)."""
     from training.slots import claim_train_dir
 
-    return claim_train_dir(ctx.home, ctx.cfg.name, ctx.cfg.config_id(), ctx.manifest.data.md5,
-                           ctx.plan.nproc_per_node, _logger())
+    return claim_train_dir(ctx.home, ctx.cfg.name, ctx.cfg.config_id(), ctx.manifest.data.md5, nproc, _logger())
 
 
 def _logger():
@@ -561,7 +560,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
             ctx = timed("measure", measure, ctx)
             summary["manifest"] = ctx.manifest.to_dict()
         stage[0] = "train"
-        slot = TrainFolder(*_claim_train_dir(ctx))
+        slot = TrainFolder(*_claim_train_dir(ctx, ctx.plan.nproc_per_node))
         result = timed("train", train.with_options(timeout_seconds=ctx.cfg.training.timeout_s + 60), ctx, slot)
         summary["plots"] = {"training_curves": timed("log-training", log_training, ctx, result)}
         from training.goodput import headline
