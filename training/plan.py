@@ -109,7 +109,7 @@ def plan_launch(cfg: PipelineConfig, facts: HostFacts, nproc: int | None = None,
     lo, hi = parse_nnodes(nnodes)
     if hi > 1 and nproc is None:
         raise ConfigError("--nnodes > 1 needs --nproc (workers per node) so every node agrees on the world size")
-    given, t = cfg, cfg.training
+    t = cfg.training
     gpus = facts.gpus if t.backend != "gloo" else 0
     update, reasons, unmeasured = {}, [], None
     if gpus:
@@ -136,7 +136,7 @@ def plan_launch(cfg: PipelineConfig, facts: HostFacts, nproc: int | None = None,
                 why += f" (the sweep has no batch size {t.batch_size}; used all its rows)"
         else:
             per_node, threads, why = default_layout(cores, facts.model["replicated_state_bytes"])
-            unmeasured = given if hi == 1 else None
+            unmeasured = cfg if hi == 1 else None  # the config as given: nothing of it updated yet
             if unmeasured:
                 why += "; the probe measures each layout for one epoch after validation, and the plan follows it"
         update.update(cpu_workers=per_node, threads_per_worker=threads)
