@@ -47,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TRAINFLOW_HOME"] = str(home)  # the sweep saves its rows here; auto reads them
     from core.config import load_config
     from core.env import apply_offline_env
-    from flows.scale import default_layouts, run_sweep
-    from training.advisor import resolve_for_launch
+    from core.manifest import read_dvc_file
+    from flows.scale import run_sweep
+    from training.plan import host_facts, plan_launch
+    from training.probe import default_layouts, measured_plan
 
     apply_offline_env(home)
     quiet = lambda _m: None  # noqa: E731
@@ -57,17 +59,18 @@ def main(argv: list[str] | None = None) -> int:
     for shape in args.shapes.split(","):
         cfg_path, sets = SHAPES[shape]
         cfg_path = str(ROOT / cfg_path)
-        auto_sets = [*sets, "training.strategy=auto", "training.cpu_workers=auto"]
-        rule_cfg, rule_why = resolve_for_launch(load_config(cfg_path, auto_sets), home)
-        rule = layout_of(rule_cfg)
-        probe_cfg, _ = resolve_for_launch(load_config(cfg_path, auto_sets), home, root=ROOT)
+        auto = load_config(cfg_path, [*sets, "training.strategy=auto", "training.cpu_workers=auto"])
+        ruled = plan_launch(auto, host_facts(auto, home))  # nothing measured yet: the rule's plan
+        rule_cfg, rule_why, rule = ruled.cfg, ruled.reasons, layout_of(ruled.cfg)
+        probe_cfg = measured_plan(ruled, ROOT, read_dvc_file(ROOT, auto.dataset.dvc_file).md5, home, quiet).cfg
         probe = layout_of(probe_cfg)
 
         sweep = run_sweep(cfg_path, sets, layouts=default_layouts(), epochs=args.epochs,
                           out_dir=home / f"sweep-{shape}", log=quiet)
         best_row = sweep["best"]
         best = {"name": best_row["layout"], "nproc": best_row["nproc"], "threads": best_row["threads"], "device": "cpu"}
-        sweep_cfg, sweep_why = resolve_for_launch(load_config(cfg_path, auto_sets), home)
+        swept = plan_launch(auto, host_facts(auto, home))
+        sweep_cfg, sweep_why = swept.cfg, swept.reasons
         picked = layout_of(sweep_cfg)
 
         print(f"\n== {shape} ==", flush=True)

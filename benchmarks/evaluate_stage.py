@@ -23,36 +23,36 @@ from pathlib import Path
 from common import ROOT
 
 CHILD = r"""
-import json, os, sys, time, importlib
+import json, os, sys, time
 from pathlib import Path
 home, cold, rescore = Path(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "1"
 from core.env import apply_offline_env
 apply_offline_env(home)
 if not cold:
-    from flows.api_server import LATER_STAGE_IMPORTS
     import torch, mlflow, prefect  # noqa: F401  (imported by the CLI before the flow)
-    for name in LATER_STAGE_IMPORTS:
-        importlib.import_module(name)
 if rescore:  # another metric-code version: the champion's recorded scores no longer apply
     import evaluation.recorded as recorded
     recorded.METRICS_VERSION += 1
 from core.config import load_config
-from core.manifest import World, build_manifest, image_from_env
+from core.manifest import build_manifest, image_from_env
 from core.paths import tracking_uri
 from flows.pipeline import RunContext, evaluate
 from registry import store
+from tasks import get_task
+from training.plan import HostFacts, plan_launch
 root = Path.cwd()
 cfg = load_config(root / "configs" / "digits.yaml", {})
 folders = [p for p in (home / "train").glob(f"{cfg.name}-*") if (p / "model.pt2").is_file()]
 folder = max(folders, key=lambda p: (p / "model.pt2").stat().st_mtime)
-manifest = build_manifest(root, cfg.name, cfg.config_id(), cfg.dataset.dvc_file, cfg.seed,
-                          World(nnodes=1, nproc_per_node=2, backend="gloo"), image_from_env(None, None))
+plan = plan_launch(cfg, HostFacts(), 2)
+manifest = build_manifest(root, cfg.name, cfg.config_id(), cfg.dataset.dvc_file, cfg.seed, plan.world,
+                          image_from_env(None, None))
 uri = tracking_uri(home)
 exp = store.configure(uri, cfg.registry.experiment, home / "mlartifacts")
 run_id = store.start_run(exp, "bench-evaluate", {"trainflow.stage": "bench"})
 out = home / "runs" / run_id
 out.mkdir(parents=True, exist_ok=True)
-ctx = RunContext(cfg, root, home, uri, run_id, manifest, out)
+ctx = RunContext(cfg, get_task(cfg.task), root, home, uri, run_id, manifest, out, plan)
 t0 = time.perf_counter()
 report = evaluate.fn(ctx, {"out_dir": str(folder), "model_pt2": "model.pt2"})
 wall = time.perf_counter() - t0

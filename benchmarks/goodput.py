@@ -27,6 +27,7 @@ from core.config import load_config
 from core.procs import pid_alive
 from training.goodput import BEAT_S, LEDGER_FILE, Ledger, read_events
 from training.launcher import make_spec, start_job
+from training.plan import HostFacts, plan_launch
 
 CONFIG = ROOT / "tests" / "configs" / "digits-engine.yaml"
 
@@ -69,7 +70,7 @@ class Watcher(threading.Thread):
 
 def run_job(out: Path, overrides: list[str], env: dict | None, watch: bool) -> dict:
     cfg = load_config(CONFIG, overrides)
-    job = start_job(make_spec(cfg, out, ROOT, "bench-data-md5", env=env, nproc=2))
+    job = start_job(make_spec(plan_launch(cfg, HostFacts(), 2), out, ROOT, "bench-data-md5", env=env))
     watcher = Watcher(job.proc.pid) if watch else None
     if watcher:
         watcher.start()

@@ -77,11 +77,12 @@ LAYOUTS = {  # name -> (overrides, nproc)
 def train(config: Path, base_sets: list[str], layout: str, work: Path, home: Path, images: int) -> dict:
     from core.config import load_config
     from training.launcher import make_spec, run_job
+    from training.plan import HostFacts, plan_launch
 
     sets, nproc = LAYOUTS[layout]
     cfg = load_config(config, [*base_sets, *sets])
     out = Path(tempfile.mkdtemp(dir=work, prefix="job-")) / "out"
-    spec = make_spec(cfg, out, ROOT, "bench-data-md5", env={"TRAINFLOW_HOME": str(home)}, nproc=nproc)
+    spec = make_spec(plan_launch(cfg, HostFacts(), nproc), out, ROOT, "bench-data-md5", env={"TRAINFLOW_HOME": str(home)})
     t0 = time.perf_counter()
     result = run_job(spec)
     job_s = time.perf_counter() - t0

@@ -296,7 +296,7 @@ def report(records: list[dict], modes: list[str], args, ctx: dict) -> float | No
         for k in dict.fromkeys(k for row in rows for k in row):
             p(f"  {k:40s} {_fmt(median(row.get(k) for row in rows))}  " + " ".join(_fmt(row.get(k)) for row in rows))
         if mode == "default":
-            p("  (default: 'imports' includes the later stages' imports and the wait for the server it started"
+            p("  (default: 'imports' includes the wait for the server it started"
               " first; Prefect's start-up is then mostly hidden in that)")
         pipe_med[mode] = median(r["proc_wall"] for r in runs)
 

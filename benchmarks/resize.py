@@ -23,10 +23,11 @@ def _train(config: Path, out: Path, nproc: int, overrides: list[str], fault: str
     from core.config import load_config
     from core.errors import PreemptedError
     from training.launcher import make_spec, run_job
+    from training.plan import HostFacts, plan_launch
 
     cfg = load_config(config, overrides)
     env = {"TRAINFLOW_FAULT": fault} if fault else None
-    spec = make_spec(cfg, out, ROOT, "benchmark-data-md5", env=env, nproc=nproc)
+    spec = make_spec(plan_launch(cfg, HostFacts(), nproc), out, ROOT, "benchmark-data-md5", env=env)
     try:
         return run_job(spec)
     except PreemptedError:

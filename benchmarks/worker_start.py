@@ -23,9 +23,10 @@ from common import ROOT, parser, rounds, table
 def one(mode: str, workdir: Path, nproc: int) -> dict:
     from core.config import load_config
     from training.launcher import make_spec, run_job
+    from training.plan import HostFacts, plan_launch
 
     cfg = load_config(ROOT / "tests" / "configs" / "digits-engine.yaml", ["training.epochs=1"])
-    spec = make_spec(cfg, Path(tempfile.mkdtemp(dir=workdir)) / "out", ROOT, "bench", nproc=nproc)
+    spec = make_spec(plan_launch(cfg, HostFacts(), nproc), Path(tempfile.mkdtemp(dir=workdir)) / "out", ROOT, "bench")
     spec = dataclasses.replace(spec, fork_workers=mode == "fork")
     before, t0 = os.times(), time.perf_counter()
     result = run_job(spec)

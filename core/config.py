@@ -367,7 +367,7 @@ class CompileConfig(_Strict):
 class TrainingConfig(_Strict):
     # single: one process; ddp: replicas; fsdp: parameters, grads and optimizer state sharded.
     # tp / pp / hybrid: model parallel (tensor, pipeline, data x tensor) for model.kind lm;
-    # degrees in `parallel`. auto: training.advisor.resolve_auto picks one of single/ddp/fsdp.
+    # degrees in `parallel`. auto: training.plan.plan_launch picks one of single/ddp/fsdp.
     strategy: Literal["single", "ddp", "fsdp", "tp", "pp", "hybrid", "auto"] = "ddp"
     parallel: ParallelConfig = ParallelConfig()
     # bf16 autocast applies on CUDA only; CPU runs stay fp32.

@@ -2,8 +2,8 @@
 
 With ``PREFECT_API_URL`` set, that server is used as it is. Otherwise Prefect 3's ephemeral mode would
 start its temporary server when the flow starts, after every import, and wait for it; ``TemporaryServer``
-starts the same server first, so it boots on another core while this process imports Prefect, MLflow
-and the later stages. ``TRAINFLOW_PREFECT_API=ephemeral`` turns this off.
+starts the same server first, so it boots on another core while this process imports Prefect and
+MLflow. ``TRAINFLOW_PREFECT_API=ephemeral`` turns this off.
 
 It is stopped at exit after Prefect's own exit handlers flushed logs and events (atexit runs last-in
 first-out), dies with this process (``PR_SET_PDEATHSIG``), and runs in a session of its own, so a
@@ -13,6 +13,7 @@ SIGHUP or Ctrl-C reaches only this process, which stops the job and then the ser
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import socket
@@ -42,15 +43,6 @@ SERVER_ENV = {
     "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
     "PREFECT_SERVER_DATABASE_MIGRATE_ON_START": "false",  # create_app migrates, under the home's lock
 }
-
-
-# What the later stages import, imported while the server boots: paid anyway during the run, they
-# cost no wall time then. Not GX: validation is cached on the data and suite, so a warm run never
-# needs it, and a cold one imports it in the task. Not torch: a classifier's program is scored by
-# the training worker that made it, so this process needs torch only for a language model or when
-# the worker's scores are missing.
-LATER_STAGE_IMPORTS = ("mlflow.store.tracking.sqlalchemy_store", "evaluation.evaluate", "evaluation.gates",
-                       "registry.models", "mlflow.pyfunc")
 
 
 def _free_port() -> int:
@@ -125,23 +117,6 @@ class TemporaryServer:
         atexit.register(self.stop)
         return self
 
-    def ready(self, timeout: float = 0.5) -> bool:
-        """Whether ``/api/health`` answers within ``timeout`` seconds."""
-        try:
-            with urllib.request.urlopen(self.api_url + "/health", timeout=timeout) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def import_while_booting(self) -> None:
-        """Import the later stages' modules (``LATER_STAGE_IMPORTS``) until the server answers."""
-        import importlib
-
-        for name in LATER_STAGE_IMPORTS:
-            if self.ready():
-                return
-            importlib.import_module(name)
-
     def wait(self, timeout_s: float = 90.0) -> float:
         """Block until ``/api/health`` answers; returns the seconds spent waiting here."""
         t0 = time.perf_counter()
@@ -151,8 +126,9 @@ class TemporaryServer:
                 code = None if self.proc is None else self.proc.returncode
                 raise RuntimeError(f"the temporary Prefect API server exited ({code}){self._last_line()}; "
                                    f"see {self.log_path}")
-            if self.ready(timeout=2):
-                return time.perf_counter() - t0
+            with contextlib.suppress(OSError), urllib.request.urlopen(self.api_url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return time.perf_counter() - t0
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the temporary Prefect API server did not answer within {timeout_s:.0f} s; "
                                    f"see {self.log_path}")

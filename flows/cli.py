@@ -358,8 +358,6 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         from flows.pipeline import pipeline as flow_fn
     import mlflow  # noqa: F401  (resolve's imports, also overlapping the server's boot)
 
-    if server is not None:
-        server.import_while_booting()
     t_import = time.perf_counter() - t0
     if server is not None:
         try:
@@ -487,28 +485,25 @@ def gbdt_text(metrics: dict, g: dict) -> str:
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg_path, root = _project(args.config)
-    from training.launcher import make_spec, parse_nnodes, run_job
+    from core.manifest import read_dvc_file
+    from tasks import task_for
+    from training.launcher import launch
+    from training.plan import host_facts, plan_launch
+    from training.probe import measured_plan
 
     try:
-        if parse_nnodes(args.nnodes)[1] > 1 and args.nproc is None:
-            raise ConfigError("--nnodes > 1 needs --nproc (workers per node) so every node agrees on the world size")
         cfg = load_config(cfg_path, args.overrides)
         _check_code(cfg, root)
-        from core.manifest import read_dvc_file
-        from tasks import task_for
-        from training.advisor import resolve_for_launch
-
         task_for(cfg)
         md5 = read_dvc_file(root, cfg.dataset.dvc_file).md5
-        # strategy / cpu_workers "auto" -> concrete values; an elastic job is sized for its largest world.
-        cfg, reasons = resolve_for_launch(cfg, trainflow_home(root), nproc=args.nproc,
-                                          nnodes=parse_nnodes(args.nnodes)[1], root=root, data_md5=md5)
-        for reason in reasons:
-            print(f"trainflow: auto: {reason}", file=sys.stderr)
-        spec = make_spec(cfg, args.out.resolve(), root, md5,
-                         nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
-                         rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, force_resume=args.force_resume)
-        result = run_job(spec)
+        facts = host_facts(cfg, trainflow_home(root))
+        plan = plan_launch(cfg, facts, args.nproc, args.nnodes)
+        if plan.unmeasured:  # nothing measured for this config yet: train each layout for an epoch first
+            plan = measured_plan(plan, root, md5, trainflow_home(root), lambda m: print(m, file=sys.stderr))
+        for reason in plan.reasons:
+            print(f"trainflow: plan: {reason}", file=sys.stderr)
+        result = launch(plan, args.out.resolve(), root, md5, force_resume=args.force_resume, node_rank=args.node_rank,
+                        rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id).finish()
     except TrainflowError as exc:
         return _fail(str(exc), exc.exit_code, exc)
     # Several nodes: "rank0" says where the weights are; "node_copy" marks a node that holds only the result.
@@ -554,9 +549,10 @@ def cmd_scale(args: argparse.Namespace) -> int:
     try:
         _check_code(load_config(cfg_path, args.overrides), root)
         from flows import scale
+        from training.probe import parse_layout
 
         batches = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
-        layouts = [scale.parse_layout(x) for x in args.layouts.split(",")] if args.layouts else None
+        layouts = [parse_layout(x) for x in args.layouts.split(",")] if args.layouts else None
         kwargs = dict(layouts=layouts, batch_sizes=batches, epochs=args.epochs,
                       target_accuracy=args.target_accuracy, out_dir=str(args.out) if args.out else None)
         if args.no_prefect:

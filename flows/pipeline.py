@@ -1,4 +1,4 @@
-"""The pipeline flow: resolve -> validate -> train -> evaluate -> gate -> register.
+"""The pipeline flow: resolve -> validate -> [measure] -> train -> evaluate -> gate -> register.
 
 Each task calls one function of a room below; everything logs into ONE MLflow
 run, and each stage leaves a Prefect markdown artifact. Input errors
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
@@ -21,11 +21,12 @@ from prefect.exceptions import MissingContextError
 from core.config import PipelineConfig, load_config
 from core.env import apply_offline_env
 from core.errors import DataValidationError, GateRejectedError, PreemptedError, TrainflowError
-from core.manifest import Manifest, World, build_manifest, image_from_env
+from core.manifest import Manifest, build_manifest, image_from_env
 from core.paths import importable_root, project_root, tracking_uri, trainflow_home, under_home
 from core.workspace import check_tracked
 from flows.params import PipelineParams, RunInputs, run_inputs
 from flows.promotion import promotion_lock
+from training.plan import LaunchPlan
 
 
 def _transient(task_, task_run, state) -> bool:
@@ -48,6 +49,7 @@ class RunContext:
     run_id: str
     manifest: Manifest
     out_dir: Path
+    plan: LaunchPlan  # the launch plan: world, strategy, threads, and why
 
 
 class _InputErrorsWithoutTraceback(logging.Filter):
@@ -69,64 +71,86 @@ def quiet_input_errors() -> None:
             logger.addFilter(_InputErrorsWithoutTraceback())
 
 
-def load_inputs(inputs: RunInputs) -> tuple[PipelineConfig, Path, Path, Manifest]:
-    """``(config, project root, TRAINFLOW_HOME, manifest)`` as ``resolve`` records them, "auto"
-    strategy and workers made concrete (the retrain flow compares them with the champion's)."""
+def load_inputs(inputs: RunInputs) -> tuple[LaunchPlan, Path, Path, Manifest]:
+    """``(launch plan, project root, TRAINFLOW_HOME, manifest)`` as ``resolve`` records them; the
+    plan's config has no "auto" left (the retrain flow compares them with the champion's)."""
     from tasks import task_for
-    from training.advisor import resolve_for_launch
-    from training.launcher import default_nproc
-    from training.layouts import choose_backend
+    from training.plan import host_facts, plan_launch
 
     cfg_path = inputs.config_path
     root = project_root(cfg_path if cfg_path.is_absolute() else Path.cwd() / cfg_path)
     importable_root(root)  # a model.factory module in the repository root imports, also in a Prefect worker
-    if not cfg_path.is_absolute() and not cfg_path.exists():
-        cfg_path = root / cfg_path
-    cfg = load_config(cfg_path, list(inputs.overrides))
-    task_for(cfg)  # the config fits its task, or a ConfigError names the key
     home = trainflow_home(root)
+    cache = under_home(home, "cache")
     apply_offline_env(home)  # before mlflow is imported: telemetry is decided at import
-    cfg, reasons = resolve_for_launch(cfg, home, nproc=inputs.nproc_per_node, root=root)
-    for reason in reasons:
-        get_run_logger().info("auto: %s", reason)
-    nproc = inputs.nproc_per_node or default_nproc(cfg)
-    manifest = build_manifest(
-        root, cfg.name, cfg.config_id(), cfg.dataset.dvc_file, cfg.seed,
-        World(nnodes=1, nproc_per_node=nproc, backend=choose_backend(cfg.training.backend)),
-        image_from_env(inputs.image, inputs.image_digest), cache_dir=under_home(home, "cache"),
-    )
+    cfg = load_config(cfg_path if cfg_path.is_absolute() or cfg_path.exists() else root / cfg_path,
+                      list(inputs.overrides))
+    task_for(cfg)  # the config fits its task, or a ConfigError names the key
+    facts = host_facts(cfg, home)
+    plan = plan_launch(cfg, facts, inputs.nproc_per_node)
+    image = image_from_env(inputs.image, inputs.image_digest)
+    manifest = build_manifest(root, cfg.name, plan.cfg.config_id(), cfg.dataset.dvc_file, cfg.seed, plan.world,
+                              image, cache)
     check_tracked(root, [cfg.dataset.dvc_file])  # the md5 just recorded is the data that will train
-    return cfg, root, home, manifest
+    return plan, root, home, manifest
 
 
 @task(name="resolve", timeout_seconds=120, retries=1, retry_delay_seconds=1, **TASK)
 def resolve(inputs: RunInputs) -> RunContext:
-    """Load the config, record the manifest, open the pipeline's MLflow run with the data's splits
-    as its datasets (digest: the DVC md5)."""
+    """Load the config, plan the launch, record the manifest, open the pipeline's MLflow run with the
+    data's splits as its datasets (digest: the DVC md5). A plan still to be measured is recorded by
+    ``measure``, after validation."""
     from registry import store
     from tasks import get_task
 
-    cfg, root, home, manifest = load_inputs(inputs)
-    task_ = get_task(cfg.task)
+    plan, root, home, manifest = load_inputs(inputs)
+    cfg = plan.cfg
     uri = tracking_uri(home)
     exp_id = store.configure(uri, cfg.registry.experiment, under_home(home, "mlartifacts"))
     from registry.orphans import mark_orphans_killed, owner_tags
 
     tags = {**manifest.tags(), store.STAGE_TAG: "resolve", **owner_tags()}
     # A preempted training of these inputs is resumed by `train`: its run goes on in this one.
-    run_id = _continued_run(cfg, home, manifest, exp_id, tags)
+    run_id = None if plan.unmeasured else _continued_run(cfg, home, manifest, exp_id, tags)
     run_id = run_id or store.start_run(exp_id, f"{cfg.name}-{manifest.data.md5[:8]}", tags)
     mark_orphans_killed(exp_id, run_id)  # runs whose process died before ending them
-    store.log_recorded(run_id, manifest.to_dict(), "manifest.json")
-    store.log_recorded(run_id, cfg.model_dump(mode="json"), "config.json")
-    store.log_params(run_id, cfg.model_dump(mode="json"))
+    task_ = get_task(cfg.task)
     store.log_datasets(run_id, task_.data_splits(cfg), manifest.data.md5, manifest.data.rev)
     out = under_home(home, "runs", run_id)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "manifest.json").write_text(json.dumps(manifest.to_dict(), indent=2))
     get_run_logger().info("config %s (%s), data %s, mlflow run %s", cfg.name, cfg.config_id()[:12],
                           manifest.data.md5, run_id)
-    return RunContext(cfg, task_, root, home, uri, run_id, manifest, out)
+    ctx = RunContext(cfg, task_, root, home, uri, run_id, manifest, out, plan)
+    if not plan.unmeasured:
+        _record(ctx)
+    return ctx
+
+
+def _record(ctx: RunContext) -> None:
+    """Log the run's plan, manifest, config and parameters (MLflow parameters are written once: only
+    a final plan)."""
+    from registry import store
+
+    for reason in ctx.plan.reasons:
+        get_run_logger().info("plan: %s", reason)
+    store.set_tags(ctx.run_id, ctx.manifest.tags())
+    store.log_recorded(ctx.run_id, ctx.manifest.to_dict(), "manifest.json")
+    store.log_recorded(ctx.run_id, ctx.cfg.model_dump(mode="json"), "config.json")
+    store.log_params(ctx.run_id, ctx.cfg.model_dump(mode="json"))
+    (ctx.out_dir / "manifest.json").write_text(json.dumps(ctx.manifest.to_dict(), indent=2))
+
+
+@task(name="measure", **TASK)
+def measure(ctx: RunContext) -> RunContext:
+    """Probe this host's layouts (``training.probe``) and plan again with what was measured; record
+    that plan. It trains, so it runs only after validation passed."""
+    from training.probe import measured_plan
+
+    plan = measured_plan(ctx.plan, ctx.root, ctx.manifest.data.md5, ctx.home, get_run_logger().info)
+    manifest = replace(ctx.manifest, config_sha256=plan.cfg.config_id(), world=plan.world)
+    ctx = replace(ctx, cfg=plan.cfg, plan=plan, manifest=manifest)
+    _record(ctx)
+    return ctx
 
 
 def _continued_run(cfg: PipelineConfig, home: Path, manifest: Manifest, exp_id: str, tags: dict) -> str | None:
@@ -270,11 +294,11 @@ def _logger():
 
 
 @task(name="train", retries=0, **TASK)
-def train(ctx: RunContext, nproc: int, slot: TrainFolder) -> dict:
+def train(ctx: RunContext, slot: TrainFolder) -> dict:
     """torchrun the worker in ``slot``, relaying its metrics file into the pipeline's MLflow run."""
     from core.metrics_file import METRICS_FILE
     from registry.relay import relay_metrics
-    from training.launcher import SCORE_ENV, make_spec, start_job
+    from training.launcher import SCORE_ENV, launch
     from training.sink import RUN_ID_ENV
 
     # Empty, not absent: an inherited run id must not switch rank 0's direct MLflow logging on (this
@@ -284,8 +308,7 @@ def train(ctx: RunContext, nproc: int, slot: TrainFolder) -> dict:
     # Entered before the job starts: the relay begins at this run's first record (or where a resumed
     # run of the same MLflow run stopped).
     with relay_metrics(ctx.run_id, slot.folder / METRICS_FILE, record=(slot.folder, ctx.cfg.config_id())):
-        job = start_job(make_spec(ctx.cfg, slot.folder, ctx.root, ctx.manifest.data.md5, job_env, nproc),
-                        lock_fd=slot.lock_fd)
+        job = launch(ctx.plan, slot.folder, ctx.root, ctx.manifest.data.md5, job_env, lock_fd=slot.lock_fd)
         # Back as soon as rank 0's result is final: torchrun's exit overlaps the evaluation.
         return job.finish(at_result=True)
 
@@ -540,10 +563,12 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
         summary["validation"] = {"success": True, "n_expectations": report["n_expectations"],
                                  "cached": report["cached"], "data_docs": _data_docs(ctx),
                                  "warnings": report.get("warnings", []), "report": report.get("report_md")}
-        nproc = ctx.manifest.world.nproc_per_node
+        if ctx.plan.unmeasured:
+            ctx = timed("measure", measure, ctx)
+            summary["manifest"] = ctx.manifest.to_dict()
         stage[0] = "train"
-        slot = TrainFolder(*_claim_train_dir(ctx, nproc))
-        result = timed("train", train.with_options(timeout_seconds=ctx.cfg.training.timeout_s + 60), ctx, nproc, slot)
+        slot = TrainFolder(*_claim_train_dir(ctx, ctx.plan.nproc_per_node))
+        result = timed("train", train.with_options(timeout_seconds=ctx.cfg.training.timeout_s + 60), ctx, slot)
         summary["plots"] = {"training_curves": timed("log-training", log_training, ctx, result)}
         from training.goodput import headline
 

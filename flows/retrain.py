@@ -71,7 +71,8 @@ def decide(inputs: RunInputs, force: bool) -> dict:
     from validation.drift import drift_markdown
 
     log = get_run_logger()
-    cfg, root, home, manifest = load_inputs(inputs)
+    plan, root, home, manifest = load_inputs(inputs)
+    cfg = plan.cfg
     store.configure(tracking_uri(home), cfg.registry.experiment, under_home(home, "mlartifacts"))
     champ = models.champion_version(cfg.registry.model_name)
     current = {"data_md5": manifest.data.md5, "config_sha256": manifest.config_sha256,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from core.config import load_config
 from training.agent import WORKER_START_ENV
-from training.launcher import make_spec, run_job
+from training.launcher import launch
+from training.plan import HostFacts, plan_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 # Test configs extend the real ones (``extends:``) and give only what they change.
@@ -22,8 +23,7 @@ IMAGE_ENGINE_CONFIG = TEST_CONFIGS / "digit-images-engine.yaml"
 def train(out: Path, overrides=(), env=None, nproc: int = 2, force_resume: bool = False,
           config: Path = ENGINE_CONFIG) -> dict:
     cfg = load_config(config, list(overrides))
-    spec = make_spec(cfg, out, ROOT, "test-data-md5", env=env, nproc=nproc, force_resume=force_resume)
-    return run_job(spec)
+    return launch(plan_launch(cfg, HostFacts(), nproc), out, ROOT, "test-data-md5", env, force_resume).finish()
 
 
 def processes_mentioning(text: str) -> list[int]:

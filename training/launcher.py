@@ -1,6 +1,7 @@
-"""Launch a training job with torchrun as a subprocess (killable as one process group, torch's
-state kept out of the caller) and collect its result, or a ``TrainingFailedError`` naming the
-first failing rank with its traceback. The job dies with this process (``training.agent``)."""
+"""Launch a training plan (``training.plan``) on this host: torchrun as a subprocess (killable as
+one process group, torch's state kept out of the caller), and collect its result, or a
+``TrainingFailedError`` naming the first failing rank with its traceback. The job dies with this
+process (``training.agent``)."""
 
 from __future__ import annotations
 
@@ -20,14 +21,14 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from core.config import PipelineConfig
 from core.errors import ConfigError, PreemptedError, TrainingFailedError
 from core.paths import python_path_with
 from core.procs import pid_alive
 from tasks.base import SCORES_FILE  # noqa: F401  (the file SCORE_ENV makes rank 0 write)
 from training import preemption
 from training.agent import LAUNCHER_PID_ENV, WORKER_START_ENV
-from training.layouts import MODEL_PARALLEL, check_world, layout_for, maybe_gpu, mismatch_error
+from training.layouts import MODEL_PARALLEL, layout_for, mismatch_error
+from training.plan import LaunchPlan, parse_nnodes
 from training.slots import completed
 
 log = logging.getLogger("trainflow.launcher")
@@ -88,60 +89,12 @@ class JobSpec:
         return cmd + (["--force-resume"] if self.force_resume else [])
 
 
-def parse_nnodes(value: int | str) -> tuple[int, int]:
-    """``N`` -> (N, N); ``"MIN:MAX"`` -> (MIN, MAX). Raises ConfigError unless 1 <= MIN <= MAX."""
-    text = str(value).strip()
-    parts = text.split(":")
-    if isinstance(value, bool) or len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
-        raise ConfigError(f"--nnodes: expected N or MIN:MAX (whole numbers), got {text!r}")
-    lo, hi = int(parts[0]), int(parts[-1])
-    if lo < 1 or hi < lo:
-        raise ConfigError(f"--nnodes: needs 1 <= MIN <= MAX, got {text!r}")
-    return lo, hi
-
-
-def _check_elastic(cfg: PipelineConfig, lo: int, hi: int) -> None:
-    """torchrun must be allowed to restart an elastic job, and its layout to change world size."""
-    t = cfg.training
-    if t.max_restarts < 1:
-        raise ConfigError(f"--nnodes {lo}:{hi}: an elastic job needs training.max_restarts >= 1 (when a node "
-                          "leaves, torchrun restarts the workers of every other node: one restart per departure), "
-                          f"got {t.max_restarts}")
-    if t.strategy in MODEL_PARALLEL:
-        raise ConfigError(f"--nnodes {lo}:{hi}: training.strategy {t.strategy!r} cannot change its world size "
-                          "(its checkpoints load only into the layout that wrote them); use a fixed --nnodes N")
-    if not t.checkpoints:
-        log.warning("--nnodes %d:%d with training.checkpoints off: after a node leaves, the others start over", lo, hi)
-
-
-def surely_cpu(cfg: PipelineConfig) -> bool:
-    """The job trains on CPU whatever this host has: gloo asked for, or no GPU device node here."""
-    return cfg.training.backend == "gloo" or not maybe_gpu()
-
-
-def default_nproc(cfg: PipelineConfig) -> int:
-    """One worker per GPU when CUDA is present, else ``training.cpu_workers``."""
-    if not surely_cpu(cfg):
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.device_count()
-    return cfg.training.cpu_workers
-
-
-def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
-              env: dict[str, str] | None = None, nproc: int | None = None, nnodes: int | str = 1,
+def make_spec(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, env: dict[str, str] | None = None,
               node_rank: int = 0, rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
               force_resume: bool = False) -> JobSpec:
-    """Write the resolved config (no ``auto`` left) into ``out_dir`` and describe the job that trains it;
-    ``nnodes``: N, or "MIN:MAX" (elastic). ConfigError when the settings don't fit the world."""
-    t = cfg.training
-    for key, value in (("strategy", t.strategy), ("cpu_workers", t.cpu_workers)):
-        if value == "auto":
-            raise ConfigError(f"training.{key}: 'auto' must be resolved before a job is made "
-                              "(training.advisor.resolve_for_launch)")
-    lo, hi = parse_nnodes(nnodes)
-    nproc = nproc or default_nproc(cfg)
+    """The torchrun job that runs ``plan`` on this host, with its config written into ``out_dir``
+    (what the workers read). ConfigError when several nodes lack a rendezvous."""
+    hi = plan.node_range[1]
     if hi > 1 and not rdzv_endpoint:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
     if hi > 1 and not rdzv_id:
@@ -149,25 +102,30 @@ def make_spec(cfg: PipelineConfig, out_dir: Path, root: Path, data_md5: str,
                           "`python -c 'import secrets; print(secrets.token_hex(16))'` (trainflow k8s-job draws one)")
     if rdzv_endpoint and not rdzv_id:
         rdzv_id = secrets.token_hex(16)
-    if lo < hi:
-        _check_elastic(cfg, lo, hi)
-    for nodes in range(lo, hi + 1):  # every world an elastic range can make
-        check_world(t.strategy, nproc * nodes, t.parallel)
-    _check_resumable(out_dir, cfg.config_id(), data_md5, force_resume,
-                     layout_for(t.strategy, nproc * hi, t.parallel), cfg.resume_id())
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"
-    config_path.write_text(cfg.to_yaml())
+    config_path.write_text(plan.cfg.to_yaml())
+    t = plan.cfg.training
     r = t.rendezvous
     return JobSpec(
         config_path=str(config_path), out_dir=str(out_dir), root=str(root), data_md5=data_md5,
-        nproc_per_node=nproc, nnodes=hi if lo == hi else f"{lo}:{hi}", node_rank=node_rank,
+        nproc_per_node=plan.nproc_per_node, nnodes=plan.nnodes, node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=t.max_restarts,
         rdzv_conf=(f"join_timeout={r.join_timeout_s},last_call_timeout={r.last_call_s},"
                    f"keep_alive_interval={r.keep_alive_s},keep_alive_max_attempt=3"),
         timeout_s=t.timeout_s, preempt_grace_s=t.preempt_grace_s, threads_per_worker=t.threads_per_worker,
-        force_resume=force_resume, env=dict(env or {}), fork_workers=surely_cpu(cfg),
+        force_resume=force_resume, env=dict(env or {}), fork_workers=plan.backend == "gloo",
     )
+
+
+def launch(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, env: dict[str, str] | None = None,
+           force_resume: bool = False, lock_fd: int | None = None, **rendezvous) -> Job:
+    """Start ``plan`` in ``out_dir`` (``start_job``), after refusing checkpoints there that it may not
+    resume (``_check_resumable``); ``rendezvous``: ``make_spec``'s node_rank, rdzv_endpoint, rdzv_id."""
+    cfg = plan.cfg
+    _check_resumable(out_dir, cfg.config_id(), data_md5, force_resume,
+                    layout_for(cfg.training.strategy, plan.world.size, cfg.training.parallel), cfg.resume_id())
+    return start_job(make_spec(plan, out_dir, root, data_md5, env, force_resume=force_resume, **rendezvous), lock_fd)
 
 
 def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, layout: dict | None = None,

@@ -51,10 +51,11 @@ def _second_claim(repo_root: Path, home: Path) -> tuple[Path, Path]:
     from core.config import load_config
     from core.locks import release
     from core.manifest import read_dvc_file
-    from training.advisor import resolve_for_launch
+    from training.plan import host_facts, plan_launch
     from training.slots import claim_train_dir, slot_base
 
-    cfg, _ = resolve_for_launch(load_config(repo_root / CONFIG), home, nproc=2)
+    cfg = load_config(repo_root / CONFIG)
+    cfg = plan_launch(cfg, host_facts(cfg, home), 2).cfg
     inputs = (home, cfg.name, cfg.config_id(), read_dvc_file(repo_root, cfg.dataset.dvc_file).md5, 2)
     folder, fd = claim_train_dir(*inputs)
     release(fd)

@@ -10,6 +10,7 @@ from core.config import load_config
 from core.errors import TrainingFailedError
 from tests.engine_helpers import processes_mentioning, train
 from training.launcher import make_spec, run_job
+from training.plan import HostFacts, plan_launch
 
 pytestmark = pytest.mark.fault
 
@@ -27,7 +28,7 @@ def test_an_input_error_in_a_worker_names_the_rank_and_traceback_and_is_not_retr
     (root / "data" / "train.csv").write_text("\n".join([lines[0].replace(",label", ",digit"), *lines[1:]]) + "\n")
     cfg = load_config(repo_root / "configs" / "digits.yaml",
                       ["dataset.path=data", "training.timeout_s=120", "training.max_restarts=3"])
-    spec = make_spec(cfg, tmp_path / "out", root, "md5-of-test", nproc=2)
+    spec = make_spec(plan_launch(cfg, HostFacts(), 2), tmp_path / "out", root, "md5-of-test")
     with pytest.raises(TrainingFailedError) as err:
         run_job(spec)
     assert err.value.rank in (0, 1)
@@ -60,7 +61,7 @@ def test_hung_rank_fails_at_the_collective_timeout(bundled_data, tmp_path):
 
 def test_hung_job_is_killed_at_the_timeout(repo_root, bundled_data, tmp_path):
     cfg = load_config(repo_root / "configs" / "digits.yaml", ["training.timeout_s=3"])
-    spec = make_spec(cfg, tmp_path / "out", repo_root, "md5", nproc=2)
+    spec = make_spec(plan_launch(cfg, HostFacts(), 2), tmp_path / "out", repo_root, "md5")
     with pytest.raises(TrainingFailedError, match="exceeded training.timeout_s=3s"):
         run_job(spec)
     assert processes_mentioning(spec.out_dir) == []

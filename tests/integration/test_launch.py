@@ -12,6 +12,7 @@ import pytest
 from core.config import load_config
 from tests.engine_helpers import ROOT, TEST_CONFIGS, processes_mentioning
 from training.launcher import make_spec, start_job
+from training.plan import HostFacts, plan_launch
 
 pytestmark = pytest.mark.integration
 
@@ -26,14 +27,16 @@ def plain(tmp_path_factory):
     from training.launcher import SCORE_ENV
 
     out = tmp_path_factory.mktemp("plain") / "job"
-    job = start_job(make_spec(load_config(QUICK), out, ROOT, "test-data-md5", env={SCORE_ENV: "1"}, nproc=2))
+    plan = plan_launch(load_config(QUICK), HostFacts(), 2)
+    job = start_job(make_spec(plan, out, ROOT, "test-data-md5", env={SCORE_ENV: "1"}))
     return job, job.finish(at_result=True), out
 
 
 def test_the_world_of_a_cpu_host_is_known_without_importing_torch():
     # The pipeline sizes the job without torch: torch's import is the workers' to pay.
-    code = ("import sys; from core.config import load_config; from training.launcher import default_nproc;"
-            "print(default_nproc(load_config('configs/digits.yaml', [])), 'torch' in sys.modules)")
+    code = ("import sys; from core.config import load_config; from training.plan import host_facts, plan_launch;"
+            "cfg = load_config('configs/digits.yaml', []);"
+            "print(plan_launch(cfg, host_facts(cfg, '.trainflow')).nproc_per_node, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2", "False"]

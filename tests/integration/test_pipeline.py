@@ -194,20 +194,26 @@ def test_worse_candidate_is_rejected_and_champion_stays(first_run, state, tmp_pa
     assert client().get_run(s["mlflow_run_id"]).data.tags["trainflow.stage"] == "rejected"
 
 
-def test_the_prefect_graph_tells_the_truth_train_starts_after_validate_ends(first_run):
-    """What the Prefect UI draws: each stage a task run, in the DAG's order, none overlapping the next."""
+def _stages_in_order(s: dict, order: list[str]) -> dict:
+    """The run's completed Prefect task runs by stage name, each ending before the next starts."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    code, s = first_run
-    assert code == 0
     with get_client(sync_client=True) as prefect:
         runs = prefect.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[s["prefect_flow_run_id"]])))
     by_name = {r.name.rsplit("-", 1)[0]: r for r in runs if r.state and r.state.is_completed()}
-    order = ["resolve", "validate", "train", "evaluate", "gate", "register"]
     assert set(order) <= set(by_name), sorted(by_name)
     for before, after in zip(order, order[1:]):
         assert by_name[before].end_time <= by_name[after].start_time, (before, after)
+    return by_name
+
+
+def test_the_prefect_graph_tells_the_truth_train_starts_after_validate_ends(first_run):
+    """What the Prefect UI draws: each stage a task run, in the DAG's order, none overlapping the next."""
+    code, s = first_run
+    assert code == 0
+    by_name = _stages_in_order(s, ["resolve", "validate", "train", "evaluate", "gate", "register"])
+    assert "measure" not in by_name  # a concrete layout: nothing to measure
     # The torchrun job itself was made (job.json) only once validation had passed.
     from datetime import datetime, timezone
     from pathlib import Path
@@ -291,24 +297,35 @@ def test_preempted_training_exits_4_and_the_next_run_resumes(first_run, state, t
     assert (g["failures"], g["lost_steps"], g["restart_s"]) == (0, 0, 0) and 0 < g["goodput"] < 1
 
 
-def test_auto_strategy_and_workers_resolve_before_the_manifest(first_run, state, repo_root, tmp_path):
-    # A saved sweep for this config says 2 processes x 1 thread win (probing without one is
-    # test_scale's): the manifest and the job follow it.
+def test_auto_layout_with_nothing_measured_is_probed_only_after_validation(first_run, state, repo_root, tmp_path):
+    # strategy and cpu_workers auto, no sweep saved for this config: the probe's torchrun jobs are
+    # training, so they run in `measure`, after `validate` ended; the manifest and the job follow
+    # the layout it measured fastest.
+    from datetime import datetime, timezone
+    from pathlib import Path
+
     from core.config import load_config
-    from training.advisor import sweep_path
-    from training.probe import cpu_layouts
+    from training.plan import choose_layout, load_sweep, sweep_path
 
     sets = [*QUICK, "--set", "training.strategy=auto", "--set", "training.cpu_workers=auto",
             "--set", "registry.model_name=auto-digits"]
     cfg = load_config(repo_root / QUICK_CONFIG, sets[3::2])
-    rows = [{**lay, "device": "cpu", "cores": lay["nproc"] * lay["threads"], "batch_size": cfg.training.batch_size,
-             "time_to_target_s": None, "source": "probe", "status": "completed",
-             "samples_per_s": 9000.0 if lay["nproc"] == 2 else 1000.0} for lay in cpu_layouts(2)]
-    path = sweep_path(state, cfg)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"source": "probe", "epochs": 1, "rows": rows}))
+    assert load_sweep(state, cfg) is None
     code, s = run_cli(sets, tmp_path)
     assert code == 0, s.get("error")
+    stages = _stages_in_order(s, ["resolve", "validate", "measure", "train", "evaluate", "gate", "register"])
+    rows = load_sweep(state, cfg)
+    assert sorted((r["nproc"], r["threads"]) for r in rows) == [(1, 1), (1, 2), (2, 1)]
+    probed = datetime.fromtimestamp(sweep_path(state, cfg).stat().st_mtime, tz=timezone.utc)
+    assert stages["validate"].end_time <= probed <= stages["measure"].end_time
+    best = choose_layout(rows)
     world = s["manifest"]["world"]
-    assert (world["nproc_per_node"], world["nnodes"]) == (2, 1)
-    assert s["training"]["world_size"] == 2 and s["training"]["strategy"] in ("ddp", "fsdp")
+    assert (world["nproc_per_node"], world["nnodes"]) == (best["nproc"], 1)
+    assert s["training"]["world_size"] == best["nproc"]
+    assert s["training"]["strategy"] == ("single" if best["nproc"] == 1 else "ddp")
+    made = datetime.fromtimestamp((Path(s["train_dir"]) / "job.json").stat().st_mtime, tz=timezone.utc)
+    assert made >= stages["measure"].end_time
+    # MLflow holds the measured plan, written once: parameters and manifest tags are the job's.
+    run = client().get_run(s["mlflow_run_id"])
+    assert run.data.params["training.cpu_workers"] == str(best["nproc"])
+    assert run.data.tags["nproc_per_node"] == str(best["nproc"])

@@ -15,7 +15,7 @@ ROW_FIELDS = {"layout", "nproc", "threads", "cores", "batch_size", "samples_per_
 
 def test_small_sweep_writes_json_markdown_and_png(tmp_path, monkeypatch, repo_root, bundled_data):
     from flows.scale import run_sweep
-    from training import advisor
+    from training import plan as advisor
 
     monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("TRAINFLOW_MLFLOW_RUN_ID", raising=False)
@@ -53,9 +53,12 @@ def test_small_sweep_writes_json_markdown_and_png(tmp_path, monkeypatch, repo_ro
 
 
 def test_auto_without_a_sweep_probes_the_layouts_once(tmp_path, monkeypatch, repo_root, bundled_data):
-    """cpu_workers: auto with no sweep measures 1x2, 1x1 and 2x1 and picks the fastest it measured."""
+    """cpu_workers: auto with no sweep plans by rule and asks to measure; the probe measures 1x2, 1x1
+    and 2x1, and the plan made again picks the fastest it measured."""
     from core.config import load_config
-    from training import advisor
+    from training import plan as advisor
+    from training.plan import host_facts, plan_launch
+    from training.probe import measured_plan
 
     home = tmp_path / "home"
     monkeypatch.setenv("TRAINFLOW_HOME", str(home))
@@ -63,8 +66,11 @@ def test_auto_without_a_sweep_probes_the_layouts_once(tmp_path, monkeypatch, rep
     auto = load_config(repo_root / CONFIG,
                        ["training.strategy=auto", "training.cpu_workers=auto", "training.backend=gloo"])
     assert advisor.load_sweep(home, auto) is None
+    first = plan_launch(auto, host_facts(auto, home))
+    assert first.unmeasured and not (home / "scale").exists()  # planning measured nothing
 
-    cfg, reasons = advisor.resolve_for_launch(auto, home, root=repo_root)
+    plan = measured_plan(first, repo_root, "md5", home, log=lambda _m: None)
+    cfg, reasons = plan.cfg, plan.reasons
 
     saved = json.loads(advisor.sweep_path(home, auto).read_text())
     rows = saved["rows"]
@@ -73,12 +79,10 @@ def test_auto_without_a_sweep_probes_the_layouts_once(tmp_path, monkeypatch, rep
     assert all(r["status"] == "completed" and r["samples_per_s"] > 0 for r in rows)
     best = advisor.choose_layout(rows)
     assert (cfg.training.cpu_workers, cfg.training.threads_per_worker) == (best["nproc"], best["threads"])
+    assert plan.nproc_per_node == best["nproc"] and not plan.unmeasured
     assert cfg.training.strategy == ("single" if best["nproc"] == 1 else "ddp")
-    assert reasons[0].startswith("no sweep for this config: probed 3 layouts")
-    assert "from the probe" in reasons[1]
+    assert "from the probe" in reasons[0]
 
-    # The next resolution reuses the saved rows: no second probe.
-    mtime = advisor.sweep_path(home, auto).stat().st_mtime_ns
-    again, reasons2 = advisor.resolve_for_launch(auto, home, root=repo_root)
-    assert again == cfg and advisor.sweep_path(home, auto).stat().st_mtime_ns == mtime
-    assert not any("probed" in r for r in reasons2) and "from the probe" in reasons2[0]
+    # The next plan reuses the saved rows: nothing to measure.
+    again = plan_launch(auto, host_facts(auto, home))
+    assert again.cfg == cfg and not again.unmeasured and "from the probe" in again.reasons[0]

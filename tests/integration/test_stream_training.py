@@ -15,6 +15,7 @@ from core.config import load_config
 from training.faults import read_recorded_ids
 from core.errors import TrainingFailedError
 from training.launcher import make_spec, run_job
+from training.plan import HostFacts, plan_launch
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +54,7 @@ def test_killed_streamed_job_resumes_at_the_cursor_and_sees_every_sample_once_pe
     ids = tmp_path / "ids"
     env = {"TRAINFLOW_FAULT": "kill@step=13,rank=1", "TRAINFLOW_RECORD_IDS": str(ids),
            "TRAINFLOW_HOME": str(tmp_path / "home")}
-    result = run_job(make_spec(cfg, tmp_path / "out", root, MD5, env=env, nproc=2))
+    result = run_job(make_spec(plan_launch(cfg, HostFacts(), 2), tmp_path / "out", root, MD5, env=env))
     assert result["status"] == "completed" and result["restarts"] == 1
     # The newest complete checkpoint before the kill (every 5 steps): rank 0 writes in the background,
     # so on a loaded machine the one at step 10 may still be in flight when the kill ends the group.
@@ -66,9 +67,9 @@ def test_streamed_job_killed_on_two_ranks_resumes_on_one(root, tmp_path):
     ids = tmp_path / "ids"
     env = {"TRAINFLOW_RECORD_IDS": str(ids), "TRAINFLOW_HOME": str(tmp_path / "home")}
     with pytest.raises(TrainingFailedError):
-        run_job(make_spec(cfg, tmp_path / "out", root, MD5, env={**env, "TRAINFLOW_FAULT": "kill@step=47,rank=0"},
-                          nproc=2))
-    result = run_job(make_spec(cfg, tmp_path / "out", root, MD5, env=env, nproc=1))
+        run_job(make_spec(plan_launch(cfg, HostFacts(), 2), tmp_path / "out", root, MD5,
+                          env={**env, "TRAINFLOW_FAULT": "kill@step=47,rank=0"}))
+    result = run_job(make_spec(plan_launch(cfg, HostFacts(), 1), tmp_path / "out", root, MD5, env=env))
     assert result["status"] == "completed" and result["world_size"] == 1
     # In epoch 2 (steps of 32 samples, a checkpoint every 5): 45, or 40 when rank 0's background
     # write of 45 was still in flight at the kill (seen with three test processes on two cores).

@@ -1,4 +1,5 @@
-"""The auto advisor on fixed inputs: memory rules, strategy choice, layout choice, resolve_auto."""
+"""The launch plan on given host facts (``training.plan.plan_launch``) and its rules for auto:
+memory, strategy choice, layout choice."""
 
 from pathlib import Path
 
@@ -6,9 +7,9 @@ import pytest
 
 from core.config import config_from_dict, load_config
 from core.errors import ConfigError
-from training import advisor
-from training.advisor import (choose_layout, choose_strategy, default_layout, estimate_memory,
-                              recommendation, resolve_auto)
+from training import plan as advisor
+from training.plan import (HostFacts, choose_layout, choose_strategy, default_layout, estimate_memory, plan_launch,
+                           recommendation)
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "configs" / "digits.yaml"
@@ -111,41 +112,69 @@ def test_default_layout_keeps_small_models_in_one_process():
     assert default_layout(1, 60 * 10**6)[:2] == (1, 1)
 
 
-# -- resolve_auto -------------------------------------------------------------------------------
+# -- plan_launch ---------------------------------------------------------------------------------
 AUTO = ["training.strategy=auto", "training.cpu_workers=auto"]
 
 
-def test_resolve_auto_on_two_cpu_cores_without_sweep():
+def _facts(cfg, gpus=0, device=16 * GB, sweep=None, cores=2):
+    return HostFacts(gpus, device, cores, sweep, estimate_memory(cfg))
+
+
+def test_plan_on_two_cpu_cores_without_sweep_takes_the_rule_and_asks_to_measure():
     cfg = load_config(DIGITS, AUTO)
-    out, reasons = resolve_auto(cfg, 0, 16 * GB, None, cpu_count=2)
-    t = out.training
+    plan = plan_launch(cfg, _facts(cfg))
+    t = plan.cfg.training
     assert (t.strategy, t.cpu_workers, t.threads_per_worker) == ("single", 1, 2)
-    assert any("small models stay in one process" in r for r in reasons)
-    assert any(r.startswith("strategy auto -> single") for r in reasons)
-    assert out.model.kind == cfg.model.kind and out.training.lr == cfg.training.lr  # the rest is kept
+    assert (plan.nproc_per_node, plan.nnodes, plan.backend, plan.world.size) == (1, 1, "gloo", 1)
+    assert plan.unmeasured == cfg  # the probe measures after validation, from the config as given
+    assert any("small models stay in one process" in r for r in plan.reasons)
+    assert any(r.startswith("strategy auto -> single") for r in plan.reasons)
+    assert plan.cfg.model.kind == cfg.model.kind and plan.cfg.training.lr == cfg.training.lr  # the rest is kept
+    # Told the workers, or on several nodes, there is nothing to measure.
+    assert not plan_launch(cfg, _facts(cfg), nproc=2).unmeasured
+    assert not plan_launch(cfg, _facts(cfg), nproc=1, nnodes=2).unmeasured
 
 
-def test_resolve_auto_takes_the_sweeps_best():
+def test_plan_takes_the_sweeps_best():
     cfg = load_config(DIGITS, AUTO)
     sweep = [_row(1, 2, 900), _row(1, 1, 800), _row(2, 1, 2500), _row(2, 1, 9000, batch=128)]
-    out, reasons = resolve_auto(cfg, 0, 16 * GB, sweep, cpu_count=2)
+    plan = plan_launch(cfg, _facts(cfg, sweep=sweep))
     # Rows with the config's batch size (32) decide: 2 x 1 at 2,500 samples/s.
-    assert (out.training.cpu_workers, out.training.threads_per_worker, out.training.strategy) == (2, 1, "ddp")
-    assert "from the scale sweep" in reasons[0]
+    assert (plan.cfg.training.cpu_workers, plan.cfg.training.threads_per_worker, plan.cfg.training.strategy) == \
+        (2, 1, "ddp")
+    assert plan.nproc_per_node == 2 and not plan.unmeasured
+    assert "from the scale sweep" in plan.reasons[0]
 
 
-def test_resolve_auto_leaves_concrete_configs_alone():
+def test_plan_leaves_concrete_configs_alone():
     cfg = load_config(DIGITS)
-    assert resolve_auto(cfg, 0, 16 * GB, None) == (cfg, [])
+    plan = plan_launch(cfg, HostFacts())
+    assert (plan.cfg, plan.reasons, plan.nproc_per_node) == (cfg, (), 2)
+    assert plan_launch(cfg, HostFacts(), nproc=1).nproc_per_node == 1
     # Only the strategy is auto: the world is the configured cpu_workers (2).
-    out, _ = resolve_auto(load_config(DIGITS, ["training.strategy=auto"]), 0, 16 * GB, None, cpu_count=2)
-    assert (out.training.strategy, out.training.cpu_workers) == ("ddp", 2)
+    auto = load_config(DIGITS, ["training.strategy=auto"])
+    plan = plan_launch(auto, _facts(auto))
+    assert (plan.cfg.training.strategy, plan.cfg.training.cpu_workers, plan.world.size) == ("ddp", 2, 2)
 
 
-def test_resolve_auto_on_gpus_uses_one_rank_per_gpu():
-    out, reasons = resolve_auto(load_config(DIGITS, AUTO), 4, 80 * GB, None)
-    assert (out.training.strategy, out.training.cpu_workers) == ("ddp", 1)
-    assert "4 ranks" in reasons[-1]
+def test_plan_on_gpus_uses_one_rank_per_gpu():
+    cfg = load_config(DIGITS, AUTO)
+    plan = plan_launch(cfg, _facts(cfg, gpus=4, device=80 * GB))
+    assert (plan.cfg.training.strategy, plan.cfg.training.cpu_workers) == ("ddp", 1)
+    assert (plan.nproc_per_node, plan.backend) == (4, "nccl")
+    assert "4 ranks" in plan.reasons[-1]
+
+
+def test_plan_sizes_an_elastic_job_for_its_largest_world_and_refuses_what_cannot_run():
+    from core.errors import ConfigError
+
+    cfg = load_config(DIGITS, ["training.max_restarts=1"])
+    plan = plan_launch(cfg, HostFacts(), nproc=2, nnodes="1:3")
+    assert (plan.nnodes, plan.node_range, plan.world.size) == ("1:3", (1, 3), 6)
+    with pytest.raises(ConfigError, match="--nnodes > 1 needs --nproc"):
+        plan_launch(cfg, HostFacts(), nnodes=2)
+    with pytest.raises(ConfigError, match="--nproc: must be >= 1, got 0"):
+        plan_launch(cfg, HostFacts(), nproc=0)
 
 
 def test_saved_sweep_is_found_by_the_auto_config(tmp_path):

@@ -82,6 +82,7 @@ def test_image_runs_by_digest_and_the_manifest_records_ref_and_digest(monkeypatc
 def test_each_pod_becomes_a_c10d_torchrun_agent(nnodes, tmp_path, repo_root, monkeypatch):
     from core.config import load_config
     from training.launcher import make_spec
+    from training.plan import HostFacts, plan_launch
 
     job = _job(nnodes)
     monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
@@ -89,7 +90,8 @@ def test_each_pod_becomes_a_c10d_torchrun_agent(nnodes, tmp_path, repo_root, mon
         # What the pod's shell runs: trainflow train "$@" --node-rank $JOB_COMPLETION_INDEX
         args = build_parser().parse_args(["train", *train_args(job), "--node-rank", str(rank)])
         cfg = load_config(repo_root / args.config, args.overrides)
-        spec = make_spec(cfg, tmp_path / f"out{rank}", repo_root, "md5", nproc=args.nproc, nnodes=args.nnodes,
+        plan = plan_launch(cfg, HostFacts(), args.nproc, args.nnodes)
+        spec = make_spec(plan, tmp_path / f"out{rank}", repo_root, "md5",
                          node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id)
         cmd = spec.command(tmp_path / "logs")
         assert f"--nnodes={nnodes}" in cmd and "--nproc-per-node=8" in cmd
@@ -201,14 +203,16 @@ def test_single_node_endpoint_draws_a_rendezvous_id_and_several_nodes_need_one(t
     from core.config import load_config
     from core.errors import ConfigError
     from training.launcher import make_spec
+    from training.plan import HostFacts, plan_launch
 
     monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
     cfg = load_config(repo_root / "configs" / "digits.yaml", [])
-    ids = {make_spec(cfg, tmp_path / f"o{i}", repo_root, "md5", nproc=1, rdzv_endpoint="127.0.0.1:29400").rdzv_id
-           for i in range(2)}
+    ids = {make_spec(plan_launch(cfg, HostFacts(), 1), tmp_path / f"o{i}", repo_root, "md5",
+                     rdzv_endpoint="127.0.0.1:29400").rdzv_id for i in range(2)}
     assert len(ids) == 2 and all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
     with pytest.raises(ConfigError, match="--nnodes > 1 needs --rdzv-id"):
-        make_spec(cfg, tmp_path / "o3", repo_root, "md5", nproc=1, nnodes=2, rdzv_endpoint="127.0.0.1:29400")
+        make_spec(plan_launch(cfg, HostFacts(), 1, 2), tmp_path / "o3", repo_root, "md5",
+                  rdzv_endpoint="127.0.0.1:29400")
 
 
 def test_cli_bad_input_exits_1_with_one_line(capsys):

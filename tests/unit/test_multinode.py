@@ -12,6 +12,7 @@ from core.config import load_config
 from core.errors import ConfigError
 from training import multinode
 from training.launcher import NNODES_ENV, make_spec, parse_nnodes
+from training.plan import HostFacts, plan_launch
 
 ENDPOINT = dict(rdzv_endpoint="127.0.0.1:29400", rdzv_id="0123456789abcdef")
 
@@ -38,30 +39,31 @@ def test_a_bad_node_count_names_the_option(text, words):
 
 
 def test_an_elastic_job_gives_torchrun_its_range_and_rendezvous_settings(cfg, repo_root, tmp_path):
-    spec = make_spec(cfg("training.rendezvous.last_call_s=7"), tmp_path / "out", repo_root, "md5", nproc=1,
-                     nnodes="1:2", **ENDPOINT)
+    plan = plan_launch(cfg("training.rendezvous.last_call_s=7"), HostFacts(), 1, "1:2")
+    spec = make_spec(plan, tmp_path / "out", repo_root, "md5", **ENDPOINT)
     cmd = spec.command(tmp_path / "logs")
     assert spec.nnodes == "1:2" and spec.node_range == (1, 2)
     assert "--nnodes=1:2" in cmd and "--rdzv-backend=c10d" in cmd and "--standalone" not in cmd
     assert "--rdzv-conf=join_timeout=600,last_call_timeout=7,keep_alive_interval=5,keep_alive_max_attempt=3" in cmd
     # A range of one size is a fixed count; one node on its own keeps torchrun's standalone rendezvous.
-    assert make_spec(cfg(), tmp_path / "o2", repo_root, "md5", nproc=1, nnodes="2:2", **ENDPOINT).nnodes == 2
-    alone = make_spec(cfg(), tmp_path / "o3", repo_root, "md5", nproc=1, nnodes="1").command(tmp_path / "logs")
+    assert make_spec(plan_launch(cfg(), HostFacts(), 1, "2:2"), tmp_path / "o2", repo_root, "md5",
+                     **ENDPOINT).nnodes == 2
+    alone = make_spec(plan_launch(cfg(), HostFacts(), 1, "1"), tmp_path / "o3", repo_root, "md5")
+    alone = alone.command(tmp_path / "logs")
     assert "--standalone" in alone and not any(a.startswith("--rdzv-conf") for a in alone)
 
 
 def test_an_elastic_job_without_restarts_is_refused_naming_the_key(cfg, repo_root, tmp_path):
     with pytest.raises(ConfigError, match=r"--nnodes 1:2: an elastic job needs training.max_restarts >= 1"):
-        make_spec(cfg("training.max_restarts=0"), tmp_path / "out", repo_root, "md5", nproc=1, nnodes="1:2",
-                  **ENDPOINT)
+        make_spec(plan_launch(cfg("training.max_restarts=0"), HostFacts(), 1, "1:2"), tmp_path / "out", repo_root,
+                  "md5", **ENDPOINT)
     assert not (tmp_path / "out").exists()  # refused before anything is written
 
 
 def test_every_world_of_an_elastic_range_must_fit_the_strategy(cfg, repo_root, tmp_path):
     # 'single' fits a world of 1 (one node) but not of 2 (both nodes present).
     with pytest.raises(ConfigError, match="'single' runs one process"):
-        make_spec(cfg("training.strategy=single", "training.cpu_workers=1"), tmp_path / "out", repo_root, "md5",
-                  nproc=1, nnodes="1:2", **ENDPOINT)
+        plan_launch(cfg("training.strategy=single", "training.cpu_workers=1"), HostFacts(), 1, "1:2")
 
 
 def test_rendezvous_settings_are_checked_at_load_and_leave_the_config_id_alone(cfg):
@@ -115,7 +117,7 @@ def test_cpu_jobs_fork_their_workers_from_the_agent_and_other_commands_are_left_
 
     from training import agent
 
-    spec = make_spec(cfg(), tmp_path / "out", repo_root, "md5", nproc=2)
+    spec = make_spec(plan_launch(cfg(), HostFacts(), 2), tmp_path / "out", repo_root, "md5")
     assert spec.fork_workers  # no GPU here: the job is a CPU one
     monkeypatch.setattr(run, "config_from_args", run.config_from_args)  # put back after the test
     agent._fork_workers()

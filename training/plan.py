@@ -1,4 +1,7 @@
-"""The ``auto`` advisor: which strategy and which process/thread layout to train with.
+"""The launch plan: how many nodes and workers, which strategy, how many threads, and why, decided
+once by ``plan_launch`` from the config, this host's facts and the command line, with the rules
+for ``auto`` below it. A launcher only formats a plan (``training.launcher.make_spec`` for torchrun
+on this host); nothing else sizes the world.
 
 Memory rules (rough, fp32): parameters 4 bytes each, gradients the same, optimizer state AdamW
 2x parameters (SGD 1x), activations ``batch_size x leaf-module outputs per sample x 4`` (what
@@ -11,16 +14,16 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from core.config import PipelineConfig, config_from_dict
 from core.errors import ConfigError
 from core.hashing import sha256_json
-from core.manifest import read_dvc_file
+from core.manifest import World
 from core.paths import project_root
 from tasks import get_task
-from training.probe import probe_layouts
+from training.layouts import MODEL_PARALLEL, check_world, maybe_gpu
 
 HEADROOM = 0.8
 # CPU rule without a sweep: models whose replicated state is below this stay in one process.
@@ -32,6 +35,143 @@ LAYOUT_FIELDS = ("cpu_workers", "threads_per_worker", "strategy", "batch_size", 
                  "checkpoints", "metrics", "timeout_s")
 
 
+@dataclass(frozen=True)
+class HostFacts:
+    """What the plan needs to know of the host and the model; gathered by ``host_facts``, or given."""
+
+    gpus: int = 0  # CUDA devices the job may use (0 with training.backend gloo)
+    device_bytes: int = 0  # one device's memory: GPU 0's, else this host's RAM
+    cpu_count: int = 1
+    sweep: list[dict] | None = None  # rows `trainflow scale` or the probe measured for this config
+    model: dict | None = None  # estimate_memory, where a rule for "auto" needs it
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """One training job, backend-neutral: what a launcher (torchrun here, a cluster's scheduler)
+    runs. ``cfg`` has no ``auto`` left."""
+
+    cfg: PipelineConfig
+    nproc_per_node: int
+    nnodes: int | str = 1  # N, or "MIN:MAX" (elastic)
+    backend: str = "gloo"
+    reasons: tuple[str, ...] = ()
+    # The config as given ("auto" kept) while its layout is the rule's: the probe (training.probe)
+    # measures it after validation and the plan is made again from it. None: nothing to measure.
+    unmeasured: PipelineConfig | None = None
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        return parse_nnodes(self.nnodes)
+
+    @property
+    def world(self) -> World:
+        """The largest world this plan makes, as the manifest records it."""
+        return World(nnodes=self.node_range[1], nproc_per_node=self.nproc_per_node, backend=self.backend)
+
+
+def parse_nnodes(value: int | str) -> tuple[int, int]:
+    """``N`` -> (N, N); ``"MIN:MAX"`` -> (MIN, MAX). Raises ConfigError unless 1 <= MIN <= MAX."""
+    text = str(value).strip()
+    parts = text.split(":")
+    if isinstance(value, bool) or len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+        raise ConfigError(f"--nnodes: expected N or MIN:MAX (whole numbers), got {text!r}")
+    lo, hi = int(parts[0]), int(parts[-1])
+    if lo < 1 or hi < lo:
+        raise ConfigError(f"--nnodes: needs 1 <= MIN <= MAX, got {text!r}")
+    return lo, hi
+
+
+def host_facts(cfg: PipelineConfig, home: Path, sweep: list[dict] | None = None) -> HostFacts:
+    """This host's facts for ``cfg``: torch is imported only where a GPU may be, the model built
+    only where an ``auto`` rule needs its size; ``sweep``: measured rows (default: the saved ones)."""
+    t = cfg.training
+    gpus = device = 0
+    if t.backend != "gloo" and maybe_gpu():
+        import torch
+
+        if torch.cuda.is_available() and (gpus := torch.cuda.device_count()):
+            device = torch.cuda.get_device_properties(0).total_memory
+    device = device or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if sweep is None and t.cpu_workers == "auto":
+        sweep = load_sweep(home, cfg)
+    needs_size = t.strategy == "auto" or (t.cpu_workers == "auto" and not gpus and not sweep)
+    return HostFacts(gpus, int(device), os.cpu_count() or 1, sweep, estimate_memory(cfg) if needs_size else None)
+
+
+def plan_launch(cfg: PipelineConfig, facts: HostFacts, nproc: int | None = None, nnodes: int | str = 1) -> LaunchPlan:
+    """The plan for ``cfg`` on a host with ``facts``; ``nproc``: workers per node (default: one
+    per GPU, else ``training.cpu_workers``, whose ``auto`` takes the measured best layout or, with
+    nothing measured, the rule's, and ``unmeasured``). A pure function: it reads and writes nothing.
+    ConfigError when the settings don't fit the world."""
+    if nproc is not None and nproc < 1:
+        raise ConfigError(f"--nproc: must be >= 1, got {nproc}")
+    lo, hi = parse_nnodes(nnodes)
+    if hi > 1 and nproc is None:
+        raise ConfigError("--nnodes > 1 needs --nproc (workers per node) so every node agrees on the world size")
+    t = cfg.training
+    gpus = facts.gpus if t.backend != "gloo" else 0
+    update, reasons, unmeasured = {}, [], None
+    if gpus:
+        per_node = nproc or gpus
+        if t.cpu_workers == "auto":
+            update["cpu_workers"] = 1
+            reasons.append(f"{gpus} GPU(s): one rank per GPU ({per_node} per node); cpu_workers is unused")
+    elif t.cpu_workers != "auto":
+        per_node = nproc or t.cpu_workers
+    else:
+        cores, rows = facts.cpu_count, valid_rows(facts.sweep or [])
+        if t.strategy == "single":
+            per_node, threads, why = 1, cores, f"strategy single: 1 process x {cores} threads"
+        elif nproc:
+            per_node, threads = nproc, max(1, cores // nproc)
+            why = f"--nproc {nproc} given: {nproc} process(es) x {threads} thread(s)"
+        elif rows:
+            mine = [r for r in rows if r.get("batch_size") == t.batch_size]
+            best = choose_layout(mine or rows)
+            per_node, threads = _shape(best)
+            source = "probe" if any(r.get("source") == "probe" for r in rows) else "scale sweep"
+            why = f"from the {source}: {best['reason']}"
+            if not mine:
+                why += f" (the sweep has no batch size {t.batch_size}; used all its rows)"
+        else:
+            per_node, threads, why = default_layout(cores, facts.model["replicated_state_bytes"])
+            unmeasured = cfg if hi == 1 else None  # the config as given: nothing of it updated yet
+            if unmeasured:
+                why += "; the probe measures each layout for one epoch after validation, and the plan follows it"
+        update.update(cpu_workers=per_node, threads_per_worker=threads)
+        reasons.append(f"cpu_workers auto -> {per_node}, threads_per_worker -> {threads}: {why}")
+    if t.strategy == "auto":
+        strategy, why = choose_strategy(facts.model, facts.device_bytes, per_node * hi)
+        update["strategy"] = strategy
+        reasons.append(f"strategy auto -> {strategy}: {why}")
+    if update:
+        data = cfg.model_dump(mode="json")
+        data["training"].update(update)
+        cfg = config_from_dict(data)
+    t = cfg.training
+    if lo < hi:
+        _check_elastic(cfg, lo, hi)
+        if not t.checkpoints:
+            reasons.append(f"--nnodes {lo}:{hi} with training.checkpoints off: after a node leaves, the others start over")
+    for nodes in range(lo, hi + 1):  # every world an elastic range can make
+        check_world(t.strategy, per_node * nodes, t.parallel)
+    backend = t.backend if t.backend != "auto" else "nccl" if gpus else "gloo"
+    return LaunchPlan(cfg, per_node, hi if lo == hi else f"{lo}:{hi}", backend, tuple(reasons), unmeasured)
+
+
+def _check_elastic(cfg: PipelineConfig, lo: int, hi: int) -> None:
+    """torchrun must be allowed to restart an elastic job, and its layout to change world size."""
+    t = cfg.training
+    if t.max_restarts < 1:
+        raise ConfigError(f"--nnodes {lo}:{hi}: an elastic job needs training.max_restarts >= 1 (when a node "
+                          "leaves, torchrun restarts the workers of every other node: one restart per departure), "
+                          f"got {t.max_restarts}")
+    if t.strategy in MODEL_PARALLEL:
+        raise ConfigError(f"--nnodes {lo}:{hi}: training.strategy {t.strategy!r} cannot change its world size "
+                          "(its checkpoints load only into the layout that wrote them); use a fixed --nnodes N")
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1000:
@@ -40,14 +180,16 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
-    """(parameters, largest leaf module's parameters, leaf output elements per sample)."""
+def estimate_memory(cfg: PipelineConfig, world_size: int = 1) -> dict:
+    """Bytes of ``cfg``'s model by kind (parameters, gradients, optimizer state, activations of one
+    batch, the largest layer's parameters) and per rank when ``world_size`` ranks train it (rules in
+    the module doc). Builds the model (tables read their train split)."""
     import torch
 
     task = get_task(cfg.task)
-    info = task.info(cfg, project_root())  # tables read their train split
+    info = task.info(cfg, project_root())
     model = task.build_model(cfg, info)
-    out_elems = [0]
+    out_elems = [0]  # leaf outputs per sample
 
     def hook(_m, _inp, out):
         if torch.is_tensor(out):
@@ -60,17 +202,11 @@ def _count(cfg: PipelineConfig) -> tuple[int, int, int]:
         model.eval()(task.example_input(cfg, info, batch=1))
     leaves = [m for m in model.modules() if not list(m.children())]
     largest = max((sum(p.numel() for p in m.parameters()) for m in leaves), default=0)
-    return sum(p.numel() for p in model.parameters()), largest, out_elems[0]
-
-
-def estimate_memory(cfg: PipelineConfig, world_size: int) -> dict:
-    """Bytes per rank for ``cfg``'s model trained by ``world_size`` ranks (rules in the module doc)."""
-    n_params, largest, act_elems = _count(cfg)
-    t = cfg.training
+    n_params, t = sum(p.numel() for p in model.parameters()), cfg.training
     param = 4 * n_params
     mem = {"n_params": n_params, "param_bytes": param, "grad_bytes": param,
            "optim_bytes": param * (2 if t.optimizer == "adamw" else 1),
-           "activation_bytes": t.batch_size * act_elems * 4, "largest_layer_param_bytes": 4 * largest,
+           "activation_bytes": t.batch_size * out_elems[0] * 4, "largest_layer_param_bytes": 4 * largest,
            "optimizer": t.optimizer, "batch_size": t.batch_size}
     return {**mem, **_per_rank(mem, world_size)}
 
@@ -124,7 +260,7 @@ def describe(row: dict, with_batch: bool = False) -> str:
     return text + (f", batch {row['batch_size']}" if with_batch else "")
 
 
-def _valid(rows: list[dict]) -> list[dict]:
+def valid_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("samples_per_s")]
 
 
@@ -139,7 +275,7 @@ def choose_layout(measurements: list[dict]) -> dict:
     """The best sweep row plus ``metric`` and ``reason``: the fastest time-to-target when any row
     reached the target (rows that did not are out), else the highest samples/s. Rows within
     TIE_TOLERANCE of the best tie and go to the fewest processes (then the fewest threads)."""
-    rows = _valid(measurements)
+    rows = valid_rows(measurements)
     if not rows:
         raise ValueError("choose_layout: no measurement has samples_per_s (did every layout fail?)")
     to_target = any(r.get("time_to_target_s") is not None for r in rows)
@@ -165,7 +301,7 @@ def choose_layout(measurements: list[dict]) -> dict:
 def recommendation(measurements: list[dict]) -> str:
     """Plain words: which layout to use, how much faster it is than the one with the most
     processes (or the runner-up), and, explicitly, when fewer workers win."""
-    rows = _valid(measurements)
+    rows = valid_rows(measurements)
     if not rows:
         return "No layout produced a measurement; nothing to recommend."
     best = choose_layout(rows)
@@ -225,6 +361,14 @@ def sweep_path(home: Path, cfg: PipelineConfig) -> Path:
     return Path(home) / "scale" / f"{layout_key(cfg)}.json"
 
 
+def save_sweep(home: Path, cfg: PipelineConfig, rows: list[dict], **about) -> Path:
+    """Keep ``rows`` measured for ``cfg`` (any layout) where ``load_sweep`` finds them."""
+    path = sweep_path(home, cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**about, "rows": rows}, indent=2))
+    return path
+
+
 def load_sweep(home: Path, cfg: PipelineConfig) -> list[dict] | None:
     """Rows ``trainflow scale`` saved for this config (any layout), or None."""
     try:
@@ -233,80 +377,3 @@ def load_sweep(home: Path, cfg: PipelineConfig) -> list[dict] | None:
         return None
     rows = data.get("rows") if isinstance(data, dict) else data
     return rows if isinstance(rows, list) and rows else None
-
-
-def resolve_auto(cfg: PipelineConfig, nproc_available_gpus: int, device_bytes: int,
-                 sweep: list[dict] | None, *, cpu_count: int | None = None,
-                 nproc: int | None = None, nnodes: int = 1) -> tuple[PipelineConfig, list[str]]:
-    """Replace ``training.strategy: auto`` and ``training.cpu_workers: auto`` with concrete values:
-    one rank per GPU, else ``nproc``, the sweep's best layout or ``default_layout``; then the
-    strategy the memory estimate allows. Returns the new config and one reason per decision."""
-    t = cfg.training
-    if t.strategy != "auto" and t.cpu_workers != "auto":
-        return cfg, []
-    cores = cpu_count or os.cpu_count() or 1
-    gpus = nproc_available_gpus if t.backend != "gloo" else 0
-    update: dict[str, Any] = {}
-    reasons: list[str] = []
-    if gpus > 0:
-        per_node = nproc or gpus
-        if t.cpu_workers == "auto":
-            update["cpu_workers"] = 1
-            reasons.append(f"{gpus} GPU(s): one rank per GPU ({per_node} per node); cpu_workers is unused")
-    elif t.cpu_workers == "auto":
-        rows = _valid(sweep or [])
-        if t.strategy == "single":
-            per_node, threads, why = 1, cores, f"strategy single: 1 process x {cores} threads"
-        elif nproc:
-            per_node, threads = nproc, max(1, cores // nproc)
-            why = f"--nproc {nproc} given: {nproc} process(es) x {threads} thread(s)"
-        elif rows:
-            mine = [r for r in rows if r.get("batch_size") == t.batch_size]
-            best = choose_layout(mine or rows)
-            per_node, threads = _shape(best)
-            source = "probe" if any(r.get("source") == "probe" for r in rows) else "scale sweep"
-            why = f"from the {source}: {best['reason']}"
-            if not mine:
-                why += f" (the sweep has no batch size {t.batch_size}; used all its rows)"
-        else:
-            per_node, threads, why = default_layout(cores, estimate_memory(cfg, 1)["replicated_state_bytes"])
-        update.update(cpu_workers=per_node, threads_per_worker=threads)
-        reasons.append(f"cpu_workers auto -> {per_node}, threads_per_worker -> {threads}: {why}")
-    else:
-        per_node = nproc or int(t.cpu_workers)
-    if t.strategy == "auto":
-        world = per_node * nnodes
-        strategy, why = choose_strategy(estimate_memory(cfg, world), device_bytes, world)
-        update["strategy"] = strategy
-        reasons.append(f"strategy auto -> {strategy}: {why}")
-    data = cfg.model_dump(mode="json")
-    data["training"].update(update)
-    return config_from_dict(data), reasons
-
-
-def resolve_for_launch(cfg: PipelineConfig, home: Path, nproc: int | None = None,
-                       nnodes: int = 1, root: Path | None = None,
-                       data_md5: str | None = None) -> tuple[PipelineConfig, list[str]]:
-    """``resolve_auto`` with this host's facts: GPU count, device memory, the saved sweep. With
-    ``root``, a CPU ``cpu_workers: auto`` with nothing else to go on is probed first (``training.probe``)."""
-    t = cfg.training
-    if t.strategy != "auto" and t.cpu_workers != "auto":
-        return cfg, []
-    import torch
-
-    gpus = torch.cuda.device_count() if t.backend != "gloo" and torch.cuda.is_available() else 0
-    sweep = load_sweep(home, cfg) if t.cpu_workers == "auto" else None
-    probed: list[str] = []
-    if (root is not None and sweep is None and t.cpu_workers == "auto" and not gpus and not nproc
-            and nnodes == 1 and t.strategy != "single"):
-        if data_md5 is None:
-            data_md5 = read_dvc_file(root, cfg.dataset.dvc_file).md5
-        rows = probe_layouts(cfg, root, data_md5, save_to=sweep_path(home, cfg))
-        sweep = rows if _valid(rows) else None
-        probed = [f"no sweep for this config: probed {len(rows)} layouts for one epoch each "
-                  f"(saved to {sweep_path(home, cfg)}; `trainflow scale` measures more)"]
-    # One device's memory: GPU 0's, else the host's RAM.
-    device = (torch.cuda.get_device_properties(0).total_memory if gpus
-              else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    cfg, reasons = resolve_auto(cfg, gpus, int(device), sweep, nproc=nproc, nnodes=nnodes)
-    return cfg, probed + reasons
