@@ -49,7 +49,23 @@ MODES = {
     "+ckpt": ("trainer", ["training.metrics=false"], "lean + a checkpoint every epoch"),
     "lean-noagree": ("trainer", LEAN, "lean with the preemption agreement made local"),
     "hand-agree": ("hand", [], "hand + the Trainer's preemption all-reduce every preempt_check_steps"),
+    "default+costs": ("trainer", [], "default, with the CPU time of each feature's own code accounted"),
 }
+# default+costs: (what, where) -> CPU seconds on the thread that ran it, summed over ranks, less what
+# the accounting itself adds to each call (measured on an empty function).
+COSTED = (
+    ("per-step metrics: data wait, step end, DDP stats read", "training.metrics:StepMetrics.data_start"),
+    ("per-step metrics: data wait, step end, DDP stats read", "training.metrics:StepMetrics.data_end"),
+    ("per-step metrics: data wait, step end, DDP stats read", "training.metrics:StepMetrics.step_end"),
+    ("metrics window: gather, straggler rule, metrics.jsonl", "training.trainer:Trainer._log_window"),
+    ("checkpoint: RNG and loss gather", "training.trainer:Trainer.checkpoint_state"),
+    ("checkpoint: CPU copy of the state (training waits)", "training.checkpoint:CheckpointManager.save"),
+    ("checkpoint: write (rank 0's background thread)", "training.checkpoint:CheckpointManager._write"),
+    ("preemption agreement (all-reduce every 10 steps)", "training.trainer:any_rank"),
+    ("goodput ledger heartbeat", "training.goodput:Ledger.step"),
+)
+COSTS: dict[str, float] = {}
+CALLS: dict[str, int] = {}
 DEFAULT_MODES = ("hand", "hand-b", "lean", "default")
 LOSS_DECIMALS = 5
 GOALS = {"lean": 1.00, "default": 0.97}  # paired wall ratio vs hand (median over rounds)
@@ -153,11 +169,42 @@ class _Patched:
             self._set(trainer_mod, "any_rank", lambda ctx, flag: bool(flag))
         if self.mode.endswith("-nocomm"):
             self._set(StepMetrics, "COMM_TIMING", False)
+        if self.mode == "default+costs":
+            import importlib
+
+            COSTS.clear()
+            CALLS.clear()
+            for what, where in COSTED:
+                module, _, attr = where.partition(":")
+                owner, _, name = attr.rpartition(".")
+                obj = getattr(importlib.import_module(module), owner) if owner else importlib.import_module(module)
+                self._set(obj, name, _accounted(what, getattr(obj, name)))
         return self
 
     def __exit__(self, *exc):
         for obj, name, value in reversed(self.undo):
             setattr(obj, name, value)
+
+
+def _accounted(what: str, fn):
+    def accounted(*args, **kwargs):
+        t0 = time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            COSTS[what] = COSTS.get(what, 0.0) + time.thread_time() - t0
+            CALLS[what] = CALLS.get(what, 0) + 1
+    return accounted
+
+
+def _accounting_overhead(n: int = 5000) -> float:
+    """CPU seconds the accounting attributes to one call of an empty function (this thread)."""
+    empty = _accounted("empty", lambda: None)
+    for _ in range(n):
+        empty()
+    per_call = COSTS.pop("empty") / n
+    CALLS.pop("empty")
+    return per_call
 
 
 def _trainer(mode: str, cfg, ctx, data, out: Path) -> dict:
@@ -215,6 +262,7 @@ def worker_main(args) -> int:
     records = []
     with process_group(t.backend, t.collective_timeout_s) as ctx:
         data = load_splits(cfgs[modes[0]], ROOT, cfgs[modes[0]].seed)
+        overhead = _accounting_overhead() if "default+costs" in modes else 0.0
         # One unrecorded short run of each mode first: lazy imports and first-call caches.
         plan = [(-1, m, warm[m]) for m in modes]
         plan += [(r, m, cfgs[m]) for r in range(args.rounds) for m in order_of(modes, args.round_offset + r)]
@@ -224,7 +272,11 @@ def worker_main(args) -> int:
             loop, out = MODES[m][0], out_root / f"{i:03d}_{m}"
             res = _hand(m, cfg, ctx, data) if loop == "hand" else _trainer(m, cfg, ctx, data, out)
             gc.collect()
-            res["cpu_s"], res["max_wall_s"] = all_reduce_sum(ctx, [res["cpu_s"], 0.0])[0], res["wall_s"]
+            res["cpu_s"] = all_reduce_sum(ctx, [res["cpu_s"]])[0]
+            if m == "default+costs":
+                names = list(dict.fromkeys(what for what, _ in COSTED))
+                own = [max(0.0, COSTS.get(n, 0.0) - CALLS.get(n, 0) * overhead) for n in names]
+                res["costs"] = dict(zip(names, all_reduce_sum(ctx, own)))
             if r < 0 or not ctx.is_main:
                 continue
             records.append({"mode": m, "round": args.round_offset + r, **res})
@@ -262,17 +314,14 @@ def run_job(args, workdir: Path, job: int, rounds: int, offset: int) -> list[dic
 
 
 def median_interval(values: list[float]) -> tuple[float, float]:
-    """A distribution-free interval for the median from order statistics, at the smallest rank
-    whose coverage is >= 90 % (n < 5: min-max)."""
+    """A distribution-free interval for the median from order statistics: the narrowest whose coverage
+    is >= 90 % (n = 10: the 2nd and 9th of the sorted values, 97.9 %; n < 5: min-max)."""
     xs, n = sorted(values), len(values)
-    if n < 5:
-        return xs[0], xs[-1]
-    k = 0  # largest k with P(x_(k+1) <= median <= x_(n-k)) >= 0.9
-    for j in range(n // 2):
-        cover = 1 - 2 * sum(math.comb(n, i) for i in range(j + 1)) / 2 ** n
-        if cover < 0.9:
+    k = 0  # the largest k with P(xs[k] <= median <= xs[n-1-k]) = 1 - 2 P(Binomial(n, 1/2) <= k) >= 0.9
+    for j in range(1, (n - 1) // 2 + 1):
+        if 1 - 2 * sum(math.comb(n, i) for i in range(j + 1)) / 2 ** n < 0.9:
             break
-        k = j + 1
+        k = j
     return xs[k], xs[n - 1 - k]
 
 
@@ -339,6 +388,16 @@ def report(records: list[dict], modes: list[str]) -> dict:
                       f"{pct_wall:>+8.1f}%   {MODES[m][2]}")
                 if m == "default":
                     out["default_cpu_vs_lean"] = pct_cpu / 100
+    if "default+costs" in by:
+        ref = "lean" if "lean" in by else "default+costs"
+        ref_cpu = statistics.median(cpu(r) for r in by[ref].values())
+        print(f"\neach default feature's own CPU time per optimizer step, all ranks (default+costs; median over "
+              f"{len(by['default+costs'])} runs; % of {ref}'s {1e3 * ref_cpu:.3f} ms CPU/step)")
+        runs = list(by["default+costs"].values())
+        for what in runs[0]["costs"]:
+            per_step = statistics.median(r["costs"][what] / r["steps"] for r in runs)
+            print(f"  {what:<56}{1e3 * per_step:>8.3f} ms{100 * per_step / ref_cpu:>7.1f} %")
+            out[f"cost:{what}"] = per_step / ref_cpu
     if "hand-b" in by and hand:
         lo, hi = median_interval(paired(by, "hand-b", "hand", wall))
         clo, chi = median_interval(paired(by, "hand-b", "hand", cpu))

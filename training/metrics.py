@@ -124,19 +124,20 @@ def busy_seconds(spans: Iterable[tuple[float, float]]) -> float:
 
 # -- per-rank window ----------------------------------------------------------------------
 # The gradient all-reduce is timed by DDP's own runtime stats (C++ timers; CUDA events on GPU) on the
-# iterations it samples: the first 10, then one in ``every``. A Python comm hook would cost a call and
-# a callback on the communication thread on every step; reading the stats costs one call per sample.
-SAMPLE_PERIOD_S = 0.05  # about one timed step per this much training ...
+# iterations it samples (its first 10, then one in ``every``), read on one in ``every``. A Python comm
+# hook would cost a call and a callback on the communication thread on every step; a read of the
+# stats costs tens of microseconds, so it is spread over ``SAMPLE_PERIOD_S`` of training.
+SAMPLE_PERIOD_S = 0.2
 MAX_SAMPLE_EVERY = 64
 
 
 def sample_every(step_s: float | None, window_steps: int = 0) -> int:
     """Time the all-reduce of one step in this many, for steps of ``step_s`` seconds (None: every
-    step), at most half of ``window_steps`` (when given) so that each window has a timed step whose
+    step), below half of ``window_steps`` (when given) so that each window has two timed steps whose
     stats arrive within it (DDP records a step's stats at the next step's forward)."""
     if not step_s or step_s <= 0:
         return 1
-    cap = min(MAX_SAMPLE_EVERY, window_steps // 2) if window_steps else MAX_SAMPLE_EVERY
+    cap = min(MAX_SAMPLE_EVERY, max(1, (window_steps - 1) // 2)) if window_steps else MAX_SAMPLE_EVERY
     return max(1, min(cap, round(SAMPLE_PERIOD_S / step_s)))
 
 
@@ -188,7 +189,7 @@ class StepMetrics:
         self._iteration = it = self._iteration + 1
         self._step_marks.append((self._data_wait, self._fwd_sync, it))
         prev = it - 1  # its stats were recorded in this step's forward
-        if prev >= 1 and (prev <= 10 or prev % self.every == 0):
+        if prev >= 1 and prev % self.every == 0:
             self._read_comm(prev)
 
     def _read_comm(self, iteration: int) -> None:
