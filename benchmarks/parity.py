@@ -300,7 +300,8 @@ def run_job(args, workdir: Path, job: int, rounds: int, offset: int) -> list[dic
            "--modes", ",".join(args.mode_list), "--rounds", str(rounds), "--round-offset", str(offset)]
     # Empty: MLflow stays off as in the pipeline's jobs (it relays the metrics file itself).
     env = {k: v for k, v in os.environ.items() if k != "TRAINFLOW_FAULT"}
-    env.update(TRAINFLOW_MLFLOW_RUN_ID="", OMP_NUM_THREADS="1", PYTHONPATH=python_path_with(ROOT, env.get("PYTHONPATH")))
+    env.update(TRAINFLOW_MLFLOW_RUN_ID="", OMP_NUM_THREADS="1",
+               PYTHONPATH=python_path_with(ROOT, env.get("PYTHONPATH")))
     log = workdir / f"job{job}.log"
     with open(log, "w") as err:
         p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
@@ -416,7 +417,8 @@ def report(records: list[dict], modes: list[str]) -> dict:
                   f"{'met' if d <= CPU_GOAL else 'not met'}")
         if "lean" in by:
             equal = loss_diff("lean") < 0.5 * 10 ** -LOSS_DECIMALS
-            print(f"lean's train losses equal hand's to {LOSS_DECIMALS} decimals every epoch: {'yes' if equal else 'no'}")
+            print(f"lean's train losses equal hand's to {LOSS_DECIMALS} decimals every epoch: "
+                  f"{'yes' if equal else 'no'}")
     return out
 
 
