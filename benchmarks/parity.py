@@ -1,11 +1,13 @@
 """Loop parity: trainflow's ``Trainer`` against a plain hand-written DDP loop, in paired rounds.
 
     python benchmarks/parity.py                     # hand, hand-b, lean, default; 2 jobs x 5 rounds
-    python benchmarks/parity.py --modes hand,hand-b,lean,default,+metrics,+ckpt,+metrics-nocomm,lean-noagree
+    python benchmarks/parity.py --modes lean,default,default+costs,+metrics,+ckpt,lean-noagree \
+        --rounds 4 --jobs 1 --epochs 12             # what each default feature costs
 
 Each job is one ``torchrun --standalone`` (this file in ``--worker`` mode) that joins the process group
-once, then runs every mode once per round, in an order rotated each round, each as a whole timed
-training (the loop only: no start-up, imports, data or model build). A round's modes share the
+once, runs every mode once for 2 epochs unrecorded (lazy imports, first-call caches), then every mode
+once per round, in an order rotated each round, each as a whole timed training (the loop only: no
+start-up, imports, data or model build). A round's modes share the
 machine's load of the moment, so the benchmark compares modes by **paired ratios**: per round,
 hand's time over the mode's, then the median over rounds with its spread (min-max, and a
 distribution-free ~90 % interval of the median). ``hand-b`` is the hand loop again (A/A): its ratio's
@@ -15,7 +17,9 @@ less sensitive to other load than wall time and is reported beside it.
 ``hand`` (``_hand``) does the Trainer's work in the same numerical order (its seeds, sample order,
 LR schedule, clipping, a validation pass per epoch), so equal final weights' sha256 means bit for
 bit the same arithmetic; every run of every mode is checked against hand's. Modes: ``MODES``; the
-feature modes add one default feature to lean, so their cost per step is the difference to lean.
+feature modes add one default feature to lean, so their cost per step is the difference to lean;
+``default+costs`` times each feature's own code (``COSTED``) on the thread that runs it, which needs
+no pairing and resolves what the differences cannot on a loaded machine.
 The last line is ``parity_ratio=<lean/hand>`` (median of the paired wall ratios).
 """
 
