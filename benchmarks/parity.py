@@ -366,6 +366,7 @@ def report(records: list[dict], modes: list[str]) -> dict:
         if hand and m != "hand":
             w, c = paired(by, m, "hand", wall), paired(by, m, "hand", cpu)
             out[m], out[m + ":cpu"] = statistics.median(w), statistics.median(c)
+            out[m + ":interval"] = median_interval(w)
             ws, cs = fmt_spread(w), fmt_spread(c)
         else:
             ws = cs = "-"
@@ -413,8 +414,9 @@ def report(records: list[dict], modes: list[str]) -> dict:
     if hand:
         for m, goal in GOALS.items():
             if m in out:
-                print(f"goal {m}: wall ratio {out[m]:.3f} >= {goal:.2f}: "
-                      f"{'met' if out[m] >= goal else 'not met'} (cpu ratio {out[m + ':cpu']:.3f})")
+                lo, hi = out[m + ":interval"]
+                print(f"goal {m}: wall ratio {out[m]:.3f} >= {goal:.2f}: {'met' if out[m] >= goal else 'not met'} "
+                      f"(its interval [{lo:.3f}, {hi:.3f}]; cpu ratio {out[m + ':cpu']:.3f})")
         if "default_cpu_vs_lean" in out:
             d = out["default_cpu_vs_lean"]
             print(f"goal default cpu/step within {100 * CPU_GOAL:.0f} % of lean: {100 * d:+.1f} %: "
