@@ -260,12 +260,23 @@ class ModelConfig(_Strict):
     d_ff: int = Field(256, gt=0)
 
 
-class EarlyStopping(_Strict):
-    """Stop when ``metric`` has not improved by ``min_delta`` for ``patience`` epochs (off when null)."""
+# The validation figures early stopping can follow; each improves in its direction (True: higher).
+# Beyond loss and accuracy they are scored by the task on the gathered validation outputs.
+EARLY_STOPPING_METRICS = {"val_loss": False, "val_accuracy": True, "val_balanced_accuracy": True,
+                          "val_macro_f1": True, "val_roc_auc": True, "val_average_precision": True,
+                          "val_log_loss": False}
 
-    metric: Literal["val_loss", "val_accuracy"] = "val_loss"
+
+class EarlyStopping(_Strict):
+    """Stop when ``metric`` has not improved by ``min_delta`` for ``patience`` epochs (off when null).
+    ``restore_best``: with patience set, the model trained, exported and registered is the best
+    validation epoch's (by ``metric``, in its direction), not the last one's."""
+
+    metric: Literal["val_loss", "val_accuracy", "val_balanced_accuracy", "val_macro_f1", "val_roc_auc",
+                    "val_average_precision", "val_log_loss"] = "val_loss"
     patience: int | None = Field(None, gt=0)
     min_delta: float = Field(0.0, ge=0)
+    restore_best: bool = True
 
 
 class LoaderConfig(_Strict):
@@ -602,6 +613,7 @@ ID_LATER_KEYS = (
     ("model", "frequency_scale"), ("model", "embedding_dim"),
     ("gates", "min_improvement"), ("gates", "max_gap_to_gbdt"),
     ("dataset", "images"), ("model", "weights"),
+    ("training", "early_stopping", "restore_best"),
 )
 
 
