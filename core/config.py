@@ -172,6 +172,13 @@ class DatasetConfig(_Strict):
     # Categories kept per categorical column: the train split's most frequent values; any other
     # value (and one unseen in training) shares the column's "other" embedding.
     max_categories: int = Field(1000, ge=1)
+    # Text columns of dates or timestamps and their strftime format ({arrival_date: "%Y-%m-%d"};
+    # `trainflow init` finds them): each becomes the numeric ``date_parts`` (hour only where the
+    # format has one), in training and inside the registered model, which takes the raw text. A
+    # column left out is text like any other (a category).
+    dates: dict[str, str] = {}
+    date_parts: list[Literal["year", "month", "day", "weekday", "dayofyear", "hour", "days", "missing"]] = [
+        "year", "month", "day", "weekday", "dayofyear", "hour", "days", "missing"]
     # Rows found in both train and test: fail validation, or only report them (warn). Left out:
     # warn when trainflow splits one `file` itself (exact duplicate rows then stay on one side),
     # fail for data that comes split.
@@ -201,6 +208,14 @@ class DatasetConfig(_Strict):
         if self.label in self.categorical:
             raise ValueError(f"categorical: contains the label column {self.label!r} (a classification label is "
                              "always a category)")
+        for column, fmt in self.dates.items():
+            if column == self.label or column in self.categorical:
+                raise ValueError(f"dates.{column}: the column is the label or in categorical; a date column is "
+                                 "one or the other")
+            if "%" not in fmt:
+                raise ValueError(f"dates.{column}: {fmt!r} is not a strftime format (e.g. \"%Y-%m-%d\")")
+        if len(set(self.date_parts)) != len(self.date_parts):
+            raise ValueError(f"date_parts: duplicates in {self.date_parts}")
         return self
 
     @property
@@ -613,7 +628,7 @@ ID_LATER_KEYS = (
     ("model", "frequency_scale"), ("model", "embedding_dim"),
     ("gates", "min_improvement"), ("gates", "max_gap_to_gbdt"),
     ("dataset", "images"), ("model", "weights"),
-    ("training", "early_stopping", "restore_best"),
+    ("training", "early_stopping", "restore_best"), ("dataset", "dates"), ("dataset", "date_parts"),
 )
 
 

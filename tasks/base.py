@@ -163,7 +163,9 @@ class ModelSpec:
     """What the registry logs: a models-from-code pyfunc file over the exported program. ``inputs`` /
     ``outputs``: ``[(column, mlflow type)]`` (a None name for one unnamed output); ``meta``: written
     beside the program as ``meta.json``; ``example``: a pandas DataFrame; ``checked``: the worker
-    already ran the program on whole splits (no reload needed)."""
+    already ran the program on whole splits (no reload needed); ``optional_inputs``: columns a
+    client may send that the model does not read (an excluded id): declared optional in the
+    signature, so MLflow takes them without a warning, and ignored."""
 
     python_model: Path
     meta: dict
@@ -172,6 +174,7 @@ class ModelSpec:
     example: Any
     metadata: dict = field(default_factory=dict)
     checked: bool = False
+    optional_inputs: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
