@@ -177,8 +177,10 @@ class DatasetConfig(_Strict):
     # format has one), in training and inside the registered model, which takes the raw text. A
     # column left out is text like any other (a category).
     dates: dict[str, str] = {}
-    date_parts: list[Literal["year", "month", "day", "weekday", "dayofyear", "hour", "days", "missing"]] = [
-        "year", "month", "day", "weekday", "dayofyear", "hour", "days", "missing"]
+    # The parts every date column becomes, at least one (to take a column as text instead, leave it
+    # out of `dates`).
+    date_parts: list[Literal["year", "month", "day", "weekday", "dayofyear", "hour", "days", "missing"]] = Field(
+        ["year", "month", "day", "weekday", "dayofyear", "hour", "days", "missing"], min_length=1)
     # Rows found in both train and test: fail validation, or only report them (warn). Left out:
     # warn when trainflow splits one `file` itself (exact duplicate rows then stay on one side),
     # fail for data that comes split.
@@ -291,6 +293,7 @@ class EarlyStopping(_Strict):
                     "val_average_precision", "val_log_loss"] = "val_loss"
     patience: int | None = Field(None, gt=0)
     min_delta: float = Field(0.0, ge=0)
+    # With patience set: end with the best validation epoch's weights (exported, registered), not the last's.
     restore_best: bool = True
 
 
