@@ -24,7 +24,11 @@ def ddp_run(tmp_path_factory, bundled_data):
 
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory, bundled_data):
-    return train(tmp_path_factory.mktemp("fsdp") / "out", [*TWO, "training.strategy=fsdp"])
+    # Early stopping that never sees an improvement after epoch 1 and never stops (2 epochs): the
+    # sharded run ends with epoch 1's weights; the loss curves are those of the ddp run still.
+    return train(tmp_path_factory.mktemp("fsdp") / "out", [*TWO, "training.strategy=fsdp",
+                                                           "training.early_stopping.patience=5",
+                                                           "training.early_stopping.min_delta=100"])
 
 
 def test_fsdp_and_ddp_loss_curves_agree(ddp_run, fsdp_run):
@@ -33,6 +37,12 @@ def test_fsdp_and_ddp_loss_curves_agree(ddp_run, fsdp_run):
     f = [h["train_loss"] for h in fsdp_run["history"]]
     np.testing.assert_allclose(f, d, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(fsdp_run["final"]["val_accuracy"], ddp_run["final"]["val_accuracy"], atol=0.01)
+
+
+def test_fsdp_keeps_the_best_epochs_shards_and_exports_them(ddp_run, fsdp_run):
+    kept = fsdp_run["kept_epoch"]
+    assert (kept["epoch"], kept["of"], kept["restored"]) == (1, 2, True)
+    assert ddp_run["kept_epoch"] is None  # no early stopping: the last epoch, as before
 
 
 def test_fsdp_shards_parameters_and_optimizer_state(ddp_run, fsdp_run):

@@ -176,11 +176,11 @@ print(json.dumps({"seen": r2(raw), "unseen": r2(later), "latest_seen": str(raw["
 def test_hotels_dates_become_parts_and_later_dates_score_as_well(project):
     """ISO dates and timestamps with hours (some missing): init finds both, the registered model takes
     the raw text, and the same rows with their dates moved two years past the training range score
-    as well; an excluded id sent along raises no warning; dates that do not parse fail validation,
-    named with their rows and values."""
+    as well; an excluded id sent along raises no warning."""
     from flows.init import choice_lines
 
-    report, s, err = init_and_run(project, "hotels")
+    # 12 of init's 30 epochs: enough for this table's parts (the suite's time is short).
+    report, s, err = init_and_run(project, "hotels", "--set", "training.epochs=12")
     dates = report["choices"]["dates"]
     assert {c: d["format"] for c, d in dates.items()} == {"arrival_date": "%Y-%m-%d",
                                                            "booked_at": "%Y-%m-%d %H:%M"}
@@ -201,19 +201,4 @@ def test_hotels_dates_become_parts_and_later_dates_score_as_well(project):
     assert got["seen"] >= 0.8 and abs(got["seen"] - got["unseen"]) <= 0.03, got
     assert got["inputs"]["arrival_date"] == ["string", True] and got["inputs"]["booking_id"] == ["string", False]
     assert "Found extra inputs" not in got["warnings"] + done.stderr
-
-    from tests.integration.conftest import DVC_BIN, run
-
-    path = project / "data" / "hotels" / "hotels.csv"
-    bad = pd.read_csv(path)
-    bad.loc[[10, 11, 12], "arrival_date"] = ["2016-02-30", "next week", "2016/07/01"]
-    bad.to_csv(path, index=False)
-    run([DVC_BIN, "add", "-q", "data/hotels"], project)
-    commit_all(project, "hotels with dates that are not dates")
-    code, s, err = trainflow(project, "run", "--config", "configs/hotels.yaml", *BOUNDS)
-    assert code == 2 and s["status"] == "validation_failed", err[-2000:]
-    found = [f for f in s["validation"]["failures"] if f["check"] == "date_format"]
-    assert found and all(f["column"] == "arrival_date" for f in found), s["validation"]["failures"]
-    named = " ".join(f["message"] for f in found)
-    assert "not a date of format '%Y-%m-%d'" in named and "row" in named
-    assert {"2016-02-30", "next week", "2016/07/01"} <= {v for f in found for v in f["examples"]}
+    # Values of a date column that are not dates: tests/integration/test_validation_gx.py names them.
