@@ -425,7 +425,8 @@ class _Table(Task):
         return fit_gbdt(root, {"prepared": self.prepared_key(cfg, root)}, arrays, cfg.seed, GBDT_MAX_ROWS, "rows")
 
     def drift_frames(self, cfg: "PipelineConfig", root: Path, reference, read) -> tuple:
-        """The training file (or the one file both splits come from), then and now, and the features."""
+        """The training file (or the one file both splits come from), then and now, and the features
+        (date columns left out)."""
         import io
 
         import pandas as pd
@@ -438,7 +439,9 @@ class _Table(Task):
         then = pd.read_parquet(io.BytesIO(raw)) if parquet else pd.read_csv(io.BytesIO(raw))
         now = read_table(Path(root) / cfg.dataset.path / (cfg.dataset.split_files.get("train")
                                                           or cfg.dataset.split_files["all"]))
-        return then, now, feature_columns(cfg.dataset, [str(c) for c in now.columns])
+        # Not the date columns: a later data version brings later dates by nature.
+        return then, now, [c for c in feature_columns(cfg.dataset, [str(c) for c in now.columns])
+                           if c not in cfg.dataset.dates]
 
     def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
         """The predictor gets the evaluation split's feature columns, as a serving client sends them."""

@@ -104,7 +104,8 @@ class FitResult:
     resized_from: dict | None = None  # the checkpoint writer's layout and plan, when it differs from this run's
     batch_policy: dict = field(default_factory=dict)  # training.batches.BatchChoice.record()
     stopped_early_at_epoch: int | None = None
-    # The epoch whose weights the run ends with: {"epoch", "metric", "value", "restored"} (None: the last).
+    # With early stopping on, the epoch whose weights the run ends with: {"epoch", "of" (epochs run),
+    # "metric", "best_epoch", "best_value", "restored"}; None: the last epoch's, early stopping off.
     kept_epoch: dict | None = None
     global_batch: int = 0
     effective_lr: float = 0.0

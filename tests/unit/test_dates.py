@@ -102,3 +102,20 @@ def test_dates_config_is_checked_and_keeps_old_config_ids(repo_root):
         == plain.config_id()
     with pytest.raises(ConfigError, match=r"dataset.*dates\.x: 'x' is not a strftime format"):
         load_config(repo_root / "configs" / "wine.yaml", ["dataset.dates={x: x}"])
+
+
+def test_init_takes_a_timestamp_unique_in_every_row_as_a_date_not_an_id():
+    from flows.init import choice_lines
+    from tasks import get_task
+    from tests.tables import hotels
+
+    df = hotels(400)
+    df["booked_at"] = (pd.Timestamp("2015-01-01") + pd.to_timedelta(np.arange(400), unit="h")).strftime(
+        "%Y-%m-%dT%H:%M:%S")  # complete and unique: an id by the identifier rule alone
+    choices = get_task("regression").init_choices({"train": df[:320], "test": df[320:]}, "price", False)
+    assert choices["dates"]["booked_at"]["format"] == "%Y-%m-%dT%H:%M:%S"
+    assert list(choices["exclude"]) == ["booking_id"]
+    assert choices["training"]["early_stopping"] == {"patience": 10}  # ~32 validation rows: noisy
+    lines = choice_lines(choices)
+    assert any(line.startswith("dates:        booked_at: 400 distinct values in format %Y-%m-%dT%H:%M:%S: "
+                               "becomes year, month, day of month, day of week, day of year, hour,") for line in lines)
