@@ -164,8 +164,8 @@ class ModelSpec:
     ``outputs``: ``[(column, mlflow type)]`` (a None name for one unnamed output); ``meta``: written
     beside the program as ``meta.json``; ``example``: a pandas DataFrame; ``checked``: the worker
     already ran the program on whole splits (no reload needed); ``optional_inputs``: columns a
-    client may send that the model does not read (an excluded id): declared optional in the
-    signature, so MLflow takes them without a warning, and ignored."""
+    client may send that the model does not read (an excluded id): declared optional, of any type,
+    in the signature, so MLflow takes them without a warning, and ignored."""
 
     python_model: Path
     meta: dict
@@ -174,7 +174,7 @@ class ModelSpec:
     example: Any
     metadata: dict = field(default_factory=dict)
     checked: bool = False
-    optional_inputs: list[tuple[str, str]] = field(default_factory=list)
+    optional_inputs: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -465,7 +465,7 @@ class _Table(Task):
         return ModelSpec(PYFUNC_FILE, meta, [(c, info.dtypes[c]) for c in info.features],
                          [(None, output_type)], example,
                          checked=report.get("candidate_scored_in") == "worker",
-                         optional_inputs=[(str(c), _mlflow_type(frame[c].dtype, nullable=True)) for c in unused])
+                         optional_inputs=[str(c) for c in unused])
 
     def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
         import torch

@@ -47,8 +47,10 @@ if pred.dtype.kind in "fc":
     score = float(1 - ((pred - truth) ** 2).sum() / ((truth - truth.mean()) ** 2).sum())
 else:
     score = float(np.mean(pred == truth))
+inputs = loaded.metadata.get_input_schema().inputs
 print(json.dumps({"score": score, "values": sorted(map(str, set(pred.tolist())))[:10],
-                  "inputs": {c.name: c.type.name for c in loaded.metadata.get_input_schema().inputs}}))
+                  "inputs": {c.name: c.type.name for c in inputs if c.required},
+                  "optional": {c.name: str(c.type) for c in inputs if not c.required}}))
 """
 
 
@@ -91,6 +93,7 @@ def test_penguins_with_an_id_missing_labels_string_categories_and_gaps(project):
     assert got["values"] == ["Adelie", "Chinstrap", "Gentoo"] and got["score"] >= 0.9
     assert got["inputs"]["island"] == "string" and got["inputs"]["flipper_length_mm"] == "double"
     assert "rownames" not in got["inputs"]
+    assert got["optional"] == {"rownames": "Any"}  # sent along, it is taken without a warning and ignored
 
 
 def test_houses_given_splits_with_integer_floats_and_shared_rows_then_broken_data(project):
@@ -169,7 +172,7 @@ for col, fmt in (("arrival_date", "%Y-%m-%d"), ("booked_at", "%Y-%m-%d %H:%M")):
 schema = loaded.metadata.get_input_schema()
 print(json.dumps({"seen": r2(raw), "unseen": r2(later), "latest_seen": str(raw["arrival_date"].max()),
                   "earliest_unseen": str(later["arrival_date"].min()), "warnings": warned.getvalue(),
-                  "inputs": {c.name: [c.type.name, c.required] for c in schema.inputs}}))
+                  "inputs": {c.name: [getattr(c.type, "name", str(c.type)), c.required] for c in schema.inputs}}))
 """
 
 
@@ -199,6 +202,6 @@ def test_hotels_dates_become_parts_and_later_dates_score_as_well(project):
     print("hotels, seen and later dates:", {k: got[k] for k in ("seen", "unseen")})
     assert got["earliest_unseen"] > got["latest_seen"]
     assert got["seen"] >= 0.8 and abs(got["seen"] - got["unseen"]) <= 0.03, got
-    assert got["inputs"]["arrival_date"] == ["string", True] and got["inputs"]["booking_id"] == ["string", False]
+    assert got["inputs"]["arrival_date"] == ["string", True] and got["inputs"]["booking_id"] == ["Any", False]
     assert "Found extra inputs" not in got["warnings"] + done.stderr
     # Values of a date column that are not dates: tests/integration/test_validation_gx.py names them.
