@@ -172,6 +172,15 @@ class DatasetConfig(_Strict):
     # Categories kept per categorical column: the train split's most frequent values; any other
     # value (and one unseen in training) shares the column's "other" embedding.
     max_categories: int = Field(1000, ge=1)
+    # Text columns of dates or timestamps and their strftime format ({arrival_date: "%Y-%m-%d"};
+    # `trainflow init` finds them): each becomes the numeric ``date_parts`` (hour only where the
+    # format has one), in training and inside the registered model, which takes the raw text. A
+    # column left out is text like any other (a category).
+    dates: dict[str, str] = {}
+    # The parts every date column becomes, at least one (to take a column as text instead, leave it
+    # out of `dates`).
+    date_parts: list[Literal["year", "month", "day", "weekday", "dayofyear", "hour", "days", "missing"]] = Field(
+        ["year", "month", "day", "weekday", "dayofyear", "hour", "days", "missing"], min_length=1)
     # Rows found in both train and test: fail validation, or only report them (warn). Left out:
     # warn when trainflow splits one `file` itself (exact duplicate rows then stay on one side),
     # fail for data that comes split.
@@ -201,6 +210,14 @@ class DatasetConfig(_Strict):
         if self.label in self.categorical:
             raise ValueError(f"categorical: contains the label column {self.label!r} (a classification label is "
                              "always a category)")
+        for column, fmt in self.dates.items():
+            if column == self.label or column in self.categorical:
+                raise ValueError(f"dates.{column}: the column is the label or in categorical; a date column is "
+                                 "one or the other")
+            if "%" not in fmt:
+                raise ValueError(f"dates.{column}: {fmt!r} is not a strftime format (e.g. \"%Y-%m-%d\")")
+        if len(set(self.date_parts)) != len(self.date_parts):
+            raise ValueError(f"date_parts: duplicates in {self.date_parts}")
         return self
 
     @property
@@ -260,12 +277,24 @@ class ModelConfig(_Strict):
     d_ff: int = Field(256, gt=0)
 
 
-class EarlyStopping(_Strict):
-    """Stop when ``metric`` has not improved by ``min_delta`` for ``patience`` epochs (off when null)."""
+# The validation figures early stopping can follow; each improves in its direction (True: higher).
+# Beyond loss and accuracy they are scored by the task on the gathered validation outputs.
+EARLY_STOPPING_METRICS = {"val_loss": False, "val_accuracy": True, "val_balanced_accuracy": True,
+                          "val_macro_f1": True, "val_roc_auc": True, "val_average_precision": True,
+                          "val_log_loss": False}
 
-    metric: Literal["val_loss", "val_accuracy"] = "val_loss"
+
+class EarlyStopping(_Strict):
+    """Stop when ``metric`` has not improved by ``min_delta`` for ``patience`` epochs (off when null).
+    ``restore_best``: with patience set, the model trained, exported and registered is the best
+    validation epoch's (by ``metric``, in its direction), not the last one's."""
+
+    metric: Literal["val_loss", "val_accuracy", "val_balanced_accuracy", "val_macro_f1", "val_roc_auc",
+                    "val_average_precision", "val_log_loss"] = "val_loss"
     patience: int | None = Field(None, gt=0)
     min_delta: float = Field(0.0, ge=0)
+    # With patience set: end with the best validation epoch's weights (exported, registered), not the last's.
+    restore_best: bool = True
 
 
 class LoaderConfig(_Strict):
@@ -602,6 +631,7 @@ ID_LATER_KEYS = (
     ("model", "frequency_scale"), ("model", "embedding_dim"),
     ("gates", "min_improvement"), ("gates", "max_gap_to_gbdt"),
     ("dataset", "images"), ("model", "weights"),
+    ("training", "early_stopping", "restore_best"), ("dataset", "dates"), ("dataset", "date_parts"),
 )
 
 

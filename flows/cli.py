@@ -428,6 +428,9 @@ def _print_summary(s: dict) -> None:
         # One line: the share lost and to what; the seconds are in the summary JSON (training.goodput).
         if goodput := brief(t.get("goodput")):
             table.add_row("goodput", goodput)
+        if k := t.get("kept_epoch"):
+            table.add_row("kept epoch", f"{k['epoch']} of {k['of']} (best {k['metric']} {k['best_value']:.4f} at "
+                                        f"epoch {k['best_epoch']})")
     if s.get("metrics"):
         table.add_row("test", ", ".join(f"{k} {v:.4f}" for k, v in s["metrics"].items()))
     if s.get("gbdt") and s["gbdt"].get("primary") in (s.get("metrics") or {}):

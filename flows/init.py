@@ -108,12 +108,15 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
     dataset.update({k: sorted(choices[k], key=columns.index) for k in ("exclude", "categorical") if choices[k]})
     if choices["leak_policy"]:
         dataset["leak_policy"] = choices["leak_policy"]
+    if choices.get("dates"):
+        dataset["dates"] = {c: d["format"] for c, d in choices["dates"].items()}
     raw["training"].update(choices["training"])
     class_label = choices["class_label"]
     if class_label:
         _check_label_bounds(frames, label, first_rel)
     expectations: TableExpectations = profile_table(frames, label, class_label, PROFILE_MARGIN,
-                                                    categorical=tuple(dataset.get("categorical", ())))
+                                                    categorical=tuple(dataset.get("categorical", ())),
+                                                    dates=tuple(dataset.get("dates", ())))
     if class_label and len(expectations.classes or []) < 2:
         raise InitError(f"label {label!r} has a single class {expectations.classes}: nothing to classify")
     if old is not None:
@@ -382,6 +385,10 @@ def choice_lines(choices: dict, unlabeled: int = 0) -> list[str]:
     """The choices init made from the data, one line each with its reason (output and config comments)."""
     out = [f"excluded:     {col}: {why} (dataset.exclude)" for col, why in choices.get("exclude", {}).items()]
     out += [f"categorical:  {col}: {why} (dataset.categorical)" for col, why in choices.get("categorical", {}).items()]
+    out += [f"dates:        {col}: {d['why']}: becomes {date_parts_text(d['format'])} (dataset.dates; "
+            "dataset.date_parts picks the parts)" for col, d in (choices.get("dates") or {}).items()]
+    if choices.get("patience_why"):
+        out.append(f"early stop:   {choices['patience_why']} (training.early_stopping)")
     for key, what in (("imputed", "the model fills in the train median and gets a missing-indicator input"),
                       ("missing_category", "\"missing\" is a category of its own")):
         if choices.get(key):
@@ -395,6 +402,17 @@ def choice_lines(choices: dict, unlabeled: int = 0) -> list[str]:
     if unlabeled:
         out.append(f"unlabeled:    {unlabeled} row(s) without a label: left out of training and evaluation")
     return out
+
+
+def date_parts_text(fmt: str) -> str:
+    """The parts a date column of ``fmt`` becomes, in words."""
+    from core.config import DatasetConfig
+    from tasks.encoding import date_columns
+
+    words = {"year": "year", "month": "month", "day": "day of month", "weekday": "day of week",
+             "dayofyear": "day of year", "hour": "hour", "days": "days since 1970-01-01", "missing": "a missing flag"}
+    parts = date_columns("", fmt, DatasetConfig.model_fields["date_parts"].default)
+    return ", ".join(words[p] for p in parts)
 
 
 def slugify(text: str) -> str:

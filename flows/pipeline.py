@@ -325,8 +325,10 @@ def log_training(ctx: RunContext, result: dict) -> str | None:
 
     goodput = {("train/goodput" if k == "goodput" else f"goodput/{k}"): v
                for k, v in headline(result.get("goodput")).items() if v is not None}
+    kept = {"train/kept_epoch": result["kept_epoch"]["epoch"]} if result.get("kept_epoch") else {}
     store.log_metrics(ctx.run_id, {"train/samples_per_s_mean": result["samples_per_s"],
-                                   "train/wall_s": result["wall_s"], "train/restarts": result["restarts"], **goodput})
+                                   "train/wall_s": result["wall_s"], "train/restarts": result["restarts"], **goodput,
+                                   **kept})
     create_markdown_artifact(markdown=_training_md(result), key="training-result",
                              description="torchrun training result")
     return png
@@ -574,7 +576,8 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
 
         summary["training"] = {**{k: result[k] for k in TRAINING_SUMMARY}, "goodput": headline(result.get("goodput")),
                                "checkpoint_interval": result.get("checkpoint_interval") or {},
-                               "resized_from": result.get("resized_from"), "batch_policy": result.get("batch_policy")}
+                               "resized_from": result.get("resized_from"), "batch_policy": result.get("batch_policy"),
+                               "kept_epoch": result.get("kept_epoch")}
         ev = timed("evaluate", evaluate, ctx, result)
         cand = ev["candidate"]
         if (ev.get("files") or {}).get("confusion_matrix"):

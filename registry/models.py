@@ -123,7 +123,7 @@ def _log_new(c, run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
     import mlflow
     from mlflow.models import Model
     from mlflow.models.signature import ModelSignature
-    from mlflow.types.schema import ColSpec, Schema
+    from mlflow.types.schema import AnyType, ColSpec, Schema
 
     from core.hashing import file_sha256
 
@@ -144,7 +144,8 @@ def _log_new(c, run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
             Model.log(artifact_path=None, name=ARTIFACT_NAME, flavor=_Pyfunc, run_id=run_id, model_id=logged.model_id,
                       python_model=str(spec.python_model), artifacts={"model": str(program), "meta": str(meta_file)},
                       pip_requirements=pip_requirements(),
-                      signature=ModelSignature(inputs=Schema([ColSpec(t, n) for n, t in spec.inputs]),
+                      signature=ModelSignature(inputs=Schema([ColSpec(t, n) for n, t in spec.inputs] + [
+                          ColSpec(AnyType(), n, required=False) for n in spec.optional_inputs]),
                                                outputs=Schema([ColSpec(t, n) for n, t in spec.outputs])),
                       input_example=spec.example.head(MAX_EXAMPLE_ROWS).reset_index(drop=True),
                       metadata=spec.metadata or None,

@@ -87,7 +87,9 @@ NOTES = {
     "training.loader.pin_memory": "dataloader: pinned host memory.",
     "training.deterministic": "Deterministic algorithms: a resumed run ends bitwise equal to an uninterrupted one.",
     "training.early_stopping": "Early stopping (off while `patience` is null).",
-    "training.early_stopping.metric": "The per-epoch validation metric watched.",
+    "training.early_stopping.metric": "The per-epoch validation metric watched, in its direction (loss and log "
+                                      "loss: lower is better; the others higher). Beyond loss and accuracy, the "
+                                      "task scores the whole validation split's outputs (a classifier's).",
     "training.early_stopping.patience": "Epochs without improvement before stopping (null: off).",
     "training.early_stopping.min_delta": "The least change that counts as an improvement.",
     "training.log_every_steps": "Step metrics (perf/*) are gathered and logged every N steps.",

@@ -193,7 +193,9 @@ class ModelSpec:
     """What the registry logs: a models-from-code pyfunc file over the exported program. ``inputs`` /
     ``outputs``: ``[(column, mlflow type)]`` (a None name for one unnamed output); ``meta``: written
     beside the program as ``meta.json``; ``example``: a pandas DataFrame; ``checked``: the worker
-    already ran the program on whole splits (no reload needed)."""
+    already ran the program on whole splits (no reload needed); ``optional_inputs``: columns a
+    client may send that the model does not read (an excluded id): declared optional, of any type,
+    in the signature, so MLflow takes them without a warning, and ignored."""
 
     python_model: Path
     meta: dict
@@ -202,6 +204,7 @@ class ModelSpec:
     example: Any
     metadata: dict = field(default_factory=dict)
     checked: bool = False
+    optional_inputs: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -242,6 +245,9 @@ class Task:
     evaluator: ClassVar[str] = "predictions"
     # Whether per-epoch validation reports an accuracy (``val_correct``).
     has_accuracy: ClassVar[bool] = True
+    # Figures ``val_scores`` computes from the whole validation split's outputs at each epoch's end;
+    # ``training.early_stopping.metric`` may follow any as ``val_<name>``.
+    val_score_names: ClassVar[tuple[str, ...]] = ()
     # The type of ``info``: the caches read it back from JSON with ``info_type.from_json``.
     info_type: ClassVar[type[DataInfo]] = DataInfo
     # Whether the engine can stream the train split from Parquet row groups (``training.stream``):
@@ -267,6 +273,12 @@ class Task:
         if cfg.training.early_stopping.metric == "val_accuracy" and not self.has_accuracy:
             raise ConfigError(f"training.early_stopping.metric: task {self.name!r} reports no val_accuracy; "
                               "use val_loss")
+        follows = cfg.training.early_stopping.metric
+        if follows not in ("val_loss", "val_accuracy") and follows[4:] not in self.val_score_names:
+            offered = ", ".join(["val_loss"] + ["val_accuracy"] * self.has_accuracy
+                                + [f"val_{n}" for n in self.val_score_names])
+            raise ConfigError(f"training.early_stopping.metric: task {self.name!r} reports no {follows}; "
+                              f"it reports {offered}")
         from core.config import MODEL_PARALLEL
 
         if cfg.training.strategy in MODEL_PARALLEL and self.parallel_plan(cfg) is None:
@@ -333,6 +345,11 @@ class Task:
     def val_correct(self, out, y) -> float:
         """Correct predictions in a batch (``has_accuracy``); 0 for tasks without accuracy."""
         return 0.0
+
+    def val_scores(self, outputs, y) -> dict[str, float]:
+        """``{name: value}`` for ``val_score_names`` from the validation split's model outputs (numpy,
+        gathered from every rank, in any row order) and targets."""
+        return {}
 
     def export_module(self, model, info: DataInfo):
         """The module exported as ``model.pt2`` (e.g. the trained model plus output de-scaling)."""
@@ -402,6 +419,13 @@ class Classifier:
 
     def val_correct(self, out, y) -> float:
         return (out.argmax(-1) == y).sum().item()
+
+    val_score_names = ("balanced_accuracy", "macro_f1", "roc_auc", "average_precision", "log_loss")
+
+    def val_scores(self, outputs, y) -> dict[str, float]:
+        from tasks.metrics import probability_scores, softmax
+
+        return probability_scores(y, softmax(outputs))
 
     def decode(self, outputs):
         import numpy as np

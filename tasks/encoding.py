@@ -7,6 +7,10 @@ bounded-memory pass (:class:`TableFit`), applied to any frame (:func:`encode`) a
   any other as ``OTHER_CODE``. The registered pyfunc (``tasks/pyfunc_table.py``) encodes the same way.
 * **numeric**: the value itself (NaN where missing), with the statistics ``tasks.table_nets.TableInput``
   maps it by (quantiles from a reservoir of ``SAMPLE_ROWS`` values, median, IQR, mean, std).
+* **date** (named in ``dataset.dates`` with its strftime format): the text parsed with that format
+  and turned into numeric parts (:func:`date_parts`), each a fitted column of its own named
+  ``<column>.<part>`` with ``source``, ``part`` and ``format``; a value that does not parse counts
+  as missing (validation names such values before training). The pyfunc does the same.
 """
 
 from __future__ import annotations
@@ -74,6 +78,79 @@ def category_codes(values: "pd.Series", vocabulary: list[str]) -> np.ndarray:
     return codes
 
 
+# The numeric parts a date column becomes: calendar fields, the hour (formats with one), the days
+# since 1970-01-01 (with the time of day as a fraction: the trend an unseen later date continues),
+# and 1.0 where the value is missing or does not parse.
+DATE_PARTS = ("year", "month", "day", "weekday", "dayofyear", "hour", "days", "missing")
+
+
+def has_hour(fmt: str) -> bool:
+    return "%H" in fmt or "%I" in fmt
+
+
+def date_columns(name: str, fmt: str, parts) -> list[str]:
+    """The parts a date column ``name`` of format ``fmt`` becomes (no hour in a format without one)."""
+    return [p for p in DATE_PARTS if p in parts and (p != "hour" or has_hour(fmt))]
+
+
+# The formats init recognises, most specific first; where two fit a column equally (01/02/2016:
+# month first or day first) the column is ambiguous and left as text.
+DATE_FORMATS = ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d",
+                "%Y/%m/%d", "%m/%d/%Y %H:%M:%S", "%m/%d/%Y %H:%M", "%m/%d/%Y", "%d/%m/%Y %H:%M:%S", "%d/%m/%Y %H:%M",
+                "%d/%m/%Y", "%d.%m.%Y %H:%M:%S", "%d.%m.%Y %H:%M", "%d.%m.%Y")
+# Share of a column's distinct non-null values that must parse for init to call it a date column.
+DATE_SHARE = 0.95
+DATE_SAMPLE = 5000  # distinct values init tries each format on
+
+
+def detect_date_format(values: "pd.Series") -> tuple[str | None, str]:
+    """``(format, why)`` of a text column of dates or timestamps (format None: not one, or ambiguous),
+    from its distinct non-null values (up to ``DATE_SAMPLE``); ``why`` says what was found."""
+    import pandas as pd
+
+    s = values.dropna()
+    if not len(s) or numeric_dtype(s.dtype) or pd.api.types.is_bool_dtype(s.dtype):
+        return None, "not text"
+    distinct = pd.Series(pd.unique(s.astype(str))[:DATE_SAMPLE], dtype="string")
+    parsed = {fmt: int(pd.to_datetime(distinct, format=fmt, errors="coerce").notna().sum()) for fmt in DATE_FORMATS}
+    best = max(parsed.values())
+    if best < DATE_SHARE * len(distinct):
+        return None, "not dates"
+    fits = [fmt for fmt, n in parsed.items() if n == best]
+    # A format and its extension by seconds or minutes both fit nothing else; the day-first and
+    # month-first readings both fitting every value is the ambiguity.
+    if any(a.startswith("%m") for a in fits) and any(b.startswith("%d") for b in fits):
+        return None, f"dates, but month/day order is ambiguous ({fits[0]} or {fits[-1]})"
+    fmt = fits[0]
+    bad = len(distinct) - best
+    return fmt, (f"{len(distinct)} distinct values in format {fmt}" + (f" ({bad} do not parse)" if bad else ""))
+
+
+def parse_dates(values: "pd.Series", fmt: str) -> "pd.Series":
+    """datetime64 of ``values`` parsed with ``fmt``; NaT where missing or not in that format."""
+    import pandas as pd
+
+    s = values if isinstance(values, pd.Series) else pd.Series(values)
+    if pd.api.types.is_datetime64_any_dtype(s.dtype):
+        return s
+    text = s.astype("string")
+    return pd.to_datetime(text, format=fmt, errors="coerce")
+
+
+def date_parts(values: "pd.Series", fmt: str) -> dict[str, np.ndarray]:
+    """``{part: float64 array}`` of every ``DATE_PARTS`` entry (NaN where the date is missing, but
+    ``missing`` itself, 1.0 there)."""
+    t = parse_dates(values, fmt)
+    dt = t.dt
+    days = (t - np.datetime64("1970-01-01")).dt.total_seconds().to_numpy(dtype=np.float64, na_value=np.nan) / 86400
+    out = {"year": dt.year, "month": dt.month, "day": dt.day, "weekday": dt.dayofweek, "dayofyear": dt.dayofyear,
+           "hour": dt.hour}
+    out = {k: v.to_numpy(dtype=np.float64, na_value=np.nan) for k, v in out.items()}
+    out["days"] = days
+    out["missing"] = np.isnan(days).astype(np.float64)
+    return out
+
+
 def numeric_values(values: "pd.Series", name: str, dtype=np.float32) -> np.ndarray:
     """The values of a numeric column as ``dtype`` (NaN where missing); ValueError naming a column
     that holds text."""
@@ -86,22 +163,31 @@ def numeric_values(values: "pd.Series", name: str, dtype=np.float32) -> np.ndarr
 def encode(frame: "pd.DataFrame", columns: list[dict]) -> np.ndarray:
     """float32 ``[rows, len(columns)]``: each fitted column of ``frame``, numeric values as they are
     and categories as codes. ValueError naming a missing column or text in a numeric one."""
-    missing = [c["name"] for c in columns if c["name"] not in frame.columns]
+    missing = list(dict.fromkeys(c.get("source", c["name"]) for c in columns
+                                 if c.get("source", c["name"]) not in frame.columns))
     if missing:
         raise ValueError(f"missing feature column(s) {missing[:5]}; the frame has {list(frame.columns)[:10]}")
     out = np.empty((len(frame), len(columns)), dtype=np.float32)
+    dates: dict[str, dict] = {}  # a date column parsed once for all its parts
     for j, c in enumerate(columns):
+        if "source" in c:
+            if c["source"] not in dates:
+                dates[c["source"]] = date_parts(frame[c["source"]], c["format"])
+            out[:, j] = dates[c["source"]][c["part"]]
+            continue
         s = frame[c["name"]]
         out[:, j] = (category_codes(s, c["values"]) if c["kind"] == "categorical"
                      else numeric_values(s, c["name"]))
     return out
 
 
-def column_kinds(features: list[str], types: dict[str, str], categorical: Iterable[str] = ()) -> dict[str, str]:
-    """``{feature: "categorical" | "numeric"}``: categorical for a string or boolean expectations
-    type (``types``) or a column named in ``categorical``."""
-    named = set(categorical)
-    return {f: "categorical" if f in named or types.get(f) in CATEGORICAL_TYPES else "numeric" for f in features}
+def column_kinds(features: list[str], types: dict[str, str], categorical: Iterable[str] = (),
+                 dates: Iterable[str] = ()) -> dict[str, str]:
+    """``{feature: "categorical" | "numeric" | "date"}``: date for a column named in ``dates``,
+    categorical for a string or boolean expectations type (``types``) or a column named in ``categorical``."""
+    named, dated = set(categorical), set(dates)
+    return {f: "date" if f in dated else "categorical" if f in named or types.get(f) in CATEGORICAL_TYPES
+            else "numeric" for f in features}
 
 
 def numeric_dtype(dtype) -> bool:
@@ -220,13 +306,35 @@ class _Categorical:
                 "distinct": len(self.counts), "approximate": self.pruned}
 
 
+class _Date:
+    """A date column's parts, each folded into a numeric column of its own."""
+
+    def __init__(self, name: str, fmt: str, parts, rng: np.random.Generator):
+        self.name, self.fmt = name, fmt
+        self.parts = {p: _Numeric(f"{name}.{p}", rng) for p in date_columns(name, fmt, parts)}
+
+    def update(self, s: "pd.Series") -> None:
+        import pandas as pd
+
+        values = date_parts(s, self.fmt)
+        for p, part in self.parts.items():
+            part.update(pd.Series(values[p]))
+
+    def result(self) -> list[dict]:
+        return [{**part.result(), "source": self.name, "part": p, "format": self.fmt} for p, part in self.parts.items()]
+
+
 class TableFit:
     """Fold train-split frames (:meth:`update`) into the fitted columns (:meth:`columns`). ``kinds``:
-    ``{feature: "numeric" | "categorical"}`` in feature order; ``seed`` seeds the numeric reservoirs."""
+    ``{feature: "numeric" | "categorical" | "date"}`` in feature order; ``dates``: ``{column: format}``
+    and ``date_parts`` the parts a date becomes; ``seed`` seeds the numeric reservoirs."""
 
-    def __init__(self, kinds: dict[str, str], max_categories: int, seed: int = 0):
+    def __init__(self, kinds: dict[str, str], max_categories: int, seed: int = 0, dates: dict[str, str] | None = None,
+                 date_parts: Iterable[str] = DATE_PARTS):
         rng = np.random.default_rng([seed, 0x7AB])
-        self.parts = {name: (_Categorical(name, max_categories) if kind == "categorical" else _Numeric(name, rng))
+        dates, date_parts = dates or {}, tuple(date_parts)
+        self.parts = {name: (_Categorical(name, max_categories) if kind == "categorical"
+                             else _Date(name, dates[name], date_parts, rng) if kind == "date" else _Numeric(name, rng))
                       for name, kind in kinds.items()}
 
     def update(self, frame: "pd.DataFrame") -> None:
@@ -234,14 +342,19 @@ class TableFit:
             part.update(frame[name])
 
     def columns(self) -> list[dict]:
-        """One JSON-able dict per feature, in order: ``name``, ``kind``, ``count``, ``nulls``, statistics."""
-        return [part.result() for part in self.parts.values()]
+        """One JSON-able dict per encoded column, in order: ``name``, ``kind``, ``count``, ``nulls``,
+        statistics (a date column gives one numeric column per part, see the module docstring)."""
+        out = []
+        for part in self.parts.values():
+            r = part.result()
+            out += r if isinstance(r, list) else [r]
+        return out
 
 
 def fit_columns(frames: Iterable["pd.DataFrame"], kinds: dict[str, str], max_categories: int,
-                seed: int = 0) -> list[dict]:
+                seed: int = 0, dates: dict[str, str] | None = None, date_parts: Iterable[str] = DATE_PARTS) -> list[dict]:
     """:meth:`TableFit.columns` over ``frames`` (one whole split, or its batches in order)."""
-    fit = TableFit(kinds, max_categories, seed)
+    fit = TableFit(kinds, max_categories, seed, dates, date_parts)
     for frame in frames:
         fit.update(frame)
     return fit.columns()

@@ -113,3 +113,57 @@ def confusion_png(matrix: list[list[int]], path: Path, title: str, names: list[s
     draw.text((width / 2, 4), title, anchor="ma", font=big, fill="black")
     img.save(path, format="PNG")
     return path
+
+
+# -- scores of class probabilities (per-epoch validation; training.early_stopping.metric) -----------
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.asarray(logits, dtype=np.float64)
+    z = np.exp(z - z.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
+
+def binary_roc_auc(score: np.ndarray, positive: np.ndarray) -> float:
+    """ROC AUC as the Mann-Whitney statistic (tied scores share their average rank); nan when one
+    side is empty. Equals scikit-learn's ``roc_auc_score``."""
+    positive = np.asarray(positive, dtype=bool)
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if not n_pos or not n_neg:
+        return float("nan")
+    _, inverse, counts = np.unique(score, return_inverse=True, return_counts=True)
+    ranks = (np.cumsum(counts) - (counts - 1) / 2.0)[inverse]
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def binary_average_precision(score: np.ndarray, positive: np.ndarray) -> float:
+    """Average precision, sum over thresholds of (R_n - R_{n-1}) P_n, as scikit-learn's
+    ``average_precision_score`` defines it; nan with no positive."""
+    positive = np.asarray(positive, dtype=bool)
+    if not positive.any():
+        return float("nan")
+    order = np.argsort(-np.asarray(score, dtype=np.float64), kind="mergesort")
+    s, hit = np.asarray(score, dtype=np.float64)[order], positive[order]
+    last = np.r_[np.flatnonzero(np.diff(s)), len(s) - 1]  # the last index of each distinct score
+    tps = np.cumsum(hit)[last]
+    precision, recall = tps / (last + 1), tps / positive.sum()
+    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+
+
+def probability_scores(y_true: np.ndarray, proba: np.ndarray) -> dict:
+    """balanced accuracy, macro-F1, ROC AUC and average precision (binary: of the second class;
+    more classes: one-vs-rest, macro over the classes present) and log loss of class probabilities
+    ``proba`` [n, classes] against class indices ``y_true``."""
+    y = np.asarray(y_true).astype(np.int64, copy=False).ravel()
+    p = np.asarray(proba, dtype=np.float64)
+    k = p.shape[1]
+    base = classification_metrics(y, p.argmax(1), k)
+    support = np.bincount(y, minlength=k) > 0
+    recall = np.array([base["class_recall"][str(c)] for c in range(k)])
+    columns = [1] if k == 2 else [c for c in range(k) if support[c]]
+    auc = [binary_roc_auc(p[:, c], y == c) for c in columns]
+    ap = [binary_average_precision(p[:, c], y == c) for c in columns]
+    picked = np.clip(p[np.arange(len(y)), y], 1e-15, 1.0)
+    return {"balanced_accuracy": float(recall[support].mean()) if support.any() else 0.0,
+            "macro_f1": base["macro_f1"], "roc_auc": float(np.nanmean(auc)) if auc else float("nan"),
+            "average_precision": float(np.nanmean(ap)) if ap else float("nan"),
+            "log_loss": float(-np.mean(np.log(picked))) if len(y) else float("nan")}

@@ -43,7 +43,13 @@ class ExportedTable(mlflow.pyfunc.PythonModel):
             if missing:
                 raise ValueError(f"missing feature columns: {missing[:5]}")
             values = np.empty((len(model_input), len(self.columns)), dtype=np.float32)
+            dates = {}  # a date column parsed once for all its parts
             for j, col in enumerate(self.columns):
+                if "source" in col:
+                    if col["source"] not in dates:
+                        dates[col["source"]] = _date_parts(model_input[col["source"]], col["format"])
+                    values[:, j] = dates[col["source"]][col["part"]]
+                    continue
                 s = model_input[col["name"]]
                 if col["kind"] == "categorical":
                     values[:, j] = self._codes(s, self.vocab[col["name"]])
@@ -54,8 +60,8 @@ class ExportedTable(mlflow.pyfunc.PythonModel):
                     raise ValueError(f"feature column {col['name']!r} must be numeric: {exc}") from None
         else:
             values = np.asarray(model_input, dtype=np.float32)
-        if values.ndim != 2 or values.shape[1] != len(self.feature_columns):
-            raise ValueError(f"expected [rows, {len(self.feature_columns)}] features, got {list(values.shape)}")
+        if values.ndim != 2 or values.shape[1] != len(self.columns):
+            raise ValueError(f"expected [rows, {len(self.columns)}] features, got {list(values.shape)}")
         if values.shape[0] == 0:
             return np.empty(0, dtype=np.float64 if self.class_labels is None else self.class_labels.dtype)
         if np.isinf(values).any():
@@ -86,6 +92,21 @@ class ExportedTable(mlflow.pyfunc.PythonModel):
         codes = np.where(at >= 0, at + first, other).astype(np.float32)
         codes[s.isna().to_numpy()] = missing
         return codes
+
+
+def _date_parts(s: pd.Series, fmt: str) -> dict:
+    """A date column's parts as ``tasks.encoding.date_parts`` computes them: text parsed with ``fmt``
+    (a value that does not parse counts as missing), calendar fields, hour, days since 1970-01-01."""
+    t = s if pd.api.types.is_datetime64_any_dtype(s.dtype) else pd.to_datetime(s.astype("string"), format=fmt,
+                                                                                errors="coerce")
+    dt = t.dt
+    out = {"year": dt.year, "month": dt.month, "day": dt.day, "weekday": dt.dayofweek, "dayofyear": dt.dayofyear,
+           "hour": dt.hour}
+    out = {k: v.to_numpy(dtype=np.float64, na_value=np.nan) for k, v in out.items()}
+    out["days"] = (t - np.datetime64("1970-01-01")).dt.total_seconds().to_numpy(dtype=np.float64,
+                                                                                  na_value=np.nan) / 86400
+    out["missing"] = np.isnan(out["days"]).astype(np.float64)
+    return out
 
 
 def _text(v) -> str:

@@ -54,6 +54,23 @@ def _mlflow_type(dtype, nullable: bool = False) -> str:
     return "double" if pd.api.types.is_numeric_dtype(dtype) else "string"
 
 
+INIT_EPOCHS = 30  # the epochs init writes; early stopping usually ends a run sooner
+
+
+def init_patience(val_rows: float) -> tuple[int, str]:
+    """(patience, why) init writes: a small validation split's score moves by chance from epoch to
+    epoch, so it waits longer before calling a plateau; the best epoch is kept either way, so a long
+    wait costs time, not quality."""
+    if val_rows < 500:
+        patience, size = 10, "small, its score noisy from epoch to epoch: wait longer"
+    elif val_rows < 5000:
+        patience, size = 6, "mid-sized"
+    else:
+        patience, size = 4, "large, its score steady: stop sooner"
+    return patience, (f"patience {patience} of {INIT_EPOCHS} epochs; the validation split (~{int(val_rows)} rows) "
+                      f"is {size}; the best epoch's weights are kept")
+
+
 @dataclass(frozen=True)
 class TableInfo(DataInfo):
     """A table task's ``info``, fitted on the train split: the features' encodings and MLflow types, and
@@ -136,24 +153,31 @@ class _Table(Task):
 
     def init_choices(self, frames: dict[str, "pd.DataFrame"], label: str, presplit: bool) -> dict:
         """What ``trainflow init`` decides from the data, with reasons: ``exclude`` (identifiers),
-        ``categorical`` (integer columns with few values), ``imputed`` / ``missing_category`` (missing
-        counts), ``duplicates``, ``leak_policy``, ``training`` (batch and epochs), ``class_label``."""
+        ``categorical`` (integer columns with few values), ``dates`` (text columns of dates: ``{column:
+        {"format", "why"}}``), ``imputed`` / ``missing_category`` (missing counts), ``duplicates``,
+        ``leak_policy``, ``training`` (batch, epochs, early stopping), ``patience_why``, ``class_label``."""
         import pandas as pd
 
+        from tasks.encoding import detect_date_format
         from tasks.table import row_hashes
 
         both = pd.concat([df.rename(columns=str) for df in frames.values()], ignore_index=True)
-        exclude, categorical, imputed, missing_category = {}, {}, {}, {}
+        exclude, categorical, imputed, missing_category, dates = {}, {}, {}, {}, {}
         for name in [str(c) for c in both.columns]:
             if name == label:
                 continue
             s = both[name]
+            nulls = int(s.isna().sum())
+            numeric = numeric_dtype(s.dtype)
+            # Before the identifier check: timestamps are often different in every row.
+            fmt, why = (None, "") if numeric else detect_date_format(s)
+            if fmt is not None:
+                dates[name] = {"format": fmt, "why": why + (f", {nulls} missing" if nulls else "")}
+                continue
             why = _id_like(name, s)
             if why:
                 exclude[name] = why
                 continue
-            nulls = int(s.isna().sum())
-            numeric = numeric_dtype(s.dtype)
             values = s.dropna()
             whole = numeric and len(values) > 0 and bool((values == values.round()).all())
             distinct = int(values.nunique())
@@ -165,11 +189,13 @@ class _Table(Task):
         if presplit and {"train", "test"} <= set(frames):
             dup["test_in_train"] = int(np.isin(row_hashes(frames["test"]), row_hashes(frames["train"])).sum())
         batch = init_batch(len(frames.get("train", both)), 32, 1024)
-        return {"exclude": exclude, "categorical": categorical, "imputed": imputed,
+        patience, patience_why = init_patience(len(frames.get("train", both)) * 0.1)  # val_fraction's default
+        return {"exclude": exclude, "categorical": categorical, "dates": dates, "imputed": imputed,
                 "missing_category": missing_category, "duplicates": dup,
                 "leak_policy": "warn" if dup.get("test_in_train") else None,
-                "training": {"epochs": 30, "batch_size": batch, "base_batch": batch},
-                "class_label": self.classification}
+                "training": {"epochs": INIT_EPOCHS, "batch_size": batch, "base_batch": batch,
+                             "early_stopping": {"patience": patience}},
+                "patience_why": patience_why, "class_label": self.classification}
 
     # -- validation ---------------------------------------------------------------------------
     def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
@@ -178,7 +204,8 @@ class _Table(Task):
         return ValidationPlan("table", files, {
             "dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed, "stratify": self.classification,
             "expectations": exp, "features": feature_columns(cfg.dataset, exp.names), "label": cfg.dataset.label,
-            "class_label": self.classification, "leak_policy": cfg.dataset.effective_leak_policy})
+            "class_label": self.classification, "leak_policy": cfg.dataset.effective_leak_policy,
+            "dates": dict(cfg.dataset.dates)})
 
     def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:
         files = cfg.dataset.split_files  # one ``all`` file is split by seed into both
@@ -201,6 +228,9 @@ class _Table(Task):
         if missing:
             raise ConfigError(f"dataset.categorical: {missing[0]!r} is not a feature column; the features are "
                               f"{features[:10]}")
+        missing = [c for c in cfg.dataset.dates if c not in features]
+        if missing:
+            raise ConfigError(f"dataset.dates.{missing[0]}: not a feature column; the features are {features[:10]}")
         exp = self.expectations(cfg, root)
         if exp is not None:
             types = {c.name: c.type for c in exp.columns}
@@ -208,7 +238,7 @@ class _Table(Task):
             types = {f: "float" if numeric_dtype(frame[f].dtype) else "string" for f in features}
         else:
             types = {}
-        return column_kinds(features, types, cfg.dataset.categorical)
+        return column_kinds(features, types, cfg.dataset.categorical, cfg.dataset.dates)
 
     def _features(self, cfg: "PipelineConfig", names) -> list[str]:
         """The feature columns among the train split's ``names``; DataUnavailableError when it lacks one."""
@@ -228,7 +258,7 @@ class _Table(Task):
         features = self._features(cfg, train.columns)
         try:
             columns = fit_columns([train[features]], self.kinds(cfg, root, features, train),
-                                  cfg.dataset.max_categories, cfg.seed)
+                                  cfg.dataset.max_categories, cfg.seed, cfg.dataset.dates, cfg.dataset.date_parts)
         except ValueError as exc:
             raise DataUnavailableError(str(exc)) from None
         return TableInfo(**self._info(cfg, root, features, columns, {c: train[c].dtype for c in features}),
@@ -238,8 +268,11 @@ class _Table(Task):
         """The feature part of ``info`` from the fitted columns and the columns' pandas dtypes."""
         exp = self.expectations(cfg, root)
         nullable = {c.name for c in exp.columns if c.nulls} if exp is not None else set()
+        # A date's parts are typed by their column: its text, nullable where the expectations allow it.
         types = {c["name"]: _mlflow_type(dtypes[c["name"]], nullable=c["name"] in nullable or c["nulls"] > 0)
-                 for c in columns}
+                 for c in columns if "source" not in c}
+        types.update({c["source"]: _mlflow_type(dtypes[c["source"]], nullable=c["source"] in nullable)
+                      for c in columns if "source" in c})
         return {"features": features, "columns": columns, "dtypes": types,
                 "mean": [c["mean"] if c["kind"] == "numeric" else 0.0 for c in columns],
                 "std": [c["std"] if c["kind"] == "numeric" else 1.0 for c in columns]}
@@ -255,7 +288,8 @@ class _Table(Task):
         features, label = self._features(cfg, names), cfg.dataset.label
         dtypes = {c: types[c].to_pandas_dtype() for c in features}
         empty = pd.DataFrame({c: pd.Series(dtype=dtypes[c]) for c in features})  # the kinds by dtype, no rows
-        fit = TableFit(self.kinds(cfg, root, features, empty), cfg.dataset.max_categories, cfg.seed)
+        fit = TableFit(self.kinds(cfg, root, features, empty), cfg.dataset.max_categories, cfg.seed,
+                       cfg.dataset.dates, cfg.dataset.date_parts)
         target = ColumnStats(label, values={} if self.classification else None)
         for batch in iter_batches(source, [*features, label]):
             try:
@@ -391,7 +425,8 @@ class _Table(Task):
         return fit_gbdt(root, {"prepared": self.prepared_key(cfg, root)}, arrays, cfg.seed, GBDT_MAX_ROWS, "rows")
 
     def drift_frames(self, cfg: "PipelineConfig", root: Path, reference, read) -> tuple:
-        """The training file (or the one file both splits come from), then and now, and the features."""
+        """The training file (or the one file both splits come from), then and now, and the features
+        (date columns left out)."""
         import io
 
         import pandas as pd
@@ -404,7 +439,9 @@ class _Table(Task):
         then = pd.read_parquet(io.BytesIO(raw)) if parquet else pd.read_csv(io.BytesIO(raw))
         now = read_table(Path(root) / cfg.dataset.path / (cfg.dataset.split_files.get("train")
                                                           or cfg.dataset.split_files["all"]))
-        return then, now, feature_columns(cfg.dataset, [str(c) for c in now.columns])
+        # Not the date columns: a later data version brings later dates by nature.
+        return then, now, [c for c in feature_columns(cfg.dataset, [str(c) for c in now.columns])
+                           if c not in cfg.dataset.dates]
 
     def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
         """The predictor gets the evaluation split's feature columns, as a serving client sends them."""
@@ -418,12 +455,17 @@ class _Table(Task):
         output, output_type = self._output(info)
         meta = {"format": "torch.export", "input_dtype": "float32", "feature_columns": info.features,
                 "columns": [{"name": c["name"], "kind": c["kind"], **({"values": c["values"]}
-                                                                      if c["kind"] == "categorical" else {})}
+                                                                      if c["kind"] == "categorical" else {}),
+                             **{k: c[k] for k in ("source", "part", "format") if k in c}}
                             for c in info.columns],
                 "codes": {"missing": MISSING_CODE, "other": OTHER_CODE, "first": FIRST_CODE}, **output}
+        # The data's other columns (an excluded id), not the label: a client sending the table's rows
+        # as they are gets no warning for them.
+        unused = [c for c in frame.columns if c not in info.features and c != cfg.dataset.label]
         return ModelSpec(PYFUNC_FILE, meta, [(c, info.dtypes[c]) for c in info.features],
                          [(None, output_type)], example,
-                         checked=report.get("candidate_scored_in") == "worker")
+                         checked=report.get("candidate_scored_in") == "worker",
+                         optional_inputs=[str(c) for c in unused])
 
     def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
         import torch

@@ -99,3 +99,39 @@ def write_shape(name: str, folder: Path) -> str:
     for file, df in make().items():
         (df.to_parquet if file.endswith(".parquet") else df.to_csv)(folder / file, index=False)
     return label
+
+
+def hotels(n: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Hotel bookings over 2015-2016: a ``booking_id``, an ISO ``arrival_date`` (some missing) and a
+    ``booked_at`` timestamp with hours (some missing), a string room type, nights; the price per
+    night follows the season (month), the weekday of arrival and the booking hour, not the year,
+    so a model that reads the dates' parts prices a later year as well as the years it saw."""
+    rng = np.random.default_rng(seed)
+    arrival = pd.Timestamp("2015-01-01") + pd.to_timedelta(rng.integers(0, 730, n), unit="D")
+    booked = arrival - pd.to_timedelta(rng.integers(1, 120 * 24, n), unit="h")
+    room = rng.choice(["single", "double", "suite"], n, p=[0.3, 0.5, 0.2])
+    nights = rng.integers(1, 10, n)
+    season = 40 * np.sin(2 * np.pi * (arrival.month.to_numpy() - 4) / 12)
+    weekend = np.where(arrival.dayofweek.to_numpy() >= 4, 35.0, 0.0)
+    late = np.where(booked.hour.to_numpy() >= 20, 25.0, 0.0)
+    base = pd.Series(room).map({"single": 80.0, "double": 120.0, "suite": 250.0}).to_numpy()
+    price = base + season + weekend + late - 2.0 * nights + rng.normal(0, 8, n)
+    df = pd.DataFrame({"booking_id": [f"B{i:05d}" for i in range(n)],
+                       "arrival_date": arrival.strftime("%Y-%m-%d").astype(object),
+                       "booked_at": booked.strftime("%Y-%m-%d %H:%M").astype(object),
+                       "room": room.astype(object), "nights": nights, "price": price.round(2)})
+    df.loc[rng.choice(n, n // 50, replace=False), "arrival_date"] = None
+    df.loc[rng.choice(n, n // 40, replace=False), "booked_at"] = None
+    return df
+
+
+def shift_dates(df: pd.DataFrame, days: int) -> pd.DataFrame:
+    """``df`` with its date columns moved ``days`` later (a multiple of 7 keeps the weekdays)."""
+    out = df.copy()
+    for col, fmt in (("arrival_date", "%Y-%m-%d"), ("booked_at", "%Y-%m-%d %H:%M")):
+        moved = pd.to_datetime(out[col], format=fmt) + pd.Timedelta(days=days)
+        out[col] = moved.dt.strftime(fmt).where(out[col].notna(), None).astype(object)
+    return out
+
+
+SHAPES["hotels"] = ("price", lambda: {"hotels.csv": hotels()})

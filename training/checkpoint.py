@@ -152,10 +152,32 @@ def _state_dicts(strategy, wrapped, optimizer):
             optimizer.state.clear()
 
 
-def snapshot(strategy, wrapped, optimizer, extra: dict) -> dict:
+def model_copy(strategy, wrapped) -> dict:
+    """A copy of the model's weights as the strategy holds them (FQN-keyed; this rank's shards): the
+    best epoch's weights, kept beside training and checkpointed with it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    sd = get_model_state_dict(strategy.checkpoint_module(wrapped), options=strategy.state_dict_options())
+    return {k: v.detach().clone() for k, v in sd.items()}
+
+
+def restore_model(strategy, wrapped, weights: dict) -> None:
+    """Load ``model_copy``'s ``weights`` back into the model in place."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(strategy.checkpoint_module(wrapped), weights, options=strategy.state_dict_options())
+
+
+def _saved(model_sd: dict, optim_sd: dict, best: dict | None) -> dict:
+    """What DCP writes: model and optimizer, and the best epoch's weights when there are any."""
+    return {"model": model_sd, "optim": optim_sd, **({"best": best} if best is not None else {})}
+
+
+def snapshot(strategy, wrapped, optimizer, extra: dict, best: dict | None = None) -> dict:
     """Rank 0 of a replicated strategy: a CPU copy of the full state, to write while training goes on."""
     model_sd, optim_sd = _state_dicts(strategy, wrapped, optimizer)
-    return {"model": _cpu_copy(model_sd), "optim": _cpu_copy(optim_sd), "extra": extra}
+    return {"model": _cpu_copy(model_sd), "optim": _cpu_copy(optim_sd), "extra": extra,
+            "best": None if best is None else _cpu_copy(best)}
 
 
 def write_snapshot(state: dict, folder: Path) -> None:
@@ -165,10 +187,10 @@ def write_snapshot(state: dict, folder: Path) -> None:
     folder = Path(folder)
     _atomic_save(state["extra"], folder / EXTRA_FILE)
     with _dcp_errors(f"saving checkpoint {folder}", no_dist=True):
-        dcp.save({"model": state["model"], "optim": state["optim"]}, checkpoint_id=folder, no_dist=True)
+        dcp.save(_saved(state["model"], state["optim"], state.get("best")), checkpoint_id=folder, no_dist=True)
 
 
-def save_state(strategy, wrapped, optimizer, extra: dict, folder: Path) -> None:
+def save_state(strategy, wrapped, optimizer, extra: dict, folder: Path, best: dict | None = None) -> None:
     """COLLECTIVE. Write model + optimizer + ``extra`` into ``folder``: a replicated strategy's rank
     0 alone, a sharded one's every rank its shards; every rank raises if any failed."""
     import torch.distributed.checkpoint as dcp
@@ -177,7 +199,7 @@ def save_state(strategy, wrapped, optimizer, extra: dict, folder: Path) -> None:
     if strategy.ctx.is_main:
         try:
             if strategy.async_save:
-                write_snapshot(snapshot(strategy, wrapped, optimizer, extra), folder)
+                write_snapshot(snapshot(strategy, wrapped, optimizer, extra, best), folder)
             else:
                 _atomic_save(extra, folder / EXTRA_FILE)
         except Exception as exc:  # reported on every rank by _agree
@@ -186,12 +208,20 @@ def save_state(strategy, wrapped, optimizer, extra: dict, folder: Path) -> None:
     if not strategy.async_save:
         model_sd, optim_sd = _state_dicts(strategy, wrapped, optimizer)
         with _dcp_errors(what):
-            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
+            dcp.save(_saved(model_sd, optim_sd, best), checkpoint_id=folder)
+
+
+def _holds_best(folder: Path) -> bool:
+    """Whether a checkpoint holds the best epoch's weights (DCP's metadata names its keys)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return any(k.startswith("best.") for k in FileSystemReader(folder).read_metadata().state_dict_metadata)
 
 
 def load_state(strategy, wrapped, optimizer, folder: Path) -> dict:
-    """Restore model and optimizer in place from ``folder``; returns its ``extra``. A replicated strategy's
-    ranks read alone, a sharded one's together (COLLECTIVE: if any rank fails, every rank raises)."""
+    """Restore model and optimizer in place from ``folder``; returns its ``extra`` (with ``best_model``:
+    the best epoch's weights, when it holds them). A replicated strategy's ranks read alone, a sharded
+    one's together (COLLECTIVE: if any rank fails, every rank raises)."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -213,11 +243,14 @@ def load_state(strategy, wrapped, optimizer, folder: Path) -> dict:
     strategy.check_layout(extra, folder)  # every rank read the same extra: all raise or none
     module, options = strategy.checkpoint_module(wrapped), strategy.state_dict_options()
     model_sd, optim_sd = get_state_dict(module, optimizer, options=options)  # the targets
-    state = {"model": model_sd, "optim": optim_sd}
+    best = {k: v.clone() for k, v in model_sd.items()} if _holds_best(folder) else None
+    state = _saved(model_sd, optim_sd, best)
     with _dcp_errors(f"loading checkpoint {folder}", no_dist=replicated):
         dcp.load(state, checkpoint_id=folder, no_dist=replicated)
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=options)
+    if best is not None:
+        extra["best_model"] = state["best"]
     return extra
 
 
@@ -247,7 +280,7 @@ class CheckpointManager:
             return None
         t0 = time.perf_counter()
         st = state() if callable(state) else state
-        self.save(step, st.model, st.optimizer, st.meta())
+        self.save(step, st.model, st.optimizer, st.meta(), best=st.best_model)
         stall = time.perf_counter() - t0
         self.stall_s += stall
         self.saves += 1
@@ -267,15 +300,16 @@ class CheckpointManager:
     def _folder(self, step: int) -> Path:
         return self.dir / f"step_{step:08d}"
 
-    def save(self, step: int, model, optimizer, extra: dict) -> Path:
-        """COLLECTIVE. Checkpoint ``step``; returns its folder, complete once ``wait()`` returns
-        (replicated state: rank 0 copies it and writes in a background thread)."""
+    def save(self, step: int, model, optimizer, extra: dict, best: dict | None = None) -> Path:
+        """COLLECTIVE. Checkpoint ``step`` (and ``best``: the best epoch's weights, ``model_copy``);
+        returns its folder, complete once ``wait()`` returns (replicated state: rank 0 copies it and
+        writes in a background thread)."""
         final = self._folder(step)
         tmp = self.dir / f".tmp_{final.name}"
         if self.strategy.async_save:
             if self.ctx.is_main:
                 self.wait()  # one write in flight at a time; surfaces the previous one's error
-                state = snapshot(self.strategy, model, optimizer, extra)
+                state = snapshot(self.strategy, model, optimizer, extra, best)
                 self._pool = self._pool or ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
                 self._pending = self._pool.submit(self._write, step, state, tmp, final, _identity(extra))
             return final
@@ -283,7 +317,7 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         _dist().barrier(self.ctx)
-        save_state(self.strategy, model, optimizer, extra, tmp)
+        save_state(self.strategy, model, optimizer, extra, tmp, best)
         _dist().barrier(self.ctx)  # every shard is on disk before the marker says so
         if self.ctx.is_main:
             self._complete(step, tmp, final, _identity(extra))
@@ -370,7 +404,9 @@ class TrainState:
     cursor: int = 0
     # Per writer rank: [loss sum, samples] of the epoch so far (its share of the epoch's train loss).
     epoch_sums: list = field(default_factory=list)
-    best: float | None = None
+    best: float | None = None  # early stopping's best value so far, lower is better (negated if higher)
+    best_epoch: int | None = None  # the epoch (1-based) that reached ``best``
+    best_model: Any = None  # its weights (``model_copy``) when kept: checkpointed beside the model
     bad_epochs: int = 0
     history: list = field(default_factory=list)  # EpochStats as dicts
     rng: list = field(default_factory=list)  # per writer rank: torch.get_rng_state()
@@ -382,11 +418,13 @@ class TrainState:
 
     _META = ("step", "epoch", "cursor", "epoch_sums", "best", "bad_epochs", "history", "rng", "config_id",
              "resume_id", "data_md5", "layout", "plan")
+    # Meta keys a checkpoint may lack (written before they existed), with the value they then mean.
+    _META_OPTIONAL = {"best_epoch": None}
 
     def meta(self) -> dict:
         """The plain part, stored beside model and optimizer (weights_only-loadable); a copy, as a
         background write pickles it while training appends to the history."""
-        plain = {k: copy.deepcopy(getattr(self, k)) for k in self._META if k != "rng"}
+        plain = {k: copy.deepcopy(getattr(self, k)) for k in (*self._META, *self._META_OPTIONAL) if k != "rng"}
         return {"format": FORMAT, **plain, "rng": list(self.rng)}
 
     @classmethod
@@ -401,7 +439,9 @@ class TrainState:
         missing = [k for k in cls._META if k not in meta]
         if missing:
             raise StateFormatError(f"checkpoint metadata lacks {', '.join(missing)}")
-        return cls(model=model, optimizer=optimizer, **{k: meta[k] for k in cls._META})
+        optional = {k: meta.get(k, v) for k, v in cls._META_OPTIONAL.items()}
+        return cls(model=model, optimizer=optimizer, best_model=meta.get("best_model"), **optional,
+                   **{k: meta[k] for k in cls._META})
 
     def writer(self) -> dict:
         """result.json's ``resized_from`` for a run that resumed this state on another layout."""

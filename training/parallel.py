@@ -183,8 +183,10 @@ class PipelineStrategy(_ModelParallel):
             return 0.0
         return float(torch.stack([loss.detach() for loss in losses]).sum()) / scale
 
-    def eval_sums(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
-        """COLLECTIVE. Forward-only pipeline over chunks of the eval slice; sums on the last stage."""
+    def eval_sums(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                  outputs: list | None = None) -> tuple[float, float, int]:
+        """COLLECTIVE. Forward-only pipeline over chunks of the eval slice; sums (and ``outputs``, fp32
+        CPU) on the last stage."""
         loss_sum, correct, n_targets = 0.0, 0.0, 0
         chunk = self.eval_chunk or max(len(x), 1)  # an empty slice: no chunk, no collective
         for start in range(0, len(x), chunk):
@@ -198,6 +200,8 @@ class PipelineStrategy(_ModelParallel):
                     loss_sum += self.task.loss(logits, yb, reduction="sum").item()
                     correct += self.task.val_correct(logits, yb)
                     n_targets += yb.numel()
+                    if outputs is not None:
+                        outputs.append(logits.detach().float().cpu())
                 else:
                     sched.eval()
         return loss_sum, correct, n_targets

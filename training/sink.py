@@ -112,7 +112,8 @@ class MetricsSink:
             return
         d = asdict(stats)
         epoch = d.pop("epoch")
-        self.metrics({f"train/{k}": v for k, v in d.items() if v is not None}, step=epoch)
+        d.update({f"val_{k}": v for k, v in d.pop("val_scores", {}).items()})
+        self.metrics({f"train/{k}": v for k, v in d.items() if v is not None and v == v}, step=epoch)  # not NaN
         acc = "" if stats.val_accuracy is None else f"val_acc {stats.val_accuracy:.4f} "
         line = (f"epoch {epoch}: loss {stats.train_loss:.4f} val_loss {stats.val_loss:.4f} "
                 f"{acc}{stats.samples_per_s:,.0f} samples/s")

@@ -96,12 +96,16 @@ class Strategy:
             (total * scale).backward()
         return total.item()
 
-    def eval_sums(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
-        """(summed loss, correct predictions, targets) of this rank's eval slice; call under no_grad."""
+    def eval_sums(self, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                  outputs: list | None = None) -> tuple[float, float, int]:
+        """(summed loss, correct predictions, targets) of this rank's eval slice; call under no_grad.
+        ``outputs``: a list that also receives the slice's fp32 CPU outputs (the task scores them)."""
         with self.autocast():
             logits = (wrapped if len(x) else uncompiled(wrapped))(x)  # as in forward_backward
             loss_sum = self.task.loss(logits, y, reduction="sum").item() if len(y) else 0.0
             correct = self.task.val_correct(logits, y)
+        if outputs is not None:
+            outputs.append(logits.detach().float().cpu())
         return loss_sum, correct, y.numel()
 
     def clip_grad_norm(self, wrapped: nn.Module, max_norm: float) -> float:

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import torch
 
-from core.config import PipelineConfig
+from core.config import EARLY_STOPPING_METRICS, PipelineConfig
 from core.errors import TrainflowError
 from training import faults
 from training.batches import BatchPlan, StepBatches, build_source, choose_plan, scaled_lr  # noqa: F401
-from training.checkpoint import CheckpointManager, CheckpointMismatchError, TrainState, check_identity
+from training.checkpoint import (CheckpointManager, CheckpointMismatchError, TrainState, check_identity, model_copy,
+                                 restore_model)
 from tasks import get_task
 from tasks.splits import Splits
 from training.distributed import DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank
@@ -54,6 +55,28 @@ def state_dict_sha256(state: dict) -> str:
     return h.hexdigest()
 
 
+def followed_value(stats: EpochStats, metric: str) -> float:
+    """The value of ``training.early_stopping.metric`` in an epoch's stats."""
+    if metric == "val_loss":
+        return stats.val_loss
+    if metric == "val_accuracy":
+        return stats.val_accuracy
+    return stats.val_scores.get(metric[4:], float("nan"))
+
+
+def lower_is_better(value: float, metric: str) -> float:
+    """``value`` turned so that lower is better (a metric that improves upwards, negated)."""
+    return -value if EARLY_STOPPING_METRICS[metric] else value
+
+
+def improved(value: float, best: float | None, min_delta: float, metric: str = "val_loss") -> bool:
+    """Whether an epoch's ``value`` of ``metric`` beats ``best`` (``lower_is_better`` form, None: no
+    epoch yet) by more than ``min_delta``; a NaN (e.g. a ROC AUC of one class) never does."""
+    if value is None or math.isnan(value):
+        return False
+    return best is None or lower_is_better(value, metric) < best - min_delta
+
+
 class _NoMetrics:
     """Stands in for StepMetrics when ``training.metrics`` is off: every call is a no-op."""
 
@@ -70,6 +93,8 @@ class EpochStats:
     samples_per_s: float
     epoch_time_s: float
     lr: float
+    # The task's ``val_scores`` ({name: value}), when early stopping follows one of them.
+    val_scores: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -80,6 +105,9 @@ class FitResult:
     resized_from: dict | None = None  # the checkpoint writer's layout and plan, when it differs from this run's
     batch_policy: dict = field(default_factory=dict)  # training.batches.BatchChoice.record()
     stopped_early_at_epoch: int | None = None
+    # With early stopping on, the epoch whose weights the run ends with: {"epoch", "of" (epochs run),
+    # "metric", "best_epoch", "best_value", "restored"}; None: the last epoch's, early stopping off.
+    kept_epoch: dict | None = None
     global_batch: int = 0
     effective_lr: float = 0.0
     train_wall_s: float = 0.0
@@ -192,7 +220,7 @@ class Trainer:
             check_identity(vars(loaded), self.config_id, self.data_md5, self.state.resume_id, where=str(self.ckpt.dir))
         self._apply_plan(loaded.plan)
         st = self.state
-        for k in ("step", "epoch", "cursor", "best", "bad_epochs", "history"):
+        for k in ("step", "epoch", "cursor", "best", "best_epoch", "best_model", "bad_epochs", "history"):
             setattr(st, k, getattr(loaded, k))
         if st.cursor > self.n_train:  # a forced resume onto other data: the epoch is over
             log.warning("checkpoint cursor %d is past this data's %d samples; the epoch ends here",
@@ -241,30 +269,62 @@ class Trainer:
         st.cursor += batch.global_samples
         return loss_sum, rows
 
-    def _evaluate(self) -> tuple[float, float]:
-        """(val loss, val accuracy per target) over the val split, each data-parallel replica scoring a
-        strided slice through the wrapped model (FSDP gathers shards in its forward; a pipeline stages)."""
+    def _evaluate(self) -> tuple[float, float, dict]:
+        """(val loss, val accuracy per target, the task's val scores) over the val split, each data-parallel
+        replica scoring a strided slice through the wrapped model (FSDP gathers shards in its forward; a
+        pipeline stages). The scores, only when early stopping follows one: every replica's outputs are
+        gathered to every rank, which all score the same arrays and so agree."""
         dp_rank, dp_size = self.strategy.dp_rank, self.strategy.dp_size
         x, y = (v[dp_rank::dp_size].to(self.ctx.device) for v in self.data.val.tensors)
+        follows = self.cfg.training.early_stopping.metric[4:]
+        outputs = [] if follows in self.task.val_score_names else None
         self.model.eval()
         with torch.no_grad():
-            loss_sum, correct, n = self.strategy.eval_sums(self.model, x, y)
+            loss_sum, correct, n = self.strategy.eval_sums(self.model, x, y, outputs)
         self.model.train()
         w = 1.0 if self.strategy.reports else 0.0  # each replica's slice counts once
         loss_sum, correct, n = all_reduce_sum(self.ctx, [w * loss_sum, w * correct, w * n])
-        return loss_sum / max(n, 1), (correct / max(n, 1) if self.task.has_accuracy else None)
+        scores = {}
+        if outputs is not None:
+            mine = (torch.cat(outputs).numpy(), y.cpu().numpy()) if self.strategy.reports and outputs else None
+            parts = [p for p in all_gather_object(self.ctx, mine) if p is not None]
+            if parts:
+                import numpy as np
+
+                scores = self.task.val_scores(np.concatenate([p[0] for p in parts]),
+                                              np.concatenate([p[1] for p in parts]))
+        return loss_sum / max(n, 1), (correct / max(n, 1) if self.task.has_accuracy else None), scores
 
     def _early_stop(self, stats: EpochStats) -> bool:
-        """Update patience from this epoch's (already all-reduced) metric; agree to stop."""
+        """Update patience from this epoch's (already all-reduced or gathered, so equal on every rank)
+        metric, keep the best epoch's weights; agree to stop."""
         es, st = self.cfg.training.early_stopping, self.state
         if es.patience is None:
             return False
-        value = stats.val_loss if es.metric == "val_loss" else -stats.val_accuracy
-        if st.best is None or value < st.best - es.min_delta:
-            st.best, st.bad_epochs = value, 0
+        value = followed_value(stats, es.metric)
+        if improved(value, st.best, es.min_delta, es.metric):
+            st.best, st.best_epoch, st.bad_epochs = lower_is_better(value, es.metric), stats.epoch, 0
+            if es.restore_best:
+                st.best_model = model_copy(self.strategy, self.model)
         else:
             st.bad_epochs += 1
         return any_rank(self.ctx, st.bad_epochs >= es.patience)
+
+    def _keep_best(self, result: FitResult) -> None:
+        """At the end of a completed run: load the best epoch's weights back when they are not the last's."""
+        es, st = self.cfg.training.early_stopping, self.state
+        if es.patience is None or st.best_epoch is None:
+            return
+        value = st.best if not EARLY_STOPPING_METRICS[es.metric] else -st.best
+        restore = es.restore_best and st.best_model is not None and st.best_epoch != st.epoch
+        if restore:
+            restore_model(self.strategy, self.model, st.best_model)
+        kept = st.best_epoch if es.restore_best else st.epoch
+        result.kept_epoch = {"epoch": kept, "of": st.epoch, "metric": es.metric, "best_epoch": st.best_epoch,
+                             "best_value": value, "restored": restore}
+        if self.ctx.is_main:
+            log.info("keeping epoch %d of %d (best %s %.6g at epoch %d)", kept, st.epoch, es.metric, value,
+                     st.best_epoch)
 
     def _log_window(self) -> None:
         snap = self.metrics.snapshot()  # collective
@@ -321,9 +381,9 @@ class Trainer:
         t, st = self.cfg.training, self.state
         epoch_time = time.perf_counter() - t0
         loss_sum, n_seen = all_reduce_sum(self.ctx, [self.epoch_loss, self.epoch_n])
-        val_loss, val_acc = self._evaluate()
+        val_loss, val_acc, scores = self._evaluate()
         stats = EpochStats(st.epoch + 1, loss_sum / max(n_seen, 1), val_loss, val_acc,
-                           n_seen / epoch_time, epoch_time, self.opt.param_groups[0]["lr"])
+                           n_seen / epoch_time, epoch_time, self.opt.param_groups[0]["lr"], scores)
         st.history.append(asdict(stats))
         self.sink.epoch(stats, st.step)
         stop = self._early_stop(stats)
@@ -364,6 +424,8 @@ class Trainer:
                 break
             if self._end_epoch(result, t0):
                 break
+        if result.status == "completed":
+            self._keep_best(result)
         return self._finish(result, wall0)
 
     def _finish(self, result: FitResult, wall0: float) -> FitResult:

@@ -64,6 +64,7 @@ def summarise(trainer: Trainer, fit: FitResult) -> dict:
         "resumed_from_step": fit.resumed_from_step,
         "resized_from": fit.resized_from,  # the checkpoint writer's layout and batch, when it was another
         "batch_policy": fit.batch_policy, "stopped_early_at_epoch": fit.stopped_early_at_epoch,
+        "kept_epoch": fit.kept_epoch,  # the epoch whose weights are exported (early stopping's best)
         "global_batch": fit.global_batch, "effective_lr": fit.effective_lr,
         "samples_per_s": (sum(h.samples_per_s for h in epochs) / len(epochs)) if epochs else 0.0,
         "train_wall_s": fit.train_wall_s, "checkpoint_stall_s": fit.checkpoint_stall_s,

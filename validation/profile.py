@@ -25,14 +25,15 @@ ROWS_FACTOR = 2
 
 
 def profile_table(frames: dict[str, "pd.DataFrame"], label: str, classification: bool,
-                  margin: float = 0.1, categorical: tuple[str, ...] = ()) -> TableExpectations:
+                  margin: float = 0.1, categorical: tuple[str, ...] = (), dates: tuple[str, ...] = ()) -> TableExpectations:
     """The expectations of a table: one entry per column (in file order), row counts per split,
     and for classification the class set and the range of a class's share of a split.
 
     ``frames``: ``{"train": df, "test": df}`` (either may be missing) as the files hold them.
     ``margin``: numeric bounds are widened by ``margin`` x the column's range on each side,
     class shares by ``margin`` x the share. ``categorical``: numeric columns the model takes as
-    categories: their values are listed too (as a few-valued text column's are). Raises
+    categories: their values are listed too (as a few-valued text column's are). ``dates``: text
+    columns of dates: no value set (a later data version brings new dates). Raises
     ValueError when the label is not a column.
     """
     import pandas as pd
@@ -49,7 +50,7 @@ def profile_table(frames: dict[str, "pd.DataFrame"], label: str, classification:
         raise ValueError(f"label: {label!r} is not a column; the columns are {names}")
     both = pd.concat([df.rename(columns=str) for df in frames.values()], ignore_index=True)
     columns = [_column(name, both[name], margin, categorical=classification and name == label,
-                       listed=name in categorical) for name in names]
+                       listed=name in categorical, dated=name in dates) for name in names]
     rows = {split: (len(df) // ROWS_FACTOR, len(df) * ROWS_FACTOR) for split, df in frames.items()}
     share = _class_share([df[label] for df in frames.values() if label in df.columns], margin) \
         if classification else None
@@ -72,7 +73,7 @@ def column_type(values: "pd.Series") -> str:
 
 
 def _column(name: str, values: "pd.Series", margin: float, categorical: bool,
-            listed: bool = False) -> ColumnExpectation:
+            listed: bool = False, dated: bool = False) -> ColumnExpectation:
     """``categorical``: the classification label (its values, no bounds); ``listed``: a numeric
     column taken as categories (its values and its bounds)."""
     ctype = column_type(values)
@@ -82,7 +83,7 @@ def _column(name: str, values: "pd.Series", margin: float, categorical: bool,
         lo, hi = float(s.min()), float(s.max())
         if math.isfinite(lo) and math.isfinite(hi):  # an infinity seen: no bound would hold it
             spec["min"], spec["max"] = _bounds(lo, hi, margin, integer=ctype == "integer")
-    if len(s) and (categorical or listed or (ctype == "string" and s.nunique() <= MAX_CATEGORIES)):
+    if len(s) and (categorical or listed or (ctype == "string" and not dated and s.nunique() <= MAX_CATEGORIES)):
         spec["values"] = _sorted_values(s, ctype)
     return ColumnExpectation(**spec)
 

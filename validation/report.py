@@ -200,6 +200,11 @@ def _between(f: _Facts) -> dict:
             + _rows_text(f.rows, f.count)}
 
 
+def _date_format(f: _Facts) -> dict:
+    return {"detail": f"{_plural(f.count, 'value')} not a date of format {f.kwargs.get('strftime_format')!r}"
+            f"{_shown(f.values, f.counts)}" + _rows_text(f.rows, f.count)}
+
+
 def _bad_columns(f: _Facts) -> tuple[list[dict], dict, str]:
     """The schema frame's failing rows (column, dtype, expected, found, at most MAX_EXAMPLES), the
     failure's column (the one bad column, else None) and the "..." when more failed."""
@@ -268,6 +273,7 @@ _WORDING: dict[tuple[str, str], _Wording] = {
     ("split", "expect_column_values_to_not_be_null"): _Wording("nulls", _nulls),
     ("split", "expect_column_values_to_be_in_set"): _Wording("value_set", _in_set, label_check="label_set"),
     ("split", "expect_column_values_to_be_between"): _Wording("range", _between),
+    ("split", "expect_column_values_to_match_strftime_format"): _Wording("date_format", _date_format),
     ("schema", "expect_column_pair_values_to_be_in_set"): _Wording("dtype", _dtype, rows=False),
     ("schema", "expect_column_values_to_be_in_set"): _Wording("feature_type", _feature_type, rows=False),
     ("balance", "expect_column_values_to_be_between"): _Wording("class_balance", _class_balance, rows=False),
@@ -387,7 +393,7 @@ def failures_from_results(results: Iterable[tuple[str, str, dict]], *, label_col
 
 
 _TABLE_CHECKS = ("columns", "label_column", "row_count", "dtype", "feature_type")
-_COLUMN_CHECKS = ("nulls", "range", "label_set", "value_set", "other")
+_COLUMN_CHECKS = ("nulls", "range", "label_set", "value_set", "date_format", "other")
 _CHECK_ORDER = (*_TABLE_CHECKS, *_COLUMN_CHECKS, "class_balance", "leak")
 
 

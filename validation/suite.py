@@ -76,7 +76,7 @@ def _parts(exp: TableExpectations, features: list[str], label: str, class_label:
 
 # --------------------------------------------------------------------------- the suite protocol (gx_run)
 # A table plan's params (``tasks.tabular``): dataset, root, seed, stratify (how one file is split),
-# expectations, features, label, class_label (the label is a class set), leak_policy.
+# expectations, features, label, class_label (the label is a class set), leak_policy, dates.
 
 
 def identity(params: dict) -> dict:
@@ -86,7 +86,8 @@ def identity(params: dict) -> dict:
              "stratify": params["stratify"]} if ds.file is not None else None
     return {**_parts(params["expectations"], params["features"], params["label"], params["class_label"]),
             "split": split, **({"leak_policy": params["leak_policy"]} if params.get("leak_policy") == "warn" else {}),
-            "split_groups": "row_hashes" if ds.file is not None else None}
+            "split_groups": "row_hashes" if ds.file is not None else None,
+            **({"dates": dict(params["dates"])} if params.get("dates") else {})}
 
 
 def run(params: dict, report_dir: Path) -> dict:
@@ -543,10 +544,11 @@ def _cells_expectations(columns: list) -> tuple[list, list[int]]:
 
 
 def _split_items(exp: TableExpectations, features: list[str], label: str, class_label: bool, s: str,
-                 names: list[str], schema: pd.DataFrame, skipped: list[dict]) -> list[Item]:
+                 names: list[str], schema: pd.DataFrame, skipped: list[dict], dates: dict | None = None) -> list[Item]:
     """One split's items: the split itself, its schema (``schema``: as known before the batches are
     read; it decides which columns are stacked), its stacked cells and class balance. ``names``:
-    the split's columns. The frames are the batches' and those built once they are read."""
+    the split's columns; ``dates``: ``{column: strftime format}`` of the date columns (``dataset.dates``),
+    whose every value must parse. The frames are the batches' and those built once they are read."""
     import great_expectations.expectations as gxe
 
     pos = set(names)
@@ -560,6 +562,8 @@ def _split_items(exp: TableExpectations, features: list[str], label: str, class_
             split.append(gxe.ExpectColumnValuesToNotBeNull(column=c.name))
         if c.values is not None:
             split.append(gxe.ExpectColumnValuesToBeInSet(column=c.name, value_set=list(c.values)))
+        if c.name in (dates or {}):
+            split.append(gxe.ExpectColumnValuesToMatchStrftimeFormat(column=c.name, strftime_format=dates[c.name]))
     items = [Item(s, s, "split", None, split, SUMMARY)]
 
     present_features = [f for f in features if f in pos]
@@ -605,15 +609,16 @@ _TABLE_LEVEL = ("expect_table_columns_to_match_ordered_list", "expect_column_to_
 
 
 def validate_table(exp: TableExpectations, features: list[str], label: str, splits: dict[str, pd.DataFrame],
-                   report_dir: Path, class_label: bool) -> dict:
+                   report_dir: Path, class_label: bool, dates: dict | None = None) -> dict:
     """Validate ``splits`` (``{"train", "test"}`` frames as read, e.g. ``tasks.table.load_frames``)
-    against ``exp``; write ``gx_result.json``, ``summary.md`` and Data Docs into ``report_dir``.
+    against ``exp`` (and ``dates``: ``{column: strftime format}``, each value must parse); write ``gx_result.json``, ``summary.md`` and Data Docs into ``report_dir``.
 
     Never raises on bad data: every problem is a failure in the returned report (shape in
     ``validation.gx_run.write_report``). Raises ValueError when a split is missing or the caller's
     columns contradict ``exp`` (a feature or the label not in the file).
     """
-    params = {"expectations": exp, "features": list(features), "label": label, "class_label": class_label}
+    params = {"expectations": exp, "features": list(features), "label": label, "class_label": class_label,
+              "dates": dates or {}}
     return _validate(params, _frame_source(splits), Path(report_dir))
 
 
@@ -652,7 +657,8 @@ def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
     for s in SPLITS:
         schema = _schema_rows(exp, features, schemas[s], dtypes[s], source.found[s], None)
         stacked[s] = _stacked_columns(exp, schema)
-        items += _split_items(exp, features, label, params["class_label"], s, schemas[s].names, schema, skipped)
+        items += _split_items(exp, features, label, params["class_label"], s, schemas[s].names, schema, skipped,
+                              params.get("dates"))
     by_name = {item.name: item for item in items}
 
     run = start_run(started)

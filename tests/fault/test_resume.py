@@ -23,8 +23,11 @@ pytestmark = pytest.mark.fault
 
 EVERY = 10
 # checkpoint_every: auto keeps the fixed interval until a failure has been seen (the goodput tests).
+# Early stopping on, never stopping (patience 5 of 3 epochs) and never improving after epoch 1
+# (min_delta 1 on a macro-F1): the run ends with epoch 1's weights, which a resume must carry.
 JOB = ["training.epochs=3", f"training.checkpoint_every_steps={EVERY}", "training.keep_checkpoints=5",
-       "training.checkpoint_every=auto"]
+       "training.checkpoint_every=auto", "training.early_stopping.patience=5",
+       "training.early_stopping.metric=val_macro_f1", "training.early_stopping.min_delta=1"]
 KILL_STEP = 25
 
 
@@ -48,6 +51,9 @@ def test_killed_worker_restarts_and_resumes_bitwise_equal(uninterrupted, killed)
     assert kill_step - r["resumed_from_step"] <= EVERY
     assert r["weights_sha256"] == uninterrupted["weights_sha256"]
     assert r["steps"] == uninterrupted["steps"]
+    # The best epoch's weights came back from the checkpoint the restart resumed from.
+    assert r["kept_epoch"] == uninterrupted["kept_epoch"]
+    assert (r["kept_epoch"]["epoch"], r["kept_epoch"]["of"], r["kept_epoch"]["restored"]) == (1, 3, True)
 
 
 def test_corrupt_latest_checkpoint_is_skipped_and_resume_still_matches(uninterrupted, tmp_path, caplog):

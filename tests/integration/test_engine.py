@@ -24,7 +24,11 @@ def ddp_run(tmp_path_factory, bundled_data):
 
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory, bundled_data):
-    return train(tmp_path_factory.mktemp("fsdp") / "out", [*TWO, "training.strategy=fsdp"])
+    # Early stopping that never sees an improvement after epoch 1 and never stops (2 epochs): the
+    # sharded run ends with epoch 1's weights; the loss curves are those of the ddp run still.
+    return train(tmp_path_factory.mktemp("fsdp") / "out", [*TWO, "training.strategy=fsdp",
+                                                           "training.early_stopping.patience=5",
+                                                           "training.early_stopping.min_delta=100"])
 
 
 def test_fsdp_and_ddp_loss_curves_agree(ddp_run, fsdp_run):
@@ -33,6 +37,12 @@ def test_fsdp_and_ddp_loss_curves_agree(ddp_run, fsdp_run):
     f = [h["train_loss"] for h in fsdp_run["history"]]
     np.testing.assert_allclose(f, d, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(fsdp_run["final"]["val_accuracy"], ddp_run["final"]["val_accuracy"], atol=0.01)
+
+
+def test_fsdp_keeps_the_best_epochs_shards_and_exports_them(ddp_run, fsdp_run):
+    kept = fsdp_run["kept_epoch"]
+    assert (kept["epoch"], kept["of"], kept["restored"]) == (1, 2, True)
+    assert ddp_run["kept_epoch"] is None  # no early stopping: the last epoch, as before
 
 
 def test_fsdp_shards_parameters_and_optimizer_state(ddp_run, fsdp_run):
@@ -66,9 +76,11 @@ def test_ddp_run_reports_step_metrics(ddp_run):
 def three_ranks(tmp_path_factory, bundled_data):
     """3 ranks, which cannot split the training set evenly, with a patience that runs out: the
     early-stop and uneven-shard tests both ask whether the ranks end together."""
-    # min_delta larger than any possible improvement: patience runs out after epoch 2.
+    # min_delta larger than any possible improvement: patience runs out after epoch 2, and epoch 1
+    # stays the best. Balanced accuracy is scored from every rank's gathered validation outputs.
     return train(tmp_path_factory.mktemp("three") / "out",
-                 ["training.epochs=6", "training.early_stopping.patience=1", "training.early_stopping.min_delta=100"],
+                 ["training.epochs=6", "training.early_stopping.patience=1", "training.early_stopping.min_delta=100",
+                  "training.early_stopping.metric=val_balanced_accuracy"],
                  nproc=3)
 
 
@@ -78,6 +90,32 @@ def test_early_stop_is_agreed_by_all_ranks(three_ranks):
     assert [x["epochs_run"] for x in r["ranks"]] == [2, 2, 2]
     assert len({x["step"] for x in r["ranks"]}) == 1
     assert len(r["history"]) == 2
+
+
+def test_the_best_epochs_weights_are_the_ones_exported(three_ranks):
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from pathlib import Path
+
+    from training.trainer import state_dict_sha256
+
+    r = three_ranks
+    kept = r["kept_epoch"]
+    assert (kept["epoch"], kept["of"], kept["best_epoch"], kept["restored"]) == (1, 2, 1, True)
+    assert kept["metric"] == "val_balanced_accuracy" and 0 < kept["best_value"] <= 1
+    # the score of every val row (gathered from 3 uneven slices), logged per epoch
+    assert [h["val_scores"]["balanced_accuracy"] for h in r["history"]][0] == kept["best_value"]
+    # The exported weights are those the epoch-1 checkpoint holds, not the last epoch's.
+    first, last = sorted((Path(r["out_dir"]) / "checkpoints").glob("step_*"))
+
+    def weights(folder):  # the checkpoint's model, read as DCP wrote it
+        meta = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+        state = {"model": {k[len("model."):]: torch.empty(m.size, dtype=m.properties.dtype)
+                           for k, m in meta.items() if k.startswith("model.")}}
+        dcp.load(state, checkpoint_id=folder, no_dist=True)
+        return state_dict_sha256(state["model"])
+
+    assert weights(first) == r["weights_sha256"] != weights(last)
 
 
 def test_uneven_shards_do_not_hang(three_ranks, repo_root):

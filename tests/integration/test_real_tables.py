@@ -47,8 +47,10 @@ if pred.dtype.kind in "fc":
     score = float(1 - ((pred - truth) ** 2).sum() / ((truth - truth.mean()) ** 2).sum())
 else:
     score = float(np.mean(pred == truth))
+inputs = loaded.metadata.get_input_schema().inputs
 print(json.dumps({"score": score, "values": sorted(map(str, set(pred.tolist())))[:10],
-                  "inputs": {c.name: c.type.name for c in loaded.metadata.get_input_schema().inputs}}))
+                  "inputs": {c.name: c.type.name for c in inputs if c.required},
+                  "optional": {c.name: str(c.type) for c in inputs if not c.required}}))
 """
 
 
@@ -91,6 +93,7 @@ def test_penguins_with_an_id_missing_labels_string_categories_and_gaps(project):
     assert got["values"] == ["Adelie", "Chinstrap", "Gentoo"] and got["score"] >= 0.9
     assert got["inputs"]["island"] == "string" and got["inputs"]["flipper_length_mm"] == "double"
     assert "rownames" not in got["inputs"]
+    assert got["optional"] == {"rownames": "Any"}  # sent along, it is taken without a warning and ignored
 
 
 def test_houses_given_splits_with_integer_floats_and_shared_rows_then_broken_data(project):
@@ -144,3 +147,61 @@ def test_fifty_thousand_rows_with_three_string_categoricals(project):
     assert s["metrics"]["accuracy"] >= s["gbdt"]["accuracy"] - 0.02, (s["metrics"], s["gbdt"])
     got = score_raw(project, "data/churn/churn.parquet", "churned", "churn")
     assert got["values"] == ["no", "yes"] and got["score"] >= s["gbdt"]["accuracy"] - 0.03
+
+
+SCORE_DATES = """
+import json, sys, logging, io
+import mlflow, numpy as np, pandas as pd
+from core.paths import default_tracking_uri
+from pathlib import Path
+proj, table, model = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+uri = default_tracking_uri(proj / ".trainflow")
+mlflow.set_tracking_uri(uri); mlflow.set_registry_uri(uri)
+warned = io.StringIO()
+logging.getLogger("mlflow").addHandler(logging.StreamHandler(warned))
+raw = pd.read_csv(table)
+loaded = mlflow.pyfunc.load_model(f"models:/{model}@champion")
+def r2(frame):
+    pred = np.asarray(loaded.predict(frame.drop(columns=["price"])), dtype=float)  # booking_id stays in
+    truth = frame["price"].to_numpy()
+    return float(1 - ((pred - truth) ** 2).sum() / ((truth - truth.mean()) ** 2).sum())
+later = raw.copy()
+for col, fmt in (("arrival_date", "%Y-%m-%d"), ("booked_at", "%Y-%m-%d %H:%M")):
+    moved = pd.to_datetime(later[col], format=fmt) + pd.Timedelta(days=735)  # 105 weeks: the same weekdays
+    later[col] = moved.dt.strftime(fmt).where(later[col].notna(), None)
+schema = loaded.metadata.get_input_schema()
+print(json.dumps({"seen": r2(raw), "unseen": r2(later), "latest_seen": str(raw["arrival_date"].max()),
+                  "earliest_unseen": str(later["arrival_date"].min()), "warnings": warned.getvalue(),
+                  "inputs": {c.name: [getattr(c.type, "name", str(c.type)), c.required] for c in schema.inputs}}))
+"""
+
+
+def test_hotels_dates_become_parts_and_later_dates_score_as_well(project):
+    """ISO dates and timestamps with hours (some missing): init finds both, the registered model takes
+    the raw text, and the same rows with their dates moved two years past the training range score
+    as well; an excluded id sent along raises no warning."""
+    from flows.init import choice_lines
+
+    # 12 of init's 30 epochs: enough for this table's parts (the suite's time is short).
+    report, s, err = init_and_run(project, "hotels", "--set", "training.epochs=12")
+    dates = report["choices"]["dates"]
+    assert {c: d["format"] for c, d in dates.items()} == {"arrival_date": "%Y-%m-%d",
+                                                           "booked_at": "%Y-%m-%d %H:%M"}
+    said = "\n".join(choice_lines(report["choices"]))
+    assert "arrival_date: 681 distinct values in format %Y-%m-%d, 40 missing: becomes year, month" in said
+    assert "booked_at:" in said and ", hour, days since 1970-01-01, a missing flag" in said
+    assert "early stop:   patience 10 of 30 epochs" in said
+    assert list(report["choices"]["exclude"]) == ["booking_id"]
+    kept = s["training"]["kept_epoch"]
+    assert 1 <= kept["epoch"] <= kept["of"] and kept["metric"] == "val_loss" and "kept epoch" in err
+    check_beside_the_trees(s, err, "r2")
+    done = subprocess.run([sys.executable, "-c", SCORE_DATES, str(project), str(project / "data/hotels/hotels.csv"),
+                           "hotels"], cwd=project, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    print("hotels, seen and later dates:", {k: got[k] for k in ("seen", "unseen")})
+    assert got["earliest_unseen"] > got["latest_seen"]
+    assert got["seen"] >= 0.8 and abs(got["seen"] - got["unseen"]) <= 0.03, got
+    assert got["inputs"]["arrival_date"] == ["string", True] and got["inputs"]["booking_id"] == ["Any", False]
+    assert "Found extra inputs" not in got["warnings"] + done.stderr
+    # Values of a date column that are not dates: tests/integration/test_validation_gx.py names them.

@@ -406,3 +406,26 @@ def test_text_suite_names_every_broken_document(tmp_path):
     assert report["n_expectations"] == 14 and report["gx"]["failed"] == 8
     assert "| train | utf8 |" in (tmp_path / "summary.md").read_text()
     assert Path(report["files"]["data_docs"]).is_file()
+
+
+def test_values_of_a_date_column_that_are_not_dates_are_named_with_their_rows(tmp_path):
+    """The expectations init writes for a dated table, and the suite's date check: a value that is
+    not a date in the column's format (``dataset.dates``) is named with its row; a missing one is not."""
+    from tests.tables import hotels
+    from validation.profile import profile_table
+
+    df = hotels(200)
+    splits = {"train": df.iloc[:160].reset_index(drop=True), "test": df.iloc[160:].reset_index(drop=True)}
+    dates = {"arrival_date": "%Y-%m-%d", "booked_at": "%Y-%m-%d %H:%M"}
+    exp = profile_table(splits, "price", False, dates=tuple(dates))
+    assert exp.column("arrival_date").values is None  # new dates are no new categories
+    features = ["arrival_date", "booked_at", "room", "nights"]
+    assert validate_table(exp, features, "price", splits, tmp_path / "ok", False, dates)["success"]
+    bad = {k: v.copy() for k, v in splits.items()}
+    bad["train"].loc[[10, 11], "arrival_date"] = ["2016-02-30", "next week"]
+    bad["test"].loc[3, "booked_at"] = "2016-07-01"  # a date without the hour its column has
+    report = validate_table(exp, features, "price", bad, tmp_path / "bad", False, dates)
+    found = {f["message"] for f in report["failures"] if f["check"] == "date_format"}
+    assert found == {"train.arrival_date: 2 values not a date of format '%Y-%m-%d': 2016-02-30 ×1, next week ×1 "
+                     "(rows 10, 11)",
+                     "test.booked_at: 1 value not a date of format '%Y-%m-%d %H:%M': 2016-07-01 ×1 (row 3)"}, found
