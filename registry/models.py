@@ -123,7 +123,7 @@ def _log_new(c, run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
     import mlflow
     from mlflow.models import Model
     from mlflow.models.signature import ModelSignature
-    from mlflow.types.schema import ColSpec, Schema
+    from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
     from core.hashing import file_sha256
 
@@ -145,7 +145,9 @@ def _log_new(c, run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
                       python_model=str(spec.python_model), artifacts={"model": str(program), "meta": str(meta_file)},
                       pip_requirements=pip_requirements(),
                       signature=ModelSignature(inputs=Schema([ColSpec(t, n) for n, t in spec.inputs]),
-                                               outputs=Schema([ColSpec(t, n) for n, t in spec.outputs])),
+                                               outputs=Schema([ColSpec(t, n) for n, t in spec.outputs]),
+                                               params=ParamSchema([ParamSpec(n, t, d) for n, t, d in spec.params])
+                                               if spec.params else None),
                       input_example=spec.example.head(MAX_EXAMPLE_ROWS).reset_index(drop=True),
                       metadata=spec.metadata or None,
                       validate_serving_input=not spec.checked)  # checked: the same program file ran already
@@ -273,12 +275,25 @@ class Predictor(_Loaded):
 
     def __call__(self, features):
         import numpy as np
+
+        return np.asarray(self.pyfunc.predict(self._frame(features)))
+
+    def _frame(self, features):
+        import numpy as np
         import pandas as pd
 
-        if not isinstance(features, pd.DataFrame):
-            values = np.asarray(features)
-            features = pd.DataFrame(values[None, :] if values.ndim == 1 else values, columns=self.feature_columns)
-        return np.asarray(self.pyfunc.predict(features))
+        if isinstance(features, pd.DataFrame):
+            return features
+        values = np.asarray(features)
+        return pd.DataFrame(values[None, :] if values.ndim == 1 else values, columns=self.feature_columns)
+
+    def proba(self, features):
+        """A classifier's class probabilities: a DataFrame, a column per class named by the label's value;
+        None from a model without them (logged before its signature declared ``predict_method``)."""
+        declared = self.pyfunc.metadata.get_params_schema()
+        if declared is None or "predict_method" not in {p.name for p in declared.params}:
+            return None
+        return self.pyfunc.predict(self._frame(features), params={"predict_method": "predict_proba"})
 
 
 class TextScorer(_Loaded):

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from core.config import PipelineConfig
 
 # Bump when a metric's definition or computation changes: recorded champion scores then stop matching.
-METRICS_VERSION = 2
+METRICS_VERSION = 3
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_table.py")
 # The gradient-boosted trees beside the candidate fit on at most this many train rows (a seeded sample).
 GBDT_MAX_ROWS = 200_000
@@ -361,8 +361,18 @@ class _Table(Task):
         return self.frames(cfg, root)["test"], p["xt"], p["yt"], p["info"]
 
     def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
+        val = self.validation_split(cfg, root)
         write_program_scores(out, self.prepared(cfg, root)["xt"], self.decode,
-                             self.scoring_key(cfg, root)["split_sha256"])
+                             self.scoring_key(cfg, root)["split_sha256"], None if val is None else val[0])
+
+    def validation_split(self, cfg: "PipelineConfig", root: Path) -> tuple | None:
+        """A classifier's held-out train rows (``holdout`` with the config's seed, as in-memory training
+        validates on); None for a regression (nothing to tune)."""
+        if not self.classification:
+            return None
+        p = self.prepared(cfg, root)
+        _, hold = self.holdout(p["y"], cfg, cfg.seed)
+        return p["x"][hold], p["y"][hold]
 
     def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
         from core.hashing import file_sha256, sha256_json
@@ -420,10 +430,13 @@ class _Table(Task):
                 "columns": [{"name": c["name"], "kind": c["kind"], **({"values": c["values"]}
                                                                       if c["kind"] == "categorical" else {})}
                             for c in info.columns],
-                "codes": {"missing": MISSING_CODE, "other": OTHER_CODE, "first": FIRST_CODE}, **output}
+                "codes": {"missing": MISSING_CODE, "other": OTHER_CODE, "first": FIRST_CODE}, **output,
+                **({"threshold": report["candidate"]["threshold"]}
+                   if report.get("candidate", {}).get("threshold") is not None else {})}
         return ModelSpec(PYFUNC_FILE, meta, [(c, info.dtypes[c]) for c in info.features],
                          [(None, output_type)], example,
-                         checked=report.get("candidate_scored_in") == "worker")
+                         checked=report.get("candidate_scored_in") == "worker",
+                         params=list(self.predict_params))
 
     def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
         import torch
@@ -496,6 +509,15 @@ class Classification(Classifier, _Table):
     def _output(self, info: TableInfo) -> tuple[dict, str]:
         output_type = "string" if any(isinstance(c, str) for c in info.classes) else "long"
         return {"output": "label", "class_labels": info.classes}, output_type
+
+    def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
+        """The champion's labels as it serves them, and its class probabilities where it gives them
+        (``predict_method: predict_proba``; a model without them is scored as a hard classifier)."""
+        frame, _, y, info = self.eval_data(cfg, root)
+        labels = self.encode(predictor(frame[info.features]), info)
+        proba_of = getattr(predictor, "proba", None)
+        proba = None if proba_of is None else self.encode_proba(proba_of(frame[info.features]), info)
+        return self.score(y, labels, info) if proba is None else self.score(y, proba, info, labels=labels)
 
 
 class Regression(_Table):
