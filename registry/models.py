@@ -122,8 +122,6 @@ def _log_new(c, run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
     """Log the pyfunc and register it as a new version: ``(version, LoggedModel id)``."""
     import mlflow
     from mlflow.models import Model
-    from mlflow.models.signature import ModelSignature
-    from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
     from core.hashing import file_sha256
 
@@ -144,10 +142,7 @@ def _log_new(c, run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
             Model.log(artifact_path=None, name=ARTIFACT_NAME, flavor=_Pyfunc, run_id=run_id, model_id=logged.model_id,
                       python_model=str(spec.python_model), artifacts={"model": str(program), "meta": str(meta_file)},
                       pip_requirements=pip_requirements(),
-                      signature=ModelSignature(inputs=Schema([ColSpec(t, n) for n, t in spec.inputs]),
-                                               outputs=Schema([ColSpec(t, n) for n, t in spec.outputs]),
-                                               params=ParamSchema([ParamSpec(n, t, d) for n, t, d in spec.params])
-                                               if spec.params else None),
+                      signature=signature_of(spec),
                       input_example=spec.example.head(MAX_EXAMPLE_ROWS).reset_index(drop=True),
                       metadata=spec.metadata or None,
                       validate_serving_input=not spec.checked)  # checked: the same program file ran already
@@ -160,6 +155,17 @@ def _log_new(c, run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
         name=model_name, source=f"models:/{logged.model_id}", run_id=run_id, description=description or None,
         tags=clean_tags({**manifest_tags, **{HASH_TAG + k: v for k, v in hashes.items()}}, MAX_MODEL_TAG_VALUE_LENGTH),
         model_id=logged.model_id).version, logged.model_id
+
+
+def signature_of(spec):
+    """The MLflow signature of a ``ModelSpec``: its input columns, its output, and the inference params
+    ``predict`` takes (MLflow passes declared ones through, its scoring server too, and drops others)."""
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
+
+    return ModelSignature(inputs=Schema([ColSpec(t, n) for n, t in spec.inputs]),
+                          outputs=Schema([ColSpec(t, n) for n, t in spec.outputs]),
+                          params=ParamSchema([ParamSpec(n, t, d) for n, t, d in spec.params]) if spec.params else None)
 
 
 def _link_version(c, model_id: str, model_name: str, version) -> None:
