@@ -169,7 +169,8 @@ class _Table(Task):
                 "missing_category": missing_category, "duplicates": dup,
                 "leak_policy": "warn" if dup.get("test_in_train") else None,
                 "training": {"epochs": 30, "batch_size": batch, "base_batch": batch},
-                "class_label": self.classification}
+                "class_label": self.classification,
+                **(_metric_choice(both[label].dropna()) if self.classification and label in both else {})}
 
     # -- validation ---------------------------------------------------------------------------
     def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
@@ -591,6 +592,33 @@ class Regression(_Table):
 
     def _output(self, info: TableInfo) -> tuple[dict, str]:
         return {"output": "value"}, "double"
+
+
+# A class set is imbalanced when its rarest class has less than this share of an even split (1/k):
+# under 20 % for two classes, under 8 % for five.
+IMBALANCED_SHARE = 0.4
+
+
+def _metric_choice(labels: "pd.Series") -> dict:
+    """``trainflow init``'s metric for a label column: accuracy for balanced classes; when the rarest class
+    is under ``IMBALANCED_SHARE`` of an even split, a ranking metric (two classes: average precision, the
+    rare class's precision-recall AUC; more: ROC AUC one-vs-rest) and class-balanced loss weights.
+    ``{"metric": (primary_metric or None, why), "class_weight": (value, why) | None}``."""
+    shares = labels.map(label_key).value_counts(normalize=True)
+    if len(shares) < 2:
+        return {}
+    rare, share, k = shares.index[-1], float(shares.iloc[-1]), len(shares)
+    if share >= IMBALANCED_SHARE / k:
+        return {"metric": (None, f"accuracy: the classes are balanced enough (the rarest, {rare!r}, is "
+                                 f"{share:.1%} of the rows)"), "class_weight": None}
+    metric = "average_precision" if k == 2 else "roc_auc"
+    what = ("the precision-recall AUC of the rare class" if k == 2 else "how well each class is ranked above the rest")
+    return {"metric": (metric, f"{metric}: the rarest class {rare!r} is {share:.1%} of the rows, so predicting "
+                               f"{shares.index[0]!r} everywhere scores {float(shares.iloc[0]):.1%} accuracy; "
+                               f"{metric} measures {what}, and a constant predictor gets no credit"),
+            "class_weight": ("balanced", f"balanced: {rare!r} weighs {float(shares.iloc[0]) / share:.0f}x a "
+                                         f"{shares.index[0]!r} row in the loss, so the network does not settle "
+                                         "on the majority")}
 
 
 def _id_like(name: str, s: "pd.Series") -> str | None:
