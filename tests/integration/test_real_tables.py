@@ -178,7 +178,7 @@ def test_loans_with_five_percent_bad_go_from_init_to_a_champion_judged_by_averag
     assert ch["class_weight"][0] == "balanced" and list(ch["exclude"]) == ["loan_id"]
     config = (project / "configs" / "loans.yaml").read_text()
     assert "primary_metric: average_precision" in config and "class_weight: balanced" in config
-    assert "# metric:" in config and "(primary_metric)" in config
+    assert "#   metric:       average_precision: the rarest class 'bad' is 5.0% of the rows" in config
     ranking = ("roc_auc", "average_precision", "log_loss", "balanced_accuracy")
     for who in ("metrics", "gbdt", "baseline"):
         assert all(np.isfinite(s[who][k]) for k in ranking), (who, s[who])
