@@ -63,10 +63,18 @@ class ExportedImageClassifier(mlflow.pyfunc.PythonModel):
         torch = self._torch
         with torch.inference_mode():
             logits = self.program(torch.from_numpy(x))
-        proba = torch.softmax(logits.double(), dim=1).numpy()
+        proba = _softmax(logits.numpy())
         if method == "predict_proba":
             return pd.DataFrame(proba, columns=self.class_labels.tolist())
         return self.class_labels[proba.argmax(axis=1)]
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    """Class probabilities in float64, computed as ``tasks/metrics.py``'s ``softmax`` (the same bits as
+    the evaluation's, so a rescored model's ranking metrics equal its recorded ones)."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = np.exp(z - z.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
 
 
 mlflow.models.set_model(ExportedImageClassifier())

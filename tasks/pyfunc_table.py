@@ -74,7 +74,7 @@ class ExportedTable(mlflow.pyfunc.PythonModel):
             logits = self.program(torch.tensor(values))
         if self.class_labels is None:  # a regression: the one output, in the target's units
             return logits[:, 0].double().numpy()
-        proba = torch.softmax(logits.double(), dim=1).numpy()
+        proba = _softmax(logits.numpy())
         if method == "predict_proba":
             return pd.DataFrame(proba, columns=self.class_labels.tolist())
         if self.threshold is not None and proba.shape[1] == 2:
@@ -116,6 +116,14 @@ def _text(v) -> str:
     if isinstance(v, (float, np.floating)) and float(v).is_integer() and abs(v) < 2**53:
         return str(int(v))
     return str(v)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    """Class probabilities in float64, computed as ``tasks/metrics.py``'s ``softmax`` (the same bits as
+    the evaluation's, so a rescored model's ranking metrics equal its recorded ones)."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = np.exp(z - z.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
 
 
 mlflow.models.set_model(ExportedTable())

@@ -166,3 +166,12 @@ def test_balanced_class_weights_count_each_class_alike():
     want = float((each * torch.tensor([task.class_weights[c] for c in y])).sum())
     assert task.loss(out, target, reduction="sum").item() == pytest.approx(want, rel=1e-6)
     assert CLS.with_class_weights(np.array([0, 0]), 3).class_weights == pytest.approx((2 / 3, 4 / 3, 4 / 3))
+
+
+def test_the_pyfuncs_probabilities_are_the_evaluations_to_the_last_bit(tmp_path):
+    from tasks.metrics import softmax
+
+    logits = torch.randn(50, 2, generator=torch.Generator().manual_seed(0)) * 7
+    model = _pyfunc("pyfunc_table.py", "ExportedTable", TABLE_META, tmp_path, logits)
+    proba = model.predict(None, pd.DataFrame({"a": np.arange(50.0)}), params={"predict_method": "predict_proba"})
+    assert np.array_equal(proba.to_numpy(), softmax(logits.numpy()))
