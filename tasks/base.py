@@ -259,8 +259,12 @@ class Task:
         import copy
 
         if name not in self.primary_names():
-            raise ConfigError(f"primary_metric: task {self.name!r} has no metric {name!r}; choose one of "
-                              f"{', '.join(self.primary_names())}")
+            import difflib
+
+            close = difflib.get_close_matches(name, self.primary_names(), 1)
+            raise ConfigError(f"primary_metric: task {self.name!r} has no metric {name!r}"
+                              + (f" (did you mean {close[0]}?)" if close else "")
+                              + f"; choose one of {', '.join(self.primary_names())}")
         task = copy.copy(self)
         task.primary, task.champion_metrics = name, (name,)
         return task
