@@ -175,3 +175,28 @@ def test_the_pyfuncs_probabilities_are_the_evaluations_to_the_last_bit(tmp_path)
     model = _pyfunc("pyfunc_table.py", "ExportedTable", TABLE_META, tmp_path, logits)
     proba = model.predict(None, pd.DataFrame({"a": np.arange(50.0)}), params={"predict_method": "predict_proba"})
     assert np.array_equal(proba.to_numpy(), softmax(logits.numpy()))
+
+
+def test_init_picks_the_metric_and_the_weights_from_the_class_shares():
+    from flows.init import _metric_keys, choice_lines
+    from tasks.tabular import _metric_choice
+
+    rare = _metric_choice(pd.Series(["good"] * 95 + ["bad"] * 5))
+    assert rare["metric"][0] == "average_precision" and rare["class_weight"][0] == "balanced"
+    assert "the rarest class 'bad' is 5.0% of the rows" in rare["metric"][1] and "95.0% accuracy" in rare["metric"][1]
+    assert _metric_choice(pd.Series([0] * 81 + [1] * 19))["metric"][0] == "average_precision"  # under 20 %
+    even = _metric_choice(pd.Series([0] * 79 + [1] * 21))
+    assert even["metric"][0] is None and even["class_weight"] is None and even["metric"][1].startswith("accuracy")
+    assert _metric_choice(pd.Series(list(range(10)) * 10))["metric"][0] is None  # ten classes at 10 % each
+    assert _metric_choice(pd.Series(["a"] * 60 + ["b"] * 37 + ["c"] * 3))["metric"][0] == "roc_auc"
+    raw = {"training": {"epochs": 30}}
+    _metric_keys(raw, rare)
+    assert raw["primary_metric"] == "average_precision" and raw["training"]["class_weight"] == "balanced"
+    PipelineConfig(name="t", dataset={"path": "d", "expectations_file": "e.yaml"}, **raw)  # a valid config
+    lines = choice_lines(rare)
+    assert any(line.startswith("metric:       average_precision:") and line.endswith("(primary_metric)")
+               for line in lines)
+    assert any(line.startswith("weights:      balanced:") for line in lines)
+    raw = {"training": {}}
+    _metric_keys(raw, even)
+    assert raw == {"training": {}}
