@@ -160,7 +160,11 @@ loaded = mlflow.pyfunc.load_model(f"models:/{model}@champion")
 proba = loaded.predict(raw.drop(columns=[label]), params={"predict_method": "predict_proba"})
 labels = np.asarray(loaded.predict(raw.drop(columns=[label])))
 truth = raw[label].to_numpy()
-print(json.dumps({"columns": [str(c) for c in proba.columns], "row_sums": proba.sum(axis=1).round(9).unique().tolist(),
+from mlflow.models import validate_serving_input  # the scoring server's own parsing and predict call
+rows = raw.drop(columns=[label]).dropna().head(3).to_json(orient="split", index=False)
+served = validate_serving_input(f"models:/{model}@champion",
+                                '{"dataframe_split": ' + rows + ', "params": {"predict_method": "predict_proba"}}')
+print(json.dumps({"columns": [str(c) for c in proba.columns], "served": [str(c) for c in served.columns], "row_sums": proba.sum(axis=1).round(9).unique().tolist(),
                   "roc_auc": float(roc_auc_score(truth == "bad", proba["bad"])),
                   "accuracy": float(np.mean(labels == truth)), "predicted": sorted(set(labels.tolist())),
                   "params": [p.name for p in loaded.metadata.get_params_schema().params]}))
@@ -193,7 +197,8 @@ def test_loans_with_five_percent_bad_go_from_init_to_a_champion_judged_by_averag
                            "status", "loans"], cwd=project, env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got["columns"] == ["bad", "good"] and got["row_sums"] == [1.0] and got["params"] == ["predict_method"]
+    assert got["columns"] == got["served"] == ["bad", "good"] and got["row_sums"] == [1.0]
+    assert got["params"] == ["predict_method"]
     assert abs(got["roc_auc"] - s["metrics"]["roc_auc"]) < 1e-6
     assert abs(got["accuracy"] - s["metrics"]["accuracy"]) < 1e-9 and got["predicted"] == ["bad", "good"]
     assert "no params schema" not in done.stderr
