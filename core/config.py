@@ -414,6 +414,9 @@ class TrainingConfig(_Strict):
     base_batch: int = Field(32, gt=0)
     warmup_epochs: float = Field(1.0, ge=0)
     grad_clip: float | None = Field(1.0, gt=0)
+    # Classifiers: balanced weighs each class's cross-entropy by n / (classes * its train rows), so a
+    # rare class counts as much as a common one (scikit-learn's class_weight="balanced").
+    class_weight: Literal["balanced", "none"] = "none"
     # Worker processes per node when no GPU is present. auto: the advisor picks processes and
     # threads_per_worker (from a `trainflow scale` sweep when one exists, else a rule).
     cpu_workers: int | Literal["auto"] = 2
@@ -524,6 +527,9 @@ class GatesConfig(_Strict):
     # Tables: fail the candidate when its primary metric trails scikit-learn's gradient-boosted trees,
     # fitted on the same train split, by more than this (null: reported, not gated).
     max_gap_to_gbdt: float | None = Field(None, ge=0)
+    # Classifiers: a candidate that predicts one class for every test row fails (false), whatever its
+    # scores; true lets such a model through.
+    allow_single_class: bool = False
 
 
 class RegistryConfig(_Strict):
@@ -590,6 +596,10 @@ class PipelineConfig(_Strict):
     gates: GatesConfig = GatesConfig()
     registry: RegistryConfig = Field(default_factory=lambda data: RegistryConfig(**_registry_of(data["name"], {})))
     retrain: RetrainConfig = RetrainConfig()
+    # The metric that judges a candidate: the baseline and trees gates, the champion check and promotion,
+    # in its direction (null: the task's own, e.g. accuracy; the task says which names it takes, e.g. a
+    # classifier's accuracy, balanced_accuracy, macro_f1, roc_auc, average_precision, log_loss).
+    primary_metric: str | None = Field(None, min_length=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -632,6 +642,7 @@ ID_LATER_KEYS = (
     ("gates", "min_improvement"), ("gates", "max_gap_to_gbdt"),
     ("dataset", "images"), ("model", "weights"),
     ("training", "early_stopping", "restore_best"), ("dataset", "dates"), ("dataset", "date_parts"),
+    ("primary_metric",), ("training", "class_weight"), ("gates", "allow_single_class"),
 )
 
 

@@ -36,14 +36,19 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
     gradient-boosted trees' (``task.gbdt``) metrics on the test split. The champion's are
     ``champion_metrics`` when given (recorded), else ``champion`` rescored here (``report["champion_scores"]``);
     the candidate's come from the worker when they provably match (``report["candidate_scored_in"]``).
+    A decision threshold the task tunes on its held-out train rows (``task.decision_threshold``) cuts the
+    candidate's labels and is its ``threshold``, registered with the model.
     Writes ``metrics.json`` (and a classifier's ``confusion_matrix.png``) into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     key = task.scoring_key(cfg, root)
     _, x, y, info = task.eval_data(cfg, root)
+    val = task.validation_split(cfg, root)
     scored = worker_scores(task, cfg, root, train_dir)
+    module = None
     if scored is not None and len(scored["pred"]) == len(y):
-        cand = task.score(y, np.asarray(scored["pred"]), info)
-        cand["latency_p95_ms"] = float(np.percentile(scored["latency_ms"], 95))
+        pred = np.asarray(scored["pred"])
+        latency = float(np.percentile(scored["latency_ms"], 95))
+        val_pred = None if scored.get("val_pred") is None else np.asarray(scored["val_pred"])
         where = "worker"
     else:
         import torch
@@ -54,15 +59,28 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
         with torch.no_grad():
             outputs = module(torch.as_tensor(x)).numpy()
         task.check_program_output(outputs, info)
-        cand = task.score(y, task.decode(outputs), info)
+        pred, val_pred, latency, where = task.decode(outputs), None, None, "pipeline"
+    if val is not None and (val_pred is None or len(val_pred) != len(val[1])):
+        import torch
+
+        from tasks.base import load_program
+
+        module = module or load_program(Path(train_dir) / "model.pt2")
+        with torch.no_grad():
+            val_pred = task.decode(module(torch.as_tensor(val[0])).numpy())
+    threshold = None if val is None else task.decision_threshold(val[1], val_pred)
+    cand = task.score(y, pred, info, **({"threshold": threshold} if threshold is not None else {}))
+    if latency is None:
+        import torch
+
         torch.set_num_threads(1)
 
         def predict(row: np.ndarray) -> np.ndarray:
             with torch.no_grad():
                 return module(torch.as_tensor(row, dtype=torch.float32)).argmax(1).numpy()
 
-        cand["latency_p95_ms"] = latency_p95_ms(predict, x)
-        where = "pipeline"
+        latency = latency_p95_ms(predict, x)
+    cand["latency_p95_ms"] = latency
     champ, how = None, None
     if champion_metrics is not None:
         champ, how = champion_metrics, "recorded"
@@ -77,7 +95,8 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
         ref = None
     gbdt = None if ref is None else {"predictor": ref["predictor"], "fit_s": ref["fit_s"],
                                      "predict_s": ref["predict_s"], "cached": ref.get("cached", False),
-                                     **task.score(y, ref["pred"], info)}
+                                     **task.score(y, _padded(ref.get("proba"), pred) if "proba" in ref
+                                                  else ref["pred"], info)}
     files = {}
     if "confusion_matrix" in cand:
         primary = task.primary or task.champion_metrics[0]
@@ -86,9 +105,17 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
                                                       names=task.class_names(info)))
     report = {"candidate": cand, "champion": champ, "champion_scores": how, "baseline": baseline, "gbdt": gbdt,
               **({"gbdt_skipped": gbdt_skipped} if gbdt_skipped else {}),
-              "scoring_key": key, "candidate_scored_in": where, "files": files}
+              "scoring_key": key, "candidate_scored_in": where, "files": files,
+              "class_names": task.class_names(info)}
     (out_dir / "metrics.json").write_text(json.dumps(report, indent=2, default=str))
     return report
+
+
+def _padded(proba, like: np.ndarray) -> np.ndarray:
+    """The trees' class probabilities with a column of zeros for each class their train rows lacked
+    (the candidate's ``like`` has one column per class)."""
+    proba = np.asarray(proba, dtype=np.float64)
+    return np.pad(proba, ((0, 0), (0, max(like.shape[1] - proba.shape[1], 0)))) if like.ndim == 2 else proba
 
 
 def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,

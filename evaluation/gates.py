@@ -17,9 +17,11 @@ class Check:
     threshold: float
     op: str  # ">=" or "<="
     passed: bool
+    note: str = ""  # what a failure means, when the figures alone do not say it
 
     def reason(self) -> str:
-        return f"{self.name} = {self.value:.4f}, needs {self.op} {self.threshold:.4f}"
+        return f"{self.name} = {self.value:.4f}, needs {self.op} {self.threshold:.4f}" + (
+            f" ({self.note})" if self.note and not self.passed else "")
 
 
 @dataclass(frozen=True)
@@ -40,9 +42,9 @@ class GateDecision:
                 "checks": [asdict(c) for c in self.checks], "reasons": self.reasons()}
 
 
-def _check(name: str, value: float, threshold: float, op: str) -> Check:
+def _check(name: str, value: float, threshold: float, op: str, note: str = "") -> Check:
     ok = value >= threshold if op == ">=" else value <= threshold
-    return Check(name, float(value), float(threshold), op, bool(ok))
+    return Check(name, float(value), float(threshold), op, bool(ok), note)
 
 
 def decide(task, candidate: dict, gates: GatesConfig, champion: dict | None = None,
@@ -54,9 +56,15 @@ def decide(task, candidate: dict, gates: GatesConfig, champion: dict | None = No
     * ``gates.baseline_margin``: the primary metric beats the trivial ``baseline`` by the margin;
     * ``gates.max_gap_to_gbdt``: the primary metric trails the ``gbdt`` scores by at most the gap;
     * with a champion: each of ``task.champion_metrics`` trails the champion's by at most
-      ``gates.max_regression`` (a factor of the champion's value for a ``relative`` metric).
+      ``gates.max_regression`` (a factor of the champion's value for a ``relative`` metric);
+    * a classifier's candidate predicts at least two classes on the test split, unless
+      ``gates.allow_single_class``.
     """
     checks = [_check(name, candidate[name], bound, task.metric(name).op) for name, bound in gates.thresholds.items()]
+    if "predicted_classes" in candidate and candidate.get("n", 0) > 0 and not gates.allow_single_class:
+        checks.append(_check("predicted_classes", candidate["predicted_classes"], 2, ">=",
+                             "it predicts one class for every row: whatever its scores, it tells no class apart; "
+                             "try training.class_weight: balanced, or gates.allow_single_class: true to accept it"))
     if task.primary is not None:
         m = task.metric(task.primary)
         sign = 1 if m.higher_is_better else -1

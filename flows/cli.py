@@ -433,6 +433,10 @@ def _print_summary(s: dict) -> None:
                                         f"epoch {k['best_epoch']})")
     if s.get("metrics"):
         table.add_row("test", ", ".join(f"{k} {v:.4f}" for k, v in s["metrics"].items()))
+    if s.get("baseline"):
+        b = s["baseline"]
+        table.add_row("baseline", f"{b.get('predictor')}: " + ", ".join(
+            f"{k} {v:.4f}" for k, v in b.items() if isinstance(v, (int, float)) and not isinstance(v, bool)))
     if s.get("gbdt") and s["gbdt"].get("primary") in (s.get("metrics") or {}):
         table.add_row("vs GBDT", gbdt_text(s["metrics"], s["gbdt"]))
     if s.get("gates"):

@@ -111,6 +111,7 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
     if choices.get("dates"):
         dataset["dates"] = {c: d["format"] for c, d in choices["dates"].items()}
     raw["training"].update(choices["training"])
+    _metric_keys(raw, choices)
     class_label = choices["class_label"]
     if class_label:
         _check_label_bounds(frames, label, first_rel)
@@ -259,6 +260,26 @@ def _checked(raw: dict, message: str):
         raise InitError(message.format(exc)) from None
 
 
+def _metric_keys(raw: dict, choices: dict) -> None:
+    """The metric init picked (``primary_metric``, and early stopping on it where the engine takes it)
+    and the loss weights (``training.class_weight``) into ``raw``."""
+    from pydantic import ValidationError
+
+    from core.config import EarlyStopping
+
+    metric = (choices.get("metric") or (None, ""))[0]
+    if metric is not None:
+        raw["primary_metric"] = metric
+        try:  # early stopping follows the metric where the engine can stop on it
+            EarlyStopping(metric=f"val_{metric}")
+            raw["training"]["early_stopping"] = {**raw["training"].get("early_stopping", {}),
+                                                 "metric": f"val_{metric}"}
+        except ValidationError:
+            pass
+    if choices.get("class_weight"):
+        raw["training"]["class_weight"] = choices["class_weight"][0]
+
+
 def _raw_config(name: str, task: str, dataset: dict, training: dict, defaults: dict) -> dict[str, Any]:
     return {"name": name, "task": task, "dataset": dataset, "model": defaults["model"], "training": training,
             "gates": defaults["gates"], "registry": {"model_name": name, "experiment": f"trainflow-{name}"}}
@@ -399,6 +420,11 @@ def choice_lines(choices: dict, unlabeled: int = 0) -> list[str]:
     if dup.get("test_in_train"):
         out.append(f"duplicates:   {dup['test_in_train']} test row(s) also in train: reported by validation, not "
                    "refused (dataset.leak_policy: warn; set fail to refuse such data)")
+    if choices.get("metric"):
+        out.append(f"metric:       {choices['metric'][1]} (primary_metric"
+                   + (")" if choices["metric"][0] else ": left out, the task's default)"))
+    if choices.get("class_weight"):
+        out.append(f"weights:      {choices['class_weight'][1]} (training.class_weight)")
     if unlabeled:
         out.append(f"unlabeled:    {unlabeled} row(s) without a label: left out of training and evaluation")
     return out

@@ -114,7 +114,7 @@ def resolve(inputs: RunInputs) -> RunContext:
     run_id = None if plan.unmeasured else _continued_run(cfg, home, manifest, exp_id, tags)
     run_id = run_id or store.start_run(exp_id, f"{cfg.name}-{manifest.data.md5[:8]}", tags)
     mark_orphans_killed(exp_id, run_id)  # runs whose process died before ending them
-    task_ = get_task(cfg.task)
+    task_ = get_task(cfg.task).with_primary(cfg.primary_metric)  # judged by the config's metric
     store.log_datasets(run_id, task_.data_splits(cfg), manifest.data.md5, manifest.data.rev)
     out = under_home(home, "runs", run_id)
     out.mkdir(parents=True, exist_ok=True)
@@ -376,9 +376,11 @@ def evaluate(ctx: RunContext, result: dict) -> dict:
     # At step 0, where registration logs the model: MLflow links them to the LoggedModel's page.
     store.log_metrics(ctx.run_id, {f"test/{m.name}": cand[m.name] for m in ctx.task.metrics})
     if report["champion"]:
-        store.log_metrics(ctx.run_id, {f"champion/{k}": report["champion"][k] for k in ctx.task.champion_metrics})
+        store.log_metrics(ctx.run_id, {f"champion/{m.name}": report["champion"][m.name] for m in ctx.task.metrics
+                                       if isinstance(report["champion"].get(m.name), (int, float))})
     if report.get("baseline") and ctx.task.primary:
-        store.log_metrics(ctx.run_id, {f"baseline/{ctx.task.primary}": report["baseline"][ctx.task.primary]})
+        store.log_metrics(ctx.run_id, {f"baseline/{m.name}": report["baseline"][m.name] for m in ctx.task.metrics
+                                       if isinstance(report["baseline"].get(m.name), (int, float))})
     if report.get("gbdt"):
         g = report["gbdt"]
         store.log_metrics(ctx.run_id, {**{f"gbdt/{m.name}": g[m.name] for m in ctx.task.metrics if m.name in g},
@@ -405,7 +407,7 @@ def gate(ctx: RunContext, report: dict) -> dict:
     decision = decide(ctx.task, report["candidate"], ctx.cfg.gates, report["champion"], report["champion_version"],
                       report.get("baseline"), report.get("gbdt"))
     md = gate_markdown(ctx.task, decision, report["candidate"], report["champion"], report.get("baseline"),
-                       report.get("gbdt"))
+                       report.get("gbdt"), report.get("class_names"))
     (ctx.out_dir / "evaluation" / "gate.md").write_text(md)
     store.log_json(ctx.run_id, decision.to_dict(), "evaluation/gate.json")
     store.log_file(ctx.run_id, ctx.out_dir / "evaluation" / "gate.md", "evaluation")
@@ -585,10 +587,15 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
         summary["metrics"] = {m.name: cand[m.name] for m in ctx.task.metrics}
         summary["candidate_scored_in"] = ev.get("candidate_scored_in")  # "worker" | "pipeline"
         summary["champion"] = {"version": ev["champion_version"], "scores": ev.get("champion_scores"),
-                               **({k: ev["champion"][k] for k in ctx.task.champion_metrics} if ev["champion"] else {})}
+                               **({k: ev["champion"][k] for k in ctx.task.champion_metrics} if ev["champion"] else {}),
+                               **({m.name: ev["champion"][m.name] for m in ctx.task.metrics
+                                   if isinstance((ev["champion"] or {}).get(m.name), (int, float))})}
+        if cand.get("threshold") is not None:
+            summary["threshold"] = {"value": cand["threshold"], "tuned_for": ctx.task.threshold_metric()}
         if ev.get("baseline") and ctx.task.primary:
-            summary["baseline"] = {"predictor": ev["baseline"]["predictor"],
-                                   ctx.task.primary: ev["baseline"][ctx.task.primary]}
+            summary["baseline"] = {"predictor": ev["baseline"]["predictor"], "primary": ctx.task.primary,
+                                   **{m.name: ev["baseline"][m.name] for m in ctx.task.metrics
+                                      if isinstance(ev["baseline"].get(m.name), (int, float))}}
         if ev.get("gbdt"):
             g = ev["gbdt"]
             summary["gbdt"] = {"predictor": g["predictor"], "fit_s": g["fit_s"], "candidate_train_s": result["wall_s"],

@@ -122,8 +122,6 @@ def _log_new(c, run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
     """Log the pyfunc and register it as a new version: ``(version, LoggedModel id)``."""
     import mlflow
     from mlflow.models import Model
-    from mlflow.models.signature import ModelSignature
-    from mlflow.types.schema import AnyType, ColSpec, Schema
 
     from core.hashing import file_sha256
 
@@ -144,9 +142,7 @@ def _log_new(c, run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
             Model.log(artifact_path=None, name=ARTIFACT_NAME, flavor=_Pyfunc, run_id=run_id, model_id=logged.model_id,
                       python_model=str(spec.python_model), artifacts={"model": str(program), "meta": str(meta_file)},
                       pip_requirements=pip_requirements(),
-                      signature=ModelSignature(inputs=Schema([ColSpec(t, n) for n, t in spec.inputs] + [
-                          ColSpec(AnyType(), n, required=False) for n in spec.optional_inputs]),
-                                               outputs=Schema([ColSpec(t, n) for n, t in spec.outputs])),
+                      signature=signature_of(spec),
                       input_example=spec.example.head(MAX_EXAMPLE_ROWS).reset_index(drop=True),
                       metadata=spec.metadata or None,
                       validate_serving_input=not spec.checked)  # checked: the same program file ran already
@@ -159,6 +155,18 @@ def _log_new(c, run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
         name=model_name, source=f"models:/{logged.model_id}", run_id=run_id, description=description or None,
         tags=clean_tags({**manifest_tags, **{HASH_TAG + k: v for k, v in hashes.items()}}, MAX_MODEL_TAG_VALUE_LENGTH),
         model_id=logged.model_id).version, logged.model_id
+
+
+def signature_of(spec):
+    """The MLflow signature of a ``ModelSpec``: its input columns, its output, and the inference params
+    ``predict`` takes (MLflow passes declared ones through, its scoring server too, and drops others)."""
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
+
+    return ModelSignature(inputs=Schema([ColSpec(t, n) for n, t in spec.inputs] + [
+                              ColSpec(AnyType(), n, required=False) for n in spec.optional_inputs]),
+                          outputs=Schema([ColSpec(t, n) for n, t in spec.outputs]),
+                          params=ParamSchema([ParamSpec(n, t, d) for n, t, d in spec.params]) if spec.params else None)
 
 
 def _link_version(c, model_id: str, model_name: str, version) -> None:
@@ -274,12 +282,25 @@ class Predictor(_Loaded):
 
     def __call__(self, features):
         import numpy as np
+
+        return np.asarray(self.pyfunc.predict(self._frame(features)))
+
+    def _frame(self, features):
+        import numpy as np
         import pandas as pd
 
-        if not isinstance(features, pd.DataFrame):
-            values = np.asarray(features)
-            features = pd.DataFrame(values[None, :] if values.ndim == 1 else values, columns=self.feature_columns)
-        return np.asarray(self.pyfunc.predict(features))
+        if isinstance(features, pd.DataFrame):
+            return features
+        values = np.asarray(features)
+        return pd.DataFrame(values[None, :] if values.ndim == 1 else values, columns=self.feature_columns)
+
+    def proba(self, features):
+        """A classifier's class probabilities: a DataFrame, a column per class named by the label's value;
+        None from a model without them (logged before its signature declared ``predict_method``)."""
+        declared = self.pyfunc.metadata.get_params_schema()
+        if declared is None or "predict_method" not in {p.name for p in declared.params}:
+            return None
+        return self.pyfunc.predict(self._frame(features), params={"predict_method": "predict_proba"})
 
 
 class TextScorer(_Loaded):

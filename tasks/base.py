@@ -47,9 +47,10 @@ def load_program(path: Path):
         raise ValueError(f"{path}: not a loadable torch.export program: {exc}") from exc
 
 
-def write_program_scores(out: Path, x, decode: Callable, split_sha256: str) -> None:
-    """Rank 0, after export: ``out/model.pt2``'s ``decode``d predictions on ``x``, one-row latencies and
-    the hashes of the program and the split into ``test_scores.json`` (read back while both hold)."""
+def write_program_scores(out: Path, x, decode: Callable, split_sha256: str, val_x=None) -> None:
+    """Rank 0, after export: ``out/model.pt2``'s ``decode``d predictions on ``x`` (and on the held-out
+    train rows ``val_x``, where a decision threshold is tuned), one-row latencies and the hashes of the
+    program and the split into ``test_scores.json`` (read back while both hold)."""
     import json
 
     import torch
@@ -65,6 +66,9 @@ def write_program_scores(out: Path, x, decode: Callable, split_sha256: str) -> N
     scores = {"pred": decode(outputs).tolist(), "outputs_shape": list(outputs.shape), "latency_ms": times,
               "threads": torch.get_num_threads(), "model_sha256": file_sha256(Path(out) / "model.pt2"),
               "split_sha256": split_sha256}
+    if val_x is not None:
+        with torch.no_grad():
+            scores["val_pred"] = decode(program(torch.as_tensor(val_x)).numpy()).tolist()
     tmp = Path(out) / (SCORES_FILE + ".tmp")
     tmp.write_text(json.dumps(scores))
     tmp.replace(Path(out) / SCORES_FILE)
@@ -122,8 +126,9 @@ def fit_gbdt(root: Path, key: dict, arrays: Callable, seed: int, max_rows: int, 
     in ``TRAINFLOW_HOME/cache/gbdt`` by ``key`` and scikit-learn's version (``fit_s`` is the first
     fit's). ``arrays()`` gives ``(estimator, x, y, xt, matrix)``, ``matrix`` turning x or xt into
     the estimator's input; at most ``max_rows`` of x (a seeded sample) are fitted, on one thread.
-    Returns ``{"predictor", "pred", "fit_s", "predict_s", "cached"}``, or ``{"skipped": why}`` when the
-    fit would break its budget (``gbdt_budget``)."""
+    Returns ``{"predictor", "pred", "fit_s", "predict_s", "cached"}`` and a classifier's ``proba``
+    ([n, k], column j the probability of class index j), or ``{"skipped": why}`` when the fit would
+    break its budget (``gbdt_budget``)."""
     import json
     import time
     from importlib.metadata import version
@@ -133,11 +138,12 @@ def fit_gbdt(root: Path, key: dict, arrays: Callable, seed: int, max_rows: int, 
     from core.hashing import sha256_json
     from core.paths import trainflow_home
 
-    digest = sha256_json({**key, "sklearn": version("scikit-learn"), "max_rows": max_rows, "v": 1})[:32]
+    digest = sha256_json({**key, "sklearn": version("scikit-learn"), "max_rows": max_rows, "v": 2})[:32]
     path = trainflow_home(Path(root)) / "cache" / "gbdt" / f"{digest}.json"
     try:
         cached = json.loads(path.read_text())
-        return {**cached, "pred": np.asarray(cached["pred"]), "cached": True}
+        return {**cached, "pred": np.asarray(cached["pred"]), "cached": True,
+                **({"proba": np.asarray(cached["proba"])} if "proba" in cached else {})}
     except (OSError, ValueError, KeyError):
         pass
     import sklearn
@@ -158,13 +164,20 @@ def fit_gbdt(root: Path, key: dict, arrays: Callable, seed: int, max_rows: int, 
         t1 = time.perf_counter()
         pred = est.predict(xt)
         t2 = time.perf_counter()
+        proba = None
+        if hasattr(est, "predict_proba"):
+            part = est.predict_proba(xt)
+            proba = np.zeros((len(xt), int(est.classes_.max()) + 1))
+            proba[:, est.classes_.astype(np.int64)] = part
     out = {"predictor": f"{type(est).__name__} (scikit-learn {sklearn.__version__}, default settings, "
                         f"{est.n_iter_} iterations, 1 thread"
                         + (f", fitted on {max_rows:,} sampled train {what}" if sampled else "")
                         + (f", on the {x.shape[1]} resized pixels" if what == "images" else "") + ")",
            "pred": pred.tolist(), "fit_s": round(t1 - t0, 3), "predict_s": round(t2 - t1, 3)}
+    if proba is not None:
+        out["proba"] = proba.tolist()
     cache_write(path, lambda fh: fh.write(json.dumps(out).encode()))
-    return {**out, "pred": pred, "cached": False}
+    return {**out, "pred": pred, "cached": False, **({"proba": proba} if proba is not None else {})}
 
 
 def label_key(value) -> str:
@@ -205,6 +218,9 @@ class ModelSpec:
     metadata: dict = field(default_factory=dict)
     checked: bool = False
     optional_inputs: list[str] = field(default_factory=list)
+    # ``[(name, mlflow type, default)]``: the inference params ``predict`` takes (the signature's params
+    # schema, which MLflow checks, the scoring server too), e.g. a classifier's ``predict_method``.
+    params: list[tuple[str, str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -238,11 +254,16 @@ class Task:
     metrics: ClassVar[tuple[Metric, ...]] = ()
     # Compared with the champion, in this order: the first that differs decides.
     champion_metrics: ClassVar[tuple[str, ...]] = ()
-    # The metric a trivial baseline must be beaten on (``gates.baseline_margin``), or None.
+    # The metric a trivial baseline must be beaten on (``gates.baseline_margin``), or None; the config's
+    # ``primary_metric`` picks another of ``primary_choices`` (``with_primary``).
     primary: ClassVar[str | None] = None
+    # What ``primary_metric`` may name (empty: every metric but the latency).
+    primary_choices: ClassVar[tuple[str, ...]] = ()
     # Which evaluator scores it: "predictions" (one per row, through the hooks ``eval_data`` /
     # ``decode`` / ``encode`` / ``score`` / ``baseline`` / ``check_program_output``) or "documents".
     evaluator: ClassVar[str] = "predictions"
+    # ``[(name, mlflow type, default)]`` of the inference params its registered model takes (``ModelSpec.params``).
+    predict_params: ClassVar[list] = []
     # Whether per-epoch validation reports an accuracy (``val_correct``).
     has_accuracy: ClassVar[bool] = True
     # Figures ``val_scores`` computes from the whole validation split's outputs at each epoch's end;
@@ -261,8 +282,34 @@ class Task:
                 return m
         raise KeyError(name)
 
+    def primary_names(self) -> tuple[str, ...]:
+        """The metrics ``primary_metric`` may name."""
+        return self.primary_choices or tuple(m.name for m in self.metrics if m.name != "latency_p95_ms")
+
+    def with_primary(self, name: str | None) -> "Task":
+        """This task judging by ``name`` (the config's ``primary_metric``; None: the task's own): the
+        baseline and trees gates, the champion regression check and promotion then use that metric
+        alone, in its direction. The copy shares what this instance has read."""
+        if name is None or name == self.primary:
+            return self
+        import copy
+
+        if name not in self.primary_names():
+            import difflib
+
+            close = difflib.get_close_matches(name, self.primary_names(), 1)
+            raise ConfigError(f"primary_metric: task {self.name!r} has no metric {name!r}"
+                              + (f" (did you mean {close[0]}?)" if close else "")
+                              + f"; choose one of {', '.join(self.primary_names())}")
+        task = copy.copy(self)
+        task.primary, task.champion_metrics = name, (name,)
+        return task
+
     def check_config(self, cfg: "PipelineConfig") -> None:
         """Raise ConfigError naming the key when ``cfg`` does not fit this task."""
+        self.with_primary(getattr(cfg, "primary_metric", None))
+        if getattr(cfg.training, "class_weight", "none") != "none" and not isinstance(self, Classifier):
+            raise ConfigError(f"training.class_weight: task {self.name!r} is not a classifier; use none")
         names = [m.name for m in self.metrics]
         for key in cfg.gates.thresholds:
             if key not in names:
@@ -358,6 +405,16 @@ class Task:
     def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
         """Rank 0, after export, optional: ``write_program_scores`` (the pipeline then needs no torch)."""
 
+    def validation_split(self, cfg: "PipelineConfig", root: Path) -> tuple | None:
+        """``(x, y)`` of the train rows held out from fitting, in the program's input form, where the
+        evaluation tunes what it may (``decision_threshold``); None: nothing is tuned."""
+        return None
+
+    def decision_threshold(self, y_val, val_pred) -> float | None:
+        """The cut the registered model predicts by, from its decoded predictions on the held-out rows;
+        None: the plain decoding."""
+        return None
+
     # -- evaluation ----------------------------------------------------------------------------
     def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
         """``{"key", "split_sha256", "metrics_version"}``: what a score measured now holds for."""
@@ -402,20 +459,40 @@ class Task:
 
 class Classifier:
     """What every classifier task shares (mixed in before ``Task``): metrics, cross-entropy on fp32
-    logits, accuracy, argmax decoding, labels compared as text, the majority-class baseline."""
+    logits (optionally class-weighted), accuracy, softmax decoding, labels compared as text, the
+    majority-class baseline (the train split's class shares as its probabilities)."""
 
-    metrics = (Metric("accuracy", True), Metric("macro_f1", True), Metric("min_class_recall", True),
-               Metric("latency_p95_ms", False))
+    metrics = (Metric("accuracy", True), Metric("balanced_accuracy", True), Metric("macro_f1", True),
+               Metric("roc_auc", True), Metric("average_precision", True), Metric("log_loss", False),
+               Metric("min_class_recall", True), Metric("latency_p95_ms", False))
     champion_metrics = ("accuracy", "macro_f1")
     primary = "accuracy"
+    primary_choices = ("accuracy", "balanced_accuracy", "macro_f1", "roc_auc", "average_precision", "log_loss")
+    # Per-class loss weights in output order (``training.class_weight: balanced``; ``with_class_weights``).
+    class_weights: tuple[float, ...] | None = None
 
     def recorded_keys(self) -> tuple[str, ...]:
-        return ("accuracy", "macro_f1", "min_class_recall", "class_recall", "confusion_matrix", "n")
+        return ("accuracy", "balanced_accuracy", "macro_f1", "roc_auc", "average_precision", "log_loss",
+                "min_class_recall", "predicted_classes", "class_recall", "confusion_matrix", "n")
+
+    def with_class_weights(self, y, n_classes: int):
+        """This task with cross-entropy weighted ``n / (k * count)`` per class of the train targets ``y``
+        (scikit-learn's ``class_weight="balanced"``; a class absent from ``y`` counts once)."""
+        import copy
+
+        import numpy as np
+
+        counts = np.maximum(np.bincount(np.asarray(y, dtype=np.int64).ravel(), minlength=n_classes), 1)
+        task = copy.copy(self)
+        task.class_weights = tuple(float(w) for w in counts.sum() / (n_classes * counts))
+        return task
 
     def loss(self, out, y, reduction: str = "mean"):
+        import torch
         import torch.nn.functional as F
 
-        return F.cross_entropy(out.float(), y.reshape(-1), reduction=reduction)
+        weight = None if self.class_weights is None else torch.tensor(self.class_weights, device=out.device)
+        return F.cross_entropy(out.float(), y.reshape(-1), weight=weight, reduction=reduction)
 
     def val_correct(self, out, y) -> float:
         return (out.argmax(-1) == y).sum().item()
@@ -428,9 +505,10 @@ class Classifier:
         return probability_scores(y, softmax(outputs))
 
     def decode(self, outputs):
-        import numpy as np
+        """The program's logits -> class probabilities [n, k] (float64)."""
+        from tasks.metrics import softmax
 
-        return np.asarray(outputs).argmax(1)
+        return softmax(outputs)
 
     def encode(self, labels, info):
         """A registered model's predicted labels -> class indices (-1: not a known class)."""
@@ -439,20 +517,76 @@ class Classifier:
         index = {label_key(c): i for i, c in enumerate(info.classes)}
         return np.asarray([index.get(label_key(v), -1) for v in np.asarray(labels).tolist()], dtype=np.int64)
 
+    def encode_proba(self, frame, info):
+        """A registered model's ``predict_proba`` DataFrame (a column per class label) -> [n, k] in output
+        order; None when it is not one (a model logged before it answered ``predict_proba`` gives labels)."""
+        import numpy as np
+        import pandas as pd
+
+        if not isinstance(frame, pd.DataFrame) or frame.shape[1] != len(info.classes):
+            return None
+        at = {label_key(c): j for j, c in enumerate(frame.columns)}
+        if any(label_key(c) not in at for c in info.classes):
+            return None
+        return frame.iloc[:, [at[label_key(c)] for c in info.classes]].to_numpy(dtype=np.float64)
+
     def class_names(self, info) -> list[str]:
         return [label_key(c) for c in info.classes]
 
-    def score(self, y, pred, info) -> dict:
-        from tasks.metrics import classification_metrics
+    # ``predict(df, params={"predict_method": "predict_proba"})``: a DataFrame of class probabilities.
+    predict_params = [("predict_method", "string", "predict")]
 
-        return classification_metrics(y, pred, len(info.classes))
-
-    def majority(self, y, info, n: int) -> tuple[str, Any]:
-        """The trivial predictor: the most frequent class of the train targets ``y``, for ``n`` rows."""
+    def decision_threshold(self, y_val, val_pred) -> float | None:
+        """Two classes: the cut on class 1's probability that scores best on the held-out rows by
+        ``threshold_metric`` (``tasks.metrics.tune_threshold``); more classes: None (the argmax)."""
         import numpy as np
 
-        top = int(np.bincount(y, minlength=len(info.classes)).argmax())
-        return f"majority class {info.classes[top]!r}", np.full(n, top, dtype=np.int64)
+        from tasks.metrics import tune_threshold
+
+        p = np.asarray(val_pred, dtype=np.float64)
+        if p.ndim != 2 or p.shape[1] != 2 or len(p) == 0:
+            return None
+        return tune_threshold(y_val, p[:, 1], self.threshold_metric())[0]
+
+    def threshold_metric(self) -> str:
+        """The label metric a binary decision threshold is tuned for: the primary one when it is a label
+        metric, else macro-F1 (a ranking primary says nothing about where to cut)."""
+        from tasks.metrics import LABEL_METRICS
+
+        return self.primary if self.primary in LABEL_METRICS else "macro_f1"
+
+    def score(self, y, pred, info, threshold: float | None = None, labels=None) -> dict:
+        """Every classifier metric of ``pred``: class probabilities [n, k] (labels by ``threshold`` for two
+        classes, else the argmax) or class indices [n] (a hard classifier: probability 1 on its label).
+        ``labels``: class indices to score the label metrics on instead (a model that cut by itself)."""
+        import numpy as np
+
+        from tasks.metrics import classification_metrics, labels_of, ranking_metrics
+
+        k = len(info.classes)
+        pred = np.asarray(pred)
+        if pred.ndim == 1:
+            idx = pred.astype(np.int64)
+            proba = np.zeros((len(idx), k))
+            ok = (idx >= 0) & (idx < k)
+            proba[np.flatnonzero(ok), idx[ok]] = 1.0
+        else:
+            proba = pred.astype(np.float64)
+            idx = labels_of(proba, threshold)
+        out = {**classification_metrics(y, idx if labels is None else labels, k), **ranking_metrics(y, proba)}
+        if threshold is not None and k == 2 and labels is None:
+            out["threshold"] = float(threshold)
+        return out
+
+    def majority(self, y, info, n: int) -> tuple[str, Any]:
+        """The trivial predictor: the train targets ``y``'s class shares as every row's probabilities,
+        so its label is the most frequent class and it ranks no row above another."""
+        import numpy as np
+
+        counts = np.bincount(y, minlength=len(info.classes)).astype(np.float64)
+        top = int(counts.argmax())
+        shares = counts / max(counts.sum(), 1.0)
+        return f"majority class {info.classes[top]!r}", np.tile(shares, (n, 1))
 
 
 @dataclass

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from core.config import PipelineConfig
 
-METRICS_VERSION = 1
+METRICS_VERSION = 2
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_image.py")
 IMAGE_KINDS = (None, "image_cnn", "resnet18")
 # The trees beside the network fit on at most this many train images (a seeded sample).
@@ -303,7 +303,10 @@ class ImageClassification(Classifier, Task):
         frame, _, y, info = self.eval_data(cfg, root)
         base = Path(root) / cfg.dataset.path
         images = pd.DataFrame({"image": [(base / p).read_bytes() for p in frame["path"]]})
-        return self.score(y, self.encode(predictor(images), info), info)
+        labels = self.encode(predictor(images), info)
+        proba_of = getattr(predictor, "proba", None)  # a model without predict_proba: a hard classifier
+        proba = None if proba_of is None else self.encode_proba(proba_of(images), info)
+        return self.score(y, labels, info) if proba is None else self.score(y, proba, info, labels=labels)
 
     # -- registry ---------------------------------------------------------------------------------
     def model_spec(self, cfg: "PipelineConfig", root: Path, train_dir: Path, report: dict) -> ModelSpec:
@@ -318,7 +321,8 @@ class ImageClassification(Classifier, Task):
                 "size": list(images.size), "channels": images.channels, "output": "label",
                 "class_labels": [str(c) for c in images.classes]}
         return ModelSpec(PYFUNC_FILE, meta, [("image", "binary")], [(None, "string")], example,
-                         metadata={"trainflow_kind": self.name}, checked=report.get("candidate_scored_in") == "worker")
+                         metadata={"trainflow_kind": self.name}, checked=report.get("candidate_scored_in") == "worker",
+                         params=list(self.predict_params))
 
     def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
         import torch

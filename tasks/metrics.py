@@ -12,8 +12,9 @@ Predictor = Callable[[np.ndarray], np.ndarray]  # features [n, f] -> labels [n]
 
 
 def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> dict:
-    """accuracy, macro-F1, per-class recall and the confusion matrix (rows: true, cols: predicted),
-    as scikit-learn's ``recall_score`` / ``f1_score(average="macro", zero_division=0)`` define them
+    """accuracy, balanced accuracy (the mean recall over the classes present), macro-F1, how many classes
+    were predicted, per-class recall and the confusion matrix (rows: true, cols: predicted), as
+    scikit-learn's ``recall_score`` / ``f1_score(average="macro", zero_division=0)`` define them
     (without importing it). A label outside ``0..n_classes-1`` is ignored, as with ``labels=``."""
     y_true = np.asarray(y_true).astype(np.int64, copy=False).ravel()
     y_pred = np.asarray(y_pred).astype(np.int64, copy=False).ravel()
@@ -25,9 +26,135 @@ def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, n_classes: in
     recall = np.divide(tp, support, out=np.zeros(n_classes), where=support > 0)
     denom = 2 * tp + (predicted - tp) + (support - tp)
     f1 = np.divide(2 * tp, denom, out=np.zeros(n_classes), where=denom > 0)
-    return {"accuracy": float(np.mean(y_true == y_pred)), "macro_f1": float(np.mean(f1)),
+    seen = support > 0
+    balanced = float(np.mean(recall[seen])) if seen.any() else 0.0
+    return {"accuracy": float(np.mean(y_true == y_pred)), "balanced_accuracy": balanced,
+            "macro_f1": float(np.mean(f1)), "predicted_classes": int((predicted > 0).sum()),
             "class_recall": {str(c): float(r) for c, r in enumerate(recall)}, "min_class_recall": float(recall.min()),
             "confusion_matrix": cm.tolist(), "n": int(len(y_true))}
+
+
+# Threshold-free scores: what a user ranks classifiers by. ``average_precision`` of a binary task is the
+# precision-recall AUC of its rarer class (in the scored split's truth; class 1 on a tie), the class
+# such a table is usually about; of a multiclass task the macro mean one-vs-rest, as ROC AUC's.
+LABEL_METRICS = ("accuracy", "balanced_accuracy", "macro_f1")
+# Probabilities are clipped to [EPS, 1] in the log loss (scikit-learn's float64 eps).
+EPS = float(np.finfo(np.float64).eps)
+
+
+def _ranks(v: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``v``, ties sharing their mean rank (scipy's ``rankdata``)."""
+    order = np.argsort(v, kind="mergesort")
+    s = v[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    ends = np.r_[starts[1:], len(s)]
+    mean = (starts + ends + 1) / 2.0
+    ranks = np.empty(len(v), dtype=np.float64)
+    ranks[order] = np.repeat(mean, ends - starts)
+    return ranks
+
+
+def binary_roc_auc(positive: np.ndarray, score: np.ndarray) -> float:
+    """ROC AUC of ``score`` for the boolean truth ``positive`` (the Mann-Whitney statistic, ties
+    counting one half); NaN when one side is empty."""
+    n_pos = int(positive.sum())
+    n_neg = len(positive) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    r = _ranks(np.asarray(score, dtype=np.float64))
+    return float((r[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def binary_average_precision(positive: np.ndarray, score: np.ndarray) -> float:
+    """Average precision (the step-wise precision-recall AUC) as scikit-learn's ``average_precision_score``
+    defines it: sum over distinct score thresholds of (recall gained) x precision; NaN with no positive."""
+    n_pos = int(positive.sum())
+    if n_pos == 0:
+        return float("nan")
+    order = np.argsort(-np.asarray(score, dtype=np.float64), kind="mergesort")
+    s, t = np.asarray(score, dtype=np.float64)[order], positive[order]
+    last = np.r_[np.flatnonzero(s[1:] != s[:-1]), len(s) - 1]  # the last row of each tie group
+    tp = np.cumsum(t)[last]
+    precision = tp / (last + 1)
+    recall = tp / n_pos
+    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+
+
+def ranking_metrics(y_true: np.ndarray, proba: np.ndarray) -> dict:
+    """``roc_auc``, ``average_precision`` and ``log_loss`` of class probabilities ``proba`` [n, k]
+    for the class indices ``y_true``. Binary: the scores of class 1; multiclass: the macro mean of each
+    class against the rest over the classes present (scikit-learn's ``multi_class="ovr"``)."""
+    y = np.asarray(y_true).astype(np.int64, copy=False).ravel()
+    p = np.asarray(proba, dtype=np.float64)
+    n, k = p.shape
+    if n == 0:
+        return {"roc_auc": float("nan"), "average_precision": float("nan"), "log_loss": float("nan")}
+    norm = p / np.clip(p.sum(1, keepdims=True), EPS, None)  # for the log loss only: it moves ties
+    inside = (y >= 0) & (y < k)
+    picked = np.where(inside, norm[np.arange(n), np.clip(y, 0, k - 1)], 0.0)
+    log_loss = float(-np.mean(np.log(np.clip(picked, EPS, 1.0))))
+    if k == 2:
+        pos = y == 1
+        rare = 0 if int(pos.sum()) > n - int(pos.sum()) else 1
+        return {"roc_auc": binary_roc_auc(pos, p[:, 1]),
+                "average_precision": binary_average_precision(y == rare, p[:, rare]), "log_loss": log_loss}
+    present = [c for c in range(k) if 0 < int((y == c).sum()) < n]
+    auc = [binary_roc_auc(y == c, p[:, c]) for c in present]
+    ap = [binary_average_precision(y == c, p[:, c]) for c in present]
+    return {"roc_auc": float(np.mean(auc)) if auc else float("nan"),
+            "average_precision": float(np.mean(ap)) if ap else float("nan"), "log_loss": log_loss}
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax in float64, stable for large logits."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = np.exp(z - z.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
+
+def labels_of(proba: np.ndarray, threshold: float | None = None) -> np.ndarray:
+    """Class indices of probabilities [n, k]: the argmax, or for two classes with a ``threshold``,
+    class 1 where its probability is at least the threshold."""
+    p = np.asarray(proba, dtype=np.float64)
+    if threshold is not None and p.shape[1] == 2:
+        return (p[:, 1] >= threshold).astype(np.int64)
+    return p.argmax(1).astype(np.int64)
+
+
+def tune_threshold(y_true: np.ndarray, p1: np.ndarray, metric: str) -> tuple[float, float]:
+    """``(threshold, value)``: the cut on class 1's probability ``p1`` (class 1 where ``p1 >= threshold``)
+    that maximises ``metric`` (one of ``LABEL_METRICS``) on these rows, as scikit-learn's
+    ``TunedThresholdClassifierCV`` does on a held-out split. Each distinct probability is tried; the cut
+    lies halfway to the next lower one; of equal scores the cut nearest 0.5 wins (0.5 without rows)."""
+    if metric not in LABEL_METRICS:
+        raise ValueError(f"tune_threshold: {metric!r} is not one of {LABEL_METRICS}")
+    y = np.asarray(y_true).astype(np.int64, copy=False).ravel() == 1
+    p = np.asarray(p1, dtype=np.float64).ravel()
+    if len(p) == 0:
+        return 0.5, float("nan")
+    values = np.unique(p)[::-1]  # descending: each is a cut, everything >= it predicted class 1
+    lower = np.r_[values[1:], -np.inf]
+    cuts = np.where(np.isfinite(lower), (values + lower) / 2, values)
+    cuts = np.r_[cuts, np.nextafter(values[0], np.inf)]  # and the cut that predicts class 0 everywhere
+    ps, ns = np.sort(p[y]), np.sort(p[~y])
+    tp = len(ps) - np.searchsorted(ps, cuts, side="left")
+    fp = len(ns) - np.searchsorted(ns, cuts, side="left")
+    fn, tn = len(ps) - tp, len(ns) - fp
+    n = len(p)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if metric == "accuracy":
+            score = (tp + tn) / n
+        elif metric == "balanced_accuracy":
+            parts = [tp / len(ps)] if len(ps) else []
+            parts += [tn / len(ns)] if len(ns) else []
+            score = np.mean(parts, axis=0)
+        else:
+            f1 = np.where(2 * tp + fp + fn > 0, 2 * tp / (2 * tp + fp + fn), 0.0)
+            f0 = np.where(2 * tn + fp + fn > 0, 2 * tn / (2 * tn + fp + fn), 0.0)
+            score = (f1 + f0) / 2
+    best = np.flatnonzero(score >= score.max() - 1e-12)
+    pick = best[np.argmin(np.abs(cuts[best] - 0.5))]
+    return float(cuts[pick]), float(score[pick])
 
 
 def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict:
@@ -117,53 +244,11 @@ def confusion_png(matrix: list[list[int]], path: Path, title: str, names: list[s
 
 # -- scores of class probabilities (per-epoch validation; training.early_stopping.metric) -----------
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    z = np.asarray(logits, dtype=np.float64)
-    z = np.exp(z - z.max(axis=1, keepdims=True))
-    return z / z.sum(axis=1, keepdims=True)
-
-
-def binary_roc_auc(score: np.ndarray, positive: np.ndarray) -> float:
-    """ROC AUC as the Mann-Whitney statistic (tied scores share their average rank); nan when one
-    side is empty. Equals scikit-learn's ``roc_auc_score``."""
-    positive = np.asarray(positive, dtype=bool)
-    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
-    if not n_pos or not n_neg:
-        return float("nan")
-    _, inverse, counts = np.unique(score, return_inverse=True, return_counts=True)
-    ranks = (np.cumsum(counts) - (counts - 1) / 2.0)[inverse]
-    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
-
-
-def binary_average_precision(score: np.ndarray, positive: np.ndarray) -> float:
-    """Average precision, sum over thresholds of (R_n - R_{n-1}) P_n, as scikit-learn's
-    ``average_precision_score`` defines it; nan with no positive."""
-    positive = np.asarray(positive, dtype=bool)
-    if not positive.any():
-        return float("nan")
-    order = np.argsort(-np.asarray(score, dtype=np.float64), kind="mergesort")
-    s, hit = np.asarray(score, dtype=np.float64)[order], positive[order]
-    last = np.r_[np.flatnonzero(np.diff(s)), len(s) - 1]  # the last index of each distinct score
-    tps = np.cumsum(hit)[last]
-    precision, recall = tps / (last + 1), tps / positive.sum()
-    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
-
-
 def probability_scores(y_true: np.ndarray, proba: np.ndarray) -> dict:
-    """balanced accuracy, macro-F1, ROC AUC and average precision (binary: of the second class;
-    more classes: one-vs-rest, macro over the classes present) and log loss of class probabilities
-    ``proba`` [n, classes] against class indices ``y_true``."""
-    y = np.asarray(y_true).astype(np.int64, copy=False).ravel()
+    """balanced accuracy and macro-F1 of the argmax, and ``ranking_metrics`` (ROC AUC, average precision,
+    log loss) of class probabilities ``proba`` [n, classes] against class indices ``y_true``: the same
+    figures the evaluation reports, so early stopping follows the metric the gates judge by."""
     p = np.asarray(proba, dtype=np.float64)
-    k = p.shape[1]
-    base = classification_metrics(y, p.argmax(1), k)
-    support = np.bincount(y, minlength=k) > 0
-    recall = np.array([base["class_recall"][str(c)] for c in range(k)])
-    columns = [1] if k == 2 else [c for c in range(k) if support[c]]
-    auc = [binary_roc_auc(p[:, c], y == c) for c in columns]
-    ap = [binary_average_precision(p[:, c], y == c) for c in columns]
-    picked = np.clip(p[np.arange(len(y)), y], 1e-15, 1.0)
-    return {"balanced_accuracy": float(recall[support].mean()) if support.any() else 0.0,
-            "macro_f1": base["macro_f1"], "roc_auc": float(np.nanmean(auc)) if auc else float("nan"),
-            "average_precision": float(np.nanmean(ap)) if ap else float("nan"),
-            "log_loss": float(-np.mean(np.log(picked))) if len(y) else float("nan")}
+    base = classification_metrics(y_true, p.argmax(1), p.shape[1])
+    return {"balanced_accuracy": base["balanced_accuracy"], "macro_f1": base["macro_f1"],
+            **ranking_metrics(y_true, p)}

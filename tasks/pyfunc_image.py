@@ -3,7 +3,8 @@
 MLflow copies this file into the logged model, so it imports no project code. ``predict`` takes a
 DataFrame with a column ``image`` of encoded files (bytes, or base64 text), decodes each one as
 ``tasks/image_data.py`` does (``tests/unit/test_image_task.py`` checks that the two agree) and
-returns the class names. The program takes pixels (0..255, float32 ``[n, c, h, w]``).
+returns the class names, or with ``params={"predict_method": "predict_proba"}`` a DataFrame of class
+probabilities, a column per class name. The program takes pixels (0..255, float32 ``[n, c, h, w]``).
 """
 
 import io
@@ -62,15 +63,30 @@ class ExportedImageClassifier(mlflow.pyfunc.PythonModel):
         return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 
     def predict(self, context, model_input: pd.DataFrame, params=None):
+        method = (params or {}).get("predict_method") or "predict"
+        if method not in ("predict", "predict_proba"):
+            raise ValueError(f"params.predict_method: must be one of predict, predict_proba, got {method!r}")
         if not isinstance(model_input, pd.DataFrame) or "image" not in model_input.columns:
             raise ValueError("expected a DataFrame with a column 'image' of encoded image files (bytes)")
         if len(model_input) == 0:
-            return np.empty(0, dtype=object)
+            return (pd.DataFrame(np.empty((0, len(self.class_labels))), columns=self.class_labels.tolist())
+                    if method == "predict_proba" else np.empty(0, dtype=object))
         x = np.stack([self._pixels(v, i) for i, v in enumerate(model_input["image"])]).astype(np.float32)
         torch = self._torch
         with torch.inference_mode():
             logits = self.program(torch.from_numpy(x))
-        return self.class_labels[logits.argmax(dim=1).numpy()]
+        proba = _softmax(logits.numpy())
+        if method == "predict_proba":
+            return pd.DataFrame(proba, columns=self.class_labels.tolist())
+        return self.class_labels[proba.argmax(axis=1)]
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    """Class probabilities in float64, computed as ``tasks/metrics.py``'s ``softmax`` (the same bits as
+    the evaluation's, so a rescored model's ranking metrics equal its recorded ones)."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = np.exp(z - z.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
 
 
 mlflow.models.set_model(ExportedImageClassifier())

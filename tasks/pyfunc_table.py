@@ -4,8 +4,11 @@ MLflow copies this file into the logged model, so it imports no project code; it
 the model is logged, so torch is imported in ``load_context`` only. The program maps float32
 encoded rows to ``[batch, n_outputs]``; ``meta.json`` holds the feature columns with their kind
 (categorical ones with their vocabulary) and ``output``: ``label`` (``class_labels`` in order) or
-``value`` (a regression's, in the target's units). ``predict`` takes the raw DataFrame a client
-has and encodes it as ``tasks/encoding.py`` does (``tests/unit/test_table_encoding.py`` checks it).
+``value`` (a regression's, in the target's units), and a binary classifier's ``threshold`` (class 1
+where its probability is at least that). ``predict`` takes the raw DataFrame a client has and
+encodes it as ``tasks/encoding.py`` does (``tests/unit/test_table_encoding.py`` checks it); a
+classifier returns labels, or with ``params={"predict_method": "predict_proba"}`` a DataFrame of
+class probabilities, a column per class named by its label.
 """
 
 import json
@@ -34,10 +37,12 @@ class ExportedTable(mlflow.pyfunc.PythonModel):
         labels = meta.get("class_labels")
         self.class_labels = None if labels is None else np.asarray(labels, dtype=object if any(
             isinstance(c, str) for c in labels) else np.int64)
+        self.threshold = meta.get("threshold")
         self.program = torch.export.load(context.artifacts["model"]).module()
 
     # The pd.DataFrame hint keeps MLflow from inferring a schema from type hints; arrays are accepted too.
     def predict(self, context, model_input: pd.DataFrame, params=None):
+        method = _method(params, self.class_labels is not None)
         if isinstance(model_input, pd.DataFrame):
             missing = [c for c in self.feature_columns if c not in model_input.columns]
             if missing:
@@ -62,6 +67,8 @@ class ExportedTable(mlflow.pyfunc.PythonModel):
             values = np.asarray(model_input, dtype=np.float32)
         if values.ndim != 2 or values.shape[1] != len(self.columns):
             raise ValueError(f"expected [rows, {len(self.columns)}] features, got {list(values.shape)}")
+        if values.shape[0] == 0 and method == "predict_proba":
+            return pd.DataFrame(np.empty((0, len(self.class_labels))), columns=self.class_labels.tolist())
         if values.shape[0] == 0:
             return np.empty(0, dtype=np.float64 if self.class_labels is None else self.class_labels.dtype)
         if np.isinf(values).any():
@@ -73,7 +80,12 @@ class ExportedTable(mlflow.pyfunc.PythonModel):
             logits = self.program(torch.tensor(values))
         if self.class_labels is None:  # a regression: the one output, in the target's units
             return logits[:, 0].double().numpy()
-        return self.class_labels[logits.argmax(dim=1).numpy()]
+        proba = _softmax(logits.numpy())
+        if method == "predict_proba":
+            return pd.DataFrame(proba, columns=self.class_labels.tolist())
+        if self.threshold is not None and proba.shape[1] == 2:
+            return self.class_labels[(proba[:, 1] >= self.threshold).astype(np.int64)]
+        return self.class_labels[proba.argmax(axis=1)]
 
     def _codes(self, s: pd.Series, vocab: pd.Index) -> np.ndarray:
         """A categorical column's codes: its values' text forms looked up in the vocabulary."""
@@ -109,6 +121,15 @@ def _date_parts(s: pd.Series, fmt: str) -> dict:
     return out
 
 
+def _method(params, classifier: bool) -> str:
+    """``params["predict_method"]``: ``predict`` (labels or values) or a classifier's ``predict_proba``."""
+    method = (params or {}).get("predict_method") or "predict"
+    allowed = ("predict", "predict_proba") if classifier else ("predict",)
+    if method not in allowed:
+        raise ValueError(f"params.predict_method: must be one of {', '.join(allowed)}, got {method!r}")
+    return method
+
+
 def _text(v) -> str:
     """A category's text form: True/False, whole numbers without ".0", else str()."""
     if isinstance(v, (bool, np.bool_)):
@@ -116,6 +137,14 @@ def _text(v) -> str:
     if isinstance(v, (float, np.floating)) and float(v).is_integer() and abs(v) < 2**53:
         return str(int(v))
     return str(v)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    """Class probabilities in float64, computed as ``tasks/metrics.py``'s ``softmax`` (the same bits as
+    the evaluation's, so a rescored model's ranking metrics equal its recorded ones)."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = np.exp(z - z.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
 
 
 mlflow.models.set_model(ExportedTable())

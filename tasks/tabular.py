@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from core.config import PipelineConfig
 
 # Bump when a metric's definition or computation changes: recorded champion scores then stop matching.
-METRICS_VERSION = 2
+METRICS_VERSION = 3
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_table.py")
 # The gradient-boosted trees beside the candidate fit on at most this many train rows (a seeded sample).
 GBDT_MAX_ROWS = 200_000
@@ -195,7 +195,8 @@ class _Table(Task):
                 "leak_policy": "warn" if dup.get("test_in_train") else None,
                 "training": {"epochs": INIT_EPOCHS, "batch_size": batch, "base_batch": batch,
                              "early_stopping": {"patience": patience}},
-                "patience_why": patience_why, "class_label": self.classification}
+                "patience_why": patience_why, "class_label": self.classification,
+                **(_metric_choice(both[label].dropna()) if self.classification and label in both else {})}
 
     # -- validation ---------------------------------------------------------------------------
     def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
@@ -395,8 +396,18 @@ class _Table(Task):
         return self.frames(cfg, root)["test"], p["xt"], p["yt"], p["info"]
 
     def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
+        val = self.validation_split(cfg, root)
         write_program_scores(out, self.prepared(cfg, root)["xt"], self.decode,
-                             self.scoring_key(cfg, root)["split_sha256"])
+                             self.scoring_key(cfg, root)["split_sha256"], None if val is None else val[0])
+
+    def validation_split(self, cfg: "PipelineConfig", root: Path) -> tuple | None:
+        """A classifier's held-out train rows (``holdout`` with the config's seed, as in-memory training
+        validates on); None for a regression (nothing to tune)."""
+        if not self.classification:
+            return None
+        p = self.prepared(cfg, root)
+        _, hold = self.holdout(p["y"], cfg, cfg.seed)
+        return p["x"][hold], p["y"][hold]
 
     def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
         from core.hashing import file_sha256, sha256_json
@@ -458,14 +469,16 @@ class _Table(Task):
                                                                       if c["kind"] == "categorical" else {}),
                              **{k: c[k] for k in ("source", "part", "format") if k in c}}
                             for c in info.columns],
-                "codes": {"missing": MISSING_CODE, "other": OTHER_CODE, "first": FIRST_CODE}, **output}
+                "codes": {"missing": MISSING_CODE, "other": OTHER_CODE, "first": FIRST_CODE}, **output,
+                **({"threshold": report["candidate"]["threshold"]}
+                   if report.get("candidate", {}).get("threshold") is not None else {})}
         # The data's other columns (an excluded id), not the label: a client sending the table's rows
         # as they are gets no warning for them.
         unused = [c for c in frame.columns if c not in info.features and c != cfg.dataset.label]
         return ModelSpec(PYFUNC_FILE, meta, [(c, info.dtypes[c]) for c in info.features],
                          [(None, output_type)], example,
                          checked=report.get("candidate_scored_in") == "worker",
-                         optional_inputs=[str(c) for c in unused])
+                         optional_inputs=[str(c) for c in unused], params=list(self.predict_params))
 
     def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
         import torch
@@ -539,6 +552,15 @@ class Classification(Classifier, _Table):
         output_type = "string" if any(isinstance(c, str) for c in info.classes) else "long"
         return {"output": "label", "class_labels": info.classes}, output_type
 
+    def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
+        """The champion's labels as it serves them, and its class probabilities where it gives them
+        (``predict_method: predict_proba``; a model without them is scored as a hard classifier)."""
+        frame, _, y, info = self.eval_data(cfg, root)
+        labels = self.encode(predictor(frame[info.features]), info)
+        proba_of = getattr(predictor, "proba", None)
+        proba = None if proba_of is None else self.encode_proba(proba_of(frame[info.features]), info)
+        return self.score(y, labels, info) if proba is None else self.score(y, proba, info, labels=labels)
+
 
 class Regression(_Table):
     name = "regression"
@@ -611,6 +633,33 @@ class Regression(_Table):
 
     def _output(self, info: TableInfo) -> tuple[dict, str]:
         return {"output": "value"}, "double"
+
+
+# A class set is imbalanced when its rarest class has less than this share of an even split (1/k):
+# under 20 % for two classes, under 8 % for five.
+IMBALANCED_SHARE = 0.4
+
+
+def _metric_choice(labels: "pd.Series") -> dict:
+    """``trainflow init``'s metric for a label column: accuracy for balanced classes; when the rarest class
+    is under ``IMBALANCED_SHARE`` of an even split, a ranking metric (two classes: average precision, the
+    rare class's precision-recall AUC; more: ROC AUC one-vs-rest) and class-balanced loss weights.
+    ``{"metric": (primary_metric or None, why), "class_weight": (value, why) | None}``."""
+    shares = labels.map(label_key).value_counts(normalize=True)
+    if len(shares) < 2:
+        return {}
+    rare, share, k = shares.index[-1], float(shares.iloc[-1]), len(shares)
+    if share >= IMBALANCED_SHARE / k:
+        return {"metric": (None, f"accuracy: the classes are balanced enough (the rarest, {rare!r}, is "
+                                 f"{share:.1%} of the rows)"), "class_weight": None}
+    metric = "average_precision" if k == 2 else "roc_auc"
+    what = ("the precision-recall AUC of the rare class" if k == 2 else "how well each class is ranked above the rest")
+    return {"metric": (metric, f"{metric}: the rarest class {rare!r} is {share:.1%} of the rows, so predicting "
+                               f"{shares.index[0]!r} everywhere scores {float(shares.iloc[0]):.1%} accuracy; "
+                               f"{metric} measures {what}, and a constant predictor gets no credit"),
+            "class_weight": ("balanced", f"balanced: {rare!r} weighs {float(shares.iloc[0]) / share:.0f}x a "
+                                         f"{shares.index[0]!r} row in the loss, so the network does not settle "
+                                         "on the majority")}
 
 
 def _id_like(name: str, s: "pd.Series") -> str | None:

@@ -84,11 +84,43 @@ def churn(n: int = 50_000, seed: int = 0) -> pd.DataFrame:
     return df
 
 
+def loans(n: int = 4000, seed: int = 0, bad_share: float = 0.05) -> pd.DataFrame:
+    """Loans with a rare outcome: a ``loan_id``, a string purpose and housing, an income with missing
+    cells, a debt ratio, an integer count of late payments, and ``status`` "bad" in about
+    ``bad_share`` of the rows (a logistic function of them), "good" in the rest."""
+    rng = np.random.default_rng(seed)
+    purpose = rng.choice(["car", "home", "study", "business", "travel"], n, p=[0.3, 0.3, 0.15, 0.15, 0.1])
+    housing = rng.choice(["rent", "own", "mortgage"], n)
+    income = rng.lognormal(10.5, 0.5, n)
+    debt = rng.beta(2, 5, n)
+    late = np.minimum(rng.poisson(0.6, n), 6)
+    z = (2.5 * debt + 0.9 * late - 1.2 * (np.log(income) - 10.5) + np.where(purpose == "business", 1.0, 0.0)
+         + np.where(purpose == "travel", 0.6, 0.0) - np.where(housing == "own", 0.7, 0.0))
+    z = z - np.quantile(z, 1 - bad_share) + 1.5  # about bad_share above the logistic's midpoint region
+    p = 1 / (1 + np.exp(-2.0 * z))
+    order = np.argsort(-(p + rng.normal(0, 0.02, n)))
+    bad = np.zeros(n, dtype=bool)
+    bad[order[rng.random(n)[order] < p[order]][: int(round(n * bad_share))]] = True  # exactly the share
+    df = pd.DataFrame({"loan_id": np.arange(100_000, 100_000 + n), "purpose": purpose.astype(object),
+                       "housing": housing.astype(object), "income": income.round(0), "debt_ratio": debt.round(3),
+                       "late_payments": late, "status": np.where(bad, "bad", "good").astype(object)})
+    df.loc[rng.choice(n, n // 40, replace=False), "income"] = np.nan
+    return df
+
+
+def loans_split(rows: int = 4000, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """Given train and test files (a quarter of the rows), each with the same share of bad loans."""
+    df = loans(rows, seed)
+    test = df.groupby("status", group_keys=False).sample(frac=0.25, random_state=seed).sort_index()
+    return {"train": df.drop(test.index).reset_index(drop=True), "test": test.reset_index(drop=True)}
+
+
 # name -> (files written into the dataset folder, label): what init is pointed at.
 SHAPES = {
     "penguins": ("species", lambda: {"penguins.csv": penguins()}),
     "houses": ("price", lambda: {f"{k}.csv": v for k, v in houses_split().items()}),
     "churn": ("churned", lambda: {"churn.parquet": churn()}),
+    "loans": ("status", lambda: {f"{k}.csv": v for k, v in loans_split().items()}),
 }
 
 

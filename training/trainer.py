@@ -138,6 +138,8 @@ class Trainer:
         self.sink, self.config_id, self.data_md5, self.force_resume = sink, config_id, data_md5, force_resume
         t = cfg.training
         self.task = get_task(cfg.task)
+        if t.class_weight == "balanced":  # the loss counts each class alike (tasks.base.Classifier)
+            self.task = self.task.with_class_weights(_train_labels(data), len(data.info.classes))
         self.strategy = build_strategy(t.strategy, ctx, t.precision, t.parallel, self.task.parallel_plan(cfg),
                                        t.batch_size)
         self.strategy.task = self.task
@@ -446,3 +448,10 @@ class Trainer:
         result.ranks = all_gather_object(self.ctx, mine)
         self.sink.finish()
         return result
+
+
+def _train_labels(data: Splits):
+    """The train split's class indices; a streamed train split's held-out rows stand in (a stratified
+    sample of it, so the same class shares)."""
+    tensors = getattr(data.train, "tensors", None)
+    return (tensors[1] if tensors is not None else data.val.tensors[1]).numpy()

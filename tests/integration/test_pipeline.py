@@ -96,7 +96,7 @@ def test_full_flow_registers_champion_with_manifest_tags(first_run, state, bundl
     assert s["metrics"]["accuracy"] >= 0.95
     assert s["training"]["world_size"] == 2 and s["training"]["backend"] == "gloo"
     assert s["candidate_scored_in"] == "worker"  # rank 0 scored the program it exported
-    assert all(g["passed"] for g in s["gates"]) and len(s["gates"]) == 5  # 4 thresholds + baseline; no champion yet
+    assert all(g["passed"] for g in s["gates"]) and len(s["gates"]) == 6  # 4 thresholds, classes, baseline; no champion
     assert s["tracking_uri"].startswith("sqlite:////")
     mv = client().get_model_version_by_alias("digits-classifier", "champion")
     dvc_md5 = __import__("yaml").safe_load((bundled_data.parent / "digits.dvc").read_text())["outs"][0]["md5"]

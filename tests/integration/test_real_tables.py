@@ -205,3 +205,63 @@ def test_hotels_dates_become_parts_and_later_dates_score_as_well(project):
     assert got["inputs"]["arrival_date"] == ["string", True] and got["inputs"]["booking_id"] == ["Any", False]
     assert "Found extra inputs" not in got["warnings"] + done.stderr
     # Values of a date column that are not dates: tests/integration/test_validation_gx.py names them.
+
+
+SCORE_PROBA = """
+import json, sys
+import mlflow, numpy as np, pandas as pd
+from sklearn.metrics import roc_auc_score
+from core.paths import default_tracking_uri
+from pathlib import Path
+proj, table, label, model = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+uri = default_tracking_uri(proj / ".trainflow")
+mlflow.set_tracking_uri(uri); mlflow.set_registry_uri(uri)
+raw = pd.read_csv(table)
+loaded = mlflow.pyfunc.load_model(f"models:/{model}@champion")
+proba = loaded.predict(raw.drop(columns=[label]), params={"predict_method": "predict_proba"})
+labels = np.asarray(loaded.predict(raw.drop(columns=[label])))
+truth = raw[label].to_numpy()
+from mlflow.models import validate_serving_input  # the scoring server's own parsing and predict call
+rows = raw.drop(columns=[label]).dropna().head(3).to_json(orient="split", index=False)
+served = validate_serving_input(f"models:/{model}@champion",
+                                '{"dataframe_split": ' + rows + ', "params": {"predict_method": "predict_proba"}}')
+print(json.dumps({"columns": [str(c) for c in proba.columns], "served": [str(c) for c in served.columns], "row_sums": proba.sum(axis=1).round(9).unique().tolist(),
+                  "roc_auc": float(roc_auc_score(truth == "bad", proba["bad"])),
+                  "accuracy": float(np.mean(labels == truth)), "predicted": sorted(set(labels.tolist())),
+                  "params": [p.name for p in loaded.metadata.get_params_schema().params]}))
+"""
+
+
+def test_loans_with_five_percent_bad_go_from_init_to_a_champion_judged_by_average_precision(project):
+    """A rare class: init picks average precision and balanced loss weights and says why; the run passes
+    the baseline gate on that metric, reports the ranking metrics for the candidate, the trees and the
+    baseline, and the champion's probabilities, through the pyfunc in a fresh process, give the ROC AUC
+    the summary reported (its labels, cut at the registered threshold, the accuracy)."""
+    report, s, err = init_and_run(project, "loans")
+    ch = report["choices"]
+    assert ch["metric"][0] == "average_precision" and "5.0% of the rows" in ch["metric"][1]
+    assert ch["class_weight"][0] == "balanced" and list(ch["exclude"]) == ["loan_id"]
+    config = (project / "configs" / "loans.yaml").read_text()
+    assert "primary_metric: average_precision" in config and "class_weight: balanced" in config
+    assert "#   metric:       average_precision: the rarest class 'bad' is 5.0% of the rows" in config
+    ranking = ("roc_auc", "average_precision", "log_loss", "balanced_accuracy")
+    for who in ("metrics", "gbdt", "baseline"):
+        assert all(np.isfinite(s[who][k]) for k in ranking), (who, s[who])
+    assert s["baseline"]["roc_auc"] == 0.5 and abs(s["baseline"]["average_precision"] - 0.05) < 1e-9
+    check_beside_the_trees(s, err, "average_precision")
+    gates = {g["name"]: g for g in s["gates"]}
+    assert gates["average_precision_vs_baseline"]["passed"] and gates["predicted_classes"]["value"] == 2
+    assert s["metrics"]["roc_auc"] >= 0.85 and s["metrics"]["balanced_accuracy"] >= 0.7
+    assert "baseline" in err and "roc_auc 0.5000" in err
+    assert 0 < s["threshold"]["value"] < 1 and s["threshold"]["tuned_for"] == "macro_f1"
+    done = subprocess.run([sys.executable, "-c", SCORE_PROBA, str(project), str(project / "data/loans/test.csv"),
+                           "status", "loans"], cwd=project, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["columns"] == got["served"] == ["bad", "good"] and got["row_sums"] == [1.0]
+    assert got["params"] == ["predict_method"]
+    assert abs(got["roc_auc"] - s["metrics"]["roc_auc"]) < 1e-6
+    assert abs(got["accuracy"] - s["metrics"]["accuracy"]) < 1e-9 and got["predicted"] == ["bad", "good"]
+    assert "no params schema" not in done.stderr
+    gate_md = next((project / ".trainflow").glob("runs/*/evaluation/gate.md")).read_text()
+    assert "| bad |" in gate_md and "| good |" in gate_md and "Judged by average_precision" in gate_md

@@ -12,7 +12,7 @@ import evaluation.recorded as recorded
 import tasks.tabular as tabular
 from core.config import PipelineConfig
 from tasks import get_task
-from tasks.metrics import classification_metrics, confusion_layout, confusion_png
+from tasks.metrics import classification_metrics, confusion_layout, confusion_png, ranking_metrics
 
 CLS = get_task("classification")
 LM = get_task("lm")
@@ -40,8 +40,9 @@ def split(tmp_path):
 
 
 def metrics():
-    m = classification_metrics(np.array([0, 0, 1, 1, 2, 2]), np.array([0, 1, 1, 1, 2, 0]), 3)
-    return {**m, "latency_p95_ms": 1.5}
+    y, p = np.array([0, 0, 1, 1, 2, 2]), np.array([0, 1, 1, 1, 2, 0])
+    m = classification_metrics(y, p, 3)
+    return {**m, **ranking_metrics(y, np.eye(3)[p] * 0.8 + 0.2 / 3), "latency_p95_ms": 1.5}
 
 
 def test_recorded_scores_round_trip_exactly_under_the_same_key(split):
