@@ -71,7 +71,10 @@ def make_ctx(store, project: Path, model_name: str, tmp_path: Path):
     run_id = start_run(store["experiment_id"], "recorded", {"config_name": cfg.name})
     out = tmp_path / run_id
     out.mkdir(parents=True)
-    return RunContext(cfg, get_task(cfg.task), project, store["root"], store["uri"], run_id, manifest, out)
+    from training.plan import HostFacts, plan_launch
+
+    return RunContext(cfg, get_task(cfg.task), project, store["root"], store["uri"], run_id, manifest, out,
+                      plan_launch(cfg, HostFacts(), 2))
 
 
 @pytest.fixture

@@ -99,7 +99,10 @@ def make_ctx(store, project: Path, model_name: str, home: Path):
     run_id = start_run(store["experiment_id"], "integrity", {"config_name": cfg.name})
     out = home / "runs" / run_id
     out.mkdir(parents=True)
-    return RunContext(cfg, get_task(cfg.task), project, home, store["uri"], run_id, manifest, out)
+    from training.plan import HostFacts, plan_launch
+
+    return RunContext(cfg, get_task(cfg.task), project, home, store["uri"], run_id, manifest, out,
+                      plan_launch(cfg, HostFacts(), 2))
 
 
 def candidate(program: Path) -> dict:
