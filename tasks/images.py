@@ -237,8 +237,20 @@ class ImageClassification(Classifier, Task):
 
     def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
         x, _ = self._pixels(cfg, root, "test")
+        val = self.validation_split(cfg, root)
         write_program_scores(out, np.asarray(x, dtype=np.float32), self.decode,
-                             self.scoring_key(cfg, root)["split_sha256"])
+                             self.scoring_key(cfg, root)["split_sha256"], None if val is None else val[0])
+
+    def validation_split(self, cfg: "PipelineConfig", root: Path) -> tuple | None:
+        """Two classes: the train images held out for per-epoch validation (``load_data``'s seeded rows),
+        where the decision threshold is tuned; more classes: None (the argmax, nothing to tune)."""
+        from tasks.splits import stratified_holdout
+
+        if len(cfg.dataset.images.classes) != 2:
+            return None
+        x, y = self._pixels(cfg, root, "train")
+        _, hold = stratified_holdout(y, cfg.dataset.val_fraction, cfg.seed)
+        return np.asarray(x[hold], dtype=np.float32), y[hold]
 
     # -- evaluation hooks (the "predictions" evaluator) -------------------------------------------
     def eval_data(self, cfg: "PipelineConfig", root: Path) -> tuple["pd.DataFrame", np.ndarray, np.ndarray, ImageInfo]:
@@ -319,7 +331,9 @@ class ImageClassification(Classifier, Task):
         example = pd.DataFrame({"image": [(base / p).read_bytes() for p, _ in picked]})
         meta = {"format": "torch.export", "input_dtype": "float32", "input": "pixels 0..255 [n, c, h, w]",
                 "size": list(images.size), "channels": images.channels, "output": "label",
-                "class_labels": [str(c) for c in images.classes]}
+                "class_labels": [str(c) for c in images.classes],
+                **({"threshold": report["candidate"]["threshold"]}
+                   if report.get("candidate", {}).get("threshold") is not None else {})}
         return ModelSpec(PYFUNC_FILE, meta, [("image", "binary")], [(None, "string")], example,
                          metadata={"trainflow_kind": self.name}, checked=report.get("candidate_scored_in") == "worker",
                          params=list(self.predict_params))

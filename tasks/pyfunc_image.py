@@ -31,6 +31,7 @@ class ExportedImageClassifier(mlflow.pyfunc.PythonModel):
         self.size = tuple(meta["size"])
         self.mode = {1: "L", 3: "RGB"}[int(meta["channels"])]
         self.class_labels = np.asarray(meta["class_labels"], dtype=object)
+        self.threshold = meta.get("threshold")  # two classes: the second where its probability is >= it
         self.program = torch.export.load(context.artifacts["model"]).module()
 
     def _pixels(self, data, row: int) -> np.ndarray:
@@ -78,6 +79,8 @@ class ExportedImageClassifier(mlflow.pyfunc.PythonModel):
         proba = _softmax(logits.numpy())
         if method == "predict_proba":
             return pd.DataFrame(proba, columns=self.class_labels.tolist())
+        if self.threshold is not None and proba.shape[1] == 2:
+            return self.class_labels[(proba[:, 1] >= self.threshold).astype(np.int64)]
         return self.class_labels[proba.argmax(axis=1)]
 
 

@@ -213,9 +213,10 @@ import mlflow, numpy as np, pandas as pd
 from sklearn.metrics import roc_auc_score
 from core.paths import default_tracking_uri
 from pathlib import Path
-proj, table, label, model = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+proj, table, label, model, run_id = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 uri = default_tracking_uri(proj / ".trainflow")
 mlflow.set_tracking_uri(uri); mlflow.set_registry_uri(uri)
+logged = sorted(mlflow.tracking.MlflowClient().get_run(run_id).data.metrics)
 raw = pd.read_csv(table)
 loaded = mlflow.pyfunc.load_model(f"models:/{model}@champion")
 proba = loaded.predict(raw.drop(columns=[label]), params={"predict_method": "predict_proba"})
@@ -225,7 +226,8 @@ from mlflow.models import validate_serving_input  # the scoring server's own par
 rows = raw.drop(columns=[label]).dropna().head(3).to_json(orient="split", index=False)
 served = validate_serving_input(f"models:/{model}@champion",
                                 '{"dataframe_split": ' + rows + ', "params": {"predict_method": "predict_proba"}}')
-print(json.dumps({"columns": [str(c) for c in proba.columns], "served": [str(c) for c in served.columns], "row_sums": proba.sum(axis=1).round(9).unique().tolist(),
+print(json.dumps({"columns": [str(c) for c in proba.columns], "served": [str(c) for c in served.columns],
+                  "logged": logged, "row_sums": proba.sum(axis=1).round(9).unique().tolist(),
                   "roc_auc": float(roc_auc_score(truth == "bad", proba["bad"])),
                   "accuracy": float(np.mean(labels == truth)), "predicted": sorted(set(labels.tolist())),
                   "params": [p.name for p in loaded.metadata.get_params_schema().params]}))
@@ -255,11 +257,12 @@ def test_loans_with_five_percent_bad_go_from_init_to_a_champion_judged_by_averag
     assert "baseline" in err and "roc_auc 0.5000" in err
     assert 0 < s["threshold"]["value"] < 1 and s["threshold"]["tuned_for"] == "macro_f1"
     done = subprocess.run([sys.executable, "-c", SCORE_PROBA, str(project), str(project / "data/loans/test.csv"),
-                           "status", "loans"], cwd=project, env=_env(), capture_output=True, text=True, timeout=300)
+                           "status", "loans", s["mlflow_run_id"]], cwd=project, env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["columns"] == got["served"] == ["bad", "good"] and got["row_sums"] == [1.0]
     assert got["params"] == ["predict_method"]
+    assert {f"{who}/{k}" for who in ("test", "gbdt", "baseline") for k in ranking} <= set(got["logged"])
     assert abs(got["roc_auc"] - s["metrics"]["roc_auc"]) < 1e-6
     assert abs(got["accuracy"] - s["metrics"]["accuracy"]) < 1e-9 and got["predicted"] == ["bad", "good"]
     assert "no params schema" not in done.stderr

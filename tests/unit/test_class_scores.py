@@ -76,6 +76,9 @@ def test_the_image_pyfunc_returns_probabilities_named_by_the_classes(tmp_path):
     assert list(proba.columns) == ["cat", "dog", "owl"]
     np.testing.assert_allclose(proba.sum(axis=1), 1.0)
     assert list(model.predict(None, frame)) == ["dog", "cat"]
+    two = {**meta, "class_labels": ["cat", "dog"], "threshold": 0.2}
+    cut = _pyfunc("pyfunc_image.py", "ExportedImageClassifier", two, tmp_path, torch.tensor([[0.0, -1.0], [3.0, 0.0]]))
+    assert list(cut.predict(None, frame)) == ["dog", "cat"]  # p(dog) 0.27 and 0.05 against the cut 0.2
 
 
 def test_the_signature_declares_predict_method_so_mlflow_passes_it_through():

@@ -16,9 +16,9 @@ import pytest
 import torch
 from PIL import Image
 
-from core.config import DatasetConfig, ImageExpectations, ImagesConfig, config_from_dict
+from core.config import DatasetConfig, ImageExpectations, ImagesConfig, PipelineConfig, config_from_dict
 from core.errors import ConfigError, DataUnavailableError
-from tasks import image_data, task_for
+from tasks import get_task, image_data, task_for
 from tasks.image_data import cached_pixels, decode, list_images, profile
 from tasks.image_nets import Augment, ImageInput, ResNet18, image_cnn, load_weights
 from tasks.images import _class_order, _init_size
@@ -428,3 +428,16 @@ def test_a_missing_image_folder_names_it_and_its_dvc_file_and_says_dvc_pull(tmp_
         list_images(cfg, tmp_path, seed=0)
     assert str(err.value) == (f"{tmp_path / 'data/gone'} does not exist. The DVC-tracked data (data/gone.dvc) is "
                               "missing from the workspace; run `dvc pull` (or check dataset.path)")
+
+
+def test_a_two_class_image_task_tunes_its_threshold_on_the_rows_training_validates_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+    _clean_folder(tmp_path / "data")
+    task = get_task("image_classification")
+    cfg = PipelineConfig(name="t", task="image_classification", dataset=_suite_cfg().model_dump())
+    x, y = task.validation_split(cfg, tmp_path)
+    val = task.load_data(cfg, tmp_path, cfg.seed).val.tensors
+    assert np.array_equal(x, val[0].numpy()) and np.array_equal(y, val[1].numpy()) and x.dtype == np.float32
+    three = _suite_cfg().model_dump()
+    three["images"]["classes"] = ["a", "b", "c"]
+    assert task.validation_split(PipelineConfig(name="t", task="image_classification", dataset=three), tmp_path) is None
