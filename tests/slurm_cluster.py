@@ -125,11 +125,12 @@ def _pid_of(pid_file: Path) -> int | None:
 
 
 def _gone(pid: int) -> bool:
+    """No such process, or a zombie (exited; a container's init may never reap it)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return True
-    return False
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def _stop(pid_files: list[Path]) -> None:
