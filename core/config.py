@@ -675,6 +675,7 @@ _MESSAGES = {
     "greater_than": "must be > {gt}", "greater_than_equal": "must be >= {ge}", "less_than": "must be < {lt}",
     "less_than_equal": "must be <= {le}", "extra_forbidden": "unknown key", "missing": "required key is missing",
     "literal_error": "must be one of {expected}", "finite_number": "must be a finite number",
+    "string_pattern_mismatch": "must match {pattern}",
 }
 
 
