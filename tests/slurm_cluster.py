@@ -112,6 +112,8 @@ ReturnToService=2
 KillWait=5
 SlurmdTimeout=30
 MinJobAge=300
+# Refuse at submission what the partition can never run (many clusters do), rather than queue it.
+EnforcePartLimits=ALL
 {nodes}
 PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP
 """

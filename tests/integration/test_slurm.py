@@ -102,3 +102,26 @@ def test_a_cancelled_job_ends_cancelled_with_no_process_of_it_left(slurm_cluster
     assert seen[-1].state == "CANCELLED", seen
     poll(lambda: not job_processes(job_id), 60, f"job {job_id}'s processes to exit")
     slurm.cancel(job_id, slurm_cluster.env)  # an ended job: nothing to do, no error
+
+
+@pytest.mark.parametrize("overrides, nnodes, words", [
+    ((), 3, "Batch job submission failed: More processors requested than permitted"),
+    (("launcher.slurm.partition=nosuch",), 2, "invalid partition"),
+])
+def test_a_request_slurm_can_never_run_is_refused_with_slurms_reason(slurm_cluster, repo_root, tmp_path,
+                                                                     overrides, nnodes, words):
+    cfg = load_config(repo_root / "tests/configs/digits-engine.yaml", ["training.cpu_workers=1", *overrides])
+    request = slurm.dry_run(plan_launch(cfg, HostFacts(), nproc=1, nnodes=nnodes), tmp_path / "run", repo_root, "md5")
+    with pytest.raises(slurm.SlurmError, match=words) as err:
+        slurm.submit(request, slurm_cluster.env)
+    assert "\n" not in str(err.value)
+    assert slurm_cluster.run("squeue", "-h").stdout == ""  # nothing queued
+
+
+def test_a_job_whose_workers_fail_ends_failed(slurm_cluster, bundled_data, repo_root, tmp_path):
+    out = tmp_path / "run"
+    job_id = submit(slurm_cluster, repo_root, out, "training.max_restarts=0", "dataset.path=data/nosuch")
+    final = follow(slurm_cluster, job_id, lambda s: s.ended)[-1]
+    assert (final.state, final.nodes) == ("FAILED", ("n1", "n2")), final
+    assert final.exit_code != "0:0"
+    assert "nosuch" in (out / f"slurm-{job_id}.out").read_text()
