@@ -560,6 +560,46 @@ class RetrainConfig(_Strict):
     psi_bins: int = Field(10, ge=2)
 
 
+# A value that becomes one word of an ``#SBATCH`` line: no spaces, quotes or newlines.
+SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+
+
+class SlurmConfig(_Strict):
+    """Where ``--launcher slurm`` runs the training job: typed ``sbatch`` options (no free-form
+    ``#SBATCH`` lines: from a deployment parameter they would be code). ``training.slurm`` renders
+    the batch script from these and the launch plan."""
+
+    # null: the cluster's defaults.
+    partition: str | None = Field(None, pattern=SLURM_NAME)
+    account: str | None = Field(None, pattern=SLURM_NAME)
+    qos: str | None = Field(None, pattern=SLURM_NAME)
+    # The job's time limit (sbatch --time), in minutes.
+    time_limit_min: int = Field(60, gt=0)
+    # GPUs each node asks for (sbatch --gpus-per-node); 0: none asked.
+    gpus_per_node: int = Field(0, ge=0)
+    # Slurm sends `signal` to the job's processes this many seconds before the time limit (0: none).
+    signal_before_limit_s: int = Field(120, ge=0)
+    signal: Literal["TERM", "USR1", "USR2", "INT"] = "TERM"
+    # Slurm may requeue the job after a node failure or preemption (sbatch --requeue / --no-requeue).
+    requeue: bool = True
+    # Run every node's torchrun in this image through pyxis (srun --container-image); null: no container.
+    container_image: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@#+-]{0,255}$")
+    # A folder every node sees (absolute path): the training folder must be inside it; mounted
+    # into the container at the same path.
+    shared_dir: str | None = Field(None, pattern=r"^/[A-Za-z0-9._/+-]*$")
+    # The nodes' Python (absolute path, or a name on PATH): null is this interpreter, which nodes
+    # see when the checkout's virtualenv is on a shared path; `python` inside a container.
+    python: str | None = Field(None, pattern=r"^[A-Za-z0-9._/+-]{1,255}$")
+    # The c10d rendezvous port on the allocation's first node.
+    rdzv_port: int = Field(29400, ge=1, le=65535)
+
+
+class LauncherConfig(_Strict):
+    """Cluster settings of the launchers other than the local torchrun (``--launcher``)."""
+
+    slurm: SlurmConfig = SlurmConfig()
+
+
 def _registry_of(name: Any, given: dict) -> dict | None:
     """The registry section with ``model_name`` ``name`` and ``experiment`` ``trainflow-<name>``
     where ``given`` leaves them out (None without a name: that error is the name's)."""
@@ -570,7 +610,8 @@ def _registry_of(name: Any, given: dict) -> dict | None:
 
 # Sections that say when to train, not what to train: left out of the config id, so tuning them
 # neither makes the champion look stale nor orphans a resumable training folder.
-NOT_IN_CONFIG_ID = frozenset({"retrain"})
+# ``launcher`` says where the job runs, not what it learns.
+NOT_IN_CONFIG_ID = frozenset({"retrain", "launcher"})
 # training.* keys that say how a run is laid out over processes and operated, not what it learns:
 # left out of ``resume_id``, so a checkpoint resumes on another world size or strategy.
 # ``loader`` is not one: a streamed source's order (kind, shuffle window, held-out rows) differs from
@@ -600,6 +641,7 @@ class PipelineConfig(_Strict):
     # in its direction (null: the task's own, e.g. accuracy; the task says which names it takes, e.g. a
     # classifier's accuracy, balanced_accuracy, macro_f1, roc_auc, average_precision, log_loss).
     primary_metric: str | None = Field(None, min_length=1)
+    launcher: LauncherConfig = LauncherConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -674,6 +716,7 @@ _MESSAGES = {
     "greater_than": "must be > {gt}", "greater_than_equal": "must be >= {ge}", "less_than": "must be < {lt}",
     "less_than_equal": "must be <= {le}", "extra_forbidden": "unknown key", "missing": "required key is missing",
     "literal_error": "must be one of {expected}", "finite_number": "must be a finite number",
+    "string_pattern_mismatch": "must match {pattern}",
 }
 
 

@@ -94,6 +94,17 @@ def make_spec(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, env: d
               force_resume: bool = False) -> JobSpec:
     """The torchrun job that runs ``plan`` on this host, with its config written into ``out_dir``
     (what the workers read). ConfigError when several nodes lack a rendezvous."""
+    spec = plan_spec(plan, out_dir, root, data_md5, env, node_rank, rdzv_endpoint, rdzv_id, force_resume)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    Path(spec.config_path).write_text(plan.cfg.to_yaml())
+    return spec
+
+
+def plan_spec(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, env: dict[str, str] | None = None,
+              node_rank: int = 0, rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
+              force_resume: bool = False) -> JobSpec:
+    """``make_spec``'s job without writing anything: its config is to be written to ``config_path``
+    (a cluster launcher renders it for nodes that are not this host)."""
     hi = plan.node_range[1]
     if hi > 1 and not rdzv_endpoint:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
@@ -102,9 +113,7 @@ def make_spec(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, env: d
                           "`python -c 'import secrets; print(secrets.token_hex(16))'` (trainflow k8s-job draws one)")
     if rdzv_endpoint and not rdzv_id:
         rdzv_id = secrets.token_hex(16)
-    out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.yaml"
-    config_path.write_text(plan.cfg.to_yaml())
     t = plan.cfg.training
     r = t.rendezvous
     return JobSpec(
@@ -330,6 +339,12 @@ def reap_exiting() -> None:
         _EXITING.pop().join(REAP_GRACE_S + 15)
 
 
+def job_env(spec: JobSpec) -> dict[str, str]:
+    """The variables every node's torchrun agent needs for ``spec`` (beyond PYTHONPATH with the root)."""
+    return {**spec.env, "OMP_NUM_THREADS": str(spec.threads_per_worker), NNODES_ENV: str(spec.nnodes),
+            WORKER_START_ENV: "fork" if spec.fork_workers else "exec"}
+
+
 def start_job(spec: JobSpec, lock_fd: int | None = None) -> Job:
     """Start torchrun for ``spec`` and return at once; the job dies with the *thread* that calls this.
     ``lock_fd``: the training folder's ``flock``, inherited so it stays locked until the job exits."""
@@ -342,11 +357,8 @@ def start_job(spec: JobSpec, lock_fd: int | None = None) -> Job:
     (out / "result.json").unlink(missing_ok=True)
     (out / FATAL_FILE).unlink(missing_ok=True)
     # The repository root first on the path, so a model.factory module there imports in every worker.
-    env = {**os.environ, **spec.env}
-    env.update(PYTHONPATH=python_path_with(spec.root, env.get("PYTHONPATH")),
-               OMP_NUM_THREADS=str(spec.threads_per_worker),
-               **{LAUNCHER_PID_ENV: str(os.getpid()), NNODES_ENV: str(spec.nnodes),
-                  WORKER_START_ENV: "fork" if spec.fork_workers else "exec"})
+    env = {**os.environ, **job_env(spec)}
+    env.update(PYTHONPATH=python_path_with(spec.root, env.get("PYTHONPATH")), **{LAUNCHER_PID_ENV: str(os.getpid())})
     proc = subprocess.Popen(spec.command(out / "torchrun"), cwd=spec.root, env=env, start_new_session=True,
                             pass_fds=() if lock_fd is None else (lock_fd,))
     return Job(spec, proc)

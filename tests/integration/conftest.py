@@ -182,3 +182,15 @@ def mlflow_env(tmp_path_factory):
 
         mlflow.set_tracking_uri(None)
         mlflow.set_registry_uri(None)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real two-node Slurm (``n1``, ``n2``) on loopback for the session (tests/slurm_cluster.py);
+    skips where its programs are missing."""
+    from tests import slurm_cluster as cluster
+
+    if gaps := cluster.missing():
+        pytest.skip(f"Slurm tests need {', '.join(gaps)}: {cluster.ENABLE}")
+    with cluster.slurm_cluster(tmp_path_factory.mktemp("slurm")) as running:
+        yield running
