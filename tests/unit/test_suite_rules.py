@@ -23,6 +23,8 @@ TESTS = ROOT / "tests"
 # Where a sleep IS the behaviour, or is the poll of the one wait helper: (file, function) -> why.
 ALLOWED_SLEEPS = {
     ("tests/waiting.py", "wait_for"): "the poll interval of the wait-on-an-event helper",
+    ("tests/slurm_cluster.py", "poll"): "the poll interval of the test cluster's own wait on its daemons and jobs "
+                                        "(the module also runs standalone, outside the tests package)",
     ("tests/fault/stubborn_worker.py", "main"): "a worker that ignores SIGTERM and must stay alive until killed",
     ("tests/integration/probes/metrics_probe.py", "train"): "a rank made slow on purpose (the straggler under test)",
     ("tests/integration/test_promotion_prefect.py", "promoter"):
