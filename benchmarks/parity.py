@@ -49,7 +49,6 @@ MODES = {
     "lean": ("trainer", LEAN, "Trainer, checkpoints and metrics off"),
     "default": ("trainer", [], "Trainer as shipped: every default feature on"),
     "+metrics": ("trainer", ["training.checkpoints=false"], "lean + metrics (step timing, comm timing, windows)"),
-    "+metrics-nocomm": ("trainer", ["training.checkpoints=false"], "lean + metrics without the all-reduce timing"),
     "+ckpt": ("trainer", ["training.metrics=false"], "lean + a checkpoint every epoch"),
     "lean-noagree": ("trainer", LEAN, "lean with the preemption agreement made local"),
     "hand-agree": ("hand", [], "hand + the Trainer's preemption all-reduce every preempt_check_steps"),
@@ -58,9 +57,9 @@ MODES = {
 # default+costs: (what, where) -> CPU seconds on the thread that ran it, summed over ranks, less what
 # the accounting itself adds to each call (measured on an empty function).
 COSTED = (
-    ("per-step metrics: data wait, step end, DDP stats read", "training.metrics:StepMetrics.data_start"),
-    ("per-step metrics: data wait, step end, DDP stats read", "training.metrics:StepMetrics.data_end"),
-    ("per-step metrics: data wait, step end, DDP stats read", "training.metrics:StepMetrics.step_end"),
+    ("per-step metrics: data wait, step end", "training.metrics:StepMetrics.data_start"),
+    ("per-step metrics: data wait, step end", "training.metrics:StepMetrics.data_end"),
+    ("per-step metrics: data wait, step end", "training.metrics:StepMetrics.step_end"),
     ("metrics window: gather, straggler rule, metrics.jsonl", "training.trainer:Trainer._log_window"),
     ("checkpoint: RNG and loss gather", "training.trainer:Trainer.checkpoint_state"),
     ("checkpoint: CPU copy of the state (training waits)", "training.checkpoint:CheckpointManager.save"),
@@ -154,7 +153,7 @@ def _hand(mode: str, cfg, ctx, data) -> dict:
 
 
 class _Patched:
-    """A mode's changes to the library for one run, undone after it (``lean-noagree``, ``-nocomm``)."""
+    """A mode's changes to the library for one run, undone after it (``lean-noagree``, ``default+costs``)."""
 
     def __init__(self, mode: str):
         self.mode, self.undo = mode, []
@@ -165,14 +164,11 @@ class _Patched:
 
     def __enter__(self):
         from training import trainer as trainer_mod
-        from training.metrics import StepMetrics
 
         if self.mode == "lean-noagree":
             # any_rank's other callers in the trainer module (early stopping) are off in this config;
             # checkpoint.py keeps its own.
             self._set(trainer_mod, "any_rank", lambda ctx, flag: bool(flag))
-        if self.mode.endswith("-nocomm"):
-            self._set(StepMetrics, "COMM_TIMING", False)
         if self.mode == "default+costs":
             import importlib
 

@@ -1,7 +1,7 @@
 """training.metrics under real DDP: 2 CPU ranks on gloo, launched by torchrun in a subprocess.
 
 The probe (probes/metrics_probe.py) trains the same tiny model with and without the
-all-reduce timing attached and writes what it saw as JSON; the assertions live here.
+timing comm hook and writes what it saw as JSON; the assertions live here.
 """
 
 from __future__ import annotations

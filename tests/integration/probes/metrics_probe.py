@@ -2,9 +2,8 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 metrics_probe.py OUT.json
 
-1. The same tiny DDP run with and without ``StepMetrics.attach_comm_hook`` (DDP's stats sampled on
-   one step in three after its first 10): final weights must be bitwise equal; the hooked run's
-   ``snapshot()`` must carry sane values.
+1. The same tiny DDP run with and without ``StepMetrics.attach_comm_hook``: final
+   weights must be bitwise equal; the hooked run's ``snapshot()`` must carry sane values.
 2. A run where rank 1 sleeps every step: per-rank raw stats, to see what a straggler
    looks like to the aggregation (recorded, not asserted: timing).
 3. ``tensor_bytes`` / ``state_bytes`` on DTensors (a Shard(0) tensor, an FSDP2 model):
@@ -47,7 +46,6 @@ def train(ctx, hook: bool, steps: int = STEPS, slow_rank: int | None = None, slo
     # A small bucket cap so the model spans several buckets (several hook calls per step).
     ddp = DDP(model, bucket_cap_mb=0.01)
     metrics = StepMetrics(ctx)
-    metrics.every = 3  # the sampled all-reduce timing: after DDP's first 10 steps, one in three
     if hook:
         metrics.attach_comm_hook(ddp)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
