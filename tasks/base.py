@@ -415,6 +415,16 @@ class Task:
         None: the plain decoding."""
         return None
 
+    def threshold_metric(self) -> str | None:
+        """The metric ``decision_threshold`` tunes its cut for (named in the summary and ``gate.md``);
+        None where the task tunes none."""
+        return None
+
+    def with_class_weights(self, y, n_classes: int) -> "Task":
+        """This task with its loss weighing each class alike (``training.class_weight: balanced``), from
+        the train targets ``y``; a task without classes refuses the key (``check_config``)."""
+        raise ConfigError(f"training.class_weight: task {self.name!r} has no classes to weigh")
+
     # -- evaluation ----------------------------------------------------------------------------
     def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
         """``{"key", "split_sha256", "metrics_version"}``: what a score measured now holds for."""
