@@ -594,6 +594,38 @@ class SlurmConfig(_Strict):
     rdzv_port: int = Field(29400, ge=1, le=65535)
 
 
+class LoraConfig(_Strict):
+    """Low-rank adapters (peft) on a pretrained model; merged into the exported weights."""
+
+    r: int = Field(8, gt=0)
+    alpha: int = Field(16, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    # Module names to adapt (e.g. query, value; c_attn); empty: peft's default for the architecture.
+    target_modules: list[str] = []
+
+
+class PretrainedConfig(_Strict):
+    """A Hugging Face model folder inside the repository (tracked by DVC like a dataset) that the
+    text_classification and causal_lm tasks fine-tune. Loaded offline, safetensors only, never
+    with remote code (tasks/hf_folder.py)."""
+
+    # The folder, relative to the repository root: config.json, *.safetensors, tokenizer files.
+    path: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_][A-Za-z0-9._/-]*$")
+    # Its DVC file (default: the folder's path + .dvc): its md5 joins the manifest and the model's tags.
+    dvc_file: str = Field(default_factory=lambda data: data["path"].rstrip("/") + ".dvc", min_length=1)
+    # text_classification: the free-text column of the table (the label is dataset.label).
+    text_column: str = Field("text", min_length=1)
+    # causal_lm on JSON Lines: ``text`` is packed into max_length sequences; ``prompt`` + ``completion``
+    # pairs train on the completion's tokens only.
+    prompt_column: str | None = None
+    completion_column: str | None = None
+    # Tokens per sequence: init writes the text's p99 token length, capped by the model's positions.
+    max_length: int = Field(128, gt=1)
+    # Recompute each block's activations in backward: less memory for more compute.
+    activation_checkpointing: bool = False
+    lora: LoraConfig | None = None
+
+
 class LauncherConfig(_Strict):
     """Cluster settings of the launchers other than the local torchrun (``--launcher``)."""
 
@@ -642,6 +674,8 @@ class PipelineConfig(_Strict):
     # classifier's accuracy, balanced_accuracy, macro_f1, roc_auc, average_precision, log_loss).
     primary_metric: str | None = Field(None, min_length=1)
     launcher: LauncherConfig = LauncherConfig()
+    # The pretrained model folder (text_classification, causal_lm); null for tasks that build their net.
+    pretrained: PretrainedConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -685,6 +719,7 @@ ID_LATER_KEYS = (
     ("dataset", "images"), ("model", "weights"),
     ("training", "early_stopping", "restore_best"), ("dataset", "dates"), ("dataset", "date_parts"),
     ("primary_metric",), ("training", "class_weight"), ("gates", "allow_single_class"),
+    ("pretrained",),
 )
 
 

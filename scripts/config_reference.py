@@ -37,6 +37,7 @@ OUT = ROOT / "docs" / "configuration.md"
 # Defaults computed from other keys (a default_factory): what they come to, in words.
 DERIVED = {
     "dataset.dvc_file": "`<dataset.path>.dvc`",
+    "pretrained.dvc_file": "`<pretrained.path>.dvc`",
     "registry": "from `name`",
     "registry.model_name": "`<name>`",
     "registry.experiment": "`trainflow-<name>`",
