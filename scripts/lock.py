@@ -82,9 +82,9 @@ def pip_lock(variant: str, deps: list[str], index_url: str | None, cpu_wheels: s
     out = work / f"pylock-{variant}.toml"
     cmd = [sys.executable, "-m", "pip", "lock", "--use-feature=fast-deps", "-q", "-r", str(reqs), "-o", str(out),
            *_index_args(variant, deps, index_url, cpu_wheels)]
-    if variant in ("cpu", "dev"):
+    held = {**(pins or {}), **({"torch": f"{_torch_pin(deps)}+cpu"} if variant in ("cpu", "dev") else {})}
+    if held:
         cons = work / f"constraints-{variant}.txt"
-        held = {**(pins or {}), "torch": f"{_torch_pin(deps)}+cpu"}
         cons.write_text("".join(f"{name}=={v}\n" for name, v in sorted(held.items())))
         cmd += ["-c", str(cons)]
     subprocess.run(cmd, check=True, env=_pip_env(), cwd=work)
@@ -184,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"an older CPython 3.11 to add marker-conditional packages for (default {PYTHON_ALSO})")
     ap.add_argument("--keep-pins", action="store_true",
                     help="keep the committed unconditional pins; only recompute the conditional packages")
+    ap.add_argument("--hold-pins", action="store_true",
+                    help="resolve again with the committed pins as constraints: a new dependency is added "
+                         "without moving what is already locked (unless it needs to)")
     args = ap.parse_args(argv)
     if not Path(args.python_also).is_file():
         sys.exit(f"scripts/lock.py: {args.python_also} is missing: the locks must also be resolved on an older "
@@ -201,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 base, held, wanted = {}, None, deps
                 target, digest, leave_out = ROOT / LOCK_FILES[variant], inputs_sha256(pyproject), frozenset()
+                if args.hold_pins and target.is_file():
+                    held = {n: v for n, v in parse_lock(target).pins.items()
+                            if n != "torch" and n not in parse_lock(target).markers}
             if args.keep_pins:
                 packages = lock_packages(target)
             else:
