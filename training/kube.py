@@ -481,10 +481,17 @@ def log_tail(handle: Handle, pod: str, kube: Kube, lines: int = LOG_TAIL_LINES) 
     from kubernetes.client.exceptions import ApiException
 
     try:
-        return kube.core.read_namespaced_pod_log(pod, handle.namespace, container=CONTAINER[handle.flavour],
-                                                 tail_lines=lines).rstrip("\n")
+        return _log(kube, pod, handle, tail_lines=lines).rstrip("\n")
     except ApiException:
         return ""
+
+
+def _log(kube: Kube, pod: str, handle: Handle, **query) -> str:
+    """The training container's log as text (the raw body: the client's own decoding of a log is not
+    text in every version)."""
+    response = kube.core.read_namespaced_pod_log(pod, handle.namespace, container=CONTAINER[handle.flavour],
+                                                 _preload_content=False, **query)
+    return response.data.decode("utf-8", "replace")
 
 
 class _LogCursor:
@@ -499,11 +506,11 @@ class _LogCursor:
 
         if pod != self.pod:  # a recreated pod 0: its log starts over
             self.pod, self.last, self.read_at = pod, (), 0.0
-        kwargs = {"timestamps": True, "container": CONTAINER[handle.flavour]}
+        kwargs = {"timestamps": True}
         if self.read_at:  # the window since the last read, on the server's clock, with a margin
             kwargs["since_seconds"] = int(time.monotonic() - self.read_at) + 60
         try:
-            text = kube.core.read_namespaced_pod_log(pod, handle.namespace, **kwargs)
+            text = _log(kube, pod, handle, **kwargs)
         except ApiException:
             return []  # not started yet, or gone
         self.read_at = time.monotonic()
