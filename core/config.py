@@ -628,6 +628,8 @@ class KubernetesConfig(_Strict):
     active_deadline_s: int | None = Field(None, gt=0)
     # A job whose pods have not all started after this many seconds is deleted and the run fails.
     pending_timeout_s: int = Field(1800, gt=0)
+    # How often the launcher reads the job's state and pod 0's log.
+    poll_s: float = Field(5.0, gt=0, le=300)
 
 
 class LoraConfig(_Strict):

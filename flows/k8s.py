@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from training.kube import (INDEX_KEY, RDZV_PORT, headless_service, indexed_job, network_policy, pin_image,
                            to_yaml, trainer_pod)
 
-__all__ = ["MultiNodeJob", "RDZV_PORT", "rdzv_endpoint", "render", "to_yaml", "train_args"]
+__all__ = ["MultiNodeJob", "RDZV_PORT", "cluster_plan", "rdzv_endpoint", "render", "to_yaml", "train_args"]
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
 _RDZV_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
@@ -110,3 +110,16 @@ def render(job: MultiNodeJob) -> list[dict]:
             indexed_job(job.name, job.namespace, labels, job.nnodes, pod)]
 
 
+
+
+def cluster_plan(cfg, nproc: int, nnodes: int):
+    """The launch plan for ``nnodes`` pods of ``nproc`` workers as the config's ``launcher.kubernetes``
+    asks for them (its GPUs, not this host's). ConfigError where a rule for ``auto`` would need to
+    measure the pods."""
+    from core.errors import ConfigError
+    from training.plan import HostFacts, plan_launch
+
+    if cfg.training.strategy == "auto":
+        raise ConfigError("training.strategy: auto is decided on the host that trains; for pods on a cluster "
+                          "name one (ddp, fsdp, ...)")
+    return plan_launch(cfg, HostFacts(gpus=cfg.launcher.kubernetes.gpus_per_node), nproc, nnodes)

@@ -19,6 +19,7 @@ the local launcher runs (``JobSpec.command``), with the plan's config from an en
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import time
@@ -26,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from core.env import TELEMETRY_OFF
 from core.errors import ConfigError, PreemptedError, TrainflowError
 from training.launcher import job_env, plan_spec
 from training.plan import LaunchPlan
@@ -268,8 +270,6 @@ def dry_run(plan: LaunchPlan, *, name: str, git_ref: str, data_md5: str, mlflow_
                for w in spec.command(_Posix(f"{out_dir}/torchrun"))]
     command[0] = "python"
     command[command.index("--config") + 1] = f"{workdir}/config.yaml"
-    from core.env import TELEMETRY_OFF
-
     env = [
         *([] if trainjob else [{"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
             "fieldPath": f"metadata.annotations['{INDEX_KEY}']"}}}]),
@@ -332,7 +332,8 @@ class Kube:
 
     @classmethod
     def connect(cls, host: str | None = None) -> Kube:
-        """``host`` (e.g. a test's fake API server), else the pod's service account, else ~/.kube/config."""
+        """``host`` (e.g. a test's fake API server), else the pod's service account, else $KUBECONFIG or
+        ~/.kube/config."""
         from kubernetes import client, config
 
         if host:
@@ -340,7 +341,11 @@ class Kube:
         try:
             config.load_incluster_config()
         except config.ConfigException:
-            config.load_kube_config()
+            try:
+                # $KUBECONFIG read now: the client reads it once, when first imported.
+                config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
+            except (config.ConfigException, OSError) as exc:
+                raise KubeError(f"kubernetes: no cluster to talk to: not in a pod, and no kubeconfig ({exc})") from None
         return cls(client.ApiClient())
 
     def plain(self, obj: Any) -> dict:
@@ -469,8 +474,8 @@ def describe(handle: Handle, kube: Kube) -> Status | None:
         return Status("FAILED", reason, tuple(pods))
     expected = int((job.get("spec") or {}).get("parallelism") or
                    ((job.get("spec") or {}).get("trainer") or {}).get("numNodes") or 1)
-    running = [p for p in pods if p.phase == "Running"]
-    if len(running) >= expected:
+    started = [p for p in pods if p.phase in ("Running", "Succeeded")]
+    if len(started) >= expected:
         return Status("RUNNING", "", tuple(pods))
     waiting = next((p.reason for p in pods if p.phase == "Pending" and p.reason), "")
     return Status("PENDING", waiting or ("no pods yet" if not pods else ""), tuple(pods))
@@ -602,12 +607,13 @@ def _ending(handle: Handle, status: Status, kube: Kube) -> Ending:
                   pod=first.name, rank=first.rank, log_tail=tail, nodes=nodes)
 
 
-def run(plan: LaunchPlan, kube: Kube, *, name: str, on_event=print, poll_s: float = 5.0,
+def run(plan: LaunchPlan, kube: Kube, *, name: str, on_event=print, poll_s: float | None = None,
         sleep=time.sleep, **render) -> tuple[Ending, list[str]]:
     """Submit ``plan`` (``dry_run``'s ``render`` arguments), follow it to its ending, and submit it again
     after PREEMPTED or TIMEOUT, up to ``training.max_restarts`` times, into the same training folder
     (the workers resume from its checkpoints). The job is deleted when this is interrupted (Ctrl-C,
     SIGTERM raised as an exception, a Prefect cancellation). (last ending, names of the jobs)."""
+    k = plan.cfg.launcher.kubernetes
     names, restarts = [], plan.cfg.training.max_restarts
     while True:
         job_name = name if not names else f"{name[:48]}-r{len(names)}"
@@ -616,7 +622,7 @@ def run(plan: LaunchPlan, kube: Kube, *, name: str, on_event=print, poll_s: floa
         names.append(job_name)
         try:
             ending = None
-            for event in follow(handle, kube, poll_s, plan.cfg.launcher.kubernetes.pending_timeout_s, sleep):
+            for event in follow(handle, kube, k.poll_s if poll_s is None else poll_s, k.pending_timeout_s, sleep):
                 on_event(event)
                 ending = event.ending or ending
         except BaseException:

@@ -11,9 +11,13 @@ import json
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+
+import jsonschema
+import kubernetes_validate
 
 from core.config import load_config
 from training import kube
@@ -22,6 +26,8 @@ from training.plan import HostFacts, plan_launch
 pytestmark = pytest.mark.integration
 # What the API server's strconv.ParseBool takes as true (the client sends Python's "True").
 GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+REPO = "https://git.example/ml/trainflow.git"
+TRAINJOB_SCHEMA = json.loads((Path(__file__).parents[1] / "schemas" / "trainjob-v1alpha1.json").read_text())
 IMAGE = "registry.example:5000/ml/trainflow@sha256:" + "ab" * 32
 
 
@@ -141,7 +147,8 @@ def fake():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    state.client = kube.Kube.connect(f"http://127.0.0.1:{server.server_address[1]}")
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    state.client = kube.Kube.connect(state.url)
     yield state
     server.shutdown()
     server.server_close()
@@ -312,3 +319,59 @@ def test_a_refused_request_comes_back_as_the_apis_one_line(fake, plan):
         kube.submit(kube.dry_run(plan("launcher.kubernetes.namespace=nosuch"), name="digits-ddp", **RENDER),
                     fake.client)
     assert str(err.value) == 'kubernetes: creating job nosuch/digits-ddp: namespaces "nosuch" not found'
+
+
+def test_the_cli_submits_through_the_kubeconfig_and_exits_with_the_ending(fake, repo_root, tmp_path, monkeypatch, capsys):
+    from flows.cli import main
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
+        "users": [{"name": "me", "user": {}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me", "namespace": "ml"}}]}))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a pod: the kubeconfig is used
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+    job = "trainflow-digits"
+
+    def fail(f: FakeKube):
+        f.pod(job, 0, "Failed", "gpu-a", **_terminated(1, "Error"))
+        f.log(f"{job}-0-abcde", "RuntimeError: CUDA error: out of memory")
+        f.condition(job, "Failed", "PodFailurePolicy")
+    fake.scripts[job] = [_running(job), fail]
+    code = main(["k8s-launch", "--config", str(repo_root / "configs" / "digits.yaml"), "--nnodes", "2", "--nproc", "1",
+                 "--git-ref", "0123abcd", "--mlflow-uri", "http://mlflow.ml.svc:5000", "--submit",
+                 "--set", f"launcher.kubernetes.image={IMAGE}", "--set", "launcher.kubernetes.namespace=ml",
+                 "--set", "launcher.kubernetes.git_repo=https://git.example/ml/trainflow.git",
+                 "--set", "launcher.kubernetes.poll_s=0.01"])
+    out, err = capsys.readouterr()
+    assert code == 1, err
+    assert out, err
+    summary = json.loads(out)
+    assert summary["state"] == "FAILED" and summary["pod"] == f"{job}-0-abcde" and summary["rank"] == 0
+    assert summary["message"].endswith("RuntimeError: CUDA error: out of memory")
+    assert "trainflow: k8s: rank 0: epoch 1 loss 0.91" in err.splitlines()
+
+
+@pytest.mark.parametrize(("flavour", "kinds"), [("job", ["Job", "NetworkPolicy", "Service"]),
+                                                ("trainjob", ["TrainJob", "NetworkPolicy"])])
+def test_the_cli_prints_the_plans_manifests(repo_root, tmp_path, monkeypatch, capsys, flavour, kinds):
+    import yaml
+
+    from flows.cli import main
+
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+    code = main(["k8s-launch", "--config", str(repo_root / "configs" / "digits.yaml"), "--nnodes", "2", "--nproc", "2",
+                 "--git-ref", "0123abcd", "--mlflow-uri", "http://mlflow.ml.svc:5000",
+                 "--set", f"launcher.kubernetes.image={IMAGE}", "--set", f"launcher.kubernetes.git_repo={REPO}",
+                 "--set", f"launcher.kubernetes.flavour={flavour}"])
+    assert code == 0
+    manifests = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [m["kind"] for m in manifests] == kinds
+    assert manifests[0]["metadata"]["name"] == "trainflow-digits"
+    for m in manifests:
+        if m["kind"] == "TrainJob":
+            jsonschema.validate(m, TRAINJOB_SCHEMA)
+        else:
+            kubernetes_validate.validate(m, kubernetes_validate.latest_version(), strict=True)

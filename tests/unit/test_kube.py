@@ -223,3 +223,15 @@ def test_a_pods_status_says_whether_the_cluster_took_it_away(pod, taken, reason)
 def test_log_timestamps_order_across_trimmed_fractions():
     assert kube._stamp_key("2026-12-05T23:00:00.5Z") > kube._stamp_key("2026-12-05T23:00:00.123456789Z")
     assert kube._stamp_key("2026-12-05T23:00:01Z") > kube._stamp_key("2026-12-05T23:00:00.999Z")
+
+
+def test_the_cli_refuses_auto_strategy_for_pods_in_one_line(repo_root, tmp_path, monkeypatch, capsys):
+    from flows.cli import main
+
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+    code = main(["k8s-launch", "--config", str(repo_root / "configs" / "digits.yaml"), "--nnodes", "2", "--nproc", "2",
+                 "--git-ref", "0123abcd", "--mlflow-uri", "http://m:5000", "--set", "training.strategy=auto"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("trainflow: error: k8s-launch: training.strategy: auto is decided on the host that trains")
+    assert len(err.strip().splitlines()) == 1
