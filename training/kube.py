@@ -44,6 +44,8 @@ STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "PREEMPTED", "TIMEOUT", "
 # Endings the next job resumes from the checkpoint.
 RESUME = frozenset({"PREEMPTED", "TIMEOUT"})
 LOG_TAIL_LINES = 20
+# Polls in a row the API may fail to answer while a job is followed before following gives up.
+API_RETRIES = 5
 # Pod statuses that say the node or the cluster took the pod away (not the code failing).
 _TAKEN = frozenset({"Evicted", "Preempting", "Shutdown", "NodeShutdown", "Terminated", "NodeLost", "DeadlineExceeded"})
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -60,7 +62,10 @@ NODE_SCRIPT = (
 
 
 class KubeError(TrainflowError):
-    """The Kubernetes API refused a request; the message is its own reason, in one line."""
+    """The Kubernetes API refused a request; the message is its own reason, in one line. ``transient``:
+    it did not answer (unreachable, 5xx, throttled), so the same request may work later."""
+
+    transient = False
 
 
 @dataclass(frozen=True)
@@ -299,7 +304,8 @@ def dry_run(plan: LaunchPlan, *, name: str, git_ref: str, data_md5: str, mlflow_
     if k.mlflow_secret or k.service_account:
         raise ConfigError("launcher.kubernetes: mlflow_secret and service_account are the training runtime's to set "
                           f"for a TrainJob (ClusterTrainingRuntime {k.runtime}); leave them null with flavour trainjob")
-    trainer = {"image": pinned, "command": args[:4], "args": args[4:], "env": env, "numNodes": hi,
+    # Args only, as in the Job: the image's entrypoint stays (the torch runtime sets no command).
+    trainer = {"image": pinned, "args": args, "env": env, "numNodes": hi,
                "numProcPerNode": plan.nproc_per_node, "resourcesPerNode": resources(k.gpus_per_node, k.cpu, k.memory)}
     job = {"apiVersion": f"{TRAINJOB_GROUP}/{TRAINJOB_VERSION}", "kind": "TrainJob",
            "metadata": {"name": name, "namespace": k.namespace, "labels": labels},
@@ -353,45 +359,61 @@ class Kube:
 
 
 def _api_error(exc: Exception, doing: str) -> KubeError:
+    """The client's ApiException, or urllib3's error when the server did not answer, as one line."""
     body = getattr(exc, "body", None) or ""
     try:
         message = json.loads(body).get("message", "")
     except (ValueError, AttributeError):
         message = ""
+    status = getattr(exc, "status", None)
     reason = message or getattr(exc, "reason", "") or str(exc)
-    return KubeError(f"kubernetes: {doing}: {' '.join(str(reason).split())}")
+    if status is None:
+        reason = f"cannot reach the API server ({type(exc).__name__}: {reason})"
+    error = KubeError(f"kubernetes: {doing}: {' '.join(str(reason).split())}")
+    error.transient = status is None or status == 429 or status >= 500
+    return error
+
+
+def _errors() -> tuple[type[Exception], ...]:
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    return ApiException, HTTPError
 
 
 def submit(request: KubeRequest, kube: Kube) -> Handle:
     """Create the job, then the objects it owns (garbage-collected with it); KubeError with the API's
     reason when it refuses (a missing namespace, a quota, an unknown TrainingRuntime)."""
-    from kubernetes.client.exceptions import ApiException
-
     job, *owned = request.manifests
-    ns = request.namespace
+    ns, handle = request.namespace, Handle(request.name, request.namespace, request.flavour)
     try:
         if request.flavour == "job":
             created = kube.plain(kube.batch.create_namespaced_job(ns, job))
         else:
             created = kube.custom.create_namespaced_custom_object(TRAINJOB_GROUP, TRAINJOB_VERSION, ns,
                                                                   TRAINJOB_PLURAL, job)
-        owner = {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": request.name,
-                 "uid": created["metadata"]["uid"], "blockOwnerDeletion": True}
-        for manifest in owned:
-            body = {**manifest, "metadata": {**manifest["metadata"], "ownerReferences": [owner]}}
+    except _errors() as exc:
+        raise _api_error(exc, f"creating {request.flavour} {ns}/{request.name}") from None
+    owner = {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": request.name,
+             "uid": created["metadata"]["uid"], "blockOwnerDeletion": True}
+    for manifest in owned:
+        body = {**manifest, "metadata": {**manifest["metadata"], "ownerReferences": [owner]}}
+        try:
             if manifest["kind"] == "Service":
                 kube.core.create_namespaced_service(ns, body)
             else:
                 kube.net.create_namespaced_network_policy(ns, body)
-    except ApiException as exc:
-        raise _api_error(exc, f"creating {request.flavour} {ns}/{request.name}") from None
-    return Handle(request.name, ns, request.flavour)
+        except _errors() as exc:
+            # Without its Service the pods cannot meet, without its policy they are open: no job at all.
+            error = _api_error(exc, f"creating {manifest['kind']} {ns}/{request.name}")
+            cancel(handle, kube)
+            raise error from None
+    return handle
 
 
 def cancel(handle: Handle, kube: Kube) -> bool:
     """Delete the job, its pods first (Foreground propagation); False when it was already gone."""
     from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
 
     body = client.V1DeleteOptions(propagation_policy="Foreground")
     try:
@@ -400,8 +422,8 @@ def cancel(handle: Handle, kube: Kube) -> bool:
         else:
             kube.custom.delete_namespaced_custom_object(TRAINJOB_GROUP, TRAINJOB_VERSION, handle.namespace,
                                                         TRAINJOB_PLURAL, handle.name, body=body)
-    except ApiException as exc:
-        if exc.status == 404:
+    except _errors() as exc:
+        if getattr(exc, "status", None) == 404:
             return False
         raise _api_error(exc, f"deleting {handle.flavour} {handle.namespace}/{handle.name}") from None
     return True
@@ -432,17 +454,19 @@ def _pod_state(pod: dict, flavour: str) -> PodState:
                     reason=reason, exit_code=exit_code, taken=taken, finished_at=finished)
 
 
-def _read_job(handle: Handle, kube: Kube) -> dict | None:
-    from kubernetes.client.exceptions import ApiException
-
+def _read_job(handle: Handle, kube: Kube) -> tuple[dict | None, list[dict]]:
+    """(the job, its pods); (None, []) once the job is gone."""
     try:
         if handle.flavour == "job":
-            return kube.plain(kube.batch.read_namespaced_job(handle.name, handle.namespace))
-        return kube.custom.get_namespaced_custom_object(TRAINJOB_GROUP, TRAINJOB_VERSION, handle.namespace,
-                                                        TRAINJOB_PLURAL, handle.name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
+            job = kube.plain(kube.batch.read_namespaced_job(handle.name, handle.namespace))
+        else:
+            job = kube.custom.get_namespaced_custom_object(TRAINJOB_GROUP, TRAINJOB_VERSION, handle.namespace,
+                                                           TRAINJOB_PLURAL, handle.name)
+        return job, kube.plain(kube.core.list_namespaced_pod(
+            handle.namespace, label_selector=f"{JOB_LABEL[handle.flavour]}={handle.name}")).get("items", [])
+    except _errors() as exc:
+        if getattr(exc, "status", None) == 404:
+            return None, []
         raise _api_error(exc, f"reading {handle.flavour} {handle.namespace}/{handle.name}") from None
 
 
@@ -451,11 +475,9 @@ def describe(handle: Handle, kube: Kube) -> Status | None:
     pod's reason), RUNNING, or an ending: COMPLETED; TIMEOUT (its deadline); PREEMPTED (a pod was
     evicted, preempted or checkpointed on SIGTERM); FAILED. A suspended job (e.g. queued by Kueue)
     is PENDING."""
-    job = _read_job(handle, kube)
+    job, listed = _read_job(handle, kube)
     if job is None:
         return None
-    listed = kube.plain(kube.core.list_namespaced_pod(
-        handle.namespace, label_selector=f"{JOB_LABEL[handle.flavour]}={handle.name}")).get("items", [])
     # Only the training pods (a TrainJob's initializers carry the same label).
     pods = sorted((_pod_state(p, handle.flavour) for p in listed
                    if any(c.get("name") == CONTAINER[handle.flavour] for c in (p.get("spec") or {}).get("containers") or [])),
@@ -483,11 +505,9 @@ def describe(handle: Handle, kube: Kube) -> Status | None:
 
 def log_tail(handle: Handle, pod: str, kube: Kube, lines: int = LOG_TAIL_LINES) -> str:
     """The last ``lines`` lines of ``pod``'s training container ("" when the log is gone)."""
-    from kubernetes.client.exceptions import ApiException
-
     try:
         return _log(kube, pod, handle, tail_lines=lines).rstrip("\n")
-    except ApiException:
+    except _errors():
         return ""
 
 
@@ -507,8 +527,6 @@ class _LogCursor:
         self.pod, self.last, self.read_at = "", (), 0.0
 
     def new_lines(self, handle: Handle, pod: str, kube: Kube) -> list[str]:
-        from kubernetes.client.exceptions import ApiException
-
         if pod != self.pod:  # a recreated pod 0: its log starts over
             self.pod, self.last, self.read_at = pod, (), 0.0
         kwargs = {"timestamps": True}
@@ -516,8 +534,8 @@ class _LogCursor:
             kwargs["since_seconds"] = int(time.monotonic() - self.read_at) + 60
         try:
             text = _log(kube, pod, handle, **kwargs)
-        except ApiException:
-            return []  # not started yet, or gone
+        except _errors():
+            return []  # not started yet, gone, or no answer this time: the next poll reads on from here
         self.read_at = time.monotonic()
         out = []
         for line in text.splitlines():
@@ -542,9 +560,18 @@ def follow(handle: Handle, kube: Kube, poll_s: float = 5.0, pending_timeout_s: f
     on any pod: pod 0 is the rendezvous host), each failed pod's reason, and the ending. A job
     pending past ``pending_timeout_s`` is deleted (ending FAILED); one deleted by someone else ends
     CANCELLED."""
-    cursor, seen, said_failed, started = _LogCursor(), None, set(), time.monotonic()
+    cursor, seen, said_failed, started, failures = _LogCursor(), None, set(), time.monotonic(), 0
     while True:
-        status = describe(handle, kube)
+        try:
+            status = describe(handle, kube)
+            failures = 0
+        except KubeError as exc:
+            if not exc.transient or failures >= API_RETRIES:
+                raise
+            failures += 1
+            yield Event("state", f"{handle.name}: {exc}; asking again ({failures} of {API_RETRIES})")
+            sleep(poll_s)
+            continue
         if status is None:
             ending = Ending("CANCELLED", f"{handle.flavour} {handle.namespace}/{handle.name} was deleted by "
                                          "someone else; training stopped")
@@ -562,8 +589,9 @@ def follow(handle: Handle, kube: Kube, poll_s: float = 5.0, pending_timeout_s: f
         for p in status.pods:
             if p.phase == "Failed" and p.name not in said_failed:
                 said_failed.add(p.name)
-                yield Event("error", f"pod {p.name} (node rank {p.rank}) failed: {p.reason or 'exit code'} "
-                                     f"{p.exit_code if p.exit_code is not None else ''}".rstrip())
+                code = f"exit code {p.exit_code}" if p.exit_code is not None else "no exit code"
+                yield Event("error", f"pod {p.name} (node rank {p.rank}) failed: {code}"
+                                     + (f" ({p.reason})" if p.reason else ""))
         if status.state not in ("PENDING", "RUNNING"):
             ending = _ending(handle, status, kube)
             yield Event("ending", ending.message, ending)

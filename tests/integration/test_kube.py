@@ -40,6 +40,7 @@ class FakeKube:
         self.scripts: dict[str, list] = {}
         self.logs: dict[str, list[str]] = {}
         self.ticks = 0
+        self.faults: list[tuple[str, str, int, str]] = []  # (method, path ending, code, message), each used once
         self.lock = threading.Lock()
 
     # --- what a script step uses ---
@@ -76,6 +77,10 @@ class FakeKube:
         path, query = parsed.path, {k: v[0] for k, v in parse_qs(parsed.query).items()}
         with self.lock:
             self.requests.append((method, path, query, body))
+            fault = next((f for f in self.faults if f[0] == method and path.endswith(f[1])), None)
+            if fault:
+                self.faults.remove(fault)
+                return fault[2], _status(fault[2], fault[3])
             if method == "POST":
                 if "/namespaces/nosuch/" in path:
                     return 404, _status(404, 'namespaces "nosuch" not found')
@@ -237,7 +242,7 @@ def test_a_failing_pod_is_named_with_its_rank_and_log_tail(fake, plan):
     assert ending.log_tail.splitlines() == trace
     assert ending.message == (f"job ml/{job} failed: pod {job}-1-abcde (node rank 1) exited 1 (Error): "
                               "ValueError: dataset.label 'digit' has NaN in row 17")
-    assert f"pod {job}-1-abcde (node rank 1) failed: Error 1" in [e.text for e in events if e.kind == "error"]
+    assert f"pod {job}-1-abcde (node rank 1) failed: exit code 1 (Error)" in [e.text for e in events if e.kind == "error"]
     tail_reads = [q for m, p, q, _ in fake.requests if p.endswith(f"{job}-1-abcde/log")]
     assert tail_reads == [{"container": "trainer", "tailLines": str(kube.LOG_TAIL_LINES)}]
 
@@ -375,3 +380,32 @@ def test_the_cli_prints_the_plans_manifests(repo_root, tmp_path, monkeypatch, ca
             jsonschema.validate(m, TRAINJOB_SCHEMA)
         else:
             kubernetes_validate.validate(m, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_following_rides_out_an_api_server_that_does_not_answer_for_a_while(fake, plan):
+    job = "digits-ddp"
+    fake.scripts[job] = [_running(job), lambda f: f.condition(job, "Complete")]
+    fake.faults = [("GET", f"/jobs/{job}", 503, "etcdserver: leader changed")] * 2
+    handle = kube.submit(kube.dry_run(plan(), name=job, **RENDER), fake.client)
+    events, ending = _follow(fake, handle)
+    assert ending.state == "COMPLETED"
+    retries = [e.text for e in events if "asking again" in e.text]
+    assert retries == [f"{job}: kubernetes: reading job ml/{job}: etcdserver: leader changed; asking again "
+                       f"({n} of {kube.API_RETRIES})" for n in (1, 2)]
+
+
+def test_following_gives_up_when_the_api_keeps_failing_and_run_still_deletes_the_job(fake, plan):
+    job = "digits-ddp"
+    fake.faults = [("GET", f"/jobs/{job}", 500, "internal error")] * (kube.API_RETRIES + 1)
+    with pytest.raises(kube.KubeError, match="internal error"):
+        kube.run(plan(), fake.client, name=job, on_event=lambda e: None, poll_s=0, sleep=lambda s: None, **RENDER)
+    assert [(m, p) for m, p, _, _ in fake.requests if m == "DELETE"] == [("DELETE", fake.job_path(job))]
+
+
+def test_a_job_whose_service_is_refused_is_deleted_at_once(fake, plan):
+    fake.faults = [("POST", "/services", 403, 'services "digits-ddp" is forbidden: exceeded quota')]
+    with pytest.raises(kube.KubeError) as err:
+        kube.submit(kube.dry_run(plan(), name="digits-ddp", **RENDER), fake.client)
+    assert str(err.value) == ('kubernetes: creating Service ml/digits-ddp: services "digits-ddp" is forbidden: '
+                              "exceeded quota")
+    assert [p for m, p, _, _ in fake.requests if m == "DELETE"] == [fake.job_path("digits-ddp")]

@@ -131,6 +131,7 @@ def test_the_trainjob_flavour_matches_the_trainjob_crd_schema(plan):
                                   "kind": "ClusterTrainingRuntime"}
     t = spec["trainer"]
     assert t["numNodes"] == 2 and t["numProcPerNode"] == 4
+    assert "command" not in t and t["args"][:2] == ["sh", "-c"]  # the image's entrypoint stays
     assert t["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "8"
     # Trainer's torch runtime gives each node the master's address and its rank.
     assert "--rdzv-endpoint=$(PET_MASTER_ADDR):$(PET_MASTER_PORT)" in t["args"]
