@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -284,14 +285,32 @@ def cmd_k8s_launch(args: argparse.Namespace) -> int:
         if not args.submit:
             print(kube.to_yaml(kube.dry_run(plan, name=name, **render).manifests), end="")
             return EXIT_OK
-        ending, names = kube.run(plan, kube.Kube.connect(), name=name,
-                                 on_event=lambda e: print(f"trainflow: k8s: {e.text}", file=sys.stderr, flush=True),
-                                 **render)
+        with _interrupt_on_sigterm():  # the job dies with this command: kube.run deletes it on the way out
+            ending, names = kube.run(plan, kube.Kube.connect(), name=name,
+                                     on_event=lambda e: print(f"trainflow: k8s: {e.text}", file=sys.stderr, flush=True),
+                                     **render)
     except TrainflowError as exc:
         return _fail(f"k8s-launch: {exc}", EXIT_ERROR, exc)
+    except KeyboardInterrupt:
+        return _fail("k8s-launch: interrupted; the job was deleted", EXIT_ERROR)
     print(json.dumps({"state": ending.state, "jobs": names, "nodes": list(ending.nodes), "message": ending.message,
                       **({"pod": ending.pod, "rank": ending.rank} if ending.pod else {})}, indent=2))
     return {"COMPLETED": EXIT_OK, "PREEMPTED": EXIT_PREEMPTED, "TIMEOUT": EXIT_PREEMPTED}.get(ending.state, EXIT_ERROR)
+
+
+@contextlib.contextmanager
+def _interrupt_on_sigterm():
+    """SIGTERM raises KeyboardInterrupt in here, as Ctrl-C does."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def cmd_k8s_job(args: argparse.Namespace) -> int:

@@ -554,13 +554,13 @@ def _stamp_key(stamp: str) -> tuple:
 
 
 def follow(handle: Handle, kube: Kube, poll_s: float = 5.0, pending_timeout_s: float | None = None,
-           sleep=time.sleep) -> Iterator[Event]:
+           sleep=time.sleep, clock=time.monotonic) -> Iterator[Event]:
     """Events of the job until it ends, the last one carrying its ``Ending``: its state when it
     changes (PENDING with the reason, RUNNING on which nodes), pod 0's log lines (c10d puts rank 0
     on any pod: pod 0 is the rendezvous host), each failed pod's reason, and the ending. A job
     pending past ``pending_timeout_s`` is deleted (ending FAILED); one deleted by someone else ends
     CANCELLED."""
-    cursor, seen, said_failed, started, failures = _LogCursor(), None, set(), time.monotonic(), 0
+    cursor, seen, said_failed, started, failures = _LogCursor(), None, set(), clock(), 0
     while True:
         try:
             status = describe(handle, kube)
@@ -597,14 +597,14 @@ def follow(handle: Handle, kube: Kube, poll_s: float = 5.0, pending_timeout_s: f
             yield Event("ending", ending.message, ending)
             return
         if status.state == "PENDING" and pending_timeout_s is not None and \
-                time.monotonic() - started > pending_timeout_s:
+                clock() - started > pending_timeout_s:
             cancel(handle, kube)
             ending = Ending("FAILED", f"{handle.name}: still pending after {pending_timeout_s:g} s "
                                       f"({status.reason or 'waiting for pods'}); the job was deleted")
             yield Event("ending", ending.message, ending)
             return
         if status.state == "RUNNING":
-            started = time.monotonic()  # the pending limit is for the wait before training, not during it
+            started = clock()  # the pending limit is for the wait before training, not during it
         sleep(poll_s)
 
 

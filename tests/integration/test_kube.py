@@ -326,9 +326,7 @@ def test_a_refused_request_comes_back_as_the_apis_one_line(fake, plan):
     assert str(err.value) == 'kubernetes: creating job nosuch/digits-ddp: namespaces "nosuch" not found'
 
 
-def test_the_cli_submits_through_the_kubeconfig_and_exits_with_the_ending(fake, repo_root, tmp_path, monkeypatch, capsys):
-    from flows.cli import main
-
+def _kubeconfig(fake, tmp_path, monkeypatch) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "fake",
@@ -338,6 +336,19 @@ def test_the_cli_submits_through_the_kubeconfig_and_exits_with_the_ending(fake, 
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a pod: the kubeconfig is used
     monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+
+
+def _launch(repo_root, *extra: str) -> int:
+    from flows.cli import main
+
+    return main(["k8s-launch", "--config", str(repo_root / "configs" / "digits.yaml"), "--nnodes", "2", "--nproc", "1",
+                 "--git-ref", "0123abcd", "--mlflow-uri", "http://mlflow.ml.svc:5000", "--submit",
+                 "--set", f"launcher.kubernetes.image={IMAGE}", "--set", "launcher.kubernetes.namespace=ml",
+                 "--set", f"launcher.kubernetes.git_repo={REPO}", "--set", "launcher.kubernetes.poll_s=0.01", *extra])
+
+
+def test_the_cli_submits_through_the_kubeconfig_and_exits_with_the_ending(fake, repo_root, tmp_path, monkeypatch, capsys):
+    _kubeconfig(fake, tmp_path, monkeypatch)
     job = "trainflow-digits"
 
     def fail(f: FakeKube):
@@ -345,11 +356,7 @@ def test_the_cli_submits_through_the_kubeconfig_and_exits_with_the_ending(fake, 
         f.log(f"{job}-0-abcde", "RuntimeError: CUDA error: out of memory")
         f.condition(job, "Failed", "PodFailurePolicy")
     fake.scripts[job] = [_running(job), fail]
-    code = main(["k8s-launch", "--config", str(repo_root / "configs" / "digits.yaml"), "--nnodes", "2", "--nproc", "1",
-                 "--git-ref", "0123abcd", "--mlflow-uri", "http://mlflow.ml.svc:5000", "--submit",
-                 "--set", f"launcher.kubernetes.image={IMAGE}", "--set", "launcher.kubernetes.namespace=ml",
-                 "--set", "launcher.kubernetes.git_repo=https://git.example/ml/trainflow.git",
-                 "--set", "launcher.kubernetes.poll_s=0.01"])
+    code = _launch(repo_root)
     out, err = capsys.readouterr()
     assert code == 1, err
     assert out, err
@@ -357,6 +364,23 @@ def test_the_cli_submits_through_the_kubeconfig_and_exits_with_the_ending(fake, 
     assert summary["state"] == "FAILED" and summary["pod"] == f"{job}-0-abcde" and summary["rank"] == 0
     assert summary["message"].endswith("RuntimeError: CUDA error: out of memory")
     assert "trainflow: k8s: rank 0: epoch 1 loss 0.91" in err.splitlines()
+
+
+def test_sigterm_to_the_cli_deletes_its_job(fake, repo_root, tmp_path, monkeypatch, capsys):
+    import os
+    import signal
+
+    _kubeconfig(fake, tmp_path, monkeypatch)
+    job = "trainflow-digits"
+    # SIGTERM arrives while the job runs (the step runs in the server's thread; Python handles it in the main one).
+    fake.scripts[job] = [_running(job), lambda f: os.kill(os.getpid(), signal.SIGTERM)]
+    before = signal.getsignal(signal.SIGTERM)
+    code = _launch(repo_root)
+    assert code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == "trainflow: error: k8s-launch: interrupted; the job was deleted"
+    assert [(p, b) for m, p, _, b in fake.requests if m == "DELETE"] == [
+        (fake.job_path(job), {"propagationPolicy": "Foreground"})]
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 @pytest.mark.parametrize(("flavour", "kinds"), [("job", ["Job", "NetworkPolicy", "Service"]),
@@ -409,3 +433,17 @@ def test_a_job_whose_service_is_refused_is_deleted_at_once(fake, plan):
     assert str(err.value) == ('kubernetes: creating Service ml/digits-ddp: services "digits-ddp" is forbidden: '
                               "exceeded quota")
     assert [p for m, p, _, _ in fake.requests if m == "DELETE"] == [fake.job_path("digits-ddp")]
+
+
+def test_a_job_pending_past_its_limit_is_deleted_and_says_why(fake, plan):
+    job = "digits-ddp"
+    unschedulable = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+    fake.scripts[job] = [lambda f: [f.pod(job, i, "Pending", **unschedulable) for i in range(2)]]
+    handle = kube.submit(kube.dry_run(plan(), name=job, **RENDER), fake.client)
+    now = iter(range(0, 10_000, 30))  # each look at the clock is 30 s later: no waiting in the test
+    events = list(kube.follow(handle, fake.client, poll_s=0, pending_timeout_s=60, sleep=lambda s: None,
+                              clock=lambda: next(now)))
+    ending = events[-1].ending
+    assert ending.state == "FAILED"
+    assert ending.message == f"{job}: still pending after 60 s (Unschedulable); the job was deleted"
+    assert [b for m, p, _, b in fake.requests if m == "DELETE"] == [{"propagationPolicy": "Foreground"}]
