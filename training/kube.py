@@ -629,7 +629,8 @@ def _ending(handle: Handle, status: Status, kube: Kube) -> Ending:
     first = failed[0]
     tail = log_tail(handle, first.name, kube)
     last = next((line for line in reversed(tail.splitlines()) if line.strip()), "")
-    return Ending("FAILED", f"{where} failed: pod {first.name} (node rank {first.rank}) exited "
+    on = f", on {first.node}" if first.node else ""
+    return Ending("FAILED", f"{where} failed: pod {first.name} (node rank {first.rank}{on}) exited "
                             f"{first.exit_code}{f' ({first.reason})' if first.reason else ''}"
                             + (f": {last.strip()}" if last else ""),
                   pod=first.name, rank=first.rank, log_tail=tail, nodes=nodes)

@@ -240,7 +240,7 @@ def test_a_failing_pod_is_named_with_its_rank_and_log_tail(fake, plan):
     assert ending.state == "FAILED" and not ending.resume
     assert ending.pod == f"{job}-1-abcde" and ending.rank == 1
     assert ending.log_tail.splitlines() == trace
-    assert ending.message == (f"job ml/{job} failed: pod {job}-1-abcde (node rank 1) exited 1 (Error): "
+    assert ending.message == (f"job ml/{job} failed: pod {job}-1-abcde (node rank 1, on gpu-b) exited 1 (Error): "
                               "ValueError: dataset.label 'digit' has NaN in row 17")
     assert f"pod {job}-1-abcde (node rank 1) failed: exit code 1 (Error)" in [e.text for e in events if e.kind == "error"]
     tail_reads = [q for m, p, q, _ in fake.requests if p.endswith(f"{job}-1-abcde/log")]
