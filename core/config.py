@@ -594,6 +594,44 @@ class SlurmConfig(_Strict):
     rdzv_port: int = Field(29400, ge=1, le=65535)
 
 
+# A Kubernetes object name: a DNS label (RFC 1123).
+K8S_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+# A resource quantity (cpu "8", "500m"; memory "64Gi").
+K8S_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|[KMGTPE]i?)?$"
+
+
+class KubernetesConfig(_Strict):
+    """Where ``--launcher kubernetes`` runs the training job: typed keys that ``training.kube`` renders
+    into an indexed Job (+ headless Service) or a Kubeflow Trainer v2 TrainJob (no free-form pod-spec
+    fragments: from a deployment parameter they would be code)."""
+
+    # job: an indexed Job + headless Service; trainjob: a TrainJob on the cluster's training runtime.
+    flavour: Literal["job", "trainjob"] = "job"
+    namespace: str = Field("default", pattern=K8S_NAME)
+    # The pods' image, pinned: REPO@sha256:<64 hex> (a tag could move between the pods' pulls).
+    image: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,255}@sha256:[0-9a-f]{64}$")
+    # The repository every pod clones (it checks out the run's commit and pulls its data with DVC).
+    git_repo: str | None = Field(None, pattern=r"^(https://|ssh://|git@)[A-Za-z0-9._~:/@+-]{1,500}$")
+    # nvidia.com/gpu per pod (0: none asked); the plan's workers per node run in each pod.
+    gpus_per_node: int = Field(0, ge=0)
+    cpu: str = Field("8", pattern=K8S_QUANTITY)
+    memory: str = Field("64Gi", pattern=K8S_QUANTITY)
+    service_account: str | None = Field(None, pattern=K8S_NAME)
+    # A ReadWriteMany claim every pod mounts at /shared: checkpoints and results (job flavour; a
+    # TrainJob's runtime mounts its own).
+    shared_pvc: str = Field("trainflow-shared", pattern=K8S_NAME)
+    # A Secret with MLFLOW_TRACKING_USERNAME/PASSWORD for a tracking server with auth.
+    mlflow_secret: str | None = Field(None, pattern=K8S_NAME)
+    # trainjob: the ClusterTrainingRuntime the TrainJob names.
+    runtime: str = Field("torch-distributed", pattern=K8S_NAME)
+    # The job's time on the cluster (activeDeadlineSeconds; null: none): past it, it resumes in a new job.
+    active_deadline_s: int | None = Field(None, gt=0)
+    # A job whose pods have not all started after this many seconds is deleted and the run fails.
+    pending_timeout_s: int = Field(1800, gt=0)
+    # How often the launcher reads the job's state and pod 0's log.
+    poll_s: float = Field(5.0, gt=0, le=300)
+
+
 class LoraConfig(_Strict):
     """Low-rank adapters (peft) on a pretrained model; merged into the exported weights."""
 
@@ -630,6 +668,7 @@ class LauncherConfig(_Strict):
     """Cluster settings of the launchers other than the local torchrun (``--launcher``)."""
 
     slurm: SlurmConfig = SlurmConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
 
 
 def _registry_of(name: Any, given: dict) -> dict | None:

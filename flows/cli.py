@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--out", type=Path, help="report folder (default: TRAINFLOW_HOME/scale/<key>)")
     scale.add_argument("--no-prefect", action="store_true", help="run the sweep directly (no flow, no MLflow)")
     _k8s_parser(sub)
+    _k8s_launch_parser(sub)
 
     init = sub.add_parser(
         "init", help="track your table with DVC, profile it, write configs/NAME.yaml + its expectations",
@@ -249,6 +251,66 @@ def _k8s_parser(sub) -> None:
     k8s.add_argument("--shared-pvc", default="trainflow-shared", help="ReadWriteMany claim for checkpoints and results")
     k8s.add_argument("--rdzv-id", help="c10d rendezvous id every pod shares (default: drawn at random)")
     _config_arg(k8s)
+
+
+def _k8s_launch_parser(sub) -> None:
+    k8s = sub.add_parser("k8s-launch", help="the launch plan as the config's launcher.kubernetes job (an indexed Job "
+                                            "or a Kubeflow TrainJob): printed, or with --submit created and followed")
+    k8s.add_argument("--nnodes", type=int, required=True, help="pods, one torchrun agent each")
+    k8s.add_argument("--nproc", type=int, required=True, help="workers per pod")
+    k8s.add_argument("--git-ref", required=True, help="commit every pod checks out")
+    k8s.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                     help="MLflow tracking server, http(s):// (default: $MLFLOW_TRACKING_URI)")
+    k8s.add_argument("--mlflow-run-id", help="MLflow run rank 0 logs into")
+    k8s.add_argument("--name", help="job name, a DNS label (default: trainflow-<pipeline name>)")
+    k8s.add_argument("--submit", action="store_true", help="create it through the Kubernetes API (in a pod: its "
+                     "service account; else ~/.kube/config) and follow it to its ending; Ctrl-C deletes it")
+    _config_arg(k8s)
+
+
+def cmd_k8s_launch(args: argparse.Namespace) -> int:
+    from core.manifest import read_dvc_file
+    from flows.k8s import cluster_plan
+    from training import kube
+
+    try:
+        cfg_path = _resolve_config_path(args.config)
+        root = project_root(cfg_path)
+        cfg = load_config(cfg_path, args.overrides)
+        _check_code(cfg, root)
+        plan = cluster_plan(cfg, args.nproc, args.nnodes)
+        render = dict(git_ref=args.git_ref, data_md5=read_dvc_file(root, cfg.dataset.dvc_file).md5,
+                      mlflow_uri=args.mlflow_uri or "", mlflow_run_id=args.mlflow_run_id)
+        name = args.name or f"trainflow-{cfg.name}"[:52].rstrip("-")
+        if not args.submit:
+            print(kube.to_yaml(kube.dry_run(plan, name=name, **render).manifests), end="")
+            return EXIT_OK
+        with _interrupt_on_sigterm():  # the job dies with this command: kube.run deletes it on the way out
+            ending, names = kube.run(plan, kube.Kube.connect(), name=name,
+                                     on_event=lambda e: print(f"trainflow: k8s: {e.text}", file=sys.stderr, flush=True),
+                                     **render)
+    except TrainflowError as exc:
+        return _fail(f"k8s-launch: {exc}", EXIT_ERROR, exc)
+    except KeyboardInterrupt:
+        return _fail("k8s-launch: interrupted; the job was deleted", EXIT_ERROR)
+    print(json.dumps({"state": ending.state, "jobs": names, "nodes": list(ending.nodes), "message": ending.message,
+                      **({"pod": ending.pod, "rank": ending.rank} if ending.pod else {})}, indent=2))
+    return {"COMPLETED": EXIT_OK, "PREEMPTED": EXIT_PREEMPTED, "TIMEOUT": EXIT_PREEMPTED}.get(ending.state, EXIT_ERROR)
+
+
+@contextlib.contextmanager
+def _interrupt_on_sigterm():
+    """SIGTERM raises KeyboardInterrupt in here, as Ctrl-C does."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def cmd_k8s_job(args: argparse.Namespace) -> int:
@@ -601,7 +663,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code = {"run": cmd_run, "train": cmd_train, "scale": cmd_scale, "k8s-job": cmd_k8s_job, "retrain": cmd_retrain,
+    code = {"run": cmd_run, "train": cmd_train, "scale": cmd_scale, "k8s-job": cmd_k8s_job, "k8s-launch": cmd_k8s_launch,
+            "retrain": cmd_retrain,
             "reproduce": cmd_reproduce, "init": cmd_init, "ui": cmd_ui,
             "pool": cmd_pool, "worker": cmd_worker}[args.command](args)
     # Everything alive now lives until exit: out of the collector's reach, interpreter shutdown does

@@ -1,4 +1,5 @@
-"""Multi-node training on Kubernetes: an indexed Job of N pods, a headless Service and a NetworkPolicy.
+"""``trainflow k8s-job``: an indexed Job of N pods, a headless Service and a NetworkPolicy, printed for
+``kubectl apply`` (the launcher that submits and follows a run's job is ``training.kube``).
 
 Each pod is one torchrun agent (``trainflow train --nnodes N --node-rank $JOB_COMPLETION_INDEX
 --rdzv-endpoint <job>-0.<job>.<ns>.svc:29400 --rdzv-id <random>``); the pods meet at pod 0, which hosts
@@ -14,11 +15,11 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-from core.errors import PreemptedError
+from training.kube import (INDEX_KEY, RDZV_PORT, headless_service, indexed_job, network_policy, pin_image,
+                           to_yaml, trainer_pod)
 
-RDZV_PORT = 29400
+__all__ = ["MultiNodeJob", "RDZV_PORT", "cluster_plan", "rdzv_endpoint", "render", "to_yaml", "train_args"]
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _RDZV_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 # One shell line per pod: fetch the code and data version, then become the torchrun agent.
@@ -50,25 +51,6 @@ class MultiNodeJob:
     # Drawn once per job (every pod gets the same), 128 random bits nobody can guess.
     rdzv_id: str = field(default_factory=lambda: secrets.token_hex(16))
     mlflow_secret: str | None = None      # a Secret with MLFLOW_TRACKING_USERNAME/PASSWORD (an auth'd server)
-
-
-def _image_by_digest(image: str, digest: str | None) -> tuple[str, str, str]:
-    """(pinned ref for the pod, ref to record, digest); refuses a ref without a digest."""
-    if "@" in image:
-        repo, _, in_ref = image.partition("@")
-        if digest and digest != in_ref:
-            raise ValueError(f"image {image} carries digest {in_ref}, but image_digest is {digest}")
-        digest = in_ref
-    else:
-        repo = image
-        if not digest:
-            raise ValueError(f"image {image}: multi-node pods must run one exact image; give REPO@sha256:... "
-                             "or an image digest (a tag can move between pods' pulls)")
-    if not _DIGEST.match(digest):
-        raise ValueError(f"image digest {digest!r}: expected sha256:<64 hex>")
-    name = repo.rsplit("/", 1)[-1]
-    base = repo[: -len(name)] + name.split(":", 1)[0] if ":" in name else repo
-    return f"{base}@{digest}", image, digest
 
 
 def _check(job: MultiNodeJob) -> None:
@@ -105,29 +87,13 @@ def render(job: MultiNodeJob) -> list[dict]:
     from core.env import TELEMETRY_OFF
 
     _check(job)
-    pinned, ref, digest = _image_by_digest(job.image, job.image_digest)
+    pinned, ref, digest = pin_image(job.image, job.image_digest)
     labels = {"app.kubernetes.io/name": "trainflow", "app.kubernetes.io/component": "train",
               "trainflow/job": job.name}
-
-    def meta() -> dict:  # fresh copies: no shared objects, so the YAML has no anchors
-        return {"name": job.name, "namespace": job.namespace, "labels": dict(labels)}
-
-    def own_pods() -> dict:
-        return {"matchLabels": {"trainflow/job": job.name}}
-
-    # Only the job's own pods may connect to its pods (the c10d store, whose values agents unpickle, and
-    # the collectives on ephemeral ports): peers get every port, nobody else any. Applied first.
-    policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta(),
-              "spec": {"podSelector": own_pods(), "policyTypes": ["Ingress"],
-                       "ingress": [{"from": [{"podSelector": own_pods()}]}]}}
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": meta(), "spec": {
-        "clusterIP": "None",  # headless: DNS gives each pod <job>-<i>.<job>
-        "publishNotReadyAddresses": True,  # the rendezvous happens before any pod is "ready"
-        "selector": {"trainflow/job": job.name},
-        "ports": [{"name": "c10d", "port": RDZV_PORT, "targetPort": RDZV_PORT, "protocol": "TCP"}]}}
+    own = {"trainflow/job": job.name}
     env = [
         {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
-            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+            "fieldPath": f"metadata.annotations['{INDEX_KEY}']"}}},
         {"name": "TRAINFLOW_IMAGE", "value": ref},
         {"name": "TRAINFLOW_IMAGE_DIGEST", "value": digest},
         {"name": "TRAINFLOW_GIT_REPO", "value": job.git_repo},
@@ -137,57 +103,23 @@ def render(job: MultiNodeJob) -> list[dict]:
         {"name": "TRAINFLOW_HOME", "value": "/workspace/state"},
         *({"name": k, "value": v} for k, v in TELEMETRY_OFF.items()),
     ]
-    resources = {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": str(job.gpus_per_node)}
-    pod_spec = {
-        "subdomain": job.name,
-        "restartPolicy": "Never",
-        "containers": [{
-            "name": "trainer",
-            "image": pinned,
-            "imagePullPolicy": "IfNotPresent",
-            # Args only: the image's entrypoint (tini) stays, so SIGTERM reaches the agent
-            # (preemption: checkpoint, exit 4).
-            "args": ["sh", "-c", NODE_SCRIPT, "trainflow-node", *train_args(job)],
-            "env": env,
-            # Credentials from a Secret, never rendered into the manifest.
-            **({"envFrom": [{"secretRef": {"name": job.mlflow_secret}}]} if job.mlflow_secret else {}),
-            "ports": [{"name": "c10d", "containerPort": RDZV_PORT, "protocol": "TCP"}],
-            "resources": {"limits": resources, "requests": dict(resources)},
-            "volumeMounts": [{"name": "shared", "mountPath": "/shared"},
-                             {"name": "workspace", "mountPath": "/workspace"},
-                             {"name": "dshm", "mountPath": "/dev/shm"}],
-        }],
-        "volumes": [
-            {"name": "shared", "persistentVolumeClaim": {"claimName": job.shared_pvc}},
-            {"name": "workspace", "emptyDir": {}},
-            # NCCL and DataLoader workers use /dev/shm.
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
-        ],
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-    }
-    job_manifest = {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": meta(),
-        "spec": {
-            "completionMode": "Indexed",
-            "completions": job.nnodes,
-            "parallelism": job.nnodes,  # all agents at once: the rendezvous waits for nnodes
-            "backoffLimit": 0,  # torchrun restarts workers inside a pod (training.max_restarts)
-            # A node taken away (eviction, preemption) or a preempted agent (exit 4: it checkpointed)
-            # does not count as a failure: the pod is recreated and training resumes from /shared.
-            "podFailurePolicy": {"rules": [
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In",
-                                                     "values": [PreemptedError.exit_code]}},
-            ]},
-            "ttlSecondsAfterFinished": 7 * 24 * 3600,
-            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
-        },
-    }
-    return [policy, service, job_manifest]
+    pod = trainer_pod(job.name, pinned, ["sh", "-c", NODE_SCRIPT, "trainflow-node", *train_args(job)], env,
+                      job.gpus_per_node, job.shared_pvc, job.mlflow_secret)
+    # The policy first: applied before any pod exists.
+    return [network_policy(job.name, job.namespace, labels, own), headless_service(job.name, job.namespace, labels, own),
+            indexed_job(job.name, job.namespace, labels, job.nnodes, pod)]
 
 
-def to_yaml(manifests: list[dict]) -> str:
-    """Multi-document YAML, ready for ``kubectl apply -f -``."""
-    import yaml
 
-    return "---\n".join(yaml.safe_dump(m, sort_keys=False) for m in manifests)
+
+def cluster_plan(cfg, nproc: int, nnodes: int):
+    """The launch plan for ``nnodes`` pods of ``nproc`` workers as the config's ``launcher.kubernetes``
+    asks for them (its GPUs, not this host's). ConfigError where a rule for ``auto`` would need to
+    measure the pods."""
+    from core.errors import ConfigError
+    from training.plan import HostFacts, plan_launch
+
+    if cfg.training.strategy == "auto":
+        raise ConfigError("training.strategy: auto is decided on the host that trains; for pods on a cluster "
+                          "name one (ddp, fsdp, ...)")
+    return plan_launch(cfg, HostFacts(gpus=cfg.launcher.kubernetes.gpus_per_node), nproc, nnodes)
