@@ -89,9 +89,11 @@ def load_inputs(inputs: RunInputs) -> tuple[LaunchPlan, Path, Path, Manifest]:
     facts = host_facts(cfg, home)
     plan = plan_launch(cfg, facts, inputs.nproc_per_node)
     image = image_from_env(inputs.image, inputs.image_digest)
+    model_dvc = cfg.pretrained.dvc_file if cfg.pretrained is not None else None
     manifest = build_manifest(root, cfg.name, plan.cfg.config_id(), cfg.dataset.dvc_file, cfg.seed, plan.world,
-                              image, cache)
-    check_tracked(root, [cfg.dataset.dvc_file])  # the md5 just recorded is the data that will train
+                              image, cache, model_dvc)
+    # The md5s just recorded are the data (and model folder) that will train.
+    check_tracked(root, [cfg.dataset.dvc_file, *filter(None, [model_dvc])])
     return plan, root, home, manifest
 
 
