@@ -299,6 +299,7 @@ def _logger():
 def train(ctx: RunContext, slot: TrainFolder) -> dict:
     """torchrun the worker in ``slot``, relaying its metrics file into the pipeline's MLflow run."""
     from core.metrics_file import METRICS_FILE
+    from flows.progress import follow_progress
     from registry.relay import relay_metrics
     from training.launcher import SCORE_ENV, launch
     from training.sink import RUN_ID_ENV
@@ -309,10 +310,13 @@ def train(ctx: RunContext, slot: TrainFolder) -> dict:
 
     # Entered before the job starts: the relay begins at this run's first record (or where a resumed
     # run of the same MLflow run stopped).
-    with relay_metrics(ctx.run_id, slot.folder / METRICS_FILE, record=(slot.folder, ctx.cfg.config_id())):
+    with relay_metrics(ctx.run_id, slot.folder / METRICS_FILE, record=(slot.folder, ctx.cfg.config_id())), \
+            follow_progress(slot.folder / METRICS_FILE, ctx.cfg.training.epochs, _logger(), ctx.cfg.name) as progress:
         job = launch(ctx.plan, slot.folder, ctx.root, ctx.manifest.data.md5, job_env, lock_fd=slot.lock_fd)
         # Back as soon as rank 0's result is final: torchrun's exit overlaps the evaluation.
-        return job.finish(at_result=True)
+        result = job.finish(at_result=True)
+        progress.completed = result.get("status") == "completed"
+        return result
 
 
 @task(name="log-training", timeout_seconds=120, retries=2, retry_delay_seconds=2, **TASK)
