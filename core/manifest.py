@@ -70,6 +70,12 @@ class Manifest:
                 "nnodes": str(world.nnodes), "nproc_per_node": str(world.nproc_per_node), "backend": world.backend,
                 **self.pretrained_tags()}
 
+    @property
+    def inputs_md5(self) -> str:
+        """What a training folder and its checkpoints are of: the data's md5, and the model folder's
+        where one is fine-tuned (a changed folder never resumes a checkpoint of the old one)."""
+        return self.data.md5 if self.pretrained is None else f"{self.data.md5}+{self.pretrained.md5}"
+
     def pretrained_tags(self) -> dict[str, str]:
         """The model folder's version as tags (none without one)."""
         p = self.pretrained

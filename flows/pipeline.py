@@ -163,7 +163,7 @@ def _continued_run(cfg: PipelineConfig, home: Path, manifest: Manifest, exp_id: 
     from registry import store
     from training.slots import unclaimed_resumable
 
-    folders = unclaimed_resumable(home, cfg.name, cfg.config_id(), manifest.data.md5, manifest.world.nproc_per_node)
+    folders = unclaimed_resumable(home, cfg.name, cfg.config_id(), manifest.inputs_md5, manifest.world.nproc_per_node)
     c = store.client()
     for folder in folders:
         rec = read_run_record(folder)
@@ -284,7 +284,7 @@ def _claim_train_dir(ctx: RunContext, nproc: int) -> tuple[Path, int]:
     """This run's training folder, held exclusively: ``(folder, lock fd)`` (``training.slots``)."""
     from training.slots import claim_train_dir
 
-    return claim_train_dir(ctx.home, ctx.cfg.name, ctx.cfg.config_id(), ctx.manifest.data.md5, nproc, _logger())
+    return claim_train_dir(ctx.home, ctx.cfg.name, ctx.cfg.config_id(), ctx.manifest.inputs_md5, nproc, _logger())
 
 
 def _logger():
@@ -312,7 +312,7 @@ def train(ctx: RunContext, slot: TrainFolder) -> dict:
     # run of the same MLflow run stopped).
     with relay_metrics(ctx.run_id, slot.folder / METRICS_FILE, record=(slot.folder, ctx.cfg.config_id())), \
             follow_progress(slot.folder / METRICS_FILE, ctx.cfg.training.epochs, _logger(), ctx.cfg.name) as progress:
-        job = launch(ctx.plan, slot.folder, ctx.root, ctx.manifest.data.md5, job_env, lock_fd=slot.lock_fd)
+        job = launch(ctx.plan, slot.folder, ctx.root, ctx.manifest.inputs_md5, job_env, lock_fd=slot.lock_fd)
         # Back as soon as rank 0's result is final: torchrun's exit overlaps the evaluation.
         result = job.finish(at_result=True)
         progress.completed = result.get("status") == "completed"
