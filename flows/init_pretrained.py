@@ -86,7 +86,7 @@ def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label:
     layout, paths = _text_layout(target, rel, suffixes, "JSON Lines" if kind == "jsonl" else "a table")
     if test_fraction is not None and "file" not in layout:
         raise InitError("--test-fraction: the data is already split into train and test files")
-    name, config_rel, before, _old = _existing(root, target, name, ".expectations.yaml")
+    name, config_rel, before, old = _existing(root, target, name, ".expectations.yaml")
     presplit = "train_file" in layout
     try:
         if kind == "jsonl":
@@ -126,6 +126,15 @@ def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label:
     if lora:
         raw["pretrained"]["lora"] = {}
     _checked(raw, "the config init would write is invalid: {}")
+    if old is not None:  # a re-run: the data's and the folder's facts are new, every other key is the user's
+        from core.config import merge_config
+
+        fresh, raw = raw, merge_config(raw, old)
+        raw["task"] = fresh["task"]
+        raw["dataset"] = {**{k: v for k, v in (old.get("dataset") or {}).items()
+                             if k not in ("file", "train_file", "test_file", "test_fraction")}, **fresh["dataset"]}
+        raw["pretrained"].update(path=fresh["pretrained"]["path"], dvc_file=fresh["pretrained"]["dvc_file"])
+        _checked(raw, config_rel + ": the updated config is invalid: {}; fix that key in it, then run init again")
 
     model_md5 = _dvc_add(root, model_rel)
     lines = [f"model:        {model_rel}: {facts.model_type}, {facts.max_positions or '?'} positions, "

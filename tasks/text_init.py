@@ -194,8 +194,9 @@ def _bounds(values: list[int], floor: int) -> tuple[int, int]:
     return max(floor, lo - pad), hi + pad
 
 
-def _rows_bounds(n: int) -> tuple[int, int]:
-    return max(1, n // 2), max(1, n * 2)
+def _rows(splits: dict) -> dict[str, tuple[int, int]]:
+    """Rows per split from half to double the profiled count; one file (``all``) is validated as train."""
+    return {("train" if s == "all" else s): (max(1, len(r) // 2), max(1, len(r) * 2)) for s, r in splits.items()}
 
 
 # -------------------------------------------------------------------------------- the profile
@@ -231,7 +232,7 @@ def profile_table(frames: dict, label: str, tokenizer, positions: int | None, gi
     chars = [len(t) for t in texts]
     exp = TextExpectations(format="table", columns=[column], label=label, labels=classes,
                            chars={column: _bounds(chars, 1)}, tokens={column: _bounds(lengths, 1)},
-                           rows={s: _rows_bounds(len(df)) for s, df in frames.items() if s in ("train", "test")},
+                           rows=_rows(frames),
                            no_leak=presplit)
     p50, p99 = percentile(lengths, 50), percentile(lengths, 99)
     lines = [f"text:         {column}: {column_why} (pretrained.text_column)",
@@ -270,7 +271,7 @@ def profile_jsonl(splits: dict[str, list[dict]], tokenizer, positions: int | Non
     chars = {c: _bounds([len(r[c]) for r in records], 1) for c in columns}
     toks = {c: _bounds(token_lengths(tokenizer, [r[c] for r in records]), 1) for c in columns}
     exp = TextExpectations(format="jsonl", columns=columns, chars=chars, tokens=toks,
-                           rows={s: _rows_bounds(len(r)) for s, r in splits.items() if s in ("train", "test")},
+                           rows=_rows(splits),
                            no_leak=presplit)
     p50, p99 = percentile(lengths, 50), percentile(lengths, 99)
     pretrained: dict = {"max_length": max_length}

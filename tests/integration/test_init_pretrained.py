@@ -112,3 +112,21 @@ def test_unsafe_folder_is_refused_in_one_line_with_nothing_written(project, monk
     assert ("only pickle weights" if bad == "pickle" else "config.json asks for remote code") in err
     assert not (project / "configs").exists() and not (project / "models" / "evil.dvc").exists()
     assert not (project / "data" / "tickets.dvc").exists()
+
+
+def test_a_rerun_keeps_the_users_keys_and_shows_the_diff(project, folders, monkeypatch, capsys):
+    (project / "data" / "tickets").mkdir()
+    tickets(200, 0).to_csv(project / "data" / "tickets" / "all.csv", index=False)
+    copy_folder(folders["encoder"], project / "models" / "enc")
+    args = ("--data", "data/tickets", "--label", "category", "--pretrained", "models/enc")
+    assert cli(project, monkeypatch, *args) == 0
+    path = project / "configs" / "tickets.yaml"
+    path.write_text(path.read_text().replace("lr: 5.0e-05", "lr: 4.0e-05"))
+    tickets(400, 3).to_csv(project / "data" / "tickets" / "all.csv", index=False)
+    capsys.readouterr()
+    assert cli(project, monkeypatch, *args) == 0
+    out = capsys.readouterr().out
+    cfg = load_config(path)
+    assert cfg.training.lr == 4e-5 and cfg.dataset.file == "all.csv"
+    assert "Updated configs/tickets.yaml and configs/tickets.expectations.yaml" in out
+    assert "-  train: [100, 400]\n+  train: [200, 800]" in out  # the expectations' diff: twice the rows
