@@ -54,6 +54,16 @@ def _kind(target: Path, label: str | None) -> str:
     return "table"
 
 
+def _task_defaults(task: str) -> dict:
+    """The task's own ``init_defaults`` (model, gates) where this environment has the task."""
+    from tasks import get_task
+
+    try:
+        return {k: v for k, v in get_task(task).init_defaults().items() if k in ("model", "gates")}
+    except TrainflowError:
+        return {}
+
+
 def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label: str | None = None,
                     name: str | None = None, text_column: str | None = None, test_fraction: float | None = None,
                     lora: bool = False) -> dict[str, Any]:
@@ -120,8 +130,9 @@ def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label:
         dataset["label"] = label
     dataset["expectations_file"] = exp_rel
     raw = _raw_config(name, profile.task, dataset, {"strategy": "ddp", **profile.training},
-                      {"model": {}, "gates": {}})
-    del raw["model"]
+                      {"model": {}, "gates": {}, **_task_defaults(profile.task)})
+    if not raw["model"]:
+        del raw["model"]
     raw["pretrained"] = {"path": model_rel, "dvc_file": f"{model_rel}.dvc", **profile.pretrained}
     if lora:
         raw["pretrained"]["lora"] = {}
