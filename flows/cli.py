@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a Hugging Face model folder inside the repository to fine-tune: a table with --label "
                            "becomes text_classification, JSON Lines (text, or prompt + completion) causal_lm")
     init.add_argument("--text-column", help="with --pretrained: the free-text column (default: the longest text)")
-    init.add_argument("--lora", action="store_true", help="with --pretrained: fine-tune LoRA adapters (pretrained.lora)")
+    init.add_argument("--lora", action="store_true",
+                      help="with --pretrained: fine-tune LoRA adapters (pretrained.lora)")
 
     ui = sub.add_parser("ui", help="serve the Prefect UI and the MLflow UI on the local state (.trainflow/) "
                                    "until Ctrl-C")

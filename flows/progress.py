@@ -163,7 +163,8 @@ class ProgressFollower:
             try:
                 from prefect.artifacts import update_progress_artifact
 
-                update_progress_artifact(self.artifact_id, self.point.percent, description=f"{self.description}: {text}")
+                update_progress_artifact(self.artifact_id, self.point.percent,
+                                         description=f"{self.description}: {text}")
                 self.updates += 1
             except Exception as exc:  # noqa: BLE001 - the UI's progress must never stop training
                 log.warning("could not update the Prefect progress artifact: %s", exc)

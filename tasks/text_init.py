@@ -140,7 +140,8 @@ def pick_text_column(frame, label: str | None, tokenizer, given: str | None, whe
     if len(texts) == 1:
         return best, "the one text column"
     others = ", ".join(f"{c} {means[c]:.1f}" for c in texts if c != best)
-    return best, f"the longest text: {means[best]:.1f} tokens a row on average (others: {others}); --text-column picks another"
+    return best, (f"the longest text: {means[best]:.1f} tokens a row on average (others: {others}); "
+                  "--text-column picks another")
 
 
 # -------------------------------------------------------------------------------- choices
