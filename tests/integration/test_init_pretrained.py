@@ -130,3 +130,15 @@ def test_a_rerun_keeps_the_users_keys_and_shows_the_diff(project, folders, monke
     assert cfg.training.lr == 4e-5 and cfg.dataset.file == "all.csv"
     assert "Updated configs/tickets.yaml and configs/tickets.expectations.yaml" in out
     assert "-  train: [100, 400]\n+  train: [200, 800]" in out  # the expectations' diff: twice the rows
+
+
+def test_free_text_column_of_a_plain_table_is_left_out_and_said(project, monkeypatch, capsys):
+    (project / "data" / "tickets").mkdir()
+    df = tickets(200, 0).drop(columns="id")
+    df.loc[[3, 4], "body"] = "call me back today please"  # repeated: not an identifier
+    df.to_csv(project / "data" / "tickets" / "all.csv", index=False)
+    assert cli(project, monkeypatch, "--data", "data/tickets", "--label", "category") == 0
+    out = capsys.readouterr().out
+    cfg = load_config(project / "configs" / "tickets.yaml")
+    assert cfg.task == "classification" and cfg.dataset.exclude == ["body"] and "body" not in cfg.dataset.categorical
+    assert "excluded:     body: free text (" in out and "init --pretrained" in out
