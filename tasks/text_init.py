@@ -231,17 +231,19 @@ def profile_table(frames: dict, label: str, tokenizer, positions: int | None, gi
     train_rows = len(frames.get("train", both)) if presplit else int(len(both) * 0.8)
     training, choice = fine_tune_choices("text_classification", train_rows, max_length, lora)
     chars = [len(t) for t in texts]
+    no_leak, leak_said = leak_line(leaked(*[[v for v in frames[s][column].tolist() if isinstance(v, str)]
+                                            for s in ("train", "test")]) if presplit else 0)
     exp = TextExpectations(format="table", columns=[column], label=label, labels=classes,
                            chars={column: _bounds(chars, 1)}, tokens={column: _bounds(lengths, 1)},
                            rows=_rows(frames),
-                           no_leak=presplit)
+                           no_leak=presplit and no_leak)
     p50, p99 = percentile(lengths, 50), percentile(lengths, 99)
     lines = [f"text:         {column}: {column_why} (pretrained.text_column)",
              f"tokens:       p50 {p50}, p99 {p99} with the model's tokenizer",
              f"max_length:   {max_length}: {length_why}; {truncated} row(s) longer are truncated "
              "(pretrained.max_length)",
              f"classes:      {len(classes)}: " + ", ".join(f"{c} {shares[c]:.0%}" for c in classes[:12])
-             + (" ..." if len(classes) > 12 else ""), *choice]
+             + (" ..." if len(classes) > 12 else ""), *choice, *leak_said]
     if missing:
         lines.append(f"empty text:   {len(missing)} row(s) with no {column} (first: row {missing[0]}): validation "
                      "refuses them; drop or fill them")
@@ -271,9 +273,12 @@ def profile_jsonl(splits: dict[str, list[dict]], tokenizer, positions: int | Non
     training, choice = fine_tune_choices("causal_lm", train_rows, max_length, lora)
     chars = {c: _bounds([len(r[c]) for r in records], 1) for c in columns}
     toks = {c: _bounds(token_lengths(tokenizer, [r[c] for r in records]), 1) for c in columns}
+    key = "\x1f".join  # the suite's leak key: the texts of a record together
+    no_leak, leak_said = leak_line(leaked(*[[key(r[c] for c in columns) for r in splits[s]]
+                                            for s in ("train", "test")]) if presplit else 0)
     exp = TextExpectations(format="jsonl", columns=columns, chars=chars, tokens=toks,
                            rows=_rows(splits),
-                           no_leak=presplit)
+                           no_leak=presplit and no_leak)
     p50, p99 = percentile(lengths, 50), percentile(lengths, 99)
     pretrained: dict = {"max_length": max_length}
     if columns == ["prompt", "completion"]:
@@ -282,10 +287,26 @@ def profile_jsonl(splits: dict[str, list[dict]], tokenizer, positions: int | Non
     lines = [f"records:      {' + '.join(columns)}: {shape_why}",
              f"tokens:       p50 {p50}, p99 {p99} a record with the model's tokenizer",
              f"max_length:   {max_length}: {length_why}; {truncated} record(s) longer are "
-             f"{'split across sequences' if what == 'sequences' else 'truncated'} (pretrained.max_length)", *choice]
+             f"{'split across sequences' if what == 'sequences' else 'truncated'} (pretrained.max_length)", *choice,
+             *leak_said]
     return TextProfile(task="causal_lm", format="jsonl", columns=columns, splits=_sizes(splits), p50=p50, p99=p99,
                        max_length=max_length, truncated=truncated, lines=lines,
                        shape=" + ".join(columns), pretrained=pretrained, training=training, expectations=exp)
+
+
+def leaked(train: list[str], test: list[str]) -> int:
+    """Test texts that are also train texts (what the expectations' ``no_leak`` refuses)."""
+    seen = set(train)
+    return sum(1 for t in test if t in seen)
+
+
+def leak_line(count: int) -> tuple[bool, list[str]]:
+    """(``no_leak``, the line said): data that leaks already is reported, not refused by the expectations
+    init writes from it."""
+    if not count:
+        return True, []
+    return False, [f"duplicates:   {count} test text(s) also in train: no_leak: false written, so validation accepts "
+                   "this data; set it true (and remove them) to refuse leaks"]
 
 
 def _sizes(splits: dict) -> dict[str, int]:

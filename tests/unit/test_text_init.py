@@ -105,3 +105,13 @@ def test_text_expectations_round_trip_and_refuse_bad_bounds(tmp_path):
     path.write_text(exp.to_yaml().replace("[2, 30]", "[30, 2]"))
     with pytest.raises(ConfigError, match=r"e.yaml: .*tokens.body: needs 0 <= lower <= upper, got \[30, 2\]"):
         load_text_expectations(path)
+
+
+def test_data_that_already_leaks_is_said_and_not_refused_by_its_own_expectations(tokenizer):
+    train = pd.DataFrame({"body": texts(100, 6, 5, 20), "category": ["a", "b"] * 50})
+    test = pd.DataFrame({"body": [train.body[3], train.body[8], *texts(38, 7, 5, 20)], "category": ["a", "b"] * 20})
+    p = profile_table({"train": train, "test": test}, "category", tokenizer, 32, None, "t", False, True)
+    assert not p.expectations.no_leak
+    assert any(line.startswith("duplicates:   2 test text(s) also in train") for line in p.lines)
+    clean = profile_table({"train": train, "test": test[2:]}, "category", tokenizer, 32, None, "t", False, True)
+    assert clean.expectations.no_leak and not any(line.startswith("duplicates:") for line in clean.lines)
