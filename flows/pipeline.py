@@ -297,7 +297,8 @@ def _logger():
 
 @task(name="train", retries=0, **TASK)
 def train(ctx: RunContext, slot: TrainFolder) -> dict:
-    """torchrun the worker in ``slot``, relaying its metrics file into the pipeline's MLflow run."""
+    """torchrun the worker in ``slot``, relaying its metrics file into the pipeline's MLflow run and
+    following its progress (``flows.progress``: the terminal and the Prefect artifact)."""
     from core.metrics_file import METRICS_FILE
     from flows.progress import follow_progress
     from registry.relay import relay_metrics

@@ -19,8 +19,8 @@ from core.errors import ConfigError, DataUnavailableError
 from core.expectations import load_expectations
 from tasks.base import (Classifier, InitFit, Metric, ModelSpec, Task, ValidationPlan, cache_write, fit_gbdt,
                         init_batch, label_key, load_program, write_program_scores)
-from tasks.free_text import free_text_reason
 from tasks.encoding import FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, numeric_dtype
+from tasks.free_text import free_text_reason
 from tasks.info import DataInfo
 from tasks.table import feature_columns, load_frames, split_paths
 
