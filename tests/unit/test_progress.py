@@ -49,3 +49,19 @@ def test_a_job_that_stopped_early_is_not_said_done(tmp_path, caplog):
     with caplog.at_level(logging.INFO, "t"):
         follower.finish(completed=False)
     assert [r.getMessage() for r in caplog.records] == ["training progress: stopped: step 0/10 (0%)"]
+
+
+def test_on_a_terminal_it_is_a_bar_that_ends_full(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    w = MetricsWriter(path)
+    w.write(params_record({"train.steps_per_epoch": 4, "train.global_batch": 8}, 0))
+    w.write(metrics_record({"perf/samples_per_s": 80.0}, 2, 0))
+    follower = ProgressFollower(path, 1, 0, logging.getLogger("t"), artifact=False, bar=True, description="d")
+    with caplog.at_level(logging.INFO, "t"):
+        follower.start()
+        follower.poll()
+        assert follower._bar.tasks[0].completed == 50.0
+        follower.finish(completed=True)
+    task = follower._bar.tasks[0]
+    assert task.completed == 100.0 and task.description.startswith("done: step 4/4 (100%)")
+    assert caplog.records == []  # the bar, not log lines
