@@ -54,6 +54,8 @@ class Manifest:
     seed: int
     world: World
     extra: dict = field(default_factory=dict)
+    # The pretrained model folder a text task fine-tunes (``pretrained.dvc_file``): data like the dataset.
+    pretrained: DataRef | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -65,7 +67,20 @@ class Manifest:
                 "config_sha256": self.config_sha256, "data_dvc_path": data.dvc_path, "data_md5": data.md5,
                 "data_rev": data.rev, "image_ref": image.ref, "image_digest": image.digest,
                 "packages_sha256": self.packages_sha256, "seed": str(self.seed), "world_size": str(world.size),
-                "nnodes": str(world.nnodes), "nproc_per_node": str(world.nproc_per_node), "backend": world.backend}
+                "nnodes": str(world.nnodes), "nproc_per_node": str(world.nproc_per_node), "backend": world.backend,
+                **self.pretrained_tags()}
+
+    @property
+    def inputs_md5(self) -> str:
+        """What a training folder and its checkpoints are of: the data's md5, and the model folder's
+        where one is fine-tuned (a changed folder never resumes a checkpoint of the old one)."""
+        return self.data.md5 if self.pretrained is None else f"{self.data.md5}+{self.pretrained.md5}"
+
+    def pretrained_tags(self) -> dict[str, str]:
+        """The model folder's version as tags (none without one)."""
+        p = self.pretrained
+        return {} if p is None else {"pretrained_dvc_path": p.dvc_path, "pretrained_md5": p.md5,
+                                     "pretrained_rev": p.rev}
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -148,9 +163,11 @@ def image_from_env(ref: str | None = None, digest: str | None = None) -> ImageRe
 
 
 def build_manifest(root: Path, config_name: str, config_sha256: str, dvc_file: str, seed: int, world: World,
-                   image: ImageRef, cache_dir: Path | None = None) -> Manifest:
-    """What this run is made of. ``cache_dir``: where ``packages_hash`` may keep its result."""
+                   image: ImageRef, cache_dir: Path | None = None, pretrained_dvc_file: str | None = None) -> Manifest:
+    """What this run is made of. ``cache_dir``: where ``packages_hash`` may keep its result;
+    ``pretrained_dvc_file``: the model folder's DVC file, when the task fine-tunes one."""
     sha, dirty = git_state(root)
     return Manifest(git_sha=sha, git_dirty=dirty, config_name=config_name, config_sha256=config_sha256,
                     data=read_dvc_file(root, dvc_file), image=image, packages_sha256=packages_hash(cache_dir),
-                    seed=seed, world=world)
+                    seed=seed, world=world,
+                    pretrained=read_dvc_file(root, pretrained_dvc_file) if pretrained_dvc_file else None)

@@ -152,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--test-fraction", type=float,
                       help="test share when one table is split, stratified by class (default 0.2; a re-run keeps "
                            "the config's)")
+    init.add_argument("--pretrained", metavar="FOLDER",
+                      help="a Hugging Face model folder inside the repository to fine-tune: a table with --label "
+                           "becomes text_classification, JSON Lines (text, or prompt + completion) causal_lm")
+    init.add_argument("--text-column", help="with --pretrained: the free-text column (default: the longest text)")
+    init.add_argument("--lora", action="store_true",
+                      help="with --pretrained: fine-tune LoRA adapters (pretrained.lora)")
 
     ui = sub.add_parser("ui", help="serve the Prefect UI and the MLflow UI on the local state (.trainflow/) "
                                    "until Ctrl-C")
@@ -641,12 +647,31 @@ def cmd_scale(args: argparse.Namespace) -> int:
 def cmd_init(args: argparse.Namespace) -> int:
     from flows.init import format_report, init_project
 
+    if args.pretrained is not None:
+        return _init_pretrained(args)
+    if args.text_column is not None or args.lora:
+        return _fail("init: --text-column and --lora go with --pretrained", EXIT_ERROR)
     try:
         result = init_project(project_root(), Path(args.data).resolve(), args.label, args.task, args.name,
                               args.test_fraction)
     except TrainflowError as exc:
         return _fail(f"init: {exc}", EXIT_ERROR)
     print(format_report(result))
+    return EXIT_OK
+
+
+def _init_pretrained(args: argparse.Namespace) -> int:
+    from flows.init_pretrained import FolderRefusedError, format_pretrained_report, init_pretrained
+
+    if args.task is not None:
+        return _fail("init: --task: --pretrained picks text_classification (a table) or causal_lm (JSON Lines)",
+                     EXIT_ERROR)
+    try:
+        result = init_pretrained(project_root(), Path(args.data).resolve(), Path(args.pretrained).resolve(),
+                                 args.label, args.name, args.text_column, args.test_fraction, args.lora)
+    except TrainflowError as exc:  # a refused model folder is bad input data, like a refused table
+        return _fail(f"init: {exc}", EXIT_DATA if isinstance(exc, FolderRefusedError) else EXIT_ERROR)
+    print(format_pretrained_report(result))
     return EXIT_OK
 
 

@@ -89,9 +89,11 @@ def load_inputs(inputs: RunInputs) -> tuple[LaunchPlan, Path, Path, Manifest]:
     facts = host_facts(cfg, home)
     plan = plan_launch(cfg, facts, inputs.nproc_per_node)
     image = image_from_env(inputs.image, inputs.image_digest)
+    model_dvc = cfg.pretrained.dvc_file if cfg.pretrained is not None else None
     manifest = build_manifest(root, cfg.name, plan.cfg.config_id(), cfg.dataset.dvc_file, cfg.seed, plan.world,
-                              image, cache)
-    check_tracked(root, [cfg.dataset.dvc_file])  # the md5 just recorded is the data that will train
+                              image, cache, model_dvc)
+    # The md5s just recorded are the data (and model folder) that will train.
+    check_tracked(root, [cfg.dataset.dvc_file, *filter(None, [model_dvc])])
     return plan, root, home, manifest
 
 
@@ -161,7 +163,7 @@ def _continued_run(cfg: PipelineConfig, home: Path, manifest: Manifest, exp_id: 
     from registry import store
     from training.slots import unclaimed_resumable
 
-    folders = unclaimed_resumable(home, cfg.name, cfg.config_id(), manifest.data.md5, manifest.world.nproc_per_node)
+    folders = unclaimed_resumable(home, cfg.name, cfg.config_id(), manifest.inputs_md5, manifest.world.nproc_per_node)
     c = store.client()
     for folder in folders:
         rec = read_run_record(folder)
@@ -282,7 +284,7 @@ def _claim_train_dir(ctx: RunContext, nproc: int) -> tuple[Path, int]:
     """This run's training folder, held exclusively: ``(folder, lock fd)`` (``training.slots``)."""
     from training.slots import claim_train_dir
 
-    return claim_train_dir(ctx.home, ctx.cfg.name, ctx.cfg.config_id(), ctx.manifest.data.md5, nproc, _logger())
+    return claim_train_dir(ctx.home, ctx.cfg.name, ctx.cfg.config_id(), ctx.manifest.inputs_md5, nproc, _logger())
 
 
 def _logger():
@@ -295,8 +297,10 @@ def _logger():
 
 @task(name="train", retries=0, **TASK)
 def train(ctx: RunContext, slot: TrainFolder) -> dict:
-    """torchrun the worker in ``slot``, relaying its metrics file into the pipeline's MLflow run."""
+    """torchrun the worker in ``slot``, relaying its metrics file into the pipeline's MLflow run and
+    following its progress (``flows.progress``: the terminal and the Prefect artifact)."""
     from core.metrics_file import METRICS_FILE
+    from flows.progress import follow_progress
     from registry.relay import relay_metrics
     from training.launcher import SCORE_ENV, launch
     from training.sink import RUN_ID_ENV
@@ -307,10 +311,13 @@ def train(ctx: RunContext, slot: TrainFolder) -> dict:
 
     # Entered before the job starts: the relay begins at this run's first record (or where a resumed
     # run of the same MLflow run stopped).
-    with relay_metrics(ctx.run_id, slot.folder / METRICS_FILE, record=(slot.folder, ctx.cfg.config_id())):
-        job = launch(ctx.plan, slot.folder, ctx.root, ctx.manifest.data.md5, job_env, lock_fd=slot.lock_fd)
+    with relay_metrics(ctx.run_id, slot.folder / METRICS_FILE, record=(slot.folder, ctx.cfg.config_id())), \
+            follow_progress(slot.folder / METRICS_FILE, ctx.cfg.training.epochs, _logger(), ctx.cfg.name) as progress:
+        job = launch(ctx.plan, slot.folder, ctx.root, ctx.manifest.inputs_md5, job_env, lock_fd=slot.lock_fd)
         # Back as soon as rank 0's result is final: torchrun's exit overlaps the evaluation.
-        return job.finish(at_result=True)
+        result = job.finish(at_result=True)
+        progress.completed = result.get("status") == "completed"
+        return result
 
 
 @task(name="log-training", timeout_seconds=120, retries=2, retry_delay_seconds=2, **TASK)

@@ -127,8 +127,7 @@ def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], Non
     try:
         checkout_commit(root, manifest["git_sha"], src)
         log(f"code: {manifest['git_sha'][:12]} checked out in {src}")
-        dvc_file = config.get("dataset", {}).get("dvc_file", "data/digits.dvc")
-        warnings += restore_data(src, dvc_file, manifest["data"]["md5"], cache_dir(root))
+        warnings += restore_inputs(src, config, manifest, cache_dir(root))
         log(f"data: {manifest['data']['md5']} restored from the DVC cache/remote")
     except (SourceUnavailableError, DataUnavailableError) as exc:
         shutil.rmtree(work, ignore_errors=True)
@@ -138,7 +137,8 @@ def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], Non
     exp_id = store.configure(uri, experiment, under_home(home, "mlartifacts"))
     model_label = f"{mv.name}/{mv.version}" if mv is not None else source_run
     recorded = {"git_sha": manifest["git_sha"], "data_md5": manifest["data"]["md5"],
-                "config_sha256": manifest["config_sha256"]}
+                "config_sha256": manifest["config_sha256"],
+                **({"pretrained_md5": manifest["pretrained"]["md5"]} if manifest.get("pretrained") else {})}
     run_id = store.start_run(exp_id, f"reproduce-{model_label.replace('/', '-v')}", {
         "trainflow.stage": "reproduce", "trainflow.reproduces": source_run, "trainflow.reproduces_model": model_label,
         **recorded})
@@ -169,6 +169,24 @@ def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], Non
     store.log_metrics(run_id, {"reproduce/match": reproduced})
     store.end_run(run_id, "FINISHED")
     return summary
+
+
+def restore_inputs(src: Path, config: dict, manifest: dict, cache: Path) -> list[str]:
+    """Check the recorded data version, and the pretrained model folder's where the run fine-tuned one,
+    out into the checkout ``src``; warnings, or DataUnavailableError naming what cannot be restored."""
+    dvc_file = config.get("dataset", {}).get("dvc_file", "data/digits.dvc")
+    warnings = restore_data(src, dvc_file, manifest["data"]["md5"], cache)
+    recorded = manifest.get("pretrained")
+    if recorded:
+        section = config.get("pretrained") or {}
+        folder = str(section.get("path", "")).rstrip("/")
+        model_dvc = section.get("dvc_file") or f"{folder}.dvc"
+        try:
+            warnings += restore_data(src, model_dvc, recorded["md5"], cache)
+        except DataUnavailableError as exc:
+            raise DataUnavailableError(f"the pretrained model folder {folder} the run fine-tuned (md5 "
+                                       f"{recorded['md5']}) cannot be restored: {exc}") from None
+    return warnings
 
 
 def _train(src: Path, out: Path, config: dict, size: int, run_id: str, uri: str, warnings: list[str],

@@ -22,6 +22,15 @@ from flows.params import RetrainParams, RunInputs, run_inputs
 from flows.pipeline import TASK, load_inputs, pipeline
 
 
+def model_folder_change(tags: dict, manifest) -> str | None:
+    """Why the champion is stale for its pretrained model folder (the folder changed, or one was added or
+    removed), or None: the champion's ``pretrained_md5`` tag against the manifest's folder."""
+    then = tags.get("pretrained_md5")
+    now = manifest.pretrained.md5 if manifest.pretrained is not None else None
+    if then == now:
+        return None
+    return f"pretrained model folder changed: {then or 'none'} -> {now or 'none'}"
+
 def _champion_dataset(run_id: str | None, fallback):
     """The dataset section the champion was trained with (its run's config.json), else ``fallback``."""
     from core.config import DatasetConfig
@@ -88,6 +97,8 @@ def decide(inputs: RunInputs, force: bool) -> dict:
                     "config_sha256": tags.get("config_sha256"), "git_sha": tags.get("git_sha")}
         if champion["config_sha256"] != current["config_sha256"]:
             reasons.append(f"config changed: {str(champion['config_sha256'])[:12]} -> {current['config_sha256'][:12]}")
+        if (folder := model_folder_change(tags, manifest)) is not None:
+            reasons.append(folder)
         changes = code_changes(root, champion["git_sha"])
         if changes is None:
             reasons.append(f"code unknown: the champion's commit {str(champion['git_sha'])[:12]} is not in {root}")

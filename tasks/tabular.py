@@ -20,6 +20,7 @@ from core.expectations import load_expectations
 from tasks.base import (Classifier, InitFit, Metric, ModelSpec, Task, ValidationPlan, cache_write, fit_gbdt,
                         init_batch, label_key, load_program, write_program_scores)
 from tasks.encoding import FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, numeric_dtype
+from tasks.free_text import free_text_reason
 from tasks.info import DataInfo
 from tasks.table import feature_columns, load_frames, split_paths
 
@@ -174,7 +175,7 @@ class _Table(Task):
             if fmt is not None:
                 dates[name] = {"format": fmt, "why": why + (f", {nulls} missing" if nulls else "")}
                 continue
-            why = _id_like(name, s)
+            why = free_text_reason(s) or _id_like(name, s)
             if why:
                 exclude[name] = why
                 continue

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 DATA_DOCS_SITE = "trainflow_data_docs"
 RESULT_JSON, SUMMARY_MD, DATA_DOCS_DIR = "gx_result.json", "summary.md", "data_docs"
 # The suites a plan may name (``ValidationPlan.runner``) -> their module, imported when asked.
-SUITES = {"table": "validation.suite", "text": "validation.text_suite", "image": "validation.image_suite"}
+SUITES = {"table": "validation.suite", "text": "validation.text_suite", "image": "validation.image_suite",
+          "pretrained_text": "validation.pretrained_suite"}
 
 
 def suite_module(name: str):

@@ -43,6 +43,25 @@ def run_cli(args, tmp_path) -> tuple[int, dict]:
     return code, json.loads(out.read_text())
 
 
+def assert_progress_artifact(flow_run_id) -> None:
+    import re
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey, LogFilter,
+                                                LogFilterFlowRunId)
+
+    with get_client(sync_client=True) as prefect:
+        found = prefect.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["training-progress"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+        logs = [entry.message for entry in prefect.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))]
+    assert len(found) == 1 and found[0].type == "progress" and float(found[0].data) == 100.0
+    assert "done: step" in found[0].description and "samples/s" in found[0].description
+    updates = [int(m) for line in logs for m in re.findall(r"training progress: (\d+) update\(s\)", line)]
+    assert updates and updates[0] >= 2
+    assert len([line for line in logs if line.startswith("training progress: step")]) >= 1
+
+
 def client():
     from mlflow.tracking import MlflowClient
 
@@ -131,6 +150,9 @@ def test_full_flow_registers_champion_with_manifest_tags(first_run, state, bundl
     mine = [a for a in published if png in (a.description or "")]
     assert len(mine) == 1 and mine[0].type == "image"
     assert base64.b64decode(mine[0].data.removeprefix("data:image/png;base64,")) == body
+    # Training's progress, followed while it ran: the Prefect progress artifact ends at 100 %,
+    # updated at least twice (the first movement and the end), each update also a log line.
+    assert_progress_artifact(s["prefect_flow_run_id"])
     # MLflow lineage: the splits as datasets (digest: the DVC md5, source: the file at the data's
     # git rev), the test metrics on the version's LoggedModel, system metrics, the final stage.
     rev = s["manifest"]["data"]["rev"]

@@ -74,3 +74,28 @@ def test_tracking_uri_defaults_to_sqlite_in_home_and_env_wins(tmp_path, monkeypa
     assert tracking_uri(home) == f"sqlite:///{home}/mlflow.db" and tracking_uri(home).startswith("sqlite:////")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
     assert tracking_uri(home) == "http://mlflow:5000"
+
+
+def test_a_pretrained_folder_joins_the_tags_and_the_training_identity():
+    from core.manifest import DataRef, ImageRef, Manifest, World
+
+    data, model = DataRef("data", "a" * 32 + ".dir", "r1"), DataRef("enc", "b" * 32 + ".dir", "r2")
+    plain = Manifest("0" * 40, False, "n", "c", data, ImageRef(), "p", 0, World(1, 1, "gloo"))
+    tuned = Manifest("0" * 40, False, "n", "c", data, ImageRef(), "p", 0, World(1, 1, "gloo"), pretrained=model)
+    assert plain.inputs_md5 == data.md5 and not any(k.startswith("pretrained") for k in plain.tags())
+    assert tuned.inputs_md5 == f"{data.md5}+{model.md5}" != plain.inputs_md5
+    assert {k: v for k, v in tuned.tags().items() if k.startswith("pretrained")} == {
+        "pretrained_dvc_path": "enc", "pretrained_md5": model.md5, "pretrained_rev": "r2"}
+
+
+def test_retrain_sees_a_changed_model_folder_as_a_stale_champion():
+    from core.manifest import DataRef, ImageRef, Manifest, World
+    from flows.retrain import model_folder_change
+
+    data, model = DataRef("data", "a" * 32 + ".dir", "r1"), DataRef("enc", "b" * 32 + ".dir", "r2")
+    tuned = Manifest("0" * 40, False, "n", "c", data, ImageRef(), "p", 0, World(1, 1, "gloo"), pretrained=model)
+    plain = Manifest("0" * 40, False, "n", "c", data, ImageRef(), "p", 0, World(1, 1, "gloo"))
+    assert model_folder_change(tuned.tags(), tuned) is None and model_folder_change(plain.tags(), plain) is None
+    assert model_folder_change({"pretrained_md5": "c" * 32 + ".dir"}, tuned) == (
+        f"pretrained model folder changed: {'c' * 32}.dir -> {model.md5}")
+    assert model_folder_change(plain.tags(), tuned) == f"pretrained model folder changed: none -> {model.md5}"

@@ -50,6 +50,7 @@ def test_a_plan_naming_an_unknown_suite_is_one_clear_error():
     from tasks.base import ValidationPlan
     from validation.gx_run import SUITES, suite_key, suite_module
 
-    assert {name: suite_module(name).NAME for name in SUITES} == {"table": "table", "text": "text", "image": "image"}
-    with pytest.raises(ValueError, match=r"^validation plan: unknown suite 'audio'; known: table, text, image$"):
+    assert {name: suite_module(name).NAME for name in SUITES} == {"table": "table", "text": "text", "image": "image",
+                                                                 "pretrained_text": "pretrained_text"}
+    with pytest.raises(ValueError, match=r"^validation plan: unknown suite 'audio'; known: table, text, image, pretrained_text$"):
         suite_key(ValidationPlan("audio", [], {}))

@@ -1,0 +1,186 @@
+"""``trainflow init --pretrained models/NAME``: a Hugging Face model folder plus the user's text
+into a runnable, reviewed fine-tuning pipeline.
+
+A table (CSV/Parquet) with ``--label`` becomes ``task: text_classification``; JSON Lines (``text``,
+or ``prompt`` + ``completion``) become ``task: causal_lm``. The folder is checked first
+(``tasks.hf_folder.check_folder``: pickle-only weights and remote code are refused in one line,
+nothing written); the text is profiled with the folder's own tokenizer (``tasks.text_init``); the
+data and the folder are tracked with DVC (``models/NAME.dvc``: its md5 joins the run manifest);
+``configs/NAME.yaml`` and ``configs/NAME.expectations.yaml`` are written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from core.errors import TrainflowError
+from core.printable import printable
+from flows.init import InitError, _checked, _dvc_add, _existing, _inside, _raw_config, _rel, _write
+
+JSONL_SUFFIX = ".jsonl"
+
+
+class FolderRefusedError(InitError):
+    """The model folder cannot be used (pickle-only weights, remote code, links out): bad input data."""
+
+
+def _text_layout(target: Path, rel: str, suffixes: tuple[str, ...], what: str) -> tuple[dict[str, str], dict]:
+    """The dataset keys (``train_file`` + ``test_file``, or one ``file``) and ``{split: path}``."""
+    if target.is_file():
+        if target.suffix.lower() not in suffixes:
+            raise InitError(f"--data {rel}: not {what} ({', '.join(suffixes)})")
+        return {"file": target.name}, {"all": target}
+    found = sorted(p for p in target.iterdir() if p.is_file() and p.suffix.lower() in suffixes)
+    split = {s: [p for p in found if p.stem.lower() == s] for s in ("train", "test")}
+    if split["train"] and split["test"]:
+        return ({"train_file": split["train"][0].name, "test_file": split["test"][0].name},
+                {"train": split["train"][0], "test": split["test"][0]})
+    if len(found) == 1:
+        return {"file": found[0].name}, {"all": found[0]}
+    raise InitError(f"--data {rel}: expected train + test {what} files or exactly one; found "
+                    f"{[p.name for p in found] or 'none'}")
+
+
+def _kind(target: Path, label: str | None) -> str:
+    """"jsonl" or "table", from the files at ``target`` (JSON Lines take no ``--label``)."""
+    files = [target] if target.is_file() else [p for p in target.iterdir() if p.is_file()]
+    jsonl = any(p.suffix.lower() == JSONL_SUFFIX for p in files)
+    if jsonl and label is None:
+        return "jsonl"
+    if label is None:
+        raise InitError("--label: name the column to predict (a table with a free-text column becomes "
+                        "text_classification; JSON Lines become causal_lm and take no --label)")
+    return "table"
+
+
+def _task_defaults(task: str) -> dict:
+    """The task's own ``init_defaults`` (model, gates) where this environment has the task."""
+    from tasks import get_task
+
+    try:
+        return {k: v for k, v in get_task(task).init_defaults().items() if k in ("model", "gates")}
+    except TrainflowError:
+        return {}
+
+
+def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label: str | None = None,
+                    name: str | None = None, text_column: str | None = None, test_fraction: float | None = None,
+                    lora: bool = False) -> dict[str, Any]:
+    """Check the folder ``pretrained``, profile ``data`` with its tokenizer, ``dvc add`` both and write the
+    config and the expectations. InitError (nothing written) for bad input."""
+    from core.config import DatasetConfig
+    from tasks.hf_folder import PretrainedFolderError, check_folder, load_tokenizer
+    from tasks.text_init import TextInitError, expectations_header, profile_jsonl, profile_table, read_jsonl
+
+    root = Path(root).resolve()
+    if not (root / ".dvc").is_dir():
+        raise InitError(f"{root} is not a DVC repository (no .dvc/ folder); run `git init && dvc init` there first")
+    target = _inside(root, data)
+    rel = target.relative_to(root).as_posix()
+    model_dir = _inside(root, pretrained)
+    model_rel = model_dir.relative_to(root).as_posix()
+    if model_dir == target or target in model_dir.parents or model_dir in target.parents:
+        raise InitError(f"--pretrained {model_rel} and --data {rel} overlap; keep the model folder and the data apart "
+                        "(each has its own .dvc file)")
+    try:
+        facts = check_folder(model_dir)
+        tokenizer = load_tokenizer(model_dir)
+    except PretrainedFolderError as exc:
+        raise FolderRefusedError(f"--pretrained {exc}") from None
+    if test_fraction is not None and not 0 < test_fraction < 1:
+        raise InitError(f"--test-fraction: must be between 0 and 1, got {test_fraction}")
+
+    kind = _kind(target, label)
+    suffixes = (JSONL_SUFFIX,) if kind == "jsonl" else (".csv", ".parquet", ".pq")
+    layout, paths = _text_layout(target, rel, suffixes, "JSON Lines" if kind == "jsonl" else "a table")
+    if test_fraction is not None and "file" not in layout:
+        raise InitError("--test-fraction: the data is already split into train and test files")
+    name, config_rel, before, old = _existing(root, target, name, ".expectations.yaml")
+    presplit = "train_file" in layout
+    try:
+        if kind == "jsonl":
+            splits = {s: read_jsonl(p) for s, p in paths.items()}
+            profile = profile_jsonl(splits, tokenizer, facts.max_positions, rel, lora, presplit)
+        else:
+            from tasks.table import read_table
+
+            frames = {s: read_table(p) for s, p in paths.items()}
+            first = next(iter(frames.values()))
+            if label not in [str(c) for c in first.columns]:
+                import difflib
+
+                columns = [str(c) for c in first.columns]
+                close = difflib.get_close_matches(label, columns, n=1)
+                raise InitError(f"--label {label!r} is not a column of {_rel(root, next(iter(paths.values())))}"
+                                + (f" (did you mean {close[0]!r}?)" if close else "") + f"; its columns are {columns}")
+            profile = profile_table(frames, label, tokenizer, facts.max_positions, text_column, rel, lora, presplit)
+    except TextInitError as exc:
+        raise InitError(str(exc)) from None
+    except TrainflowError as exc:  # unreadable data: the message names the file
+        raise InitError(str(exc)) from None
+
+    exp_rel = f"configs/{name}.expectations.yaml"
+    path = rel if target.is_dir() else Path(rel).parent.as_posix()
+    dataset: dict[str, Any] = {"dvc_file": f"{rel}.dvc", "path": path, **layout}
+    if "file" in layout:
+        dataset["test_fraction"] = (test_fraction if test_fraction is not None
+                                    else DatasetConfig.model_fields["test_fraction"].default)
+    if label is not None:
+        dataset["label"] = label
+    dataset["expectations_file"] = exp_rel
+    raw = _raw_config(name, profile.task, dataset, {"strategy": "ddp", **profile.training},
+                      {"model": {}, "gates": {}, **_task_defaults(profile.task)})
+    if not raw["model"]:
+        del raw["model"]
+    raw["pretrained"] = {"path": model_rel, "dvc_file": f"{model_rel}.dvc", **profile.pretrained}
+    if lora:
+        raw["pretrained"]["lora"] = {}
+    _checked(raw, "the config init would write is invalid: {}")
+    if old is not None:  # a re-run: the data's and the folder's facts are new, every other key is the user's
+        from core.config import merge_config
+
+        fresh, raw = raw, merge_config(raw, old)
+        raw["task"] = fresh["task"]
+        raw["dataset"] = {**{k: v for k, v in (old.get("dataset") or {}).items()
+                             if k not in ("file", "train_file", "test_file", "test_fraction")}, **fresh["dataset"]}
+        raw["pretrained"].update(path=fresh["pretrained"]["path"], dvc_file=fresh["pretrained"]["dvc_file"])
+        _checked(raw, config_rel + ": the updated config is invalid: {}; fix that key in it, then run init again")
+
+    model_md5 = _dvc_add(root, model_rel)
+    lines = [f"model:        {model_rel}: {facts.model_type}, {facts.max_positions or '?'} positions, "
+             f"DVC md5 {model_md5} (pretrained.path; its md5 joins the run manifest)", *profile.lines]
+    why = {"text_classification": f"a table with label {label!r} and a pretrained model folder",
+           "causal_lm": f"JSON Lines of {profile.shape} and a pretrained model folder"}[profile.task]
+    intro = ("# Choices made from the data with the model's tokenizer (edit the keys named):\n")
+    header = expectations_header(rel, "{md5}", model_rel)
+    written = _write(root, target, rel, name, raw, (profile.task, why, True, intro, lines), before,
+                     {exp_rel: lambda md5: profile.expectations.to_yaml(header.replace("{md5}", md5))})
+    written["git_add"].insert(1, f"{model_rel}.dvc")
+    gitignore = _rel(root, model_dir.parent / ".gitignore")
+    if (root / gitignore).is_file() and gitignore not in written["git_add"]:
+        written["git_add"].insert(2, gitignore)
+    return {**written, "task_reason": why, "rows": profile.splits, "lines": lines, "expectations": exp_rel,
+            "model": model_rel, "model_dvc_file": f"{model_rel}.dvc", "model_md5": model_md5,
+            "profile": profile}
+
+
+def format_pretrained_report(r: dict[str, Any]) -> str:
+    """What ``trainflow init --pretrained`` prints."""
+    rows = ", ".join(f"{k} {v}" for k, v in r["rows"].items())
+    lines = [f"data:         {r['data']} ({rows} rows)", f"task:         {r['task']} ({r['task_reason']})",
+             f"name:         {r['name']}", *r["lines"],
+             f"dvc add:      {r['dvc_file']} (md5 {r['md5']}) and {r['model_dvc_file']} (md5 {r['model_md5']}), "
+             "in the local DVC cache",
+             f"expectations: {r['expectations']}  <- review it: validation checks every data version against it",
+             f"config:       {r['config']}"]
+    lines = [printable(line) for line in lines]
+    if r.get("updated"):
+        lines += ["", f"Updated {' and '.join(r['updated'])}. What changed:"]
+        for path, diff in r["diff"].items():
+            lines += [diff.rstrip("\n")] if diff else [f"    {path}: unchanged"]
+    lines += ["", "The data and the model folder are in this repository's local DVC cache only; add your own",
+              "DVC remote and `dvc push` to share them.", "", "Commit:",
+              printable(f"    git add {' '.join(r['git_add'])}"), f"    git commit -m 'trainflow init: {r['name']}'",
+              "Next:", f"    {r['next']}"]
+    return "\n".join(lines)
