@@ -80,7 +80,7 @@ def test_retrain_section_is_left_out_of_the_config_id():
 
 def _ctx(home):
     cfg = PipelineConfig(name="digits", dataset={"path": "d"})
-    return SimpleNamespace(cfg=cfg, home=home, manifest=SimpleNamespace(data=SimpleNamespace(md5="m.dir")))
+    return SimpleNamespace(cfg=cfg, home=home, manifest=SimpleNamespace(inputs_md5="m.dir"))
 
 
 def test_concurrent_claims_get_separate_training_folders(tmp_path):
