@@ -1,5 +1,5 @@
 """Score the candidate, the champion and the trivial baseline on the same held-out split, with the
-task's ``evaluator``: ``predictions`` (here) or ``documents`` (``evaluation.lm``). No MLflow here."""
+task's own ``evaluator`` or, where it has none, the per-row one here. No MLflow here."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def worker_scores(task, cfg, root: Path, train_dir: Path) -> dict | None:
 
 def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,
                          champion_metrics: dict | None = None) -> dict:
-    """The ``predictions`` evaluator: the candidate's, the champion's, the trivial baseline's and the
+    """The per-row evaluator: the candidate's, the champion's, the trivial baseline's and the
     gradient-boosted trees' (``task.gbdt``) metrics on the test split. The champion's are
     ``champion_metrics`` when given (recorded), else ``champion`` rescored here (``report["champion_scores"]``);
     the candidate's come from the worker when they provably match (``report["candidate_scored_in"]``).
@@ -121,15 +121,12 @@ def _padded(proba, like: np.ndarray) -> np.ndarray:
 def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,
              champion_metrics: dict | None = None) -> dict:
     """The task's evaluator on the candidate in ``train_dir``."""
-    from evaluation import lm
-
-    runners = {"predictions": evaluate_predictions, "documents": lm.evaluate_documents}
-    return runners[task.evaluator](task, cfg, root, train_dir, out_dir, champion, champion_metrics)
+    own = task.evaluator()
+    return (own.evaluate if own is not None else evaluate_predictions)(task, cfg, root, train_dir, out_dir,
+                                                                       champion, champion_metrics)
 
 
 def score_champion(task, cfg, root: Path, predictor) -> dict:
     """The current champion (a loaded registry model) scored on this run's evaluation split."""
-    from evaluation import lm
-
-    runners = {"predictions": lambda t, *a: t.score_champion(*a), "documents": lm.score_documents_champion}
-    return runners[task.evaluator](task, cfg, root, predictor)
+    own = task.evaluator()
+    return own.score_champion(task, cfg, root, predictor) if own is not None else task.score_champion(cfg, root, predictor)

@@ -90,7 +90,6 @@ class _Table(Task):
     """What classification and regression share: reading, features, scaling, the pyfunc."""
 
     classification: ClassVar[bool] = True
-    streams_table: ClassVar[bool] = True
     info_type: ClassVar[type[DataInfo]] = TableInfo
     metrics_version: ClassVar[int] = METRICS_VERSION
 
@@ -277,6 +276,16 @@ class _Table(Task):
         return {"features": features, "columns": columns, "dtypes": types,
                 "mean": [c["mean"] if c["kind"] == "numeric" else 0.0 for c in columns],
                 "std": [c["std"] if c["kind"] == "numeric" else 1.0 for c in columns]}
+
+    def loader_kind(self, cfg: "PipelineConfig", root: Path) -> tuple[str, str]:
+        from tasks.table_stream import choose_loader
+
+        return choose_loader(cfg, root)
+
+    def table_stream(self, cfg: "PipelineConfig", root: Path, data_md5: str):
+        from tasks.table_stream import TableStream
+
+        return TableStream.of(self, cfg, root, data_md5)
 
     def stream_info(self, cfg: "PipelineConfig", root: Path, source: Path, names: tuple, types: dict) -> TableInfo:
         """``info`` of a train split too large to load, fitted batch by batch over ``source`` (Parquet;
@@ -565,10 +574,12 @@ class Classification(Classifier, _Table):
 class Regression(_Table):
     name = "regression"
     classification = False
-    has_accuracy = False
     metrics = (Metric("r2", True), Metric("rmse", False), Metric("mae", False), Metric("latency_p95_ms", False))
     champion_metrics = ("r2", "rmse")
     primary = "r2"
+
+    def val_accuracy(self, correct: float, n: int) -> None:
+        return None
 
     def init_fit(self, label: str, labels, ctype: str) -> InitFit:
         why, few = self._label_facts(label, labels, ctype)

@@ -190,7 +190,7 @@ def test_registered_pyfunc_scores_text_like_the_evaluation(first_run, lm_state, 
     np.testing.assert_allclose(out["perplexity"], np.exp(out["loss"]))
     assert np.isnan(out["loss"].iloc[-2]) and out["n_tokens"].iloc[-2] == 0  # empty text: nothing to score
     # Rescoring the champion through the registry gives its recorded figures (what a later run reuses).
-    from evaluation.lm import summarise
+    from tasks.lm_eval import summarise
     from evaluation.recorded import recorded_metrics
     from registry.models import champion_version, load_predictor
     from tasks import get_task
