@@ -676,9 +676,10 @@ class Classifier:
 
 @dataclass
 class ValidationPlan:
-    """What validation runs for a config: ``runner`` names the suite (``validation.gx_run.SUITES``),
-    ``files`` are hashed for the cache key, ``params`` go to the suite (torch-free values)."""
+    """What validation runs for a config: ``suite``, the import path of the suite module the GX runner
+    runs (``validation.gx_run``: its ``run(params, report_dir)``), ``files`` hashed for the cache key,
+    ``params`` handed to the suite (torch-free values)."""
 
-    runner: str
+    suite: str
     files: list[Path]
     params: dict

@@ -71,7 +71,7 @@ class LanguageModel(Task):
 
     def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
         files = list(self._files(cfg, root).values())
-        return ValidationPlan("text", files, {"dataset": cfg.dataset, "root": Path(root)})
+        return ValidationPlan("validation.text_suite", files, {"dataset": cfg.dataset, "root": Path(root)})
 
     def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
         from tasks.text import load_text_splits

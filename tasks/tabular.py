@@ -201,7 +201,7 @@ class _Table(Task):
     def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
         exp = self.expectations(cfg, root)
         files = [*split_paths(cfg.dataset, root).values(), Path(root) / cfg.dataset.expectations_file]
-        return ValidationPlan("table", files, {
+        return ValidationPlan("validation.suite", files, {
             "dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed, "stratify": self.classification,
             "expectations": exp, "features": feature_columns(cfg.dataset, exp.names), "label": cfg.dataset.label,
             "class_label": self.classification, "leak_policy": cfg.dataset.effective_leak_policy,

@@ -160,6 +160,10 @@ def load(params: dict) -> dict[str, pd.DataFrame]:
     return frames
 
 
+def run(params: dict, report_dir: Path) -> dict:
+    return validate(sys.modules[__name__], params, load(params), Path(report_dir))
+
+
 def validate_images(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_dir: Path) -> dict:
     """Run the image suite on ``splits`` (from :func:`load_splits`) and write the report files
     into ``report_dir``. Never raises on bad data."""

@@ -157,6 +157,10 @@ def load(params: dict) -> dict[str, pd.DataFrame]:
     return load_splits(params["dataset"], params["root"])
 
 
+def run(params: dict, report_dir: Path) -> dict:
+    return validate(sys.modules[__name__], params, load(params), Path(report_dir))
+
+
 def validate_text(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_dir: Path) -> dict:
     """Run the text suite on ``splits`` (from :func:`load_splits`) and write the report files into
     ``report_dir``; the same report shape as the table suite. Never raises on bad data."""

@@ -248,7 +248,7 @@ def test_data_model_and_validation_plan_of_the_task(root):
     assert type(model).__name__ == "WindowNorm" and type(model.net).__name__ == "ConvForecaster"
     assert model(task.example_input(cfg, info, batch=3)).shape == (3, 1)
     plan = task.validation_plan(cfg, root)
-    assert isinstance(plan, ValidationPlan) and plan.runner == "table"
+    assert isinstance(plan, ValidationPlan) and plan.suite == "trainflow_timeseries.suite"
     assert [p.name for p in plan.files] == ["train.csv", "test.csv", "timeseries.expectations.yaml"]
     assert plan.params["label"] == "y" and plan.params["class_label"] is False
 
