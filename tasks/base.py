@@ -3,13 +3,15 @@
 | the task answers | asked by |
 |---|---|
 | ``check_config``: the keys that must hold for this kind (ConfigError naming them) | ``flows`` at load |
-| ``validation_plan``: what to validate, torch-free | ``validation`` |
+| ``validation_plan``: what to validate and the suite module that runs it, torch-free | ``validation`` |
 | ``data_splits``: the data's splits by name, each a file and an MLflow context | ``flows`` (MLflow datasets) |
-| ``load_data`` / ``build_model`` / ``example_input`` / ``loss`` / ``val_correct`` / ``export_module`` | ``training`` |
+| ``load_data`` / ``loader_kind`` / ``table_stream`` / ``build_model`` / ``example_input`` / ``loss`` / ``val_correct`` / ``val_accuracy`` / ``export_module`` | ``training`` |
 | ``parallel_plan``: how its model splits for tensor / pipeline parallelism, if it does | ``training.parallel`` |
-| ``metrics`` (each with a direction), ``evaluator`` and its hooks, ``scoring_key``, ``gbdt`` | ``evaluation`` |
-| ``model_spec``: the pyfunc file, its metadata, signature and input example | ``registry`` |
-| ``init_fit`` / ``init_defaults`` / ``init_reads`` / ``init_folder``: what ``trainflow init`` writes | ``flows.init`` |
+| ``metrics`` (each with a direction), ``evaluator`` (or the per-row hooks), ``scoring_key``, ``gbdt`` | ``evaluation`` |
+| ``model_spec``: the pyfunc file, its metadata, signature and input example; ``loaded_model`` | ``registry`` |
+| ``init_fit`` / ``init_defaults`` / ``init_frames`` / ``init_choices`` / ``init_reads`` / ``init_folder``: what ``trainflow init`` writes | ``flows.init`` |
+
+Rooms outside ``tasks/`` use only what ``Task`` declares (``tests/unit/test_boundaries.py``).
 
 torch is imported only inside the functions that need it.
 """
@@ -337,6 +339,14 @@ class Task:
     def init_defaults(self) -> dict:
         """Config sections ``trainflow init`` writes for this task (model, gates)."""
         return {}
+
+    def init_frames(self, cfg: "PipelineConfig", root: Path) -> dict:
+        """Every row of a table's splits, unlabeled ones too, as the runs split them: what init profiles."""
+        raise NotImplementedError(f"task {self.name!r} is not set up by init from a table")
+
+    def init_choices(self, frames: dict, label: str, presplit: bool) -> dict:
+        """What ``trainflow init`` decides from a table's ``frames``, with reasons (``tasks.tabular``)."""
+        raise NotImplementedError(f"task {self.name!r} is not set up by init from a table")
 
     def init_reads(self, target: Path) -> InitFit:
         """Can ``trainflow init`` set this task up for the folder ``target`` (then it answers ``init_folder``)?"""
