@@ -44,42 +44,34 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
     _, x, y, info = task.eval_data(cfg, root)
     val = task.validation_split(cfg, root)
     scored = worker_scores(task, cfg, root, train_dir)
-    module = None
+    loaded = []
+
+    def program(a) -> np.ndarray:  # model.pt2's outputs (loaded once) where the worker's scores do not hold
+        import torch
+
+        from tasks.base import load_program
+
+        loaded[:] = loaded or [load_program(Path(train_dir) / "model.pt2")]
+        with torch.no_grad():
+            return loaded[0](torch.as_tensor(a)).numpy()
+
     if scored is not None and len(scored["pred"]) == len(y):
         pred = np.asarray(scored["pred"])
         latency = float(np.percentile(scored["latency_ms"], 95))
         val_pred = None if scored.get("val_pred") is None else np.asarray(scored["val_pred"])
         where = "worker"
     else:
-        import torch
-
-        from tasks.base import load_program
-
-        module = load_program(Path(train_dir) / "model.pt2")
-        with torch.no_grad():
-            outputs = module(torch.as_tensor(x)).numpy()
+        outputs = program(x)
         task.check_program_output(outputs, info)
-        pred, val_pred, latency, where = task.decode(outputs), None, None, "pipeline"
-    if val is not None and (val_pred is None or len(val_pred) != len(val[1])):
-        import torch
-
-        from tasks.base import load_program
-
-        module = module or load_program(Path(train_dir) / "model.pt2")
-        with torch.no_grad():
-            val_pred = task.decode(module(torch.as_tensor(val[0])).numpy())
-    threshold = None if val is None else task.decision_threshold(val[1], val_pred)
-    cand = task.score(y, pred, info, **({"threshold": threshold} if threshold is not None else {}))
-    if latency is None:
+        pred, val_pred, where = task.decode(outputs), None, "pipeline"
         import torch
 
         torch.set_num_threads(1)
-
-        def predict(row: np.ndarray) -> np.ndarray:
-            with torch.no_grad():
-                return module(torch.as_tensor(row, dtype=torch.float32)).argmax(1).numpy()
-
-        latency = latency_p95_ms(predict, x)
+        latency = latency_p95_ms(lambda row: program(np.asarray(row, dtype=np.float32)).argmax(1), x)
+    if val is not None and (val_pred is None or len(val_pred) != len(val[1])):
+        val_pred = task.decode(program(val[0]))
+    threshold = None if val is None else task.decision_threshold(val[1], val_pred)
+    cand = task.score(y, pred, info, **({"threshold": threshold} if threshold is not None else {}))
     cand["latency_p95_ms"] = latency
     champ, how = None, None
     if champion_metrics is not None:
