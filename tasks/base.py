@@ -9,7 +9,7 @@
 | ``parallel_plan``: how its model splits for tensor / pipeline parallelism, if it does | ``training.parallel`` |
 | ``metrics`` (each with a direction), ``evaluator`` (or the per-row hooks), ``scoring_key``, ``gbdt`` | ``evaluation`` |
 | ``model_spec``: the pyfunc file, its metadata, signature and input example; ``loaded_model`` | ``registry`` |
-| ``init_fit`` / ``init_defaults`` / ``init_frames`` / ``init_choices`` / ``init_reads`` / ``init_folder``: what ``trainflow init`` writes | ``flows.init`` |
+| ``init_fit`` / ``init_defaults`` / ``init_table`` / ``init_reads`` / ``init_folder``: what ``trainflow init`` writes | ``flows.init`` |
 
 Rooms outside ``tasks/`` use only what ``Task`` declares (``tests/unit/test_boundaries.py``).
 
@@ -340,12 +340,9 @@ class Task:
         """Config sections ``trainflow init`` writes for this task (model, gates)."""
         return {}
 
-    def init_frames(self, cfg: "PipelineConfig", root: Path) -> dict:
-        """Every row of a table's splits, unlabeled ones too, as the runs split them: what init profiles."""
-        raise NotImplementedError(f"task {self.name!r} is not set up by init from a table")
-
-    def init_choices(self, frames: dict, label: str, presplit: bool) -> dict:
-        """What ``trainflow init`` decides from a table's ``frames``, with reasons (``tasks.tabular``)."""
+    def init_table(self, cfg: "PipelineConfig", root: Path, where: str, profile: Callable) -> dict:
+        """What ``trainflow init`` makes of a table the task fits (``init_fit``): its frames, choices and
+        expectations (``tasks.tabular``)."""
         raise NotImplementedError(f"task {self.name!r} is not set up by init from a table")
 
     def init_reads(self, target: Path) -> InitFit:

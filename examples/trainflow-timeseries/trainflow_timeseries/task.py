@@ -62,7 +62,7 @@ class SequenceForecast(Task):
         _held("check_program_output")
     example_input, loss, decode = _held("example_input"), _held("loss"), _held("decode")
     write_test_scores, gbdt, drift_frames = _held("write_test_scores"), _held("gbdt"), _held("drift_frames")
-    init_fit, init_frames, init_choices = _held("init_fit"), _held("init_frames"), _held("init_choices")
+    init_fit, init_table = _held("init_fit"), _held("init_table")
 
     # -- config --------------------------------------------------------------------------------
     def check_config(self, cfg: "PipelineConfig") -> None:
