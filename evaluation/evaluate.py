@@ -121,4 +121,6 @@ def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=Non
 def score_champion(task, cfg, root: Path, predictor) -> dict:
     """The current champion (a loaded registry model) scored on this run's evaluation split."""
     own = task.evaluator()
-    return own.score_champion(task, cfg, root, predictor) if own is not None else task.score_champion(cfg, root, predictor)
+    if own is None:
+        return task.score_champion(cfg, root, predictor)
+    return own.score_champion(task, cfg, root, predictor)

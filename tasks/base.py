@@ -5,11 +5,12 @@
 | ``check_config``: the keys that must hold for this kind (ConfigError naming them) | ``flows`` at load |
 | ``validation_plan``: what to validate and the suite module that runs it, torch-free | ``validation`` |
 | ``data_splits``: the data's splits by name, each a file and an MLflow context | ``flows`` (MLflow datasets) |
-| ``load_data`` / ``loader_kind`` / ``table_stream`` / ``build_model`` / ``example_input`` / ``loss`` / ``val_correct`` / ``val_accuracy`` / ``export_module`` | ``training`` |
+| ``load_data`` / ``loader_kind`` / ``table_stream`` / ``build_model`` / ``example_input`` / ``loss`` | ``training`` |
+| ``val_correct`` / ``val_accuracy`` / ``val_scores`` / ``export_module`` | ``training`` |
 | ``parallel_plan``: how its model splits for tensor / pipeline parallelism, if it does | ``training.parallel`` |
-| ``metrics`` (each with a direction), ``evaluator`` (or the per-row hooks), ``scoring_key``, ``gbdt`` | ``evaluation`` |
+| ``metrics`` (each with a direction), ``evaluator`` or the per-row hooks, ``scoring_key``, ``gbdt`` | ``evaluation`` |
 | ``model_spec``: the pyfunc file, its metadata, signature and input example; ``loaded_model`` | ``registry`` |
-| ``init_fit`` / ``init_defaults`` / ``init_table`` / ``init_reads`` / ``init_folder``: what ``trainflow init`` writes | ``flows.init`` |
+| ``init_fit`` / ``init_defaults`` / ``init_table`` / ``init_reads`` / ``init_folder``: what init writes | ``flows.init`` |
 
 Rooms outside ``tasks/`` use only what ``Task`` declares (``tests/unit/test_boundaries.py``).
 

@@ -3,8 +3,9 @@
 A row is one window (feature columns oldest first) and its label, the next value. The task is a
 plain ``Task``: it brings its own suite (``trainflow_timeseries.suite``), evaluator
 (``trainflow_timeseries.evaluate``), loader and metrics, and asks a ``Regression`` it holds (not one it
-is) for the table's reading and the pyfunc; what it replaces, and why, is the README's table. The evaluation targets are ``[n, 2]``: the next value and the last observed one,
-which ``directional_accuracy`` needs.
+is) for the table's reading and the pyfunc; what it replaces, and why, is the README's table. The
+evaluation targets are ``[n, 2]``: the next value and the last observed one, which
+``directional_accuracy`` needs.
 """
 
 from __future__ import annotations
