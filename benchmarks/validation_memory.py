@@ -39,7 +39,8 @@ params = {"dataset": cfg, "root": root, "seed": 0, "stratify": True, "expectatio
           "features": [c.name for c in exp.columns if c.name != "label"], "label": "label",
           "class_label": True, "batch_rows": batch_rows}
 t = time.perf_counter()
-report = run_plan(ValidationPlan("table", [root / "data/train", root / "data/test"], params), root / "report")
+plan = ValidationPlan("validation.suite", [root / "data/train", root / "data/test"], params)
+report = run_plan(plan, root / "report")
 peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"seconds": time.perf_counter() - t, "peak_rss_mb": peak_mb,
                   "success": report["success"], "rows": report["rows"], "n_failed": report["n_failed"]}))

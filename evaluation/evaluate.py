@@ -1,5 +1,5 @@
 """Score the candidate, the champion and the trivial baseline on the same held-out split, with the
-task's ``evaluator``: ``predictions`` (here) or ``documents`` (``evaluation.lm``). No MLflow here."""
+task's own ``evaluator`` or, where it has none, the per-row one here. No MLflow here."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def worker_scores(task, cfg, root: Path, train_dir: Path) -> dict | None:
 
 def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,
                          champion_metrics: dict | None = None) -> dict:
-    """The ``predictions`` evaluator: the candidate's, the champion's, the trivial baseline's and the
+    """The per-row evaluator: the candidate's, the champion's, the trivial baseline's and the
     gradient-boosted trees' (``task.gbdt``) metrics on the test split. The champion's are
     ``champion_metrics`` when given (recorded), else ``champion`` rescored here (``report["champion_scores"]``);
     the candidate's come from the worker when they provably match (``report["candidate_scored_in"]``).
@@ -44,42 +44,34 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
     _, x, y, info = task.eval_data(cfg, root)
     val = task.validation_split(cfg, root)
     scored = worker_scores(task, cfg, root, train_dir)
-    module = None
+    loaded = []
+
+    def program(a) -> np.ndarray:  # model.pt2's outputs (loaded once) where the worker's scores do not hold
+        import torch
+
+        from tasks.base import load_program
+
+        loaded[:] = loaded or [load_program(Path(train_dir) / "model.pt2")]
+        with torch.no_grad():
+            return loaded[0](torch.as_tensor(a)).numpy()
+
     if scored is not None and len(scored["pred"]) == len(y):
         pred = np.asarray(scored["pred"])
         latency = float(np.percentile(scored["latency_ms"], 95))
         val_pred = None if scored.get("val_pred") is None else np.asarray(scored["val_pred"])
         where = "worker"
     else:
-        import torch
-
-        from tasks.base import load_program
-
-        module = load_program(Path(train_dir) / "model.pt2")
-        with torch.no_grad():
-            outputs = module(torch.as_tensor(x)).numpy()
+        outputs = program(x)
         task.check_program_output(outputs, info)
-        pred, val_pred, latency, where = task.decode(outputs), None, None, "pipeline"
-    if val is not None and (val_pred is None or len(val_pred) != len(val[1])):
-        import torch
-
-        from tasks.base import load_program
-
-        module = module or load_program(Path(train_dir) / "model.pt2")
-        with torch.no_grad():
-            val_pred = task.decode(module(torch.as_tensor(val[0])).numpy())
-    threshold = None if val is None else task.decision_threshold(val[1], val_pred)
-    cand = task.score(y, pred, info, **({"threshold": threshold} if threshold is not None else {}))
-    if latency is None:
+        pred, val_pred, where = task.decode(outputs), None, "pipeline"
         import torch
 
         torch.set_num_threads(1)
-
-        def predict(row: np.ndarray) -> np.ndarray:
-            with torch.no_grad():
-                return module(torch.as_tensor(row, dtype=torch.float32)).argmax(1).numpy()
-
-        latency = latency_p95_ms(predict, x)
+        latency = latency_p95_ms(lambda row: program(np.asarray(row, dtype=np.float32)).argmax(1), x)
+    if val is not None and (val_pred is None or len(val_pred) != len(val[1])):
+        val_pred = task.decode(program(val[0]))
+    threshold = None if val is None else task.decision_threshold(val[1], val_pred)
+    cand = task.score(y, pred, info, **({"threshold": threshold} if threshold is not None else {}))
     cand["latency_p95_ms"] = latency
     champ, how = None, None
     if champion_metrics is not None:
@@ -121,15 +113,14 @@ def _padded(proba, like: np.ndarray) -> np.ndarray:
 def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,
              champion_metrics: dict | None = None) -> dict:
     """The task's evaluator on the candidate in ``train_dir``."""
-    from evaluation import lm
-
-    runners = {"predictions": evaluate_predictions, "documents": lm.evaluate_documents}
-    return runners[task.evaluator](task, cfg, root, train_dir, out_dir, champion, champion_metrics)
+    own = task.evaluator()
+    return (own.evaluate if own is not None else evaluate_predictions)(task, cfg, root, train_dir, out_dir,
+                                                                       champion, champion_metrics)
 
 
 def score_champion(task, cfg, root: Path, predictor) -> dict:
     """The current champion (a loaded registry model) scored on this run's evaluation split."""
-    from evaluation import lm
-
-    runners = {"predictions": lambda t, *a: t.score_champion(*a), "documents": lm.score_documents_champion}
-    return runners[task.evaluator](task, cfg, root, predictor)
+    own = task.evaluator()
+    if own is None:
+        return task.score_champion(cfg, root, predictor)
+    return own.score_champion(task, cfg, root, predictor)

@@ -42,7 +42,7 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
     effects: ``dvc add`` (local cache) and the files under ``configs/``; InitError (bad input) comes first.
     """
     from core.config import DatasetConfig
-    from core.expectations import TableExpectations, load_expectations
+    from core.expectations import load_expectations
     from tasks import get_task
     from tasks.table import read_table
     from validation.profile import column_type, profile_table
@@ -94,32 +94,16 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
     raw = _raw_config(name, task, dataset, {"epochs": EPOCHS, "strategy": "ddp"}, chosen.init_defaults())
     cfg = _checked(raw, "the config init would write is invalid: {}")
 
-    # Every row, unlabeled ones too: the expectations describe the data validation will check.
-    frames = chosen.init_frames(cfg, root)
-    if "train_file" in layout:
-        cols = {s: [str(c) for c in df.columns] for s, df in frames.items()}
-        if cols["train"] != cols["test"]:
-            only = {s: [c for c in cols[s] if c not in cols[o]] for s, o in (("train", "test"), ("test", "train"))}
-            raise InitError(f"{layout['train_file']} and {layout['test_file']} have different columns "
-                            f"(only in train: {only['train']}, only in test: {only['test']}"
-                            f"{'' if any(only.values()) else ', or another order'}); give both the same columns")
-    unlabeled = sum(int(df[label].isna().sum()) for df in frames.values())
-    choices = chosen.init_choices(frames, label, presplit="train_file" in layout)
-    dataset.update({k: sorted(choices[k], key=columns.index) for k in ("exclude", "categorical") if choices[k]})
-    if choices["leak_policy"]:
-        dataset["leak_policy"] = choices["leak_policy"]
-    if choices.get("dates"):
-        dataset["dates"] = {c: d["format"] for c, d in choices["dates"].items()}
+    try:  # the table's half: its rows, the choices made from them, the expectations profiled
+        table = chosen.init_table(cfg, root, first_rel, lambda frames, label, class_label, **kw: profile_table(
+            frames, label, class_label, PROFILE_MARGIN, **kw))
+    except ValueError as exc:
+        raise InitError(str(exc)) from None
+    frames, choices, expectations, unlabeled = table["frames"], table["choices"], table["expectations"], \
+        table["unlabeled"]
+    dataset.update(table["dataset"])
     raw["training"].update(choices["training"])
     _metric_keys(raw, choices)
-    class_label = choices["class_label"]
-    if class_label:
-        _check_label_bounds(frames, label, first_rel)
-    expectations: TableExpectations = profile_table(frames, label, class_label, PROFILE_MARGIN,
-                                                    categorical=tuple(dataset.get("categorical", ())),
-                                                    dates=tuple(dataset.get("dates", ())))
-    if class_label and len(expectations.classes or []) < 2:
-        raise InitError(f"label {label!r} has a single class {expectations.classes}: nothing to classify")
     if old is not None:
         raw = _updated(old, raw, old_columns, columns)
     _checked(raw, config_rel + ": the updated config is invalid: {}; fix that key in it, then run init again")
@@ -133,22 +117,6 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
         **_write(root, target, rel, name, raw, (task, task_reason, inferred, intro, made), before,
                  {exp_rel: lambda md5: expectations.to_yaml(_expectations_header(rel, md5))}),
     }
-
-
-def _check_label_bounds(frames: dict, label: str, where: str) -> None:
-    """InitError when a classification label has more classes than its rows can teach, or a class
-    name longer than a name may be (``tasks.bounds``)."""
-    import pandas as pd
-
-    from tasks.bounds import DataRefusedError, check_class_names, check_classes
-
-    values = pd.concat([df[label] for df in frames.values()], ignore_index=True).dropna()
-    classes = pd.unique(values.astype(str))
-    try:
-        check_class_names(classes, label, where)
-        check_classes(len(classes), len(values), label, where)
-    except DataRefusedError as exc:
-        raise InitError(str(exc)) from None
 
 
 def _ask(task: str, ask: Callable[[Any], Any]):

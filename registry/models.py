@@ -22,7 +22,7 @@ from registry.values import MAX_MODEL_TAG_VALUE_LENGTH, MAX_TAG_VALUE_LENGTH, cl
 
 # Logging and loading models are unsafe in parallel threads (MLflow's models-from-code hand-back and
 # torch.export's deserializer are process-wide): every log and load takes the lock program loads take.
-from tasks.base import PROGRAM_LOCK
+from tasks.base import PROGRAM_LOCK, Predictor
 
 log = logging.getLogger(__name__)
 
@@ -260,65 +260,6 @@ def champion_version(model_name: str) -> dict | None:
     return _info(version_by_alias(model_name, CHAMPION))
 
 
-class _Loaded:
-    """A pyfunc loaded from the registry, with where it came from."""
-
-    def __init__(self, pyfunc_model, name: str, alias: str, version: str, run_id: str | None, model_uri: str):
-        self.pyfunc, self.name, self.alias, self.version = pyfunc_model, name, alias, version
-        self.run_id, self.model_uri = run_id, model_uri
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name}@{self.alias} = version {self.version})"
-
-
-class Predictor(_Loaded):
-    """A loaded registry model of a table: ``predictor(features) -> predictions`` (class labels or values);
-    ``features``: a DataFrame of the feature columns, or a ``[rows, n_features]`` array in their order."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        schema = self.pyfunc.metadata.get_input_schema()
-        self.feature_columns = list(schema.input_names()) if schema is not None else []
-
-    def __call__(self, features):
-        import numpy as np
-
-        return np.asarray(self.pyfunc.predict(self._frame(features)))
-
-    def _frame(self, features):
-        import numpy as np
-        import pandas as pd
-
-        if isinstance(features, pd.DataFrame):
-            return features
-        values = np.asarray(features)
-        return pd.DataFrame(values[None, :] if values.ndim == 1 else values, columns=self.feature_columns)
-
-    def proba(self, features):
-        """A classifier's class probabilities: a DataFrame, a column per class named by the label's value;
-        None from a model without them (logged before its signature declared ``predict_method``)."""
-        declared = self.pyfunc.metadata.get_params_schema()
-        if declared is None or "predict_method" not in {p.name for p in declared.params}:
-            return None
-        return self.pyfunc.predict(self._frame(features), params={"predict_method": "predict_proba"})
-
-
-class TextScorer(_Loaded):
-    """A loaded registry language model: ``scorer(texts) -> (loss [n], n_tokens [n])`` for strings or a
-    DataFrame with a ``text`` column; ``.frame(texts)``: the whole output (loss, perplexity, n_tokens)."""
-
-    def frame(self, texts):
-        import pandas as pd
-
-        return self.pyfunc.predict(texts if isinstance(texts, pd.DataFrame) else pd.DataFrame({"text": list(texts)}))
-
-    def __call__(self, texts):
-        import numpy as np
-
-        out = self.frame(texts)
-        return np.asarray(out["loss"], dtype=np.float64), np.asarray(out["n_tokens"], dtype=np.int64)
-
-
 def requirement_mismatches(requirements: Sequence[str]) -> list[str]:
     """``"name (current: X, required: spec)"`` for each pin this environment does not satisfy; lines that
     are not plain requirements (options, paths, URLs) are skipped, a local suffix (``+cpu``) ignored."""
@@ -347,8 +288,8 @@ def requirement_mismatches(requirements: Sequence[str]) -> list[str]:
 
 
 def load_predictor(model_name: str, alias: str = CHAMPION) -> Callable | None:
-    """Load ``models:/<name>@<alias>`` as a :class:`Predictor` (a :class:`TextScorer` for a task that scores
-    documents); None without the alias. ``.version`` names what the alias held when resolved; the files are
+    """Load ``models:/<name>@<alias>`` as its task's ``loaded_model`` (a :class:`Predictor` for a table);
+    None without the alias. ``.version`` names what the alias held when resolved; the files are
     checked against the sha256 recorded at registration (``verify_files``) before anything in them runs."""
     import mlflow
 
@@ -368,8 +309,8 @@ def load_predictor(model_name: str, alias: str = CHAMPION) -> Callable | None:
             _warn_mismatches((local / "requirements.txt").read_text().splitlines(),
                              f"{uri} was logged with other package versions than this environment has")
     kind = (model.metadata.metadata or {}).get(KIND_KEY)
-    try:  # a task that scores documents: its pyfunc takes a text column
-        documents = isinstance(kind, str) and get_task(kind).evaluator == "documents"
+    try:  # the task's own wrapper (a language model's takes a text column)
+        loaded = get_task(kind).loaded_model() if isinstance(kind, str) else Predictor
     except ConfigError:  # a task unknown here: a plain Predictor
-        documents = False
-    return (TextScorer if documents else Predictor)(model, model_name, alias, str(mv.version), mv.run_id, uri)
+        loaded = Predictor
+    return loaded(model, model_name, alias, str(mv.version), mv.run_id, uri)

@@ -3,13 +3,16 @@
 | the task answers | asked by |
 |---|---|
 | ``check_config``: the keys that must hold for this kind (ConfigError naming them) | ``flows`` at load |
-| ``validation_plan``: what to validate, torch-free | ``validation`` |
+| ``validation_plan``: what to validate and the suite module that runs it, torch-free | ``validation`` |
 | ``data_splits``: the data's splits by name, each a file and an MLflow context | ``flows`` (MLflow datasets) |
-| ``load_data`` / ``build_model`` / ``example_input`` / ``loss`` / ``val_correct`` / ``export_module`` | ``training`` |
+| ``load_data`` / ``loader_kind`` / ``table_stream`` / ``build_model`` / ``example_input`` / ``loss`` | ``training`` |
+| ``val_correct`` / ``val_accuracy`` / ``val_scores`` / ``export_module`` | ``training`` |
 | ``parallel_plan``: how its model splits for tensor / pipeline parallelism, if it does | ``training.parallel`` |
-| ``metrics`` (each with a direction), ``evaluator`` and its hooks, ``scoring_key``, ``gbdt`` | ``evaluation`` |
-| ``model_spec``: the pyfunc file, its metadata, signature and input example | ``registry`` |
-| ``init_fit`` / ``init_defaults`` / ``init_reads`` / ``init_folder``: what ``trainflow init`` writes | ``flows.init`` |
+| ``metrics`` (each with a direction), ``evaluator`` or the per-row hooks, ``scoring_key``, ``gbdt`` | ``evaluation`` |
+| ``model_spec``: the pyfunc file, its metadata, signature and input example; ``loaded_model`` | ``registry`` |
+| ``init_fit`` / ``init_defaults`` / ``init_table`` / ``init_reads`` / ``init_folder``: what init writes | ``flows.init`` |
+
+Rooms outside ``tasks/`` use only what ``Task`` declares (``tests/unit/test_boundaries.py``).
 
 torch is imported only inside the functions that need it.
 """
@@ -259,21 +262,13 @@ class Task:
     primary: ClassVar[str | None] = None
     # What ``primary_metric`` may name (empty: every metric but the latency).
     primary_choices: ClassVar[tuple[str, ...]] = ()
-    # Which evaluator scores it: "predictions" (one per row, through the hooks ``eval_data`` /
-    # ``decode`` / ``encode`` / ``score`` / ``baseline`` / ``check_program_output``) or "documents".
-    evaluator: ClassVar[str] = "predictions"
     # ``[(name, mlflow type, default)]`` of the inference params its registered model takes (``ModelSpec.params``).
     predict_params: ClassVar[list] = []
-    # Whether per-epoch validation reports an accuracy (``val_correct``).
-    has_accuracy: ClassVar[bool] = True
     # Figures ``val_scores`` computes from the whole validation split's outputs at each epoch's end;
     # ``training.early_stopping.metric`` may follow any as ``val_<name>``.
     val_score_names: ClassVar[tuple[str, ...]] = ()
     # The type of ``info``: the caches read it back from JSON with ``info_type.from_json``.
     info_type: ClassVar[type[DataInfo]] = DataInfo
-    # Whether the engine can stream the train split from Parquet row groups (``training.stream``):
-    # such a task also answers ``stream_info`` and ``target_dtype``.
-    streams_table: ClassVar[bool] = False
 
     # -- config --------------------------------------------------------------------------
     def metric(self, name: str) -> Metric:
@@ -317,12 +312,13 @@ class Task:
                                   f"its metrics: {', '.join(names)}")
         if cfg.gates.baseline_margin is not None and self.primary is None:
             raise ConfigError(f"gates.baseline_margin: task {self.name!r} has no trivial baseline")
-        if cfg.training.early_stopping.metric == "val_accuracy" and not self.has_accuracy:
+        accuracy = self.val_accuracy(0.0, 1) is not None
+        if cfg.training.early_stopping.metric == "val_accuracy" and not accuracy:
             raise ConfigError(f"training.early_stopping.metric: task {self.name!r} reports no val_accuracy; "
                               "use val_loss")
         follows = cfg.training.early_stopping.metric
         if follows not in ("val_loss", "val_accuracy") and follows[4:] not in self.val_score_names:
-            offered = ", ".join(["val_loss"] + ["val_accuracy"] * self.has_accuracy
+            offered = ", ".join(["val_loss"] + ["val_accuracy"] * accuracy
                                 + [f"val_{n}" for n in self.val_score_names])
             raise ConfigError(f"training.early_stopping.metric: task {self.name!r} reports no {follows}; "
                               f"it reports {offered}")
@@ -344,6 +340,11 @@ class Task:
     def init_defaults(self) -> dict:
         """Config sections ``trainflow init`` writes for this task (model, gates)."""
         return {}
+
+    def init_table(self, cfg: "PipelineConfig", root: Path, where: str, profile: Callable) -> dict:
+        """What ``trainflow init`` makes of a table the task fits (``init_fit``): its frames, choices and
+        expectations (``tasks.tabular``)."""
+        raise NotImplementedError(f"task {self.name!r} is not set up by init from a table")
 
     def init_reads(self, target: Path) -> InitFit:
         """Can ``trainflow init`` set this task up for the folder ``target`` (then it answers ``init_folder``)?"""
@@ -368,12 +369,17 @@ class Task:
         """What a model of this data is built from (``Splits.info``), fitted on the train split; torch-free."""
         return DataInfo()
 
-    def stream_info(self, cfg: "PipelineConfig", root: Path, source: Path, names: tuple, types: dict) -> DataInfo:
-        """``info`` fitted in one pass over a streamed train split (``streams_table`` tasks)."""
-        raise NotImplementedError(f"task {self.name!r} does not stream a table")
+    def loader_kind(self, cfg: "PipelineConfig", root: Path) -> tuple[str, str]:
+        """(``memory``, ``dataloader`` or ``stream``, why) for ``training.loader.kind`` stream or auto;
+        ConfigError where the task cannot stream."""
+        if cfg.training.loader.kind == "stream":
+            raise ConfigError(f"training.loader.kind: 'stream' reads tables; task {self.name!r} has none "
+                              "(use memory or auto)")
+        return "memory", f"auto: task {self.name!r} has no table to stream"
 
-    def target_dtype(self):
-        """numpy dtype of the training targets a streamed batch holds (``streams_table`` tasks)."""
+    def table_stream(self, cfg: "PipelineConfig", root: Path, data_md5: str):
+        """The train split the engine streams by Parquet row groups (``tasks.table_stream.TableStream``),
+        where ``loader_kind`` says ``stream``."""
         raise NotImplementedError(f"task {self.name!r} does not stream a table")
 
     def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
@@ -390,8 +396,13 @@ class Task:
         raise NotImplementedError
 
     def val_correct(self, out, y) -> float:
-        """Correct predictions in a batch (``has_accuracy``); 0 for tasks without accuracy."""
+        """Correct predictions in a batch (0 for a task without accuracy)."""
         return 0.0
+
+    def val_accuracy(self, correct: float, n: int) -> float | None:
+        """Per-epoch validation accuracy from the correct predictions summed over ranks; None: the task
+        reports none."""
+        return correct / max(n, 1)
 
     def val_scores(self, outputs, y) -> dict[str, float]:
         """``{name: value}`` for ``val_score_names`` from the validation split's model outputs (numpy,
@@ -426,8 +437,33 @@ class Task:
         raise ConfigError(f"training.class_weight: task {self.name!r} has no classes to weigh")
 
     # -- evaluation ----------------------------------------------------------------------------
+    def evaluator(self):
+        """What scores this task's candidate and champion: an object with ``evaluate(task, cfg, root,
+        train_dir, out_dir, champion, champion_metrics) -> report`` and ``score_champion(task, cfg, root,
+        predictor) -> metrics``; None: ``evaluation.evaluate``'s per-row one, through the hooks below."""
+        return None
+
     def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
         """``{"key", "split_sha256", "metrics_version"}``: what a score measured now holds for."""
+        raise NotImplementedError
+
+    def eval_data(self, cfg: "PipelineConfig", root: Path) -> tuple:
+        """``(frame, x, y, info)`` of the evaluation split: x in the program's input form, y the targets."""
+        raise NotImplementedError
+
+    def check_program_output(self, out, info: DataInfo) -> None:
+        """ValueError when the program's outputs on the evaluation split do not fit ``info``."""
+
+    def decode(self, outputs):
+        """The program's outputs -> what ``score`` takes (probabilities, values)."""
+        return outputs
+
+    def score(self, y, pred, info: DataInfo, threshold: float | None = None) -> dict:
+        """Every metric of ``pred`` against the targets ``y``."""
+        raise NotImplementedError
+
+    def baseline(self, cfg: "PipelineConfig", root: Path, info: DataInfo, n: int) -> tuple[str, Any]:
+        """(what the trivial predictor is, its ``n`` predictions in ``decode``'s form)."""
         raise NotImplementedError
 
     def gbdt(self, cfg: "PipelineConfig", root: Path) -> dict | None:
@@ -455,6 +491,10 @@ class Task:
                                    "table's feature columns)")
 
     # -- registry ------------------------------------------------------------------------------
+    def loaded_model(self) -> type:
+        """The class ``registry.models.load_predictor`` wraps this task's loaded pyfunc in."""
+        return Predictor
+
     def model_spec(self, cfg: "PipelineConfig", root: Path, train_dir: Path, report: dict) -> ModelSpec:
         raise NotImplementedError
 
@@ -465,6 +505,49 @@ class Task:
         """One line for the model version's description."""
         shown = ", ".join(f"{k} {candidate[k]:.4f}" for k in self.champion_metrics if k in candidate)
         return f"{cfg.name}: {shown}"
+
+
+class LoadedModel:
+    """A pyfunc loaded from the registry, with where it came from."""
+
+    def __init__(self, pyfunc_model, name: str, alias: str, version: str, run_id: str | None, model_uri: str):
+        self.pyfunc, self.name, self.alias, self.version = pyfunc_model, name, alias, version
+        self.run_id, self.model_uri = run_id, model_uri
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name}@{self.alias} = version {self.version})"
+
+
+class Predictor(LoadedModel):
+    """A loaded registry model of a table: ``predictor(features) -> predictions`` (class labels or values);
+    ``features``: a DataFrame of the feature columns, or a ``[rows, n_features]`` array in their order."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        schema = self.pyfunc.metadata.get_input_schema()
+        self.feature_columns = list(schema.input_names()) if schema is not None else []
+
+    def __call__(self, features):
+        import numpy as np
+
+        return np.asarray(self.pyfunc.predict(self._frame(features)))
+
+    def _frame(self, features):
+        import numpy as np
+        import pandas as pd
+
+        if isinstance(features, pd.DataFrame):
+            return features
+        values = np.asarray(features)
+        return pd.DataFrame(values[None, :] if values.ndim == 1 else values, columns=self.feature_columns)
+
+    def proba(self, features):
+        """A classifier's class probabilities: a DataFrame, a column per class named by the label's value;
+        None from a model without them (logged before its signature declared ``predict_method``)."""
+        declared = self.pyfunc.metadata.get_params_schema()
+        if declared is None or "predict_method" not in {p.name for p in declared.params}:
+            return None
+        return self.pyfunc.predict(self._frame(features), params={"predict_method": "predict_proba"})
 
 
 class Classifier:
@@ -601,9 +684,10 @@ class Classifier:
 
 @dataclass
 class ValidationPlan:
-    """What validation runs for a config: ``runner`` names the suite (``validation.gx_run.SUITES``),
-    ``files`` are hashed for the cache key, ``params`` go to the suite (torch-free values)."""
+    """What validation runs for a config: ``suite``, the import path of the suite module the GX runner
+    runs (``validation.gx_run``: its ``run(params, report_dir)``), ``files`` hashed for the cache key,
+    ``params`` handed to the suite (torch-free values)."""
 
-    runner: str
+    suite: str
     files: list[Path]
     params: dict

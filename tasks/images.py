@@ -171,7 +171,8 @@ class ImageClassification(Classifier, Task):
         files = [base / p for s in ("train", "test") for p, _ in entries[s]]
         if cfg.dataset.images.manifest is not None:
             files.append(base / cfg.dataset.images.manifest)
-        return ValidationPlan("image", files, {"dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed})
+        return ValidationPlan("validation.image_suite", files,
+                              {"dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed})
 
     def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:
         base, images = cfg.dataset.path.rstrip("/"), cfg.dataset.images

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from core.errors import ConfigError
 from tasks.base import Metric, ModelSpec, ParallelPlan, Task, ValidationPlan, load_program
@@ -12,18 +12,27 @@ from tasks.base import Metric, ModelSpec, ParallelPlan, Task, ValidationPlan, lo
 if TYPE_CHECKING:
     from core.config import PipelineConfig
 
-# Bump when evaluation/lm.py's metrics change: recorded champion scores then stop matching.
+# Bump when tasks/lm_eval.py's metrics change: recorded champion scores then stop matching.
 LM_METRICS_VERSION = 1
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_lm.py")
 
 
 class LanguageModel(Task):
     name = "lm"
-    evaluator: ClassVar[str] = "documents"
     metrics = (Metric("loss", False), Metric("perplexity", False, relative=True), Metric("bits_per_byte", False),
                Metric("latency_p95_ms", False))
     champion_metrics = ("perplexity",)
     primary = None
+
+    def evaluator(self):
+        from tasks import lm_eval
+
+        return lm_eval
+
+    def loaded_model(self) -> type:
+        from tasks.lm_eval import TextScorer
+
+        return TextScorer
 
     def recorded_keys(self) -> tuple[str, ...]:
         return ("loss", "perplexity", "bits_per_byte", "n_tokens", "n_docs")
@@ -62,7 +71,7 @@ class LanguageModel(Task):
 
     def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
         files = list(self._files(cfg, root).values())
-        return ValidationPlan("text", files, {"dataset": cfg.dataset, "root": Path(root)})
+        return ValidationPlan("validation.text_suite", files, {"dataset": cfg.dataset, "root": Path(root)})
 
     def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
         from tasks.text import load_text_splits

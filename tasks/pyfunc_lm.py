@@ -3,7 +3,7 @@
 MLflow copies this file into the logged model, so it imports no project code. Input: a DataFrame
 with a ``text`` column (or a list of strings). Output per document: ``loss`` (mean cross-entropy
 per target byte, nats; NaN under two bytes), ``perplexity`` and ``n_tokens``, in the windows of
-``evaluation.lm.windows`` (kept in step by a test).
+``tasks.lm_eval.windows`` (kept in step by a test).
 """
 
 import json

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 import numpy as np
 
@@ -91,7 +91,6 @@ class _Table(Task):
     """What classification and regression share: reading, features, scaling, the pyfunc."""
 
     classification: ClassVar[bool] = True
-    streams_table: ClassVar[bool] = True
     info_type: ClassVar[type[DataInfo]] = TableInfo
     metrics_version: ClassVar[int] = METRICS_VERSION
 
@@ -152,6 +151,47 @@ class _Table(Task):
         """Every row of the data, unlabeled ones too, split as the runs split it: what init profiles."""
         return load_frames(cfg.dataset, root, cfg.seed, stratify=self.classification)
 
+    def init_table(self, cfg: "PipelineConfig", root: Path, where: str, profile: Callable) -> dict:
+        """What ``trainflow init`` makes of a table: ``{"frames", "unlabeled", "choices", "dataset"`` (the keys
+        its choices add), ``"expectations"``: ``profile(frames, label, class_label, categorical=, dates=)``
+        (``validation.profile.profile_table``)}. ValueError: why init refuses it (``where``: its first file)."""
+        import pandas as pd
+
+        from tasks.bounds import DataRefusedError, check_class_names, check_classes
+
+        label, presplit = cfg.dataset.label, cfg.dataset.train_file is not None
+        # Every row, unlabeled ones too: the expectations describe the data validation will check.
+        frames = self.init_frames(cfg, root)
+        if presplit:
+            cols = {s: [str(c) for c in df.columns] for s, df in frames.items()}
+            if cols["train"] != cols["test"]:
+                only = {s: [c for c in cols[s] if c not in cols[o]] for s, o in (("train", "test"), ("test", "train"))}
+                raise ValueError(f"{cfg.dataset.train_file} and {cfg.dataset.test_file} have different columns "
+                                 f"(only in train: {only['train']}, only in test: {only['test']}"
+                                 f"{'' if any(only.values()) else ', or another order'}); give both the same columns")
+        columns = [str(c) for c in next(iter(frames.values())).columns]
+        choices = self.init_choices(frames, label, presplit=presplit)
+        dataset = {k: sorted(choices[k], key=columns.index) for k in ("exclude", "categorical") if choices[k]}
+        if choices["leak_policy"]:
+            dataset["leak_policy"] = choices["leak_policy"]
+        if choices.get("dates"):
+            dataset["dates"] = {c: d["format"] for c, d in choices["dates"].items()}
+        class_label = choices["class_label"]
+        if class_label:  # more classes than the rows can teach, or a class name longer than a name may be
+            values = pd.concat([df[label] for df in frames.values()], ignore_index=True).dropna()
+            classes = pd.unique(values.astype(str))
+            try:
+                check_class_names(classes, label, where)
+                check_classes(len(classes), len(values), label, where)
+            except DataRefusedError as exc:
+                raise ValueError(str(exc)) from None
+        expectations = profile(frames, label, class_label, categorical=tuple(dataset.get("categorical", ())),
+                               dates=tuple(dataset.get("dates", ())))
+        if class_label and len(expectations.classes or []) < 2:
+            raise ValueError(f"label {label!r} has a single class {expectations.classes}: nothing to classify")
+        return {"frames": frames, "unlabeled": sum(int(df[label].isna().sum()) for df in frames.values()),
+                "choices": choices, "dataset": dataset, "expectations": expectations}
+
     def init_choices(self, frames: dict[str, "pd.DataFrame"], label: str, presplit: bool) -> dict:
         """What ``trainflow init`` decides from the data, with reasons: ``exclude`` (identifiers),
         ``categorical`` (integer columns with few values), ``dates`` (text columns of dates: ``{column:
@@ -203,7 +243,7 @@ class _Table(Task):
     def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
         exp = self.expectations(cfg, root)
         files = [*split_paths(cfg.dataset, root).values(), Path(root) / cfg.dataset.expectations_file]
-        return ValidationPlan("table", files, {
+        return ValidationPlan("validation.suite", files, {
             "dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed, "stratify": self.classification,
             "expectations": exp, "features": feature_columns(cfg.dataset, exp.names), "label": cfg.dataset.label,
             "class_label": self.classification, "leak_policy": cfg.dataset.effective_leak_policy,
@@ -278,6 +318,16 @@ class _Table(Task):
         return {"features": features, "columns": columns, "dtypes": types,
                 "mean": [c["mean"] if c["kind"] == "numeric" else 0.0 for c in columns],
                 "std": [c["std"] if c["kind"] == "numeric" else 1.0 for c in columns]}
+
+    def loader_kind(self, cfg: "PipelineConfig", root: Path) -> tuple[str, str]:
+        from tasks.table_stream import choose_loader
+
+        return choose_loader(cfg, root)
+
+    def table_stream(self, cfg: "PipelineConfig", root: Path, data_md5: str):
+        from tasks.table_stream import TableStream
+
+        return TableStream.of(self, cfg, root, data_md5)
 
     def stream_info(self, cfg: "PipelineConfig", root: Path, source: Path, names: tuple, types: dict) -> TableInfo:
         """``info`` of a train split too large to load, fitted batch by batch over ``source`` (Parquet;
@@ -566,10 +616,12 @@ class Classification(Classifier, _Table):
 class Regression(_Table):
     name = "regression"
     classification = False
-    has_accuracy = False
     metrics = (Metric("r2", True), Metric("rmse", False), Metric("mae", False), Metric("latency_p95_ms", False))
     champion_metrics = ("r2", "rmse")
     primary = "r2"
+
+    def val_accuracy(self, correct: float, n: int) -> None:
+        return None
 
     def init_fit(self, label: str, labels, ctype: str) -> InitFit:
         why, few = self._label_facts(label, labels, ctype)

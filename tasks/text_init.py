@@ -336,7 +336,7 @@ def text_validation_plan(cfg, root: Path):
     except (OSError, KeyError, IndexError, TypeError, yaml.YAMLError):
         model_md5 = None  # an untracked folder: the run's workspace check names it
     files = [root / ds.path / n for n in names] + [root / ds.expectations_file]
-    return ValidationPlan("pretrained_text", files, {
+    return ValidationPlan("validation.pretrained_suite", files, {
         "dataset": ds, "root": root, "expectations": exp, "model_path": cfg.pretrained.path, "model_md5": model_md5})
 
 

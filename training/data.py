@@ -6,7 +6,6 @@ import logging
 from pathlib import Path
 
 from core.config import PipelineConfig
-from core.errors import ConfigError
 from tasks import get_task
 from tasks.splits import Splits
 
@@ -15,18 +14,11 @@ def load_splits(cfg: PipelineConfig, root: Path, seed: int, data_md5: str | None
     """The train / val / test tensors of ``cfg``'s task (a table's ``train`` streamed when
     ``training.loader.kind`` says so); raises DataUnavailableError. ``data_md5`` keys the stream's cache."""
     task = get_task(cfg.task)
-    kind = cfg.training.loader.kind
-    if kind in ("stream", "auto"):
-        from training.stream import choose_loader, stream_splits
-
-        if task.streams_table:
-            kind, why = choose_loader(cfg, root)
-        elif kind == "stream":
-            raise ConfigError(f"training.loader.kind: 'stream' reads tables; task {cfg.task!r} has none "
-                              "(use memory or auto)")
-        else:  # a task that reads no table (the byte LM) loads in memory
-            kind, why = "memory", f"auto: task {cfg.task!r} has no table to stream"
+    if cfg.training.loader.kind in ("stream", "auto"):
+        kind, why = task.loader_kind(cfg, root)
         logging.getLogger("trainflow.train").info("training.loader: %s (%s)", kind, why)
         if kind == "stream":
+            from training.stream import stream_splits
+
             return stream_splits(cfg, root, seed, data_md5 or "")
     return task.load_data(cfg, root, seed)

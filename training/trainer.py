@@ -295,7 +295,7 @@ class Trainer:
 
                 scores = self.task.val_scores(np.concatenate([p[0] for p in parts]),
                                               np.concatenate([p[1] for p in parts]))
-        return loss_sum / max(n, 1), (correct / max(n, 1) if self.task.has_accuracy else None), scores
+        return loss_sum / max(n, 1), self.task.val_accuracy(correct, n), scores
 
     def _early_stop(self, stats: EpochStats) -> bool:
         """Update patience from this epoch's (already all-reduced or gathered, so equal on every rank)

@@ -1,10 +1,11 @@
 """The one Great Expectations runner: a task's validation plan in, the report and its files out.
 
-A suite is a module with ``NAME``, ``SPLITS``, ``identity(params)`` and either ``run(params,
-report_dir)`` (it reads its data itself: ``validation.suite``, a table in Arrow batches) or the
-derived-frame protocol of :func:`validate` (``validation.text_suite``, ``validation.image_suite``).
-The runner imports a suite only by name (:data:`SUITES`), so there is no import cycle. GX is
-imported inside the functions; the caller sets ``GX_ANALYTICS_ENABLED=false``.
+A suite is a module with ``NAME``, ``SPLITS``, ``identity(params)`` and ``run(params, report_dir)``:
+it reads its data itself (``validation.suite``, a table in Arrow batches) or hands derived frames to
+:func:`validate` (``validation.text_suite``, ``validation.image_suite``). The task's plan names its
+suite module by import path (``ValidationPlan.suite``: ``tasks/`` does not import ``validation/``, and a
+plugin brings its own), imported when run, so there is no import cycle. GX is imported inside the
+functions; the caller sets ``GX_ANALYTICS_ENABLED=false``.
 """
 
 from __future__ import annotations
@@ -26,27 +27,24 @@ log = logging.getLogger(__name__)
 # GX's ephemeral context already has a site called "local_site": ours needs another name.
 DATA_DOCS_SITE = "trainflow_data_docs"
 RESULT_JSON, SUMMARY_MD, DATA_DOCS_DIR = "gx_result.json", "summary.md", "data_docs"
-# The suites a plan may name (``ValidationPlan.runner``) -> their module, imported when asked.
-SUITES = {"table": "validation.suite", "text": "validation.text_suite", "image": "validation.image_suite",
-          "pretrained_text": "validation.pretrained_suite"}
 
 
-def suite_module(name: str):
-    """The suite module a plan names; ValueError naming an unknown one."""
+def suite_module(plan):
+    """The suite module ``plan`` names (``ValidationPlan.suite``); ValueError naming one that is missing."""
     from importlib import import_module
 
-    if name not in SUITES:
-        raise ValueError(f"validation plan: unknown suite {name!r}; known: {', '.join(SUITES)}")
-    return import_module(SUITES[name])
+    try:
+        return import_module(plan.suite)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not plan.suite.startswith(exc.name):
+            raise
+        raise ValueError(f"validation plan: no suite module {plan.suite!r}") from None
 
 
 def run_plan(plan, report_dir: Path) -> dict:
     """Validate what ``plan`` names and write the report files into ``report_dir``; the report
     (see :func:`write_report`). Never raises on bad data; DataUnavailableError for a missing file."""
-    suite = suite_module(plan.runner)
-    if hasattr(suite, "run"):  # it reads its data itself (in batches, however large)
-        return suite.run(plan.params, Path(report_dir))
-    return validate(suite, plan.params, suite.load(plan.params), Path(report_dir))
+    return suite_module(plan).run(plan.params, Path(report_dir))
 
 
 def data_key(plan) -> str:
@@ -56,7 +54,7 @@ def data_key(plan) -> str:
 
 def suite_key(plan) -> str:
     """Identity of the suite the plan runs with its parameters (:func:`suite_identity`)."""
-    suite = suite_module(plan.runner)
+    suite = suite_module(plan)
     return suite_identity(suite, suite.identity(plan.params))
 
 

@@ -160,7 +160,7 @@ def load(params: dict) -> dict[str, pd.DataFrame]:
     return frames
 
 
-def validate_images(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_dir: Path) -> dict:
-    """Run the image suite on ``splits`` (from :func:`load_splits`) and write the report files
-    into ``report_dir``. Never raises on bad data."""
-    return validate(sys.modules[__name__], {"dataset": cfg}, splits, Path(report_dir))
+def run(params: dict, report_dir: Path) -> dict:
+    """Run the suite on ``params``' data and write the report files into ``report_dir``; the same report
+    shape as the table suite. Never raises on bad data."""
+    return validate(sys.modules[__name__], params, load(params), Path(report_dir))

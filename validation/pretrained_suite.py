@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import DataUnavailableError
-from validation.gx_run import complete, cross_frame, leak_failure
+from validation.gx_run import complete, cross_frame, leak_failure, validate
 from validation.report import MAX_EXAMPLES, fmt_bound
 
 if TYPE_CHECKING:
@@ -189,3 +190,9 @@ def identity(params: dict) -> dict:
     ds = params["dataset"]
     return {"expectations": params["expectations"].model_dump(mode="json"), "path": ds.path,
             "files": _split_files(ds), "model": params["model_path"], "model_md5": params.get("model_md5")}
+
+
+def run(params: dict, report_dir: Path) -> dict:
+    """Run the suite on ``params``' data and write the report files into ``report_dir``; the same report
+    shape as the table suite. Never raises on bad data."""
+    return validate(sys.modules[__name__], params, load(params), Path(report_dir))

@@ -157,7 +157,7 @@ def load(params: dict) -> dict[str, pd.DataFrame]:
     return load_splits(params["dataset"], params["root"])
 
 
-def validate_text(cfg: DatasetConfig, splits: dict[str, pd.DataFrame], report_dir: Path) -> dict:
-    """Run the text suite on ``splits`` (from :func:`load_splits`) and write the report files into
-    ``report_dir``; the same report shape as the table suite. Never raises on bad data."""
-    return validate(sys.modules[__name__], {"dataset": cfg}, splits, Path(report_dir))
+def run(params: dict, report_dir: Path) -> dict:
+    """Run the suite on ``params``' data and write the report files into ``report_dir``; the same report
+    shape as the table suite. Never raises on bad data."""
+    return validate(sys.modules[__name__], params, load(params), Path(report_dir))

@@ -181,6 +181,8 @@ def test_task_resolves_through_the_entry_point(installed):
     assert ep.value == "trainflow_timeseries.task:SequenceForecast"
     task = get_task(TASK)
     assert isinstance(task, Task) and type(task).__module__ == "trainflow_timeseries.task"
+    # A plain Task, not a table task's subclass, with its own evaluator; its plan names its own suite.
+    assert type(task).__bases__ == (Task,) and task.evaluator().__name__ == "trainflow_timeseries.evaluate"
     assert {m.name: m.higher_is_better for m in task.metrics}["smape"] is False
     assert task.metric("directional_accuracy").higher_is_better
     assert task.primary == "smape" and task.champion_metrics == ("smape", "directional_accuracy")
@@ -248,7 +250,7 @@ def test_data_model_and_validation_plan_of_the_task(root):
     assert type(model).__name__ == "WindowNorm" and type(model.net).__name__ == "ConvForecaster"
     assert model(task.example_input(cfg, info, batch=3)).shape == (3, 1)
     plan = task.validation_plan(cfg, root)
-    assert isinstance(plan, ValidationPlan) and plan.runner == "table"
+    assert isinstance(plan, ValidationPlan) and plan.suite == "trainflow_timeseries.suite"
     assert [p.name for p in plan.files] == ["train.csv", "test.csv", "timeseries.expectations.yaml"]
     assert plan.params["label"] == "y" and plan.params["class_label"] is False
 
@@ -288,6 +290,8 @@ def test_torchrun_training_beats_the_persistence_baseline(trained, evaluated):
     assert cand["smape"] < base["smape"] - 0.3
     assert cand["rmse"] < base["rmse"] and cand["mae"] < base["mae"]
     assert base["directional_accuracy"] == 0.0 and cand["directional_accuracy"] > 0.65
+    # The package's evaluator ran: its own figure is in the report.
+    assert evaluated["skill_vs_persistence"] == pytest.approx(1 - cand["rmse"] / base["rmse"])
 
 
 def test_pipeline_scores_the_program_as_the_worker_did(trained, root, evaluated, tmp_path):

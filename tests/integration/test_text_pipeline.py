@@ -15,8 +15,9 @@ import yaml
 from core.config import load_config
 from flows.cli import main
 from tests.conftest import VENV_BIN
+from validation import text_suite
+from validation.gx_run import validate
 from validation.text_suite import document_frame, load_splits
-from validation.text_suite import validate_text as validate_dataset
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +69,7 @@ def test_fresh_clone_pulls_the_text_corpus_from_the_in_repo_remote(repo_root, st
 
 # -- GX text suite --------------------------------------------------------------------------
 def test_exported_corpus_passes_the_text_suite(cfg, repo_root, stdlib_data, tmp_path):
-    report = validate_dataset(cfg.dataset, load_splits(cfg.dataset, repo_root), tmp_path)
+    report = validate(text_suite, {"dataset": cfg.dataset}, load_splits(cfg.dataset, repo_root), tmp_path)
     assert report["success"], report["failures"]
     assert report["n_failed"] == 0 and report["n_expectations"] == 14
     manifest = json.loads((stdlib_data / "manifest.json").read_text())
@@ -86,7 +87,8 @@ def test_text_suite_names_every_broken_document(cfg, tmp_path):
     train = [_line("a.py", "print(1)"), _line("b.py", " \n "), b'{"path": "c.py", "text": "caf\xff"}',
              _line("d.py", "x" * 60), _line("e.py", "ok = 1"), b"not json"]
     evals = [_line("a.py", "other = 2"), _line("f.py", "print(1)")]
-    report = validate_dataset(ds, {"train": document_frame(train), "eval": document_frame(evals)}, tmp_path)
+    splits = {"train": document_frame(train), "eval": document_frame(evals)}
+    report = validate(text_suite, {"dataset": ds}, splits, tmp_path)
     assert not report["success"]
     got = {(f["split"], f["check"], f["column"]): f for f in report["failures"]}
     assert set(got) == {
@@ -190,7 +192,7 @@ def test_registered_pyfunc_scores_text_like_the_evaluation(first_run, lm_state, 
     np.testing.assert_allclose(out["perplexity"], np.exp(out["loss"]))
     assert np.isnan(out["loss"].iloc[-2]) and out["n_tokens"].iloc[-2] == 0  # empty text: nothing to score
     # Rescoring the champion through the registry gives its recorded figures (what a later run reuses).
-    from evaluation.lm import summarise
+    from tasks.lm_eval import summarise
     from evaluation.recorded import recorded_metrics
     from registry.models import champion_version, load_predictor
     from tasks import get_task

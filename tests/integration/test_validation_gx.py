@@ -384,14 +384,17 @@ def _line(path: str, text: str) -> bytes:
 
 
 def test_text_suite_names_every_broken_document(tmp_path):
-    from validation.text_suite import document_frame, validate_text
+    from validation import text_suite
+    from validation.gx_run import validate
+    from validation.text_suite import document_frame
 
     ds = DatasetConfig(path="data-stdlib", text=TextConfig(expectations=TextExpectations(
         doc_bytes=(1, 50), train_docs=(40, 80), eval_docs=(4, 20))))
     train = [_line("a.py", "print(1)"), _line("b.py", " \n "), b'{"path": "c.py", "text": "caf\xff"}',
              _line("d.py", "x" * 60), _line("e.py", "ok = 1"), b"not json"]
     evals = [_line("a.py", "other = 2"), _line("f.py", "print(1)")]
-    report = validate_text(ds, {"train": document_frame(train), "eval": document_frame(evals)}, tmp_path)
+    splits = {"train": document_frame(train), "eval": document_frame(evals)}
+    report = validate(text_suite, {"dataset": ds}, splits, tmp_path)
     assert not report["success"]
     got = {(f["split"], f["check"], f["column"]): f for f in report["failures"]}
     assert set(got) == {

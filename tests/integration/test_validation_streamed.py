@@ -91,7 +91,7 @@ def test_parquet_folder_validates_in_batches_and_fails_naming_the_expectation(ba
         for i, start in enumerate(range(0, len(df), step)):
             df.iloc[start:start + step].to_parquet(folder / f"part-{i}.parquet", row_group_size=80)
     cfg = DatasetConfig(path="data", train_file="train", test_file="test")
-    plan = ValidationPlan("table", [tmp_path / "data" / "train", tmp_path / "data" / "test"],
+    plan = ValidationPlan("validation.suite", [tmp_path / "data" / "train", tmp_path / "data" / "test"],
                           _params(cfg, tmp_path))
     assert len(data_hash(plan.files)) == 64  # a folder hashes file by file
     report = run_plan(plan, tmp_path / "report")
@@ -111,7 +111,8 @@ def test_one_csv_split_by_seed_streams_to_the_same_split_and_failures(bad, tmp_p
     cfg = DatasetConfig(path="data", file="all.csv", test_fraction=0.25)
     one = validate_table(EXP, FEATURES, "label", load_frames(cfg, tmp_path, 0, True), tmp_path / "one",
                          class_label=True)
-    plan = ValidationPlan("table", [tmp_path / "data" / "all.csv"], _params(cfg, tmp_path, stream_above_bytes=0))
+    plan = ValidationPlan("validation.suite", [tmp_path / "data" / "all.csv"],
+                          _params(cfg, tmp_path, stream_above_bytes=0))
     many = run_plan(plan, tmp_path / "many")
     assert many["rows"] == one["rows"] and sum(many["rows"].values()) == 1000
     assert many["failures"] == one["failures"] and many["n_failed"] >= 3

@@ -1,5 +1,6 @@
 """DESIGN.md's rooms, read from the source: what each room may import, no import circles, no branch
-on a task kind's name outside tasks/. (What importing a room loads, in a fresh interpreter:
+on a task kind's name outside tasks/, and outside tasks/ no task attribute that ``Task`` does not
+declare and no switch on a task attribute's value. (What importing a room loads, in a fresh interpreter:
 tests/integration/test_import_weight.py.)"""
 
 from __future__ import annotations
@@ -107,6 +108,45 @@ def kind_branches(path: Path, root: Path = ROOT) -> list[str]:
     return found
 
 
+def task_api(base: Path = ROOT / "tasks" / "base.py") -> set[str]:
+    """What ``Task`` declares: its methods and class attributes (read from ``tasks/base.py``)."""
+    tree = ast.parse(base.read_text())
+    task = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Task")
+    return ({n.name for n in task.body if isinstance(n, ast.FunctionDef)}
+            | {n.target.id for n in task.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+            | {t.id for n in task.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)})
+
+
+def task_uses(source: str, where: str, api: set[str]) -> list[str]:
+    """Where ``source`` (a module outside tasks/) reads a task attribute ``Task`` does not declare (a flag,
+    or a method of one kind of task), or compares a task attribute with a string (a switch on its value).
+    A task is ``task``, ``task_``, ``x.task``, ``get_task(...)``, or a name assigned from one of those."""
+    tree = ast.parse(source, where)
+
+    def is_task(node: ast.AST, names: set[str]) -> bool:
+        if isinstance(node, ast.Call):  # get_task(k) and a task's own copies, task.with_primary(m)
+            f = node.func
+            return ((isinstance(f, ast.Name) and f.id == "get_task")
+                    or (isinstance(f, ast.Attribute) and f.attr.startswith("with_") and is_task(f.value, names)))
+        return ((isinstance(node, ast.Name) and node.id in names)
+                or (isinstance(node, ast.Attribute) and node.attr == "task"))
+
+    names = {"task", "task_"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and is_task(node.value, names):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_task(node.value, names) and node.attr not in api:
+            found.append(f"{where}:{node.lineno}: {ast.unparse(node)} (Task declares no {node.attr})")
+        elif isinstance(node, ast.Compare):
+            sides = (node.left, *node.comparators)
+            if (any(isinstance(v, ast.Attribute) and is_task(v.value, names) for v in sides)
+                    and any(isinstance(v, ast.Constant) and isinstance(v.value, str) for v in sides)):
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node)} (a switch on a task attribute)")
+    return found
+
+
 def test_each_room_imports_only_what_design_md_allows():
     assert room_violations(_modules()) == []
 
@@ -117,6 +157,29 @@ def test_no_import_circles():
 
 def test_no_branch_on_a_kinds_name_outside_tasks():
     assert [b for n, p in _modules().items() if not n.startswith("tasks") for b in kind_branches(p)] == []
+
+
+def test_rooms_call_only_what_task_declares():
+    api = task_api()
+    assert [u for n, p in _modules().items() if not n.startswith("tasks")
+            for u in task_uses(p.read_text(), str(p.relative_to(ROOT)), api)] == []
+
+
+def test_the_task_check_catches_flags_switches_and_undeclared_methods():
+    """Each rule of ``task_uses`` fails a planted violation; declared methods pass."""
+    api = task_api()
+    planted = ("def f(task, ctx):\n"
+               "    ok = task.metrics, ctx.task.loss(1, 2), get_task('x').evaluator()\n"  # declared: fine
+               "    if task.has_x:\n"  # a flag Task does not declare
+               "        return task.evaluator == 'documents'\n"  # a switch on a task attribute
+               "    chosen = get_task(ctx.kind)\n"
+               "    chosen.targets(1)\n"  # a method of one kind of task, through a name bound to a task
+               "    return ctx.task.with_primary(None).features_of(2)\n")
+    assert [u.split(": ", 1)[1] for u in task_uses(planted, "p.py", api)] == [
+        "task.has_x (Task declares no has_x)",
+        "task.evaluator == 'documents' (a switch on a task attribute)",
+        "chosen.targets (Task declares no targets)",
+        "ctx.task.with_primary(None).features_of (Task declares no features_of)"]
 
 
 def test_the_checks_catch_what_they_are_for(tmp_path):

@@ -201,9 +201,11 @@ def _suite_cfg() -> DatasetConfig:
 
 
 def _run_suite(tmp_path: Path, cfg: DatasetConfig) -> dict:
-    from validation.image_suite import load_splits, validate_images
+    from validation import image_suite
+    from validation.gx_run import validate
+    from validation.image_suite import load_splits
 
-    return validate_images(cfg, load_splits(cfg, tmp_path, 0), tmp_path / "report")
+    return validate(image_suite, {"dataset": cfg}, load_splits(cfg, tmp_path, 0), tmp_path / "report")
 
 
 def _clean_folder(base: Path) -> None:

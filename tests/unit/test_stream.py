@@ -10,8 +10,9 @@ import pytest
 
 from core.config import config_from_dict
 from core.errors import ConfigError, DataUnavailableError
+from tasks.table_stream import choose_loader, csv_to_parquet, table_reader
 from training.batches import BatchPlan
-from training.stream import (Holdout, StreamSource, choose_loader, csv_to_parquet, scan_row_groups, table_reader)
+from training.stream import Holdout, StreamSource, scan_row_groups
 
 ROWS, GROUP, FEATURES = 1000, 64, 3  # 16 row groups, the last one short
 
@@ -236,7 +237,7 @@ def test_a_large_csv_is_converted_once_into_the_cache_keyed_by_its_md5(tmp_path,
     assert csv_to_parquet(csv, tmp_path, md5, row_group_rows=100) == out and out.stat().st_mtime_ns == stamp
     with pytest.raises(DataUnavailableError, match="not a DVC md5"):
         csv_to_parquet(csv, tmp_path, "../../etc")
-    from training.stream import parquet_source
+    from tasks.table_stream import parquet_source
 
     # Streaming a CSV: above the threshold its cached Parquet copy, below it refused (load it in memory).
     assert parquet_source(csv, tmp_path, md5, csv_above_mb=0).suffix == ".parquet"

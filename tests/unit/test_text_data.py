@@ -12,7 +12,7 @@ import torch
 
 from core.config import DatasetConfig, load_config
 from core.errors import ConfigError, DataUnavailableError
-from evaluation.lm import score_documents, summarise, windows
+from tasks.lm_eval import score_documents, summarise, windows
 from tasks import task_for
 from tests.conftest import load_script
 from tasks.text import cut_windows, holdout_documents, load_text_splits, read_documents, window_starts
@@ -200,3 +200,16 @@ def test_document_scores_match_a_direct_computation():
     s = summarise(loss, n)
     assert s["perplexity"] == pytest.approx(math.exp(s["loss"])) and s["n_tokens"] == int(n.sum())
     assert s["bits_per_byte"] == pytest.approx(s["loss"] / math.log(2))
+
+
+def test_each_task_hands_its_evaluator_loaded_model_and_accuracy():
+    """The rooms ask the task, not a flag: the lm task scores documents with its own evaluator and is
+    loaded as a text scorer; a table uses the per-row evaluator and the plain predictor; a regression
+    reports no accuracy."""
+    from tasks import get_task, lm_eval
+    from tasks.base import Predictor
+
+    lm, reg, cls = get_task("lm"), get_task("regression"), get_task("classification")
+    assert lm.evaluator() is lm_eval and lm.loaded_model() is lm_eval.TextScorer
+    assert reg.evaluator() is None and reg.loaded_model() is Predictor
+    assert reg.val_accuracy(3.0, 4) is None and cls.val_accuracy(3.0, 4) == 0.75

@@ -1,4 +1,5 @@
-"""Evaluating a byte-level language model on the eval documents: loss, perplexity, bits per byte.
+"""The lm task's evaluator (``LanguageModel.evaluator``): a byte-level language model scored on the eval
+documents: loss, perplexity, bits per byte.
 
 Every target byte of a document is scored exactly once, in windows of ``seq_len`` tokens:
 non-overlapping windows from the start, the last one shifted back to end at the document's end
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from tasks.base import LoadedModel
 
 BATCH_WINDOWS = 64
 
@@ -87,7 +90,7 @@ def _documents(cfg, root: Path) -> list[tuple[str, bytes]]:
     return read_documents(Path(root) / cfg.dataset.path / cfg.dataset.text.eval_file)
 
 
-def score_documents_champion(task, cfg, root: Path, scorer, docs: list[tuple[str, bytes]] | None = None) -> dict:
+def score_champion(task, cfg, root: Path, scorer, docs: list[tuple[str, bytes]] | None = None) -> dict:
     """A registered language model's figures (``scorer``: texts -> (loss [n], n_tokens [n])) on this
     run's eval documents."""
     docs = _documents(cfg, root) if docs is None else docs
@@ -96,9 +99,9 @@ def score_documents_champion(task, cfg, root: Path, scorer, docs: list[tuple[str
     return summarise(np.nan_to_num(np.asarray(loss, dtype=np.float64)) * n_tok, n_tok)
 
 
-def evaluate_documents(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,
+def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,
                        champion_metrics: dict | None = None) -> dict:
-    """The ``documents`` evaluator (the lm task): loss / perplexity / bits per byte of
+    """The lm task's evaluation: loss / perplexity / bits per byte of
     ``train_dir/model.pt2`` and of the champion (``champion_metrics`` when recorded, else the
     ``champion`` scorer's) on the eval documents; writes ``metrics.json`` into ``out_dir``."""
     import torch
@@ -123,9 +126,23 @@ def evaluate_documents(task, cfg, root: Path, train_dir: Path, out_dir: Path, ch
     if champion_metrics is not None:
         champ, how = champion_metrics, "recorded"
     elif champion is not None:
-        champ, how = score_documents_champion(task, cfg, root, champion, docs), "rescored"
+        champ, how = score_champion(task, cfg, root, champion, docs), "rescored"
     report = {"candidate": cand, "champion": champ, "champion_scores": how, "scoring_key": key,
               "baseline": None, "per_document": per_doc, "files": {}}
     (out_dir / "metrics.json").write_text(json.dumps(report, indent=2))
     report["candidate_scored_in"] = "pipeline"
     return report
+
+
+class TextScorer(LoadedModel):
+    """A loaded registry language model: ``scorer(texts) -> (loss [n], n_tokens [n])`` for strings or a
+    DataFrame with a ``text`` column; ``.frame(texts)``: the whole output (loss, perplexity, n_tokens)."""
+
+    def frame(self, texts):
+        import pandas as pd
+
+        return self.pyfunc.predict(texts if isinstance(texts, pd.DataFrame) else pd.DataFrame({"text": list(texts)}))
+
+    def __call__(self, texts):
+        out = self.frame(texts)
+        return np.asarray(out["loss"], dtype=np.float64), np.asarray(out["n_tokens"], dtype=np.int64)
