@@ -204,8 +204,8 @@ def load_weights(core: nn.Module, path: Path) -> list[str]:
     model is summed over its input channels. Returns the keys left as initialised."""
     state = {k.removeprefix("module."): v for k, v in _read_state(path).items()}
     own = core.state_dict()
-    unexpected = [k for k in state if k not in own]
-    missing = [k for k in own if k not in state]
+    unexpected = sorted(k for k in state if k not in own)
+    missing = sorted(k for k in own if k not in state)
     if unexpected and len(unexpected) == len(state):
         raise ValueError(f"model.weights: {path}: none of its {len(state)} keys fit the model "
                          f"(e.g. {list(state)[:3]}; the model's: {list(own)[:3]})")
