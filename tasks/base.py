@@ -401,6 +401,11 @@ class Task:
         pretrained backbone with a lower learning rate, frozen for the first epochs. None by default."""
         return ()
 
+    def to_device(self, cfg: "PipelineConfig", model, device):
+        """``build_model``'s model on the training device, before the strategy wraps it (a task may
+        pick a memory layout there, e.g. channels_last convolutions on CUDA)."""
+        return model.to(device)
+
     def example_input(self, cfg: "PipelineConfig", info: DataInfo, batch: int = 2):
         raise NotImplementedError
 

@@ -239,6 +239,12 @@ def _out_features(core: nn.Module) -> int:
     return last[-1].out_features if last else 0
 
 
+def channels_last(model: nn.Module) -> nn.Module:
+    """Every 4-d parameter and buffer (the convolutions' weights) in channels_last memory order, as
+    ``ImageInput`` gives the pixels on CUDA: cuDNN then runs each convolution without a layout copy."""
+    return model.to(memory_format=torch.channels_last)
+
+
 def image_network(model: ModelConfig, images: ImagesConfig, n_classes: int, mean: list[float], std: list[float],
                   root: Path) -> nn.Sequential:
     """``Sequential(ImageInput, Augment, core)``: ``core`` from ``model.factory(channels, n_classes,

@@ -233,6 +233,14 @@ class ImageClassification(Classifier, Task):
 
         return image_network(cfg.model, cfg.dataset.images, len(info.classes), info.mean, info.std, project_root())
 
+    def to_device(self, cfg: "PipelineConfig", model, device):
+        """channels_last convolutions on CUDA (where cuDNN runs them fastest, with bf16 most of all),
+        for a replicated model (single, ddp): FSDP's shards are flat. CPU: as built."""
+        from tasks.image_nets import channels_last
+
+        model = model.to(device)
+        return channels_last(model) if device.type == "cuda" and cfg.training.strategy in ("single", "ddp") else model
+
     def param_groups(self, cfg: "PipelineConfig", model) -> tuple:
         """The backbone (every parameter of the network but its head, ``image_nets.head_names``) at
         ``model.backbone_lr_scale`` times the LR, frozen for ``model.freeze_backbone_epochs``."""

@@ -184,7 +184,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
         built = self.task.build_model(cfg, data.info)
         groups = self.task.param_groups(cfg, built)
-        self.model = self.strategy.wrap(built.to(ctx.device))
+        self.model = self.strategy.wrap(self.task.to_device(cfg, built, ctx.device))
         opt, kw = (torch.optim.SGD, {"momentum": 0.9}) if t.optimizer == "sgd" else (torch.optim.AdamW, {})
         param_groups, self.group_rules = optimizer_groups(self.model, groups)
         self.opt = opt(param_groups, lr=self.lr, weight_decay=t.weight_decay, **kw)

@@ -104,3 +104,18 @@ def test_new_model_keys_at_their_defaults_keep_the_config_id():
     assert _images_cfg(kind="resnet18", backbone_lr_scale=1.0, freeze_backbone_epochs=0).config_id() == base.config_id()
     assert _images_cfg(kind="resnet18", backbone_lr_scale=0.1).config_id() != base.config_id()
     assert _images_cfg(kind="resnet18", freeze_backbone_epochs=1).config_id() != base.config_id()
+
+
+def test_channels_last_is_set_on_cuda_only():
+    from tasks.image_nets import channels_last
+    from tasks.images import ImageClassification
+
+    cfg = _images_cfg(kind="resnet18")
+    net = image_network(cfg.model, cfg.dataset.images, 3, [0.5], [0.2], None)
+    placed = ImageClassification().to_device(cfg, net, torch.device("cpu"))  # the CPU path: as built
+    assert placed[2].conv1.weight.is_contiguous()
+    assert not placed[2].conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    channels_last(net)
+    assert net[2].layer1[0].conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    x = torch.rand(2, 3, 32, 32) * 255
+    assert net.eval()(x).shape == (2, 3)
