@@ -205,7 +205,8 @@ def load_weights(core: nn.Module, path: Path) -> list[str]:
     state = {k.removeprefix("module."): v for k, v in _read_state(path).items()}
     own = core.state_dict()
     unexpected = sorted(k for k in state if k not in own)
-    missing = sorted(k for k in own if k not in state)
+    # A batch-norm step counter is bookkeeping, not a weight: files saved without it (timm's) load.
+    missing = sorted(k for k in own if k not in state and not k.endswith(".num_batches_tracked"))
     if unexpected and len(unexpected) == len(state):
         raise ValueError(f"model.weights: {path}: none of its {len(state)} keys fit the model "
                          f"(e.g. {list(state)[:3]}; the model's: {list(own)[:3]})")

@@ -44,6 +44,9 @@ def test_a_torchvision_named_safetensors_file_loads_into_a_fresh_model(tmp_path)
     assert not torch.allclose(fresh.eval()(x), src.eval()(x))
     assert load_weights(fresh, tmp_path / "r18.safetensors") == []
     assert torch.equal(fresh.eval()(x), src.eval()(x))
+    _save({k: v for k, v in src.state_dict().items() if not k.endswith("num_batches_tracked")},
+          tmp_path / "timm.safetensors")  # as timm's files come
+    assert load_weights(ResNet18(3, 10), tmp_path / "timm.safetensors") == []
 
 
 def test_an_imagenet_head_is_replaced_for_the_datas_classes(tmp_path, caplog):
