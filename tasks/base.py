@@ -398,7 +398,8 @@ class Task:
 
     def param_groups(self, cfg: "PipelineConfig", model) -> tuple[ParamGroup, ...]:
         """The optimizer's groups of ``model`` (``build_model``'s) other than the default one: e.g. a
-        pretrained backbone with a lower learning rate, frozen for the first epochs. None by default."""
+        pretrained backbone with a lower learning rate, frozen for the first epochs. None by default: one
+        group at the run's LR."""
         return ()
 
     def to_device(self, cfg: "PipelineConfig", model, device):

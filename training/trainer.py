@@ -422,9 +422,9 @@ class Trainer:
         epoch_time = time.perf_counter() - t0
         loss_sum, n_seen = all_reduce_sum(self.ctx, [self.epoch_loss, self.epoch_n])
         val_loss, val_acc, scores = self._evaluate()
+        lr = self.opt.param_groups[0]["lr"] / self.group_rules[0].lr_scale  # the run's, not a scaled group's
         stats = EpochStats(st.epoch + 1, loss_sum / max(n_seen, 1), val_loss, val_acc,
-                           n_seen / epoch_time, epoch_time, self.opt.param_groups[0]["lr"] / self.group_rules[0].lr_scale,
-                           scores)
+                           n_seen / epoch_time, epoch_time, lr, scores)
         st.history.append(asdict(stats))
         self.sink.epoch(stats, st.step)
         stop = self._early_stop(stats)

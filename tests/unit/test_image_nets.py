@@ -70,7 +70,8 @@ def test_a_file_with_other_names_or_shapes_is_refused_naming_the_keys(tmp_path):
                                          r"unexpected layer9\.0\.weight$"):
         load_weights(ResNet18(3, 10), tmp_path / "renamed.safetensors")
     _save({**state, "layer1.0.conv1.weight": torch.zeros(64, 64, 1, 1)}, tmp_path / "shape.safetensors")
-    with pytest.raises(ValueError, match=r"another shape .*layer1\.0\.conv1\.weight \(64, 64, 1, 1\) for \(64, 64, 3, 3\)"):
+    with pytest.raises(ValueError,
+                       match=r"another shape .*layer1\.0\.conv1\.weight \(64, 64, 1, 1\) for \(64, 64, 3, 3\)"):
         load_weights(ResNet18(3, 10), tmp_path / "shape.safetensors")
     (tmp_path / "junk.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(ValueError, match=r"model\.weights: .*junk\.safetensors is not a loadable state dict"):
