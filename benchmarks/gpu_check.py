@@ -7,6 +7,8 @@ environment and a bf16 matmul probe, the ceiling MFU is read against. A run that
 ``training.deterministic=true`` (an op without a deterministic CUDA kernel) is repeated with it
 off. ``--dry-run`` prints each job's command without touching CUDA. Writes ``gpu_check.json`` to
 ``--out``, prints one markdown table, and last the ``--lm100m`` figures as ``name=value``.
+``--resnet50`` adds ResNet-50 training steps at 224 px (bf16, channels_last) on synthetic tensors
+already on the GPU: the rate an image input pipeline must feed.
 """
 
 from __future__ import annotations
@@ -68,6 +70,49 @@ def matmul_tflops(n: int = 8192, reps: int = 10) -> float:
     return 2 * n**3 * reps / (start.elapsed_time(end) / 1e3) / 1e12
 
 
+def resnet50_step_rate(device: str = "cuda", size: int = 224, batch: int = 128, steps: int = 30,
+                       warmup: int = 5) -> dict:
+    """Images/s of ResNet-50 training steps (forward, backward, SGD) on synthetic tensors already on
+    ``device``: bf16 autocast and channels_last on CUDA, fp32 on CPU. No input pipeline at all, so
+    it is the rate a loader must keep up with (NVIDIA's published A100 AMP figure: ~2,470 images/s)."""
+    import torch
+
+    from tasks.image_nets import ResNet50, channels_last
+
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    torch.manual_seed(0)
+    model = ResNet50(3, 1000).to(dev)
+    if cuda:
+        model = channels_last(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(batch, 3, size, size, device=dev)
+    x = x.contiguous(memory_format=torch.channels_last) if cuda else x
+    y = torch.randint(0, 1000, (batch,), device=dev)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
+
+    def step():
+        with autocast:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    return {"name": f"resnet50-{size}px-synthetic", "device": str(dev), "batch": batch, "steps": steps,
+            "precision": "bf16" if cuda else "fp32", "channels_last": cuda,
+            "images_per_s": round(batch * steps / wall, 1)}
+
+
 def run_job(name: str, config: str, sets: list[str], out: Path, nproc: int, timeout: float) -> dict:
     folder = out / name
     t0 = time.perf_counter()
@@ -127,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=240)
     ap.add_argument("--lm100m", action="store_true",
                     help="the ~100 M-parameter LM on one GPU, bf16 eager vs bf16 + torch.compile")
+    ap.add_argument("--resnet50", action="store_true",
+                    help="also ResNet-50 at 224 px, bf16 + channels_last, on synthetic tensors on the GPU")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit (no CUDA needed)")
     args = ap.parse_args(argv)
     if args.lm100m and not (ROOT / (args.lm or LM_CONFIG)).exists():
@@ -150,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bf16 matmul 8192^3: {env['bf16_matmul_tflops']} TFLOP/s", flush=True)
     rows = [row for name, config, sets, nproc in build_plan(args)
             for row in run(name, config, sets, args.out, nproc or env["gpus"], args.timeout)]
+    if args.resnet50:
+        rate = resnet50_step_rate()
+        env["resnet50"] = rate
+        print(f"resnet50 224 px bf16 channels_last, synthetic tensors on the GPU: {rate['images_per_s']} images/s",
+              flush=True)
     (args.out / "gpu_check.json").write_text(json.dumps({"env": env, "runs": rows}, indent=2, default=str))
     print(table(rows))
     print(summary_line(rows))

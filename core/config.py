@@ -245,10 +245,16 @@ class ModelConfig(_Strict):
     numeric column transformed (``numeric``) with a missing-indicator where the train split had
     gaps, optionally embedded as periodic features (``periodic``), each category embedded."""
 
-    kind: Literal["tabular", "cnn", "mlp", "lm", "image_cnn", "resnet18"] | None = None
-    # image_cnn / resnet18 only: initial weights from a local state-dict file (relative to the
-    # repository root; torchvision's resnet18 keys fit), read with torch.load(weights_only=True).
+    kind: Literal["tabular", "cnn", "mlp", "lm", "image_cnn", "resnet18", "resnet50"] | None = None
+    # image_cnn / resnet18 / resnet50 only: initial weights from a local file inside the repository:
+    # *.safetensors (torchvision's and timm's resnet keys fit), or a torch file read with
+    # torch.load(weights_only=True). Names must match; a head for another class count is replaced.
     weights: str | None = None
+    # Image networks: the backbone's learning rate is this times training.lr (the head's is
+    # training.lr), e.g. 0.1 when fine-tuning from model.weights.
+    backbone_lr_scale: float = Field(1.0, gt=0)
+    # Image networks: the backbone is not updated for the first this-many epochs (the head is).
+    freeze_backbone_epochs: int = Field(0, ge=0)
     factory: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     kwargs: dict[str, Any] = {}
     channels: tuple[int, int] = (16, 32)
@@ -758,7 +764,7 @@ ID_LATER_KEYS = (
     ("dataset", "images"), ("model", "weights"),
     ("training", "early_stopping", "restore_best"), ("dataset", "dates"), ("dataset", "date_parts"),
     ("primary_metric",), ("training", "class_weight"), ("gates", "allow_single_class"),
-    ("pretrained",),
+    ("pretrained",), ("model", "backbone_lr_scale"), ("model", "freeze_backbone_epochs"),
 )
 
 

@@ -250,6 +250,19 @@ class ParallelPlan:
     split_stage: Callable[[Any, int, int], Any]
 
 
+@dataclass(frozen=True)
+class ParamGroup:
+    """Parameters the optimizer treats alike (the task says which, ``Task.param_groups``): their
+    learning rate is ``lr_scale`` times the run's, and they are not updated in the first
+    ``frozen_epochs`` epochs. ``names``: parameter names in the task's model as ``build_model`` returns
+    it (the engine matches them through its wrappers). Parameters in no group keep the run's LR."""
+
+    name: str
+    names: frozenset[str]
+    lr_scale: float = 1.0
+    frozen_epochs: int = 0
+
+
 class Task:
     """Base of every task. Subclasses set the class attributes and implement the methods."""
 
@@ -388,6 +401,17 @@ class Task:
 
     def build_model(self, cfg: "PipelineConfig", info: DataInfo):
         raise NotImplementedError
+
+    def param_groups(self, cfg: "PipelineConfig", model) -> tuple[ParamGroup, ...]:
+        """The optimizer's groups of ``model`` (``build_model``'s) other than the default one: e.g. a
+        pretrained backbone with a lower learning rate, frozen for the first epochs. None by default: one
+        group at the run's LR."""
+        return ()
+
+    def to_device(self, cfg: "PipelineConfig", model, device):
+        """``build_model``'s model on the training device, before the strategy wraps it (a task may
+        pick a memory layout there, e.g. channels_last convolutions on CUDA)."""
+        return model.to(device)
 
     def example_input(self, cfg: "PipelineConfig", info: DataInfo, batch: int = 2):
         raise NotImplementedError

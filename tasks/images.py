@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 METRICS_VERSION = 2
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_image.py")
-IMAGE_KINDS = (None, "image_cnn", "resnet18")
+IMAGE_KINDS = (None, "image_cnn", "resnet18", "resnet50")
 # The trees beside the network fit on at most this many train images (a seeded sample).
 GBDT_MAX_ROWS = 10_000
 # The longer side of the input `trainflow init` picks at most (larger images are scaled down).
@@ -60,17 +60,20 @@ class ImageClassification(Classifier, Task):
         if len(images.classes) < 2:
             raise ConfigError(f"dataset.images.classes: at least two classes, got {images.classes}")
         if cfg.model.factory is None and cfg.model.kind not in IMAGE_KINDS:
-            raise ConfigError(f"model.kind: {cfg.model.kind!r} is not an image network; use image_cnn or resnet18 "
-                              "(or model.factory)")
+            raise ConfigError(f"model.kind: {cfg.model.kind!r} is not an image network; use image_cnn, resnet18 "
+                              "or resnet50 (or model.factory)")
         from core.paths import project_root
 
         if cfg.model.weights is not None:
             if cfg.model.factory is not None:
-                raise ConfigError("model.weights: for image_cnn and resnet18; a model.factory loads its own")
+                raise ConfigError("model.weights: for image_cnn, resnet18 and resnet50; a model.factory loads its own")
             root = project_root().resolve()
             path = (root / cfg.model.weights).resolve()
             if root not in path.parents or not path.is_file():
                 raise ConfigError(f"model.weights: {cfg.model.weights} is not a file inside the repository {root}")
+        if cfg.model.factory is not None and (cfg.model.backbone_lr_scale != 1.0 or cfg.model.freeze_backbone_epochs):
+            raise ConfigError("model.backbone_lr_scale, model.freeze_backbone_epochs: for image_cnn, resnet18 and "
+                              "resnet50 (a model.factory's network has no head trainflow knows)")
         if cfg.model.factory is not None:
             from tasks.factory import check_factory
 
@@ -230,6 +233,28 @@ class ImageClassification(Classifier, Task):
         from tasks.image_nets import image_network
 
         return image_network(cfg.model, cfg.dataset.images, len(info.classes), info.mean, info.std, project_root())
+
+    def to_device(self, cfg: "PipelineConfig", model, device):
+        """channels_last convolutions on CUDA (where cuDNN runs them fastest, with bf16 most of all),
+        for a replicated model (single, ddp): FSDP's shards are flat. CPU: as built."""
+        from tasks.image_nets import channels_last
+
+        model = model.to(device)
+        return channels_last(model) if device.type == "cuda" and cfg.training.strategy in ("single", "ddp") else model
+
+    def param_groups(self, cfg: "PipelineConfig", model) -> tuple:
+        """The backbone (every parameter of the network but its head, ``image_nets.head_names``) at
+        ``model.backbone_lr_scale`` times the LR, frozen for ``model.freeze_backbone_epochs``."""
+        from tasks.base import ParamGroup
+        from tasks.image_nets import head_names
+
+        m = cfg.model
+        if m.backbone_lr_scale == 1.0 and m.freeze_backbone_epochs == 0:
+            return ()
+        core = model[-1]  # Sequential(ImageInput, Augment, core)
+        head = {f"{len(model) - 1}.{n}" for n in head_names(core)}
+        backbone = frozenset(n for n, _ in model.named_parameters() if n not in head)
+        return (ParamGroup("backbone", backbone, m.backbone_lr_scale, m.freeze_backbone_epochs),)
 
     def example_input(self, cfg: "PipelineConfig", info: ImageInfo, batch: int = 2):
         import torch

@@ -129,6 +129,37 @@ class ZeroStepsError(TrainflowError):
                 "held-out split)")
 
 
+# Module names wrappers put into a model's parameter names (DDP's ``module``, torch.compile's
+# ``_orig_mod``); FSDP2's ``fully_shard`` keeps the names.
+_WRAPPERS = frozenset({"module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
+
+
+def plain_name(name: str) -> str:
+    """A wrapped model's parameter name as the task's model names it."""
+    return ".".join(part for part in name.split(".") if part not in _WRAPPERS)
+
+
+@dataclass(frozen=True)
+class GroupRule:
+    """How ``train_step`` treats one of the optimizer's param groups (kept beside the optimizer, not in
+    its groups: the rule is the config's, whatever a checkpoint's optimizer state holds)."""
+
+    lr_scale: float = 1.0
+    frozen_epochs: int = 0
+
+
+def optimizer_groups(model: torch.nn.Module, groups) -> tuple[list[dict], list[GroupRule]]:
+    """The optimizer's param groups and their rules: the task's (``tasks.base.ParamGroup``, matched by
+    name through the wrappers), then the rest at the run's LR; an empty group is left out."""
+    found: list[list] = [[] for _ in range(len(groups) + 1)]
+    for name, p in model.named_parameters():
+        plain = plain_name(name)
+        found[next((i for i, g in enumerate(groups) if plain in g.names), len(groups))].append(p)
+    rules = [GroupRule(g.lr_scale, g.frozen_epochs) for g in groups] + [GroupRule()]
+    kept = [i for i, params in enumerate(found) if params]
+    return [{"params": found[i]} for i in kept], [rules[i] for i in kept]
+
+
 class Trainer:
     """Builds model/optimizer/batch source from the config and runs epochs of ``train_step``."""
 
@@ -151,9 +182,12 @@ class Trainer:
             raise ZeroStepsError(ZeroStepsError.message(self.n_train, self.strategy.dp_size, self.plan.micro_batch))
 
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
-        self.model = self.strategy.wrap(self.task.build_model(cfg, data.info).to(ctx.device))
+        built = self.task.build_model(cfg, data.info)
+        groups = self.task.param_groups(cfg, built)
+        self.model = self.strategy.wrap(self.task.to_device(cfg, built, ctx.device))
         opt, kw = (torch.optim.SGD, {"momentum": 0.9}) if t.optimizer == "sgd" else (torch.optim.AdamW, {})
-        self.opt = opt(self.model.parameters(), lr=self.lr, weight_decay=t.weight_decay, **kw)
+        param_groups, self.group_rules = optimizer_groups(self.model, groups)
+        self.opt = opt(param_groups, lr=self.lr, weight_decay=t.weight_decay, **kw)
         self.ckpt = CheckpointManager(self.out / "checkpoints", ctx, self.strategy, keep=t.keep_checkpoints,
                                       every_steps=t.checkpoint_every_steps, every_epochs=t.checkpoint_every_epochs,
                                       enabled=t.checkpoints)
@@ -259,12 +293,16 @@ class Trainer:
             with self.strategy.sync_context(self.model, k == last):
                 loss_sum += self.strategy.forward_backward(self.model, x, y, scale)
             rows += len(y)
+        for group, rule in zip(self.opt.param_groups, self.group_rules):
+            if st.epoch < rule.frozen_epochs:  # no gradient: the optimizer skips them, state and all
+                for p in group["params"]:
+                    p.grad = None
         if t.grad_clip:
             self.strategy.clip_grad_norm(self.model, t.grad_clip)
         factor = lr_factor(st.epoch * self.n_train + st.cursor, batch.global_samples,
                            t.warmup_epochs * self.n_train, t.epochs * self.n_train)
-        for group in self.opt.param_groups:
-            group["lr"] = self.lr * factor
+        for group, rule in zip(self.opt.param_groups, self.group_rules):
+            group["lr"] = self.lr * factor * rule.lr_scale
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         st.step += 1
@@ -384,8 +422,9 @@ class Trainer:
         epoch_time = time.perf_counter() - t0
         loss_sum, n_seen = all_reduce_sum(self.ctx, [self.epoch_loss, self.epoch_n])
         val_loss, val_acc, scores = self._evaluate()
+        lr = self.opt.param_groups[0]["lr"] / self.group_rules[0].lr_scale  # the run's, not a scaled group's
         stats = EpochStats(st.epoch + 1, loss_sum / max(n_seen, 1), val_loss, val_acc,
-                           n_seen / epoch_time, epoch_time, self.opt.param_groups[0]["lr"], scores)
+                           n_seen / epoch_time, epoch_time, lr, scores)
         st.history.append(asdict(stats))
         self.sink.epoch(stats, st.step)
         stop = self._early_stop(stats)

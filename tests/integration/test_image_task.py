@@ -121,7 +121,8 @@ def test_an_image_folder_from_init_to_a_champion_scoring_raw_bytes_then_broken_f
 
 
 @pytest.mark.parametrize("sets", [["training.strategy=fsdp", "training.epochs=2"],
-                                  ["model.kind=resnet18", "training.epochs=1"]], ids=["fsdp", "resnet18"])
+                                  ["model.kind=resnet18", "training.epochs=1", "model.backbone_lr_scale=0.1",
+                                   "model.freeze_backbone_epochs=1"]], ids=["fsdp", "resnet18"])
 def test_the_image_task_trains_sharded_and_with_resnet18(tmp_path, bundled_data, sets):
     from tests.engine_helpers import IMAGE_ENGINE_CONFIG, train
 

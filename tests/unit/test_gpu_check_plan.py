@@ -44,3 +44,8 @@ def test_summary_line_gives_both_mfus_the_speedup_and_data_wait(gpu_check):
     assert dict(kv.split("=") for kv in line.split()) == {
         "mfu_eager": "0.2", "data_wait_frac_eager": "0.01", "mfu_compile": "0.41",
         "data_wait_frac_compile": "0.02", "compile_speedup": "2.05", "runs_failed": "1"}
+
+
+def test_the_resnet50_step_rate_runs_on_cpu_too(gpu_check):
+    rate = gpu_check.resnet50_step_rate("cpu", size=32, batch=2, steps=1, warmup=0)
+    assert rate["images_per_s"] > 0 and rate["precision"] == "fp32" and rate["channels_last"] is False
