@@ -5,7 +5,8 @@
 
 Every key of ``core.config.PipelineConfig`` becomes one row: key path, type, default, constraints
 and description. The description is the comment above the field in ``core/config.py`` (read from
-the source: a ``Field(description=...)`` would change what a reviewer reads), else a line from
+the source; a task's keys from its options model's, e.g. ``tasks/lm_options.py``: a
+``Field(description=...)`` would change what a reviewer reads), else a line from
 ``NOTES``; each section opens with its class docstring. ``tests/unit/test_docs.py`` compares the
 page with a fresh render.
 """
@@ -30,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from pydantic import BaseModel  # noqa: E402
 from pydantic.fields import FieldInfo  # noqa: E402
 
+import tasks  # noqa: E402,F401 - the tasks' options join the schema
 from core import config as cfg  # noqa: E402
 
 OUT = ROOT / "docs" / "configuration.md"
@@ -198,6 +200,8 @@ def _md(text: str) -> str:
 def walk(model: type[BaseModel], prefix: str = "") -> list[dict]:
     """Every key below ``model`` in order: {key, type, default, constraints, description, model}."""
     rows, comments = [], field_comments(model)
+    for options in cfg.options_of(model):  # a task's keys: commented in its own module
+        comments.update(field_comments(options))
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
         sub = _models_of(field.annotation)
