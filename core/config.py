@@ -2,6 +2,8 @@
 key path (``training.lr: must be > 0, got -1``). The canonical JSON of a loaded config hashes to
 the config id. The defaults hold for any task and dataset; what one pipeline is comes from its
 YAML in ``configs/`` (required: ``name`` and ``dataset.path``; the task requires what only it needs).
+This module holds the keys every run shares; a task's own keys come from its options model
+(``register_options``); which keys the config id hashes: ``core/config_id.py``.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ class DatasetConfig(_Strict):
     Tables (CSV or Parquet, by file suffix) come pre-split (``train_file`` + ``test_file``) or as
     one ``file`` that is split into train and test with ``test_fraction`` and the config's seed.
     ``features``: the feature columns by name; null means every column but ``label`` and
-    ``exclude``. A text corpus (the ``lm`` task) is described by ``text`` instead.
+    ``exclude``. A text corpus (the ``lm`` task) is described by ``text`` instead, an image folder
+    by ``images``: each task adds its own keys (``tasks/*_options.py``).
     """
 
     # The data folder, relative to the repository root.

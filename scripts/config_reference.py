@@ -116,12 +116,6 @@ NOTES = {
 _OPS = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤"}
 
 
-def _models_of(annotation: Any) -> list[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [m for arg in typing.get_args(annotation) for m in _models_of(arg)]
-
-
 def type_text(annotation: Any) -> str:
     """A field's type in the words of YAML: ``int | null``, ``"fp32" | "bf16"``, ``[int, int]``."""
     if annotation is type(None):
@@ -204,7 +198,7 @@ def walk(model: type[BaseModel], prefix: str = "") -> list[dict]:
         comments.update(field_comments(options))
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
-        sub = _models_of(field.annotation)
+        sub = cfg._models_in(field.annotation)
         rows.append({"key": key, "type": type_text(field.annotation), "default": default_text(key, field),
                      "constraints": constraints_text(field), "description": comments.get(name) or NOTES.get(key, ""),
                      "model": sub[0] if sub else None})

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from core.config import ID_LATER_KEYS, PipelineConfig, config_id_of, load_config
+from core.config import PipelineConfig, config_id_of, load_config
+from core.config_id import later_keys
 
 PINS = "tests/configs/config_ids.json"
 
@@ -50,7 +51,7 @@ def test_an_old_dumped_config_without_later_keys_has_the_same_id(repo_root):
     defaults = PipelineConfig(name="x", dataset={"path": "d"}).model_dump(mode="json")
     for pin in _pins(repo_root)["configs"]:
         dumped = load_config(repo_root / pin["path"]).model_dump(mode="json")
-        for *sections, key in ID_LATER_KEYS:
+        for *sections, key in later_keys():
             part, default = dumped, defaults
             for name in sections:
                 part, default = part.get(name) or {}, default.get(name) or {}
