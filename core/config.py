@@ -525,7 +525,8 @@ class Options(_Strict):
 
 _SECTIONS: dict[str, type[BaseModel]] = {"": PipelineConfig, "dataset": DatasetConfig, "model": ModelConfig}
 _OPTIONS: dict[str, list[type[BaseModel]]] = {name: [] for name in _SECTIONS}
-_CHECKS: dict[str, list[Callable[[Any], None]]] = {name: [] for name in _SECTIONS}
+# Checks of a task's dataset keys against the shared ones (e.g. the label), run by DatasetConfig.
+_CHECKS: dict[str, list[Callable[[Any], None]]] = {"dataset": []}
 # Called with a config's ``task`` before it is validated: ``tasks`` adds one that imports a plugin
 # task's module, so the options it registers are known when its config loads.
 TASK_LOADERS: list[Callable[[Any], None]] = []
@@ -533,7 +534,7 @@ TASK_LOADERS: list[Callable[[Any], None]] = []
 
 def register_options(section: str, options: type[BaseModel], check: Callable[[Any], None] | None = None) -> None:
     """Add the keys of ``options`` to ``section`` ("dataset", "model", or "" for top-level ones).
-    ``check(value)``, when given, runs on the validated section and raises ValueError("key: why").
+    ``check(dataset)``, for "dataset" only, runs on the validated section: ValueError("key: why").
     A key the section already has is refused (ValueError); registering a model again does nothing."""
     if options in _OPTIONS[section]:
         return
@@ -545,7 +546,8 @@ def register_options(section: str, options: type[BaseModel], check: Callable[[An
         target.model_fields[name] = field
         add_later_key((section, name) if section else (name,), _json_default(field))
     _OPTIONS[section].append(options)
-    _CHECKS[section] += [check] if check else []
+    if check:
+        _CHECKS[section].append(check)  # a KeyError for any section but dataset
     target.model_rebuild(force=True)
     PipelineConfig.model_rebuild(force=True)
 

@@ -63,17 +63,8 @@ def get_task(name: str):
     return task
 
 
-def _load_plugin_options(name) -> None:
-    """Import the plugin task ``name`` before its config validates, so the options it registers are known
-    (an unknown or broken one is left for ``get_task`` to report)."""
-    if isinstance(name, str) and name not in BUILTIN and name in _plugins():
-        try:
-            get_task(name)
-        except ConfigError:
-            pass
-
-
-config.TASK_LOADERS.append(_load_plugin_options)
+# A plugin task's module is imported before its config validates, so the options it registers are known.
+config.TASK_LOADERS.append(lambda name: name not in BUILTIN and name in _plugins() and get_task(name))
 
 
 def task_for(cfg):
