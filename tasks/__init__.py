@@ -64,7 +64,8 @@ def get_task(name: str):
 
 
 # A plugin task's module is imported before its config validates, so the options it registers are known.
-config.TASK_LOADERS.append(lambda name: name not in BUILTIN and name in _plugins() and get_task(name))
+config.TASK_LOADERS.append(lambda name: isinstance(name, str) and name not in BUILTIN and name in _plugins()
+                           and get_task(name))
 
 
 def task_for(cfg):

@@ -122,3 +122,8 @@ def test_options_modules_are_torch_free():
         tops |= {a.name.split(".")[0] for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Import)
                  for a in n.names}
         assert tops <= {"__future__", "typing", "pydantic", "core"}, path.name
+
+
+def test_a_task_that_is_no_name_fails_as_a_key_not_in_the_plugin_loader():
+    with pytest.raises(ConfigError, match=r"^task: input should be a valid string, got \['a'\]$"):
+        config_from_dict({"name": "x", "task": ["a"], "dataset": {"path": "d"}})
