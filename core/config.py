@@ -534,7 +534,8 @@ TASK_LOADERS: list[Callable[[Any], None]] = []
 
 def register_options(section: str, options: type[BaseModel], check: Callable[[Any], None] | None = None) -> None:
     """Add the keys of ``options`` to ``section`` ("dataset", "model", or "" for top-level ones).
-    ``check(dataset)``, for "dataset" only, runs on the validated section: ValueError("key: why").
+    Its fields join the section, its validators do not: a check of its keys against the shared
+    ones is ``check(dataset)``, for "dataset" only, run on the validated section (ValueError("key: why")).
     A key the section already has is refused (ValueError); registering a model again does nothing."""
     if options in _OPTIONS[section]:
         return
