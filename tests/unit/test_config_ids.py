@@ -42,7 +42,9 @@ def test_every_committed_config_is_pinned(repo_root):
     found = {str(p.relative_to(repo_root)) for pattern in ("configs/*.yaml", "tests/configs/*.yaml",
                                                            "examples/*/configs/*.yaml")
              for p in repo_root.glob(pattern) if not p.name.endswith(".expectations.yaml")}
-    assert found - pinned == set(), "a new config: add its ids to " + PINS
+    new = [{"path": p, "config_id": (c := load_config(repo_root / p)).config_id(), "resume_id": c.resume_id()}
+           for p in sorted(found - pinned)]
+    assert not new, f"a new config: add its ids to {PINS}: {json.dumps(new)}"
 
 
 def test_an_old_dumped_config_without_later_keys_has_the_same_id(repo_root):
