@@ -483,8 +483,6 @@ class PipelineConfig(_Strict):
         if not any(_OPTIONS.values()):
             raise RuntimeError("core.config: no task has registered its config options; import tasks before "
                                "validating a config")
-        for load in TASK_LOADERS:
-            load(data.get("task") if isinstance(data, dict) else None)
         return data
 
     @model_validator(mode="before")
@@ -527,8 +525,8 @@ _SECTIONS: dict[str, type[BaseModel]] = {"": PipelineConfig, "dataset": DatasetC
 _OPTIONS: dict[str, list[type[BaseModel]]] = {name: [] for name in _SECTIONS}
 # Checks of a task's dataset keys against the shared ones (e.g. the label), run by DatasetConfig.
 _CHECKS: dict[str, list[Callable[[Any], None]]] = {"dataset": []}
-# Called with a config's ``task`` before it is validated: ``tasks`` adds one that imports a plugin
-# task's module, so the options it registers are known when its config loads.
+# Called with a config's ``task`` before ``config_from_dict`` validates it: ``tasks`` adds one that
+# imports a plugin task's module, so the options it registers are known when its config loads.
 TASK_LOADERS: list[Callable[[Any], None]] = []
 
 
@@ -710,6 +708,8 @@ def config_from_dict(data: Any, overrides: list[str] = ()) -> PipelineConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"<root>: expected a mapping, got {type(data).__name__}")
     data = apply_overrides(data, list(overrides))
+    for load in TASK_LOADERS:  # before validation starts: a schema rebuilt during it is not the one used
+        load(data.get("task"))
     try:
         return PipelineConfig.model_validate(data)
     except ValidationError as err:

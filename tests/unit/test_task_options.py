@@ -127,3 +127,22 @@ def test_options_modules_are_torch_free():
 def test_a_task_that_is_no_name_fails_as_a_key_not_in_the_plugin_loader():
     with pytest.raises(ConfigError, match=r"^task: input should be a valid string, got \['a'\]$"):
         config_from_dict({"name": "x", "task": ["a"], "dataset": {"path": "d"}})
+
+
+def test_a_plugin_task_registers_its_options_before_its_config_validates(schema_restored, monkeypatch):
+    import tasks
+    from tasks.base import Task
+
+    class EntryPoint:  # what importlib.metadata finds under trainflow.tasks for an installed plugin
+        value = "trainflow_forecast:Forecast"
+
+        def load(self):  # importing the plugin's module registers its options
+            register_options("", ForecastSection)
+            return type("Forecast", (Task,), {"name": "forecast"})
+
+    monkeypatch.setattr(tasks, "_plugins", lambda: {"forecast": EntryPoint()})
+    tasks.get_task.cache_clear()
+    try:
+        assert _cfg(forecast={"horizon": 6}).forecast.horizon == 6
+    finally:
+        tasks.get_task.cache_clear()
