@@ -2,6 +2,8 @@
 key path (``training.lr: must be > 0, got -1``). The canonical JSON of a loaded config hashes to
 the config id. The defaults hold for any task and dataset; what one pipeline is comes from its
 YAML in ``configs/`` (required: ``name`` and ``dataset.path``; the task requires what only it needs).
+This module holds the keys every run shares; a task's own keys come from its options model
+(``register_options``); which keys the config id hashes: ``core/config_id.py``.
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ import copy
 import difflib
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Callable, Literal, get_args
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from core.config_id import (  # noqa: F401 - LAYOUT_KEYS, NOT_IN_CONFIG_ID: read through core.config too
+    ID_LATER_KEYS, LAYOUT_KEYS, NOT_IN_CONFIG_ID, add_later_key, config_id_of, resume_id_of)
 from core.errors import ConfigError
-from core.hashing import sha256_json
 
 
 class _Strict(BaseModel):
@@ -39,20 +42,7 @@ def check_slug(value: str) -> str:
 Slug = Annotated[str, AfterValidator(check_slug)]
 
 
-class TextExpectations(_Strict):
-    """Data-quality bounds of a text corpus (``dataset.kind: text``)."""
-
-    # Each document's UTF-8 size in bytes must lie in this range.
-    doc_bytes: tuple[int, int] = (1, 1_000_000)
-    train_docs: tuple[int, int] = (1, 1_000_000)
-    eval_docs: tuple[int, int] = (1, 1_000_000)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> "TextExpectations":
-        return _check_ranges(self, ("doc_bytes", "train_docs", "eval_docs"))
-
-
-def _check_ranges(model: BaseModel, names: tuple[str, ...]) -> Any:
+def check_ranges(model: BaseModel, names: tuple[str, ...]) -> Any:
     """``model``, unless one of its ``(lower, upper)`` fields ``names`` is negative or reversed."""
     for name in names:
         lo, hi = getattr(model, name)
@@ -63,93 +53,14 @@ def _check_ranges(model: BaseModel, names: tuple[str, ...]) -> Any:
     return model
 
 
-class TextConfig(_Strict):
-    """A corpus of documents as JSON Lines (``{"path": ..., "text": ...}`` per line), split by file.
-
-    Training windows come from ``train_file`` minus a seeded ``holdout_fraction`` of its
-    documents, which feed the per-epoch validation; the evaluation gate scores ``eval_file``,
-    documents that neither training nor early stopping ever saw.
-    """
-
-    train_file: str = "train.jsonl"
-    eval_file: str = "val.jsonl"
-    # Tokens per window (byte-level: one token per UTF-8 byte); must equal model.seq_len.
-    seq_len: int = Field(128, gt=1)
-    # Step between training windows' starts (null: seq_len, i.e. no overlap).
-    stride: int | None = Field(None, gt=0)
-    holdout_fraction: float = Field(0.1, gt=0, lt=1)
-    expectations: TextExpectations = TextExpectations()
-
-
-class ImageExpectations(_Strict):
-    """Data-quality bounds of an image folder (the ``image_classification`` task), reviewed like a
-    table's expectations file: ``trainflow init`` writes them from a profile of the images."""
-
-    # Every image's width and height in pixels, before the resize to ``images.size``.
-    width: tuple[int, int] = (1, 100_000)
-    height: tuple[int, int] = (1, 100_000)
-    # Pillow modes the files may have (L: grey, RGB, RGBA, P: palette, ...); each is converted.
-    modes: list[str] = ["L", "RGB"]
-    train_images: tuple[int, int] = (1, 10_000_000)
-    test_images: tuple[int, int] = (1, 10_000_000)
-    # The smallest and largest share a class may have in a split.
-    class_share: tuple[float, float] = (0.0, 1.0)
-    # A file's size in bytes.
-    file_bytes: tuple[int, int] = (1, 100_000_000)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> "ImageExpectations":
-        _check_ranges(self, ("width", "height", "train_images", "test_images", "class_share", "file_bytes"))
-        if self.class_share[1] > 1:
-            raise ValueError(f"class_share: upper bound must be <= 1, got {self.class_share[1]}")
-        if not self.modes:
-            raise ValueError("modes: name at least one Pillow mode (e.g. L, RGB)")
-        return self
-
-
-class ImageAugment(_Strict):
-    """Train-time augmentation, drawn anew for every training batch (never at evaluation)."""
-
-    # Mirror each image left-right with probability 0.5 (off for digits and text: a mirrored 2 is no 2).
-    hflip: bool = False
-    # Shift each image by up to this many pixels in x and y (zero-padded, a random crop).
-    shift: int = Field(0, ge=0)
-
-
-class ImagesConfig(_Strict):
-    """An image folder: ``train/<class>/*`` and ``test/<class>/*`` (torchvision's ImageFolder
-    layout) under ``dataset.path``, or a ``manifest`` table (CSV or Parquet) with columns ``path``
-    (relative to ``dataset.path``), ``label`` and, optionally, ``split`` (train | test; left out:
-    split by seed with ``dataset.test_fraction``). Files: .png, .jpg, .jpeg, .webp."""
-
-    train_dir: str = "train"
-    test_dir: str = "test"
-    manifest: str | None = None
-    # The model's input: every image is converted to `channels` (1: grey, 3: RGB) and resized to
-    # [height, width] (bilinear), in training and in the registered model alike.
-    size: tuple[int, int] = (32, 32)
-    channels: Literal[1, 3] = 3
-    augment: ImageAugment = ImageAugment()
-    # The reviewed class set, in the model's output order (`trainflow init` writes it).
-    classes: list[str] = []
-    expectations: ImageExpectations = ImageExpectations()
-
-    @model_validator(mode="after")
-    def _size(self) -> "ImagesConfig":
-        if min(self.size) < 4:
-            raise ValueError(f"size: at least 4 x 4 pixels, got {list(self.size)}")
-        if len(set(self.classes)) != len(self.classes):
-            raise ValueError(f"classes: repeated class names in {self.classes}")
-        return self
-
-
 class DatasetConfig(_Strict):
     """Where the DVC-tracked data lives and which of its columns the task reads.
 
     Tables (CSV or Parquet, by file suffix) come pre-split (``train_file`` + ``test_file``) or as
     one ``file`` that is split into train and test with ``test_fraction`` and the config's seed.
     ``features``: the feature columns by name; null means every column but ``label`` and
-    ``exclude``. A text corpus (the ``lm`` task) is described by ``text`` instead.
+    ``exclude``. A text corpus (the ``lm`` task) is described by ``text`` instead, an image folder
+    by ``images``: each task adds its own keys (``tasks/*_options.py``).
     """
 
     # The data folder, relative to the repository root.
@@ -165,33 +76,10 @@ class DatasetConfig(_Strict):
     label: str = Field("label", min_length=1)
     features: list[str] | None = None
     exclude: list[str] = []
-    # Numeric (integer) feature columns the model takes as categories (string and boolean columns
-    # always are): each value gets a learned embedding. `trainflow init` names the integer columns
-    # with few distinct values here and says so.
-    categorical: list[str] = []
-    # Categories kept per categorical column: the train split's most frequent values; any other
-    # value (and one unseen in training) shares the column's "other" embedding.
-    max_categories: int = Field(1000, ge=1)
-    # Text columns of dates or timestamps and their strftime format ({arrival_date: "%Y-%m-%d"};
-    # `trainflow init` finds them): each becomes the numeric ``date_parts`` (hour only where the
-    # format has one), in training and inside the registered model, which takes the raw text. A
-    # column left out is text like any other (a category).
-    dates: dict[str, str] = {}
-    # The parts every date column becomes, at least one (to take a column as text instead, leave it
-    # out of `dates`).
-    date_parts: list[Literal["year", "month", "day", "weekday", "dayofyear", "hour", "days", "missing"]] = Field(
-        ["year", "month", "day", "weekday", "dayofyear", "hour", "days", "missing"], min_length=1)
-    # Rows found in both train and test: fail validation, or only report them (warn). Left out:
-    # warn when trainflow splits one `file` itself (exact duplicate rows then stay on one side),
-    # fail for data that comes split.
-    leak_policy: Literal["fail", "warn"] | None = None
     # Share of the training split held out for per-epoch validation.
     val_fraction: float = Field(0.1, gt=0, lt=1)
     # The reviewed per-column expectations (``trainflow init`` writes them), relative to the root.
     expectations_file: str | None = None
-    text: TextConfig | None = None
-    # An image folder (the image_classification task), instead of a table.
-    images: ImagesConfig | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> "DatasetConfig":
@@ -207,23 +95,9 @@ class DatasetConfig(_Strict):
                 raise ValueError(f"features: contains the label column {self.label!r}")
             if self.exclude:
                 raise ValueError("exclude: only with features: null (every column but the label and these)")
-        if self.label in self.categorical:
-            raise ValueError(f"categorical: contains the label column {self.label!r} (a classification label is "
-                             "always a category)")
-        for column, fmt in self.dates.items():
-            if column == self.label or column in self.categorical:
-                raise ValueError(f"dates.{column}: the column is the label or in categorical; a date column is "
-                                 "one or the other")
-            if "%" not in fmt:
-                raise ValueError(f"dates.{column}: {fmt!r} is not a strftime format (e.g. \"%Y-%m-%d\")")
-        if len(set(self.date_parts)) != len(self.date_parts):
-            raise ValueError(f"date_parts: duplicates in {self.date_parts}")
+        for check in _CHECKS["dataset"]:
+            check(self)
         return self
-
-    @property
-    def effective_leak_policy(self) -> str:
-        """``leak_policy``, or its default: warn for one file split here, fail for pre-split files."""
-        return self.leak_policy or ("warn" if self.file is not None else "fail")
 
     @property
     def split_files(self) -> dict[str, str]:
@@ -246,41 +120,11 @@ class ModelConfig(_Strict):
     gaps, optionally embedded as periodic features (``periodic``), each category embedded."""
 
     kind: Literal["tabular", "cnn", "mlp", "lm", "image_cnn", "resnet18", "resnet50"] | None = None
-    # image_cnn / resnet18 / resnet50 only: initial weights from a local file inside the repository:
-    # *.safetensors (torchvision's and timm's resnet keys fit), or a torch file read with
-    # torch.load(weights_only=True). Names must match; a head for another class count is replaced.
-    weights: str | None = None
-    # Image networks: the backbone's learning rate is this times training.lr (the head's is
-    # training.lr), e.g. 0.1 when fine-tuning from model.weights.
-    backbone_lr_scale: float = Field(1.0, gt=0)
-    # Image networks: the backbone is not updated for the first this-many epochs (the head is).
-    freeze_backbone_epochs: int = Field(0, ge=0)
     factory: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     kwargs: dict[str, Any] = {}
     channels: tuple[int, int] = (16, 32)
     hidden: int = Field(128, gt=0)
-    # Hidden layers of the tabular and mlp networks.
-    layers: int = Field(2, gt=0)
     dropout: float = Field(0.1, ge=0, lt=1)
-    # Numeric columns: quantile (piecewise linear onto normal scores), robust ((x - median) / IQR)
-    # or standard ((x - mean) / std), fitted on the train split. auto: quantile for tabular,
-    # standard for the others.
-    numeric: Literal["auto", "quantile", "robust", "standard"] = "auto"
-    # PLR embeddings of the numeric columns (periodic features, learned frequencies); left out: on
-    # for tabular only.
-    periodic: bool | None = None
-    frequencies: int = Field(16, gt=0)
-    # Standard deviation of the frequencies' initialisation (inputs are ~unit scale after `numeric`).
-    frequency_scale: float = Field(0.1, gt=0)
-    # Size of each category's embedding and of each numeric column's periodic embedding.
-    embedding_dim: int = Field(16, gt=0)
-    # lm only (tasks/lm_net.py): tokens are bytes; seq_len is the context (and the longest input).
-    vocab_size: int = Field(256, ge=2)
-    seq_len: int = Field(64, gt=0)
-    d_model: int = Field(64, gt=0)
-    n_layers: int = Field(2, gt=0)
-    n_heads: int = Field(4, gt=0)
-    d_ff: int = Field(256, gt=0)
 
 
 # The validation figures early stopping can follow; each improves in its direction (True: higher).
@@ -638,38 +482,6 @@ class KubernetesConfig(_Strict):
     poll_s: float = Field(5.0, gt=0, le=300)
 
 
-class LoraConfig(_Strict):
-    """Low-rank adapters (peft) on a pretrained model; merged into the exported weights."""
-
-    r: int = Field(8, gt=0)
-    alpha: int = Field(16, gt=0)
-    dropout: float = Field(0.05, ge=0, lt=1)
-    # Module names to adapt (e.g. query, value; c_attn); empty: peft's default for the architecture.
-    target_modules: list[str] = []
-
-
-class PretrainedConfig(_Strict):
-    """A Hugging Face model folder inside the repository (tracked by DVC like a dataset) that the
-    text_classification and causal_lm tasks fine-tune. Loaded offline, safetensors only, never
-    with remote code (tasks/hf_folder.py)."""
-
-    # The folder, relative to the repository root: config.json, *.safetensors, tokenizer files.
-    path: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_][A-Za-z0-9._/-]*$")
-    # Its DVC file (default: the folder's path + .dvc): its md5 joins the manifest and the model's tags.
-    dvc_file: str = Field(default_factory=lambda data: data["path"].rstrip("/") + ".dvc", min_length=1)
-    # text_classification: the free-text column of the table (the label is dataset.label).
-    text_column: str = Field("text", min_length=1)
-    # causal_lm on JSON Lines: ``text`` is packed into max_length sequences; ``prompt`` + ``completion``
-    # pairs train on the completion's tokens only.
-    prompt_column: str | None = None
-    completion_column: str | None = None
-    # Tokens per sequence: init writes the text's p99 token length, capped by the model's positions.
-    max_length: int = Field(128, gt=1)
-    # Recompute each block's activations in backward: less memory for more compute.
-    activation_checkpointing: bool = False
-    lora: LoraConfig | None = None
-
-
 class LauncherConfig(_Strict):
     """Cluster settings of the launchers other than the local torchrun (``--launcher``)."""
 
@@ -683,22 +495,6 @@ def _registry_of(name: Any, given: dict) -> dict | None:
     if not isinstance(name, str):
         return given or None
     return {"model_name": name, "experiment": f"trainflow-{name}", **given}
-
-
-# Sections that say when to train, not what to train: left out of the config id, so tuning them
-# neither makes the champion look stale nor orphans a resumable training folder.
-# ``launcher`` says where the job runs, not what it learns.
-NOT_IN_CONFIG_ID = frozenset({"retrain", "launcher"})
-# training.* keys that say how a run is laid out over processes and operated, not what it learns:
-# left out of ``resume_id``, so a checkpoint resumes on another world size or strategy.
-# ``loader`` is not one: a streamed source's order (kind, shuffle window, held-out rows) differs from
-# the in-memory one, and a cursor means nothing in another order.
-LAYOUT_KEYS = frozenset({
-    "strategy", "parallel", "cpu_workers", "threads_per_worker", "backend", "max_restarts",
-    "collective_timeout_s", "timeout_s", "preempt_grace_s", "preempt_check_steps", "checkpoint_every_epochs",
-    "checkpoint_every_steps", "keep_checkpoints", "checkpoints", "metrics", "log_every_steps",
-    "straggler_ratio", "peak_tflops", "checkpoint_every", "rendezvous", "compile",
-})
 
 
 class PipelineConfig(_Strict):
@@ -719,8 +515,14 @@ class PipelineConfig(_Strict):
     # classifier's accuracy, balanced_accuracy, macro_f1, roc_auc, average_precision, log_loss).
     primary_metric: str | None = Field(None, min_length=1)
     launcher: LauncherConfig = LauncherConfig()
-    # The pretrained model folder (text_classification, causal_lm); null for tasks that build their net.
-    pretrained: PretrainedConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_options_known(cls, data: Any) -> Any:
+        if not any(_OPTIONS.values()):
+            raise RuntimeError("core.config: no task has registered its config options; import tasks before "
+                               "validating a config")
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -739,58 +541,72 @@ class PipelineConfig(_Strict):
         """The config id without ``LAYOUT_KEYS``: what a checkpoint must match to be resumed without
         --force-resume (a checkpoint resumes on another world size or strategy; what is learned may
         not change)."""
-        dumped = self.model_dump(mode="json")
-        training = {k: v for k, v in dumped["training"].items() if k not in LAYOUT_KEYS}
-        return config_id_of({**dumped, "training": training})
+        return resume_id_of(self.model_dump(mode="json"))
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-# (section, key) added to the schema after configs were first hashed: left out of the config id
-# while at their default.
-ID_LATER_KEYS = (
-    ("dataset", "text"),
-    ("model", "vocab_size"), ("model", "seq_len"), ("model", "d_model"), ("model", "n_layers"),
-    ("model", "n_heads"), ("model", "d_ff"), ("model", "factory"), ("model", "kwargs"),
-    ("training", "parallel"), ("training", "checkpoint_every"), ("training", "rendezvous"),
-    ("training", "loader", "stream_above_mb"), ("training", "loader", "shuffle_row_groups"),
-    ("training", "loader", "val_rows"), ("training", "loader", "csv_parquet_above_mb"),
-    ("training", "compile"),
-    ("dataset", "categorical"), ("dataset", "max_categories"), ("dataset", "leak_policy"),
-    ("model", "layers"), ("model", "numeric"), ("model", "periodic"), ("model", "frequencies"),
-    ("model", "frequency_scale"), ("model", "embedding_dim"),
-    ("gates", "min_improvement"), ("gates", "max_gap_to_gbdt"),
-    ("dataset", "images"), ("model", "weights"),
-    ("training", "early_stopping", "restore_best"), ("dataset", "dates"), ("dataset", "date_parts"),
-    ("primary_metric",), ("training", "class_weight"), ("gates", "allow_single_class"),
-    ("pretrained",), ("model", "backbone_lr_scale"), ("model", "freeze_backbone_epochs"),
-)
+# -- A task's own keys ----------------------------------------------------------------------------
+# A task's config options are a pydantic model beside the task (tasks/*_options.py, or a plugin's
+# own module) that adds its keys to a shared section: "dataset", "model", or "" for a top-level
+# section of its own (``pretrained``). core imports nothing of tasks/, so the task registers its
+# model here when its module is imported (``tasks/__init__.py`` imports the built-ins' and every
+# room's package imports ``tasks``), and the section is rebuilt with those keys: the YAML shape,
+# the errors' key paths and the dumped config stay those of one schema. Every key a task adds is a
+# later key of the config id (core/config_id.py), left out of it while at its default, so which
+# tasks a process has loaded never moves an id.
+class Options(_Strict):
+    """The base of a task's options model (``register_options``)."""
 
 
-def _later_default(*path: str) -> Any:
-    """The default of the key at ``path``, as a config dumped to JSON holds it."""
-    cls = PipelineConfig
-    for part in path[:-1]:
-        cls = cls.model_fields[part].annotation
-    value = cls.model_fields[path[-1]].get_default(call_default_factory=True)
+_SECTIONS: dict[str, type[BaseModel]] = {"": PipelineConfig, "dataset": DatasetConfig, "model": ModelConfig}
+_OPTIONS: dict[str, list[type[BaseModel]]] = {name: [] for name in _SECTIONS}
+# Checks of a task's dataset keys against the shared ones (e.g. the label), run by DatasetConfig.
+_CHECKS: dict[str, list[Callable[[Any], None]]] = {"dataset": []}
+# Called with a config's ``task`` before ``config_from_dict`` validates it: ``tasks`` adds one that
+# imports a plugin task's module, so the options it registers are known when its config loads.
+TASK_LOADERS: list[Callable[[Any], None]] = []
+
+
+def register_options(section: str, options: type[BaseModel], check: Callable[[Any], None] | None = None) -> None:
+    """Add the keys of ``options`` to ``section`` ("dataset", "model", or "" for top-level ones).
+    Its fields join the section, its validators do not: a check of its keys against the shared
+    ones is ``check(dataset)``, for "dataset" only, run on the validated section (ValueError("key: why")).
+    A key the section already has is refused (ValueError); registering a model again does nothing."""
+    if options in _OPTIONS[section]:
+        return
+    target = _SECTIONS[section]
+    taken = sorted(set(options.model_fields) & set(target.model_fields))
+    if taken:
+        raise ValueError(f"{options.__name__}: {section or 'the top level'} already has {', '.join(taken)}")
+    for name, field in options.model_fields.items():
+        target.model_fields[name] = field
+        add_later_key((section, name) if section else (name,), _json_default(field))
+    _OPTIONS[section].append(options)
+    if check:
+        _CHECKS[section].append(check)  # a KeyError for any section but dataset
+    target.model_rebuild(force=True)
+    PipelineConfig.model_rebuild(force=True)
+
+
+def options_of(section: type[BaseModel]) -> list[type[BaseModel]]:
+    """The options models registered into the section model ``section``, in order."""
+    return [m for name, cls in _SECTIONS.items() if cls is section for m in _OPTIONS[name]]
+
+
+def _json_default(field: Any) -> Any:
+    """A field's default as a config dumped to JSON holds it."""
+    value = field.get_default(call_default_factory=True)
     return value.model_dump(mode="json") if isinstance(value, BaseModel) else (
         list(value) if isinstance(value, tuple) else value)
 
 
-def config_id_of(dumped: dict) -> str:
-    """The config id of a config dumped to JSON (e.g. a run's ``config.json``), of any age: keys
-    added later (``ID_LATER_KEYS``) are left out while they hold their default, so a config that does
-    not use them keeps the id it always had; ``NOT_IN_CONFIG_ID`` sections are always left out."""
-    data = {k: copy.deepcopy(v) for k, v in dumped.items() if k not in NOT_IN_CONFIG_ID}
-    for *sections, key in ID_LATER_KEYS:  # (section, key) or (section, subsection, key)
-        part = data
-        for name in sections:
-            part = part.get(name) if isinstance(part, dict) else None
-        if isinstance(part, dict) and key in part and part[key] == _later_default(*sections, key):
-            del part[key]
-    return sha256_json(data)
-
+for _path in ID_LATER_KEYS:
+    _cls = PipelineConfig
+    for _part in _path[:-1]:
+        _cls = _cls.model_fields[_part].annotation
+    add_later_key(_path, _json_default(_cls.model_fields[_path[-1]]))
 
 _MESSAGES = {
     "greater_than": "must be > {gt}", "greater_than_equal": "must be >= {ge}", "less_than": "must be < {lt}",
@@ -931,6 +747,8 @@ def config_from_dict(data: Any, overrides: list[str] = ()) -> PipelineConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"<root>: expected a mapping, got {type(data).__name__}")
     data = apply_overrides(data, list(overrides))
+    for load in TASK_LOADERS:  # before validation starts: a schema rebuilt during it is not the one used
+        load(data.get("task"))
     try:
         return PipelineConfig.model_validate(data)
     except ValidationError as err:

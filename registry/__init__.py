@@ -2,3 +2,5 @@
 
 Importing this package does not import MLflow, torch or pandas.
 """
+
+import tasks  # noqa: F401 - the tasks' config options join core.config's schema before a config loads

@@ -108,7 +108,8 @@ def _tables(tmp: Path) -> list[tuple[str, str, str]]:
 
 
 def _images(tmp: Path) -> list[tuple[str, str, str]]:
-    from core.config import DatasetConfig, ImageExpectations, ImagesConfig
+    from core.config import DatasetConfig
+    from tasks.image_options import ImageExpectations, ImagesConfig
     from validation import image_suite
     from validation.gx_run import validate
 

@@ -5,7 +5,8 @@
 
 Every key of ``core.config.PipelineConfig`` becomes one row: key path, type, default, constraints
 and description. The description is the comment above the field in ``core/config.py`` (read from
-the source: a ``Field(description=...)`` would change what a reviewer reads), else a line from
+the source; a task's keys from its options model's, e.g. ``tasks/lm_options.py``: a
+``Field(description=...)`` would change what a reviewer reads), else a line from
 ``NOTES``; each section opens with its class docstring. ``tests/unit/test_docs.py`` compares the
 page with a fresh render.
 """
@@ -30,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from pydantic import BaseModel  # noqa: E402
 from pydantic.fields import FieldInfo  # noqa: E402
 
+import tasks  # noqa: E402,F401 - the tasks' options join the schema
 from core import config as cfg  # noqa: E402
 
 OUT = ROOT / "docs" / "configuration.md"
@@ -114,12 +116,6 @@ NOTES = {
 _OPS = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤"}
 
 
-def _models_of(annotation: Any) -> list[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [m for arg in typing.get_args(annotation) for m in _models_of(arg)]
-
-
 def type_text(annotation: Any) -> str:
     """A field's type in the words of YAML: ``int | null``, ``"fp32" | "bf16"``, ``[int, int]``."""
     if annotation is type(None):
@@ -198,9 +194,11 @@ def _md(text: str) -> str:
 def walk(model: type[BaseModel], prefix: str = "") -> list[dict]:
     """Every key below ``model`` in order: {key, type, default, constraints, description, model}."""
     rows, comments = [], field_comments(model)
+    for options in cfg.options_of(model):  # a task's keys: commented in its own module
+        comments.update(field_comments(options))
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
-        sub = _models_of(field.annotation)
+        sub = cfg._models_in(field.annotation)
         rows.append({"key": key, "type": type_text(field.annotation), "default": default_text(key, field),
                      "constraints": constraints_text(field), "description": comments.get(name) or NOTES.get(key, ""),
                      "model": sub[0] if sub else None})
@@ -233,7 +231,8 @@ def render() -> str:
         "",
         "One YAML file in `configs/` is one runnable pipeline; it is read into the typed models of",
         "`core/config.py`, which refuse an unknown key or a bad value at load with the key path",
-        "(`training.lr: must be > 0, got -1`). Only `name` and `dataset.path` are required.",
+        "(`training.lr: must be > 0, got -1`). Only `name` and `dataset.path` are required. A task's own",
+        "keys (`dataset.images`, `model.d_model`, `pretrained` ...) come from its options model in `tasks/`.",
         "A config may start from another (`extends: base.yaml`, relative to its folder: mappings",
         "merge key by key, other values replace), and `--set KEY.PATH=VALUE` applies on top.",
         "The canonical JSON of the merged config hashes to the config id (the `retrain` section is",

@@ -11,7 +11,10 @@ from __future__ import annotations
 import functools
 from importlib import import_module
 
+from core import config
 from core.errors import ConfigError
+# Each built-in task's config options join core.config's schema when its module is imported.
+from tasks import image_options, lm_options, pretrained_options, table_options  # noqa: F401
 
 ENTRY_POINT_GROUP = "trainflow.tasks"
 BUILTIN = {
@@ -58,6 +61,11 @@ def get_task(name: str):
     if not isinstance(task, Task):
         raise ConfigError(f"task: {name!r} is not a tasks.base.Task (got {type(task).__name__})")
     return task
+
+
+# A plugin task's module is imported before its config validates, so the options it registers are known.
+config.TASK_LOADERS.append(lambda name: isinstance(name, str) and name not in BUILTIN and name in _plugins()
+                           and get_task(name))
 
 
 def task_for(cfg):

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from core.config import ImagesConfig, ModelConfig
+from core.config import ModelConfig
+from tasks.image_options import ImagesConfig
 
 log = logging.getLogger(__name__)
 

@@ -104,9 +104,10 @@ class ImageClassification(Classifier, Task):
     def init_folder(self, root: Path, target: Path, rel: str) -> dict:
         import pandas as pd
 
-        from core.config import DatasetConfig, ImagesConfig
+        from core.config import DatasetConfig
         from tasks.bounds import check_classes
         from tasks.image_data import hidden_paths, list_images, profile
+        from tasks.image_options import ImagesConfig
 
         manifests = _manifests(target)
         layout = {"manifest": manifests[0].name} if not (target / "train").is_dir() and manifests else {}

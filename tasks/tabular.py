@@ -23,6 +23,7 @@ from tasks.encoding import FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, e
 from tasks.free_text import free_text_reason
 from tasks.info import DataInfo
 from tasks.table import feature_columns, load_frames, split_paths
+from tasks.table_options import leak_policy
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -246,7 +247,7 @@ class _Table(Task):
         return ValidationPlan("validation.suite", files, {
             "dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed, "stratify": self.classification,
             "expectations": exp, "features": feature_columns(cfg.dataset, exp.names), "label": cfg.dataset.label,
-            "class_label": self.classification, "leak_policy": cfg.dataset.effective_leak_policy,
+            "class_label": self.classification, "leak_policy": leak_policy(cfg.dataset),
             "dates": dict(cfg.dataset.dates)})
 
     def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:

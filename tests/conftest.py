@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import tasks  # noqa: F401 - the tasks' config options join core.config's schema
 from core.env import TELEMETRY_OFF
 
 ROOT = Path(__file__).resolve().parents[1]

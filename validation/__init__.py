@@ -8,6 +8,8 @@ the functions, and the names below load their module when first used.
 
 from importlib import import_module
 
+import tasks  # noqa: F401 - the tasks' config options join core.config's schema before a config loads
+
 _EXPORTS = {
     "run_plan": "validation.gx_run", "data_key": "validation.gx_run", "suite_key": "validation.gx_run",
     "validate_table": "validation.suite", "table_suite_hash": "validation.suite",

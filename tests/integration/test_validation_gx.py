@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from core.config import DatasetConfig, TextConfig, TextExpectations
+from core.config import DatasetConfig
+from tasks.lm_options import TextConfig, TextExpectations
 from core.expectations import ColumnExpectation, TableExpectations, load_expectations
 from tasks.table import feature_columns, load_frames
 from validation import validate_table

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from core.config import DatasetConfig, ImageExpectations, ImagesConfig
+from core.config import DatasetConfig
+from tasks.image_options import ImageExpectations, ImagesConfig
 from core.expectations import TableExpectations
 from core.printable import printable
 from flows.init import InitError, init_project

@@ -16,7 +16,8 @@ import pytest
 import torch
 from PIL import Image
 
-from core.config import DatasetConfig, ImageExpectations, ImagesConfig, PipelineConfig, config_from_dict
+from core.config import DatasetConfig, PipelineConfig, config_from_dict
+from tasks.image_options import ImageExpectations, ImagesConfig
 from core.errors import ConfigError, DataUnavailableError
 from tasks import get_task, image_data, task_for
 from tasks.image_data import cached_pixels, decode, list_images, profile

@@ -163,9 +163,10 @@ def test_the_summary_puts_the_candidate_beside_the_trees():
                                                   ("fail", "all.csv", "fail"), ("warn", None, "warn")])
 def test_the_leak_policy_defaults_to_warn_only_for_a_split_trainflow_makes(policy, file, expected):
     from core.config import DatasetConfig
+    from tasks.table_options import leak_policy
 
     ds = DatasetConfig(path="d", file=file, **({"leak_policy": policy} if policy else {}))
-    assert ds.effective_leak_policy == expected
+    assert leak_policy(ds) == expected
 
 
 def test_drift_of_a_categorical_feature_is_measured_on_its_categories():
