@@ -69,7 +69,8 @@ def test_every_node_runs_the_local_launchers_torchrun_meeting_at_the_first_node_
     words = srun_words(request.script)
     at = words.index("-m")  # srun's options end where the Python command's first "-m" is
     srun, command = words[:at - 1], words[at - 1:]
-    assert srun == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    assert srun == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                    f"--output={OUT}/slurm-%j-%N.out", "--open-mode=append"]  # a log per node
     local = plan_spec(p, OUT, ROOT, "md5", rdzv_endpoint="$addr:29555",
                       rdzv_id="$SLURM_JOB_ID-$TRAINFLOW_SLURM_RDZV_TOKEN").command(OUT / "torchrun")
     assert command == local
@@ -194,3 +195,25 @@ def test_every_slurm_state_maps_and_an_unknown_one_counts_as_failed():
 ])
 def test_compact_node_lists_expand_to_names(text, names):
     assert slurm.expand_hostlist(text) == names
+
+
+def test_every_node_first_proves_it_sees_the_training_folder_and_a_preempted_job_requeues_itself(plan):
+    script = slurm.dry_run(plan("training.max_restarts=2"), OUT, ROOT, "md5").script
+    lines = script.splitlines()
+    check = next(i for i, line in enumerate(lines) if line.startswith("if ! srun "))
+    train = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    assert check < train  # the short step on every node comes before training
+    assert f"sh {OUT}; then" in lines[check] and "exit 3" in lines[check + 2]
+    requeue = next(i for i, line in enumerate(lines) if "SLURM_RESTART_COUNT" in line)
+    assert train < requeue and '-lt 2 ]' in lines[requeue] and "result.json" in lines[requeue]
+    assert lines[requeue + 2] == '  scontrol requeue "$SLURM_JOB_ID"'
+    assert lines[-1] == 'exit "$rc"'
+
+
+def test_slurms_compact_node_lists_and_state_lines():
+    assert slurm.expand_hostlist("n[1-2],gpu[08-10],login") == ("n1", "n2", "gpu08", "gpu09", "gpu10", "login")
+    status = slurm.parse_job("JobId=7 JobName=x JobState=PENDING Reason=Resources NodeList=(null) ExitCode=0:0")
+    assert (status.state, status.reason, status.nodes) == ("PENDING", "Resources", ())
+    assert slurm._state_line(status) == "Slurm job 7: PENDING (Resources)"
+    running = slurm.parse_job("JobId=7 JobState=RUNNING Reason=None NodeList=n[1-2] ExitCode=0:0")
+    assert slurm._state_line(running) == "Slurm job 7: RUNNING on n1, n2"
