@@ -31,7 +31,8 @@ EXIT_CODES = (
     (EXIT_PREEMPTED, "preempted (SIGTERM or SIGHUP): a checkpoint was saved, the next run resumes"),
     (5, "reproduce: the rerun gave other weights"),
     (6, "reproduce: refused, the git commit or the data version is unavailable"),
-    (EXIT_USAGE, "a bad command line (unknown command or option, a missing or bad value): nothing ran"),
+    (EXIT_USAGE, "a bad command line (unknown command or option, a missing or bad value), or a cluster job "
+                 "Slurm can never run (its reason on stderr): nothing ran"),
 )
 
 
@@ -342,6 +343,10 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
             raise ConfigError(f"--nproc: must be >= 1, got {args.nproc}")
         if args.nnodes is not None and (args.nnodes < 1 or args.nnodes > 1 and args.nproc is None):
             raise ConfigError(f"--nnodes: must be >= 1, and more than 1 needs --nproc, got {args.nnodes}")
+        if args.launcher == "slurm":  # before Prefect starts: nothing is registered or submitted
+            from training.slurm import check_shared_dir
+
+            check_shared_dir(cfg)
     except TrainflowError as exc:
         return _early_error(args, exc, "config_error")
 

@@ -263,10 +263,10 @@ POLL_S = 0.5
 CANCEL_WAIT_S = 60.0
 
 
-def check_shared_dir(plan: LaunchPlan, out_dir: Path) -> None:
+def check_shared_dir(cfg) -> None:
     """Refuse, before anything is submitted, a ``launcher.slurm.shared_dir`` that this host does not
     have (ConfigError naming the path); the nodes check it again when the job starts."""
-    shared = plan.cfg.launcher.slurm.shared_dir
+    shared = cfg.launcher.slurm.shared_dir
     if shared and not Path(shared).is_dir():
         raise ConfigError(f"launcher.slurm.shared_dir: {shared} does not exist here; the training folder must be "
                           "on a path every node of the job sees")
@@ -277,7 +277,7 @@ def start(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, env: dict[
     """Submit ``plan`` as one batch job (``dry_run`` + ``submit``) and return it, to follow with
     ``SlurmJob.finish``. ``env``: variables the workers get (beside the plan's). Refusals raise
     before anything is queued: ConfigError (settings, a missing shared folder), SlurmRefusedError."""
-    check_shared_dir(plan, out_dir)
+    check_shared_dir(plan.cfg)
     request = dry_run(plan, Path(out_dir), Path(root), data_md5, comment=comment)
     if env:
         request = _with_env(request, env)

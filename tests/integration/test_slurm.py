@@ -1,16 +1,21 @@
 """The Slurm launcher against a real two-node Slurm on loopback (tests/slurm_cluster.py): a rendered
 job trains one world across n1 and n2 and is followed to COMPLETED; a cancelled job ends CANCELLED
-with no process of it left. (The rendered script itself: tests/unit/test_slurm.py.)"""
+with no process of it left; `trainflow run --launcher slurm` validates, trains on both nodes and
+registers; the warning signal checkpoints, requeues and resumes; SIGTERM of the run cancels its job.
+(The rendered script itself: tests/unit/test_slurm.py.)"""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from core.config import load_config
 from core.manifest import read_dvc_file
+from tests.conftest import VENV_BIN
 from tests.engine_helpers import free_port
 from tests.slurm_cluster import poll
 from training import slurm
@@ -124,4 +129,126 @@ def test_a_job_whose_workers_fail_ends_failed(slurm_cluster, bundled_data, repo_
     final = follow(slurm_cluster, job_id, lambda s: s.ended)[-1]
     assert (final.state, final.nodes) == ("FAILED", ("n1", "n2")), final
     assert final.exit_code != "0:0"
-    assert "nosuch" in (out / f"slurm-{job_id}.out").read_text()
+    assert "nosuch" in "".join(p.read_text() for p in out.glob(f"slurm-{job_id}*.out"))
+
+
+# -- the pipeline and the CLI with --launcher slurm --------------------------------------------------
+
+def slurm_args(*extra: str) -> list[str]:
+    return ["--launcher", "slurm", "--nnodes", "2", "--nproc", "1", "--set", "training.cpu_workers=1",
+            "--set", f"launcher.slurm.rdzv_port={free_port()}", *extra]
+
+
+@pytest.fixture
+def on_cluster(slurm_cluster, tmp_path, monkeypatch, clean_env, repo_root):
+    """This process as a login node of the test cluster, with a fresh TRAINFLOW_HOME."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(repo_root)
+    return slurm_cluster
+
+
+def run_cli(args: list[str], tmp_path: Path) -> tuple[int, dict]:
+    from flows.cli import main
+
+    out = tmp_path / "summary.json"
+    code = main(["run", "--config", "tests/configs/digits-quick.yaml", *args, "--summary-json", str(out)])
+    return code, json.loads(out.read_text())
+
+
+def test_run_with_the_slurm_launcher_validates_trains_one_world_on_both_nodes_and_registers(
+        prefect_api, on_cluster, bundled_data, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    code, summary = run_cli(slurm_args(), tmp_path)
+    assert code == 0 and summary["status"] == "registered", summary.get("error")
+    assert summary["validation"]["success"] and summary["model_version"]
+    training = summary["training"]
+    assert training["world_size"] == 2
+    job = training["launcher"]
+    assert (job["name"], job["nodes"], job["state"]) == ("slurm", ["n1", "n2"], "COMPLETED")
+    tags = MlflowClient().get_run(summary["mlflow_run_id"]).data.tags
+    assert (tags["trainflow.slurm.job_id"], tags["trainflow.slurm.nodes"], tags["trainflow.slurm.state"]) == (
+        job["job_id"], "n1,n2", "COMPLETED")
+    # The job carries the run's ids; its record in the home is gone with it.
+    comment = on_cluster.run("scontrol", "show", "job", "-o", job["job_id"]).stdout
+    assert f"mlflow-run={summary['mlflow_run_id']}" in comment and f"flow-run={summary['prefect_flow_run_id']}" in comment
+    assert not list((tmp_path / "home" / "jobs").glob("*.json"))
+
+
+def test_a_run_asking_for_more_nodes_than_the_partition_has_exits_2_with_slurms_reason_and_registers_nothing(
+        prefect_api, on_cluster, bundled_data, tmp_path):
+    args = slurm_args()
+    args[args.index("--nnodes") + 1] = "3"
+    code, summary = run_cli(args, tmp_path)
+    assert code == 2 and summary["status"] == "failed", summary
+    assert "More processors requested than permitted" in summary["error"] and "\n" not in summary["error"]
+    assert summary["model_version"] is None
+    assert on_cluster.run("squeue", "-h").stdout == ""
+
+
+def test_a_shared_folder_that_does_not_exist_is_refused_before_submission(on_cluster, tmp_path, capsys):
+    missing = tmp_path / "nosuch-shared"
+    code, summary = run_cli(slurm_args("--set", f"launcher.slurm.shared_dir={missing}"), tmp_path)
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and summary["status"] == "config_error", summary
+    assert err == f"trainflow: error: launcher.slurm.shared_dir: {missing} does not exist here; the training folder " \
+                  "must be on a path every node of the job sees"
+    assert on_cluster.run("squeue", "-h").stdout == ""
+
+
+def train_cli(cluster, out: Path, *extra: str) -> subprocess.Popen:
+    """`trainflow train --launcher slurm` on both nodes, as a user starts it on the login node."""
+    cmd = [str(VENV_BIN / "trainflow"), "train", "--config", "tests/configs/digits-engine.yaml", "--out", str(out),
+           *slurm_args(*extra)]
+    return subprocess.Popen(cmd, cwd=Path(__file__).parents[2], env={**cluster.env, "TRAINFLOW_HOME": str(out.parent / "home")},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def job_of(out: Path) -> str:
+    return poll(lambda: next((p.stem.split("-")[1] for p in out.glob("slurm-*.out") if p.stem.count("-") == 1), None),
+                JOB_LIMIT_S, f"a batch log in {out}")
+
+
+def test_the_run_stopped_with_sigterm_cancels_its_job_and_leaves_no_process(slurm_cluster, bundled_data, tmp_path):
+    out = tmp_path / "run"
+    proc = train_cli(slurm_cluster, out, "--set", "training.epochs=500")
+    try:
+        job_id = job_of(out)
+        poll(lambda: sum("training.agent" in cmd for _, cmd in job_processes(job_id)) >= 2, JOB_LIMIT_S,
+             f"job {job_id}'s two torchrun agents")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 4, err[-3000:]
+    assert f"stopped: Slurm job {job_id} cancelled with the run" in err
+    assert slurm.describe(job_id, slurm_cluster.env).state == "CANCELLED"
+    poll(lambda: not job_processes(job_id), 60, f"job {job_id}'s processes to exit")
+
+
+def test_the_warning_signal_checkpoints_requeues_the_job_and_it_resumes_to_completed(
+        slurm_cluster, bundled_data, tmp_path):
+    out = tmp_path / "run"
+    proc = train_cli(slurm_cluster, out, "--set", "training.epochs=12")
+    try:
+        job_id = job_of(out)
+        # An epoch done: the workers are past their start-up and hold a sampler position to resume.
+        poll(lambda: (out / "metrics.jsonl").is_file() and "epoch" in (out / "metrics.jsonl").read_text(),
+             JOB_LIMIT_S, "the first epoch's metrics")
+        # What --signal=TERM@S does before the time limit: the signal to every step of the job.
+        slurm_cluster.run("scancel", "--signal=TERM", job_id)
+        stdout, err = proc.communicate(timeout=2 * JOB_LIMIT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "completed" and result["world_size"] == 2
+    assert result["resumed_from_step"] > 0, result
+    assert len(result["history"]) == 12  # every epoch once: the resumed job went on where it stopped
+    assert slurm.REQUEUE_MARK in (out / f"slurm-{job_id}.out").read_text()
+    final = slurm.describe(job_id, slurm_cluster.env)
+    assert (final.state, final.nodes) == ("COMPLETED", ("n1", "n2"))
