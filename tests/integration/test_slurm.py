@@ -19,6 +19,7 @@ from tests.conftest import VENV_BIN
 from tests.engine_helpers import free_port
 from tests.slurm_cluster import poll
 from training import slurm
+from training.goodput import LEDGER_FILE, read_events
 from training.plan import HostFacts, plan_launch
 
 pytestmark = pytest.mark.integration
@@ -250,5 +251,8 @@ def test_the_warning_signal_checkpoints_requeues_the_job_and_it_resumes_to_compl
     assert result["resumed_from_step"] > 0, result
     assert len(result["history"]) == 12  # every epoch once: the resumed job went on where it stopped
     assert slurm.REQUEUE_MARK in (out / f"slurm-{job_id}.out").read_text()
+    # The goodput ledger has the resumed attempt, from the step the signal's checkpoint holds.
+    resumed = [ev for ev in read_events(out / LEDGER_FILE) if ev["ev"] == "resume" and ev.get("step")]
+    assert [ev["step"] for ev in resumed] == [result["resumed_from_step"]]
     final = slurm.describe(job_id, slurm_cluster.env)
     assert (final.state, final.nodes) == ("COMPLETED", ("n1", "n2"))
