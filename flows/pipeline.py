@@ -297,12 +297,11 @@ def _logger():
 @task(name="train", retries=0, **TASK)
 def train(ctx: RunContext, slot: TrainFolder) -> dict:
     """torchrun the worker in ``slot``, relaying its metrics file into the pipeline's MLflow run."""
-    from core.metrics_file import METRICS_FILE
-    from registry.relay import relay_metrics
     from prefect.runtime import flow_run
 
-    from registry import store
+    from core.metrics_file import METRICS_FILE
     from registry.orphans import cancel_orphaned_jobs
+    from registry.relay import relay_metrics
     from training import slurm
     from training.launcher import SCORE_ENV
     from training.launchers import Labels, launcher_for
@@ -322,11 +321,7 @@ def train(ctx: RunContext, slot: TrainFolder) -> dict:
         job = launcher.start(ctx.plan, slot.folder, ctx.root, ctx.manifest.data.md5, job_env, lock_fd=slot.lock_fd,
                              labels=Labels(str(flow_run.id or ""), ctx.run_id), hooks=_job_hooks(ctx))
         # Back as soon as rank 0's result is final: torchrun's exit overlaps the evaluation.
-        result = job.finish(at_result=True)
-    if where := result.get("launcher"):  # a cluster's job: its id, nodes and final state
-        store.set_tags(ctx.run_id, {f"trainflow.{where['name']}.{k}": ",".join(map(str, v)) if isinstance(v, list)
-                                    else str(v) for k, v in where.items() if k != "name"})
-    return result
+        return job.finish(at_result=True)
 
 
 def _job_hooks(ctx: RunContext):
@@ -340,7 +335,10 @@ def _job_hooks(ctx: RunContext):
 
     def submitted(job_id: str) -> None:
         record_job(ctx.home, name, job_id)
-        store.set_tags(ctx.run_id, {f"trainflow.{name}.job_id": job_id})
+        try:  # the final tags follow in log-training, which retries
+            store.set_tags(ctx.run_id, {f"trainflow.{name}.job_id": job_id})
+        except Exception as exc:  # noqa: BLE001 - a tag must not fail a submitted job
+            logger.warning("could not tag the MLflow run with job %s: %s", job_id, exc)
 
     return Hooks(log=logger.info, submitted=submitted, ended=lambda job_id: forget_job(ctx.home, name, job_id))
 
@@ -353,6 +351,9 @@ def log_training(ctx: RunContext, result: dict) -> str | None:
     from training.goodput import headline
 
     store.log_file(ctx.run_id, Path(result["out_dir"]) / "result.json", "training")
+    if where := result.get("launcher"):  # a cluster's job: its id, nodes and final state
+        store.set_tags(ctx.run_id, {f"trainflow.{where['name']}.{k}": ",".join(map(str, v)) if isinstance(v, list)
+                                    else str(v) for k, v in where.items() if k != "name"})
     png = _training_curves(ctx, result)
 
     goodput = {("train/goodput" if k == "goodput" else f"goodput/{k}"): v

@@ -11,26 +11,16 @@ raises TrainingFailedError / PreemptedError, as the local launcher does.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from core.errors import ConfigError
+from training.launcher import Hooks
 from training.plan import LaunchPlan
 
+__all__ = ["Hooks", "Labels", "launcher_for"]
 NAMES = ("local", "slurm", "kubernetes")
-
-
-@dataclass(frozen=True)
-class Hooks:
-    """What the caller learns while a cluster job runs: a line to log (state changes, each node's
-    log), and the job id when it is submitted and when it has ended (the run keeps a record of its
-    live jobs, so that a run killed with SIGKILL leaves none behind: registry.orphans)."""
-
-    log: Callable[[str], None] = print
-    submitted: Callable[[str], None] = lambda job_id: None
-    ended: Callable[[str], None] = lambda job_id: None
 
 
 class StartedJob(Protocol):

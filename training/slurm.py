@@ -26,8 +26,7 @@ from pathlib import Path
 
 from core.errors import ConfigError, PreemptedError, TrainflowError, TrainingFailedError
 from training import preemption
-from training.launcher import FATAL_FILE, JobSpec, job_env, plan_spec
-from training.launchers import Hooks
+from training.launcher import FATAL_FILE, Hooks, JobSpec, job_env, plan_spec
 from training.plan import LaunchPlan
 
 # The states ``describe`` reports; every Slurm job state maps onto one (``SLURM_STATES``).
@@ -320,7 +319,11 @@ class SlurmJob:
             (self.out / stale).unlink(missing_ok=True)
         job_id = submit(self.request)
         self.job_ids.append(job_id)
-        self.hooks.submitted(job_id)
+        try:
+            self.hooks.submitted(job_id)
+        except BaseException:  # the caller never gets the job to follow: it must not run on
+            self._cancel_quietly()
+            raise
         self.hooks.log(f"Slurm job {job_id} submitted ({self.out / SCRIPT_NAME})")
 
     def finish(self, at_result: bool = False) -> dict:

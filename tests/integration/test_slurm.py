@@ -1,25 +1,21 @@
 """The Slurm launcher against a real two-node Slurm on loopback (tests/slurm_cluster.py): a rendered
 job trains one world across n1 and n2 and is followed to COMPLETED; a cancelled job ends CANCELLED
 with no process of it left; `trainflow run --launcher slurm` validates, trains on both nodes and
-registers; the warning signal checkpoints, requeues and resumes; SIGTERM of the run cancels its job.
-(The rendered script itself: tests/unit/test_slurm.py.)"""
+registers, and refuses what Slurm can never run. (Faults: test_slurm_faults.py; the rendered
+script: tests/unit/test_slurm.py.)"""
 
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from core.config import load_config
 from core.manifest import read_dvc_file
-from tests.conftest import VENV_BIN
 from tests.engine_helpers import free_port
 from tests.slurm_cluster import poll
 from training import slurm
-from training.goodput import LEDGER_FILE, read_events
 from training.plan import HostFacts, plan_launch
 
 pytestmark = pytest.mark.integration
@@ -197,62 +193,3 @@ def test_a_shared_folder_that_does_not_exist_is_refused_before_submission(on_clu
     assert err == f"trainflow: error: launcher.slurm.shared_dir: {missing} does not exist here; the training folder " \
                   "must be on a path every node of the job sees"
     assert on_cluster.run("squeue", "-h").stdout == ""
-
-
-def train_cli(cluster, out: Path, *extra: str) -> subprocess.Popen:
-    """`trainflow train --launcher slurm` on both nodes, as a user starts it on the login node."""
-    cmd = [str(VENV_BIN / "trainflow"), "train", "--config", "tests/configs/digits-engine.yaml", "--out", str(out),
-           *slurm_args(*extra)]
-    return subprocess.Popen(cmd, cwd=Path(__file__).parents[2], env={**cluster.env, "TRAINFLOW_HOME": str(out.parent / "home")},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def job_of(out: Path) -> str:
-    return poll(lambda: next((p.stem.split("-")[1] for p in out.glob("slurm-*.out") if p.stem.count("-") == 1), None),
-                JOB_LIMIT_S, f"a batch log in {out}")
-
-
-def test_the_run_stopped_with_sigterm_cancels_its_job_and_leaves_no_process(slurm_cluster, bundled_data, tmp_path):
-    out = tmp_path / "run"
-    proc = train_cli(slurm_cluster, out, "--set", "training.epochs=500")
-    try:
-        job_id = job_of(out)
-        poll(lambda: sum("training.agent" in cmd for _, cmd in job_processes(job_id)) >= 2, JOB_LIMIT_S,
-             f"job {job_id}'s two torchrun agents")
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 4, err[-3000:]
-    assert f"stopped: Slurm job {job_id} cancelled with the run" in err
-    assert slurm.describe(job_id, slurm_cluster.env).state == "CANCELLED"
-    poll(lambda: not job_processes(job_id), 60, f"job {job_id}'s processes to exit")
-
-
-def test_the_warning_signal_checkpoints_requeues_the_job_and_it_resumes_to_completed(
-        slurm_cluster, bundled_data, tmp_path):
-    out = tmp_path / "run"
-    proc = train_cli(slurm_cluster, out, "--set", "training.epochs=12")
-    try:
-        job_id = job_of(out)
-        # An epoch done: the workers are past their start-up and hold a sampler position to resume.
-        poll(lambda: (out / "metrics.jsonl").is_file() and "epoch" in (out / "metrics.jsonl").read_text(),
-             JOB_LIMIT_S, "the first epoch's metrics")
-        # What --signal=TERM@S does before the time limit: the signal to every step of the job.
-        slurm_cluster.run("scancel", "--signal=TERM", job_id)
-        stdout, err = proc.communicate(timeout=2 * JOB_LIMIT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err[-3000:]
-    result = json.loads((out / "result.json").read_text())
-    assert result["status"] == "completed" and result["world_size"] == 2
-    assert result["resumed_from_step"] > 0, result
-    assert len(result["history"]) == 12  # every epoch once: the resumed job went on where it stopped
-    assert slurm.REQUEUE_MARK in (out / f"slurm-{job_id}.out").read_text()
-    # The goodput ledger has the resumed attempt, from the step the signal's checkpoint holds.
-    resumed = [ev for ev in read_events(out / LEDGER_FILE) if ev["ev"] == "resume" and ev.get("step")]
-    assert [ev["step"] for ev in resumed] == [result["resumed_from_step"]]
-    final = slurm.describe(job_id, slurm_cluster.env)
-    assert (final.state, final.nodes) == ("COMPLETED", ("n1", "n2"))
