@@ -46,7 +46,9 @@ SLURM_STATES = {
     "CANCELLED": "CANCELLED", "REVOKED": "CANCELLED",
 }
 SCRIPT_NAME = "slurm.sbatch"
-NODE_LOG = "slurm-%j-%N.out"  # each node's output (srun --output); the batch script's: slurm-%j.out
+# Each node's output (srun --output; %t: the task, one per node in the allocation's node order: a
+# node's host name, %N, need not be unique); the batch script's is slurm-%j.out.
+NODE_LOG = "slurm-%j-%t.out"
 VISIBLE = ".visible-"  # + node name: written by each node that sees the training folder
 SHARED_MARK = "trainflow: shared folder:"
 REQUEUE_MARK = "trainflow: requeue:"
@@ -134,7 +136,7 @@ def dry_run(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, job_name
         on_nodes += [f"--container-image={s.container_image}", f"--container-workdir={root}"]
         if s.shared_dir:
             on_nodes.append(f"--container-mounts={s.shared_dir}:{s.shared_dir}")
-    # One output file per node (%N): the follower streams them and names the node a failure came from.
+    # One output file per node: the follower streams them and names the node a failure came from.
     srun = ["srun", *on_nodes[:2], "--kill-on-bad-exit=1", f"--output={out_dir}/{NODE_LOG}",
             "--open-mode=append", *on_nodes[2:]]
     out_q = shlex.quote(str(out_dir))
@@ -303,6 +305,7 @@ class SlurmJob:
     max_restarts: int
     hooks: Hooks
     job_ids: list[str] = field(default_factory=list)
+    nodes: tuple[str, ...] = ()  # the allocation's, in task order
     started_at: float = field(default_factory=time.perf_counter)
     _offsets: dict[str, int] = field(default_factory=dict)
 
@@ -357,6 +360,7 @@ class SlurmJob:
             status = describe(self.job_id)
             if status is None:
                 raise TrainingFailedError(f"Slurm job {self.job_id} is no longer known to Slurm (scontrol)")
+            self.nodes = status.nodes or self.nodes
             self._pump_logs()
             if status != last:
                 self.hooks.log(_state_line(status))
@@ -385,6 +389,7 @@ class SlurmJob:
             time.sleep(POLL_S)
 
     def _ending(self, status: SlurmStatus) -> dict:
+        self.nodes = status.nodes or self.nodes
         job = {"name": "slurm", "job_id": self.job_id, "job_ids": list(self.job_ids), "nodes": list(status.nodes),
                "state": status.slurm_state, "requeues": self._requeues()}
         where = f"Slurm job {self.job_id}"
@@ -431,7 +436,7 @@ class SlurmJob:
     def _pump_logs(self) -> None:
         """Each node's new log lines (and the batch script's) to ``hooks.log``, prefixed with the node."""
         for path in self._logs():
-            node = path.stem.removeprefix(f"slurm-{self.job_id}").lstrip("-") or "batch"
+            node = self._node_of(path) or "batch"
             try:
                 with path.open("rb") as f:
                     f.seek(self._offsets.get(str(path), 0))
@@ -443,6 +448,13 @@ class SlurmJob:
             for line in complete.decode(errors="replace").splitlines():
                 if line.strip():
                     self.hooks.log(f"[{node}] {line}")
+
+    def _node_of(self, path: Path) -> str | None:
+        """The node whose log ``path`` is (``slurm-<job>-<task>.out``), None for the batch script's."""
+        task = path.stem.removeprefix(f"slurm-{self.job_id}").lstrip("-")
+        if not task.isdigit():
+            return None
+        return self.nodes[int(task)] if int(task) < len(self.nodes) else f"task {task}"
 
     def _marked(self, mark: str) -> str | None:
         for path in self._logs():
@@ -459,7 +471,7 @@ class SlurmJob:
     def _failing_node(self) -> tuple[str | None, int | None]:
         """(node, global rank) from the node log in which torchrun reported a failed rank."""
         for path in self._logs():
-            node = path.stem.removeprefix(f"slurm-{self.job_id}").lstrip("-")
+            node = self._node_of(path)
             with contextlib.suppress(OSError):
                 found = _ROOT_CAUSE.findall(path.read_text(errors="replace"))
                 if node and found:

@@ -70,7 +70,7 @@ def test_every_node_runs_the_local_launchers_torchrun_meeting_at_the_first_node_
     at = words.index("-m")  # srun's options end where the Python command's first "-m" is
     srun, command = words[:at - 1], words[at - 1:]
     assert srun == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-                    f"--output={OUT}/slurm-%j-%N.out", "--open-mode=append"]  # a log per node
+                    f"--output={OUT}/slurm-%j-%t.out", "--open-mode=append"]  # a log per node
     local = plan_spec(p, OUT, ROOT, "md5", rdzv_endpoint="$addr:29555",
                       rdzv_id="$SLURM_JOB_ID-$TRAINFLOW_SLURM_RDZV_TOKEN").command(OUT / "torchrun")
     assert command == local
@@ -234,8 +234,8 @@ def status(state: str, reason: str = "NonZeroExitCode") -> slurm.SlurmStatus:
 
 
 def test_a_failed_job_names_the_node_and_the_rank_that_failed(tmp_path):
-    job = ended_job(tmp_path, slurm_5_n1_out="[rank0]: epoch 1\n",
-                    slurm_5_n2_out="Root Cause (first observed failure):\n[0]:\n  host      : h\n"
+    job = ended_job(tmp_path, slurm_5_0_out="[rank0]: epoch 1\n",
+                    slurm_5_1_out="Root Cause (first observed failure):\n[0]:\n  host      : h\n"
                                    "  rank      : 1 (local_rank: 0)\n  exitcode  : 1 (pid: 9)\n")
     with pytest.raises(slurm.TrainingFailedError, match=r"^Slurm job 5 FAILED on node n2 rank 1 \(exit code 1:0"):
         job._ending(status("FAILED"))
