@@ -129,6 +129,31 @@ def test_a_job_whose_workers_fail_ends_failed(slurm_cluster, bundled_data, repo_
     assert "nosuch" in "".join(p.read_text() for p in out.glob(f"slurm-{job_id}*.out"))
 
 
+def test_a_job_pending_past_the_queue_limit_is_cancelled_with_one_line(slurm_cluster, bundled_data, repo_root,
+                                                                       tmp_path, monkeypatch):
+    from core.errors import TrainingFailedError
+    from training.launchers import Hooks, launcher_for
+
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    # Another user's job holds both nodes until it is cancelled.
+    blocker = slurm_cluster.run("sbatch", "--parsable", "-N2", f"--output={tmp_path}/blocker.out",
+                                "--wrap", "exec tail -f /dev/null").stdout.strip()
+    try:
+        cfg = load_config(repo_root / "tests/configs/digits-engine.yaml",
+                          ["training.cpu_workers=1", "launcher.slurm.queue_limit_s=1"])
+        md5 = read_dvc_file(repo_root, cfg.dataset.dvc_file).md5
+        lines: list[str] = []
+        job = launcher_for("slurm").start(plan_launch(cfg, HostFacts(), nproc=1, nnodes=2), tmp_path / "run", repo_root,
+                                          md5, hooks=Hooks(log=lines.append))
+        with pytest.raises(TrainingFailedError, match=rf"^Slurm job {job.job_id} still PENDING \((Resources|Priority)\) "
+                                                      r"after launcher.slurm.queue_limit_s=1: cancelled$"):
+            job.finish()
+        assert slurm.describe(job.job_id).state == "CANCELLED"
+        assert any(line.startswith(f"Slurm job {job.job_id}: PENDING (") for line in lines), lines
+    finally:
+        slurm_cluster.run("scancel", blocker)
+
+
 # -- the pipeline and the CLI with --launcher slurm --------------------------------------------------
 
 def slurm_args(*extra: str) -> list[str]:
