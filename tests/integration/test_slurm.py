@@ -152,6 +152,8 @@ def test_a_job_pending_past_the_queue_limit_is_cancelled_with_one_line(slurm_clu
         assert any(line.startswith(f"Slurm job {job.job_id}: PENDING (") for line in lines), lines
     finally:
         slurm_cluster.run("scancel", blocker)
+        # Gone before the cluster may stop: a job step outliving its slurmd would never exit.
+        poll(lambda: not job_processes(blocker), 60, f"job {blocker}'s processes to exit")
 
 
 # -- the pipeline and the CLI with --launcher slurm --------------------------------------------------

@@ -102,3 +102,50 @@ def test_one_rank_sigkilled_is_restarted_and_the_weights_equal_an_undisturbed_ru
     ok, r = (json.loads((tmp_path / d / "out" / "result.json").read_text()) for d in ("clean", "killed"))
     assert (r["world_size"], r["restarts"]) == (2, 1) and 0 < r["resumed_from_step"] < 25, r
     assert r["weights_sha256"] == ok["weights_sha256"] and r["steps"] == ok["steps"]
+
+
+# A login-node process that submits a job, records it in its home as the pipeline's train stage
+# does (flows.pipeline._job_hooks), and follows it.
+SUBMITTER = """
+import sys
+from pathlib import Path
+from core.config import load_config
+from core.manifest import read_dvc_file
+from registry.orphans import record_job
+from training.launchers import Hooks, launcher_for
+from training.plan import HostFacts, plan_launch
+
+home, port = Path(sys.argv[1]), sys.argv[2]
+cfg = load_config("tests/configs/digits-engine.yaml",
+                  ["training.cpu_workers=1", "training.epochs=500", f"launcher.slurm.rdzv_port={port}"])
+md5 = read_dvc_file(Path.cwd(), cfg.dataset.dvc_file).md5
+hooks = Hooks(submitted=lambda job_id: record_job(home, "slurm", job_id))
+launcher_for("slurm").start(plan_launch(cfg, HostFacts(), nproc=1, nnodes=2), home / "run", Path.cwd(), md5,
+                            hooks=hooks).finish()
+"""
+
+
+def test_a_job_left_by_a_sigkilled_run_is_cancelled_by_the_next_run_on_that_home(slurm_cluster, bundled_data,
+                                                                                   tmp_path):
+    from registry.orphans import JOBS_DIR, cancel_orphaned_jobs
+    from tests.engine_helpers import free_port
+
+    home = tmp_path / "home"
+    proc = subprocess.Popen([str(VENV_BIN / "python"), "-c", SUBMITTER, str(home), str(free_port())],
+                            cwd=Path(__file__).parents[2], env=slurm_cluster.env, stderr=subprocess.PIPE, text=True)
+    try:
+        record = poll(lambda: next((home / JOBS_DIR).glob("slurm-*.json"), None) if (home / JOBS_DIR).is_dir()
+                      else None, JOB_LIMIT_S, "the job's record in the home")
+        job_id = record.stem.removeprefix("slurm-")
+        poll(lambda: sum("training.agent" in cmd for _, cmd in job_processes(job_id)) >= 2, JOB_LIMIT_S,
+             f"job {job_id}'s two torchrun agents")
+        proc.kill()  # SIGKILL while it trains: no chance to cancel its job
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not slurm.describe(job_id, slurm_cluster.env).ended  # the job outlived its run
+    assert cancel_orphaned_jobs(home, {"slurm": lambda j: slurm.cancel(j, slurm_cluster.env)}) == [f"slurm job {job_id}"]
+    poll(lambda: slurm.describe(job_id, slurm_cluster.env).state == "CANCELLED", 60, f"job {job_id} cancelled")
+    poll(lambda: not job_processes(job_id), 60, f"job {job_id}'s processes to exit")
+    assert not record.exists()
