@@ -411,10 +411,10 @@ class SlurmJob:
             fatal = json.loads((self.out / FATAL_FILE).read_text())
             raise TrainingFailedError(f"training failed on rank {fatal['rank']} ({where}): {fatal['error']}",
                                       rank=fatal["rank"], traceback=fatal.get("traceback", ""))
-        node, rank = self._failing_node()
         from training.launcher import _first_failure
 
         local, message, tb = _first_failure(self.out / "torchrun")
+        node, rank = self._failing_node(message)
         who = " ".join(filter(None, [f"on node {node}" if node else f"on {', '.join(status.nodes) or 'its nodes'}",
                                      f"rank {rank}" if rank is not None else
                                      (f"local rank {local}" if local is not None else "")]))
@@ -468,15 +468,21 @@ class SlurmJob:
         return sum(path.read_text(errors="replace").count(REQUEUE_MARK) for path in self._logs()
                    if path.name == f"slurm-{self.job_id}.out")
 
-    def _failing_node(self) -> tuple[str | None, int | None]:
-        """(node, global rank) from the node log in which torchrun reported a failed rank."""
+    def _failing_node(self, message: str) -> tuple[str | None, int | None]:
+        """(node, global rank) of the failure torchrun reported in a node's log: the one whose error
+        file holds ``message`` (the earliest error, ``_first_failure``), else the first reported.
+        A rank's peers fail after it, in their collectives, and are reported on their nodes too."""
+        found = []
         for path in self._logs():
             node = self._node_of(path)
             with contextlib.suppress(OSError):
-                found = _ROOT_CAUSE.findall(path.read_text(errors="replace"))
-                if node and found:
-                    return node, int(found[-1])
-        return None, None
+                found += [(node, int(rank), error_file)
+                          for rank, error_file in _ROOT_CAUSE.findall(path.read_text(errors="replace")) if node]
+        for node, rank, error_file in found:
+            with contextlib.suppress(OSError):
+                if message and message in Path(error_file).read_text(errors="replace"):
+                    return node, rank
+        return (found[0][0], found[0][1]) if found else (None, None)
 
     def _cancel_and_wait(self) -> None:
         cancel(self.job_id)
@@ -498,8 +504,9 @@ class SlurmJob:
                 self._cancel_and_wait()
 
 
-# torchrun's failure report: "rank      : 1 (local_rank: 0)".
-_ROOT_CAUSE = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: \d+\)", re.M)
+# torchrun's failure report: "rank      : 1 (local_rank: 0)", "exitcode  : ...", "error_file: PATH".
+_ROOT_CAUSE = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:[^\n]*\n"
+                         r"\s*error_file\s*:\s*(\S+)", re.M)
 
 
 def _state_line(status: SlurmStatus) -> str:

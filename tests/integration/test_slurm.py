@@ -156,6 +156,28 @@ def test_a_job_pending_past_the_queue_limit_is_cancelled_with_one_line(slurm_clu
         poll(lambda: not job_processes(blocker), 60, f"job {blocker}'s processes to exit")
 
 
+def test_a_rank_that_crashes_fails_the_run_naming_its_node_rank_and_traceback(slurm_cluster, bundled_data, repo_root,
+                                                                               tmp_path, monkeypatch):
+    from core.errors import TrainingFailedError
+    from training.launchers import Hooks, launcher_for
+
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    cfg = load_config(repo_root / "tests/configs/digits-engine.yaml",
+                      ["training.cpu_workers=1", "training.max_restarts=0", f"launcher.slurm.rdzv_port={free_port()}"])
+    md5 = read_dvc_file(repo_root, cfg.dataset.dvc_file).md5
+    lines: list[str] = []
+    job = launcher_for("slurm").start(plan_launch(cfg, HostFacts(), nproc=1, nnodes=2), tmp_path / "run", repo_root, md5,
+                                      {"TRAINFLOW_FAULT": "raise@step=3,rank=1"}, hooks=Hooks(log=lines.append))
+    with pytest.raises(TrainingFailedError) as err:
+        job.finish()
+    # Which node hosts rank 1 is c10d's choice (arrival order): either, named.
+    assert err.value.rank == 1, str(err.value)
+    assert str(err.value).startswith(f"Slurm job {job.job_id} FAILED on node n") and " rank 1: " in str(err.value)
+    assert "injected fault on rank 1 at step 3" in str(err.value) and "\n" not in str(err.value)
+    assert "InjectedFault" in err.value.traceback
+    assert any(line.startswith(f"Slurm job {job.job_id}: RUNNING on n1, n2") for line in lines), lines
+
+
 # -- the pipeline and the CLI with --launcher slurm --------------------------------------------------
 
 def slurm_args(*extra: str) -> list[str]:

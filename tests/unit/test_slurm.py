@@ -236,7 +236,7 @@ def status(state: str, reason: str = "NonZeroExitCode") -> slurm.SlurmStatus:
 def test_a_failed_job_names_the_node_and_the_rank_that_failed(tmp_path):
     job = ended_job(tmp_path, slurm_5_0_out="[rank0]: epoch 1\n",
                     slurm_5_1_out="Root Cause (first observed failure):\n[0]:\n  host      : h\n"
-                                   "  rank      : 1 (local_rank: 0)\n  exitcode  : 1 (pid: 9)\n")
+                                   "  rank      : 1 (local_rank: 0)\n  exitcode  : 1 (pid: 9)\n  error_file: <N/A>\n")
     with pytest.raises(slurm.TrainingFailedError, match=r"^Slurm job 5 FAILED on node n2 rank 1 \(exit code 1:0"):
         job._ending(status("FAILED"))
 
