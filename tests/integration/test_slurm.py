@@ -242,3 +242,30 @@ def test_a_shared_folder_that_does_not_exist_is_refused_before_submission(on_clu
     assert err == f"trainflow: error: launcher.slurm.shared_dir: {missing} does not exist here; the training folder " \
                   "must be on a path every node of the job sees"
     assert on_cluster.run("squeue", "-h").stdout == ""
+
+
+def test_the_run_stopped_with_sigterm_cancels_its_job_exits_4_and_leaves_no_process(
+        prefect_api, on_cluster, bundled_data, tmp_path):
+    import os
+    import signal
+    import threading
+
+    from mlflow.tracking import MlflowClient
+
+    def sigterm_once_training():  # what a Prefect cancellation does to a process worker's run
+        def agents_up():
+            ids = on_cluster.run("squeue", "-h", "-o", "%i").stdout.split()
+            return ids and sum("training.agent" in cmd for _, cmd in job_processes(ids[0])) >= 2
+        poll(agents_up, JOB_LIMIT_S, "the job's two torchrun agents")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=sigterm_once_training, daemon=True)
+    thread.start()
+    code, summary = run_cli(slurm_args("--set", "training.epochs=500"), tmp_path)
+    thread.join(timeout=10)
+    assert code == 4 and summary["status"] == "preempted", summary.get("error")
+    job_id = MlflowClient().get_run(summary["mlflow_run_id"]).data.tags["trainflow.slurm.job_id"]
+    assert summary["error"].startswith(f"stopped: Slurm job {job_id} cancelled with the run")
+    assert slurm.describe(job_id).state == "CANCELLED"
+    poll(lambda: not job_processes(job_id), 60, f"job {job_id}'s processes to exit")
+    assert not list((tmp_path / "home" / "jobs").glob("*.json"))
