@@ -16,7 +16,7 @@ export GX_ANALYTICS_ENABLED := false
 export DVC_NO_ANALYTICS := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-suite test-image install data unit docs docs-serve clean-state lock check-lock team-up team-down image image-cpu image-run
+.PHONY: run test test-suite test-image install data unit slurm-deps docs docs-serve clean-state lock check-lock team-up team-down image image-cpu image-run
 
 install: $(STAMP)
 
@@ -78,8 +78,23 @@ else
 	@$(MAKE) --no-print-directory test-suite
 endif
 
-test-suite: data
+test-suite: data slurm-deps
 	$(PY) -m pytest -n $(TEST_PROCS) --dist loadfile $(PYTEST_ARGS)
+
+# The Slurm tests (tests/integration/test_slurm.py) start a real two-node Slurm on loopback from
+# Debian's slurm-wlm and munge. Run as root with apt-get (CI), `make test` installs them when
+# missing; elsewhere those tests skip, and this says how to enable them.
+SLURM_PROGRAMS := sbatch squeue scontrol scancel sinfo slurmctld slurmd munged
+SLURM_APT := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm munge
+slurm-deps:
+	@missing=; for p in $(SLURM_PROGRAMS); do PATH="$$PATH:/usr/sbin:/sbin" command -v $$p >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "trainflow: installing slurm-wlm and munge for the Slurm tests (apt-get)"; \
+	    $(SLURM_APT) >/dev/null || { apt-get update -q >/dev/null && $(SLURM_APT) >/dev/null; } \
+	      || echo "trainflow: slurm-wlm and munge did not install: the Slurm tests skip"; \
+	  else echo "trainflow: the Slurm tests skip: apt-get install -y slurm-wlm munge (as root) enables them"; fi; \
+	fi
 
 # The image test alone, building here (layers cached after the first build: about a minute).
 test-image: data

@@ -442,6 +442,9 @@ class SlurmConfig(_Strict):
     python: str | None = Field(None, pattern=r"^[A-Za-z0-9._/+-]{1,255}$")
     # The c10d rendezvous port on the allocation's first node.
     rdzv_port: int = Field(29400, ge=1, le=65535)
+    # How long the job may wait in the queue (PENDING) before the run cancels it and fails; the
+    # time limit above bounds its training apart from this.
+    queue_limit_s: int = Field(3600, gt=0)
 
 
 # A Kubernetes object name: a DNS label (RFC 1123).

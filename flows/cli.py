@@ -32,7 +32,8 @@ EXIT_CODES = (
     (EXIT_PREEMPTED, "preempted (SIGTERM or SIGHUP): a checkpoint was saved, the next run resumes"),
     (5, "reproduce: the rerun gave other weights"),
     (6, "reproduce: refused, the git commit or the data version is unavailable"),
-    (EXIT_USAGE, "a bad command line (unknown command or option, a missing or bad value): nothing ran"),
+    (EXIT_USAGE, "a bad command line (unknown command or option, a missing or bad value), or a cluster job "
+                 "Slurm can never run (its reason on stderr): nothing ran"),
 )
 
 
@@ -76,7 +77,15 @@ def _flow_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--image-digest", help="container image digest (default: TRAINFLOW_IMAGE_DIGEST)")
     ap.add_argument("--promotion", choices=["auto", "manual"], help="override registry.promotion")
     ap.add_argument("--nproc", type=int, help="workers per node (default: GPUs, else training.cpu_workers)")
+    _launcher_arg(ap)
+    ap.add_argument("--nnodes", type=int, help="nodes of a cluster launcher's job (default 1; needs --nproc)")
     return ap
+
+
+def _launcher_arg(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--launcher", choices=["local", "slurm", "kubernetes"],
+                    help="where training runs: local (torchrun on this host, the default), slurm (one sbatch job; "
+                         "settings in the config's launcher.slurm) or kubernetes")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                "on that host); needed when --nnodes > 1")
     train.add_argument("--rdzv-id", help="a random id shared by all nodes of one job; needed when --nnodes > 1 "
                                          "(one node: drawn at random)")
+    _launcher_arg(train)
     train.add_argument("--force-resume", action="store_true",
                       help="resume from a checkpoint of another config or dataset")
 
@@ -399,6 +409,12 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         _check_code(cfg, root)
         if args.nproc is not None and args.nproc < 1:
             raise ConfigError(f"--nproc: must be >= 1, got {args.nproc}")
+        if args.nnodes is not None and (args.nnodes < 1 or args.nnodes > 1 and args.nproc is None):
+            raise ConfigError(f"--nnodes: must be >= 1, and more than 1 needs --nproc, got {args.nnodes}")
+        if args.launcher == "slurm":  # before Prefect starts: nothing is registered or submitted
+            from training.slurm import check_shared_dir
+
+            check_shared_dir(cfg)
     except TrainflowError as exc:
         return _early_error(args, exc, "config_error")
 
@@ -434,7 +450,8 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
             return _early_error(args, exc, "failed")
     # The shell's inputs reach the flow through from_shell, never as flow parameters (those are
     # what a deployment's form may set); the parameters only name the config for the Prefect UI.
-    shell = ShellInputs(cfg_path, tuple(overrides), args.nproc, args.image, args.image_digest)
+    shell = ShellInputs(cfg_path, tuple(overrides), args.nproc, args.image, args.image_digest, args.launcher,
+                        args.nnodes)
     name = cfg_path.name if re.match(CONFIG_NAME, cfg_path.name) else DEFAULT_CONFIG
     params = RetrainParams(config=name, force=args.force) if which == "retrain" else PipelineParams(config=name)
     error = failure = None
@@ -577,8 +594,15 @@ def cmd_train(args: argparse.Namespace) -> int:
             plan = measured_plan(plan, root, md5, trainflow_home(root), lambda m: print(m, file=sys.stderr))
         for reason in plan.reasons:
             print(f"trainflow: plan: {reason}", file=sys.stderr)
-        result = launch(plan, args.out.resolve(), root, md5, force_resume=args.force_resume, node_rank=args.node_rank,
-                        rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id).finish()
+        if args.launcher in (None, "local"):
+            job = launch(plan, args.out.resolve(), root, md5, force_resume=args.force_resume, node_rank=args.node_rank,
+                         rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id)
+        else:  # the cluster places the nodes: one job for all of them
+            from training.launchers import Hooks, launcher_for
+
+            job = launcher_for(args.launcher).start(plan, args.out.resolve(), root, md5,
+                                                    hooks=Hooks(log=lambda m: print(f"trainflow: {m}", file=sys.stderr)))
+        result = job.finish()
     except TrainflowError as exc:
         return _fail(str(exc), exc.exit_code, exc)
     # Several nodes: "rank0" says where the weights are; "node_copy" marks a node that holds only the result.

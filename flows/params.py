@@ -67,6 +67,10 @@ class PipelineParams(BaseModel):
                                        description="Workers per node (default: GPUs, else training.cpu_workers)")
     promotion: Literal["manual"] | None = Field(
         None, description="manual: register the version as @challenger only, never move @champion")
+    launcher: Literal["local", "slurm", "kubernetes"] | None = Field(
+        None, description="Where training runs: local (torchrun on the flow's host, the default), slurm or "
+                          "kubernetes (the cluster settings come from the config's launcher section)")
+    nnodes: int | None = Field(None, gt=0, le=1024, description="Nodes of a cluster launcher's job (default 1)")
 
     @model_validator(mode="before")
     @classmethod
@@ -105,6 +109,8 @@ class ShellInputs:
     nproc_per_node: int | None = None
     image: str | None = None
     image_digest: str | None = None
+    launcher: str | None = None
+    nnodes: int | None = None
 
 
 class RunInputs(ShellInputs):
@@ -145,5 +151,7 @@ def run_inputs(params: PipelineParams) -> RunInputs:
     deployment's ``params`` only (a config in ``configs/`` of the project around the cwd)."""
     if (shell := _SHELL.get()) is not None:
         return RunInputs(Path(shell.config_path), (*shell.overrides, *params.overrides()),
-                         params.nproc_per_node or shell.nproc_per_node, shell.image, shell.image_digest)
-    return RunInputs(config_file(params.config), tuple(params.overrides()), params.nproc_per_node, None, None)
+                         params.nproc_per_node or shell.nproc_per_node, shell.image, shell.image_digest,
+                         params.launcher or shell.launcher, params.nnodes or shell.nnodes)
+    return RunInputs(config_file(params.config), tuple(params.overrides()), params.nproc_per_node, None, None,
+                     params.launcher, params.nnodes)

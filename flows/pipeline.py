@@ -50,6 +50,7 @@ class RunContext:
     manifest: Manifest
     out_dir: Path
     plan: LaunchPlan  # the launch plan: world, strategy, threads, and why
+    launcher: str = "local"  # where the plan runs (training.launchers): local, slurm, kubernetes
 
 
 class _InputErrorsWithoutTraceback(logging.Filter):
@@ -87,7 +88,7 @@ def load_inputs(inputs: RunInputs) -> tuple[LaunchPlan, Path, Path, Manifest]:
                       list(inputs.overrides))
     task_for(cfg)  # the config fits its task, or a ConfigError names the key
     facts = host_facts(cfg, home)
-    plan = plan_launch(cfg, facts, inputs.nproc_per_node)
+    plan = plan_launch(cfg, facts, inputs.nproc_per_node, inputs.nnodes or 1)
     image = image_from_env(inputs.image, inputs.image_digest)
     model_dvc = cfg.pretrained.dvc_file if cfg.pretrained is not None else None
     manifest = build_manifest(root, cfg.name, plan.cfg.config_id(), cfg.dataset.dvc_file, cfg.seed, plan.world,
@@ -122,7 +123,7 @@ def resolve(inputs: RunInputs) -> RunContext:
     out.mkdir(parents=True, exist_ok=True)
     get_run_logger().info("config %s (%s), data %s, mlflow run %s", cfg.name, cfg.config_id()[:12],
                           manifest.data.md5, run_id)
-    ctx = RunContext(cfg, task_, root, home, uri, run_id, manifest, out, plan)
+    ctx = RunContext(cfg, task_, root, home, uri, run_id, manifest, out, plan, inputs.launcher or "local")
     if not plan.unmeasured:
         _record(ctx)
     return ctx
@@ -297,13 +298,23 @@ def _logger():
 
 @task(name="train", retries=0, **TASK)
 def train(ctx: RunContext, slot: TrainFolder) -> dict:
-    """torchrun the worker in ``slot``, relaying its metrics file into the pipeline's MLflow run and
-    following its progress (``flows.progress``: the terminal and the Prefect artifact)."""
+    """torchrun the worker in ``slot`` (on this host or a cluster's, ``ctx.launcher``), relaying its
+    metrics file into the pipeline's MLflow run and following its progress (``flows.progress``: the
+    terminal and the Prefect artifact)."""
+    from prefect.runtime import flow_run
+
     from core.metrics_file import METRICS_FILE
     from flows.progress import follow_progress
+    from registry.orphans import cancel_orphaned_jobs
     from registry.relay import relay_metrics
-    from training.launcher import SCORE_ENV, launch
+    from training import slurm
+    from training.launcher import SCORE_ENV
+    from training.launchers import Labels, launcher_for
     from training.sink import RUN_ID_ENV
+
+    launcher = launcher_for(ctx.launcher)
+    for line in cancel_orphaned_jobs(ctx.home, {"slurm": slurm.cancel}):
+        _logger().warning("%s, left by a run on this home that was killed: cancelled", line)
 
     # Empty, not absent: an inherited run id must not switch rank 0's direct MLflow logging on (this
     # process relays its metrics file). Rank 0 scores the program where torch is loaded already.
@@ -313,11 +324,31 @@ def train(ctx: RunContext, slot: TrainFolder) -> dict:
     # run of the same MLflow run stopped).
     with relay_metrics(ctx.run_id, slot.folder / METRICS_FILE, record=(slot.folder, ctx.cfg.config_id())), \
             follow_progress(slot.folder / METRICS_FILE, ctx.cfg.training.epochs, _logger(), ctx.cfg.name) as progress:
-        job = launch(ctx.plan, slot.folder, ctx.root, ctx.manifest.inputs_md5, job_env, lock_fd=slot.lock_fd)
+        job = launcher.start(ctx.plan, slot.folder, ctx.root, ctx.manifest.inputs_md5, job_env, lock_fd=slot.lock_fd,
+                             labels=Labels(str(flow_run.id or ""), ctx.run_id), hooks=_job_hooks(ctx))
         # Back as soon as rank 0's result is final: torchrun's exit overlaps the evaluation.
         result = job.finish(at_result=True)
         progress.completed = result.get("status") == "completed"
         return result
+
+
+def _job_hooks(ctx: RunContext):
+    """A cluster job's state and logs to the task's log; its id recorded in the home (and the MLflow
+    run) while it lives, so the next run cancels it if this one is killed (registry.orphans)."""
+    from registry import store
+    from registry.orphans import forget_job, record_job
+    from training.launchers import Hooks
+
+    logger, name = _logger(), ctx.launcher
+
+    def submitted(job_id: str) -> None:
+        record_job(ctx.home, name, job_id)
+        try:  # the final tags follow in log-training, which retries
+            store.set_tags(ctx.run_id, {f"trainflow.{name}.job_id": job_id})
+        except Exception as exc:  # noqa: BLE001 - a tag must not fail a submitted job
+            logger.warning("could not tag the MLflow run with job %s: %s", job_id, exc)
+
+    return Hooks(log=logger.info, submitted=submitted, ended=lambda job_id: forget_job(ctx.home, name, job_id))
 
 
 @task(name="log-training", timeout_seconds=120, retries=2, retry_delay_seconds=2, **TASK)
@@ -328,6 +359,9 @@ def log_training(ctx: RunContext, result: dict) -> str | None:
     from training.goodput import headline
 
     store.log_file(ctx.run_id, Path(result["out_dir"]) / "result.json", "training")
+    if where := result.get("launcher"):  # a cluster's job: its id, nodes and final state
+        store.set_tags(ctx.run_id, {f"trainflow.{where['name']}.{k}": ",".join(map(str, v)) if isinstance(v, list)
+                                    else str(v) for k, v in where.items() if k != "name"})
     png = _training_curves(ctx, result)
 
     goodput = {("train/goodput" if k == "goodput" else f"goodput/{k}"): v
@@ -538,7 +572,7 @@ def stage_tag(status: str, stage: str) -> str:
 ENDINGS = ((DataValidationError, "validation_failed"), (GateRejectedError, "rejected"), (PreemptedError, "preempted"))
 # The training result's fields the run summary carries.
 TRAINING_SUMMARY = ("world_size", "backend", "strategy", "restarts", "samples_per_s", "global_batch", "effective_lr",
-                    "weights_sha256", "wall_s", "resumed_from_step", "checkpoint_stall_frac")
+                    "weights_sha256", "wall_s", "resumed_from_step", "checkpoint_stall_frac", "launcher")
 
 
 @flow(name="trainflow-pipeline", flow_run_name=_run_name, log_prints=True)
@@ -579,11 +613,12 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict:
             summary["manifest"] = ctx.manifest.to_dict()
         stage[0] = "train"
         slot = TrainFolder(*_claim_train_dir(ctx, ctx.plan.nproc_per_node))
-        result = timed("train", train.with_options(timeout_seconds=ctx.cfg.training.timeout_s + 60), ctx, slot)
+        result = timed("train", train.with_options(timeout_seconds=ctx.cfg.training.timeout_s + 60 + (
+            ctx.cfg.launcher.slurm.queue_limit_s if ctx.launcher == "slurm" else 0)), ctx, slot)
         summary["plots"] = {"training_curves": timed("log-training", log_training, ctx, result)}
         from training.goodput import headline
 
-        summary["training"] = {**{k: result[k] for k in TRAINING_SUMMARY}, "goodput": headline(result.get("goodput")),
+        summary["training"] = {**{k: result.get(k) for k in TRAINING_SUMMARY}, "goodput": headline(result.get("goodput")),
                                "checkpoint_interval": result.get("checkpoint_interval") or {},
                                "resized_from": result.get("resized_from"), "batch_policy": result.get("batch_policy"),
                                "kept_epoch": result.get("kept_epoch")}

@@ -9,8 +9,10 @@ live run must never be ended by another. It is marked by the next run on its own
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from core.procs import pid_alive
@@ -74,3 +76,52 @@ def mark_orphans_killed(experiment_id: str, current_run: str) -> list[str]:
     except Exception as exc:  # noqa: BLE001 - bookkeeping of other runs
         log.warning("could not check for orphaned MLflow runs: %s", exc)
     return ended
+
+
+# -- cluster jobs (Slurm) of runs that died -------------------------------------------------------
+# A cluster job outlives a SIGKILLed run (its processes are not the run's children). Each run
+# records its live jobs in the home's jobs/ folder with the same owner tags; the next run on that
+# home cancels the jobs whose owner is gone.
+
+JOBS_DIR = "jobs"
+
+
+def _job_file(home: Path, launcher: str, job_id: str) -> Path:
+    if not job_id.isdigit() or not launcher.isalpha():
+        raise ValueError(f"not a job id: {launcher} {job_id!r}")
+    return Path(home) / JOBS_DIR / f"{launcher}-{job_id}.json"
+
+
+def record_job(home: Path, launcher: str, job_id: str) -> None:
+    """Note that this process owns the cluster job ``job_id`` until ``forget_job``."""
+    path = _job_file(home, launcher, job_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"launcher": launcher, "job_id": job_id, **owner_tags()}))
+
+
+def forget_job(home: Path, launcher: str, job_id: str) -> None:
+    _job_file(home, launcher, job_id).unlink(missing_ok=True)
+
+
+def cancel_orphaned_jobs(home: Path, cancellers: dict[str, Callable[[str], None]]) -> list[str]:
+    """Cancel each recorded job whose owning run on this host is gone (``cancellers[launcher](job_id)``);
+    returns ``<launcher> job <id>`` of each, and logs why. Jobs of live runs and other hosts stay."""
+    here, cancelled = host_id(), []
+    for path in sorted((Path(home) / JOBS_DIR).glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+            launcher, job_id = record["launcher"], str(record["job_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        reason = gone_reason(record, here)
+        if reason is None or launcher not in cancellers:
+            continue
+        try:
+            cancellers[launcher](job_id)
+        except Exception as exc:  # noqa: BLE001 - bookkeeping of another run: must not fail this one
+            log.warning("could not cancel %s job %s left by a run that is gone: %s", launcher, job_id, exc)
+            continue
+        path.unlink(missing_ok=True)
+        log.warning("%s job %s was left by a run that is gone (%s): cancelled", launcher, job_id, reason)
+        cancelled.append(f"{launcher} job {job_id}")
+    return cancelled

@@ -93,7 +93,8 @@ SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={root}/munge/munge.sock
+# cred_expire: also how long a requeued job waits before it may start again (default 120 s).
+AuthInfo=socket={root}/munge/munge.sock,cred_expire=5
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/run/slurmctld.pid
@@ -107,6 +108,8 @@ SelectTypeParameters=CR_CPU
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SchedulerType=sched/backfill
+# Start a requeued job as soon as it may start again, not at the next periodic pass.
+SchedulerParameters=bf_interval=1,sched_interval=2
 MpiDefault=none
 ReturnToService=2
 KillWait=5

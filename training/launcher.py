@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,18 @@ SCORE_ENV = "TRAINFLOW_SCORE_TEST"
 # A worker's input error (a TrainflowError): the launcher stops the job rather than let torchrun restart it.
 FATAL_FILE = "fatal.json"
 REAP_GRACE_S = 60.0
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What the caller learns while a cluster job runs: a line to log (state changes, each node's
+    log), and the job id when it is submitted and when it has ended (the run keeps a record of its
+    live jobs, so that a run killed with SIGKILL leaves none behind: registry.orphans)."""
+
+    log: Callable[[str], None] = print
+    submitted: Callable[[str], None] = lambda job_id: None
+    ended: Callable[[str], None] = lambda job_id: None
+
 
 
 @dataclass(frozen=True)

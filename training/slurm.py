@@ -13,15 +13,20 @@ The job is one task per node; each runs the torchrun agent that the local launch
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import secrets
 import shlex
+import signal
 import subprocess
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.errors import ConfigError, TrainflowError
-from training.launcher import JobSpec, job_env, plan_spec
+from core.errors import ConfigError, PreemptedError, TrainflowError, TrainingFailedError
+from training import preemption
+from training.launcher import FATAL_FILE, Hooks, JobSpec, job_env, plan_spec
 from training.plan import LaunchPlan
 
 # The states ``describe`` reports; every Slurm job state maps onto one (``SLURM_STATES``).
@@ -41,6 +46,12 @@ SLURM_STATES = {
     "CANCELLED": "CANCELLED", "REVOKED": "CANCELLED",
 }
 SCRIPT_NAME = "slurm.sbatch"
+# Each node's output (srun --output; %t: the task, one per node in the allocation's node order: a
+# node's host name, %N, need not be unique); the batch script's is slurm-%j.out.
+NODE_LOG = "slurm-%j-%t.out"
+VISIBLE = ".visible-"  # + node name: written by each node that sees the training folder
+SHARED_MARK = "trainflow: shared folder:"
+REQUEUE_MARK = "trainflow: requeue:"
 # Shell expressions the script fills in on the allocation, in place of these marks in the command.
 _ENDPOINT, _RDZV_ID = "@rdzv_endpoint@", "@rdzv_id@"
 _COMMENT = re.compile(r"^[A-Za-z0-9._:=,/+-]{0,200}$")
@@ -48,6 +59,13 @@ _COMMENT = re.compile(r"^[A-Za-z0-9._:=,/+-]{0,200}$")
 
 class SlurmError(TrainflowError):
     """Slurm refused a request (``sbatch``, ``scancel``); the message is Slurm's own line."""
+
+
+class SlurmRefusedError(SlurmError):
+    """``sbatch`` refused the job (more nodes than the partition has, an unknown partition or
+    account): it can never run as asked; Slurm's reason is the message."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -112,21 +130,44 @@ def dry_run(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, job_name
     if s.signal_before_limit_s:
         lines.append(f"#SBATCH --signal={s.signal}@{s.signal_before_limit_s}")
     env = {**job_env(spec), "TRAINFLOW_SLURM_RDZV_TOKEN": token}
-    srun = ["srun", f"--nodes={lo}" + (f"-{hi}" if hi > lo else ""), "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    nodes = f"--nodes={lo}" + (f"-{hi}" if hi > lo else "")
+    on_nodes = [nodes, "--ntasks-per-node=1"]
     if s.container_image:
-        srun += [f"--container-image={s.container_image}", f"--container-workdir={root}"]
+        on_nodes += [f"--container-image={s.container_image}", f"--container-workdir={root}"]
         if s.shared_dir:
-            srun.append(f"--container-mounts={s.shared_dir}:{s.shared_dir}")
+            on_nodes.append(f"--container-mounts={s.shared_dir}:{s.shared_dir}")
+    # One output file per node: the follower streams them and names the node a failure came from.
+    srun = ["srun", *on_nodes[:2], "--kill-on-bad-exit=1", f"--output={out_dir}/{NODE_LOG}",
+            "--open-mode=append", *on_nodes[2:]]
+    out_q = shlex.quote(str(out_dir))
+    # Each node writes its name into the training folder: one that does not see it fails the step.
+    visible = shlex.quote(f'test -d "$1" && touch "$1/{VISIBLE}$SLURMD_NODENAME" || '
+                          f'{{ echo "{SHARED_MARK} $1 is not visible on node $SLURMD_NODENAME" >&2; exit 1; }}')
+    preempted = shlex.quote('import json, sys; sys.exit(json.load(open(sys.argv[1]))["status"] != "preempted")')
     lines += [
-        "set -euo pipefail",
+        "set -uo pipefail",
         "# c10d meets at the allocation's first node (its address: a node's name need not resolve).",
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "addr=$(scontrol -o show node \"$head\" | sed -n 's/.* NodeAddr=\\([^ ]*\\).*/\\1/p')",
         *(f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items())),
         f'export PYTHONPATH={shlex.quote(str(root))}"${{PYTHONPATH:+:$PYTHONPATH}}"',
+        "# The training folder must be the same folder on every node (checkpoints, results).",
+        f"if ! srun {' '.join(on_nodes)} /bin/sh -c {visible} sh {out_q}; then",
+        f'  echo "{SHARED_MARK} the training folder is not on storage every node of job $SLURM_JOB_ID sees" >&2',
+        "  exit 3",
+        "fi",
+        f"rm -f {out_q}/result.json {out_q}/{FATAL_FILE}",
         "# c10d numbers the nodes by arrival: --node-rank is not used.",
         " ".join([*srun, *(_word(w, {_ENDPOINT: f"$addr:{s.rdzv_port}",
                                      _RDZV_ID: "$SLURM_JOB_ID-$TRAINFLOW_SLURM_RDZV_TOKEN"}) for w in command)]),
+        "rc=$?",
+        "# Stopped at the warning signal with a checkpoint saved: the requeued job resumes from it.",
+        f"if {shlex.quote(command[0])} -c {preempted} {out_q}/result.json 2>/dev/null "
+        f'&& [ "${{SLURM_RESTART_COUNT:-0}}" -lt {plan.cfg.training.max_restarts} ]; then',
+        f'  echo "{REQUEUE_MARK} job $SLURM_JOB_ID requeued from its checkpoint" >&2',
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+        'exit "$rc"',
     ]
     script = "\n".join(lines) + "\n"
     return SlurmRequest(script, str(out_dir), {SCRIPT_NAME: script, Path(spec.config_path).name: plan.cfg.to_yaml()},
@@ -161,7 +202,7 @@ def submit(request: SlurmRequest, env: dict[str, str] | None = None) -> str:
         (out / name).write_text(text)
     proc = _slurm(["sbatch", "--parsable", str(out / SCRIPT_NAME)], env, cwd=str(out))
     if proc.returncode:
-        raise SlurmError(_one_line(proc.stderr or proc.stdout) or f"sbatch exited {proc.returncode}")
+        raise SlurmRefusedError(_one_line(proc.stderr or proc.stdout) or f"sbatch exited {proc.returncode}")
     job_id = proc.stdout.strip().split(";")[0]
     if not job_id.isdigit():
         raise SlurmError(f"sbatch --parsable printed {proc.stdout.strip()!r}, not a job id")
@@ -215,3 +256,266 @@ def cancel(job_id: str, env: dict[str, str] | None = None) -> None:
     proc = _slurm(["scancel", str(job_id)], env)
     if proc.returncode and "already completing or completed" not in proc.stderr:
         raise SlurmError(_one_line(proc.stderr) or f"scancel exited {proc.returncode}")
+
+
+# -- the launcher: submit the plan, follow the job to its ending -----------------------------------
+
+POLL_S = 0.5
+CANCEL_WAIT_S = 60.0
+
+
+def check_shared_dir(cfg) -> None:
+    """Refuse, before anything is submitted, a ``launcher.slurm.shared_dir`` that this host does not
+    have (ConfigError naming the path); the nodes check it again when the job starts."""
+    shared = cfg.launcher.slurm.shared_dir
+    if shared and not Path(shared).is_dir():
+        raise ConfigError(f"launcher.slurm.shared_dir: {shared} does not exist here; the training folder must be "
+                          "on a path every node of the job sees")
+
+
+def start(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, env: dict[str, str] | None = None,
+          comment: str = "", hooks: Hooks = Hooks()) -> SlurmJob:
+    """Submit ``plan`` as one batch job (``dry_run`` + ``submit``) and return it, to follow with
+    ``SlurmJob.finish``. ``env``: variables the workers get (beside the plan's). Refusals raise
+    before anything is queued: ConfigError (settings, a missing shared folder), SlurmRefusedError."""
+    check_shared_dir(plan.cfg)
+    request = dry_run(plan, Path(out_dir), Path(root), data_md5, comment=comment)
+    if env:
+        request = _with_env(request, env)
+    job = SlurmJob(request, plan.cfg.launcher.slurm.queue_limit_s, plan.cfg.training.max_restarts, hooks)
+    job.submit()
+    return job
+
+
+def _with_env(request: SlurmRequest, env: dict[str, str]) -> SlurmRequest:
+    """``request`` with ``env`` exported in its batch script before the first step."""
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+    script = request.script.replace("set -uo pipefail\n", "set -uo pipefail\n" + exports, 1)
+    return SlurmRequest(script, request.out_dir, {**request.files, SCRIPT_NAME: script}, request.spec)
+
+
+@dataclass
+class SlurmJob:
+    """A submitted job of one run. ``finish`` follows it (state changes and each node's log to
+    ``hooks.log``), resubmits it after a TIMEOUT or PREEMPTED ending that saved a checkpoint (up to
+    ``max_restarts``), cancels it when the run stops, and returns the training result."""
+
+    request: SlurmRequest
+    queue_limit_s: float
+    max_restarts: int
+    hooks: Hooks
+    job_ids: list[str] = field(default_factory=list)
+    nodes: tuple[str, ...] = ()  # the allocation's, in task order
+    started_at: float = field(default_factory=time.perf_counter)
+    _offsets: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def job_id(self) -> str:
+        return self.job_ids[-1]
+
+    @property
+    def out(self) -> Path:
+        return Path(self.request.out_dir)
+
+    def submit(self) -> None:
+        for stale in ("result.json", FATAL_FILE):  # an earlier job's must not pass for this one's
+            (self.out / stale).unlink(missing_ok=True)
+        job_id = submit(self.request)
+        self.job_ids.append(job_id)
+        try:
+            self.hooks.submitted(job_id)
+        except BaseException:  # the caller never gets the job to follow: it must not run on
+            self._cancel_quietly()
+            raise
+        self.hooks.log(f"Slurm job {job_id} submitted ({self.out / SCRIPT_NAME})")
+
+    def finish(self, at_result: bool = False) -> dict:
+        """Follow the job to its ending; the training result plus ``wall_s``, ``out_dir`` and
+        ``launcher`` (name, job id, nodes, final state, requeues). Raises TrainingFailedError (the
+        node, rank and traceback), PreemptedError (stopped with the run, or out of restarts) or
+        ConfigError (the training folder not shared). ``at_result`` is accepted for the local
+        launcher's signature: the job's end is Slurm's to tell."""
+        previous = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
+        installed = preemption.install_handler()  # SIGTERM of this process: cancel the job (_follow)
+        try:
+            status = self._follow()
+            return self._ending(status)
+        except BaseException:  # Ctrl-C, the task's cancellation or timeout: the job goes with the run
+            self._cancel_quietly()
+            raise
+        finally:
+            if installed:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    def _follow(self) -> SlurmStatus:
+        """Poll until the job ends; a requeued job (same id) is followed on. Returns the final status."""
+        last, pending_since = None, None
+        while True:
+            if preemption.REQUESTED.is_set():  # SIGTERM / Ctrl-C of the run: the job goes with it
+                preemption.REQUESTED.clear()
+                self._cancel_and_wait()
+                raise PreemptedError(f"stopped: Slurm job {self.job_id} cancelled with the run; the next run "
+                                     "resumes from its last checkpoint")
+            status = describe(self.job_id)
+            if status is None:
+                raise TrainingFailedError(f"Slurm job {self.job_id} is no longer known to Slurm (scontrol)")
+            self.nodes = status.nodes or self.nodes
+            self._pump_logs()
+            if status != last:
+                self.hooks.log(_state_line(status))
+                last = status
+            now = time.monotonic()
+            if status.state == "PENDING":
+                pending_since = pending_since or now
+                if now - pending_since > self.queue_limit_s:
+                    self._cancel_and_wait()
+                    raise TrainingFailedError(
+                        f"Slurm job {self.job_id} still PENDING ({status.reason or 'no reason given'}) after "
+                        f"launcher.slurm.queue_limit_s={self.queue_limit_s:g}: cancelled")
+            else:
+                pending_since = None
+            if status.ended:
+                self._pump_logs()
+                if status.state in ("TIMEOUT", "PREEMPTED") and self._preempted():
+                    if len(self.job_ids) <= self.max_restarts:
+                        self.hooks.ended(self.job_id)
+                        self.hooks.log(f"Slurm job {self.job_id} ended {status.state} with a checkpoint: resubmitted")
+                        self.submit()
+                        last = None
+                        continue
+                self.hooks.ended(self.job_id)
+                return status
+            time.sleep(POLL_S)
+
+    def _ending(self, status: SlurmStatus) -> dict:
+        self.nodes = status.nodes or self.nodes
+        job = {"name": "slurm", "job_id": self.job_id, "job_ids": list(self.job_ids), "nodes": list(status.nodes),
+               "state": status.slurm_state, "requeues": self._requeues()}
+        where = f"Slurm job {self.job_id}"
+        if status.state == "COMPLETED":
+            result = self._result()
+            if result is None or result.get("status") != "completed":
+                raise TrainingFailedError(f"{where} COMPLETED but wrote no completed {self.out / 'result.json'}")
+            return {**result, "wall_s": time.perf_counter() - self.started_at, "out_dir": str(self.out),
+                    "launcher": job}
+        if status.state == "CANCELLED":
+            raise TrainingFailedError(f"{where} was cancelled outside this run ({status.slurm_state}"
+                                      + (f", {status.reason}" if status.reason else "") + ")")
+        if self._preempted():
+            raise PreemptedError(f"{where} ended {status.slurm_state} after its checkpoint, with no restart left "
+                                 f"(training.max_restarts={self.max_restarts}): rerun to resume from it")
+        if line := self._marked(SHARED_MARK):
+            raise ConfigError(f"launcher.slurm.shared_dir: {line.split(SHARED_MARK, 1)[1].strip()}")
+        with contextlib.suppress(OSError, ValueError):
+            fatal = json.loads((self.out / FATAL_FILE).read_text())
+            raise TrainingFailedError(f"training failed on rank {fatal['rank']} ({where}): {fatal['error']}",
+                                      rank=fatal["rank"], traceback=fatal.get("traceback", ""))
+        from training.launcher import _first_failure
+
+        local, message, tb = _first_failure(self.out / "torchrun")
+        node, rank = self._failing_node(message)
+        who = " ".join(filter(None, [f"on node {node}" if node else f"on {', '.join(status.nodes) or 'its nodes'}",
+                                     f"rank {rank}" if rank is not None else
+                                     (f"local rank {local}" if local is not None else "")]))
+        detail = f": {message}" if message else f" (exit code {status.exit_code}; see {self.out})"
+        raise TrainingFailedError(f"{where} {status.slurm_state} {who}{detail}", rank=rank, traceback=tb)
+
+    def _result(self) -> dict | None:
+        try:
+            return json.loads((self.out / "result.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _preempted(self) -> bool:
+        return (self._result() or {}).get("status") == "preempted"
+
+    def _logs(self) -> list[Path]:
+        return sorted(self.out.glob(f"slurm-{self.job_id}*.out"))
+
+    def _pump_logs(self) -> None:
+        """Each node's new log lines (and the batch script's) to ``hooks.log``, prefixed with the node."""
+        for path in self._logs():
+            node = self._node_of(path) or "batch"
+            try:
+                with path.open("rb") as f:
+                    f.seek(self._offsets.get(str(path), 0))
+                    data = f.read()
+            except OSError:
+                continue
+            complete = data[:data.rfind(b"\n") + 1]
+            self._offsets[str(path)] = self._offsets.get(str(path), 0) + len(complete)
+            for line in complete.decode(errors="replace").splitlines():
+                if line.strip():
+                    self.hooks.log(f"[{node}] {line}")
+
+    def _node_of(self, path: Path) -> str | None:
+        """The node whose log ``path`` is (``slurm-<job>-<task>.out``), None for the batch script's."""
+        task = path.stem.removeprefix(f"slurm-{self.job_id}").lstrip("-")
+        if not task.isdigit():
+            return None
+        return self.nodes[int(task)] if int(task) < len(self.nodes) else f"task {task}"
+
+    def _marked(self, mark: str) -> str | None:
+        for path in self._logs():
+            with contextlib.suppress(OSError):
+                for line in path.read_text(errors="replace").splitlines():
+                    if mark in line:
+                        return line
+        return None
+
+    def _requeues(self) -> int:
+        return sum(path.read_text(errors="replace").count(REQUEUE_MARK) for path in self._logs()
+                   if path.name == f"slurm-{self.job_id}.out")
+
+    def _failing_node(self, message: str) -> tuple[str | None, int | None]:
+        """(node, global rank) of the failure torchrun reported in a node's log: the one whose error
+        file holds ``message`` (the earliest error, ``_first_failure``), else the first reported.
+        A rank's peers fail after it, in their collectives, and are reported on their nodes too."""
+        found = []
+        for path in self._logs():
+            node = self._node_of(path)
+            with contextlib.suppress(OSError):
+                found += [(node, int(rank), error_file)
+                          for rank, error_file in _ROOT_CAUSE.findall(path.read_text(errors="replace")) if node]
+        for node, rank, error_file in found:
+            with contextlib.suppress(OSError):
+                if message and message in Path(error_file).read_text(errors="replace"):
+                    return node, rank
+        return (found[0][0], found[0][1]) if found else (None, None)
+
+    def _cancel_and_wait(self) -> None:
+        cancel(self.job_id)
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while time.monotonic() < deadline:
+            status = describe(self.job_id)
+            if status is None or status.ended:
+                break
+            time.sleep(POLL_S)
+        self.hooks.ended(self.job_id)
+        self.hooks.log(f"Slurm job {self.job_id} cancelled")
+
+    def _cancel_quietly(self) -> None:
+        if not self.job_ids:
+            return
+        with contextlib.suppress(SlurmError):
+            status = describe(self.job_id)
+            if status is not None and not status.ended:
+                self._cancel_and_wait()
+
+
+# torchrun's failure report: "rank      : 1 (local_rank: 0)", "exitcode  : ...", "error_file: PATH".
+_ROOT_CAUSE = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:[^\n]*\n"
+                         r"\s*error_file\s*:\s*(\S+)", re.M)
+
+
+def _state_line(status: SlurmStatus) -> str:
+    """``Slurm job 12: PENDING (Resources)``, ``RUNNING on n1, n2``, ``COMPLETED``..."""
+    text = f"Slurm job {status.job_id}: {status.slurm_state}"
+    if status.state == "PENDING" and status.reason:
+        return f"{text} ({status.reason})"
+    if status.state == "RUNNING" and status.nodes:
+        return f"{text} on {', '.join(status.nodes)}"
+    if status.ended and status.reason:
+        return f"{text} ({status.reason}, exit code {status.exit_code})"
+    return text

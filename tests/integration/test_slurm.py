@@ -1,6 +1,8 @@
 """The Slurm launcher against a real two-node Slurm on loopback (tests/slurm_cluster.py): a rendered
 job trains one world across n1 and n2 and is followed to COMPLETED; a cancelled job ends CANCELLED
-with no process of it left. (The rendered script itself: tests/unit/test_slurm.py.)"""
+with no process of it left; `trainflow run --launcher slurm` validates, trains on both nodes and
+registers, and refuses what Slurm can never run. (Faults: test_slurm_faults.py; the rendered
+script: tests/unit/test_slurm.py.)"""
 
 from __future__ import annotations
 
@@ -124,4 +126,146 @@ def test_a_job_whose_workers_fail_ends_failed(slurm_cluster, bundled_data, repo_
     final = follow(slurm_cluster, job_id, lambda s: s.ended)[-1]
     assert (final.state, final.nodes) == ("FAILED", ("n1", "n2")), final
     assert final.exit_code != "0:0"
-    assert "nosuch" in (out / f"slurm-{job_id}.out").read_text()
+    assert "nosuch" in "".join(p.read_text() for p in out.glob(f"slurm-{job_id}*.out"))
+
+
+def test_a_job_pending_past_the_queue_limit_is_cancelled_with_one_line(slurm_cluster, bundled_data, repo_root,
+                                                                       tmp_path, monkeypatch):
+    from core.errors import TrainingFailedError
+    from training.launchers import Hooks, launcher_for
+
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    # Another user's job holds both nodes until it is cancelled.
+    blocker = slurm_cluster.run("sbatch", "--parsable", "-N2", f"--output={tmp_path}/blocker.out",
+                                "--wrap", "exec tail -f /dev/null").stdout.strip()
+    try:
+        cfg = load_config(repo_root / "tests/configs/digits-engine.yaml",
+                          ["training.cpu_workers=1", "launcher.slurm.queue_limit_s=1"])
+        md5 = read_dvc_file(repo_root, cfg.dataset.dvc_file).md5
+        lines: list[str] = []
+        job = launcher_for("slurm").start(plan_launch(cfg, HostFacts(), nproc=1, nnodes=2), tmp_path / "run", repo_root,
+                                          md5, hooks=Hooks(log=lines.append))
+        with pytest.raises(TrainingFailedError, match=rf"^Slurm job {job.job_id} still PENDING \((Resources|Priority)\) "
+                                                      r"after launcher.slurm.queue_limit_s=1: cancelled$"):
+            job.finish()
+        assert slurm.describe(job.job_id).state == "CANCELLED"
+        assert any(line.startswith(f"Slurm job {job.job_id}: PENDING (") for line in lines), lines
+    finally:
+        slurm_cluster.run("scancel", blocker)
+        # Gone before the cluster may stop: a job step outliving its slurmd would never exit.
+        poll(lambda: not job_processes(blocker), 60, f"job {blocker}'s processes to exit")
+
+
+def test_a_rank_that_crashes_fails_the_run_naming_its_node_rank_and_traceback(slurm_cluster, bundled_data, repo_root,
+                                                                               tmp_path, monkeypatch):
+    from core.errors import TrainingFailedError
+    from training.launchers import Hooks, launcher_for
+
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    cfg = load_config(repo_root / "tests/configs/digits-engine.yaml",
+                      ["training.cpu_workers=1", "training.max_restarts=0", f"launcher.slurm.rdzv_port={free_port()}"])
+    md5 = read_dvc_file(repo_root, cfg.dataset.dvc_file).md5
+    lines: list[str] = []
+    job = launcher_for("slurm").start(plan_launch(cfg, HostFacts(), nproc=1, nnodes=2), tmp_path / "run", repo_root, md5,
+                                      {"TRAINFLOW_FAULT": "raise@step=3,rank=1"}, hooks=Hooks(log=lines.append))
+    with pytest.raises(TrainingFailedError) as err:
+        job.finish()
+    # Which node hosts rank 1 is c10d's choice (arrival order): either, named.
+    assert err.value.rank == 1, str(err.value)
+    assert str(err.value).startswith(f"Slurm job {job.job_id} FAILED on node n") and " rank 1: " in str(err.value)
+    assert "injected fault on rank 1 at step 3" in str(err.value) and "\n" not in str(err.value)
+    assert "InjectedFault" in err.value.traceback
+    assert any(line.startswith(f"Slurm job {job.job_id}: RUNNING on n1, n2") for line in lines), lines
+
+
+# -- the pipeline and the CLI with --launcher slurm --------------------------------------------------
+
+def slurm_args(*extra: str) -> list[str]:
+    return ["--launcher", "slurm", "--nnodes", "2", "--nproc", "1", "--set", "training.cpu_workers=1",
+            "--set", f"launcher.slurm.rdzv_port={free_port()}", *extra]
+
+
+@pytest.fixture
+def on_cluster(slurm_cluster, tmp_path, monkeypatch, clean_env, repo_root):
+    """This process as a login node of the test cluster, with a fresh TRAINFLOW_HOME."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(repo_root)
+    return slurm_cluster
+
+
+def run_cli(args: list[str], tmp_path: Path) -> tuple[int, dict]:
+    from flows.cli import main
+
+    out = tmp_path / "summary.json"
+    code = main(["run", "--config", "tests/configs/digits-quick.yaml", *args, "--summary-json", str(out)])
+    return code, json.loads(out.read_text())
+
+
+def test_run_with_the_slurm_launcher_validates_trains_one_world_on_both_nodes_and_registers(
+        prefect_api, on_cluster, bundled_data, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    code, summary = run_cli(slurm_args(), tmp_path)
+    assert code == 0 and summary["status"] == "registered", summary.get("error")
+    assert summary["validation"]["success"] and summary["model_version"]
+    training = summary["training"]
+    assert training["world_size"] == 2
+    job = training["launcher"]
+    assert (job["name"], job["nodes"], job["state"]) == ("slurm", ["n1", "n2"], "COMPLETED")
+    tags = MlflowClient().get_run(summary["mlflow_run_id"]).data.tags
+    assert (tags["trainflow.slurm.job_id"], tags["trainflow.slurm.nodes"], tags["trainflow.slurm.state"]) == (
+        job["job_id"], "n1,n2", "COMPLETED")
+    # The job carries the run's ids; its record in the home is gone with it.
+    comment = on_cluster.run("scontrol", "show", "job", "-o", job["job_id"]).stdout
+    assert f"mlflow-run={summary['mlflow_run_id']}" in comment and f"flow-run={summary['prefect_flow_run_id']}" in comment
+    assert not list((tmp_path / "home" / "jobs").glob("*.json"))
+
+
+def test_a_run_asking_for_more_nodes_than_the_partition_has_exits_2_with_slurms_reason_and_registers_nothing(
+        prefect_api, on_cluster, bundled_data, tmp_path):
+    args = slurm_args()
+    args[args.index("--nnodes") + 1] = "3"
+    code, summary = run_cli(args, tmp_path)
+    assert code == 2 and summary["status"] == "failed", summary
+    assert "More processors requested than permitted" in summary["error"] and "\n" not in summary["error"]
+    assert summary["model_version"] is None
+    assert on_cluster.run("squeue", "-h").stdout == ""
+
+
+def test_a_shared_folder_that_does_not_exist_is_refused_before_submission(on_cluster, tmp_path, capsys):
+    missing = tmp_path / "nosuch-shared"
+    code, summary = run_cli(slurm_args("--set", f"launcher.slurm.shared_dir={missing}"), tmp_path)
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and summary["status"] == "config_error", summary
+    assert err == f"trainflow: error: launcher.slurm.shared_dir: {missing} does not exist here; the training folder " \
+                  "must be on a path every node of the job sees"
+    assert on_cluster.run("squeue", "-h").stdout == ""
+
+
+def test_the_run_stopped_with_sigterm_cancels_its_job_exits_4_and_leaves_no_process(
+        prefect_api, on_cluster, bundled_data, tmp_path):
+    import os
+    import signal
+    import threading
+
+    from mlflow.tracking import MlflowClient
+
+    def sigterm_once_training():  # what a Prefect cancellation does to a process worker's run
+        def agents_up():
+            ids = on_cluster.run("squeue", "-h", "-o", "%i").stdout.split()
+            return ids and sum("training.agent" in cmd for _, cmd in job_processes(ids[0])) >= 2
+        poll(agents_up, JOB_LIMIT_S, "the job's two torchrun agents")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=sigterm_once_training, daemon=True)
+    thread.start()
+    code, summary = run_cli(slurm_args("--set", "training.epochs=500"), tmp_path)
+    thread.join(timeout=10)
+    assert code == 4 and summary["status"] == "preempted", summary.get("error")
+    job_id = MlflowClient().get_run(summary["mlflow_run_id"]).data.tags["trainflow.slurm.job_id"]
+    assert summary["error"].startswith(f"stopped: Slurm job {job_id} cancelled with the run")
+    assert slurm.describe(job_id).state == "CANCELLED"
+    poll(lambda: not job_processes(job_id), 60, f"job {job_id}'s processes to exit")
+    assert not list((tmp_path / "home" / "jobs").glob("*.json"))

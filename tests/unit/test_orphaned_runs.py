@@ -31,3 +31,37 @@ def test_another_hosts_run_and_a_run_without_an_owner_are_left_alone():
     assert gone_reason({OWNER_HOST_TAG: "elsewhere", OWNER_PID_TAG: f"{dead}:1"}, host_id()) is None
     assert gone_reason({}, host_id()) is None
     assert gone_reason({OWNER_HOST_TAG: host_id(), OWNER_PID_TAG: "nonsense"}, host_id()) is None
+
+
+def test_a_cluster_job_left_by_a_killed_run_is_cancelled_by_the_next_run_and_a_live_runs_is_not(tmp_path):
+    import json
+
+    from registry.orphans import JOBS_DIR, cancel_orphaned_jobs, forget_job, record_job
+
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+    record_job(tmp_path, "slurm", "41")  # this live process's job
+    (tmp_path / JOBS_DIR / "slurm-42.json").write_text(json.dumps(
+        {"launcher": "slurm", "job_id": "42", OWNER_HOST_TAG: host_id(), OWNER_PID_TAG: f"{dead}:1"}))
+    cancelled_ids: list[str] = []
+    assert cancel_orphaned_jobs(tmp_path, {"slurm": cancelled_ids.append}) == ["slurm job 42"]
+    assert cancelled_ids == ["42"]
+    assert sorted(p.name for p in (tmp_path / JOBS_DIR).iterdir()) == ["slurm-41.json"]
+    forget_job(tmp_path, "slurm", "41")
+    assert not list((tmp_path / JOBS_DIR).iterdir())
+
+
+def test_a_job_whose_cancel_fails_stays_recorded_for_the_next_run(tmp_path):
+    import json
+
+    from registry.orphans import JOBS_DIR, cancel_orphaned_jobs
+
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+    (tmp_path / JOBS_DIR).mkdir()
+    (tmp_path / JOBS_DIR / "slurm-7.json").write_text(json.dumps(
+        {"launcher": "slurm", "job_id": "7", OWNER_HOST_TAG: host_id(), OWNER_PID_TAG: f"{dead}:1"}))
+
+    def unreachable(job_id: str) -> None:
+        raise OSError("slurmctld unreachable")
+
+    assert cancel_orphaned_jobs(tmp_path, {"slurm": unreachable}) == []
+    assert (tmp_path / JOBS_DIR / "slurm-7.json").is_file()

@@ -19,7 +19,7 @@ def test_each_knob_becomes_one_override_of_its_config_key():
     assert p.overrides() == ["training.epochs=3", "training.lr=0.01", "training.batch_size=16", "seed=7",
                              "training.strategy=single", "registry.promotion=manual"]
     assert PipelineParams().overrides() == []
-    assert set(KNOBS) | {"config", "nproc_per_node", "promotion"} == set(PipelineParams.model_fields)
+    assert set(KNOBS) | {"config", "nproc_per_node", "promotion", "launcher", "nnodes"} == set(PipelineParams.model_fields)
 
 
 @pytest.mark.parametrize("key, value", [

@@ -69,7 +69,8 @@ def test_every_node_runs_the_local_launchers_torchrun_meeting_at_the_first_node_
     words = srun_words(request.script)
     at = words.index("-m")  # srun's options end where the Python command's first "-m" is
     srun, command = words[:at - 1], words[at - 1:]
-    assert srun == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    assert srun == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                    f"--output={OUT}/slurm-%j-%t.out", "--open-mode=append"]  # a log per node
     local = plan_spec(p, OUT, ROOT, "md5", rdzv_endpoint="$addr:29555",
                       rdzv_id="$SLURM_JOB_ID-$TRAINFLOW_SLURM_RDZV_TOKEN").command(OUT / "torchrun")
     assert command == local
@@ -194,3 +195,80 @@ def test_every_slurm_state_maps_and_an_unknown_one_counts_as_failed():
 ])
 def test_compact_node_lists_expand_to_names(text, names):
     assert slurm.expand_hostlist(text) == names
+
+
+def test_every_node_first_proves_it_sees_the_training_folder_and_a_preempted_job_requeues_itself(plan):
+    script = slurm.dry_run(plan("training.max_restarts=2"), OUT, ROOT, "md5").script
+    lines = script.splitlines()
+    check = next(i for i, line in enumerate(lines) if line.startswith("if ! srun "))
+    train = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    assert check < train  # the short step on every node comes before training
+    assert f"sh {OUT}; then" in lines[check] and "exit 3" in lines[check + 2]
+    requeue = next(i for i, line in enumerate(lines) if "SLURM_RESTART_COUNT" in line)
+    assert train < requeue and '-lt 2 ]' in lines[requeue] and "result.json" in lines[requeue]
+    assert lines[requeue + 2] == '  scontrol requeue "$SLURM_JOB_ID"'
+    assert lines[-1] == 'exit "$rc"'
+
+
+def test_slurms_compact_node_lists_and_state_lines():
+    assert slurm.expand_hostlist("n[1-2],gpu[08-10],login") == ("n1", "n2", "gpu08", "gpu09", "gpu10", "login")
+    status = slurm.parse_job("JobId=7 JobName=x JobState=PENDING Reason=Resources NodeList=(null) ExitCode=0:0")
+    assert (status.state, status.reason, status.nodes) == ("PENDING", "Resources", ())
+    assert slurm._state_line(status) == "Slurm job 7: PENDING (Resources)"
+    running = slurm.parse_job("JobId=7 JobState=RUNNING Reason=None NodeList=n[1-2] ExitCode=0:0")
+    assert slurm._state_line(running) == "Slurm job 7: RUNNING on n1, n2"
+
+
+# -- endings, read from what the job left in its training folder (no cluster) -----------------------
+
+def ended_job(tmp_path, **files: str) -> slurm.SlurmJob:
+    for name, text in files.items():
+        (tmp_path / name.replace("_", "-").replace("-out", ".out")).write_text(text)
+    job = slurm.SlurmJob(slurm.SlurmRequest("", str(tmp_path), {}, None), 60, 2, slurm.Hooks(log=lambda m: None))
+    job.job_ids.append("5")
+    return job
+
+
+def status(state: str, reason: str = "NonZeroExitCode") -> slurm.SlurmStatus:
+    return slurm.SlurmStatus("5", slurm.SLURM_STATES[state], state, reason, ("n1", "n2"), "1:0")
+
+
+def test_a_failed_job_names_the_node_and_the_rank_that_failed(tmp_path):
+    job = ended_job(tmp_path, slurm_5_0_out="[rank0]: epoch 1\n",
+                    slurm_5_1_out="Root Cause (first observed failure):\n[0]:\n  host      : h\n"
+                                   "  rank      : 1 (local_rank: 0)\n  exitcode  : 1 (pid: 9)\n  error_file: <N/A>\n")
+    with pytest.raises(slurm.TrainingFailedError, match=r"^Slurm job 5 FAILED on node n2 rank 1 \(exit code 1:0"):
+        job._ending(status("FAILED"))
+
+
+def test_a_job_cancelled_by_someone_else_is_one_line(tmp_path):
+    with pytest.raises(slurm.TrainingFailedError) as err:
+        ended_job(tmp_path)._ending(status("CANCELLED", "None"))
+    assert str(err.value) == "Slurm job 5 was cancelled outside this run (CANCELLED, None)"
+
+
+def test_a_node_that_does_not_see_the_training_folder_is_named(tmp_path):
+    job = ended_job(tmp_path, slurm_5_out=f"{slurm.SHARED_MARK} /shared/run is not visible on node n2\n")
+    with pytest.raises(ConfigError, match=r"^launcher\.slurm\.shared_dir: /shared/run is not visible on node n2$"):
+        job._ending(status("FAILED"))
+
+
+def test_a_completed_job_returns_its_result_with_where_it_ran(tmp_path):
+    job = ended_job(tmp_path, **{"result.json": '{"status": "completed", "world_size": 2}'})
+    result = job._ending(status("COMPLETED", "None"))
+    assert result["launcher"] == {"name": "slurm", "job_id": "5", "job_ids": ["5"], "nodes": ["n1", "n2"],
+                                  "state": "COMPLETED", "requeues": 0}
+    assert result["world_size"] == 2 and result["out_dir"] == str(tmp_path)
+
+
+def test_a_job_out_of_restarts_after_its_checkpoint_is_preempted(tmp_path):
+    job = ended_job(tmp_path, **{"result.json": '{"status": "preempted", "steps": 40}'})
+    with pytest.raises(slurm.PreemptedError, match="with no restart left"):
+        job._ending(status("TIMEOUT", "TimeLimit"))
+
+
+def test_a_shared_folder_missing_here_is_refused_before_anything_is_submitted(repo_root, tmp_path):
+    cfg = load_config(repo_root / "configs" / "digits.yaml", [f"launcher.slurm.shared_dir={tmp_path}/nosuch"])
+    with pytest.raises(ConfigError, match=rf"^launcher\.slurm\.shared_dir: {tmp_path}/nosuch does not exist here"):
+        slurm.check_shared_dir(cfg)
+    slurm.check_shared_dir(load_config(repo_root / "configs" / "digits.yaml", [f"launcher.slurm.shared_dir={tmp_path}"]))
