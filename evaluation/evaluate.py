@@ -121,15 +121,17 @@ def _padded(proba, like: np.ndarray) -> np.ndarray:
 def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,
              champion_metrics: dict | None = None) -> dict:
     """The task's evaluator on the candidate in ``train_dir``."""
-    from evaluation import lm
+    from evaluation import causal_lm, lm
 
-    runners = {"predictions": evaluate_predictions, "documents": lm.evaluate_documents}
+    runners = {"predictions": evaluate_predictions, "documents": lm.evaluate_documents,
+               "tokens": causal_lm.evaluate_tokens}
     return runners[task.evaluator](task, cfg, root, train_dir, out_dir, champion, champion_metrics)
 
 
 def score_champion(task, cfg, root: Path, predictor) -> dict:
     """The current champion (a loaded registry model) scored on this run's evaluation split."""
-    from evaluation import lm
+    from evaluation import causal_lm, lm
 
-    runners = {"predictions": lambda t, *a: t.score_champion(*a), "documents": lm.score_documents_champion}
+    runners = {"predictions": lambda t, *a: t.score_champion(*a), "documents": lm.score_documents_champion,
+               "tokens": causal_lm.score_tokens_champion}
     return runners[task.evaluator](task, cfg, root, predictor)
