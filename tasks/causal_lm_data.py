@@ -79,8 +79,8 @@ def record_targets(tok, record: tuple[str, ...], max_length: int) -> list[tuple[
         ids = _ids(tok, record[0], True)
         if eos is not None and (not ids or ids[-1] != eos):
             ids.append(eos)
-        return [(ids[s:s + max_length], ids[s + 1:s + max_length + 1])
-                for s in range(0, max(len(ids) - 1, 0), max_length)]
+        return [(ids[s:s + n], ids[s + 1:s + n + 1]) for s in range(0, max(len(ids) - 1, 0), max_length)
+                for n in [min(max_length, len(ids) - 1 - s)]]
     prompt = _ids(tok, record[0], True)
     ids = (prompt + _ids(tok, record[1], False) + ([eos] if eos is not None else []))[:max_length + 1]
     targets = [t if i + 1 >= len(prompt) else IGNORE for i, t in enumerate(ids[1:])]
@@ -95,8 +95,8 @@ def pack_text(tok, records: list[tuple[str, ...]], max_length: int) -> tuple[np.
         if tok.eos_token_id is not None and (not ids or ids[-1] != tok.eos_token_id):
             ids.append(tok.eos_token_id)
         stream.extend(ids)
-    windows = [(stream[s:s + max_length], stream[s + 1:s + max_length + 1])
-               for s in range(0, max(len(stream) - 1, 0), max_length)]
+    windows = [(stream[s:s + n], stream[s + 1:s + n + 1]) for s in range(0, max(len(stream) - 1, 0), max_length)
+               for n in [min(max_length, len(stream) - 1 - s)]]
     return _padded(windows, max_length, tok.pad_token_id)
 
 
