@@ -139,6 +139,9 @@ class CausalLM(Task):
         from tasks.hf_folder import load_tokenizer
         from tasks.hf_lora import merged
 
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a bar per shard written: noise in a job's log
         target = Path(out) / EXPORT_DIR
         shutil.rmtree(target, ignore_errors=True)
         hf = merged(model.hf)

@@ -16,11 +16,16 @@ def with_lora(model, lora, head: str):
     """``model`` wrapped by peft with adapters as ``lora`` (a ``core.config.LoraConfig``) says; ``head``:
     ``causal_lm`` or ``sequence_classification`` (a classifier's new head trains in full too: peft's
     ``modules_to_save``). Empty ``target_modules``: peft's default for the architecture."""
+    import warnings
+
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=list(lora.target_modules) or None, task_type=TASK_TYPES[head])
-    return get_peft_model(model, config)
+    with warnings.catch_warnings():  # peft's notes on GPT-2's Conv1D layout and a renamed attribute: not the user's
+        warnings.filterwarnings("ignore", message=".*fan_in_fan_out.*")
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+        return get_peft_model(model, config)
 
 
 def is_lora(model) -> bool:
