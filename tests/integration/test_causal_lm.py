@@ -81,3 +81,24 @@ def test_a_decoder_fine_tuned_from_a_folder_registers_a_champion_that_generates_
     n, loss = np.asarray(got["scored"]["n_tokens"]), np.asarray(got["scored"]["loss"])
     assert int(n.sum()) == n_tokens
     assert abs(float(np.exp((loss * n).sum() / n.sum())) - ppl) < 1e-3 * ppl
+
+
+def test_records_the_text_suite_rejects_are_named_by_file_and_line(tmp_path):
+    from core.config import config_from_dict
+    from tasks import task_for
+    from validation.gx_run import run_plan
+
+    raw = write_project(tmp_path, "pairs", n_train=20, n_eval=5)
+    data = tmp_path / "data" / "chat"
+    with open(data / "train.jsonl", "a") as fh:  # lines 21 and 22: an empty pair, a pair without a completion
+        fh.write(json.dumps({"prompt": " ", "completion": ""}) + "\n" + json.dumps({"prompt": "q"}) + "\n")
+    with open(data / "val.jsonl", "a") as fh:  # a training pair again: a leak
+        fh.write((data / "train.jsonl").read_text().splitlines()[0] + "\n")
+    raw["dataset"]["text"]["expectations"] = {"train_docs": [1, 100], "eval_docs": [1, 100]}
+    cfg = config_from_dict(raw)
+    report = run_plan(task_for(cfg).validation_plan(cfg, tmp_path), tmp_path / "report")
+    got = {(f["split"], f["check"]): f for f in report["failures"]}
+    assert set(got) == {("train", "empty"), ("train", "format"), ("cross", "leak")}, report["failures"]
+    assert got[("train", "empty")]["examples"] == [{"line": 21, "path": "train.jsonl:21"}]
+    assert got[("train", "format")]["examples"] == [{"line": 22, "path": None}]
+    assert "train train.jsonl:1 = eval val.jsonl:6" in got[("cross", "leak")]["detail"]
