@@ -29,12 +29,12 @@ def pairs(n: int, seed: int) -> list[tuple[str, str]]:
     return out
 
 
-def write_project(root: Path, kind: str = "text", n_train: int = 240, n_eval: int = 40) -> dict:
-    """``data/chat/{train,val}.jsonl`` (``kind``: text or pairs) and ``models/tiny-gpt`` under ``root``;
-    returns the config dict of a causal_lm pipeline over them."""
+def write_project(root: Path, kind: str = "text", n_train: int = 240, n_eval: int = 40, folder: str = "chat") -> dict:
+    """``data/<folder>/{train,val}.jsonl`` (``kind``: text or pairs) and ``models/tiny-gpt`` (made once,
+    on the first data's text) under ``root``; returns the config dict of a causal_lm pipeline over them."""
     from tests.hf_models import tiny_decoder
 
-    data = Path(root) / "data" / "chat"
+    data = Path(root) / "data" / folder
     data.mkdir(parents=True, exist_ok=True)
     corpus = []
     for name, n, seed in (("train.jsonl", n_train, 1), ("val.jsonl", n_eval, 2)):
@@ -46,12 +46,13 @@ def write_project(root: Path, kind: str = "text", n_train: int = 240, n_eval: in
                     for p, c in pairs(n, seed)]
             corpus += [r["prompt"] + r["completion"] for r in recs]
         (data / name).write_text("".join(json.dumps(r) + "\n" for r in recs))
-    tiny_decoder(Path(root) / "models" / "tiny-gpt", corpus, vocab_size=300, positions=64)
+    if not (Path(root) / "models" / "tiny-gpt").is_dir():
+        tiny_decoder(Path(root) / "models" / "tiny-gpt", corpus, vocab_size=300, positions=64)
     pretrained = {"path": "models/tiny-gpt", "max_length": 32}
     if kind == "pairs":
         pretrained.update(prompt_column="prompt", completion_column="completion")
     return {"name": f"chat-{kind}", "task": "causal_lm", "seed": 0,
-            "dataset": {"path": "data/chat", "text": {"train_file": "train.jsonl", "eval_file": "val.jsonl",
+            "dataset": {"path": f"data/{folder}", "text": {"train_file": "train.jsonl", "eval_file": "val.jsonl",
                                                       "holdout_fraction": 0.1}},
             "pretrained": pretrained,
             "training": {"epochs": 2, "batch_size": 8, "lr": 0.003, "optimizer": "adamw", "warmup_epochs": 0,

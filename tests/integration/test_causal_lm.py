@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -24,63 +25,65 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
 
 # In a fresh interpreter, isolated (-I: no current folder, no PYTHONPATH, no user site), with the
 # editable install's finder taken off: trainflow's packages cannot be imported, only the model's files.
+# For each model: generated text for two prompts, and the score of every eval record.
 GENERATE = """
 import importlib.util, json, sys
 sys.meta_path = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
 assert not any(importlib.util.find_spec(m) for m in ("tasks", "core", "training", "registry"))
 import mlflow, pandas as pd
-proj, model, uri = sys.argv[1], sys.argv[2], sys.argv[3]
+uri, frames = sys.argv[1], json.loads(sys.argv[2])
 mlflow.set_tracking_uri(uri); mlflow.set_registry_uri(uri)
-loaded = mlflow.pyfunc.load_model(f"models:/{model}@champion")
-prompts = json.loads(sys.argv[4])
-out = loaded.predict(pd.DataFrame({"text": prompts}), params={"max_new_tokens": 6})
-scored = loaded.predict(pd.DataFrame(json.loads(sys.argv[5])), params={"predict_method": "score"})
-print(json.dumps({"generated": [str(t) for t in out], "params": [p.name for p in loaded.metadata.get_params_schema().params],
-                  "scored": scored.to_dict(orient="list")}))
+got = {}
+for model, frame in frames.items():
+    loaded = mlflow.pyfunc.load_model(f"models:/{model}@champion")
+    out = loaded.predict(pd.DataFrame({"text": frame["text"][:2]}), params={"max_new_tokens": 6})
+    scored = loaded.predict(pd.DataFrame(frame), params={"predict_method": "score"})
+    got[model] = {"generated": [str(t) for t in out], "scored": scored.to_dict(orient="list"),
+                  "params": [p.name for p in loaded.metadata.get_params_schema().params]}
+print(json.dumps(got))
 """
 
 
-def _project(proj: Path, kind: str) -> dict:
-    cfg = write_project(proj, kind)
+def _config(proj: Path, kind: str) -> str:
+    cfg = write_project(proj, kind, folder=f"chat-{kind}")
     (proj / "configs").mkdir(exist_ok=True)
-    (proj / "configs" / "chat.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    run([DVC_BIN, "add", "-q", "data/chat"], proj)
-    run([DVC_BIN, "add", "-q", "models/tiny-gpt"], proj)
-    commit_all(proj, f"causal_lm {kind}")
-    return cfg
+    (proj / "configs" / f"chat-{kind}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return f"configs/chat-{kind}.yaml"
 
 
-@pytest.mark.parametrize("kind", ["text", "pairs"])
-def test_a_decoder_fine_tuned_from_a_folder_registers_a_champion_that_generates_in_a_fresh_process(project, kind):
-    _project(project, kind)
-    code, s, err = trainflow(project, "run", "--config", "configs/chat.yaml", *BOUNDS)
-    assert code == 0, (s.get("error"), err[-4000:])
-    assert s["status"] == "registered" and "champion" in s["aliases"], s
-    ppl = s["metrics"]["perplexity"]
-    [evaluated] = (project / ".trainflow" / "runs").glob("*/evaluation/metrics.json")
-    n_tokens = json.loads(evaluated.read_text())["candidate"]["n_tokens"]
-    assert 1 < ppl < 1000 and n_tokens > 0
+def test_a_decoder_fine_tuned_from_a_folder_registers_champions_that_generate_in_a_fresh_process(project):
     from core.paths import default_tracking_uri
     from tasks.causal_lm_data import read_records
 
-    keys = ("text",) if kind == "text" else ("prompt", "completion")
-    records = read_records(project / "data" / "chat" / "val.jsonl", keys)
-    frame = {"text": [r[0] for r in records]}
-    if kind == "pairs":
-        frame["completion"] = [r[1] for r in records]
-    done = subprocess.run([sys.executable, "-I", "-c", GENERATE, str(project), "chat-" + kind,
-                           default_tracking_uri(project / ".trainflow"), json.dumps(frame["text"][:2]),
-                           json.dumps(frame)], cwd="/", env=_env(), capture_output=True, text=True, timeout=300)
+    configs = {kind: _config(project, kind) for kind in ("text", "pairs")}
+    for folder in ("data/chat-text", "data/chat-pairs", "models/tiny-gpt"):
+        run([DVC_BIN, "add", "-q", folder], project)
+    commit_all(project, "causal_lm: text and pairs")
+    evaluated, frames = {}, {}
+    for kind, config in configs.items():
+        code, s, err = trainflow(project, "run", "--config", config, "--set", "training.epochs=1", *BOUNDS)
+        assert code == 0, (s.get("error"), err[-4000:])
+        assert s["status"] == "registered" and "champion" in s["aliases"], s
+        metrics = json.loads((project / ".trainflow" / "runs" / s["mlflow_run_id"] / "evaluation" /
+                              "metrics.json").read_text())["candidate"]
+        assert 1 < metrics["perplexity"] == s["metrics"]["perplexity"] < 1000 and metrics["n_tokens"] > 0
+        evaluated[f"chat-{kind}"] = metrics
+        keys = ("text",) if kind == "text" else ("prompt", "completion")
+        records = read_records(project / "data" / f"chat-{kind}" / "val.jsonl", keys)
+        frames[f"chat-{kind}"] = {"text": [r[0] for r in records],
+                                  **({"completion": [r[1] for r in records]} if kind == "pairs" else {})}
+    done = subprocess.run([sys.executable, "-I", "-c", GENERATE, default_tracking_uri(project / ".trainflow"),
+                           json.dumps(frames)], cwd="/", env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(got["generated"]) == 2 and all(isinstance(t, str) for t in got["generated"])
-    assert {"max_new_tokens", "temperature", "predict_method"} <= set(got["params"])
-    # The pyfunc's score of the eval records is the evaluation's perplexity (token-weighted).
-    import numpy as np
-
-    n, loss = np.asarray(got["scored"]["n_tokens"]), np.asarray(got["scored"]["loss"])
-    assert int(n.sum()) == n_tokens
-    assert abs(float(np.exp((loss * n).sum() / n.sum())) - ppl) < 1e-3 * ppl
+    for model, metrics in evaluated.items():
+        mine = got[model]
+        assert len(mine["generated"]) == 2 and all(isinstance(t, str) for t in mine["generated"])
+        assert {"max_new_tokens", "temperature", "predict_method"} <= set(mine["params"])
+        # The pyfunc's score of the eval records is the evaluation's: the same tokens, the same perplexity.
+        n, loss = np.asarray(mine["scored"]["n_tokens"]), np.asarray(mine["scored"]["loss"])
+        assert int(n.sum()) == metrics["n_tokens"]
+        assert abs(float(np.exp((loss * n).sum() / n.sum())) - metrics["perplexity"]) < 1e-3 * metrics["perplexity"]
 
 
 def test_records_the_text_suite_rejects_are_named_by_file_and_line(tmp_path):
