@@ -109,7 +109,7 @@ class CausalLM(Task):
 
         hf = load_model(info.folder, "causal_lm")
         if cfg.pretrained.activation_checkpointing:
-            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         if cfg.pretrained.lora is not None:
             from tasks.hf_lora import with_lora
 
