@@ -51,7 +51,8 @@ def _config(proj: Path, kind: str) -> str:
     return f"configs/chat-{kind}.yaml"
 
 
-def test_a_decoder_fine_tuned_from_a_folder_registers_champions_that_generate_in_a_fresh_process(project):
+def test_a_decoder_fine_tuned_from_a_folder_registers_champions_that_generate_in_a_fresh_process(project, monkeypatch,
+                                                                                              clean_env):
     from core.paths import default_tracking_uri
     from tasks.causal_lm_data import read_records
 
@@ -84,6 +85,28 @@ def test_a_decoder_fine_tuned_from_a_folder_registers_champions_that_generate_in
         n, loss = np.asarray(mine["scored"]["n_tokens"]), np.asarray(mine["scored"]["loss"])
         assert int(n.sum()) == metrics["n_tokens"]
         assert abs(float(np.exp((loss * n).sum() / n.sum())) - metrics["perplexity"]) < 1e-3 * metrics["perplexity"]
+    # The registry's own load (every file of the model folder checked against its recorded sha256) and the
+    # gate's rescoring of a champion through it give the evaluation's figures too.
+    import mlflow
+
+    from core.config import load_config
+    from evaluation.evaluate import score_champion
+    from registry.models import load_predictor
+    from tasks import task_for
+
+    home = project / ".trainflow"
+    monkeypatch.setenv("TRAINFLOW_HOME", str(home))
+    before = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    mlflow.set_tracking_uri(default_tracking_uri(home))
+    mlflow.set_registry_uri(default_tracking_uri(home))
+    try:
+        cfg = load_config(project / configs["pairs"])
+        rescored = score_champion(task_for(cfg), cfg, project, load_predictor("chat-pairs"))
+    finally:
+        mlflow.set_tracking_uri(before[0])
+        mlflow.set_registry_uri(before[1])
+    assert rescored["n_tokens"] == evaluated["chat-pairs"]["n_tokens"]
+    assert abs(rescored["perplexity"] - evaluated["chat-pairs"]["perplexity"]) < 1e-3 * rescored["perplexity"]
 
 
 def test_records_the_text_suite_rejects_are_named_by_file_and_line(tmp_path):
