@@ -166,11 +166,11 @@ class CausalLM(Task):
 
     # -- registry ------------------------------------------------------------------------------
     def model_spec(self, cfg: "PipelineConfig", root: Path, train_dir: Path, report: dict) -> ModelSpec:
+        from importlib.metadata import version
+
         import pandas as pd
 
         prompts = [r[0][:512] for r in self.eval_records(cfg, root)[:3]]
-        from importlib.metadata import version
-
         meta = {"format": "transformers", "max_length": int(cfg.pretrained.max_length)}
         return ModelSpec(PYFUNC_FILE, meta, [("text", "string")], [(None, "string")],
                          pd.DataFrame({"text": prompts}), metadata={"trainflow_kind": self.name}, checked=True,
