@@ -128,3 +128,19 @@ def test_config_and_records_that_do_not_fit_are_named(project, tmp_path):
     bad.write_text(json.dumps({"prompt": "p", "completion": "c"}) + "\n" + json.dumps({"prompt": "p"}) + "\n")
     with pytest.raises(DataUnavailableError, match=r"bad.jsonl:2: not a JSON object with string 'prompt', 'completion'"):
         read_records(bad, ("prompt", "completion"))
+
+
+def test_tokenized_splits_are_cached_per_data_and_tokenizer_without_pickle(project, tmp_path, monkeypatch):
+    from tasks.causal_lm_data import tokenized
+
+    root, raw = project
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+    cfg, folder = _cfg(raw), root / "models" / "tiny-gpt"
+    first = tokenized(cfg, root, 0, folder)
+    [cached] = (tmp_path / "home" / "cache" / "causal_lm").glob("*.npz")
+    with np.load(cached, allow_pickle=False) as arrays:
+        assert sorted(arrays.files) == sorted(first)
+    again = tokenized(cfg, root, 0, folder)
+    assert all(np.array_equal(first[k], again[k]) for k in first)
+    tokenized(_cfg(raw, max_length=16), root, 0, folder)  # another setting: another entry
+    assert len(list(cached.parent.glob("*.npz"))) == 2
