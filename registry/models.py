@@ -81,9 +81,20 @@ def _warn_mismatches(requirements: Sequence[str], intro: str = "the model's pins
         log.warning("%s:\n - %s", intro, "\n - ".join(mismatches))
 
 
+def artifact_hashes(model: Path) -> dict[str, str]:
+    """``{path in the logged model: sha256}`` of the model artifact: ``model.pt2``, or each file of a
+    model folder (a task's ``export_files``: safetensors weights, tokenizer files)."""
+    from core.hashing import file_sha256
+
+    if Path(model).is_dir():
+        return {f"artifacts/{model.name}/{f.relative_to(model).as_posix()}": file_sha256(f)
+                for f in sorted(Path(model).rglob("*")) if f.is_file()}
+    return {PROGRAM_FILE: file_sha256(model)}
+
+
 def log_version(run_id: str, model_pt2: Path, model_name: str, spec, manifest_tags: Mapping[str, Any],
                 description: str = "") -> dict:
-    """Log the task's pyfunc (``spec``: a ``tasks.base.ModelSpec``) over ``model_pt2`` to ``run_id``, register
+    """Log the task's pyfunc (``spec``: a ``tasks.base.ModelSpec``) over ``model_pt2`` (or a model folder) to ``run_id``, register
     it as a version of ``model_name`` tagged with the manifest and the files' sha256 (``HASH_TAG``), alias it
     ``@challenger``. A retry reuses the version ``run_id`` registered for this program already.
     Returns ``{"name", "version", "model_uri", "run_id", "model_id", "reused"}``.
@@ -91,17 +102,18 @@ def log_version(run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
     from core.hashing import file_sha256
 
     model_pt2 = Path(model_pt2)
-    if not model_pt2.is_file():
+    if not model_pt2.exists():
         raise FileNotFoundError(f"model program not found: {model_pt2}")
     c = client()
-    hashes = {PROGRAM_FILE: file_sha256(model_pt2), Path(spec.python_model).name: file_sha256(spec.python_model)}
+    artifact = artifact_hashes(model_pt2)
+    hashes = {**artifact, Path(spec.python_model).name: file_sha256(spec.python_model)}
     try:
         found = c.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
     except Exception as exc:
         if not is_not_found(exc):
             raise
         found = []
-    done = min((mv for mv in found if mv.tags.get(HASH_TAG + PROGRAM_FILE) == hashes[PROGRAM_FILE]),
+    done = min((mv for mv in found if all(mv.tags.get(HASH_TAG + k) == v for k, v in artifact.items())),
                key=lambda mv: int(mv.version), default=None)
     if done is not None:
         log.info("%s v%s was registered by run %s already (a retried registration): reused",
@@ -131,7 +143,7 @@ def _log_new(c, run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
         meta_file.write_text(json.dumps(spec.meta))
         hashes["artifacts/meta.json"] = file_sha256(meta_file)
         program = model_pt2
-        if model_pt2.name != Path(PROGRAM_FILE).name:  # the pyfunc keeps an artifact under its file name
+        if model_pt2.is_file() and model_pt2.name != Path(PROGRAM_FILE).name:  # kept under its file name
             program = Path(tmp, Path(PROGRAM_FILE).name)
             shutil.copyfile(model_pt2, program)
         with PROGRAM_LOCK:
@@ -141,7 +153,7 @@ def _log_new(c, run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
                                            source_run_id=run_id, tags=clean_tags(manifest_tags, MAX_TAG_VALUE_LENGTH))
             Model.log(artifact_path=None, name=ARTIFACT_NAME, flavor=_Pyfunc, run_id=run_id, model_id=logged.model_id,
                       python_model=str(spec.python_model), artifacts={"model": str(program), "meta": str(meta_file)},
-                      pip_requirements=pip_requirements(),
+                      pip_requirements=pip_requirements() + list(getattr(spec, "requirements", [])),
                       signature=signature_of(spec),
                       input_example=spec.example.head(MAX_EXAMPLE_ROWS).reset_index(drop=True),
                       metadata=spec.metadata or None,

@@ -22,6 +22,7 @@ BUILTIN = {
     "regression": "tasks.tabular:Regression",
     "lm": "tasks.lm:LanguageModel",
     "image_classification": "tasks.images:ImageClassification",
+    "causal_lm": "tasks.causal_lm:CausalLM",
 }
 
 

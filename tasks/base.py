@@ -224,6 +224,8 @@ class ModelSpec:
     # ``[(name, mlflow type, default)]``: the inference params ``predict`` takes (the signature's params
     # schema, which MLflow checks, the scoring server too), e.g. a classifier's ``predict_method``.
     params: list[tuple[str, str, Any]] = field(default_factory=list)
+    # Pins the pyfunc imports beyond mlflow, torch, pandas and numpy (e.g. ``transformers==5.25.0``).
+    requirements: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -432,6 +434,16 @@ class Task:
         """``{name: value}`` for ``val_score_names`` from the validation split's model outputs (numpy,
         gathered from every rank, in any row order) and targets."""
         return {}
+
+    def export_files(self, cfg: "PipelineConfig", model, info: DataInfo, out: Path) -> str | None:
+        """Rank 0: write the trained model's own files into ``out`` and return the name (a file or folder
+        in ``out``) the registry logs; None: the engine exports ``export_module`` as ``model.pt2``."""
+        return None
+
+    def fsdp_units(self, model) -> list | None:
+        """The submodules FSDP shards one by one before the root (a transformer's blocks); None: the
+        engine's default (each Linear / Conv)."""
+        return None
 
     def export_module(self, model, info: DataInfo):
         """The module exported as ``model.pt2`` (e.g. the trained model plus output de-scaling)."""

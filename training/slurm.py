@@ -451,10 +451,10 @@ class SlurmJob:
 
     def _node_of(self, path: Path) -> str | None:
         """The node whose log ``path`` is (``slurm-<job>-<task>.out``), None for the batch script's."""
-        task = path.stem.removeprefix(f"slurm-{self.job_id}").lstrip("-")
-        if not task.isdigit():
+        step = path.stem.removeprefix(f"slurm-{self.job_id}").lstrip("-")
+        if not step.isdigit():
             return None
-        return self.nodes[int(task)] if int(task) < len(self.nodes) else f"task {task}"
+        return self.nodes[int(step)] if int(step) < len(self.nodes) else f"task {step}"
 
     def _marked(self, mark: str) -> str | None:
         for path in self._logs():

@@ -103,9 +103,11 @@ def train_and_report(cfg: PipelineConfig, splits: Splits, out: Path, data_md5: s
         result = multinode.share_outcome(ctx, result, out, view)  # COLLECTIVE (several nodes)
     if ctx.is_main and model is not None:
         torch.save(model.state_dict(), out / "weights.pt")
-        export_model(trainer.task.export_module(model, splits.info), trainer.task.example_input(cfg, splits.info),
-                     out / "model.pt2")
-        result.update(weights="weights.pt", model_pt2="model.pt2")
+        exported = trainer.task.export_files(cfg, model, splits.info, out)
+        if exported is None:
+            export_model(trainer.task.export_module(model, splits.info),
+                         trainer.task.example_input(cfg, splits.info), out / "model.pt2")
+        result.update(weights="weights.pt", model_pt2=exported or "model.pt2")
         if score_test is not None:  # before result.json: the pipeline reads both once that exists
             trainer.task.write_test_scores(cfg, score_test, out)
     if ctx.is_main:

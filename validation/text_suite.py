@@ -39,8 +39,10 @@ COLUMNS = ["doc", "line", "path", "parsed", "utf8", "nonblank", "n_bytes", "sha2
 CHECK_ORDER = ("row_count", "format", "utf8", "empty", "length", "duplicate", "leak", "other")
 
 
-def document_frame(lines: list[bytes]) -> pd.DataFrame:
-    """One row per non-blank JSON line: what the expectations look at (see ``COLUMNS``)."""
+def document_frame(lines: list[bytes], record: tuple[str, ...] | None = None, name: str = "") -> pd.DataFrame:
+    """One row per non-blank JSON line: what the expectations look at (see ``COLUMNS``). ``record``: the
+    string keys a line holds instead of ``path`` and ``text`` (the causal_lm task's ``text``, or prompt
+    and completion, joined as its text); its path is then ``<name>:<line>``."""
     import pandas as pd
 
     rows = []
@@ -54,7 +56,9 @@ def document_frame(lines: list[bytes]) -> pd.DataFrame:
         path = text = None
         try:
             obj = json.loads(decoded)
-            if isinstance(obj, dict) and isinstance(obj.get("path"), str) and isinstance(obj.get("text"), str):
+            if record and isinstance(obj, dict) and all(isinstance(obj.get(k), str) for k in record):
+                path, text = f"{name}:{number}", "".join(obj[k] for k in record)
+            elif isinstance(obj, dict) and isinstance(obj.get("path"), str) and isinstance(obj.get("text"), str):
                 path, text = obj["path"], obj["text"]
         except ValueError:
             pass
@@ -75,8 +79,9 @@ def document_frame(lines: list[bytes]) -> pd.DataFrame:
                       "utf8": "bool", "nonblank": "bool"})
 
 
-def load_splits(cfg: DatasetConfig, root: Path) -> dict[str, pd.DataFrame]:
-    """``{"train": frame, "eval": frame}`` of the corpus files. Raises DataUnavailableError."""
+def load_splits(cfg: DatasetConfig, root: Path, record: tuple[str, ...] | None = None) -> dict[str, pd.DataFrame]:
+    """``{"train": frame, "eval": frame}`` of the corpus files (``record``: see ``document_frame``).
+    Raises DataUnavailableError."""
     frames = {}
     for split in SPLITS:
         path = Path(root) / cfg.path / getattr(cfg.text, f"{split}_file")
@@ -86,7 +91,7 @@ def load_splits(cfg: DatasetConfig, root: Path) -> dict[str, pd.DataFrame]:
                 f"({cfg.dvc_file}) is missing from the workspace; run `dvc pull` in {Path(root)}."
             )
         try:
-            frames[split] = document_frame(path.read_bytes().splitlines())
+            frames[split] = document_frame(path.read_bytes().splitlines(), record, path.name)
         except OSError as exc:
             raise DataUnavailableError(f"{split} split {path} cannot be read: {exc.strerror}") from None
     return frames
@@ -150,11 +155,12 @@ def message_column(f: dict):
 def identity(params: dict) -> dict:
     """What makes this suite's result: the corpus section (files, windows, bounds)."""
     text = params["dataset"].text
-    return {"text": text.model_dump(mode="json") if text is not None else None}
+    return {"text": text.model_dump(mode="json") if text is not None else None,
+            **({"record": list(params["record"])} if params.get("record") else {})}
 
 
 def load(params: dict) -> dict[str, pd.DataFrame]:
-    return load_splits(params["dataset"], params["root"])
+    return load_splits(params["dataset"], params["root"], params.get("record"))
 
 
 def run(params: dict, report_dir: Path) -> dict:

@@ -1,0 +1,107 @@
+"""Evaluating a fine-tuned causal LM (the ``causal_lm`` task) on its eval records: held-out loss and
+perplexity, token-weighted over every learned target (a text's tokens and EOS; a pair's completion
+and EOS), per record in the windows of ``tasks.causal_lm_data.record_targets``. The registered pyfunc
+scores the same way (``predict_method: score``), so a rescored champion compares with the candidate.
+The summary and the champion comparison are the ``lm`` task's (``tasks.lm_eval.summarise``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tasks.lm_eval import summarise
+
+BATCH_WINDOWS = 16
+# The fine-tuned model folder (safetensors + tokenizer) in the training folder, beside model.pt2.
+EXPORT_DIR = "hf_model"
+
+
+def score_records(model, tok, records, max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-record (summed cross-entropy in nats, learned targets) under ``model`` (a transformers causal LM)."""
+    import torch
+    import torch.nn.functional as F
+
+    from tasks.causal_lm_data import IGNORE, record_targets
+
+    windows, owner = [], []
+    for i, record in enumerate(records):
+        for w in record_targets(tok, record, max_length):
+            windows.append(w)
+            owner.append(i)
+    per_window = np.zeros(len(windows))
+    pad = tok.pad_token_id or 0
+    with torch.inference_mode():
+        for s in range(0, len(windows), BATCH_WINDOWS):
+            part = windows[s:s + BATCH_WINDOWS]
+            t = max(len(x) for x, _ in part)
+            ids = torch.full((len(part), t), pad, dtype=torch.long)
+            mask = torch.zeros((len(part), t), dtype=torch.long)
+            y = torch.full((len(part), t), IGNORE, dtype=torch.long)
+            for j, (x, tg) in enumerate(part):
+                ids[j, :len(x)], mask[j, :len(x)], y[j, :len(tg)] = torch.tensor(x), 1, torch.tensor(tg)
+            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
+            nll = F.cross_entropy(logits.transpose(1, 2), y, ignore_index=IGNORE, reduction="none")
+            per_window[s:s + len(part)] = nll.sum(1).double().numpy()
+    counts = [sum(t != IGNORE for t in tg) for _, tg in windows]
+    owner_arr = np.asarray(owner, dtype=np.int64)
+    loss_sum = np.bincount(owner_arr, weights=per_window, minlength=len(records))
+    n_tokens = np.bincount(owner_arr, weights=np.asarray(counts, dtype=np.float64), minlength=len(records))
+    return loss_sum, n_tokens.astype(np.int64)
+
+
+def summary(loss_sum, n_tokens) -> dict:
+    """Token-weighted loss and perplexity (``tasks.lm_eval.summarise`` without its bytes)."""
+    out = summarise(np.asarray(loss_sum, dtype=np.float64), np.asarray(n_tokens, dtype=np.int64))
+    out.pop("bits_per_byte")
+    return {**out, "kind": "causal_lm"}
+
+
+def score_champion(task, cfg, root: Path, predictor, records=None) -> dict:
+    """A registered causal LM (a loaded pyfunc, ``predictor.pyfunc``) scored on this run's eval records
+    through its ``score`` method."""
+    import pandas as pd
+
+    records = task.eval_records(cfg, root) if records is None else records
+    frame = pd.DataFrame({"text": [r[0] for r in records]})
+    if records and len(records[0]) == 2:
+        frame["completion"] = [r[1] for r in records]
+    out = predictor.pyfunc.predict(frame, params={"predict_method": "score"})
+    n_tok = np.asarray(out["n_tokens"], dtype=np.int64)
+    return summary(np.nan_to_num(np.asarray(out["loss"], dtype=np.float64)) * n_tok, n_tok)
+
+
+def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=None,
+                    champion_metrics: dict | None = None) -> dict:
+    """The causal_lm task's evaluator: loss and perplexity of ``train_dir``'s exported model folder and of the
+    champion (``champion_metrics`` when recorded, else the ``champion`` pyfunc's ``score``) on the eval
+    records; writes ``metrics.json`` into ``out_dir``."""
+    import torch
+
+    from tasks.hf_folder import load_model, load_tokenizer
+    from tasks.metrics import latency_p95_ms
+
+    key = task.scoring_key(cfg, root)
+    torch.set_num_threads(1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    folder = Path(train_dir) / EXPORT_DIR
+    tok, model = load_tokenizer(folder), load_model(folder, "causal_lm").eval()
+    records = task.eval_records(cfg, root)
+    loss_sum, n_tok = score_records(model, tok, records, cfg.pretrained.max_length)
+    cand = summary(loss_sum, n_tok)
+    window = np.random.default_rng(0).integers(0, len(tok), (1, cfg.pretrained.max_length), dtype=np.int64)
+    with torch.inference_mode():  # one random full window: a forward pass's time
+        cand["latency_p95_ms"] = latency_p95_ms(lambda x: model(input_ids=torch.from_numpy(x), use_cache=False),
+                                                window, 20, 3)
+    champ, how = None, None
+    if champion_metrics is not None:
+        champ, how = champion_metrics, "recorded"
+    elif champion is not None:
+        champ, how = score_champion(task, cfg, root, champion, records), "rescored"
+    per_record = [{"record": i, "n_tokens": int(k), "loss": float(s / k) if k else None}
+                  for i, (s, k) in enumerate(zip(loss_sum, n_tok))]
+    report = {"candidate": cand, "champion": champ, "champion_scores": how, "scoring_key": key,
+              "baseline": None, "per_record": per_record, "files": {}, "candidate_scored_in": "pipeline"}
+    (out_dir / "metrics.json").write_text(json.dumps(report, indent=2))
+    return report
