@@ -27,14 +27,14 @@ def stage_tag(status: str, stage: str) -> str:
     return final.get(status, f"{status}: {stage}")
 
 
-def _numbers(scores: dict, task) -> dict:
-    """``scores``'s figures for the task's metrics (a metric a scorer did not give is left out)."""
-    return {m.name: scores[m.name] for m in task.metrics if isinstance(scores.get(m.name), (int, float))}
+def scores_of(task, scores: dict | None) -> dict[str, float]:
+    """``scores``' figures for the task's metrics (one a scorer did not give is left out)."""
+    return {m.name: scores[m.name] for m in task.metrics if isinstance((scores or {}).get(m.name), (int, float))}
 
 
 @dataclass
 class RunSummary:
-    """One pipeline run; each stage's result fills its section (``task``: duck-typed ``tasks.base.Task``)."""
+    """One pipeline run; each stage's result fills its section (``task``: a ``tasks.base.Task``)."""
 
     tracking_uri: str
     mlflow_run_id: str
@@ -70,25 +70,23 @@ class RunSummary:
         self.plots = {"training_curves": curves_png}
         self.training = {**{k: result[k] for k in TRAINING_KEYS}, "goodput": goodput,
                          "checkpoint_interval": result.get("checkpoint_interval") or {},
-                         "resized_from": result.get("resized_from"), "batch_policy": result.get("batch_policy"),
-                         "kept_epoch": result.get("kept_epoch")}
+                         **{k: result.get(k) for k in ("resized_from", "batch_policy", "kept_epoch")}}
 
     def evaluated(self, task, ev: dict, train_wall_s: float) -> None:
         """The evaluation report's scores: the candidate's, the champion's and the references'."""
-        cand, champ = ev["candidate"], ev["champion"]
+        cand, champ, g = ev["candidate"], ev["champion"], ev.get("gbdt")
         if (ev.get("files") or {}).get("confusion_matrix"):
             self.plots = {**(self.plots or {}), "confusion_matrix": ev["files"]["confusion_matrix"]}
         self.metrics = {m.name: cand[m.name] for m in task.metrics}
         self.candidate_scored_in = ev.get("candidate_scored_in")
         self.champion = {"version": ev["champion_version"], "scores": ev.get("champion_scores"),
-                         **({k: champ[k] for k in task.champion_metrics} if champ else {}),
-                         **(_numbers(champ, task) if champ else {})}
+                         **({k: champ[k] for k in task.champion_metrics} if champ else {}), **scores_of(task, champ)}
         if cand.get("threshold") is not None:
             self.threshold = {"value": cand["threshold"], "tuned_for": task.threshold_metric()}
         if ev.get("baseline") and task.primary:
             self.baseline = {"predictor": ev["baseline"]["predictor"], "primary": task.primary,
-                             **_numbers(ev["baseline"], task)}
-        if g := ev.get("gbdt"):
+                             **scores_of(task, ev["baseline"])}
+        if g:
             self.gbdt = {"predictor": g["predictor"], "fit_s": g["fit_s"], "candidate_train_s": train_wall_s,
                          "primary": task.primary, "higher_is_better": task.metric(task.primary).higher_is_better,
                          **{m.name: g[m.name] for m in task.metrics if m.name in g}}

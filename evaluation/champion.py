@@ -11,7 +11,8 @@ from evaluation.gates import beats
 from evaluation.recorded import recorded_metrics
 
 
-def recorded_or_loaded(task, cfg, root: Path, champion: dict | None, load: Callable[[], object]) -> tuple[dict | None, object]:
+def recorded_or_loaded(task, cfg, root: Path, champion: dict | None,
+                       load: Callable[[], object]) -> tuple[dict | None, object]:
     """``(recorded scores, loaded model)`` of ``champion`` (``{"version", "tags"}`` or None): its
     recorded scores when they were measured on this split's bytes by this metric code, else the
     model from ``load()`` to be rescored; ``(None, None)`` without a champion."""
@@ -21,7 +22,8 @@ def recorded_or_loaded(task, cfg, root: Path, champion: dict | None, load: Calla
     return (recorded, None) if recorded is not None else (None, load())
 
 
-def deserves(task, cfg, root: Path, report: dict, current: dict | None, load: Callable[[], object]) -> tuple[bool, str]:
+def deserves(task, cfg, root: Path, report: dict, current: dict | None,
+             load: Callable[[], object]) -> tuple[bool, str]:
     """Does the candidate of ``report`` beat ``current`` (the champion now, read under the promotion
     lock)? The scores evaluated beside it, or, when another run promoted meanwhile, the new champion's
     recorded (or else rescored, ``load()``) ones on this split; the task's champion metrics in order,

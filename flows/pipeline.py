@@ -24,7 +24,7 @@ from core.env import apply_offline_env
 from core.errors import DataValidationError, GateRejectedError, TrainflowError
 from core.manifest import Manifest, build_manifest, image_from_env
 from core.paths import importable_root, project_root, tracking_uri, trainflow_home, under_home
-from core.summary import RunSummary, stage_tag
+from core.summary import RunSummary, scores_of, stage_tag
 from core.workspace import check_tracked
 from flows.params import PipelineParams, RunInputs, run_inputs
 from flows.promotion import promotion_lock
@@ -356,22 +356,14 @@ def evaluate(ctx: RunContext, result: dict) -> dict:
     report = run_eval(ctx.task, ctx.cfg, ctx.root, Path(result["out_dir"]), ctx.out_dir / "evaluation",
                       loaded, recorded)
     report["champion_version"] = champ["version"] if champ else None
-    cand = report["candidate"]
+    g = report.get("gbdt")
     # At step 0, where registration logs the model: MLflow links them to the LoggedModel's page.
-    store.log_metrics(ctx.run_id, {f"test/{m.name}": cand[m.name] for m in ctx.task.metrics})
-    if report["champion"]:
-        store.log_metrics(ctx.run_id, {f"champion/{m.name}": report["champion"][m.name] for m in ctx.task.metrics
-                                       if isinstance(report["champion"].get(m.name), (int, float))})
-    if report.get("baseline") and ctx.task.primary:
-        store.log_metrics(ctx.run_id, {f"baseline/{m.name}": report["baseline"][m.name] for m in ctx.task.metrics
-                                       if isinstance(report["baseline"].get(m.name), (int, float))})
-    if report.get("gbdt"):
-        g = report["gbdt"]
-        store.log_metrics(ctx.run_id, {**{f"gbdt/{m.name}": g[m.name] for m in ctx.task.metrics if m.name in g},
-                                       "gbdt/fit_s": g["fit_s"]})
-        store.set_tags(ctx.run_id, {"trainflow.gbdt": g["predictor"]})
-    elif report.get("gbdt_skipped"):
-        store.set_tags(ctx.run_id, {"trainflow.gbdt": report["gbdt_skipped"]})
+    logged = {"test": report["candidate"], "champion": report["champion"], "gbdt": g,
+              "baseline": report.get("baseline") if ctx.task.primary else None}
+    store.log_metrics(ctx.run_id, {**({"gbdt/fit_s": g["fit_s"]} if g else {}), **{
+        f"{k}/{name}": v for k, scores in logged.items() for name, v in scores_of(ctx.task, scores).items()}})
+    if g or report.get("gbdt_skipped"):
+        store.set_tags(ctx.run_id, {"trainflow.gbdt": g["predictor"] if g else report["gbdt_skipped"]})
     if report["champion_version"] is not None:
         store.set_tags(ctx.run_id, {"trainflow.champion_scores": report["champion_scores"]})
         _logger().info("champion v%s: %s", report["champion_version"],
