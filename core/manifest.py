@@ -7,8 +7,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -171,3 +173,17 @@ def build_manifest(root: Path, config_name: str, config_sha256: str, dvc_file: s
                     data=read_dvc_file(root, dvc_file), image=image, packages_sha256=packages_hash(cache_dir),
                     seed=seed, world=world,
                     pretrained=read_dvc_file(root, pretrained_dvc_file) if pretrained_dvc_file else None)
+
+
+def flat(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """A manifest's JSON form (``Manifest.to_dict``, a run's ``manifest.json``) with its sections'
+    fields as ``<section>_<field>``: ``data_md5``, ``image_digest``, the names of ``Manifest.tags``."""
+    return {f"{k}_{sub}" if isinstance(v, Mapping) else k: w
+            for k, v in recorded.items() for sub, w in (v.items() if isinstance(v, Mapping) else [(None, v)])}
+
+
+def manifest_diff(recorded: Mapping[str, Any], current: Mapping[str, Any], keys: Iterable[str]) -> dict[str, tuple]:
+    """``{key: (recorded, current)}`` for each of ``keys`` whose value differs between what a run
+    recorded (a model version's tags, or ``flat`` of its manifest) and what holds here now; a key
+    either side lacks counts as None."""
+    return {k: (recorded.get(k), current.get(k)) for k in keys if recorded.get(k) != current.get(k)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,12 +21,14 @@ from prefect.exceptions import MissingContextError
 
 from core.config import PipelineConfig, load_config
 from core.env import apply_offline_env
-from core.errors import DataValidationError, GateRejectedError, PreemptedError, TrainflowError
+from core.errors import DataValidationError, GateRejectedError, TrainflowError
 from core.manifest import Manifest, build_manifest, image_from_env
 from core.paths import importable_root, project_root, tracking_uri, trainflow_home, under_home
+from core.summary import RunSummary, scores_of, stage_tag
 from core.workspace import check_tracked
 from flows.params import PipelineParams, RunInputs, run_inputs
 from flows.promotion import promotion_lock
+from tasks.base import Task
 from training.plan import LaunchPlan
 
 
@@ -42,7 +45,7 @@ class RunContext:
     """What every stage needs; built once by ``resolve``."""
 
     cfg: PipelineConfig
-    task: object  # tasks.base.Task: everything that differs between kinds of problem
+    task: Task  # everything that differs between kinds of problem, judged by the config's metric
     root: Path
     home: Path
     tracking_uri: str
@@ -105,6 +108,7 @@ def resolve(inputs: RunInputs) -> RunContext:
     ``measure``, after validation."""
     from registry import store
     from tasks import get_task
+    from training.slots import unclaimed_resumable
 
     plan, root, home, manifest = load_inputs(inputs)
     cfg = plan.cfg
@@ -114,8 +118,10 @@ def resolve(inputs: RunInputs) -> RunContext:
 
     tags = {**manifest.tags(), store.STAGE_TAG: "resolve", **owner_tags()}
     # A preempted training of these inputs is resumed by `train`: its run goes on in this one.
-    run_id = None if plan.unmeasured else _continued_run(cfg, home, manifest, exp_id, tags)
-    run_id = run_id or store.start_run(exp_id, f"{cfg.name}-{manifest.data.md5[:8]}", tags)
+    folders = [] if plan.unmeasured else unclaimed_resumable(home, cfg.name, cfg.config_id(), manifest.inputs_md5,
+                                                             manifest.world.nproc_per_node)
+    run_id = (store.reopen_run(folders, cfg.config_id(), exp_id, tags, get_run_logger())
+              or store.start_run(exp_id, f"{cfg.name}-{manifest.data.md5[:8]}", tags))
     mark_orphans_killed(exp_id, run_id)  # runs whose process died before ending them
     task_ = get_task(cfg.task).with_primary(cfg.primary_metric)  # judged by the config's metric
     store.log_datasets(run_id, task_.data_splits(cfg), manifest.data.md5, manifest.data.rev)
@@ -154,34 +160,6 @@ def measure(ctx: RunContext) -> RunContext:
     ctx = replace(ctx, cfg=plan.cfg, plan=plan, manifest=manifest)
     _record(ctx)
     return ctx
-
-
-def _continued_run(cfg: PipelineConfig, home: Path, manifest: Manifest, exp_id: str, tags: dict) -> str | None:
-    """The MLflow run of the interrupted training this run will resume (the first unclaimed folder
-    holding one, ``training.slots``), reopened with ``tags``; None when there is none, or when its
-    run record does not name a run of this experiment that the store confirms."""
-    from core.metrics_file import read_run_record, verify_recorded_run
-    from registry import store
-    from training.slots import unclaimed_resumable
-
-    folders = unclaimed_resumable(home, cfg.name, cfg.config_id(), manifest.inputs_md5, manifest.world.nproc_per_node)
-    c = store.client()
-    for folder in folders:
-        rec = read_run_record(folder)
-        if rec is None:
-            continue
-        problem = verify_recorded_run(c.get_run, rec, cfg.config_id(), folder)
-        if problem is None and c.get_run(rec["run_id"]).info.experiment_id != str(exp_id):
-            problem = f"run {rec['run_id']} is in another experiment"
-        if problem:
-            _logger().warning("a new MLflow run for the training resumed in %s: %s", folder.name, problem)
-            return None
-        c.update_run(rec["run_id"], status="RUNNING")
-        store.set_tags(rec["run_id"], tags)
-        _logger().info("resuming the interrupted training in %s: its MLflow run %s goes on",
-                       folder.name, rec["run_id"])
-        return rec["run_id"]
-    return None
 
 
 @task(name="run-expectations", timeout_seconds=300, **TASK)
@@ -272,6 +250,16 @@ class TrainFolder:
     folder: Path
     lock_fd: int | None
 
+    @classmethod
+    def claim(cls, ctx: RunContext) -> TrainFolder:
+        return cls(*_claim_train_dir(ctx, ctx.plan.nproc_per_node))
+
+    def __enter__(self) -> TrainFolder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
     def release(self) -> None:
         """Close this process's copy of the lock (the job started in the folder keeps its own)."""
         from core.locks import release
@@ -279,6 +267,12 @@ class TrainFolder:
         fd, self.lock_fd = self.lock_fd, None
         if fd is not None:
             release(fd)
+
+
+def _train_timeout_s(ctx: RunContext) -> float:
+    """The train task's limit: training's own, a minute to stop, and a cluster's queue time."""
+    queued = ctx.cfg.launcher.slurm.queue_limit_s if ctx.launcher == "slurm" else 0
+    return ctx.cfg.training.timeout_s + 60 + queued
 
 
 def _claim_train_dir(ctx: RunContext, nproc: int) -> tuple[Path, int]:
@@ -400,35 +394,23 @@ def evaluate(ctx: RunContext, result: dict) -> dict:
     """Score the candidate, the current champion and the task's trivial baseline on the same split.
     The champion's recorded scores are used when they were measured on the same split bytes by the
     same metric code (``evaluation.recorded``), else it is rescored; ``report["champion_scores"]``."""
+    from evaluation.champion import recorded_or_loaded
     from evaluation.evaluate import evaluate as run_eval
-    from evaluation.recorded import recorded_metrics
     from registry import models, store
 
     champ = models.champion_version(ctx.cfg.registry.model_name)
-    recorded = loaded = None
-    if champ is not None:
-        recorded = recorded_metrics(champ["tags"], ctx.task.scoring_key(ctx.cfg, ctx.root), ctx.task.recorded_keys())
-        if recorded is None:  # not measured on this split by this metric code: rescore it
-            loaded = models.load_predictor(ctx.cfg.registry.model_name, "champion")
+    recorded, loaded = recorded_or_loaded(ctx.task, ctx.cfg, ctx.root, champ, lambda: _load_champion(ctx))
     report = run_eval(ctx.task, ctx.cfg, ctx.root, Path(result["out_dir"]), ctx.out_dir / "evaluation",
                       loaded, recorded)
     report["champion_version"] = champ["version"] if champ else None
-    cand = report["candidate"]
+    g = report.get("gbdt")
     # At step 0, where registration logs the model: MLflow links them to the LoggedModel's page.
-    store.log_metrics(ctx.run_id, {f"test/{m.name}": cand[m.name] for m in ctx.task.metrics})
-    if report["champion"]:
-        store.log_metrics(ctx.run_id, {f"champion/{m.name}": report["champion"][m.name] for m in ctx.task.metrics
-                                       if isinstance(report["champion"].get(m.name), (int, float))})
-    if report.get("baseline") and ctx.task.primary:
-        store.log_metrics(ctx.run_id, {f"baseline/{m.name}": report["baseline"][m.name] for m in ctx.task.metrics
-                                       if isinstance(report["baseline"].get(m.name), (int, float))})
-    if report.get("gbdt"):
-        g = report["gbdt"]
-        store.log_metrics(ctx.run_id, {**{f"gbdt/{m.name}": g[m.name] for m in ctx.task.metrics if m.name in g},
-                                       "gbdt/fit_s": g["fit_s"]})
-        store.set_tags(ctx.run_id, {"trainflow.gbdt": g["predictor"]})
-    elif report.get("gbdt_skipped"):
-        store.set_tags(ctx.run_id, {"trainflow.gbdt": report["gbdt_skipped"]})
+    logged = {"test": report["candidate"], "champion": report["champion"], "gbdt": g,
+              "baseline": report.get("baseline") if ctx.task.primary else None}
+    store.log_metrics(ctx.run_id, {**({"gbdt/fit_s": g["fit_s"]} if g else {}), **{
+        f"{k}/{name}": v for k, scores in logged.items() for name, v in scores_of(ctx.task, scores).items()}})
+    if g or report.get("gbdt_skipped"):
+        store.set_tags(ctx.run_id, {"trainflow.gbdt": g["predictor"] if g else report["gbdt_skipped"]})
     if report["champion_version"] is not None:
         store.set_tags(ctx.run_id, {"trainflow.champion_scores": report["champion_scores"]})
         _logger().info("champion v%s: %s", report["champion_version"],
@@ -462,6 +444,7 @@ def gate(ctx: RunContext, report: dict) -> dict:
 def register(ctx: RunContext, result: dict, report: dict) -> dict:
     """Log the task's pyfunc model, register a version tagged with the manifest, set aliases. Idempotent
     (retries reuse the version this MLflow run registered), so a run never leaves two."""
+    from evaluation.champion import deserves
     from registry import models
 
     reg = log_version(ctx, result, report)
@@ -469,7 +452,8 @@ def register(ctx: RunContext, result: dict, report: dict) -> dict:
         get_run_logger().info("v%s was registered by an earlier attempt of this run: reused", reg["version"])
     promo = None
     if ctx.cfg.registry.promotion == "auto":
-        promo = models.promote_if(reg["name"], reg["version"], lambda current: _deserves(ctx, report, current),
+        promo = models.promote_if(reg["name"], reg["version"], lambda current: deserves(
+            ctx.task, ctx.cfg, ctx.root, report, current, lambda: _load_champion(ctx)),
                                   promotion_lock(ctx.tracking_uri, ctx.home, reg["name"]))
         get_run_logger().info("promotion of v%s: %s (%s)", reg["version"],
                               "promoted" if promo["promoted"] else "not promoted", promo["reason"])
@@ -501,28 +485,11 @@ def log_version(ctx: RunContext, result: dict, report: dict) -> dict:
                               description=ctx.task.describe(ctx.cfg, cand))
 
 
-def _deserves(ctx: RunContext, report: dict, current: dict | None) -> tuple[bool, str]:
-    """Does the candidate beat ``current`` (the champion now, under the promotion lock)? The scores
-    evaluated beside it, or, when another run promoted meanwhile, the new champion's recorded (or
-    else rescored) ones on this split; the task's champion metrics in order, each in its direction."""
-    from evaluation.evaluate import score_champion
-    from evaluation.gates import beats
-    from evaluation.recorded import recorded_metrics
+def _load_champion(ctx: RunContext):
+    """The registered ``@champion``, loaded to be scored (its files checked against their hashes)."""
     from registry import models
 
-    task, margin = ctx.task, ctx.cfg.gates.min_improvement
-    if current is None:
-        return beats(task, report["candidate"], None)
-    if current["version"] == report.get("champion_version") and report.get("champion"):
-        return beats(task, report["candidate"], report["champion"], margin)
-    champ = (recorded_metrics(current.get("tags"), report["scoring_key"], task.recorded_keys())
-             if report.get("scoring_key") else None)
-    how = "its recorded scores"
-    if champ is None:
-        predictor = models.load_predictor(ctx.cfg.registry.model_name, "champion")
-        champ, how = score_champion(ctx.task, ctx.cfg, ctx.root, predictor), "rescored"
-    ok, reason = beats(task, report["candidate"], champ, margin)
-    return ok, f"champion moved to v{current['version']} since evaluation ({how}); {reason}"
+    return models.load_predictor(ctx.cfg.registry.model_name, "champion")
 
 
 def _training_md(r: dict) -> str:
@@ -561,110 +528,55 @@ def _run_name() -> str:
         return "trainflow"
 
 
-def stage_tag(status: str, stage: str) -> str:
-    """The ``trainflow.stage`` tag a run ends with: ``done``, ``rejected``, ``validation_failed``, else
-    ``<status>: <stage>`` (``failed: train``, ``preempted: train``)."""
-    final = {"registered": "done", "rejected": "rejected", "validation_failed": "validation_failed"}
-    return final.get(status, f"{status}: {stage}")
+class _Stages:
+    """Runs the flow's stages in turn: each one's seconds (``timings``), and which runs now (``stage``)."""
 
+    def __init__(self) -> None:
+        self.t0, self.timings, self.stage = time.perf_counter(), {}, "resolve"
 
-# A failed run's summary status, by its exception.
-ENDINGS = ((DataValidationError, "validation_failed"), (GateRejectedError, "rejected"), (PreemptedError, "preempted"))
-# The training result's fields the run summary carries.
-TRAINING_SUMMARY = ("world_size", "backend", "strategy", "restarts", "samples_per_s", "global_batch", "effective_lr",
-                    "weights_sha256", "wall_s", "resumed_from_step", "checkpoint_stall_frac", "launcher")
+    def __call__(self, name: str, fn, *args):
+        self.stage, start = name, time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.timings[name] = round(time.perf_counter() - start, 3)
 
 
 @flow(name="trainflow-pipeline", flow_run_name=_run_name, log_prints=True)
 def pipeline(params: PipelineParams = PipelineParams()) -> dict:
-    """Validate, train, evaluate, gate and register one config; returns the run summary, and an exception
-    raised carries it as ``.summary``. The CLI passes its inputs through ``flows.params.from_shell``."""
-    t0 = time.perf_counter()
-    quiet_input_errors()
-    timings: dict[str, float] = {}
-    stage = ["resolve"]  # the stage running now, named in the run's final stage tag
-
-    def timed(name, fn, *args):
-        stage[0] = name
-        s = time.perf_counter()
-        try:
-            return fn(*args)
-        finally:
-            timings[name] = round(time.perf_counter() - s, 3)
-
-    ctx = timed("resolve", resolve, run_inputs(params))
+    """Validate, train, evaluate, gate and register one config; returns the run summary
+    (``core.summary.RunSummary.to_dict``), and an exception raised carries it as ``.summary``. The
+    CLI passes its inputs through ``flows.params.from_shell``."""
     from prefect.runtime import flow_run
 
-    summary = {"status": "running", "tracking_uri": ctx.tracking_uri, "mlflow_run_id": ctx.run_id,
-               "prefect_flow_run_id": flow_run.id,
-               "model_name": ctx.cfg.registry.model_name, "model_version": None, "aliases": [],
-               "metrics": {}, "gates": [], "manifest": ctx.manifest.to_dict(), "timings": timings}
     from registry import store
+    from training.goodput import headline
 
+    quiet_input_errors()
+    run = _Stages()
+    ctx = run("resolve", resolve, run_inputs(params))
+    s = RunSummary(ctx.tracking_uri, ctx.run_id, flow_run.id, ctx.cfg.registry.model_name, ctx.manifest.to_dict(),
+                   run.timings)
     monitor = store.system_metrics(ctx.run_id, resume=True)  # stopped by end_run, in every ending
-    slot = None  # the training folder, held from `train` until the flow ends
-    try:
-        report = timed("validate", validate, ctx)
-        summary["validation"] = {"success": True, "n_expectations": report["n_expectations"],
-                                 "cached": report["cached"], "data_docs": _data_docs(ctx),
-                                 "warnings": report.get("warnings", []), "report": report.get("report_md")}
-        if ctx.plan.unmeasured:
-            ctx = timed("measure", measure, ctx)
-            summary["manifest"] = ctx.manifest.to_dict()
-        stage[0] = "train"
-        slot = TrainFolder(*_claim_train_dir(ctx, ctx.plan.nproc_per_node))
-        result = timed("train", train.with_options(timeout_seconds=ctx.cfg.training.timeout_s + 60 + (
-            ctx.cfg.launcher.slurm.queue_limit_s if ctx.launcher == "slurm" else 0)), ctx, slot)
-        summary["plots"] = {"training_curves": timed("log-training", log_training, ctx, result)}
-        from training.goodput import headline
-
-        summary["training"] = {**{k: result.get(k) for k in TRAINING_SUMMARY}, "goodput": headline(result.get("goodput")),
-                               "checkpoint_interval": result.get("checkpoint_interval") or {},
-                               "resized_from": result.get("resized_from"), "batch_policy": result.get("batch_policy"),
-                               "kept_epoch": result.get("kept_epoch")}
-        ev = timed("evaluate", evaluate, ctx, result)
-        cand = ev["candidate"]
-        if (ev.get("files") or {}).get("confusion_matrix"):
-            summary["plots"]["confusion_matrix"] = ev["files"]["confusion_matrix"]
-        summary["metrics"] = {m.name: cand[m.name] for m in ctx.task.metrics}
-        summary["candidate_scored_in"] = ev.get("candidate_scored_in")  # "worker" | "pipeline"
-        summary["champion"] = {"version": ev["champion_version"], "scores": ev.get("champion_scores"),
-                               **({k: ev["champion"][k] for k in ctx.task.champion_metrics} if ev["champion"] else {}),
-                               **({m.name: ev["champion"][m.name] for m in ctx.task.metrics
-                                   if isinstance((ev["champion"] or {}).get(m.name), (int, float))})}
-        if cand.get("threshold") is not None:
-            summary["threshold"] = {"value": cand["threshold"], "tuned_for": ctx.task.threshold_metric()}
-        if ev.get("baseline") and ctx.task.primary:
-            summary["baseline"] = {"predictor": ev["baseline"]["predictor"], "primary": ctx.task.primary,
-                                   **{m.name: ev["baseline"][m.name] for m in ctx.task.metrics
-                                      if isinstance(ev["baseline"].get(m.name), (int, float))}}
-        if ev.get("gbdt"):
-            g = ev["gbdt"]
-            summary["gbdt"] = {"predictor": g["predictor"], "fit_s": g["fit_s"], "candidate_train_s": result["wall_s"],
-                               "primary": ctx.task.primary, "higher_is_better": ctx.task.metric(ctx.task.primary).higher_is_better,
-                               **{m.name: g[m.name] for m in ctx.task.metrics if m.name in g}}
+    with ExitStack() as held:  # the training folder, held from `train` until the flow ends
         try:
-            decision = timed("gate", gate, ctx, ev)
-        except GateRejectedError as exc:
-            summary["gates"] = exc.decision.get("checks", [])
+            s.validated(run("validate", validate, ctx), _data_docs(ctx))
+            if ctx.plan.unmeasured:
+                ctx = run("measure", measure, ctx)
+                s.manifest = ctx.manifest.to_dict()
+            slot = held.enter_context(run("train", TrainFolder.claim, ctx))
+            result = run("train", train.with_options(timeout_seconds=_train_timeout_s(ctx)), ctx, slot)
+            s.trained(result, headline(result.get("goodput")), run("log-training", log_training, ctx, result))
+            ev = run("evaluate", evaluate, ctx, result)
+            s.evaluated(ctx.task, ev, result["wall_s"])
+            s.gates = run("gate", gate, ctx, ev)["checks"]
+            s.registered(run("register", register, ctx, result, ev), result["out_dir"])
+            store.end_run(ctx.run_id, "FINISHED", stage_tag(s.status, run.stage), monitor)
+            return s.to_dict()
+        except BaseException as exc:
+            s.failed(exc)
+            store.end_run(ctx.run_id, "FAILED", stage_tag(s.status, run.stage), monitor)
+            exc.summary = s.to_dict()  # the CLI writes it; the exception still fails the flow run
             raise
-        summary["gates"] = decision["checks"]
-        reg = timed("register", register, ctx, result, ev)
-        summary.update(status="registered", exit_code=0, model_version=reg["version"], aliases=reg["aliases"],
-                       promotion=reg["promotion"], train_dir=result["out_dir"])
-        store.end_run(ctx.run_id, "FINISHED", stage_tag(summary["status"], stage[0]), monitor)
-        return summary
-    except BaseException as exc:
-        summary["status"] = next((status for kind, status in ENDINGS if isinstance(exc, kind)), "failed")
-        if isinstance(exc, DataValidationError):
-            summary["validation"] = {"success": False, "report": exc.report.get("report_md"),
-                                     **{k: exc.report.get(k, []) for k in ("failures", "warnings", "skipped")}}
-        summary["error"] = str(exc)
-        summary["exit_code"] = getattr(exc, "exit_code", 1)
-        store.end_run(ctx.run_id, "FAILED", stage_tag(summary["status"], stage[0]), monitor)
-        exc.summary = summary  # the CLI writes it; the exception still fails the flow run
-        raise
-    finally:
-        if slot is not None:
-            slot.release()
-        timings["flow"] = round(time.perf_counter() - t0, 3)
+        finally:
+            run.timings["flow"] = round(time.perf_counter() - run.t0, 3)

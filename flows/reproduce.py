@@ -23,7 +23,7 @@ import yaml
 
 from core.config import EXTENDS_KEY, config_id_of
 from core.errors import DataUnavailableError, IntegrityError, TrainflowError
-from core.manifest import image_from_env, packages_hash
+from core.manifest import flat, image_from_env, manifest_diff, packages_hash
 from core.paths import tracking_uri, trainflow_home, under_home
 from core.versions import SourceUnavailableError, cache_dir, checkout_commit, restore_data
 
@@ -100,19 +100,23 @@ def reproduce(ref: str, root: Path, keep: bool = False, log: Callable[[str], Non
                                     "nothing to compare against")
 
     warnings: list[str] = []
-    config_restored = config_id_of(config) == manifest["config_sha256"]
+    image, recorded_image = image_from_env(), manifest.get("image") or {}
+    recorded_flat = flat(manifest)
+    here = {"config_sha256": config_id_of(config), "image_ref": image.ref, "image_digest": image.digest}
+    if recorded_flat.get("packages_sha256"):  # a manifest that recorded none has nothing to compare
+        here["packages_sha256"] = packages_hash()
+    diff = manifest_diff(recorded_flat, here, here)
+    config_restored = "config_sha256" not in diff
     if not config_restored:
-        warnings.append(f"config.json of run {source_run} hashes to {config_id_of(config)[:12]}, the manifest "
+        warnings.append(f"config.json of run {source_run} hashes to {here['config_sha256'][:12]}, the manifest "
                         f"records {manifest['config_sha256'][:12]}")
     if manifest.get("git_dirty"):
         warnings.append(f"the model was trained from a workspace with uncommitted changes: the code at "
                         f"{manifest['git_sha'][:12]} may differ from what ran")
-    image = image_from_env()
-    recorded_image = manifest.get("image") or {}
-    if (image.ref, image.digest) != (recorded_image.get("ref"), recorded_image.get("digest")):
+    if "image_ref" in diff or "image_digest" in diff:
         warnings.append(f"image differs: trained in {recorded_image.get('ref')} ({recorded_image.get('digest')}), "
                         f"reproducing in {image.ref} ({image.digest})")
-    if manifest.get("packages_sha256") and manifest["packages_sha256"] != packages_hash():
+    if "packages_sha256" in diff:
         warnings.append("installed packages differ from the training run's (packages_sha256)")
     world = manifest["world"]
     size = int(world["nnodes"]) * int(world["nproc_per_node"])

@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from core.errors import DataUnavailableError
+from core.manifest import manifest_diff
 from core.paths import tracking_uri, under_home
 from flows.params import RetrainParams, RunInputs, run_inputs
 from flows.pipeline import TASK, load_inputs, pipeline
@@ -92,10 +93,10 @@ def decide(inputs: RunInputs, force: bool) -> dict:
     if champ is None:
         reasons.append(f"{cfg.registry.model_name} has no @champion yet")
     else:
-        tags = champ["tags"]
-        champion = {"version": champ["version"], "data_md5": tags.get("data_md5"),
-                    "config_sha256": tags.get("config_sha256"), "git_sha": tags.get("git_sha")}
-        if champion["config_sha256"] != current["config_sha256"]:
+        champion = {"version": champ["version"], **{k: champ["tags"].get(k) for k in ("data_md5", "config_sha256",
+                                                                                    "git_sha")}}
+        diff = manifest_diff(champ["tags"], current, ("config_sha256", "data_md5"))
+        if "config_sha256" in diff:
             reasons.append(f"config changed: {str(champion['config_sha256'])[:12]} -> {current['config_sha256'][:12]}")
         if (folder := model_folder_change(tags, manifest)) is not None:
             reasons.append(folder)
@@ -105,8 +106,8 @@ def decide(inputs: RunInputs, force: bool) -> dict:
         elif changes:
             more = f" and {len(changes) - 5} more" if len(changes) > 5 else ""
             reasons.append(f"code changed since {champion['git_sha'][:12]}: {', '.join(changes[:5])}{more}")
-        if champion["data_md5"] != current["data_md5"]:
-            change = f"{champion['data_md5']} -> {current['data_md5']}"
+        if "data_md5" in diff:
+            change = " -> ".join(map(str, diff["data_md5"]))
             try:
                 drift = _drift_check(cfg, root, champ)
             except (DataUnavailableError, ValueError) as exc:

@@ -147,6 +147,31 @@ def end_run(run_id: str, status: str = "FINISHED", stage: str | None = None, mon
         client().set_terminated(run_id, status)
 
 
+def reopen_run(folders: list[Path], config_id: str, experiment_id: str, tags: Mapping[str, Any],
+               logger: logging.Logger = log) -> str | None:
+    """The MLflow run of the interrupted training in the first of ``folders`` that records one, set
+    RUNNING again with ``tags``; None when none does, or when its run record does not name a run of
+    ``experiment_id`` that the store confirms (a new run is then the caller's)."""
+    from core.metrics_file import read_run_record, verify_recorded_run
+
+    c = client()
+    for folder in folders:
+        rec = read_run_record(folder)
+        if rec is None:
+            continue
+        problem = verify_recorded_run(c.get_run, rec, config_id, folder)
+        if problem is None and c.get_run(rec["run_id"]).info.experiment_id != str(experiment_id):
+            problem = f"run {rec['run_id']} is in another experiment"
+        if problem:
+            logger.warning("a new MLflow run for the training resumed in %s: %s", folder.name, problem)
+            return None
+        c.update_run(rec["run_id"], status="RUNNING")
+        set_tags(rec["run_id"], tags)
+        logger.info("resuming the interrupted training in %s: its MLflow run %s goes on", folder.name, rec["run_id"])
+        return rec["run_id"]
+    return None
+
+
 def system_metrics(run_id: str, interval_s: float = SYSTEM_METRICS_INTERVAL_S, resume: bool = False):
     """Start MLflow's system metrics monitor (a daemon thread) on ``run_id``, for ``end_run`` to stop; None
     when it cannot start or ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is false. ``resume``: after the last step."""

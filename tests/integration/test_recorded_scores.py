@@ -1,6 +1,6 @@
 """The champion's recorded test scores stand in for rescoring it only when they are the same
 computation: real sqlite MLflow registry, real registered versions, the pipeline's own
-evaluate / log / _deserves functions on the bundled digits test split."""
+evaluate / log functions and evaluation.champion.deserves on the bundled digits test split."""
 
 from __future__ import annotations
 
@@ -202,10 +202,15 @@ def test_deserves_uses_a_moved_champions_recorded_scores_or_rescores_it(mlflow_s
                                                                        tmp_path):
     """Under the promotion lock the champion may have moved since evaluation: the new one's recorded
     scores decide when they hold for this split, and it is rescored when they do not."""
+    from evaluation.champion import deserves
     from evaluation.gates import beats
-    from flows.pipeline import _deserves, evaluate
+    from flows.pipeline import evaluate
     from registry import models
     from registry.store import client
+
+    def _deserves(ctx, report, current):
+        return deserves(ctx.task, ctx.cfg, ctx.root, report, current,
+                        lambda: models.load_predictor(ctx.cfg.registry.model_name, "champion"))
 
     name = "rec-moved"
     evaluate_and_register(mlflow_store, project, name, programs["weak"], tmp_path)

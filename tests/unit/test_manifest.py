@@ -99,3 +99,19 @@ def test_retrain_sees_a_changed_model_folder_as_a_stale_champion():
     assert model_folder_change({"pretrained_md5": "c" * 32 + ".dir"}, tuned) == (
         f"pretrained model folder changed: {'c' * 32}.dir -> {model.md5}")
     assert model_folder_change(plain.tags(), tuned) == f"pretrained model folder changed: none -> {model.md5}"
+
+
+def test_manifest_diff_names_what_moved_between_a_recorded_manifest_and_now():
+    from core.manifest import DataRef, Manifest, flat, manifest_diff
+
+    m = Manifest("a" * 40, False, "digits", "c" * 64, DataRef("data", "abc.dir", "HEAD"), ImageRef(), "p" * 64, 0,
+                 World(1, 2, "gloo"))
+    recorded = flat(m.to_dict())
+    tags = m.tags()
+    assert {k: recorded[k] for k in ("data_md5", "image_ref", "image_digest", "config_sha256")} == \
+        {k: tags[k] for k in ("data_md5", "image_ref", "image_digest", "config_sha256")}
+    now = {**tags, "data_md5": "def.dir", "image_digest": "sha256:1"}
+    keys = ("config_sha256", "data_md5", "image_digest", "packages_sha256")
+    assert manifest_diff(recorded, now, keys) == {"data_md5": ("abc.dir", "def.dir"),
+                                                  "image_digest": ("local", "sha256:1")}
+    assert manifest_diff({}, now, ["config_sha256"]) == {"config_sha256": (None, "c" * 64)}  # an older run: unrecorded
