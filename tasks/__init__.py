@@ -19,6 +19,7 @@ BUILTIN = {
     "regression": "tasks.tabular:Regression",
     "lm": "tasks.lm:LanguageModel",
     "image_classification": "tasks.images:ImageClassification",
+    "text_classification": "tasks.text_classification:TextClassification",
 }
 
 

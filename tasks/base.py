@@ -337,6 +337,11 @@ class Task:
         """How this task's model splits for tp / pp / hybrid; None: ddp and fsdp only."""
         return None
 
+    def fsdp_units(self, model) -> list | None:
+        """The submodules ``training.strategy: fsdp`` shards one by one before the root (a pretrained
+        transformer's blocks); None: the engine's default units (each Linear / Conv layer)."""
+        return None
+
     def init_fit(self, label: str, labels, ctype: str) -> InitFit:
         """Can ``trainflow init`` set this task up for a table's label column ``labels`` (non-null, of ``ctype``)?"""
         return InitFit(False, False, f"task {self.name!r} is not set up by init from a table's label")

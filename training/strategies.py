@@ -215,7 +215,8 @@ class DCPStrategy(Strategy):
 
 
 class FSDPStrategy(DCPStrategy):
-    """FSDP2: ``fully_shard`` per Linear/Conv layer, then the root."""
+    """FSDP2: ``fully_shard`` per unit the task names (``Task.fsdp_units``: a transformer's blocks), else
+    per Linear/Conv layer, then the root."""
 
     name = "fsdp"
 
@@ -226,7 +227,8 @@ class FSDPStrategy(DCPStrategy):
         mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if self._bf16_cuda
               else MixedPrecisionPolicy())
-        for module in [*_shard_targets(model), model]:
+        units = self.task.fsdp_units(model) if self.task is not None else None
+        for module in [*(units or _shard_targets(model)), model]:
             fully_shard(module, mesh=mesh, mp_policy=mp)
         return model
 
