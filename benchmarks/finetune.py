@@ -105,7 +105,10 @@ def _hand(cfg, ctx, data, folder: Path) -> dict:
         for start in range(0, n_all, g_batch):
             total = min(g_batch, n_all - start)
             idx = order[start:start + total][rank * b:(rank + 1) * b]
-            loss = F.cross_entropy(forward(x_all[idx]).float(), y_all[idx], reduction="sum")
+            if len(idx):
+                loss = F.cross_entropy(forward(x_all[idx]).float(), y_all[idx], reduction="sum")
+            else:  # an empty share of the last step: a 1-row pass times 0 keeps DDP's all-reduce in step
+                loss = forward(torch.tensor([[1, data.info.pad_id]])).float().sum() * 0
             (loss * (world / total)).backward()
             if t.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)

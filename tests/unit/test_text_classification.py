@@ -41,7 +41,11 @@ def test_a_batch_is_cut_to_its_longest_row_and_padding_changes_no_logit(encoder)
     longest = int(x[:, 0].max())
     assert seen == [longest, int(x[0, 0])]  # each batch padded to its own longest row, not to 64
     torch.testing.assert_close(both[:1], alone, atol=1e-5, rtol=1e-5)
-    net.trim = False  # the exported form: packed as given, two pad columns more
+    empty = net.train()(x[:0])  # an epoch's empty last micro-batch still reaches every parameter
+    assert empty.shape == (0, 2)
+    empty.sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters() if p.requires_grad)
+    net.eval().trim = False  # the exported form: packed as given, two pad columns more
     with torch.no_grad():
         torch.testing.assert_close(net(x), both, atol=1e-5, rtol=1e-5)
 
