@@ -221,6 +221,9 @@ class ModelSpec:
     # ``[(name, mlflow type, default)]``: the inference params ``predict`` takes (the signature's params
     # schema, which MLflow checks, the scoring server too), e.g. a classifier's ``predict_method``.
     params: list[tuple[str, str, Any]] = field(default_factory=list)
+    # Distributions the pyfunc imports besides mlflow, torch, pandas and numpy (e.g. ``tokenizers``):
+    # pinned at this environment's versions in the logged model's requirements.
+    requirements: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

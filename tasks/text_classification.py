@@ -303,7 +303,8 @@ class TextClassification(Classification):
                    if report.get("candidate", {}).get("threshold") is not None else {})}
         return ModelSpec(PYFUNC_FILE, meta, [("text", "string")], [(None, output_type)], example,
                          metadata={"trainflow_kind": self.name},
-                         checked=report.get("candidate_scored_in") == "worker", params=list(self.predict_params))
+                         checked=report.get("candidate_scored_in") == "worker", params=list(self.predict_params),
+                         requirements=["tokenizers"])
 
     def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
         import torch

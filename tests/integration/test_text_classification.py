@@ -40,7 +40,8 @@ proba = model.predict(frame, params={"predict_method": "predict_proba"})
 print(json.dumps({"labels": labels, "columns": [str(c) for c in proba.columns],
                   "sums": proba.sum(axis=1).tolist(),
                   "params": [p.name for p in model.metadata.get_params_schema().params],
-                  "loaded": sorted(m for m in sys.modules if m.split(".")[0] in OURS)}))
+                  "loaded": sorted(m for m in sys.modules if m.split(".")[0] in OURS),
+                  "requirements": open(mlflow.pyfunc.get_model_dependencies("models:/tickets@champion")).read().split()}))
 """
 
 
@@ -92,3 +93,4 @@ def test_texts_train_register_and_the_champion_takes_raw_text_offline_without_tr
     assert got["labels"] == ["billing", "bug", "praise"]  # the label's own values
     assert got["columns"] == ["billing", "bug", "praise"] and got["params"] == ["predict_method"]
     assert all(abs(v - 1.0) < 1e-9 for v in got["sums"])
+    assert any(r.startswith("tokenizers==") for r in got["requirements"])  # what the pyfunc imports, pinned
