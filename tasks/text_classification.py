@@ -139,6 +139,12 @@ class TextClassification(Classification):
     streams_table: ClassVar[bool] = False
     info_type: ClassVar[type[DataInfo]] = TextInfo
 
+    def init_fit(self, label: str, labels, ctype: str):
+        """Not picked for a table's label by itself: a model folder (``init --pretrained``) makes it this task."""
+        from tasks.base import InitFit
+
+        return InitFit(False, False, "task 'text_classification' fine-tunes a pretrained model folder (pretrained.path)")
+
     # -- config ---------------------------------------------------------------------------------
     def check_config(self, cfg: "PipelineConfig") -> None:
         super().check_config(cfg)
