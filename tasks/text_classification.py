@@ -129,7 +129,7 @@ def text_network(folder: Path, classes: list, pad_id: int, activation_checkpoint
 
     hf = load_model(folder, "sequence_classification", len(classes), [label_key(c) for c in classes])
     if activation_checkpointing:
-        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        hf.activation_checkpointing_enable()
     hf.config.pad_token_id = pad_id
     return TextClassifierNet(hf)
 

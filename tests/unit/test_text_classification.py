@@ -107,3 +107,21 @@ def test_max_gap_to_baseline_fails_a_candidate_that_trails_the_baseline_model():
     assert d.failures[0].threshold == pytest.approx(0.85)
     assert decide(task, cand, GatesConfig(max_gap_to_baseline=0.2), gbdt=ref).passed
     assert decide(task, cand, GatesConfig(), gbdt=ref).passed  # null: reported, not gated
+
+
+def test_activation_checkpointing_recomputes_blocks_with_the_same_gradients(encoder):
+    import torch
+
+    from tasks.text_classification import backend_tokenizer, pack, text_network
+
+    backend, pad = backend_tokenizer(encoder, 32)
+    x = torch.from_numpy(pack([e.ids for e in backend.encode_batch(["refund my card", "crash error again"])], 32, pad))
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        net = text_network(encoder, ["a", "b"], pad, activation_checkpointing=checkpointing).train()
+        assert net.model.is_activation_checkpointing == checkpointing
+        torch.manual_seed(1)  # the same dropout masks: the recomputation replays the saved RNG state
+        net(x).sum().backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in net.parameters() if p.grad is not None]))
+    torch.testing.assert_close(grads[0], grads[1])
