@@ -377,6 +377,10 @@ class GatesConfig(_Strict):
     # Tables: fail the candidate when its primary metric trails scikit-learn's gradient-boosted trees,
     # fitted on the same train split, by more than this (null: reported, not gated).
     max_gap_to_gbdt: float | None = Field(None, ge=0)
+    # Fail the candidate when its primary metric trails the task's conventional baseline model, fitted
+    # on the same train split (text: TF-IDF + logistic regression; tables: the trees), by more than
+    # this (null: reported, not gated).
+    max_gap_to_baseline: float | None = Field(None, ge=0)
     # Classifiers: a candidate that predicts one class for every test row fails (false), whatever its
     # scores; true lets such a model through.
     allow_single_class: bool = False

@@ -40,6 +40,7 @@ ID_LATER_KEYS = (
     ("gates", "min_improvement"), ("gates", "max_gap_to_gbdt"),
     ("training", "early_stopping", "restore_best"),
     ("primary_metric",), ("training", "class_weight"), ("gates", "allow_single_class"),
+    ("gates", "max_gap_to_baseline"),
 )
 
 # Key path -> its default as a config dumped to JSON holds it: every later key, shared or a task's.

@@ -55,6 +55,8 @@ def decide(task, candidate: dict, gates: GatesConfig, champion: dict | None = No
     * ``gates.thresholds``: ``metric >= bound`` where higher is better, ``<=`` where lower is;
     * ``gates.baseline_margin``: the primary metric beats the trivial ``baseline`` by the margin;
     * ``gates.max_gap_to_gbdt``: the primary metric trails the ``gbdt`` scores by at most the gap;
+    * ``gates.max_gap_to_baseline``: the same against the task's conventional baseline model (its
+      ``gbdt``: TF-IDF + logistic regression for text), named ``<metric>_vs_baseline_model``;
     * with a champion: each of ``task.champion_metrics`` trails the champion's by at most
       ``gates.max_regression`` (a factor of the champion's value for a ``relative`` metric);
     * a classifier's candidate predicts at least two classes on the test split, unless
@@ -69,7 +71,9 @@ def decide(task, candidate: dict, gates: GatesConfig, champion: dict | None = No
         m = task.metric(task.primary)
         sign = 1 if m.higher_is_better else -1
         for what, ref, amount in (("baseline", baseline, gates.baseline_margin),
-                                  ("gbdt", gbdt, None if gates.max_gap_to_gbdt is None else -gates.max_gap_to_gbdt)):
+                                  ("gbdt", gbdt, None if gates.max_gap_to_gbdt is None else -gates.max_gap_to_gbdt),
+                                  ("baseline_model", gbdt,
+                                   None if gates.max_gap_to_baseline is None else -gates.max_gap_to_baseline)):
             if amount is not None and ref is not None:
                 checks.append(_check(f"{m.name}_vs_{what}", candidate[m.name], ref[m.name] + sign * amount, m.op))
     for name in task.champion_metrics if champion is not None else ():

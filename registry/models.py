@@ -39,13 +39,14 @@ HASH_TAG = "trainflow.sha256/"
 PROGRAM_FILE = "artifacts/model.pt2"
 
 
-def pip_requirements() -> list[str]:
+def pip_requirements(extra: Sequence[str] = ()) -> list[str]:
     """Exact pins of what the pyfunc imports (skipping MLflow's inference, which loads the model in a
-    subprocess). torch's local suffix (``+cpu``) is dropped: a GPU host resolves its own build."""
+    subprocess), ``extra`` distributions included. torch's local suffix (``+cpu``) is dropped: a GPU
+    host resolves its own build."""
     from importlib.metadata import version
 
     return [f"mlflow=={version('mlflow')}", f"torch=={version('torch').split('+')[0]}",
-            f"pandas=={version('pandas')}", f"numpy=={version('numpy')}"]
+            f"pandas=={version('pandas')}", f"numpy=={version('numpy')}", *(f"{d}=={version(d)}" for d in extra)]
 
 
 class _Pyfunc:
@@ -153,7 +154,7 @@ def _log_new(c, run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
                                            source_run_id=run_id, tags=clean_tags(manifest_tags, MAX_TAG_VALUE_LENGTH))
             Model.log(artifact_path=None, name=ARTIFACT_NAME, flavor=_Pyfunc, run_id=run_id, model_id=logged.model_id,
                       python_model=str(spec.python_model), artifacts={"model": str(program), "meta": str(meta_file)},
-                      pip_requirements=pip_requirements() + list(getattr(spec, "requirements", [])),
+                      pip_requirements=pip_requirements(spec.requirements),
                       signature=signature_of(spec),
                       input_example=spec.example.head(MAX_EXAMPLE_ROWS).reset_index(drop=True),
                       metadata=spec.metadata or None,

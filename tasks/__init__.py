@@ -23,6 +23,7 @@ BUILTIN = {
     "lm": "tasks.lm:LanguageModel",
     "image_classification": "tasks.images:ImageClassification",
     "causal_lm": "tasks.causal_lm:CausalLM",
+    "text_classification": "tasks.text_classification:TextClassification",
 }
 
 

@@ -224,7 +224,8 @@ class ModelSpec:
     # ``[(name, mlflow type, default)]``: the inference params ``predict`` takes (the signature's params
     # schema, which MLflow checks, the scoring server too), e.g. a classifier's ``predict_method``.
     params: list[tuple[str, str, Any]] = field(default_factory=list)
-    # Pins the pyfunc imports beyond mlflow, torch, pandas and numpy (e.g. ``transformers==5.25.0``).
+    # Distributions the pyfunc imports besides mlflow, torch, pandas and numpy (e.g. ``tokenizers``):
+    # pinned at this environment's versions in the logged model's requirements.
     requirements: list[str] = field(default_factory=list)
 
 
@@ -346,6 +347,11 @@ class Task:
 
     def parallel_plan(self, cfg: "PipelineConfig") -> ParallelPlan | None:
         """How this task's model splits for tp / pp / hybrid; None: ddp and fsdp only."""
+        return None
+
+    def fsdp_units(self, model) -> list | None:
+        """The submodules ``training.strategy: fsdp`` shards one by one before the root (a pretrained
+        transformer's blocks); None: the engine's default units (each Linear / Conv layer)."""
         return None
 
     def init_fit(self, label: str, labels, ctype: str) -> InitFit:

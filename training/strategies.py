@@ -215,7 +215,8 @@ class DCPStrategy(Strategy):
 
 
 class FSDPStrategy(DCPStrategy):
-    """FSDP2: ``fully_shard`` per Linear/Conv layer, then the root."""
+    """FSDP2: ``fully_shard`` per unit the task names (``Task.fsdp_units``: a transformer's blocks), else
+    per Linear/Conv layer, then the root."""
 
     name = "fsdp"
 

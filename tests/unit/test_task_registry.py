@@ -30,7 +30,7 @@ def test_unknown_task_lists_builtins_and_plugins(monkeypatch):
     with pytest.raises(ConfigError) as err:
         tasks.get_task("timeseries")
     msg = str(err.value)
-    assert msg.startswith("task: unknown task 'timeseries'; available: causal_lm, classification, image_classification, lm, regression, toy")
+    assert msg.startswith("task: unknown task 'timeseries'; available: causal_lm, classification, image_classification, lm, regression, text_classification, toy")
     assert "'trainflow.tasks' entry-point group" in msg
 
 

@@ -1,0 +1,374 @@
+"""The text classification task: a table's free-text column (``pretrained.text_column``) and label
+(``dataset.label``) -> a pretrained Hugging Face encoder with a new sequence-classification head
+(``tasks.hf_folder``) -> a pyfunc taking raw text and returning the label's own values
+(``tasks/pyfunc_text.py``).
+
+The table is read, split and validated as a classification table is (``tasks.tabular``); what
+differs is the text. Each split is tokenized once by the model's own tokenizer and packed as int64
+``[n, 1 + max_length]``: column 0 the row's token count, then its ids padded with the pad id. The
+model (``TextClassifierNet``) cuts every batch to its longest row and builds the attention mask
+from the counts (dynamic padding), so the engine feeds it like any other ``(x, y)`` batch. The packed
+splits are cached by the data's files and the tokenizer's files (``prepared``): every rank reads the
+cache instead of tokenizing again.
+
+The baseline beside the network is TF-IDF over word and character n-grams plus logistic regression
+on the same split (``gbdt``: the conventional model a user would try first, where a table's is the
+trees).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from core.errors import ConfigError, DataUnavailableError
+from tasks.base import ModelSpec, cache_write, label_key, load_program, write_program_scores
+from tasks.info import DataInfo
+from tasks.tabular import Classification, TableInfo, _mlflow_type
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from core.config import PipelineConfig
+
+PYFUNC_FILE = Path(__file__).with_name("pyfunc_text.py")
+# Bump when the packing or the tokenization call changes: the cached splits then stop matching.
+PACKING_VERSION = 1
+# The TF-IDF baseline fits on at most this many train texts (a seeded sample).
+TFIDF_MAX_ROWS = 200_000
+# Files of a model folder that make its tokenizer (their bytes key the tokenized cache).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                   "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "added_tokens.json")
+
+
+@dataclass(frozen=True)
+class TextInfo(TableInfo):
+    """A table's ``info`` with the tokenization: tokens per row at most and the pad id."""
+
+    max_length: int = 0
+    pad_id: int = 0
+    tokenizer_sha256: str = ""
+
+
+def tokenizer_sha256(folder: Path) -> str:
+    """sha256 over the folder's tokenizer files (names and bytes): what the tokenized cache is keyed by."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        path = Path(folder) / name
+        if path.is_file():
+            h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def backend_tokenizer(folder: Path, max_length: int):
+    """The folder's fast tokenizer (``tokenizers.Tokenizer``) truncating to ``max_length`` tokens, special
+    tokens included, and not padding: the same object, serialised, tokenizes in the registered model."""
+    from tasks.hf_folder import load_tokenizer
+
+    tok = load_tokenizer(folder)
+    backend = tok.backend_tokenizer
+    backend.no_padding()
+    backend.enable_truncation(max_length)
+    return backend, int(tok.pad_token_id if tok.pad_token_id is not None else 0)
+
+
+def pack(encodings, max_length: int, pad_id: int) -> np.ndarray:
+    """int64 ``[n, 1 + max_length]``: each row's token count, then its ids padded with ``pad_id``."""
+    out = np.full((len(encodings), 1 + max_length), pad_id, dtype=np.int64)
+    for i, ids in enumerate(encodings):
+        ids = ids[:max_length]
+        out[i, 0] = len(ids)
+        out[i, 1:1 + len(ids)] = ids
+    return out
+
+
+def texts_of(frame: "pd.DataFrame", column: str, where: str) -> list[str]:
+    """The column's values as text; DataUnavailableError naming the first missing one's row."""
+    if column not in frame.columns:
+        raise DataUnavailableError(f"{where}: no text column {column!r} (pretrained.text_column); found "
+                                   f"{[str(c) for c in frame.columns][:10]}")
+    s = frame[column]
+    missing = s.isna().to_numpy()
+    if missing.any():
+        raise DataUnavailableError(f"{where}: column {column!r} row {int(np.flatnonzero(missing)[0])} has no text")
+    return [str(v) for v in s.tolist()]
+
+
+def text_network(folder: Path, classes: list, pad_id: int, activation_checkpointing: bool = False):
+    """``TextClassifierNet`` over the folder's encoder with a new head for ``classes``."""
+    import torch
+
+    from tasks.hf_folder import load_model
+
+    class TextClassifierNet(torch.nn.Module):
+        """Packed rows (``pack``) -> logits ``[n, classes]``. ``trim``: cut the batch to its longest row
+        (dynamic padding); off in the exported program, whose caller packs to the longest row itself."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.model, self.trim, self.pad_id = model, True, pad_id
+
+        def forward(self, x):
+            if x.shape[0] == 0:  # an epoch's empty last micro-batch: a 1-row pass keeps every rank's collectives
+                one = torch.tensor([[1, self.pad_id]], dtype=x.dtype, device=x.device)  # one unmasked token
+                return self.forward(one)[:0]
+            lengths = x[:, 0]
+            if self.trim and x.shape[0]:
+                x = x[:, :1 + max(int(lengths.max()), 1)]
+            if not self.trim:  # two pad columns: the program's rows may then hold 0 or 1 token
+                x = torch.nn.functional.pad(x, (0, 2), value=self.pad_id)
+            ids = x[:, 1:]
+            mask = (torch.arange(ids.shape[1], device=x.device)[None, :] < lengths[:, None]).long()
+            return self.model(input_ids=ids, attention_mask=mask).logits
+
+    hf = load_model(folder, "sequence_classification", len(classes), [label_key(c) for c in classes])
+    if activation_checkpointing:
+        hf.activation_checkpointing_enable()
+    hf.config.pad_token_id = pad_id
+    return TextClassifierNet(hf)
+
+
+class TextClassification(Classification):
+    name = "text_classification"
+    streams_table: ClassVar[bool] = False
+    info_type: ClassVar[type[DataInfo]] = TextInfo
+
+    def init_fit(self, label: str, labels, ctype: str):
+        """Not picked for a table's label by itself: a model folder (``init --pretrained``) makes it this task."""
+        from tasks.base import InitFit
+
+        return InitFit(False, False, "task 'text_classification' fine-tunes a pretrained model folder (pretrained.path)")
+
+    # -- config ---------------------------------------------------------------------------------
+    def check_config(self, cfg: "PipelineConfig") -> None:
+        super().check_config(cfg)
+        if cfg.pretrained is None:
+            raise ConfigError("pretrained: required for the text_classification task (pretrained.path: a Hugging "
+                              "Face model folder inside the repository, pretrained.text_column: the text)")
+        if cfg.model.factory is not None:
+            raise ConfigError("model.factory: the text_classification task fine-tunes pretrained.path; leave "
+                              "model.factory out")
+        if cfg.dataset.features is not None and list(cfg.dataset.features) != [cfg.pretrained.text_column]:
+            raise ConfigError(f"dataset.features: the text_classification task reads one text column, "
+                              f"pretrained.text_column ({cfg.pretrained.text_column!r})")
+        self.folder(cfg)
+
+    def folder(self, cfg: "PipelineConfig", root: Path | None = None) -> Path:
+        """``pretrained.path`` inside the repository (ConfigError naming the key otherwise), checked."""
+        from core.paths import project_root
+        from tasks.hf_folder import check_folder
+
+        base = Path(root or project_root()).resolve()
+        path = (base / cfg.pretrained.path).resolve()
+        if base not in path.parents:
+            raise ConfigError(f"pretrained.path: {cfg.pretrained.path} is not a folder inside the repository {base}")
+        if not path.is_dir():
+            raise DataUnavailableError.not_pulled(path, cfg.pretrained.dvc_file)
+        check_folder(path)
+        return path
+
+    # -- data -----------------------------------------------------------------------------------
+    def info(self, cfg: "PipelineConfig", root: Path, frames: dict | None = None) -> TextInfo:
+        if frames is None:
+            return self.prepared(cfg, root)["info"]
+        train, column = frames["train"], cfg.pretrained.text_column
+        texts_of(train, column, "train split")
+        _, pad = backend_tokenizer(self.folder(cfg, root), cfg.pretrained.max_length)
+        return TextInfo(features=[column], columns=[], dtypes={column: _mlflow_type(train[column].dtype)},
+                        mean=[], std=[], **self._target_info(cfg, root, train[cfg.dataset.label]),
+                        max_length=cfg.pretrained.max_length, pad_id=pad,
+                        tokenizer_sha256=tokenizer_sha256(self.folder(cfg, root)))
+
+    def prepared_key(self, cfg: "PipelineConfig", root: Path) -> str:
+        """The table's key (its files, the dataset section, the seed, the code) with the tokenizer's files,
+        the text column and ``max_length``."""
+        from core.hashing import sha256_json
+
+        folder = self.folder(cfg, root)
+        return sha256_json({"table": super().prepared_key(cfg, root), "tokenizer": tokenizer_sha256(folder),
+                            "pretrained": {"text_column": cfg.pretrained.text_column,
+                                           "max_length": cfg.pretrained.max_length}, "v": PACKING_VERSION})
+
+    def prepared(self, cfg: "PipelineConfig", root: Path) -> dict:
+        """``{"x", "y", "xt", "yt", "info"}``: both splits tokenized and packed (``pack``), cached in
+        ``TRAINFLOW_HOME/cache/text`` as ``.npz`` + JSON (no pickle), keyed by ``prepared_key``."""
+        from core.paths import trainflow_home
+
+        key = self.prepared_key(cfg, root)
+        remembered = self.__dict__.get("_prepared")
+        if remembered is not None and remembered[0] == key:
+            return remembered[1]
+        folder = trainflow_home(Path(root)) / "cache" / "text"
+        npz, meta = folder / f"{key[:32]}.npz", folder / f"{key[:32]}.json"
+        try:
+            with np.load(npz, allow_pickle=False) as arrays:
+                out = {k: arrays[k] for k in ("x", "y", "xt", "yt")}
+            out["info"] = TextInfo.from_json(json.loads(meta.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            out = self._tokenized(cfg, root)
+            info = out["info"]
+            cache_write(meta, lambda fh: fh.write(json.dumps(info.to_json()).encode()))
+            cache_write(npz, lambda fh: np.savez(fh, **{k: out[k] for k in ("x", "y", "xt", "yt")}))
+        self.__dict__["_prepared"] = (key, out)
+        return out
+
+    def _tokenized(self, cfg: "PipelineConfig", root: Path) -> dict:
+        frames = self.frames(cfg, root)
+        info = self.info(cfg, root, frames)
+        backend, _ = backend_tokenizer(self.folder(cfg, root), info.max_length)
+        out = {"info": info}
+        for split, (xk, yk) in (("train", ("x", "y")), ("test", ("xt", "yt"))):
+            frame = frames[split]
+            texts = texts_of(frame, cfg.pretrained.text_column, f"{split} split")
+            out[xk] = pack([e.ids for e in backend.encode_batch(texts)], info.max_length, info.pad_id)
+            out[yk] = self.targets(frame[cfg.dataset.label], info)
+        return out
+
+    # -- model ----------------------------------------------------------------------------------
+    def build_model(self, cfg: "PipelineConfig", info: TextInfo):
+        from core.paths import project_root
+
+        return text_network(self.folder(cfg, project_root()), info.classes, info.pad_id,
+                            cfg.pretrained.activation_checkpointing)
+
+    def fsdp_units(self, model) -> list:
+        """FSDP2 shards each transformer block, then the root (as torchtitan does for HF models)."""
+        from tasks.hf_folder import transformer_blocks
+
+        return transformer_blocks(getattr(model, "model", model))
+
+    def example_input(self, cfg: "PipelineConfig", info: TextInfo, batch: int = 2):
+        """Rows of every length up to ``max_length`` tokens (the exported program's sequence is dynamic)."""
+        import torch
+
+        x = torch.full((batch, 1 + info.max_length), info.pad_id, dtype=torch.long)
+        x[:, 0] = info.max_length
+        x[:, 1:] = 5
+        return x
+
+    def export_module(self, model, info: TextInfo):
+        model.trim = False  # the program takes the batch as packed; the pyfunc packs to its longest row
+        return model
+
+    def check_program_output(self, out: np.ndarray, info: TextInfo) -> None:
+        if out.ndim != 2 or out.shape[1] != len(info.classes):
+            raise ValueError(f"the program gives outputs of shape {list(out.shape)}, expected [rows, "
+                             f"{len(info.classes)}]")
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
+        val = self.validation_split(cfg, root)
+        write_program_scores(out, self.prepared(cfg, root)["xt"], self.decode,
+                             self.scoring_key(cfg, root)["split_sha256"], None if val is None else val[0])
+
+    def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
+        """The champion gets the test split's texts as a column ``text``, as a serving client sends them."""
+        import pandas as pd
+
+        frame, _, y, info = self.eval_data(cfg, root)
+        texts = pd.DataFrame({"text": texts_of(frame, cfg.pretrained.text_column, "test split")})
+        labels = self.encode(predictor(texts), info)
+        proba_of = getattr(predictor, "proba", None)
+        proba = None if proba_of is None else self.encode_proba(proba_of(texts), info)
+        return self.score(y, labels, info) if proba is None else self.score(y, proba, info, labels=labels)
+
+    def gbdt(self, cfg: "PipelineConfig", root: Path) -> dict | None:
+        """TF-IDF over word (1-2) and character (2-4, within word bounds) n-grams plus logistic regression
+        (scikit-learn), fitted on the same train split: the text's conventional baseline."""
+        def arrays():
+            from sklearn.linear_model import LogisticRegression
+
+            frames, info = self.frames(cfg, root), self.prepared(cfg, root)["info"]
+            column = cfg.pretrained.text_column
+            x = np.asarray(texts_of(frames["train"], column, "train split"), dtype=object)
+            xt = np.asarray(texts_of(frames["test"], column, "test split"), dtype=object)
+            return (LogisticRegression(max_iter=1000, C=10.0), x, self.targets(frames["train"][cfg.dataset.label],
+                                                                               info), xt)
+
+        return fit_tfidf(root, {"prepared": self.prepared_key(cfg, root), "seed": cfg.seed}, arrays, cfg.seed,
+                         TFIDF_MAX_ROWS)
+
+    # -- registry -------------------------------------------------------------------------------
+    def model_spec(self, cfg: "PipelineConfig", root: Path, train_dir: Path, report: dict) -> ModelSpec:
+        import pandas as pd
+
+        frame, _, _, info = self.eval_data(cfg, root)
+        backend, _ = backend_tokenizer(self.folder(cfg, root), info.max_length)
+        example = pd.DataFrame({"text": texts_of(frame.head(5), cfg.pretrained.text_column, "test split")})
+        output, output_type = self._output(info)
+        meta = {"format": "torch.export", "input": "packed token ids int64 [n, 1 + tokens]: count, then ids",
+                "tokenizer": backend.to_str(), "max_length": info.max_length, "pad_id": info.pad_id,
+                "tokenizer_sha256": info.tokenizer_sha256, **output,
+                **({"threshold": report["candidate"]["threshold"]}
+                   if report.get("candidate", {}).get("threshold") is not None else {})}
+        return ModelSpec(PYFUNC_FILE, meta, [("text", "string")], [(None, output_type)], example,
+                         metadata={"trainflow_kind": self.name},
+                         checked=report.get("candidate_scored_in") == "worker", params=list(self.predict_params),
+                         requirements=["tokenizers"])
+
+    def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
+        import torch
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_str(spec.meta["tokenizer"])
+        ids = [e.ids for e in backend.encode_batch([str(t) for t in spec.example["text"]])]
+        x = torch.from_numpy(pack(ids, max(len(i) for i in ids), spec.meta["pad_id"]))
+        with torch.inference_mode():
+            out = load_program(model_pt2)(x).numpy()
+        n = len(spec.meta["class_labels"])
+        if out.shape != (len(x), n):
+            raise ValueError(f"{model_pt2}: maps {len(x)} texts to {list(out.shape)}, expected [{len(x)}, {n}]")
+
+
+def fit_tfidf(root: Path, key: dict, arrays, seed: int, max_rows: int) -> dict:
+    """TF-IDF (word 1-2-grams and character 2-4-grams, sublinear tf) + ``arrays()``'s logistic regression,
+    cached as JSON in ``TRAINFLOW_HOME/cache/tfidf`` by ``key`` and scikit-learn's version; the same
+    answer as ``tasks.base.fit_gbdt``: ``{"predictor", "pred", "proba", "fit_s", "predict_s", "cached"}``."""
+    import time
+    from importlib.metadata import version
+
+    from core.hashing import sha256_json
+    from core.paths import trainflow_home
+
+    digest = sha256_json({**key, "sklearn": version("scikit-learn"), "max_rows": max_rows, "v": 1})[:32]
+    path = trainflow_home(Path(root)) / "cache" / "tfidf" / f"{digest}.json"
+    try:
+        cached = json.loads(path.read_text())
+        return {**cached, "pred": np.asarray(cached["pred"]), "proba": np.asarray(cached["proba"]), "cached": True}
+    except (OSError, ValueError, KeyError):
+        pass
+    import sklearn
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.pipeline import make_pipeline, make_union
+    from threadpoolctl import threadpool_limits
+
+    est, x, y, xt = arrays()
+    sampled = len(x) > max_rows
+    if sampled:
+        rows = np.sort(np.random.default_rng(seed).choice(len(x), max_rows, replace=False))
+        x, y = x[rows], y[rows]
+    features = make_union(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=1),
+                          TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 4), sublinear_tf=True, min_df=1))
+    pipe = make_pipeline(features, est)
+    with threadpool_limits(1):
+        t0 = time.perf_counter()
+        pipe.fit(list(x), y)
+        t1 = time.perf_counter()
+        part = pipe.predict_proba(list(xt))
+        t2 = time.perf_counter()
+    classes = pipe.classes_.astype(np.int64)
+    proba = np.zeros((len(xt), int(classes.max()) + 1))
+    proba[:, classes] = part
+    pred = classes[part.argmax(axis=1)]
+    out = {"predictor": f"TF-IDF word 1-2-grams + char 2-4-grams, LogisticRegression (scikit-learn "
+                        f"{sklearn.__version__}, C {est.C:g}, 1 thread"
+                        + (f", fitted on {max_rows:,} sampled train texts" if sampled else "") + ")",
+           "pred": pred.tolist(), "proba": proba.tolist(), "fit_s": round(t1 - t0, 3), "predict_s": round(t2 - t1, 3)}
+    cache_write(path, lambda fh: fh.write(json.dumps(out).encode()))
+    return {**out, "pred": pred, "proba": proba, "cached": False}

@@ -1,0 +1,127 @@
+"""The text_classification task's parts, in process: packing and dynamic padding, the tokenized
+cache keyed by the tokenizer's files, FSDP's units, the TF-IDF baseline and its gate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.hf_models import tiny_encoder
+from tests.text_data import tickets
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    return tiny_encoder(tmp_path_factory.mktemp("enc") / "enc", tickets(200)["text"])
+
+
+def test_pack_holds_each_rows_count_then_its_ids_padded():
+    from tasks.text_classification import pack
+
+    x = pack([[2, 7, 3], [2, 3], list(range(10))], 4, 0)
+    assert x.tolist() == [[3, 2, 7, 3, 0], [2, 2, 3, 0, 0], [4, 0, 1, 2, 3]]
+
+
+def test_a_batch_is_cut_to_its_longest_row_and_padding_changes_no_logit(encoder):
+    import torch
+
+    from tasks.text_classification import backend_tokenizer, pack, text_network
+
+    backend, pad = backend_tokenizer(encoder, 64)
+    texts = ["refund please", "the app crash after update again and again"]
+    x = torch.from_numpy(pack([e.ids for e in backend.encode_batch(texts)], 64, pad))
+    net = text_network(encoder, ["a", "b"], pad).eval()
+    seen = []
+    hook = net.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape[1]),
+                                               with_kwargs=True)
+    with torch.no_grad():
+        both = net(x)
+        alone = net(x[:1])
+    hook.remove()
+    longest = int(x[:, 0].max())
+    assert seen == [longest, int(x[0, 0])]  # each batch padded to its own longest row, not to 64
+    torch.testing.assert_close(both[:1], alone, atol=1e-5, rtol=1e-5)
+    empty = net.train()(x[:0])  # an epoch's empty last micro-batch still reaches every parameter
+    assert empty.shape == (0, 2)
+    empty.sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters() if p.requires_grad)
+    net.eval().trim = False  # the exported form: packed as given, two pad columns more
+    with torch.no_grad():
+        torch.testing.assert_close(net(x), both, atol=1e-5, rtol=1e-5)
+
+
+def test_tokenizer_files_key_the_cache_and_weights_do_not(encoder, tmp_path):
+    import shutil
+
+    from tasks.text_classification import tokenizer_sha256
+
+    copy = tmp_path / "copy"
+    shutil.copytree(encoder, copy)
+    assert tokenizer_sha256(copy) == tokenizer_sha256(encoder)
+    (copy / "model.safetensors").write_bytes(b"other weights")
+    assert tokenizer_sha256(copy) == tokenizer_sha256(encoder)
+    (copy / "tokenizer.json").write_text((copy / "tokenizer.json").read_text().replace("refund", "refunds"))
+    assert tokenizer_sha256(copy) != tokenizer_sha256(encoder)
+
+
+def test_fsdp_shards_each_transformer_block(encoder):
+    from tasks import get_task
+    from tasks.text_classification import text_network
+
+    net = text_network(encoder, ["a", "b", "c"], 0)
+    units = get_task("text_classification").fsdp_units(net)
+    assert len(units) == 2 and all(type(u).__name__ == "BertLayer" for u in units)
+    assert get_task("classification").fsdp_units(net) is None  # a table's model: the engine's default units
+
+
+def test_tfidf_baseline_learns_the_words_and_is_cached(tmp_path):
+    from tasks.text_classification import fit_tfidf
+
+    train, test = tickets(300, seed=1), tickets(100, seed=2)
+    classes = sorted(set(train["category"]))
+    y = np.array([classes.index(c) for c in train["category"]])
+
+    def arrays():
+        from sklearn.linear_model import LogisticRegression
+
+        return LogisticRegression(max_iter=1000), train["text"].to_numpy(), y, test["text"].to_numpy()
+
+    first = fit_tfidf(tmp_path, {"k": 1}, arrays, 0, 10_000)
+    truth = np.array([classes.index(c) for c in test["category"]])
+    assert not first["cached"] and np.mean(first["pred"] == truth) > 0.8
+    np.testing.assert_allclose(first["proba"].sum(axis=1), 1.0)
+    assert "TF-IDF" in first["predictor"] and first["fit_s"] > 0
+    again = fit_tfidf(tmp_path, {"k": 1}, lambda: pytest.fail("refitted"), 0, 10_000)
+    assert again["cached"] and again["pred"].tolist() == first["pred"].tolist()
+
+
+def test_max_gap_to_baseline_fails_a_candidate_that_trails_the_baseline_model():
+    from core.config import GatesConfig
+    from evaluation.gates import decide
+    from tasks import get_task
+
+    task = get_task("text_classification")
+    cand, ref = {"accuracy": 0.80, "macro_f1": 0.8}, {"accuracy": 0.90, "predictor": "TF-IDF"}
+    d = decide(task, cand, GatesConfig(max_gap_to_baseline=0.05), gbdt=ref)
+    assert not d.passed and d.failures[0].name == "accuracy_vs_baseline_model"
+    assert d.failures[0].threshold == pytest.approx(0.85)
+    assert decide(task, cand, GatesConfig(max_gap_to_baseline=0.2), gbdt=ref).passed
+    assert decide(task, cand, GatesConfig(), gbdt=ref).passed  # null: reported, not gated
+
+
+def test_activation_checkpointing_recomputes_blocks_with_the_same_gradients(encoder):
+    import torch
+
+    from tasks.text_classification import backend_tokenizer, pack, text_network
+
+    backend, pad = backend_tokenizer(encoder, 32)
+    x = torch.from_numpy(pack([e.ids for e in backend.encode_batch(["refund my card", "crash error again"])], 32, pad))
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        net = text_network(encoder, ["a", "b"], pad, activation_checkpointing=checkpointing).train()
+        assert net.model.is_activation_checkpointing == checkpointing
+        torch.manual_seed(1)  # the same dropout masks: the recomputation replays the saved RNG state
+        net(x).sum().backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in net.parameters() if p.grad is not None]))
+    torch.testing.assert_close(grads[0], grads[1])
