@@ -136,8 +136,13 @@ def text_network(folder: Path, classes: list, pad_id: int, activation_checkpoint
 
 class TextClassification(Classification):
     name = "text_classification"
-    streams_table: ClassVar[bool] = False
     info_type: ClassVar[type[DataInfo]] = TextInfo
+
+    def loader_kind(self, cfg: "PipelineConfig", root: Path) -> tuple[str, str]:
+        """In memory: the tokenized splits are small beside the table they come from."""
+        from tasks.base import Task
+
+        return Task.loader_kind(self, cfg, root)
 
     def init_fit(self, label: str, labels, ctype: str):
         """Not picked for a table's label by itself: a model folder (``init --pretrained``) makes it this task."""
