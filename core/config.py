@@ -114,6 +114,17 @@ class ImageAugment(_Strict):
     hflip: bool = False
     # Shift each image by up to this many pixels in x and y (zero-padded, a random crop).
     shift: int = Field(0, ge=0)
+    # Sharded sets (``images.shards``), in the DataLoader workers: a random resized crop of an area share
+    # in [lo, hi] of the image (null: the evaluation's resize and centre crop, no random crop).
+    crop_scale: tuple[float, float] | None = None
+    # Sharded sets: brightness, contrast and saturation each times a factor in [1 - jitter, 1 + jitter].
+    jitter: float = Field(0.0, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _crop(self) -> "ImageAugment":
+        if self.crop_scale is not None and not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1:
+            raise ValueError(f"crop_scale: needs 0 < lo <= hi <= 1, got {list(self.crop_scale)}")
+        return self
 
 
 class ImagesConfig(_Strict):
@@ -125,6 +136,13 @@ class ImagesConfig(_Strict):
     train_dir: str = "train"
     test_dir: str = "test"
     manifest: str | None = None
+    # WebDataset tar shards: the folder (relative to ``path``; "." for ``path`` itself) holding
+    # ``train_dir/000000.tar ...`` and ``test_dir/...``, streamed and decoded in DataLoader workers
+    # (docs/images.md); null: image files, decoded once into a cache.
+    shards: str | None = None
+    # Sharded sets: DataLoader worker processes per rank decoding and augmenting (null: the CPUs per rank
+    # less one, at least one).
+    workers: int | None = Field(None, ge=0)
     # The model's input: every image is converted to `channels` (1: grey, 3: RGB) and resized to
     # [height, width] (bilinear), in training and in the registered model alike.
     size: tuple[int, int] = (32, 32)
@@ -720,6 +738,8 @@ ID_LATER_KEYS = (
     ("training", "early_stopping", "restore_best"), ("dataset", "dates"), ("dataset", "date_parts"),
     ("primary_metric",), ("training", "class_weight"), ("gates", "allow_single_class"),
     ("pretrained",),
+    ("dataset", "images", "shards"), ("dataset", "images", "workers"),
+    ("dataset", "images", "augment", "crop_scale"), ("dataset", "images", "augment", "jitter"),
 )
 
 
@@ -728,6 +748,8 @@ def _later_default(*path: str) -> Any:
     cls = PipelineConfig
     for part in path[:-1]:
         cls = cls.model_fields[part].annotation
+        # An optional section (``dataset.images``): its model.
+        cls = next((a for a in get_args(cls) if isinstance(a, type) and issubclass(a, BaseModel)), cls)
     value = cls.model_fields[path[-1]].get_default(call_default_factory=True)
     return value.model_dump(mode="json") if isinstance(value, BaseModel) else (
         list(value) if isinstance(value, tuple) else value)
