@@ -79,8 +79,12 @@ def _crop_box(rng: np.random.Generator, width: int, height: int, scale: tuple[fl
             left, top = int(rng.integers(0, width - w + 1)), int(rng.integers(0, height - h + 1))
             return left, top, left + w, top + h
     aspect = width / height
-    w, h = (width, round(width / (4 / 3))) if aspect > 4 / 3 else (round(height * 3 / 4), height) \
-        if aspect < 3 / 4 else (width, height)
+    if aspect > 4 / 3:  # too wide: full height, the width cut to 4/3 of it
+        w, h = min(width, round(height * 4 / 3)), height
+    elif aspect < 3 / 4:  # too tall: full width, the height cut to 4/3 of it
+        w, h = width, min(height, round(width * 4 / 3))
+    else:
+        w, h = width, height
     left, top = (width - w) // 2, (height - h) // 2
     return left, top, left + w, top + h
 

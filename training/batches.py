@@ -135,10 +135,6 @@ def build_source(dataset, seed: int, loader_cfg) -> BatchSource:
     (``training.stream.StreamSource``) is used as it is."""
     if hasattr(dataset, "epoch_steps"):
         return dataset
-    if hasattr(dataset, "shard_rows"):  # a task's sharded samples (tasks/image_sharded.py): streamed by shard
-        from training.image_stream import ShardStreamSource
-
-        return ShardStreamSource(dataset, seed, loader_cfg.shuffle_row_groups)
     if loader_cfg.kind == "dataloader":
         return DataLoaderSource(dataset, seed, loader_cfg)
     return InMemorySource(dataset, seed)

@@ -29,4 +29,9 @@ def load_splits(cfg: PipelineConfig, root: Path, seed: int, data_md5: str | None
         logging.getLogger("trainflow.train").info("training.loader: %s (%s)", kind, why)
         if kind == "stream":
             return stream_splits(cfg, root, seed, data_md5 or "")
-    return task.load_data(cfg, root, seed)
+    splits = task.load_data(cfg, root, seed)
+    if hasattr(splits.train, "shard_rows"):  # a task's sharded samples (tasks/image_sharded.py): streamed by shard
+        from training.image_stream import ShardStreamSource
+
+        splits.train = ShardStreamSource(splits.train, seed, cfg.training.loader.shuffle_row_groups)
+    return splits
