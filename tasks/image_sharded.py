@@ -42,15 +42,13 @@ class ShardSamples:
     def __len__(self) -> int:
         return len(self.index)
 
-    def __getitem__(self, key: tuple[int, int]):
-        import torch
-
+    def __getitem__(self, key: tuple[int, int]) -> tuple[np.ndarray, int]:
         epoch, gid = key
         data, label, name = self.index.read(int(gid))
         if label not in self.classes:
             raise DataUnavailableError(f"{name}: class {label!r} is not in dataset.images.classes")
         x = train_pixels(data, self.size, self.channels, self.augment, self.seed, int(epoch), int(gid), name)
-        return torch.from_numpy(x), torch.tensor(self.classes[label], dtype=torch.int64)
+        return x, self.classes[label]
 
 
 def default_workers(cfg: "PipelineConfig") -> int:

@@ -21,6 +21,15 @@ if TYPE_CHECKING:
     from training.batches import BatchPlan, StepBatches
 
 
+def _collate(items: list) -> tuple:
+    """A micro-batch's (uint8 pixels, class indices) stacked by numpy: torch's stack of small tensors, in
+    a process whose intra-op threads compete for the cores, costs more than decoding them."""
+    import torch
+
+    return (torch.from_numpy(np.stack([x for x, _ in items])),
+            torch.from_numpy(np.asarray([y for _, y in items], dtype=np.int64)))
+
+
 def _unread(unit: int):
     raise AssertionError("a sharded image set is read by its DataLoader workers, not by row group")
 
@@ -61,7 +70,7 @@ class ShardStreamSource(StreamSource):
         extra = {"prefetch_factor": 2} if workers else {}
         # Own generator: a loader must not draw its seed from the global RNG (dropout's); the transforms
         # draw from (seed, epoch, id) whatever worker runs them.
-        loaded = iter(DataLoader(self.samples, batch_sampler=batches(), num_workers=workers,
+        loaded = iter(DataLoader(self.samples, batch_sampler=batches(), num_workers=workers, collate_fn=_collate,
                                  pin_memory=torch.cuda.is_available(),
                                  generator=torch.Generator().manual_seed(int(self.seed) % 2**63 + epoch), **extra))
         empty = (torch.zeros((0, self.samples.channels, *self.samples.size), dtype=torch.uint8),
