@@ -243,8 +243,8 @@ class ImageClassification(Classifier, Task):
         images = cfg.dataset.images
         x, _ = self._pixels(cfg, root, "train")
         total, squares, n = np.zeros(images.channels), np.zeros(images.channels), 0
-        for start in range(0, len(x), 4096):  # in chunks: a float copy of every image would be 8x the pixels
-            part = np.asarray(x[start:start + 4096], dtype=np.float64).reshape(-1, images.channels,
+        for start in range(0, len(x), 32):  # in chunks: a float copy of every image would be 8x the pixels
+            part = np.asarray(x[start:start + 32], dtype=np.float64).reshape(-1, images.channels,
                                                                                 images.size[0] * images.size[1]) / 255.0
             total += part.sum(axis=(0, 2))
             squares += (part ** 2).sum(axis=(0, 2))
