@@ -177,6 +177,9 @@ def _init_folder(root: Path, target: Path, rel: str, task: str, task_reason: str
         facts = chosen.init_folder(root, target, rel)
     except DataUnavailableError as exc:
         raise InitError(str(exc)) from None
+    if facts.get("data"):  # the task wrote the data anew (an image folder as tar shards): DVC tracks that
+        rel = facts["data"]
+        target = root / rel
     raw = _raw_config(name, task, {"dvc_file": f"{rel}.dvc", "path": rel, **facts["dataset"]},
                       {"strategy": "ddp", **facts["training"]}, chosen.init_defaults())
     if old is not None:  # the user's keys stay; the data's facts (``dataset``) are new but for the user's choices

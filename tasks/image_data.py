@@ -131,28 +131,38 @@ def _from_manifest(cfg: "DatasetConfig", base: Path, seed: int) -> dict[str, lis
 def profile(base: Path, entries: list[tuple[str, str]]) -> "pd.DataFrame":
     """One row per file (``COLUMNS``): size, content hash, whether Pillow decodes it (or why not),
     width, height and mode; ``file``: its position in the split."""
-    import pandas as pd
-    from PIL import Image
-
     rows = []
     for i, (rel, label) in enumerate(entries):
-        row = dict(file=i, path=rel, label=label, n_bytes=None, sha256=None, decodes=False, error=None,
-                   width=None, height=None, mode=None)
         try:
             data = (base / rel).read_bytes()
         except OSError as exc:
-            rows.append({**row, "error": f"unreadable: {exc.strerror or exc}"})
+            rows.append({**profile_row(i, rel, label, None), "error": f"unreadable: {exc.strerror or exc}"})
             continue
-        row.update(n_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
-        buf = io.BytesIO(data)
-        try:
-            with _opened(buf) as img:
-                _check_pixels(img)
-                img.load()
-                row.update(decodes=True, width=img.width, height=img.height, mode=img.mode)
-        except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds; all mean "does not decode"
-            row["error"] = _error_text(exc, buf, rel)
-        rows.append(row)
+        rows.append(profile_row(i, rel, label, data))
+    return profile_frame(rows)
+
+
+def profile_row(i: int, rel: str, label: str, data: bytes | None) -> dict:
+    """One ``COLUMNS`` row of :func:`profile` for the encoded bytes ``data`` of the file ``rel``."""
+    row = dict(file=i, path=rel, label=label, n_bytes=None, sha256=None, decodes=False, error=None,
+               width=None, height=None, mode=None)
+    if data is None:
+        return row
+    row.update(n_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    buf = io.BytesIO(data)
+    try:
+        with _opened(buf) as img:
+            _check_pixels(img)
+            img.load()
+            row.update(decodes=True, width=img.width, height=img.height, mode=img.mode)
+    except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds; all mean "does not decode"
+        row["error"] = _error_text(exc, buf, rel)
+    return row
+
+
+def profile_frame(rows: list[dict]) -> "pd.DataFrame":
+    import pandas as pd
+
     df = pd.DataFrame(rows, columns=COLUMNS)
     return df.astype({"file": "int64", "n_bytes": "Int64", "decodes": "bool", "width": "Int64", "height": "Int64",
                       "path": object, "label": object, "sha256": object, "error": object, "mode": object})

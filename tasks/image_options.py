@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from core.config import Options, check_ranges, register_options
+from core.config_id import add_later_key
 
 
 class ImageExpectations(Options):
@@ -43,6 +44,17 @@ class ImageAugment(Options):
     hflip: bool = False
     # Shift each image by up to this many pixels in x and y (zero-padded, a random crop).
     shift: int = Field(0, ge=0)
+    # Sharded sets (``images.shards``), in the DataLoader workers: a random resized crop of an area share
+    # in [lo, hi] of the image (null: the evaluation's resize and centre crop, no random crop).
+    crop_scale: tuple[float, float] | None = None
+    # Sharded sets: brightness, contrast and saturation each times a factor in [1 - jitter, 1 + jitter].
+    jitter: float = Field(0.0, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _crop(self) -> "ImageAugment":
+        if self.crop_scale is not None and not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1:
+            raise ValueError(f"crop_scale: needs 0 < lo <= hi <= 1, got {list(self.crop_scale)}")
+        return self
 
 
 class ImagesConfig(Options):
@@ -54,6 +66,13 @@ class ImagesConfig(Options):
     train_dir: str = "train"
     test_dir: str = "test"
     manifest: str | None = None
+    # WebDataset tar shards: the folder (relative to ``path``; "." for ``path`` itself) holding
+    # ``train_dir/000000.tar ...`` and ``test_dir/...``, streamed and decoded in DataLoader workers
+    # (docs/images.md); null: image files, decoded once into a cache.
+    shards: str | None = None
+    # Sharded sets: DataLoader worker processes per rank decoding and augmenting (null: the CPUs per rank
+    # less one, at least one).
+    workers: int | None = Field(None, ge=0)
     # The model's input: every image is converted to `channels` (1: grey, 3: RGB) and resized to
     # [height, width] (bilinear), in training and in the registered model alike.
     size: tuple[int, int] = (32, 32)
@@ -90,4 +109,8 @@ class ImageModel(Options):
 
 
 register_options("dataset", ImageDataset)
+# Keys of the images section added after image configs were first hashed.
+for _path, _default in ((("images", "shards"), None), (("images", "workers"), None),
+                        (("images", "augment", "crop_scale"), None), (("images", "augment", "jitter"), 0.0)):
+    add_later_key(("dataset", *_path), _default)
 register_options("model", ImageModel)

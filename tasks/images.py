@@ -57,6 +57,8 @@ class ImageClassification(Classifier, Task):
                               "data/<name>` writes it for a folder of train/<class>/ and test/<class>/ images)")
         if cfg.dataset.text is not None:
             raise ConfigError("dataset.text: only for the lm task, but task is 'image_classification'")
+        if images.shards is not None and images.manifest is not None:
+            raise ConfigError("dataset.images.shards: tar shards carry their own classes; leave out dataset.images.manifest")
         if len(images.classes) < 2:
             raise ConfigError(f"dataset.images.classes: at least two classes, got {images.classes}")
         if cfg.model.factory is None and cfg.model.kind not in IMAGE_KINDS:
@@ -84,6 +86,11 @@ class ImageClassification(Classifier, Task):
 
         if not target.is_dir():
             return InitFit(False, False, f"{target.name} is a file, not an image folder")
+        from tasks.image_shards import shard_files
+
+        tars = {s: len(shard_files(target / s)) for s in ("train", "test")}
+        if tars["train"] and tars["test"]:
+            return InitFit(True, True, f"train/ and test/ hold {tars['train']} and {tars['test']} WebDataset tar shards")
         found = {}
         for split in ("train", "test"):
             top = target / split
@@ -109,10 +116,19 @@ class ImageClassification(Classifier, Task):
         from tasks.image_data import hidden_paths, list_images, profile
         from tasks.image_options import ImagesConfig
 
+        from tasks.image_shards import shard_files
+
         manifests = _manifests(target)
         layout = {"manifest": manifests[0].name} if not (target / "train").is_dir() and manifests else {}
-        entries = list_images(DatasetConfig(path=rel, images=ImagesConfig(**layout)), root, 0)
-        frames = {s: profile(target, entries[s]) for s in ("train", "test")}
+        data_rel = rel
+        if shard_files(target / "train"):  # WebDataset shards as the user has them
+            from tasks.image_sharded import profile_shards
+
+            layout = {"shards": "."}
+            frames = profile_shards(DatasetConfig(path=rel, images=ImagesConfig(**layout)), root)
+        else:
+            entries = list_images(DatasetConfig(path=rel, images=ImagesConfig(**layout)), root, 0)
+            frames = {s: profile(target, entries[s]) for s in ("train", "test")}
         both = pd.concat(frames.values(), ignore_index=True)
         if frames["train"].empty or frames["test"].empty:
             empty = [s for s in frames if frames[s].empty]
@@ -156,8 +172,17 @@ class ImageClassification(Classifier, Task):
         if problems:
             lines.append(f"undecodable:  {len(problems)} file(s) Pillow cannot decode; validation refuses them until "
                          f"they are fixed or removed: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}")
+        if "shards" not in layout and _shards_pay(n, size, channels):
+            from tasks.image_shards import write_shards
+
+            data_rel = f"{rel}-shards"
+            for split in ("train", "test"):  # one streaming pass, one file's bytes in memory at a time
+                write_shards(target, entries[split], root / data_rel / split)
+            layout = {"shards": "."}
+            lines.append(f"shards:       {n['train']} + {n['test']} images written as WebDataset tar shards to "
+                         f"{data_rel}/ (DVC tracks them; {rel}/ is left as it is)")
         batch = init_batch(n["train"], 16, 256)
-        return {"dataset": {"images": {**layout, "size": size, "channels": channels, "classes": classes,
+        return {**({"data": data_rel} if data_rel != rel else {}), "dataset": {"images": {**layout, "size": size, "channels": channels, "classes": classes,
                                        "expectations": expectations}},
                 "training": {"epochs": 15, "batch_size": batch, "base_batch": batch}, "rows": n, "classes": classes,
                 "lines": lines, "problems": problems, "review": "dataset.images.classes and .expectations",
@@ -171,6 +196,11 @@ class ImageClassification(Classifier, Task):
 
     def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
         base = Path(root) / cfg.dataset.path
+        if cfg.dataset.images.shards is not None:
+            from tasks.image_shards import split_shards
+
+            files = [p for s in split_shards(cfg.dataset, root).values() for p in s]
+            return ValidationPlan("image", files, {"dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed})
         entries = self.entries(cfg, root)
         files = [base / p for s in ("train", "test") for p, _ in entries[s]]
         if cfg.dataset.images.manifest is not None:
@@ -182,6 +212,8 @@ class ImageClassification(Classifier, Task):
         base, images = cfg.dataset.path.rstrip("/"), cfg.dataset.images
         if images.manifest is not None:
             return {"images": (f"{base}/{images.manifest}", "training")}
+        if images.shards not in (None, "."):
+            base = f"{base}/{images.shards.strip('/')}"
         return {"train": (f"{base}/{images.train_dir}", "training"), "test": (f"{base}/{images.test_dir}", "testing")}
 
     def _pixels(self, cfg: "PipelineConfig", root: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -189,6 +221,13 @@ class ImageClassification(Classifier, Task):
         from core.paths import trainflow_home
         from tasks.image_data import cached_pixels
 
+        if cfg.dataset.images.shards is not None:
+            from tasks.image_sharded import split_pixels
+
+            if split == "train":  # a sharded train split is streamed; its held-out rows stand in here
+                _, vx, vy = self._sharded_train(cfg, root, cfg.seed)
+                return vx, vy
+            return split_pixels(cfg, root, split, trainflow_home(Path(root)))[:2]
         rows = self.entries(cfg, root)[split]
         index = {c: i for i, c in enumerate(cfg.dataset.images.classes)}
         unknown = sorted({label for _, label in rows if label not in index})
@@ -209,8 +248,8 @@ class ImageClassification(Classifier, Task):
         images = cfg.dataset.images
         x, _ = self._pixels(cfg, root, "train")
         total, squares, n = np.zeros(images.channels), np.zeros(images.channels), 0
-        for start in range(0, len(x), 4096):  # in chunks: a float copy of every image would be 8x the pixels
-            part = np.asarray(x[start:start + 4096], dtype=np.float64).reshape(-1, images.channels,
+        for start in range(0, len(x), 32):  # in chunks: a float copy of every image would be 8x the pixels
+            part = np.asarray(x[start:start + 32], dtype=np.float64).reshape(-1, images.channels,
                                                                                 images.size[0] * images.size[1]) / 255.0
             total += part.sum(axis=(0, 2))
             squares += (part ** 2).sum(axis=(0, 2))
@@ -219,8 +258,23 @@ class ImageClassification(Classifier, Task):
         std = np.sqrt(np.maximum(squares / max(n, 1) - mean ** 2, 0.0))
         return self._info(cfg, mean.tolist(), std.tolist())
 
+    def _sharded_train(self, cfg: "PipelineConfig", root: Path, seed: int):
+        """(train samples, held-out pixels, their classes) of a shard set, once per task object."""
+        from tasks.image_sharded import train_split
+
+        cache = self.__dict__.setdefault("_sharded", {})
+        key = (str(root), cfg.dataset.model_dump_json(), cfg.training.loader.val_rows, seed)
+        if key not in cache:
+            cache[key] = train_split(cfg, root, seed)
+        return cache[key]
+
     def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
         from tasks.splits import Splits, stratified_holdout, tensors
+
+        if cfg.dataset.images.shards is not None:  # the engine streams the train split (training/image_stream.py)
+            train, vx, vy = self._sharded_train(cfg, root, seed)
+            xt, yt = self._pixels(cfg, root, "test")
+            return Splits(train=train, val=tensors(vx, vy), test=tensors(np.array(xt), yt), info=self.info(cfg, root))
 
         x, y = self._pixels(cfg, root, "train")
         xt, yt = self._pixels(cfg, root, "test")
@@ -233,7 +287,10 @@ class ImageClassification(Classifier, Task):
         from core.paths import project_root
         from tasks.image_nets import image_network
 
-        return image_network(cfg.model, cfg.dataset.images, len(info.classes), info.mean, info.std, project_root())
+        images = cfg.dataset.images
+        if images.shards is not None:  # the DataLoader workers flip (tasks/image_transforms.py), not the network
+            images = images.model_copy(update={"augment": images.augment.model_copy(update={"hflip": False})})
+        return image_network(cfg.model, images, len(info.classes), info.mean, info.std, project_root())
 
     def to_device(self, cfg: "PipelineConfig", model, device):
         """channels_last convolutions on CUDA (where cuDNN runs them fastest, with bf16 most of all),
@@ -276,6 +333,8 @@ class ImageClassification(Classifier, Task):
         if len(cfg.dataset.images.classes) != 2:
             return None
         x, y = self._pixels(cfg, root, "train")
+        if cfg.dataset.images.shards is not None:  # already the held-out rows
+            return np.asarray(x, dtype=np.float32), y
         _, hold = stratified_holdout(y, cfg.dataset.val_fraction, cfg.seed)
         return np.asarray(x[hold], dtype=np.float32), y[hold]
 
@@ -284,6 +343,14 @@ class ImageClassification(Classifier, Task):
         """(the test split's ``path, label`` frame, pixels float32 [n, c, h, w], class indices, info)."""
         import pandas as pd
 
+        if cfg.dataset.images.shards is not None:
+            from core.paths import trainflow_home
+            from tasks.image_sharded import split_pixels
+
+            x, y, names = split_pixels(cfg, root, "test", trainflow_home(Path(root)))
+            labels = [cfg.dataset.images.classes[i] for i in y]
+            return (pd.DataFrame({"path": names, "label": labels}), np.asarray(x, dtype=np.float32), y,
+                    self._info(cfg, [], []))
         rows = self.entries(cfg, root)["test"]
         x, y = self._pixels(cfg, root, "test")
         return (pd.DataFrame({"path": [p for p, _ in rows], "label": [c for _, c in rows]}),
@@ -302,7 +369,14 @@ class ImageClassification(Classifier, Task):
         from core.hashing import file_sha256
 
         base, known, out = Path(root) / cfg.dataset.path, self.__dict__.setdefault("_hashes", {}), []
-        for p, c in self.entries(cfg, root)[split]:
+        if cfg.dataset.images.shards is not None:  # the shards' hashes: the samples and classes they hold
+            from tasks.image_shards import split_shards
+
+            base = Path(root) / cfg.dataset.path
+            listed = [(p.relative_to(base).as_posix(), "") for p in split_shards(cfg.dataset, root)[split]]
+        else:
+            listed = self.entries(cfg, root)[split]
+        for p, c in listed:
             st = (base / p).stat()
             key = (str(base / p), st.st_size, st.st_mtime_ns)
             if key not in known:
@@ -323,6 +397,9 @@ class ImageClassification(Classifier, Task):
         """scikit-learn's HistGradientBoostingClassifier (default settings) on the flattened pixels."""
         from core.hashing import sha256_json
 
+        if cfg.dataset.images.shards is not None:  # trees need the train pixels in memory: not for a streamed set
+            return None
+
         def arrays():
             from sklearn.ensemble import HistGradientBoostingClassifier
 
@@ -340,8 +417,13 @@ class ImageClassification(Classifier, Task):
         import pandas as pd
 
         frame, _, y, info = self.eval_data(cfg, root)
-        base = Path(root) / cfg.dataset.path
-        images = pd.DataFrame({"image": [(base / p).read_bytes() for p in frame["path"]]})
+        if cfg.dataset.images.shards is not None:  # in the shards' order, as eval_data lists them
+            from tasks.image_shards import iter_samples, split_shards
+
+            data = [b for _, b, _ in iter_samples(split_shards(cfg.dataset, root)["test"], "test")]
+        else:
+            data = [self._encoded(cfg, root, p) for p in frame["path"]]
+        images = pd.DataFrame({"image": data})
         labels = self.encode(predictor(images), info)
         proba_of = getattr(predictor, "proba", None)  # a model without predict_proba: a hard classifier
         proba = None if proba_of is None else self.encode_proba(proba_of(images), info)
@@ -352,31 +434,53 @@ class ImageClassification(Classifier, Task):
         import pandas as pd
 
         images = cfg.dataset.images
-        rows = self.entries(cfg, root)["test"]
-        base = Path(root) / cfg.dataset.path
+        rows = list(self.eval_data(cfg, root)[0]["path"]) if images.shards is not None else [
+            p for p, _ in self.entries(cfg, root)["test"]]
         picked = [rows[i] for i in np.linspace(0, len(rows) - 1, min(3, len(rows))).astype(int)]
-        example = pd.DataFrame({"image": [(base / p).read_bytes() for p, _ in picked]})
+        example = pd.DataFrame({"image": [self._encoded(cfg, root, p) for p in picked]})
         meta = {"format": "torch.export", "input_dtype": "float32", "input": "pixels 0..255 [n, c, h, w]",
                 "size": list(images.size), "channels": images.channels, "output": "label",
                 "class_labels": [str(c) for c in images.classes],
+                **({"transform": "centre_crop"} if images.shards is not None else {}),
                 **({"threshold": report["candidate"]["threshold"]}
                    if report.get("candidate", {}).get("threshold") is not None else {})}
         return ModelSpec(PYFUNC_FILE, meta, [("image", "binary")], [(None, "string")], example,
                          metadata={"trainflow_kind": self.name}, checked=report.get("candidate_scored_in") == "worker",
                          params=list(self.predict_params))
 
+    def _encoded(self, cfg: "PipelineConfig", root: Path, path: str) -> bytes:
+        """The encoded bytes of a test image: a file, or a sample ``<split>/<shard>:<member>`` of a shard set."""
+        if cfg.dataset.images.shards is not None:
+            from tasks.image_sharded import read_sample
+
+            return read_sample(cfg, root, path)
+        return (Path(root) / cfg.dataset.path / path).read_bytes()
+
     def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
         import torch
 
         from tasks.image_data import decode
 
+        from tasks.image_transforms import eval_pixels
+
         size, channels = spec.meta["size"], spec.meta["channels"]
-        x = torch.tensor(np.stack([decode(b, size, channels) for b in spec.example["image"]]).astype(np.float32))
+        pixels = eval_pixels if spec.meta.get("transform") == "centre_crop" else decode
+        x = torch.tensor(np.stack([pixels(b, size, channels) for b in spec.example["image"]]).astype(np.float32))
         with torch.inference_mode():
             out = load_program(model_pt2)(x).numpy()
         n = len(spec.meta["class_labels"])
         if out.shape != (len(x), n):
             raise ValueError(f"{model_pt2}: maps {list(x.shape)} images to {list(out.shape)}, expected [{len(x)}, {n}]")
+
+
+# `trainflow init` writes a folder as tar shards when its decoded pixels at the chosen input size would
+# pass this many bytes: below it the decoded cache (every image decoded once, memory-mapped by every
+# rank) is the faster path and the folder is used as it is (docs/images.md, "Large sets").
+SHARD_ABOVE_BYTES = 2 * 2**30
+
+
+def _shards_pay(n: dict, size: list, channels: int) -> bool:
+    return (n["train"] + n["test"]) * channels * size[0] * size[1] > SHARD_ABOVE_BYTES
 
 
 def _manifests(target: Path) -> list[Path]:

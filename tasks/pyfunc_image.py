@@ -17,10 +17,14 @@ import pandas as pd
 
 # tasks/image_data.py's MAX_PIXELS (this file imports no project code; a unit test checks they agree).
 MAX_PIXELS = 64 * 2**20
+# tasks/image_transforms.py's CROP_RATIO (a unit test checks they agree).
+CROP_RATIO = 0.875
 
 
 class ExportedImageClassifier(mlflow.pyfunc.PythonModel):
     """Predicts one class name per row of a DataFrame whose ``image`` column holds encoded files."""
+
+    centre_crop = False  # meta "transform": "centre_crop" (a sharded set's evaluation transform)
 
     def load_context(self, context):
         import torch
@@ -31,7 +35,9 @@ class ExportedImageClassifier(mlflow.pyfunc.PythonModel):
         self.size = tuple(meta["size"])
         self.mode = {1: "L", 3: "RGB"}[int(meta["channels"])]
         self.class_labels = np.asarray(meta["class_labels"], dtype=object)
-        self.threshold = meta.get("threshold")  # two classes: the second where its probability is >= it
+        self.threshold = meta.get("threshold")
+        # A sharded set's evaluation transform: scale to cover size / CROP_RATIO, cut the centre.
+        self.centre_crop = meta.get("transform") == "centre_crop"  # two classes: the second where its probability is >= it
         self.program = torch.export.load(context.artifacts["model"]).module()
 
     def _pixels(self, data, row: int) -> np.ndarray:
@@ -55,7 +61,14 @@ class ExportedImageClassifier(mlflow.pyfunc.PythonModel):
                     img = Image.fromarray((np.asarray(img).astype(np.float64).clip(0, 65535) / 257).round()
                                           .astype(np.uint8), "L")
                 img = img.convert(self.mode)
-                if img.size != (self.size[1], self.size[0]):
+                if self.centre_crop:  # tasks/image_transforms.py's centre_crop, line for line
+                    h, w = self.size
+                    k = max(h / CROP_RATIO / img.height, w / CROP_RATIO / img.width)
+                    sw, sh = max(w, round(img.width * k)), max(h, round(img.height * k))
+                    img = img.resize((sw, sh), Image.Resampling.BILINEAR)
+                    left, top = (sw - w) // 2, (sh - h) // 2
+                    img = img.crop((left, top, left + w, top + h))
+                elif img.size != (self.size[1], self.size[0]):
                     img = img.resize((self.size[1], self.size[0]), Image.Resampling.BILINEAR)
                 a = np.asarray(img, dtype=np.uint8)
         except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds; all mean "not an image"

@@ -21,4 +21,9 @@ def load_splits(cfg: PipelineConfig, root: Path, seed: int, data_md5: str | None
             from training.stream import stream_splits
 
             return stream_splits(cfg, root, seed, data_md5 or "")
-    return task.load_data(cfg, root, seed)
+    splits = task.load_data(cfg, root, seed)
+    if hasattr(splits.train, "shard_rows"):  # a task's sharded samples (tasks/image_sharded.py): streamed by shard
+        from training.image_stream import ShardStreamSource
+
+        splits.train = ShardStreamSource(splits.train, seed, cfg.training.loader.shuffle_row_groups)
+    return splits

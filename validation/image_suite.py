@@ -41,6 +41,10 @@ def load_splits(cfg: DatasetConfig, root: Path, seed: int) -> dict[str, pd.DataF
     """``{"train": profile, "test": profile}``. Raises DataUnavailableError (missing data, bad manifest)."""
     from tasks.image_data import list_images, profile
 
+    if cfg.images.shards is not None:  # tar shards, read as a stream; a sample is named <split>/<shard>:<member>
+        from tasks.image_sharded import profile_shards
+
+        return profile_shards(cfg, root)
     entries = list_images(cfg, root, seed)
     return {s: profile(Path(root) / cfg.path, entries[s]) for s in SPLITS}
 
