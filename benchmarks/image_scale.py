@@ -150,7 +150,8 @@ def cached_vs_stream(root: Path, home: Path, n: int) -> tuple[float, float]:
     """Images/s over one epoch at 32 px: the decoded cache (built first, not timed) against the stream."""
     import torch
 
-    from core.config import DatasetConfig, ImagesConfig
+    from core.config import DatasetConfig
+    from tasks.image_options import ImagesConfig
     from tasks.image_data import cached_pixels
     from tasks.image_shards import iter_samples, shard_files
     from training.batches import BatchPlan, InMemorySource

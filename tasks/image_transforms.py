@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from core.config import ImageAugment
+    from tasks.image_options import ImageAugment
 
 # The share of the scaled image the evaluation's centre crop keeps (ImageNet's 224 of 256).
 CROP_RATIO = 0.875

@@ -26,7 +26,8 @@ KILL_STEP = 25
 @pytest.fixture(scope="module")
 def shard_root(tmp_path_factory, bundled_data):
     """A folder holding the bundled digit images as tar shards of 200 samples."""
-    from core.config import DatasetConfig, ImagesConfig
+    from core.config import DatasetConfig
+    from tasks.image_options import ImagesConfig
     from tasks.image_data import list_images
     from tasks.image_shards import write_shards
 

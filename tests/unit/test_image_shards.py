@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from core.config import (DatasetConfig, ImageAugment, ImageExpectations, ImagesConfig, PipelineConfig, config_from_dict,
-                         config_id_of)
+from core.config import DatasetConfig, PipelineConfig, config_from_dict, config_id_of
+from tasks.image_options import ImageAugment, ImageExpectations, ImagesConfig
 from core.errors import DataUnavailableError
 from tasks.image_shards import ShardIndex, index_shard, iter_samples, write_shards
 from tasks.image_transforms import CROP_RATIO, eval_pixels, train_pixels
