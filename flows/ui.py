@@ -85,8 +85,9 @@ class Server:
             return False
 
     def stop(self) -> None:
-        """SIGTERM the process group, SIGKILL what is left of it after a grace period; reap the leader."""
-        if self.proc is not None:
+        """SIGTERM the process group, SIGKILL what is left of it after a grace period; reap the leader.
+        Once the leader is reaped its group id may be another's: a second call does nothing."""
+        if self.proc is not None and self.proc.returncode is None:
             stop_group(self.proc.pid, grace=15)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(5)
