@@ -95,7 +95,7 @@ class TemporaryServer(Server):
                "--factory", "flows.api_server:create_app", "--host", HOST, "--port", str(self.port),
                "--log-level", "error", "--lifespan", "on"]
         env = {k: v for k, v in {**os.environ, **SERVER_ENV}.items() if k != "PREFECT_API_URL"}
-        super().__init__("temporary Prefect API", url, f"{self.api_url}/health", cmd, env, log_path)
+        super().__init__("temporary Prefect API", url, f"{self.api_url}/health", cmd, env, log_path, grace_s=5.0)
 
     def start(self) -> "TemporaryServer":
         super().start()
