@@ -13,19 +13,14 @@ SIGHUP or Ctrl-C reaches only this process, which stops the job and then the ser
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from core.procs import parent_death_signal
+from flows.ui import HOST, Server, _bind
 
 OPT_OUT = "TRAINFLOW_PREFECT_API"
 # Set by ``start_api`` to the temporary server's URL, so the run can tell it from a persistent
@@ -43,12 +38,6 @@ SERVER_ENV = {
     "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
     "PREFECT_SERVER_DATABASE_MIGRATE_ON_START": "false",  # create_app migrates, under the home's lock
 }
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # The lock file, in PREFECT_HOME, under which a temporary server creates and migrates the database.
@@ -95,25 +84,21 @@ def create_app():
     return app
 
 
-class TemporaryServer:
-    """A private Prefect API server on 127.0.0.1 for this process's lifetime."""
+class TemporaryServer(Server):
+    """A private Prefect API server on 127.0.0.1 for this process's lifetime (stopped at exit)."""
 
     def __init__(self, log_path: Path):
-        self.port = _free_port()
-        self.api_url = f"http://127.0.0.1:{self.port}/api"
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
+        self.port = _bind(0)
+        url = f"http://{HOST}:{self.port}"
+        self.api_url, self.log_path = f"{url}/api", log_path
+        cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(__file__).resolve().parent.parent),
+               "--factory", "flows.api_server:create_app", "--host", HOST, "--port", str(self.port),
+               "--log-level", "error", "--lifespan", "on"]
+        env = {k: v for k, v in {**os.environ, **SERVER_ENV}.items() if k != "PREFECT_API_URL"}
+        super().__init__("temporary Prefect API", url, f"{self.api_url}/health", cmd, env, log_path, grace_s=5.0)
 
     def start(self) -> "TemporaryServer":
-        cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(__file__).resolve().parent.parent),
-               "--factory", "flows.api_server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-               "--log-level", "error", "--lifespan", "on"]
-        env = {**os.environ, **SERVER_ENV}
-        env.pop("PREFECT_API_URL", None)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         start_new_session=True, preexec_fn=parent_death_signal(signal.SIGTERM))
+        super().start()
         atexit.register(self.stop)
         return self
 
@@ -122,13 +107,11 @@ class TemporaryServer:
         t0 = time.perf_counter()
         deadline = time.monotonic() + timeout_s
         while True:
-            if self.proc is None or self.proc.poll() is not None:
-                code = None if self.proc is None else self.proc.returncode
-                raise RuntimeError(f"the temporary Prefect API server exited ({code}){self._last_line()}; "
+            if self.proc is None or self.exited() is not None:
+                raise RuntimeError(f"the temporary Prefect API server exited ({self.exited()}){self._last_line()}; "
                                    f"see {self.log_path}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(self.api_url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return time.perf_counter() - t0
+            if self.ready():
+                return time.perf_counter() - t0
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the temporary Prefect API server did not answer within {timeout_s:.0f} s; "
                                    f"see {self.log_path}")
@@ -143,17 +126,6 @@ class TemporaryServer:
         except OSError:
             return ""
         return f": {lines[-1].strip()[:300]}" if lines else ""
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def start_api(prefect_home: Path) -> TemporaryServer | None:

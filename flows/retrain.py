@@ -98,7 +98,7 @@ def decide(inputs: RunInputs, force: bool) -> dict:
         diff = manifest_diff(champ["tags"], current, ("config_sha256", "data_md5"))
         if "config_sha256" in diff:
             reasons.append(f"config changed: {str(champion['config_sha256'])[:12]} -> {current['config_sha256'][:12]}")
-        if (folder := model_folder_change(tags, manifest)) is not None:
+        if (folder := model_folder_change(champ["tags"], manifest)) is not None:
             reasons.append(folder)
         changes = code_changes(root, champion["git_sha"])
         if changes is None:

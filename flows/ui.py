@@ -66,6 +66,7 @@ class Server:
     env: dict[str, str]
     log: Path
     proc: subprocess.Popen | None = field(default=None, repr=False)
+    grace_s: float = 15.0  # SIGTERM to SIGKILL
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -85,9 +86,10 @@ class Server:
             return False
 
     def stop(self) -> None:
-        """SIGTERM the process group, SIGKILL what is left of it after a grace period; reap the leader."""
-        if self.proc is not None:
-            stop_group(self.proc.pid, grace=15)
+        """SIGTERM the process group, SIGKILL what is left of it after a grace period; reap the leader.
+        Once the leader is reaped its group id may be another's: a second call does nothing."""
+        if self.proc is not None and self.proc.returncode is None:
+            stop_group(self.proc.pid, grace=self.grace_s)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(5)
 

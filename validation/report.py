@@ -69,6 +69,11 @@ def fmt_bound(x: Any) -> str:
     return str(_tidy_number(x))
 
 
+def span(kwargs: dict) -> str:
+    """``[min, max]`` of a between-expectation's kwargs."""
+    return f"[{fmt_bound(kwargs.get('min_value'))}, {fmt_bound(kwargs.get('max_value'))}]"
+
+
 def _fmt_values(values: Iterable[Any]) -> str:
     return ", ".join(map(str, values))
 
@@ -150,9 +155,6 @@ class _Facts:
     records: list  # the unexpected rows of a derived frame, one dict each
     label_column: str
 
-    def span(self) -> str:
-        return f"[{fmt_bound(self.kwargs.get('min_value'))}, {fmt_bound(self.kwargs.get('max_value'))}]"
-
 
 def _columns(f: _Facts) -> dict:
     expected = list(f.kwargs.get("column_list") or [])
@@ -196,7 +198,7 @@ def _in_set(f: _Facts) -> dict:
 
 
 def _between(f: _Facts) -> dict:
-    return {"detail": f"{_plural(f.count, 'value')} outside {f.span()}{_shown(f.values, f.counts)}"
+    return {"detail": f"{_plural(f.count, 'value')} outside {span(f.kwargs)}{_shown(f.values, f.counts)}"
             + _rows_text(f.rows, f.count)}
 
 
@@ -234,7 +236,7 @@ def _class_balance(f: _Facts) -> dict:
               for p in f.records if isinstance(p.get("fraction"), (int, float))][:MAX_EXAMPLES]
     shown = ", ".join(f"{e['label']} ({e['fraction']:.3f})" for e in shares)
     return {"column": f.label_column, "examples": shares or f.values,
-            "detail": f"{_plural(f.count, 'class', 'classes')} with a share outside {f.span()}"
+            "detail": f"{_plural(f.count, 'class', 'classes')} with a share outside {span(f.kwargs)}"
                       + (f": {shown}" if shown else "")}
 
 
@@ -370,8 +372,7 @@ def cells_failures(evr: dict, split: str) -> list[dict]:
             f["detail"] = (f"{_plural(count, 'value')} {'below min' if side == 'min' else 'above max'} "
                            f"{fmt_bound(group[0].get(side))}{_cells_values(group, count)}")
         else:
-            f["detail"] = (f"{_plural(count, 'value')} outside [{fmt_bound(kwargs.get('min_value'))}, "
-                           f"{fmt_bound(kwargs.get('max_value'))}]{_cells_values(group, count)}")
+            f["detail"] = f"{_plural(count, 'value')} outside {span(kwargs)}{_cells_values(group, count)}"
         f["detail"] += _rows_text(rows, count)
         f["message"] = f"{where(split, column)}: {f['detail']}"
         out.append(jsonable(f))

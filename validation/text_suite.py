@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from core.errors import DataUnavailableError
 from validation.gx_run import complete, cross_frame, leak_failure, validate
-from validation.report import MAX_EXAMPLES, fmt_bound
+from validation.report import MAX_EXAMPLES, span
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -139,8 +139,7 @@ def failure(check: str, out: dict, kwargs: dict, result: dict, records: list[dic
         for e, r in zip(out["examples"], shown):
             e["n_bytes"] = r.get("n_bytes")
         where = ", ".join(f"{r.get('path') or '?'} ({r.get('n_bytes')} B, line {r.get('line')})" for r in shown) + more
-        what = f"document(s) with a UTF-8 size outside [{fmt_bound(kwargs.get('min_value'))}, " \
-               f"{fmt_bound(kwargs.get('max_value'))}] bytes"
+        what = f"document(s) with a UTF-8 size outside {span(kwargs)} bytes"
     out["detail"] = f"{out['unexpected_count']} {what}: {where}"
 
 
