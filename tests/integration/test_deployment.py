@@ -21,7 +21,9 @@ def test_train_deployment_entrypoint_loads_with_typed_form(repo_root, monkeypatc
     schema = parameter_schema(flow).model_dump()
     props = schema["definitions"]["PipelineParams"]["properties"]
     # A narrow form: a config by name and typed knobs, each described; no paths, overrides or image.
-    assert set(props) == {"config", "epochs", "lr", "batch_size", "seed", "strategy", "nproc_per_node", "promotion"}
+    assert set(props) == {"config", "epochs", "lr", "batch_size", "seed", "strategy", "nproc_per_node", "promotion",
+                          "launcher", "nnodes"}
+    assert props["launcher"]["anyOf"][0]["enum"] == ["local", "slurm", "kubernetes"]  # a choice, not a free string
     assert props["config"]["default"] == "digits.yaml"
     assert all(p.get("description") for p in props.values())
     steps = [next(iter(s)) for s in spec["pull"]]
