@@ -166,3 +166,15 @@ def terminated(code: int, reason: str = "") -> dict:
     return {"containerStatuses": [{"name": "trainer", "image": IMAGE, "imageID": "", "ready": False,
                                    "restartCount": 0, "state": {"terminated": {
                                        "exitCode": code, "reason": reason, "finishedAt": "2026-12-05T23:02:00Z"}}}]}
+
+
+def use_kubeconfig(fake: FakeKube, folder, monkeypatch) -> None:
+    """$KUBECONFIG names ``fake`` (namespace ml), as on a host outside the cluster."""
+    path = folder / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
+        "users": [{"name": "me", "user": {}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me", "namespace": "ml"}}]}))
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a pod: the kubeconfig is used

@@ -156,6 +156,7 @@ class KubeJob:
         from training import kube, preemption
         from training.launcher import FATAL_FILE
 
+        self.out.mkdir(parents=True, exist_ok=True)
         for stale in ("result.json", FATAL_FILE):  # an earlier job's must not pass for this one's
             (self.out / stale).unlink(missing_ok=True)
         client = self.kube or kube.Kube.connect()

@@ -16,7 +16,7 @@ import jsonschema
 import kubernetes_validate
 
 from core.config import load_config
-from tests.fake_kube import GO_TRUE, IMAGE, FakeKube, serve
+from tests.fake_kube import GO_TRUE, IMAGE, FakeKube, serve, use_kubeconfig
 from tests.fake_kube import running as _running
 from tests.fake_kube import terminated as _terminated
 from training import kube
@@ -186,14 +186,7 @@ def test_a_refused_request_comes_back_as_the_apis_one_line(fake, plan):
 
 
 def _kubeconfig(fake, tmp_path, monkeypatch) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
-        "users": [{"name": "me", "user": {}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me", "namespace": "ml"}}]}))
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a pod: the kubeconfig is used
+    use_kubeconfig(fake, tmp_path, monkeypatch)
     monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
 
 
