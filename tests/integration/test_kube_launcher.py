@@ -136,7 +136,9 @@ def test_a_failed_pod_fails_the_run_naming_pod_and_rank(fake, shared, repo_root)
 def test_sigterm_deletes_the_job_with_foreground_propagation(fake, shared, repo_root):
     seen = Seen()
     # SIGTERM arrives while the job runs (the step runs in the server's thread; Python handles it in the main one).
-    _script(fake, running, lambda job: lambda f: os.kill(os.getpid(), signal.SIGTERM))
+    # A job not deleted would go on to Complete (without a result): the test fails rather than hangs.
+    _script(fake, running, lambda job: lambda f: os.kill(os.getpid(), signal.SIGTERM),
+            lambda job: lambda f: f.condition(job, "Complete"))
     before = signal.getsignal(signal.SIGTERM)
     job, _ = _start(repo_root, shared, seen)
     with pytest.raises(PreemptedError, match="deleted with the run"):
