@@ -198,8 +198,9 @@ class KubeJob:
         if ending.state == "CANCELLED":
             raise TrainingFailedError(ending.message)
         if ending.resume:
-            raise PreemptedError(f"{ending.message}, but no restart is left (training.max_restarts="
-                                 f"{self.plan.cfg.training.max_restarts}): rerun to resume from it")
+            said = ending.message.removesuffix("; resuming from the last checkpoint")
+            raise PreemptedError(f"{said}; no restart left (training.max_restarts="
+                                 f"{self.plan.cfg.training.max_restarts}): rerun to resume from its checkpoint")
         raise TrainingFailedError(ending.message, rank=ending.rank, traceback=ending.log_tail)
 
 

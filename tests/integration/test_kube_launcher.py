@@ -197,3 +197,12 @@ def test_trainflow_run_refuses_the_embedded_store_in_one_line(fake, shared, repo
     assert error == ("--launcher kubernetes: MLflow is the embedded sqlite store; the pods need a tracking server: "
                      "set MLFLOW_TRACKING_URI=http(s)://...")
     assert fake.requests == []
+
+
+def test_a_job_out_of_time_with_no_restart_left_stops_the_run_as_preempted(fake, shared, repo_root):
+    _script(fake, running, lambda job: lambda f: f.condition(job, "Failed", "DeadlineExceeded"))
+    job, _ = _start(repo_root, shared, Seen(), "training.max_restarts=0", "launcher.kubernetes.active_deadline_s=60")
+    with pytest.raises(PreemptedError) as err:
+        job.finish()
+    assert str(err.value) == (f"job ml/{_job_name(fake)} ran past its deadline (DeadlineExceeded); no restart left "
+                              "(training.max_restarts=0): rerun to resume from its checkpoint")
