@@ -93,7 +93,8 @@ class Kubernetes:
                       "are not in it")
         name = f"tf-{re.sub(r'[^a-z0-9-]', '-', cfg.name.lower())[:36].strip('-')}-{secrets.token_hex(3)}"
         render = dict(git_ref=commit if commit != "unknown" else "", data_md5=data_md5,
-                      mlflow_uri=tracking_uri(trainflow_home(Path(root))), mlflow_run_id=None, out_name=out_name, env=env or {},
+                      mlflow_uri=tracking_uri(trainflow_home(Path(root))), mlflow_run_id=None, out_name=out_name,
+                      env=env or {},
                       labels={k: v for k, v in (("trainflow/flow-run", labels.flow_run_id),
                                                 ("trainflow/mlflow-run", labels.mlflow_run_id)) if v})
         kube.dry_run(plan, name=name, **render)  # refusals (settings, the embedded store) before anything exists
