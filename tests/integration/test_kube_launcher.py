@@ -206,3 +206,57 @@ def test_a_job_out_of_time_with_no_restart_left_stops_the_run_as_preempted(fake,
         job.finish()
     assert str(err.value) == (f"job ml/{_job_name(fake)} ran past its deadline (DeadlineExceeded); no restart left "
                               "(training.max_restarts=0): rerun to resume from its checkpoint")
+
+
+def test_the_train_stage_runs_its_plan_on_kubernetes_and_records_the_job_while_it_lives(
+        fake, shared, repo_root, mlflow_env, monkeypatch, prefect_api):
+    """The pipeline's train task itself (outside a flow): the job is recorded in the home and tagged
+    on the MLflow run while it lives, its states go to the task's log, the result comes back."""
+    import logging
+
+    from core.manifest import DataRef, ImageRef, Manifest, World
+    from flows.pipeline import RunContext, TrainFolder, train
+    from registry import store
+    from registry.orphans import JOBS_DIR
+    from tasks import get_task
+
+    uri = f"sqlite:///{mlflow_env / 'db' / 'mlflow.db'}"
+    run_id = store.start_run(store.configure(uri, "trainflow-kube-test", mlflow_env / "artifacts"), "kube", {})
+    # The pods' tracking server (rendered only); this process's MLflow client stays on the store above.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.ml.svc:5000")
+    plan = _plan(repo_root, shared)
+    home = shared / "home"
+    manifest = Manifest("0" * 40, False, plan.cfg.name, plan.cfg.config_id(), DataRef("data/digits.dvc", "x.dir", "HEAD"),
+                        ImageRef(), "0" * 64, 0, World(2, 1, "gloo"))
+    ctx = RunContext(plan.cfg, get_task(plan.cfg.task), repo_root, home, uri, run_id, manifest, tmp := home / "out",
+                     plan, launcher="kubernetes")
+    tmp.mkdir()
+    folder = home / "runs" / "digits-k"
+    folder.mkdir(parents=True)
+    recorded = []
+
+    def complete(job):
+        def step(f):
+            recorded.extend(p.name for p in (home / JOBS_DIR).glob("*.json"))
+            (folder / "result.json").write_text(json.dumps({"status": "completed", "world_size": 2}))
+            f.condition(job, "Complete")
+        return step
+    _script(fake, running, complete)
+    lines = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("flows.pipeline")  # the task's logger outside a flow (Prefect's handlers on it)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        result = train.fn(ctx, TrainFolder(folder, None))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+    name = _job_name(fake)
+    assert result["status"] == "completed" and result["launcher"]["job_id"] == name
+    assert recorded == [f"kubernetes-job.ml.{name}.json"] and not list((home / JOBS_DIR).glob("*.json"))
+    assert store.client().get_run(run_id).data.tags["trainflow.kubernetes.job_id"] == f"job.ml.{name}"
+    assert f"kubernetes: {name}: RUNNING on gpu-a, gpu-b" in lines and f"[{name}] rank 0: epoch 1 loss 0.91" in lines
