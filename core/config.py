@@ -477,6 +477,10 @@ class KubernetesConfig(_Strict):
     # A ReadWriteMany claim every pod mounts at /shared: checkpoints and results (job flavour; a
     # TrainJob's runtime mounts its own).
     shared_pvc: str = Field("trainflow-shared", pattern=K8S_NAME)
+    # Where the flow's host mounts that claim (absolute path; `trainflow run --launcher kubernetes`
+    # requires it): the run's training folder must be inside it, and the pods see it at
+    # /shared/<the same path below it>; the flow reads the result and metrics from there.
+    shared_dir: str | None = Field(None, pattern=r"^/[A-Za-z0-9._/+-]*$")
     # A Secret with MLFLOW_TRACKING_USERNAME/PASSWORD for a tracking server with auth.
     mlflow_secret: str | None = Field(None, pattern=K8S_NAME)
     # trainjob: the ClusterTrainingRuntime the TrainJob names.

@@ -415,6 +415,14 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
             from training.slurm import check_shared_dir
 
             check_shared_dir(cfg)
+        if args.launcher == "kubernetes":  # the shared volume and a tracking server, before anything starts
+            from core.paths import trainflow_home, tracking_uri
+            from training.launchers import check_kube_shared_dir
+
+            check_kube_shared_dir(cfg, trainflow_home(root))
+            if not tracking_uri(trainflow_home(root)).startswith(("http://", "https://")):
+                raise ConfigError("--launcher kubernetes: MLflow is the embedded sqlite store; the pods need a "
+                                  "tracking server: set MLFLOW_TRACKING_URI=http(s)://...")
     except TrainflowError as exc:
         return _early_error(args, exc, "config_error")
 

@@ -271,7 +271,8 @@ class TrainFolder:
 
 def _train_timeout_s(ctx: RunContext) -> float:
     """The train task's limit: training's own, a minute to stop, and a cluster's queue time."""
-    queued = ctx.cfg.launcher.slurm.queue_limit_s if ctx.launcher == "slurm" else 0
+    queued = {"slurm": ctx.cfg.launcher.slurm.queue_limit_s,
+              "kubernetes": ctx.cfg.launcher.kubernetes.pending_timeout_s}.get(ctx.launcher, 0)
     return ctx.cfg.training.timeout_s + 60 + queued
 
 
@@ -303,11 +304,11 @@ def train(ctx: RunContext, slot: TrainFolder) -> dict:
     from registry.relay import relay_metrics
     from training import slurm
     from training.launcher import SCORE_ENV
-    from training.launchers import Labels, launcher_for
+    from training.launchers import Labels, cancel_kube_job, launcher_for
     from training.sink import RUN_ID_ENV
 
     launcher = launcher_for(ctx.launcher)
-    for line in cancel_orphaned_jobs(ctx.home, {"slurm": slurm.cancel}):
+    for line in cancel_orphaned_jobs(ctx.home, {"slurm": slurm.cancel, "kubernetes": cancel_kube_job}):
         _logger().warning("%s, left by a run on this home that was killed: cancelled", line)
 
     # Empty, not absent: an inherited run id must not switch rank 0's direct MLflow logging on (this

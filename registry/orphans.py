@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def mark_orphans_killed(experiment_id: str, current_run: str) -> list[str]:
     return ended
 
 
-# -- cluster jobs (Slurm) of runs that died -------------------------------------------------------
+# -- cluster jobs (Slurm, Kubernetes) of runs that died -------------------------------------------------------
 # A cluster job outlives a SIGKILLed run (its processes are not the run's children). Each run
 # records its live jobs in the home's jobs/ folder with the same owner tags; the next run on that
 # home cancels the jobs whose owner is gone.
@@ -86,8 +87,13 @@ def mark_orphans_killed(experiment_id: str, current_run: str) -> list[str]:
 JOBS_DIR = "jobs"
 
 
+# A Kubernetes job's id: ``<flavour>.<namespace>.<name>`` (DNS labels have no dots).
+_KUBE_JOB_ID = re.compile(r"^[a-z]+\.[a-z0-9-]{1,63}\.[a-z0-9-]{1,63}$")
+
+
 def _job_file(home: Path, launcher: str, job_id: str) -> Path:
-    if not job_id.isdigit() or not launcher.isalpha():
+    ok = _KUBE_JOB_ID.match(job_id) if launcher == "kubernetes" else job_id.isdigit()
+    if not ok or not launcher.isalpha():
         raise ValueError(f"not a job id: {launcher} {job_id!r}")
     return Path(home) / JOBS_DIR / f"{launcher}-{job_id}.json"
 

@@ -238,12 +238,14 @@ def indexed_job(name: str, namespace: str, labels: dict, nnodes: int, pod_spec: 
 
 
 def dry_run(plan: LaunchPlan, *, name: str, git_ref: str, data_md5: str, mlflow_uri: str,
-            mlflow_run_id: str | None = None, rdzv_id: str | None = None, out_name: str | None = None) -> KubeRequest:
+            mlflow_run_id: str | None = None, rdzv_id: str | None = None, out_name: str | None = None,
+            env: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> KubeRequest:
     """The manifests that run ``plan`` with the config's ``launcher.kubernetes`` settings; reads and
     writes nothing. ``name``: the job's (a DNS label); ``out_name``: the training folder under /shared
     (default ``name``; a resubmission keeps the first job's, so it resumes there); ``rdzv_id``: drawn
-    at random by default (agents unpickle what the c10d store holds under it). ConfigError naming the
-    key when the settings don't fit."""
+    at random by default (agents unpickle what the c10d store holds under it); ``env``: variables the
+    workers get beside the plan's; ``labels``: more labels on every object (e.g. the run's ids).
+    ConfigError naming the key when the settings don't fit."""
     k = plan.cfg.launcher.kubernetes
     if not _NAME.match(name):
         raise ConfigError(f"kubernetes job name {name!r}: a DNS label of lowercase letters, digits and '-' "
@@ -288,11 +290,12 @@ def dry_run(plan: LaunchPlan, *, name: str, git_ref: str, data_md5: str, mlflow_
         *([{"name": "TRAINFLOW_MLFLOW_RUN_ID", "value": mlflow_run_id}] if mlflow_run_id else []),
         {"name": "TRAINFLOW_HOME", "value": f"{workdir}/state"},
         {"name": "PYTHONPATH", "value": f"{workdir}/src"},
-        *({"name": key, "value": value} for key, value in sorted({**TELEMETRY_OFF, **job_env(spec)}.items())),
+        *({"name": key, "value": value} for key, value in
+          sorted({**TELEMETRY_OFF, **job_env(spec), **(env or {})}.items())),
     ]
     args = ["sh", "-c", NODE_SCRIPT, "trainflow-node", *command]
     labels = {"app.kubernetes.io/name": "trainflow", "app.kubernetes.io/component": "train",
-              "trainflow/job": name}
+              **(labels or {}), "trainflow/job": name}
     selector = {JOB_LABEL[k.flavour]: name}
     policy = network_policy(name, k.namespace, labels, selector)
     if not trainjob:
@@ -637,26 +640,36 @@ def _ending(handle: Handle, status: Status, kube: Kube) -> Ending:
 
 
 def run(plan: LaunchPlan, kube: Kube, *, name: str, on_event=print, poll_s: float | None = None,
-        sleep=time.sleep, **render) -> tuple[Ending, list[str]]:
+        sleep=time.sleep, on_submitted=None, on_ended=None, **render) -> tuple[Ending, list[str]]:
     """Submit ``plan`` (``dry_run``'s ``render`` arguments), follow it to its ending, and submit it again
     after PREEMPTED or TIMEOUT, up to ``training.max_restarts`` times, into the same training folder
     (the workers resume from its checkpoints). The job is deleted when this is interrupted (Ctrl-C,
-    SIGTERM raised as an exception, a Prefect cancellation). (last ending, names of the jobs)."""
+    SIGTERM raised as an exception, a Prefect cancellation). ``on_submitted(handle)`` /
+    ``on_ended(handle)``: each job as it is created / once it has ended or been deleted (the run's
+    record of its live jobs). ``render["out_name"]``: the training folder under /shared (default
+    ``name``). (last ending, names of the jobs)."""
     k = plan.cfg.launcher.kubernetes
     names, restarts = [], plan.cfg.training.max_restarts
+    out_name = render.pop("out_name", None) or name
     while True:
         job_name = name if not names else f"{name[:48]}-r{len(names)}"
-        request = dry_run(plan, name=job_name, out_name=name, **render)
+        request = dry_run(plan, name=job_name, out_name=out_name, **render)
         handle = submit(request, kube)
         names.append(job_name)
         try:
+            if on_submitted:
+                on_submitted(handle)
             ending = None
             for event in follow(handle, kube, k.poll_s if poll_s is None else poll_s, k.pending_timeout_s, sleep):
                 on_event(event)
                 ending = event.ending or ending
         except BaseException:
             cancel(handle, kube)
+            if on_ended:
+                on_ended(handle)
             raise
+        if on_ended:
+            on_ended(handle)
         if not ending.resume or len(names) > restarts:
             return ending, names
         on_event(Event("state", f"{job_name}: {ending.state}; submitting it again "

@@ -46,3 +46,21 @@ def test_a_deployment_may_choose_the_launcher_and_nodes_typed_and_the_shell_is_t
     with from_shell(ShellInputs(tmp_path / "c.yaml", launcher="slurm", nnodes=3)):
         got = run_inputs(PipelineParams())
     assert (got.launcher, got.nnodes) == ("slurm", 3)
+
+
+def test_the_kubernetes_training_folder_must_be_below_the_shared_dir_the_host_mounts(tmp_path, repo_root):
+    from core.config import load_config
+
+    def cfg(*overrides):
+        return load_config(repo_root / "configs" / "digits.yaml", list(overrides))
+
+    with pytest.raises(ConfigError, match=r"^launcher.kubernetes.shared_dir: required for --launcher kubernetes"):
+        launchers.check_kube_shared_dir(cfg(), tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"does not exist here; mount the volume trainflow-shared there$"):
+        launchers.check_kube_shared_dir(cfg(f"launcher.kubernetes.shared_dir={tmp_path}/nosuch"), tmp_path / "run")
+    shared = cfg(f"launcher.kubernetes.shared_dir={tmp_path}")
+    with pytest.raises(ConfigError, match="is not inside"):
+        launchers.check_kube_shared_dir(shared, tmp_path.parent / "run")
+    with pytest.raises(ConfigError, match="must be a folder below"):
+        launchers.check_kube_shared_dir(shared, tmp_path)
+    assert launchers.check_kube_shared_dir(shared, tmp_path / "home" / "runs" / "d-1") == "home/runs/d-1"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from registry.lease import host_id
 from registry.orphans import OWNER_HOST_TAG, OWNER_PID_TAG, gone_reason, owner_tags, process_start
 
@@ -65,3 +67,19 @@ def test_a_job_whose_cancel_fails_stays_recorded_for_the_next_run(tmp_path):
 
     assert cancel_orphaned_jobs(tmp_path, {"slurm": unreachable}) == []
     assert (tmp_path / JOBS_DIR / "slurm-7.json").is_file()
+
+
+def test_a_kubernetes_job_is_recorded_by_flavour_namespace_and_name_and_nothing_else(tmp_path):
+    import json
+
+    from registry.orphans import JOBS_DIR, cancel_orphaned_jobs, record_job
+
+    record_job(tmp_path, "kubernetes", "job.ml.tf-digits-a1b2c3")
+    record = json.loads((tmp_path / JOBS_DIR / "kubernetes-job.ml.tf-digits-a1b2c3.json").read_text())
+    assert record["job_id"] == "job.ml.tf-digits-a1b2c3"
+    for bad in ("../x", "job.ml", "job.ml.a/b", "job.ML.x"):
+        with pytest.raises(ValueError, match="not a job id"):
+            record_job(tmp_path, "kubernetes", bad)
+    with pytest.raises(ValueError, match="not a job id"):
+        record_job(tmp_path, "slurm", "job.ml.x")
+    assert cancel_orphaned_jobs(tmp_path, {"kubernetes": lambda job_id: None}) == []  # its owner lives
