@@ -89,9 +89,11 @@ from image_scale import _cfg
 kind, root, path = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 t = time.perf_counter()
 if kind == "validate":
-    from validation.image_suite import load_splits, validate_images
+    from validation import image_suite
+    from validation.gx_run import validate
+    from validation.image_suite import load_splits
     cfg = _cfg(path, 64, 0)
-    report = validate_images(cfg.dataset, load_splits(cfg.dataset, root, 0), root / "report")
+    report = validate(image_suite, {{"dataset": cfg.dataset}}, load_splits(cfg.dataset, root, 0), root / "report")
     out = {{"success": report["success"], "rows": report["rows"]}}
 else:
     from training.batches import BatchPlan

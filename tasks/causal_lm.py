@@ -171,8 +171,6 @@ class CausalLM(Task):
 
     # -- registry ------------------------------------------------------------------------------
     def model_spec(self, cfg: "PipelineConfig", root: Path, train_dir: Path, report: dict) -> ModelSpec:
-        from importlib.metadata import version
-
         import pandas as pd
 
         prompts = [r[0][:512] for r in self.eval_records(cfg, root)[:3]]
@@ -180,7 +178,7 @@ class CausalLM(Task):
         return ModelSpec(PYFUNC_FILE, meta, [("text", "string")], [(None, "string")],
                          pd.DataFrame({"text": prompts}), metadata={"trainflow_kind": self.name}, checked=True,
                          optional_inputs=["completion"], params=list(self.predict_params),
-                         requirements=[f"{p}=={version(p)}" for p in ("transformers", "tokenizers", "safetensors")])
+                         requirements=["transformers", "tokenizers", "safetensors"])
 
     def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
         from tasks.hf_folder import check_folder

@@ -200,7 +200,7 @@ class ImageClassification(Classifier, Task):
             from tasks.image_shards import split_shards
 
             files = [p for s in split_shards(cfg.dataset, root).values() for p in s]
-            return ValidationPlan("image", files, {"dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed})
+            return ValidationPlan("validation.image_suite", files, {"dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed})
         entries = self.entries(cfg, root)
         files = [base / p for s in ("train", "test") for p, _ in entries[s]]
         if cfg.dataset.images.manifest is not None:

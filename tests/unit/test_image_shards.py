@@ -212,7 +212,12 @@ def test_a_resumed_sharded_step_has_the_same_pixels(tmp_path):
 
 # -- validation ---------------------------------------------------------------------------
 def test_the_image_suite_reads_shards_and_names_a_corrupt_member_by_shard_and_member(tmp_path):
-    from validation.image_suite import load_splits, validate_images
+    from validation import image_suite
+    from validation.gx_run import validate
+    from validation.image_suite import load_splits
+
+    def validate_images(cfg, splits, report_dir):
+        return validate(image_suite, {"dataset": cfg}, splits, report_dir)
 
     base = tmp_path / "data"
     _shard_set(base, {"train": 12, "test": 6})
