@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import functools
 import gc
 import json
 import os
@@ -60,6 +62,20 @@ class _Version(argparse.Action):
             text = "unknown (not installed: pip install -e .)"
         print(f"trainflow {text}")
         parser.exit()
+
+
+def _one_line_errors(prefix: str | None = None):
+    """A command's TrainflowError as one line of cause: ``PREFIX: cause`` and exit 1, or without a
+    prefix the cause alone and the error's own exit code."""
+    def wrap(cmd):
+        @functools.wraps(cmd)
+        def run(args: argparse.Namespace) -> int:
+            try:
+                return cmd(args)
+            except TrainflowError as exc:
+                return _fail(f"{prefix}: {exc}", EXIT_ERROR, exc) if prefix else _fail(str(exc), exc.exit_code, exc)
+        return run
+    return wrap
 
 
 def _config_arg(ap: argparse.ArgumentParser, required: bool = False) -> None:
@@ -136,8 +152,34 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--target-accuracy", type=float, default=0.95, help="val accuracy for time-to-target")
     scale.add_argument("--out", type=Path, help="report folder (default: TRAINFLOW_HOME/scale/<key>)")
     scale.add_argument("--no-prefect", action="store_true", help="run the sweep directly (no flow, no MLflow)")
-    _k8s_parser(sub)
-    _k8s_launch_parser(sub)
+
+    k8s = sub.add_parser("k8s-job", help="print a multi-node Kubernetes training job "
+                                         "(NetworkPolicy + headless Service + indexed Job)")
+    k8s.add_argument("--name", default="trainflow-train", help="Job and Service name (a DNS label)")
+    k8s.add_argument("--namespace", default="default")
+    k8s.add_argument("--gpus-per-node", type=int, required=True, help="nvidia.com/gpu per pod = workers per node")
+    k8s.add_argument("--image", required=True, help="REPO@sha256:... (or REPO:TAG with --image-digest)")
+    k8s.add_argument("--image-digest", help="sha256:... of --image")
+    k8s.add_argument("--git-repo", required=True, help="repository every pod clones")
+    k8s.add_argument("--mlflow-uri", required=True, help="MLflow tracking server, http(s)://")
+    k8s.add_argument("--mlflow-secret", help="Kubernetes Secret holding MLFLOW_TRACKING_USERNAME/PASSWORD "
+                                             "(a server with basic auth, e.g. team mode)")
+    k8s.add_argument("--shared-pvc", default="trainflow-shared", help="ReadWriteMany claim for checkpoints and results")
+    k8s.add_argument("--rdzv-id", help="c10d rendezvous id every pod shares (default: drawn at random)")
+    launch = sub.add_parser("k8s-launch", help="the launch plan as the config's launcher.kubernetes job (an indexed "
+                                               "Job or a Kubeflow TrainJob): printed, or with --submit created and "
+                                               "followed")
+    launch.add_argument("--nproc", type=int, required=True, help="workers per pod")
+    launch.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                        help="MLflow tracking server, http(s):// (default: $MLFLOW_TRACKING_URI)")
+    launch.add_argument("--name", help="job name, a DNS label (default: trainflow-<pipeline name>)")
+    launch.add_argument("--submit", action="store_true", help="create it through the Kubernetes API (in a pod: its "
+                        "service account; else ~/.kube/config) and follow it to its ending; Ctrl-C deletes it")
+    for cmd in (k8s, launch):
+        cmd.add_argument("--nnodes", type=int, required=True, help="pods, one torchrun agent each")
+        cmd.add_argument("--git-ref", required=True, help="commit every pod checks out")
+        cmd.add_argument("--mlflow-run-id", help="MLflow run rank 0 logs into")
+        _config_arg(cmd)
 
     init = sub.add_parser(
         "init", help="track your table with DVC, profile it, write configs/NAME.yaml + its expectations",
@@ -173,11 +215,6 @@ def build_parser() -> argparse.ArgumentParser:
                                    "until Ctrl-C")
     ui.add_argument("--prefect-port", type=int, metavar="PORT", help="default: 4200 if free, else a free port (0: a free port)")
     ui.add_argument("--mlflow-port", type=int, metavar="PORT", help="default: 5000 if free, else a free port (0: a free port)")
-    _worker_parsers(sub)
-    return ap
-
-
-def _worker_parsers(sub) -> None:
     pool = sub.add_parser("pool", help="create or update a locked process work pool on PREFECT_API_URL's server: "
                                        "its runs execute only as prefect.yaml's deployments, in this checkout")
     pool.add_argument("action", choices=["create"])
@@ -198,6 +235,7 @@ def _worker_parsers(sub) -> None:
                          help="an environment variable a flow run may set besides TRAINFLOW_HOME (repeatable)")
         cmd.add_argument("--home-root", type=Path, metavar="DIR",
                          help="a flow run may set TRAINFLOW_HOME to a folder inside DIR (default: it may not)")
+    return ap
 
 
 def _guard(args: argparse.Namespace, values: dict[str, str] | None = None):
@@ -210,6 +248,7 @@ def _guard(args: argparse.Namespace, values: dict[str, str] | None = None):
                  home_root=args.home_root)
 
 
+@_one_line_errors("pool")
 def cmd_pool(args: argparse.Namespace) -> int:
     apply_offline_env(trainflow_home(project_root()))
     import asyncio
@@ -228,85 +267,45 @@ def cmd_pool(args: argparse.Namespace) -> int:
         guard = _guard(args, values)
         base = json.loads(args.base_job_template.read_text()) if args.base_job_template else None
         asyncio.run(create_pool(args.name, pool_template(guard, args.type, base), args.type))
-    except (TrainflowError, OSError, ValueError, ImportError) as exc:  # ImportError: that worker type's package
+    except (OSError, ValueError, ImportError) as exc:  # ImportError: that worker type's package
         return _fail(f"pool: {exc}", EXIT_ERROR)
     print(f"work pool {args.name!r} ({args.type}): locked to {args.prefect_file}")
     return EXIT_OK
 
 
+@_one_line_errors("worker")
 def cmd_worker(args: argparse.Namespace) -> int:
     apply_offline_env(trainflow_home(project_root()))
     import asyncio
 
     from flows.worker_guard import serve
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(args.pool, _guard(args), args.limit))
-    except TrainflowError as exc:
-        return _fail(f"worker: {exc}", EXIT_ERROR)
-    except KeyboardInterrupt:
-        pass
     return EXIT_OK
 
 
-def _k8s_parser(sub) -> None:
-    k8s = sub.add_parser("k8s-job", help="print a multi-node Kubernetes training job "
-                                         "(NetworkPolicy + headless Service + indexed Job)")
-    k8s.add_argument("--name", default="trainflow-train", help="Job and Service name (a DNS label)")
-    k8s.add_argument("--namespace", default="default")
-    k8s.add_argument("--nnodes", type=int, required=True, help="pods, one torchrun agent each")
-    k8s.add_argument("--gpus-per-node", type=int, required=True, help="nvidia.com/gpu per pod = workers per node")
-    k8s.add_argument("--image", required=True, help="REPO@sha256:... (or REPO:TAG with --image-digest)")
-    k8s.add_argument("--image-digest", help="sha256:... of --image")
-    k8s.add_argument("--git-repo", required=True, help="repository every pod clones")
-    k8s.add_argument("--git-ref", required=True, help="commit every pod checks out")
-    k8s.add_argument("--mlflow-uri", required=True, help="MLflow tracking server, http(s)://")
-    k8s.add_argument("--mlflow-run-id", help="MLflow run rank 0 logs into")
-    k8s.add_argument("--mlflow-secret", help="Kubernetes Secret holding MLFLOW_TRACKING_USERNAME/PASSWORD "
-                                             "(a server with basic auth, e.g. team mode)")
-    k8s.add_argument("--shared-pvc", default="trainflow-shared", help="ReadWriteMany claim for checkpoints and results")
-    k8s.add_argument("--rdzv-id", help="c10d rendezvous id every pod shares (default: drawn at random)")
-    _config_arg(k8s)
-
-
-def _k8s_launch_parser(sub) -> None:
-    k8s = sub.add_parser("k8s-launch", help="the launch plan as the config's launcher.kubernetes job (an indexed Job "
-                                            "or a Kubeflow TrainJob): printed, or with --submit created and followed")
-    k8s.add_argument("--nnodes", type=int, required=True, help="pods, one torchrun agent each")
-    k8s.add_argument("--nproc", type=int, required=True, help="workers per pod")
-    k8s.add_argument("--git-ref", required=True, help="commit every pod checks out")
-    k8s.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
-                     help="MLflow tracking server, http(s):// (default: $MLFLOW_TRACKING_URI)")
-    k8s.add_argument("--mlflow-run-id", help="MLflow run rank 0 logs into")
-    k8s.add_argument("--name", help="job name, a DNS label (default: trainflow-<pipeline name>)")
-    k8s.add_argument("--submit", action="store_true", help="create it through the Kubernetes API (in a pod: its "
-                     "service account; else ~/.kube/config) and follow it to its ending; Ctrl-C deletes it")
-    _config_arg(k8s)
-
-
+@_one_line_errors("k8s-launch")
 def cmd_k8s_launch(args: argparse.Namespace) -> int:
     from core.manifest import read_dvc_file
     from flows.k8s import cluster_plan
     from training import kube
 
+    cfg_path = _resolve_config_path(args.config)
+    root = project_root(cfg_path)
+    cfg = _checked_config(cfg_path, args.overrides, root)
+    plan = cluster_plan(cfg, args.nproc, args.nnodes)
+    render = dict(git_ref=args.git_ref, data_md5=read_dvc_file(root, cfg.dataset.dvc_file).md5,
+                  mlflow_uri=args.mlflow_uri or "", mlflow_run_id=args.mlflow_run_id)
+    name = args.name or f"trainflow-{cfg.name}"[:52].rstrip("-")
+    if not args.submit:
+        print(kube.to_yaml(kube.dry_run(plan, name=name, **render).manifests), end="")
+        return EXIT_OK
     try:
-        cfg_path = _resolve_config_path(args.config)
-        root = project_root(cfg_path)
-        cfg = load_config(cfg_path, args.overrides)
-        _check_code(cfg, root)
-        plan = cluster_plan(cfg, args.nproc, args.nnodes)
-        render = dict(git_ref=args.git_ref, data_md5=read_dvc_file(root, cfg.dataset.dvc_file).md5,
-                      mlflow_uri=args.mlflow_uri or "", mlflow_run_id=args.mlflow_run_id)
-        name = args.name or f"trainflow-{cfg.name}"[:52].rstrip("-")
-        if not args.submit:
-            print(kube.to_yaml(kube.dry_run(plan, name=name, **render).manifests), end="")
-            return EXIT_OK
         with _interrupt_on_sigterm():  # the job dies with this command: kube.run deletes it on the way out
             ending, names = kube.run(plan, kube.Kube.connect(), name=name,
                                      on_event=lambda e: print(f"trainflow: k8s: {e.text}", file=sys.stderr, flush=True),
                                      **render)
-    except TrainflowError as exc:
-        return _fail(f"k8s-launch: {exc}", EXIT_ERROR, exc)
     except KeyboardInterrupt:
         return _fail("k8s-launch: interrupted; the job was deleted", EXIT_ERROR)
     print(json.dumps({"state": ending.state, "jobs": names, "nodes": list(ending.nodes), "message": ending.message,
@@ -329,22 +328,16 @@ def _interrupt_on_sigterm():
         signal.signal(signal.SIGTERM, before)
 
 
+@_one_line_errors()
 def cmd_k8s_job(args: argparse.Namespace) -> int:
     from flows.k8s import MultiNodeJob, render, to_yaml
 
-    try:  # every pod trains this config: a bad one fails here, before any YAML is printed
-        cfg_path = _resolve_config_path(args.config)
-        _check_code(load_config(cfg_path, args.overrides), project_root(cfg_path))
-    except TrainflowError as exc:
-        return _fail(str(exc), EXIT_ERROR, exc)
+    cfg_path = _resolve_config_path(args.config)  # every pod trains this config: a bad one fails here, first
+    _checked_config(cfg_path, args.overrides, project_root(cfg_path))
     try:
-        manifests = render(MultiNodeJob(
-            name=args.name, namespace=args.namespace, nnodes=args.nnodes, gpus_per_node=args.gpus_per_node,
-            image=args.image, image_digest=args.image_digest, git_repo=args.git_repo, git_ref=args.git_ref,
-            mlflow_uri=args.mlflow_uri, mlflow_run_id=args.mlflow_run_id, mlflow_secret=args.mlflow_secret,
-            shared_pvc=args.shared_pvc,
-            config=args.config, overrides=args.overrides,
-            **({"rdzv_id": args.rdzv_id} if args.rdzv_id is not None else {})))
+        # The job's fields are the command's options of the same names; a job draws its own rendezvous id.
+        manifests = render(MultiNodeJob(**{f.name: getattr(args, f.name) for f in dataclasses.fields(MultiNodeJob)
+                                           if f.name != "rdzv_id" or args.rdzv_id is not None}))
     except ValueError as exc:
         return _fail(f"k8s-job: {exc}", EXIT_ERROR, exc)
     print(to_yaml(manifests), end="")
@@ -362,13 +355,15 @@ def _fail(msg: str, code: int, exc: BaseException | None = None) -> int:
     return code
 
 
-def _check_code(cfg, root: Path) -> None:
-    """The user's code a config names, checked without importing it (torch-free, milliseconds):
+def _checked_config(cfg_path: Path, overrides: list[str], root: Path):
+    """The config, and the user's code it names checked without importing it (torch-free, milliseconds):
     ``model.factory``'s module is found and defines the function (``tasks.factory``)."""
+    cfg = load_config(cfg_path, overrides)
     if cfg.model.factory is not None:
         from tasks.factory import check_factory
 
         check_factory(cfg.model.factory, root)
+    return cfg
 
 
 def _resolve_config_path(raw: str) -> Path:
@@ -405,8 +400,7 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
 
         if code_override(overrides):
             raise ConfigError(code_override(overrides))
-        cfg = load_config(cfg_path, overrides)
-        _check_code(cfg, root)
+        cfg = _checked_config(cfg_path, overrides, root)
         if args.nproc is not None and args.nproc < 1:
             raise ConfigError(f"--nproc: must be >= 1, got {args.nproc}")
         if args.nnodes is not None and (args.nnodes < 1 or args.nnodes > 1 and args.nproc is None):
@@ -583,6 +577,7 @@ def gbdt_text(metrics: dict, g: dict) -> str:
             f" {'better' if gap >= 0 else 'worse'}); trees fitted in {g['fit_s']:.1f} s on 1 thread{train}")
 
 
+@_one_line_errors()
 def cmd_train(args: argparse.Namespace) -> int:
     cfg_path, root = _project(args.config)
     from core.manifest import read_dvc_file
@@ -591,28 +586,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     from training.plan import host_facts, plan_launch
     from training.probe import measured_plan
 
-    try:
-        cfg = load_config(cfg_path, args.overrides)
-        _check_code(cfg, root)
-        task_for(cfg)
-        md5 = read_dvc_file(root, cfg.dataset.dvc_file).md5
-        facts = host_facts(cfg, trainflow_home(root))
-        plan = plan_launch(cfg, facts, args.nproc, args.nnodes)
-        if plan.unmeasured:  # nothing measured for this config yet: train each layout for an epoch first
-            plan = measured_plan(plan, root, md5, trainflow_home(root), lambda m: print(m, file=sys.stderr))
-        for reason in plan.reasons:
-            print(f"trainflow: plan: {reason}", file=sys.stderr)
-        if args.launcher in (None, "local"):
-            job = launch(plan, args.out.resolve(), root, md5, force_resume=args.force_resume, node_rank=args.node_rank,
-                         rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id)
-        else:  # the cluster places the nodes: one job for all of them
-            from training.launchers import Hooks, launcher_for
+    cfg = _checked_config(cfg_path, args.overrides, root)
+    task_for(cfg)
+    md5 = read_dvc_file(root, cfg.dataset.dvc_file).md5
+    plan = plan_launch(cfg, host_facts(cfg, trainflow_home(root)), args.nproc, args.nnodes)
+    if plan.unmeasured:  # nothing measured for this config yet: train each layout for an epoch first
+        plan = measured_plan(plan, root, md5, trainflow_home(root), lambda m: print(m, file=sys.stderr))
+    for reason in plan.reasons:
+        print(f"trainflow: plan: {reason}", file=sys.stderr)
+    if args.launcher in (None, "local"):
+        job = launch(plan, args.out.resolve(), root, md5, force_resume=args.force_resume, node_rank=args.node_rank,
+                     rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id)
+    else:  # the cluster places the nodes: one job for all of them
+        from training.launchers import Hooks, launcher_for
 
-            job = launcher_for(args.launcher).start(plan, args.out.resolve(), root, md5,
-                                                    hooks=Hooks(log=lambda m: print(f"trainflow: {m}", file=sys.stderr)))
-        result = job.finish()
-    except TrainflowError as exc:
-        return _fail(str(exc), exc.exit_code, exc)
+        job = launcher_for(args.launcher).start(plan, args.out.resolve(), root, md5,
+                                                hooks=Hooks(log=lambda m: print(f"trainflow: {m}", file=sys.stderr)))
+    result = job.finish()
     # Several nodes: "rank0" says where the weights are; "node_copy" marks a node that holds only the result.
     print(json.dumps({k: result.get(k) for k in ("status", "world_size", "restarts", "samples_per_s", "weights_sha256",
                                                  "final", "goodput", "out_dir", "rank0", "node_copy") if k in result
@@ -651,10 +641,11 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return EXIT_OK if summary["reproduced"] else EXIT_NOT_REPRODUCED
 
 
+@_one_line_errors()
 def cmd_scale(args: argparse.Namespace) -> int:
     cfg_path, root = _project(args.config)
     try:
-        _check_code(load_config(cfg_path, args.overrides), root)
+        _checked_config(cfg_path, args.overrides, root)
         from flows import scale
         from training.probe import parse_layout
 
@@ -669,13 +660,12 @@ def cmd_scale(args: argparse.Namespace) -> int:
             report = scale.scale_flow(str(cfg_path), args.overrides, **kwargs)
     except ValueError as exc:
         return _fail(f"scale: {exc}", EXIT_ERROR, exc)
-    except TrainflowError as exc:
-        return _fail(str(exc), exc.exit_code, exc)
     print(Path(report["files"]["md"]).read_text())
     print(json.dumps(report["files"], indent=2))
     return EXIT_OK
 
 
+@_one_line_errors("init")
 def cmd_init(args: argparse.Namespace) -> int:
     from flows.init import format_report, init_project
 
@@ -683,12 +673,8 @@ def cmd_init(args: argparse.Namespace) -> int:
         return _init_pretrained(args)
     if args.text_column is not None or args.lora:
         return _fail("init: --text-column and --lora go with --pretrained", EXIT_ERROR)
-    try:
-        result = init_project(project_root(), Path(args.data).resolve(), args.label, args.task, args.name,
-                              args.test_fraction)
-    except TrainflowError as exc:
-        return _fail(f"init: {exc}", EXIT_ERROR)
-    print(format_report(result))
+    print(format_report(init_project(project_root(), Path(args.data).resolve(), args.label, args.task, args.name,
+                                     args.test_fraction)))
     return EXIT_OK
 
 
@@ -701,34 +687,30 @@ def _init_pretrained(args: argparse.Namespace) -> int:
     try:
         result = init_pretrained(project_root(), Path(args.data).resolve(), Path(args.pretrained).resolve(),
                                  args.label, args.name, args.text_column, args.test_fraction, args.lora)
-    except TrainflowError as exc:  # a refused model folder is bad input data, like a refused table
-        return _fail(f"init: {exc}", EXIT_DATA if isinstance(exc, FolderRefusedError) else EXIT_ERROR)
+    except FolderRefusedError as exc:  # a refused model folder is bad input data, like a refused table
+        return _fail(f"init: {exc}", EXIT_DATA)
     print(format_pretrained_report(result))
     return EXIT_OK
 
 
+@_one_line_errors("ui")
 def cmd_ui(args: argparse.Namespace) -> int:
     apply_offline_env(trainflow_home(project_root()))
     from flows.ui import servers_for, serve
 
-    try:
-        servers, elsewhere = servers_for(trainflow_home(project_root()), args.prefect_port, args.mlflow_port)
-        return serve(servers, elsewhere, out=lambda line: print(line, flush=True))
-    except TrainflowError as exc:
-        return _fail(f"ui: {exc}", EXIT_ERROR, exc)
+    servers, elsewhere = servers_for(trainflow_home(project_root()), args.prefect_port, args.mlflow_port)
+    return serve(servers, elsewhere, out=lambda line: print(line, flush=True))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code = {"run": cmd_run, "train": cmd_train, "scale": cmd_scale, "k8s-job": cmd_k8s_job, "k8s-launch": cmd_k8s_launch,
-            "retrain": cmd_retrain,
-            "reproduce": cmd_reproduce, "init": cmd_init, "ui": cmd_ui,
-            "pool": cmd_pool, "worker": cmd_worker}[args.command](args)
+    code = {"run": cmd_run, "train": cmd_train, "retrain": cmd_retrain, "reproduce": cmd_reproduce, "scale": cmd_scale,
+            "k8s-job": cmd_k8s_job, "k8s-launch": cmd_k8s_launch, "init": cmd_init, "ui": cmd_ui, "pool": cmd_pool,
+            "worker": cmd_worker}[args.command](args)
     # Everything alive now lives until exit: out of the collector's reach, interpreter shutdown does
     # not traverse Prefect's, MLflow's and torch's objects.
     gc.freeze()
     return code
-
 
 if __name__ == "__main__":
     sys.exit(main())
