@@ -41,7 +41,6 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
     table, one table file, or (no ``label``) a folder a task reads by itself (``Task.init_reads``). Side
     effects: ``dvc add`` (local cache) and the files under ``configs/``; InitError (bad input) comes first.
     """
-    from core.config import DatasetConfig
     from core.expectations import load_expectations
     from tasks import get_task
     from tasks.table import read_table
@@ -63,11 +62,7 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
             old_columns = set(load_expectations(root / exp_rel).names)
 
     first, first_rel = read_table(table_paths[0]), _rel(root, table_paths[0])
-    columns = [str(c) for c in first.columns]
-    if label not in columns:
-        close = difflib.get_close_matches(label, columns, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise InitError(f"--label {label!r} is not a column of {first_rel}{hint}; its columns are {columns}")
+    columns = label_columns(first, label, first_rel)
     if len(first) == 0:
         raise InitError(f"{first_rel} has no rows")
     labels = first[label].dropna()
@@ -80,16 +75,7 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
         task, task_reason, inferred, others = _task(task, labels, label, column_type(labels))
     chosen = get_task(task)
 
-    path = rel if target.is_dir() else Path(rel).parent.as_posix()
-    dataset: dict[str, Any] = {"dvc_file": f"{rel}.dvc", "path": path, **layout}
-    if "file" in layout:
-        kept = ((old or {}).get("dataset") or {}).get("test_fraction")
-        dataset["test_fraction"] = test_fraction if test_fraction is not None else (
-            kept if isinstance(kept, float) else DatasetConfig.model_fields["test_fraction"].default)
-    elif test_fraction is not None:
-        raise InitError("--test-fraction: the data is already split into train and test files")
-    if test_fraction is not None and not 0 < test_fraction < 1:
-        raise InitError(f"--test-fraction: must be between 0 and 1, got {test_fraction}")
+    dataset = split_keys(target, rel, layout, test_fraction, ((old or {}).get("dataset") or {}).get("test_fraction"))
     dataset.update(label=label, expectations_file=exp_rel)
     raw = _raw_config(name, task, dataset, {"epochs": EPOCHS, "strategy": "ddp"}, chosen.init_defaults())
     cfg = _checked(raw, "the config init would write is invalid: {}")
@@ -117,6 +103,34 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
         **_write(root, target, rel, name, raw, (task, task_reason, inferred, intro, made), before,
                  {exp_rel: lambda md5: expectations.to_yaml(_expectations_header(rel, md5))}),
     }
+
+
+def label_columns(frame, label: str, where: str) -> list[str]:
+    """The table's column names; InitError naming the closest one when ``label`` is none of them."""
+    columns = [str(c) for c in frame.columns]
+    if label not in columns:
+        close = difflib.get_close_matches(label, columns, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise InitError(f"--label {label!r} is not a column of {where}{hint}; its columns are {columns}")
+    return columns
+
+
+def split_keys(target: Path, rel: str, layout: dict[str, str], test_fraction: float | None,
+               kept: Any = None) -> dict[str, Any]:
+    """The dataset keys of the data at ``target``: its DVC file, folder and files, and for one table to
+    split ``test_fraction`` (the one given, else the ``kept`` one, else the default)."""
+    from core.config import DatasetConfig
+
+    if test_fraction is not None and not 0 < test_fraction < 1:
+        raise InitError(f"--test-fraction: must be between 0 and 1, got {test_fraction}")
+    path = rel if target.is_dir() else Path(rel).parent.as_posix()
+    dataset: dict[str, Any] = {"dvc_file": f"{rel}.dvc", "path": path, **layout}
+    if "file" in layout:
+        dataset["test_fraction"] = test_fraction if test_fraction is not None else (
+            kept if isinstance(kept, float) else DatasetConfig.model_fields["test_fraction"].default)
+    elif test_fraction is not None:
+        raise InitError("--test-fraction: the data is already split into train and test files")
+    return dataset
 
 
 def _ask(task: str, ask: Callable[[Any], Any]):
@@ -435,28 +449,30 @@ def _inside(root: Path, data: str | Path) -> Path:
     return path
 
 
-def _layout(target: Path, rel: str) -> tuple[dict[str, str], list[Path]]:
-    """The dataset keys for the files at ``target``, and the table files (the first holds the label)."""
+def _layout(target: Path, rel: str, suffixes: tuple[str, ...] = TABLE_SUFFIXES,
+            what: str = "table") -> tuple[dict[str, str], list[Path]]:
+    """The dataset keys for the files at ``target`` (each a ``what`` of ``suffixes``), and those files
+    (the first holds the label)."""
+    exts, kinds = " or ".join(suffixes[:2]), "|".join(s.lstrip(".") for s in suffixes[:2])
     if target.is_file():
-        if target.suffix.lower() not in TABLE_SUFFIXES:
-            raise InitError(f"--data {rel}: not a table; use a .csv or .parquet file (or a folder of them)")
+        if target.suffix.lower() not in suffixes:
+            raise InitError(f"--data {rel}: not a {what}; use a {exts} file (or a folder of them)")
         return {"file": target.name}, [target]
-    tables = sorted(p for p in target.iterdir() if p.is_file() and p.suffix.lower() in TABLE_SUFFIXES)
+    tables = sorted(p for p in target.iterdir() if p.is_file() and p.suffix.lower() in suffixes)
     split = {stem: [p for p in tables if p.stem.lower() == stem] for stem in ("train", "test")}
     for stem, found in split.items():
         if len(found) > 1:
-            raise InitError(f"--data {rel}: more than one {stem} table ({[p.name for p in found]}); keep one")
+            raise InitError(f"--data {rel}: more than one {stem} {what} ({[p.name for p in found]}); keep one")
     train, test = (found[0] if found else None for found in split.values())
     if train and test:
         return {"train_file": train.name, "test_file": test.name}, [train, test]
     if train or test:
-        raise InitError(f"--data {rel}: has {(train or test).name} but no {'test' if train else 'train'} table; "
-                        "give both train.csv|parquet and test.csv|parquet, or one table to split")
+        raise InitError(f"--data {rel}: has {(train or test).name} but no {'test' if train else 'train'} {what}; "
+                        f"give both train.{kinds} and test.{kinds}, or one {what} to split")
     if len(tables) == 1:
         return {"file": tables[0].name}, tables
-    found = [p.name for p in tables] or "no .csv or .parquet file"
-    raise InitError(f"--data {rel}: expected train.csv|parquet + test.csv|parquet, or exactly one table; "
-                    f"found {found}")
+    found = [p.name for p in tables] or f"no {exts} file"
+    raise InitError(f"--data {rel}: expected train.{kinds} + test.{kinds}, or exactly one {what}; found {found}")
 
 
 def _name(name: str | None, target: Path) -> str:

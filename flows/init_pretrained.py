@@ -16,30 +16,14 @@ from typing import Any
 
 from core.errors import TrainflowError
 from core.printable import printable
-from flows.init import InitError, _checked, _dvc_add, _existing, _inside, _raw_config, _rel, _write
+from flows.init import (TABLE_SUFFIXES, InitError, _checked, _dvc_add, _existing, _inside, _layout, _raw_config, _rel,
+                        _write, label_columns, split_keys)
 
 JSONL_SUFFIX = ".jsonl"
 
 
 class FolderRefusedError(InitError):
     """The model folder cannot be used (pickle-only weights, remote code, links out): bad input data."""
-
-
-def _text_layout(target: Path, rel: str, suffixes: tuple[str, ...], what: str) -> tuple[dict[str, str], dict]:
-    """The dataset keys (``train_file`` + ``test_file``, or one ``file``) and ``{split: path}``."""
-    if target.is_file():
-        if target.suffix.lower() not in suffixes:
-            raise InitError(f"--data {rel}: not {what} ({', '.join(suffixes)})")
-        return {"file": target.name}, {"all": target}
-    found = sorted(p for p in target.iterdir() if p.is_file() and p.suffix.lower() in suffixes)
-    split = {s: [p for p in found if p.stem.lower() == s] for s in ("train", "test")}
-    if split["train"] and split["test"]:
-        return ({"train_file": split["train"][0].name, "test_file": split["test"][0].name},
-                {"train": split["train"][0], "test": split["test"][0]})
-    if len(found) == 1:
-        return {"file": found[0].name}, {"all": found[0]}
-    raise InitError(f"--data {rel}: expected train + test {what} files or exactly one; found "
-                    f"{[p.name for p in found] or 'none'}")
 
 
 def _kind(target: Path, label: str | None) -> str:
@@ -69,7 +53,6 @@ def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label:
                     lora: bool = False) -> dict[str, Any]:
     """Check the folder ``pretrained``, profile ``data`` with its tokenizer, ``dvc add`` both and write the
     config and the expectations. InitError (nothing written) for bad input."""
-    from core.config import DatasetConfig
     from tasks.hf_folder import PretrainedFolderError, check_folder, load_tokenizer
     from tasks.text_init import TextInitError, expectations_header, profile_jsonl, profile_table, read_jsonl
 
@@ -88,14 +71,12 @@ def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label:
         tokenizer = load_tokenizer(model_dir)
     except PretrainedFolderError as exc:
         raise FolderRefusedError(f"--pretrained {exc}") from None
-    if test_fraction is not None and not 0 < test_fraction < 1:
-        raise InitError(f"--test-fraction: must be between 0 and 1, got {test_fraction}")
 
     kind = _kind(target, label)
-    suffixes = (JSONL_SUFFIX,) if kind == "jsonl" else (".csv", ".parquet", ".pq")
-    layout, paths = _text_layout(target, rel, suffixes, "JSON Lines" if kind == "jsonl" else "a table")
-    if test_fraction is not None and "file" not in layout:
-        raise InitError("--test-fraction: the data is already split into train and test files")
+    layout, files = (_layout(target, rel, (JSONL_SUFFIX,), "JSON Lines file") if kind == "jsonl"
+                     else _layout(target, rel, TABLE_SUFFIXES))
+    dataset = split_keys(target, rel, layout, test_fraction)
+    paths = dict(zip(("all",) if "file" in layout else ("train", "test"), files))
     name, config_rel, before, old = _existing(root, target, name, ".expectations.yaml")
     presplit = "train_file" in layout
     try:
@@ -106,14 +87,7 @@ def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label:
             from tasks.table import read_table
 
             frames = {s: read_table(p) for s, p in paths.items()}
-            first = next(iter(frames.values()))
-            if label not in [str(c) for c in first.columns]:
-                import difflib
-
-                columns = [str(c) for c in first.columns]
-                close = difflib.get_close_matches(label, columns, n=1)
-                raise InitError(f"--label {label!r} is not a column of {_rel(root, next(iter(paths.values())))}"
-                                + (f" (did you mean {close[0]!r}?)" if close else "") + f"; its columns are {columns}")
+            label_columns(next(iter(frames.values())), label, _rel(root, files[0]))
             profile = profile_table(frames, label, tokenizer, facts.max_positions, text_column, rel, lora, presplit)
     except TextInitError as exc:
         raise InitError(str(exc)) from None
@@ -121,11 +95,6 @@ def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label:
         raise InitError(str(exc)) from None
 
     exp_rel = f"configs/{name}.expectations.yaml"
-    path = rel if target.is_dir() else Path(rel).parent.as_posix()
-    dataset: dict[str, Any] = {"dvc_file": f"{rel}.dvc", "path": path, **layout}
-    if "file" in layout:
-        dataset["test_fraction"] = (test_fraction if test_fraction is not None
-                                    else DatasetConfig.model_fields["test_fraction"].default)
     if label is not None:
         dataset["label"] = label
     dataset["expectations_file"] = exp_rel
