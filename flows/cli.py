@@ -85,25 +85,6 @@ def _config_arg(ap: argparse.ArgumentParser, required: bool = False) -> None:
                     help="override one config value, e.g. --set training.epochs=3 (repeatable)")
 
 
-def _flow_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The options ``run`` and ``retrain`` share."""
-    _config_arg(ap)
-    ap.add_argument("--summary-json", type=Path, help="write the run summary here")
-    ap.add_argument("--image", help="container image ref (default: TRAINFLOW_IMAGE or 'local')")
-    ap.add_argument("--image-digest", help="container image digest (default: TRAINFLOW_IMAGE_DIGEST)")
-    ap.add_argument("--promotion", choices=["auto", "manual"], help="override registry.promotion")
-    ap.add_argument("--nproc", type=int, help="workers per node (default: GPUs, else training.cpu_workers)")
-    _launcher_arg(ap)
-    ap.add_argument("--nnodes", type=int, help="nodes of a cluster launcher's job (default 1; needs --nproc)")
-    return ap
-
-
-def _launcher_arg(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--launcher", choices=["local", "slurm", "kubernetes"],
-                    help="where training runs: local (torchrun on this host, the default), slurm (one sbatch job; "
-                         "settings in the config's launcher.slurm) or kubernetes")
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(
         prog="trainflow", formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=16),
@@ -113,12 +94,23 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action=_Version, help="print the installed version and exit")
     sub = ap.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
-    _flow_args(sub.add_parser("run", help="validate, train, evaluate, gate and register (Prefect flow)"))
-
+    run = sub.add_parser("run", help="validate, train, evaluate, gate and register (Prefect flow)")
     train = sub.add_parser("train", help="train one config with torchrun, without Prefect")
-    _config_arg(train, required=True)
+    retrain = sub.add_parser("retrain", help="run the pipeline only if data, config or code moved past the champion")
+    for cmd in (run, train, retrain):  # the commands that train
+        _config_arg(cmd, required=cmd is train)
+        cmd.add_argument("--nproc", type=int, help="workers per node (default: GPUs, else training.cpu_workers)")
+        cmd.add_argument("--launcher", choices=["local", "slurm", "kubernetes"],
+                         help="where training runs: local (torchrun on this host, the default), slurm (one sbatch "
+                              "job; settings in the config's launcher.slurm) or kubernetes")
+    for cmd in (run, retrain):  # the Prefect flows
+        cmd.add_argument("--summary-json", type=Path, help="write the run summary here")
+        cmd.add_argument("--image", help="container image ref (default: TRAINFLOW_IMAGE or 'local')")
+        cmd.add_argument("--image-digest", help="container image digest (default: TRAINFLOW_IMAGE_DIGEST)")
+        cmd.add_argument("--promotion", choices=["auto", "manual"], help="override registry.promotion")
+        cmd.add_argument("--nnodes", type=int, help="nodes of a cluster launcher's job (default 1; needs --nproc)")
+    retrain.add_argument("--force", action="store_true", help="train even when the champion is up to date")
     train.add_argument("--out", required=True, type=Path, help="output folder (reused: resumes from its checkpoints)")
-    train.add_argument("--nproc", type=int, help="workers per node (default: GPUs, else training.cpu_workers)")
     train.add_argument("--nnodes", default="1", metavar="N|MIN:MAX",
                        help="nodes (one torchrun agent each); MIN:MAX is elastic: the job starts with MIN to MAX "
                             "agents and, when one leaves, the rest resume from the last checkpoint (needs a --out "
@@ -129,13 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "on that host); needed when --nnodes > 1")
     train.add_argument("--rdzv-id", help="a random id shared by all nodes of one job; needed when --nnodes > 1 "
                                          "(one node: drawn at random)")
-    _launcher_arg(train)
     train.add_argument("--force-resume", action="store_true",
                       help="resume from a checkpoint of another config or dataset")
-
-    retrain = _flow_args(sub.add_parser("retrain", help="run the pipeline only if data, config or code moved past "
-                                                        "the champion"))
-    retrain.add_argument("--force", action="store_true", help="train even when the champion is up to date")
 
     repro = sub.add_parser("reproduce", help="retrain a registered model from its manifest and compare weights")
     repro.add_argument("ref", help="NAME@ALIAS, NAME/VERSION or an MLflow run id")
@@ -667,23 +654,17 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
 @_one_line_errors("init")
 def cmd_init(args: argparse.Namespace) -> int:
-    from flows.init import format_report, init_project
-
-    if args.pretrained is not None:
-        return _init_pretrained(args)
-    if args.text_column is not None or args.lora:
-        return _fail("init: --text-column and --lora go with --pretrained", EXIT_ERROR)
-    print(format_report(init_project(project_root(), Path(args.data).resolve(), args.label, args.task, args.name,
-                                     args.test_fraction)))
-    return EXIT_OK
-
-
-def _init_pretrained(args: argparse.Namespace) -> int:
+    from flows.init import InitError, format_report, init_project
     from flows.init_pretrained import FolderRefusedError, format_pretrained_report, init_pretrained
 
+    if args.pretrained is None:
+        if args.text_column is not None or args.lora:
+            raise InitError("--text-column and --lora go with --pretrained")
+        print(format_report(init_project(project_root(), Path(args.data).resolve(), args.label, args.task, args.name,
+                                         args.test_fraction)))
+        return EXIT_OK
     if args.task is not None:
-        return _fail("init: --task: --pretrained picks text_classification (a table) or causal_lm (JSON Lines)",
-                     EXIT_ERROR)
+        raise InitError("--task: --pretrained picks text_classification (a table) or causal_lm (JSON Lines)")
     try:
         result = init_pretrained(project_root(), Path(args.data).resolve(), Path(args.pretrained).resolve(),
                                  args.label, args.name, args.text_column, args.test_fraction, args.lora)
