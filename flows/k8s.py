@@ -110,8 +110,6 @@ def render(job: MultiNodeJob) -> list[dict]:
             indexed_job(job.name, job.namespace, labels, job.nnodes, pod)]
 
 
-
-
 def cluster_plan(cfg, nproc: int, nnodes: int):
     """The launch plan for ``nnodes`` pods of ``nproc`` workers as the config's ``launcher.kubernetes``
     asks for them (its GPUs, not this host's). ConfigError where a rule for ``auto`` would need to

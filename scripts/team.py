@@ -35,8 +35,7 @@ from pathlib import Path
 from unittest import mock
 
 from core.env import TELEMETRY_OFF  # the project's venv has trainflow installed
-from core.procs import pid_alive
-from core.procs import stop_group as stop_process_group
+from core.procs import pid_alive, stop_group
 
 DB_USER = "trainflow"
 DATABASES = ("mlflow", "mlflow_auth", "prefect")
@@ -319,18 +318,6 @@ def _basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
-def stop_group(pid: int, identity: dict | None, grace: float = 20) -> str | None:
-    """``core.procs.stop_group`` on the group led by ``pid``, only while ``pid`` is still the process
-    ``identity`` recorded; None once signalled, else why not (see :func:`identity_mismatch`)."""
-    refused = identity_mismatch(pid, identity)
-    if refused is not None:
-        return refused
-    # The group id is the leader's pid, which no new process can take while any member lives:
-    # once the leader is verified, the group stays ours until it is empty.
-    stop_process_group(pid, grace)
-    return None
-
-
 def server_env(extra: dict) -> dict:
     return {**{k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "PG"))},
             **TELEMETRY_OFF, **extra}
@@ -448,8 +435,12 @@ def down(team_dir: Path) -> bool:
     # The Prefect server first: its services would otherwise log connection errors on the way down.
     for name in ("prefect", "mlflow"):
         pid = state["pids"].get(name)
-        refused = stop_group(pid, state.get("identity", {}).get(name)) if pid else None
-        if refused is not None and pid_alive(pid):
+        refused = identity_mismatch(pid, state.get("identity", {}).get(name)) if pid else None
+        if pid and refused is None:
+            # The group id is the leader's pid, which no new process can take while any member lives:
+            # once the leader is verified, the group stays ours until it is empty.
+            stop_group(pid, 20)
+        elif refused is not None and pid_alive(pid):
             print(f"team: {name}: pid {pid} is not the {name} server team-up started ({refused}; "
                   f"recorded in {state_file}); not signalled", file=sys.stderr)
     if state.get("pg"):
