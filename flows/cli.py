@@ -64,16 +64,18 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-def _one_line_errors(prefix: str | None = None):
-    """A command's TrainflowError as one line of cause: ``PREFIX: cause`` and exit 1, or without a
-    prefix the cause alone and the error's own exit code."""
+def _one_line_errors(name: str, prefixed: bool = True, also: tuple[type[Exception], ...] = ()):
+    """A command's TrainflowError as one line of cause: ``NAME: cause`` and exit 1 when ``prefixed``,
+    else the cause alone and the error's own exit code; an error of ``also`` as ``NAME: cause``, exit 1."""
     def wrap(cmd):
         @functools.wraps(cmd)
         def run(args: argparse.Namespace) -> int:
             try:
                 return cmd(args)
             except TrainflowError as exc:
-                return _fail(f"{prefix}: {exc}", EXIT_ERROR, exc) if prefix else _fail(str(exc), exc.exit_code, exc)
+                return _fail(f"{name}: {exc}", EXIT_ERROR, exc) if prefixed else _fail(str(exc), exc.exit_code, exc)
+            except also as exc:
+                return _fail(f"{name}: {exc}", EXIT_ERROR, exc)
         return run
     return wrap
 
@@ -235,27 +237,23 @@ def _guard(args: argparse.Namespace, values: dict[str, str] | None = None):
                  home_root=args.home_root)
 
 
-@_one_line_errors("pool")
+@_one_line_errors("pool", also=(OSError, ValueError, ImportError))  # ImportError: that worker type's package
 def cmd_pool(args: argparse.Namespace) -> int:
     apply_offline_env(trainflow_home(project_root()))
     import asyncio
 
     from flows.worker_guard import create_pool, placeholders, pool_template
 
-    try:
-        values = {}
-        if args.type != "process":  # the values `prefect deploy` filled in, fixed into the guard's command
-            names = [n for n in placeholders(project_root() / args.prefect_file) if n != "TRAINFLOW_REPO_DIR"]
-            unset = [n for n in names if not os.environ.get(n)]
-            if unset:
-                raise TrainflowError(f"{', '.join(unset)} not set: the guard of a {args.type} pool compares the "
-                                     f"deployments with {args.prefect_file} as `prefect deploy` filled it in")
-            values = {n: os.environ[n] for n in names}
-        guard = _guard(args, values)
-        base = json.loads(args.base_job_template.read_text()) if args.base_job_template else None
-        asyncio.run(create_pool(args.name, pool_template(guard, args.type, base), args.type))
-    except (OSError, ValueError, ImportError) as exc:  # ImportError: that worker type's package
-        return _fail(f"pool: {exc}", EXIT_ERROR)
+    values = {}
+    if args.type != "process":  # the values `prefect deploy` filled in, fixed into the guard's command
+        names = [n for n in placeholders(project_root() / args.prefect_file) if n != "TRAINFLOW_REPO_DIR"]
+        unset = [n for n in names if not os.environ.get(n)]
+        if unset:
+            raise TrainflowError(f"{', '.join(unset)} not set: the guard of a {args.type} pool compares the "
+                                 f"deployments with {args.prefect_file} as `prefect deploy` filled it in")
+        values = {n: os.environ[n] for n in names}
+    base = json.loads(args.base_job_template.read_text()) if args.base_job_template else None
+    asyncio.run(create_pool(args.name, pool_template(_guard(args, values), args.type, base), args.type))
     print(f"work pool {args.name!r} ({args.type}): locked to {args.prefect_file}")
     return EXIT_OK
 
@@ -315,18 +313,15 @@ def _interrupt_on_sigterm():
         signal.signal(signal.SIGTERM, before)
 
 
-@_one_line_errors()
+@_one_line_errors("k8s-job", prefixed=False, also=(ValueError,))
 def cmd_k8s_job(args: argparse.Namespace) -> int:
     from flows.k8s import MultiNodeJob, render, to_yaml
 
     cfg_path = _resolve_config_path(args.config)  # every pod trains this config: a bad one fails here, first
     _checked_config(cfg_path, args.overrides, project_root(cfg_path))
-    try:
-        # The job's fields are the command's options of the same names; a job draws its own rendezvous id.
-        manifests = render(MultiNodeJob(**{f.name: getattr(args, f.name) for f in dataclasses.fields(MultiNodeJob)
-                                           if f.name != "rdzv_id" or args.rdzv_id is not None}))
-    except ValueError as exc:
-        return _fail(f"k8s-job: {exc}", EXIT_ERROR, exc)
+    # The job's fields are the command's options of the same names; a job draws its own rendezvous id.
+    manifests = render(MultiNodeJob(**{f.name: getattr(args, f.name) for f in dataclasses.fields(MultiNodeJob)
+                                       if f.name != "rdzv_id" or args.rdzv_id is not None}))
     print(to_yaml(manifests), end="")
     return EXIT_OK
 
@@ -564,7 +559,7 @@ def gbdt_text(metrics: dict, g: dict) -> str:
             f" {'better' if gap >= 0 else 'worse'}); trees fitted in {g['fit_s']:.1f} s on 1 thread{train}")
 
 
-@_one_line_errors()
+@_one_line_errors("train", prefixed=False)
 def cmd_train(args: argparse.Namespace) -> int:
     cfg_path, root = _project(args.config)
     from core.manifest import read_dvc_file
@@ -628,25 +623,21 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return EXIT_OK if summary["reproduced"] else EXIT_NOT_REPRODUCED
 
 
-@_one_line_errors()
+@_one_line_errors("scale", prefixed=False, also=(ValueError,))
 def cmd_scale(args: argparse.Namespace) -> int:
     cfg_path, root = _project(args.config)
-    try:
-        _checked_config(cfg_path, args.overrides, root)
-        from flows import scale
-        from training.probe import parse_layout
+    _checked_config(cfg_path, args.overrides, root)
+    from flows import scale
+    from training.probe import parse_layout
 
-        batches = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
-        layouts = [parse_layout(x) for x in args.layouts.split(",")] if args.layouts else None
-        kwargs = dict(layouts=layouts, batch_sizes=batches, epochs=args.epochs,
-                      target_accuracy=args.target_accuracy, out_dir=str(args.out) if args.out else None)
-        if args.no_prefect:
-            report = scale.run_sweep(str(cfg_path), args.overrides,
-                                     log=lambda m: print(m, file=sys.stderr), **kwargs)
-        else:
-            report = scale.scale_flow(str(cfg_path), args.overrides, **kwargs)
-    except ValueError as exc:
-        return _fail(f"scale: {exc}", EXIT_ERROR, exc)
+    batches = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
+    layouts = [parse_layout(x) for x in args.layouts.split(",")] if args.layouts else None
+    kwargs = dict(layouts=layouts, batch_sizes=batches, epochs=args.epochs,
+                  target_accuracy=args.target_accuracy, out_dir=str(args.out) if args.out else None)
+    if args.no_prefect:
+        report = scale.run_sweep(str(cfg_path), args.overrides, log=lambda m: print(m, file=sys.stderr), **kwargs)
+    else:
+        report = scale.scale_flow(str(cfg_path), args.overrides, **kwargs)
     print(Path(report["files"]["md"]).read_text())
     print(json.dumps(report["files"], indent=2))
     return EXIT_OK
