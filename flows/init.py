@@ -47,10 +47,7 @@ def init_project(root: Path, data: str | Path, label: str | None, task: str | No
     from validation.profile import column_type, profile_table
 
     root = Path(root).resolve()
-    if not (root / ".dvc").is_dir():
-        raise InitError(f"{root} is not a DVC repository (no .dvc/ folder); run `git init && dvc init` there first")
-    target = _inside(root, data)
-    rel = target.relative_to(root).as_posix()
+    target, rel = _inside(root, data)
     if (folder := _folder_task(task, target, label)) is not None:
         return _init_folder(root, target, rel, *folder, name)
     layout, table_paths = _layout(target, rel)
@@ -432,7 +429,10 @@ def slugify(text: str) -> str:
     return slug if slug[:1].isalpha() else f"data-{slug}".rstrip("-")
 
 
-def _inside(root: Path, data: str | Path) -> Path:
+def _inside(root: Path, data: str | Path) -> tuple[Path, str]:
+    """``data``'s absolute path and its path in the DVC repository ``root``; InitError where it is not one."""
+    if not (root / ".dvc").is_dir():
+        raise InitError(f"{root} is not a DVC repository (no .dvc/ folder); run `git init && dvc init` there first")
     path = Path(data)
     path = (path if path.is_absolute() else root / path).resolve()
     try:
@@ -446,7 +446,7 @@ def _inside(root: Path, data: str | Path) -> Path:
         raise InitError(f"--data {rel.as_posix()} is inside {rel.parts[0]}/, which belongs to git/DVC")
     if not path.exists():
         raise InitError(f"--data {data}: no such file or folder")
-    return path
+    return path, rel.as_posix()
 
 
 def _layout(target: Path, rel: str, suffixes: tuple[str, ...] = TABLE_SUFFIXES,

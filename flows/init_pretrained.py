@@ -57,12 +57,8 @@ def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label:
     from tasks.text_init import TextInitError, expectations_header, profile_jsonl, profile_table, read_jsonl
 
     root = Path(root).resolve()
-    if not (root / ".dvc").is_dir():
-        raise InitError(f"{root} is not a DVC repository (no .dvc/ folder); run `git init && dvc init` there first")
-    target = _inside(root, data)
-    rel = target.relative_to(root).as_posix()
-    model_dir = _inside(root, pretrained)
-    model_rel = model_dir.relative_to(root).as_posix()
+    target, rel = _inside(root, data)
+    model_dir, model_rel = _inside(root, pretrained)
     if model_dir == target or target in model_dir.parents or model_dir in target.parents:
         raise InitError(f"--pretrained {model_rel} and --data {rel} overlap; keep the model folder and the data apart "
                         "(each has its own .dvc file)")
