@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from core.printable import printable
 from validation.report import (BY_GROUP, CELLS_COUNTED, MAX_EXAMPLES, exception_message, fmt_bound, index_records,
@@ -161,19 +161,28 @@ def _derived_failure(suite, split: str, check: str, evr: dict) -> dict:
     return out
 
 
+def name_rows(out: dict, records: list[dict], what: str, example: Callable, text: Callable,
+              row: str | None = None) -> None:
+    """Complete a failed check's entry with its first MAX_EXAMPLES ``records``: ``examples`` (each
+    ``example(record)``), ``rows`` (each record's ``row``, where given) and the detail
+    ``<unexpected_count> <what>: <text(record)>, ...``."""
+    shown = records[:MAX_EXAMPLES]
+    out.update(examples=[example(r) for r in shown], detail=f"{out['unexpected_count']} {what}: "
+               + ", ".join(map(text, shown)) + (" ..." if len(records) > MAX_EXAMPLES else ""))
+    if row is not None:
+        out["rows"] = [r.get(row) for r in shown]
+
+
 def leak_failure(out: dict, records: list[dict], key: str, splits: tuple[str, str], fields: tuple[str, ...],
-                 what: str) -> None:
+                 what: str, name: Callable = lambda s, p: f"{s} {p[s + '_path']}") -> None:
     """Complete a derived frame's leak entry: one pair per ``key`` value found in both ``splits``
-    (``{<split>_<field>}`` of its first record in each), named by their paths."""
+    (``{<split>_<field>}`` of its first record in each), each named ``name(split, pair)`` (its path)."""
     by_value: dict = {}
     for r in records:
         by_value.setdefault(r.get(key), {}).setdefault(r.get("split"), r)
     pairs = [{f"{s}_{k}": v.get(s, {}).get(k) for k in fields for s in splits} for v in by_value.values()]
-    a, b = splits
-    out.update(unexpected_count=len(pairs), examples=pairs[:MAX_EXAMPLES],
-               detail=f"{len(pairs)} {what} in {a} and {b}: "
-               + ", ".join(f"{a} {p[a + '_path']} = {b} {p[b + '_path']}" for p in pairs[:MAX_EXAMPLES])
-               + (" ..." if len(pairs) > MAX_EXAMPLES else ""))
+    out["unexpected_count"] = len(pairs)
+    name_rows(out, pairs, what, lambda p: p, lambda p: " = ".join(name(s, p) for s in splits))
 
 
 def cross_frame(frames: dict, splits: tuple[str, ...], column: str, *keep: str):

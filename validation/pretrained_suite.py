@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import DataUnavailableError
-from validation.gx_run import complete, cross_frame, leak_failure, validate
-from validation.report import MAX_EXAMPLES, fmt_bound
+from validation.gx_run import complete, cross_frame, leak_failure, name_rows, validate
+from validation.report import span
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -157,27 +157,18 @@ def plan(params: dict, frames: dict[str, pd.DataFrame]) -> list[dict]:
 def failure(check: str, out: dict, kwargs: dict, result: dict, records: list[dict]) -> None:
     """Complete a failed check's report entry (see ``validation.report``): the rows, named."""
     if check == "leak":
-        leak_failure(out, records, "sha256", SPLITS, ("path", "row"), "text(s)")
-        pairs = out["examples"]
-        out["detail"] = (f"{out['unexpected_count']} text(s) in both train and test: "
-                         + ", ".join(f"train row {p['train_row']} = test row {p['test_row']}" for p in pairs)
-                         + (" ..." if out["unexpected_count"] > len(pairs) else ""))
-        return
-    shown, more = records[:MAX_EXAMPLES], " ..." if len(records) > MAX_EXAMPLES else ""
-    out["rows"] = [r.get("row") for r in shown]
-    out["examples"] = [{"row": r.get("row"), "line": r.get("line")} for r in shown]
+        return leak_failure(out, records, "sha256", SPLITS, ("path", "row"), "text(s) in both train and test",
+                            name=lambda s, p: f"{s} row {p[s + '_row']}")
     column = str(out.get("column") or "").rsplit(".", 1)[0]
     what = {
         "format": "record(s) not a JSON object with the text column(s) as strings",
         "empty": f"record(s) with an empty or missing {column}",
         "label": f"record(s) whose label is not one of the reviewed classes {kwargs.get('value_set')}",
-        "chars": f"record(s) whose {column} has a length outside [{fmt_bound(kwargs.get('min_value'))}, "
-                 f"{fmt_bound(kwargs.get('max_value'))}] characters",
-        "tokens": f"record(s) whose {column} has a length outside [{fmt_bound(kwargs.get('min_value'))}, "
-                  f"{fmt_bound(kwargs.get('max_value'))}] tokens of the model's tokenizer",
+        "chars": f"record(s) whose {column} has a length outside {span(kwargs)} characters",
+        "tokens": f"record(s) whose {column} has a length outside {span(kwargs)} tokens of the model's tokenizer",
     }.get(check, "record(s) failed")
-    rows = ", ".join(f"row {r.get('row')} (line {r.get('line')})" for r in shown) + more
-    out["detail"] = f"{out['unexpected_count']} {what}: {rows}"
+    name_rows(out, records, what, row="row", example=lambda r: {"row": r.get("row"), "line": r.get("line")},
+              text=lambda r: f"row {r.get('row')} (line {r.get('line')})")
 
 
 def message_column(f: dict):

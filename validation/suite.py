@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from tasks.base import label_key
 from validation.gx_run import (SUMMARY, Item, ItemBatches, Run, complete, need_splits, run_item, start_run,
                                suite_identity, write_report)
 from validation.report import failures_from_results, fmt_bound, sort_failures
@@ -118,7 +119,7 @@ def _check_label_bounds(params: dict, frames: dict | None) -> None:
     label, exp = params["label"], params["expectations"]
     if not params["class_label"]:
         return
-    classes = {_class_key(c) for c in exp.classes or []}
+    classes = {label_key(c) for c in exp.classes or []}
     where = f"{params['dataset'].expectations_file or 'the expectations'} and the data"
     if frames is not None:
         values = pd.concat([f[label] for f in frames.values() if label in f.columns], ignore_index=True).dropna()
@@ -191,7 +192,7 @@ def _frame_batch(df: pd.DataFrame) -> tuple[Any, dict[str, str]]:
     """``df`` as one RecordBatch (a repeated name: its first column), and the found type of the
     columns whose Arrow type would say otherwise: "null" for an all-null column, "other" for an
     object column holding anything but text. A column Arrow cannot hold (mixed kinds) is held as
-    its values' text forms: the checks take from it only presence, class (``_class_key``) and row
+    its values' text forms: the checks take from it only presence, class (``label_key``) and row
     hash; GX reads the frame itself."""
     import pandas as pd
     import pyarrow as pa
@@ -208,7 +209,7 @@ def _frame_batch(df: pd.DataFrame) -> tuple[Any, dict[str, str]]:
             array = pa.array(s, from_pandas=True)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
             found.setdefault(str(name), "other")
-            array = pa.array([None if pd.isna(v) else _class_key(v) for v in s], type=pa.string())
+            array = pa.array([None if pd.isna(v) else label_key(v) for v in s], type=pa.string())
         # A pyarrow-backed column (pandas' str) may come in chunks; a batch holds one array each.
         arrays.append(array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array)
     return pa.RecordBatch.from_arrays(arrays, names=[str(n) for n in positions]), found
@@ -441,16 +442,11 @@ def _stacked_columns(exp: TableExpectations, schema: pd.DataFrame) -> list:
     return [c for c in exp.columns if c.type in ("integer", "float") and found.get(c.name) in NUMERIC]
 
 
-def _class_key(v: object) -> str:
-    """A class's text form: 3, 3.0 and Int64 3 are all "3"."""
-    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
-
-
 def _balance_rows(classes: list, counts: dict[str, int], n: int) -> pd.DataFrame:
     """The balance frame from ``{class text form: count}`` and the split's row count."""
     import pandas as pd
 
-    count = [int(counts.get(_class_key(k), 0)) for k in classes]
+    count = [int(counts.get(label_key(k), 0)) for k in classes]
     return pd.DataFrame({
         "label": pd.Series(classes, dtype="object"),
         "count": pd.Series(count, dtype="int64"),
@@ -718,7 +714,7 @@ def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
         if f"{s}_balance" in by_name:
             counts: dict[str, int] = {}
             for v, k in (stats[s][label].values or {}).items():
-                counts[_class_key(v)] = counts.get(_class_key(v), 0) + k
+                counts[label_key(v)] = counts.get(label_key(v), 0) + k
             by_name[f"{s}_balance"].frame = _balance_rows(exp.classes, counts, stats[s][label].count)
             run_item(run, by_name[f"{s}_balance"])
         # Table-level checks on the split's columns with no rows, the row count on N rows and no
