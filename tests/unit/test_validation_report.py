@@ -9,7 +9,6 @@ import pytest
 
 from core.errors import DataUnavailableError
 from core.expectations import ColumnExpectation, TableExpectations
-from validation import summary_markdown, table_suite_hash
 from validation.gx_run import data_hash as table_data_hash
 from validation.report import (
     cells_failures,
@@ -18,7 +17,9 @@ from validation.report import (
     index_records,
     jsonable,
     sort_failures,
+    summary_markdown,
 )
+from validation.suite import table_suite_hash
 
 
 
