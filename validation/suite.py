@@ -32,14 +32,13 @@ reported once, as a null. Rows are 0-based positions in the split (CSV line = ro
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from tasks.base import label_key
 from validation.gx_run import (SUMMARY, Item, ItemBatches, Run, complete, need_splits, run_item, start_run,
-                               suite_identity, write_report)
+                               write_report)
 from validation.report import failures_from_results, fmt_bound, sort_failures
 
 if TYPE_CHECKING:
@@ -47,7 +46,7 @@ if TYPE_CHECKING:
 
     from core.expectations import TableExpectations
 
-__all__ = ["validate_table", "table_suite_hash", "validate_streamed"]
+__all__ = ["validate_table", "validate_streamed"]
 
 NAME = "table"
 SPLITS = ("train", "test")
@@ -64,29 +63,20 @@ NUMERIC = ("integer", "float", "null")
 FEATURE_TYPES = ("integer", "float", "string", "boolean", "null")
 
 
-def table_suite_hash(exp: TableExpectations, features: list[str], label: str, class_label: bool) -> str:
-    """Identity of the suite :func:`validate_table` builds (``gx_run.suite_identity``): any change to
-    a bound, a column or the suite's code gives a new hash."""
-    return suite_identity(sys.modules[__name__], _parts(exp, features, label, class_label))
-
-
-def _parts(exp: TableExpectations, features: list[str], label: str, class_label: bool) -> dict:
-    return dict(expectations=exp.model_dump(mode="json"), features=list(features), label=label,
-                class_label=bool(class_label))
-
-
 # --------------------------------------------------------------------------- the suite protocol (gx_run)
 # A table plan's params (``tasks.tabular``): dataset, root, seed, stratify (how one file is split),
 # expectations, features, label, class_label (the label is a class set), leak_policy, dates.
 
 
 def identity(params: dict) -> dict:
-    """What makes this suite's result: its parts and, for one file split by seed, how it is cut."""
+    """What makes this suite's result (``gx_run.suite_key`` hashes it with the code): the expectations,
+    the columns' roles and, for one file split by seed, how it is cut."""
     ds = params["dataset"]
     split = {"file": ds.file, "seed": params["seed"], "test_fraction": ds.test_fraction,
              "stratify": params["stratify"]} if ds.file is not None else None
-    return {**_parts(params["expectations"], params["features"], params["label"], params["class_label"]),
-            "split": split, **({"leak_policy": params["leak_policy"]} if params.get("leak_policy") == "warn" else {}),
+    return {"expectations": params["expectations"].model_dump(mode="json"), "features": list(params["features"]),
+            "label": params["label"], "class_label": bool(params["class_label"]), "split": split,
+            **({"leak_policy": params["leak_policy"]} if params.get("leak_policy") == "warn" else {}),
             "split_groups": "row_hashes" if ds.file is not None else None,
             **({"dates": dict(params["dates"])} if params.get("dates") else {})}
 
@@ -301,10 +291,7 @@ def _batches(params: dict, paths: dict[str, Path], batch_rows: int, sizes: dict)
 
 def _first_positions(df: pd.DataFrame) -> dict[str, int]:
     """Column name -> position of its first occurrence (a frame may repeat a name)."""
-    pos: dict[str, int] = {}
-    for i, name in enumerate(df.columns):
-        pos.setdefault(name, i)
-    return pos
+    return {name: i for i, (name, again) in enumerate(zip(df.columns, df.columns.duplicated())) if not again}
 
 
 def _coerce_integral(df: pd.DataFrame) -> pd.DataFrame:
@@ -539,14 +526,15 @@ def _cells_expectations(columns: list) -> tuple[list, list[int]]:
     return [make() for cols, make in out if cols], [len(cols) for cols, _ in out if cols]
 
 
-def _split_items(exp: TableExpectations, features: list[str], label: str, class_label: bool, s: str,
-                 names: list[str], schema: pd.DataFrame, skipped: list[dict], dates: dict | None = None) -> list[Item]:
+def _split_items(params: dict, s: str, names: list[str], schema: pd.DataFrame, skipped: list[dict]) -> list[Item]:
     """One split's items: the split itself, its schema (``schema``: as known before the batches are
     read; it decides which columns are stacked), its stacked cells and class balance. ``names``:
-    the split's columns; ``dates``: ``{column: strftime format}`` of the date columns (``dataset.dates``),
-    whose every value must parse. The frames are the batches' and those built once they are read."""
+    the split's columns; ``params["dates"]``: ``{column: strftime format}`` of the date columns
+    (``dataset.dates``), whose every value must parse. The frames are the batches' and those built
+    once they are read."""
     import great_expectations.expectations as gxe
 
+    exp, features, label, dates = params["expectations"], params["features"], params["label"], params.get("dates")
     pos = set(names)
     stacked = _stacked_columns(exp, schema)
     stacked_names = {c.name for c in stacked}
@@ -581,7 +569,7 @@ def _split_items(exp: TableExpectations, features: list[str], label: str, class_
     if cells_exp:
         items.append(Item(f"{s}_cells", s, "cells", None, cells_exp, complete(*CELL_INDEX), covers))
 
-    if not class_label:
+    if not params["class_label"]:
         return items
     if label not in pos:
         skipped.append({"split": s, "check": "nulls, label_set, class_balance", "reason": f"no {label!r} column"})
@@ -653,8 +641,7 @@ def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
     for s in SPLITS:
         schema = _schema_rows(exp, features, schemas[s], dtypes[s], source.found[s], None)
         stacked[s] = _stacked_columns(exp, schema)
-        items += _split_items(exp, features, label, params["class_label"], s, schemas[s].names, schema, skipped,
-                              params.get("dates"))
+        items += _split_items(params, s, schemas[s].names, schema, skipped)
     by_name = {item.name: item for item in items}
 
     run = start_run(started)

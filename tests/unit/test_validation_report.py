@@ -10,6 +10,7 @@ import pytest
 from core.errors import DataUnavailableError
 from core.expectations import ColumnExpectation, TableExpectations
 from validation.gx_run import data_hash as table_data_hash
+from validation.gx_run import suite_key
 from validation.report import (
     cells_failures,
     failure_from_result,
@@ -19,7 +20,6 @@ from validation.report import (
     sort_failures,
     summary_markdown,
 )
-from validation.suite import table_suite_hash
 
 
 
@@ -421,6 +421,17 @@ def _digits_like(**overrides) -> TableExpectations:
     cols.append(ColumnExpectation(name="label", type="integer", values=[0, 1]))
     return TableExpectations(label="label", columns=cols, rows={"train": (10, 20)}, class_share=(0.4, 0.6)).model_copy(
         update=overrides)
+
+
+def table_suite_hash(exp: TableExpectations, features: list[str], label: str, class_label: bool) -> str:
+    """The table suite's key (``gx_run.suite_key``) for a plan of two split files."""
+    from types import SimpleNamespace
+
+    from tasks.base import ValidationPlan
+
+    params = {"dataset": SimpleNamespace(file=None), "expectations": exp, "features": features, "label": label,
+              "class_label": class_label}
+    return suite_key(ValidationPlan("validation.suite", [], params))
 
 
 def test_suite_hash_changes_with_any_bound_column_or_role():
