@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import DataUnavailableError
+from tasks.base import label_key
 from validation.gx_run import complete, cross_frame, leak_failure, name_rows, validate
 from validation.report import span
 
@@ -85,7 +86,6 @@ def record_frame(records: list[dict], columns: list[str], tokenizer) -> pd.DataF
     ``<c>.chars``, ``<c>.tokens``; ``label`` (as text); ``sha256`` of the texts (the leak key)."""
     import pandas as pd
 
-    from tasks.base import label_key
     from tasks.text_init import token_lengths
 
     df = pd.DataFrame({"row": [r["row"] for r in records], "line": [r["line"] for r in records],
@@ -137,8 +137,6 @@ def plan(params: dict, frames: dict[str, pd.DataFrame]) -> list[dict]:
                     checks.append((key, gxe.ExpectColumnValuesToBeBetween(column=f"{c}.{key}", min_value=lo,
                                                                           max_value=hi)))
         if exp.labels is not None:
-            from tasks.base import label_key
-
             checks.append(("label", gxe.ExpectColumnValuesToBeInSet(column="label",
                                                                     value_set=[label_key(v) for v in exp.labels])))
         if not checks or frames[split].empty:
@@ -184,6 +182,5 @@ def identity(params: dict) -> dict:
 
 
 def run(params: dict, report_dir: Path) -> dict:
-    """Run the suite on ``params``' data and write the report files into ``report_dir``; the same report
-    shape as the table suite. Never raises on bad data."""
+    """``gx_run.validate`` on ``load(params)``: the report, its files into ``report_dir``. Never raises on bad data."""
     return validate(sys.modules[__name__], params, load(params), Path(report_dir))

@@ -595,7 +595,8 @@ _TABLE_LEVEL = ("expect_table_columns_to_match_ordered_list", "expect_column_to_
 def validate_table(exp: TableExpectations, features: list[str], label: str, splits: dict[str, pd.DataFrame],
                    report_dir: Path, class_label: bool, dates: dict | None = None) -> dict:
     """Validate ``splits`` (``{"train", "test"}`` frames as read, e.g. ``tasks.table.load_frames``)
-    against ``exp`` (and ``dates``: ``{column: strftime format}``, each value must parse); write ``gx_result.json``, ``summary.md`` and Data Docs into ``report_dir``.
+    against ``exp`` (and ``dates``: ``{column: strftime format}``, each value must parse); write
+    ``gx_result.json``, ``summary.md`` and Data Docs into ``report_dir``.
 
     Never raises on bad data: every problem is a failure in the returned report (shape in
     ``validation.gx_run.write_report``). Raises ValueError when a split is missing or the caller's

@@ -161,6 +161,5 @@ def load(params: dict) -> dict[str, pd.DataFrame]:
 
 
 def run(params: dict, report_dir: Path) -> dict:
-    """Run the suite on ``params``' data and write the report files into ``report_dir``; the same report
-    shape as the table suite. Never raises on bad data."""
+    """``gx_run.validate`` on ``load(params)``: the report, its files into ``report_dir``. Never raises on bad data."""
     return validate(sys.modules[__name__], params, load(params), Path(report_dir))
