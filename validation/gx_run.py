@@ -121,16 +121,7 @@ def validate(suite, params: dict, splits: dict, report_dir: Path) -> dict:
     run = start_run(started)
     for item in items:
         run_item(run, item)
-    failures = []
-    for item in items:
-        # GX orders results its own way: they are matched to checks by expectation type and column.
-        checks = {(e.expectation_type, getattr(e, "column", None)): c for c, e in zip(item.checks, item.expectations)}
-        for evr in run.raw[item.name].get("results", []):
-            if evr.get("success"):
-                continue
-            config = evr.get("expectation_config") or {}
-            check = checks.get((config.get("type"), (config.get("kwargs") or {}).get("column")), "other")
-            failures.append(_derived_failure(suite, item.split, check, evr))
+    failures = [_derived_failure(suite, item, evr) for item, evr in run.results(items) if not evr.get("success")]
     if hasattr(suite, "warnings"):  # what the suite reports without failing (skipped hidden files)
         failures += suite.warnings(params, splits)
     order = (*suite.SPLITS, "cross")
@@ -139,15 +130,19 @@ def validate(suite, params: dict, splits: dict, report_dir: Path) -> dict:
                         skipped=[])
 
 
-def _derived_failure(suite, split: str, check: str, evr: dict) -> dict:
-    """A derived-frame suite's report entry (see ``validation.report``) for a failed result."""
+def _derived_failure(suite, item: Item, evr: dict) -> dict:
+    """A derived-frame suite's report entry (see ``validation.report``) for a failed result of ``item``."""
     config = evr.get("expectation_config") or {}
     kwargs = config.get("kwargs") or {}
     result = evr.get("result") or {}
     count = result.get("unexpected_count")
-    out = {"split": split, "check": check, "expectation": config.get("type", "unknown"), "column": kwargs.get("column"),
-           "unexpected_count": int(count) if count is not None else None, "examples": [], "rows": [],
-           "detail": "failed"}
+    # GX orders results its own way: they are matched to checks by expectation type and column.
+    check = next((c for c, e in zip(item.checks, item.expectations)
+                  if (e.expectation_type, getattr(e, "column", None)) == (config.get("type"), kwargs.get("column"))),
+                 "other")
+    out = {"split": item.split, "check": check, "expectation": config.get("type", "unknown"),
+           "column": kwargs.get("column"), "unexpected_count": int(count) if count is not None else None,
+           "examples": [], "rows": [], "detail": "failed"}
     if (error := exception_message(evr)) is not None:  # GX could not evaluate it (a missing column, a wrong type)
         out.update(unexpected_count=None, detail=f"could not be evaluated: {error}")
     elif check == "row_count":
@@ -157,7 +152,7 @@ def _derived_failure(suite, split: str, check: str, evr: dict) -> dict:
     else:
         suite.failure(check, out, kwargs, result, [r for r in index_records(result) if isinstance(r, dict)])
     out = jsonable(out)
-    out["message"] = f"{where(split, suite.message_column(out))}: {out['detail']}"
+    out["message"] = f"{where(item.split, suite.message_column(out))}: {out['detail']}"
     return out
 
 

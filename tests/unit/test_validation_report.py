@@ -470,10 +470,10 @@ def test_data_hash_follows_the_bytes_and_names_a_missing_file(tmp_path):
 ])
 def test_a_derived_suite_result_gx_could_not_evaluate_says_so_as_a_table_s_does(info, detail):
     from validation import text_suite
-    from validation.gx_run import _derived_failure
+    from validation.gx_run import Item, _derived_failure
 
     result = {"success": False, "exception_info": info, "result": {},
               "expectation_config": {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "path"}}}
-    f = _derived_failure(text_suite, "train", "format", result)
+    f = _derived_failure(text_suite, Item("train", "train", "text", None, [], {}), result)
     assert f["detail"] == detail and f["unexpected_count"] is None
     assert f["message"].endswith(detail)
