@@ -441,12 +441,9 @@ def _join_complete(a, b, keep: int):
     def one(x: list) -> bool:
         return len(x) == 1 and isinstance(x[0], dict) and all(isinstance(v, list) for v in x[0].values())
 
-    if one(a) and one(b):
-        return [{k: (a[0].get(k, []) + b[0].get(k, []))[:keep] for k in {**a[0], **b[0]}}]
-    if one(b) and not a:
-        return [{k: v[:keep] for k, v in b[0].items()}]
-    if one(a) and not b:
-        return a
+    if (a or b) and (one(a) or not a) and (one(b) or not b):
+        x, y = (a or [{}])[0], (b or [{}])[0]
+        return [{k: (x.get(k, []) + y.get(k, []))[:keep] for k in {**x, **y}}]
     return (a + b)[:keep]
 
 

@@ -123,17 +123,6 @@ def _check_label_bounds(params: dict, frames: dict | None) -> None:
     check_classes(len(classes), rows, label, where)
 
 
-def _checked(params: dict) -> tuple:
-    """(expectations, features, label); ValueError when the columns contradict the expectations file."""
-    exp, features, label = params["expectations"], list(params["features"]), params["label"]
-    unknown = [c for c in [*features, label] if c not in exp.names]
-    if unknown:
-        raise ValueError(f"column(s) {unknown} are not in the expectations file (columns: {exp.names})")
-    if exp.label is not None and exp.label != label:
-        raise ValueError(f"label: the config reads {label!r}, the expectations file says {exp.label!r}")
-    return exp, features, label
-
-
 def failures(params: dict, run: Run, items: list[Item]) -> list[dict]:
     """One report entry per failed check, in split, table, column, balance, leak order. Rows found
     in both splits are a warning instead (``"severity": "warning"``) under ``leak_policy: warn``."""
@@ -631,7 +620,12 @@ def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
 
     from tasks.columnar import ColumnStats
 
-    exp, features, label = _checked(params)
+    exp, features, label = params["expectations"], list(params["features"]), params["label"]
+    unknown = [c for c in [*features, label] if c not in exp.names]
+    if unknown:  # the plan's columns contradict its expectations file
+        raise ValueError(f"column(s) {unknown} are not in the expectations file (columns: {exp.names})")
+    if exp.label is not None and exp.label != label:
+        raise ValueError(f"label: the config reads {label!r}, the expectations file says {exp.label!r}")
     schemas = source.schemas
     dtypes = {s: {str(n): str(source.empties[s].dtypes.iloc[i])
                   for n, i in _first_positions(source.empties[s]).items()} for s in SPLITS}

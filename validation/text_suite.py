@@ -156,10 +156,7 @@ def identity(params: dict) -> dict:
             **({"record": list(params["record"])} if params.get("record") else {})}
 
 
-def load(params: dict) -> dict[str, pd.DataFrame]:
-    return load_splits(params["dataset"], params["root"], params.get("record"))
-
-
 def run(params: dict, report_dir: Path) -> dict:
-    """``gx_run.validate`` on ``load(params)``: the report, its files into ``report_dir``. Never raises on bad data."""
-    return validate(sys.modules[__name__], params, load(params), Path(report_dir))
+    """``gx_run.validate`` on the corpus files: the report, its files into ``report_dir``. Never raises on bad data."""
+    frames = load_splits(params["dataset"], params["root"], params.get("record"))
+    return validate(sys.modules[__name__], params, frames, Path(report_dir))
