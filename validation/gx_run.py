@@ -213,7 +213,7 @@ class Item:
     """One derived frame to validate: GX data asset, suite and validation definition ``trainflow_<name>``.
 
     ``split``/``kind`` tell the report where its results came from; ``covers[i]`` is how many
-    checks expectation ``i`` stands for (a stacked expectation: one per column it covers);
+    checks expectation ``i`` stands for (a stacked expectation: one per column it covers; none: one each);
     ``checks[i]`` the report's check name for expectation ``i`` where the suite names them.
     """
 
@@ -225,9 +225,6 @@ class Item:
     result_format: dict
     covers: list[int] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.covers = self.covers or [1] * len(self.expectations)
 
 
 @dataclass
@@ -518,7 +515,7 @@ def write_report(run: Run, items: list[Item], report_dir: Path, *, failures: lis
     failures = [f for f in failures if f.get("severity") != "warning"]
     report = jsonable({
         "success": not failures and not skipped,
-        "n_expectations": sum(sum(item.covers) for item in items),
+        "n_expectations": sum(sum(item.covers) if item.covers else len(item.expectations) for item in items),
         "n_failed": len(failures), "failures": failures, "warnings": warnings,
         "duration_s": round(time.perf_counter() - run.started, 3),
         "files": files, "rows": rows, "skipped": skipped,
