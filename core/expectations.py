@@ -111,8 +111,10 @@ class TableExpectations(_Strict):
         return header + body + "columns:\n" + cols
 
 
-def load_expectations(path: str | Path) -> TableExpectations:
-    """Read and check an expectations file. Raises ConfigError naming the file and the key path."""
+def load_expectations(path: str | Path, model: type[_Strict] = TableExpectations,
+                      writer: str = "`trainflow init`") -> Any:
+    """Read and check an expectations file against ``model`` (``writer``: the command that writes one).
+    Raises ConfigError naming the file and the key path."""
     from core.config import _format_errors, load_yaml
 
     path = Path(path)
@@ -120,10 +122,10 @@ def load_expectations(path: str | Path) -> TableExpectations:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read expectations file {path}: {exc.strerror or exc}; "
-                          "`trainflow init` writes one") from None
+                          f"{writer} writes one") from None
     try:
-        return TableExpectations.model_validate(load_yaml(text))
+        return model.model_validate(load_yaml(text))
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except ValidationError as err:
-        raise ConfigError(f"{path}: {_format_errors(err, TableExpectations)}") from None
+        raise ConfigError(f"{path}: {_format_errors(err, model)}") from None

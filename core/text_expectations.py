@@ -21,14 +21,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from core.errors import ConfigError
+from core.expectations import _Strict, load_expectations
 
 
-class TextExpectations(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class TextExpectations(_Strict):
     version: Literal[1] = 1
     format: Literal["table", "jsonl"]
     columns: list[str] = Field(min_length=1)
@@ -74,17 +72,4 @@ class TextExpectations(BaseModel):
 
 def load_text_expectations(path: str | Path) -> TextExpectations:
     """Read and check a text expectations file; ConfigError naming the file and the key path."""
-    from core.config import _format_errors, load_yaml
-
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read expectations file {path}: {exc.strerror or exc}; "
-                          "`trainflow init --pretrained` writes one") from None
-    try:
-        return TextExpectations.model_validate(load_yaml(text))
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    except ValidationError as err:
-        raise ConfigError(f"{path}: {_format_errors(err, TextExpectations)}") from None
+    return load_expectations(path, TextExpectations, "`trainflow init --pretrained`")

@@ -69,13 +69,15 @@ def drift_report(reference: pd.DataFrame, current: pd.DataFrame, features: list[
     import numpy as np
     from scipy.stats import ks_2samp
 
+    from tasks.encoding import numeric_dtype
+
     missing = [f for f in features if f not in reference.columns or f not in current.columns]
     if missing:
         raise ValueError(f"drift check: feature columns missing: {missing[:5]}"
                          + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
     rows = []
     for name in features:
-        if not _numeric(reference[name]) or not _numeric(current[name]):
+        if not numeric_dtype(reference[name].dtype) or not numeric_dtype(current[name].dtype):
             rows.append(_categorical_row(name, reference[name], current[name], cfg))
             continue
         ref, cur = (frame[name].to_numpy(dtype=np.float64) for frame in (reference, current))
@@ -99,12 +101,6 @@ def _row(name: str, value: float, stat: float, pvalue: float, test: str, cfg: Re
     by = [m for m, hit in (("psi", value > cfg.psi_threshold), (test, pvalue < cfg.ks_pvalue)) if hit]
     return {"feature": name, "psi": round(value, 6), "ks_statistic": round(stat, 6), "ks_pvalue": pvalue,
             "drifted": bool(by), "by": by, "test": test}
-
-
-def _numeric(s: pd.Series) -> bool:
-    import pandas as pd
-
-    return pd.api.types.is_numeric_dtype(s.dtype) and not pd.api.types.is_bool_dtype(s.dtype)
 
 
 def _categorical_row(name: str, reference: pd.Series, current: pd.Series, cfg: RetrainConfig) -> dict:

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from core.printable import printable
 from validation.report import (BY_GROUP, CELLS_COUNTED, MAX_EXAMPLES, exception_message, fmt_bound, index_records,
@@ -121,16 +121,7 @@ def validate(suite, params: dict, splits: dict, report_dir: Path) -> dict:
     run = start_run(started)
     for item in items:
         run_item(run, item)
-    failures = []
-    for item in items:
-        # GX orders results its own way: they are matched to checks by expectation type and column.
-        checks = {(e.expectation_type, getattr(e, "column", None)): c for c, e in zip(item.checks, item.expectations)}
-        for evr in run.raw[item.name].get("results", []):
-            if evr.get("success"):
-                continue
-            config = evr.get("expectation_config") or {}
-            check = checks.get((config.get("type"), (config.get("kwargs") or {}).get("column")), "other")
-            failures.append(_derived_failure(suite, item.split, check, evr))
+    failures = [_derived_failure(suite, item, evr) for item, evr in run.results(items) if not evr.get("success")]
     if hasattr(suite, "warnings"):  # what the suite reports without failing (skipped hidden files)
         failures += suite.warnings(params, splits)
     order = (*suite.SPLITS, "cross")
@@ -139,15 +130,19 @@ def validate(suite, params: dict, splits: dict, report_dir: Path) -> dict:
                         skipped=[])
 
 
-def _derived_failure(suite, split: str, check: str, evr: dict) -> dict:
-    """A derived-frame suite's report entry (see ``validation.report``) for a failed result."""
+def _derived_failure(suite, item: Item, evr: dict) -> dict:
+    """A derived-frame suite's report entry (see ``validation.report``) for a failed result of ``item``."""
     config = evr.get("expectation_config") or {}
     kwargs = config.get("kwargs") or {}
     result = evr.get("result") or {}
     count = result.get("unexpected_count")
-    out = {"split": split, "check": check, "expectation": config.get("type", "unknown"), "column": kwargs.get("column"),
-           "unexpected_count": int(count) if count is not None else None, "examples": [], "rows": [],
-           "detail": "failed"}
+    # GX orders results its own way: they are matched to checks by expectation type and column.
+    check = next((c for c, e in zip(item.checks, item.expectations)
+                  if (e.expectation_type, getattr(e, "column", None)) == (config.get("type"), kwargs.get("column"))),
+                 "other")
+    out = {"split": item.split, "check": check, "expectation": config.get("type", "unknown"),
+           "column": kwargs.get("column"), "unexpected_count": int(count) if count is not None else None,
+           "examples": [], "rows": [], "detail": "failed"}
     if (error := exception_message(evr)) is not None:  # GX could not evaluate it (a missing column, a wrong type)
         out.update(unexpected_count=None, detail=f"could not be evaluated: {error}")
     elif check == "row_count":
@@ -157,23 +152,32 @@ def _derived_failure(suite, split: str, check: str, evr: dict) -> dict:
     else:
         suite.failure(check, out, kwargs, result, [r for r in index_records(result) if isinstance(r, dict)])
     out = jsonable(out)
-    out["message"] = f"{where(split, suite.message_column(out))}: {out['detail']}"
+    out["message"] = f"{where(item.split, suite.message_column(out))}: {out['detail']}"
     return out
 
 
+def name_rows(out: dict, records: list[dict], what: str, example: Callable, text: Callable,
+              row: str | None = None) -> None:
+    """Complete a failed check's entry with its first MAX_EXAMPLES ``records``: ``examples`` (each
+    ``example(record)``), ``rows`` (each record's ``row``, where given) and the detail
+    ``<unexpected_count> <what>: <text(record)>, ...``."""
+    shown = records[:MAX_EXAMPLES]
+    out.update(examples=[example(r) for r in shown], detail=f"{out['unexpected_count']} {what}: "
+               + ", ".join(map(text, shown)) + (" ..." if len(records) > MAX_EXAMPLES else ""))
+    if row is not None:
+        out["rows"] = [r.get(row) for r in shown]
+
+
 def leak_failure(out: dict, records: list[dict], key: str, splits: tuple[str, str], fields: tuple[str, ...],
-                 what: str) -> None:
+                 what: str, name: Callable = lambda s, p: f"{s} {p[s + '_path']}") -> None:
     """Complete a derived frame's leak entry: one pair per ``key`` value found in both ``splits``
-    (``{<split>_<field>}`` of its first record in each), named by their paths."""
+    (``{<split>_<field>}`` of its first record in each), each named ``name(split, pair)`` (its path)."""
     by_value: dict = {}
     for r in records:
         by_value.setdefault(r.get(key), {}).setdefault(r.get("split"), r)
     pairs = [{f"{s}_{k}": v.get(s, {}).get(k) for k in fields for s in splits} for v in by_value.values()]
-    a, b = splits
-    out.update(unexpected_count=len(pairs), examples=pairs[:MAX_EXAMPLES],
-               detail=f"{len(pairs)} {what} in {a} and {b}: "
-               + ", ".join(f"{a} {p[a + '_path']} = {b} {p[b + '_path']}" for p in pairs[:MAX_EXAMPLES])
-               + (" ..." if len(pairs) > MAX_EXAMPLES else ""))
+    out["unexpected_count"] = len(pairs)
+    name_rows(out, pairs, what, lambda p: p, lambda p: " = ".join(name(s, p) for s in splits))
 
 
 def cross_frame(frames: dict, splits: tuple[str, ...], column: str, *keep: str):
@@ -209,7 +213,7 @@ class Item:
     """One derived frame to validate: GX data asset, suite and validation definition ``trainflow_<name>``.
 
     ``split``/``kind`` tell the report where its results came from; ``covers[i]`` is how many
-    checks expectation ``i`` stands for (a stacked expectation: one per column it covers);
+    checks expectation ``i`` stands for (a stacked expectation: one per column it covers; none: one each);
     ``checks[i]`` the report's check name for expectation ``i`` where the suite names them.
     """
 
@@ -221,9 +225,6 @@ class Item:
     result_format: dict
     covers: list[int] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.covers = self.covers or [1] * len(self.expectations)
 
 
 @dataclass
@@ -437,12 +438,9 @@ def _join_complete(a, b, keep: int):
     def one(x: list) -> bool:
         return len(x) == 1 and isinstance(x[0], dict) and all(isinstance(v, list) for v in x[0].values())
 
-    if one(a) and one(b):
-        return [{k: (a[0].get(k, []) + b[0].get(k, []))[:keep] for k in {**a[0], **b[0]}}]
-    if one(b) and not a:
-        return [{k: v[:keep] for k, v in b[0].items()}]
-    if one(a) and not b:
-        return a
+    if (a or b) and (one(a) or not a) and (one(b) or not b):
+        x, y = (a or [{}])[0], (b or [{}])[0]
+        return [{k: (x.get(k, []) + y.get(k, []))[:keep] for k in {**x, **y}}]
     return (a + b)[:keep]
 
 
@@ -517,7 +515,7 @@ def write_report(run: Run, items: list[Item], report_dir: Path, *, failures: lis
     failures = [f for f in failures if f.get("severity") != "warning"]
     report = jsonable({
         "success": not failures and not skipped,
-        "n_expectations": sum(sum(item.covers) for item in items),
+        "n_expectations": sum(sum(item.covers) if item.covers else len(item.expectations) for item in items),
         "n_failed": len(failures), "failures": failures, "warnings": warnings,
         "duration_s": round(time.perf_counter() - run.started, 3),
         "files": files, "rows": rows, "skipped": skipped,

@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from validation.gx_run import complete, cross_frame, leak_failure, validate
-from validation.report import MAX_EXAMPLES, fmt_bound
+from validation.gx_run import complete, cross_frame, leak_failure, name_rows, validate
+from validation.report import MAX_EXAMPLES, span
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -90,34 +90,33 @@ def plan(params: dict, frames: dict[str, pd.DataFrame]) -> list[dict]:
 
 def failure(check: str, out: dict, kwargs: dict, result: dict, records: list[dict]) -> None:
     """Complete a failed check's report entry (see ``validation.report``)."""
-    column, count, shown = out["column"], out["unexpected_count"], records[:MAX_EXAMPLES]
-    lo, hi = fmt_bound(kwargs.get("min_value")), fmt_bound(kwargs.get("max_value"))
+    column, values = out["column"], kwargs.get("value_set")
     if check == "leak":
         out["column"] = None
-        return leak_failure(out, records, "sha256", SPLITS, ("path",), "image(s) with the same content")
+        return leak_failure(out, records, "sha256", SPLITS, ("path",),
+                            "image(s) with the same content in train and test")
     if check == "class_balance":
+        shown = records[:MAX_EXAMPLES]
         out.update(examples=[{"class": r.get("label"), "count": r.get("count"), "fraction": r.get("fraction")}
                              for r in shown],
-                   detail=f"{count} class(es) with a share outside [{lo}, {hi}]: "
+                   detail=f"{out['unexpected_count']} class(es) with a share outside {span(kwargs)}: "
                    + ", ".join(f"{r.get('label')} {float(r.get('fraction') or 0):.3f} ({r.get('count')} images)"
                                for r in shown))
         return
-    out["rows"] = [r.get("file") for r in shown]
-    out["examples"] = [{"path": r.get("path"), **({column: r.get(column)} if column else {})} for r in shown]
-    values = kwargs.get("value_set")
     # check -> (what failed, the file's value shown beside its path)
     what, value = {
         "decode": ("file(s) Pillow cannot decode", lambda r: r.get("error") or "does not decode"),
-        "size": (f"image(s) with a {column} outside [{lo}, {hi}] pixels",
+        "size": (f"image(s) with a {column} outside {span(kwargs)} pixels",
                  lambda r: f"{r.get('width')} x {r.get('height')}"),
         "mode": (f"image(s) with a mode not in {values}", lambda r: f"mode {r.get('mode')}"),
-        "file_bytes": (f"file(s) with a size outside [{lo}, {hi}] bytes", lambda r: f"{r.get('n_bytes')} B"),
+        "file_bytes": (f"file(s) with a size outside {span(kwargs)} bytes", lambda r: f"{r.get('n_bytes')} B"),
         "label_set": (f"image(s) of a class not in the reviewed classes {values}",
                       lambda r: f"class {r.get('label')!r}"),
         "duplicate": ("path(s) listed more than once", None),
     }.get(check, ("failed", None))
-    where = ", ".join(f"{r.get('path')}" + (f" ({value(r)})" if value else "") for r in shown)
-    out["detail"] = f"{count} {what}: {where}" + (" ..." if len(records) > MAX_EXAMPLES else "")
+    name_rows(out, records, what, row="file",
+              example=lambda r: {"path": r.get("path"), **({column: r.get(column)} if column else {})},
+              text=lambda r: f"{r.get('path')}" + (f" ({value(r)})" if value else ""))
 
 
 def warnings(params: dict, splits: dict) -> list[dict]:
@@ -165,6 +164,5 @@ def load(params: dict) -> dict[str, pd.DataFrame]:
 
 
 def run(params: dict, report_dir: Path) -> dict:
-    """Run the suite on ``params``' data and write the report files into ``report_dir``; the same report
-    shape as the table suite. Never raises on bad data."""
+    """``gx_run.validate`` on ``load(params)``: the report, its files into ``report_dir``. Never raises on bad data."""
     return validate(sys.modules[__name__], params, load(params), Path(report_dir))

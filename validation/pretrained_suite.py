@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import DataUnavailableError
-from validation.gx_run import complete, cross_frame, leak_failure, validate
-from validation.report import MAX_EXAMPLES, fmt_bound
+from tasks.base import label_key
+from validation.gx_run import complete, cross_frame, leak_failure, name_rows, validate
+from validation.report import span
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -85,7 +86,6 @@ def record_frame(records: list[dict], columns: list[str], tokenizer) -> pd.DataF
     ``<c>.chars``, ``<c>.tokens``; ``label`` (as text); ``sha256`` of the texts (the leak key)."""
     import pandas as pd
 
-    from tasks.base import label_key
     from tasks.text_init import token_lengths
 
     df = pd.DataFrame({"row": [r["row"] for r in records], "line": [r["line"] for r in records],
@@ -137,8 +137,6 @@ def plan(params: dict, frames: dict[str, pd.DataFrame]) -> list[dict]:
                     checks.append((key, gxe.ExpectColumnValuesToBeBetween(column=f"{c}.{key}", min_value=lo,
                                                                           max_value=hi)))
         if exp.labels is not None:
-            from tasks.base import label_key
-
             checks.append(("label", gxe.ExpectColumnValuesToBeInSet(column="label",
                                                                     value_set=[label_key(v) for v in exp.labels])))
         if not checks or frames[split].empty:
@@ -157,27 +155,18 @@ def plan(params: dict, frames: dict[str, pd.DataFrame]) -> list[dict]:
 def failure(check: str, out: dict, kwargs: dict, result: dict, records: list[dict]) -> None:
     """Complete a failed check's report entry (see ``validation.report``): the rows, named."""
     if check == "leak":
-        leak_failure(out, records, "sha256", SPLITS, ("path", "row"), "text(s)")
-        pairs = out["examples"]
-        out["detail"] = (f"{out['unexpected_count']} text(s) in both train and test: "
-                         + ", ".join(f"train row {p['train_row']} = test row {p['test_row']}" for p in pairs)
-                         + (" ..." if out["unexpected_count"] > len(pairs) else ""))
-        return
-    shown, more = records[:MAX_EXAMPLES], " ..." if len(records) > MAX_EXAMPLES else ""
-    out["rows"] = [r.get("row") for r in shown]
-    out["examples"] = [{"row": r.get("row"), "line": r.get("line")} for r in shown]
+        return leak_failure(out, records, "sha256", SPLITS, ("path", "row"), "text(s) in both train and test",
+                            name=lambda s, p: f"{s} row {p[s + '_row']}")
     column = str(out.get("column") or "").rsplit(".", 1)[0]
     what = {
         "format": "record(s) not a JSON object with the text column(s) as strings",
         "empty": f"record(s) with an empty or missing {column}",
         "label": f"record(s) whose label is not one of the reviewed classes {kwargs.get('value_set')}",
-        "chars": f"record(s) whose {column} has a length outside [{fmt_bound(kwargs.get('min_value'))}, "
-                 f"{fmt_bound(kwargs.get('max_value'))}] characters",
-        "tokens": f"record(s) whose {column} has a length outside [{fmt_bound(kwargs.get('min_value'))}, "
-                  f"{fmt_bound(kwargs.get('max_value'))}] tokens of the model's tokenizer",
+        "chars": f"record(s) whose {column} has a length outside {span(kwargs)} characters",
+        "tokens": f"record(s) whose {column} has a length outside {span(kwargs)} tokens of the model's tokenizer",
     }.get(check, "record(s) failed")
-    rows = ", ".join(f"row {r.get('row')} (line {r.get('line')})" for r in shown) + more
-    out["detail"] = f"{out['unexpected_count']} {what}: {rows}"
+    name_rows(out, records, what, row="row", example=lambda r: {"row": r.get("row"), "line": r.get("line")},
+              text=lambda r: f"row {r.get('row')} (line {r.get('line')})")
 
 
 def message_column(f: dict):
@@ -193,6 +182,5 @@ def identity(params: dict) -> dict:
 
 
 def run(params: dict, report_dir: Path) -> dict:
-    """Run the suite on ``params``' data and write the report files into ``report_dir``; the same report
-    shape as the table suite. Never raises on bad data."""
+    """``gx_run.validate`` on ``load(params)``: the report, its files into ``report_dir``. Never raises on bad data."""
     return validate(sys.modules[__name__], params, load(params), Path(report_dir))

@@ -32,13 +32,13 @@ reported once, as a null. Rows are 0-based positions in the split (CSV line = ro
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from tasks.base import label_key
 from validation.gx_run import (SUMMARY, Item, ItemBatches, Run, complete, need_splits, run_item, start_run,
-                               suite_identity, write_report)
+                               write_report)
 from validation.report import failures_from_results, fmt_bound, sort_failures
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from core.expectations import TableExpectations
 
-__all__ = ["validate_table", "table_suite_hash", "validate_streamed"]
+__all__ = ["validate_table", "validate_streamed"]
 
 NAME = "table"
 SPLITS = ("train", "test")
@@ -63,29 +63,20 @@ NUMERIC = ("integer", "float", "null")
 FEATURE_TYPES = ("integer", "float", "string", "boolean", "null")
 
 
-def table_suite_hash(exp: TableExpectations, features: list[str], label: str, class_label: bool) -> str:
-    """Identity of the suite :func:`validate_table` builds (``gx_run.suite_identity``): any change to
-    a bound, a column or the suite's code gives a new hash."""
-    return suite_identity(sys.modules[__name__], _parts(exp, features, label, class_label))
-
-
-def _parts(exp: TableExpectations, features: list[str], label: str, class_label: bool) -> dict:
-    return dict(expectations=exp.model_dump(mode="json"), features=list(features), label=label,
-                class_label=bool(class_label))
-
-
 # --------------------------------------------------------------------------- the suite protocol (gx_run)
 # A table plan's params (``tasks.tabular``): dataset, root, seed, stratify (how one file is split),
 # expectations, features, label, class_label (the label is a class set), leak_policy, dates.
 
 
 def identity(params: dict) -> dict:
-    """What makes this suite's result: its parts and, for one file split by seed, how it is cut."""
+    """What makes this suite's result (``gx_run.suite_key`` hashes it with the code): the expectations,
+    the columns' roles and, for one file split by seed, how it is cut."""
     ds = params["dataset"]
     split = {"file": ds.file, "seed": params["seed"], "test_fraction": ds.test_fraction,
              "stratify": params["stratify"]} if ds.file is not None else None
-    return {**_parts(params["expectations"], params["features"], params["label"], params["class_label"]),
-            "split": split, **({"leak_policy": params["leak_policy"]} if params.get("leak_policy") == "warn" else {}),
+    return {"expectations": params["expectations"].model_dump(mode="json"), "features": list(params["features"]),
+            "label": params["label"], "class_label": bool(params["class_label"]), "split": split,
+            **({"leak_policy": params["leak_policy"]} if params.get("leak_policy") == "warn" else {}),
             "split_groups": "row_hashes" if ds.file is not None else None,
             **({"dates": dict(params["dates"])} if params.get("dates") else {})}
 
@@ -118,7 +109,7 @@ def _check_label_bounds(params: dict, frames: dict | None) -> None:
     label, exp = params["label"], params["expectations"]
     if not params["class_label"]:
         return
-    classes = {_class_key(c) for c in exp.classes or []}
+    classes = {label_key(c) for c in exp.classes or []}
     where = f"{params['dataset'].expectations_file or 'the expectations'} and the data"
     if frames is not None:
         values = pd.concat([f[label] for f in frames.values() if label in f.columns], ignore_index=True).dropna()
@@ -130,17 +121,6 @@ def _check_label_bounds(params: dict, frames: dict | None) -> None:
         rows = sum(counts) if None not in counts else MIN_ROWS_PER_CLASS * len(classes)
     check_class_names(sorted(classes), label, where)
     check_classes(len(classes), rows, label, where)
-
-
-def _checked(params: dict) -> tuple:
-    """(expectations, features, label); ValueError when the columns contradict the expectations file."""
-    exp, features, label = params["expectations"], list(params["features"]), params["label"]
-    unknown = [c for c in [*features, label] if c not in exp.names]
-    if unknown:
-        raise ValueError(f"column(s) {unknown} are not in the expectations file (columns: {exp.names})")
-    if exp.label is not None and exp.label != label:
-        raise ValueError(f"label: the config reads {label!r}, the expectations file says {exp.label!r}")
-    return exp, features, label
 
 
 def failures(params: dict, run: Run, items: list[Item]) -> list[dict]:
@@ -191,7 +171,7 @@ def _frame_batch(df: pd.DataFrame) -> tuple[Any, dict[str, str]]:
     """``df`` as one RecordBatch (a repeated name: its first column), and the found type of the
     columns whose Arrow type would say otherwise: "null" for an all-null column, "other" for an
     object column holding anything but text. A column Arrow cannot hold (mixed kinds) is held as
-    its values' text forms: the checks take from it only presence, class (``_class_key``) and row
+    its values' text forms: the checks take from it only presence, class (``label_key``) and row
     hash; GX reads the frame itself."""
     import pandas as pd
     import pyarrow as pa
@@ -208,7 +188,7 @@ def _frame_batch(df: pd.DataFrame) -> tuple[Any, dict[str, str]]:
             array = pa.array(s, from_pandas=True)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
             found.setdefault(str(name), "other")
-            array = pa.array([None if pd.isna(v) else _class_key(v) for v in s], type=pa.string())
+            array = pa.array([None if pd.isna(v) else label_key(v) for v in s], type=pa.string())
         # A pyarrow-backed column (pandas' str) may come in chunks; a batch holds one array each.
         arrays.append(array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array)
     return pa.RecordBatch.from_arrays(arrays, names=[str(n) for n in positions]), found
@@ -300,10 +280,7 @@ def _batches(params: dict, paths: dict[str, Path], batch_rows: int, sizes: dict)
 
 def _first_positions(df: pd.DataFrame) -> dict[str, int]:
     """Column name -> position of its first occurrence (a frame may repeat a name)."""
-    pos: dict[str, int] = {}
-    for i, name in enumerate(df.columns):
-        pos.setdefault(name, i)
-    return pos
+    return {name: i for i, (name, again) in enumerate(zip(df.columns, df.columns.duplicated())) if not again}
 
 
 def _coerce_integral(df: pd.DataFrame) -> pd.DataFrame:
@@ -441,16 +418,11 @@ def _stacked_columns(exp: TableExpectations, schema: pd.DataFrame) -> list:
     return [c for c in exp.columns if c.type in ("integer", "float") and found.get(c.name) in NUMERIC]
 
 
-def _class_key(v: object) -> str:
-    """A class's text form: 3, 3.0 and Int64 3 are all "3"."""
-    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
-
-
 def _balance_rows(classes: list, counts: dict[str, int], n: int) -> pd.DataFrame:
     """The balance frame from ``{class text form: count}`` and the split's row count."""
     import pandas as pd
 
-    count = [int(counts.get(_class_key(k), 0)) for k in classes]
+    count = [int(counts.get(label_key(k), 0)) for k in classes]
     return pd.DataFrame({
         "label": pd.Series(classes, dtype="object"),
         "count": pd.Series(count, dtype="int64"),
@@ -543,14 +515,15 @@ def _cells_expectations(columns: list) -> tuple[list, list[int]]:
     return [make() for cols, make in out if cols], [len(cols) for cols, _ in out if cols]
 
 
-def _split_items(exp: TableExpectations, features: list[str], label: str, class_label: bool, s: str,
-                 names: list[str], schema: pd.DataFrame, skipped: list[dict], dates: dict | None = None) -> list[Item]:
+def _split_items(params: dict, s: str, names: list[str], schema: pd.DataFrame, skipped: list[dict]) -> list[Item]:
     """One split's items: the split itself, its schema (``schema``: as known before the batches are
     read; it decides which columns are stacked), its stacked cells and class balance. ``names``:
-    the split's columns; ``dates``: ``{column: strftime format}`` of the date columns (``dataset.dates``),
-    whose every value must parse. The frames are the batches' and those built once they are read."""
+    the split's columns; ``params["dates"]``: ``{column: strftime format}`` of the date columns
+    (``dataset.dates``), whose every value must parse. The frames are the batches' and those built
+    once they are read."""
     import great_expectations.expectations as gxe
 
+    exp, features, label, dates = params["expectations"], params["features"], params["label"], params.get("dates")
     pos = set(names)
     stacked = _stacked_columns(exp, schema)
     stacked_names = {c.name for c in stacked}
@@ -585,7 +558,7 @@ def _split_items(exp: TableExpectations, features: list[str], label: str, class_
     if cells_exp:
         items.append(Item(f"{s}_cells", s, "cells", None, cells_exp, complete(*CELL_INDEX), covers))
 
-    if not class_label:
+    if not params["class_label"]:
         return items
     if label not in pos:
         skipped.append({"split": s, "check": "nulls, label_set, class_balance", "reason": f"no {label!r} column"})
@@ -611,7 +584,8 @@ _TABLE_LEVEL = ("expect_table_columns_to_match_ordered_list", "expect_column_to_
 def validate_table(exp: TableExpectations, features: list[str], label: str, splits: dict[str, pd.DataFrame],
                    report_dir: Path, class_label: bool, dates: dict | None = None) -> dict:
     """Validate ``splits`` (``{"train", "test"}`` frames as read, e.g. ``tasks.table.load_frames``)
-    against ``exp`` (and ``dates``: ``{column: strftime format}``, each value must parse); write ``gx_result.json``, ``summary.md`` and Data Docs into ``report_dir``.
+    against ``exp`` (and ``dates``: ``{column: strftime format}``, each value must parse); write
+    ``gx_result.json``, ``summary.md`` and Data Docs into ``report_dir``.
 
     Never raises on bad data: every problem is a failure in the returned report (shape in
     ``validation.gx_run.write_report``). Raises ValueError when a split is missing or the caller's
@@ -646,7 +620,12 @@ def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
 
     from tasks.columnar import ColumnStats
 
-    exp, features, label = _checked(params)
+    exp, features, label = params["expectations"], list(params["features"]), params["label"]
+    unknown = [c for c in [*features, label] if c not in exp.names]
+    if unknown:  # the plan's columns contradict its expectations file
+        raise ValueError(f"column(s) {unknown} are not in the expectations file (columns: {exp.names})")
+    if exp.label is not None and exp.label != label:
+        raise ValueError(f"label: the config reads {label!r}, the expectations file says {exp.label!r}")
     schemas = source.schemas
     dtypes = {s: {str(n): str(source.empties[s].dtypes.iloc[i])
                   for n, i in _first_positions(source.empties[s]).items()} for s in SPLITS}
@@ -657,8 +636,7 @@ def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
     for s in SPLITS:
         schema = _schema_rows(exp, features, schemas[s], dtypes[s], source.found[s], None)
         stacked[s] = _stacked_columns(exp, schema)
-        items += _split_items(exp, features, label, params["class_label"], s, schemas[s].names, schema, skipped,
-                              params.get("dates"))
+        items += _split_items(params, s, schemas[s].names, schema, skipped)
     by_name = {item.name: item for item in items}
 
     run = start_run(started)
@@ -718,7 +696,7 @@ def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
         if f"{s}_balance" in by_name:
             counts: dict[str, int] = {}
             for v, k in (stats[s][label].values or {}).items():
-                counts[_class_key(v)] = counts.get(_class_key(v), 0) + k
+                counts[label_key(v)] = counts.get(label_key(v), 0) + k
             by_name[f"{s}_balance"].frame = _balance_rows(exp.classes, counts, stats[s][label].count)
             run_item(run, by_name[f"{s}_balance"])
         # Table-level checks on the split's columns with no rows, the row count on N rows and no

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import DataUnavailableError
-from validation.gx_run import complete, cross_frame, leak_failure, validate
-from validation.report import MAX_EXAMPLES, span
+from validation.gx_run import complete, cross_frame, leak_failure, name_rows, validate
+from validation.report import span
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -124,23 +124,21 @@ def failure(check: str, out: dict, kwargs: dict, result: dict, records: list[dic
     """Complete a failed check's report entry (see ``validation.report``)."""
     if check == "leak":
         what = "path" if out["column"] == "path" else "content"
-        return leak_failure(out, records, out["column"], SPLITS, ("path", "doc"), f"document(s) with the same {what}")
-    shown, more = records[:MAX_EXAMPLES], " ..." if len(records) > MAX_EXAMPLES else ""
-    out["rows"] = [r.get("doc") for r in shown]
-    out["examples"] = [{"line": r.get("line"), "path": r.get("path")} for r in shown]
-    where = ", ".join(f"{r.get('path') or '?'} (line {r.get('line')})" for r in shown) + more
+        return leak_failure(out, records, out["column"], SPLITS, ("path", "doc"),
+                            f"document(s) with the same {what} in train and eval")
+    sized = check == "length"  # the size beside each document
     what = {
         "format": "line(s) not a JSON object with string 'path' and 'text'",
         "utf8": "document(s) not valid UTF-8",
         "empty": "empty or whitespace-only document(s)",
         "duplicate": "document(s) repeating a path",
+        "length": f"document(s) with a UTF-8 size outside {span(kwargs)} bytes",
     }.get(check)
-    if check == "length":
-        for e, r in zip(out["examples"], shown):
-            e["n_bytes"] = r.get("n_bytes")
-        where = ", ".join(f"{r.get('path') or '?'} ({r.get('n_bytes')} B, line {r.get('line')})" for r in shown) + more
-        what = f"document(s) with a UTF-8 size outside {span(kwargs)} bytes"
-    out["detail"] = f"{out['unexpected_count']} {what}: {where}"
+    name_rows(out, records, what, row="doc",
+              example=lambda r: {"line": r.get("line"), "path": r.get("path"),
+                                 **({"n_bytes": r.get("n_bytes")} if sized else {})},
+              text=lambda r: f"{r.get('path') or '?'} (" + (f"{r.get('n_bytes')} B, " if sized else "")
+              + f"line {r.get('line')})")
 
 
 def message_column(f: dict):
@@ -158,11 +156,7 @@ def identity(params: dict) -> dict:
             **({"record": list(params["record"])} if params.get("record") else {})}
 
 
-def load(params: dict) -> dict[str, pd.DataFrame]:
-    return load_splits(params["dataset"], params["root"], params.get("record"))
-
-
 def run(params: dict, report_dir: Path) -> dict:
-    """Run the suite on ``params``' data and write the report files into ``report_dir``; the same report
-    shape as the table suite. Never raises on bad data."""
-    return validate(sys.modules[__name__], params, load(params), Path(report_dir))
+    """``gx_run.validate`` on the corpus files: the report, its files into ``report_dir``. Never raises on bad data."""
+    frames = load_splits(params["dataset"], params["root"], params.get("record"))
+    return validate(sys.modules[__name__], params, frames, Path(report_dir))

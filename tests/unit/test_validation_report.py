@@ -9,8 +9,8 @@ import pytest
 
 from core.errors import DataUnavailableError
 from core.expectations import ColumnExpectation, TableExpectations
-from validation import summary_markdown, table_suite_hash
 from validation.gx_run import data_hash as table_data_hash
+from validation.gx_run import suite_key
 from validation.report import (
     cells_failures,
     failure_from_result,
@@ -18,6 +18,7 @@ from validation.report import (
     index_records,
     jsonable,
     sort_failures,
+    summary_markdown,
 )
 
 
@@ -422,6 +423,17 @@ def _digits_like(**overrides) -> TableExpectations:
         update=overrides)
 
 
+def table_suite_hash(exp: TableExpectations, features: list[str], label: str, class_label: bool) -> str:
+    """The table suite's key (``gx_run.suite_key``) for a plan of two split files."""
+    from types import SimpleNamespace
+
+    from tasks.base import ValidationPlan
+
+    params = {"dataset": SimpleNamespace(file=None), "expectations": exp, "features": features, "label": label,
+              "class_label": class_label}
+    return suite_key(ValidationPlan("validation.suite", [], params))
+
+
 def test_suite_hash_changes_with_any_bound_column_or_role():
     exp = _digits_like()
     features = ["pixel_0", "pixel_1", "pixel_2"]
@@ -458,10 +470,10 @@ def test_data_hash_follows_the_bytes_and_names_a_missing_file(tmp_path):
 ])
 def test_a_derived_suite_result_gx_could_not_evaluate_says_so_as_a_table_s_does(info, detail):
     from validation import text_suite
-    from validation.gx_run import _derived_failure
+    from validation.gx_run import Item, _derived_failure
 
     result = {"success": False, "exception_info": info, "result": {},
               "expectation_config": {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "path"}}}
-    f = _derived_failure(text_suite, "train", "format", result)
+    f = _derived_failure(text_suite, Item("train", "train", "text", None, [], {}), result)
     assert f["detail"] == detail and f["unexpected_count"] is None
     assert f["message"].endswith(detail)
