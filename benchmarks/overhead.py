@@ -30,6 +30,7 @@ from common import ROOT, free_port, healthy, median, parser, rounds, wait_health
 
 from core.env import offline_env
 from core.procs import group_members, stop_group
+from flows.ui import Server
 
 MODES = ("default", "ephemeral", "server")
 STAGES = ("resolve", "validate", "train", "evaluate", "gate", "register")
@@ -109,36 +110,17 @@ def _run(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float) -> tu
     return rc, wall, left
 
 
-class PrefectServer:
-    """``prefect server start`` on 127.0.0.1 with its own database, started and stopped here."""
-
-    def __init__(self, home: Path, base_env: dict[str, str], log: Path):
-        self.log, port = log, free_port()
-        self.api_url = f"http://127.0.0.1:{port}/api"
-        self.env = {**base_env, **offline_env(home), "PREFECT_HOME": str(home / "prefect-server"),
-                    "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port),
-                    "PREFECT_UI_API_URL": self.api_url}
-        self.env.pop("PREFECT_API_URL", None)
-        Path(self.env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
-        self.cmd = [*_venv_bin("prefect", "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
-                    "--analytics-off"]
-        self.ready_s = self.stop_s = float("nan")
-
-    def start(self) -> None:
-        t0 = time.perf_counter()
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        if not wait_healthy(self.api_url, self.proc, HEALTH_TIMEOUT_S):
-            self.stop()
-            raise RuntimeError(f"prefect server did not become healthy within {HEALTH_TIMEOUT_S:.0f}s "
-                               f"(see {self.log})")
-        self.ready_s = time.perf_counter() - t0
-
-    def stop(self) -> None:
-        t0 = time.perf_counter()
-        _kill_tree(self.proc, grace_s=15.0)
-        self.stop_s = time.perf_counter() - t0
+def prefect_server(home: Path, base_env: dict[str, str], log: Path) -> Server:
+    """``prefect server start`` on 127.0.0.1 with its own database; ``url`` is its API."""
+    port = free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = {**base_env, **offline_env(home), "PREFECT_HOME": str(home / "prefect-server"),
+           "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port), "PREFECT_UI_API_URL": api_url}
+    env.pop("PREFECT_API_URL", None)
+    Path(env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    cmd = [*_venv_bin("prefect", "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
+           "--analytics-off"]
+    return Server("Prefect", api_url, f"{api_url}/health", cmd, env, log)
 
 
 IMPORT_PROBE = r"""
@@ -424,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  TRAINFLOW_HOME={home}  logs in {tmp}{'' if args.keep else ' (removed at the end)'}", flush=True)
 
     records: list[dict] = []
-    server: PrefectServer | None = None
+    server: Server | None = None
     main_overhead, failed = None, False
     t_start = time.perf_counter()
 
@@ -439,10 +421,13 @@ def main(argv: list[str] | None = None) -> int:
                     raise RuntimeError(f"PREFECT_API_URL={preset_api} is set but {preset_api}/health does not answer")
                 ctx.update(server_url=preset_api, server_ready_s=0.0, server_reused=True)
             else:
-                server = PrefectServer(home, env, tmp / "prefect-server.log")
+                server, t0 = prefect_server(home, env, tmp / "prefect-server.log"), time.perf_counter()
                 server.start()
-                ctx.update(server_url=server.api_url, server_ready_s=server.ready_s)
-                print(f"  prefect server on {server.api_url}: healthy after {server.ready_s:.2f} s", flush=True)
+                if not wait_healthy(server.url, server.proc, HEALTH_TIMEOUT_S):
+                    raise RuntimeError(f"prefect server did not become healthy within {HEALTH_TIMEOUT_S:.0f}s "
+                                       f"(see {server.log})")
+                ctx.update(server_url=server.url, server_ready_s=time.perf_counter() - t0)
+                print(f"  prefect server on {server.url}: healthy after {ctx['server_ready_s']:.2f} s", flush=True)
         for mode in modes:
             for _ in range(args.warmup):
                 record(run_pipeline(mode, args, ctx, "warm-up"))
@@ -470,8 +455,9 @@ def main(argv: list[str] | None = None) -> int:
         failed = True
     finally:
         if server is not None:
+            t0 = time.perf_counter()
             server.stop()
-            print(f"  prefect server stopped in {server.stop_s:.2f} s", flush=True)
+            print(f"  prefect server stopped in {time.perf_counter() - t0:.2f} s", flush=True)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({"modes": modes, "records": records,

@@ -102,12 +102,10 @@ class JobSpec:
         return cmd + (["--force-resume"] if self.force_resume else [])
 
 
-def make_spec(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, env: dict[str, str] | None = None,
-              node_rank: int = 0, rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
-              force_resume: bool = False) -> JobSpec:
-    """The torchrun job that runs ``plan`` on this host, with its config written into ``out_dir``
-    (what the workers read). ConfigError when several nodes lack a rendezvous."""
-    spec = plan_spec(plan, out_dir, root, data_md5, env, node_rank, rdzv_endpoint, rdzv_id, force_resume)
+def make_spec(plan: LaunchPlan, out_dir: Path, *args, **kwargs) -> JobSpec:
+    """The torchrun job that runs ``plan`` on this host (``plan_spec``'s arguments), with its config
+    written into ``out_dir`` (what the workers read). ConfigError when several nodes lack a rendezvous."""
+    spec = plan_spec(plan, out_dir, *args, **kwargs)
     out_dir.mkdir(parents=True, exist_ok=True)
     Path(spec.config_path).write_text(plan.cfg.to_yaml())
     return spec
