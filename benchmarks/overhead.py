@@ -115,7 +115,8 @@ def prefect_server(home: Path, base_env: dict[str, str], log: Path) -> Server:
     port = free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     env = {**base_env, **offline_env(home), "PREFECT_HOME": str(home / "prefect-server"),
-           "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port), "PREFECT_UI_API_URL": api_url}
+           "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port),
+           "PREFECT_UI_API_URL": api_url}
     env.pop("PREFECT_API_URL", None)
     Path(env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     cmd = [*_venv_bin("prefect", "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
