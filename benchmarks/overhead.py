@@ -35,19 +35,7 @@ from flows.ui import Server
 MODES = ("default", "ephemeral", "server")
 STAGES = ("resolve", "validate", "train", "evaluate", "gate", "register")
 HEALTH_TIMEOUT_S = 180.0
-
-
-def _venv_bin(name: str, module: str) -> list[str]:
-    venv = ROOT / ".venv" / "bin" / name
-    if venv.exists():
-        return [str(venv)]
-    found = shutil.which(name)
-    return [found] if found else [_python(), "-m", module]
-
-
-def _python() -> str:
-    venv = ROOT / ".venv" / "bin" / "python"
-    return str(venv) if venv.exists() else sys.executable
+BIN = Path(sys.executable).parent  # the venv this runs in: its trainflow and prefect
 
 
 def _descendants(pid: int) -> list[int]:
@@ -119,7 +107,7 @@ def prefect_server(home: Path, base_env: dict[str, str], log: Path) -> Server:
            "PREFECT_UI_API_URL": api_url}
     env.pop("PREFECT_API_URL", None)
     Path(env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
-    cmd = [*_venv_bin("prefect", "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
            "--analytics-off"]
     return Server("Prefect", api_url, f"{api_url}/health", cmd, env, log)
 
@@ -155,7 +143,7 @@ def import_costs(args, ctx: dict) -> None:
     env = {**ctx["env"], **offline_env(ctx["home"])}
     runs = []
     for _ in range(max(1, args.repeats)):
-        p = subprocess.run([_python(), "-c", IMPORT_PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
+        p = subprocess.run([sys.executable, "-c", IMPORT_PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=300, stdin=subprocess.DEVNULL)
         runs += [json.loads(x[6:]) for x in p.stdout.splitlines() if x.startswith("PROBE ")][:1]
     if not runs:
@@ -184,7 +172,7 @@ def _next_path(ctx: dict, kind: str) -> Path:
 def run_pipeline(mode: str, args, ctx: dict, tag: str) -> dict:
     base = _next_path(ctx, f"pipeline-{mode}")
     summary_path, log = base.with_suffix(".json"), base.with_suffix(".log")
-    rc, wall, left = _run([*_venv_bin("trainflow", "flows.cli"), "run", "--config", args.config,
+    rc, wall, left = _run([str(BIN / "trainflow"), "run", "--config", args.config,
                            "--summary-json", str(summary_path)], _mode_env(mode, ctx), log, args.timeout)
     s = _read_json(summary_path)
     tr = s.get("training") or {}
@@ -207,7 +195,7 @@ def _mode_env(mode: str, ctx: dict) -> dict[str, str]:
 def run_floor(mode: str, args, ctx: dict, tag: str) -> dict:
     """``benchmarks/empty_flow.py``: the pipeline's Prefect and MLflow start-up around empty stages."""
     log = _next_path(ctx, f"floor-{mode}").with_suffix(".log")
-    rc, wall, left = _run([_python(), str(ROOT / "benchmarks" / "empty_flow.py")], _mode_env(mode, ctx), log,
+    rc, wall, left = _run([sys.executable, str(ROOT / "benchmarks" / "empty_flow.py")], _mode_env(mode, ctx), log,
                           args.timeout)
     found = [json.loads(x[6:]) for x in log.read_text(errors="replace").splitlines() if x.startswith("FLOOR ")]
     return {"kind": "floor", "mode": mode, "tag": tag, "log": str(log), "rc": rc, "proc_wall": wall, "wall": wall,
@@ -221,10 +209,10 @@ def run_train(args, ctx: dict, tag: str, bare: bool = False) -> dict:
     env = dict(ctx["env"])
     if bare:
         env["OMP_NUM_THREADS"] = str(ctx["threads_per_worker"])  # what the launcher sets
-        cmd = [_python(), "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ctx['nproc']}",
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ctx['nproc']}",
                "-m", "training.worker", "--config", args.config, "--out", str(out)]
     else:
-        cmd = [*_venv_bin("trainflow", "flows.cli"), "train", "--config", args.config, "--out", str(out)]
+        cmd = [str(BIN / "trainflow"), "train", "--config", args.config, "--out", str(out)]
     rc, wall, left = _run(cmd, env, log, args.timeout)
     result = _read_json(out / "result.json")
     shutil.rmtree(out, ignore_errors=True)
