@@ -10,7 +10,7 @@ does. Last line: ``overhead_s=<median pipeline wall - median training wall>``.
 API server), ``ephemeral`` (``TRAINFLOW_PREFECT_API=ephemeral``), ``server`` (one ``prefect server
 start`` started here, its start-up not charged to the runs; a running ``PREFECT_API_URL`` is reused).
 
-    .venv/bin/python benchmarks/overhead.py --prefect-mode default,ephemeral,server --bare-torchrun --imports
+    .venv/bin/python benchmarks/overhead.py --prefect-mode default,ephemeral,server --bare-torchrun
 """
 
 from __future__ import annotations
@@ -110,50 +110,6 @@ def prefect_server(home: Path, base_env: dict[str, str], log: Path) -> Server:
     cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
            "--analytics-off"]
     return Server("Prefect", api_url, f"{api_url}/health", cmd, env, log)
-
-
-IMPORT_PROBE = r"""
-import json, time
-groups = [
-    ("before t0: flows.cli (core.config, pydantic)", ["flows.cli"]),
-    ("imports: flows.pipeline (prefect)", ["flows.params", "flows.pipeline", "training.preemption"]),
-    ("flow start, ephemeral only: prefect.server.api.server", ["prefect.server.api.server"]),
-    ("resolve: torch", ["torch"]),
-    ("resolve: mlflow + its sqlalchemy tracking store", ["registry.store", "mlflow", "mlflow.store.tracking.sqlalchemy_store"]),
-    ("resolve: rest (launcher, distributed, manifest)", ["training.launcher", "training.distributed", "core.manifest"]),
-    ("validate: great_expectations (pulls scipy.stats)", ["great_expectations"]),
-    ("validate: rest (validation.suite)", ["validation.suite"]),
-    ("evaluate: torch.export pt2 loader (sympy)", ["torch.export.pt2_archive._package"]),
-    ("evaluate: rest (sklearn, matplotlib, mlflow.pyfunc)", ["evaluation.evaluate", "registry.models", "sklearn.metrics",
-                                                            "matplotlib.pyplot", "mlflow.pyfunc"]),
-    ("gate/register: evaluation.gates, evaluation.report", ["evaluation.gates", "evaluation.report"]),
-]
-out = {}
-for name, mods in groups:
-    t = time.perf_counter()
-    for m in mods:
-        __import__(m)
-    out[name] = time.perf_counter() - t
-print("PROBE " + json.dumps(out))
-"""
-
-
-def import_costs(args, ctx: dict) -> None:
-    """Seconds each stage spends importing, in the order the pipeline imports (a fresh process per repeat)."""
-    env = {**ctx["env"], **offline_env(ctx["home"])}
-    runs = []
-    for _ in range(max(1, args.repeats)):
-        p = subprocess.run([sys.executable, "-c", IMPORT_PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=300, stdin=subprocess.DEVNULL)
-        runs += [json.loads(x[6:]) for x in p.stdout.splitlines() if x.startswith("PROBE ")][:1]
-    if not runs:
-        print("  import probe failed", flush=True)
-        return
-    print(f"\n== imports each stage pays (seconds, fresh process, in pipeline order; median of {len(runs)}) ==",
-          flush=True)
-    for name in runs[0]:
-        print(f"  {name:55s} {_fmt(median(r.get(name) for r in runs))}", flush=True)
-    print(f"  {'all':55s} {_fmt(median(sum(r.values()) for r in runs))}", flush=True)
 
 
 def _read_json(path: Path) -> dict:
@@ -359,8 +315,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time `python -m torch.distributed.run --standalone ... -m training.worker`")
     ap.add_argument("--floor", action="store_true",
                     help="also time benchmarks/empty_flow.py in each mode: the least a run costs without overlap")
-    ap.add_argument("--imports", action="store_true",
-                    help="also time, in a fresh process, the imports each stage pays (cheap: ~15 s a repeat)")
     ap.add_argument("--home", type=Path, help="TRAINFLOW_HOME to use and keep (default: a temp folder)")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (logs, summaries, state)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds before one run is killed")
@@ -433,8 +387,6 @@ def main(argv: list[str] | None = None) -> int:
                     record(run_floor(kind[len("floor-"):], args, ctx, tag))
                 else:
                     record(run_pipeline(kind, args, ctx, tag))
-        if args.imports:
-            import_costs(args, ctx)
         main_overhead = report(records, modes, args, ctx)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
