@@ -156,8 +156,9 @@ def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, 
     found = latest_identity(out_dir / "checkpoints")
     if not found:
         return
+    theirs = found.get("layout")
     # Sharded or staged checkpoints load only into the layout that wrote them: --force-resume cannot help.
-    if layout and found.get("layout") and (error := mismatch_error(out_dir / "checkpoints", found["layout"], layout)):
+    if layout and theirs and (error := mismatch_error(out_dir / "checkpoints", theirs, layout)):
         raise ConfigError(str(error))
     if force:
         return

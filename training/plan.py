@@ -71,8 +71,8 @@ class LaunchPlan:
 
 
 def parse_nnodes(value: int | str, nproc: int | None = 1) -> tuple[int, int]:
-    """``N`` -> (N, N); ``"MIN:MAX"`` -> (MIN, MAX). Raises ConfigError unless 1 <= MIN <= MAX and
-    ``nproc`` (``--nproc``, None: not given) is >= 1, or None on one node: the command line's check."""
+    """``N`` -> (N, N); ``"MIN:MAX"`` -> (MIN, MAX). The command line's check: ConfigError unless
+    1 <= MIN <= MAX and ``nproc`` (``--nproc``; None: not given) is >= 1, given whenever MAX > 1."""
     if nproc is not None and nproc < 1:
         raise ConfigError(f"--nproc: must be >= 1, got {nproc}")
     text = str(value).strip()
