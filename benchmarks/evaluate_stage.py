@@ -30,9 +30,9 @@ from core.env import apply_offline_env
 apply_offline_env(home)
 if not cold:
     import torch, mlflow, prefect  # noqa: F401  (imported by the CLI before the flow)
-if rescore:  # another metric-code version: the champion's recorded scores no longer apply
-    import evaluation.recorded as recorded
-    recorded.METRICS_VERSION += 1
+if rescore:  # as after a metric-code change: the champion's recorded scores no longer apply
+    import evaluation.champion as champion
+    champion.recorded_metrics = lambda *a: None
 from core.config import load_config
 from core.manifest import build_manifest, image_from_env
 from core.paths import tracking_uri

@@ -24,19 +24,12 @@ from pathlib import Path
 from common import ROOT, median, parser
 
 from core.config import load_config
-from core.procs import pid_alive
+from core.procs import children, pid_alive
 from training.goodput import BEAT_S, LEDGER_FILE, Ledger, read_events
 from training.launcher import make_spec, start_job
 from training.plan import HostFacts, plan_launch
 
 CONFIG = ROOT / "tests" / "configs" / "digits-engine.yaml"
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
 
 
 class Watcher(threading.Thread):
@@ -50,7 +43,7 @@ class Watcher(threading.Thread):
     def run(self) -> None:
         while not self.halt.is_set():
             now = time.time()
-            for pid in _children(self.agent_pid):
+            for pid in children(self.agent_pid):
                 self.seen.setdefault(pid, now)
             for pid in self.seen:
                 if pid not in self.died and not pid_alive(pid):

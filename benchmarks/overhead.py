@@ -10,7 +10,7 @@ does. Last line: ``overhead_s=<median pipeline wall - median training wall>``.
 API server), ``ephemeral`` (``TRAINFLOW_PREFECT_API=ephemeral``), ``server`` (one ``prefect server
 start`` started here, its start-up not charged to the runs; a running ``PREFECT_API_URL`` is reused).
 
-    .venv/bin/python benchmarks/overhead.py --prefect-mode default,ephemeral,server --bare-torchrun --imports
+    .venv/bin/python benchmarks/overhead.py --prefect-mode default,ephemeral,server --bare-torchrun
 """
 
 from __future__ import annotations
@@ -30,23 +30,12 @@ from common import ROOT, free_port, healthy, median, parser, rounds, wait_health
 
 from core.env import offline_env
 from core.procs import group_members, stop_group
+from flows.ui import Server
 
 MODES = ("default", "ephemeral", "server")
 STAGES = ("resolve", "validate", "train", "evaluate", "gate", "register")
 HEALTH_TIMEOUT_S = 180.0
-
-
-def _venv_bin(name: str, module: str) -> list[str]:
-    venv = ROOT / ".venv" / "bin" / name
-    if venv.exists():
-        return [str(venv)]
-    found = shutil.which(name)
-    return [found] if found else [_python(), "-m", module]
-
-
-def _python() -> str:
-    venv = ROOT / ".venv" / "bin" / "python"
-    return str(venv) if venv.exists() else sys.executable
+BIN = Path(sys.executable).parent  # the venv this runs in: its trainflow and prefect
 
 
 def _descendants(pid: int) -> list[int]:
@@ -109,80 +98,18 @@ def _run(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float) -> tu
     return rc, wall, left
 
 
-class PrefectServer:
-    """``prefect server start`` on 127.0.0.1 with its own database, started and stopped here."""
-
-    def __init__(self, home: Path, base_env: dict[str, str], log: Path):
-        self.log, port = log, free_port()
-        self.api_url = f"http://127.0.0.1:{port}/api"
-        self.env = {**base_env, **offline_env(home), "PREFECT_HOME": str(home / "prefect-server"),
-                    "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port),
-                    "PREFECT_UI_API_URL": self.api_url}
-        self.env.pop("PREFECT_API_URL", None)
-        Path(self.env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
-        self.cmd = [*_venv_bin("prefect", "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
-                    "--analytics-off"]
-        self.ready_s = self.stop_s = float("nan")
-
-    def start(self) -> None:
-        t0 = time.perf_counter()
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        if not wait_healthy(self.api_url, self.proc, HEALTH_TIMEOUT_S):
-            self.stop()
-            raise RuntimeError(f"prefect server did not become healthy within {HEALTH_TIMEOUT_S:.0f}s "
-                               f"(see {self.log})")
-        self.ready_s = time.perf_counter() - t0
-
-    def stop(self) -> None:
-        t0 = time.perf_counter()
-        _kill_tree(self.proc, grace_s=15.0)
-        self.stop_s = time.perf_counter() - t0
-
-
-IMPORT_PROBE = r"""
-import json, time
-groups = [
-    ("before t0: flows.cli (core.config, pydantic)", ["flows.cli"]),
-    ("imports: flows.pipeline (prefect)", ["flows.params", "flows.pipeline", "training.preemption"]),
-    ("flow start, ephemeral only: prefect.server.api.server", ["prefect.server.api.server"]),
-    ("resolve: torch", ["torch"]),
-    ("resolve: mlflow + its sqlalchemy tracking store", ["registry.store", "mlflow", "mlflow.store.tracking.sqlalchemy_store"]),
-    ("resolve: rest (launcher, distributed, manifest)", ["training.launcher", "training.distributed", "core.manifest"]),
-    ("validate: great_expectations (pulls scipy.stats)", ["great_expectations"]),
-    ("validate: rest (validation.suite)", ["validation.suite"]),
-    ("evaluate: torch.export pt2 loader (sympy)", ["torch.export.pt2_archive._package"]),
-    ("evaluate: rest (sklearn, matplotlib, mlflow.pyfunc)", ["evaluation.evaluate", "registry.models", "sklearn.metrics",
-                                                            "matplotlib.pyplot", "mlflow.pyfunc"]),
-    ("gate/register: evaluation.gates, evaluation.report", ["evaluation.gates", "evaluation.report"]),
-]
-out = {}
-for name, mods in groups:
-    t = time.perf_counter()
-    for m in mods:
-        __import__(m)
-    out[name] = time.perf_counter() - t
-print("PROBE " + json.dumps(out))
-"""
-
-
-def import_costs(args, ctx: dict) -> None:
-    """Seconds each stage spends importing, in the order the pipeline imports (a fresh process per repeat)."""
-    env = {**ctx["env"], **offline_env(ctx["home"])}
-    runs = []
-    for _ in range(max(1, args.repeats)):
-        p = subprocess.run([_python(), "-c", IMPORT_PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=300, stdin=subprocess.DEVNULL)
-        runs += [json.loads(x[6:]) for x in p.stdout.splitlines() if x.startswith("PROBE ")][:1]
-    if not runs:
-        print("  import probe failed", flush=True)
-        return
-    print(f"\n== imports each stage pays (seconds, fresh process, in pipeline order; median of {len(runs)}) ==",
-          flush=True)
-    for name in runs[0]:
-        print(f"  {name:55s} {_fmt(median(r.get(name) for r in runs))}", flush=True)
-    print(f"  {'all':55s} {_fmt(median(sum(r.values()) for r in runs))}", flush=True)
+def prefect_server(home: Path, base_env: dict[str, str], log: Path) -> Server:
+    """``prefect server start`` on 127.0.0.1 with its own database; ``url`` is its API."""
+    port = free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = {**base_env, **offline_env(home), "PREFECT_HOME": str(home / "prefect-server"),
+           "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port),
+           "PREFECT_UI_API_URL": api_url}
+    env.pop("PREFECT_API_URL", None)
+    Path(env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
+           "--analytics-off"]
+    return Server("Prefect", api_url, f"{api_url}/health", cmd, env, log)
 
 
 def _read_json(path: Path) -> dict:
@@ -201,7 +128,7 @@ def _next_path(ctx: dict, kind: str) -> Path:
 def run_pipeline(mode: str, args, ctx: dict, tag: str) -> dict:
     base = _next_path(ctx, f"pipeline-{mode}")
     summary_path, log = base.with_suffix(".json"), base.with_suffix(".log")
-    rc, wall, left = _run([*_venv_bin("trainflow", "flows.cli"), "run", "--config", args.config,
+    rc, wall, left = _run([str(BIN / "trainflow"), "run", "--config", args.config,
                            "--summary-json", str(summary_path)], _mode_env(mode, ctx), log, args.timeout)
     s = _read_json(summary_path)
     tr = s.get("training") or {}
@@ -224,7 +151,7 @@ def _mode_env(mode: str, ctx: dict) -> dict[str, str]:
 def run_floor(mode: str, args, ctx: dict, tag: str) -> dict:
     """``benchmarks/empty_flow.py``: the pipeline's Prefect and MLflow start-up around empty stages."""
     log = _next_path(ctx, f"floor-{mode}").with_suffix(".log")
-    rc, wall, left = _run([_python(), str(ROOT / "benchmarks" / "empty_flow.py")], _mode_env(mode, ctx), log,
+    rc, wall, left = _run([sys.executable, str(ROOT / "benchmarks" / "empty_flow.py")], _mode_env(mode, ctx), log,
                           args.timeout)
     found = [json.loads(x[6:]) for x in log.read_text(errors="replace").splitlines() if x.startswith("FLOOR ")]
     return {"kind": "floor", "mode": mode, "tag": tag, "log": str(log), "rc": rc, "proc_wall": wall, "wall": wall,
@@ -238,10 +165,10 @@ def run_train(args, ctx: dict, tag: str, bare: bool = False) -> dict:
     env = dict(ctx["env"])
     if bare:
         env["OMP_NUM_THREADS"] = str(ctx["threads_per_worker"])  # what the launcher sets
-        cmd = [_python(), "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ctx['nproc']}",
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ctx['nproc']}",
                "-m", "training.worker", "--config", args.config, "--out", str(out)]
     else:
-        cmd = [*_venv_bin("trainflow", "flows.cli"), "train", "--config", args.config, "--out", str(out)]
+        cmd = [str(BIN / "trainflow"), "train", "--config", args.config, "--out", str(out)]
     rc, wall, left = _run(cmd, env, log, args.timeout)
     result = _read_json(out / "result.json")
     shutil.rmtree(out, ignore_errors=True)
@@ -388,8 +315,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time `python -m torch.distributed.run --standalone ... -m training.worker`")
     ap.add_argument("--floor", action="store_true",
                     help="also time benchmarks/empty_flow.py in each mode: the least a run costs without overlap")
-    ap.add_argument("--imports", action="store_true",
-                    help="also time, in a fresh process, the imports each stage pays (cheap: ~15 s a repeat)")
     ap.add_argument("--home", type=Path, help="TRAINFLOW_HOME to use and keep (default: a temp folder)")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (logs, summaries, state)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds before one run is killed")
@@ -424,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  TRAINFLOW_HOME={home}  logs in {tmp}{'' if args.keep else ' (removed at the end)'}", flush=True)
 
     records: list[dict] = []
-    server: PrefectServer | None = None
+    server: Server | None = None
     main_overhead, failed = None, False
     t_start = time.perf_counter()
 
@@ -439,10 +364,13 @@ def main(argv: list[str] | None = None) -> int:
                     raise RuntimeError(f"PREFECT_API_URL={preset_api} is set but {preset_api}/health does not answer")
                 ctx.update(server_url=preset_api, server_ready_s=0.0, server_reused=True)
             else:
-                server = PrefectServer(home, env, tmp / "prefect-server.log")
+                server, t0 = prefect_server(home, env, tmp / "prefect-server.log"), time.perf_counter()
                 server.start()
-                ctx.update(server_url=server.api_url, server_ready_s=server.ready_s)
-                print(f"  prefect server on {server.api_url}: healthy after {server.ready_s:.2f} s", flush=True)
+                if not wait_healthy(server.url, server.proc, HEALTH_TIMEOUT_S):
+                    raise RuntimeError(f"prefect server did not become healthy within {HEALTH_TIMEOUT_S:.0f}s "
+                                       f"(see {server.log})")
+                ctx.update(server_url=server.url, server_ready_s=time.perf_counter() - t0)
+                print(f"  prefect server on {server.url}: healthy after {ctx['server_ready_s']:.2f} s", flush=True)
         for mode in modes:
             for _ in range(args.warmup):
                 record(run_pipeline(mode, args, ctx, "warm-up"))
@@ -459,8 +387,6 @@ def main(argv: list[str] | None = None) -> int:
                     record(run_floor(kind[len("floor-"):], args, ctx, tag))
                 else:
                     record(run_pipeline(kind, args, ctx, tag))
-        if args.imports:
-            import_costs(args, ctx)
         main_overhead = report(records, modes, args, ctx)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
@@ -470,8 +396,9 @@ def main(argv: list[str] | None = None) -> int:
         failed = True
     finally:
         if server is not None:
+            t0 = time.perf_counter()
             server.stop()
-            print(f"  prefect server stopped in {server.stop_s:.2f} s", flush=True)
+            print(f"  prefect server stopped in {time.perf_counter() - t0:.2f} s", flush=True)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({"modes": modes, "records": records,

@@ -63,6 +63,14 @@ def parent_death_signal(sig: int) -> Callable[[], None] | None:
     return preexec
 
 
+def children(pid: int) -> list[int]:
+    """Child pids of ``pid``'s main thread (Linux ``/proc``; [] when it is gone, or elsewhere)."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def group_members(pgid: int) -> list[int]:
     """The live (not zombie) processes in process group ``pgid`` (Linux ``/proc``; [] elsewhere)."""
     pids = []

@@ -383,10 +383,9 @@ def _run_flow(args: argparse.Namespace, which: str) -> tuple[int, dict, str | No
         if code_override(overrides):
             raise ConfigError(code_override(overrides))
         cfg = _checked_config(cfg_path, overrides, root)
-        if args.nproc is not None and args.nproc < 1:
-            raise ConfigError(f"--nproc: must be >= 1, got {args.nproc}")
-        if args.nnodes is not None and (args.nnodes < 1 or args.nnodes > 1 and args.nproc is None):
-            raise ConfigError(f"--nnodes: must be >= 1, and more than 1 needs --nproc, got {args.nnodes}")
+        from training.plan import parse_nnodes
+
+        parse_nnodes(1 if args.nnodes is None else args.nnodes, args.nproc)  # plan_launch's check, early
         if args.launcher == "slurm":  # before Prefect starts: nothing is registered or submitted
             from training.slurm import check_shared_dir
 

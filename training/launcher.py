@@ -24,11 +24,11 @@ from pathlib import Path
 
 from core.errors import ConfigError, PreemptedError, TrainingFailedError
 from core.paths import python_path_with
-from core.procs import pid_alive
+from core.procs import children, pid_alive
 from tasks.base import SCORES_FILE  # noqa: F401  (the file SCORE_ENV makes rank 0 write)
 from training import preemption
 from training.agent import LAUNCHER_PID_ENV, WORKER_START_ENV
-from training.layouts import MODEL_PARALLEL, layout_for, mismatch_error
+from training.layouts import layout_for, mismatch_error
 from training.plan import LaunchPlan, parse_nnodes
 from training.slots import completed
 
@@ -102,12 +102,10 @@ class JobSpec:
         return cmd + (["--force-resume"] if self.force_resume else [])
 
 
-def make_spec(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, env: dict[str, str] | None = None,
-              node_rank: int = 0, rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
-              force_resume: bool = False) -> JobSpec:
-    """The torchrun job that runs ``plan`` on this host, with its config written into ``out_dir``
-    (what the workers read). ConfigError when several nodes lack a rendezvous."""
-    spec = plan_spec(plan, out_dir, root, data_md5, env, node_rank, rdzv_endpoint, rdzv_id, force_resume)
+def make_spec(plan: LaunchPlan, out_dir: Path, *args, **kwargs) -> JobSpec:
+    """The torchrun job that runs ``plan`` on this host (``plan_spec``'s arguments), with its config
+    written into ``out_dir`` (what the workers read). ConfigError when several nodes lack a rendezvous."""
+    spec = plan_spec(plan, out_dir, *args, **kwargs)
     out_dir.mkdir(parents=True, exist_ok=True)
     Path(spec.config_path).write_text(plan.cfg.to_yaml())
     return spec
@@ -159,9 +157,9 @@ def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, 
     if not found:
         return
     theirs = found.get("layout")
-    if layout and theirs and theirs != layout and set(MODEL_PARALLEL) & {layout["strategy"], theirs.get("strategy")}:
-        # Sharded or staged checkpoints load only into the layout that wrote them: --force-resume cannot help.
-        raise ConfigError(str(mismatch_error(out_dir / "checkpoints", theirs, layout)))
+    # Sharded or staged checkpoints load only into the layout that wrote them: --force-resume cannot help.
+    if layout and theirs and (error := mismatch_error(out_dir / "checkpoints", theirs, layout)):
+        raise ConfigError(str(error))
     if force:
         return
     try:
@@ -202,14 +200,6 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
-
-
-def _workers(pid: int) -> list[int]:
-    """Child pids of the torchrun agent (its workers), from /proc."""
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
 
 
 def write_fatal(out: Path, rank: int, exc: BaseException) -> None:
@@ -260,11 +250,11 @@ def _wait(proc: subprocess.Popen, spec: JobSpec, at_result: bool = False) -> tup
         if preemption.REQUESTED.is_set():
             preempted_at = preempted_at or now
             # The workers checkpoint and exit; signalling the agent would make it kill them at once.
-            for pid in set(_workers(proc.pid)) - signalled:
+            for pid in set(children(proc.pid)) - signalled:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
                     signalled.add(pid)
-        if preempted_at is not None and signalled and not _workers(proc.pid):
+        if preempted_at is not None and signalled and not children(proc.pid):
             # Done here; the agent may wait in the exit barrier for agents that carry on (elastic).
             _kill_group(proc, grace_s=5.0)
             return proc.returncode, True

@@ -75,9 +75,13 @@ def describe_layout(layout) -> str:
     return text
 
 
-def mismatch_error(folder, theirs, mine):
-    """The ``CheckpointMismatchError`` for a model-parallel checkpoint that cannot load into ``mine``,
-    naming what a launch must say to recreate ``theirs``."""
+def mismatch_error(folder, theirs, mine: dict) -> CheckpointMismatchError | None:
+    """The ``CheckpointMismatchError`` for a checkpoint laid out as ``theirs`` that cannot load into
+    ``mine``, naming what a launch must say to recreate ``theirs``; None when it can: replicated and
+    FSDP checkpoints load at any world size, tp / pp / hybrid only into their own layout."""
+    theirs_strategy = theirs.get("strategy") if isinstance(theirs, dict) else None
+    if theirs == mine or not {mine["strategy"], theirs_strategy} & set(MODEL_PARALLEL):
+        return None
     if not isinstance(theirs, dict):
         needed = "the layout that wrote it"
     else:

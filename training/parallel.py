@@ -11,7 +11,6 @@ whose checkpoints resume only into the same layout.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from pathlib import Path
 from typing import ContextManager
 
 import torch
@@ -19,7 +18,7 @@ from torch import nn
 
 from training.distributed import DistContext
 from training.strategies import (MODEL_PARALLEL, DCPStrategy, DDPStrategy, FSDPStrategy, SingleStrategy, Strategy,
-                                 StrategyConfigError, check_world, fsdp_gradient_sync, layout_for, mismatch_error)
+                                 StrategyConfigError, check_world, fsdp_gradient_sync, layout_for)
 
 
 class _ModelParallel(DCPStrategy):
@@ -35,11 +34,6 @@ class _ModelParallel(DCPStrategy):
 
     def layout(self) -> dict:
         return layout_for(self.name, self.ctx.world_size, self.parallel)
-
-    def check_layout(self, extra: dict, folder: Path) -> None:
-        theirs, mine = (extra or {}).get("layout"), self.layout()
-        if theirs != mine:
-            raise mismatch_error(folder, theirs, mine)
 
     def state_dict_options(self):
         from torch.distributed.checkpoint.state_dict import StateDictOptions

@@ -70,8 +70,11 @@ class LaunchPlan:
         return World(nnodes=self.node_range[1], nproc_per_node=self.nproc_per_node, backend=self.backend)
 
 
-def parse_nnodes(value: int | str) -> tuple[int, int]:
-    """``N`` -> (N, N); ``"MIN:MAX"`` -> (MIN, MAX). Raises ConfigError unless 1 <= MIN <= MAX."""
+def parse_nnodes(value: int | str, nproc: int | None = 1) -> tuple[int, int]:
+    """``N`` -> (N, N); ``"MIN:MAX"`` -> (MIN, MAX). The command line's check: ConfigError unless
+    1 <= MIN <= MAX and ``nproc`` (``--nproc``; None: not given) is >= 1, given whenever MAX > 1."""
+    if nproc is not None and nproc < 1:
+        raise ConfigError(f"--nproc: must be >= 1, got {nproc}")
     text = str(value).strip()
     parts = text.split(":")
     if isinstance(value, bool) or len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
@@ -79,6 +82,8 @@ def parse_nnodes(value: int | str) -> tuple[int, int]:
     lo, hi = int(parts[0]), int(parts[-1])
     if lo < 1 or hi < lo:
         raise ConfigError(f"--nnodes: needs 1 <= MIN <= MAX, got {text!r}")
+    if hi > 1 and nproc is None:
+        raise ConfigError("--nnodes > 1 needs --nproc (workers per node) so every node agrees on the world size")
     return lo, hi
 
 
@@ -104,11 +109,7 @@ def plan_launch(cfg: PipelineConfig, facts: HostFacts, nproc: int | None = None,
     per GPU, else ``training.cpu_workers``, whose ``auto`` takes the measured best layout or, with
     nothing measured, the rule's, and ``unmeasured``). A pure function: it reads and writes nothing.
     ConfigError when the settings don't fit the world."""
-    if nproc is not None and nproc < 1:
-        raise ConfigError(f"--nproc: must be >= 1, got {nproc}")
-    lo, hi = parse_nnodes(nnodes)
-    if hi > 1 and nproc is None:
-        raise ConfigError("--nnodes > 1 needs --nproc (workers per node) so every node agrees on the world size")
+    lo, hi = parse_nnodes(nnodes, nproc)
     t = cfg.training
     gpus = facts.gpus if t.backend != "gloo" else 0
     update, reasons, unmeasured = {}, [], None

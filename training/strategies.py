@@ -138,11 +138,9 @@ class Strategy:
         return None
 
     def check_layout(self, extra: dict, folder: Path) -> None:
-        """Raise a ``CheckpointMismatchError`` when ``folder``'s shards cannot load into this layout:
-        replicated and FSDP checkpoints load at any world size, tp / pp / hybrid only into their own."""
-        theirs = (extra or {}).get("layout")
-        if isinstance(theirs, dict) and theirs.get("strategy") in MODEL_PARALLEL and theirs != self.layout():
-            raise mismatch_error(folder, theirs, self.layout())
+        """Raise ``mismatch_error``'s error when ``folder``'s shards cannot load into this layout."""
+        if error := mismatch_error(folder, (extra or {}).get("layout"), self.layout()):
+            raise error
 
 
 class SingleStrategy(Strategy):
