@@ -138,9 +138,10 @@ def cancel_kube_job(job_id: str) -> None:
 @dataclass
 class KubeJob:
     """A Kubernetes training job of one run, as ``slurm.SlurmJob``: ``finish`` submits it (``kube.run``:
-    resubmitted after PREEMPTED / TIMEOUT up to ``training.max_restarts``), logs its states and pod 0's
-    lines, deletes it when the run stops (SIGTERM, Ctrl-C, the task's cancellation) and reads the
-    result the pods wrote into the training folder on the shared volume."""
+    resubmitted after PREEMPTED / TIMEOUT up to ``training.max_restarts``, each resubmission in the
+    goodput ledger), logs its states and pod 0's lines, deletes it when the run stops (SIGTERM,
+    Ctrl-C, the task's cancellation) and reads the result the pods wrote into the training folder on
+    the shared volume."""
 
     plan: LaunchPlan
     out: Path
@@ -155,6 +156,7 @@ class KubeJob:
 
         from core.errors import PreemptedError, TrainingFailedError
         from training import kube, preemption
+        from training.goodput import LEDGER_FILE, Ledger
         from training.launcher import FATAL_FILE
 
         self.out.mkdir(parents=True, exist_ok=True)
@@ -171,13 +173,22 @@ class KubeJob:
                                      "resumes from its last checkpoint")
             preemption.REQUESTED.wait(seconds)
 
+        endings = []  # each job's; a job submitted after one resumes from its checkpoint
+
         def on_event(event) -> None:
-            if event.kind != "ending":
+            if event.kind == "ending":
+                endings.append(event.ending.state)
+            else:
                 self.hooks.log(f"[{self.name}] {event.text}" if event.kind == "log" else f"kubernetes: {event.text}")
+
+        def on_submitted(handle) -> None:
+            if endings:
+                Ledger(self.out / LEDGER_FILE).resubmitted(handle.name, endings[-1])
+            self.hooks.submitted(kube_job_id(handle))
 
         try:
             ending, names = kube.run(self.plan, client, name=self.name, on_event=on_event, sleep=sleep,
-                                     on_submitted=lambda h: self.hooks.submitted(kube_job_id(h)),
+                                     on_submitted=on_submitted,
                                      on_ended=lambda h: self.hooks.ended(kube_job_id(h)), **self.render)
         finally:
             if installed:
