@@ -144,10 +144,15 @@ def launch(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, env: dict
            force_resume: bool = False, lock_fd: int | None = None, **rendezvous) -> Job:
     """Start ``plan`` in ``out_dir`` (``start_job``), after refusing checkpoints there that it may not
     resume (``_check_resumable``); ``rendezvous``: ``make_spec``'s node_rank, rdzv_endpoint, rdzv_id."""
-    cfg = plan.cfg
-    _check_resumable(out_dir, cfg.config_id(), data_md5, force_resume,
-                    layout_for(cfg.training.strategy, plan.world.size, cfg.training.parallel), cfg.resume_id())
+    check_plan_resumable(plan, out_dir, data_md5, force_resume)
     return start_job(make_spec(plan, out_dir, root, data_md5, env, force_resume=force_resume, **rendezvous), lock_fd)
+
+
+def check_plan_resumable(plan: LaunchPlan, out_dir: Path, data_md5: str, force: bool = False) -> None:
+    """``_check_resumable`` for ``plan``'s config and layout (every launcher, before it starts)."""
+    cfg = plan.cfg
+    _check_resumable(Path(out_dir), cfg.config_id(), data_md5, force,
+                     layout_for(cfg.training.strategy, plan.world.size, cfg.training.parallel), cfg.resume_id())
 
 
 def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, layout: dict | None = None,

@@ -62,12 +62,9 @@ class Slurm:
 
     def start(self, plan, out_dir, root, data_md5, env=None, lock_fd=None, labels=Labels(), hooks=None):
         from training import slurm
-        from training.launcher import _check_resumable
-        from training.layouts import layout_for
+        from training.launcher import check_plan_resumable
 
-        cfg = plan.cfg
-        _check_resumable(out_dir, cfg.config_id(), data_md5, False,
-                         layout_for(cfg.training.strategy, plan.world.size, cfg.training.parallel), cfg.resume_id())
+        check_plan_resumable(plan, out_dir, data_md5)
         return slurm.start(plan, out_dir, root, data_md5, env, labels.comment(), hooks or Hooks())
 
 
@@ -79,13 +76,11 @@ class Kubernetes:
         from core.manifest import git_state
         from core.paths import trainflow_home, tracking_uri
         from training import kube
-        from training.launcher import _check_resumable
-        from training.layouts import layout_for
+        from training.launcher import check_plan_resumable
 
         cfg = plan.cfg
         out_name = check_kube_shared_dir(cfg, Path(out_dir))
-        _check_resumable(Path(out_dir), cfg.config_id(), data_md5, False,
-                         layout_for(cfg.training.strategy, plan.world.size, cfg.training.parallel), cfg.resume_id())
+        check_plan_resumable(plan, out_dir, data_md5)
         commit, dirty = git_state(Path(root))
         hooks = hooks or Hooks()
         if dirty:
