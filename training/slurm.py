@@ -125,8 +125,8 @@ def dry_run(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, job_name
     lo, hi = plan.node_range
     command = spec.command(out_dir / "torchrun")
     command[0] = s.python or ("python" if s.container_image else command[0])
-    nodes = f"--nodes={lo}" + (f"-{hi}" if hi > lo else "")
-    options = {"job-name": name, "nodes": nodes.removeprefix("--nodes="), "ntasks-per-node": "1",
+    nodes = f"{lo}-{hi}" if hi > lo else f"{lo}"
+    options = {"job-name": name, "nodes": nodes, "ntasks-per-node": "1",
                "time": str(s.time_limit_min), "output": f"{out_dir}/slurm-%j.out", "open-mode": "append",
                "chdir": str(root), "requeue" if s.requeue else "no-requeue": None,
                "partition": s.partition, "account": s.account, "qos": s.qos, "comment": comment or None,
@@ -135,7 +135,7 @@ def dry_run(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, job_name
     options = {k: v for k, v in options.items() if v is not None or k.endswith("requeue")}
     lines = ["#!/bin/bash", *(f"#SBATCH --{k}" + (f"={v}" if v is not None else "") for k, v in options.items())]
     env = {**job_env(spec), "TRAINFLOW_SLURM_RDZV_TOKEN": token}
-    on_nodes = [nodes, "--ntasks-per-node=1"]
+    on_nodes = [f"--nodes={nodes}", "--ntasks-per-node=1"]
     if s.container_image:
         on_nodes += [f"--container-image={s.container_image}", f"--container-workdir={root}"]
         if s.shared_dir:
@@ -308,7 +308,8 @@ def _rest(rest: SlurmRestConfig, method: str, path: str, body: dict | None = Non
     try:
         answer = json.loads(raw or b"{}")
     except ValueError:
-        raise SlurmError(f"slurmrestd at {rest.url}: HTTP {status}, not JSON: {_one_line(raw.decode(errors='replace'))[:200]}") from None
+        text = _one_line(raw.decode(errors="replace"))[:200]
+        raise SlurmError(f"slurmrestd at {rest.url}: HTTP {status}, not JSON: {text}") from None
     return status, answer if isinstance(answer, dict) else {}
 
 

@@ -301,7 +301,8 @@ def test_the_warning_signal_checkpoints_requeues_resumes_and_the_run_registers_s
     thread.join(timeout=10)
     assert code == 0 and summary["status"] == "registered", summary.get("error")
     job, folder = summary["training"]["launcher"], Path(summary["train_dir"])
-    assert [job["job_id"]] == signalled and (job["state"], job["nodes"], job["requeues"]) == ("COMPLETED", ["n1", "n2"], 1)
+    assert [job["job_id"]] == signalled
+    assert (job["state"], job["nodes"], job["requeues"]) == ("COMPLETED", ["n1", "n2"], 1)
     result = json.loads((folder / "result.json").read_text())
     assert result["world_size"] == 2 and result["resumed_from_step"] > 0, result
     assert summary["training"]["resumed_from_step"] == result["resumed_from_step"]
