@@ -297,17 +297,12 @@ class Job:
         return once rank 0's completed result is written; the exiting processes are reaped later.
         Raises TrainingFailedError (naming the failing rank) or PreemptedError (a checkpoint saved)."""
         spec, out = self.spec, Path(self.spec.out_dir)
-        previous = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
-        installed = preemption.install_handler()
-        try:
-            rc, preempted = _wait(self.proc, spec, at_result)
-        except BaseException:  # timeout, Ctrl-C, task cancellation: leave no worker behind
-            _kill_group(self.proc)
-            raise
-        finally:
-            if installed:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
+        with preemption.handling():
+            try:
+                rc, preempted = _wait(self.proc, spec, at_result)
+            except BaseException:  # timeout, Ctrl-C, task cancellation: leave no worker behind
+                _kill_group(self.proc)
+                raise
         wall = time.perf_counter() - self.started_at
         if rc is None:  # completed; the processes are still exiting
             _reap_later(self.proc)

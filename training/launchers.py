@@ -147,8 +147,6 @@ class KubeJob:
     started_at: float = field(default_factory=time.perf_counter)
 
     def finish(self, at_result: bool = False) -> dict:
-        import signal
-
         from core.errors import PreemptedError, TrainingFailedError
         from training import kube, preemption
         from training.goodput import LEDGER_FILE, Ledger
@@ -158,8 +156,6 @@ class KubeJob:
         for stale in ("result.json", FATAL_FILE):  # an earlier job's must not pass for this one's
             (self.out / stale).unlink(missing_ok=True)
         client = self.kube or kube.Kube.connect()
-        previous = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
-        installed = preemption.install_handler()  # SIGTERM of this process: delete the job (_sleep)
 
         def sleep(seconds: float) -> None:
             if preemption.REQUESTED.is_set():  # kube.run deletes the job on the way out
@@ -181,14 +177,10 @@ class KubeJob:
                 Ledger(self.out / LEDGER_FILE).resubmitted(handle.name, endings[-1])
             self.hooks.submitted(kube_job_id(handle))
 
-        try:
+        with preemption.handling():  # SIGTERM of this process: delete the job (sleep)
             ending, names = kube.run(self.plan, client, name=self.name, on_event=on_event, sleep=sleep,
                                      on_submitted=on_submitted,
                                      on_ended=lambda h: self.hooks.ended(kube_job_id(h)), **self.render)
-        finally:
-            if installed:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
         self.hooks.log(f"kubernetes: {ending.message}")
         job = {"name": "kubernetes", "job_id": names[-1], "job_ids": names, "nodes": list(ending.nodes),
                "state": ending.state, "requeues": len(names) - 1}

@@ -22,7 +22,6 @@ import os
 import re
 import secrets
 import shlex
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field, replace
@@ -441,18 +440,12 @@ class SlurmJob:
         node, rank and traceback), PreemptedError (stopped with the run, or out of restarts) or
         ConfigError (the training folder not shared). ``at_result`` is accepted for the local
         launcher's signature: the job's end is Slurm's to tell."""
-        previous = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
-        installed = preemption.install_handler()  # SIGTERM of this process: cancel the job (_follow)
-        try:
-            status = self._follow()
-            return self._ending(status)
-        except BaseException:  # Ctrl-C, the task's cancellation or timeout: the job goes with the run
-            self._cancel_quietly()
-            raise
-        finally:
-            if installed:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
+        with preemption.handling():  # SIGTERM of this process: cancel the job (_follow)
+            try:
+                return self._ending(self._follow())
+            except BaseException:  # Ctrl-C, the task's cancellation or timeout: the job goes with the run
+                self._cancel_quietly()
+                raise
 
     def _follow(self) -> SlurmStatus:
         """Poll until the job ends; a requeued job (same id) is followed on. Returns the final status."""

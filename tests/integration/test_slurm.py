@@ -1,8 +1,9 @@
 """The Slurm launcher against a real two-node Slurm on loopback (tests/slurm_cluster.py): a rendered
 job trains one world across n1 and n2 and is followed to COMPLETED; a cancelled job ends CANCELLED
-with no process of it left; `trainflow run --launcher slurm` validates, trains on both nodes and
-registers (also through the warning signal: checkpoint, requeue, resume, each sample once an
-epoch), and refuses what Slurm can never run. (Faults: test_slurm_faults.py; the rendered
+with no process of it left; `trainflow run --launcher slurm` validates, trains on both nodes through
+the warning signal (checkpoint, requeue, resume, each sample once an epoch) and registers, and
+refuses what Slurm can never run; Slurm's REST API (a real slurmrestd) submits, follows, cancels
+and refuses as sbatch does. (Faults: test_slurm_faults.py; the rendered
 script: tests/unit/test_slurm.py.)"""
 
 from __future__ import annotations
@@ -256,37 +257,23 @@ def run_cli(args: list[str], tmp_path: Path) -> tuple[int, dict]:
     return code, json.loads(out.read_text())
 
 
-def test_run_with_the_slurm_launcher_validates_trains_one_world_on_both_nodes_and_registers(
-        prefect_api, on_cluster, bundled_data, tmp_path):
-    from mlflow.tracking import MlflowClient
-
-    code, summary = run_cli(slurm_args(), tmp_path)
-    assert code == 0 and summary["status"] == "registered", summary.get("error")
-    assert summary["validation"]["success"] and summary["model_version"]
-    training = summary["training"]
-    assert training["world_size"] == 2
-    job = training["launcher"]
-    assert (job["name"], job["nodes"], job["state"]) == ("slurm", ["n1", "n2"], "COMPLETED")
-    tags = MlflowClient().get_run(summary["mlflow_run_id"]).data.tags
-    assert (tags["trainflow.slurm.job_id"], tags["trainflow.slurm.nodes"], tags["trainflow.slurm.state"]) == (
-        job["job_id"], "n1,n2", "COMPLETED")
-    # The job carries the run's ids; its record in the home is gone with it.
-    comment = on_cluster.run("scontrol", "show", "job", "-o", job["job_id"]).stdout
-    assert f"mlflow-run={summary['mlflow_run_id']}" in comment and f"flow-run={summary['prefect_flow_run_id']}" in comment
-    assert not list((tmp_path / "home" / "jobs").glob("*.json"))
-
-
-def test_the_warning_signal_checkpoints_requeues_resumes_and_the_run_registers_seeing_each_sample_once_an_epoch(
+def test_run_with_the_slurm_launcher_trains_one_world_on_both_nodes_through_the_warning_signal_and_registers(
         prefect_api, on_cluster, bundled_data, repo_root, tmp_path, monkeypatch):
+    """Validated, trained across n1 and n2, given the warning signal: checkpointed, requeued, resumed
+    with each sample once an epoch, registered; the job in the summary and on the MLflow run."""
     import threading
     from collections import Counter
+
+    from mlflow.tracking import MlflowClient
 
     from training.data import load_splits
     from training.faults import IDS_ENV, read_recorded_ids
     from training.goodput import LEDGER_FILE, read_events
 
-    ids, epochs = tmp_path / "ids", 4
+    ids, epochs = tmp_path / "ids", 3
     monkeypatch.setenv(IDS_ENV, str(ids))  # the job gets the run's environment: sbatch exports it
+    # Rank 0 paced: the signal sent after the first step lands while the job still trains.
+    monkeypatch.setenv("TRAINFLOW_FAULT", "slow@step=1,rank=0,ms=100")
     signalled: list[str] = []
 
     def warn_once_training():  # what --signal=TERM@S does before the time limit: TERM to every step of the job
@@ -300,9 +287,17 @@ def test_the_warning_signal_checkpoints_requeues_resumes_and_the_run_registers_s
                             tmp_path)
     thread.join(timeout=10)
     assert code == 0 and summary["status"] == "registered", summary.get("error")
+    assert summary["validation"]["success"] and summary["model_version"]
     job, folder = summary["training"]["launcher"], Path(summary["train_dir"])
-    assert [job["job_id"]] == signalled
-    assert (job["state"], job["nodes"], job["requeues"]) == ("COMPLETED", ["n1", "n2"], 1)
+    assert [job["job_id"]] == signalled and summary["training"]["world_size"] == 2
+    assert (job["name"], job["state"], job["nodes"], job["requeues"]) == ("slurm", "COMPLETED", ["n1", "n2"], 1)
+    tags = MlflowClient().get_run(summary["mlflow_run_id"]).data.tags
+    assert (tags["trainflow.slurm.job_id"], tags["trainflow.slurm.nodes"], tags["trainflow.slurm.state"]) == (
+        job["job_id"], "n1,n2", "COMPLETED")
+    # The job carries the run's ids; its record in the home is gone with it.
+    comment = on_cluster.run("scontrol", "show", "job", "-o", job["job_id"]).stdout
+    assert f"mlflow-run={summary['mlflow_run_id']}" in comment and f"flow-run={summary['prefect_flow_run_id']}" in comment
+    assert not list((tmp_path / "home" / "jobs").glob("*.json"))
     result = json.loads((folder / "result.json").read_text())
     assert result["world_size"] == 2 and result["resumed_from_step"] > 0, result
     assert summary["training"]["resumed_from_step"] == result["resumed_from_step"]
