@@ -82,18 +82,18 @@ test-suite: data slurm-deps
 	$(PY) -m pytest -n $(TEST_PROCS) --dist loadfile $(PYTEST_ARGS)
 
 # The Slurm tests (tests/integration/test_slurm.py) start a real two-node Slurm on loopback from
-# Debian's slurm-wlm and munge. Run as root with apt-get (CI), `make test` installs them when
-# missing; elsewhere those tests skip, and this says how to enable them.
-SLURM_PROGRAMS := sbatch squeue scontrol scancel sinfo slurmctld slurmd munged
-SLURM_APT := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm munge
+# Debian's slurm-wlm and munge, and its REST API from slurmrestd. Run as root with apt-get (CI),
+# `make test` installs them when missing; elsewhere those tests skip, and this says how to enable them.
+SLURM_PROGRAMS := sbatch squeue scontrol scancel sinfo slurmctld slurmd munged slurmrestd
+SLURM_APT := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm munge slurmrestd
 slurm-deps:
 	@missing=; for p in $(SLURM_PROGRAMS); do PATH="$$PATH:/usr/sbin:/sbin" command -v $$p >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "trainflow: installing slurm-wlm and munge for the Slurm tests (apt-get)"; \
+	    echo "trainflow: installing slurm-wlm, munge and slurmrestd for the Slurm tests (apt-get)"; \
 	    $(SLURM_APT) >/dev/null || { apt-get update -q >/dev/null && $(SLURM_APT) >/dev/null; } \
-	      || echo "trainflow: slurm-wlm and munge did not install: the Slurm tests skip"; \
-	  else echo "trainflow: the Slurm tests skip: apt-get install -y slurm-wlm munge (as root) enables them"; fi; \
+	      || echo "trainflow: slurm-wlm, munge and slurmrestd did not install: the Slurm tests skip"; \
+	  else echo "trainflow: the Slurm tests skip: apt-get install -y slurm-wlm munge slurmrestd (as root) enables them"; fi; \
 	fi
 
 # The image test alone, building here (layers cached after the first build: about a minute).

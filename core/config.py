@@ -418,6 +418,18 @@ class RetrainConfig(_Strict):
 SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 
 
+class SlurmRestConfig(_Strict):
+    """Slurm's REST API (``slurmrestd``, its OpenAPI plugin v0.0.38) in place of ``sbatch``,
+    ``scontrol`` and ``scancel`` on this host."""
+
+    # slurmrestd's address: http(s)://host[:port], no path.
+    url: str = Field(pattern=r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
+    # The environment variable that holds the JWT (`scontrol token`): the token never goes in a config.
+    token_env: str = Field("SLURM_JWT", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+    # The user the token is for (X-SLURM-USER-NAME); null: this process's user.
+    user: str | None = Field(None, pattern=SLURM_NAME)
+
+
 class SlurmConfig(_Strict):
     """Where ``--launcher slurm`` runs the training job: typed ``sbatch`` options (no free-form
     ``#SBATCH`` lines: from a deployment parameter they would be code). ``training.slurm`` renders
@@ -449,6 +461,8 @@ class SlurmConfig(_Strict):
     # How long the job may wait in the queue (PENDING) before the run cancels it and fails; the
     # time limit above bounds its training apart from this.
     queue_limit_s: int = Field(3600, gt=0)
+    # Submit, follow and cancel through slurmrestd; null: the Slurm commands on this host.
+    rest: SlurmRestConfig | None = None
 
 
 # A Kubernetes object name: a DNS label (RFC 1123).

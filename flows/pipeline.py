@@ -308,7 +308,9 @@ def train(ctx: RunContext, slot: TrainFolder) -> dict:
     from training.sink import RUN_ID_ENV
 
     launcher = launcher_for(ctx.launcher)
-    for line in cancel_orphaned_jobs(ctx.home, {"slurm": slurm.cancel, "kubernetes": cancel_kube_job}):
+    rest = ctx.cfg.launcher.slurm.rest
+    for line in cancel_orphaned_jobs(ctx.home, {"slurm": lambda job: slurm.cancel(job, rest=rest),
+                                                "kubernetes": cancel_kube_job}):
         _logger().warning("%s, left by a run on this home that was killed: cancelled", line)
 
     # Empty, not absent: an inherited run id must not switch rank 0's direct MLflow logging on (this

@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -95,6 +96,9 @@ AuthType=auth/munge
 CredType=cred/munge
 # cred_expire: also how long a requeued job waits before it may start again (default 120 s).
 AuthInfo=socket={root}/munge/munge.sock,cred_expire=5
+# slurmrestd's clients (launcher.slurm.rest) carry a JWT that slurmctld checks with this key.
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key={root}/state/jwt.key
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/run/slurmctld.pid
@@ -166,6 +170,8 @@ def slurm_cluster(root: Path) -> Iterator[SlurmCluster]:
     key = root / "munge" / "munge.key"
     key.write_bytes(secrets.token_bytes(1024))
     key.chmod(0o400)
+    (root / "state" / "jwt.key").write_bytes(secrets.token_bytes(32))
+    (root / "state" / "jwt.key").chmod(0o600)
     ctld_port, *node_ports = _free_ports(1 + len(NODES))
     conf = root / "slurm.conf"
     conf.write_text(_conf_text(root, socket.gethostname().split(".")[0], getpass.getuser(), ctld_port, node_ports))
@@ -192,6 +198,55 @@ def slurm_cluster(root: Path) -> Iterator[SlurmCluster]:
         _stop(pid_files[:1])
 
 
+def restd_missing() -> bool:
+    return not shutil.which("slurmrestd", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
+
+
+@contextlib.contextmanager
+def slurmrestd(cluster: SlurmCluster) -> Iterator[str]:
+    """Slurm's REST API for ``cluster`` (OpenAPI v0.0.38, JWT: ``token``) on a loopback port; yields its
+    URL and stops it by its pid. It refuses to run as root: started as root, it drops to ``nobody``
+    after opening its socket, so it reads a copy of the cluster's config (no secret in it) from a
+    folder every user may read."""
+    with tempfile.TemporaryDirectory(prefix="slurmrestd-") as tmp:
+        Path(tmp).chmod(0o755)
+        conf = Path(tmp) / "slurm.conf"
+        shutil.copy(cluster.conf, conf)
+        conf.chmod(0o644)
+        port = _free_ports(1)[0]
+        argv = [shutil.which("slurmrestd", path=os.pathsep.join(["/usr/sbin", os.environ.get("PATH", "")])),
+                "-f", str(conf), "-a", "rest_auth/jwt", "-s", "openapi/v0.0.38", "-t", "2",
+                *(["-u", "nobody"] if os.geteuid() == 0 else []), f"127.0.0.1:{port}"]
+        log = cluster.root / "log" / "slurmrestd.log"
+        with log.open("ab") as out:
+            # SLURM_JWT=daemon: its calls to slurmctld carry each request's JWT (auth/jwt), not munge's.
+            proc = subprocess.Popen(argv, env={**os.environ, "SLURM_CONF": str(conf), "SLURM_JWT": "daemon"},
+                                    stdout=out, stderr=subprocess.STDOUT)
+        try:
+            poll(lambda: proc.poll() is not None or _listening(port), START_LIMIT_S, "slurmrestd to listen")
+            if proc.poll() is not None:
+                raise RuntimeError(f"slurmrestd exited {proc.returncode}: {log.read_text(errors='replace')[-2000:]}")
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(STOP_LIMIT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def token(cluster: SlurmCluster, user: str) -> str:
+    """A JWT for ``user`` that slurmctld accepts (``scontrol token``)."""
+    return cluster.run("scontrol", "token", f"username={user}", "lifespan=600").stdout.strip().split("=", 1)[1]
+
+
+def _listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
 def _daemon(argv: list[str], root: Path, pid_file: Path) -> None:
     """Run a daemon that forks into the background and writes ``pid_file``; wait for the file."""
     proc = subprocess.run(argv, cwd=root, env={**os.environ, "SLURM_CONF": str(root / "slurm.conf")},
@@ -212,7 +267,6 @@ def _log_tails(root: Path, lines: int = 15) -> str:
 
 if __name__ == "__main__":  # a cluster to try things against by hand: Ctrl-C stops it
     import sys
-    import tempfile
 
     with tempfile.TemporaryDirectory(prefix="slurm-") as tmp, slurm_cluster(Path(tmp)) as c:
         print(f"export SLURM_CONF={c.conf}  # Ctrl-C stops the cluster", flush=True)

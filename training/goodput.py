@@ -5,7 +5,9 @@ no fsync: a power cut costs a second of accounting). Events (``ev``), each at wa
 ``start`` (``job``, ``attempt``: torchrun's run id and restart count, ``world``, ``t0``: the process's
 start), ``resume`` (``step``; null: fresh), ``interval`` (``choose_interval``'s answer), ``step`` (the
 attempt's first) and ``beat`` (later ones, at most every ``BEAT_S``), ``ckpt`` (``step``, ``stall_s``),
-``finish`` (``status``: completed | preempted; an attempt without it died).
+``finish`` (``status``: completed | preempted; an attempt without it died). The launcher on the
+flow's host adds ``resubmit`` (``job``: the new one, ``after``: the ending that left a checkpoint to
+resume, PREEMPTED | TIMEOUT) when a cluster job is submitted again.
 """
 
 from __future__ import annotations
@@ -96,6 +98,11 @@ class Ledger:
         self._write("finish", status=status, step=step)
         self.close()
 
+    def resubmitted(self, job: str, after: str) -> None:
+        """The launcher submitted ``job`` again after the ending ``after``; closes the file."""
+        self._write("resubmit", job=job, after=after)
+        self.close()
+
     def close(self) -> None:
         if self._out is not None:
             self._out.close()
@@ -143,6 +150,7 @@ class _Attempt:
         self.marks: list[tuple[float, int]] = []  # (t, step) of every step, beat, ckpt, finish
         self.stalls: list[tuple[int, float]] = []  # (step, seconds) of each checkpoint
         self.finish: str | None = None
+        self.resubmits = 0  # the launcher's, after this attempt's job ended
 
     @property
     def last_step(self) -> int:
@@ -172,6 +180,9 @@ class _Attempt:
         return prev is not None and prev.job == self.job and self.attempt > prev.attempt
 
     def add(self, ev: dict) -> None:
+        if ev["ev"] == "resubmit":  # written between jobs: the gap between jobs is not this attempt's
+            self.resubmits += 1
+            return
         self.last_t = max(self.last_t, ev["t"])
         kind, step = ev["ev"], _step(ev.get("step"))
         if kind == "resume":
@@ -250,6 +261,7 @@ def summarise(events: list[dict]) -> dict:
         "startup_s": r(startup), "restart_s": r(restart), "lost_steps": lost_steps, "lost_s": r(lost_s),
         "checkpoint_stall_s": r(stall), "checkpoints": ckpts,
         "attempts": len(attempts), "jobs": jobs, "failures": failures,
+        "resubmits": sum(a.resubmits for a in attempts),
         "mtbf_s": r(wall / failures) if failures else None,
         "checkpoint_cost_s": round(stall / ckpts, 6) if ckpts else None,
         "step_time_s": round(step_span / steps_done, 6) if steps_done > 0 else None,

@@ -142,10 +142,15 @@ def launch(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, env: dict
            force_resume: bool = False, lock_fd: int | None = None, **rendezvous) -> Job:
     """Start ``plan`` in ``out_dir`` (``start_job``), after refusing checkpoints there that it may not
     resume (``_check_resumable``); ``rendezvous``: ``make_spec``'s node_rank, rdzv_endpoint, rdzv_id."""
-    cfg = plan.cfg
-    _check_resumable(out_dir, cfg.config_id(), data_md5, force_resume,
-                    layout_for(cfg.training.strategy, plan.world.size, cfg.training.parallel), cfg.resume_id())
+    check_plan_resumable(plan, out_dir, data_md5, force_resume)
     return start_job(make_spec(plan, out_dir, root, data_md5, env, force_resume=force_resume, **rendezvous), lock_fd)
+
+
+def check_plan_resumable(plan: LaunchPlan, out_dir: Path, data_md5: str, force: bool = False) -> None:
+    """``_check_resumable`` for ``plan``'s config and layout (every launcher, before it starts)."""
+    cfg = plan.cfg
+    _check_resumable(Path(out_dir), cfg.config_id(), data_md5, force,
+                     layout_for(cfg.training.strategy, plan.world.size, cfg.training.parallel), cfg.resume_id())
 
 
 def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, layout: dict | None = None,
@@ -282,17 +287,12 @@ class Job:
         return once rank 0's completed result is written; the exiting processes are reaped later.
         Raises TrainingFailedError (naming the failing rank) or PreemptedError (a checkpoint saved)."""
         spec, out = self.spec, Path(self.spec.out_dir)
-        previous = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
-        installed = preemption.install_handler()
-        try:
-            rc, preempted = _wait(self.proc, spec, at_result)
-        except BaseException:  # timeout, Ctrl-C, task cancellation: leave no worker behind
-            _kill_group(self.proc)
-            raise
-        finally:
-            if installed:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
+        with preemption.handling():
+            try:
+                rc, preempted = _wait(self.proc, spec, at_result)
+            except BaseException:  # timeout, Ctrl-C, task cancellation: leave no worker behind
+                _kill_group(self.proc)
+                raise
         wall = time.perf_counter() - self.started_at
         if rc is None:  # completed; the processes are still exiting
             _reap_later(self.proc)

@@ -62,12 +62,9 @@ class Slurm:
 
     def start(self, plan, out_dir, root, data_md5, env=None, lock_fd=None, labels=Labels(), hooks=None):
         from training import slurm
-        from training.launcher import _check_resumable
-        from training.layouts import layout_for
+        from training.launcher import check_plan_resumable
 
-        cfg = plan.cfg
-        _check_resumable(out_dir, cfg.config_id(), data_md5, False,
-                         layout_for(cfg.training.strategy, plan.world.size, cfg.training.parallel), cfg.resume_id())
+        check_plan_resumable(plan, out_dir, data_md5)
         return slurm.start(plan, out_dir, root, data_md5, env, labels.comment(), hooks or Hooks())
 
 
@@ -79,13 +76,11 @@ class Kubernetes:
         from core.manifest import git_state
         from core.paths import trainflow_home, tracking_uri
         from training import kube
-        from training.launcher import _check_resumable
-        from training.layouts import layout_for
+        from training.launcher import check_plan_resumable
 
         cfg = plan.cfg
         out_name = check_kube_shared_dir(cfg, Path(out_dir))
-        _check_resumable(Path(out_dir), cfg.config_id(), data_md5, False,
-                         layout_for(cfg.training.strategy, plan.world.size, cfg.training.parallel), cfg.resume_id())
+        check_plan_resumable(plan, out_dir, data_md5)
         commit, dirty = git_state(Path(root))
         hooks = hooks or Hooks()
         if dirty:
@@ -138,9 +133,10 @@ def cancel_kube_job(job_id: str) -> None:
 @dataclass
 class KubeJob:
     """A Kubernetes training job of one run, as ``slurm.SlurmJob``: ``finish`` submits it (``kube.run``:
-    resubmitted after PREEMPTED / TIMEOUT up to ``training.max_restarts``), logs its states and pod 0's
-    lines, deletes it when the run stops (SIGTERM, Ctrl-C, the task's cancellation) and reads the
-    result the pods wrote into the training folder on the shared volume."""
+    resubmitted after PREEMPTED / TIMEOUT up to ``training.max_restarts``, each resubmission in the
+    goodput ledger), logs its states and pod 0's lines, deletes it when the run stops (SIGTERM,
+    Ctrl-C, the task's cancellation) and reads the result the pods wrote into the training folder on
+    the shared volume."""
 
     plan: LaunchPlan
     out: Path
@@ -151,18 +147,15 @@ class KubeJob:
     started_at: float = field(default_factory=time.perf_counter)
 
     def finish(self, at_result: bool = False) -> dict:
-        import signal
-
         from core.errors import PreemptedError, TrainingFailedError
         from training import kube, preemption
+        from training.goodput import LEDGER_FILE, Ledger
         from training.launcher import FATAL_FILE
 
         self.out.mkdir(parents=True, exist_ok=True)
         for stale in ("result.json", FATAL_FILE):  # an earlier job's must not pass for this one's
             (self.out / stale).unlink(missing_ok=True)
         client = self.kube or kube.Kube.connect()
-        previous = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
-        installed = preemption.install_handler()  # SIGTERM of this process: delete the job (_sleep)
 
         def sleep(seconds: float) -> None:
             if preemption.REQUESTED.is_set():  # kube.run deletes the job on the way out
@@ -171,18 +164,23 @@ class KubeJob:
                                      "resumes from its last checkpoint")
             preemption.REQUESTED.wait(seconds)
 
+        endings = []  # each job's; a job submitted after one resumes from its checkpoint
+
         def on_event(event) -> None:
-            if event.kind != "ending":
+            if event.kind == "ending":
+                endings.append(event.ending.state)
+            else:
                 self.hooks.log(f"[{self.name}] {event.text}" if event.kind == "log" else f"kubernetes: {event.text}")
 
-        try:
+        def on_submitted(handle) -> None:
+            if endings:
+                Ledger(self.out / LEDGER_FILE).resubmitted(handle.name, endings[-1])
+            self.hooks.submitted(kube_job_id(handle))
+
+        with preemption.handling():  # SIGTERM of this process: delete the job (sleep)
             ending, names = kube.run(self.plan, client, name=self.name, on_event=on_event, sleep=sleep,
-                                     on_submitted=lambda h: self.hooks.submitted(kube_job_id(h)),
+                                     on_submitted=on_submitted,
                                      on_ended=lambda h: self.hooks.ended(kube_job_id(h)), **self.render)
-        finally:
-            if installed:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
         self.hooks.log(f"kubernetes: {ending.message}")
         job = {"name": "kubernetes", "job_id": names[-1], "job_ids": names, "nodes": list(ending.nodes),
                "state": ending.state, "requeues": len(names) - 1}

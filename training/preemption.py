@@ -4,8 +4,10 @@ and SIGHUP (a closed terminal checkpoints the job rather than leaving it behind)
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 
 REQUESTED = threading.Event()
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # what the launcher takes as a request to preempt its job
@@ -18,6 +20,19 @@ def install_handler() -> bool:
     for sig in SIGNALS:
         signal.signal(sig, lambda *_: REQUESTED.set())
     return True
+
+
+@contextlib.contextmanager
+def handling() -> Iterator[None]:
+    """``install_handler`` for the block, and the handlers it replaced back after it."""
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    installed = install_handler()
+    try:
+        yield
+    finally:
+        if installed:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 class StopRequest:

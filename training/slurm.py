@@ -7,6 +7,9 @@
   RUNNING with its nodes, and the endings).
 - ``cancel``: ``scancel``.
 
+With ``launcher.slurm.rest`` the three last go through Slurm's REST API instead (``slurmrestd``,
+OpenAPI v0.0.38: ``job/submit``, ``job/{id}`` GET and DELETE), with the same endings.
+
 The job is one task per node; each runs the torchrun agent that the local launcher runs
 (``JobSpec.command``), meeting over c10d at the allocation's first node under the job id.
 """
@@ -15,15 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import secrets
 import shlex
-import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from core.config import SlurmRestConfig
 from core.errors import ConfigError, PreemptedError, TrainflowError, TrainingFailedError
 from training import preemption
 from training.launcher import FATAL_FILE, Hooks, JobSpec, job_env, plan_spec
@@ -76,6 +80,9 @@ class SlurmRequest:
     out_dir: str
     files: dict[str, str]  # name in out_dir -> text (the batch script, the workers' config)
     spec: JobSpec
+    # The script's #SBATCH options, {name: value, None for a flag}: what the REST API takes as the
+    # job's properties (slurmrestd does not read #SBATCH lines).
+    options: dict[str, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -117,21 +124,17 @@ def dry_run(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, job_name
     lo, hi = plan.node_range
     command = spec.command(out_dir / "torchrun")
     command[0] = s.python or ("python" if s.container_image else command[0])
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}",
-             f"#SBATCH --nodes={lo}" + (f"-{hi}" if hi > lo else ""), "#SBATCH --ntasks-per-node=1",
-             f"#SBATCH --time={s.time_limit_min}", f"#SBATCH --output={out_dir}/slurm-%j.out",
-             "#SBATCH --open-mode=append", f"#SBATCH --chdir={root}",
-             "#SBATCH --requeue" if s.requeue else "#SBATCH --no-requeue"]
-    lines += [f"#SBATCH --{key}={value}" for key, value in
-              (("partition", s.partition), ("account", s.account), ("qos", s.qos), ("comment", comment))
-              if value]
-    if s.gpus_per_node:
-        lines.append(f"#SBATCH --gpus-per-node={s.gpus_per_node}")
-    if s.signal_before_limit_s:
-        lines.append(f"#SBATCH --signal={s.signal}@{s.signal_before_limit_s}")
+    nodes = f"{lo}-{hi}" if hi > lo else f"{lo}"
+    options = {"job-name": name, "nodes": nodes, "ntasks-per-node": "1",
+               "time": str(s.time_limit_min), "output": f"{out_dir}/slurm-%j.out", "open-mode": "append",
+               "chdir": str(root), "requeue" if s.requeue else "no-requeue": None,
+               "partition": s.partition, "account": s.account, "qos": s.qos, "comment": comment or None,
+               "gpus-per-node": str(s.gpus_per_node) if s.gpus_per_node else None,
+               "signal": f"{s.signal}@{s.signal_before_limit_s}" if s.signal_before_limit_s else None}
+    options = {k: v for k, v in options.items() if v is not None or k.endswith("requeue")}
+    lines = ["#!/bin/bash", *(f"#SBATCH --{k}" + (f"={v}" if v is not None else "") for k, v in options.items())]
     env = {**job_env(spec), "TRAINFLOW_SLURM_RDZV_TOKEN": token}
-    nodes = f"--nodes={lo}" + (f"-{hi}" if hi > lo else "")
-    on_nodes = [nodes, "--ntasks-per-node=1"]
+    on_nodes = [f"--nodes={nodes}", "--ntasks-per-node=1"]
     if s.container_image:
         on_nodes += [f"--container-image={s.container_image}", f"--container-workdir={root}"]
         if s.shared_dir:
@@ -171,7 +174,7 @@ def dry_run(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, job_name
     ]
     script = "\n".join(lines) + "\n"
     return SlurmRequest(script, str(out_dir), {SCRIPT_NAME: script, Path(spec.config_path).name: plan.cfg.to_yaml()},
-                        spec)
+                        spec, options)
 
 
 def _word(word: str, expressions: dict[str, str]) -> str:
@@ -193,13 +196,16 @@ def _slurm(args: list[str], env: dict[str, str] | None, cwd: str | None = None) 
         raise SlurmError(f"{args[0]}: not found; is this a Slurm login node (slurm-client installed)?") from None
 
 
-def submit(request: SlurmRequest, env: dict[str, str] | None = None) -> str:
-    """Write the request's files into its training folder and ``sbatch`` its script; the job id.
-    SlurmError with Slurm's own line when it refuses (an unknown partition, too many nodes)."""
+def submit(request: SlurmRequest, env: dict[str, str] | None = None, rest: SlurmRestConfig | None = None) -> str:
+    """Write the request's files into its training folder and ``sbatch`` its script (or POST it to
+    ``rest``); the job id. SlurmRefusedError with Slurm's own line when it refuses (an unknown
+    partition, too many nodes). The job gets ``env`` (default: this process's environment)."""
     out = Path(request.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, text in request.files.items():
         (out / name).write_text(text)
+    if rest is not None:
+        return _rest_submit(request, dict(os.environ if env is None else env), rest)
     proc = _slurm(["sbatch", "--parsable", str(out / SCRIPT_NAME)], env, cwd=str(out))
     if proc.returncode:
         raise SlurmRefusedError(_one_line(proc.stderr or proc.stdout) or f"sbatch exited {proc.returncode}")
@@ -216,15 +222,16 @@ def _one_line(text: str) -> str:
 def parse_job(text: str) -> SlurmStatus:
     """A ``scontrol show job -o`` line as a SlurmStatus (``nodes`` from its NodeList)."""
     fields = dict(re.findall(r"(\w+)=(\S*)", text))
-    raw = fields.get("JobState", "")
-    if "JobId" not in fields or not raw:
+    if "JobId" not in fields or not fields.get("JobState"):
         raise ValueError(f"not a `scontrol show job -o` line: {text[:200]!r}")
-    reason = fields.get("Reason", "")
-    nodes = fields.get("NodeList", "")
-    return SlurmStatus(job_id=fields["JobId"], state=SLURM_STATES.get(raw, "FAILED"), slurm_state=raw,
+    return _status(fields["JobId"], fields["JobState"], fields.get("Reason", ""), fields.get("NodeList", ""),
+                   fields.get("ExitCode", ""))
+
+
+def _status(job_id: str, raw: str, reason: str, nodes: str, exit_code: str) -> SlurmStatus:
+    return SlurmStatus(job_id=job_id, state=SLURM_STATES.get(raw, "FAILED"), slurm_state=raw,
                        reason="" if reason == "None" else reason,
-                       nodes=() if nodes in ("", "(null)") else expand_hostlist(nodes),
-                       exit_code=fields.get("ExitCode", ""))
+                       nodes=() if nodes in ("", "(null)") else expand_hostlist(nodes), exit_code=exit_code)
 
 
 def expand_hostlist(text: str) -> tuple[str, ...]:
@@ -241,8 +248,11 @@ def expand_hostlist(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def describe(job_id: str, env: dict[str, str] | None = None) -> SlurmStatus | None:
+def describe(job_id: str, env: dict[str, str] | None = None, rest: SlurmRestConfig | None = None
+             ) -> SlurmStatus | None:
     """Where job ``job_id`` is, or None once Slurm no longer knows it (after ``MinJobAge``)."""
+    if rest is not None:
+        return _rest_describe(job_id, rest)
     proc = _slurm(["scontrol", "show", "job", "-o", str(job_id)], env)
     if proc.returncode:
         if "Invalid job id" in proc.stderr:
@@ -251,11 +261,104 @@ def describe(job_id: str, env: dict[str, str] | None = None) -> SlurmStatus | No
     return parse_job(proc.stdout.splitlines()[0])
 
 
-def cancel(job_id: str, env: dict[str, str] | None = None) -> None:
+def cancel(job_id: str, env: dict[str, str] | None = None, rest: SlurmRestConfig | None = None) -> None:
     """``scancel`` the job; a job that has already ended is left as it is."""
+    if rest is not None:
+        return _rest_cancel(job_id, rest)
     proc = _slurm(["scancel", str(job_id)], env)
     if proc.returncode and "already completing or completed" not in proc.stderr:
         raise SlurmError(_one_line(proc.stderr) or f"scancel exited {proc.returncode}")
+
+
+# -- Slurm's REST API (launcher.slurm.rest) --------------------------------------------------------
+
+REST_API = "slurm/v0.0.38"  # the OpenAPI plugin of Slurm 22.05 and later
+# #SBATCH option -> the job property it is in the REST API (slurmrestd does not read #SBATCH lines).
+_REST_PROPERTIES = {"job-name": "name", "output": "standard_output", "open-mode": "open_mode",
+                    "chdir": "current_working_directory", "partition": "partition", "account": "account",
+                    "qos": "qos", "comment": "comment", "gpus-per-node": "gpus_per_node", "signal": "signal"}
+
+
+def _rest(rest: SlurmRestConfig, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    """(HTTP status, JSON answer) of slurmrestd. The JWT comes from the environment variable
+    ``rest.token_env`` at each call and goes in no message. SlurmError when it cannot be asked."""
+    import getpass
+    import urllib.error
+    import urllib.request
+
+    token = os.environ.get(rest.token_env)
+    if not token:
+        raise ConfigError(f"launcher.slurm.rest.token_env: ${rest.token_env} is not set; `scontrol token` "
+                          "prints a JWT for it")
+    request = urllib.request.Request(
+        f"{rest.url}/{REST_API}/{path}", method=method, data=None if body is None else json.dumps(body).encode(),
+        headers={"X-SLURM-USER-NAME": rest.user or getpass.getuser(), "X-SLURM-USER-TOKEN": token,
+                 "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    except OSError as exc:
+        raise SlurmError(f"slurmrestd at {rest.url}: {getattr(exc, 'reason', exc)}") from None
+    if status in (401, 403):
+        raise SlurmError(f"slurmrestd at {rest.url} refused the token in ${rest.token_env} (HTTP {status}); "
+                         "`scontrol token` prints a fresh one")
+    try:
+        answer = json.loads(raw or b"{}")
+    except ValueError:
+        text = _one_line(raw.decode(errors="replace"))[:200]
+        raise SlurmError(f"slurmrestd at {rest.url}: HTTP {status}, not JSON: {text}") from None
+    return status, answer if isinstance(answer, dict) else {}
+
+
+def _rest_errors(answer: dict) -> str:
+    """Slurm's errors in the answer, each "error - description" (a refusal has no description)."""
+    return "; ".join(" - ".join(str(e[k]) for k in ("error", "description") if e.get(k))
+                     for e in answer.get("errors") or [] if isinstance(e, dict))
+
+
+def rest_job(request: SlurmRequest, environment: dict[str, str], token_env: str) -> dict:
+    """The job properties of ``request`` for ``job/submit``: its #SBATCH options, and the submitting
+    environment (as sbatch exports it) without the JWT."""
+    o = request.options
+    lo, _, hi = o["nodes"].partition("-")
+    job = {_REST_PROPERTIES[k]: v for k, v in o.items() if k in _REST_PROPERTIES}
+    # One task a node; `tasks` too: slurmrestd 22.05 does not apply `nodes` alone.
+    job.update(nodes=[int(lo), int(hi or lo)], tasks=int(lo), tasks_per_node=int(o["ntasks-per-node"]),
+               time_limit=int(o["time"]), requeue="requeue" in o,
+               environment={k: v for k, v in environment.items() if k not in (token_env, "SLURM_JWT")})
+    return job
+
+
+def _rest_submit(request: SlurmRequest, environment: dict[str, str], rest: SlurmRestConfig) -> str:
+    status, answer = _rest(rest, "POST", "job/submit",
+                           {"script": request.script, "job": rest_job(request, environment, rest.token_env)})
+    job_id = answer.get("job_id")
+    if status != 200 or not isinstance(job_id, int):
+        raise SlurmRefusedError(_rest_errors(answer) or f"slurmrestd: HTTP {status}, no job id")
+    return str(job_id)
+
+
+def _rest_describe(job_id: str, rest: SlurmRestConfig) -> SlurmStatus | None:
+    status, answer = _rest(rest, "GET", f"job/{job_id}")
+    jobs = [j for j in answer.get("jobs") or [] if isinstance(j, dict)]
+    if not jobs:
+        if "Invalid job id" in _rest_errors(answer):
+            return None
+        raise SlurmError(f"slurmrestd: job {job_id}: {_rest_errors(answer) or f'HTTP {status}, no job'}")
+    job = jobs[0]
+    code = job.get("exit_code")  # a wait status, as scontrol's CODE:SIGNAL
+    return _status(str(job.get("job_id", job_id)), str(job.get("job_state") or "FAILED"),
+                   str(job.get("state_reason") or ""), str(job.get("nodes") or ""),
+                   f"{code >> 8}:{code & 0x7f}" if isinstance(code, int) else "")
+
+
+def _rest_cancel(job_id: str, rest: SlurmRestConfig) -> None:
+    status, answer = _rest(rest, "DELETE", f"job/{job_id}")
+    errors = _rest_errors(answer)
+    if status != 200 and "already completing or completed" not in errors.lower():
+        raise SlurmError(f"slurmrestd: cancelling job {job_id}: {errors or f'HTTP {status}'}")
 
 
 # -- the launcher: submit the plan, follow the job to its ending -----------------------------------
@@ -282,7 +385,8 @@ def start(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, env: dict[
     request = dry_run(plan, Path(out_dir), Path(root), data_md5, comment=comment)
     if env:
         request = _with_env(request, env)
-    job = SlurmJob(request, plan.cfg.launcher.slurm.queue_limit_s, plan.cfg.training.max_restarts, hooks)
+    s = plan.cfg.launcher.slurm
+    job = SlurmJob(request, s.queue_limit_s, plan.cfg.training.max_restarts, hooks, rest=s.rest)
     job.submit()
     return job
 
@@ -291,7 +395,7 @@ def _with_env(request: SlurmRequest, env: dict[str, str]) -> SlurmRequest:
     """``request`` with ``env`` exported in its batch script before the first step."""
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
     script = request.script.replace("set -uo pipefail\n", "set -uo pipefail\n" + exports, 1)
-    return SlurmRequest(script, request.out_dir, {**request.files, SCRIPT_NAME: script}, request.spec)
+    return replace(request, script=script, files={**request.files, SCRIPT_NAME: script})
 
 
 @dataclass
@@ -304,6 +408,7 @@ class SlurmJob:
     queue_limit_s: float
     max_restarts: int
     hooks: Hooks
+    rest: SlurmRestConfig | None = None  # launcher.slurm.rest: through slurmrestd
     job_ids: list[str] = field(default_factory=list)
     nodes: tuple[str, ...] = ()  # the allocation's, in task order
     started_at: float = field(default_factory=time.perf_counter)
@@ -320,7 +425,7 @@ class SlurmJob:
     def submit(self) -> None:
         for stale in ("result.json", FATAL_FILE):  # an earlier job's must not pass for this one's
             (self.out / stale).unlink(missing_ok=True)
-        job_id = submit(self.request)
+        job_id = submit(self.request, rest=self.rest)
         self.job_ids.append(job_id)
         try:
             self.hooks.submitted(job_id)
@@ -335,18 +440,12 @@ class SlurmJob:
         node, rank and traceback), PreemptedError (stopped with the run, or out of restarts) or
         ConfigError (the training folder not shared). ``at_result`` is accepted for the local
         launcher's signature: the job's end is Slurm's to tell."""
-        previous = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
-        installed = preemption.install_handler()  # SIGTERM of this process: cancel the job (_follow)
-        try:
-            status = self._follow()
-            return self._ending(status)
-        except BaseException:  # Ctrl-C, the task's cancellation or timeout: the job goes with the run
-            self._cancel_quietly()
-            raise
-        finally:
-            if installed:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
+        with preemption.handling():  # SIGTERM of this process: cancel the job (_follow)
+            try:
+                return self._ending(self._follow())
+            except BaseException:  # Ctrl-C, the task's cancellation or timeout: the job goes with the run
+                self._cancel_quietly()
+                raise
 
     def _follow(self) -> SlurmStatus:
         """Poll until the job ends; a requeued job (same id) is followed on. Returns the final status."""
@@ -357,7 +456,7 @@ class SlurmJob:
                 self._cancel_and_wait()
                 raise PreemptedError(f"stopped: Slurm job {self.job_id} cancelled with the run; the next run "
                                      "resumes from its last checkpoint")
-            status = describe(self.job_id)
+            status = describe(self.job_id, rest=self.rest)
             if status is None:
                 raise TrainingFailedError(f"Slurm job {self.job_id} is no longer known to Slurm (scontrol)")
             self.nodes = status.nodes or self.nodes
@@ -485,10 +584,10 @@ class SlurmJob:
         return (found[0][0], found[0][1]) if found else (None, None)
 
     def _cancel_and_wait(self) -> None:
-        cancel(self.job_id)
+        cancel(self.job_id, rest=self.rest)
         deadline = time.monotonic() + CANCEL_WAIT_S
         while time.monotonic() < deadline:
-            status = describe(self.job_id)
+            status = describe(self.job_id, rest=self.rest)
             if status is None or status.ended:
                 break
             time.sleep(POLL_S)
@@ -499,7 +598,7 @@ class SlurmJob:
         if not self.job_ids:
             return
         with contextlib.suppress(SlurmError):
-            status = describe(self.job_id)
+            status = describe(self.job_id, rest=self.rest)
             if status is not None and not status.ended:
                 self._cancel_and_wait()
 

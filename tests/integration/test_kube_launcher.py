@@ -199,13 +199,19 @@ def test_trainflow_run_refuses_the_embedded_store_in_one_line(fake, shared, repo
     assert fake.requests == []
 
 
-def test_a_job_out_of_time_with_no_restart_left_stops_the_run_as_preempted(fake, shared, repo_root):
+def test_a_job_out_of_time_is_resubmitted_in_the_goodput_ledger_then_stops_the_run_with_no_restart_left(
+        fake, shared, repo_root):
+    from training.goodput import LEDGER_FILE, read_events
+
     _script(fake, running, lambda job: lambda f: f.condition(job, "Failed", "DeadlineExceeded"))
-    job, _ = _start(repo_root, shared, Seen(), "training.max_restarts=0", "launcher.kubernetes.active_deadline_s=60")
+    job, out = _start(repo_root, shared, Seen(), "training.max_restarts=1", "launcher.kubernetes.active_deadline_s=60")
     with pytest.raises(PreemptedError) as err:
         job.finish()
-    assert str(err.value) == (f"job ml/{_job_name(fake)} ran past its deadline (DeadlineExceeded); no restart left "
-                              "(training.max_restarts=0): rerun to resume from its checkpoint")
+    first, again = (b["metadata"]["name"] for m, p, _, b in fake.requests if m == "POST" and p.endswith("/jobs"))
+    assert again == f"{first}-r1"
+    assert str(err.value) == (f"job ml/{again} ran past its deadline (DeadlineExceeded); no restart left "
+                              "(training.max_restarts=1): rerun to resume from its checkpoint")
+    assert [(ev["job"], ev["after"]) for ev in read_events(out / LEDGER_FILE)] == [(again, "TIMEOUT")]
 
 
 def test_the_train_stage_runs_its_plan_on_kubernetes_and_records_the_job_while_it_lives(

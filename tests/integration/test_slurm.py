@@ -1,7 +1,9 @@
 """The Slurm launcher against a real two-node Slurm on loopback (tests/slurm_cluster.py): a rendered
 job trains one world across n1 and n2 and is followed to COMPLETED; a cancelled job ends CANCELLED
-with no process of it left; `trainflow run --launcher slurm` validates, trains on both nodes and
-registers, and refuses what Slurm can never run. (Faults: test_slurm_faults.py; the rendered
+with no process of it left; `trainflow run --launcher slurm` validates, trains on both nodes through
+the warning signal (checkpoint, requeue, resume, each sample once an epoch) and registers, and
+refuses what Slurm can never run; Slurm's REST API (a real slurmrestd) submits, follows, cancels
+and refuses as sbatch does. (Faults: test_slurm_faults.py; the rendered
 script: tests/unit/test_slurm.py.)"""
 
 from __future__ import annotations
@@ -22,21 +24,37 @@ pytestmark = pytest.mark.integration
 JOB_LIMIT_S = 180
 
 
-def submit(cluster, repo_root: Path, out: Path, *overrides: str) -> str:
-    """A trainflow training job of digits over n1 and n2 (one CPU worker each), submitted; its id."""
+@pytest.fixture
+def slurm_rest(slurm_cluster, monkeypatch):
+    """``launcher.slurm.rest`` for the test cluster's own slurmrestd, with a JWT in $SLURM_JWT."""
+    import getpass
+
+    from core.config import SlurmRestConfig
+    from tests import slurm_cluster as cluster
+
+    if cluster.restd_missing():
+        pytest.skip("the Slurm REST API tests need slurmrestd: apt-get install -y slurmrestd (as root) enables them")
+    with cluster.slurmrestd(slurm_cluster) as url:
+        monkeypatch.setenv("SLURM_JWT", cluster.token(slurm_cluster, getpass.getuser()))
+        yield SlurmRestConfig(url=url)
+
+
+def submit(cluster, repo_root: Path, out: Path, *overrides: str, rest=None) -> str:
+    """A trainflow training job of digits over n1 and n2 (one CPU worker each), submitted (with
+    ``sbatch``, or through ``rest``); its id."""
     cfg = load_config(repo_root / "tests/configs/digits-engine.yaml",
                       ["training.cpu_workers=1", f"launcher.slurm.rdzv_port={free_port()}", *overrides])
     plan = plan_launch(cfg, HostFacts(), nproc=1, nnodes=2)
     md5 = read_dvc_file(repo_root, cfg.dataset.dvc_file).md5
-    return slurm.submit(slurm.dry_run(plan, out, repo_root, md5, comment="test"), cluster.env)
+    return slurm.submit(slurm.dry_run(plan, out, repo_root, md5, comment="test"), cluster.env, rest)
 
 
-def follow(cluster, job_id: str, until, limit_s: float = JOB_LIMIT_S) -> list[slurm.SlurmStatus]:
+def follow(cluster, job_id: str, until, limit_s: float = JOB_LIMIT_S, rest=None) -> list[slurm.SlurmStatus]:
     """Every distinct status ``describe`` reports until ``until(status)``."""
     seen: list[slurm.SlurmStatus] = []
 
     def check():
-        status = slurm.describe(job_id, cluster.env)
+        status = slurm.describe(job_id, cluster.env, rest)
         if status and (not seen or status != seen[-1]):
             seen.append(status)
         return status and until(status)
@@ -68,11 +86,12 @@ def job_processes(job_id: str) -> list[tuple[int, str]]:
     return found
 
 
-def test_a_rendered_job_trains_one_world_across_both_nodes_and_is_followed_to_completed(
-        slurm_cluster, bundled_data, repo_root, tmp_path):
+def test_a_rendered_job_submitted_through_the_rest_api_trains_one_world_across_both_nodes_to_completed(
+        slurm_cluster, slurm_rest, bundled_data, repo_root, tmp_path):
     out = tmp_path / "run"
-    job_id = submit(slurm_cluster, repo_root, out, "training.epochs=1")
-    seen = follow(slurm_cluster, job_id, lambda s: s.ended)
+    job_id = submit(slurm_cluster, repo_root, out, "training.epochs=1", rest=slurm_rest)
+    seen = follow(slurm_cluster, job_id, lambda s: s.ended, rest=slurm_rest)
+    assert slurm.describe(job_id, slurm_cluster.env) == seen[-1]  # scontrol says what the REST API says
     final = seen[-1]
     log = (out / f"slurm-{job_id}.out").read_text()
     assert (final.state, final.exit_code) == ("COMPLETED", "0:0"), log[-3000:]
@@ -85,6 +104,41 @@ def test_a_rendered_job_trains_one_world_across_both_nodes_and_is_followed_to_co
     for node in ("n1", "n2"):
         assert f"launch task StepId={job_id}.0" in (slurm_cluster.root / "log" / f"slurmd-{node}.log").read_text()
     assert (out / "config.yaml").is_file() and (out / slurm.SCRIPT_NAME).is_file()
+    # The #SBATCH lines became the job's properties (slurmrestd does not read them).
+    shown = slurm_cluster.run("scontrol", "show", "job", "-o", job_id).stdout
+    assert all(f" {field} " in f" {shown} " for field in ("Comment=test", "Requeue=1", "TimeLimit=01:00:00",
+                                                          f"StdOut={out}/slurm-{job_id}.out")), shown
+
+
+def test_the_rest_api_refuses_with_slurms_reason_cancels_and_names_no_token(slurm_cluster, slurm_rest, repo_root,
+                                                                            tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    def request(nnodes: int, *overrides: str) -> slurm.SlurmRequest:
+        cfg = load_config(repo_root / "tests/configs/digits-engine.yaml", ["training.cpu_workers=1", *overrides])
+        return slurm.dry_run(plan_launch(cfg, HostFacts(), nproc=1, nnodes=nnodes), tmp_path / "run", repo_root, "md5")
+
+    for refused, reason in ((request(3), "More processors requested than permitted"),
+                            (request(2, "launcher.slurm.partition=nosuch"), "Invalid partition name specified")):
+        with pytest.raises(slurm.SlurmRefusedError, match=f"^{reason}$"):
+            slurm.submit(refused, slurm_cluster.env, slurm_rest)
+    assert slurm_cluster.run("squeue", "-h").stdout == ""
+    # A job that runs until it is cancelled.
+    job_id = slurm.submit(replace(request(2), script="#!/bin/bash\nexec tail -f /dev/null\n"), slurm_cluster.env,
+                          slurm_rest)
+    try:
+        running = follow(slurm_cluster, job_id, lambda s: s.state == "RUNNING", rest=slurm_rest)[-1]
+        assert running.nodes == ("n1", "n2")
+    finally:
+        slurm.cancel(job_id, rest=slurm_rest)
+    assert follow(slurm_cluster, job_id, lambda s: s.ended, limit_s=60, rest=slurm_rest)[-1].state == "CANCELLED"
+    poll(lambda: not job_processes(job_id), 60, f"job {job_id}'s processes to exit")
+    slurm.cancel(job_id, rest=slurm_rest)  # an ended job: nothing to do, no error
+    assert slurm.describe("999999", rest=slurm_rest) is None
+    monkeypatch.setenv("SLURM_JWT", "not-a-token-of-this-cluster")
+    with pytest.raises(slurm.SlurmError) as err:
+        slurm.describe(job_id, rest=slurm_rest)
+    assert "not-a-token" not in str(err.value) and "\n" not in str(err.value)
 
 
 def test_a_cancelled_job_ends_cancelled_with_no_process_of_it_left(slurm_cluster, bundled_data, repo_root, tmp_path):
@@ -203,17 +257,40 @@ def run_cli(args: list[str], tmp_path: Path) -> tuple[int, dict]:
     return code, json.loads(out.read_text())
 
 
-def test_run_with_the_slurm_launcher_validates_trains_one_world_on_both_nodes_and_registers(
-        prefect_api, on_cluster, bundled_data, tmp_path):
+def test_run_with_the_slurm_launcher_trains_one_world_on_both_nodes_through_the_warning_signal_and_registers(
+        prefect_api, on_cluster, bundled_data, repo_root, tmp_path, monkeypatch):
+    """Validated, trained across n1 and n2, given the warning signal: checkpointed, requeued, resumed
+    with each sample once an epoch, registered; the job in the summary and on the MLflow run."""
+    import threading
+    from collections import Counter
+
     from mlflow.tracking import MlflowClient
 
-    code, summary = run_cli(slurm_args(), tmp_path)
+    from training.data import load_splits
+    from training.faults import IDS_ENV, read_recorded_ids
+    from training.goodput import LEDGER_FILE, read_events
+
+    ids, epochs = tmp_path / "ids", 3
+    monkeypatch.setenv(IDS_ENV, str(ids))  # the job gets the run's environment: sbatch exports it
+    # Rank 0 paced: the signal sent after the first step lands while the job still trains.
+    monkeypatch.setenv("TRAINFLOW_FAULT", "slow@step=1,rank=0,ms=100")
+    signalled: list[str] = []
+
+    def warn_once_training():  # what --signal=TERM@S does before the time limit: TERM to every step of the job
+        poll(lambda: read_recorded_ids(ids) if ids.is_dir() else None, JOB_LIMIT_S, "the job's first step")
+        signalled.append(on_cluster.run("squeue", "-h", "-o", "%i").stdout.split()[0])
+        on_cluster.run("scancel", "--signal=TERM", signalled[0])
+
+    thread = threading.Thread(target=warn_once_training, daemon=True)
+    thread.start()
+    code, summary = run_cli(slurm_args("--set", f"training.epochs={epochs}", "--set", "training.preempt_check_steps=1"),
+                            tmp_path)
+    thread.join(timeout=10)
     assert code == 0 and summary["status"] == "registered", summary.get("error")
     assert summary["validation"]["success"] and summary["model_version"]
-    training = summary["training"]
-    assert training["world_size"] == 2
-    job = training["launcher"]
-    assert (job["name"], job["nodes"], job["state"]) == ("slurm", ["n1", "n2"], "COMPLETED")
+    job, folder = summary["training"]["launcher"], Path(summary["train_dir"])
+    assert [job["job_id"]] == signalled and summary["training"]["world_size"] == 2
+    assert (job["name"], job["state"], job["nodes"], job["requeues"]) == ("slurm", "COMPLETED", ["n1", "n2"], 1)
     tags = MlflowClient().get_run(summary["mlflow_run_id"]).data.tags
     assert (tags["trainflow.slurm.job_id"], tags["trainflow.slurm.nodes"], tags["trainflow.slurm.state"]) == (
         job["job_id"], "n1,n2", "COMPLETED")
@@ -221,6 +298,19 @@ def test_run_with_the_slurm_launcher_validates_trains_one_world_on_both_nodes_an
     comment = on_cluster.run("scontrol", "show", "job", "-o", job["job_id"]).stdout
     assert f"mlflow-run={summary['mlflow_run_id']}" in comment and f"flow-run={summary['prefect_flow_run_id']}" in comment
     assert not list((tmp_path / "home" / "jobs").glob("*.json"))
+    result = json.loads((folder / "result.json").read_text())
+    assert result["world_size"] == 2 and result["resumed_from_step"] > 0, result
+    assert summary["training"]["resumed_from_step"] == result["resumed_from_step"]
+    assert len(result["history"]) == epochs  # every epoch once: the requeued job went on where it stopped
+    # The goodput ledger has the requeued job's attempt, from the step the signal's checkpoint holds.
+    resumed = [ev for ev in read_events(folder / LEDGER_FILE) if ev["ev"] == "resume" and ev.get("step")]
+    assert [ev["step"] for ev in resumed] == [result["resumed_from_step"]]
+    records = read_recorded_ids(ids)
+    assert sorted(rec["step"] for rec in records if rec["rank"] == 0) == list(range(1, result["steps"] + 1))
+    n_train = len(load_splits(load_config(repo_root / "tests/configs/digits-quick.yaml"), repo_root, 0).train)
+    for epoch in range(epochs):
+        seen = Counter(i for rec in records if rec["epoch"] == epoch for i in rec["ids"])
+        assert set(seen) == set(range(n_train)) and set(seen.values()) == {1}, f"epoch {epoch}"
 
 
 def test_a_run_asking_for_more_nodes_than_the_partition_has_exits_2_with_slurms_reason_and_registers_nothing(

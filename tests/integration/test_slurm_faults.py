@@ -1,7 +1,7 @@
 """The Slurm launcher's faults on a real two-node Slurm on loopback (tests/slurm_cluster.py), through
 `trainflow train --launcher slurm` as a user runs it on a login node: SIGTERM of the run cancels
-its job; the warning signal checkpoints, requeues and resumes; a SIGKILLed rank is restarted by
-torchrun and the weights equal an undisturbed run's."""
+its job; a SIGKILLed rank is restarted by torchrun and the weights equal an undisturbed run's. (The
+warning signal, through a whole `trainflow run`: test_slurm.py.)"""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from tests.conftest import VENV_BIN
 from tests.integration.test_slurm import JOB_LIMIT_S, job_processes, slurm_args
 from tests.slurm_cluster import poll
 from training import slurm
-from training.goodput import LEDGER_FILE, read_events
 
 pytestmark = pytest.mark.integration
 
@@ -51,34 +50,6 @@ def test_the_run_stopped_with_sigterm_cancels_its_job_and_leaves_no_process(slur
     assert f"stopped: Slurm job {job_id} cancelled with the run" in err
     assert slurm.describe(job_id, slurm_cluster.env).state == "CANCELLED"
     poll(lambda: not job_processes(job_id), 60, f"job {job_id}'s processes to exit")
-
-
-def test_the_warning_signal_checkpoints_requeues_the_job_and_it_resumes_to_completed(
-        slurm_cluster, bundled_data, tmp_path):
-    out = tmp_path / "run"
-    proc = train_cli(slurm_cluster, out, "--set", "training.epochs=12")
-    try:
-        job_id = job_of(out)
-        # An epoch done: the workers are past their start-up and hold a sampler position to resume.
-        poll(lambda: (out / "metrics.jsonl").is_file() and "epoch" in (out / "metrics.jsonl").read_text(),
-             JOB_LIMIT_S, "the first epoch's metrics")
-        # What --signal=TERM@S does before the time limit: the signal to every step of the job.
-        slurm_cluster.run("scancel", "--signal=TERM", job_id)
-        stdout, err = proc.communicate(timeout=2 * JOB_LIMIT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err[-3000:]
-    result = json.loads((out / "result.json").read_text())
-    assert result["status"] == "completed" and result["world_size"] == 2
-    assert result["resumed_from_step"] > 0, result
-    assert len(result["history"]) == 12  # every epoch once: the resumed job went on where it stopped
-    assert slurm.REQUEUE_MARK in (out / f"slurm-{job_id}.out").read_text()
-    # The goodput ledger has the resumed attempt, from the step the signal's checkpoint holds.
-    resumed = [ev for ev in read_events(out / LEDGER_FILE) if ev["ev"] == "resume" and ev.get("step")]
-    assert [ev["step"] for ev in resumed] == [result["resumed_from_step"]]
-    final = slurm.describe(job_id, slurm_cluster.env)
-    assert (final.state, final.nodes) == ("COMPLETED", ("n1", "n2"))
 
 
 # A checkpoint every 10 steps (21 a epoch); rank 1 SIGKILLs itself at step 25 (training.faults).

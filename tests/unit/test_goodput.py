@@ -73,6 +73,9 @@ def test_the_gap_between_a_preempted_job_and_its_rerun_is_not_wall_time():
     assert s["startup_s"] == pytest.approx(2 + 3) and s["restart_s"] == 0
     assert s["lost_steps"] == 0 and s["failures"] == 0  # the checkpoint at the stop kept every step
     assert s["productive_s"] == pytest.approx(15.5 - 5 - 0.5)
+    # The launcher's record of its resubmission, between the jobs, is counted and is not wall time.
+    resubmitted = summarise([*events[:5], ev("resubmit", 1800, job="job-b", after="PREEMPTED"), *events[5:]])
+    assert resubmitted == {**s, "resubmits": 1} and s["resubmits"] == 0
 
 
 def test_a_restart_before_the_first_checkpoint_repeats_every_step_done():

@@ -55,6 +55,33 @@ def test_the_script_asks_for_the_plans_nodes_one_task_each_and_the_typed_setting
         "gpus-per-node": "4", "signal": "USR1@300"}
 
 
+def test_the_rest_api_gets_the_scripts_options_as_job_properties_and_the_environment_without_the_token(plan):
+    p = plan("launcher.slurm.partition=gpu", "launcher.slurm.account=ml-team", "launcher.slurm.qos=high",
+             "launcher.slurm.time_limit_min=90", "launcher.slurm.gpus_per_node=4", "launcher.slurm.signal=USR1",
+             "launcher.slurm.signal_before_limit_s=300", nnodes="1:2")
+    request = slurm.dry_run(p, OUT, ROOT, "md5", comment="flow-run=abc")
+    job = slurm.rest_job(request, {"PATH": "/usr/bin", "MY_JWT": "secret", "SLURM_JWT": "secret"}, "MY_JWT")
+    assert job == {
+        "name": "trainflow-digits", "nodes": [1, 2], "tasks": 1, "tasks_per_node": 1, "time_limit": 90,
+        "standard_output": f"{OUT}/slurm-%j.out", "open_mode": "append", "current_working_directory": str(ROOT),
+        "requeue": True, "partition": "gpu", "account": "ml-team", "qos": "high", "comment": "flow-run=abc",
+        "gpus_per_node": "4", "signal": "USR1@300", "environment": {"PATH": "/usr/bin"}}
+    # Every option the script asks for is a property (or one that rest_job sets itself).
+    assert set(sbatch_options(request.script)) <= {*slurm._REST_PROPERTIES, "nodes", "ntasks-per-node", "time",
+                                                   "requeue", "no-requeue"}
+
+
+def test_the_rest_api_needs_its_token_variable_and_names_it_not_the_token(plan, monkeypatch):
+    from core.config import SlurmRestConfig
+
+    rest = SlurmRestConfig(url="http://127.0.0.1:1", token_env="MY_JWT")
+    monkeypatch.delenv("MY_JWT", raising=False)
+    with pytest.raises(ConfigError, match=r"^launcher.slurm.rest.token_env: \$MY_JWT is not set; "):
+        slurm.describe("12", rest=rest)
+    with pytest.raises(ConfigError, match=r"launcher.slurm.rest.url: must match"):
+        load_config(Path(__file__).parents[2] / "configs" / "digits.yaml", ["launcher.slurm.rest.url=http://h/slurm?x"])
+
+
 def test_defaults_leave_partition_account_qos_and_gpus_to_the_cluster(plan):
     options = sbatch_options(slurm.dry_run(plan(), OUT, ROOT, "md5").script)
     assert not {"partition", "account", "qos", "comment", "gpus-per-node", "no-requeue"} & set(options)
