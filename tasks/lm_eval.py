@@ -85,9 +85,9 @@ def summarise(loss_sum: np.ndarray, n_tokens: np.ndarray) -> dict:
 
 
 def _documents(cfg, root: Path) -> list[tuple[str, bytes]]:
-    from tasks.text import read_documents
+    from tasks.text import corpus_files, read_documents
 
-    return read_documents(Path(root) / cfg.dataset.path / cfg.dataset.text.eval_file)
+    return read_documents(corpus_files(cfg, root)["eval"])
 
 
 def score_champion(task, cfg, root: Path, scorer, docs: list[tuple[str, bytes]] | None = None) -> dict:
