@@ -79,6 +79,7 @@ def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=Non
     records; writes ``metrics.json`` into ``out_dir``."""
     import torch
 
+    from tasks.base import champion_scores
     from tasks.hf_folder import load_model, load_tokenizer
     from tasks.metrics import latency_p95_ms
 
@@ -94,11 +95,8 @@ def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=Non
     with torch.inference_mode():  # one random full window: a forward pass's time
         cand["latency_p95_ms"] = latency_p95_ms(lambda x: model(input_ids=torch.from_numpy(x), use_cache=False),
                                                 window, 20, 3)
-    champ, how = None, None
-    if champion_metrics is not None:
-        champ, how = champion_metrics, "recorded"
-    elif champion is not None:
-        champ, how = score_champion(task, cfg, root, champion, records), "rescored"
+    champ, how = champion_scores(champion_metrics, champion,
+                                 lambda c: score_champion(task, cfg, root, c, records))
     per_record = [{"record": i, "n_tokens": int(k), "loss": float(s / k) if k else None}
                   for i, (s, k) in enumerate(zip(loss_sum, n_tok))]
     report = {"candidate": cand, "champion": champ, "champion_scores": how, "scoring_key": key,

@@ -106,7 +106,7 @@ def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=Non
     ``champion`` scorer's) on the eval documents; writes ``metrics.json`` into ``out_dir``."""
     import torch
 
-    from tasks.base import load_program
+    from tasks.base import champion_scores, load_program
     from tasks.metrics import latency_p95_ms
 
     key = task.scoring_key(cfg, root)
@@ -122,11 +122,8 @@ def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=Non
         cand["latency_p95_ms"] = latency_p95_ms(module, window, 100, 10)
     per_doc = [{"path": p, "n_tokens": int(k), "loss": float(s / k) if k else None}
                for (p, _), s, k in zip(docs, loss_sum, n_tok)]
-    champ, how = None, None
-    if champion_metrics is not None:
-        champ, how = champion_metrics, "recorded"
-    elif champion is not None:
-        champ, how = score_champion(task, cfg, root, champion, docs), "rescored"
+    champ, how = champion_scores(champion_metrics, champion,
+                                 lambda c: score_champion(task, cfg, root, c, docs))
     report = {"candidate": cand, "champion": champ, "champion_scores": how, "scoring_key": key,
               "baseline": None, "per_document": per_doc, "files": {}}
     (out_dir / "metrics.json").write_text(json.dumps(report, indent=2))
