@@ -5,7 +5,7 @@ Data: ``dataset.path`` + ``dataset.text``'s ``train_file`` / ``eval_file`` / ``h
 (the byte LM's keys; its ``seq_len`` and ``stride`` are not read: ``pretrained.max_length`` is the
 sequence length). Records are ``text`` (packed) or ``prompt`` + ``completion`` (loss on the completion
 only): ``tasks.causal_lm_data``. Evaluation: token-weighted held-out loss and perplexity of the
-exported model (``evaluation.causal_lm``); the gate compares perplexity with the champion's, as the
+exported model (``tasks.causal_lm_eval``); the gate compares perplexity with the champion's, as the
 ``lm`` task does. The registered model is ``tasks/pyfunc_causal.py``: prompt text in, generated text out.
 """
 
