@@ -109,9 +109,7 @@ def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=Non
     from tasks.base import champion_scores, load_program
     from tasks.metrics import latency_p95_ms
 
-    key = task.scoring_key(cfg, root)
     torch.set_num_threads(1)
-    out_dir.mkdir(parents=True, exist_ok=True)
     seq_len = cfg.dataset.text.seq_len
     docs = _documents(cfg, root)
     module = load_program(Path(train_dir) / "model.pt2")
@@ -122,12 +120,18 @@ def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=Non
         cand["latency_p95_ms"] = latency_p95_ms(module, window, 100, 10)
     per_doc = [{"path": p, "n_tokens": int(k), "loss": float(s / k) if k else None}
                for (p, _), s, k in zip(docs, loss_sum, n_tok)]
-    champ, how = champion_scores(champion_metrics, champion,
-                                 lambda c: score_champion(task, cfg, root, c, docs))
-    report = {"candidate": cand, "champion": champ, "champion_scores": how, "scoring_key": key,
-              "baseline": None, "per_document": per_doc, "files": {}}
+    champ = champion_scores(champion_metrics, champion, lambda c: score_champion(task, cfg, root, c, docs))
+    return write_report(task, cfg, root, out_dir, cand, champ, per_document=per_doc)
+
+
+def write_report(task, cfg, root: Path, out_dir: Path, cand: dict, champ: tuple, **per_item) -> dict:
+    """A language model's evaluation report (``champ``: ``champion_scores``' pair; no baseline), written
+    to ``out_dir/metrics.json``."""
+    report = {"candidate": cand, "champion": champ[0], "champion_scores": champ[1], "baseline": None,
+              "files": {}, "scoring_key": task.scoring_key(cfg, root), "candidate_scored_in": "pipeline",
+              **per_item}
+    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "metrics.json").write_text(json.dumps(report, indent=2))
-    report["candidate_scored_in"] = "pipeline"
     return report
 
 
