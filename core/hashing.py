@@ -24,6 +24,15 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def file_id(path: str | Path) -> tuple:
+    """A file's identity for the caches: its path, size and modification time (None if missing)."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return (str(path), None)
+    return (str(path), st.st_size, st.st_mtime_ns)
+
+
 def dvc_dir_md5(folder: Path) -> str:
     """DVC 3's hash of a tracked directory (the ``md5`` in its .dvc file), computed without DVC."""
     entries = sorted(({"md5": hashlib.md5(p.read_bytes()).hexdigest(), "relpath": p.relative_to(folder).as_posix()}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.base import SCORES_FILE
+from tasks.base import SCORES_FILE, champion_scores
 from tasks.metrics import confusion_png, latency_p95_ms
 
 log = logging.getLogger(__name__)
@@ -73,11 +73,7 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
     threshold = None if val is None else task.decision_threshold(val[1], val_pred)
     cand = task.score(y, pred, info, **({"threshold": threshold} if threshold is not None else {}))
     cand["latency_p95_ms"] = latency
-    champ, how = None, None
-    if champion_metrics is not None:
-        champ, how = champion_metrics, "recorded"
-    elif champion is not None:
-        champ, how = task.score_champion(cfg, root, champion), "rescored"
+    champ, how = champion_scores(champion_metrics, champion, lambda c: task.score_champion(cfg, root, c))
     what, base_pred = task.baseline(cfg, root, info, len(y))
     baseline = {"predictor": what, **task.score(y, base_pred, info)}
     ref = task.gbdt(cfg, root)

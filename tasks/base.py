@@ -77,6 +77,14 @@ def write_program_scores(out: Path, x, decode: Callable, split_sha256: str, val_
     tmp.replace(Path(out) / SCORES_FILE)
 
 
+def champion_scores(recorded: dict | None, champion, rescore: Callable) -> tuple[dict | None, str | None]:
+    """An evaluator's ``(champion's scores, how they were had)``: ``recorded`` when given, else the loaded
+    ``champion`` rescored (``rescore(champion)``); ``(None, None)`` without a champion."""
+    if recorded is not None:
+        return recorded, "recorded"
+    return (None, None) if champion is None else (rescore(champion), "rescored")
+
+
 def cache_write(path: Path, write: Callable) -> None:
     """``write(binary file)`` into ``path`` through a temporary name, so a reader sees all of it or
     nothing; an unwritable cache (a read-only home) is left alone: the value is made again next time."""
@@ -444,11 +452,6 @@ class Task:
     def export_files(self, cfg: "PipelineConfig", model, info: DataInfo, out: Path) -> str | None:
         """Rank 0: write the trained model's own files into ``out`` and return the name (a file or folder
         in ``out``) the registry logs; None: the engine exports ``export_module`` as ``model.pt2``."""
-        return None
-
-    def fsdp_units(self, model) -> list | None:
-        """The submodules FSDP shards one by one before the root (a transformer's blocks); None: the
-        engine's default (each Linear / Conv)."""
         return None
 
     def export_module(self, model, info: DataInfo):

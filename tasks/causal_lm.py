@@ -5,7 +5,7 @@ Data: ``dataset.path`` + ``dataset.text``'s ``train_file`` / ``eval_file`` / ``h
 (the byte LM's keys; its ``seq_len`` and ``stride`` are not read: ``pretrained.max_length`` is the
 sequence length). Records are ``text`` (packed) or ``prompt`` + ``completion`` (loss on the completion
 only): ``tasks.causal_lm_data``. Evaluation: token-weighted held-out loss and perplexity of the
-exported model (``evaluation.causal_lm``); the gate compares perplexity with the champion's, as the
+exported model (``tasks.causal_lm_eval``); the gate compares perplexity with the champion's, as the
 ``lm`` task does. The registered model is ``tasks/pyfunc_causal.py``: prompt text in, generated text out.
 """
 
@@ -19,6 +19,7 @@ from core.errors import ConfigError
 from tasks.base import Metric, ModelSpec, Task, ValidationPlan
 from tasks.causal_lm_eval import EXPORT_DIR
 from tasks.info import DataInfo
+from tasks.text import Corpus, corpus_files
 
 if TYPE_CHECKING:
     from core.config import PipelineConfig
@@ -40,13 +41,14 @@ class CausalInfo(DataInfo):
     pairs: bool = False
 
 
-class CausalLM(Task):
+class CausalLM(Corpus, Task):
     name = "causal_lm"
     metrics = (Metric("loss", False), Metric("perplexity", False, relative=True), Metric("latency_p95_ms", False))
     champion_metrics = ("perplexity",)
     primary = None
     info_type = CausalInfo
     predict_params = PREDICT_PARAMS
+    metrics_version = METRICS_VERSION
 
     def evaluator(self):
         from tasks import causal_lm_eval
@@ -81,18 +83,10 @@ class CausalLM(Task):
             raise ConfigError(f"pretrained.path: {cfg.pretrained.path!r} leads outside the repository")
         return folder
 
-    def _files(self, cfg, root) -> dict[str, Path]:
-        base = Path(root) / cfg.dataset.path
-        return {"train": base / cfg.dataset.text.train_file, "eval": base / cfg.dataset.text.eval_file}
-
-    def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:
-        base, text = cfg.dataset.path.rstrip("/"), cfg.dataset.text
-        return {"train": (f"{base}/{text.train_file}", "training"), "eval": (f"{base}/{text.eval_file}", "testing")}
-
     def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
         from tasks.causal_lm_data import columns
 
-        return ValidationPlan("validation.text_suite", list(self._files(cfg, root).values()),
+        return ValidationPlan("validation.text_suite", list(corpus_files(cfg, root).values()),
                               {"dataset": cfg.dataset, "root": Path(root), "record": columns(cfg)})
 
     # -- training --------------------------------------------------------------------------
@@ -156,18 +150,15 @@ class CausalLM(Task):
 
     # -- evaluation ----------------------------------------------------------------------------
     def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
-        from core.hashing import file_sha256, sha256_json
         from tasks.causal_lm_data import columns
 
-        split = file_sha256(self._files(cfg, root)["eval"])
-        parts = {"kind": "causal_lm", "split_sha256": split, "metrics_version": METRICS_VERSION,
-                 "record": columns(cfg), "max_length": cfg.pretrained.max_length}
-        return {"key": sha256_json(parts), "split_sha256": split, "metrics_version": METRICS_VERSION}
+        return self.eval_key(cfg, root, kind="causal_lm", record=columns(cfg), max_length=cfg.pretrained.max_length)
 
     def eval_records(self, cfg: "PipelineConfig", root: Path) -> list[tuple[str, ...]]:
-        from tasks.causal_lm_data import columns, read_records
+        from tasks.causal_lm_data import columns
+        from tasks.text import read_records
 
-        return read_records(self._files(cfg, root)["eval"], columns(cfg))
+        return read_records(corpus_files(cfg, root)["eval"], columns(cfg))
 
     # -- registry ------------------------------------------------------------------------------
     def model_spec(self, cfg: "PipelineConfig", root: Path, train_dir: Path, report: dict) -> ModelSpec:

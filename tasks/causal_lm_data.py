@@ -21,13 +21,13 @@ registered pyfunc's ``score`` agree (``tasks/pyfunc_causal.py`` keeps a copy; a 
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import numpy as np
 
 from core.errors import DataUnavailableError
+from tasks.text import read_records  # noqa: F401 - the records' reader, here too
 
 IGNORE = -100
 # Bump when the tokenized arrays change meaning: older cache files are then never read.
@@ -43,31 +43,22 @@ def columns(cfg) -> tuple[str, ...]:
     return (p.text_column,)
 
 
-def read_records(path: Path, keys: tuple[str, ...]) -> list[tuple[str, ...]]:
-    """The file's records as tuples of ``keys``' strings, in file order; DataUnavailableError naming the
-    file and line when the file is missing or a line lacks a key."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise DataUnavailableError(f"cannot read {path}: {exc.strerror}; run `dvc pull`") from None
-    out = []
-    for i, line in enumerate(raw.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            values = tuple(obj[k] for k in keys)
-            if not all(isinstance(v, str) for v in values):
-                raise TypeError("not a string")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DataUnavailableError(f"{path}:{i}: not a JSON object with string {', '.join(map(repr, keys))} "
-                                       f"({type(exc).__name__}: {exc})") from None
-        out.append(values)
-    return out
-
-
 def _ids(tok, text: str, special: bool) -> list[int]:
     return list(tok(text, add_special_tokens=special)["input_ids"])
+
+
+def _text_ids(tok, text: str) -> list[int]:
+    """A text's tokens, ending with EOS."""
+    ids = _ids(tok, text, True)
+    if tok.eos_token_id is not None and (not ids or ids[-1] != tok.eos_token_id):
+        ids.append(tok.eos_token_id)
+    return ids
+
+
+def _consecutive(ids: list[int], max_length: int) -> list[tuple[list[int], list[int]]]:
+    """``ids`` cut into consecutive ``(inputs, next tokens)`` windows of at most ``max_length``."""
+    return [(ids[s:s + n], ids[s + 1:s + n + 1]) for s in range(0, max(len(ids) - 1, 0), max_length)
+            for n in [min(max_length, len(ids) - 1 - s)]]
 
 
 def record_targets(tok, record: tuple[str, ...], max_length: int) -> list[tuple[list[int], list[int]]]:
@@ -76,11 +67,7 @@ def record_targets(tok, record: tuple[str, ...], max_length: int) -> list[tuple[
     prompt + completion + EOS in one window, targets on the completion only (no window: nothing learned)."""
     eos = tok.eos_token_id
     if len(record) == 1:
-        ids = _ids(tok, record[0], True)
-        if eos is not None and (not ids or ids[-1] != eos):
-            ids.append(eos)
-        return [(ids[s:s + n], ids[s + 1:s + n + 1]) for s in range(0, max(len(ids) - 1, 0), max_length)
-                for n in [min(max_length, len(ids) - 1 - s)]]
+        return _consecutive(_text_ids(tok, record[0]), max_length)
     prompt = _ids(tok, record[0], True)
     ids = (prompt + _ids(tok, record[1], False) + ([eos] if eos is not None else []))[:max_length + 1]
     targets = [t if i + 1 >= len(prompt) else IGNORE for i, t in enumerate(ids[1:])]
@@ -89,15 +76,8 @@ def record_targets(tok, record: tuple[str, ...], max_length: int) -> list[tuple[
 
 def pack_text(tok, records: list[tuple[str, ...]], max_length: int) -> tuple[np.ndarray, np.ndarray]:
     """``text`` records packed into ``(x [n, 2, L], y [n, L])`` (see the module's docstring)."""
-    stream: list[int] = []
-    for (text,) in records:
-        ids = _ids(tok, text, True)
-        if tok.eos_token_id is not None and (not ids or ids[-1] != tok.eos_token_id):
-            ids.append(tok.eos_token_id)
-        stream.extend(ids)
-    windows = [(stream[s:s + n], stream[s + 1:s + n + 1]) for s in range(0, max(len(stream) - 1, 0), max_length)
-               for n in [min(max_length, len(stream) - 1 - s)]]
-    return _padded(windows, max_length, tok.pad_token_id)
+    stream = [t for (text,) in records for t in _text_ids(tok, text)]
+    return _padded(_consecutive(stream, max_length), max_length, tok.pad_token_id)
 
 
 def pairs(tok, records: list[tuple[str, ...]], max_length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -126,11 +106,10 @@ def tokenized(cfg, root: Path, seed: int, folder: Path) -> dict[str, np.ndarray]
     from core.hashing import file_sha256, sha256_json
     from core.paths import trainflow_home
     from tasks.base import cache_write
-    from tasks.text import holdout_documents
+    from tasks.text import corpus_files, holdout_documents
 
     text, p = cfg.dataset.text, cfg.pretrained
-    base = Path(root) / cfg.dataset.path
-    files = {"train": base / text.train_file, "test": base / text.eval_file}
+    files = corpus_files(cfg, root)
     keys = columns(cfg)
     try:
         tok_files = {f.name: file_sha256(f) for f in sorted(Path(folder).iterdir())
@@ -153,7 +132,7 @@ def tokenized(cfg, root: Path, seed: int, folder: Path) -> dict[str, np.ndarray]
     keep, hold = holdout_documents(len(train), text.holdout_fraction, seed)
     out = {}
     for split, records in (("train", [train[i] for i in keep]), ("val", [train[i] for i in hold]),
-                           ("test", read_records(files["test"], keys))):
+                           ("test", read_records(files["eval"], keys))):
         out[f"x_{split}"], out[f"y_{split}"] = build(tok, records, p.max_length)
     cache_write(path, lambda fh: np.savez(fh, **out))
     return out

@@ -6,12 +6,11 @@ The summary and the champion comparison are the ``lm`` task's (``tasks.lm_eval.s
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from tasks.lm_eval import summarise
+from tasks.lm_eval import summarise, write_report
 
 BATCH_WINDOWS = 16
 # The fine-tuned model folder (safetensors + tokenizer) in the training folder, beside model.pt2.
@@ -79,12 +78,11 @@ def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=Non
     records; writes ``metrics.json`` into ``out_dir``."""
     import torch
 
+    from tasks.base import champion_scores
     from tasks.hf_folder import load_model, load_tokenizer
     from tasks.metrics import latency_p95_ms
 
-    key = task.scoring_key(cfg, root)
     torch.set_num_threads(1)
-    out_dir.mkdir(parents=True, exist_ok=True)
     folder = Path(train_dir) / EXPORT_DIR
     tok, model = load_tokenizer(folder), load_model(folder, "causal_lm").eval()
     records = task.eval_records(cfg, root)
@@ -94,14 +92,7 @@ def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=Non
     with torch.inference_mode():  # one random full window: a forward pass's time
         cand["latency_p95_ms"] = latency_p95_ms(lambda x: model(input_ids=torch.from_numpy(x), use_cache=False),
                                                 window, 20, 3)
-    champ, how = None, None
-    if champion_metrics is not None:
-        champ, how = champion_metrics, "recorded"
-    elif champion is not None:
-        champ, how = score_champion(task, cfg, root, champion, records), "rescored"
     per_record = [{"record": i, "n_tokens": int(k), "loss": float(s / k) if k else None}
                   for i, (s, k) in enumerate(zip(loss_sum, n_tok))]
-    report = {"candidate": cand, "champion": champ, "champion_scores": how, "scoring_key": key,
-              "baseline": None, "per_record": per_record, "files": {}, "candidate_scored_in": "pipeline"}
-    (out_dir / "metrics.json").write_text(json.dumps(report, indent=2))
-    return report
+    champ = champion_scores(champion_metrics, champion, lambda c: score_champion(task, cfg, root, c, records))
+    return write_report(task, cfg, root, out_dir, cand, champ, per_record=per_record)

@@ -196,11 +196,6 @@ class ColumnStats:
     values: dict | None = None
     integral: bool = True  # every non-null value a whole number (so far)
 
-    @property
-    def rows(self) -> int:
-        """Rows seen: values and nulls."""
-        return self.count + self.nulls
-
     def var(self, ddof: int = 0) -> float:
         """Variance of the non-null values (NaN when count <= ddof)."""
         return self.m2 / (self.count - ddof) if self.count > ddof else math.nan
@@ -290,14 +285,6 @@ class ColumnStats:
         if not self.numeric:
             self.min = self.max = None
             self.mean, self.m2 = 0.0, 0.0
-
-    def as_dict(self) -> dict:
-        """JSON-able summary: name, rows, count, nulls, min, max, mean, std (None when undefined)."""
-        numeric = bool(self.numeric) and self.count > 0
-        return {"name": self.name, "rows": self.rows, "count": self.count, "nulls": self.nulls,
-                "min": self.min if numeric else None, "max": self.max if numeric else None,
-                "mean": self.mean if numeric else None, "std": self.std if numeric else None,
-                **({"values": dict(self.values)} if self.values is not None else {})}
 
 
 def column_stats(batches: Iterable[pa.RecordBatch], columns: list[str],

@@ -84,13 +84,9 @@ def category_codes(values: "pd.Series", vocabulary: list[str]) -> np.ndarray:
 DATE_PARTS = ("year", "month", "day", "weekday", "dayofyear", "hour", "days", "missing")
 
 
-def has_hour(fmt: str) -> bool:
-    return "%H" in fmt or "%I" in fmt
-
-
 def date_columns(name: str, fmt: str, parts) -> list[str]:
     """The parts a date column ``name`` of format ``fmt`` becomes (no hour in a format without one)."""
-    return [p for p in DATE_PARTS if p in parts and (p != "hour" or has_hour(fmt))]
+    return [p for p in DATE_PARTS if p in parts and (p != "hour" or "%H" in fmt or "%I" in fmt)]
 
 
 # The formats init recognises, most specific first; where two fit a column equally (01/02/2016:
@@ -126,21 +122,14 @@ def detect_date_format(values: "pd.Series") -> tuple[str | None, str]:
     return fmt, (f"{len(distinct)} distinct values in format {fmt}" + (f" ({bad} do not parse)" if bad else ""))
 
 
-def parse_dates(values: "pd.Series", fmt: str) -> "pd.Series":
-    """datetime64 of ``values`` parsed with ``fmt``; NaT where missing or not in that format."""
+def date_parts(values: "pd.Series", fmt: str) -> dict[str, np.ndarray]:
+    """``{part: float64 array}`` of every ``DATE_PARTS`` entry of ``values`` parsed with ``fmt`` (NaN where
+    the date is missing or not in that format, but ``missing`` itself, 1.0 there)."""
     import pandas as pd
 
-    s = values if isinstance(values, pd.Series) else pd.Series(values)
-    if pd.api.types.is_datetime64_any_dtype(s.dtype):
-        return s
-    text = s.astype("string")
-    return pd.to_datetime(text, format=fmt, errors="coerce")
-
-
-def date_parts(values: "pd.Series", fmt: str) -> dict[str, np.ndarray]:
-    """``{part: float64 array}`` of every ``DATE_PARTS`` entry (NaN where the date is missing, but
-    ``missing`` itself, 1.0 there)."""
-    t = parse_dates(values, fmt)
+    t = values if isinstance(values, pd.Series) else pd.Series(values)
+    if not pd.api.types.is_datetime64_any_dtype(t.dtype):
+        t = pd.to_datetime(t.astype("string"), format=fmt, errors="coerce")
     dt = t.dt
     days = (t - np.datetime64("1970-01-01")).dt.total_seconds().to_numpy(dtype=np.float64, na_value=np.nan) / 86400
     out = {"year": dt.year, "month": dt.month, "day": dt.day, "weekday": dt.dayofweek, "dayofyear": dt.dayofyear,

@@ -39,9 +39,3 @@ def merged(model):
     import copy
 
     return copy.deepcopy(model).merge_and_unload() if is_lora(model) else model
-
-
-def trainable_counts(model) -> tuple[int, int]:
-    """(trainable parameters, all parameters)."""
-    params = list(model.parameters())
-    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)

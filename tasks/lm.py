@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from core.errors import ConfigError
 from tasks.base import Metric, ModelSpec, ParallelPlan, Task, ValidationPlan, load_program
+from tasks.text import Corpus, corpus_files
 
 if TYPE_CHECKING:
     from core.config import PipelineConfig
@@ -17,12 +18,13 @@ LM_METRICS_VERSION = 1
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_lm.py")
 
 
-class LanguageModel(Task):
+class LanguageModel(Corpus, Task):
     name = "lm"
     metrics = (Metric("loss", False), Metric("perplexity", False, relative=True), Metric("bits_per_byte", False),
                Metric("latency_p95_ms", False))
     champion_metrics = ("perplexity",)
     primary = None
+    metrics_version = LM_METRICS_VERSION
 
     def evaluator(self):
         from tasks import lm_eval
@@ -61,16 +63,8 @@ class LanguageModel(Task):
         if "perplexity" not in cfg.gates.thresholds:
             raise ConfigError("gates.thresholds.perplexity: required for the lm task")
 
-    def _files(self, cfg, root) -> dict[str, Path]:
-        base = Path(root) / cfg.dataset.path
-        return {"train": base / cfg.dataset.text.train_file, "eval": base / cfg.dataset.text.eval_file}
-
-    def data_splits(self, cfg: "PipelineConfig") -> dict[str, tuple[str, str]]:
-        base, text = cfg.dataset.path.rstrip("/"), cfg.dataset.text
-        return {"train": (f"{base}/{text.train_file}", "training"), "eval": (f"{base}/{text.eval_file}", "testing")}
-
     def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
-        files = list(self._files(cfg, root).values())
+        files = list(corpus_files(cfg, root).values())
         return ValidationPlan("validation.text_suite", files, {"dataset": cfg.dataset, "root": Path(root)})
 
     def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
@@ -105,18 +99,14 @@ class LanguageModel(Task):
         return (out.argmax(-1) == y).sum().item()
 
     def scoring_key(self, cfg: "PipelineConfig", root: Path) -> dict:
-        from core.hashing import file_sha256, sha256_json
-
-        split = file_sha256(self._files(cfg, root)["eval"])
-        parts = {"kind": "text", "split_sha256": split, "metrics_version": LM_METRICS_VERSION}
-        return {"key": sha256_json(parts), "split_sha256": split, "metrics_version": LM_METRICS_VERSION}
+        return self.eval_key(cfg, root, kind="text")
 
     def model_spec(self, cfg: "PipelineConfig", root: Path, train_dir: Path, report: dict) -> ModelSpec:
         import pandas as pd
 
         from tasks.text import read_documents
 
-        docs = read_documents(self._files(cfg, root)["eval"])[:3]
+        docs = read_documents(corpus_files(cfg, root)["eval"])[:3]
         example = pd.DataFrame({"text": [d[:512].decode("utf-8", "ignore") for _, d in docs]})
         seq = cfg.dataset.text.seq_len
         meta = {"format": "torch.export", "input_dtype": "int64", "seq_len": int(seq), "vocab": "utf-8 bytes"}

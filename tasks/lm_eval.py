@@ -85,9 +85,9 @@ def summarise(loss_sum: np.ndarray, n_tokens: np.ndarray) -> dict:
 
 
 def _documents(cfg, root: Path) -> list[tuple[str, bytes]]:
-    from tasks.text import read_documents
+    from tasks.text import corpus_files, read_documents
 
-    return read_documents(Path(root) / cfg.dataset.path / cfg.dataset.text.eval_file)
+    return read_documents(corpus_files(cfg, root)["eval"])
 
 
 def score_champion(task, cfg, root: Path, scorer, docs: list[tuple[str, bytes]] | None = None) -> dict:
@@ -106,12 +106,10 @@ def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=Non
     ``champion`` scorer's) on the eval documents; writes ``metrics.json`` into ``out_dir``."""
     import torch
 
-    from tasks.base import load_program
+    from tasks.base import champion_scores, load_program
     from tasks.metrics import latency_p95_ms
 
-    key = task.scoring_key(cfg, root)
     torch.set_num_threads(1)
-    out_dir.mkdir(parents=True, exist_ok=True)
     seq_len = cfg.dataset.text.seq_len
     docs = _documents(cfg, root)
     module = load_program(Path(train_dir) / "model.pt2")
@@ -122,15 +120,18 @@ def evaluate(task, cfg, root: Path, train_dir: Path, out_dir: Path, champion=Non
         cand["latency_p95_ms"] = latency_p95_ms(module, window, 100, 10)
     per_doc = [{"path": p, "n_tokens": int(k), "loss": float(s / k) if k else None}
                for (p, _), s, k in zip(docs, loss_sum, n_tok)]
-    champ, how = None, None
-    if champion_metrics is not None:
-        champ, how = champion_metrics, "recorded"
-    elif champion is not None:
-        champ, how = score_champion(task, cfg, root, champion, docs), "rescored"
-    report = {"candidate": cand, "champion": champ, "champion_scores": how, "scoring_key": key,
-              "baseline": None, "per_document": per_doc, "files": {}}
+    champ = champion_scores(champion_metrics, champion, lambda c: score_champion(task, cfg, root, c, docs))
+    return write_report(task, cfg, root, out_dir, cand, champ, per_document=per_doc)
+
+
+def write_report(task, cfg, root: Path, out_dir: Path, cand: dict, champ: tuple, **per_item) -> dict:
+    """A language model's evaluation report (``champ``: ``champion_scores``' pair; no baseline), written
+    to ``out_dir/metrics.json``."""
+    report = {"candidate": cand, "champion": champ[0], "champion_scores": champ[1], "baseline": None,
+              "files": {}, "scoring_key": task.scoring_key(cfg, root), "candidate_scored_in": "pipeline",
+              **per_item}
+    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "metrics.json").write_text(json.dumps(report, indent=2))
-    report["candidate_scored_in"] = "pipeline"
     return report
 
 

@@ -184,25 +184,20 @@ def csv_to_parquet(path: Path, root: Path, data_md5: str, row_group_rows: int = 
 def info_once(task, cfg: "PipelineConfig", root: Path, source: Path, groups, data_md5: str):
     """The task's ``stream_info`` (a pass over the whole train split) once per data, config and code:
     cached as JSON in ``TRAINFLOW_HOME/cache/stream/`` under a lock (a read-only home: computed here)."""
-    import hashlib
     import json
 
-    from core.hashing import sha256_json
+    from core.hashing import file_id, file_sha256, sha256_json
     from core.locks import exclusive
     from core.paths import trainflow_home, under_home
     from tasks.base import cache_write
-
-    def ident(path: Path) -> list:
-        st = Path(path).stat()
-        return [str(path), st.st_size, st.st_mtime_ns]
 
     here = Path(__file__).parent
     code = [Path(__file__), *(here / f for f in ("tabular.py", "columnar.py", "encoding.py"))]
     exp = cfg.dataset.expectations_file
     key = sha256_json({"task": task.name, "dataset": cfg.dataset.model_dump(mode="json"), "md5": data_md5,
-                       "files": [ident(f) for f in groups.files],
-                       "expectations": ident(Path(root) / exp) if exp else None,
-                       "code": [hashlib.sha256(p.read_bytes()).hexdigest() for p in code]})[:32]
+                       "files": [file_id(f) for f in groups.files],
+                       "expectations": file_id(Path(root) / exp) if exp else None,
+                       "code": [file_sha256(p) for p in code]})[:32]
 
     def compute():
         return task.stream_info(cfg, root, source, groups.names, groups.types)

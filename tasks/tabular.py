@@ -17,6 +17,7 @@ import numpy as np
 
 from core.errors import ConfigError, DataUnavailableError
 from core.expectations import load_expectations
+from core.hashing import file_id
 from tasks.base import (Classifier, InitFit, Metric, ModelSpec, Task, ValidationPlan, cache_write, fit_gbdt,
                         init_batch, label_key, load_program, write_program_scores)
 from tasks.encoding import FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, numeric_dtype
@@ -133,7 +134,7 @@ class _Table(Task):
         if cfg.dataset.expectations_file is None:
             return None
         path = Path(root) / cfg.dataset.expectations_file
-        return self._cached(("expectations", _file_id(path)), lambda: load_expectations(path))
+        return self._cached(("expectations", file_id(path)), lambda: load_expectations(path))
 
     # -- trainflow init (torch-free) ------------------------------------------------------------
     def _label_facts(self, label: str, labels, ctype: str) -> tuple[str, bool | None]:
@@ -259,7 +260,7 @@ class _Table(Task):
     # -- data ---------------------------------------------------------------------------------
     def frames(self, cfg: "PipelineConfig", root: Path) -> dict[str, "pd.DataFrame"]:
         """``{"train", "test"}`` frames without unlabeled rows (shared: callers must not modify them)."""
-        key = ("frames", tuple(_file_id(p) for p in split_paths(cfg.dataset, root).values()),
+        key = ("frames", tuple(file_id(p) for p in split_paths(cfg.dataset, root).values()),
                cfg.dataset.model_dump_json(), cfg.seed, self.classification)
         return self._cached(key, lambda: load_frames(cfg.dataset, root, cfg.seed, stratify=self.classification,
                                                      labeled_only=True))
@@ -389,7 +390,6 @@ class _Table(Task):
     def prepared_key(self, cfg: "PipelineConfig", root: Path) -> str:
         """What ``prepared``'s arrays are a function of (sha256 hex): the files' bytes, the config's
         dataset, the seed and this code."""
-        import hashlib
         import inspect
 
         from core.hashing import file_sha256, sha256_json
@@ -399,11 +399,11 @@ class _Table(Task):
             files.append(Path(root) / cfg.dataset.expectations_file)
         code = {Path(__file__), Path(inspect.getfile(type(self))), Path(__file__).with_name("table.py"),
                 Path(__file__).with_name("encoding.py")}
-        return self._cached(("prepared_key", tuple(_file_id(f) for f in files), cfg.dataset.model_dump_json(),
+        return self._cached(("prepared_key", tuple(file_id(f) for f in files), cfg.dataset.model_dump_json(),
                              cfg.seed), lambda: sha256_json({
             "task": self.name, "seed": cfg.seed, "dataset": cfg.dataset.model_dump(mode="json"),
             "files": [file_sha256(f) if f.is_file() else str(f) for f in files],
-            "code": sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in code)}))
+            "code": sorted(file_sha256(p) for p in code)}))
 
     def load_data(self, cfg: "PipelineConfig", root: Path, seed: int):
         from tasks.splits import Splits, tensors
@@ -753,12 +753,3 @@ def _gbdt_matrix(x: np.ndarray, categorical: np.ndarray) -> np.ndarray:
         codes[codes > 254] = 0
         out[:, categorical] = codes
     return out
-
-
-def _file_id(path: Path) -> tuple:
-    """A file's identity for the caches: its path, size and modification time (None if missing)."""
-    try:
-        st = Path(path).stat()
-    except OSError:
-        return (str(path), None)
-    return (str(path), st.st_size, st.st_mtime_ns)

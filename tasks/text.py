@@ -13,24 +13,54 @@ from core.errors import DataUnavailableError
 from tasks.splits import Splits, tensors
 
 
-def read_documents(path: Path) -> list[tuple[str, bytes]]:
-    """``[(doc path, UTF-8 bytes)]`` of a JSON Lines corpus file, in file order; DataUnavailableError
-    when the file is missing or a line is not a ``{"path", "text"}`` object."""
+def read_records(path: Path, keys: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The JSON Lines file's records as tuples of ``keys``' strings, in file order; DataUnavailableError
+    naming the file and line when the file is missing or a line lacks a key."""
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise DataUnavailableError(f"cannot read {path}: {exc.strerror}; run `dvc pull`") from None
-    docs = []
+    out = []
     for i, line in enumerate(raw.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
-            docs.append((str(obj["path"]), obj["text"].encode("utf-8")))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise DataUnavailableError(f"{path}:{i}: not a JSON object with string 'path' and 'text' "
+            values = tuple(obj[k] for k in keys)
+            if not all(isinstance(v, str) for v in values):
+                raise TypeError("not a string")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DataUnavailableError(f"{path}:{i}: not a JSON object with string {', '.join(map(repr, keys))} "
                                        f"({type(exc).__name__}: {exc})") from None
-    return docs
+        out.append(values)
+    return out
+
+
+def read_documents(path: Path) -> list[tuple[str, bytes]]:
+    """``[(doc path, UTF-8 bytes)]`` of a JSON Lines corpus file of ``{"path", "text"}`` objects."""
+    return [(doc, text.encode("utf-8")) for doc, text in read_records(path, ("path", "text"))]
+
+
+def corpus_files(cfg, root: Path) -> dict[str, Path]:
+    """``dataset.text``'s JSON Lines files: ``{"train", "eval"}``."""
+    base = Path(root) / cfg.dataset.path
+    return {"train": base / cfg.dataset.text.train_file, "eval": base / cfg.dataset.text.eval_file}
+
+
+class Corpus:
+    """What the text tasks share (mixed in before ``Task``): their splits are ``dataset.text``'s files."""
+
+    def data_splits(self, cfg) -> dict[str, tuple[str, str]]:
+        base, text = cfg.dataset.path.rstrip("/"), cfg.dataset.text
+        return {"train": (f"{base}/{text.train_file}", "training"), "eval": (f"{base}/{text.eval_file}", "testing")}
+
+    def eval_key(self, cfg, root: Path, **parts) -> dict:
+        """The scoring key of the eval file's bytes, ``self.metrics_version`` and ``parts``."""
+        from core.hashing import file_sha256, sha256_json
+
+        split = file_sha256(corpus_files(cfg, root)["eval"])
+        key = sha256_json({**parts, "split_sha256": split, "metrics_version": self.metrics_version})
+        return {"key": key, "split_sha256": split, "metrics_version": self.metrics_version}
 
 
 def window_starts(n_tokens: int, seq_len: int, stride: int) -> list[int]:
