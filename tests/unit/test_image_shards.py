@@ -245,3 +245,31 @@ def test_the_crop_box_stays_inside_the_image_whatever_its_shape(width, height):
         for _ in range(20):
             left, top, right, bottom = _crop_box(rng, width, height, scale)
             assert 0 <= left < right <= width and 0 <= top < bottom <= height
+
+
+def test_init_writes_a_manifests_images_as_shards_and_a_second_write_is_byte_identical(tmp_path, monkeypatch):
+    import tasks.images
+    from tasks.images import ImageClassification
+
+    photos = tmp_path / "photos"
+    rows = []
+    for i in range(12):
+        rel = f"img/{i:02d}.{'png' if i % 3 == 0 else 'jpg'}"
+        (photos / rel).parent.mkdir(parents=True, exist_ok=True)
+        (photos / rel).write_bytes(_jpeg((20 + i, 24), i, "PNG" if i % 3 == 0 else "JPEG"))
+        rows.append((rel, "ab"[i % 2], "test" if i >= 9 else "train"))
+    (photos / "manifest.csv").write_text("path,label,split\n" + "".join(f"{p},{c},{s}\n" for p, c, s in rows))
+    monkeypatch.setattr(tasks.images, "SHARD_ABOVE_BYTES", 0)  # the line a set of photos would pass
+    done = ImageClassification().init_folder(tmp_path, photos, "photos")
+    assert done["data"] == "photos-shards" and done["dataset"]["images"]["shards"] == "."
+    out = tmp_path / "photos-shards"
+    for split in ("train", "test"):
+        want = sorted(((p, c) for p, c, s in rows if s == split), key=lambda r: (r[1], r[0]))
+        got = list(iter_samples(sorted((out / split).glob("*.tar")), split))
+        assert [d for _, d, _ in got] == [(photos / p).read_bytes() for p, _ in want]  # the files' bytes, in order
+        assert [c for _, _, c in got] == [c for _, c in want]
+        assert [n.rsplit(".", 1)[1] for n, _, _ in got] == [p.rsplit(".", 1)[1] for p, _ in want]
+    first = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*.tar"))}
+    out.rename(tmp_path / "first")
+    ImageClassification().init_folder(tmp_path, photos, "photos")
+    assert {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*.tar"))} == first  # same md5 for DVC
