@@ -121,6 +121,12 @@ def validate(suite, params: dict, splits: dict, report_dir: Path) -> dict:
     run = start_run(started)
     for item in items:
         run_item(run, item)
+    return derived_report(suite, params, run, items, {s: int(len(splits[s])) for s in suite.SPLITS}, report_dir)
+
+
+def derived_report(suite, params: dict, run: Run, items: list[Item], rows: dict[str, int], report_dir: Path) -> dict:
+    """The report of a derived-frame ``suite`` whose ``items`` ``run`` has validated (whole, or batch by
+    batch with :class:`ItemBatches`), written into ``report_dir``; ``rows``: each split's count."""
     failures = []
     for item in items:
         # GX orders results its own way: they are matched to checks by expectation type and column.
@@ -132,11 +138,10 @@ def validate(suite, params: dict, splits: dict, report_dir: Path) -> dict:
             check = checks.get((config.get("type"), (config.get("kwargs") or {}).get("column")), "other")
             failures.append(_derived_failure(suite, item.split, check, evr))
     if hasattr(suite, "warnings"):  # what the suite reports without failing (skipped hidden files)
-        failures += suite.warnings(params, splits)
+        failures += suite.warnings(params)
     order = (*suite.SPLITS, "cross")
     failures.sort(key=lambda f: (order.index(f["split"]), suite.CHECK_ORDER.index(f["check"])))
-    return write_report(run, items, report_dir, failures=failures, rows={s: int(len(splits[s])) for s in suite.SPLITS},
-                        skipped=[])
+    return write_report(run, items, report_dir, failures=failures, rows=rows, skipped=[])
 
 
 def _derived_failure(suite, split: str, check: str, evr: dict) -> dict:

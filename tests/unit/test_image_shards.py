@@ -273,3 +273,57 @@ def test_init_writes_a_manifests_images_as_shards_and_a_second_write_is_byte_ide
     out.rename(tmp_path / "first")
     ImageClassification().init_folder(tmp_path, photos, "photos")
     assert {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*.tar"))} == first  # same md5 for DVC
+
+
+def test_the_streamed_image_suite_holds_one_batch_of_profile_rows_and_reports_as_the_whole_frame_does(
+        tmp_path, monkeypatch):
+    """Validation of a shard set is flat by construction: at most ``BATCH_ROWS`` profile rows exist at a
+    time, and beside them a split keeps its count, a count per class and 8 bytes per image (the leak
+    check's hash); the report equals the one GX gives on the whole profile."""
+    import tasks.image_data
+    from validation import image_suite
+    from validation.gx_run import validate
+
+    base = tmp_path / "data"
+    _shard_set(base, {"train": 23, "test": 9}, per_shard=5)
+    good = _jpeg((30, 30), 77)
+    _tar(base / "train" / "000009.tar", [("a9", good[: len(good) // 2], ".jpg", ".cls"), ("b9", good, ".jpg", ".cls")])
+    _tar(base / "test" / "000009.tar", [("a8", good, ".jpg", ".cls"), ("c8", _jpeg((30, 30), 78), ".jpg", ".cls")])
+    bounds = ImageExpectations(width=(20, 70), height=(20, 70), modes=["RGB"], train_images=(1, 20))
+    params = {"dataset": DatasetConfig(path="data", images=ImagesConfig(shards=".", classes=CLASSES,
+                                                                       expectations=bounds)),
+              "root": tmp_path, "seed": 0}
+    whole = validate(image_suite, params, image_suite.load(params), tmp_path / "whole")
+    seen, frame = [], tasks.image_data.profile_frame
+    monkeypatch.setattr(tasks.image_data, "profile_frame", lambda rows: seen.append(len(rows)) or frame(rows))
+    monkeypatch.setattr(image_suite, "BATCH_ROWS", 4)
+    streamed = image_suite.run(params, tmp_path / "streamed")
+    assert max(seen) == 4 and sum(seen) == 25 + 11  # every sample, four rows at a time
+    assert streamed["rows"] == whole["rows"] == {"train": 25, "test": 11}
+    key = lambda r: [(f["split"], f["check"], f["column"], f["unexpected_count"], f["message"]) for f in r["failures"]]
+    assert key(streamed) == key(whole)
+    assert {(s, c) for s, c, *_ in key(streamed)} == {("train", "row_count"), ("train", "decode"),
+                                                      ("test", "label_set"), ("cross", "leak")}
+    assert "train/000009.tar:a9.jpg" in streamed["failures"][1]["message"]
+    assert "train train/000009.tar:b9.jpg = test test/000009.tar:a8.jpg" in streamed["failures"][-1]["message"]
+
+
+def test_a_split_tally_keeps_counts_and_eight_bytes_an_image_whatever_the_count():
+    import sys
+
+    import pandas as pd
+
+    from validation.image_suite import SplitTally
+
+    def state(n: int) -> tuple:
+        tally = SplitTally()
+        for start in range(0, n, 500):
+            k = min(500, n - start)
+            tally.add(pd.DataFrame({"label": ["ab"[i % 2] for i in range(k)],
+                                    "sha256": [f"{start + i:064x}" for i in range(k)]}))
+        return tally.rows, len(tally.classes), sum(h.nbytes for h in tally.hashes), sys.getsizeof(tally.classes)
+
+    small, large = state(1_000), state(20_000)
+    assert (small[0], large[0]) == (1_000, 20_000)
+    assert small[1] == large[1] == 2 and small[3] == large[3]  # the class counts do not grow
+    assert (small[2], large[2]) == (8 * 1_000, 8 * 20_000)  # the leak check's hash: 8 bytes an image, nothing more
