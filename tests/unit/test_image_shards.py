@@ -327,3 +327,42 @@ def test_a_split_tally_keeps_counts_and_eight_bytes_an_image_whatever_the_count(
     assert (small[0], large[0]) == (1_000, 20_000)
     assert small[1] == large[1] == 2 and small[3] == large[3]  # the class counts do not grow
     assert (small[2], large[2]) == (8 * 1_000, 8 * 20_000)  # the leak check's hash: 8 bytes an image, nothing more
+
+
+def test_the_test_split_is_decoded_as_a_stream_into_a_memory_map_and_scored_a_slice_at_a_time(tmp_path, monkeypatch):
+    """The test split's pixels: written to the cache one image at a time (the peak is far below the
+    split's decoded size, where a list and a stack would hold it twice), equal to decoding it in memory;
+    the program, scored ``PROGRAM_ROWS`` rows at a time on float32 slices, gives the same accuracy."""
+    import tracemalloc
+
+    import torch
+
+    import tasks.base
+    from tasks.base import program_outputs
+    from tasks.image_sharded import FloatPixels, split_pixels
+
+    _shard_set(tmp_path / "data", {"train": 4, "test": 100}, per_shard=30)
+    cfg = config_from_dict({
+        "name": "s", "task": "image_classification",
+        "dataset": {"path": "data", "images": {"shards": ".", "size": [48, 48], "classes": CLASSES}},
+        "model": {"kind": "image_cnn", "channels": [4, 4], "hidden": 8}})
+    split_pixels(cfg, tmp_path, "test", tmp_path / "warm")  # imports and Pillow's plugins: not the split's memory
+    tracemalloc.start()
+    x, y, names = split_pixels(cfg, tmp_path, "test", tmp_path / "home")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert x.shape == (100, 3, 48, 48) and isinstance(x, np.memmap) and peak < x.nbytes / 2
+    samples = list(iter_samples(sorted((tmp_path / "data" / "test").glob("*.tar")), "test"))
+    whole = np.stack([eval_pixels(d, (48, 48), 3, n) for n, d, _ in samples])
+    assert np.array_equal(x, whole) and names == [n for n, _, _ in samples]
+    assert y.tolist() == [CLASSES.index(c) for _, _, c in samples]
+    again = split_pixels(cfg, tmp_path, "test", tmp_path / "home")[0]  # the cache, mapped copy-on-write
+    assert np.array_equal(again, whole) and again.flags.writeable and not list((tmp_path / "home").rglob("*.tmp"))
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 5, stride=4), torch.nn.Flatten(), torch.nn.LazyLinear(2)).eval()
+    with torch.no_grad():
+        in_memory = net(torch.from_numpy(whole.astype(np.float32))).numpy().argmax(1)
+    monkeypatch.setattr(tasks.base, "PROGRAM_ROWS", 7)
+    streamed = program_outputs(net, FloatPixels(x)).argmax(1)
+    assert np.array_equal(streamed, in_memory) and (streamed == y).mean() == (in_memory == y).mean()
