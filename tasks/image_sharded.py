@@ -67,6 +67,16 @@ def held_ids(n: int, seed: int, fraction: float, max_rows: int) -> np.ndarray:
     return np.sort(np.random.default_rng([seed % 2**64, _HOLDOUT]).choice(n, size=k, replace=False)).astype(np.int64)
 
 
+def _evaluated(data: bytes, label: str, name: str, classes: dict, images) -> tuple[np.ndarray, int]:
+    """(one sample's pixels through the evaluation transform, its class index); DataUnavailableError naming it."""
+    if label not in classes:
+        raise DataUnavailableError(f"{name}: class {label!r} is not in dataset.images.classes {images.classes}")
+    try:
+        return eval_pixels(data, tuple(images.size), images.channels, name), classes[label]
+    except ValueError as exc:
+        raise DataUnavailableError(f"{name}: {exc}") from None
+
+
 def _decode(index: ShardIndex, ids: np.ndarray, cfg: "PipelineConfig") -> tuple[np.ndarray, np.ndarray]:
     images = cfg.dataset.images
     classes = {c: i for i, c in enumerate(images.classes)}
@@ -74,13 +84,7 @@ def _decode(index: ShardIndex, ids: np.ndarray, cfg: "PipelineConfig") -> tuple[
     y = np.empty(len(ids), dtype=np.int64)
     for i, gid in enumerate(ids):
         data, label, name = index.read(int(gid))
-        if label not in classes:
-            raise DataUnavailableError(f"train/{name}: class {label!r} is not in dataset.images.classes")
-        try:
-            x[i] = eval_pixels(data, tuple(images.size), images.channels, f"train/{name}")
-        except ValueError as exc:
-            raise DataUnavailableError(str(exc)) from None
-        y[i] = classes[label]
+        x[i], y[i] = _evaluated(data, label, f"train/{name}", classes, images)
     return x, y
 
 
@@ -134,14 +138,8 @@ def split_pixels(cfg: "PipelineConfig", root: Path, split: str, home: Path) -> t
     ys, names = [], []
     try:
         for i, (name, data, label) in enumerate(iter_samples(shards, split)):
-            if label not in classes:
-                raise DataUnavailableError(f"{name}: class {label!r} is not in dataset.images.classes "
-                                           f"{images.classes}")
-            try:
-                x[i] = eval_pixels(data, tuple(images.size), images.channels, name)
-            except ValueError as exc:
-                raise DataUnavailableError(f"{name}: {exc}") from None
-            ys.append(classes[label])
+            x[i], k = _evaluated(data, label, name, classes, images)
+            ys.append(k)
             names.append(name)
         x.flush()
         os.replace(tmp, px)

@@ -200,11 +200,11 @@ class ImageClassification(Classifier, Task):
             from tasks.image_shards import split_shards
 
             files = [p for s in split_shards(cfg.dataset, root).values() for p in s]
-            return ValidationPlan("validation.image_suite", files, {"dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed})
-        entries = self.entries(cfg, root)
-        files = [base / p for s in ("train", "test") for p, _ in entries[s]]
-        if cfg.dataset.images.manifest is not None:
-            files.append(base / cfg.dataset.images.manifest)
+        else:
+            entries = self.entries(cfg, root)
+            files = [base / p for s in ("train", "test") for p, _ in entries[s]]
+            if cfg.dataset.images.manifest is not None:
+                files.append(base / cfg.dataset.images.manifest)
         return ValidationPlan("validation.image_suite", files,
                               {"dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed})
 

@@ -229,7 +229,6 @@ def _streamed(params: dict, report_dir: Path) -> dict:
             frame = profile_frame(rows)
             tally[s].add(frame)
             batches.add(frame)
-        del rows, frame
         batches.finish({i: pd.DataFrame(index=pd.RangeIndex(tally[s].rows))  # the row count on N rows, no columns
                         for i, e in enumerate(by_name[s].expectations)
                         if isinstance(e, gxe.ExpectTableRowCountToBeBetween)})
