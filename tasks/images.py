@@ -115,7 +115,6 @@ class ImageClassification(Classifier, Task):
         from tasks.bounds import check_classes
         from tasks.image_data import hidden_paths, list_images, profile
         from tasks.image_options import ImagesConfig
-
         from tasks.image_shards import shard_files
 
         manifests = _manifests(target)
@@ -472,7 +471,6 @@ class ImageClassification(Classifier, Task):
         import torch
 
         from tasks.image_data import decode
-
         from tasks.image_transforms import eval_pixels
 
         size, channels = spec.meta["size"], spec.meta["channels"]

@@ -116,12 +116,17 @@ def validate(suite, params: dict, splits: dict, report_dir: Path) -> dict:
     """
     started = time.perf_counter()
     need_splits(suite.NAME, suite.SPLITS, splits)
-    items = [Item(p["name"], p["split"], suite.NAME, p["frame"], [e for _, e in p["checks"]], p["result_format"],
-                  checks=[c for c, _ in p["checks"]]) for p in suite.plan(params, splits)]
+    items = plan_items(suite, params, splits)
     run = start_run(started)
     for item in items:
         run_item(run, item)
     return derived_report(suite, params, run, items, {s: int(len(splits[s])) for s in suite.SPLITS}, report_dir)
+
+
+def plan_items(suite, params: dict, splits: dict) -> list[Item]:
+    """The GX items of a derived-frame ``suite``'s ``plan(params, splits)``."""
+    return [Item(p["name"], p["split"], suite.NAME, p["frame"], [e for _, e in p["checks"]], p["result_format"],
+                 checks=[c for c, _ in p["checks"]]) for p in suite.plan(params, splits)]
 
 
 def derived_report(suite, params: dict, run: Run, items: list[Item], rows: dict[str, int], report_dir: Path) -> dict:

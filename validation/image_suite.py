@@ -201,31 +201,26 @@ def _streamed(params: dict, report_dir: Path) -> dict:
     GX validates each batch of a split's rows (``ItemBatches`` merges the results as on the whole split),
     the class shares and the row count come from :class:`SplitTally`, and the leak check looks up the
     content hashes, naming a leaked sample's shard and member only once it is found."""
+    from itertools import islice
+
     import great_expectations.expectations as gxe
     import pandas as pd
 
     from tasks.bounds import check_classes
     from tasks.image_data import profile_frame, profile_row
     from tasks.image_shards import ShardIndex, iter_samples, split_shards
-    from validation.gx_run import Item, ItemBatches, derived_report, run_item, start_run
+    from validation.gx_run import ItemBatches, derived_report, plan_items, run_item, start_run
     from validation.suite import _cross_from_hashes
 
     started, dataset = time.perf_counter(), params["dataset"]
     shards = split_shards(dataset, params["root"])
-    empty = {s: profile_frame([]) for s in SPLITS}
-    items = [Item(p["name"], p["split"], NAME, p["frame"], [e for _, e in p["checks"]], p["result_format"],
-                  checks=[c for c, _ in p["checks"]]) for p in plan(params, empty)]
+    items = plan_items(sys.modules[__name__], params, {s: profile_frame([]) for s in SPLITS})
     by_name, tally = {item.name: item for item in items}, {s: SplitTally() for s in SPLITS}
     gx_run = start_run(started)
     for s in SPLITS:
-        batches, rows = ItemBatches(gx_run, by_name[s]), []
-        for i, (name, data, label) in enumerate(iter_samples(shards[s], s)):
-            rows.append(profile_row(i, name, label, data))
-            if len(rows) == BATCH_ROWS:
-                frame, rows = profile_frame(rows), []
-                tally[s].add(frame)
-                batches.add(frame)
-        if rows or not tally[s].rows:
+        batches, samples, rows = ItemBatches(gx_run, by_name[s]), enumerate(iter_samples(shards[s], s)), None
+        while rows is None or len(rows) == BATCH_ROWS:  # a split with no image: one empty batch
+            rows = [profile_row(i, name, label, data) for i, (name, data, label) in islice(samples, BATCH_ROWS)]
             frame = profile_frame(rows)
             tally[s].add(frame)
             batches.add(frame)
@@ -237,9 +232,9 @@ def _streamed(params: dict, report_dir: Path) -> dict:
     found = set().union(*(t.classes for t in tally.values())) | set(dataset.images.classes or [])
     check_classes(len(found), sum(t.rows for t in tally.values()), "label", dataset.path)
     leaked, total = _cross_from_hashes({s: tally[s].hashes for s in SPLITS})
-    index, paths = {}, []
+    index, paths = {s: ShardIndex(shards[s]) for s in set(leaked["split"])}, []
     for s, at in zip(leaked["split"], leaked["row"]):
-        unit, member = index.setdefault(s, ShardIndex(shards[s])).locate(int(at))
+        unit, member = index[s].locate(int(at))
         paths.append(f"{s}/{shards[s][unit].name}:{member.name}")
     cross = by_name["cross"]
     cross.frame = pd.DataFrame({"sha256": leaked["row_hash"], "split": leaked["split"], "path": paths})
