@@ -296,9 +296,9 @@ def test_the_streamed_image_suite_holds_one_batch_of_profile_rows_and_reports_as
     whole = validate(image_suite, params, image_suite.load(params), tmp_path / "whole")
     seen, frame = [], tasks.image_data.profile_frame
     monkeypatch.setattr(tasks.image_data, "profile_frame", lambda rows: seen.append(len(rows)) or frame(rows))
-    monkeypatch.setattr(image_suite, "BATCH_ROWS", 4)
+    monkeypatch.setattr(image_suite, "BATCH_ROWS", 10)
     streamed = image_suite.run(params, tmp_path / "streamed")
-    assert max(seen) == 4 and sum(seen) == 25 + 11  # every sample, four rows at a time
+    assert max(seen) == 10 and sum(seen) == 25 + 11  # every sample, ten rows at a time
     assert streamed["rows"] == whole["rows"] == {"train": 25, "test": 11}
     key = lambda r: [(f["split"], f["check"], f["column"], f["unexpected_count"], f["message"]) for f in r["failures"]]
     assert key(streamed) == key(whole)
