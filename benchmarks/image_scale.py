@@ -7,8 +7,9 @@ Generates synthetic JPEGs (random sizes in [160, 256] px, a few classes) straigh
 shards in a temporary folder, then, each in a subprocess that reports its own peak RSS:
 
 * validation (``validation.image_suite``: every sample profiled, the GX suite) at each size;
-* one streamed training epoch's input at each size (``training.image_stream.ShardStreamSource``, no
-  model, 0 workers), 64 x 64 px;
+* streamed training input at each size over the same fixed number of steps (``--train-steps`` batches of
+  64, ``training.image_stream.ShardStreamSource``, no model, 0 workers), 64 x 64 px: what grows with the
+  set is the index and the order, not the steps;
 
 and in this process: the input pipeline's images/s with 0, 1 and 2 DataLoader workers at 128 and 224
 px (random resized crop, flip, jitter), against ResNet-18's training consumption (forward + backward,
@@ -86,31 +87,33 @@ import json, resource, sys, time
 sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r})
 from pathlib import Path
 from image_scale import _cfg
-kind, root, path = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+kind, root, path, steps = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 t = time.perf_counter()
 if kind == "validate":
     from validation import image_suite
-    from validation.gx_run import validate
-    from validation.image_suite import load_splits
     cfg = _cfg(path, 64, 0)
-    report = validate(image_suite, {{"dataset": cfg.dataset}}, load_splits(cfg.dataset, root, 0), root / "report")
+    report = image_suite.run({{"dataset": cfg.dataset, "root": root, "seed": 0}}, root / "report")
     out = {{"success": report["success"], "rows": report["rows"]}}
 else:
     from training.batches import BatchPlan
     from training.data import load_splits
     cfg = _cfg(path, 64, 0)
     source = load_splits(cfg, root, 0).train
-    n = sum(len(y) for step in source.epoch_steps(0, 0, BatchPlan.of(64, 1, 1)) for _, y in step.micro)
+    n = 0
+    for i, step in enumerate(source.epoch_steps(0, 0, BatchPlan.of(64, 1, 1))):
+        if i == steps:
+            break
+        n += sum(len(y) for _, y in step.micro)
     out = {{"images": n}}
 print(json.dumps({{**out, "seconds": time.perf_counter() - t,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
 """
 
 
-def child(kind: str, root: Path, path: str) -> dict:
+def child(kind: str, root: Path, path: str, steps: int = 0) -> dict:
     code = CHILD.format(root=str(ROOT), bench=str(Path(__file__).parent))
-    done = subprocess.run([sys.executable, "-c", code, kind, str(root), path], capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=7200)
+    done = subprocess.run([sys.executable, "-c", code, kind, str(root), path, str(steps)], capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=7200)
     if done.returncode:
         raise SystemExit(f"{kind} at {path} failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -181,6 +184,7 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--sizes", type=int, nargs=2, default=[5000, 50000], metavar=("SMALL", "LARGE"))
     p.add_argument("--rate-images", type=int, default=320, help="images per input-rate measurement")
+    p.add_argument("--train-steps", type=int, default=40, help="streamed training steps (batches of 64) per size")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="image-scale-"))
     os.environ["TRAINFLOW_HOME"] = str(tmp / ".trainflow")
@@ -190,14 +194,14 @@ def main() -> None:
             t = time.perf_counter()
             write_set(tmp / "data" / label, n, max(100, n // 10))
             gen_s = time.perf_counter() - t
-            v, tr = child("validate", tmp, f"data/{label}"), child("train", tmp, f"data/{label}")
+            v, tr = child("validate", tmp, f"data/{label}"), child("train", tmp, f"data/{label}", args.train_steps)
             assert v["success"], v
             peaks[label] = (v["peak_rss_mb"], tr["peak_rss_mb"])
             rows.append([n, f"{gen_s:.0f}", f"{v['peak_rss_mb']:.0f}", f"{v['seconds']:.0f}", f"{tr['peak_rss_mb']:.0f}",
                          f"{tr['seconds']:.0f}", tr["images"]])
             print(f"{label}: n={n} validation {v} train {tr}", flush=True)
-        table(["train images", "generate s", "validation peak MB", "validation s", "stream epoch peak MB",
-               "stream epoch s", "images streamed"], rows)
+        table(["train images", "generate s", "validation peak MB", "validation s", "stream peak MB",
+               "stream s", "images streamed"], rows)
         rates = []
         for size in (128, 224):
             model = model_rate(size)

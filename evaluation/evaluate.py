@@ -47,13 +47,10 @@ def evaluate_predictions(task, cfg, root: Path, train_dir: Path, out_dir: Path, 
     loaded = []
 
     def program(a) -> np.ndarray:  # model.pt2's outputs (loaded once) where the worker's scores do not hold
-        import torch
-
-        from tasks.base import load_program
+        from tasks.base import load_program, program_outputs
 
         loaded[:] = loaded or [load_program(Path(train_dir) / "model.pt2")]
-        with torch.no_grad():
-            return loaded[0](torch.as_tensor(a)).numpy()
+        return program_outputs(loaded[0], a)
 
     if scored is not None and len(scored["pred"]) == len(y):
         pred = np.asarray(scored["pred"])

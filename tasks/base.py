@@ -50,6 +50,21 @@ def load_program(path: Path):
         raise ValueError(f"{path}: not a loadable torch.export program: {exc}") from exc
 
 
+# Rows the program scores at a time: a split's inputs (a memory map read as float) never all in memory.
+PROGRAM_ROWS = 1024
+
+
+def program_outputs(program, x) -> "np.ndarray":
+    """``program``'s outputs on the rows of ``x`` (an array, a tensor, or rows read a slice at a time),
+    ``PROGRAM_ROWS`` at a time."""
+    import numpy as np
+    import torch
+
+    with torch.no_grad():
+        return np.concatenate([program(torch.as_tensor(np.asarray(x[i:i + PROGRAM_ROWS]))).numpy()
+                               for i in range(0, max(len(x), 1), PROGRAM_ROWS)])
+
+
 def write_program_scores(out: Path, x, decode: Callable, split_sha256: str, val_x=None) -> None:
     """Rank 0, after export: ``out/model.pt2``'s ``decode``d predictions on ``x`` (and on the held-out
     train rows ``val_x``, where a decision threshold is tuned), one-row latencies and the hashes of the
@@ -62,16 +77,14 @@ def write_program_scores(out: Path, x, decode: Callable, split_sha256: str, val_
     from tasks.metrics import timings_ms
 
     program = load_program(Path(out) / "model.pt2")
-    xt = torch.as_tensor(x)
+    outputs = program_outputs(program, x)
     with torch.no_grad():
-        outputs = program(xt).numpy()
-        times = timings_ms(lambda row: program(row).numpy(), xt)
+        times = timings_ms(lambda row: program(torch.as_tensor(row)).numpy(), x)
     scores = {"pred": decode(outputs).tolist(), "outputs_shape": list(outputs.shape), "latency_ms": times,
               "threads": torch.get_num_threads(), "model_sha256": file_sha256(Path(out) / "model.pt2"),
               "split_sha256": split_sha256}
     if val_x is not None:
-        with torch.no_grad():
-            scores["val_pred"] = decode(program(torch.as_tensor(val_x)).numpy()).tolist()
+        scores["val_pred"] = decode(program_outputs(program, val_x)).tolist()
     tmp = Path(out) / (SCORES_FILE + ".tmp")
     tmp.write_text(json.dumps(scores))
     tmp.replace(Path(out) / SCORES_FILE)

@@ -200,24 +200,16 @@ def _error_text(exc: Exception, buf: io.BytesIO, name: str) -> str:
 
 
 def decode(data: bytes, size: tuple[int, int], channels: int, name: str = "the file") -> np.ndarray:
-    """One encoded image -> uint8 ``[channels, height, width]`` of ``size`` = (height, width);
-    ValueError (naming ``name``) when Pillow cannot decode it or it is larger than MAX_PIXELS."""
+    """One encoded image -> uint8 ``[channels, height, width]`` of ``size`` = (height, width), scaled
+    (bilinear) as it is; ValueError (naming ``name``) when Pillow cannot decode it or it is larger than MAX_PIXELS."""
     from PIL import Image
 
-    buf = io.BytesIO(data)
-    try:
-        with _opened(buf) as img:
-            _check_pixels(img)
-            if img.mode.startswith("I"):  # 16-bit grey: Pillow's convert would clip at 255, not scale
-                img = Image.fromarray((np.asarray(img).astype(np.float64).clip(0, 65535) / 257).round()
-                                      .astype(np.uint8), "L")
-            img = img.convert(MODES[channels])
-            if img.size != (size[1], size[0]):
-                img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-            a = np.asarray(img, dtype=np.uint8)
-    except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"not a decodable image: {_error_text(exc, buf, name)}") from None
-    return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+    from tasks.image_transforms import _array, open_image
+
+    img = open_image(data, channels, name)
+    if img.size != (size[1], size[0]):
+        img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+    return _array(img)
 
 
 def decode_files(base: Path, paths: list[str], size: tuple[int, int], channels: int) -> np.ndarray:

@@ -67,6 +67,16 @@ def held_ids(n: int, seed: int, fraction: float, max_rows: int) -> np.ndarray:
     return np.sort(np.random.default_rng([seed % 2**64, _HOLDOUT]).choice(n, size=k, replace=False)).astype(np.int64)
 
 
+def _evaluated(data: bytes, label: str, name: str, classes: dict, images) -> tuple[np.ndarray, int]:
+    """(one sample's pixels through the evaluation transform, its class index); DataUnavailableError naming it."""
+    if label not in classes:
+        raise DataUnavailableError(f"{name}: class {label!r} is not in dataset.images.classes {images.classes}")
+    try:
+        return eval_pixels(data, tuple(images.size), images.channels, name), classes[label]
+    except ValueError as exc:
+        raise DataUnavailableError(f"{name}: {exc}") from None
+
+
 def _decode(index: ShardIndex, ids: np.ndarray, cfg: "PipelineConfig") -> tuple[np.ndarray, np.ndarray]:
     images = cfg.dataset.images
     classes = {c: i for i, c in enumerate(images.classes)}
@@ -74,13 +84,7 @@ def _decode(index: ShardIndex, ids: np.ndarray, cfg: "PipelineConfig") -> tuple[
     y = np.empty(len(ids), dtype=np.int64)
     for i, gid in enumerate(ids):
         data, label, name = index.read(int(gid))
-        if label not in classes:
-            raise DataUnavailableError(f"train/{name}: class {label!r} is not in dataset.images.classes")
-        try:
-            x[i] = eval_pixels(data, tuple(images.size), images.channels, f"train/{name}")
-        except ValueError as exc:
-            raise DataUnavailableError(str(exc)) from None
-        y[i] = classes[label]
+        x[i], y[i] = _evaluated(data, label, f"train/{name}", classes, images)
     return x, y
 
 
@@ -98,8 +102,12 @@ def train_split(cfg: "PipelineConfig", root: Path, seed: int) -> tuple[ShardSamp
 
 def split_pixels(cfg: "PipelineConfig", root: Path, split: str, home: Path) -> tuple[np.ndarray, np.ndarray, list]:
     """(uint8 ``[n, c, h, w]`` through the evaluation transform, class indices, sample names) of a
-    whole split, streamed shard by shard; cached as ``.npy`` keyed by the shards' size and mtime."""
+    whole split, memory-mapped from a ``.npy`` cache keyed by the shards' size and mtime. The cache is
+    filled as the shards stream, one decoded image in memory at a time (the count comes from the
+    shards' headers first), and mapped copy-on-write: a tensor over it needs no copy."""
     import json
+    import os
+    import tempfile
 
     from core.hashing import sha256_json
     from tasks.base import cache_write
@@ -112,26 +120,50 @@ def split_pixels(cfg: "PipelineConfig", root: Path, split: str, home: Path) -> t
     folder = Path(home) / "cache" / "image-shards"
     px, meta = folder / f"{split}-{key}.npy", folder / f"{split}-{key}.json"
     try:
-        x, info = np.load(px, mmap_mode="r", allow_pickle=False), json.loads(meta.read_text())
+        x, info = np.load(px, mmap_mode="c", allow_pickle=False), json.loads(meta.read_text())
         return x, np.asarray(info["y"], dtype=np.int64), info["names"]
     except (OSError, ValueError, KeyError):
         pass
+    shape = (len(ShardIndex(shards)), images.channels, *images.size)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = px.with_name(f"{px.name}.{os.getpid()}.tmp")
+        x = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=shape)
+    except OSError:  # a read-only home: a temporary file, unlinked once mapped
+        fd, name = tempfile.mkstemp(suffix=".npy")
+        os.close(fd)
+        px = tmp = Path(name)
+        x = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=shape)
     classes = {c: i for i, c in enumerate(images.classes)}
-    xs, ys, names = [], [], []
-    for name, data, label in iter_samples(shards, split):
-        if label not in classes:
-            raise DataUnavailableError(f"{name}: class {label!r} is not in dataset.images.classes {images.classes}")
-        try:
-            xs.append(eval_pixels(data, tuple(images.size), images.channels, name))
-        except ValueError as exc:
-            raise DataUnavailableError(f"{name}: {exc}") from None
-        ys.append(classes[label])
-        names.append(name)
-    x = np.stack(xs) if xs else np.zeros((0, images.channels, *images.size), dtype=np.uint8)
-    cache_write(px, lambda fh: np.save(fh, x, allow_pickle=False))
+    ys, names = [], []
+    try:
+        for i, (name, data, label) in enumerate(iter_samples(shards, split)):
+            x[i], k = _evaluated(data, label, name, classes, images)
+            ys.append(k)
+            names.append(name)
+        x.flush()
+        os.replace(tmp, px)
+        x = np.load(px, mmap_mode="c", allow_pickle=False)
+    finally:
+        tmp.unlink(missing_ok=True)  # written and renamed, mapped from a temporary file, or left half-written
     text = json.dumps({"y": ys, "names": names}).encode()
     cache_write(meta, lambda fh: fh.write(text))
     return x, np.asarray(ys, dtype=np.int64), names
+
+
+class FloatPixels:
+    """uint8 pixels ``[n, c, h, w]`` (a memory map) read as the program's float32 input a slice at a time:
+    what the evaluation hands the program, with no float copy of the whole split."""
+
+    def __init__(self, x: np.ndarray):
+        self.x = x
+        self.shape = x.shape
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i) -> np.ndarray:
+        return np.asarray(self.x[i], dtype=np.float32)
 
 
 def read_sample(cfg: "PipelineConfig", root: Path, name: str) -> bytes:

@@ -35,7 +35,7 @@ def open_image(data: bytes, channels: int, name: str):
     try:
         with _opened(buf) as img:
             _check_pixels(img)
-            if img.mode.startswith("I"):  # 16-bit grey: scaled to 8 bits, as tasks/image_data.decode does
+            if img.mode.startswith("I"):  # 16-bit grey: Pillow's convert would clip at 255, not scale
                 img = Image.fromarray((np.asarray(img).astype(np.float64).clip(0, 65535) / 257).round()
                                       .astype(np.uint8), "L")
             out = img.convert(MODES[channels])

@@ -115,7 +115,6 @@ class ImageClassification(Classifier, Task):
         from tasks.bounds import check_classes
         from tasks.image_data import hidden_paths, list_images, profile
         from tasks.image_options import ImagesConfig
-
         from tasks.image_shards import shard_files
 
         manifests = _manifests(target)
@@ -200,11 +199,11 @@ class ImageClassification(Classifier, Task):
             from tasks.image_shards import split_shards
 
             files = [p for s in split_shards(cfg.dataset, root).values() for p in s]
-            return ValidationPlan("validation.image_suite", files, {"dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed})
-        entries = self.entries(cfg, root)
-        files = [base / p for s in ("train", "test") for p, _ in entries[s]]
-        if cfg.dataset.images.manifest is not None:
-            files.append(base / cfg.dataset.images.manifest)
+        else:
+            entries = self.entries(cfg, root)
+            files = [base / p for s in ("train", "test") for p, _ in entries[s]]
+            if cfg.dataset.images.manifest is not None:
+                files.append(base / cfg.dataset.images.manifest)
         return ValidationPlan("validation.image_suite", files,
                               {"dataset": cfg.dataset, "root": Path(root), "seed": cfg.seed})
 
@@ -273,8 +272,8 @@ class ImageClassification(Classifier, Task):
 
         if cfg.dataset.images.shards is not None:  # the engine streams the train split (training/image_stream.py)
             train, vx, vy = self._sharded_train(cfg, root, seed)
-            xt, yt = self._pixels(cfg, root, "test")
-            return Splits(train=train, val=tensors(vx, vy), test=tensors(np.array(xt), yt), info=self.info(cfg, root))
+            xt, yt = self._pixels(cfg, root, "test")  # a copy-on-write memory map: no copy in memory
+            return Splits(train=train, val=tensors(vx, vy), test=tensors(xt, yt), info=self.info(cfg, root))
 
         x, y = self._pixels(cfg, root, "train")
         xt, yt = self._pixels(cfg, root, "test")
@@ -320,9 +319,11 @@ class ImageClassification(Classifier, Task):
         return torch.full((batch, info.channels, *info.size), 128.0)
 
     def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
+        from tasks.image_sharded import FloatPixels
+
         x, _ = self._pixels(cfg, root, "test")
         val = self.validation_split(cfg, root)
-        write_program_scores(out, np.asarray(x, dtype=np.float32), self.decode,
+        write_program_scores(out, FloatPixels(x), self.decode,
                              self.scoring_key(cfg, root)["split_sha256"], None if val is None else val[0])
 
     def validation_split(self, cfg: "PipelineConfig", root: Path) -> tuple | None:
@@ -340,8 +341,11 @@ class ImageClassification(Classifier, Task):
 
     # -- evaluation hooks (the "predictions" evaluator) -------------------------------------------
     def eval_data(self, cfg: "PipelineConfig", root: Path) -> tuple["pd.DataFrame", np.ndarray, np.ndarray, ImageInfo]:
-        """(the test split's ``path, label`` frame, pixels float32 [n, c, h, w], class indices, info)."""
+        """(the test split's ``path, label`` frame, pixels float32 [n, c, h, w] read a slice at a time from
+        the decoded cache's memory map, class indices, info)."""
         import pandas as pd
+
+        from tasks.image_sharded import FloatPixels
 
         if cfg.dataset.images.shards is not None:
             from core.paths import trainflow_home
@@ -349,12 +353,11 @@ class ImageClassification(Classifier, Task):
 
             x, y, names = split_pixels(cfg, root, "test", trainflow_home(Path(root)))
             labels = [cfg.dataset.images.classes[i] for i in y]
-            return (pd.DataFrame({"path": names, "label": labels}), np.asarray(x, dtype=np.float32), y,
-                    self._info(cfg, [], []))
+            return pd.DataFrame({"path": names, "label": labels}), FloatPixels(x), y, self._info(cfg, [], [])
         rows = self.entries(cfg, root)["test"]
         x, y = self._pixels(cfg, root, "test")
         return (pd.DataFrame({"path": [p for p, _ in rows], "label": [c for _, c in rows]}),
-                np.asarray(x, dtype=np.float32), y, self._info(cfg, [], []))
+                FloatPixels(x), y, self._info(cfg, [], []))
 
     def check_program_output(self, out: np.ndarray, info: ImageInfo) -> None:
         if out.ndim != 2 or out.shape[1] != len(info.classes):
@@ -416,17 +419,25 @@ class ImageClassification(Classifier, Task):
         """The predictor gets the test files' bytes, as a serving client sends them."""
         import pandas as pd
 
+        from itertools import islice
+
+        from tasks.base import PROGRAM_ROWS
+
         frame, _, y, info = self.eval_data(cfg, root)
         if cfg.dataset.images.shards is not None:  # in the shards' order, as eval_data lists them
             from tasks.image_shards import iter_samples, split_shards
 
-            data = [b for _, b, _ in iter_samples(split_shards(cfg.dataset, root)["test"], "test")]
+            data = (b for _, b, _ in iter_samples(split_shards(cfg.dataset, root)["test"], "test"))
         else:
-            data = [self._encoded(cfg, root, p) for p in frame["path"]]
-        images = pd.DataFrame({"image": data})
-        labels = self.encode(predictor(images), info)
+            data = (self._encoded(cfg, root, p) for p in frame["path"])
         proba_of = getattr(predictor, "proba", None)  # a model without predict_proba: a hard classifier
-        proba = None if proba_of is None else self.encode_proba(proba_of(images), info)
+        labels, probas = [], []
+        while chunk := list(islice(data, PROGRAM_ROWS)):  # the encoded bytes of PROGRAM_ROWS images at a time
+            images = pd.DataFrame({"image": chunk})
+            labels.append(self.encode(predictor(images), info))
+            probas += [] if proba_of is None else [self.encode_proba(proba_of(images), info)]
+        labels = np.concatenate(labels)
+        proba = None if proba_of is None or any(p is None for p in probas) else np.concatenate(probas)
         return self.score(y, labels, info) if proba is None else self.score(y, proba, info, labels=labels)
 
     # -- registry ---------------------------------------------------------------------------------
@@ -460,7 +471,6 @@ class ImageClassification(Classifier, Task):
         import torch
 
         from tasks.image_data import decode
-
         from tasks.image_transforms import eval_pixels
 
         size, channels = spec.meta["size"], spec.meta["channels"]

@@ -116,18 +116,28 @@ def validate(suite, params: dict, splits: dict, report_dir: Path) -> dict:
     """
     started = time.perf_counter()
     need_splits(suite.NAME, suite.SPLITS, splits)
-    items = [Item(p["name"], p["split"], suite.NAME, p["frame"], [e for _, e in p["checks"]], p["result_format"],
-                  checks=[c for c, _ in p["checks"]]) for p in suite.plan(params, splits)]
+    items = plan_items(suite, params, splits)
     run = start_run(started)
     for item in items:
         run_item(run, item)
+    return derived_report(suite, params, run, items, {s: int(len(splits[s])) for s in suite.SPLITS}, report_dir)
+
+
+def plan_items(suite, params: dict, splits: dict) -> list[Item]:
+    """The GX items of a derived-frame ``suite``'s ``plan(params, splits)``."""
+    return [Item(p["name"], p["split"], suite.NAME, p["frame"], [e for _, e in p["checks"]], p["result_format"],
+                 checks=[c for c, _ in p["checks"]]) for p in suite.plan(params, splits)]
+
+
+def derived_report(suite, params: dict, run: Run, items: list[Item], rows: dict[str, int], report_dir: Path) -> dict:
+    """The report of a derived-frame ``suite`` whose ``items`` ``run`` has validated (whole, or batch by
+    batch with :class:`ItemBatches`), written into ``report_dir``; ``rows``: each split's count."""
     failures = [_derived_failure(suite, item, evr) for item, evr in run.results(items) if not evr.get("success")]
     if hasattr(suite, "warnings"):  # what the suite reports without failing (skipped hidden files)
-        failures += suite.warnings(params, splits)
+        failures += suite.warnings(params)
     order = (*suite.SPLITS, "cross")
     failures.sort(key=lambda f: (order.index(f["split"]), suite.CHECK_ORDER.index(f["check"])))
-    return write_report(run, items, report_dir, failures=failures, rows={s: int(len(splits[s])) for s in suite.SPLITS},
-                        skipped=[])
+    return write_report(run, items, report_dir, failures=failures, rows=rows, skipped=[])
 
 
 def _derived_failure(suite, item: Item, evr: dict) -> dict:

@@ -20,6 +20,7 @@ Failures name the files: ``examples`` are ``{path, <value>}`` and ``rows`` their
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 
 NAME, NOUN = "image", "images"
 SPLITS = ("train", "test")
+# Profile rows of a streamed shard set that GX validates at a time: the suite's memory, whatever the set's size.
+BATCH_ROWS = 2048
 CHECK_ORDER = ("hidden", "row_count", "decode", "size", "mode", "file_bytes", "label_set", "duplicate", "class_balance",
                "leak", "other")
 
@@ -49,10 +52,11 @@ def load_splits(cfg: DatasetConfig, root: Path, seed: int) -> dict[str, pd.DataF
     return {s: profile(Path(root) / cfg.path, entries[s]) for s in SPLITS}
 
 
-def _class_frame(frame: pd.DataFrame, classes: list[str]) -> pd.DataFrame:
+def _class_frame(counts, n: int, classes: list[str]) -> pd.DataFrame:
+    """One row per reviewed class from ``counts`` (class -> images) of a split of ``n`` images."""
     import pandas as pd
 
-    counts, n = frame["label"].value_counts(), max(len(frame), 1)
+    n = max(n, 1)
     return pd.DataFrame({"label": list(classes), "count": [int(counts.get(c, 0)) for c in classes],
                          "fraction": [float(counts.get(c, 0)) / n for c in classes]})
 
@@ -79,7 +83,8 @@ def plan(params: dict, frames: dict[str, pd.DataFrame]) -> list[dict]:
             ("label_set", gxe.ExpectColumnValuesToBeInSet(column="label", value_set=list(images.classes))),
             ("duplicate", gxe.ExpectColumnValuesToBeUnique(column="path")),
         ], result_format=complete("file", "path", "error", "width", "height", "mode", "n_bytes", "label")))
-        out.append(dict(name=f"{split}_classes", split=split, frame=_class_frame(frames[split], images.classes),
+        classes = _class_frame(frames[split]["label"].value_counts(), len(frames[split]), images.classes)
+        out.append(dict(name=f"{split}_classes", split=split, frame=classes,
                         checks=[("class_balance", between("fraction", exp.class_share))],
                         result_format=complete("label", "count", "fraction")))
     out.append(dict(name="cross", split="cross", frame=cross_frame(frames, SPLITS, "sha256", "path"),
@@ -119,7 +124,7 @@ def failure(check: str, out: dict, kwargs: dict, result: dict, records: list[dic
               text=lambda r: f"{r.get('path')}" + (f" ({value(r)})" if value else ""))
 
 
-def warnings(params: dict, splits: dict) -> list[dict]:
+def warnings(params: dict) -> list[dict]:
     """A warning for each hidden folder or file the listing skipped (``tasks.image_data.hidden_paths``)."""
     from tasks.image_data import hidden_paths
 
@@ -164,5 +169,75 @@ def load(params: dict) -> dict[str, pd.DataFrame]:
 
 
 def run(params: dict, report_dir: Path) -> dict:
-    """``gx_run.validate`` on ``load(params)``: the report, its files into ``report_dir``. Never raises on bad data."""
+    """Run the suite on ``params``' data and write the report files into ``report_dir``; the same report
+    shape as the table suite. Never raises on bad data. A shard set is read as a stream (:func:`_streamed`);
+    a folder or manifest (below the size ``init`` writes as shards) is profiled whole."""
+    if params["dataset"].images.shards is not None:
+        return _streamed(params, Path(report_dir))
     return validate(sys.modules[__name__], params, load(params), Path(report_dir))
+
+
+class SplitTally:
+    """What a streamed split's split-level checks need, from its profile batches: the image count and
+    each class's count (bounded by the classes), and an 8-byte prefix of each image's content hash for
+    the leak check (as the table suite keeps per row). Nothing else of a sample outlives its batch."""
+
+    def __init__(self):
+        from collections import Counter
+
+        self.rows, self.classes, self.hashes = 0, Counter(), []
+
+    def add(self, frame: pd.DataFrame) -> None:
+        import numpy as np
+
+        self.rows += len(frame)
+        self.classes.update(frame["label"])
+        self.hashes.append(np.array([int(h[:16], 16) for h in frame["sha256"]], dtype="uint64"))
+
+
+def _streamed(params: dict, report_dir: Path) -> dict:
+    """The suite on a shard set, one sample's bytes and ``BATCH_ROWS`` profile rows in memory at a time:
+    GX validates each batch of a split's rows (``ItemBatches`` merges the results as on the whole split),
+    the class shares and the row count come from :class:`SplitTally`, and the leak check looks up the
+    content hashes, naming a leaked sample's shard and member only once it is found."""
+    from itertools import islice
+
+    import great_expectations.expectations as gxe
+    import pandas as pd
+
+    from tasks.bounds import check_classes
+    from tasks.image_data import profile_frame, profile_row
+    from tasks.image_shards import ShardIndex, iter_samples, split_shards
+    from validation.gx_run import ItemBatches, derived_report, plan_items, run_item, start_run
+    from validation.suite import _cross_from_hashes
+
+    started, dataset = time.perf_counter(), params["dataset"]
+    shards = split_shards(dataset, params["root"])
+    items = plan_items(sys.modules[__name__], params, {s: profile_frame([]) for s in SPLITS})
+    by_name, tally = {item.name: item for item in items}, {s: SplitTally() for s in SPLITS}
+    gx_run = start_run(started)
+    for s in SPLITS:
+        batches, samples, rows = ItemBatches(gx_run, by_name[s]), enumerate(iter_samples(shards[s], s)), None
+        while rows is None or len(rows) == BATCH_ROWS:  # a split with no image: one empty batch
+            rows = [profile_row(i, name, label, data) for i, (name, data, label) in islice(samples, BATCH_ROWS)]
+            frame = profile_frame(rows)
+            tally[s].add(frame)
+            batches.add(frame)
+        batches.finish({i: pd.DataFrame(index=pd.RangeIndex(tally[s].rows))  # the row count on N rows, no columns
+                        for i, e in enumerate(by_name[s].expectations)
+                        if isinstance(e, gxe.ExpectTableRowCountToBeBetween)})
+        by_name[f"{s}_classes"].frame = _class_frame(tally[s].classes, tally[s].rows, dataset.images.classes)
+        run_item(gx_run, by_name[f"{s}_classes"])
+    found = set().union(*(t.classes for t in tally.values())) | set(dataset.images.classes or [])
+    check_classes(len(found), sum(t.rows for t in tally.values()), "label", dataset.path)
+    leaked, total = _cross_from_hashes({s: tally[s].hashes for s in SPLITS})
+    index, paths = {s: ShardIndex(shards[s]) for s in set(leaked["split"])}, []
+    for s, at in zip(leaked["split"], leaked["row"]):
+        unit, member = index[s].locate(int(at))
+        paths.append(f"{s}/{shards[s][unit].name}:{member.name}")
+    cross = by_name["cross"]
+    cross.frame = pd.DataFrame({"sha256": leaked["row_hash"], "split": leaked["split"], "path": paths})
+    leaks = ItemBatches(gx_run, cross)  # GX's counts as on the whole cross frame
+    leaks.add(cross.frame, {0: {"element_count": total, "missing_count": 0}})
+    leaks.finish()
+    return derived_report(sys.modules[__name__], params, gx_run, items, {s: tally[s].rows for s in SPLITS}, report_dir)

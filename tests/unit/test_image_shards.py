@@ -245,3 +245,124 @@ def test_the_crop_box_stays_inside_the_image_whatever_its_shape(width, height):
         for _ in range(20):
             left, top, right, bottom = _crop_box(rng, width, height, scale)
             assert 0 <= left < right <= width and 0 <= top < bottom <= height
+
+
+def test_init_writes_a_manifests_images_as_shards_and_a_second_write_is_byte_identical(tmp_path, monkeypatch):
+    import tasks.images
+    from tasks.images import ImageClassification
+
+    photos = tmp_path / "photos"
+    rows = []
+    for i in range(12):
+        rel = f"img/{i:02d}.{'png' if i % 3 == 0 else 'jpg'}"
+        (photos / rel).parent.mkdir(parents=True, exist_ok=True)
+        (photos / rel).write_bytes(_jpeg((20 + i, 24), i, "PNG" if i % 3 == 0 else "JPEG"))
+        rows.append((rel, "ab"[i % 2], "test" if i >= 9 else "train"))
+    (photos / "manifest.csv").write_text("path,label,split\n" + "".join(f"{p},{c},{s}\n" for p, c, s in rows))
+    monkeypatch.setattr(tasks.images, "SHARD_ABOVE_BYTES", 0)  # the line a set of photos would pass
+    done = ImageClassification().init_folder(tmp_path, photos, "photos")
+    assert done["data"] == "photos-shards" and done["dataset"]["images"]["shards"] == "."
+    out = tmp_path / "photos-shards"
+    for split in ("train", "test"):
+        want = sorted(((p, c) for p, c, s in rows if s == split), key=lambda r: (r[1], r[0]))
+        got = list(iter_samples(sorted((out / split).glob("*.tar")), split))
+        assert [d for _, d, _ in got] == [(photos / p).read_bytes() for p, _ in want]  # the files' bytes, in order
+        assert [c for _, _, c in got] == [c for _, c in want]
+        assert [n.rsplit(".", 1)[1] for n, _, _ in got] == [p.rsplit(".", 1)[1] for p, _ in want]
+    first = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*.tar"))}
+    out.rename(tmp_path / "first")
+    ImageClassification().init_folder(tmp_path, photos, "photos")
+    assert {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*.tar"))} == first  # same md5 for DVC
+
+
+def test_the_streamed_image_suite_holds_one_batch_of_profile_rows_and_reports_as_the_whole_frame_does(
+        tmp_path, monkeypatch):
+    """Validation of a shard set is flat by construction: at most ``BATCH_ROWS`` profile rows exist at a
+    time, and beside them a split keeps its count, a count per class and 8 bytes per image (the leak
+    check's hash); the report equals the one GX gives on the whole profile."""
+    import tasks.image_data
+    from validation import image_suite
+    from validation.gx_run import validate
+
+    base = tmp_path / "data"
+    _shard_set(base, {"train": 23, "test": 9}, per_shard=5)
+    good = _jpeg((30, 30), 77)
+    _tar(base / "train" / "000009.tar", [("a9", good[: len(good) // 2], ".jpg", ".cls"), ("b9", good, ".jpg", ".cls")])
+    _tar(base / "test" / "000009.tar", [("a8", good, ".jpg", ".cls"), ("c8", _jpeg((30, 30), 78), ".jpg", ".cls")])
+    bounds = ImageExpectations(width=(20, 70), height=(20, 70), modes=["RGB"], train_images=(1, 20))
+    params = {"dataset": DatasetConfig(path="data", images=ImagesConfig(shards=".", classes=CLASSES,
+                                                                       expectations=bounds)),
+              "root": tmp_path, "seed": 0}
+    whole = validate(image_suite, params, image_suite.load(params), tmp_path / "whole")
+    seen, frame = [], tasks.image_data.profile_frame
+    monkeypatch.setattr(tasks.image_data, "profile_frame", lambda rows: seen.append(len(rows)) or frame(rows))
+    monkeypatch.setattr(image_suite, "BATCH_ROWS", 10)
+    streamed = image_suite.run(params, tmp_path / "streamed")
+    assert max(seen) == 10 and sum(seen) == 25 + 11  # every sample, ten rows at a time
+    assert streamed["rows"] == whole["rows"] == {"train": 25, "test": 11}
+    key = lambda r: [(f["split"], f["check"], f["column"], f["unexpected_count"], f["message"]) for f in r["failures"]]
+    assert key(streamed) == key(whole)
+    assert {(s, c) for s, c, *_ in key(streamed)} == {("train", "row_count"), ("train", "decode"),
+                                                      ("test", "label_set"), ("cross", "leak")}
+    assert "train/000009.tar:a9.jpg" in streamed["failures"][1]["message"]
+    assert "train train/000009.tar:b9.jpg = test test/000009.tar:a8.jpg" in streamed["failures"][-1]["message"]
+
+
+def test_a_split_tally_keeps_counts_and_eight_bytes_an_image_whatever_the_count():
+    import sys
+
+    import pandas as pd
+
+    from validation.image_suite import SplitTally
+
+    def state(n: int) -> tuple:
+        tally = SplitTally()
+        for start in range(0, n, 500):
+            k = min(500, n - start)
+            tally.add(pd.DataFrame({"label": ["ab"[i % 2] for i in range(k)],
+                                    "sha256": [f"{start + i:064x}" for i in range(k)]}))
+        return tally.rows, len(tally.classes), sum(h.nbytes for h in tally.hashes), sys.getsizeof(tally.classes)
+
+    small, large = state(1_000), state(20_000)
+    assert (small[0], large[0]) == (1_000, 20_000)
+    assert small[1] == large[1] == 2 and small[3] == large[3]  # the class counts do not grow
+    assert (small[2], large[2]) == (8 * 1_000, 8 * 20_000)  # the leak check's hash: 8 bytes an image, nothing more
+
+
+def test_the_test_split_is_decoded_as_a_stream_into_a_memory_map_and_scored_a_slice_at_a_time(tmp_path, monkeypatch):
+    """The test split's pixels: written to the cache one image at a time (the peak is far below the
+    split's decoded size, where a list and a stack would hold it twice), equal to decoding it in memory;
+    the program, scored ``PROGRAM_ROWS`` rows at a time on float32 slices, gives the same accuracy."""
+    import tracemalloc
+
+    import torch
+
+    import tasks.base
+    from tasks.base import program_outputs
+    from tasks.image_sharded import FloatPixels, split_pixels
+
+    _shard_set(tmp_path / "data", {"train": 4, "test": 100}, per_shard=30)
+    cfg = config_from_dict({
+        "name": "s", "task": "image_classification",
+        "dataset": {"path": "data", "images": {"shards": ".", "size": [48, 48], "classes": CLASSES}},
+        "model": {"kind": "image_cnn", "channels": [4, 4], "hidden": 8}})
+    split_pixels(cfg, tmp_path, "test", tmp_path / "warm")  # imports and Pillow's plugins: not the split's memory
+    tracemalloc.start()
+    x, y, names = split_pixels(cfg, tmp_path, "test", tmp_path / "home")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert x.shape == (100, 3, 48, 48) and isinstance(x, np.memmap) and peak < x.nbytes / 2
+    samples = list(iter_samples(sorted((tmp_path / "data" / "test").glob("*.tar")), "test"))
+    whole = np.stack([eval_pixels(d, (48, 48), 3, n) for n, d, _ in samples])
+    assert np.array_equal(x, whole) and names == [n for n, _, _ in samples]
+    assert y.tolist() == [CLASSES.index(c) for _, _, c in samples]
+    again = split_pixels(cfg, tmp_path, "test", tmp_path / "home")[0]  # the cache, mapped copy-on-write
+    assert np.array_equal(again, whole) and again.flags.writeable and not list((tmp_path / "home").rglob("*.tmp"))
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 5, stride=4), torch.nn.Flatten(), torch.nn.LazyLinear(2)).eval()
+    with torch.no_grad():
+        in_memory = net(torch.from_numpy(whole.astype(np.float32))).numpy().argmax(1)
+    monkeypatch.setattr(tasks.base, "PROGRAM_ROWS", 7)
+    streamed = program_outputs(net, FloatPixels(x)).argmax(1)
+    assert np.array_equal(streamed, in_memory) and (streamed == y).mean() == (in_memory == y).mean()
