@@ -199,12 +199,35 @@ def _error_text(exc: Exception, buf: io.BytesIO, name: str) -> str:
     return text if isinstance(exc, _TooLarge) else f"{type(exc).__name__}: {text}"
 
 
+def open_image(data: bytes, channels: int, name: str):
+    """A Pillow image of ``channels`` (1: L, 3: RGB), loaded; ValueError naming ``name`` when it does not decode."""
+    from PIL import Image
+
+
+    buf = io.BytesIO(data)
+    try:
+        with _opened(buf) as img:
+            _check_pixels(img)
+            if img.mode.startswith("I"):  # 16-bit grey: Pillow's convert would clip at 255, not scale
+                img = Image.fromarray((np.asarray(img).astype(np.float64).clip(0, 65535) / 257).round()
+                                      .astype(np.uint8), "L")
+            out = img.convert(MODES[channels])
+            out.load()
+            return out
+    except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds; all mean "does not decode"
+        raise ValueError(f"not a decodable image: {_error_text(exc, buf, name)}") from None
+
+
+def _array(img) -> np.ndarray:
+    a = np.asarray(img, dtype=np.uint8)
+    return a[None] if a.ndim == 2 else a.transpose(2, 0, 1).copy()
+
+
 def decode(data: bytes, size: tuple[int, int], channels: int, name: str = "the file") -> np.ndarray:
     """One encoded image -> uint8 ``[channels, height, width]`` of ``size`` = (height, width), scaled
     (bilinear) as it is; ValueError (naming ``name``) when Pillow cannot decode it or it is larger than MAX_PIXELS."""
     from PIL import Image
 
-    from tasks.image_transforms import _array, open_image
 
     img = open_image(data, channels, name)
     if img.size != (size[1], size[0]):

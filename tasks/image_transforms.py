@@ -11,11 +11,12 @@ same pixels in any worker, on any world size, after any resume.
 
 from __future__ import annotations
 
-import io
 import math
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from tasks.image_data import _array, open_image
 
 if TYPE_CHECKING:
     from tasks.image_options import ImageAugment
@@ -23,31 +24,6 @@ if TYPE_CHECKING:
 # The share of the scaled image the evaluation's centre crop keeps (ImageNet's 224 of 256).
 CROP_RATIO = 0.875
 _AUGMENT = 0x61  # the transforms' own stream of seeded draws
-
-
-def open_image(data: bytes, channels: int, name: str):
-    """A Pillow image of ``channels`` (1: L, 3: RGB), loaded; ValueError naming ``name`` when it does not decode."""
-    from PIL import Image
-
-    from tasks.image_data import MODES, _check_pixels, _error_text, _opened
-
-    buf = io.BytesIO(data)
-    try:
-        with _opened(buf) as img:
-            _check_pixels(img)
-            if img.mode.startswith("I"):  # 16-bit grey: Pillow's convert would clip at 255, not scale
-                img = Image.fromarray((np.asarray(img).astype(np.float64).clip(0, 65535) / 257).round()
-                                      .astype(np.uint8), "L")
-            out = img.convert(MODES[channels])
-            out.load()
-            return out
-    except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds; all mean "does not decode"
-        raise ValueError(f"not a decodable image: {_error_text(exc, buf, name)}") from None
-
-
-def _array(img) -> np.ndarray:
-    a = np.asarray(img, dtype=np.uint8)
-    return a[None] if a.ndim == 2 else a.transpose(2, 0, 1).copy()
 
 
 def centre_crop(img, size: tuple[int, int], ratio: float = CROP_RATIO):
