@@ -174,9 +174,9 @@ class StepMetrics:
     def attach(self, ddp_model) -> None:
         """Time a DDP ``ddp_model``'s gradient all-reduce and (with buffers) its buffer broadcast; call
         before its first forward. The all-reduce comes from DDP's runtime stats on every step, not a comm
-        hook: a Python hook costs a call and a callback on the communication thread each step (a few % of
-        a small step), and the reducer's arithmetic stays its own. On CUDA DDP reads its events of a
-        step at the next forward."""
+        hook: a Python hook adds a call, and a callback on the communication thread, to every step, and
+        the reducer's arithmetic stays its own. On CUDA DDP waits for a step's timing events at the next
+        step's forward, when they are normally done."""
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         if not self.ctx.distributed or not isinstance(ddp_model, DDP):
