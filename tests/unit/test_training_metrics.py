@@ -184,14 +184,26 @@ def test_window_bookkeeping_single_process(clock):
 
 class DDPStats:
     """DDP's runtime stats as ``_get_ddp_logging_data`` gives them after each step: the previous
-    iteration's (the first read: the previous window's last step), 4 ms of all-reduce each."""
+    iteration's all-reduce (the first read: the previous window's last step), ``seconds`` in turn."""
 
-    def __init__(self):
-        self.iteration = 0
+    def __init__(self, seconds=None):
+        self.iteration, self.seconds = 0, seconds
 
     def _get_ddp_logging_data(self):
         self.iteration += 1
-        return {"iteration": self.iteration, "backward_comm_time": 4_000_000}
+        s = self.seconds[self.iteration - 1] if self.seconds else 0.004
+        return {"iteration": self.iteration, "backward_comm_time": round(s * 1e9)}
+
+
+def test_each_steps_all_reduce_is_read_one_step_late_and_the_unread_last_step_left_out(clock):
+    m = StepMetrics(SOLO)
+    m._ddp = DDPStats([0.5, 0.1, 0.2])  # the previous window's last step, then steps 1 and 2
+    for comm in (0.1, 0.2, 0.3):
+        clock.tick(0.01 + comm)
+        m.step_end(8)
+    s = m._local_stats()
+    assert s["compute_median_s"] == pytest.approx(0.01)  # steps 1 and 2 less their own all-reduce
+    assert s["allreduce_s"] == pytest.approx(0.8) and s["steps"] == 3
 
 
 def test_each_step_loses_its_own_waits_so_one_long_wait_cannot_hide_a_slow_rank(clock):
