@@ -7,13 +7,13 @@
 The model is built from a config (random weights, ``transformers.BertConfig``) with a WordPiece
 tokenizer trained on the benchmark's own texts (``tests/text_data.py``), saved as a model folder
 and loaded through ``tasks.hf_folder`` like a user's. One ``torchrun --standalone`` job (this file in
-``--worker`` mode) joins the process group once, runs every mode once unrecorded (imports, caches),
-then every mode once per round in an order rotated each round, each a whole timed training (the loop
-only). Modes: ``hand`` (``transformers``' model under DDP, the same packed rows cut to each batch's
+``--worker`` mode) runs parity.py's rounds (``timed_rounds``): every mode once unrecorded (imports,
+caches), then every mode once per round in an order rotated each round, each a whole timed training
+(the loop only). Modes: ``hand`` (``transformers``' model under DDP, the same packed rows cut to each batch's
 longest, the same sample order, LR schedule and precision), ``lean`` (Trainer, checkpoints and
 metrics off), ``default`` (Trainer as shipped), and once ``fsdp`` (Trainer, ``training.strategy:
 fsdp``: each BERT layer sharded, then the root) for its per-rank bytes. Ratios are paired per
-round (hand's time over the mode's), then the median over rounds.
+round (hand's time over the mode's), then the median over rounds with its spread.
 
 The last line: ``finetune_parity=<lean ÷ hand samples/s> fsdp_memory_ratio=<FSDP ÷ DDP per-rank
 parameter and optimizer bytes>``.
@@ -21,19 +21,16 @@ parameter and optimizer bytes>``.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, parser
-
-from core.paths import python_path_with
+from common import parser
+from parity import _trainer, fmt_spread, paired, timed_rounds, torchrun_job
 
 LEAN = ["training.checkpoints=false", "training.metrics=false"]
 MODES = {"hand": [], "lean": LEAN, "default": [], "fsdp": [*LEAN, "training.strategy=fsdp"]}
@@ -125,52 +122,31 @@ def _hand(cfg, ctx, data, folder: Path) -> dict:
     return {"wall_s": time.perf_counter() - wall0, "samples": samples}
 
 
-def _trainer(cfg, ctx, data, out: Path) -> dict:
-    from training.sink import MetricsSink
-    from training.trainer import Trainer
-
-    sink = MetricsSink.for_rank(ctx.is_main, out, cfg.config_id())
-    trainer = Trainer(cfg, ctx, data, out, sink, cfg.config_id(), "bench")
-    try:
-        wall0 = time.perf_counter()
-        fit = trainer.fit()
-        wall = time.perf_counter() - wall0
-    finally:
-        trainer.release()
-        if trainer.ckpt._pool is not None:
-            trainer.ckpt._pool.shutdown()
-    n = trainer.n_train * cfg.training.epochs
-    return {"wall_s": wall, "samples": n, "ranks": fit.ranks,
-            "val_accuracy": fit.history[-1].val_accuracy if fit.history else None}
-
-
 def worker_main(args) -> int:
     import torch
 
     from core.config import load_config
     from training.data import load_splits
-    from training.distributed import barrier, process_group
+    from training.distributed import process_group
 
     root = Path(args.root)
     os.chdir(root)  # the project root the config's paths are relative to, as the launcher's cwd
     cfgs = {m: load_config(root / "finetune.yaml", [f"training.epochs={args.epochs}", *MODES[m]]) for m in MODES}
     warm = {m: load_config(root / "finetune.yaml", ["training.epochs=1", *MODES[m]]) for m in MODES}
     torch.set_num_threads(1)
-    records = []
     with process_group("gloo", 300) as ctx:
         data = load_splits(cfgs["lean"], root, 0)
-        folder = root / "models" / "bert"
-        plan = [(-1, m) for m in TIMED] + [(r, m) for r in range(args.rounds)
-                                           for m in TIMED[r % 3:] + TIMED[:r % 3]] + [(args.rounds, "fsdp"),
-                                                                                      (args.rounds, "lean")]
-        for i, (r, m) in enumerate(plan):
-            gc.collect()
-            barrier(ctx)
+
+        def run(i: int, r: int, m: str) -> dict:
             cfg = warm[m] if r < 0 else cfgs[m]
-            res = _hand(cfg, ctx, data, folder) if m == "hand" else _trainer(cfg, ctx, data, Path(args.out) / f"{i}")
-            if r >= 0 and ctx.is_main:
-                records.append({"mode": m, "round": r, **res})
-                print(f"PROGRESS round {r + 1} {m:<8} {res['samples'] / res['wall_s']:8.1f} samples/s", flush=True)
+            if m == "hand":
+                return _hand(cfg, ctx, data, root / "models" / "bert")
+            res = _trainer(m, cfg, ctx, data, Path(args.out) / f"{i}", data_md5="bench")
+            return {**res, "samples": len(data.train) * cfg.training.epochs}
+
+        records = timed_rounds(ctx, list(TIMED), args.rounds, run,
+                               lambda res: f"{res['samples'] / res['wall_s']:8.1f} samples/s",
+                               extra=[(args.rounds, "fsdp"), (args.rounds, "lean")])
     if ctx.is_main:
         Path(args.result).write_text(json.dumps(records))
     return 0
@@ -191,37 +167,27 @@ def main(argv=None) -> int:
         return worker_main(args)
     with tempfile.TemporaryDirectory(prefix="finetune-") as tmp:
         root = make_root(Path(tmp) / "proj", args.rows, args.layers, args.hidden)
-        result = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-               str(Path(__file__).resolve()), "--worker", "--root", str(root), "--out", str(Path(tmp) / "out"),
-               "--result", str(result), "--rounds", str(args.rounds), "--epochs", str(args.epochs)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TRAINFLOW_MLFLOW_RUN_ID": "", "HF_HUB_OFFLINE": "1",
-               "PYTHONPATH": python_path_with(ROOT, os.environ.get("PYTHONPATH"))}
-        log = Path(tmp) / "job.log"
-        with open(log, "w") as err:
-            p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
-            for line in p.stdout:
-                if line.startswith("PROGRESS "):
-                    print("  " + line[9:].rstrip(), flush=True)
-            rc = p.wait()
-        if rc != 0 or not result.is_file():
-            print(log.read_text()[-4000:], file=sys.stderr)
+        argv = ["--root", str(root), "--out", str(Path(tmp) / "out"), "--rounds", str(args.rounds),
+                "--epochs", str(args.epochs)]
+        try:
+            records = torchrun_job(Path(__file__).resolve(), args.nproc, argv, Path(tmp) / "result.json",
+                                   Path(tmp) / "job.log", {"HF_HUB_OFFLINE": "1"})
+        except RuntimeError as exc:
+            print(exc, file=sys.stderr)
             return 1
-        records = json.loads(result.read_text())
-    by = {(r["mode"], r["round"]): r for r in records}
-    rate = lambda r: r["samples"] / r["wall_s"]  # noqa: E731
-    n_params = None
+    by: dict[str, dict[int, dict]] = {}
+    for r in records:
+        by.setdefault(r["mode"], {})[r["round"]] = r
+    rate, wall = (lambda r: r["samples"] / r["wall_s"]), (lambda r: r["wall_s"])  # noqa: E731
     print(f"\nBERT {args.layers} layers, hidden {args.hidden}; {args.rows} texts; {args.nproc} gloo ranks x 1 thread; "
           f"{args.epochs} epochs per run, {args.rounds} rounds")
-    print("| mode | samples/s (median) | ÷ hand (paired median, min-max) |\n|---|---|---|")
+    print("| mode | samples/s (median) | ÷ hand: paired median [~90 % interval] (min-max) |\n|---|---|---|")
     ratios = {}
     for m in TIMED:
-        rs = [by[(m, r)] for r in range(args.rounds)]
-        paired = [rate(by[(m, r)]) / rate(by[("hand", r)]) for r in range(args.rounds)]
-        ratios[m] = statistics.median(paired)
-        print(f"| {m} | {statistics.median(rate(r) for r in rs):.1f} | {ratios[m]:.3f} "
-              f"({min(paired):.3f}-{max(paired):.3f}) |")
-    ddp, fsdp = by[("lean", args.rounds)]["ranks"], by[("fsdp", args.rounds)]["ranks"]
+        ratio = paired(by, m, "hand", wall)  # hand's time over the mode's: the same samples
+        ratios[m] = statistics.median(ratio)
+        print(f"| {m} | {statistics.median(rate(by[m][r]) for r in range(args.rounds)):.1f} | {fmt_spread(ratio)} |")
+    ddp, fsdp = by["lean"][args.rounds]["ranks"], by["fsdp"][args.rounds]["ranks"]
     mem = lambda ranks: max(r["param_bytes"] + r["optim_bytes"] for r in ranks)  # noqa: E731
     n_params = ddp[0]["param_bytes"] / 4
     print(f"\nper-rank parameter + optimizer bytes: DDP {mem(ddp) / 2**20:.1f} MiB, FSDP "

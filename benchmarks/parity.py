@@ -207,15 +207,17 @@ def _accounting_overhead(n: int = 5000) -> float:
     return per_call
 
 
-def _trainer(mode: str, cfg, ctx, data, out: Path) -> dict:
-    """``Trainer`` as training/worker.py drives it (minus export) on this rank; returns its measurements."""
+def _trainer(mode: str, cfg, ctx, data, out: Path, data_md5: str | None = None) -> dict:
+    """``Trainer`` as training/worker.py drives it (minus export) on this rank; returns its measurements
+    (``data_md5``: the data's, by default its DVC file's)."""
     from core.manifest import read_dvc_file
     from training.sink import MetricsSink
     from training.trainer import Trainer, state_dict_sha256
 
     with _Patched(mode):
         sink = MetricsSink.for_rank(ctx.is_main, out, cfg.config_id())
-        trainer = Trainer(cfg, ctx, data, out, sink, cfg.config_id(), read_dvc_file(ROOT, cfg.dataset.dvc_file).md5)
+        md5 = data_md5 or read_dvc_file(ROOT, cfg.dataset.dvc_file).md5
+        trainer = Trainer(cfg, ctx, data, out, sink, cfg.config_id(), md5)
         try:
             cpu0, wall0 = time.process_time(), time.perf_counter()
             fit = trainer.fit()
@@ -229,13 +231,34 @@ def _trainer(mode: str, cfg, ctx, data, out: Path) -> dict:
             "history": [{"train_loss": h.train_loss, "val_loss": h.val_loss, "val_accuracy": h.val_accuracy}
                         for h in fit.history],
             "weights_sha256": state_dict_sha256(full) if full is not None else None,
-            "checkpoint_stall_s": fit.checkpoint_stall_s}
+            "checkpoint_stall_s": fit.checkpoint_stall_s, "ranks": fit.ranks}
 
 
 def order_of(modes: list[str], i: int) -> list[str]:
     """Round ``i``'s order: ``modes`` rotated by ``i``, so each mode takes each position equally often."""
     k = i % len(modes)
     return modes[k:] + modes[:k]
+
+
+def timed_rounds(ctx, modes: list[str], rounds: int, run, describe, offset: int = 0, extra=()) -> list[dict]:
+    """Every mode once unrecorded (lazy imports, first-call caches), then every mode once per round in
+    ``order_of``'s order, then ``extra`` ((round, mode) pairs), each after a barrier. ``run(i, round,
+    mode)`` (round -1: the warm-up) returns one measurement on every rank; rank 0 keeps them (the
+    others get []) and prints each as a PROGRESS line, ``describe(measurement)``."""
+    from training.distributed import barrier
+
+    plan = [(-1, m) for m in modes]
+    plan += [(offset + r, m) for r in range(rounds) for m in order_of(modes, offset + r)] + list(extra)
+    records = []
+    for i, (r, m) in enumerate(plan):
+        gc.collect()
+        barrier(ctx)
+        res = run(i, r, m)
+        gc.collect()
+        if r >= 0 and ctx.is_main:
+            records.append({"mode": m, "round": r, **res})
+            print(f"PROGRESS round {r + 1} {m:<16} {describe(res)}", flush=True)
+    return records
 
 
 def worker_main(args) -> int:
@@ -245,7 +268,7 @@ def worker_main(args) -> int:
 
     from core.config import load_config
     from training.data import load_splits
-    from training.distributed import all_reduce_sum, barrier, process_group
+    from training.distributed import all_reduce_sum, process_group
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     modes = args.modes.split(",")
@@ -259,30 +282,23 @@ def worker_main(args) -> int:
     if t.deterministic:
         torch.use_deterministic_algorithms(True)
     out_root = Path(args.out)
-    records = []
     with process_group(t.backend, t.collective_timeout_s) as ctx:
         data = load_splits(cfgs[modes[0]], ROOT, cfgs[modes[0]].seed)
         overhead = _accounting_overhead() if "default+costs" in modes else 0.0
-        # One unrecorded short run of each mode first: lazy imports and first-call caches.
-        plan = [(-1, m, warm[m]) for m in modes]
-        plan += [(r, m, cfgs[m]) for r in range(args.rounds) for m in order_of(modes, args.round_offset + r)]
-        for i, (r, m, cfg) in enumerate(plan):
-            gc.collect()
-            barrier(ctx)
-            loop, out = MODES[m][0], out_root / f"{i:03d}_{m}"
-            res = _hand(m, cfg, ctx, data) if loop == "hand" else _trainer(m, cfg, ctx, data, out)
-            gc.collect()
+
+        def run(i: int, r: int, m: str) -> dict:
+            cfg, out = warm[m] if r < 0 else cfgs[m], out_root / f"{i:03d}_{m}"
+            res = _hand(m, cfg, ctx, data) if MODES[m][0] == "hand" else _trainer(m, cfg, ctx, data, out)
             res["cpu_s"] = all_reduce_sum(ctx, [res["cpu_s"]])[0]
             if m == "default+costs":
                 names = list(dict.fromkeys(what for what, _ in COSTED))
                 own = [max(0.0, COSTS.get(n, 0.0) - CALLS.get(n, 0) * overhead) for n in names]
                 res["costs"] = dict(zip(names, all_reduce_sum(ctx, own)))
-            if r < 0 or not ctx.is_main:
-                continue
-            records.append({"mode": m, "round": args.round_offset + r, **res})
-            print(f"PROGRESS round {args.round_offset + r + 1} {m:<16} loop {res['wall_s']:6.3f} s  "
-                  f"cpu {1e3 * res['cpu_s'] / res['steps']:6.3f} ms/step  "
-                  f"final loss {res['history'][-1]['train_loss']:.7f}", flush=True)
+            return res
+
+        records = timed_rounds(ctx, modes, args.rounds, run, lambda res: (
+            f"loop {res['wall_s']:6.3f} s  cpu {1e3 * res['cpu_s'] / res['steps']:6.3f} ms/step  "
+            f"final loss {res['history'][-1]['train_loss']:.7f}"), args.round_offset)
     if ctx.is_main:
         tmp = Path(args.result).with_suffix(".tmp")
         tmp.write_text(json.dumps(records))
@@ -291,27 +307,34 @@ def worker_main(args) -> int:
 
 
 # -- parent side -----------------------------------------------------------------------------
-def run_job(args, workdir: Path, job: int, rounds: int, offset: int) -> list[dict]:
-    """One torchrun job of ``rounds`` rounds; its progress lines are echoed as they come."""
-    result = workdir / f"job{job}.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           str(Path(__file__).resolve()), "--worker", "--result", str(result), "--out", str(workdir / f"job{job}"),
-           "--config", str(args.config), "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-           "--modes", ",".join(args.mode_list), "--rounds", str(rounds), "--round-offset", str(offset)]
-    # Empty: MLflow stays off as in the pipeline's jobs (it relays the metrics file itself).
-    env = {k: v for k, v in os.environ.items() if k != "TRAINFLOW_FAULT"}
-    env.update(TRAINFLOW_MLFLOW_RUN_ID="", OMP_NUM_THREADS="1",
-               PYTHONPATH=python_path_with(ROOT, env.get("PYTHONPATH")))
-    log = workdir / f"job{job}.log"
+def torchrun_job(script: Path, nproc: int, argv: list[str], result: Path, log: Path, env: dict | None = None,
+                 prefix: str = "  ", timeout: float | None = None) -> list[dict]:
+    """``script --worker --result RESULT ARGV`` under ``torchrun --standalone`` (one thread per process,
+    MLflow off: the pipeline's jobs relay the metrics file instead; ``env`` on top), its PROGRESS lines
+    echoed after ``prefix``; returns the records it wrote. RuntimeError (with the log's tail) if it fails."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           str(script), "--worker", "--result", str(result), *argv]
+    full = {k: v for k, v in os.environ.items() if k != "TRAINFLOW_FAULT"}
+    full.update(TRAINFLOW_MLFLOW_RUN_ID="", OMP_NUM_THREADS="1",
+                PYTHONPATH=python_path_with(ROOT, full.get("PYTHONPATH")), **(env or {}))
     with open(log, "w") as err:
-        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        p = subprocess.Popen(cmd, cwd=ROOT, env=full, stdout=subprocess.PIPE, stderr=err, text=True)
         for line in p.stdout:
             if line.startswith("PROGRESS "):
-                print(f"  job {job + 1}: {line[9:].rstrip()}", flush=True)
-        rc = p.wait(timeout=args.run_timeout)
+                print(prefix + line[9:].rstrip(), flush=True)
+        rc = p.wait(timeout=timeout)
     if rc != 0 or not result.is_file():
-        raise RuntimeError(f"job {job + 1} failed (exit {rc}):\n{log.read_text()[-4000:]}")
+        raise RuntimeError(f"{script.name} failed (exit {rc}):\n{log.read_text()[-4000:]}")
     return json.loads(result.read_text())
+
+
+def run_job(args, workdir: Path, job: int, rounds: int, offset: int) -> list[dict]:
+    """One torchrun job of ``rounds`` rounds."""
+    argv = ["--out", str(workdir / f"job{job}"), "--config", str(args.config), "--epochs", str(args.epochs),
+            "--batch-size", str(args.batch_size), "--modes", ",".join(args.mode_list), "--rounds", str(rounds),
+            "--round-offset", str(offset)]
+    return torchrun_job(Path(__file__).resolve(), args.nproc, argv, workdir / f"job{job}.json",
+                        workdir / f"job{job}.log", prefix=f"  job {job + 1}: ", timeout=args.run_timeout)
 
 
 def median_interval(values: list[float]) -> tuple[float, float]:

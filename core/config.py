@@ -294,7 +294,7 @@ class TrainingConfig(_Strict):
     keep_checkpoints: int = Field(2, ge=2)
     # Off: no checkpoints are written or resumed (benchmarks, throwaway runs).
     checkpoints: bool = True
-    # Off: no step timing, comm hook or perf/* metrics.
+    # Off: no step timing, all-reduce timing or perf/* metrics.
     metrics: bool = True
     loader: LoaderConfig = LoaderConfig()
     deterministic: bool = True

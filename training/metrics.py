@@ -83,8 +83,9 @@ def node_metrics(per_rank: list[dict]) -> dict[str, float]:
 
 def aggregate(per_rank: list[dict], straggler_ratio: float = 1.5) -> dict:
     """Combine each rank's window stats (``StepMetrics._local_stats``) into one summary (``allreduce_s``:
-    the mean over ranks of the time some gradient bucket was in flight; ``data_wait_frac`` and
-    ``ckpt_stall_s``: the worst rank's; ``per_rank``: ``rank_metrics`` and ``node_metrics``)."""
+    the mean over ranks of the time from the first gradient bucket sent to the last one back;
+    ``data_wait_frac`` and ``ckpt_stall_s``: the worst rank's; ``per_rank``: ``rank_metrics`` and
+    ``node_metrics``)."""
     ranks = sorted(per_rank, key=lambda r: r["rank"])
     window = max((r["window_s"] for r in ranks), default=0.0)
     samples = sum(r["samples"] for r in ranks)
@@ -112,35 +113,29 @@ def aggregate(per_rank: list[dict], straggler_ratio: float = 1.5) -> dict:
     }
 
 
-def busy_seconds(spans: Iterable[tuple[float, float]]) -> float:
-    """Length of the union of ``(start, end)`` intervals."""
-    total, reached = 0.0, -math.inf
-    for start, end in sorted(spans):
-        if end > reached:
-            total += end - max(start, reached)
-            reached = end
-    return total
-
-
 # -- per-rank window ----------------------------------------------------------------------
 class StepMetrics:
-    """Per-rank step timing over a logging window, aggregated to rank 0."""
+    """Per-rank step timing over a logging window, aggregated to rank 0.
+
+    Per step: a clock read in each of data_start, data_end and step_end, two in the forward-sync hooks,
+    and one read of DDP's runtime stats (the all-reduce, timed by the reducer's own C++ timers); the
+    rest once per window in ``snapshot``."""
 
     def __init__(self, ctx: DistContext, straggler_ratio: float = 1.5):
         self.ctx, self.straggler_ratio = ctx, straggler_ratio
-        self._cuda_timing = ctx.device.type == "cuda"
         self._t_data: float | None = None
         self._node_reporter = os.environ.get("LOCAL_RANK", "0") == "0"
+        self._ddp = None  # the DDP module whose runtime stats time the all-reduce
+        self._iteration = 0  # the last DDP iteration whose all-reduce was read
         self.reset()
 
     def reset(self) -> None:
         """Start a new window now (``snapshot`` does this; call it where the loop really starts)."""
         now = self._window_t0 = self._last = _now()
-        self._step_times: list[float] = []
-        # At each step's end: (data wait, forward sync, all-reduce spans) so far (``_step_computes``).
-        self._step_marks: list[tuple[float, float, int]] = []
-        self._allreduce: list = []  # (start, end): perf_counter seconds, or CUDA events
-        self._samples, self._data_wait, self._ckpt_stall, self._fwd_sync = 0, 0.0, 0.0, 0.0
+        # Per step: [its seconds, its data wait + forward sync, its all-reduce seconds (None: not read)].
+        self._steps: list[list] = []
+        self._samples, self._data_wait, self._ckpt_stall, self._fwd_sync, self._allreduce = 0, 0.0, 0.0, 0.0, 0.0
+        self._waits_before = 0.0
         if self._t_data is not None:  # a batch wait spanning the reset counts from the reset
             self._t_data = now
 
@@ -154,50 +149,42 @@ class StepMetrics:
 
     def step_end(self, n_samples: int) -> None:
         now = _now()
-        self._step_times.append(now - self._last)
-        self._step_marks.append((self._data_wait, self._fwd_sync, len(self._allreduce)))
-        self._last = now
+        waits = self._data_wait + self._fwd_sync
+        self._steps.append([now - self._last, waits - self._waits_before, None])
+        self._waits_before, self._last = waits, now
         self._samples += n_samples
+        if self._ddp is not None:
+            self._read_allreduce()
+
+    def _read_allreduce(self) -> None:
+        """The previous step's all-reduce seconds: DDP records a step's stats at the next training forward,
+        so a window's all-reduce is that of its steps each one step late."""
+        stats = self._ddp._get_ddp_logging_data()
+        iteration, ns = stats.get("iteration", 0), stats.get("backward_comm_time")
+        if ns is None or iteration <= self._iteration:
+            return
+        self._iteration = iteration
+        self._allreduce += ns / 1e9
+        if len(self._steps) > 1:  # else the previous window's last step
+            self._steps[-2][2] = ns / 1e9
 
     def add_checkpoint_stall(self, seconds: float) -> None:
         self._ckpt_stall += seconds
 
-    def attach_comm_hook(self, ddp_model) -> None:
-        """Register a timing all-reduce comm hook on a DDP ``ddp_model`` before its first backward;
-        bitwise the same as none: ``mul_(1 / world_size)`` as the reducer does (``div_`` can differ)."""
+    def attach(self, ddp_model) -> None:
+        """Time a DDP ``ddp_model``'s gradient all-reduce and (with buffers) its buffer broadcast; call
+        before its first forward. The all-reduce comes from DDP's runtime stats on every step, not a comm
+        hook: a Python hook adds a call, and a callback on the communication thread, to every step, and
+        the reducer's arithmetic stays its own. On CUDA DDP waits for a step's timing events at the next
+        step's forward, when they are normally done."""
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         if not self.ctx.distributed or not isinstance(ddp_model, DDP):
             return
-        import torch.distributed as dist
-
-        group = ddp_model.process_group
-        inv_world = 1.0 / group.size()
-        metrics, cuda = self, self._cuda_timing
-
-        def mark():
-            if not cuda:
-                return _now()
-            # A CUDA event: the NCCL future completes at enqueue, so host time would read ~0.
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-
-        # No annotations: DDP checks them by identity, and postponed (string) annotations fail it.
-        def timed_allreduce_hook(state, bucket):
-            buf = bucket.buffer()
-            start = mark()
-            buf.mul_(inv_world)
-            fut = dist.all_reduce(buf, group=state, async_op=True).get_future()
-
-            def done(f):
-                metrics._allreduce.append((start, mark()))
-                return f.value()[0]
-
-            return fut.then(done)
-
-        ddp_model.register_comm_hook(state=group, hook=timed_allreduce_hook)
-        self._time_forward_sync(ddp_model)
+        ddp_model._set_ddp_runtime_logging_sample_rate(1)
+        self._ddp = ddp_model
+        if ddp_model.broadcast_buffers and any(True for _ in ddp_model.module.buffers()):
+            self._time_forward_sync(ddp_model)  # without buffers DDP's forward has nothing to wait for
 
     def _time_forward_sync(self, ddp_model) -> None:
         """Time DDP's buffer broadcast before each training forward: with buffers, a slow rank's peers
@@ -215,34 +202,15 @@ class StepMetrics:
         ddp_model.register_forward_pre_hook(outer)
         ddp_model.module.register_forward_pre_hook(inner)
 
-    def _allreduce_spans(self) -> list[tuple[float, float]]:
-        """The window's all-reduce spans in seconds (on CUDA, waits for the last event)."""
-        spans = list(self._allreduce)
-        if self._cuda_timing and spans:
-            ref = spans[0][0]
-            for _, end in spans:
-                end.synchronize()
-            spans = [(ref.elapsed_time(s) / 1e3, ref.elapsed_time(e) / 1e3) for s, e in spans]
-        return spans
-
-    def _step_computes(self, spans: list[tuple[float, float]]) -> list[float]:
-        """Each step's time less its own data wait, forward sync and all-reduce (busy) time."""
-        out, prev = [], (0.0, 0.0, 0)
-        for t, mark in zip(self._step_times, self._step_marks):
-            waits = mark[0] - prev[0] + mark[1] - prev[1] + busy_seconds(spans[prev[2]:mark[2]])
-            out.append(max(0.0, t - waits))
-            prev = mark
-        return out
-
     def _local_stats(self) -> dict:
-        spans = self._allreduce_spans()
-        computes = self._step_computes(spans)
+        # Each step less its own waits; under DDP only the steps whose all-reduce has been read.
+        computes = [max(0.0, t - w - (c or 0.0)) for t, w, c in self._steps if c is not None or self._ddp is None]
+        times = [s[0] for s in self._steps]
         return {
-            "rank": self.ctx.rank, "window_s": _now() - self._window_t0, "steps": len(self._step_times),
-            "samples": self._samples,
-            "step_time_median_s": statistics.median(self._step_times) if self._step_times else None,
+            "rank": self.ctx.rank, "window_s": _now() - self._window_t0, "steps": len(times),
+            "samples": self._samples, "step_time_median_s": statistics.median(times) if times else None,
             "data_wait_s": self._data_wait, "compute_median_s": statistics.median(computes) if computes else None,
-            "allreduce_s": busy_seconds(spans), "forward_sync_s": self._fwd_sync, "ckpt_stall_s": self._ckpt_stall,
+            "allreduce_s": self._allreduce, "forward_sync_s": self._fwd_sync, "ckpt_stall_s": self._ckpt_stall,
             "peak_mem_bytes": peak_memory_bytes(self.ctx.device),
             "node": node_stats(self.ctx.device) if self._node_reporter else None,
         }

@@ -192,8 +192,8 @@ class Trainer:
                                       every_steps=t.checkpoint_every_steps, every_epochs=t.checkpoint_every_epochs,
                                       enabled=t.checkpoints)
         self.metrics = StepMetrics(ctx, t.straggler_ratio) if t.metrics else _NoMetrics()
-        self.metrics.attach_comm_hook(self.model)  # DDP only
-        if t.compile.enabled:  # after the comm hook: that goes on the DDP module itself
+        self.metrics.attach(self.model)  # DDP only
+        if t.compile.enabled:  # after attach: its hooks go on the DDP module itself
             self.model = self.strategy.compile(self.model, t.compile.mode, t.compile.backend)
         self.fault, self.ids, self.stop = faults.from_env(), faults.id_recorder_from_env(), StopRequest()
         self.state = TrainState(model=self.model, optimizer=self.opt, config_id=config_id,

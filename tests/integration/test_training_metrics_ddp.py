@@ -1,7 +1,7 @@
 """training.metrics under real DDP: 2 CPU ranks on gloo, launched by torchrun in a subprocess.
 
 The probe (probes/metrics_probe.py) trains the same tiny model with and without the
-timing comm hook and writes what it saw as JSON; the assertions live here.
+all-reduce timing and writes what it saw as JSON; the assertions live here.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def report(tmp_path_factory, repo_root) -> dict:
     return json.loads(out.read_text())
 
 
-def test_comm_hook_leaves_weights_bitwise_equal(report):
+def test_timing_leaves_weights_bitwise_equal(report):
     r0, r1 = report["ranks"]
     assert r0["digest_plain"] == r0["digest_hook"] == r1["digest_plain"] == r1["digest_hook"]
     assert r0["digest_plain"] != r0["digest_init"]  # it did train
@@ -56,7 +56,7 @@ def test_snapshot_on_rank_0_only_with_sane_values(report):
     assert s["ckpt_stall_s"] == pytest.approx(0.01) and 0 < s["ckpt_stall_frac"] < 1
     assert len(s["peak_mem_mb"]) == 2 and all(m > 0 for m in s["peak_mem_mb"])
     assert isinstance(s["straggler"], bool)
-    # Without the hook nothing measures the all-reduce.
+    # Without attach nothing measures the all-reduce.
     assert report["snapshot_plain"]["allreduce_s"] == 0.0
 
 

@@ -15,7 +15,6 @@ from training.metrics import (
     StepMetrics,
     aggregate,
     find_straggler,
-    busy_seconds,
     flops_per_sample,
     gpu_utilization,
     mfu,
@@ -136,12 +135,6 @@ def test_aggregate_with_ranks_that_ran_no_step():
     assert s["samples_per_s"] == s["allreduce_frac"] == s["data_wait_frac"] == 0.0
 
 
-def test_busy_seconds_is_the_union_of_intervals():
-    assert busy_seconds([]) == 0.0
-    assert busy_seconds([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0), (3.5, 3.6)]) == pytest.approx(3.0)
-    assert busy_seconds([(5.0, 6.0), (1.0, 2.0)]) == pytest.approx(2.0)
-
-
 # -- StepMetrics on a fake clock -------------------------------------------------------------
 class FakeClock:
     def __init__(self):
@@ -189,15 +182,39 @@ def test_window_bookkeeping_single_process(clock):
     assert s["step_time_median_ms"] == pytest.approx(250.0) and s["ckpt_stall_s"] == 0.0
 
 
+class DDPStats:
+    """DDP's runtime stats as ``_get_ddp_logging_data`` gives them after each step: the previous
+    iteration's all-reduce (the first read: the previous window's last step), ``seconds`` in turn."""
+
+    def __init__(self, seconds=None):
+        self.iteration, self.seconds = 0, seconds
+
+    def _get_ddp_logging_data(self):
+        self.iteration += 1
+        s = self.seconds[self.iteration - 1] if self.seconds else 0.004
+        return {"iteration": self.iteration, "backward_comm_time": round(s * 1e9)}
+
+
+def test_each_steps_all_reduce_is_read_one_step_late_and_the_unread_last_step_left_out(clock):
+    m = StepMetrics(SOLO)
+    m._ddp = DDPStats([0.5, 0.1, 0.2])  # the previous window's last step, then steps 1 and 2
+    for comm in (0.1, 0.2, 0.3):
+        clock.tick(0.01 + comm)
+        m.step_end(8)
+    s = m._local_stats()
+    assert s["compute_median_s"] == pytest.approx(0.01)  # steps 1 and 2 less their own all-reduce
+    assert s["allreduce_s"] == pytest.approx(0.8) and s["steps"] == 3
+
+
 def test_each_step_loses_its_own_waits_so_one_long_wait_cannot_hide_a_slow_rank(clock):
     # What CI saw at an epoch's end: rank 0 writes the checkpoint while slow rank 1 (60 ms of
     # compute a step, rank 0 has 20) waits 300 ms for it in one step's DDP buffer broadcast.
     def window(compute_s, waits_s):
         m = StepMetrics(SOLO)
+        m._ddp = DDPStats()
         for compute, wait in zip(compute_s, waits_s):
             m._fwd_sync += wait  # as the forward-sync hook adds it
-            m._allreduce.append((clock.t, clock.t + 0.004))  # a bucket in flight 4 ms
-            clock.tick(compute + wait + 0.004)
+            clock.tick(compute + wait + 0.004)  # the gradient all-reduce 4 ms
             m.step_end(32)
         return m._local_stats()
 
@@ -247,10 +264,10 @@ def test_straggler_warning_is_logged_on_rank_0(monkeypatch, caplog, clock):
     assert other.snapshot() is None and not caplog.records
 
 
-def test_attach_comm_hook_is_a_no_op_without_a_process_group(clock):
+def test_attach_is_a_no_op_without_a_process_group(clock):
     m = StepMetrics(SOLO)
     model = nn.Linear(2, 2)
-    m.attach_comm_hook(model)  # not DDP, not distributed: nothing to hook, no error
+    m.attach(model)  # not DDP, not distributed: nothing to time, no error
     assert not model._forward_pre_hooks and not model._forward_hooks and not model._backward_hooks
     model.train()
     clock.tick(0.1)
@@ -279,7 +296,7 @@ def test_per_step_bookkeeping_is_three_clock_reads_and_no_collective(monkeypatch
         m.data_end()
         m.step_end(32)
     assert len(reads) == 300
-    assert len(m._step_times) == len(m._step_marks) == 100 and m._samples == 3200
+    assert len(m._steps) == 100 and m._samples == 3200
 
 
 # -- bytes ---------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 metrics_probe.py OUT.json
 
-1. The same tiny DDP run with and without ``StepMetrics.attach_comm_hook``: final
+1. The same tiny DDP run with and without ``StepMetrics.attach``: final
    weights must be bitwise equal; the hooked run's ``snapshot()`` must carry sane values.
 2. A run where rank 1 sleeps every step: per-rank raw stats, to see what a straggler
    looks like to the aggregation (recorded, not asserted: timing).
@@ -43,11 +43,11 @@ def weights_digest(model: nn.Module) -> str:
 def train(ctx, hook: bool, steps: int = STEPS, slow_rank: int | None = None, slow_s: float = 0.0):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
-    # A small bucket cap so the model spans several buckets (several hook calls per step).
+    # A small bucket cap so the model spans several buckets.
     ddp = DDP(model, bucket_cap_mb=0.01)
     metrics = StepMetrics(ctx)
     if hook:
-        metrics.attach_comm_hook(ddp)
+        metrics.attach(ddp)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(1)
     n = steps * BATCH * ctx.world_size
