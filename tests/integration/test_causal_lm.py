@@ -1,9 +1,10 @@
 """Causal-LM fine-tuning of a pretrained decoder folder, end to end through the real flow (Prefect,
 DVC, GX, torchrun with 2 CPU processes, MLflow on sqlite), in a fresh git + DVC project: a tiny
-GPT-2-like folder built here (tests/hf_models.py) and JSON Lines of its own text, as ``text`` (packed)
-and as ``prompt`` + ``completion`` pairs. The registered champion, loaded through ``mlflow.pyfunc`` in
-a fresh process without trainflow on its path, generates text from prompts; its ``score`` method
-gives the figures the evaluation measured."""
+GPT-2-like folder built here (tests/hf_models.py) and JSON Lines of ``prompt`` + ``completion`` pairs.
+The registered champion, loaded through ``mlflow.pyfunc`` in a fresh process without trainflow on its
+path, generates text from prompts; its ``score`` method gives the figures the evaluation measured, for
+pairs and for plain ``text`` records alike. (The other data shape, ``text`` packed into full windows,
+trains through the same engine: its data path is tests/unit/test_causal_lm.py's.)"""
 
 from __future__ import annotations
 
@@ -25,22 +26,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
 
 # In a fresh interpreter, isolated (-I: no current folder, no PYTHONPATH, no user site), with the
 # editable install's finder taken off: trainflow's packages cannot be imported, only the model's files.
-# For each model: generated text for two prompts, and the score of every eval record.
+# Generated text for two prompts, and the score of every eval record and of every plain text.
 GENERATE = """
 import importlib.util, json, sys
 sys.meta_path = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
 assert not any(importlib.util.find_spec(m) for m in ("tasks", "core", "training", "registry"))
 import mlflow, pandas as pd
-uri, frames = sys.argv[1], json.loads(sys.argv[2])
+uri, frame, texts = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 mlflow.set_tracking_uri(uri); mlflow.set_registry_uri(uri)
-got = {}
-for model, frame in frames.items():
-    loaded = mlflow.pyfunc.load_model(f"models:/{model}@champion")
-    out = loaded.predict(pd.DataFrame({"text": frame["text"][:2]}), params={"max_new_tokens": 6})
-    scored = loaded.predict(pd.DataFrame(frame), params={"predict_method": "score"})
-    got[model] = {"generated": [str(t) for t in out], "scored": scored.to_dict(orient="list"),
-                  "params": [p.name for p in loaded.metadata.get_params_schema().params]}
-print(json.dumps(got))
+loaded = mlflow.pyfunc.load_model("models:/chat-pairs@champion")
+out = loaded.predict(pd.DataFrame({"text": frame["text"][:2]}), params={"max_new_tokens": 6})
+score = {"predict_method": "score"}
+print(json.dumps({"generated": [str(t) for t in out],
+                  "scored": loaded.predict(pd.DataFrame(frame), params=score).to_dict(orient="list"),
+                  "texts": loaded.predict(pd.DataFrame({"text": texts}), params=score).to_dict(orient="list"),
+                  "params": [p.name for p in loaded.metadata.get_params_schema().params]}))
 """
 
 
@@ -51,40 +51,45 @@ def _config(proj: Path, kind: str) -> str:
     return f"configs/chat-{kind}.yaml"
 
 
-def test_a_decoder_fine_tuned_from_a_folder_registers_champions_that_generate_in_a_fresh_process(project, monkeypatch,
+def test_a_decoder_fine_tuned_from_a_folder_registers_a_champion_that_generates_in_a_fresh_process(project, monkeypatch,
                                                                                               clean_env):
     from core.paths import default_tracking_uri
     from tasks.causal_lm_data import read_records
+    from tasks.causal_lm_eval import EXPORT_DIR, score_records
+    from tasks.hf_folder import load_model, load_tokenizer
+    from tests.causal_data import lines
 
-    configs = {kind: _config(project, kind) for kind in ("text", "pairs")}
-    for folder in ("data/chat-text", "data/chat-pairs", "models/tiny-gpt"):
+    config = _config(project, "pairs")
+    for folder in ("data/chat-pairs", "models/tiny-gpt"):
         run([DVC_BIN, "add", "-q", folder], project)
-    commit_all(project, "causal_lm: text and pairs")
-    evaluated, frames = {}, {}
-    for kind, config in configs.items():
-        code, s, err = trainflow(project, "run", "--config", config, "--set", "training.epochs=1", *BOUNDS)
-        assert code == 0, (s.get("error"), err[-4000:])
-        assert s["status"] == "registered" and "champion" in s["aliases"], s
-        metrics = json.loads((project / ".trainflow" / "runs" / s["mlflow_run_id"] / "evaluation" /
-                              "metrics.json").read_text())["candidate"]
-        assert 1 < metrics["perplexity"] == s["metrics"]["perplexity"] < 1000 and metrics["n_tokens"] > 0
-        evaluated[f"chat-{kind}"] = metrics
-        keys = ("text",) if kind == "text" else ("prompt", "completion")
-        records = read_records(project / "data" / f"chat-{kind}" / "val.jsonl", keys)
-        frames[f"chat-{kind}"] = {"text": [r[0] for r in records],
-                                  **({"completion": [r[1] for r in records]} if kind == "pairs" else {})}
+    commit_all(project, "causal_lm: pairs")
+    code, s, err = trainflow(project, "run", "--config", config, "--set", "training.epochs=1", *BOUNDS)
+    assert code == 0, (s.get("error"), err[-4000:])
+    assert s["status"] == "registered" and "champion" in s["aliases"], s
+    metrics = json.loads((project / ".trainflow" / "runs" / s["mlflow_run_id"] / "evaluation" /
+                          "metrics.json").read_text())["candidate"]
+    assert 1 < metrics["perplexity"] == s["metrics"]["perplexity"] < 1000 and metrics["n_tokens"] > 0
+    records = read_records(project / "data" / "chat-pairs" / "val.jsonl", ("prompt", "completion"))
+    frame = {"text": [r[0] for r in records], "completion": [r[1] for r in records]}
+    # Plain texts longer than one 32-token window: scored window by window, as packed text trains.
+    texts = [t + " " + t for t in lines(6, 7)]
     done = subprocess.run([sys.executable, "-I", "-c", GENERATE, default_tracking_uri(project / ".trainflow"),
-                           json.dumps(frames)], cwd="/", env=_env(), capture_output=True, text=True, timeout=300)
+                           json.dumps(frame), json.dumps(texts)], cwd="/", env=_env(), capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    for model, metrics in evaluated.items():
-        mine = got[model]
-        assert len(mine["generated"]) == 2 and all(isinstance(t, str) for t in mine["generated"])
-        assert {"max_new_tokens", "temperature", "predict_method"} <= set(mine["params"])
-        # The pyfunc's score of the eval records is the evaluation's: the same tokens, the same perplexity.
-        n, loss = np.asarray(mine["scored"]["n_tokens"]), np.asarray(mine["scored"]["loss"])
-        assert int(n.sum()) == metrics["n_tokens"]
-        assert abs(float(np.exp((loss * n).sum() / n.sum())) - metrics["perplexity"]) < 1e-3 * metrics["perplexity"]
+    assert len(got["generated"]) == 2 and all(isinstance(t, str) for t in got["generated"])
+    assert {"max_new_tokens", "temperature", "predict_method"} <= set(got["params"])
+    # The pyfunc's score of the eval records is the evaluation's: the same tokens, the same perplexity.
+    n, loss = np.asarray(got["scored"]["n_tokens"]), np.asarray(got["scored"]["loss"])
+    assert int(n.sum()) == metrics["n_tokens"]
+    assert abs(float(np.exp((loss * n).sum() / n.sum())) - metrics["perplexity"]) < 1e-3 * metrics["perplexity"]
+    # Its score of plain texts is the evaluator's too, text by text (the windows of causal_lm_data).
+    [folder] = (project / ".trainflow" / "train").glob(f"*/{EXPORT_DIR}")
+    tok, model = load_tokenizer(folder), load_model(folder, "causal_lm").eval()
+    loss_sum, n_tok = score_records(model, tok, [(t,) for t in texts], 32)
+    assert got["texts"]["n_tokens"] == n_tok.tolist() and max(n_tok) > 32
+    assert np.allclose(got["texts"]["loss"], loss_sum / n_tok, rtol=1e-4)
     # The registry's own load (every file of the model folder checked against its recorded sha256) and the
     # gate's rescoring of a champion through it give the evaluation's figures too.
     import mlflow
@@ -100,13 +105,13 @@ def test_a_decoder_fine_tuned_from_a_folder_registers_champions_that_generate_in
     mlflow.set_tracking_uri(default_tracking_uri(home))
     mlflow.set_registry_uri(default_tracking_uri(home))
     try:
-        cfg = load_config(project / configs["pairs"])
+        cfg = load_config(project / config)
         rescored = score_champion(task_for(cfg), cfg, project, load_predictor("chat-pairs"))
     finally:
         mlflow.set_tracking_uri(before[0])
         mlflow.set_registry_uri(before[1])
-    assert rescored["n_tokens"] == evaluated["chat-pairs"]["n_tokens"]
-    assert abs(rescored["perplexity"] - evaluated["chat-pairs"]["perplexity"]) < 1e-3 * rescored["perplexity"]
+    assert rescored["n_tokens"] == metrics["n_tokens"]
+    assert abs(rescored["perplexity"] - metrics["perplexity"]) < 1e-3 * rescored["perplexity"]
 
 
 def test_records_the_text_suite_rejects_are_named_by_file_and_line(tmp_path):

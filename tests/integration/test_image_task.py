@@ -91,7 +91,8 @@ def test_an_image_folder_from_init_to_a_champion_scoring_raw_bytes_then_broken_f
     assert set(images.expectations.modes) == {"L", "RGB"}
     commit_all(project, "trainflow init: shapes")
 
-    code, s, err = trainflow(project, "run", "--config", "configs/shapes.yaml", *BOUNDS)
+    # About half of init's 15 epochs: these shapes are learnt by the fifth (the suite's time is short).
+    code, s, err = trainflow(project, "run", "--config", "configs/shapes.yaml", "--set", "training.epochs=8", *BOUNDS)
     assert code == 0, (s.get("error"), err[-4000:])
     assert s["status"] == "registered" and "champion" in s["aliases"], s
     assert s["metrics"]["accuracy"] >= 0.9 and s["metrics"]["min_class_recall"] >= 0.8

@@ -44,6 +44,26 @@ def test_text_is_packed_into_full_sequences_with_eos_between_documents(tok):
     assert (y[-1, n:] == IGNORE).all() and stream.count(eos) == 3
 
 
+def test_a_text_corpus_loads_as_its_documents_packed_into_full_windows(project, tok, tmp_path, monkeypatch):
+    from tasks.text import holdout_documents
+
+    root, _ = project
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+    raw = write_project(root, "text", n_train=30, n_eval=6, folder="chat-text")  # beside the pairs: same model
+    splits = get_task("causal_lm").load_data(config_from_dict(raw), root, 0)
+    assert not splits.info.pairs and splits.info.max_length == 32
+    data = root / "data" / "chat-text"
+    train, test = (read_records(data / name, ("text",)) for name in ("train.jsonl", "val.jsonl"))
+    keep, hold = holdout_documents(len(train), 0.1, 0)
+    assert len(hold) == 3
+    for split, docs in ((splits.train, [train[i] for i in keep]), (splits.val, [train[i] for i in hold]),
+                        (splits.test, test)):
+        x, y = (t.numpy() for t in split.tensors)
+        want = pack_text(tok, docs, 32)
+        assert np.array_equal(x, want[0]) and np.array_equal(y, want[1])
+        assert len(x) > 1 and (x[:-1, 1] == 1).all()  # several documents to a window, every window full
+
+
 def test_a_pair_learns_its_completion_and_eos_only(tok):
     prompt, completion = "q1: what colour is the lime?", " the lime is green."
     [(inputs, targets)] = record_targets(tok, (prompt, completion), 64)
