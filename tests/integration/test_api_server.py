@@ -59,24 +59,6 @@ def test_start_api_leaves_a_named_server_alone(monkeypatch, tmp_path):
     assert "PREFECT_API_URL" not in os.environ
 
 
-def test_server_answers_health_then_stops(monkeypatch, tmp_path):
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
-    server = TemporaryServer(tmp_path / "server.log").start()
-    try:
-        server.wait(timeout_s=180)
-        with urllib.request.urlopen(server.api_url + "/health", timeout=5) as r:
-            assert r.status == 200
-        pid = server.proc.pid
-        # Prefect's app in ephemeral mode through our factory's public arguments, not Prefect's
-        # private PREFECT__SERVER_* switches.
-        assert b"flows.api_server:create_app" in open(f"/proc/{pid}/cmdline", "rb").read()
-        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-        assert [v for v in environ if v.startswith(b"PREFECT__")] == []
-    finally:
-        server.stop()
-    assert _wait_gone(pid, 10)
-
-
 @pytest.mark.fault
 def test_server_dies_with_a_killed_parent(tmp_path):
     """kill -9 of the CLI must not leave its API server behind."""
@@ -124,7 +106,8 @@ def test_cli_run_starts_its_own_server_and_stops_it(cli_run):
 
 def test_four_servers_started_together_on_a_new_home_all_answer(monkeypatch, tmp_path):
     """Four first runs at once on an empty PREFECT_HOME: each creates and migrates the one
-    ``prefect.db``; under the home's lock they take turns, and every server comes up."""
+    ``prefect.db``; under the home's lock they take turns, and every server comes up, answers
+    /health, runs Prefect's app through our factory's public arguments, and stops."""
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
     monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("PREFECT_API_DATABASE_CONNECTION_URL", raising=False)
@@ -137,6 +120,16 @@ def test_four_servers_started_together_on_a_new_home_all_answer(monkeypatch, tmp
             except RuntimeError as exc:
                 failed.append(f"{exc}: {server.log_path.read_text()[-400:]}")
         assert failed == []
+        for server in servers:
+            with urllib.request.urlopen(server.api_url + "/health", timeout=5) as r:
+                assert r.status == 200
+        pid = servers[0].proc.pid
+        # Prefect's app in ephemeral mode through our factory's public arguments, not Prefect's
+        # private PREFECT__SERVER_* switches.
+        assert b"flows.api_server:create_app" in open(f"/proc/{pid}/cmdline", "rb").read()
+        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        assert [v for v in environ if v.startswith(b"PREFECT__")] == []
     finally:
         for server in servers:
             server.stop()
+    assert all(_wait_gone(server.proc.pid, 10) for server in servers)
