@@ -71,6 +71,9 @@ def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label:
     kind = _kind(target, label)
     layout, files = (_layout(target, rel, (JSONL_SUFFIX,), "JSON Lines file") if kind == "jsonl"
                      else _layout(target, rel, TABLE_SUFFIXES))
+    if kind == "jsonl" and "file" in layout:
+        raise InitError(f"{rel}: one JSON Lines file; causal_lm trains on one file and is gated on another: "
+                        f"split it into {rel}/train.jsonl and {rel}/test.jsonl")
     dataset = split_keys(target, rel, layout, test_fraction)
     paths = dict(zip(("all",) if "file" in layout else ("train", "test"), files))
     name, config_rel, before, old = _existing(root, target, name, ".expectations.yaml")
@@ -94,6 +97,8 @@ def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label:
     if label is not None:
         dataset["label"] = label
     dataset["expectations_file"] = exp_rel
+    if kind == "jsonl":  # causal_lm reads its files from the corpus keys it shares with the lm task
+        dataset["text"] = {"train_file": dataset.pop("train_file"), "eval_file": dataset.pop("test_file")}
     raw = _raw_config(name, profile.task, dataset, {"strategy": "ddp", **profile.training},
                       {"model": {}, "gates": {}, **_task_defaults(profile.task)})
     if not raw["model"]:

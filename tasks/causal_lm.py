@@ -84,8 +84,15 @@ class CausalLM(Corpus, Task):
         return folder
 
     def validation_plan(self, cfg: "PipelineConfig", root: Path) -> ValidationPlan:
+        """The reviewed text expectations ``init --pretrained`` writes (``dataset.expectations_file``),
+        else the corpus suite's document bounds (``dataset.text.expectations``)."""
         from tasks.causal_lm_data import columns
 
+        if cfg.dataset.expectations_file is not None:
+            from tasks.text_init import text_validation_plan
+
+            text = cfg.dataset.text
+            return text_validation_plan(cfg, root, {"train": text.train_file, "test": text.eval_file})
         return ValidationPlan("validation.text_suite", list(corpus_files(cfg, root).values()),
                               {"dataset": cfg.dataset, "root": Path(root), "record": columns(cfg)})
 

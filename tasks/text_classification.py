@@ -144,6 +144,34 @@ class TextClassification(Classification):
 
         return Task.loader_kind(self, cfg, root)
 
+    def validation_plan(self, cfg: "PipelineConfig", root: Path):
+        """The reviewed text expectations ``init --pretrained`` writes, over the table's split files."""
+        from tasks.text_init import text_validation_plan
+
+        ds = cfg.dataset
+        files = {"train": ds.file, "test": None} if ds.file is not None else {"train": ds.train_file,
+                                                                             "test": ds.test_file}
+        return text_validation_plan(cfg, root, files)
+
+    def expectations(self, cfg: "PipelineConfig", root: Path):
+        """The reviewed text expectations as the table task reads its own: the text column (a string)
+        and the label with its class set, in the model's output order."""
+        from core.expectations import ColumnExpectation, TableExpectations
+        from core.hashing import file_id
+        from core.text_expectations import load_text_expectations
+
+        if cfg.dataset.expectations_file is None:
+            return None
+        path = Path(root) / cfg.dataset.expectations_file
+
+        def as_table():
+            exp = load_text_expectations(path)
+            ints = all(isinstance(v, int) and not isinstance(v, bool) for v in exp.labels or [])
+            return TableExpectations(label=exp.label, rows=exp.rows, columns=[
+                *(ColumnExpectation(name=c, type="string") for c in exp.columns),
+                ColumnExpectation(name=exp.label, type="integer" if ints else "string", values=exp.labels)])
+        return self._cached(("expectations", file_id(path)), as_table)
+
     def init_fit(self, label: str, labels, ctype: str):
         """Not picked for a table's label by itself: a model folder (``init --pretrained``) makes it this task."""
         from tasks.base import InitFit

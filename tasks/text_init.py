@@ -313,9 +313,10 @@ def _sizes(splits: dict) -> dict[str, int]:
     return {name: len(rows) for name, rows in splits.items()}
 
 
-def text_validation_plan(cfg, root: Path):
+def text_validation_plan(cfg, root: Path, files: dict[str, str | None]):
     """The ``ValidationPlan`` a text task fine-tuning ``cfg.pretrained`` returns (``Task.validation_plan``):
-    the ``pretrained_text`` suite over the split files, against the reviewed text expectations."""
+    the ``pretrained_text`` suite over the split ``files`` (``{"train", "test"}``: names under
+    ``dataset.path``; ``test`` None for one file the task splits), against the reviewed text expectations."""
     import yaml
 
     from core.errors import ConfigError
@@ -327,17 +328,15 @@ def text_validation_plan(cfg, root: Path):
         raise ConfigError("pretrained / dataset.expectations_file: a text task needs both "
                           "(`trainflow init --pretrained` writes them)")
     exp = load_text_expectations(root / ds.expectations_file)
-    names = [ds.file] if ds.file is not None else [ds.train_file, ds.test_file]
-    if None in names:
-        raise ConfigError("dataset.file: give one file, or train_file and test_file")
     model_dvc = root / cfg.pretrained.dvc_file
     try:
         model_md5 = yaml.safe_load(model_dvc.read_text())["outs"][0]["md5"]
     except (OSError, KeyError, IndexError, TypeError, yaml.YAMLError):
         model_md5 = None  # an untracked folder: the run's workspace check names it
-    files = [root / ds.path / n for n in names] + [root / ds.expectations_file]
-    return ValidationPlan("validation.pretrained_suite", files, {
-        "dataset": ds, "root": root, "expectations": exp, "model_path": cfg.pretrained.path, "model_md5": model_md5})
+    paths = [root / ds.path / n for n in files.values() if n is not None] + [root / ds.expectations_file]
+    return ValidationPlan("validation.pretrained_suite", paths, {
+        "dataset": ds, "root": root, "files": files, "expectations": exp, "model_path": cfg.pretrained.path,
+        "model_md5": model_md5})
 
 
 def expectations_header(rel: str, md5: str, model: str) -> str:

@@ -37,12 +37,6 @@ SPLITS = ("train", "test")
 CHECK_ORDER = ("row_count", "format", "empty", "chars", "tokens", "label", "leak", "other")
 
 
-def _split_files(dataset) -> dict[str, str | None]:
-    if dataset.file is not None:
-        return {"train": dataset.file, "test": None}
-    return {"train": dataset.train_file, "test": dataset.test_file}
-
-
 def _records(path: Path, fmt: str, columns: list[str], label: str | None) -> list[dict]:
     """``[{row, line, parsed, <column>: str | None, label}]`` of one file; DataUnavailableError when it
     cannot be read at all (a record that does not parse is a ``format`` failure, not an error)."""
@@ -111,7 +105,7 @@ def load(params: dict) -> dict[str, pd.DataFrame]:
     exp, dataset, root = params["expectations"], params["dataset"], Path(params["root"])
     tokenizer = load_tokenizer(root / params["model_path"])
     frames = {}
-    for split, name in _split_files(dataset).items():
+    for split, name in params["files"].items():
         records = [] if name is None else _records(root / dataset.path / name, exp.format, exp.columns, exp.label)
         frames[split] = record_frame(records, exp.columns, tokenizer)
     return frames
@@ -178,7 +172,7 @@ def identity(params: dict) -> dict:
     """What makes this suite's result: the expectations, the split files, the model folder."""
     ds = params["dataset"]
     return {"expectations": params["expectations"].model_dump(mode="json"), "path": ds.path,
-            "files": _split_files(ds), "model": params["model_path"], "model_md5": params.get("model_md5")}
+            "files": params["files"], "model": params["model_path"], "model_md5": params.get("model_md5")}
 
 
 def run(params: dict, report_dir: Path) -> dict:

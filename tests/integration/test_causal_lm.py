@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from tests.causal_data import write_project
 from tests.integration.conftest import DVC_BIN, run
@@ -45,14 +44,20 @@ print(json.dumps({"generated": [str(t) for t in out],
 
 
 def _config(proj: Path, kind: str) -> str:
-    cfg = write_project(proj, kind, folder=f"chat-{kind}")
-    (proj / "configs").mkdir(exist_ok=True)
-    (proj / "configs" / f"chat-{kind}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    """The data and model folder of ``tests.causal_data``, with the config and the reviewed expectations
+    ``trainflow init --pretrained`` writes for them."""
+    from flows.init_pretrained import init_pretrained
+
+    write_project(proj, kind, folder=f"chat-{kind}")
+    data = proj / "data" / f"chat-{kind}"
+    (data / "val.jsonl").rename(data / "test.jsonl")
+    init_pretrained(proj, f"data/chat-{kind}", "models/tiny-gpt")
     return f"configs/chat-{kind}.yaml"
 
 
 def test_a_decoder_fine_tuned_from_a_folder_registers_a_champion_that_generates_in_a_fresh_process(project, monkeypatch,
                                                                                               clean_env):
+    from core.config import load_config
     from core.paths import default_tracking_uri
     from tasks.causal_lm_data import read_records
     from tasks.causal_lm_eval import EXPORT_DIR, score_records
@@ -63,13 +68,15 @@ def test_a_decoder_fine_tuned_from_a_folder_registers_a_champion_that_generates_
     for folder in ("data/chat-pairs", "models/tiny-gpt"):
         run([DVC_BIN, "add", "-q", folder], project)
     commit_all(project, "causal_lm: pairs")
-    code, s, err = trainflow(project, "run", "--config", config, "--set", "training.epochs=1", *BOUNDS)
+    assert load_config(project / config).dataset.expectations_file == "configs/chat-pairs.expectations.yaml"
+    code, s, err = trainflow(project, "run", "--config", config, "--set", "training.epochs=1",
+                             "--set", "pretrained.max_length=32", *BOUNDS)
     assert code == 0, (s.get("error"), err[-4000:])
     assert s["status"] == "registered" and "champion" in s["aliases"], s
     metrics = json.loads((project / ".trainflow" / "runs" / s["mlflow_run_id"] / "evaluation" /
                           "metrics.json").read_text())["candidate"]
     assert 1 < metrics["perplexity"] == s["metrics"]["perplexity"] < 1000 and metrics["n_tokens"] > 0
-    records = read_records(project / "data" / "chat-pairs" / "val.jsonl", ("prompt", "completion"))
+    records = read_records(project / "data" / "chat-pairs" / "test.jsonl", ("prompt", "completion"))
     frame = {"text": [r[0] for r in records], "completion": [r[1] for r in records]}
     # Plain texts longer than one 32-token window: scored window by window, as packed text trains.
     texts = [t + " " + t for t in lines(6, 7)]
@@ -94,7 +101,6 @@ def test_a_decoder_fine_tuned_from_a_folder_registers_a_champion_that_generates_
     # gate's rescoring of a champion through it give the evaluation's figures too.
     import mlflow
 
-    from core.config import load_config
     from evaluation.evaluate import score_champion
     from registry.models import load_predictor
     from tasks import task_for

@@ -91,6 +91,7 @@ def test_jsonl_becomes_causal_lm(project, folders, monkeypatch, capsys, pairs):
     out = capsys.readouterr().out
     cfg = load_config(project / "configs" / "chats.yaml")
     assert cfg.task == "causal_lm" and cfg.pretrained.path == "models/my-decoder"
+    assert (cfg.dataset.text.train_file, cfg.dataset.text.eval_file) == ("train.jsonl", "test.jsonl")
     assert (cfg.pretrained.prompt_column, cfg.pretrained.completion_column) == (
         ("prompt", "completion") if pairs else (None, None))
     assert cfg.training.lr == 2e-5 and "records:      " in out

@@ -12,7 +12,8 @@ import pytest
 
 from core.config import config_from_dict
 from tasks.hf_folder import load_tokenizer
-from tasks.text_init import profile_jsonl, profile_table, text_validation_plan
+from tasks import get_task
+from tasks.text_init import profile_jsonl, profile_table
 from tests.hf_models import tiny_decoder, tiny_encoder
 from validation.gx_run import run_plan
 
@@ -31,11 +32,17 @@ def frame(start: int, n: int) -> pd.DataFrame:
 
 
 def config(kind: str, expectations: str) -> object:
-    ds = {"path": "data/t", "train_file": f"train.{kind}", "test_file": f"test.{kind}",
-          "expectations_file": expectations}
+    files = ({"train_file": "train.csv", "test_file": "test.csv"} if kind == "csv"
+             else {"text": {"train_file": "train.jsonl", "eval_file": "test.jsonl"}})
+    ds = {"path": "data/t", "expectations_file": expectations, **files}
     return config_from_dict({"name": "t", "task": "text_classification" if kind == "csv" else "causal_lm",
                              "dataset": {**ds, **({"label": "category"} if kind == "csv" else {})},
                              "pretrained": {"path": "models/m", "text_column": "body"}})
+
+
+def plan(cfg, root):
+    """The validation plan ``trainflow run`` runs for ``cfg``: its task's."""
+    return get_task(cfg.task).validation_plan(cfg, root)
 
 
 def failures(report: dict) -> dict[str, str]:
@@ -54,7 +61,7 @@ def test_table_text_rejected_by_its_expectations_is_named_by_row(tmp_path):
     train.to_csv(root / "data" / "t" / "train.csv", index=False)
     test.to_csv(root / "data" / "t" / "test.csv", index=False)
     cfg = config("csv", "configs/t.expectations.yaml")
-    assert run_plan(text_validation_plan(cfg, root), tmp_path / "ok")["failures"] == []
+    assert run_plan(plan(cfg, root), tmp_path / "ok")["failures"] == []
 
     train.loc[5, "body"] = "   "
     train.loc[7, "category"] = "spam"
@@ -62,7 +69,7 @@ def test_table_text_rejected_by_its_expectations_is_named_by_row(tmp_path):
     test.loc[3, "body"] = train.loc[11, "body"]
     train.to_csv(root / "data" / "t" / "train.csv", index=False)
     test.to_csv(root / "data" / "t" / "test.csv", index=False)
-    got = failures(run_plan(text_validation_plan(cfg, root), tmp_path / "bad"))
+    got = failures(run_plan(plan(cfg, root), tmp_path / "bad"))
     assert "row 5 (line 7)" in got["train:empty"] and "body" in got["train:empty"]
     assert "row 7 (line 9)" in got["train:label"] and "spam" not in got["train:label"].split(":")[0]
     assert "row 9 (line 11)" in got["train:chars"] and "row 9 (line 11)" in got["train:tokens"]
@@ -80,6 +87,6 @@ def test_jsonl_record_that_is_not_text_is_named_by_line(tmp_path):
     splits["train"][4] = {"text": 42}
     for name, records in splits.items():
         Path(root / "data" / "t" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    got = failures(run_plan(text_validation_plan(config("jsonl", "configs/t.expectations.yaml"), root), tmp_path / "r"))
+    got = failures(run_plan(plan(config("jsonl", "configs/t.expectations.yaml"), root), tmp_path / "r"))
     assert "row 4 (line 5)" in got["train:format"]
     assert set(got) == {"train:format", "train:empty"}  # the unparsed record has no text either
