@@ -100,8 +100,11 @@ def texts_of(frame: "pd.DataFrame", column: str, where: str) -> list[str]:
     return [str(v) for v in s.tolist()]
 
 
-def text_network(folder: Path, classes: list, pad_id: int, activation_checkpointing: bool = False):
-    """``TextClassifierNet`` over the folder's encoder with a new head for ``classes``."""
+def text_network(folder: Path, classes: list, pad_id: int, activation_checkpointing: bool = False,
+                 pooling: str = "cls"):
+    """``TextClassifierNet`` over the folder's encoder with a new head for ``classes``: transformers'
+    sequence-classification head (``pooling`` cls) or a linear head on the mean of the text's last
+    hidden states (mean)."""
     import torch
 
     from tasks.hf_folder import load_model
@@ -110,9 +113,9 @@ def text_network(folder: Path, classes: list, pad_id: int, activation_checkpoint
         """Packed rows (``pack``) -> logits ``[n, classes]``. ``trim``: cut the batch to its longest row
         (dynamic padding); off in the exported program, whose caller packs to the longest row itself."""
 
-        def __init__(self, model):
+        def __init__(self, model, head=None):
             super().__init__()
-            self.model, self.trim, self.pad_id = model, True, pad_id
+            self.model, self.head, self.trim, self.pad_id = model, head, True, pad_id
 
         def forward(self, x):
             if x.shape[0] == 0:  # an epoch's empty last micro-batch: a 1-row pass keeps every rank's collectives
@@ -125,13 +128,30 @@ def text_network(folder: Path, classes: list, pad_id: int, activation_checkpoint
                 x = torch.nn.functional.pad(x, (0, 2), value=self.pad_id)
             ids = x[:, 1:]
             mask = (torch.arange(ids.shape[1], device=x.device)[None, :] < lengths[:, None]).long()
-            return self.model(input_ids=ids, attention_mask=mask).logits
+            out = self.model(input_ids=ids, attention_mask=mask)
+            if self.head is None:
+                return out.logits
+            weights = mask.unsqueeze(-1).to(out.last_hidden_state.dtype)
+            return self.head((out.last_hidden_state * weights).sum(1) / weights.sum(1).clamp(min=1.0))
 
-    hf = load_model(folder, "sequence_classification", len(classes), [label_key(c) for c in classes])
+    labels = [label_key(c) for c in classes]
+    head = None
+    if pooling == "mean":
+        hf = load_model(folder, "encoder")
+        if getattr(hf, "pooler", None) is not None:
+            hf.pooler = None  # reads [CLS] only: untrained by the loss here, an unused parameter for DDP
+        c = hf.config
+        drop = getattr(c, "classifier_dropout", None) or getattr(c, "hidden_dropout_prob", None) or 0.1
+        linear = torch.nn.Linear(c.hidden_size, len(classes))
+        torch.nn.init.normal_(linear.weight, std=getattr(c, "initializer_range", 0.02))
+        torch.nn.init.zeros_(linear.bias)
+        head = torch.nn.Sequential(torch.nn.Dropout(drop), linear)
+    else:
+        hf = load_model(folder, "sequence_classification", len(classes), labels)
     if activation_checkpointing:
         hf.activation_checkpointing_enable()
     hf.config.pad_token_id = pad_id
-    return TextClassifierNet(hf)
+    return TextClassifierNet(hf, head)
 
 
 class TextClassification(Classification):
@@ -240,7 +260,7 @@ class TextClassification(Classification):
         from core.paths import project_root
 
         return text_network(self.folder(cfg, project_root()), info.classes, info.pad_id,
-                            cfg.pretrained.activation_checkpointing)
+                            cfg.pretrained.activation_checkpointing, cfg.pretrained.pooling)
 
     def fsdp_units(self, model) -> list:
         """FSDP2 shards each transformer block, then the root (as torchtitan does for HF models)."""

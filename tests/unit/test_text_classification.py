@@ -22,7 +22,8 @@ def test_pack_holds_each_rows_count_then_its_ids_padded():
     assert x.tolist() == [[3, 2, 7, 3, 0], [2, 2, 3, 0, 0], [4, 0, 1, 2, 3]]
 
 
-def test_a_batch_is_cut_to_its_longest_row_and_padding_changes_no_logit(encoder):
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_a_batch_is_cut_to_its_longest_row_and_padding_changes_no_logit(encoder, pooling):
     import torch
 
     from tasks.text_classification import backend_tokenizer, pack, text_network
@@ -30,7 +31,7 @@ def test_a_batch_is_cut_to_its_longest_row_and_padding_changes_no_logit(encoder)
     backend, pad = backend_tokenizer(encoder, 64)
     texts = ["refund please", "the app crash after update again and again"]
     x = torch.from_numpy(pack([e.ids for e in backend.encode_batch(texts)], 64, pad))
-    net = text_network(encoder, ["a", "b"], pad).eval()
+    net = text_network(encoder, ["a", "b"], pad, pooling=pooling).eval()
     seen = []
     hook = net.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape[1]),
                                                with_kwargs=True)
