@@ -157,6 +157,7 @@ def text_network(folder: Path, classes: list, pad_id: int, activation_checkpoint
 class TextClassification(Classification):
     name = "text_classification"
     info_type: ClassVar[type[DataInfo]] = TextInfo
+    gbdt_names = ("TF-IDF + LR", "TF-IDF + logistic regression")
 
     def loader_kind(self, cfg: "PipelineConfig", root: Path) -> tuple[str, str]:
         """In memory: the tokenized splits are small beside the table they come from."""

@@ -108,6 +108,11 @@ def test_max_gap_to_baseline_fails_a_candidate_that_trails_the_baseline_model():
     assert d.failures[0].threshold == pytest.approx(0.85)
     assert decide(task, cand, GatesConfig(max_gap_to_baseline=0.2), gbdt=ref).passed
     assert decide(task, cand, GatesConfig(), gbdt=ref).passed  # null: reported, not gated
+    from evaluation.report import gate_markdown
+
+    md = gate_markdown(task, d, cand, None, gbdt={**ref, "fit_s": 1.0})  # named by the task, not as trees
+    assert "TF-IDF + logistic regression (TF-IDF): accuracy 0.9000, the candidate 0.8000 (-0.1000 worse)" in md
+    assert "trees" not in md
 
 
 def test_activation_checkpointing_recomputes_blocks_with_the_same_gradients(encoder):
