@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -94,3 +95,29 @@ def test_texts_train_register_and_the_champion_takes_raw_text_offline_without_tr
     assert got["columns"] == ["billing", "bug", "praise"] and got["params"] == ["predict_method"]
     assert all(abs(v - 1.0) < 1e-9 for v in got["sums"])
     assert any(r.startswith("tokenizers==") for r in got["requirements"])  # what the pyfunc imports, pinned
+    assert "vs TF-IDF + LR" in err and f"accuracy {g['accuracy']:.4f} for TF-IDF + logistic regression" in err
+
+    # The registered weights are safetensors and the tokenizer its own files, each hashed; a changed one is
+    # refused on load, named.
+    import mlflow
+    from mlflow import MlflowClient
+
+    from core.errors import IntegrityError
+    from registry.models import HASH_TAG, load_predictor
+
+    before = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    mlflow.set_tracking_uri(uri), mlflow.set_registry_uri(uri)
+    try:
+        mv = MlflowClient().get_model_version("tickets", s["model_version"])
+        hashed = {k[len(HASH_TAG):] for k in mv.tags if k.startswith(HASH_TAG)}
+        assert {"artifacts/text_model/model.safetensors", "artifacts/text_model/tokenizer.json"} <= hashed
+        assert not any(k.endswith(".pt2") for k in hashed)
+        stored = Path(MlflowClient().get_logged_model(mv.source.split("/", 1)[1]).artifact_location
+                      .removeprefix("file://"))
+        assert "tokenizer" not in json.loads((stored / "artifacts" / "meta.json").read_text())
+        tokenizer = stored / "artifacts" / "text_model" / "tokenizer.json"
+        tokenizer.write_text(tokenizer.read_text().replace('"[UNK]"', '"[UNK2]"', 1))
+        with pytest.raises(IntegrityError, match="artifacts/text_model/tokenizer.json in the artifact store has"):
+            load_predictor("tickets")
+    finally:
+        mlflow.set_tracking_uri(before[0]), mlflow.set_registry_uri(before[1])

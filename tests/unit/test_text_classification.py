@@ -131,3 +131,39 @@ def test_activation_checkpointing_recomputes_blocks_with_the_same_gradients(enco
         net(x).sum().backward()
         grads.append(torch.cat([p.grad.reshape(-1) for p in net.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_on_a_first_run_each_rank_tokenizes_only_its_share_and_reads_the_rest(tmp_path):
+    import threading
+
+    from tasks.text_classification import tokenize_share
+
+    texts = [f"text {i}" for i in range(10)]
+    whole = np.arange(10)[:, None].repeat(3, axis=1)
+    both_wrote = threading.Barrier(2, timeout=60)
+    encoded, answers = {0: [], 1: []}, {}
+
+    def rank(r: int) -> None:
+        def encode(part):
+            encoded[r].extend(part)
+            return whole[[texts.index(t) for t in part]]
+
+        def part(start, stop):
+            if start // 5 != r:  # another rank's chunk: read only once both ranks wrote their own
+                both_wrote.wait()
+            return tmp_path / f"{start}-{stop}.npy"
+
+        answers[r] = tokenize_share(texts, encode, part, r, 2)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert encoded == {0: texts[:5], 1: texts[5:]}  # each its own half, never the other's
+    assert answers[0].tolist() == answers[1].tolist() == whole.tolist()
+    # Alone (its peer's part missing, or another world size) a rank tokenizes what it cannot read.
+    alone = []
+    got = tokenize_share(texts, lambda p: alone.extend(p) or whole[[texts.index(t) for t in p]],
+                         lambda a, b: tmp_path / "alone" / f"{a}-{b}.npy", 1, 3)
+    assert got.tolist() == whole.tolist() and sorted(alone) == sorted(texts)
