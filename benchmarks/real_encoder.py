@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         pooling, _ = choose_pooling(root / "models" / "minilm")
         chosen, said = fine_tune_choices("text_classification", int(len(df) * 0.8), 48, lora=False)
         if args.epochs is not None:
-            chosen["epochs"] = args.epochs
+            chosen.update(epochs=args.epochs, warmup_epochs=round(0.1 * args.epochs, 3))  # init's 10 % warm-up
         cfg = {"name": "real", "task": "text_classification", "seed": 0,
                "dataset": {"path": "data", "dvc_file": "data.dvc", "file": "descriptions.csv", "label": "section",
                            "expectations_file": "exp.yaml"},

@@ -46,7 +46,7 @@ print(json.dumps({"labels": labels, "columns": [str(c) for c in proba.columns],
 """
 
 
-def write_text_project(project, rows: int = 300, **training) -> None:
+def write_text_project(project, rows: int = 300, pooling: str = "cls", **training) -> None:
     """``data/tickets`` and ``models/enc`` tracked by DVC, a config written as ``trainflow init`` writes a
     table's and turned to the text_classification task (until init writes it itself), committed."""
     from flows.init import init_project
@@ -61,7 +61,7 @@ def write_text_project(project, rows: int = 300, **training) -> None:
     cfg["task"] = "text_classification"
     cfg["dataset"].pop("exclude", None)
     cfg.pop("model", None)
-    cfg["pretrained"] = {"path": "models/enc", "text_column": "text", "max_length": 32}
+    cfg["pretrained"] = {"path": "models/enc", "text_column": "text", "max_length": 32, "pooling": pooling}
     cfg["training"] = {"epochs": 10, "strategy": "ddp", "batch_size": 16, "base_batch": 16, "lr": 0.005, **training}
     cfg["gates"] = {"baseline_margin": 0.05, "max_gap_to_baseline": 0.5}
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -71,7 +71,7 @@ def write_text_project(project, rows: int = 300, **training) -> None:
 
 
 def test_texts_train_register_and_the_champion_takes_raw_text_offline_without_trainflow(project, tmp_path):
-    write_text_project(project)
+    write_text_project(project, pooling="mean")  # the head of its own: its pyfunc path is trainflow's code
     code, s, err = trainflow(project, "run", "--config", "configs/tickets.yaml", *BOUNDS)
     assert code == 0, (s.get("error"), err[-4000:])
     assert s["status"] == "registered" and "champion" in s["aliases"], s
@@ -110,7 +110,8 @@ def test_texts_train_register_and_the_champion_takes_raw_text_offline_without_tr
     try:
         mv = MlflowClient().get_model_version("tickets", s["model_version"])
         hashed = {k[len(HASH_TAG):] for k in mv.tags if k.startswith(HASH_TAG)}
-        assert {"artifacts/text_model/model.safetensors", "artifacts/text_model/tokenizer.json"} <= hashed
+        assert {"artifacts/text_model/model.safetensors", "artifacts/text_model/tokenizer.json",
+                "artifacts/text_model/head.safetensors"} <= hashed
         assert not any(k.endswith(".pt2") for k in hashed)
         stored = Path(MlflowClient().get_logged_model(mv.source.split("/", 1)[1]).artifact_location
                       .removeprefix("file://"))
