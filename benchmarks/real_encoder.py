@@ -66,6 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sections", default=SECTIONS)
     ap.add_argument("--per-class", type=int, default=600)
     ap.add_argument("--epochs", type=int, default=None, help="default: init's choice")
+    ap.add_argument("--lr", type=float, default=None, help="default: init's choice")
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
@@ -100,6 +101,7 @@ def main(argv=None) -> int:
         chosen, said = fine_tune_choices("text_classification", int(len(df) * 0.8), 48, lora=False)
         if args.epochs is not None:
             chosen.update(epochs=args.epochs, warmup_epochs=round(0.1 * args.epochs, 3))  # init's 10 % warm-up
+        chosen["lr"] = args.lr or chosen["lr"]
         cfg = {"name": "real", "task": "text_classification", "seed": 0,
                "dataset": {"path": "data", "dvc_file": "data.dvc", "file": "descriptions.csv", "label": "section",
                            "expectations_file": "exp.yaml"},
@@ -125,7 +127,8 @@ def main(argv=None) -> int:
         tfidf = float(np.mean(np.asarray(ref["pred"]) == p["yt"]))
     print(f"{len(df)} Debian package short descriptions, sections {', '.join(classes)} "
           f"({len(p['y'])} train, {len(p['yt'])} test); all-MiniLM-L6-v2, pooling {pooling}, "
-          f"{args.nproc} worker(s) x {args.threads} threads; init's choices:")
+          f"{args.nproc} worker(s) x {args.threads} threads, batch 32; ran: epochs {chosen['epochs']}, lr {chosen['lr']:g}, "
+          f"warm-up {chosen['warmup_epochs']} epoch(s); init's choices:")
     print("\n".join("    " + line for line in said))
     print(f"kept epoch: {result.get('kept_epoch')}; validation by epoch: "
           + ", ".join(f"{h['epoch']}: loss {h['val_loss']:.4f} acc {h['val_accuracy']:.4f}" for h in result["history"]))
