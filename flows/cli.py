@@ -506,7 +506,7 @@ def _print_summary(s: dict) -> None:
         table.add_row("baseline", f"{b.get('predictor')}: " + ", ".join(
             f"{k} {v:.4f}" for k, v in b.items() if isinstance(v, (int, float)) and not isinstance(v, bool)))
     if s.get("gbdt") and s["gbdt"].get("primary") in (s.get("metrics") or {}):
-        table.add_row("vs GBDT", gbdt_text(s["metrics"], s["gbdt"]))
+        table.add_row(f"vs {(s['gbdt'].get('names') or ['GBDT'])[0]}", gbdt_text(s["metrics"], s["gbdt"]))
     if s.get("gates"):
         failed = [g for g in s["gates"] if not g["passed"]]
         table.add_row("gates", "passed" if not failed else "; ".join(
@@ -549,13 +549,13 @@ MAX_SHOWN = 10
 
 
 def gbdt_text(metrics: dict, g: dict) -> str:
-    """The candidate beside gradient-boosted trees on the same split: their primary metric, the gap
-    (positive: the candidate is better) and both times (the trees fit on one thread)."""
-    name = g["primary"]
+    """The candidate beside the task's conventional model (``Task.gbdt_names``) on the same split: its
+    primary metric, the gap (positive: the candidate is better) and both times (it fits on one thread)."""
+    name, model = g["primary"], (g.get("names") or ["", "gradient-boosted trees"])[1]
     gap = (metrics[name] - g[name]) * (1 if g.get("higher_is_better", True) else -1)
     train = f", this model trained in {g['candidate_train_s']:.1f} s" if g.get("candidate_train_s") is not None else ""
-    return (f"{name} {g[name]:.4f} for the trees vs {metrics[name]:.4f} here ({'+' if gap >= 0 else ''}{gap:.4f}"
-            f" {'better' if gap >= 0 else 'worse'}); trees fitted in {g['fit_s']:.1f} s on 1 thread{train}")
+    return (f"{name} {g[name]:.4f} for {model} vs {metrics[name]:.4f} here ({'+' if gap >= 0 else ''}{gap:.4f}"
+            f" {'better' if gap >= 0 else 'worse'}); fitted in {g['fit_s']:.1f} s on 1 thread{train}")
 
 
 @_one_line_errors("train", prefixed=False)

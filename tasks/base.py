@@ -306,6 +306,8 @@ class Task:
     val_score_names: ClassVar[tuple[str, ...]] = ()
     # The type of ``info``: the caches read it back from JSON with ``info_type.from_json``.
     info_type: ClassVar[type[DataInfo]] = DataInfo
+    # What ``gbdt`` fits, (short, long), as the summary's "vs" row and gate.md name it.
+    gbdt_names: ClassVar[tuple[str, str]] = ("GBDT", "gradient-boosted trees")
 
     # -- config --------------------------------------------------------------------------
     def metric(self, name: str) -> Metric:

@@ -149,16 +149,16 @@ def load_tokenizer(path: str | Path):
 def load_model(path: str | Path, head: str, num_labels: int | None = None, labels: list[str] | None = None,
                dtype=None):
     """The folder's model with ``head``: ``"sequence_classification"`` (a new head of ``num_labels``
-    classes, named by ``labels`` when given) or ``"causal_lm"``. safetensors only, offline, no
-    remote code."""
+    classes, named by ``labels`` when given), ``"causal_lm"`` or ``"encoder"`` (no head: the last
+    hidden states). safetensors only, offline, no remote code."""
     facts = check_folder(path)
     _quiet()
     import transformers
 
     auto = {"sequence_classification": transformers.AutoModelForSequenceClassification,
-            "causal_lm": transformers.AutoModelForCausalLM}.get(head)
+            "causal_lm": transformers.AutoModelForCausalLM, "encoder": transformers.AutoModel}.get(head)
     if auto is None:
-        raise ValueError(f"head {head!r}: expected sequence_classification or causal_lm")
+        raise ValueError(f"head {head!r}: expected sequence_classification, causal_lm or encoder")
     kwargs = {"local_files_only": True, "trust_remote_code": False, "use_safetensors": True}
     if dtype is not None:
         kwargs["dtype"] = dtype

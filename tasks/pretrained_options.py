@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from core.config import Options, register_options
+from core.config_id import add_later_key
 
 
 class LoraConfig(Options):
@@ -37,6 +40,11 @@ class PretrainedConfig(Options):
     max_length: int = Field(128, gt=1)
     # Recompute each block's activations in backward: less memory for more compute.
     activation_checkpointing: bool = False
+    # text_classification: what the head reads. cls: the [CLS] token through the model's pooler (the
+    # sequence-classification head transformers builds); mean: the mean of the last hidden states over
+    # the text's tokens, as a sentence encoder (sentence-transformers, pooling_mode_mean_tokens) was
+    # trained to be read. init picks mean where the folder's 1_Pooling/config.json says so.
+    pooling: Literal["cls", "mean"] = "cls"
     lora: LoraConfig | None = None
 
 
@@ -46,3 +54,4 @@ class Pretrained(Options):
 
 
 register_options("", Pretrained)
+add_later_key(("pretrained", "pooling"), "cls")

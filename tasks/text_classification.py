@@ -8,8 +8,12 @@ differs is the text. Each split is tokenized once by the model's own tokenizer a
 ``[n, 1 + max_length]``: column 0 the row's token count, then its ids padded with the pad id. The
 model (``TextClassifierNet``) cuts every batch to its longest row and builds the attention mask
 from the counts (dynamic padding), so the engine feeds it like any other ``(x, y)`` batch. The packed
-splits are cached by the data's files and the tokenizer's files (``prepared``): every rank reads the
-cache instead of tokenizing again.
+splits are cached by the data's files and the tokenizer's files (``prepared``): on a first run each
+rank tokenizes its share and takes the others' from the cache (``tokenize_share``); later runs, on
+any world size, read the whole cache.
+
+The registered model is a folder (``export_files``): the weights as safetensors and the tokenizer
+files, each hashed by the registry, loaded by ``tasks/pyfunc_text.py`` with transformers.
 
 The baseline beside the network is TF-IDF over word and character n-grams plus logistic regression
 on the same split (``gbdt``: the conventional model a user would try first, where a table's is the
@@ -36,8 +40,13 @@ if TYPE_CHECKING:
     from core.config import PipelineConfig
 
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_text.py")
+# The registered model folder (``export_files``): safetensors weights, config, tokenizer files; under mean
+# pooling the linear head as HEAD_FILE (``weight``, ``bias``), since transformers has no such head.
+EXPORT_DIR, HEAD_FILE = "text_model", "head.safetensors"
 # Bump when the packing or the tokenization call changes: the cached splits then stop matching.
 PACKING_VERSION = 1
+# Rows a rank tokenizes at a time (``tokenize_share``); a rank's share is every world-th chunk.
+TOKENIZE_CHUNK = 4096
 # The TF-IDF baseline fits on at most this many train texts (a seeded sample).
 TFIDF_MAX_ROWS = 200_000
 # Files of a model folder that make its tokenizer (their bytes key the tokenized cache).
@@ -88,6 +97,29 @@ def pack(encodings, max_length: int, pad_id: int) -> np.ndarray:
     return out
 
 
+def tokenize_share(texts: list[str], encode, part, rank: int, world: int) -> np.ndarray:
+    """``encode(texts)`` (packed rows) for the whole split, in chunks, each rank tokenizing its own share:
+    chunk ``i`` is rank ``i % world``'s. A rank does its chunks first, writing each to the cache file
+    ``part(start, stop)``, then takes the other ranks' from there; one not written (its rank slower, dead,
+    or on another node with its own cache) it tokenizes itself, so the answer never waits on a peer."""
+    size = max(1, min(TOKENIZE_CHUNK, -(-len(texts) // max(world, 1))))
+    chunks = [(s, min(s + size, len(texts))) for s in range(0, len(texts), size)]
+    got = {}
+    for i in sorted(range(len(chunks)), key=lambda i: ((i - rank) % world, i)):  # own chunks, then the next rank's
+        start, stop = chunks[i]
+        path = part(start, stop)
+        if i % world != rank:
+            try:
+                got[i] = np.load(path, allow_pickle=False)
+                if got[i].shape[0] == stop - start:
+                    continue
+            except (OSError, ValueError):
+                pass
+        got[i] = encode(texts[start:stop])
+        cache_write(path, lambda fh, rows=got[i]: np.save(fh, rows))
+    return np.concatenate([got[i] for i in range(len(chunks))]) if chunks else encode([])
+
+
 def texts_of(frame: "pd.DataFrame", column: str, where: str) -> list[str]:
     """The column's values as text; DataUnavailableError naming the first missing one's row."""
     if column not in frame.columns:
@@ -100,8 +132,11 @@ def texts_of(frame: "pd.DataFrame", column: str, where: str) -> list[str]:
     return [str(v) for v in s.tolist()]
 
 
-def text_network(folder: Path, classes: list, pad_id: int, activation_checkpointing: bool = False):
-    """``TextClassifierNet`` over the folder's encoder with a new head for ``classes``."""
+def text_network(folder: Path, classes: list, pad_id: int, activation_checkpointing: bool = False,
+                 pooling: str = "cls"):
+    """``TextClassifierNet`` over the folder's encoder with a new head for ``classes``: transformers'
+    sequence-classification head (``pooling`` cls) or a linear head on the mean of the text's last
+    hidden states (mean)."""
     import torch
 
     from tasks.hf_folder import load_model
@@ -110,9 +145,9 @@ def text_network(folder: Path, classes: list, pad_id: int, activation_checkpoint
         """Packed rows (``pack``) -> logits ``[n, classes]``. ``trim``: cut the batch to its longest row
         (dynamic padding); off in the exported program, whose caller packs to the longest row itself."""
 
-        def __init__(self, model):
+        def __init__(self, model, head=None):
             super().__init__()
-            self.model, self.trim, self.pad_id = model, True, pad_id
+            self.model, self.head, self.trim, self.pad_id = model, head, True, pad_id
 
         def forward(self, x):
             if x.shape[0] == 0:  # an epoch's empty last micro-batch: a 1-row pass keeps every rank's collectives
@@ -125,18 +160,36 @@ def text_network(folder: Path, classes: list, pad_id: int, activation_checkpoint
                 x = torch.nn.functional.pad(x, (0, 2), value=self.pad_id)
             ids = x[:, 1:]
             mask = (torch.arange(ids.shape[1], device=x.device)[None, :] < lengths[:, None]).long()
-            return self.model(input_ids=ids, attention_mask=mask).logits
+            out = self.model(input_ids=ids, attention_mask=mask)
+            if self.head is None:
+                return out.logits
+            weights = mask.unsqueeze(-1).to(out.last_hidden_state.dtype)
+            return self.head((out.last_hidden_state * weights).sum(1) / weights.sum(1).clamp(min=1.0))
 
-    hf = load_model(folder, "sequence_classification", len(classes), [label_key(c) for c in classes])
+    labels = [label_key(c) for c in classes]
+    head = None
+    if pooling == "mean":
+        hf = load_model(folder, "encoder")
+        if getattr(hf, "pooler", None) is not None:
+            hf.pooler = None  # reads [CLS] only: untrained by the loss here, an unused parameter for DDP
+        c = hf.config
+        drop = getattr(c, "classifier_dropout", None) or getattr(c, "hidden_dropout_prob", None) or 0.1
+        linear = torch.nn.Linear(c.hidden_size, len(classes))
+        torch.nn.init.normal_(linear.weight, std=getattr(c, "initializer_range", 0.02))
+        torch.nn.init.zeros_(linear.bias)
+        head = torch.nn.Sequential(torch.nn.Dropout(drop), linear)
+    else:
+        hf = load_model(folder, "sequence_classification", len(classes), labels)
     if activation_checkpointing:
         hf.activation_checkpointing_enable()
     hf.config.pad_token_id = pad_id
-    return TextClassifierNet(hf)
+    return TextClassifierNet(hf, head)
 
 
 class TextClassification(Classification):
     name = "text_classification"
     info_type: ClassVar[type[DataInfo]] = TextInfo
+    gbdt_names = ("TF-IDF + LR", "TF-IDF + logistic regression")
 
     def loader_kind(self, cfg: "PipelineConfig", root: Path) -> tuple[str, str]:
         """In memory: the tokenized splits are small beside the table they come from."""
@@ -244,22 +297,31 @@ class TextClassification(Classification):
                 out = {k: arrays[k] for k in ("x", "y", "xt", "yt")}
             out["info"] = TextInfo.from_json(json.loads(meta.read_text()))
         except (OSError, ValueError, KeyError, TypeError):
-            out = self._tokenized(cfg, root)
+            out = self._tokenized(cfg, root, folder / "parts" / key[:32])
             info = out["info"]
             cache_write(meta, lambda fh: fh.write(json.dumps(info.to_json()).encode()))
             cache_write(npz, lambda fh: np.savez(fh, **{k: out[k] for k in ("x", "y", "xt", "yt")}))
         self.__dict__["_prepared"] = (key, out)
         return out
 
-    def _tokenized(self, cfg: "PipelineConfig", root: Path) -> dict:
+    def _tokenized(self, cfg: "PipelineConfig", root: Path, parts: Path) -> dict:
+        """Both splits packed, this rank (torchrun's ``RANK`` of ``WORLD_SIZE``) tokenizing its share
+        (``tokenize_share``; the parts in ``parts``)."""
+        import os
+
         frames = self.frames(cfg, root)
         info = self.info(cfg, root, frames)
         backend, _ = backend_tokenizer(self.folder(cfg, root), info.max_length)
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+        def encode(texts: list[str]) -> np.ndarray:
+            return pack([e.ids for e in backend.encode_batch(texts)], info.max_length, info.pad_id)
+
         out = {"info": info}
         for split, (xk, yk) in (("train", ("x", "y")), ("test", ("xt", "yt"))):
             frame = frames[split]
             texts = texts_of(frame, cfg.pretrained.text_column, f"{split} split")
-            out[xk] = pack([e.ids for e in backend.encode_batch(texts)], info.max_length, info.pad_id)
+            out[xk] = tokenize_share(texts, encode, lambda a, b, s=split: parts / f"{s}.{a}-{b}.npy", rank, world)
             out[yk] = self.targets(frame[cfg.dataset.label], info)
         return out
 
@@ -268,7 +330,7 @@ class TextClassification(Classification):
         from core.paths import project_root
 
         return text_network(self.folder(cfg, project_root()), info.classes, info.pad_id,
-                            cfg.pretrained.activation_checkpointing)
+                            cfg.pretrained.activation_checkpointing, cfg.pretrained.pooling)
 
     def fsdp_units(self, model) -> list:
         """FSDP2 shards each transformer block, then the root (as torchtitan does for HF models)."""
@@ -288,6 +350,32 @@ class TextClassification(Classification):
     def export_module(self, model, info: TextInfo):
         model.trim = False  # the program takes the batch as packed; the pyfunc packs to its longest row
         return model
+
+    def export_files(self, cfg: "PipelineConfig", model, info: TextInfo, out: Path) -> str:
+        """Rank 0: ``model.pt2``, the program the worker and the evaluation score (a dynamic batch and
+        sequence), and ``out/EXPORT_DIR``, the same weights as safetensors (``save_pretrained``, the head
+        as ``HEAD_FILE`` under mean pooling) with the tokenizer files: what the registry logs, each file
+        hashed, and the pyfunc loads."""
+        import shutil
+
+        import torch
+        from safetensors.torch import save_file
+        from transformers.utils import logging as hf_logging
+
+        from core.paths import project_root
+        from tasks.hf_folder import load_tokenizer
+
+        net, example = self.export_module(model.to("cpu").eval(), info), self.example_input(cfg, info)
+        dims = {0: torch.export.Dim("batch", min=1), 1: torch.export.Dim("seq", min=1, max=example.shape[1])}
+        torch.export.save(torch.export.export(net, (example,), dynamic_shapes=(dims,)), str(Path(out) / "model.pt2"))
+        hf_logging.disable_progress_bar()  # a bar per shard written: noise in a job's log
+        target = Path(out) / EXPORT_DIR
+        shutil.rmtree(target, ignore_errors=True)
+        net.model.save_pretrained(target, safe_serialization=True)
+        if net.head is not None:
+            save_file({k: v.contiguous() for k, v in net.head[1].state_dict().items()}, str(target / HEAD_FILE))
+        load_tokenizer(self.folder(cfg, project_root())).save_pretrained(target)
+        return EXPORT_DIR
 
     def check_program_output(self, out: np.ndarray, info: TextInfo) -> None:
         if out.ndim != 2 or out.shape[1] != len(info.classes):
@@ -332,31 +420,36 @@ class TextClassification(Classification):
         import pandas as pd
 
         frame, _, _, info = self.eval_data(cfg, root)
-        backend, _ = backend_tokenizer(self.folder(cfg, root), info.max_length)
         example = pd.DataFrame({"text": texts_of(frame.head(5), cfg.pretrained.text_column, "test split")})
         output, output_type = self._output(info)
-        meta = {"format": "torch.export", "input": "packed token ids int64 [n, 1 + tokens]: count, then ids",
-                "tokenizer": backend.to_str(), "max_length": info.max_length, "pad_id": info.pad_id,
-                "tokenizer_sha256": info.tokenizer_sha256, **output,
+        meta = {"format": "transformers", "pooling": cfg.pretrained.pooling, "head_file": HEAD_FILE,
+                "max_length": info.max_length, "pad_id": info.pad_id, "tokenizer_sha256": info.tokenizer_sha256,
+                **output,
                 **({"threshold": report["candidate"]["threshold"]}
                    if report.get("candidate", {}).get("threshold") is not None else {})}
         return ModelSpec(PYFUNC_FILE, meta, [("text", "string")], [(None, output_type)], example,
                          metadata={"trainflow_kind": self.name},
                          checked=report.get("candidate_scored_in") == "worker", params=list(self.predict_params),
-                         requirements=["tokenizers"])
+                         requirements=["transformers", "tokenizers", "safetensors"])
 
     def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
+        """The exported folder (``export_files``), loaded from its own files, gives the evaluated
+        program's logits on the example texts: the registered weights are the ones scored."""
         import torch
-        from tokenizers import Tokenizer
+        from safetensors.torch import load_file
 
-        backend = Tokenizer.from_str(spec.meta["tokenizer"])
+        folder, meta = Path(model_pt2), spec.meta
+        net = text_network(folder, meta["class_labels"], meta["pad_id"], pooling=meta["pooling"]).eval()
+        if net.head is not None:
+            net.head[1].load_state_dict(load_file(str(folder / HEAD_FILE)))
+        backend, _ = backend_tokenizer(folder, meta["max_length"])
         ids = [e.ids for e in backend.encode_batch([str(t) for t in spec.example["text"]])]
-        x = torch.from_numpy(pack(ids, max(len(i) for i in ids), spec.meta["pad_id"]))
+        x = torch.from_numpy(pack(ids, max(len(i) for i in ids), meta["pad_id"]))
         with torch.inference_mode():
-            out = load_program(model_pt2)(x).numpy()
-        n = len(spec.meta["class_labels"])
-        if out.shape != (len(x), n):
-            raise ValueError(f"{model_pt2}: maps {len(x)} texts to {list(out.shape)}, expected [{len(x)}, {n}]")
+            got, want = net(x), load_program(folder.parent / "model.pt2")(x)
+        if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+            raise ValueError(f"{folder}: its weights give other outputs than the evaluated program "
+                             f"{folder.parent / 'model.pt2'} on {len(x)} example texts")
 
 
 def fit_tfidf(root: Path, key: dict, arrays, seed: int, max_rows: int) -> dict:

@@ -165,7 +165,7 @@ def fine_tune_choices(task: str, train_rows: int, max_length: int, lora: bool) -
     """(``training`` keys, one line each with its reason) for fine-tuning a pretrained model."""
     batch = int(min(64, max(8, pow2_at_most(TOKENS_PER_STEP / max_length))))
     batch = int(max(1, min(batch, pow2_at_most(max(train_rows, 1) / 8))))
-    epochs = 3 if train_rows < 5000 else 2 if train_rows < 50000 else 1
+    epochs = (5 if task == "text_classification" else 3) if train_rows < 5000 else 2 if train_rows < 50000 else 1
     if lora:
         lr, lr_why = 1e-4, "LoRA's adapters start from zero and are few: a larger rate than full fine-tuning"
     elif task == "causal_lm":
@@ -177,11 +177,15 @@ def fine_tune_choices(task: str, train_rows: int, max_length: int, lora: bool) -
     warmup = round(0.1 * epochs, 3)
     training = {"epochs": epochs, "batch_size": batch, "base_batch": batch, "lr": lr, "lr_scaling": "none",
                 "warmup_epochs": warmup, "weight_decay": 0.01, "grad_clip": 1.0}
+    kept = ""
+    if task == "text_classification":  # its validation split picks the epoch kept, so spare epochs cost time only
+        training["early_stopping"] = {"metric": "val_loss", "patience": 2, "restore_best": True}
+        kept = "; the best validation epoch is kept, stopping after 2 without progress (training.early_stopping)"
     lines = [
         f"batch:        {batch} a rank: about {TOKENS_PER_STEP:,} tokens a step at max_length {max_length}"
         + (f", at most an eighth of the {train_rows} train rows" if batch < 8 else "") + " (training.batch_size)",
-        f"epochs:       {epochs}: a pretrained model needs few passes over {train_rows:,} rows; more overfit "
-        "(training.epochs)",
+        f"epochs:       {epochs}: a pretrained model needs few passes over {train_rows:,} rows"
+        + (", a small set a few more" if epochs == 5 else "; more overfit") + f" (training.epochs){kept}",
         f"lr:           {lr:g}: {lr_why}; not scaled with the batch (training.lr, training.lr_scaling: none)",
         f"warmup:       {warmup} epoch(s), 10% of the steps: the new head's first gradients are large "
         "(training.warmup_epochs)",
@@ -198,6 +202,27 @@ def _bounds(values: list[int], floor: int) -> tuple[int, int]:
 def _rows(splits: dict) -> dict[str, tuple[int, int]]:
     """Rows per split from half to double the profiled count; one file (``all``) is validated as train."""
     return {("train" if s == "all" else s): (max(1, len(r) // 2), max(1, len(r) * 2)) for s, r in splits.items()}
+
+
+def choose_pooling(folder) -> tuple[str, str]:
+    """(``pretrained.pooling``, why): mean where the folder is a sentence-transformers encoder whose
+    pooling module averages the tokens (``modules.json`` names it; its ``config.json`` says the mode),
+    since its weights were trained to be read that way and its [CLS] pooler was not; cls otherwise."""
+    cls = "cls", "[CLS] through the model's pooler, transformers' sequence-classification head"
+    if not folder:
+        return cls
+    base = Path(folder).resolve()
+    try:
+        modules = json.loads((base / "modules.json").read_text())
+        sub = next(m["path"] for m in modules if str(m.get("type", "")).endswith("models.Pooling"))
+        config = (base / sub / "config.json").resolve()
+        mean = config.is_relative_to(base) and json.loads(config.read_text()).get("pooling_mode_mean_tokens")
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, StopIteration):
+        return cls
+    if not mean:
+        return cls
+    return "mean", (f"the mean of the text's token states: the folder is a sentence encoder trained with mean "
+                    f"pooling ({sub}/config.json), its [CLS] pooler untrained")
 
 
 # -------------------------------------------------------------------------------- the profile
@@ -238,18 +263,21 @@ def profile_table(frames: dict, label: str, tokenizer, positions: int | None, gi
                            rows=_rows(frames),
                            no_leak=presplit and no_leak)
     p50, p99 = percentile(lengths, 50), percentile(lengths, 99)
+    pooling, pooling_why = choose_pooling(getattr(tokenizer, "name_or_path", None))
     lines = [f"text:         {column}: {column_why} (pretrained.text_column)",
              f"tokens:       p50 {p50}, p99 {p99} with the model's tokenizer",
              f"max_length:   {max_length}: {length_why}; {truncated} row(s) longer are truncated "
              "(pretrained.max_length)",
              f"classes:      {len(classes)}: " + ", ".join(f"{c} {shares[c]:.0%}" for c in classes[:12])
-             + (" ..." if len(classes) > 12 else ""), *choice, *leak_said]
+             + (" ..." if len(classes) > 12 else ""), f"pooling:      {pooling}: {pooling_why} (pretrained.pooling)",
+             *choice, *leak_said]
     if missing:
         lines.append(f"empty text:   {len(missing)} row(s) with no {column} (first: row {missing[0]}): validation "
                      "refuses them; drop or fill them")
+    chosen = {"text_column": column, "max_length": max_length, **({"pooling": pooling} if pooling != "cls" else {})}
     return TextProfile(task="text_classification", format="table", columns=[column], splits=_sizes(frames),
                        p50=p50, p99=p99, max_length=max_length, truncated=truncated, lines=lines, label=label,
-                       classes=classes, shares=shares, pretrained={"text_column": column, "max_length": max_length},
+                       classes=classes, shares=shares, pretrained=chosen,
                        training=training, expectations=exp)
 
 

@@ -61,7 +61,11 @@ def test_ticket_table_becomes_text_classification_with_tracked_model(project, fo
     (project / "data" / "tickets").mkdir()
     tickets(300, 0).to_csv(project / "data" / "tickets" / "train.csv", index=False)
     tickets(100, 1).to_csv(project / "data" / "tickets" / "test.csv", index=False)
-    copy_folder(folders["encoder"], project / "models" / "my-encoder")
+    encoder = copy_folder(folders["encoder"], project / "models" / "my-encoder")
+    (encoder / "1_Pooling").mkdir()  # a sentence-transformers encoder trained with mean pooling
+    (encoder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    pooling = {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}
+    (encoder / "modules.json").write_text(json.dumps([pooling]))
     assert cli(project, monkeypatch, "--data", "data/tickets", "--label", "category",
                "--pretrained", "models/my-encoder") == 0
     out = capsys.readouterr().out
@@ -69,8 +73,10 @@ def test_ticket_table_becomes_text_classification_with_tracked_model(project, fo
     assert cfg.task == "text_classification"
     assert cfg.pretrained.path == "models/my-encoder" and cfg.pretrained.text_column == "body"
     assert 8 <= cfg.pretrained.max_length <= 64
-    assert 1 <= cfg.training.epochs <= 3 and 2e-5 <= cfg.training.lr <= 5e-5
-    for said in ("text:         body: the longest text", "tokens:       p50", "max_length:", "row(s) longer are "
+    assert 1 <= cfg.training.epochs <= 5 and 2e-5 <= cfg.training.lr <= 5e-5
+    assert cfg.pretrained.pooling == "mean" and cfg.training.early_stopping.patience == 2
+    for said in ("pooling:      mean: the mean of the text's token states",
+                 "text:         body: the longest text", "tokens:       p50", "max_length:", "row(s) longer are "
                  "truncated", "classes:      3", "lr:", "warmup:", "models/my-encoder.dvc"):
         assert said in out, said
     exp = load_text_expectations(project / "configs" / "tickets.expectations.yaml")

@@ -78,7 +78,7 @@ def check_beside_the_trees(s: dict, err: str, primary: str) -> None:
     g = s["gbdt"]
     assert g["primary"] == primary and "HistGradientBoosting" in g["predictor"] and g["fit_s"] > 0
     assert np.isfinite(g[primary]) and np.isfinite(s["metrics"][primary])
-    assert "vs GBDT" in err and f"{primary} {g[primary]:.4f} for the trees" in err
+    assert "vs GBDT" in err and f"{primary} {g[primary]:.4f} for gradient-boosted trees" in err
 
 
 def test_penguins_with_an_id_missing_labels_string_categories_and_gaps(project):

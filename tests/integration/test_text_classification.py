@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -45,7 +46,7 @@ print(json.dumps({"labels": labels, "columns": [str(c) for c in proba.columns],
 """
 
 
-def write_text_project(project, rows: int = 300, **training) -> None:
+def write_text_project(project, rows: int = 300, pooling: str = "cls", **training) -> None:
     """``data/tickets`` and ``models/enc`` tracked by DVC, a config written as ``trainflow init`` writes a
     table's and turned to the text_classification task (until init writes it itself), committed."""
     from flows.init import init_project
@@ -60,7 +61,7 @@ def write_text_project(project, rows: int = 300, **training) -> None:
     cfg["task"] = "text_classification"
     cfg["dataset"].pop("exclude", None)
     cfg.pop("model", None)
-    cfg["pretrained"] = {"path": "models/enc", "text_column": "text", "max_length": 32}
+    cfg["pretrained"] = {"path": "models/enc", "text_column": "text", "max_length": 32, "pooling": pooling}
     cfg["training"] = {"epochs": 10, "strategy": "ddp", "batch_size": 16, "base_batch": 16, "lr": 0.005, **training}
     cfg["gates"] = {"baseline_margin": 0.05, "max_gap_to_baseline": 0.5}
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -70,7 +71,7 @@ def write_text_project(project, rows: int = 300, **training) -> None:
 
 
 def test_texts_train_register_and_the_champion_takes_raw_text_offline_without_trainflow(project, tmp_path):
-    write_text_project(project)
+    write_text_project(project, pooling="mean")  # the head of its own: its pyfunc path is trainflow's code
     code, s, err = trainflow(project, "run", "--config", "configs/tickets.yaml", *BOUNDS)
     assert code == 0, (s.get("error"), err[-4000:])
     assert s["status"] == "registered" and "champion" in s["aliases"], s
@@ -94,3 +95,30 @@ def test_texts_train_register_and_the_champion_takes_raw_text_offline_without_tr
     assert got["columns"] == ["billing", "bug", "praise"] and got["params"] == ["predict_method"]
     assert all(abs(v - 1.0) < 1e-9 for v in got["sums"])
     assert any(r.startswith("tokenizers==") for r in got["requirements"])  # what the pyfunc imports, pinned
+    assert "vs TF-IDF + LR" in err and f"accuracy {g['accuracy']:.4f} for TF-IDF + logistic regression" in err
+
+    # The registered weights are safetensors and the tokenizer its own files, each hashed; a changed one is
+    # refused on load, named.
+    import mlflow
+    from mlflow import MlflowClient
+
+    from core.errors import IntegrityError
+    from registry.models import HASH_TAG, load_predictor
+
+    before = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    mlflow.set_tracking_uri(uri), mlflow.set_registry_uri(uri)
+    try:
+        mv = MlflowClient().get_model_version("tickets", s["model_version"])
+        hashed = {k[len(HASH_TAG):] for k in mv.tags if k.startswith(HASH_TAG)}
+        assert {"artifacts/text_model/model.safetensors", "artifacts/text_model/tokenizer.json",
+                "artifacts/text_model/head.safetensors"} <= hashed
+        assert not any(k.endswith(".pt2") for k in hashed)
+        stored = Path(MlflowClient().get_logged_model(mv.source.split("/", 1)[1]).artifact_location
+                      .removeprefix("file://"))
+        assert "tokenizer" not in json.loads((stored / "artifacts" / "meta.json").read_text())
+        tokenizer = stored / "artifacts" / "text_model" / "tokenizer.json"
+        tokenizer.write_text(tokenizer.read_text().replace('"[UNK]"', '"[UNK2]"', 1))
+        with pytest.raises(IntegrityError, match="artifacts/text_model/tokenizer.json in the artifact store has"):
+            load_predictor("tickets")
+    finally:
+        mlflow.set_tracking_uri(before[0]), mlflow.set_registry_uri(before[1])

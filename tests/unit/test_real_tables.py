@@ -153,8 +153,11 @@ def test_the_summary_puts_the_candidate_beside_the_trees():
 
     text = gbdt_text({"accuracy": 0.9714}, {"primary": "accuracy", "accuracy": 0.9857, "fit_s": 0.31,
                                             "candidate_train_s": 8.6, "higher_is_better": True})
-    assert text == ("accuracy 0.9857 for the trees vs 0.9714 here (-0.0143 worse); trees fitted in 0.3 s on "
+    assert text == ("accuracy 0.9857 for gradient-boosted trees vs 0.9714 here (-0.0143 worse); fitted in 0.3 s on "
                     "1 thread, this model trained in 8.6 s")
+    text = gbdt_text({"accuracy": 0.9}, {"primary": "accuracy", "accuracy": 0.8, "fit_s": 1, "higher_is_better": True,
+                                         "names": ["TF-IDF + LR", "TF-IDF + logistic regression"]})
+    assert text.startswith("accuracy 0.8000 for TF-IDF + logistic regression vs 0.9000 here (+0.1000 better)")
     assert "(+0.5000 better)" in gbdt_text({"rmse": 1.0}, {"primary": "rmse", "rmse": 1.5, "fit_s": 1,
                                                            "higher_is_better": False})
 

@@ -22,7 +22,8 @@ def test_pack_holds_each_rows_count_then_its_ids_padded():
     assert x.tolist() == [[3, 2, 7, 3, 0], [2, 2, 3, 0, 0], [4, 0, 1, 2, 3]]
 
 
-def test_a_batch_is_cut_to_its_longest_row_and_padding_changes_no_logit(encoder):
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_a_batch_is_cut_to_its_longest_row_and_padding_changes_no_logit(encoder, pooling):
     import torch
 
     from tasks.text_classification import backend_tokenizer, pack, text_network
@@ -30,7 +31,7 @@ def test_a_batch_is_cut_to_its_longest_row_and_padding_changes_no_logit(encoder)
     backend, pad = backend_tokenizer(encoder, 64)
     texts = ["refund please", "the app crash after update again and again"]
     x = torch.from_numpy(pack([e.ids for e in backend.encode_batch(texts)], 64, pad))
-    net = text_network(encoder, ["a", "b"], pad).eval()
+    net = text_network(encoder, ["a", "b"], pad, pooling=pooling).eval()
     seen = []
     hook = net.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape[1]),
                                                with_kwargs=True)
@@ -107,6 +108,11 @@ def test_max_gap_to_baseline_fails_a_candidate_that_trails_the_baseline_model():
     assert d.failures[0].threshold == pytest.approx(0.85)
     assert decide(task, cand, GatesConfig(max_gap_to_baseline=0.2), gbdt=ref).passed
     assert decide(task, cand, GatesConfig(), gbdt=ref).passed  # null: reported, not gated
+    from evaluation.report import gate_markdown
+
+    md = gate_markdown(task, d, cand, None, gbdt={**ref, "fit_s": 1.0})  # named by the task, not as trees
+    assert "TF-IDF + logistic regression (TF-IDF): accuracy 0.9000, the candidate 0.8000 (-0.1000 worse)" in md
+    assert "trees" not in md
 
 
 def test_activation_checkpointing_recomputes_blocks_with_the_same_gradients(encoder):
@@ -125,3 +131,39 @@ def test_activation_checkpointing_recomputes_blocks_with_the_same_gradients(enco
         net(x).sum().backward()
         grads.append(torch.cat([p.grad.reshape(-1) for p in net.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_on_a_first_run_each_rank_tokenizes_only_its_share_and_reads_the_rest(tmp_path):
+    import threading
+
+    from tasks.text_classification import tokenize_share
+
+    texts = [f"text {i}" for i in range(10)]
+    whole = np.arange(10)[:, None].repeat(3, axis=1)
+    both_wrote = threading.Barrier(2, timeout=60)
+    encoded, answers = {0: [], 1: []}, {}
+
+    def rank(r: int) -> None:
+        def encode(part):
+            encoded[r].extend(part)
+            return whole[[texts.index(t) for t in part]]
+
+        def part(start, stop):
+            if start // 5 != r:  # another rank's chunk: read only once both ranks wrote their own
+                both_wrote.wait()
+            return tmp_path / f"{start}-{stop}.npy"
+
+        answers[r] = tokenize_share(texts, encode, part, r, 2)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert encoded == {0: texts[:5], 1: texts[5:]}  # each its own half, never the other's
+    assert answers[0].tolist() == answers[1].tolist() == whole.tolist()
+    # Alone (its peer's part missing, or another world size) a rank tokenizes what it cannot read.
+    alone = []
+    got = tokenize_share(texts, lambda p: alone.extend(p) or whole[[texts.index(t) for t in p]],
+                         lambda a, b: tmp_path / "alone" / f"{a}-{b}.npy", 1, 3)
+    assert got.tolist() == whole.tolist() and sorted(alone) == sorted(texts)

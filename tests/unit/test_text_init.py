@@ -9,8 +9,8 @@ import pytest
 
 from core.errors import ConfigError
 from core.text_expectations import TextExpectations, load_text_expectations
-from tasks.text_init import (TextInitError, choose_max_length, fine_tune_choices, jsonl_shape, pick_text_column,
-                             profile_jsonl, profile_table, token_lengths)
+from tasks.text_init import (TextInitError, choose_max_length, choose_pooling, fine_tune_choices, jsonl_shape,
+                             pick_text_column, profile_jsonl, profile_table, token_lengths)
 
 WORDS = "invoice refund card login crash error screen slow parcel late broken help urgent account".split()
 
@@ -45,13 +45,34 @@ def test_fine_tuning_choices_stay_in_the_usual_ranges():
     big, _ = fine_tune_choices("text_classification", 200_000, 512, lora=False)
     lora, _ = fine_tune_choices("causal_lm", 3000, 256, lora=True)
     decoder, _ = fine_tune_choices("causal_lm", 3000, 256, lora=False)
-    assert (small["epochs"], big["epochs"]) == (3, 1)
+    assert (small["epochs"], big["epochs"], decoder["epochs"]) == (5, 1, 3)
+    assert small["early_stopping"] == {"metric": "val_loss", "patience": 2, "restore_best": True}
+    assert "early_stopping" not in decoder  # the causal LM's validation is its held-out loss, not an epoch pick
     assert 2e-5 <= big["lr"] <= small["lr"] <= 5e-5 and lora["lr"] == 1e-4 and decoder["lr"] == 2e-5
     assert small["batch_size"] == 64 and big["batch_size"] == 16  # about 8k tokens a step
-    assert small["warmup_epochs"] == pytest.approx(0.3) and small["lr_scaling"] == "none"
+    assert small["warmup_epochs"] == pytest.approx(0.5) and small["lr_scaling"] == "none"
     assert len(lines) == 4 and all("(training." in line for line in lines)
     tiny, _ = fine_tune_choices("text_classification", 40, 16, lora=False)
     assert tiny["batch_size"] == 4  # at most an eighth of the rows
+
+
+def test_pooling_is_mean_where_the_folder_is_a_sentence_encoder_trained_with_mean_pooling(tmp_path):
+    import json
+
+    def folder(name, modules, mode):
+        (tmp_path / name / "1_Pooling").mkdir(parents=True)
+        (tmp_path / name / "modules.json").write_text(json.dumps(modules))
+        (tmp_path / name / "1_Pooling" / "config.json").write_text(json.dumps({f"pooling_mode_{mode}": True}))
+        return tmp_path / name
+
+    st = [{"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
+          {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    pooling, why = choose_pooling(folder("st", st, "mean_tokens"))
+    assert pooling == "mean" and "1_Pooling/config.json" in why
+    assert choose_pooling(folder("cls", st, "cls_token"))[0] == "cls"
+    assert choose_pooling(tmp_path / "plain")[0] == "cls" and choose_pooling(None)[0] == "cls"
+    outside = [{"path": "../st/1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    assert choose_pooling(folder("out", outside, "mean_tokens"))[0] == "cls"  # never read outside the folder
 
 
 def test_text_column_is_the_longest_in_tokens_unless_named(tokenizer):
