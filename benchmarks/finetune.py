@@ -36,12 +36,11 @@ LEAN = ["training.checkpoints=false", "training.metrics=false"]
 MODES = {"hand": [], "lean": LEAN, "default": [], "fsdp": [*LEAN, "training.strategy=fsdp"]}
 TIMED = ("hand", "lean", "default")
 EXPECTATIONS = """version: 1
+format: table
+columns: [text]
 label: category
+labels: [billing, bug, praise]
 rows: {train: [10, 1000000], test: [2, 1000000]}
-class_share: [0.0, 1.0]
-columns:
-  - {name: text, type: string, nulls: false}
-  - {name: category, type: string, values: [billing, bug, praise], nulls: false}
 """
 
 

@@ -32,12 +32,11 @@ from common import ROOT, parser  # noqa: F401  (the repository on sys.path)
 
 SECTIONS = "games,sound,graphics,science,net"
 EXPECTATIONS = """version: 1
+format: table
+columns: [text]
 label: section
+labels: {classes}
 rows: {{train: [10, 1000000], test: [2, 1000000]}}
-class_share: [0.0, 1.0]
-columns:
-  - {{name: text, type: string, nulls: false}}
-  - {{name: section, type: string, values: {classes}, nulls: false}}
 """
 
 

@@ -34,12 +34,11 @@ CONFIG = {
     "registry": {"model_name": "tickets", "experiment": "trainflow-tickets"},
 }
 EXPECTATIONS = """version: 1
+format: table
+columns: [text]
 label: category
+labels: [billing, bug, praise]
 rows: {train: [50, 400], test: [10, 100]}
-class_share: [0.1, 0.6]
-columns:
-  - {name: text, type: string, nulls: false}
-  - {name: category, type: string, values: [billing, bug, praise], nulls: false}
 """
 
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.hf_models import tiny_encoder
-from tests.integration.conftest import DVC_BIN, run
+
 from tests.integration.test_bring_your_own import BOUNDS, _env, commit_all, trainflow
 from tests.integration.test_bring_your_own import project, template  # noqa: F401  (fixtures)
 from tests.text_data import tickets
@@ -47,26 +47,23 @@ print(json.dumps({"labels": labels, "columns": [str(c) for c in proba.columns],
 
 
 def write_text_project(project, rows: int = 300, pooling: str = "cls", **training) -> None:
-    """``data/tickets`` and ``models/enc`` tracked by DVC, a config written as ``trainflow init`` writes a
-    table's and turned to the text_classification task (until init writes it itself), committed."""
-    from flows.init import init_project
+    """``data/tickets`` and ``models/enc`` tracked by DVC, the config and reviewed expectations ``trainflow
+    init --pretrained`` writes, then edited as a user would for a tiny encoder trained from random weights
+    (a higher learning rate, more epochs), committed."""
+    from flows.init_pretrained import init_pretrained
 
     (project / "data" / "tickets").mkdir(parents=True)
     df = tickets(rows)
     df.to_csv(project / "data" / "tickets" / "tickets.csv", index=False)
     tiny_encoder(project / "models" / "enc", df["text"])
-    init_project(project, "data/tickets", "category")
+    init_pretrained(project, "data/tickets", "models/enc", label="category")
     path = project / "configs" / "tickets.yaml"
     cfg = yaml.safe_load(path.read_text())
-    cfg["task"] = "text_classification"
-    cfg["dataset"].pop("exclude", None)
-    cfg.pop("model", None)
-    cfg["pretrained"] = {"path": "models/enc", "text_column": "text", "max_length": 32, "pooling": pooling}
+    assert cfg["task"] == "text_classification" and cfg["pretrained"]["text_column"] == "text"
+    cfg["pretrained"].update(max_length=32, pooling=pooling)
     cfg["training"] = {"epochs": 10, "strategy": "ddp", "batch_size": 16, "base_batch": 16, "lr": 0.005, **training}
     cfg["gates"] = {"baseline_margin": 0.05, "max_gap_to_baseline": 0.5}
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    run([DVC_BIN, "add", "-q", "data/tickets"], project)
-    run([DVC_BIN, "add", "-q", "models/enc"], project)
     commit_all(project, "tickets and an encoder")
 
 
