@@ -97,9 +97,7 @@ def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label:
     if label is not None:
         dataset["label"] = label
     dataset["expectations_file"] = exp_rel
-    if kind == "jsonl":  # causal_lm reads its files from the corpus keys it shares with the lm task
-        dataset["text"] = {"train_file": dataset.pop("train_file"), "eval_file": dataset.pop("test_file")}
-    raw = _raw_config(name, profile.task, dataset, {"strategy": "ddp", **profile.training},
+    raw = _raw_config(name, profile.task, profile.dataset_keys(dataset), {"strategy": "ddp", **profile.training},
                       {"model": {}, "gates": {}, **_task_defaults(profile.task)})
     if not raw["model"]:
         del raw["model"]

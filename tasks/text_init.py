@@ -52,6 +52,14 @@ class TextProfile:
     training: dict = field(default_factory=dict)
     expectations: TextExpectations | None = None
 
+    def dataset_keys(self, dataset: dict) -> dict:
+        """``dataset`` (init's split keys: ``train_file`` + ``test_file``) as this task reads them: causal_lm
+        takes its files from the corpus keys it shares with the lm task (``text.train_file``, ``eval_file``)."""
+        if self.task != "causal_lm":
+            return dataset
+        rest = {k: v for k, v in dataset.items() if k not in ("train_file", "test_file")}
+        return {**rest, "text": {"train_file": dataset["train_file"], "eval_file": dataset["test_file"]}}
+
 
 # -------------------------------------------------------------------------------- reading
 def read_jsonl(path: Path) -> list[dict]:
