@@ -12,7 +12,8 @@ runs through the engine (torchrun, the task's data path, export, the worker's sc
 program on the test split); the baseline is the task's own ``gbdt`` (TF-IDF word + char n-grams,
 logistic regression). The fine-tuning settings are ``trainflow init --pretrained``'s for this folder
 and row count (``tasks.text_init``: pooling, epochs with the best validation epoch kept, learning
-rate, warmup); ``--epochs``, ``--lr`` and ``--batch`` override them. Nothing is chosen on the test split.
+rate, warmup); ``--epochs``, ``--lr`` and ``--batch`` override them. Nothing is chosen on the test
+split.
 
 The last line: ``encoder_accuracy=<x> tfidf_accuracy=<y>``.
 """
