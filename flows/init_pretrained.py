@@ -16,8 +16,8 @@ from typing import Any
 
 from core.errors import TrainflowError
 from core.printable import printable
-from flows.init import (TABLE_SUFFIXES, InitError, _checked, _dvc_add, _existing, _inside, _layout, _raw_config, _rel,
-                        _write, label_columns, split_keys)
+from flows.init import (DATA_FACTS, TABLE_SUFFIXES, InitError, _checked, _dvc_add, _existing, _inside, _layout,
+                        _raw_config, _rel, _write, label_columns, split_keys)
 
 JSONL_SUFFIX = ".jsonl"
 
@@ -110,8 +110,8 @@ def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label:
 
         fresh, raw = raw, merge_config(raw, old)
         raw["task"] = fresh["task"]
-        raw["dataset"] = {**{k: v for k, v in (old.get("dataset") or {}).items()
-                             if k not in ("file", "train_file", "test_file", "test_fraction")}, **fresh["dataset"]}
+        raw["dataset"] = merge_config({k: v for k, v in (old.get("dataset") or {}).items() if k not in DATA_FACTS},
+                                      fresh["dataset"])  # key by key: text keeps the user's holdout_fraction
         raw["pretrained"].update(path=fresh["pretrained"]["path"], dvc_file=fresh["pretrained"]["dvc_file"])
         _checked(raw, config_rel + ": the updated config is invalid: {}; fix that key in it, then run init again")
 
