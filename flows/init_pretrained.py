@@ -16,8 +16,8 @@ from typing import Any
 
 from core.errors import TrainflowError
 from core.printable import printable
-from flows.init import (TABLE_SUFFIXES, InitError, _checked, _dvc_add, _existing, _inside, _layout, _raw_config, _rel,
-                        _write, label_columns, split_keys)
+from flows.init import (DATA_FACTS, TABLE_SUFFIXES, InitError, _checked, _dvc_add, _existing, _inside, _layout,
+                        _raw_config, _rel, _write, label_columns, split_keys)
 
 JSONL_SUFFIX = ".jsonl"
 
@@ -54,7 +54,7 @@ def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label:
     """Check the folder ``pretrained``, profile ``data`` with its tokenizer, ``dvc add`` both and write the
     config and the expectations. InitError (nothing written) for bad input."""
     from tasks.hf_folder import PretrainedFolderError, check_folder, load_tokenizer
-    from tasks.text_init import TextInitError, expectations_header, profile_jsonl, profile_table, read_jsonl
+    from tasks.text_init import expectations_header, profile_jsonl, profile_table, read_jsonl
 
     root = Path(root).resolve()
     target, rel = _inside(root, data)
@@ -88,9 +88,7 @@ def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label:
             frames = {s: read_table(p) for s, p in paths.items()}
             label_columns(next(iter(frames.values())), label, _rel(root, files[0]))
             profile = profile_table(frames, label, tokenizer, facts.max_positions, text_column, rel, lora, presplit)
-    except TextInitError as exc:
-        raise InitError(str(exc)) from None
-    except TrainflowError as exc:  # unreadable data: the message names the file
+    except TrainflowError as exc:  # unreadable or unusable data (TextInitError): the message names where
         raise InitError(str(exc)) from None
 
     exp_rel = f"configs/{name}.expectations.yaml"
@@ -110,8 +108,8 @@ def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label:
 
         fresh, raw = raw, merge_config(raw, old)
         raw["task"] = fresh["task"]
-        raw["dataset"] = {**{k: v for k, v in (old.get("dataset") or {}).items()
-                             if k not in ("file", "train_file", "test_file", "test_fraction")}, **fresh["dataset"]}
+        raw["dataset"] = merge_config({k: v for k, v in (old.get("dataset") or {}).items() if k not in DATA_FACTS},
+                                      fresh["dataset"])  # key by key: text keeps the user's holdout_fraction
         raw["pretrained"].update(path=fresh["pretrained"]["path"], dvc_file=fresh["pretrained"]["dvc_file"])
         _checked(raw, config_rel + ": the updated config is invalid: {}; fix that key in it, then run init again")
 
@@ -129,8 +127,7 @@ def init_pretrained(root: Path, data: str | Path, pretrained: str | Path, label:
     if (root / gitignore).is_file() and gitignore not in written["git_add"]:
         written["git_add"].insert(2, gitignore)
     return {**written, "task_reason": why, "rows": profile.splits, "lines": lines, "expectations": exp_rel,
-            "model": model_rel, "model_dvc_file": f"{model_rel}.dvc", "model_md5": model_md5,
-            "profile": profile}
+            "model_dvc_file": f"{model_rel}.dvc", "model_md5": model_md5}
 
 
 def format_pretrained_report(r: dict[str, Any]) -> str:

@@ -71,6 +71,9 @@ class CausalLM(Corpus, Task):
         if bool(p.prompt_column) != bool(p.completion_column):
             raise ConfigError("pretrained.prompt_column: set both prompt_column and completion_column for "
                               "prompt/completion pairs, or neither for text")
+        if p.pooling != "cls":
+            raise ConfigError(f"pretrained.pooling: {p.pooling} is what a text_classification head reads; a causal "
+                              "LM's loss reads every token's own state: leave pretrained.pooling out")
         if cfg.model.kind is not None or cfg.model.factory:
             raise ConfigError("model.kind: the causal_lm task's model is the pretrained folder; leave model.kind "
                               "and model.factory out")

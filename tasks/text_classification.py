@@ -23,6 +23,8 @@ trees).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -283,7 +285,8 @@ class TextClassification(Classification):
 
     def prepared(self, cfg: "PipelineConfig", root: Path) -> dict:
         """``{"x", "y", "xt", "yt", "info"}``: both splits tokenized and packed (``pack``), cached in
-        ``TRAINFLOW_HOME/cache/text`` as ``.npz`` + JSON (no pickle), keyed by ``prepared_key``."""
+        ``TRAINFLOW_HOME/cache/text`` as ``.npz`` + JSON (no pickle), keyed by ``prepared_key``; the ranks'
+        parts (``tokenize_share``) are removed once that whole cache is in place."""
         from core.paths import trainflow_home
 
         key = self.prepared_key(cfg, root)
@@ -291,24 +294,26 @@ class TextClassification(Classification):
         if remembered is not None and remembered[0] == key:
             return remembered[1]
         folder = trainflow_home(Path(root)) / "cache" / "text"
-        npz, meta = folder / f"{key[:32]}.npz", folder / f"{key[:32]}.json"
+        npz, meta, parts = folder / f"{key[:32]}.npz", folder / f"{key[:32]}.json", folder / "parts" / key[:32]
         try:
             with np.load(npz, allow_pickle=False) as arrays:
                 out = {k: arrays[k] for k in ("x", "y", "xt", "yt")}
             out["info"] = TextInfo.from_json(json.loads(meta.read_text()))
         except (OSError, ValueError, KeyError, TypeError):
-            out = self._tokenized(cfg, root, folder / "parts" / key[:32])
+            out = self._tokenized(cfg, root, parts)
             info = out["info"]
             cache_write(meta, lambda fh: fh.write(json.dumps(info.to_json()).encode()))
             cache_write(npz, lambda fh: np.savez(fh, **{k: out[k] for k in ("x", "y", "xt", "yt")}))
+            if os.environ.get("WORLD_SIZE", "1") != "1":
+                parts = None  # kept for a peer still reading them; the next read of the whole cache removes them
+        if parts is not None and npz.is_file():  # the whole cache is in place (renamed whole): its parts are spare
+            shutil.rmtree(parts, ignore_errors=True)
         self.__dict__["_prepared"] = (key, out)
         return out
 
     def _tokenized(self, cfg: "PipelineConfig", root: Path, parts: Path) -> dict:
         """Both splits packed, this rank (torchrun's ``RANK`` of ``WORLD_SIZE``) tokenizing its share
         (``tokenize_share``; the parts in ``parts``)."""
-        import os
-
         frames = self.frames(cfg, root)
         info = self.info(cfg, root, frames)
         backend, _ = backend_tokenizer(self.folder(cfg, root), info.max_length)

@@ -16,8 +16,6 @@ from typing import Any
 from core.errors import TrainflowError
 from core.text_expectations import TextExpectations
 
-TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
-JSONL_SUFFIXES = (".jsonl",)
 # Rows whose every column is profiled to pick the text column; the chosen one is profiled whole.
 PICK_SAMPLE = 2000
 # The tokens one optimizer step of fine-tuning takes on a rank (batch x max_length).
@@ -36,15 +34,12 @@ class TextProfile:
     truncates, the classes and their shares (classification) or the JSONL shape."""
 
     task: str
-    format: str
-    columns: list[str]
     splits: dict[str, int]
     p50: int
     p99: int
     max_length: int
     truncated: int
     lines: list[str] = field(default_factory=list)
-    label: str | None = None
     classes: list[Any] | None = None
     shares: dict[str, float] | None = None
     shape: str | None = None
@@ -268,8 +263,7 @@ def profile_table(frames: dict, label: str, tokenizer, positions: int | None, gi
                                             for s in ("train", "test")]) if presplit else 0)
     exp = TextExpectations(format="table", columns=[column], label=label, labels=classes,
                            chars={column: _bounds(chars, 1)}, tokens={column: _bounds(lengths, 1)},
-                           rows=_rows(frames),
-                           no_leak=presplit and no_leak)
+                           rows=_rows(frames), no_leak=presplit and no_leak)
     p50, p99 = percentile(lengths, 50), percentile(lengths, 99)
     pooling, pooling_why = choose_pooling(getattr(tokenizer, "name_or_path", None))
     lines = [f"text:         {column}: {column_why} (pretrained.text_column)",
@@ -283,9 +277,8 @@ def profile_table(frames: dict, label: str, tokenizer, positions: int | None, gi
         lines.append(f"empty text:   {len(missing)} row(s) with no {column} (first: row {missing[0]}): validation "
                      "refuses them; drop or fill them")
     chosen = {"text_column": column, "max_length": max_length, **({"pooling": pooling} if pooling != "cls" else {})}
-    return TextProfile(task="text_classification", format="table", columns=[column], splits=_sizes(frames),
-                       p50=p50, p99=p99, max_length=max_length, truncated=truncated, lines=lines, label=label,
-                       classes=classes, shares=shares, pretrained=chosen,
+    return TextProfile(task="text_classification", splits=_sizes(frames), p50=p50, p99=p99, max_length=max_length,
+                       truncated=truncated, lines=lines, classes=classes, shares=shares, pretrained=chosen,
                        training=training, expectations=exp)
 
 
@@ -313,8 +306,7 @@ def profile_jsonl(splits: dict[str, list[dict]], tokenizer, positions: int | Non
     no_leak, leak_said = leak_line(leaked(*[[key(r[c] for c in columns) for r in splits[s]]
                                             for s in ("train", "test")]) if presplit else 0)
     exp = TextExpectations(format="jsonl", columns=columns, chars=chars, tokens=toks,
-                           rows=_rows(splits),
-                           no_leak=presplit and no_leak)
+                           rows=_rows(splits), no_leak=presplit and no_leak)
     p50, p99 = percentile(lengths, 50), percentile(lengths, 99)
     pretrained: dict = {"max_length": max_length}
     if columns == ["prompt", "completion"]:
@@ -325,8 +317,8 @@ def profile_jsonl(splits: dict[str, list[dict]], tokenizer, positions: int | Non
              f"max_length:   {max_length}: {length_why}; {truncated} record(s) longer are "
              f"{'split across sequences' if what == 'sequences' else 'truncated'} (pretrained.max_length)", *choice,
              *leak_said]
-    return TextProfile(task="causal_lm", format="jsonl", columns=columns, splits=_sizes(splits), p50=p50, p99=p99,
-                       max_length=max_length, truncated=truncated, lines=lines,
+    return TextProfile(task="causal_lm", splits=_sizes(splits), p50=p50, p99=p99, max_length=max_length,
+                       truncated=truncated, lines=lines,
                        shape=" + ".join(columns), pretrained=pretrained, training=training, expectations=exp)
 
 

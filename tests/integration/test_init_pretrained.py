@@ -93,11 +93,16 @@ def test_jsonl_becomes_causal_lm(project, folders, monkeypatch, capsys, pairs):
     write_jsonl(project / "data" / "chats" / "train.jsonl", chats(200, 0, pairs))
     write_jsonl(project / "data" / "chats" / "test.jsonl", chats(50, 1, pairs))
     copy_folder(folders["decoder"], project / "models" / "my-decoder")
+    if not pairs:  # init run again over a config the user edited: keys init does not decide stay, text's too
+        (project / "configs").mkdir()
+        (project / "configs" / "chats.yaml").write_text(yaml.safe_dump({"dataset": {"text": {
+            "train_file": "old.jsonl", "holdout_fraction": 0.25}}}))
     assert cli(project, monkeypatch, "--data", "data/chats", "--pretrained", "models/my-decoder") == 0
     out = capsys.readouterr().out
     cfg = load_config(project / "configs" / "chats.yaml")
     assert cfg.task == "causal_lm" and cfg.pretrained.path == "models/my-decoder"
     assert (cfg.dataset.text.train_file, cfg.dataset.text.eval_file) == ("train.jsonl", "test.jsonl")
+    assert cfg.dataset.text.holdout_fraction == (0.1 if pairs else 0.25)
     assert (cfg.pretrained.prompt_column, cfg.pretrained.completion_column) == (
         ("prompt", "completion") if pairs else (None, None))
     assert cfg.training.lr == 2e-5 and "records:      " in out

@@ -72,6 +72,8 @@ def test_texts_train_register_and_the_champion_takes_raw_text_offline_without_tr
     code, s, err = trainflow(project, "run", "--config", "configs/tickets.yaml", *BOUNDS)
     assert code == 0, (s.get("error"), err[-4000:])
     assert s["status"] == "registered" and "champion" in s["aliases"], s
+    cache = project / ".trainflow" / "cache" / "text"  # the whole tokenized cache, its ranks' parts gone
+    assert len(list(cache.glob("*.npz"))) == 1 and not list(cache.glob("parts/*/*"))
     assert s["metrics"]["accuracy"] >= 0.8 > s["baseline"]["accuracy"]
     g = s["gbdt"]  # the text's baseline model beside the candidate, with its wall time
     assert g["predictor"].startswith("TF-IDF") and g["fit_s"] > 0 and g["accuracy"] >= 0.8

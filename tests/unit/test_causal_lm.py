@@ -141,6 +141,8 @@ def test_config_and_records_that_do_not_fit_are_named(project, tmp_path):
     root, raw = project
     with pytest.raises(ConfigError, match="pretrained.prompt_column: set both"):
         get_task("causal_lm").check_config(_cfg(raw, completion_column=None))
+    with pytest.raises(ConfigError, match=r"^pretrained.pooling: mean is what a text_classification head reads"):
+        get_task("causal_lm").check_config(_cfg(raw, pooling="mean"))
     with pytest.raises(ConfigError, match="pretrained: required"):
         get_task("causal_lm").check_config(config_from_dict({k: v for k, v in raw.items() if k != "pretrained"}))
     bad = tmp_path / "bad.jsonl"

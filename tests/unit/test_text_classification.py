@@ -167,3 +167,34 @@ def test_on_a_first_run_each_rank_tokenizes_only_its_share_and_reads_the_rest(tm
     got = tokenize_share(texts, lambda p: alone.extend(p) or whole[[texts.index(t) for t in p]],
                          lambda a, b: tmp_path / "alone" / f"{a}-{b}.npy", 1, 3)
     assert got.tolist() == whole.tolist() and sorted(alone) == sorted(texts)
+
+
+def test_the_tokenized_parts_go_once_the_whole_cache_is_in_place(encoder, tmp_path, monkeypatch):
+    import shutil
+
+    from core.config import config_from_dict
+    from tasks.text_classification import TextClassification
+
+    shutil.copytree(encoder, tmp_path / "models" / "enc")
+    (tmp_path / "data").mkdir()
+    tickets(40, seed=1).to_csv(tmp_path / "data" / "train.csv", index=False)
+    tickets(20, seed=2).to_csv(tmp_path / "data" / "test.csv", index=False)
+    cfg = config_from_dict({"name": "t", "task": "text_classification", "dataset": {
+        "path": "data", "dvc_file": "data.dvc", "label": "category"}, "pretrained": {"path": "models/enc"}})
+    monkeypatch.setenv("TRAINFLOW_HOME", str(tmp_path / "home"))
+    cache = tmp_path / "home" / "cache" / "text"
+    monkeypatch.setenv("WORLD_SIZE", "2")  # rank 0 of 2 writes the whole cache; its peer may still read the parts
+    monkeypatch.setenv("RANK", "0")
+    first = TextClassification().prepared(cfg, tmp_path)
+    assert len(list(cache.glob("*.npz"))) == 1 and list((cache / "parts").glob("*/*.npy"))
+    # The next read of the whole cache (the flow's evaluation, or a crash between the two writes and the
+    # removal) removes them; the answer is the cache's, unchanged.
+    monkeypatch.delenv("WORLD_SIZE")
+    again = TextClassification().prepared(cfg, tmp_path)
+    assert not any((cache / "parts").iterdir())
+    assert all(np.array_equal(first[k], again[k]) for k in ("x", "y", "xt", "yt"))
+    for path in cache.glob("*.*"):  # alone, a rank removes its parts as soon as it wrote the whole cache
+        path.unlink()
+    alone = TextClassification().prepared(cfg, tmp_path)
+    assert sorted(p.suffix for p in cache.glob("*.*")) == [".json", ".npz"] and not any((cache / "parts").iterdir())
+    assert all(np.array_equal(first[k], alone[k]) for k in ("x", "y", "xt", "yt"))
