@@ -23,7 +23,7 @@ from core.hashing import sha256_json
 from core.manifest import World
 from core.paths import project_root
 from tasks import get_task
-from training.layouts import MODEL_PARALLEL, check_world, maybe_gpu
+from training.layouts import MODEL_PARALLEL, check_world, layout_for, maybe_gpu
 
 HEADROOM = 0.8
 # CPU rule without a sweep: models whose replicated state is below this stay in one process.
@@ -59,6 +59,7 @@ class LaunchPlan:
     # The config as given ("auto" kept) while its layout is the rule's: the probe (training.probe)
     # measures it after validation and the plan is made again from it. None: nothing to measure.
     unmeasured: PipelineConfig | None = None
+    layout: dict | None = None  # training.layouts.layout_for of its largest world: what its checkpoints hold
 
     @property
     def node_range(self) -> tuple[int, int]:
@@ -158,7 +159,8 @@ def plan_launch(cfg: PipelineConfig, facts: HostFacts, nproc: int | None = None,
     for nodes in range(lo, hi + 1):  # every world an elastic range can make
         check_world(t.strategy, per_node * nodes, t.parallel)
     backend = t.backend if t.backend != "auto" else "nccl" if gpus else "gloo"
-    return LaunchPlan(cfg, per_node, hi if lo == hi else f"{lo}:{hi}", backend, tuple(reasons), unmeasured)
+    return LaunchPlan(cfg, per_node, hi if lo == hi else f"{lo}:{hi}", backend, tuple(reasons), unmeasured,
+                      layout_for(t.strategy, per_node * hi, t.parallel))
 
 
 def _check_elastic(cfg: PipelineConfig, lo: int, hi: int) -> None:
