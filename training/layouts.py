@@ -39,9 +39,10 @@ class CheckpointMismatchError(RuntimeError):
     """The checkpoint was written for another config, dataset or layout."""
 
 
-def check_world(strategy: str, world_size: int, parallel=None) -> None:
+def check_world(strategy: str, world_size: int, parallel=None) -> dict:
     """The up-front check of ``training.strategy`` (and ``training.parallel``, a
-    ``core.config.ParallelConfig``, for tp/pp/hybrid) against the world size."""
+    ``core.config.ParallelConfig``, for tp/pp/hybrid) against the world size; returns the layout
+    (``layout_for``) such a world writes."""
     if strategy not in STRATEGIES:
         raise StrategyConfigError(
             f"training.strategy: must be one of {', '.join(repr(s) for s in STRATEGIES)}, got {strategy!r}")
@@ -56,6 +57,7 @@ def check_world(strategy: str, world_size: int, parallel=None) -> None:
             check_parallel(strategy, parallel or ParallelConfig(), world_size)
         except ValueError as exc:
             raise StrategyConfigError(str(exc)) from None
+    return layout_for(strategy, world_size, parallel)
 
 
 def layout_for(strategy: str, world_size: int, parallel=None) -> dict:

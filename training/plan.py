@@ -23,7 +23,7 @@ from core.hashing import sha256_json
 from core.manifest import World
 from core.paths import project_root
 from tasks import get_task
-from training.layouts import MODEL_PARALLEL, check_world, layout_for, maybe_gpu
+from training.layouts import MODEL_PARALLEL, check_world, maybe_gpu
 
 HEADROOM = 0.8
 # CPU rule without a sweep: models whose replicated state is below this stay in one process.
@@ -156,11 +156,10 @@ def plan_launch(cfg: PipelineConfig, facts: HostFacts, nproc: int | None = None,
         _check_elastic(cfg, lo, hi)
         if not t.checkpoints:
             reasons.append(f"--nnodes {lo}:{hi} with training.checkpoints off: after a node leaves, the others start over")
-    for nodes in range(lo, hi + 1):  # every world an elastic range can make
-        check_world(t.strategy, per_node * nodes, t.parallel)
+    for nodes in range(lo, hi + 1):  # every world an elastic range can make; the largest's layout is kept
+        layout = check_world(t.strategy, per_node * nodes, t.parallel)
     backend = t.backend if t.backend != "auto" else "nccl" if gpus else "gloo"
-    return LaunchPlan(cfg, per_node, hi if lo == hi else f"{lo}:{hi}", backend, tuple(reasons), unmeasured,
-                      layout_for(t.strategy, per_node * hi, t.parallel))
+    return LaunchPlan(cfg, per_node, hi if lo == hi else f"{lo}:{hi}", backend, tuple(reasons), unmeasured, layout)
 
 
 def _check_elastic(cfg: PipelineConfig, lo: int, hi: int) -> None:
