@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from core.config import PipelineConfig, config_from_dict
 from core.errors import TrainflowError
-from training.plan import HostFacts, LaunchPlan, describe, host_facts, plan_launch, save_sweep, valid_rows
+from training.plan import HostFacts, LaunchPlan, describe, plan_launch, save_sweep, valid_rows
 
 
 def default_layouts(gpus: bool = True) -> list[dict]:
@@ -87,7 +88,7 @@ def measure(cfg: PipelineConfig, layouts: list[dict], batch_sizes: list[int], ep
             shutil.rmtree(run_dir, ignore_errors=True)
             log(f"scale: {describe(layout)}, batch {batch}, {epochs} epoch(s) ...")
             try:
-                plan = plan_launch(config_from_dict(data), HostFacts(gpus=0 if cpu else n), nproc=n)
+                plan = plan_launch(config_from_dict(data), HostFacts(gpus=0 if cpu else n))
                 row = _row(layout, batch, launch(plan, run_dir, root, data_md5).finish(), target)
             except TrainflowError as exc:
                 row = {**_row(layout, batch, {}, None), "status": "failed", "error": str(exc)}
@@ -111,4 +112,4 @@ def measured_plan(plan: LaunchPlan, root: Path, data_md5: str, home: Path, log: 
     rows = [{**r, "source": "probe"} for r in rows]
     if valid_rows(rows):
         save_sweep(home, cfg, rows, source="probe", epochs=1)
-    return plan_launch(cfg, host_facts(cfg, home, rows))
+    return plan_launch(cfg, replace(plan.facts, sweep=rows))
