@@ -25,7 +25,6 @@ from pathlib import Path
 from core.errors import ConfigError, PreemptedError, TrainingFailedError
 from core.paths import python_path_with
 from core.procs import children, pid_alive
-from tasks.base import SCORES_FILE  # noqa: F401  (the file SCORE_ENV makes rank 0 write)
 from training import preemption
 from training.agent import LAUNCHER_PID_ENV, WORKER_START_ENV
 from training.layouts import mismatch_error
@@ -36,7 +35,7 @@ log = logging.getLogger("trainflow.launcher")
 
 # The job's --nnodes for its workers: torchrun tells them the nodes present, not whether it is elastic.
 NNODES_ENV = "TRAINFLOW_NNODES"
-# "1": rank 0 also scores the exported program on the test split into SCORES_FILE; the pipeline sets it.
+# "1": rank 0 also scores the exported program on the test split into tasks.base.SCORES_FILE; the pipeline sets it.
 SCORE_ENV = "TRAINFLOW_SCORE_TEST"
 # A worker's input error (a TrainflowError): the launcher stops the job rather than let torchrun restart it.
 FATAL_FILE = "fatal.json"
