@@ -39,10 +39,9 @@ class CheckpointMismatchError(RuntimeError):
     """The checkpoint was written for another config, dataset or layout."""
 
 
-def check_world(strategy: str, world_size: int, parallel=None) -> dict:
+def check_world(strategy: str, world_size: int, parallel=None) -> None:
     """The up-front check of ``training.strategy`` (and ``training.parallel``, a
-    ``core.config.ParallelConfig``, for tp/pp/hybrid) against the world size; returns the layout
-    (``layout_for``) such a world writes."""
+    ``core.config.ParallelConfig``, for tp/pp/hybrid) against the world size."""
     if strategy not in STRATEGIES:
         raise StrategyConfigError(
             f"training.strategy: must be one of {', '.join(repr(s) for s in STRATEGIES)}, got {strategy!r}")
@@ -57,7 +56,6 @@ def check_world(strategy: str, world_size: int, parallel=None) -> dict:
             check_parallel(strategy, parallel or ParallelConfig(), world_size)
         except ValueError as exc:
             raise StrategyConfigError(str(exc)) from None
-    return layout_for(strategy, world_size, parallel)
 
 
 def layout_for(strategy: str, world_size: int, parallel=None) -> dict:

@@ -23,7 +23,7 @@ from core.hashing import sha256_json
 from core.manifest import World
 from core.paths import project_root
 from tasks import get_task
-from training.layouts import MODEL_PARALLEL, check_world, maybe_gpu
+from training.layouts import MODEL_PARALLEL, check_world, layout_for, maybe_gpu
 
 HEADROOM = 0.8
 # CPU rule without a sweep: models whose replicated state is below this stay in one process.
@@ -59,7 +59,7 @@ class LaunchPlan:
     # The config as given ("auto" kept) while its layout is the rule's: the probe (training.probe)
     # measures it after validation and the plan is made again from it. None: nothing to measure.
     unmeasured: PipelineConfig | None = None
-    layout: dict | None = None  # training.layouts.layout_for of its largest world: what its checkpoints hold
+    layout: dict | None = None  # training.layouts.layout_for of its largest world
     facts: HostFacts = HostFacts()  # what it was made from (the probe plans again with its rows added)
 
     @property
@@ -156,8 +156,9 @@ def plan_launch(cfg: PipelineConfig, facts: HostFacts, nproc: int | None = None,
         _check_elastic(cfg, lo, hi)
         if not t.checkpoints:
             reasons.append(f"--nnodes {lo}:{hi} with training.checkpoints off: after a node leaves, the others start over")
-    for nodes in range(lo, hi + 1):  # every world an elastic range can make; the largest's layout is kept
-        layout = check_world(t.strategy, per_node * nodes, t.parallel)
+    layout = layout_for(t.strategy, per_node * hi, t.parallel)  # the largest world's: what its checkpoints hold
+    for nodes in range(lo, hi + 1):  # every world an elastic range can make
+        check_world(t.strategy, per_node * nodes, t.parallel)
     backend = t.backend if t.backend != "auto" else "nccl" if gpus else "gloo"
     nnodes = hi if lo == hi else f"{lo}:{hi}"
     return LaunchPlan(cfg, per_node, nnodes, backend, tuple(reasons), unmeasured, layout, facts)
