@@ -119,7 +119,7 @@ def resolve(inputs: RunInputs) -> RunContext:
     tags = {**manifest.tags(), store.STAGE_TAG: "resolve", **owner_tags()}
     # A preempted training of these inputs is resumed by `train`: its run goes on in this one.
     folders = [] if plan.unmeasured else unclaimed_resumable(home, cfg.name, cfg.config_id(), manifest.inputs_md5,
-                                                             manifest.world.nproc_per_node)
+                                                             plan.nproc_per_node)
     run_id = (store.reopen_run(folders, cfg.config_id(), exp_id, tags, get_run_logger())
               or store.start_run(exp_id, f"{cfg.name}-{manifest.data.md5[:8]}", tags))
     mark_orphans_killed(exp_id, run_id)  # runs whose process died before ending them
@@ -252,7 +252,11 @@ class TrainFolder:
 
     @classmethod
     def claim(cls, ctx: RunContext) -> TrainFolder:
-        return cls(*_claim_train_dir(ctx, ctx.plan.nproc_per_node))
+        """This run's training folder, held exclusively (``training.slots``)."""
+        from training.slots import claim_train_dir
+
+        return cls(*claim_train_dir(ctx.home, ctx.cfg.name, ctx.cfg.config_id(), ctx.manifest.inputs_md5,
+                                    ctx.plan.nproc_per_node, _logger()))
 
     def __enter__(self) -> TrainFolder:
         return self
@@ -274,13 +278,6 @@ def _train_timeout_s(ctx: RunContext) -> float:
     queued = {"slurm": ctx.cfg.launcher.slurm.queue_limit_s,
               "kubernetes": ctx.cfg.launcher.kubernetes.pending_timeout_s}.get(ctx.launcher, 0)
     return ctx.cfg.training.timeout_s + 60 + queued
-
-
-def _claim_train_dir(ctx: RunContext, nproc: int) -> tuple[Path, int]:
-    """This run's training folder, held exclusively: ``(folder, lock fd)`` (``training.slots``)."""
-    from training.slots import claim_train_dir
-
-    return claim_train_dir(ctx.home, ctx.cfg.name, ctx.cfg.config_id(), ctx.manifest.inputs_md5, nproc, _logger())
 
 
 def _logger():

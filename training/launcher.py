@@ -25,10 +25,9 @@ from pathlib import Path
 from core.errors import ConfigError, PreemptedError, TrainingFailedError
 from core.paths import python_path_with
 from core.procs import children, pid_alive
-from tasks.base import SCORES_FILE  # noqa: F401  (the file SCORE_ENV makes rank 0 write)
 from training import preemption
 from training.agent import LAUNCHER_PID_ENV, WORKER_START_ENV
-from training.layouts import layout_for, mismatch_error
+from training.layouts import mismatch_error
 from training.plan import LaunchPlan, parse_nnodes
 from training.slots import completed
 
@@ -36,7 +35,7 @@ log = logging.getLogger("trainflow.launcher")
 
 # The job's --nnodes for its workers: torchrun tells them the nodes present, not whether it is elastic.
 NNODES_ENV = "TRAINFLOW_NNODES"
-# "1": rank 0 also scores the exported program on the test split into SCORES_FILE; the pipeline sets it.
+# "1": rank 0 also scores the exported program on the test split into tasks.base.SCORES_FILE; the pipeline sets it.
 SCORE_ENV = "TRAINFLOW_SCORE_TEST"
 # A worker's input error (a TrainflowError): the launcher stops the job rather than let torchrun restart it.
 FATAL_FILE = "fatal.json"
@@ -148,9 +147,7 @@ def launch(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, env: dict
 
 def check_plan_resumable(plan: LaunchPlan, out_dir: Path, data_md5: str, force: bool = False) -> None:
     """``_check_resumable`` for ``plan``'s config and layout (every launcher, before it starts)."""
-    cfg = plan.cfg
-    _check_resumable(Path(out_dir), cfg.config_id(), data_md5, force,
-                     layout_for(cfg.training.strategy, plan.world.size, cfg.training.parallel), cfg.resume_id())
+    _check_resumable(Path(out_dir), plan.cfg.config_id(), data_md5, force, plan.layout, plan.cfg.resume_id())
 
 
 def _check_resumable(out_dir: Path, config_id: str, data_md5: str, force: bool, layout: dict | None = None,

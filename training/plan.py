@@ -23,7 +23,7 @@ from core.hashing import sha256_json
 from core.manifest import World
 from core.paths import project_root
 from tasks import get_task
-from training.layouts import MODEL_PARALLEL, check_world, maybe_gpu
+from training.layouts import MODEL_PARALLEL, check_world, layout_for, maybe_gpu
 
 HEADROOM = 0.8
 # CPU rule without a sweep: models whose replicated state is below this stay in one process.
@@ -59,6 +59,8 @@ class LaunchPlan:
     # The config as given ("auto" kept) while its layout is the rule's: the probe (training.probe)
     # measures it after validation and the plan is made again from it. None: nothing to measure.
     unmeasured: PipelineConfig | None = None
+    layout: dict | None = None  # training.layouts.layout_for of its largest world
+    facts: HostFacts = HostFacts()  # what it was made from (the probe plans again with its rows added)
 
     @property
     def node_range(self) -> tuple[int, int]:
@@ -87,9 +89,9 @@ def parse_nnodes(value: int | str, nproc: int | None = 1) -> tuple[int, int]:
     return lo, hi
 
 
-def host_facts(cfg: PipelineConfig, home: Path, sweep: list[dict] | None = None) -> HostFacts:
+def host_facts(cfg: PipelineConfig, home: Path) -> HostFacts:
     """This host's facts for ``cfg``: torch is imported only where a GPU may be, the model built
-    only where an ``auto`` rule needs its size; ``sweep``: measured rows (default: the saved ones)."""
+    only where an ``auto`` rule needs its size; the sweep is the rows saved for ``cfg``."""
     t = cfg.training
     gpus = device = 0
     if t.backend != "gloo" and maybe_gpu():
@@ -98,8 +100,7 @@ def host_facts(cfg: PipelineConfig, home: Path, sweep: list[dict] | None = None)
         if torch.cuda.is_available() and (gpus := torch.cuda.device_count()):
             device = torch.cuda.get_device_properties(0).total_memory
     device = device or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if sweep is None and t.cpu_workers == "auto":
-        sweep = load_sweep(home, cfg)
+    sweep = load_sweep(home, cfg) if t.cpu_workers == "auto" else None
     needs_size = t.strategy == "auto" or (t.cpu_workers == "auto" and not gpus and not sweep)
     return HostFacts(gpus, int(device), os.cpu_count() or 1, sweep, estimate_memory(cfg) if needs_size else None)
 
@@ -155,10 +156,12 @@ def plan_launch(cfg: PipelineConfig, facts: HostFacts, nproc: int | None = None,
         _check_elastic(cfg, lo, hi)
         if not t.checkpoints:
             reasons.append(f"--nnodes {lo}:{hi} with training.checkpoints off: after a node leaves, the others start over")
+    layout = layout_for(t.strategy, per_node * hi, t.parallel)  # the largest world's: what its checkpoints hold
     for nodes in range(lo, hi + 1):  # every world an elastic range can make
         check_world(t.strategy, per_node * nodes, t.parallel)
     backend = t.backend if t.backend != "auto" else "nccl" if gpus else "gloo"
-    return LaunchPlan(cfg, per_node, hi if lo == hi else f"{lo}:{hi}", backend, tuple(reasons), unmeasured)
+    nnodes = hi if lo == hi else f"{lo}:{hi}"
+    return LaunchPlan(cfg, per_node, nnodes, backend, tuple(reasons), unmeasured, layout, facts)
 
 
 def _check_elastic(cfg: PipelineConfig, lo: int, hi: int) -> None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from core.config import PipelineConfig, config_from_dict
 from core.errors import TrainflowError
-from training.plan import HostFacts, LaunchPlan, describe, host_facts, plan_launch, save_sweep, valid_rows
+from training.plan import HostFacts, LaunchPlan, describe, plan_launch, save_sweep, valid_rows
 
 
 def default_layouts(gpus: bool = True) -> list[dict]:
@@ -70,9 +71,11 @@ def _row(layout: dict, batch: int, result: dict, target: float | None) -> dict:
 
 
 def measure(cfg: PipelineConfig, layouts: list[dict], batch_sizes: list[int], epochs: int, root: Path,
-            data_md5: str, runs_dir: Path, target: float | None = None, log: Callable[[str], None] = print) -> list[dict]:
-    """Train ``cfg`` once per layout x batch size in ``runs_dir`` (checkpoints off); one row each. A
-    layout that fails is a finding (its row has ``error``), not the end of the measuring."""
+            data_md5: str, runs_dir: Path, target: float | None = None, log: Callable[[str], None] = print,
+            **training) -> list[dict]:
+    """Train ``cfg`` once per layout x batch size in ``runs_dir`` (checkpoints off, ``training``'s
+    keys set); one row each. A layout that fails is a finding (its row has ``error``), not the end
+    of the measuring."""
     from training.launcher import launch
 
     rows: list[dict] = []
@@ -81,13 +84,13 @@ def measure(cfg: PipelineConfig, layouts: list[dict], batch_sizes: list[int], ep
         for batch in batch_sizes:
             data = cfg.model_dump(mode="json")
             data["training"].update(cpu_workers=n, threads_per_worker=threads, strategy="single" if n == 1 else "ddp",
-                                    batch_size=batch, epochs=epochs, checkpoints=False,
+                                    batch_size=batch, epochs=epochs, checkpoints=False, **training,
                                     **({"backend": "gloo"} if cpu else {}))  # a CPU layout stays on CPU
             run_dir = runs_dir / f"{layout['name']}-b{batch}"
             shutil.rmtree(run_dir, ignore_errors=True)
             log(f"scale: {describe(layout)}, batch {batch}, {epochs} epoch(s) ...")
             try:
-                plan = plan_launch(config_from_dict(data), HostFacts(gpus=0 if cpu else n), nproc=n)
+                plan = plan_launch(config_from_dict(data), HostFacts(gpus=0 if cpu else n))
                 row = _row(layout, batch, launch(plan, run_dir, root, data_md5).finish(), target)
             except TrainflowError as exc:
                 row = {**_row(layout, batch, {}, None), "status": "failed", "error": str(exc)}
@@ -103,12 +106,10 @@ def measured_plan(plan: LaunchPlan, root: Path, data_md5: str, home: Path, log: 
     off), saved where ``plan.load_sweep`` finds them (``source: probe``); then the plan made again
     from what was measured."""
     cfg = plan.unmeasured
-    data = cfg.model_dump(mode="json")
-    data["training"]["metrics"] = False
     with tempfile.TemporaryDirectory(prefix="trainflow-probe-", ignore_cleanup_errors=True) as tmp:
-        rows = measure(config_from_dict(data), default_layouts(gpus=False), [cfg.training.batch_size], 1,
-                       root, data_md5, Path(tmp), log=log)
+        rows = measure(cfg, default_layouts(gpus=False), [cfg.training.batch_size], 1, root, data_md5, Path(tmp),
+                       log=log, metrics=False)
     rows = [{**r, "source": "probe"} for r in rows]
     if valid_rows(rows):
         save_sweep(home, cfg, rows, source="probe", epochs=1)
-    return plan_launch(cfg, host_facts(cfg, home, rows))
+    return plan_launch(cfg, replace(plan.facts, sweep=rows))

@@ -59,7 +59,7 @@ def test_the_workers_scores_are_the_pipelines_own_and_are_refused_for_another_pr
 
     from evaluation.evaluate import evaluate_predictions, worker_scores
     from tasks import get_task
-    from training.launcher import SCORES_FILE
+    from tasks.base import SCORES_FILE
 
     _, _, out = plain  # trained with SCORE_ENV=1: rank 0 wrote SCORES_FILE before result.json
     cfg = load_config(QUICK)

@@ -171,6 +171,7 @@ def test_plan_sizes_an_elastic_job_for_its_largest_world_and_refuses_what_cannot
     cfg = load_config(DIGITS, ["training.max_restarts=1"])
     plan = plan_launch(cfg, HostFacts(), nproc=2, nnodes="1:3")
     assert (plan.nnodes, plan.node_range, plan.world.size) == ("1:3", (1, 3), 6)
+    assert plan.layout == {"strategy": "ddp", "world_size": 6}  # what the launcher checks checkpoints against
     with pytest.raises(ConfigError, match="--nnodes > 1 needs --nproc"):
         plan_launch(cfg, HostFacts(), nnodes=2)
     with pytest.raises(ConfigError, match="--nproc: must be >= 1, got 0"):

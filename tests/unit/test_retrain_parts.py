@@ -80,38 +80,45 @@ def test_retrain_section_is_left_out_of_the_config_id():
 
 def _ctx(home):
     cfg = PipelineConfig(name="digits", dataset={"path": "d"})
-    return SimpleNamespace(cfg=cfg, home=home, manifest=SimpleNamespace(inputs_md5="m.dir"))
+    return SimpleNamespace(cfg=cfg, home=home, manifest=SimpleNamespace(inputs_md5="m.dir"),
+                           plan=SimpleNamespace(nproc_per_node=2))
+
+
+def _claim_train_dir(ctx):
+    """The pipeline's claim of a training folder: ``(folder, lock fd)``."""
+    from flows.pipeline import TrainFolder
+
+    slot = TrainFolder.claim(ctx)
+    return slot.folder, slot.lock_fd
 
 
 def test_concurrent_claims_get_separate_training_folders(tmp_path):
     from core.locks import release
-    from flows.pipeline import _claim_train_dir
 
     ctx = _ctx(tmp_path)
-    first, fd1 = _claim_train_dir(ctx, 2)
-    second, fd2 = _claim_train_dir(ctx, 2)
+    first, fd1 = _claim_train_dir(ctx)
+    second, fd2 = _claim_train_dir(ctx)
     assert second == first.with_name(first.name + ".1")
     release(fd1)
-    again, fd3 = _claim_train_dir(ctx, 2)  # released: the inputs' own folder is free again
+    again, fd3 = _claim_train_dir(ctx)  # released: the inputs' own folder is free again
     assert again == first
     release(fd2), release(fd3)
 
 
 def test_a_free_slot_with_an_interrupted_job_is_preferred_for_resume(tmp_path):
     from core.locks import release
-    from flows.pipeline import _claim_train_dir
 
     ctx = _ctx(tmp_path)
-    base, fd = _claim_train_dir(ctx, 2)
+    base, fd = _claim_train_dir(ctx)
     release(fd)
     (base / "result.json").parent.mkdir(parents=True, exist_ok=True)
     (base / "result.json").write_text(json.dumps({"status": "completed"}))
     slot1 = base.with_name(base.name + ".1")
     (slot1 / "checkpoints" / "step_00000030").mkdir(parents=True)  # a run preempted in slot .1
-    folder, fd = _claim_train_dir(ctx, 2)
+    folder, fd = _claim_train_dir(ctx)
     assert folder == slot1
     release(fd)
     (slot1 / "result.json").write_text(json.dumps({"status": "completed"}))
-    folder, fd = _claim_train_dir(ctx, 2)  # nothing to resume: the first slot, cleared
+    folder, fd = _claim_train_dir(ctx)  # nothing to resume: the first slot, cleared
     assert folder == base and not base.exists()
     release(fd)
