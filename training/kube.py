@@ -69,21 +69,18 @@ class KubeError(TrainflowError):
 
 
 @dataclass(frozen=True)
-class KubeRequest:
-    """What ``submit`` creates: ``manifests`` in order, the job (Job or TrainJob) first."""
-
-    name: str
-    namespace: str
-    flavour: str  # "job" | "trainjob"
-    manifests: list[dict]
-    out_dir: str  # the training folder on the shared volume, the same for every resubmission
-
-
-@dataclass(frozen=True)
 class Handle:
     name: str
     namespace: str
-    flavour: str
+    flavour: str  # "job" | "trainjob"
+
+
+@dataclass(frozen=True)
+class KubeRequest(Handle):
+    """What ``submit`` creates: ``manifests`` in order, the job (Job or TrainJob) first."""
+
+    manifests: list[dict]
+    out_dir: str  # the training folder on the shared volume, the same for every resubmission
 
 
 @dataclass(frozen=True)
