@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from core.errors import ConfigError, DataUnavailableError
-from tasks.base import ModelSpec, cache_write, fit_gbdt, label_key, load_program, write_program_scores
+from tasks.base import ModelSpec, cache_write, fit_gbdt, label_key, load_program
 from tasks.info import DataInfo
 from tasks.tabular import Classification, TableInfo, _mlflow_type
 
@@ -377,17 +377,7 @@ class TextClassification(Classification):
         load_tokenizer(self.folder(cfg, project_root())).save_pretrained(target)
         return EXPORT_DIR
 
-    def check_program_output(self, out: np.ndarray, info: TextInfo) -> None:
-        if out.ndim != 2 or out.shape[1] != len(info.classes):
-            raise ValueError(f"the program gives outputs of shape {list(out.shape)}, expected [rows, "
-                             f"{len(info.classes)}]")
-
     # -- evaluation -----------------------------------------------------------------------------
-    def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
-        val = self.validation_split(cfg, root)
-        write_program_scores(out, self.prepared(cfg, root)["xt"], self.decode,
-                             self.scoring_key(cfg, root)["split_sha256"], None if val is None else val[0])
-
     def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
         """The champion gets the test split's texts as a column ``text``, as a serving client sends them."""
         import pandas as pd
