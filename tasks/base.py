@@ -145,14 +145,16 @@ def gbdt_budget(rows: int, features: int, classes: int, iterations: int) -> str 
     return None
 
 
-def fit_gbdt(root: Path, key: dict, arrays: Callable, seed: int, max_rows: int, what: str) -> dict:
+def fit_gbdt(root: Path, key: dict, arrays: Callable, seed: int, max_rows: int, what: str,
+             describe: Callable | None = None) -> dict:
     """scikit-learn's gradient-boosted trees beside a task's network (``Task.gbdt``), cached as JSON
     in ``TRAINFLOW_HOME/cache/gbdt`` by ``key`` and scikit-learn's version (``fit_s`` is the first
     fit's). ``arrays()`` gives ``(estimator, x, y, xt, matrix)``, ``matrix`` turning x or xt into
     the estimator's input; at most ``max_rows`` of x (a seeded sample) are fitted, on one thread.
     Returns ``{"predictor", "pred", "fit_s", "predict_s", "cached"}`` and a classifier's ``proba``
     ([n, k], column j the probability of class index j), or ``{"skipped": why}`` when the fit would
-    break its budget (``gbdt_budget``)."""
+    break its budget (``gbdt_budget``). ``describe(estimator) -> (name, settings)``: another model
+    than the trees (e.g. ``fit_tfidf``'s), which has no trees' budget."""
     import json
     import time
     from importlib.metadata import version
@@ -180,7 +182,8 @@ def fit_gbdt(root: Path, key: dict, arrays: Callable, seed: int, max_rows: int, 
         x, y = x[rows], y[rows]
     x, xt = matrix(x), matrix(xt)
     classes = len(np.unique(y)) if hasattr(est, "classes_") or hasattr(est, "predict_proba") else 1
-    if (why := gbdt_budget(x.shape[0], x.shape[1], classes, int(est.get_params().get("max_iter", 100)))):
+    if describe is None and (why := gbdt_budget(x.shape[0], x.shape[1], classes,
+                                                int(est.get_params().get("max_iter", 100)))):
         return {"skipped": why}
     with threadpool_limits(1):
         t0 = time.perf_counter()
@@ -193,8 +196,9 @@ def fit_gbdt(root: Path, key: dict, arrays: Callable, seed: int, max_rows: int, 
             part = est.predict_proba(xt)
             proba = np.zeros((len(xt), int(est.classes_.max()) + 1))
             proba[:, est.classes_.astype(np.int64)] = part
-    out = {"predictor": f"{type(est).__name__} (scikit-learn {sklearn.__version__}, default settings, "
-                        f"{est.n_iter_} iterations, 1 thread"
+    name, settings = (describe(est) if describe is not None
+                      else (type(est).__name__, f"default settings, {est.n_iter_} iterations"))
+    out = {"predictor": f"{name} (scikit-learn {sklearn.__version__}, {settings}, 1 thread"
                         + (f", fitted on {max_rows:,} sampled train {what}" if sampled else "")
                         + (f", on the {x.shape[1]} resized pixels" if what == "images" else "") + ")",
            "pred": pred.tolist(), "fit_s": round(t1 - t0, 3), "predict_s": round(t2 - t1, 3)}

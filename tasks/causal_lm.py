@@ -27,9 +27,6 @@ if TYPE_CHECKING:
 # Bump when tasks/causal_lm_eval.py's scoring changes: recorded champion scores then stop matching.
 METRICS_VERSION = 1
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_causal.py")
-# Generation defaults of the registered model (``predict(df, params=...)``): greedy at temperature 0.
-PREDICT_PARAMS = [("max_new_tokens", "long", 32), ("temperature", "double", 0.0),
-                  ("predict_method", "string", "generate")]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +44,9 @@ class CausalLM(Corpus, Task):
     champion_metrics = ("perplexity",)
     primary = None
     info_type = CausalInfo
-    predict_params = PREDICT_PARAMS
+    # Generation defaults of the registered model (``predict(df, params=...)``): greedy at temperature 0.
+    predict_params = [("max_new_tokens", "long", 32), ("temperature", "double", 0.0),
+                      ("predict_method", "string", "generate")]
     metrics_version = METRICS_VERSION
 
     def evaluator(self):

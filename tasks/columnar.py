@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-__all__ = ["BATCH_ROWS", "ColumnStats", "column_stats", "iter_batches", "parquet_files", "source_format",
-           "source_rows", "source_schema"]
+__all__ = ["BATCH_ROWS", "ColumnStats", "iter_batches", "parquet_files", "source_format", "source_rows",
+           "source_schema"]
 
 BATCH_ROWS = 65536  # rows per batch when the caller does not say
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -183,7 +183,7 @@ def _csv_error(path: Path, names: list[str], exc: Exception) -> str:
 class ColumnStats:
     """Running statistics of one column: batches folded in with :meth:`update`, parts with :meth:`merge`
     (Chan et al.'s update). ``mean``/``m2``/``min``/``max`` for numeric columns only; ``values``:
-    value -> count, for the columns ``column_stats(categories=...)`` names."""
+    value -> count, for a column made with ``values={}``."""
 
     name: str
     count: int = 0
@@ -285,20 +285,3 @@ class ColumnStats:
         if not self.numeric:
             self.min = self.max = None
             self.mean, self.m2 = 0.0, 0.0
-
-
-def column_stats(batches: Iterable[pa.RecordBatch], columns: list[str],
-                 categories: Iterable[str] = ()) -> dict[str, ColumnStats]:
-    """``{column: ColumnStats}`` over every batch (RecordBatch or Table), counting each value of the
-    ``categories`` columns. KeyError naming a column a batch lacks."""
-    cats = set(categories)
-    if cats - set(columns):
-        raise ValueError(f"categories {sorted(cats - set(columns))} are not among columns {columns}")
-    stats = {c: ColumnStats(c, values={} if c in cats else None) for c in columns}
-    for batch in batches:
-        names = batch.schema.names
-        for c in columns:
-            if c not in names:
-                raise KeyError(f"a batch lacks column {c!r}; it has {names}")
-            stats[c].update(batch.column(names.index(c)))
-    return stats

@@ -146,8 +146,7 @@ def load_tokenizer(path: str | Path):
     return tok
 
 
-def load_model(path: str | Path, head: str, num_labels: int | None = None, labels: list[str] | None = None,
-               dtype=None):
+def load_model(path: str | Path, head: str, num_labels: int | None = None, labels: list[str] | None = None):
     """The folder's model with ``head``: ``"sequence_classification"`` (a new head of ``num_labels``
     classes, named by ``labels`` when given), ``"causal_lm"`` or ``"encoder"`` (no head: the last
     hidden states). safetensors only, offline, no remote code."""
@@ -160,8 +159,6 @@ def load_model(path: str | Path, head: str, num_labels: int | None = None, label
     if auto is None:
         raise ValueError(f"head {head!r}: expected sequence_classification, causal_lm or encoder")
     kwargs = {"local_files_only": True, "trust_remote_code": False, "use_safetensors": True}
-    if dtype is not None:
-        kwargs["dtype"] = dtype
     if head == "sequence_classification":
         if not num_labels:
             raise ValueError("num_labels is required for a classification head")

@@ -134,11 +134,9 @@ def profile(base: Path, entries: list[tuple[str, str]]) -> "pd.DataFrame":
     rows = []
     for i, (rel, label) in enumerate(entries):
         try:
-            data = (base / rel).read_bytes()
+            rows.append(profile_row(i, rel, label, (base / rel).read_bytes()))
         except OSError as exc:
             rows.append({**profile_row(i, rel, label, None), "error": f"unreadable: {exc.strerror or exc}"})
-            continue
-        rows.append(profile_row(i, rel, label, data))
     return profile_frame(rows)
 
 
@@ -203,7 +201,6 @@ def open_image(data: bytes, channels: int, name: str):
     """A Pillow image of ``channels`` (1: L, 3: RGB), loaded; ValueError naming ``name`` when it does not decode."""
     from PIL import Image
 
-
     buf = io.BytesIO(data)
     try:
         with _opened(buf) as img:
@@ -227,7 +224,6 @@ def decode(data: bytes, size: tuple[int, int], channels: int, name: str = "the f
     """One encoded image -> uint8 ``[channels, height, width]`` of ``size`` = (height, width), scaled
     (bilinear) as it is; ValueError (naming ``name``) when Pillow cannot decode it or it is larger than MAX_PIXELS."""
     from PIL import Image
-
 
     img = open_image(data, channels, name)
     if img.size != (size[1], size[0]):

@@ -76,6 +76,8 @@ def image_cnn(channels: int, n_classes: int, widths: tuple[int, ...], hidden: in
 
 
 class BasicBlock(nn.Module):
+    expansion = 1
+
     def __init__(self, c_in: int, c_out: int, stride: int):
         super().__init__()
         self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
@@ -117,9 +119,6 @@ class Bottleneck(nn.Module):
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         return self.relu(self.bn3(self.conv3(out)) + identity)
-
-
-BasicBlock.expansion = 1
 
 
 class ResNet(nn.Module):

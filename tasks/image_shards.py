@@ -161,21 +161,20 @@ def write_shards(base: Path, entries: list[tuple[str, str]], out: Path, per_shar
 
 class ShardIndex:
     """Global sample ids over a split's shards: shard ``u`` holds ids ``start[u] .. start[u] + rows[u]``;
-    each shard's members are indexed on first use and a few kept (``keep``)."""
+    each shard's members are indexed on first use and the last 8 kept."""
 
-    def __init__(self, shards: list[Path], rows: list[int] | None = None, keep: int = 8):
+    def __init__(self, shards: list[Path]):
         self.shards = list(shards)
-        self.rows = np.asarray(rows if rows is not None else [len(index_shard(p)) for p in self.shards],
-                               dtype=np.int64)
+        self.rows = np.asarray([len(index_shard(p)) for p in self.shards], dtype=np.int64)
         self.start = np.cumsum(self.rows) - self.rows
-        self.keep, self._members = keep, {}
+        self._members = {}
 
     def __len__(self) -> int:
         return int(self.rows.sum())
 
     def members(self, unit: int) -> list[Member]:
         if unit not in self._members:
-            if len(self._members) >= self.keep:
+            if len(self._members) >= 8:
                 self._members.pop(next(iter(self._members)))
             self._members[unit] = index_shard(self.shards[unit])
         return self._members[unit]

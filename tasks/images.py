@@ -353,11 +353,11 @@ class ImageClassification(Classifier, Task):
 
             x, y, names = split_pixels(cfg, root, "test", trainflow_home(Path(root)))
             labels = [cfg.dataset.images.classes[i] for i in y]
-            return pd.DataFrame({"path": names, "label": labels}), FloatPixels(x), y, self._info(cfg, [], [])
-        rows = self.entries(cfg, root)["test"]
-        x, y = self._pixels(cfg, root, "test")
-        return (pd.DataFrame({"path": [p for p, _ in rows], "label": [c for _, c in rows]}),
-                FloatPixels(x), y, self._info(cfg, [], []))
+        else:
+            rows = self.entries(cfg, root)["test"]
+            x, y = self._pixels(cfg, root, "test")
+            names, labels = [p for p, _ in rows], [c for _, c in rows]
+        return pd.DataFrame({"path": names, "label": labels}), FloatPixels(x), y, self._info(cfg, [], [])
 
     def check_program_output(self, out: np.ndarray, info: ImageInfo) -> None:
         if out.ndim != 2 or out.shape[1] != len(info.classes):
@@ -375,7 +375,6 @@ class ImageClassification(Classifier, Task):
         if cfg.dataset.images.shards is not None:  # the shards' hashes: the samples and classes they hold
             from tasks.image_shards import split_shards
 
-            base = Path(root) / cfg.dataset.path
             listed = [(p.relative_to(base).as_posix(), "") for p in split_shards(cfg.dataset, root)[split]]
         else:
             listed = self.entries(cfg, root)[split]

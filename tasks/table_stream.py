@@ -180,7 +180,6 @@ def csv_to_parquet(path: Path, root: Path, data_md5: str, row_group_rows: int = 
     return out
 
 
-
 def info_once(task, cfg: "PipelineConfig", root: Path, source: Path, groups, data_md5: str):
     """The task's ``stream_info`` (a pass over the whole train split) once per data, config and code:
     cached as JSON in ``TRAINFLOW_HOME/cache/stream/`` under a lock (a read-only home: computed here)."""

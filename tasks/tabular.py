@@ -149,10 +149,6 @@ class _Table(Task):
         return (f"label {label!r} is an integer column with {n} distinct values"
                 + ("" if few else f" (more than {MAX_INFERRED_CLASSES}: a quantity, not classes)")), few
 
-    def init_frames(self, cfg: "PipelineConfig", root: Path) -> dict[str, "pd.DataFrame"]:
-        """Every row of the data, unlabeled ones too, split as the runs split it: what init profiles."""
-        return load_frames(cfg.dataset, root, cfg.seed, stratify=self.classification)
-
     def init_table(self, cfg: "PipelineConfig", root: Path, where: str, profile: Callable) -> dict:
         """What ``trainflow init`` makes of a table: ``{"frames", "unlabeled", "choices", "dataset"`` (the keys
         its choices add), ``"expectations"``: ``profile(frames, label, class_label, categorical=, dates=)``
@@ -162,8 +158,9 @@ class _Table(Task):
         from tasks.bounds import DataRefusedError, check_class_names, check_classes
 
         label, presplit = cfg.dataset.label, cfg.dataset.train_file is not None
-        # Every row, unlabeled ones too: the expectations describe the data validation will check.
-        frames = self.init_frames(cfg, root)
+        # Every row, unlabeled ones too, split as the runs split it: the expectations describe the data
+        # validation will check.
+        frames = load_frames(cfg.dataset, root, cfg.seed, stratify=self.classification)
         if presplit:
             cols = {s: [str(c) for c in df.columns] for s, df in frames.items()}
             if cols["train"] != cols["test"]:

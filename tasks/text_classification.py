@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from core.errors import ConfigError, DataUnavailableError
-from tasks.base import ModelSpec, cache_write, label_key, load_program, write_program_scores
+from tasks.base import ModelSpec, cache_write, fit_gbdt, label_key, load_program
 from tasks.info import DataInfo
 from tasks.tabular import Classification, TableInfo, _mlflow_type
 
@@ -382,17 +382,7 @@ class TextClassification(Classification):
         load_tokenizer(self.folder(cfg, project_root())).save_pretrained(target)
         return EXPORT_DIR
 
-    def check_program_output(self, out: np.ndarray, info: TextInfo) -> None:
-        if out.ndim != 2 or out.shape[1] != len(info.classes):
-            raise ValueError(f"the program gives outputs of shape {list(out.shape)}, expected [rows, "
-                             f"{len(info.classes)}]")
-
     # -- evaluation -----------------------------------------------------------------------------
-    def write_test_scores(self, cfg: "PipelineConfig", root: Path, out: Path) -> None:
-        val = self.validation_split(cfg, root)
-        write_program_scores(out, self.prepared(cfg, root)["xt"], self.decode,
-                             self.scoring_key(cfg, root)["split_sha256"], None if val is None else val[0])
-
     def score_champion(self, cfg: "PipelineConfig", root: Path, predictor) -> dict:
         """The champion gets the test split's texts as a column ``text``, as a serving client sends them."""
         import pandas as pd
@@ -458,48 +448,19 @@ class TextClassification(Classification):
 
 
 def fit_tfidf(root: Path, key: dict, arrays, seed: int, max_rows: int) -> dict:
-    """TF-IDF (word 1-2-grams and character 2-4-grams, sublinear tf) + ``arrays()``'s logistic regression,
-    cached as JSON in ``TRAINFLOW_HOME/cache/tfidf`` by ``key`` and scikit-learn's version; the same
-    answer as ``tasks.base.fit_gbdt``: ``{"predictor", "pred", "proba", "fit_s", "predict_s", "cached"}``."""
-    import time
-    from importlib.metadata import version
-
-    from core.hashing import sha256_json
-    from core.paths import trainflow_home
-
-    digest = sha256_json({**key, "sklearn": version("scikit-learn"), "max_rows": max_rows, "v": 1})[:32]
-    path = trainflow_home(Path(root)) / "cache" / "tfidf" / f"{digest}.json"
-    try:
-        cached = json.loads(path.read_text())
-        return {**cached, "pred": np.asarray(cached["pred"]), "proba": np.asarray(cached["proba"]), "cached": True}
-    except (OSError, ValueError, KeyError):
-        pass
-    import sklearn
+    """TF-IDF (word 1-2-grams and character 2-4-grams, sublinear tf) + ``arrays()``'s logistic regression
+    ``(estimator, x, y, xt)`` over texts, fitted and cached as ``tasks.base.fit_gbdt`` fits the trees,
+    with its answer: ``{"predictor", "pred", "proba", "fit_s", "predict_s", "cached"}``."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.pipeline import make_pipeline, make_union
-    from threadpoolctl import threadpool_limits
 
-    est, x, y, xt = arrays()
-    sampled = len(x) > max_rows
-    if sampled:
-        rows = np.sort(np.random.default_rng(seed).choice(len(x), max_rows, replace=False))
-        x, y = x[rows], y[rows]
     features = make_union(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=1),
                           TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 4), sublinear_tf=True, min_df=1))
-    pipe = make_pipeline(features, est)
-    with threadpool_limits(1):
-        t0 = time.perf_counter()
-        pipe.fit(list(x), y)
-        t1 = time.perf_counter()
-        part = pipe.predict_proba(list(xt))
-        t2 = time.perf_counter()
-    classes = pipe.classes_.astype(np.int64)
-    proba = np.zeros((len(xt), int(classes.max()) + 1))
-    proba[:, classes] = part
-    pred = classes[part.argmax(axis=1)]
-    out = {"predictor": f"TF-IDF word 1-2-grams + char 2-4-grams, LogisticRegression (scikit-learn "
-                        f"{sklearn.__version__}, C {est.C:g}, 1 thread"
-                        + (f", fitted on {max_rows:,} sampled train texts" if sampled else "") + ")",
-           "pred": pred.tolist(), "proba": proba.tolist(), "fit_s": round(t1 - t0, 3), "predict_s": round(t2 - t1, 3)}
-    cache_write(path, lambda fh: fh.write(json.dumps(out).encode()))
-    return {**out, "pred": pred, "proba": proba, "cached": False}
+
+    def pipeline():
+        est, x, y, xt = arrays()
+        return make_pipeline(features, est), x, y, xt, list
+
+    return fit_gbdt(root, {**key, "baseline": "tfidf"}, pipeline, seed, max_rows, "texts",
+                    lambda pipe: ("TF-IDF word 1-2-grams + char 2-4-grams, LogisticRegression",
+                                  f"C {pipe[-1].C:g}"))

@@ -69,21 +69,18 @@ class KubeError(TrainflowError):
 
 
 @dataclass(frozen=True)
-class KubeRequest:
-    """What ``submit`` creates: ``manifests`` in order, the job (Job or TrainJob) first."""
-
-    name: str
-    namespace: str
-    flavour: str  # "job" | "trainjob"
-    manifests: list[dict]
-    out_dir: str  # the training folder on the shared volume, the same for every resubmission
-
-
-@dataclass(frozen=True)
 class Handle:
     name: str
     namespace: str
-    flavour: str
+    flavour: str  # "job" | "trainjob"
+
+
+@dataclass(frozen=True)
+class KubeRequest(Handle):
+    """What ``submit`` creates: ``manifests`` in order, the job (Job or TrainJob) first."""
+
+    manifests: list[dict]
+    out_dir: str  # the training folder on the shared volume, the same for every resubmission
 
 
 @dataclass(frozen=True)
@@ -506,14 +503,6 @@ def describe(handle: Handle, kube: Kube) -> Status | None:
     return Status("PENDING", waiting or ("no pods yet" if not pods else ""), tuple(pods))
 
 
-def log_tail(handle: Handle, pod: str, kube: Kube, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of ``pod``'s training container ("" when the log is gone)."""
-    try:
-        return _log(kube, pod, handle, tail_lines=lines).rstrip("\n")
-    except _errors():
-        return ""
-
-
 def _log(kube: Kube, pod: str, handle: Handle, **query) -> str:
     """The training container's log as text (the raw body: the client's own decoding of a log is not
     text in every version)."""
@@ -630,7 +619,10 @@ def _ending(handle: Handle, status: Status, kube: Kube) -> Ending:
         return Ending("FAILED", f"{where} failed ({status.reason or 'no reason given'}); no failed pod left to "
                                 "name", nodes=nodes)
     first = failed[0]
-    tail = log_tail(handle, first.name, kube)
+    try:  # the failing container's last lines ("" when its log is gone)
+        tail = _log(kube, first.name, handle, tail_lines=LOG_TAIL_LINES).rstrip("\n")
+    except _errors():
+        tail = ""
     last = next((line for line in reversed(tail.splitlines()) if line.strip()), "")
     on = f", on {first.node}" if first.node else ""
     return Ending("FAILED", f"{where} failed: pod {first.name} (node rank {first.rank}{on}) exited "

@@ -24,7 +24,7 @@ import secrets
 import shlex
 import subprocess
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.config import SlurmRestConfig
@@ -100,13 +100,14 @@ class SlurmStatus:
 
 
 def dry_run(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, job_name: str | None = None,
-            comment: str = "", rdzv_token: str | None = None) -> SlurmRequest:
+            comment: str = "", rdzv_token: str | None = None, env: dict[str, str] | None = None) -> SlurmRequest:
     """The batch job that runs ``plan`` with the config's ``launcher.slurm`` settings; reads and
     writes nothing. ``out_dir`` (the training folder) and ``root`` (the checkout) must be paths
     every node sees; ``comment`` (e.g. the flow-run and MLflow run ids) is the job's comment.
     ``rdzv_token``: the random part of the rendezvous id (default: drawn), which is
     ``$SLURM_JOB_ID-<token>``: the job id names it, the token keeps it unguessable (agents
-    unpickle what the c10d store holds under it). ConfigError naming the key when they don't fit."""
+    unpickle what the c10d store holds under it). ``env``: variables the workers get beside the plan's.
+    ConfigError naming the key when they don't fit."""
     s = plan.cfg.launcher.slurm
     out_dir, root = Path(out_dir), Path(root)
     if not out_dir.is_absolute() or not root.is_absolute():
@@ -133,7 +134,7 @@ def dry_run(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, job_name
                "signal": f"{s.signal}@{s.signal_before_limit_s}" if s.signal_before_limit_s else None}
     options = {k: v for k, v in options.items() if v is not None or k.endswith("requeue")}
     lines = ["#!/bin/bash", *(f"#SBATCH --{k}" + (f"={v}" if v is not None else "") for k, v in options.items())]
-    env = {**job_env(spec), "TRAINFLOW_SLURM_RDZV_TOKEN": token}
+    env = {**(env or {}), **job_env(spec), "TRAINFLOW_SLURM_RDZV_TOKEN": token}
     on_nodes = [f"--nodes={nodes}", "--ntasks-per-node=1"]
     if s.container_image:
         on_nodes += [f"--container-image={s.container_image}", f"--container-workdir={root}"]
@@ -382,20 +383,11 @@ def start(plan: LaunchPlan, out_dir: Path, root: Path, data_md5: str, env: dict[
     ``SlurmJob.finish``. ``env``: variables the workers get (beside the plan's). Refusals raise
     before anything is queued: ConfigError (settings, a missing shared folder), SlurmRefusedError."""
     check_shared_dir(plan.cfg)
-    request = dry_run(plan, Path(out_dir), Path(root), data_md5, comment=comment)
-    if env:
-        request = _with_env(request, env)
+    request = dry_run(plan, Path(out_dir), Path(root), data_md5, comment=comment, env=env)
     s = plan.cfg.launcher.slurm
     job = SlurmJob(request, s.queue_limit_s, plan.cfg.training.max_restarts, hooks, rest=s.rest)
     job.submit()
     return job
-
-
-def _with_env(request: SlurmRequest, env: dict[str, str]) -> SlurmRequest:
-    """``request`` with ``env`` exported in its batch script before the first step."""
-    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
-    script = request.script.replace("set -uo pipefail\n", "set -uo pipefail\n" + exports, 1)
-    return replace(request, script=script, files={**request.files, SCRIPT_NAME: script})
 
 
 @dataclass

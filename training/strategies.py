@@ -117,12 +117,6 @@ class Strategy:
             total = total.full_tensor()  # collective under fsdp: every rank calls clip_grad_norm
         return float(total)
 
-    def state_bytes(self, wrapped: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-        """Bytes of parameters, gradients and optimizer state held by this rank (DTensor: local shard)."""
-        from training.metrics import state_bytes
-
-        return state_bytes(wrapped, optimizer)
-
     def full_state_dict(self, wrapped: nn.Module) -> dict | None:
         """COLLECTIVE. Rank 0: a full CPU copy of the model's state dict; other ranks: None."""
         if not self.ctx.is_main:

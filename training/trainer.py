@@ -27,7 +27,8 @@ from tasks import get_task
 from tasks.splits import Splits
 from training.distributed import DistContext, all_gather_object, all_gather_tensor, all_reduce_sum, any_rank
 from training.goodput import Ledger, agree_interval, describe, restart_count, summarise  # noqa: F401
-from training.metrics import StepMetrics, flops_per_sample, gpu_utilization, mfu, peak_memory_bytes
+from training.metrics import (StepMetrics, flops_per_sample, gpu_utilization, mfu, peak_memory_bytes,
+                              state_bytes)
 from training.preemption import StopRequest
 from training.sink import MetricsSink
 from training.parallel import build_strategy
@@ -483,7 +484,7 @@ class Trainer:
         mine = {"rank": self.ctx.rank, "epochs_run": st.epoch, "step": st.step,
                 "stopped_early_at_epoch": result.stopped_early_at_epoch, "status": result.status,
                 "peak_mem_mb": peak_memory_bytes(self.ctx.device) / 2**20,
-                **self.strategy.state_bytes(self.model, self.opt), **self.strategy.rank_info()}
+                **state_bytes(self.model, self.opt), **self.strategy.rank_info()}
         result.ranks = all_gather_object(self.ctx, mine)
         self.sink.finish()
         return result

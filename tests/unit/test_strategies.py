@@ -11,6 +11,7 @@ from torch import nn
 from core.errors import ConfigError
 from training.checkpoint import load_state, save_state
 from training.distributed import DistContext
+from training.metrics import state_bytes
 from training.parallel import build_strategy
 from training.strategies import (
     DDPStrategy,
@@ -138,18 +139,17 @@ def test_full_state_dict_is_a_copy():
 
 
 def test_state_bytes_small_model():
-    s = build_strategy("single", CPU1)
     model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 5))  # 220 + 105 = 325 params
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    assert s.state_bytes(model, opt) == {"param_bytes": 325 * 4, "grad_bytes": 0, "optim_bytes": 0}
+    assert state_bytes(model, opt) == {"param_bytes": 325 * 4, "grad_bytes": 0, "optim_bytes": 0}
     nn.functional.cross_entropy(model(torch.randn(4, 10)), torch.randint(0, 5, (4,))).backward()
     opt.step()
     # AdamW: exp_avg + exp_avg_sq per param (2 x 325 floats) + one fp32 step scalar per tensor (4).
-    assert s.state_bytes(model, opt) == {
+    assert state_bytes(model, opt) == {
         "param_bytes": 1300, "grad_bytes": 1300, "optim_bytes": 2 * 1300 + 4 * 4,
     }
     model.half()
-    assert s.state_bytes(model, opt)["param_bytes"] == 325 * 2
+    assert state_bytes(model, opt)["param_bytes"] == 325 * 2
 
 
 def test_clip_grad_norm_returns_float():

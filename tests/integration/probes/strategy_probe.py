@@ -29,6 +29,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from training.distributed import all_gather_object, all_reduce_sum, barrier, process_group
 from training.checkpoint import load_state, save_state
+from training.metrics import state_bytes
 from training.parallel import build_strategy
 
 DIMS = (64, 256, 256, 10)
@@ -140,11 +141,11 @@ def main() -> None:
             # -- curves + bytes: the uninterrupted run ------------------------------------
             wrapped = strat.wrap(make_model(0).to(ctx.device))
             opt = make_opt(wrapped, args.optimizer)
-            before = strat.state_bytes(wrapped, opt)
+            before = state_bytes(wrapped, opt)
             run = train(ctx, strat, wrapped, opt, 0, steps, batch, args.clip)
             rec["losses"], rec["norms"] = run["losses"], run["norms"]
             rec["bytes_before"] = before
-            rec["bytes_after"] = strat.state_bytes(wrapped, opt)
+            rec["bytes_after"] = state_bytes(wrapped, opt)
             rec["bytes_per_rank"] = all_gather_object(ctx, rec["bytes_after"])
             rec["wrapped_type"] = type(wrapped).__name__
             rec["param_types"] = sorted({type(p).__name__ for p in wrapped.parameters()})
