@@ -1,9 +1,10 @@
 """MLflow pyfunc wrapper of a fine-tuned causal LM (models-from-code file): prompt text in, generated
 text out.
 
-MLflow copies this file into the logged model, so it imports no project code. The model folder
-(safetensors weights, config, tokenizer files) is the ``model`` artifact, whose files the registry
-hashed at registration; it loads offline, from that folder only, never with remote code.
+MLflow copies this file into the logged model (with ``pyfunc_common``), so it imports no other
+project code. The model folder (safetensors weights, config, tokenizer files) is the ``model``
+artifact, whose files the registry hashed at registration; it loads offline, from that folder only,
+never with remote code.
 
 Input: a DataFrame with a ``text`` column (the prompts), or a list of strings. Output: the generated
 continuation of each prompt (the prompt itself left out). ``params``: ``max_new_tokens`` (32),
@@ -14,18 +15,16 @@ given the text as its prompt, in the windows of ``tasks.causal_lm_data.record_ta
 step by a test).
 """
 
-import json
-import os
+import sys
 
-for _key, _value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("HF_HUB_DISABLE_TELEMETRY", "1"),
-                     ("TOKENIZERS_PARALLELISM", "false")):
-    os.environ.setdefault(_key, _value)
+import mlflow
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
 
-import mlflow  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+sys.modules.pop("pyfunc_common", None)  # this model's own copy: MLflow puts its code/ first on sys.path
+import pyfunc_common as common  # noqa: E402
 
 IGNORE = -100
 
@@ -52,10 +51,10 @@ class TextGenerator(mlflow.pyfunc.PythonModel):
     """Generated continuations of a DataFrame's ``text`` column (or their scores)."""
 
     def load_context(self, context):
+        common.offline()
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        with open(context.artifacts["meta"]) as fh:
-            self.max_length = int(json.load(fh)["max_length"])
+        self.max_length = int(common.meta(context)["max_length"])
         folder = context.artifacts["model"]
         kwargs = {"local_files_only": True, "trust_remote_code": False}
         self.tok = AutoTokenizer.from_pretrained(folder, **kwargs)
@@ -64,20 +63,10 @@ class TextGenerator(mlflow.pyfunc.PythonModel):
         self.model = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True, **kwargs).eval()
 
     def predict(self, context, model_input, params=None):
-        params = params or {}
-        if isinstance(model_input, pd.DataFrame):
-            if "text" not in model_input.columns:
-                raise ValueError(f"expected a 'text' column, got {list(model_input.columns)[:5]}")
-            texts = model_input["text"].tolist()
-            completions = model_input["completion"].tolist() if "completion" in model_input.columns else None
-        else:
-            texts, completions = list(model_input), None
-        bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
-        if bad:
-            raise ValueError(f"text must be strings; rows {bad[:5]} are not")
-        if params.get("predict_method", "generate") == "score":
-            records = [(t,) for t in texts] if completions is None else list(zip(texts, completions))
-            return self._score(records)
+        params, texts = params or {}, common.texts(model_input)
+        if common.method(params, ("generate", "score")) == "score":
+            completions = model_input.get("completion") if isinstance(model_input, pd.DataFrame) else None
+            return self._score([(t,) for t in texts] if completions is None else list(zip(texts, completions)))
         return pd.Series([self._generate(t, int(params.get("max_new_tokens") or 32),
                                          float(params.get("temperature") or 0.0)) for t in texts], dtype=object)
 
@@ -99,9 +88,7 @@ class TextGenerator(mlflow.pyfunc.PythonModel):
                     loss_sum[i] += float(F.cross_entropy(logits.transpose(1, 2), y, ignore_index=IGNORE,
                                                          reduction="sum"))
                     n_tokens[i] += int((y != IGNORE).sum())
-        with np.errstate(invalid="ignore", divide="ignore"):
-            loss = np.where(n_tokens > 0, loss_sum / np.maximum(n_tokens, 1), np.nan)
-        return pd.DataFrame({"loss": loss, "perplexity": np.exp(loss), "n_tokens": n_tokens})
+        return common.scores(loss_sum, n_tokens)
 
 
 mlflow.models.set_model(TextGenerator())

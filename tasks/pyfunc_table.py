@@ -1,7 +1,8 @@
 """MLflow pyfunc wrapper around a table's ``torch.export`` program (models-from-code file).
 
-MLflow copies this file into the logged model, so it imports no project code; it also runs it when
-the model is logged, so torch is imported in ``load_context`` only. The program maps float32
+MLflow copies this file into the logged model (with ``pyfunc_common``), so it imports no other
+project code; it also runs it when the model is logged, so torch is imported only where the program
+runs. The program maps float32
 encoded rows to ``[batch, n_outputs]``; ``meta.json`` holds the feature columns with their kind
 (categorical ones with their vocabulary) and ``output``: ``label`` (``class_labels`` in order) or
 ``value`` (a regression's, in the target's units), and a binary classifier's ``threshold`` (class 1
@@ -11,22 +12,21 @@ classifier returns labels, or with ``params={"predict_method": "predict_proba"}`
 class probabilities, a column per class named by its label.
 """
 
-import json
+import sys
 
 import mlflow
 import numpy as np
 import pandas as pd
+
+sys.modules.pop("pyfunc_common", None)  # this model's own copy: MLflow puts its code/ first on sys.path
+import pyfunc_common as common  # noqa: E402
 
 
 class ExportedTable(mlflow.pyfunc.PythonModel):
     """Predicts one class label, or one value, per row of a DataFrame of the feature columns."""
 
     def load_context(self, context):
-        import torch
-
-        self._torch = torch
-        with open(context.artifacts["meta"]) as fh:
-            meta = json.load(fh)
+        meta = common.meta(context)
         self.feature_columns = list(meta["feature_columns"])
         # Older models (before categorical columns) list only the names: every column numeric.
         self.columns = meta.get("columns") or [{"name": c, "kind": "numeric"} for c in self.feature_columns]
@@ -34,15 +34,13 @@ class ExportedTable(mlflow.pyfunc.PythonModel):
         self.codes = (codes["missing"], codes["other"], codes["first"])
         self.vocab = {c["name"]: pd.Index(c["values"], dtype=object) for c in self.columns
                       if c["kind"] == "categorical"}
-        labels = meta.get("class_labels")
-        self.class_labels = None if labels is None else np.asarray(labels, dtype=object if any(
-            isinstance(c, str) for c in labels) else np.int64)
+        self.class_labels = common.labels(meta.get("class_labels"))
         self.threshold = meta.get("threshold")
-        self.program = torch.export.load(context.artifacts["model"]).module()
+        self.program = common.program(context)
 
     # The pd.DataFrame hint keeps MLflow from inferring a schema from type hints; arrays are accepted too.
     def predict(self, context, model_input: pd.DataFrame, params=None):
-        method = _method(params, self.class_labels is not None)
+        method = common.method(params, ("predict",) if self.class_labels is None else ("predict", "predict_proba"))
         if isinstance(model_input, pd.DataFrame):
             missing = [c for c in self.feature_columns if c not in model_input.columns]
             if missing:
@@ -67,25 +65,13 @@ class ExportedTable(mlflow.pyfunc.PythonModel):
             values = np.asarray(model_input, dtype=np.float32)
         if values.ndim != 2 or values.shape[1] != len(self.columns):
             raise ValueError(f"expected [rows, {len(self.columns)}] features, got {list(values.shape)}")
-        if values.shape[0] == 0 and method == "predict_proba":
-            return pd.DataFrame(np.empty((0, len(self.class_labels))), columns=self.class_labels.tolist())
-        if values.shape[0] == 0:
-            return np.empty(0, dtype=np.float64 if self.class_labels is None else self.class_labels.dtype)
         if np.isinf(values).any():
             # NaN is a missing value: the program imputes it (its first layer).
             raise ValueError("features contain infinite values")
-        torch = self._torch
-        with torch.inference_mode():
-            # torch.tensor copies: pandas may hand back a read-only view.
-            logits = self.program(torch.tensor(values))
         if self.class_labels is None:  # a regression: the one output, in the target's units
-            return logits[:, 0].double().numpy()
-        proba = _softmax(logits.numpy())
-        if method == "predict_proba":
-            return pd.DataFrame(proba, columns=self.class_labels.tolist())
-        if self.threshold is not None and proba.shape[1] == 2:
-            return self.class_labels[(proba[:, 1] >= self.threshold).astype(np.int64)]
-        return self.class_labels[proba.argmax(axis=1)]
+            return common.forward(lambda x: self.program(x)[:, 0], values, rows=common.PROGRAM_ROWS)
+        logits = common.forward(self.program, values, rows=common.PROGRAM_ROWS)
+        return common.classes(logits, self.class_labels, method, self.threshold)
 
     def _codes(self, s: pd.Series, vocab: pd.Index) -> np.ndarray:
         """A categorical column's codes: its values' text forms looked up in the vocabulary."""
@@ -121,15 +107,6 @@ def _date_parts(s: pd.Series, fmt: str) -> dict:
     return out
 
 
-def _method(params, classifier: bool) -> str:
-    """``params["predict_method"]``: ``predict`` (labels or values) or a classifier's ``predict_proba``."""
-    method = (params or {}).get("predict_method") or "predict"
-    allowed = ("predict", "predict_proba") if classifier else ("predict",)
-    if method not in allowed:
-        raise ValueError(f"params.predict_method: must be one of {', '.join(allowed)}, got {method!r}")
-    return method
-
-
 def _text(v) -> str:
     """A category's text form: True/False, whole numbers without ".0", else str()."""
     if isinstance(v, (bool, np.bool_)):
@@ -137,14 +114,6 @@ def _text(v) -> str:
     if isinstance(v, (float, np.floating)) and float(v).is_integer() and abs(v) < 2**53:
         return str(int(v))
     return str(v)
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    """Class probabilities in float64, computed as ``tasks/metrics.py``'s ``softmax`` (the same bits as
-    the evaluation's, so a rescored model's ranking metrics equal its recorded ones)."""
-    z = np.asarray(logits, dtype=np.float64)
-    z = np.exp(z - z.max(axis=1, keepdims=True))
-    return z / z.sum(axis=1, keepdims=True)
 
 
 mlflow.models.set_model(ExportedTable())

@@ -237,7 +237,7 @@ def test_version_lifecycle(store, program, pixels):
     model_dir = store["root"] / "artifacts" / "trainflow-test" / "models" / v1["model_id"] / "artifacts"
     assert (model_dir / "MLmodel").is_file()
     assert (model_dir / "artifacts" / "model.pt2").is_file()
-    assert (model_dir / "pyfunc_table.py").is_file()
+    assert (model_dir / "pyfunc_table.py").is_file() and (model_dir / "code" / "pyfunc_common.py").is_file()
     assert (model_dir / "requirements.txt").read_text().split() == pip_requirements()
     assert (model_dir / "input_example.json").is_file()
     assert not (store["root"] / "cwd" / "mlruns").exists()
