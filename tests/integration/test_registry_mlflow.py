@@ -75,12 +75,13 @@ def log_model_version(run_id, pt2, name, features, labels, example, tags, descri
     from registry.models import log_version as log
     from tasks import get_task
     from tasks.base import ModelSpec
-    from tasks.tabular import PYFUNC_FILE
+    from tasks.tabular import PYFUNC_CODE, PYFUNC_FILE
 
     task = get_task("classification")
     meta = {"format": "torch.export", "input_dtype": "float32", "feature_columns": list(features),
             "output": "label", "class_labels": list(labels)}
-    spec = ModelSpec(PYFUNC_FILE, meta, [(c, "long") for c in features], [(None, "long")], example)
+    spec = ModelSpec(PYFUNC_FILE, meta, [(c, "long") for c in features], [(None, "long")], example,
+                     code_paths=PYFUNC_CODE)
     if Path(pt2).is_file():
         task.check_program(pt2, spec)
     return log(run_id, pt2, name, spec, tags, description)

@@ -187,7 +187,7 @@ def test_every_recorded_file_of_the_champion_is_checked_before_anything_of_it_ru
     tags = MlflowClient().get_model_version(reg["name"], reg["version"]).tags
     recorded = sorted(k[len(models.HASH_TAG):] for k in tags if k.startswith(models.HASH_TAG))
     code = [rel for rel in recorded if rel.endswith(".py")]
-    assert code == ["code/pyfunc_common.py", "pyfunc_table.py"]  # the shared module shipped in code/ too
+    assert code == ["code/encoding.py", "code/pyfunc_common.py", "pyfunc_table.py"]  # the modules in code/ too
     assert {"MLmodel", "artifacts/meta.json", models.PROGRAM_FILE} <= set(recorded)
     root = Path(MlflowClient().get_logged_model(reg["model_id"]).artifact_location.removeprefix("file://"))
     marker = tmp_path / "code-ran"
