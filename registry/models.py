@@ -1,7 +1,8 @@
 """Log, register, promote and load models through the MLflow model registry.
 
-The model is a pyfunc logged from code (the task's file, e.g. ``tasks/pyfunc_table.py``) around the
-``torch.export`` program: loading it needs mlflow, torch, pandas and numpy, no project code and no pickle.
+The model is a pyfunc logged from code (the task's file, e.g. ``tasks/pyfunc_table.py``, and the modules
+it imports in ``code/``) around the ``torch.export`` program: loading it needs mlflow, torch, pandas and
+numpy, no installed project code and no pickle.
 Versions are addressed by alias only (``@challenger``: the newest registered, ``@champion``: the one serving).
 """
 
