@@ -1,10 +1,11 @@
 """What the models-from-code files (``tasks/pyfunc_*.py``) share: meta.json, input checks, batched
-forward passes, class decisions and text scores.
+forward passes, class decisions, and the language models' scoring rules, which their tasks'
+evaluations run too (``tasks/lm_eval.py``, ``tasks/causal_lm_eval.py``).
 
 The registry logs this file into each model's ``code/`` folder (``ModelSpec.code_paths``), hashes it
 like every file a load runs, and MLflow puts that folder first on ``sys.path`` when it loads the model.
 So, like the files that import it, it imports no project code; torch and pandas only where needed
-(the lm and causal_lm tasks' evaluations run its scoring rules, in workers that load neither).
+(the lm and causal_lm tasks import it, and their processes need not load pandas).
 """
 
 import json
