@@ -1,7 +1,8 @@
 """Log, register, promote and load models through the MLflow model registry.
 
-The model is a pyfunc logged from code (the task's file, e.g. ``tasks/pyfunc_table.py``) around the
-``torch.export`` program: loading it needs mlflow, torch, pandas and numpy, no project code and no pickle.
+The model is a pyfunc logged from code (the task's file, e.g. ``tasks/pyfunc_table.py``, and the modules
+it imports in ``code/``) around the ``torch.export`` program: loading it needs mlflow, torch, pandas and
+numpy, no installed project code and no pickle.
 Versions are addressed by alias only (``@challenger``: the newest registered, ``@champion``: the one serving).
 """
 
@@ -11,9 +12,10 @@ import importlib
 import json
 import logging
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +109,8 @@ def log_version(run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
         raise FileNotFoundError(f"model program not found: {model_pt2}")
     c = client()
     artifact = artifact_hashes(model_pt2)
-    hashes = {**artifact, Path(spec.python_model).name: file_sha256(spec.python_model)}
+    hashes = {**artifact, Path(spec.python_model).name: file_sha256(spec.python_model),
+              **{f"code/{Path(p).name}": file_sha256(p) for p in spec.code_paths}}
     try:
         found = c.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
     except Exception as exc:
@@ -147,13 +150,14 @@ def _log_new(c, run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
         if model_pt2.is_file() and model_pt2.name != Path(PROGRAM_FILE).name:  # kept under its file name
             program = Path(tmp, Path(PROGRAM_FILE).name)
             shutil.copyfile(model_pt2, program)
-        with PROGRAM_LOCK:
+        with PROGRAM_LOCK, _importable(spec.code_paths):
             # Model.log takes a run_id (mlflow.pyfunc.log_model needs the per-thread fluent run). The
             # LoggedModel is created here too: left to Model.log it lands in the default experiment.
             logged = c.create_logged_model(experiment_id=run.info.experiment_id, name=ARTIFACT_NAME,
                                            source_run_id=run_id, tags=clean_tags(manifest_tags, MAX_TAG_VALUE_LENGTH))
             Model.log(artifact_path=None, name=ARTIFACT_NAME, flavor=_Pyfunc, run_id=run_id, model_id=logged.model_id,
                       python_model=str(spec.python_model), artifacts={"model": str(program), "meta": str(meta_file)},
+                      code_paths=[str(p) for p in spec.code_paths],
                       pip_requirements=pip_requirements(spec.requirements),
                       signature=signature_of(spec),
                       input_example=spec.example.head(MAX_EXAMPLE_ROWS).reset_index(drop=True),
@@ -168,6 +172,19 @@ def _log_new(c, run_id: str, model_pt2: Path, model_name: str, spec, manifest_ta
         name=model_name, source=f"models:/{logged.model_id}", run_id=run_id, description=description or None,
         tags=clean_tags({**manifest_tags, **{HASH_TAG + k: v for k, v in hashes.items()}}, MAX_MODEL_TAG_VALUE_LENGTH),
         model_id=logged.model_id).version, logged.model_id
+
+
+@contextmanager
+def _importable(paths: Sequence[Path]):
+    """The folders of ``paths`` first on ``sys.path`` while MLflow runs the pyfunc file to log it, as the
+    logged model's ``code/`` folder is when it loads."""
+    folders = list(dict.fromkeys(str(Path(p).parent) for p in paths))
+    sys.path[:0] = folders
+    try:
+        yield
+    finally:
+        for folder in folders:
+            sys.path.remove(folder)
 
 
 def signature_of(spec):

@@ -229,6 +229,10 @@ class Metric:
         return ">=" if self.higher_is_better else "<="
 
 
+# The module every built-in pyfunc file imports (``tasks/pyfunc_common.py``).
+PYFUNC_COMMON = Path(__file__).with_name("pyfunc_common.py")
+
+
 @dataclass
 class ModelSpec:
     """What the registry logs: a models-from-code pyfunc file over the exported program. ``inputs`` /
@@ -252,6 +256,9 @@ class ModelSpec:
     # Distributions the pyfunc imports besides mlflow, torch, pandas and numpy (e.g. ``tokenizers``):
     # pinned at this environment's versions in the logged model's requirements.
     requirements: list[str] = field(default_factory=list)
+    # Modules the pyfunc file imports by name, logged into the model's ``code/`` (first on ``sys.path``
+    # when it loads) and hashed: the built-in pyfuncs' shared ``pyfunc_common``.
+    code_paths: list[Path] = field(default_factory=lambda: [PYFUNC_COMMON])
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ A training sample is ``x`` int64 ``[2, max_length]`` (row 0 token ids, row 1 the
   targets are the completion's tokens (and EOS) only; a pair whose prompt leaves no completion token
   is dropped, counted in the log.
 
-The scores (``record_targets``) use the same rules per record, so the evaluation's figures and the
-registered pyfunc's ``score`` agree (``tasks/pyfunc_causal.py`` keeps a copy; a test holds them equal).
+The scores (``record_targets``, in ``tasks.pyfunc_common``) use the same rules per record; the
+evaluation and the registered pyfunc's ``score`` both run that code.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import DataUnavailableError
+from tasks.pyfunc_common import IGNORE, consecutive, record_targets, text_ids
 from tasks.text import read_records  # noqa: F401 - the records' reader, here too
 
-IGNORE = -100
 # Bump when the tokenized arrays change meaning: older cache files are then never read.
 CACHE_VERSION = 1
 log = logging.getLogger("trainflow.train")
@@ -43,41 +43,10 @@ def columns(cfg) -> tuple[str, ...]:
     return (p.text_column,)
 
 
-def _ids(tok, text: str, special: bool) -> list[int]:
-    return list(tok(text, add_special_tokens=special)["input_ids"])
-
-
-def _text_ids(tok, text: str) -> list[int]:
-    """A text's tokens, ending with EOS."""
-    ids = _ids(tok, text, True)
-    if tok.eos_token_id is not None and (not ids or ids[-1] != tok.eos_token_id):
-        ids.append(tok.eos_token_id)
-    return ids
-
-
-def _consecutive(ids: list[int], max_length: int) -> list[tuple[list[int], list[int]]]:
-    """``ids`` cut into consecutive ``(inputs, next tokens)`` windows of at most ``max_length``."""
-    return [(ids[s:s + n], ids[s + 1:s + n + 1]) for s in range(0, max(len(ids) - 1, 0), max_length)
-            for n in [min(max_length, len(ids) - 1 - s)]]
-
-
-def record_targets(tok, record: tuple[str, ...], max_length: int) -> list[tuple[list[int], list[int]]]:
-    """One record as windows ``[(inputs, targets)]`` (``targets[t]``: the next token, IGNORE where not
-    learned), each at most ``max_length`` long: a text's tokens + EOS in consecutive windows; a pair's
-    prompt + completion + EOS in one window, targets on the completion only (no window: nothing learned)."""
-    eos = tok.eos_token_id
-    if len(record) == 1:
-        return _consecutive(_text_ids(tok, record[0]), max_length)
-    prompt = _ids(tok, record[0], True)
-    ids = (prompt + _ids(tok, record[1], False) + ([eos] if eos is not None else []))[:max_length + 1]
-    targets = [t if i + 1 >= len(prompt) else IGNORE for i, t in enumerate(ids[1:])]
-    return [(ids[:-1], targets)] if any(t != IGNORE for t in targets) else []
-
-
 def pack_text(tok, records: list[tuple[str, ...]], max_length: int) -> tuple[np.ndarray, np.ndarray]:
     """``text`` records packed into ``(x [n, 2, L], y [n, L])`` (see the module's docstring)."""
-    stream = [t for (text,) in records for t in _text_ids(tok, text)]
-    return _padded(_consecutive(stream, max_length), max_length, tok.pad_token_id)
+    stream = [t for (text,) in records for t in text_ids(tok, text)]
+    return _padded(consecutive(stream, max_length), max_length, tok.pad_token_id)
 
 
 def pairs(tok, records: list[tuple[str, ...]], max_length: int) -> tuple[np.ndarray, np.ndarray]:

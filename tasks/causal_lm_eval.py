@@ -1,7 +1,7 @@
 """Evaluating a fine-tuned causal LM (the ``causal_lm`` task) on its eval records: held-out loss and
 perplexity, token-weighted over every learned target (a text's tokens and EOS; a pair's completion
-and EOS), per record in the windows of ``tasks.causal_lm_data.record_targets``. The registered pyfunc
-scores the same way (``predict_method: score``), so a rescored champion compares with the candidate.
+and EOS), per record in the windows of ``record_targets`` (``tasks.pyfunc_common.score_records``, which
+the registered pyfunc runs for ``predict_method: score``, so a rescored champion compares with it).
 The summary and the champion comparison are the ``lm`` task's (``tasks.lm_eval.summarise``)."""
 
 from __future__ import annotations
@@ -11,43 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from tasks.lm_eval import summarise, write_report
+from tasks.pyfunc_common import score_records
 
-BATCH_WINDOWS = 16
 # The fine-tuned model folder (safetensors + tokenizer) in the training folder, beside model.pt2.
 EXPORT_DIR = "hf_model"
-
-
-def score_records(model, tok, records, max_length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-record (summed cross-entropy in nats, learned targets) under ``model`` (a transformers causal LM)."""
-    import torch
-    import torch.nn.functional as F
-
-    from tasks.causal_lm_data import IGNORE, record_targets
-
-    windows, owner = [], []
-    for i, record in enumerate(records):
-        for w in record_targets(tok, record, max_length):
-            windows.append(w)
-            owner.append(i)
-    per_window = np.zeros(len(windows))
-    pad = tok.pad_token_id or 0
-    with torch.inference_mode():
-        for s in range(0, len(windows), BATCH_WINDOWS):
-            part = windows[s:s + BATCH_WINDOWS]
-            t = max(len(x) for x, _ in part)
-            ids = torch.full((len(part), t), pad, dtype=torch.long)
-            mask = torch.zeros((len(part), t), dtype=torch.long)
-            y = torch.full((len(part), t), IGNORE, dtype=torch.long)
-            for j, (x, tg) in enumerate(part):
-                ids[j, :len(x)], mask[j, :len(x)], y[j, :len(tg)] = torch.tensor(x), 1, torch.tensor(tg)
-            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
-            nll = F.cross_entropy(logits.transpose(1, 2), y, ignore_index=IGNORE, reduction="none")
-            per_window[s:s + len(part)] = nll.sum(1).double().numpy()
-    counts = [sum(t != IGNORE for t in tg) for _, tg in windows]
-    owner_arr = np.asarray(owner, dtype=np.int64)
-    loss_sum = np.bincount(owner_arr, weights=per_window, minlength=len(records))
-    n_tokens = np.bincount(owner_arr, weights=np.asarray(counts, dtype=np.float64), minlength=len(records))
-    return loss_sum, n_tokens.astype(np.int64)
 
 
 def summary(loss_sum, n_tokens) -> dict:

@@ -4,8 +4,8 @@ documents: loss, perplexity, bits per byte.
 Every target byte of a document is scored exactly once, in windows of ``seq_len`` tokens:
 non-overlapping windows from the start, the last one shifted back to end at the document's end
 (its already-scored targets masked out), and a document shorter than one window padded on the
-right. A document of n bytes has n - 1 targets. The registered pyfunc (``tasks/pyfunc_lm.py``)
-scores with the same rule, so the candidate's figures and the champion's compare.
+right. A document of n bytes has n - 1 targets. The rule is ``tasks.pyfunc_common.windows``, which the
+registered pyfunc (``tasks/pyfunc_lm.py``) runs too, so the candidate's figures and the champion's compare.
 
 Metrics are token-weighted over all documents: ``loss`` is the mean cross-entropy per target byte
 in nats, ``perplexity = exp(loss)``, ``bits_per_byte = loss / ln 2``.
@@ -16,64 +16,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
 from tasks.base import LoadedModel
-
-BATCH_WINDOWS = 64
-
-
-def windows(doc: bytes, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(x, y, mask) int64/int64/bool ``[w, seq_len]`` covering every target of ``doc`` once."""
-    arr = np.frombuffer(doc, dtype=np.uint8).astype(np.int64)
-    n_targets = len(arr) - 1
-    if n_targets <= 0:
-        z = np.zeros((0, seq_len), dtype=np.int64)
-        return z, z.copy(), np.zeros((0, seq_len), dtype=bool)
-    if n_targets <= seq_len:
-        x = np.zeros((1, seq_len), dtype=np.int64)
-        y = np.zeros((1, seq_len), dtype=np.int64)
-        x[0, :n_targets], y[0, :n_targets] = arr[:-1], arr[1:]
-        mask = np.zeros((1, seq_len), dtype=bool)
-        mask[0, :n_targets] = True
-        return x, y, mask
-    starts = list(range(0, n_targets - seq_len + 1, seq_len))
-    covered = starts[-1] + seq_len
-    if covered < n_targets:
-        starts.append(n_targets - seq_len)
-    xs = np.stack([arr[s : s + seq_len] for s in starts])
-    ys = np.stack([arr[s + 1 : s + seq_len + 1] for s in starts])
-    mask = np.ones_like(xs, dtype=bool)
-    if covered < n_targets:
-        mask[-1, : seq_len - (n_targets - covered)] = False  # scored by the previous window
-    return xs, ys, mask
-
-
-def score_documents(module, docs: Sequence[bytes], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-document (summed cross-entropy in nats, number of targets) under ``module`` (int64
-    ``[batch, seq_len]`` tokens -> logits ``[batch, seq_len, vocab]``)."""
-    import torch
-    import torch.nn.functional as F
-
-    parts = [windows(d, seq_len) for d in docs]
-    owner = np.repeat(np.arange(len(parts)), [len(p[0]) for p in parts])
-    empty = np.zeros((0, seq_len), dtype=np.int64)
-    x = np.concatenate([p[0] for p in parts] + [empty])
-    y = np.concatenate([p[1] for p in parts] + [empty])
-    mask = np.concatenate([p[2] for p in parts] + [empty.astype(bool)])
-    per_window = np.zeros(len(x), dtype=np.float64)
-    with torch.inference_mode():
-        for s in range(0, len(x), BATCH_WINDOWS):
-            logits = module(torch.from_numpy(x[s : s + BATCH_WINDOWS])).float()
-            nll = F.cross_entropy(logits.transpose(1, 2), torch.from_numpy(y[s : s + BATCH_WINDOWS]),
-                                  reduction="none").double().numpy()
-            per_window[s : s + BATCH_WINDOWS] = (nll * mask[s : s + BATCH_WINDOWS]).sum(1)
-    loss_sum = np.bincount(owner, weights=per_window, minlength=len(docs))
-    n_tokens = np.bincount(owner, weights=mask.sum(1), minlength=len(docs)).astype(np.int64)
-    return loss_sum, n_tokens
-
+from tasks.pyfunc_common import score_documents
 
 def summarise(loss_sum: np.ndarray, n_tokens: np.ndarray) -> dict:
     """Token-weighted loss, perplexity and bits per byte over documents."""

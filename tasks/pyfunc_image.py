@@ -1,6 +1,7 @@
 """MLflow pyfunc wrapper around an image classifier's ``torch.export`` program (models-from-code file).
 
-MLflow copies this file into the logged model, so it imports no project code. ``predict`` takes a
+MLflow copies this file into the logged model (with ``pyfunc_common``), so it imports no other project
+code. ``predict`` takes a
 DataFrame with a column ``image`` of encoded files (bytes, or base64 text), decodes each one as
 ``tasks/image_data.py`` does (``tests/unit/test_image_task.py`` checks that the two agree) and
 returns the class names, or with ``params={"predict_method": "predict_proba"}`` a DataFrame of class
@@ -8,12 +9,15 @@ probabilities, a column per class name. The program takes pixels (0..255, float3
 """
 
 import io
-import json
+import sys
 import warnings
 
 import mlflow
 import numpy as np
 import pandas as pd
+
+sys.modules.pop("pyfunc_common", None)  # this model's own copy: MLflow puts its code/ first on sys.path
+import pyfunc_common as common  # noqa: E402
 
 # tasks/image_data.py's MAX_PIXELS (this file imports no project code; a unit test checks they agree).
 MAX_PIXELS = 64 * 2**20
@@ -27,18 +31,14 @@ class ExportedImageClassifier(mlflow.pyfunc.PythonModel):
     centre_crop = False  # meta "transform": "centre_crop" (a sharded set's evaluation transform)
 
     def load_context(self, context):
-        import torch
-
-        self._torch = torch
-        with open(context.artifacts["meta"]) as fh:
-            meta = json.load(fh)
+        meta = common.meta(context)
         self.size = tuple(meta["size"])
         self.mode = {1: "L", 3: "RGB"}[int(meta["channels"])]
-        self.class_labels = np.asarray(meta["class_labels"], dtype=object)
-        self.threshold = meta.get("threshold")
+        self.class_labels = common.labels(meta["class_labels"])
+        self.threshold = meta.get("threshold")  # two classes: the second where its probability is >= it
         # A sharded set's evaluation transform: scale to cover size / CROP_RATIO, cut the centre.
-        self.centre_crop = meta.get("transform") == "centre_crop"  # two classes: the second where its probability is >= it
-        self.program = torch.export.load(context.artifacts["model"]).module()
+        self.centre_crop = meta.get("transform") == "centre_crop"
+        self.program = common.program(context)
 
     def _pixels(self, data, row: int) -> np.ndarray:
         from PIL import Image
@@ -77,32 +77,11 @@ class ExportedImageClassifier(mlflow.pyfunc.PythonModel):
         return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 
     def predict(self, context, model_input: pd.DataFrame, params=None):
-        method = (params or {}).get("predict_method") or "predict"
-        if method not in ("predict", "predict_proba"):
-            raise ValueError(f"params.predict_method: must be one of predict, predict_proba, got {method!r}")
-        if not isinstance(model_input, pd.DataFrame) or "image" not in model_input.columns:
-            raise ValueError("expected a DataFrame with a column 'image' of encoded image files (bytes)")
-        if len(model_input) == 0:
-            return (pd.DataFrame(np.empty((0, len(self.class_labels))), columns=self.class_labels.tolist())
-                    if method == "predict_proba" else np.empty(0, dtype=object))
-        x = np.stack([self._pixels(v, i) for i, v in enumerate(model_input["image"])]).astype(np.float32)
-        torch = self._torch
-        with torch.inference_mode():
-            logits = self.program(torch.from_numpy(x))
-        proba = _softmax(logits.numpy())
-        if method == "predict_proba":
-            return pd.DataFrame(proba, columns=self.class_labels.tolist())
-        if self.threshold is not None and proba.shape[1] == 2:
-            return self.class_labels[(proba[:, 1] >= self.threshold).astype(np.int64)]
-        return self.class_labels[proba.argmax(axis=1)]
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    """Class probabilities in float64, computed as ``tasks/metrics.py``'s ``softmax`` (the same bits as
-    the evaluation's, so a rescored model's ranking metrics equal its recorded ones)."""
-    z = np.asarray(logits, dtype=np.float64)
-    z = np.exp(z - z.max(axis=1, keepdims=True))
-    return z / z.sum(axis=1, keepdims=True)
+        method = common.method(params)
+        images = common.column(model_input, "image", "encoded image files (bytes)")
+        x = np.array([self._pixels(v, i) for i, v in enumerate(images)], dtype=np.float32)
+        logits = common.forward(self.program, x, rows=common.PROGRAM_ROWS)
+        return common.classes(logits, self.class_labels, method, self.threshold)
 
 
 mlflow.models.set_model(ExportedImageClassifier())

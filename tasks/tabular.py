@@ -18,8 +18,8 @@ import numpy as np
 from core.errors import ConfigError, DataUnavailableError
 from core.expectations import load_expectations
 from core.hashing import file_id
-from tasks.base import (Classifier, InitFit, Metric, ModelSpec, Task, ValidationPlan, cache_write, fit_gbdt,
-                        init_batch, label_key, load_program, write_program_scores)
+from tasks.base import (PYFUNC_COMMON, Classifier, InitFit, Metric, ModelSpec, Task, ValidationPlan, cache_write,
+                        fit_gbdt, init_batch, label_key, load_program, write_program_scores)
 from tasks.encoding import FIRST_CODE, MISSING_CODE, OTHER_CODE, column_kinds, encode, numeric_dtype
 from tasks.free_text import free_text_reason
 from tasks.info import DataInfo
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 # Bump when a metric's definition or computation changes: recorded champion scores then stop matching.
 METRICS_VERSION = 3
 PYFUNC_FILE = Path(__file__).with_name("pyfunc_table.py")
+# What it imports, logged into the model's code/: the shared module and the encoding training used.
+PYFUNC_CODE = [PYFUNC_COMMON, Path(__file__).with_name("encoding.py")]
 # The gradient-boosted trees beside the candidate fit on at most this many train rows (a seeded sample).
 GBDT_MAX_ROWS = 200_000
 # An integer feature with this many distinct values at most (and 3 at least) is taken for categories.
@@ -527,7 +529,8 @@ class _Table(Task):
         return ModelSpec(PYFUNC_FILE, meta, [(c, info.dtypes[c]) for c in info.features],
                          [(None, output_type)], example,
                          checked=report.get("candidate_scored_in") == "worker",
-                         optional_inputs=[str(c) for c in unused], params=list(self.predict_params))
+                         optional_inputs=[str(c) for c in unused], params=list(self.predict_params),
+                         code_paths=list(PYFUNC_CODE))
 
     def check_program(self, model_pt2: Path, spec: ModelSpec) -> None:
         import torch

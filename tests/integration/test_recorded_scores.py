@@ -183,12 +183,12 @@ def test_a_champion_without_recorded_scores_is_rescored(mlflow_store, project, p
 
     name = "rec-old"
     from tasks.base import ModelSpec
-    from tasks.tabular import PYFUNC_FILE
+    from tasks.tabular import PYFUNC_CODE, PYFUNC_FILE
 
     x = pd.read_csv(project / "data" / "digits" / "test.csv").drop(columns=["label"]).head(5)
     meta = {"format": "torch.export", "input_dtype": "float32", "feature_columns": list(x.columns),
             "output": "label", "class_labels": list(range(10))}
-    spec = ModelSpec(PYFUNC_FILE, meta, [(c, "long") for c in x.columns], [(None, "long")], x)
+    spec = ModelSpec(PYFUNC_FILE, meta, [(c, "long") for c in x.columns], [(None, "long")], x, code_paths=PYFUNC_CODE)
     reg = models.log_version(start_run(mlflow_store["experiment_id"], "old", {}), programs["weak"], name, spec,
                              {"data_md5": "feed.dir"})
     models.promote(name, reg["version"])

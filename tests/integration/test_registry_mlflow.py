@@ -75,12 +75,13 @@ def log_model_version(run_id, pt2, name, features, labels, example, tags, descri
     from registry.models import log_version as log
     from tasks import get_task
     from tasks.base import ModelSpec
-    from tasks.tabular import PYFUNC_FILE
+    from tasks.tabular import PYFUNC_CODE, PYFUNC_FILE
 
     task = get_task("classification")
     meta = {"format": "torch.export", "input_dtype": "float32", "feature_columns": list(features),
             "output": "label", "class_labels": list(labels)}
-    spec = ModelSpec(PYFUNC_FILE, meta, [(c, "long") for c in features], [(None, "long")], example)
+    spec = ModelSpec(PYFUNC_FILE, meta, [(c, "long") for c in features], [(None, "long")], example,
+                     code_paths=PYFUNC_CODE)
     if Path(pt2).is_file():
         task.check_program(pt2, spec)
     return log(run_id, pt2, name, spec, tags, description)
@@ -237,7 +238,7 @@ def test_version_lifecycle(store, program, pixels):
     model_dir = store["root"] / "artifacts" / "trainflow-test" / "models" / v1["model_id"] / "artifacts"
     assert (model_dir / "MLmodel").is_file()
     assert (model_dir / "artifacts" / "model.pt2").is_file()
-    assert (model_dir / "pyfunc_table.py").is_file()
+    assert (model_dir / "pyfunc_table.py").is_file() and (model_dir / "code" / "pyfunc_common.py").is_file()
     assert (model_dir / "requirements.txt").read_text().split() == pip_requirements()
     assert (model_dir / "input_example.json").is_file()
     assert not (store["root"] / "cwd" / "mlruns").exists()

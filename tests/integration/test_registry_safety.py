@@ -175,7 +175,7 @@ def test_a_replaced_champion_program_is_refused_before_it_is_loaded(store, proje
 
 def test_every_recorded_file_of_the_champion_is_checked_before_anything_of_it_runs(store, project, program,
                                                                                   tmp_path):
-    """The code file MLflow's loader imports, ``MLmodel`` (which names it) and the metadata, each
+    """The code files MLflow's loader imports, ``MLmodel`` (which names them) and the metadata, each
     changed in the artifact store in turn: loading the champion refuses it, naming the file, and the
     changed code never runs."""
     from mlflow import MlflowClient
@@ -187,7 +187,8 @@ def test_every_recorded_file_of_the_champion_is_checked_before_anything_of_it_ru
     tags = MlflowClient().get_model_version(reg["name"], reg["version"]).tags
     recorded = sorted(k[len(models.HASH_TAG):] for k in tags if k.startswith(models.HASH_TAG))
     code = [rel for rel in recorded if rel.endswith(".py")]
-    assert code and {"MLmodel", "artifacts/meta.json", models.PROGRAM_FILE} <= set(recorded)
+    assert code == ["code/encoding.py", "code/pyfunc_common.py", "pyfunc_table.py"]  # the modules in code/ too
+    assert {"MLmodel", "artifacts/meta.json", models.PROGRAM_FILE} <= set(recorded)
     root = Path(MlflowClient().get_logged_model(reg["model_id"]).artifact_location.removeprefix("file://"))
     marker = tmp_path / "code-ran"
     for rel in [*code, "MLmodel", "artifacts/meta.json"]:

@@ -22,6 +22,7 @@ from tasks.columnar import iter_batches
 from tasks.image_data import decode, hidden_paths, list_images, profile
 from tasks.table import read_table
 from validation.profile import profile_table
+from tests.pyfuncs import pyfunc_module
 
 
 def _project(tmp_path: Path) -> Path:
@@ -320,14 +321,9 @@ def test_init_prints_names_from_the_data_escaped():
 
 
 def test_the_served_model_refuses_a_huge_image_and_names_the_row(tmp_path):
-    import importlib.util
-
     from tasks import image_data
 
-    spec = importlib.util.spec_from_file_location("trainflow_pyfunc_image_bounds",
-                                                  Path(image_data.__file__).parent / "pyfunc_image.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = pyfunc_module("pyfunc_image.py")
     assert module.MAX_PIXELS == image_data.MAX_PIXELS
     obj = module.ExportedImageClassifier()
     obj.size, obj.mode = (8, 8), "L"

@@ -3,7 +3,6 @@ predictor, the metric the config picks, class weights, the decision threshold an
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 from pathlib import Path
@@ -19,17 +18,15 @@ from core.errors import ConfigError
 from evaluation.gates import beats, decide
 from evaluation.report import gate_markdown
 from tasks import get_task
+from tests.pyfuncs import pyfunc_module
 
-ROOT = Path(__file__).resolve().parents[2]
 CLS = get_task("classification")
 INFO = SimpleNamespace(classes=["bad", "good"])
 
 
 def _pyfunc(file: str, cls: str, meta: dict, tmp_path, logits):
     """The models-from-code file's model, loaded as MLflow loads it, over a program giving ``logits``."""
-    spec = importlib.util.spec_from_file_location(f"{cls}_under_test", ROOT / "tasks" / file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = pyfunc_module(file)
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     model = getattr(module, cls)()
     original = torch.export.load

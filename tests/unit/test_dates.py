@@ -3,9 +3,7 @@ the registered pyfunc from the raw text, and validation naming values that are n
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,8 +14,7 @@ import torch
 from core.config import load_config
 from core.errors import ConfigError
 from tasks.encoding import DATE_PARTS, date_parts, detect_date_format, encode, fit_columns
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.pyfuncs import pyfunc_module
 
 
 @pytest.mark.parametrize("values, fmt", [
@@ -74,9 +71,7 @@ def test_the_pyfunc_takes_raw_date_strings_and_encodes_them_as_training_did(tmp_
         seen.append(x.numpy().copy())
         return torch.zeros(len(x), 1)
 
-    spec = importlib.util.spec_from_file_location("pyfunc_table_dates", ROOT / "tasks" / "pyfunc_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = pyfunc_module("pyfunc_table.py")
     meta = {"feature_columns": ["at", "x"],
             "columns": [{"name": c["name"], "kind": c["kind"], **{k: c[k] for k in ("source", "part", "format")
                                                                   if k in c}} for c in cols]}

@@ -4,7 +4,6 @@ sample once per epoch over the ranks, a resize mid-epoch included) and validatio
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import tarfile
@@ -19,8 +18,8 @@ from tasks.image_options import ImageAugment, ImageExpectations, ImagesConfig
 from core.errors import DataUnavailableError
 from tasks.image_shards import ShardIndex, index_shard, iter_samples, write_shards
 from tasks.image_transforms import CROP_RATIO, eval_pixels, train_pixels
+from tests.pyfuncs import pyfunc_module
 
-ROOT = Path(__file__).resolve().parents[2]
 CLASSES = ["a", "b"]
 
 
@@ -130,9 +129,7 @@ def test_evaluation_crop_keeps_the_centre():
 
 @pytest.mark.parametrize("size,mode,fmt", [((40, 24), "RGB", "JPEG"), ((17, 63), "L", "PNG"), ((64, 64), "RGB", "PNG")])
 def test_the_registered_model_crops_as_the_evaluation_does(size, mode, fmt):
-    spec = importlib.util.spec_from_file_location("trainflow_pyfunc_image_shards", ROOT / "tasks" / "pyfunc_image.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = pyfunc_module("pyfunc_image.py")
     assert module.CROP_RATIO == CROP_RATIO
     data = _jpeg(size, 5, fmt, mode)
     for channels in (1, 3):

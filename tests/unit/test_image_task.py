@@ -5,7 +5,6 @@ the config checks."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 import io
 import os
 from pathlib import Path
@@ -23,8 +22,7 @@ from tasks import get_task, image_data, task_for
 from tasks.image_data import cached_pixels, decode, list_images, profile
 from tasks.image_nets import Augment, ImageInput, ResNet18, image_cnn, load_weights
 from tasks.images import _class_order, _init_size
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.pyfuncs import pyfunc_module
 
 
 def _png(path: Path, size=(8, 8), mode="L", seed=0, fmt="PNG") -> bytes:
@@ -146,10 +144,7 @@ def test_decode_converts_channels_and_resizes_to_height_by_width(tmp_path):
 @pytest.fixture(scope="module")
 def exported():
     """The pyfunc's class, loaded from its file as MLflow would (without a model context)."""
-    spec = importlib.util.spec_from_file_location("trainflow_pyfunc_image_test", ROOT / "tasks" / "pyfunc_image.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.ExportedImageClassifier
+    return pyfunc_module("pyfunc_image.py").ExportedImageClassifier
 
 
 @pytest.mark.parametrize("mode,size,fmt", [("RGBA", (9, 5), "PNG"), ("P", (7, 11), "PNG"), ("L", (16, 16), "PNG"),

@@ -5,7 +5,6 @@ registered pyfunc encoding a raw DataFrame exactly as training did."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,8 +17,7 @@ from tasks import encoding
 from tasks.encoding import (FIRST_CODE, MISSING_CODE, OTHER_CODE, TableFit, category_codes, category_keys,
                             column_kinds, encode, fit_columns)
 from tasks.table_nets import TableInput, resolved, table_network
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.pyfuncs import pyfunc_module
 
 
 def frame(n: int = 400, seed: int = 0) -> pd.DataFrame:
@@ -157,8 +155,6 @@ def test_the_tabular_network_exports_with_a_dynamic_batch_and_refuses_categories
 def test_the_pyfunc_encodes_a_raw_frame_exactly_as_training_did(tmp_path):
     """The registered model's own encoder (it may import no project code) and tasks/encoding.py agree
     on every value kind: strings, None/NaN, unseen categories, ints read as floats, booleans."""
-    import importlib.util
-
     df = frame()
     cols = fit_columns([df], KINDS, 1000)
     seen = []
@@ -167,9 +163,7 @@ def test_the_pyfunc_encodes_a_raw_frame_exactly_as_training_did(tmp_path):
         seen.append(x.numpy().copy())
         return torch.zeros(len(x), 2)
 
-    spec = importlib.util.spec_from_file_location("pyfunc_table_under_test", ROOT / "tasks" / "pyfunc_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = pyfunc_module("pyfunc_table.py")
     meta = {"feature_columns": [c["name"] for c in cols], "class_labels": ["a", "b"],
             "columns": [{"name": c["name"], "kind": c["kind"], **({"values": c["values"]}
                                                                   if c["kind"] == "categorical" else {})}

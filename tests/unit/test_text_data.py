@@ -12,7 +12,8 @@ import torch
 
 from core.config import DatasetConfig, load_config
 from core.errors import ConfigError, DataUnavailableError
-from tasks.lm_eval import score_documents, summarise, windows
+from tasks.lm_eval import summarise
+from tasks.pyfunc_common import score_documents, windows
 from tasks import task_for
 from tests.conftest import load_script
 from tasks.text import cut_windows, holdout_documents, load_text_splits, read_documents, window_starts

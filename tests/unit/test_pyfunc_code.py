@@ -1,0 +1,16 @@
+"""What a logged model runs imports no project code: its pyfunc file and the modules logged beside it
+(``ModelSpec.code_paths``) load where trainflow is not installed."""
+
+from __future__ import annotations
+
+from tasks.base import PYFUNC_COMMON
+from tasks.tabular import PYFUNC_CODE
+from tests.unit.test_boundaries import ROOMS, ROOT, _imports
+
+
+def test_pyfunc_files_and_the_modules_shipped_with_them_import_no_project_code():
+    shipped = [*sorted((ROOT / "tasks").glob("pyfunc_*.py")), *PYFUNC_CODE]
+    assert PYFUNC_COMMON in shipped and (ROOT / "tasks" / "encoding.py") in shipped
+    bad = [f"{path.name}:{line} imports {name}" for path in shipped for line, name in _imports(path)
+           if name.split(".")[0] in ROOMS]
+    assert bad == []
