@@ -32,10 +32,6 @@ BIN = Path(sys.executable).parent
 WINDOW = "1400,900"
 
 
-def find_chromium() -> str | None:
-    return next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
-
-
 def _chromium(chromium: str, url: str, budget_ms: int, *flags: str) -> subprocess.CompletedProcess:
     """Headless Chromium at 1400x900 on ``url``, given ``budget_ms`` of virtual time to render."""
     return subprocess.run([chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -142,7 +138,9 @@ class UI:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for the PNGs (keep it out of the repository)")
-    ap.add_argument("--chromium", default=find_chromium(), help="browser binary (default: chromium on PATH)")
+    ap.add_argument("--chromium", default=next(filter(None, map(shutil.which, ("chromium", "chromium-browser",
+                                                                              "google-chrome"))), None),
+                    help="browser binary (default: chromium on PATH)")
     ap.add_argument("--budget-ms", type=int, default=15000, help="virtual time each page gets to render")
     args = ap.parse_args(argv)
     if not args.chromium:

@@ -63,8 +63,7 @@ def data_hash(paths: list[Path]) -> str:
         elif path.is_file():
             digests.append([path.name, file_sha256(path)])
         else:
-            raise DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the "
-                                       "workspace; run `dvc pull` (or check dataset.path)")
+            raise DataUnavailableError.not_pulled(path)
     return sha256_json(digests)
 
 
