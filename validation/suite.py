@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from core.expectations import TableExpectations
 
-__all__ = ["validate_table", "validate_streamed"]
+__all__ = ["validate_table"]
 
 NAME = "table"
 SPLITS = ("train", "test")
@@ -88,7 +88,7 @@ def run(params: dict, report_dir: Path) -> dict:
     the plan's columns contradict its expectations file, DataUnavailableError for unreadable data."""
     if streamed(params):
         _check_label_bounds(params, None)
-        return validate_streamed(params, report_dir)
+        return _validate(params, _file_source(params), Path(report_dir))
     from tasks.table import load_frames
 
     frames = load_frames(params["dataset"], params["root"], params["seed"], params["stratify"])
@@ -194,12 +194,13 @@ def _frame_batch(df: pd.DataFrame) -> tuple[Any, dict[str, str]]:
     return pa.RecordBatch.from_arrays(arrays, names=[str(n) for n in positions]), found
 
 
-def _file_source(params: dict, batch_rows: int | None) -> _Source:
-    """The plan's files, read batch by batch (``tasks.columnar.iter_batches``)."""
+def _file_source(params: dict) -> _Source:
+    """The plan's files, read batch by batch (``tasks.columnar.iter_batches``; ``params["batch_rows"]``
+    rows a batch, default ``tasks.columnar.BATCH_ROWS``) in bounded memory, whatever their size."""
     from tasks.columnar import BATCH_ROWS, source_schema
     from tasks.table import split_paths
 
-    batch_rows = int(batch_rows or params.get("batch_rows") or BATCH_ROWS)
+    batch_rows = int(params.get("batch_rows") or BATCH_ROWS)
     paths = split_paths(params["dataset"], params["root"])  # {"train", "test"}, or {"all"}: one file split by seed
     schemas = {s: source_schema(paths.get(s, paths.get("all"))) for s in SPLITS}
     return _Source(schemas, {s: schemas[s].empty_table().to_pandas() for s in SPLITS}, {s: {} for s in SPLITS},
@@ -594,13 +595,6 @@ def validate_table(exp: TableExpectations, features: list[str], label: str, spli
     params = {"expectations": exp, "features": list(features), "label": label, "class_label": class_label,
               "dates": dates or {}}
     return _validate(params, _frame_source(splits), Path(report_dir))
-
-
-def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = None) -> dict:
-    """Validate the plan's files batch by batch in bounded memory, whatever their size, and write
-    the report files as :func:`validate_table` does. ``batch_rows``: rows per batch (default
-    ``params["batch_rows"]`` or ``tasks.columnar.BATCH_ROWS``). Raises as :func:`run`."""
-    return _validate(params, _file_source(params, batch_rows), Path(report_dir))
 
 
 def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
