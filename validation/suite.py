@@ -46,8 +46,6 @@ if TYPE_CHECKING:
 
     from core.expectations import TableExpectations
 
-__all__ = ["validate_table"]
-
 NAME = "table"
 SPLITS = ("train", "test")
 
@@ -582,23 +580,9 @@ _TABLE_LEVEL = ("expect_table_columns_to_match_ordered_list", "expect_column_to_
 # --------------------------------------------------------------------------- validation
 
 
-def validate_table(exp: TableExpectations, features: list[str], label: str, splits: dict[str, pd.DataFrame],
-                   report_dir: Path, class_label: bool, dates: dict | None = None) -> dict:
-    """Validate ``splits`` (``{"train", "test"}`` frames as read, e.g. ``tasks.table.load_frames``)
-    against ``exp`` (and ``dates``: ``{column: strftime format}``, each value must parse); write
-    ``gx_result.json``, ``summary.md`` and Data Docs into ``report_dir``.
-
-    Never raises on bad data: every problem is a failure in the returned report (shape in
-    ``validation.gx_run.write_report``). Raises ValueError when a split is missing or the caller's
-    columns contradict ``exp`` (a feature or the label not in the file).
-    """
-    params = {"expectations": exp, "features": list(features), "label": label, "class_label": class_label,
-              "dates": dates or {}}
-    return _validate(params, _frame_source(splits), Path(report_dir))
-
-
 def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
-    """Every check of the suite over ``source``'s batches; the report files into ``report_dir``.
+    """Every check of the suite over ``source``'s batches; the report files into ``report_dir``. Never
+    raises on bad data: every problem is a failure in the report (``validation.gx_run.write_report``).
 
     Per batch, GX validates the split item's row-level expectations on the columns they read and
     the cells that can fail the stacked checks; the column statistics, class counts and row hashes

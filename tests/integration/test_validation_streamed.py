@@ -14,8 +14,9 @@ from core.config import DatasetConfig
 from core.expectations import ColumnExpectation, TableExpectations
 from tasks.base import ValidationPlan
 from tasks.table import load_frames
+from tests.tables import validate_table
 from validation.gx_run import data_hash, run_plan
-from validation.suite import run as validate, validate_table
+from validation.suite import run as validate
 
 pytestmark = pytest.mark.integration
 
