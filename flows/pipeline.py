@@ -265,8 +265,7 @@ class TrainFolder:
         from core.locks import release
 
         fd, self.lock_fd = self.lock_fd, None
-        if fd is not None:
-            release(fd)
+        release(fd)
 
 
 def _train_timeout_s(ctx: RunContext) -> float:
