@@ -50,11 +50,6 @@ def screenshot(chromium: str, url: str, png: Path, budget_ms: int = 15000) -> Pa
     return png
 
 
-def rendered_text(chromium: str, url: str, budget_ms: int = 15000) -> str:
-    """The page's DOM after it rendered: what the picture should show, as text."""
-    return _chromium(chromium, url, budget_ms, "--dump-dom").stdout
-
-
 def distinct_colours(png: Path) -> int:
     """How many colours the picture has: a blank or plain error page has a handful."""
     from PIL import Image
@@ -162,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             colours = distinct_colours(png)
             if colours < 64:
                 raise RuntimeError(f"{png}: looks blank ({colours} colours) for {url}")
-            dom = rendered_text(args.chromium, url, args.budget_ms)
+            dom = _chromium(args.chromium, url, args.budget_ms, "--dump-dom").stdout  # what the picture shows
             missing = [text for text in expected if text not in dom]
             if missing:
                 raise RuntimeError(f"{url}: the rendered page lacks {missing}")
