@@ -52,11 +52,6 @@ def add_later_key(path: tuple[str, ...], default: Any) -> None:
     _LATER[tuple(path)] = default
 
 
-def later_keys() -> dict[tuple[str, ...], Any]:
-    """Every later key's path and default."""
-    return dict(_LATER)
-
-
 def config_id_of(dumped: dict) -> str:
     """The config id of a config dumped to JSON (e.g. a run's ``config.json``), of any age: later
     keys are left out while they hold their default, so a config that does not use them keeps the

@@ -64,25 +64,20 @@ class Manifest:
 
     def tags(self) -> dict[str, str]:
         """Flat string tags for an MLflow model version / run."""
-        data, image, world = self.data, self.image, self.world
+        data, image, world, p = self.data, self.image, self.world, self.pretrained
         return {"git_sha": self.git_sha, "git_dirty": str(self.git_dirty).lower(), "config_name": self.config_name,
                 "config_sha256": self.config_sha256, "data_dvc_path": data.dvc_path, "data_md5": data.md5,
                 "data_rev": data.rev, "image_ref": image.ref, "image_digest": image.digest,
                 "packages_sha256": self.packages_sha256, "seed": str(self.seed), "world_size": str(world.size),
                 "nnodes": str(world.nnodes), "nproc_per_node": str(world.nproc_per_node), "backend": world.backend,
-                **self.pretrained_tags()}
+                **({} if p is None else {"pretrained_dvc_path": p.dvc_path, "pretrained_md5": p.md5,
+                                         "pretrained_rev": p.rev})}
 
     @property
     def inputs_md5(self) -> str:
         """What a training folder and its checkpoints are of: the data's md5, and the model folder's
         where one is fine-tuned (a changed folder never resumes a checkpoint of the old one)."""
         return self.data.md5 if self.pretrained is None else f"{self.data.md5}+{self.pretrained.md5}"
-
-    def pretrained_tags(self) -> dict[str, str]:
-        """The model folder's version as tags (none without one)."""
-        p = self.pretrained
-        return {} if p is None else {"pretrained_dvc_path": p.dvc_path, "pretrained_md5": p.md5,
-                                     "pretrained_rev": p.rev}
 
 
 def _git(root: Path, *args: str) -> str | None:

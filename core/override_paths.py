@@ -49,11 +49,6 @@ def _loaded(cfg: Any, key: str) -> Any:
     return cfg
 
 
-def outside_message(key: str, value: str, root: Path) -> str:
-    return (f"{key}: {value!r} resolves outside the repository {root}; a path set by an override must "
-            "stay inside it (commit a config that names the file instead)")
-
-
 def check_override_paths(before: dict, after: dict, cfg: Any, root: Path) -> None:
     """ConfigError naming the first path key that an override set (``before``/``after``: the config's
     YAML without and with the overrides; ``cfg``: the loaded config) and that does not resolve inside
@@ -68,4 +63,5 @@ def check_override_paths(before: dict, after: dict, cfg: Any, root: Path) -> Non
             continue
         base = root / _loaded(cfg, base_key) if base_key else root
         if not (base / str(value)).resolve().is_relative_to(root):
-            raise ConfigError(outside_message(key, str(value), root))
+            raise ConfigError(f"{key}: {str(value)!r} resolves outside the repository {root}; a path set by an "
+                              "override must stay inside it (commit a config that names the file instead)")

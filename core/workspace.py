@@ -18,19 +18,14 @@ from core.errors import DataUnavailableError, WorkspaceChangedError
 CHANGED = ("modified", "new")
 
 
-def changed_message(path: str, dvc_file: str, status: str) -> str:
-    """The one line for ``path`` (an output of ``dvc_file``) whose workspace DVC reports as ``status``."""
-    return (f"{path}: the workspace differs from {dvc_file} (dvc status: {status}), so the recorded data version "
-            f"is not the data that would train; record it with `dvc add {path}` and commit {dvc_file}, or "
-            f"restore the recorded data with `dvc checkout {dvc_file}`")
-
-
 def first_change(statuses: Iterable[tuple[str, str, dict]]) -> str | None:
     """The message for the first changed output in ``(dvc_file, path, {out: status})`` rows, else None."""
     for dvc_file, path, status in statuses:
         for state in status.values():
             if state in CHANGED:
-                return changed_message(path, dvc_file, state)
+                return (f"{path}: the workspace differs from {dvc_file} (dvc status: {state}), so the recorded "
+                        f"data version is not the data that would train; record it with `dvc add {path}` and "
+                        f"commit {dvc_file}, or restore the recorded data with `dvc checkout {dvc_file}`")
     return None
 
 

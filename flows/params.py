@@ -96,9 +96,6 @@ class RetrainParams(PipelineParams):
 
     force: bool = Field(False, description="Train even when data, config and code equal the champion's")
 
-    def pipeline_params(self) -> PipelineParams:
-        return PipelineParams.model_validate(self.model_dump(exclude={"force"}))
-
 
 @dataclass(frozen=True)
 class ShellInputs:

@@ -189,12 +189,12 @@ def validate(ctx: RunContext) -> dict:
 
     from registry import store
     from validation.cache import cache_file
-    from validation.gx_run import data_key as plan_data_key
+    from validation.gx_run import data_hash
     from validation.gx_run import suite_key as plan_suite_key
     from validation.report import summary_markdown
 
     plan = ctx.task.validation_plan(ctx.cfg, ctx.root)
-    data_key, suite_key = plan_data_key(plan), plan_suite_key(plan)
+    data_key, suite_key = data_hash(plan.files), plan_suite_key(plan)
     # Content-addressed, like the cached result beside it, so its files still describe this data.
     record = cache_file(under_home(ctx.home, "validation"), data_key, suite_key)
     cache_dir = record.with_suffix("")
@@ -269,8 +269,7 @@ class TrainFolder:
         from core.locks import release
 
         fd, self.lock_fd = self.lock_fd, None
-        if fd is not None:
-            release(fd)
+        release(fd)
 
 
 def _train_timeout_s(ctx: RunContext) -> float:

@@ -19,7 +19,7 @@ from prefect.artifacts import create_markdown_artifact
 from core.errors import DataUnavailableError
 from core.manifest import manifest_diff
 from core.paths import tracking_uri, under_home
-from flows.params import RetrainParams, RunInputs, run_inputs
+from flows.params import PipelineParams, RetrainParams, RunInputs, run_inputs
 from flows.pipeline import TASK, load_inputs, pipeline
 
 
@@ -200,7 +200,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict:
                 "retrain": d, "timings": {"flow": round(time.perf_counter() - t0, 3)}}
     log.info("retrain: training because %s", "; ".join(d["reasons"]))
     try:
-        summary = pipeline(params.pipeline_params())
+        summary = pipeline(PipelineParams.model_validate(params.model_dump(exclude={"force"})))
     except BaseException as exc:
         if (partial := getattr(exc, "summary", None)) is not None:
             partial["retrain"] = d

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from core.procs import pid_alive
 from registry.lease import host_id
-from registry.store import STAGE_TAG, client, end_run, set_tags
+from registry.store import client, end_run, set_tags
 
 log = logging.getLogger(__name__)
 

@@ -207,11 +207,6 @@ def walk(model: type[BaseModel], prefix: str = "") -> list[dict]:
     return rows
 
 
-def leaf_keys() -> list[str]:
-    """Every key path of ``PipelineConfig`` that holds a value, not a section."""
-    return [r["key"] for r in walk(cfg.PipelineConfig) if r["model"] is None]
-
-
 def _layout_note(key: str) -> str:
     parts = key.split(".")
     if parts[0] in cfg.NOT_IN_CONFIG_ID:

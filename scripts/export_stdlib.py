@@ -19,12 +19,9 @@ import json
 import platform
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
-import yaml
-
-from core.hashing import dvc_dir_md5
+from core.hashing import check_export, dvc_dir_md5
 
 ROOT = Path(__file__).resolve().parents[1]
 DVC_FILE = "data-stdlib.dvc"
@@ -98,15 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         files = export(args.dest, args.stdlib)
         print(f"wrote {files['train'].parent} ({dvc_dir_md5(files['train'].parent)}) from {python_version()}")
         return 0
-    recorded = yaml.safe_load((ROOT / DVC_FILE).read_text())["outs"][0]["md5"]
-    with tempfile.TemporaryDirectory() as tmp:
-        export(Path(tmp), args.stdlib)
-        fresh = dvc_dir_md5(Path(tmp) / FOLDER)
-    if fresh == recorded:
-        print(f"OK: fresh export from {python_version()} hashes to {fresh}, as recorded in {DVC_FILE}")
+    if check_export(ROOT, DVC_FILE, lambda tmp: export(tmp, args.stdlib)["train"].parent) == 0:
         return 0
     source = recorded_python(ROOT)
-    print(f"MISMATCH: fresh export {fresh} != {DVC_FILE} {recorded}", file=sys.stderr)
     if source is None:
         print(f"The recorded export's Python version is unknown here (run `dvc pull` to get "
               f"{FOLDER}/manifest.json); this interpreter is {python_version()}.", file=sys.stderr)

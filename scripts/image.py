@@ -9,7 +9,8 @@
 
 ``build`` always builds ``docker/Dockerfile``; what differs between hosts goes in as build args
 (docs/image.md). The result goes to ``build/image-<variant>.json``, which ``run`` reads to record
-the image in the run manifest. Standard library only (with ``core.procs``): it runs before any venv.
+the image in the run manifest. Standard library only (with ``core.procs`` and ``core.lock``): it
+runs before any venv.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from core.procs import parent_death_signal, stop_group  # noqa: E402  (standard library only)
+from core.lock import parse_lock  # noqa: E402  (standard library only)
+from core.procs import parent_death_signal, stop_group  # noqa: E402
 
 DOCKERFILE = "docker/Dockerfile"
 CACHE = Path(os.environ.get("TRAINFLOW_IMAGE_CACHE", "/var/cache/trainflow-image"))
@@ -270,13 +272,6 @@ def ca_bundle() -> str | None:
     return None
 
 
-def locked_torch(lock: Path) -> str | None:
-    for line in lock.read_text().splitlines():
-        if line.startswith("torch=="):
-            return line.split("==", 1)[1].split()[0]
-    return None
-
-
 def torch_wheels(version: str) -> str | None:
     """A local folder holding the locked torch wheel (TRAINFLOW_TORCH_CPU_WHEELS, PIP_FIND_LINKS,
     /opt/wheels), or None."""
@@ -317,7 +312,7 @@ def plan_build(variant: str, tag: str | None = None, no_cache: bool = False) -> 
             base = make_base(engine, plan.epoch)
             plan.build_args.update(CPU_BASE=base, PYTHON_IMAGE=base, OS_PACKAGES=" ".join(BOOKWORM_PACKAGES))
             print(f"image:       base {base}")
-        version = locked_torch(ROOT / "requirements" / "lock-cpu.txt")
+        version = parse_lock(ROOT / "requirements" / "lock-cpu.txt").pins.get("torch")
         wheels = torch_wheels(version) if version and engine == "podman" else None
         if wheels:
             plan.wheels = wheels

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -163,7 +162,7 @@ def to_requirements(packages: list[dict], variant: str, digest: str, leave_out: 
         "",
     ]
     for pkg in sorted(packages, key=lambda p: p["name"].lower()):
-        if re.sub(r"[-_.]+", "-", pkg["name"]).lower() in leave_out:
+        if _canonical(pkg["name"]) in leave_out:
             continue
         hashes = pkg["hashes"]
         if not hashes:

@@ -466,6 +466,8 @@ def add_user(team_dir: Path, name: str, models: list[str], experiments: list[str
         from mlflow.exceptions import MlflowException
         from mlflow.server import get_app_client
 
+        from registry.store import ensure_registered_model
+
         url = state["mlflow_url"]
         auth, client = get_app_client("basic-auth", tracking_uri=url), MlflowClient(url, url)
         password = secrets.token_urlsafe(32)
@@ -476,11 +478,7 @@ def add_user(team_dir: Path, name: str, models: list[str], experiments: list[str
                 raise
             auth.update_user_password(name, password)
         for model in models:
-            try:
-                client.create_registered_model(model)
-            except MlflowException as exc:
-                if "RESOURCE_ALREADY_EXISTS" not in str(exc.error_code):
-                    raise
+            ensure_registered_model(client, model)
             auth.grant_user_permission(name, "registered_model", model, "EDIT")
         for experiment in experiments:
             found = client.get_experiment_by_name(experiment)

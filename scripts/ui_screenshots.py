@@ -32,10 +32,6 @@ BIN = Path(sys.executable).parent
 WINDOW = "1400,900"
 
 
-def find_chromium() -> str | None:
-    return next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
-
-
 def _chromium(chromium: str, url: str, budget_ms: int, *flags: str) -> subprocess.CompletedProcess:
     """Headless Chromium at 1400x900 on ``url``, given ``budget_ms`` of virtual time to render."""
     return subprocess.run([chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -52,11 +48,6 @@ def screenshot(chromium: str, url: str, png: Path, budget_ms: int = 15000) -> Pa
     if not png.is_file():
         raise RuntimeError(f"chromium wrote no {png} (exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
     return png
-
-
-def rendered_text(chromium: str, url: str, budget_ms: int = 15000) -> str:
-    """The page's DOM after it rendered: what the picture should show, as text."""
-    return _chromium(chromium, url, budget_ms, "--dump-dom").stdout
 
 
 def distinct_colours(png: Path) -> int:
@@ -142,7 +133,9 @@ class UI:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for the PNGs (keep it out of the repository)")
-    ap.add_argument("--chromium", default=find_chromium(), help="browser binary (default: chromium on PATH)")
+    ap.add_argument("--chromium", default=next(filter(None, map(shutil.which, ("chromium", "chromium-browser",
+                                                                              "google-chrome"))), None),
+                    help="browser binary (default: chromium on PATH)")
     ap.add_argument("--budget-ms", type=int, default=15000, help="virtual time each page gets to render")
     args = ap.parse_args(argv)
     if not args.chromium:
@@ -164,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             colours = distinct_colours(png)
             if colours < 64:
                 raise RuntimeError(f"{png}: looks blank ({colours} colours) for {url}")
-            dom = rendered_text(args.chromium, url, args.budget_ms)
+            dom = _chromium(args.chromium, url, args.budget_ms, "--dump-dom").stdout  # what the picture shows
             missing = [text for text in expected if text not in dom]
             if missing:
                 raise RuntimeError(f"{url}: the rendered page lacks {missing}")

@@ -167,3 +167,14 @@ def shift_dates(df: pd.DataFrame, days: int) -> pd.DataFrame:
 
 
 SHAPES["hotels"] = ("price", lambda: {"hotels.csv": hotels()})
+
+
+def validate_table(exp, features: list[str], label: str, splits: dict[str, pd.DataFrame], report_dir: Path,
+                   class_label: bool, dates: dict | None = None) -> dict:
+    """The table suite (``validation.suite``) on frames in memory (``{"train", "test"}`` as read, or
+    changed by a test), against the expectations ``exp`` and ``dates`` (``{column: strftime format}``)."""
+    from validation.suite import _frame_source, _validate
+
+    params = {"expectations": exp, "features": list(features), "label": label, "class_label": class_label,
+              "dates": dates or {}}
+    return _validate(params, _frame_source(splits), Path(report_dir))

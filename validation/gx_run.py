@@ -47,17 +47,6 @@ def run_plan(plan, report_dir: Path) -> dict:
     return suite_module(plan).run(plan.params, Path(report_dir))
 
 
-def data_key(plan) -> str:
-    """sha256 over the bytes of the files the plan reads (DataUnavailableError names a missing one)."""
-    return data_hash(plan.files)
-
-
-def suite_key(plan) -> str:
-    """Identity of the suite the plan runs with its parameters (:func:`suite_identity`)."""
-    suite = suite_module(plan)
-    return suite_identity(suite, suite.identity(plan.params))
-
-
 def data_hash(paths: list[Path]) -> str:
     """sha256 over the bytes of ``paths`` as the workspace holds them (an edit nobody ``dvc add``-ed
     is never taken for validated); a folder of Parquet files by each file's name and bytes.
@@ -74,26 +63,26 @@ def data_hash(paths: list[Path]) -> str:
         elif path.is_file():
             digests.append([path.name, file_sha256(path)])
         else:
-            raise DataUnavailableError(f"{path} does not exist. The DVC-tracked data is missing from the "
-                                       "workspace; run `dvc pull` (or check dataset.path)")
+            raise DataUnavailableError.not_pulled(path)
     return sha256_json(digests)
 
 
-def suite_identity(suite, parts: dict) -> str:
-    """sha256 of a suite's ``parts``, the code of its module, this runner, ``validation.report`` and
-    ``tasks.columnar`` (it reads the table suite's batches), and the installed GX version (GX is not
-    imported): a change to any of them is a new suite."""
+def suite_key(plan) -> str:
+    """sha256 of the plan's suite's ``identity(params)``, the code of its module, this runner,
+    ``validation.report`` and ``tasks.columnar`` (it reads the table suite's batches), and the installed
+    GX version (GX is not imported): a change to any of them is a new suite."""
     from importlib.metadata import PackageNotFoundError, version
 
     from core.hashing import file_sha256, sha256_json
 
+    suite = suite_module(plan)
     here = Path(__file__).resolve().parent
     code = [Path(suite.__file__), here / "gx_run.py", here / "report.py", here.parent / "tasks" / "columnar.py"]
     try:
         gx_version = version("great_expectations")
     except PackageNotFoundError:
         gx_version = "missing"
-    return sha256_json({**parts, "code": [file_sha256(f) for f in code], "gx": gx_version})
+    return sha256_json({**suite.identity(plan.params), "code": [file_sha256(f) for f in code], "gx": gx_version})
 
 
 def need_splits(suite_name: str, needed: tuple[str, ...], splits: dict) -> None:

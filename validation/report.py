@@ -192,19 +192,13 @@ def _in_set(f: _Facts) -> dict:
     contiguous = (bool(vset) and all(isinstance(v, int) for v in vset)
                   and vset == list(range(vset[0], vset[0] + len(vset))))
     span = f"{vset[0]}..{vset[-1]}" if contiguous else _fmt_values(vset[:20]) + _more(vset[:20], len(vset))
-    what = "the class set " if f.column == f.label_column else ""
-    return {"detail": f"{_plural(f.count, 'value')} not in {what}{{{span}}}{_shown(f.values, f.counts)}"
+    return _values(f, f"not in {'the class set ' if f.column == f.label_column else ''}{{{span}}}")
+
+
+def _values(f: _Facts, what: str) -> dict:
+    """``<n> values <what>: <the values counted> (rows ...)``."""
+    return {"detail": f"{_plural(f.count, 'value')} {what}{_shown(f.values, f.counts)}"
             + _rows_text(f.rows, f.count)}
-
-
-def _between(f: _Facts) -> dict:
-    return {"detail": f"{_plural(f.count, 'value')} outside {span(f.kwargs)}{_shown(f.values, f.counts)}"
-            + _rows_text(f.rows, f.count)}
-
-
-def _date_format(f: _Facts) -> dict:
-    return {"detail": f"{_plural(f.count, 'value')} not a date of format {f.kwargs.get('strftime_format')!r}"
-            f"{_shown(f.values, f.counts)}" + _rows_text(f.rows, f.count)}
 
 
 def _bad_columns(f: _Facts) -> tuple[list[dict], dict, str]:
@@ -274,8 +268,10 @@ _WORDING: dict[tuple[str, str], _Wording] = {
     ("split", "expect_table_row_count_to_be_between"): _Wording("row_count", _row_count, rows=False),
     ("split", "expect_column_values_to_not_be_null"): _Wording("nulls", _nulls),
     ("split", "expect_column_values_to_be_in_set"): _Wording("value_set", _in_set, label_check="label_set"),
-    ("split", "expect_column_values_to_be_between"): _Wording("range", _between),
-    ("split", "expect_column_values_to_match_strftime_format"): _Wording("date_format", _date_format),
+    ("split", "expect_column_values_to_be_between"): _Wording("range", lambda f: _values(
+        f, f"outside {span(f.kwargs)}")),
+    ("split", "expect_column_values_to_match_strftime_format"): _Wording("date_format", lambda f: _values(
+        f, f"not a date of format {f.kwargs.get('strftime_format')!r}")),
     ("schema", "expect_column_pair_values_to_be_in_set"): _Wording("dtype", _dtype, rows=False),
     ("schema", "expect_column_values_to_be_in_set"): _Wording("feature_type", _feature_type, rows=False),
     ("balance", "expect_column_values_to_be_between"): _Wording("class_balance", _class_balance, rows=False),

@@ -46,8 +46,6 @@ if TYPE_CHECKING:
 
     from core.expectations import TableExpectations
 
-__all__ = ["validate_table", "validate_streamed"]
-
 NAME = "table"
 SPLITS = ("train", "test")
 
@@ -88,7 +86,7 @@ def run(params: dict, report_dir: Path) -> dict:
     the plan's columns contradict its expectations file, DataUnavailableError for unreadable data."""
     if streamed(params):
         _check_label_bounds(params, None)
-        return validate_streamed(params, report_dir)
+        return _validate(params, _file_source(params), Path(report_dir))
     from tasks.table import load_frames
 
     frames = load_frames(params["dataset"], params["root"], params["seed"], params["stratify"])
@@ -194,12 +192,13 @@ def _frame_batch(df: pd.DataFrame) -> tuple[Any, dict[str, str]]:
     return pa.RecordBatch.from_arrays(arrays, names=[str(n) for n in positions]), found
 
 
-def _file_source(params: dict, batch_rows: int | None) -> _Source:
-    """The plan's files, read batch by batch (``tasks.columnar.iter_batches``)."""
+def _file_source(params: dict) -> _Source:
+    """The plan's files, read batch by batch (``tasks.columnar.iter_batches``; ``params["batch_rows"]``
+    rows a batch, default ``tasks.columnar.BATCH_ROWS``) in bounded memory, whatever their size."""
     from tasks.columnar import BATCH_ROWS, source_schema
     from tasks.table import split_paths
 
-    batch_rows = int(batch_rows or params.get("batch_rows") or BATCH_ROWS)
+    batch_rows = int(params.get("batch_rows") or BATCH_ROWS)
     paths = split_paths(params["dataset"], params["root"])  # {"train", "test"}, or {"all"}: one file split by seed
     schemas = {s: source_schema(paths.get(s, paths.get("all"))) for s in SPLITS}
     return _Source(schemas, {s: schemas[s].empty_table().to_pandas() for s in SPLITS}, {s: {} for s in SPLITS},
@@ -581,30 +580,9 @@ _TABLE_LEVEL = ("expect_table_columns_to_match_ordered_list", "expect_column_to_
 # --------------------------------------------------------------------------- validation
 
 
-def validate_table(exp: TableExpectations, features: list[str], label: str, splits: dict[str, pd.DataFrame],
-                   report_dir: Path, class_label: bool, dates: dict | None = None) -> dict:
-    """Validate ``splits`` (``{"train", "test"}`` frames as read, e.g. ``tasks.table.load_frames``)
-    against ``exp`` (and ``dates``: ``{column: strftime format}``, each value must parse); write
-    ``gx_result.json``, ``summary.md`` and Data Docs into ``report_dir``.
-
-    Never raises on bad data: every problem is a failure in the returned report (shape in
-    ``validation.gx_run.write_report``). Raises ValueError when a split is missing or the caller's
-    columns contradict ``exp`` (a feature or the label not in the file).
-    """
-    params = {"expectations": exp, "features": list(features), "label": label, "class_label": class_label,
-              "dates": dates or {}}
-    return _validate(params, _frame_source(splits), Path(report_dir))
-
-
-def validate_streamed(params: dict, report_dir: Path, batch_rows: int | None = None) -> dict:
-    """Validate the plan's files batch by batch in bounded memory, whatever their size, and write
-    the report files as :func:`validate_table` does. ``batch_rows``: rows per batch (default
-    ``params["batch_rows"]`` or ``tasks.columnar.BATCH_ROWS``). Raises as :func:`run`."""
-    return _validate(params, _file_source(params, batch_rows), Path(report_dir))
-
-
 def _validate(params: dict, source: _Source, report_dir: Path) -> dict:
-    """Every check of the suite over ``source``'s batches; the report files into ``report_dir``.
+    """Every check of the suite over ``source``'s batches; the report files into ``report_dir``. Never
+    raises on bad data: every problem is a failure in the report (``validation.gx_run.write_report``).
 
     Per batch, GX validates the split item's row-level expectations on the columns they read and
     the cells that can fail the stacked checks; the column statistics, class counts and row hashes

@@ -259,12 +259,9 @@ def test_validation_plan_runs_on_the_table_suite(root, tmp_path):
     """The task's plan through trainflow's table runner (GX), clean data and a broken copy."""
     import pandas as pd
 
-    import validation.suite
     from tasks import task_for
     from validation.gx_run import run_plan
 
-    if not hasattr(validation.suite, "validate_table"):
-        pytest.skip("the table runner (validation.suite.validate_table) is not merged into this branch yet")
     cfg = cfg_of()
     task = task_for(cfg)
     assert run_plan(task.validation_plan(cfg, root), tmp_path / "ok")["success"]

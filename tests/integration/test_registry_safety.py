@@ -332,7 +332,7 @@ def test_a_tampered_validation_cache_is_never_unpickled_and_validation_runs_agai
     from prefect import flow
 
     from flows.pipeline import validate
-    from validation.gx_run import data_key, suite_key
+    from validation.gx_run import data_hash, suite_key
 
     home = tmp_path / "home"
     ctx = make_ctx(store, project, "cached-digits", home)
@@ -349,7 +349,7 @@ def test_a_tampered_validation_cache_is_never_unpickled_and_validation_runs_agai
     forged = {k: v for k, v in first.items() if k != "cached"} | {"n_expectations": 999}
     payload = writes_marker(marker, f"__import__('json').loads({json.dumps(forged)!r})")
     plan = ctx.task.validation_plan(ctx.cfg, ctx.root)
-    record = home / "prefect-results" / f"validate-{data_key(plan)}-{suite_key(plan)}"
+    record = home / "prefect-results" / f"validate-{data_hash(plan.files)}-{suite_key(plan)}"
     meta = json.loads(record.read_text())["metadata"] if record.is_file() else {
         "storage_key": str(record), "expiration": None, "prefect_version": prefect.__version__,
         "storage_block_id": None}

@@ -180,7 +180,7 @@ def test_validation_task_is_cached_on_data_and_suite(project, tmp_path):
     from flows.pipeline import run_expectations
     from tasks import get_task
     from validation.cache import cache_file
-    from validation.gx_run import data_key, suite_key
+    from validation.gx_run import data_hash, suite_key
 
     cfg = load_config(project / "configs" / "digits.yaml")
     results = tmp_path / "results"
@@ -192,8 +192,8 @@ def test_validation_task_is_cached_on_data_and_suite(project, tmp_path):
         tightened = exp.model_copy(update={"columns": [
             c.model_copy(update={"max": pixel_max}) if c.name.startswith("pixel_") else c for c in exp.columns]})
         plan.params["expectations"] = tightened
-        args = (plan, data_key(plan), suite_key(plan), str(tmp_path / "reports"),
-                str(cache_file(results, data_key(plan), suite_key(plan))))
+        args = (plan, data_hash(plan.files), suite_key(plan), str(tmp_path / "reports"),
+                str(cache_file(results, data_hash(plan.files), suite_key(plan))))
         return [run_expectations(*args) for _ in range(2)]
 
     assert load_expectations(project / cfg.dataset.expectations_file).column("pixel_5").max == 16

@@ -14,7 +14,7 @@ from core.config import DatasetConfig
 from tasks.lm_options import TextConfig, TextExpectations
 from core.expectations import ColumnExpectation, TableExpectations, load_expectations
 from tasks.table import feature_columns, load_frames
-from validation.suite import validate_table
+from tests.tables import validate_table
 
 pytestmark = pytest.mark.integration
 

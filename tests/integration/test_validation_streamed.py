@@ -14,8 +14,9 @@ from core.config import DatasetConfig
 from core.expectations import ColumnExpectation, TableExpectations
 from tasks.base import ValidationPlan
 from tasks.table import load_frames
+from tests.tables import validate_table
 from validation.gx_run import data_hash, run_plan
-from validation.suite import validate_streamed, validate_table
+from validation.suite import run as validate
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +63,7 @@ def test_batches_merge_to_the_one_piece_result_with_bad_rows_spread_over_batches
     cfg = DatasetConfig(path="data", train_file="train.parquet", test_file="test.parquet")
     one = validate_table(EXP, FEATURES, "label", load_frames(cfg, tmp_path, 0, True), tmp_path / "one",
                          class_label=True)
-    many = validate_streamed(_params(cfg, tmp_path), tmp_path / "many", batch_rows=64)
+    many = validate(_params(cfg, tmp_path, batch_rows=64, stream_above_bytes=0), tmp_path / "many")
     assert [(f["split"], f["check"], f["column"], f["unexpected_count"]) for f in many["failures"]] == [
         ("train", "range", "x1", 3), ("train", "nulls", "x2", 2), ("train", "label_set", "label", 2),
         ("test", "range", "x0", 1), ("cross", "leak", None, 4)]
@@ -130,7 +131,7 @@ def test_a_wholly_bad_column_keeps_its_exact_count_when_its_cell_list_is_cut(tmp
     cfg = DatasetConfig(path="data", train_file="train.parquet", test_file="test.parquet")
     one = validate_table(EXP, FEATURES, "label", load_frames(cfg, tmp_path, 0, True), tmp_path / "one",
                          class_label=True)
-    many = validate_streamed(_params(cfg, tmp_path), tmp_path / "many", batch_rows=500)
+    many = validate(_params(cfg, tmp_path, batch_rows=500, stream_above_bytes=0), tmp_path / "many")
     assert many["failures"] == one["failures"]
     below = [f for f in many["failures"] if f["check"] == "range"]
     assert [(f["column"], f["unexpected_count"], f["rows"]) for f in below] == [("x0", 2400, [0, 1, 2, 3, 4])]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.config import PipelineConfig, config_id_of, load_config
-from core.config_id import later_keys
+from core.config_id import _LATER
 
 PINS = "tests/configs/config_ids.json"
 
@@ -53,7 +53,7 @@ def test_an_old_dumped_config_without_later_keys_has_the_same_id(repo_root):
     defaults = PipelineConfig(name="x", dataset={"path": "d"}).model_dump(mode="json")
     for pin in _pins(repo_root)["configs"]:
         dumped = load_config(repo_root / pin["path"]).model_dump(mode="json")
-        for *sections, key in later_keys():
+        for *sections, key in _LATER:
             part, default = dumped, defaults
             for name in sections:
                 part, default = part.get(name) or {}, default.get(name) or {}

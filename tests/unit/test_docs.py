@@ -49,7 +49,8 @@ def test_the_committed_configuration_reference_is_what_the_models_say(reference)
 def test_every_key_of_the_config_is_listed_with_its_type_and_default(reference):
     rows = _rows((ROOT / "docs" / "configuration.md").read_text())
     leaves = _leaves(PipelineConfig)
-    assert len(leaves) > 100 and sorted(k for k, _ in leaves) == sorted(reference.leaf_keys())
+    listed = [r["key"] for r in reference.walk(PipelineConfig) if r["model"] is None]
+    assert len(leaves) > 100 and sorted(k for k, _ in leaves) == sorted(listed)
     missing = [k for k, _ in leaves if k not in rows]
     assert not missing, missing
     for key, field in leaves:

@@ -96,7 +96,7 @@ def test_host_problem_is_one_line_or_none(image):
 def test_torch_wheels_folder_must_hold_the_locked_wheel(image, tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINFLOW_TORCH_CPU_WHEELS", str(tmp_path))
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
-    version = image.locked_torch(Path(image.ROOT) / "requirements" / "lock-cpu.txt")
+    version = image.parse_lock(Path(image.ROOT) / "requirements" / "lock-cpu.txt").pins["torch"]
     assert version.endswith("+cpu")
     found = image.torch_wheels(version)
     assert found is None or Path(found) != tmp_path

@@ -74,7 +74,7 @@ def _cfg(**extra) -> PipelineConfig:
 
 
 def test_every_later_key_before_the_split_is_still_one():
-    assert LATER_BEFORE_THE_SPLIT - set(config_id.later_keys()) == set()
+    assert LATER_BEFORE_THE_SPLIT - set(config_id._LATER) == set()
 
 
 def test_a_plugin_options_model_joins_the_schema_with_its_key_paths(schema_restored):
