@@ -62,6 +62,8 @@ COSTED = (
     ("per-step metrics: data wait, step end", "training.metrics:StepMetrics.step_end"),
     ("metrics window: gather, straggler rule, metrics.jsonl", "training.trainer:Trainer._log_window"),
     ("checkpoint: RNG and loss gather", "training.trainer:Trainer.checkpoint_state"),
+    ("checkpoint: budget agreement (an all-reduce at each epoch end)",
+     "training.checkpoint:CheckpointManager.over_budget"),
     ("checkpoint: CPU copy of the state (training waits)", "training.checkpoint:CheckpointManager.save"),
     ("checkpoint: write (rank 0's background thread)", "training.checkpoint:CheckpointManager._write"),
     ("preemption agreement (all-reduce every 10 steps)", "training.trainer:any_rank"),
