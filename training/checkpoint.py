@@ -299,7 +299,7 @@ class CheckpointManager:
         if self.budget is None:
             return False
         cost = self.stall_s + self.write_cpu_s
-        mine = self.ctx.is_main and self.saves > 0 and cost > self.budget * (time.perf_counter() - self._t0)
+        mine = self.ctx.is_main and cost > self.budget * (time.perf_counter() - self._t0)
         return _dist().any_rank(self.ctx, mine)  # rank 0's view, on every rank
 
     def load_state(self, model, optimizer):
