@@ -49,7 +49,7 @@ MODES = {
     "lean": ("trainer", LEAN, "Trainer, checkpoints and metrics off"),
     "default": ("trainer", [], "Trainer as shipped: every default feature on"),
     "+metrics": ("trainer", ["training.checkpoints=false"], "lean + metrics (step timing, comm timing, windows)"),
-    "+ckpt": ("trainer", ["training.metrics=false"], "lean + a checkpoint every epoch"),
+    "+ckpt": ("trainer", ["training.metrics=false"], "lean + checkpoints (epoch ends within training.checkpoint_budget)"),
     "default+costs": ("trainer", [], "default, with the CPU time of each feature's own code accounted"),
 }
 # default+costs: (what, where) -> CPU seconds on the thread that ran it, summed over ranks, less what
