@@ -1,7 +1,7 @@
 """Loop parity: trainflow's ``Trainer`` against a plain hand-written DDP loop, in paired rounds.
 
     python benchmarks/parity.py                     # hand, hand-b, lean, default; 2 jobs x 5 rounds
-    python benchmarks/parity.py --modes lean,default,default+costs,+metrics,+ckpt,lean-noagree \
+    python benchmarks/parity.py --modes lean,default,default+costs,+metrics,+ckpt \
         --rounds 4 --jobs 1 --epochs 12             # what each default feature costs
 
 Each job is one ``torchrun --standalone`` (this file in ``--worker`` mode) that joins the process group
@@ -49,9 +49,7 @@ MODES = {
     "lean": ("trainer", LEAN, "Trainer, checkpoints and metrics off"),
     "default": ("trainer", [], "Trainer as shipped: every default feature on"),
     "+metrics": ("trainer", ["training.checkpoints=false"], "lean + metrics (step timing, comm timing, windows)"),
-    "+ckpt": ("trainer", ["training.metrics=false"], "lean + a checkpoint every epoch"),
-    "lean-noagree": ("trainer", LEAN, "lean with the preemption agreement made local"),
-    "hand-agree": ("hand", [], "hand + the Trainer's preemption all-reduce every preempt_check_steps"),
+    "+ckpt": ("trainer", ["training.metrics=false"], "lean + checkpoints (epoch ends within training.checkpoint_budget)"),
     "default+costs": ("trainer", [], "default, with the CPU time of each feature's own code accounted"),
 }
 # default+costs: (what, where) -> CPU seconds on the thread that ran it, summed over ranks, less what
@@ -62,6 +60,8 @@ COSTED = (
     ("per-step metrics: data wait, step end", "training.metrics:StepMetrics.step_end"),
     ("metrics window: gather, straggler rule, metrics.jsonl", "training.trainer:Trainer._log_window"),
     ("checkpoint: RNG and loss gather", "training.trainer:Trainer.checkpoint_state"),
+    ("checkpoint: budget agreement (an all-reduce at each epoch end)",
+     "training.checkpoint:CheckpointManager.over_budget"),
     ("checkpoint: CPU copy of the state (training waits)", "training.checkpoint:CheckpointManager.save"),
     ("checkpoint: write (rank 0's background thread)", "training.checkpoint:CheckpointManager._write"),
     ("preemption agreement (all-reduce every 10 steps)", "training.trainer:any_rank"),
@@ -101,7 +101,6 @@ def _hand(mode: str, cfg, ctx, data) -> dict:
     g_batch = b * world
     x_all, y_all = data.train.tensors
     xv, yv = (v[rank::world] for v in data.val.tensors)
-    agree = mode == "hand-agree"
 
     history, steps = [], 0
     # No barrier: like the Trainer, the clock starts after DDP's construction broadcast and some
@@ -129,10 +128,6 @@ def _hand(mode: str, cfg, ctx, data) -> dict:
             steps += 1
             loss_sum += loss.item()
             n += len(y)
-            if agree and steps % t.preempt_check_steps == 0:  # the Trainer's preemption agreement
-                flag = torch.tensor([0.0], dtype=torch.float64)
-                dist.all_reduce(flag)
-                _ = flag.tolist()[0] > 0
         tot = torch.tensor([loss_sum, n], dtype=torch.float64)
         dist.all_reduce(tot)
         model.eval()
@@ -153,7 +148,7 @@ def _hand(mode: str, cfg, ctx, data) -> dict:
 
 
 class _Patched:
-    """A mode's changes to the library for one run, undone after it (``lean-noagree``, ``default+costs``)."""
+    """``default+costs``' accounting wrapped around the library for one run, undone after it."""
 
     def __init__(self, mode: str):
         self.mode, self.undo = mode, []
@@ -163,12 +158,6 @@ class _Patched:
         setattr(obj, name, value)
 
     def __enter__(self):
-        from training import trainer as trainer_mod
-
-        if self.mode == "lean-noagree":
-            # any_rank's other callers in the trainer module (early stopping) are off in this config;
-            # checkpoint.py keeps its own.
-            self._set(trainer_mod, "any_rank", lambda ctx, flag: bool(flag))
         if self.mode == "default+costs":
             import importlib
 
@@ -268,7 +257,7 @@ def worker_main(args) -> int:
 
     from core.config import load_config
     from training.data import load_splits
-    from training.distributed import all_reduce_sum, process_group
+    from training.distributed import all_gather_object, all_reduce_sum, process_group
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     modes = args.modes.split(",")
@@ -289,7 +278,8 @@ def worker_main(args) -> int:
         def run(i: int, r: int, m: str) -> dict:
             cfg, out = warm[m] if r < 0 else cfgs[m], out_root / f"{i:03d}_{m}"
             res = _hand(m, cfg, ctx, data) if MODES[m][0] == "hand" else _trainer(m, cfg, ctx, data, out)
-            res["cpu_s"] = all_reduce_sum(ctx, [res["cpu_s"]])[0]
+            res["cpu_ranks"] = all_gather_object(ctx, res["cpu_s"])
+            res["cpu_s"] = sum(res["cpu_ranks"])
             if m == "default+costs":
                 names = list(dict.fromkeys(what for what, _ in COSTED))
                 own = [max(0.0, COSTS.get(n, 0.0) - CALLS.get(n, 0) * overhead) for n in names]
@@ -398,7 +388,7 @@ def report(records: list[dict], modes: list[str]) -> dict:
           "hand's")
 
     if "lean" in by:
-        extra = [m for m in modes if m not in ("hand", "hand-b", "lean", "hand-agree")]
+        extra = [m for m in modes if m not in ("hand", "hand-b", "lean")]
         if extra:
             print(f"\nwhat each adds to lean, per optimizer step (median of the per-round differences; "
                   f"lean: {1e3 * statistics.median(cpu(r) for r in by['lean'].values()):.3f} ms CPU/step)")
@@ -427,9 +417,15 @@ def report(records: list[dict], modes: list[str]) -> dict:
         lo, hi = median_interval(paired(by, "hand-b", "hand", wall))
         clo, chi = median_interval(paired(by, "hand-b", "hand", cpu))
         res, cres = max(abs(lo - 1), abs(hi - 1)), max(abs(clo - 1), abs(chi - 1))
+        # Each rank's own CPU ratio (rounds x ranks pairs): a rank's process CPU time, not the sum.
+        ranks = range(len(hand[next(iter(hand))]["cpu_ranks"]))
+        per_rank = [v for k in ranks for v in paired(by, "hand-b", "hand", lambda r: r["cpu_ranks"][k])]
+        rlo, rhi = median_interval(per_rank)
         out["resolution"], out["resolution_cpu"] = res, cres
+        out["resolution_cpu_rank"] = max(abs(rlo - 1), abs(rhi - 1))
         print(f"\nresolution (A/A, hand-b against hand): the interval of the median reaches {100 * res:.1f} % "
-              f"from 1 in wall time, {100 * cres:.1f} % in CPU time")
+              f"from 1 in wall time, {100 * cres:.1f} % in CPU time (all ranks), "
+              f"{100 * out['resolution_cpu_rank']:.1f} % in each rank's CPU time")
     if hand:
         for m, goal in GOALS.items():
             if m in out:

@@ -290,6 +290,10 @@ class TrainingConfig(_Strict):
     # mid-epoch interval is Young-Daly's sqrt(2 x checkpoint cost x MTBF), both measured by the
     # goodput ledger (training/goodput.py), in steps; until then checkpoint_every_steps.
     checkpoint_every: Literal["fixed", "auto"] = "fixed"
+    # A due epoch-end checkpoint (not the last epoch's, an early stop's or a preemption's) is skipped
+    # while rank 0's checkpoints have cost more than this share of the training time (short epochs
+    # would otherwise pay a whole save each); null: every due one is written.
+    checkpoint_budget: float | None = Field(0.01, gt=0, lt=1)
     # >= 2: the newest checkpoint can be unreadable after a crash, and resume then needs the one before.
     keep_checkpoints: int = Field(2, ge=2)
     # Off: no checkpoints are written or resumed (benchmarks, throwaway runs).

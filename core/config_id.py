@@ -26,7 +26,7 @@ LAYOUT_KEYS = frozenset({
     "strategy", "parallel", "cpu_workers", "threads_per_worker", "backend", "max_restarts",
     "collective_timeout_s", "timeout_s", "preempt_grace_s", "preempt_check_steps", "checkpoint_every_epochs",
     "checkpoint_every_steps", "keep_checkpoints", "checkpoints", "metrics", "log_every_steps",
-    "straggler_ratio", "peak_tflops", "checkpoint_every", "rendezvous", "compile",
+    "straggler_ratio", "peak_tflops", "checkpoint_every", "rendezvous", "compile", "checkpoint_budget",
 })
 
 # (section, key) of core/config.py's shared sections added after configs were first hashed: left
@@ -40,7 +40,7 @@ ID_LATER_KEYS = (
     ("gates", "min_improvement"), ("gates", "max_gap_to_gbdt"),
     ("training", "early_stopping", "restore_best"),
     ("primary_metric",), ("training", "class_weight"), ("gates", "allow_single_class"),
-    ("gates", "max_gap_to_baseline"),
+    ("gates", "max_gap_to_baseline"), ("training", "checkpoint_budget"),
 )
 
 # Key path -> its default as a config dumped to JSON holds it: every later key, shared or a task's.

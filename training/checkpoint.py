@@ -256,13 +256,17 @@ def load_state(strategy, wrapped, optimizer, folder: Path) -> dict:
 
 class CheckpointManager:
     """Step folders of one run's checkpoints, and the policy of when to write one (``training.
-    checkpoint_every_steps`` / ``checkpoint_every_epochs``; ``enabled`` off: nothing is saved or loaded)."""
+    checkpoint_every_steps`` / ``checkpoint_every_epochs`` / ``checkpoint_budget``; ``enabled`` off:
+    nothing is saved or loaded)."""
 
     def __init__(self, directory: Path, ctx: DistContext, strategy, keep: int | None = None,
-                 every_steps: int | None = None, every_epochs: int = 1, enabled: bool = True):
+                 every_steps: int | None = None, every_epochs: int = 1, enabled: bool = True,
+                 budget: float | None = None):
         self.dir, self.ctx, self.strategy, self.keep = Path(directory), ctx, strategy, keep
         self.every_steps, self.every_epochs, self.enabled = every_steps, every_epochs, enabled
+        self.budget, self._t0 = budget, time.perf_counter()
         self.stall_s = 0.0  # seconds training waited on saves
+        self.write_cpu_s = 0.0  # CPU seconds of rank 0's background writes (replicated state)
         self.saves = 0
         self._pending = self._pool = None  # the background write in flight (rank 0, replicated state)
         if enabled:
@@ -273,10 +277,11 @@ class CheckpointManager:
     def maybe_save(self, step: int, state, *, epoch_done: int | None = None, force: bool = False) -> float | None:
         """COLLECTIVE. Save ``state`` (a ``TrainState``, or a callable making one, only called when saving)
         when ``force`` or due: inside an epoch (``epoch_done`` None) every ``every_steps`` steps, at an
-        epoch end every ``every_epochs`` epochs. Returns the stall in seconds, None when nothing was saved."""
+        epoch end every ``every_epochs`` epochs unless ``over_budget``. Returns the stall in seconds,
+        None when nothing was saved."""
         due = (epoch_done % self.every_epochs == 0 if epoch_done is not None
                else bool(self.every_steps) and step % self.every_steps == 0)
-        if not self.enabled or not (force or due):
+        if not self.enabled or not (force or due) or (not force and epoch_done is not None and self.over_budget()):
             return None
         t0 = time.perf_counter()
         st = state() if callable(state) else state
@@ -285,6 +290,17 @@ class CheckpointManager:
         self.stall_s += stall
         self.saves += 1
         return stall
+
+    def over_budget(self) -> bool:
+        """COLLECTIVE when ``budget`` is set: whether rank 0's saves so far (training's stalls and the
+        background writes' CPU) cost more than ``budget`` of the time since this manager started. An
+        epoch-end save is then skipped: on short epochs a save every epoch would cost more than the
+        features it protects (a DCP write is one ``torch.save`` per state entry). The first always runs."""
+        if self.budget is None:
+            return False
+        cost = self.stall_s + self.write_cpu_s
+        mine = self.ctx.is_main and cost > self.budget * (time.perf_counter() - self._t0)
+        return _dist().any_rank(self.ctx, mine)  # rank 0's view, on every rank
 
     def load_state(self, model, optimizer):
         """COLLECTIVE. The newest readable checkpoint as a ``TrainState`` (model and optimizer restored
@@ -325,10 +341,14 @@ class CheckpointManager:
         return final
 
     def _write(self, step: int, state: dict, tmp: Path, final: Path, identity: dict) -> None:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        write_snapshot(state, tmp)
-        self._complete(step, tmp, final, identity)
+        t0 = time.thread_time()
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            write_snapshot(state, tmp)
+            self._complete(step, tmp, final, identity)
+        finally:
+            self.write_cpu_s += time.thread_time() - t0
 
     def _complete(self, step: int, tmp: Path, final: Path, identity: dict) -> None:
         _fsync_tree(tmp)  # every rank's files are on disk before the marker says so

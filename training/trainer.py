@@ -191,7 +191,7 @@ class Trainer:
         self.opt = opt(param_groups, lr=self.lr, weight_decay=t.weight_decay, **kw)
         self.ckpt = CheckpointManager(self.out / "checkpoints", ctx, self.strategy, keep=t.keep_checkpoints,
                                       every_steps=t.checkpoint_every_steps, every_epochs=t.checkpoint_every_epochs,
-                                      enabled=t.checkpoints)
+                                      enabled=t.checkpoints, budget=t.checkpoint_budget)
         self.metrics = StepMetrics(ctx, t.straggler_ratio) if t.metrics else _NoMetrics()
         self.metrics.attach(self.model)  # DDP only
         if t.compile.enabled:  # after attach: its hooks go on the DDP module itself

@@ -25,8 +25,9 @@ EVERY = 10
 # checkpoint_every: auto keeps the fixed interval until a failure has been seen (the goodput tests).
 # Early stopping on, never stopping (patience 5 of 3 epochs) and never improving after epoch 1
 # (min_delta 1 on a macro-F1): the run ends with epoch 1's weights, which a resume must carry.
+# Every due checkpoint is written (no checkpoint_budget): the goodput test counts them.
 JOB = ["training.epochs=3", f"training.checkpoint_every_steps={EVERY}", "training.keep_checkpoints=5",
-       "training.checkpoint_every=auto", "training.early_stopping.patience=5",
+       "training.checkpoint_every=auto", "training.checkpoint_budget=null", "training.early_stopping.patience=5",
        "training.early_stopping.metric=val_macro_f1", "training.early_stopping.min_delta=1"]
 KILL_STEP = 25
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -58,6 +60,11 @@ def test_the_checkpointer_alone_decides_when_to_save(tmp_path):
     assert ck.maybe_save(11, state, epoch_done=1) is None and ck.maybe_save(11, state, epoch_done=2) is not None
     assert ck.maybe_save(12, state, force=True) is not None  # preemption, last epoch, early stop
     assert len(made) == ck.saves == 4
+    # training.checkpoint_budget: a due epoch end is skipped while saves cost over 1 % of the time so far
+    ck.budget, ck._t0 = 0.01, time.perf_counter()
+    assert ck.maybe_save(13, state, epoch_done=4) is None and ck.maybe_save(13, state, force=True) is not None
+    ck._t0 -= 100 * (ck.stall_s + ck.write_cpu_s) + 1
+    assert ck.maybe_save(14, state, epoch_done=4) is not None and len(made) == ck.saves == 6
     ck.enabled = False
     assert ck.maybe_save(20, state, force=True) is None and ck.load_state(st.model, st.optimizer) is None
 
