@@ -242,6 +242,9 @@ class TextClassification(Classification):
         if cfg.model.factory is not None:
             raise ConfigError("model.factory: the text_classification task fine-tunes pretrained.path; leave "
                               "model.factory out")
+        if cfg.pretrained.prompt_column or cfg.pretrained.completion_column:
+            raise ConfigError("pretrained.prompt_column: prompt/completion pairs are the causal_lm task's; a "
+                              "text_classification task reads pretrained.text_column and dataset.label")
         if cfg.dataset.features is not None and list(cfg.dataset.features) != [cfg.pretrained.text_column]:
             raise ConfigError(f"dataset.features: the text_classification task reads one text column, "
                               f"pretrained.text_column ({cfg.pretrained.text_column!r})")

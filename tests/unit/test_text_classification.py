@@ -198,3 +198,15 @@ def test_the_tokenized_parts_go_once_the_whole_cache_is_in_place(encoder, tmp_pa
     alone = TextClassification().prepared(cfg, tmp_path)
     assert sorted(p.suffix for p in cache.glob("*.*")) == [".json", ".npz"] and not any((cache / "parts").iterdir())
     assert all(np.array_equal(first[k], alone[k]) for k in ("x", "y", "xt", "yt"))
+
+
+def test_prompt_and_completion_columns_are_refused_for_a_classifier():
+    from core.config import config_from_dict
+    from core.errors import ConfigError
+    from tasks import get_task
+
+    raw = {"name": "t", "task": "text_classification", "dataset": {"path": "data", "dvc_file": "data.dvc",
+           "label": "category", "expectations_file": "exp.yaml"}, "pretrained": {"path": "models/enc",
+                                                                               "prompt_column": "prompt"}}
+    with pytest.raises(ConfigError, match=r"^pretrained.prompt_column: prompt/completion pairs are the causal_lm"):
+        get_task("text_classification").check_config(config_from_dict(raw))
