@@ -8,6 +8,9 @@ from typing import Callable
 
 import numpy as np
 
+# One softmax for the evaluation and the registered models: a rescore gets the recorded bits.
+from tasks.pyfunc_common import softmax  # noqa: F401
+
 Predictor = Callable[[np.ndarray], np.ndarray]  # features [n, f] -> labels [n]
 
 
@@ -103,13 +106,6 @@ def ranking_metrics(y_true: np.ndarray, proba: np.ndarray) -> dict:
     ap = [binary_average_precision(y == c, p[:, c]) for c in present]
     return {"roc_auc": float(np.mean(auc)) if auc else float("nan"),
             "average_precision": float(np.mean(ap)) if ap else float("nan"), "log_loss": log_loss}
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax in float64, stable for large logits."""
-    z = np.asarray(logits, dtype=np.float64)
-    z = np.exp(z - z.max(axis=1, keepdims=True))
-    return z / z.sum(axis=1, keepdims=True)
 
 
 def labels_of(proba: np.ndarray, threshold: float | None = None) -> np.ndarray:

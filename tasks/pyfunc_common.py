@@ -91,8 +91,8 @@ def forward(fn, *arrays, rows: int = CHUNK) -> np.ndarray:
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
-    """Class probabilities in float64, computed as ``tasks/metrics.py``'s ``softmax`` (the same bits as
-    the evaluation's, so a rescored model's ranking metrics equal its recorded ones)."""
+    """Class probabilities in float64, stable for large logits: the evaluation's too (``tasks.metrics``
+    imports it), so a rescored model's ranking metrics equal its recorded ones."""
     z = np.asarray(logits, dtype=np.float64)
     z = np.exp(z - z.max(axis=1, keepdims=True))
     return z / z.sum(axis=1, keepdims=True)
@@ -197,10 +197,10 @@ def score_records(model, tok, records, max_length: int) -> tuple[np.ndarray, np.
     import torch
     import torch.nn.functional as F
 
-    owner, windows = [], []
+    owner, parts = [], []
     for i, record in enumerate(records):
         for w in record_targets(tok, record, max_length):
-            windows.append(w)
+            parts.append(w)
             owner.append(i)
     pad = tok.pad_token_id or 0
 
@@ -214,8 +214,8 @@ def score_records(model, tok, records, max_length: int) -> tuple[np.ndarray, np.
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
         return F.cross_entropy(logits.transpose(1, 2), y, ignore_index=IGNORE, reduction="none").sum(1)
 
-    per_window = forward(nll, windows, rows=16)
-    counts = np.asarray([sum(t != IGNORE for t in tg) for _, tg in windows], dtype=np.float64)
+    per_window = forward(nll, parts, rows=16)
+    counts = np.asarray([sum(t != IGNORE for t in tg) for _, tg in parts], dtype=np.float64)
     owner_arr = np.asarray(owner, dtype=np.int64)
     loss_sum = np.bincount(owner_arr, weights=per_window, minlength=len(records))
     n_tokens = np.bincount(owner_arr, weights=counts, minlength=len(records))
