@@ -1,11 +1,11 @@
 """MLflow pyfunc wrapper around an image classifier's ``torch.export`` program (models-from-code file).
 
 MLflow copies this file into the logged model (with ``pyfunc_common``), so it imports no other project
-code. ``predict`` takes a
-DataFrame with a column ``image`` of encoded files (bytes, or base64 text), decodes each one as
-``tasks/image_data.py`` does (``tests/unit/test_image_task.py`` checks that the two agree) and
-returns the class names, or with ``params={"predict_method": "predict_proba"}`` a DataFrame of class
-probabilities, a column per class name. The program takes pixels (0..255, float32 ``[n, c, h, w]``).
+code. ``predict`` takes a DataFrame with a column ``image`` of encoded files (bytes, or base64 text),
+decodes each one as ``tasks/image_data.py`` does (``tests/unit/test_image_task.py`` checks that the two
+agree) and returns the class names, or with ``params={"predict_method": "predict_proba"}`` a DataFrame
+of class probabilities, a column per class name. The program takes pixels (0..255, float32 ``[n, c, h,
+w]``).
 """
 
 import io

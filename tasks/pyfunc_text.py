@@ -1,15 +1,15 @@
 """MLflow pyfunc wrapper of a fine-tuned text classifier (models-from-code file): raw text in, the
 label's own values (or class probabilities) out.
 
-MLflow copies this file into the logged model (with ``pyfunc_common``), so it imports no other
-project code. The ``model`` artifact is the folder ``tasks/text_classification.py`` exports: the
-weights as safetensors (``save_pretrained``; under mean pooling the encoder alone, its linear head in
-``meta["head_file"]``), the config and the tokenizer files, each hashed by the registry at
-registration; it loads offline, from that folder only, never with remote code. ``meta.json`` holds ``max_length``, the pad id, the pooling and the
-class labels. ``predict`` takes a DataFrame with a column ``text``, tokenizes it as training does
-(``tokenizer.json``, truncated to ``max_length``, special tokens added), pads each chunk of rows to its
-longest and returns the labels, or with ``params={"predict_method": "predict_proba"}`` a DataFrame of
-class probabilities, a column per class.
+MLflow copies this file into the logged model (with ``pyfunc_common``), so it imports no other project
+code. The ``model`` artifact is the folder ``tasks/text_classification.py`` exports: the weights as
+safetensors (``save_pretrained``; under mean pooling the encoder alone, its linear head in
+``meta["head_file"]``), the config and the tokenizer files, each hashed by the registry at registration;
+it loads offline, from that folder only, never with remote code. ``meta.json`` holds ``max_length``, the
+pad id, the pooling and the class labels. ``predict`` takes a DataFrame with a column ``text``,
+tokenizes it as training does (``tokenizer.json``, truncated to ``max_length``, special tokens added),
+pads each chunk of rows to its longest and returns the labels, or with ``params={"predict_method":
+"predict_proba"}`` a DataFrame of class probabilities, a column per class.
 """
 
 import os
