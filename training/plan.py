@@ -59,7 +59,6 @@ class LaunchPlan:
     # The config as given ("auto" kept) while its layout is the rule's: the probe (training.probe)
     # measures it after validation and the plan is made again from it. None: nothing to measure.
     unmeasured: PipelineConfig | None = None
-    layout: dict | None = None  # training.layouts.layout_for of its largest world
     facts: HostFacts = HostFacts()  # what it was made from (the probe plans again with its rows added)
 
     @property
@@ -70,6 +69,12 @@ class LaunchPlan:
     def world(self) -> World:
         """The largest world this plan makes, as the manifest records it."""
         return World(nnodes=self.node_range[1], nproc_per_node=self.nproc_per_node, backend=self.backend)
+
+    @property
+    def layout(self) -> dict | None:
+        """The largest world's checkpoint layout (``training.layouts.layout_for``): what its checkpoints hold."""
+        t = self.cfg.training
+        return layout_for(t.strategy, self.world.size, t.parallel)
 
 
 def parse_nnodes(value: int | str, nproc: int | None = 1) -> tuple[int, int]:
@@ -156,12 +161,11 @@ def plan_launch(cfg: PipelineConfig, facts: HostFacts, nproc: int | None = None,
         _check_elastic(cfg, lo, hi)
         if not t.checkpoints:
             reasons.append(f"--nnodes {lo}:{hi} with training.checkpoints off: after a node leaves, the others start over")
-    layout = layout_for(t.strategy, per_node * hi, t.parallel)  # the largest world's: what its checkpoints hold
     for nodes in range(lo, hi + 1):  # every world an elastic range can make
         check_world(t.strategy, per_node * nodes, t.parallel)
     backend = t.backend if t.backend != "auto" else "nccl" if gpus else "gloo"
     nnodes = hi if lo == hi else f"{lo}:{hi}"
-    return LaunchPlan(cfg, per_node, nnodes, backend, tuple(reasons), unmeasured, layout, facts)
+    return LaunchPlan(cfg, per_node, nnodes, backend, tuple(reasons), unmeasured, facts)
 
 
 def _check_elastic(cfg: PipelineConfig, lo: int, hi: int) -> None:
