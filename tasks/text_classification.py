@@ -193,6 +193,10 @@ class TextClassification(Classification):
     info_type: ClassVar[type[DataInfo]] = TextInfo
     gbdt_names = ("TF-IDF + LR", "TF-IDF + logistic regression")
 
+    def init_defaults(self) -> dict:
+        """The table classifier's gates; no ``model`` keys: the network is the pretrained folder's."""
+        return {"gates": super().init_defaults()["gates"]}
+
     def loader_kind(self, cfg: "PipelineConfig", root: Path) -> tuple[str, str]:
         """In memory: the tokenized splits are small beside the table they come from."""
         from tasks.base import Task

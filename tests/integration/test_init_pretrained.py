@@ -75,6 +75,7 @@ def test_ticket_table_becomes_text_classification_with_tracked_model(project, fo
     assert 8 <= cfg.pretrained.max_length <= 64
     assert 1 <= cfg.training.epochs <= 5 and 2e-5 <= cfg.training.lr <= 5e-5
     assert cfg.pretrained.pooling == "mean" and cfg.training.early_stopping.patience == 2
+    assert "model" not in yaml.safe_load((project / "configs" / "tickets.yaml").read_text())  # the folder's network
     for said in ("pooling:      mean: the mean of the text's token states",
                  "text:         body: the longest text", "tokens:       p50", "max_length:", "row(s) longer are "
                  "truncated", "classes:      3", "lr:", "warmup:", "models/my-encoder.dvc"):
