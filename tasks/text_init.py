@@ -18,8 +18,10 @@ from core.text_expectations import TextExpectations
 
 # Rows whose every column is profiled to pick the text column; the chosen one is profiled whole.
 PICK_SAMPLE = 2000
-# The tokens one optimizer step of fine-tuning takes on a rank (batch x max_length).
+# The most tokens one optimizer step of fine-tuning takes on a rank (batch x max_length).
 TOKENS_PER_STEP = 8192
+# A small set's global batch keeps an epoch at least this many optimizer steps long.
+STEPS_PER_EPOCH = 64
 LENGTH_MARGIN = 0.1
 MAX_LABELS = 1000
 
@@ -164,10 +166,26 @@ def pow2_at_most(value: float) -> int:
     return 2 ** int(math.floor(math.log2(max(value, 1.0))))
 
 
-def fine_tune_choices(task: str, train_rows: int, max_length: int, lora: bool) -> tuple[dict, list[str]]:
-    """(``training`` keys, one line each with its reason) for fine-tuning a pretrained model."""
-    batch = int(min(64, max(8, pow2_at_most(TOKENS_PER_STEP / max_length))))
-    batch = int(max(1, min(batch, pow2_at_most(max(train_rows, 1) / 8))))
+def ranks_here() -> int:
+    """The ranks a run started on this host gets unless told otherwise: one a CUDA device, else
+    ``training.cpu_workers``' default."""
+    import torch
+
+    from core.config import TrainingConfig
+
+    return torch.cuda.device_count() or int(TrainingConfig.model_fields["cpu_workers"].default)
+
+
+def fine_tune_choices(task: str, train_rows: int, max_length: int, lora: bool,
+                      ranks: int = 1) -> tuple[dict, list[str]]:
+    """(``training`` keys, one line each with its reason) for fine-tuning a pretrained model on
+    ``ranks`` ranks. The global batch is the usual 16 or more, as large as keeps an epoch
+    ``STEPS_PER_EPOCH`` steps long (a set of a few thousand rows gets 32: more rows a step would leave
+    too few updates to fine-tune), at most an eighth of a tiny set; a rank takes its share, at most
+    about ``TOKENS_PER_STEP`` tokens."""
+    cap = int(min(64, max(8, pow2_at_most(TOKENS_PER_STEP / max_length))))
+    total = min(max(16, pow2_at_most(train_rows / STEPS_PER_EPOCH)), pow2_at_most(max(train_rows, 1) / 8))
+    batch = int(max(1, min(cap, total // ranks)))
     epochs = (5 if task == "text_classification" else 3) if train_rows < 5000 else 2 if train_rows < 50000 else 1
     if lora:
         lr, lr_why = 1e-4, "LoRA's adapters start from zero and are few: a larger rate than full fine-tuning"
@@ -184,9 +202,13 @@ def fine_tune_choices(task: str, train_rows: int, max_length: int, lora: bool) -
     if task == "text_classification":  # its validation split picks the epoch kept, so spare epochs cost time only
         training["early_stopping"] = {"metric": "val_loss", "patience": 2, "restore_best": True}
         kept = "; the best validation epoch is kept, stopping after 2 without progress (training.early_stopping)"
+    why = (f"at most about {TOKENS_PER_STEP:,} tokens a rank at max_length {max_length}" if cap < total // ranks else
+           f"at most an eighth of the {train_rows:,} train rows" if total < 16 else
+           "the usual 16 rows a step for a small set" if train_rows < 16 * STEPS_PER_EPOCH else
+           f"{STEPS_PER_EPOCH}+ optimizer steps an epoch over {train_rows:,} rows")
     lines = [
-        f"batch:        {batch} a rank: about {TOKENS_PER_STEP:,} tokens a step at max_length {max_length}"
-        + (f", at most an eighth of the {train_rows} train rows" if batch < 8 else "") + " (training.batch_size)",
+        f"batch:        {batch} a rank, {batch * ranks} a step over the {ranks} rank(s) a run here starts: {why} "
+        "(training.batch_size; more ranks make the step larger)",
         f"epochs:       {epochs}: a pretrained model needs few passes over {train_rows:,} rows"
         + (", a small set a few more" if epochs == 5 else "; more overfit") + f" (training.epochs){kept}",
         f"lr:           {lr:g}: {lr_why}; not scaled with the batch (training.lr, training.lr_scaling: none)",
@@ -257,7 +279,7 @@ def profile_table(frames: dict, label: str, tokenizer, positions: int | None, gi
     classes = sorted(counts.index, key=str)
     shares = {c: round(float(counts[c]) / len(labels), 4) for c in classes}
     train_rows = len(frames.get("train", both)) if presplit else int(len(both) * 0.8)
-    training, choice = fine_tune_choices("text_classification", train_rows, max_length, lora)
+    training, choice = fine_tune_choices("text_classification", train_rows, max_length, lora, ranks_here())
     chars = [len(t) for t in texts]
     no_leak, leak_said = leak_line(leaked(*[[v for v in frames[s][column].tolist() if isinstance(v, str)]
                                             for s in ("train", "test")]) if presplit else 0)
@@ -299,7 +321,7 @@ def profile_jsonl(splits: dict[str, list[dict]], tokenizer, positions: int | Non
     max_length, truncated, length_why = choose_max_length(lengths, positions)
     n = sum(len(r) for r in splits.values())
     train_rows = len(splits.get("train", records)) if presplit else int(n * 0.9)
-    training, choice = fine_tune_choices("causal_lm", train_rows, max_length, lora)
+    training, choice = fine_tune_choices("causal_lm", train_rows, max_length, lora, ranks_here())
     chars = {c: _bounds([len(r[c]) for r in records], 1) for c in columns}
     toks = {c: _bounds(token_lengths(tokenizer, [r[c] for r in records]), 1) for c in columns}
     key = "\x1f".join  # the suite's leak key: the texts of a record together

@@ -49,11 +49,28 @@ def test_fine_tuning_choices_stay_in_the_usual_ranges():
     assert small["early_stopping"] == {"metric": "val_loss", "patience": 2, "restore_best": True}
     assert "early_stopping" not in decoder  # the causal LM's validation is its held-out loss, not an epoch pick
     assert 2e-5 <= big["lr"] <= small["lr"] <= 5e-5 and lora["lr"] == 1e-4 and decoder["lr"] == 2e-5
-    assert small["batch_size"] == 64 and big["batch_size"] == 16  # about 8k tokens a step
+    assert small["batch_size"] == 16 and big["batch_size"] == 16  # the usual 16 a step; about 8k tokens a rank
     assert small["warmup_epochs"] == pytest.approx(0.5) and small["lr_scaling"] == "none"
     assert len(lines) == 4 and all("(training." in line for line in lines)
     tiny, _ = fine_tune_choices("text_classification", 40, 16, lora=False)
     assert tiny["batch_size"] == 4  # at most an eighth of the rows
+
+
+@pytest.mark.parametrize("rows, max_length, ranks, per_rank, why", [
+    (2640, 24, 2, 16, "64+ optimizer steps an epoch over 2,640 rows"),  # 32 a step, not 128: 82 steps an epoch
+    (2640, 24, 1, 32, "64+ optimizer steps"),
+    (800, 128, 2, 8, "the usual 16 rows a step"),
+    (100_000, 64, 1, 64, "at most about 8,192 tokens a rank"),
+    (200_000, 512, 8, 16, "at most about 8,192 tokens a rank"),
+    (40, 16, 2, 2, "at most an eighth of the 40 train rows"),
+])
+def test_a_small_sets_global_batch_keeps_enough_steps_an_epoch_whatever_the_ranks(rows, max_length, ranks,
+                                                                                  per_rank, why):
+    chosen, lines = fine_tune_choices("text_classification", rows, max_length, lora=False, ranks=ranks)
+    assert chosen["batch_size"] == per_rank and chosen["base_batch"] == per_rank
+    assert lines[0].startswith(f"batch:        {per_rank} a rank, {per_rank * ranks} a step over the {ranks} rank(s)")
+    assert why in lines[0]
+    assert rows // (per_rank * ranks) >= min(64, rows // 16) or "tokens" in why  # steps an epoch
 
 
 def test_pooling_is_mean_where_the_folder_is_a_sentence_encoder_trained_with_mean_pooling(tmp_path):
