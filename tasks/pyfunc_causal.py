@@ -37,7 +37,7 @@ class TextGenerator(mlflow.pyfunc.PythonModel):
         self.tok = AutoTokenizer.from_pretrained(folder, **kwargs)
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True, **kwargs).eval()
+        self.model = common.load_weights(AutoModelForCausalLM, folder)
 
     def predict(self, context, model_input, params=None):
         params, texts = params or {}, common.texts(model_input)

@@ -26,6 +26,24 @@ def offline() -> None:
         os.environ.setdefault(key, value)
 
 
+def load_weights(auto, folder: str):
+    """``auto.from_pretrained(folder)`` in eval mode: local safetensors only, no remote code, and quiet:
+    no progress bar, and no load report of weights the export leaves out on purpose (the [CLS]
+    pooler that mean pooling never reads). The process's own transformers settings are put back."""
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        return auto.from_pretrained(folder, local_files_only=True, trust_remote_code=False,
+                                    use_safetensors=True).eval()
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def meta(context) -> dict:
     """The model's ``meta.json`` artifact, written by its task at registration."""
     with open(context.artifacts["meta"]) as fh:

@@ -41,17 +41,16 @@ class ExportedTextClassifier(mlflow.pyfunc.PythonModel):
         self.pad_id = int(meta["pad_id"])
         self.class_labels = common.labels(meta["class_labels"])
         self.threshold = meta.get("threshold")
-        kwargs = {"local_files_only": True, "trust_remote_code": False, "use_safetensors": True}
         self.head = None
         if meta["pooling"] == "mean":
             from safetensors.torch import load_file
 
-            self.model = AutoModel.from_pretrained(folder, **kwargs).eval()
+            self.model = common.load_weights(AutoModel, folder)
             if getattr(self.model, "pooler", None) is not None:
                 self.model.pooler = None  # [CLS]'s pooler: not trained, not read under mean pooling
             self.head = load_file(os.path.join(folder, meta["head_file"]))
         else:
-            self.model = AutoModelForSequenceClassification.from_pretrained(folder, **kwargs).eval()
+            self.model = common.load_weights(AutoModelForSequenceClassification, folder)
 
     def _logits(self, texts: list):
         """One chunk's logits, its rows padded to its longest."""

@@ -90,6 +90,7 @@ def test_texts_train_register_and_the_champion_takes_raw_text_offline_without_tr
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["loaded"] == []
+    assert "MISSING" not in done.stderr and "Loading weights" not in done.stderr  # the unused pooler: a quiet load
     assert got["labels"] == ["billing", "bug", "praise"]  # the label's own values
     assert got["columns"] == ["billing", "bug", "praise"] and got["params"] == ["predict_method"]
     assert all(abs(v - 1.0) < 1e-9 for v in got["sums"])
