@@ -461,6 +461,12 @@ class Task:
     def loss(self, out, y, reduction: str = "mean"):
         raise NotImplementedError
 
+    def batch_tokens(self, x):
+        """The tokens a training batch's inputs hold, padding left out: a number or a tensor on ``x``'s
+        device (read once a metrics window, so no step waits for it), giving the window's
+        ``tokens_per_s``. None: the task's inputs are not tokens."""
+        return None
+
     def val_correct(self, out, y) -> float:
         """Correct predictions in a batch (0 for a task without accuracy)."""
         return 0.0

@@ -134,6 +134,9 @@ class CausalLM(Corpus, Task):
 
         return torch.ones(batch, 2, cfg.pretrained.max_length, dtype=torch.long)
 
+    def batch_tokens(self, x):
+        return x[:, 1].sum()  # the attention mask: the sequences' real tokens
+
     def loss(self, out, y, reduction: str = "mean"):
         from tasks.causal_lm_net import token_loss
 

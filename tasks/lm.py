@@ -90,6 +90,9 @@ class LanguageModel(Corpus, Task):
         return ParallelPlan(lambda model: list(model.layers.values()), lm_net.tp_plan, lm_net.stage_layers,
                             lm_net.split_stage)
 
+    def batch_tokens(self, x):
+        return x.numel()  # windows of seq_len bytes, none padded
+
     def loss(self, out, y, reduction: str = "mean"):
         from tasks.lm_net import token_loss
 

@@ -350,6 +350,9 @@ class TextClassification(Classification):
 
         return transformer_blocks(getattr(model, "model", model))
 
+    def batch_tokens(self, x):
+        return x[:, 0].sum()  # each packed row's token count
+
     def example_input(self, cfg: "PipelineConfig", info: TextInfo, batch: int = 2):
         """Rows of every length up to ``max_length`` tokens (the exported program's sequence is dynamic)."""
         import torch

@@ -89,6 +89,7 @@ def aggregate(per_rank: list[dict], straggler_ratio: float = 1.5) -> dict:
     ranks = sorted(per_rank, key=lambda r: r["rank"])
     window = max((r["window_s"] for r in ranks), default=0.0)
     samples = sum(r["samples"] for r in ranks)
+    tokens = [r["tokens"] for r in ranks if r.get("tokens") is not None]
     medians = [r["step_time_median_s"] for r in ranks if r["step_time_median_s"] is not None]
     fracs = [min(1.0, r["data_wait_s"] / r["window_s"]) for r in ranks if r["window_s"] > 0]
     allreduce = statistics.fmean([r["allreduce_s"] for r in ranks]) if ranks else 0.0
@@ -99,6 +100,7 @@ def aggregate(per_rank: list[dict], straggler_ratio: float = 1.5) -> dict:
 
     return {
         "samples_per_s": per_window(samples),
+        **({"tokens_per_s": per_window(sum(tokens))} if tokens else {}),
         "step_time_min_ms": min(medians) * 1e3 if medians else None,
         "step_time_median_ms": statistics.median(medians) * 1e3 if medians else None,
         "step_time_max_ms": max(medians) * 1e3 if medians else None,
@@ -135,6 +137,7 @@ class StepMetrics:
         # Per step: [its seconds, its data wait + forward sync, its all-reduce seconds (None: not read)].
         self._steps: list[list] = []
         self._samples, self._data_wait, self._ckpt_stall, self._fwd_sync, self._allreduce = 0, 0.0, 0.0, 0.0, 0.0
+        self._tokens = None  # a number, or a tensor summed on its device until the window reads it
         self._waits_before = 0.0
         if self._t_data is not None:  # a batch wait spanning the reset counts from the reset
             self._t_data = now
@@ -147,12 +150,14 @@ class StepMetrics:
             self._data_wait += _now() - self._t_data
             self._t_data = None
 
-    def step_end(self, n_samples: int) -> None:
+    def step_end(self, n_samples: int, tokens=None) -> None:
         now = _now()
         waits = self._data_wait + self._fwd_sync
         self._steps.append([now - self._last, waits - self._waits_before, None])
         self._waits_before, self._last = waits, now
         self._samples += n_samples
+        if tokens is not None:
+            self._tokens = tokens if self._tokens is None else self._tokens + tokens
         if self._ddp is not None:
             self._read_allreduce()
 
@@ -209,6 +214,7 @@ class StepMetrics:
         return {
             "rank": self.ctx.rank, "window_s": _now() - self._window_t0, "steps": len(times),
             "samples": self._samples, "step_time_median_s": statistics.median(times) if times else None,
+            "tokens": None if self._tokens is None else float(self._tokens),
             "data_wait_s": self._data_wait, "compute_median_s": statistics.median(computes) if computes else None,
             "allreduce_s": self._allreduce, "forward_sync_s": self._fwd_sync, "ckpt_stall_s": self._ckpt_stall,
             "peak_mem_bytes": peak_memory_bytes(self.ctx.device),

@@ -402,7 +402,7 @@ class Trainer:
             counted = rows if self.strategy.reports else 0  # each sample counts once
             self.epoch_loss += loss_sum if counted else 0.0
             self.epoch_n += counted
-            self.metrics.step_end(counted)
+            self.metrics.step_end(counted, self._tokens(batch) if counted else None)
             self.ledger.step(st.step)  # the heartbeat (an append at most every BEAT_S)
             if self.ids is not None and self.strategy.reports:
                 self.ids.record(self.ctx.rank, epoch, st.step, cursor, batch.ids)
@@ -416,6 +416,11 @@ class Trainer:
             if preempt:
                 log.warning("rank %d: preempted at step %d; checkpoint saved", self.ctx.rank, st.step)
                 return True
+
+    def _tokens(self, batch: StepBatches):
+        """The step's tokens, where the task's inputs are tokens (``Task.batch_tokens``); else None."""
+        counts = [self.task.batch_tokens(x) for x, _ in batch.micro]
+        return None if not counts or counts[0] is None else sum(counts)
 
     def _end_epoch(self, result: FitResult, t0: float) -> bool:
         """Validate, record the epoch, agree on early stopping, maybe checkpoint; True: stop."""

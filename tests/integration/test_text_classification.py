@@ -96,6 +96,9 @@ def test_texts_train_register_and_the_champion_takes_raw_text_offline_without_tr
     assert all(abs(v - 1.0) < 1e-9 for v in got["sums"])
     assert any(r.startswith("tokenizers==") for r in got["requirements"])  # what the pyfunc imports, pinned
     assert "vs TF-IDF + LR" in err and f"accuracy {g['accuracy']:.4f} for TF-IDF + logistic regression" in err
+    perf = [r["metrics"] for r in map(json.loads, (Path(s["train_dir"]) / "metrics.jsonl").read_text().splitlines())
+            if "perf/samples_per_s" in r.get("metrics", {})]
+    assert perf and all(r["perf/tokens_per_s"] > r["perf/samples_per_s"] for r in perf)  # texts of several tokens
 
     # The registered weights are safetensors and the tokenizer its own files, each hashed; a changed one is
     # refused on load, named.

@@ -64,6 +64,14 @@ def test_a_text_corpus_loads_as_its_documents_packed_into_full_windows(project, 
         assert len(x) > 1 and (x[:-1, 1] == 1).all()  # several documents to a window, every window full
 
 
+def test_a_batchs_tokens_are_its_sequences_own_padding_left_out():
+    ids = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0], [0, 0, 0, 0]])
+    mask = (ids != 0).long()
+    assert int(get_task("causal_lm").batch_tokens(torch.stack([ids, mask], 1))) == 5
+    assert get_task("lm").batch_tokens(torch.zeros(4, 16, dtype=torch.long)) == 64  # windows of bytes, none padded
+    assert get_task("classification").batch_tokens(torch.ones(4, 3)) is None  # a table's inputs are not tokens
+
+
 def test_a_pair_learns_its_completion_and_eos_only(tok):
     prompt, completion = "q1: what colour is the lime?", " the lime is green."
     [(inputs, targets)] = record_targets(tok, (prompt, completion), 64)

@@ -22,6 +22,16 @@ def test_pack_holds_each_rows_count_then_its_ids_padded():
     assert x.tolist() == [[3, 2, 7, 3, 0], [2, 2, 3, 0, 0], [4, 0, 1, 2, 3]]
 
 
+def test_a_batchs_tokens_are_its_rows_own_padding_left_out():
+    import torch
+
+    from tasks import get_task
+    from tasks.text_classification import pack
+
+    x = torch.from_numpy(pack([[2, 7, 3], [2, 3], list(range(10))], 4, 0))  # the last cut to 4
+    assert int(get_task("text_classification").batch_tokens(x)) == 3 + 2 + 4
+
+
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_a_batch_is_cut_to_its_longest_row_and_padding_changes_no_logit(encoder, pooling):
     import torch

@@ -182,6 +182,22 @@ def test_window_bookkeeping_single_process(clock):
     assert s["step_time_median_ms"] == pytest.approx(250.0) and s["ckpt_stall_s"] == 0.0
 
 
+def test_tokens_a_second_sum_each_steps_tokens_and_only_where_the_task_counts_them(clock):
+    m = StepMetrics(SOLO)
+    clock.tick(0.1)
+    m.step_end(8, torch.tensor(100))  # a tensor, summed where it is until the window reads it
+    clock.tick(0.1)
+    m.step_end(8, 60)
+    s = m.snapshot()
+    assert s["tokens_per_s"] == pytest.approx(160 / 0.2) and s["samples_per_s"] == pytest.approx(16 / 0.2)
+    clock.tick(0.1)
+    m.step_end(8)
+    assert "tokens_per_s" not in m.snapshot()  # the next window counted none
+    both = aggregate([{**m._local_stats(), "rank": 0, "tokens": 30.0, "window_s": 0.5},
+                      {**m._local_stats(), "rank": 1, "tokens": 20.0, "window_s": 0.5}])
+    assert both["tokens_per_s"] == pytest.approx(100.0)  # every rank's tokens over the window
+
+
 class DDPStats:
     """DDP's runtime stats as ``_get_ddp_logging_data`` gives them after each step: the previous
     iteration's all-reduce (the first read: the previous window's last step), ``seconds`` in turn."""
