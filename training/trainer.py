@@ -313,15 +313,24 @@ class Trainer:
     def _evaluate(self) -> tuple[float, float, dict]:
         """(val loss, val accuracy per target, the task's val scores) over the val split, each data-parallel
         replica scoring a strided slice through the wrapped model (FSDP gathers shards in its forward; a
-        pipeline stages). The scores, only when early stopping follows one: every replica's outputs are
-        gathered to every rank, which all score the same arrays and so agree."""
+        pipeline stages), ``training.batch_size`` rows a forward: what a training step holds, gradients
+        and all, so a large split (a language model's logits) fits too. Every replica runs as many
+        forwards as the longest slice needs, a short one empty ones, since FSDP gathers in each. The
+        scores, only when early stopping follows one: every replica's outputs are gathered to every
+        rank, which all score the same arrays and so agree."""
         dp_rank, dp_size = self.strategy.dp_rank, self.strategy.dp_size
-        x, y = (v[dp_rank::dp_size].to(self.ctx.device) for v in self.data.val.tensors)
+        x, y = (v[dp_rank::dp_size] for v in self.data.val.tensors)
+        rows = self.cfg.training.batch_size
+        longest = -(-len(self.data.val.tensors[0]) // dp_size)
         follows = self.cfg.training.early_stopping.metric[4:]
         outputs = [] if follows in self.task.val_score_names else None
+        loss_sum, correct, n = 0.0, 0.0, 0
         self.model.eval()
         with torch.no_grad():
-            loss_sum, correct, n = self.strategy.eval_sums(self.model, x, y, outputs)
+            for start in range(0, max(longest, 1), rows):
+                part = [v[start:start + rows].to(self.ctx.device) for v in (x, y)]
+                sums = self.strategy.eval_sums(self.model, *part, outputs)
+                loss_sum, correct, n = loss_sum + sums[0], correct + sums[1], n + sums[2]
         self.model.train()
         w = 1.0 if self.strategy.reports else 0.0  # each replica's slice counts once
         loss_sum, correct, n = all_reduce_sum(self.ctx, [w * loss_sum, w * correct, w * n])
