@@ -149,16 +149,19 @@ def load_tokenizer(path: str | Path):
 def load_model(path: str | Path, head: str, num_labels: int | None = None, labels: list[str] | None = None):
     """The folder's model with ``head``: ``"sequence_classification"`` (a new head of ``num_labels``
     classes, named by ``labels`` when given), ``"causal_lm"`` or ``"encoder"`` (no head: the last
-    hidden states). safetensors only, offline, no remote code."""
+    hidden states). safetensors only, offline, no remote code. The weights load in fp32 whatever the
+    folder stores (most decoders ship bf16): they are what the optimizer updates and keeps state for;
+    bf16 comes from ``training.precision``'s autocast."""
     facts = check_folder(path)
     _quiet()
+    import torch
     import transformers
 
     auto = {"sequence_classification": transformers.AutoModelForSequenceClassification,
             "causal_lm": transformers.AutoModelForCausalLM, "encoder": transformers.AutoModel}.get(head)
     if auto is None:
         raise ValueError(f"head {head!r}: expected sequence_classification, causal_lm or encoder")
-    kwargs = {"local_files_only": True, "trust_remote_code": False, "use_safetensors": True}
+    kwargs = {"local_files_only": True, "trust_remote_code": False, "use_safetensors": True, "dtype": torch.float32}
     if head == "sequence_classification":
         if not num_labels:
             raise ValueError("num_labels is required for a classification head")

@@ -40,6 +40,16 @@ def test_a_decoder_folder_gets_its_eos_as_pad_and_a_causal_head(tmp_path):
     assert len(transformer_blocks(model)) == 2
 
 
+def test_bf16_weights_load_as_fp32_to_train(tmp_path):
+    import torch
+
+    folder = tiny_decoder(tmp_path / "dec", TEXTS)
+    load_model(folder, "causal_lm").to(torch.bfloat16).save_pretrained(folder)  # as most hub decoders ship
+    assert check_folder(folder).config.get("dtype") == "bfloat16"
+    model = load_model(folder, "causal_lm")  # AdamW's state and updates in fp32; bf16 comes from autocast
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
 def test_a_pickle_only_folder_is_refused_in_one_line_naming_the_file(tmp_path):
     with pytest.raises(PretrainedFolderError) as err:
         check_folder(pickle_only(tmp_path / "old"))
